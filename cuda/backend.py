@@ -1,0 +1,67 @@
+"""Backends: the set of ops the model runs on, and how to pick one.
+
+The NumPy backend is the reference: it calls each op's NumPy twin directly.
+The CuPy backend (the GPU path) provides the same ops through CUDA kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from reprise.cuda import activation, attention, embedding, gemm, kvcache, rmsnorm, rope
+from reprise.cuda.dtypes import BF16, F32
+
+BackendName = Literal["auto", "numpy", "cupy"]
+BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
+
+
+class NumpyBackend:
+    """Runs every op as its NumPy twin, BF16 storage with fp32 math."""
+
+    name = "numpy"
+
+    def linear_weight(self, w: np.ndarray) -> np.ndarray:
+        """Prepare a BF16 [out, in] weight for `gemm`: widened once to fp32 (same values)."""
+        assert w.dtype == BF16, w.dtype
+        return np.ascontiguousarray(w.astype(F32))
+
+    def kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=BF16)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def from_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    embed = staticmethod(embedding.embed_ref)
+    rmsnorm = staticmethod(rmsnorm.rmsnorm_ref)
+    add_rmsnorm = staticmethod(rmsnorm.add_rmsnorm_ref)
+    gemm = staticmethod(gemm.gemm_ref)
+    rope = staticmethod(rope.rope_ref)
+    kv_write = staticmethod(kvcache.kv_write_ref)
+    paged_attention = staticmethod(attention.paged_attention_ref)
+    silu_mul = staticmethod(activation.silu_mul_ref)
+
+
+def cuda_device_available() -> bool:
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device: CuPy raises its own runtime errors
+        return False
+
+
+def get_backend(name: str) -> NumpyBackend:
+    """Resolve a backend name; `auto` picks cupy when a CUDA device is present."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
+    if name == "cupy":
+        raise NotImplementedError("the cupy backend is not built yet; use backend='numpy'")
+    # NOTE: `auto` resolves to numpy until the cupy backend exists; then it picks
+    # cupy when cuda_device_available().
+    return NumpyBackend()

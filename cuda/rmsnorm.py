@@ -1,0 +1,31 @@
+"""RMSNorm, alone and fused with the residual add.
+
+Math in fp32 (mean of squares over the row, rsqrt, times the weight), the
+result rounded once to BF16 because it feeds a GEMM. The residual stream
+stays fp32. Each row is reduced on its own: a row's result never depends on
+the other rows of the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from reprise.cuda.dtypes import F32, to_bf16, to_f32
+
+
+def rmsnorm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x: [T, hidden] fp32; weight: [hidden] BF16 -> [T, hidden] BF16."""
+    x = to_f32(x)
+    mean_sq = np.mean(x * x, axis=-1, keepdims=True, dtype=F32)
+    inv_rms = (F32.type(1.0) / np.sqrt(mean_sq + F32.type(eps))).astype(F32)
+    return to_bf16(x * inv_rms * to_f32(weight))
+
+
+def add_rmsnorm_ref(
+    residual: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """residual: [T, hidden] fp32; delta: [T, hidden] BF16 (a layer's output).
+
+    Returns (residual + delta in fp32, rmsnorm of that sum in BF16).
+    """
+    summed = to_f32(residual) + to_f32(delta)
+    return summed, rmsnorm_ref(summed, weight, eps)

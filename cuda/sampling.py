@@ -1,0 +1,78 @@
+"""Token selection: greedy argmax and seeded sampling from a counter-based RNG.
+
+Greedy ties go to the lowest token id. A random draw is Philox4x32-10 keyed
+by the request's 64-bit seed with the token's absolute position as the
+counter, so a request's draws depend on nothing but (seed, position): not on
+the batch, the step, or other requests. The same integer arithmetic runs in
+the CUDA kernel, so both backends draw the same uniforms.
+
+Sampling, all in fp32: scale by 1 / temperature; order tokens by (logit
+descending, id ascending); keep the first `top_k`; softmax over them; keep
+the shortest prefix whose probability mass reaches `top_p` (at least one
+token); pick the first token whose running sum exceeds u * kept mass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from reprise.cuda.dtypes import F32
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(
+    counter: tuple[int, int, int, int], key: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """Philox4x32 with 10 rounds (Salmon et al., 2011), on Python ints."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_idx in range(10):
+        if round_idx:
+            k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
+        p0, p1 = _M0 * c0, _M1 * c2
+        c0, c1, c2, c3 = (
+            ((p1 >> 32) ^ c1 ^ k0) & _MASK32,
+            p1 & _MASK32,
+            ((p0 >> 32) ^ c3 ^ k1) & _MASK32,
+            p0 & _MASK32,
+        )
+    return c0, c1, c2, c3
+
+
+def uniform(seed: int, position: int) -> float:
+    """One uniform draw in [0, 1) with 24 random bits, keyed by (seed, position)."""
+    key = (seed & _MASK32, (seed >> 32) & _MASK32)
+    counter = (position & _MASK32, (position >> 32) & _MASK32, 0, 0)
+    return float(F32.type((philox4x32(counter, key)[0] >> 8) * (1.0 / (1 << 24))))
+
+
+def argmax_ref(logits: np.ndarray) -> int:
+    """Greedy choice over [vocab] logits; ties go to the lowest id."""
+    return int(np.argmax(logits))  # np.argmax returns the first maximum
+
+
+def sample_ref(
+    logits: np.ndarray,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    seed: int,
+    position: int,
+) -> int:
+    """Draw one token id from [vocab] fp32 logits (temperature > 0)."""
+    scaled = logits.astype(F32) / F32.type(temperature)
+    order = np.argsort(-scaled, kind="stable")  # descending logit, ascending id on ties
+    if top_k is not None and top_k < order.size:
+        order = order[:top_k]
+    kept = scaled[order]
+    probs = np.exp(kept - kept[0], dtype=F32)
+    cumulative = np.cumsum(probs, dtype=F32)
+    if top_p < 1.0:
+        keep = int(np.searchsorted(cumulative, F32.type(top_p) * cumulative[-1], side="left")) + 1
+        cumulative = cumulative[: min(keep, cumulative.size)]
+    target = F32.type(uniform(seed, position)) * cumulative[-1]
+    choice = int(np.searchsorted(cumulative, target, side="right"))
+    return int(order[min(choice, cumulative.size - 1)])

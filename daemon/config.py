@@ -1,0 +1,164 @@
+"""Model configuration read from a Hugging Face `config.json`.
+
+Only what the Llama forward pass needs, validated on load: an unsupported
+architecture or option is an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprise.cuda.rope import Llama3Scaling
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+class ModelConfigError(ValueError):
+    """A config.json that describes a model this engine cannot run."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Llama3Scaling | None
+    tie_word_embeddings: bool
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for field in (
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ModelConfigError(f"{field} must be a positive integer; got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ModelConfigError(
+                f"head_dim must be even for rotary embeddings; got {self.head_dim}"
+            )
+        if not self.rms_norm_eps > 0:
+            raise ModelConfigError(f"rms_norm_eps must be > 0; got {self.rms_norm_eps}")
+        if not self.rope_theta > 0:
+            raise ModelConfigError(f"rope_theta must be > 0; got {self.rope_theta}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """KV-cache bytes one token occupies across all layers (K and V)."""
+        return self.num_layers * 2 * self.kv_size * dtype_bytes
+
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        lm_head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_layers * per_layer + h + lm_head
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        if (
+            not any(a in SUPPORTED_ARCHITECTURES for a in archs)
+            and raw.get("model_type") != "llama"
+        ):
+            raise ModelConfigError(
+                f"unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        for flag in ("attention_bias", "mlp_bias"):
+            if raw.get(flag):
+                raise ModelConfigError(f"{flag}=true is not supported")
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
+        try:
+            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+            eos = raw.get("eos_token_id")
+            return cls(
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                vocab_size=int(raw["vocab_size"]),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(_rope_params(raw).get("rope_theta", 10000.0)),
+                rope_scaling=_rope_scaling(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            )
+        except KeyError as e:
+            raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ModelConfigError):
+                raise
+            raise ModelConfigError(f"config.json has a field of the wrong type: {e}") from None
+
+    @classmethod
+    def from_dir(cls, path: Path | str) -> ModelConfig:
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():
+            raise ModelConfigError(f"{config_path} not found: not a Hugging Face model folder")
+        with open(config_path) as f:
+            return cls.from_dict(json.load(f))
+
+
+def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:
+    """Rope settings from either layout: `rope_theta` + `rope_scaling` (transformers 4)
+    or one `rope_parameters` dict (transformers 5)."""
+    params = dict(raw.get("rope_parameters") or {})
+    if "rope_theta" in raw:
+        params.setdefault("rope_theta", raw["rope_theta"])
+    if raw.get("rope_scaling"):
+        params.update(raw["rope_scaling"])
+    return params
+
+
+def _rope_scaling(raw: dict[str, Any]) -> Llama3Scaling | None:
+    params = _rope_params(raw)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise ModelConfigError(f"rope_scaling type {kind!r} is not supported; only 'llama3'")
+    try:
+        return Llama3Scaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise ModelConfigError(f"rope_scaling of type llama3 lacks {e.args[0]!r}") from None

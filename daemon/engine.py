@@ -1,0 +1,229 @@
+"""The in-process engine: `Engine.from_pretrained(...)` and `engine.generate(...)`.
+
+`step()` is three calls: the scheduler picks the tokens, the model runner
+computes them and samples, and the engine records the new tokens, detokenizes
+them and finishes requests that are done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import numpy as np
+from reprise.blockpool.pool import BlockPool
+from reprise.cuda.backend import get_backend
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.model import LlamaModel
+from reprise.daemon.params import Completion, SamplingParams
+from reprise.daemon.runner import ModelRunner
+from reprise.daemon.scheduler import Scheduler
+from reprise.daemon.sequence import RequestId, Sequence
+from reprise.daemon.tokenizer import IncrementalDetokenizer, Tokenizer
+from reprise.daemon.weights import load_weights
+
+Prompt = str | list[int]
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+class Engine:
+    def __init__(
+        self,
+        config: ModelConfig,
+        tokenizer: Tokenizer,
+        model: LlamaModel,
+        *,
+        block_size: int = 32,
+        num_device_blocks: int | None = None,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        if not 1 < self.max_model_len <= config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len must be in [2, {config.max_position_embeddings}]; got {max_model_len}"
+            )
+        if num_device_blocks is None:
+            block_bytes = config.kv_bytes_per_token() * block_size
+            num_device_blocks = max(DEFAULT_KV_CACHE_BYTES // block_bytes, 1)
+        self.pool = BlockPool(num_device_blocks, block_size)
+        self.scheduler = Scheduler(self.pool, max_num_batched_tokens)
+        self.runner = ModelRunner(model, num_device_blocks, block_size)
+        self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
+        self._next_id = itertools.count()
+        self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
+        self._finished: dict[RequestId, Sequence] = {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: Path | str | None = None,
+        *,
+        backend: str = "auto",
+        block_size: int = 32,
+        num_device_blocks: int | None = None,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Engine:
+        """Load a Hugging Face Llama folder; `path=None` means the default model,
+        prepared (fetched and converted) first if it is missing."""
+        if path is None:
+            from reprise.daemon.prepare import prepare_default_model
+
+            path = prepare_default_model(progress=progress is not None).path
+        path = Path(path)
+        ops = get_backend(backend)
+        config = ModelConfig.from_dir(path)
+        tokenizer = Tokenizer.from_dir(path)
+        model = LlamaModel(config, load_weights(path, config, progress), ops)
+        return cls(
+            config,
+            tokenizer,
+            model,
+            block_size=block_size,
+            num_device_blocks=num_device_blocks,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestId:
+        params = params or SamplingParams()
+        prompt_ids = self._prompt_ids(prompt)
+        num_blocks_needed = -(
+            -min(len(prompt_ids) + params.max_tokens, self.max_model_len) // self.pool.block_size
+        )
+        if num_blocks_needed > self.pool.num_blocks:
+            raise ValueError(
+                f"request needs {num_blocks_needed} KV blocks (prompt {len(prompt_ids)} + max_tokens "
+                f"{params.max_tokens} tokens) but the pool has {self.pool.num_blocks}"
+            )
+        request_id = RequestId(next(self._next_id))
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        seq = Sequence(request_id, prompt_ids, params, seed)
+        self._detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
+        )
+        self.scheduler.add(seq)
+        return request_id
+
+    def step(self) -> list[RequestId]:
+        """Run one engine step; returns the ids of requests that finished in it."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        finished = []
+        for seq, token, logits in self.runner.run(scheduled):
+            if self._append_token(seq, token, logits):
+                self.scheduler.finish(seq)
+                del self._detokenizers[seq.request_id]
+                self._finished[seq.request_id] = seq
+                finished.append(seq.request_id)
+        return finished
+
+    def take_completion(self, request_id: RequestId) -> Completion:
+        seq = self._finished.pop(request_id)
+        assert seq.finish_reason is not None
+        return Completion(
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=seq.output_token_ids,
+            text=seq.text,
+            finish_reason=seq.finish_reason,
+            cached_tokens=0,
+            logits=np.stack(seq.logits) if seq.params.return_logits else None,
+        )
+
+    def generate(
+        self,
+        prompt: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> Completion | list[Completion]:
+        """Complete one prompt (text or token ids) or a batch of them, run together."""
+        is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
+        prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
+        if params is None or isinstance(params, SamplingParams):
+            param_list = [params or SamplingParams()] * len(prompts)
+        else:
+            param_list = list(params)
+            if len(param_list) != len(prompts):
+                raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+        request_ids = [self.add_request(p, sp) for p, sp in zip(prompts, param_list, strict=True)]
+        while not all(r in self._finished for r in request_ids):
+            self.step()
+        completions = [self.take_completion(r) for r in request_ids]
+        return completions if is_batch else completions[0]
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Completion:
+        """Render the chat template (with the generation prompt) and complete it."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        result = self.generate(prompt_ids, params)
+        assert isinstance(result, Completion)
+        return result
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif _is_token_ids(prompt):
+            ids = [int(t) for t in prompt]
+            vocab = self.config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        else:
+            raise ValueError(
+                f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
+            )
+        if not ids:
+            raise ValueError("prompt is empty; it must hold at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the context holds {self.max_model_len}, "
+                f"so a prompt may have at most {self.max_model_len - 1}"
+            )
+        return ids
+
+    def _append_token(self, seq: Sequence, token: int, logits: np.ndarray) -> bool:
+        """Record a sampled token; returns True when the request is finished."""
+        params = seq.params
+        seq.output_token_ids.append(token)
+        if params.return_logits:
+            seq.logits.append(np.array(logits, dtype=np.float32))
+        detok = self._detokenizers[seq.request_id]
+        searched = max(len(seq.text) - max((len(s) for s in params.stop), default=0), 0)
+        seq.text += detok.push(token)
+        if (
+            token in self.stop_token_ids and not params.ignore_eos
+        ) or token in params.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif (cut := _find_stop(seq.text, params.stop, searched)) is not None:
+            seq.text = seq.text[:cut]
+            seq.finish_reason = "stop"
+            return True
+        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is None:
+            return False
+        seq.text += detok.flush()
+        return True
+
+
+def _is_token_ids(prompt: object) -> bool:
+    return isinstance(prompt, list | tuple) and all(
+        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt
+    )
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Index where the earliest stop string begins at or after `start`, if any."""
+    hits = [i for s in stops if (i := text.find(s, start)) != -1]
+    return min(hits) if hits else None

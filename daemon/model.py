@@ -1,0 +1,104 @@
+"""The Llama forward pass, written once over a backend's ops.
+
+    embed -> [add+rmsnorm, qkv gemm, rope, kv write, paged attention, o gemm,
+              add+rmsnorm, gate/up gemm, silu*mul, down gemm] x L
+          -> add+rmsnorm -> lm_head (fp32 logits, only for the rows asked for)
+
+The residual stream is fp32; every GEMM input is BF16. K and V are written
+to the cache before attention, which reads them back from it, the current
+tokens' own included, so a position's result never depends on whether its
+prefix was computed in this step or an earlier one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.rope import rope_table
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.weights import LlamaWeights
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One engine step's tokens, flattened across sequences."""
+
+    token_ids: np.ndarray  # [T] int32
+    positions: np.ndarray  # [T] int32, absolute position of each token
+    slot_mapping: np.ndarray  # [T] int64, cache slot each token's K/V goes to
+    block_tables: np.ndarray  # [B, max_blocks_per_seq] int32
+    seq_lens: np.ndarray  # [B] int32, keys visible to each sequence after this step
+    query_start_loc: np.ndarray  # [B + 1] int32, rows of each sequence
+    logit_rows: np.ndarray  # [R] int32, rows whose logits are returned
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: np.ndarray
+    qkv_proj: np.ndarray
+    o_proj: np.ndarray
+    mlp_norm: np.ndarray
+    gate_up_proj: np.ndarray
+    down_proj: np.ndarray
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, backend: NumpyBackend) -> None:
+        self.config = config
+        self.ops = backend
+        linear = backend.linear_weight
+        self.embed_tokens = backend.from_host(weights.embed_tokens)
+        self.layers = [
+            _Layer(
+                attn_norm=backend.from_host(w.attn_norm),
+                qkv_proj=linear(w.qkv_proj),
+                o_proj=linear(w.o_proj),
+                mlp_norm=backend.from_host(w.mlp_norm),
+                gate_up_proj=linear(w.gate_up_proj),
+                down_proj=linear(w.down_proj),
+            )
+            for w in weights.layers
+        ]
+        self.final_norm = backend.from_host(weights.final_norm)
+        # the norm that follows each layer: the next layer's input norm, or the final norm
+        self._next_norm = [layer.attn_norm for layer in self.layers[1:]] + [self.final_norm]
+        self.lm_head = linear(weights.lm_head)
+        cos, sin = rope_table(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.rope_cos, self.rope_sin = backend.from_host(cos), backend.from_host(sin)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
+        """Run one step; K/V of every token land in `kv_cache`. Returns fp32 [R, vocab]."""
+        ops, cfg = self.ops, self.config
+        num_tokens = batch.token_ids.shape[0]
+        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
+        residual = ops.embed(self.embed_tokens, batch.token_ids)  # [T, hidden] fp32
+        x = ops.rmsnorm(residual, self.layers[0].attn_norm, cfg.rms_norm_eps)  # [T, hidden] BF16
+        for idx, layer in enumerate(self.layers):
+            qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
+            q = qkv[:, :q_end].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = qkv[:, q_end:k_end].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, k_end:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            q = ops.rope(q, batch.positions, self.rope_cos, self.rope_sin)
+            k = ops.rope(k, batch.positions, self.rope_cos, self.rope_sin)
+            ops.kv_write(kv_cache, idx, k, v, batch.slot_mapping)
+            attn = ops.paged_attention(
+                q,
+                kv_cache,
+                idx,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                self.scale,
+            )  # [T, heads, head_dim]
+            o = ops.gemm(attn.reshape(num_tokens, cfg.q_size), layer.o_proj)
+            residual, x = ops.add_rmsnorm(residual, o, layer.mlp_norm, cfg.rms_norm_eps)
+            mlp = ops.gemm(ops.silu_mul(ops.gemm(x, layer.gate_up_proj)), layer.down_proj)
+            residual, x = ops.add_rmsnorm(residual, mlp, self._next_norm[idx], cfg.rms_norm_eps)
+        # x is now the final norm's output; only the rows that sample need the lm_head.
+        return ops.gemm(x[batch.logit_rows], self.lm_head, out_f32=True)  # [R, vocab] fp32

@@ -1,0 +1,71 @@
+"""The model runner: owns the model and the KV cache, turns a schedule into
+one forward pass, and samples the next tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+from reprise.cuda.kvcache import kv_cache_shape
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.model import ForwardBatch, LlamaModel
+from reprise.daemon.sampler import sample_token
+from reprise.daemon.scheduler import ScheduledSeq
+from reprise.daemon.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        cfg: ModelConfig = model.config
+        self.model = model
+        self.block_size = block_size
+        self.kv_cache = model.ops.kv_cache(
+            kv_cache_shape(num_blocks, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim)
+        )
+
+    def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        seq_lens, starts, logit_rows = [], [0], []
+        max_blocks = max(len(s.seq.block_ids) for s in scheduled)
+        block_tables = np.zeros((len(scheduled), max_blocks), dtype=np.int32)
+        for i, item in enumerate(scheduled):
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_tokens
+            token_ids.extend(seq.token_ids(start, end))
+            pos = np.arange(start, end, dtype=np.int64)
+            table = np.asarray(seq.block_ids, dtype=np.int64)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            block_tables[i, : len(seq.block_ids)] = table
+            seq_lens.append(end)
+            starts.append(starts[-1] + item.num_tokens)
+            if item.samples:
+                logit_rows.append(starts[-1] - 1)
+        return ForwardBatch(
+            token_ids=np.asarray(token_ids, dtype=np.int32),
+            positions=np.concatenate(positions).astype(np.int32),
+            slot_mapping=np.concatenate(slots),
+            block_tables=block_tables,
+            seq_lens=np.asarray(seq_lens, dtype=np.int32),
+            query_start_loc=np.asarray(starts, dtype=np.int32),
+            logit_rows=np.asarray(logit_rows, dtype=np.int32),
+        )
+
+    def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray]]:
+        """Forward one step and advance every scheduled sequence's computed count.
+
+        Returns (sequence, sampled token id, the logits row it was drawn from)
+        for each sequence whose pending tokens all ran, in schedule order.
+        """
+        batch = self.build_batch(scheduled)
+        logits = self.model.ops.to_host(self.model.forward(batch, self.kv_cache))  # [R, vocab]
+        results = []
+        for item in scheduled:
+            samples = item.samples
+            item.seq.num_computed_tokens += item.num_tokens
+            if samples:
+                seq, row = item.seq, logits[len(results)]
+                token = sample_token(row, seq.params, seq.seed, position=seq.num_tokens)
+                results.append((seq, token, row))
+        return results

@@ -1,0 +1,55 @@
+"""A request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+import numpy as np
+from reprise.blockpool.pool import BlockId
+from reprise.daemon.params import FinishReason, SamplingParams
+
+RequestId = NewType("RequestId", int)
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Token ids, blocks and progress of one request.
+
+    NOTE: tokens [0, num_computed_tokens) have their K/V in `block_ids`;
+    `len(block_ids) * block_size >= num_computed_tokens` always.
+    """
+
+    request_id: RequestId
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # the request's seed, or one drawn for it
+    output_token_ids: list[int] = field(default_factory=list)
+    block_ids: list[BlockId] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    text: str = ""
+    logits: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose K/V are not yet in the cache (the prompt's rest, or the last sampled)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]

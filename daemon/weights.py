@@ -1,0 +1,112 @@
+"""Load a Llama checkpoint (safetensors, one file or a sharded set) as BF16.
+
+Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
+V are fused into one projection, and so are gate and up, so each layer runs
+two GEMMs where a naive port runs five. A missing tensor or a wrong shape is
+an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from reprise.cuda.dtypes import BF16
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.safetensors_io import load_safetensors
+
+
+class WeightsError(ValueError):
+    """A checkpoint whose tensors do not fit its config."""
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # [hidden]
+    qkv_proj: np.ndarray  # [q_size + 2 * kv_size, hidden]
+    o_proj: np.ndarray  # [hidden, q_size]
+    mlp_norm: np.ndarray  # [hidden]
+    gate_up_proj: np.ndarray  # [2 * intermediate, hidden]
+    down_proj: np.ndarray  # [hidden, intermediate]
+
+
+@dataclass(slots=True)
+class LlamaWeights:
+    embed_tokens: np.ndarray  # [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: np.ndarray  # [hidden]
+    lm_head: np.ndarray  # [vocab, hidden]; the embedding itself when tied
+
+
+def open_checkpoint(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's checkpoint, memory-mapped, by name."""
+    index_path = path / "model.safetensors.index.json"
+    if index_path.is_file():
+        with open(index_path) as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        tensors: dict[str, np.ndarray] = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = path / shard
+            if not shard_path.is_file():
+                raise WeightsError(f"{index_path} names shard {shard!r}, which is missing")
+            tensors.update(load_safetensors(shard_path))
+        return tensors
+    single = path / "model.safetensors"
+    if not single.is_file():
+        raise WeightsError(
+            f"{path} holds neither model.safetensors nor model.safetensors.index.json"
+        )
+    return load_safetensors(single)
+
+
+def load_weights(
+    path: Path | str, config: ModelConfig, progress: Callable[[int, int], None] | None = None
+) -> LlamaWeights:
+    """Read and check every tensor the config implies. `progress(done, total)` per layer."""
+    path = Path(path)
+    tensors = open_checkpoint(path)
+    h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+
+    def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise WeightsError(f"checkpoint in {path} lacks tensor {name!r}")
+        t = tensors[name]
+        if t.shape != shape:
+            raise WeightsError(f"tensor {name!r} has shape {t.shape}; the config implies {shape}")
+        if t.dtype not in (BF16, np.float16, np.float32):
+            raise WeightsError(f"tensor {name!r} has dtype {t.dtype}; expected BF16, F16 or F32")
+        return np.ascontiguousarray(t.astype(BF16, copy=False))
+
+    embed = take("model.embed_tokens.weight", (vocab, h))
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        attn = p + "self_attn."
+        layers.append(
+            LayerWeights(
+                attn_norm=take(p + "input_layernorm.weight", (h,)),
+                qkv_proj=np.concatenate(
+                    [
+                        take(attn + "q_proj.weight", (config.q_size, h)),
+                        take(attn + "k_proj.weight", (config.kv_size, h)),
+                        take(attn + "v_proj.weight", (config.kv_size, h)),
+                    ]
+                ),
+                o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
+                mlp_norm=take(p + "post_attention_layernorm.weight", (h,)),
+                gate_up_proj=np.concatenate(
+                    [
+                        take(p + "mlp.gate_proj.weight", (inter, h)),
+                        take(p + "mlp.up_proj.weight", (inter, h)),
+                    ]
+                ),
+                down_proj=take(p + "mlp.down_proj.weight", (h, inter)),
+            )
+        )
+        if progress is not None:
+            progress(i + 1, config.num_layers)
+    lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
+    return LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)

@@ -1,0 +1,101 @@
+"""Sampling: the counter-based generator, greedy ties, top-k/top-p support, and
+the distribution a seeded sampler draws from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reprise.cuda.sampling import argmax_ref, philox4x32, sample_ref, uniform
+from reprise.daemon.params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("counter", "key", "want"),
+    [  # known-answer vectors of Philox4x32-10 from the Random123 distribution
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
+    ],
+)
+def test_philox_known_answers(counter, key, want) -> None:
+    assert philox4x32(counter, key) == want
+
+
+def test_uniform_depends_only_on_seed_and_position() -> None:
+    draws = [uniform(1234, p) for p in range(2000)]
+    assert all(0.0 <= u < 1.0 for u in draws)
+    assert draws == [uniform(1234, p) for p in range(2000)]
+    assert draws != [uniform(1235, p) for p in range(2000)]
+    # roughly uniform: each tenth of [0, 1) gets 200 +- 60 of 2000 draws
+    counts = np.histogram(draws, bins=10, range=(0, 1))[0]
+    assert counts.min() > 140 and counts.max() < 260, counts
+
+
+def test_greedy_ties_go_to_lowest_id() -> None:
+    logits = np.zeros(50, dtype=np.float32)
+    logits[[7, 3, 41]] = 2.5
+    assert argmax_ref(logits) == 3
+
+
+def test_sampling_follows_the_softmax() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(8).astype(np.float32) * 2
+    n = 6000
+    draws = [
+        sample_ref(logits, temperature=0.7, top_k=None, top_p=1.0, seed=99, position=p)
+        for p in range(n)
+    ]
+    probs = np.exp(logits / 0.7 - (logits / 0.7).max())
+    probs /= probs.sum()
+    counts = np.bincount(draws, minlength=8)
+    # every count within 5 standard deviations of its expectation
+    assert np.all(np.abs(counts - n * probs) <= 5 * np.sqrt(n * probs * (1 - probs)) + 1), (
+        counts,
+        n * probs,
+    )
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = np.array([0.0, 3.0, 1.0, 2.9, -1.0, 2.0], dtype=np.float32)
+    top2 = {
+        sample_ref(logits, temperature=1.0, top_k=2, top_p=1.0, seed=5, position=p)
+        for p in range(400)
+    }
+    assert top2 == {1, 3}
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()  # sorted: 1 (0.39), 3 (0.36), 5 (0.14), 2 (0.05) ...
+    nucleus = {
+        sample_ref(logits, temperature=1.0, top_k=None, top_p=0.8, seed=5, position=p)
+        for p in range(400)
+    }
+    assert nucleus == {1, 3, 5}
+    tiny = {
+        sample_ref(logits, temperature=1.0, top_k=None, top_p=0.01, seed=5, position=p)
+        for p in range(100)
+    }
+    assert tiny == {1}  # at least one token is always kept
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", 0),
+        ("max_tokens", 0),
+        ("seed", -1),
+        ("seed", 2**64),
+        ("stop", [""]),
+        ("stop_token_ids", [-3]),
+        ("max_tokens", 2.5),
+    ],
+)
+def test_bad_sampling_params_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop" else field):
+        SamplingParams(**{field: value})
