@@ -9,8 +9,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from reprise.cuda import activation, attention, embedding, gemm, kvcache, rmsnorm, rope
+from reprise.cuda.activation import silu_mul_ref
+from reprise.cuda.attention import paged_attention_ref
 from reprise.cuda.dtypes import BF16, F32
+from reprise.cuda.embedding import embed_ref
+from reprise.cuda.gemm import gemm_ref
+from reprise.cuda.kvcache import kv_write_ref
+from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
+from reprise.cuda.rope import rope_ref
 
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
@@ -35,14 +41,14 @@ class NumpyBackend:
     def from_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    embed = staticmethod(embedding.embed_ref)
-    rmsnorm = staticmethod(rmsnorm.rmsnorm_ref)
-    add_rmsnorm = staticmethod(rmsnorm.add_rmsnorm_ref)
-    gemm = staticmethod(gemm.gemm_ref)
-    rope = staticmethod(rope.rope_ref)
-    kv_write = staticmethod(kvcache.kv_write_ref)
-    paged_attention = staticmethod(attention.paged_attention_ref)
-    silu_mul = staticmethod(activation.silu_mul_ref)
+    embed = staticmethod(embed_ref)
+    rmsnorm = staticmethod(rmsnorm_ref)
+    add_rmsnorm = staticmethod(add_rmsnorm_ref)
+    gemm = staticmethod(gemm_ref)
+    rope = staticmethod(rope_ref)
+    kv_write = staticmethod(kv_write_ref)
+    paged_attention = staticmethod(paged_attention_ref)
+    silu_mul = staticmethod(silu_mul_ref)
 
 
 def cuda_device_available() -> bool:
