@@ -1,0 +1,55 @@
+"""A model folder's vital statistics, for `reprise model info`."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.safetensors_io import read_header
+
+
+def checkpoint_dtypes(path: Path) -> Counter[str]:
+    """Number of parameters stored in each dtype across the folder's safetensors files."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    counts: Counter[str] = Counter()
+    for shard in shards:
+        header, _ = read_header(path / shard)
+        for entry in header.values():
+            num = 1
+            for dim in entry["shape"]:
+                num *= int(dim)
+            counts[entry["dtype"]] += num
+    return counts
+
+
+def model_info(path: Path | str) -> dict[str, object]:
+    path = Path(path)
+    config = ModelConfig.from_dir(path)
+    raw = json.loads((path / "config.json").read_text())
+    dtypes = checkpoint_dtypes(path)
+    scaling = config.rope_scaling
+    return {
+        "path": str(path.resolve()),
+        "architecture": ", ".join(raw.get("architectures") or [raw.get("model_type", "?")]),
+        "parameters": config.num_parameters(),
+        "stored_dtype": "+".join(sorted(dtypes, key=lambda d: -dtypes[d])),
+        "compute_dtype": "bfloat16",
+        "layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "heads": config.num_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "context_length": config.max_position_embeddings,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None if scaling is None else f"llama3 x{scaling.factor:g}",
+        "tied_embeddings": config.tie_word_embeddings,
+        "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
+    }
