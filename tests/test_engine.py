@@ -1,0 +1,141 @@
+"""The engine on the default model (SmolLM2-135M-Instruct, NumPy backend):
+logits against transformers, a sensible chat answer, and the request API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.daemon import Completion, Engine, SamplingParams
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a land far away,",
+    "日本の首都は",
+    "1, 2, 3, 4, 5,",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(default_model_dir: Path) -> Engine:
+    return Engine.from_pretrained(default_model_dir, backend="numpy")
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def hf_reference(default_model_dir: Path, gguf_path: Path):
+    """transformers in fp32, on our folder and independently on the source GGUF."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    ours = load(default_model_dir, dtype=torch.float32).eval()
+    gguf = load(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
+
+    def logits(model, ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].numpy()
+
+    return lambda ids: (logits(ours, ids), logits(gguf, ids))
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_logits_and_greedy_tokens_match_transformers(engine: Engine, hf_reference, prompt: str) -> None:
+    steps = 8
+    params = SamplingParams(max_tokens=steps, temperature=0, return_logits=True, ignore_eos=True)
+    out = engine.generate(prompt, params)
+    assert isinstance(out, Completion) and out.logits is not None
+    assert out.logits.shape == (steps, engine.config.vocab_size) and out.logits.dtype == np.float32
+    n = len(out.prompt_token_ids)
+    on_folder, on_gguf = hf_reference(out.prompt_token_ids + out.token_ids)
+    assert rel_l2(out.logits[0], on_folder[n - 1]) <= 2e-2
+    assert rel_l2(out.logits[0], on_gguf[n - 1]) <= 2e-2
+    # teacher-forced on our tokens: wherever the reference's top-2 margin is clear, we agree
+    for step in range(steps):
+        ref = on_folder[n - 1 + step]
+        top2 = np.sort(ref)[-2:]
+        assert out.token_ids[step] == int(np.argmax(out.logits[step]))
+        if top2[1] - top2[0] > 0.5:
+            assert out.token_ids[step] == int(np.argmax(ref)), step
+
+
+def test_chat_answer_makes_sense(engine: Engine) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = engine.chat(messages, SamplingParams(max_tokens=40, temperature=0))
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+    assert out.token_ids[-1] in engine.tokenizer.eos_token_ids  # it ended on <|im_end|>
+    assert "<|im_end|>" not in out.text
+
+
+def test_stop_strings_and_length(engine: Engine) -> None:
+    counting = "1, 2, 3, 4, 5,"
+    out = engine.generate(counting, SamplingParams(max_tokens=30, temperature=0, stop=["8"]))
+    assert out.finish_reason == "stop"
+    assert out.text.rstrip().endswith("7,") and "8" not in out.text
+    out = engine.generate(counting, SamplingParams(max_tokens=3, temperature=0))
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+    eos = engine.tokenizer.encode(",", add_special_tokens=False)
+    out = engine.generate(counting, SamplingParams(max_tokens=30, temperature=0, stop_token_ids=eos))
+    assert out.finish_reason == "stop" and out.token_ids[-1] == eos[0]
+
+
+def test_seeded_sampling_repeats_and_batches(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
+    first = engine.generate("Tell me a story", params)
+    again = engine.generate("Tell me a story", params)
+    assert first.token_ids == again.token_ids
+    other = engine.generate("Tell me a story", SamplingParams(**{**_fields(params), "seed": 43}))
+    assert other.token_ids != first.token_ids
+    batch = engine.generate(["Hi", "Tell me a story", [1, 2, 3]], params)
+    assert isinstance(batch, list) and len(batch) == 3
+    assert batch[1].prompt_token_ids == first.prompt_token_ids
+    assert batch[2].prompt_token_ids == [1, 2, 3]
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__slots__}
+
+
+def test_small_pool_preempts_and_every_request_finishes(default_model_dir: Path) -> None:
+    # 6 blocks of 16 tokens: three requests of ~40 tokens cannot all hold their blocks at once
+    engine = Engine.from_pretrained(
+        default_model_dir, backend="numpy", block_size=16, num_device_blocks=6, max_num_batched_tokens=24
+    )
+    prompts = ["Count from one to ten:", "Name three colours:", "The alphabet starts with"]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    outs = engine.generate(prompts, params)
+    assert [len(o.token_ids) for o in outs] == [30, 30, 30]
+    assert all(o.finish_reason == "length" for o in outs)
+    assert engine.pool.num_free_blocks == 6  # nothing leaked
+    engine.pool.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "message"),
+    [
+        ("", {}, "prompt is empty"),
+        ([], {}, "prompt is empty"),
+        ([5, 10**6], {}, r"token ids must be in \[0, 49152\)"),
+        ("x " * 9000, {}, "context holds 8192"),
+        (3.5, {}, "prompt must be a string or a list of token ids"),
+    ],
+)
+def test_bad_prompts_raise_value_errors(engine: Engine, prompt, kwargs, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompt, SamplingParams(**kwargs))
+    assert not engine.scheduler.has_work()
+
+
+def test_backend_choice(default_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Engine.from_pretrained(default_model_dir, backend="tpu")
