@@ -41,6 +41,7 @@ def main() -> None:
 
     import torch
     import transformers
+
     from reprise.daemon import Engine, SamplingParams
     from reprise.daemon.prepare import prepare_default_model
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from reprise.cli.progress import tqdm_progress
 
 

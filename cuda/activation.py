@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32, to_bf16, to_f32
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.attention import paged_attention_ref
 from reprise.cuda.dtypes import BF16, F32

@@ -7,6 +7,7 @@ values are exactly the table's BF16 values.
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32
 
 

@@ -9,6 +9,7 @@ widening is not paid on every call.
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32, to_bf16, to_f32
 
 

@@ -12,6 +12,7 @@ A token's slot is `block_id * block_size + offset_in_block`.
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import BF16
 
 

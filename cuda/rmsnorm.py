@@ -9,6 +9,7 @@ the other rows of the batch.
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32, to_bf16, to_f32
 
 

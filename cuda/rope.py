@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32, to_bf16, to_f32
 
 

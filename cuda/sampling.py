@@ -15,6 +15,7 @@ token); pick the first token whose running sum exceeds u * kept mass.
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.dtypes import F32
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57

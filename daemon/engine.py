@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import numpy as np
+
 from reprise.blockpool.pool import BlockPool
 from reprise.cuda.backend import get_backend
 from reprise.daemon.config import ModelConfig

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.rope import rope_table
 from reprise.daemon.config import ModelConfig

@@ -4,6 +4,7 @@ one forward pass, and samples the next tokens."""
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.model import ForwardBatch, LlamaModel

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from reprise.cuda.sampling import argmax_ref, sample_ref
 from reprise.daemon.params import SamplingParams
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import NewType
 
 import numpy as np
+
 from reprise.blockpool.pool import BlockId
 from reprise.daemon.params import FinishReason, SamplingParams
 

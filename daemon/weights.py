@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from reprise.cuda.dtypes import BF16
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.safetensors_io import load_safetensors

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.config import ModelConfig, ModelConfigError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.attention import paged_attention_ref
 from reprise.cuda.dtypes import BF16

