@@ -1,65 +1,402 @@
-"""Device block allocation: a fixed set of KV blocks handed out and taken back.
+"""The device block pool: allocation, reference counts, and reuse of full blocks by key.
 
-This is the pool's allocation core: block ids, a free list and reference
-counts. Hash-based reuse, eviction order and the host tier build on it.
+Life of a block: `allocate` hands out blank blocks (taking a cached one, when
+no blank is left, evicts it); the request writes KV into it; once full and
+written, `register` makes it findable by its key (hashing.py); `match` finds
+the longest cached prefix of a later request and gives it references to
+those blocks; `free` drops references, and a block nobody holds waits in the
+eviction queue (free_queue.py), still findable, until it is taken again.
+
+Guarantees:
+- A block with references is never evicted, handed out or written by the
+  pool; `allocate` returns None (and evicts nothing) when it cannot give all.
+- A hit is never served on the digest alone: the stored tokens, extra ids,
+  namespace (first block) and parent digest must equal the request's; and a
+  block is only registered under a parent whose bytes are those of the entry
+  findable under the parent's digest (same serial). So a digest collision
+  never serves KV computed for other tokens or another prefix.
+- No findable orphans and no holes (index.py): an entry leaving both tiers
+  takes its findable descendants with it. Freeing tail first makes this rare:
+  within one priority, a chain is evicted from its end.
+- Host tier: a device block evicted with priority >= `offload_min_priority`
+  (default 35, the default priority, so only blocks a client ranked below the
+  default are dropped rather than kept) moves to a host slot and stays
+  findable; a host hit moves back into a fresh device block inside `match`.
+  Copies pin both ends until `complete_copies()` (host.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import NewType
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-BlockId = NewType("BlockId", int)
+from reprise.blockpool.block import (
+    DEFAULT_PRIORITY,
+    BlockId,
+    BlockKey,
+    CachedBlock,
+    HostBlock,
+    KVBlock,
+    validate_duration,
+    validate_priority,
+)
+from reprise.blockpool.events import EventSink
+from reprise.blockpool.free_queue import EvictionQueue
+from reprise.blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from reprise.blockpool.host import HostTier
+from reprise.blockpool.index import CacheIndex, ParentKey
+from reprise.blockpool.stats import KVCacheStats, PoolCounters
+
+__all__ = ["BlockId", "BlockPool", "MatchResult"]
+
+
+@dataclass(slots=True)
+class MatchResult:
+    """The cached prefix `match` found: one device block per matched block, in order.
+
+    The caller holds one reference to each (free them like allocated ones).
+    `num_host_hits` of them were onboarded from the host tier; their copies
+    are in flight until `complete_copies()`.
+    """
+
+    block_ids: list[BlockId]
+    num_host_hits: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    @property
+    def num_device_hits(self) -> int:
+        return len(self.block_ids) - self.num_host_hits
 
 
 class BlockPool:
-    """`num_blocks` blocks of `block_size` tokens; `allocate(n) -> ids | None`.
+    """`num_blocks` device blocks of `block_size` tokens, found again by key.
 
-    NOTE: a block is either free (in `_free`, ref count 0) or held (ref count
-    > 0); `check_integrity()` asserts exactly that partition.
+    NOTE: a block is either free (in the eviction queue, ref count 0) or held
+    (ref count > 0, out of it); `check_integrity()` asserts that partition and
+    every other invariant named in the module docstrings.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_reuse: bool = True,
+        host_tier: HostTier | None = None,
+        offload_min_priority: int = DEFAULT_PRIORITY,
+        clock: Callable[[], float] = time.monotonic,
+        event_sink: EventSink | None = None,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
         if block_size < 1 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two; got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._ref_counts = [0] * num_blocks
-        self._free: deque[BlockId] = deque(BlockId(i) for i in range(num_blocks))
+        self.enable_reuse = enable_reuse
+        self.host_tier = host_tier
+        self.offload_min_priority = validate_priority(offload_min_priority)
+        self._clock = clock
+        self.blocks = [KVBlock(block_id=BlockId(i)) for i in range(num_blocks)]
+        self._queue: EvictionQueue[KVBlock] = EvictionQueue()
+        now = clock()
+        for block in self.blocks:
+            self._queue.append(block, now)
+        self._index = CacheIndex(block_size, self._queue, host_tier, event_sink)
+        self._counters = PoolCounters()
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._queue)
+
+    @property
+    def num_pending_copies(self) -> int:
+        return 0 if self.host_tier is None else len(self.host_tier.pending)
+
+    def eviction_order(self) -> list[BlockId]:
+        """The free blocks, the next to be taken first."""
+        self._queue.refresh(self._clock())
+        return [block.block_id for block in self._queue]
 
     def allocate(self, n: int) -> list[BlockId] | None:
-        """Take `n` free blocks (ref count 1 each), or None when fewer are free."""
+        """Take `n` free blocks (ref count 1 each), or None when fewer are free.
+
+        Blank blocks go first; taking a cached block evicts it (to the host
+        tier when it qualifies, else it is forgotten with its descendants).
+        A block being offloaded is read by its copy until `complete_copies()`:
+        call that before the forward pass writes the blocks returned here.
+        """
         assert n >= 0, n
-        if n > len(self._free):
+        if n > len(self._queue):
             return None
-        block_ids = [self._free.popleft() for _ in range(n)]
-        for block_id in block_ids:
-            self._ref_counts[block_id] = 1
+        now = self._clock()
+        block_ids = [self._take_free_block(now).block_id for _ in range(n)]
+        self._counters.alloc_new_blocks += n
         return block_ids
 
-    def free(self, block_ids: list[BlockId]) -> None:
-        """Drop one reference to each block; blocks at zero return to the free list.
+    def free(self, block_ids: Sequence[BlockId]) -> None:
+        """Drop one reference to each block; blocks at zero join the eviction queue.
 
-        Appended tail first, so a request's tail blocks are taken again before
-        its head blocks and a chain of blocks is consumed from its end.
+        Queued tail first, so a request's tail blocks are evicted before its
+        head blocks and a cached chain is consumed from its end.
         """
+        now = self._clock()
         for block_id in reversed(block_ids):
-            assert self._ref_counts[block_id] > 0, f"block {block_id} freed twice"
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] == 0:
-                self._free.append(block_id)
+            self._release(self.blocks[block_id], now)
+
+    def touch(self, block_ids: Sequence[BlockId]) -> None:
+        """Take one more reference to each held or cached block (e.g. to share a prefix)."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            assert block.ref_count > 0 or block.block_hash is not None, f"block {block_id} is blank"
+            self._hold(block)
+
+    def match(
+        self,
+        block_hashes: Sequence[BlockHash],
+        token_ids_per_block: Sequence[Sequence[int]],
+        *,
+        extra_ids_per_block: Sequence[Sequence[int] | None] | None = None,
+        namespace: Namespace | None = None,
+        priority: int | None = None,
+        priority_duration_s: float | None = None,
+    ) -> MatchResult:
+        """The longest prefix of consecutive hits (device or host), held for the caller.
+
+        A hit needs the digest AND the stored key: tokens, extra ids, parent
+        digest and (first block) namespace. Host hits are onboarded into fresh
+        device blocks; if none is free, the match ends before that block. With
+        `priority`, the matched blocks take this request's retention (the
+        latest request's retention wins, as in TensorRT-LLM).
+        """
+        if len(token_ids_per_block) != len(block_hashes):
+            raise ValueError(
+                f"{len(block_hashes)} hashes but {len(token_ids_per_block)} token blocks"
+            )
+        if extra_ids_per_block is not None and len(extra_ids_per_block) != len(block_hashes):
+            raise ValueError(
+                f"{len(block_hashes)} hashes but {len(extra_ids_per_block)} extra-id blocks"
+            )
+        if priority is not None:
+            priority = validate_priority(priority)
+        duration_s = validate_duration(priority_duration_s)
+        hits: list[CachedBlock] = []
+        if self.enable_reuse:
+            keys = [
+                BlockKey.of(tokens, None if extra_ids_per_block is None else extra_ids_per_block[i])
+                for i, tokens in enumerate(token_ids_per_block)
+            ]
+            hits = self._index.find_prefix(block_hashes, keys, namespace or DEFAULT_NAMESPACE)
+        for entry in hits:
+            if isinstance(entry, KVBlock):
+                self._hold(entry)
+            else:  # pinned, so that onboarding the earlier hits cannot evict it
+                assert isinstance(entry, HostBlock) and self.host_tier is not None
+                self.host_tier.pin(entry)
+        now = self._clock()
+        block_ids: list[BlockId] = []
+        num_host_hits = 0
+        for idx, entry in enumerate(hits):
+            if isinstance(entry, KVBlock):
+                block_ids.append(entry.block_id)
+                continue
+            assert isinstance(entry, HostBlock) and self.host_tier is not None
+            if not len(self._queue):
+                self._unhold(hits[idx:], now)
+                break
+            device_block = self._take_free_block(now)
+            self._index.move(entry, device_block)
+            self.host_tier.start_onboard(entry, device_block)
+            self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
+            block_ids.append(device_block.block_id)
+            num_host_hits += 1
+        if priority is not None:
+            for block_id in block_ids:
+                self.blocks[block_id].set_retention(priority, duration_s)
+        self._counters.reused_blocks += len(block_ids)
+        self._counters.missed_blocks += len(block_hashes) - len(block_ids)
+        self._counters.host_hits += num_host_hits
+        self._counters.host_onboards += num_host_hits
+        return MatchResult(block_ids, num_host_hits)
+
+    def register(
+        self,
+        block_id: BlockId,
+        block_hash: BlockHash,
+        token_ids: Sequence[int],
+        parent_block_id: BlockId | None,
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        priority_duration_s: float | None = None,
+    ) -> bool:
+        """Make a held, full, written block findable under `block_hash`.
+
+        `parent_block_id` is the request's previous block (None for its first,
+        which records `namespace`; later blocks inherit it). Returns True when
+        later blocks can chain onto this one: it is now findable, or it
+        duplicates the findable entry of the same key (that entry is kept, with
+        its place in the eviction order and its retention; this block stays
+        unfindable and turns blank when freed). Returns False, leaving the
+        block unfindable, when reuse is off, the parent's bytes are not (or no
+        longer) those findable under its digest, or the digest is taken by a
+        different key (a collision: the entry there stays).
+        """
+        priority = validate_priority(priority)
+        duration_s = validate_duration(priority_duration_s)
+        if len(token_ids) != self.block_size:
+            raise ValueError(f"only full blocks are registered; got {len(token_ids)} tokens")
+        if extra_ids is not None and len(extra_ids) != len(token_ids):
+            raise ValueError(f"{len(extra_ids)} extra ids for {len(token_ids)} tokens")
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} is not held"
+        if block.block_hash is not None:
+            assert block.block_hash == block_hash, f"block {block_id} registered twice"
+            return self._index.is_current(block)
+        if not self.enable_reuse:
+            return False
+        if parent_block_id is None:
+            parent_hash, namespace = None, namespace or DEFAULT_NAMESPACE
+        else:
+            parent = self.blocks[parent_block_id]
+            if not self._index.is_current(parent):
+                return False
+            parent_hash, namespace = parent.block_hash, parent.namespace
+        assert namespace is not None
+        key = BlockKey.of(token_ids, extra_ids)
+        existing = self._index.lookup(block_hash)
+        if existing is None:
+            block.set_retention(priority, duration_s)
+            self._index.insert(block, block_hash, key, parent_hash, namespace)
+            return True
+        if not existing.confirms(key, parent_hash, namespace):
+            return False  # a digest collision: the entry there stays
+        block.share_entry(existing)
+        return True
+
+    def find_partial(
+        self,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+    ) -> tuple[BlockId, int] | None:
+        """The device-cached child of `parent_hash` (None: of the namespace's root)
+        sharing the longest nonzero prefix with `token_ids`, and that length.
+
+        `parent_hash` must be the digest of the request's last matched block.
+        The block is held for the caller (one reference) so it survives the
+        allocation of the block its tokens' KV is copied into; free it after
+        the copy. Ties go to the child registered first.
+        """
+        if not self.enable_reuse or not token_ids:
+            return None
+        key: ParentKey = parent_hash if parent_hash is not None else namespace or DEFAULT_NAMESPACE
+        found = self._index.find_partial(key, token_ids, extra_ids)
+        if found is None:
+            return None
+        block, num_tokens = found
+        self._hold(block)
+        self._counters.partial_hits += 1
+        return block.block_id, num_tokens
+
+    def complete_copies(self) -> int:
+        """Wait for the host copies in flight and release their pins; returns how many.
+
+        Call before any forward pass that reads or writes the blocks involved.
+        """
+        if self.host_tier is None:
+            return 0
+        now = self._clock()
+        device_blocks = self.host_tier.complete_copies(now)
+        for block in device_blocks:
+            self._release(block, now)
+        return len(device_blocks)
+
+    def clear(self) -> None:
+        """Forget every cached block of both tiers (held blocks stay held); emits
+        AllBlocksCleared. Counters are kept."""
+        self._index.clear(self.blocks, self._clock())
+
+    def stats(self) -> KVCacheStats:
+        host = self.host_tier
+        return KVCacheStats.from_counters(
+            self._counters,
+            max_blocks=self.num_blocks,
+            free_blocks=len(self._queue),
+            tokens_per_block=self.block_size,
+            cached_blocks=len(self._index.device),
+            host_max_blocks=0 if host is None else host.num_blocks,
+            host_cached_blocks=0 if host is None else len(host.index),
+        )
 
     def check_integrity(self) -> None:
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is on the free list twice"
-        for block_id, refs in enumerate(self._ref_counts):
-            assert refs >= 0, f"block {block_id} has ref count {refs}"
-            assert (refs == 0) == (block_id in free), (
-                f"block {block_id}: refs {refs}, free {block_id in free}"
-            )
+        """Assert every invariant of the pool, its index and its host tier (O(pool); for tests)."""
+        self._queue.check()
+        host = self.host_tier
+        pins = Counter(id(c.device_block) for c in host.pending) if host is not None else Counter()
+        for block in self.blocks:
+            assert block.ref_count >= pins[id(block)], f"block {block.block_id}: refs below pins"
+            assert (block.queue_level is None) == (block.ref_count > 0), block
+            if block.ref_count == 0 and block.block_hash is not None:
+                assert self._index.is_findable(block), f"free block {block.block_id} not findable"
+        if host is not None:
+            host.check_integrity()
+        self._index.check()
+
+    def _hold(self, block: KVBlock) -> None:
+        if block.ref_count == 0:
+            self._queue.remove(block)
+        block.ref_count += 1
+
+    def _release(self, block: KVBlock, now: float) -> None:
+        assert block.ref_count > 0, f"block {block.block_id} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.block_hash is not None and not self._index.is_findable(block):
+                block.clear_entry()  # a duplicate: its entry lives in another block
+            self._queue.append(block, now)
+
+    def _unhold(self, entries: Sequence[CachedBlock], now: float) -> None:
+        for entry in reversed(entries):
+            if isinstance(entry, KVBlock):
+                self._release(entry, now)
+            else:
+                assert isinstance(entry, HostBlock) and self.host_tier is not None
+                self.host_tier.unpin(entry, now)
+
+    def _take_free_block(self, now: float) -> KVBlock:
+        """Pop the next free block, evicting its entry if it has one; returns it held once."""
+        block = self._queue.pop(now)
+        assert block is not None
+        if block.block_hash is not None:
+            self._counters.evictions += 1
+            self._evict(block, now)
+        block.ref_count += 1
+        return block
+
+    def _evict(self, block: KVBlock, now: float) -> None:
+        """Move a popped device block's entry to the host tier, or drop it."""
+        host = self.host_tier
+        slot = None
+        if host is not None and block.priority >= self.offload_min_priority:
+            slot = host.queue.pop(now)  # None when every slot is pinned
+        if host is None or slot is None:
+            self._index.drop(block, now)
+            return
+        if slot.block_hash is not None:
+            self._counters.host_evictions += 1
+            self._index.drop(slot, now)  # drops `block` too if the slot held its ancestor
+        if block.block_hash is None:
+            host.queue.append(slot, now)
+            return
+        self._index.move(block, slot)
+        host.start_offload(block, slot)
+        self._counters.host_offloads += 1

@@ -7,6 +7,7 @@ them and finishes requests that are done.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import secrets
 from collections.abc import Callable
@@ -15,12 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
+from reprise.blockpool.events import EventQueue, KVEvent
+from reprise.blockpool.hashing import Namespace
+from reprise.blockpool.host import HostTier
 from reprise.blockpool.pool import BlockPool
 from reprise.cuda.backend import get_backend
 from reprise.daemon.config import ModelConfig
+from reprise.daemon.kvmanager import KVCacheManager
 from reprise.daemon.model import LlamaModel
-from reprise.daemon.params import Completion, SamplingParams
+from reprise.daemon.params import Completion, Retention, SamplingParams
 from reprise.daemon.runner import ModelRunner
+from reprise.daemon.safetensors_io import read_header
 from reprise.daemon.scheduler import Scheduler
 from reprise.daemon.sequence import RequestId, Sequence
 from reprise.daemon.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -37,8 +43,11 @@ class Engine:
         tokenizer: Tokenizer,
         model: LlamaModel,
         *,
+        model_fingerprint: bytes = b"",
         block_size: int = 32,
         num_device_blocks: int | None = None,
+        num_host_blocks: int = 0,
+        enable_reuse: bool = True,
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
     ) -> None:
@@ -52,10 +61,22 @@ class Engine:
         if num_device_blocks is None:
             block_bytes = config.kv_bytes_per_token() * block_size
             num_device_blocks = max(DEFAULT_KV_CACHE_BYTES // block_bytes, 1)
-        self.pool = BlockPool(num_device_blocks, block_size)
-        self.scheduler = Scheduler(self.pool, max_num_batched_tokens)
-        self.runner = ModelRunner(model, num_device_blocks, block_size)
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0; got {num_host_blocks}")
+        self.runner = ModelRunner(model, num_device_blocks, block_size, num_host_blocks)
+        self.events = EventQueue()
+        host_tier = HostTier(num_host_blocks, copier=self.runner) if num_host_blocks else None
+        self.pool = BlockPool(
+            num_device_blocks,
+            block_size,
+            enable_reuse=enable_reuse,
+            host_tier=host_tier,
+            event_sink=self.events,
+        )
+        self.kv = KVCacheManager(self.pool, model_fingerprint, self.runner.copy_block)
+        self.scheduler = Scheduler(self.kv, max_num_batched_tokens)
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
+        self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
         self._finished: dict[RequestId, Sequence] = {}
@@ -68,6 +89,8 @@ class Engine:
         backend: str = "auto",
         block_size: int = 32,
         num_device_blocks: int | None = None,
+        num_host_blocks: int = 0,
+        enable_reuse: bool = True,
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         progress: Callable[[int, int], None] | None = None,
@@ -87,15 +110,26 @@ class Engine:
             config,
             tokenizer,
             model,
+            model_fingerprint=model_fingerprint(path),
             block_size=block_size,
             num_device_blocks=num_device_blocks,
+            num_host_blocks=num_host_blocks,
+            enable_reuse=enable_reuse,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
         )
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestId:
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | bytes | None = None,
+        retention: Retention | None = None,
+    ) -> RequestId:
+        """Queue a request. Requests with different `cache_salt` never share KV blocks."""
         params = params or SamplingParams()
         prompt_ids = self._prompt_ids(prompt)
         num_blocks_needed = -(
@@ -108,7 +142,14 @@ class Engine:
             )
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
-        seq = Sequence(request_id, prompt_ids, params, seed)
+        seq = Sequence(
+            request_id,
+            prompt_ids,
+            params,
+            seed,
+            namespace=Namespace(cache_salt=cache_salt),
+            retention=retention,
+        )
         self._detokenizers[request_id] = IncrementalDetokenizer(
             self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
         )
@@ -120,8 +161,15 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        for item in scheduled:
+            num_prompt, start = len(item.seq.prompt_token_ids), item.seq.num_computed_tokens
+            self.prefill_tokens_computed += max(0, min(start + item.num_tokens, num_prompt) - start)
+        self.pool.complete_copies()  # onboarded blocks must be in place before the forward
+        results = self.runner.run(scheduled)
+        for item in scheduled:
+            self.kv.register_full_blocks(item.seq)
         finished = []
-        for seq, token, logits in self.runner.run(scheduled):
+        for seq, token, logits in results:
             if self._append_token(seq, token, logits):
                 self.scheduler.finish(seq)
                 del self._detokenizers[seq.request_id]
@@ -137,14 +185,30 @@ class Engine:
             token_ids=seq.output_token_ids,
             text=seq.text,
             finish_reason=seq.finish_reason,
-            cached_tokens=0,
+            cached_tokens=seq.num_cached_tokens or 0,
+            host_cached_tokens=seq.num_cached_host_tokens,
             logits=np.stack(seq.logits) if seq.params.return_logits else None,
         )
+
+    def stats(self) -> dict[str, int | float]:
+        """The pool's KV cache statistics plus the engine's prefill counters, one flat dict."""
+        return {
+            **self.pool.stats().as_dict(),
+            "prefill_tokens_computed": self.prefill_tokens_computed,
+            "prefill_tokens_skipped": self.scheduler.prefill_tokens_skipped,
+        }
+
+    def take_events(self) -> list[KVEvent]:
+        """KV cache events (BlockStored / BlockRemoved / AllBlocksCleared) since the last call."""
+        return self.events.take()
 
     def generate(
         self,
         prompt: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        cache_salt: str | bytes | None = None,
+        retention: Retention | None = None,
     ) -> Completion | list[Completion]:
         """Complete one prompt (text or token ids) or a batch of them, run together."""
         is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
@@ -155,7 +219,10 @@ class Engine:
             param_list = list(params)
             if len(param_list) != len(prompts):
                 raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
-        request_ids = [self.add_request(p, sp) for p, sp in zip(prompts, param_list, strict=True)]
+        request_ids = [
+            self.add_request(p, sp, cache_salt=cache_salt, retention=retention)
+            for p, sp in zip(prompts, param_list, strict=True)
+        ]
         while not all(r in self._finished for r in request_ids):
             self.step()
         completions = [self.take_completion(r) for r in request_ids]
@@ -216,6 +283,16 @@ class Engine:
             return False
         seq.text += detok.flush()
         return True
+
+
+def model_fingerprint(path: Path) -> bytes:
+    """Identifies a checkpoint in block keys: its config and its tensors' names, shapes,
+    dtypes and byte offsets (cheap: the weights themselves are not read)."""
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for shard in sorted(path.glob("*.safetensors")):
+        header, _ = read_header(shard)
+        digest.update(repr(sorted(header.items())).encode())
+    return digest.digest()
 
 
 def _is_token_ids(prompt: object) -> bool:

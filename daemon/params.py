@@ -78,6 +78,28 @@ def _check_int(
         raise ValueError(f"{name} must be an integer {allowed}{hint}; got {value!r}")
 
 
+@dataclass(slots=True, frozen=True)
+class Retention:
+    """How long a request's blocks should stay cached once it no longer holds them.
+
+    Priorities run from 0 to 100 (default 35); lower-priority blocks are
+    evicted first. After `duration_s` (None: forever) a block's priority falls
+    back to the default, as with TensorRT-LLM's KvCacheRetentionConfig.
+    """
+
+    priority: int = 35  # blocks of prompt tokens
+    generated_priority: int = 35  # blocks holding generated tokens
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("priority", self.priority, low=0, high=100)
+        _check_int("generated_priority", self.generated_priority, low=0, high=100)
+        if self.duration_s is not None and not (
+            isinstance(self.duration_s, int | float) and self.duration_s > 0
+        ):
+            raise ValueError(f"duration_s must be a number > 0 or None; got {self.duration_s!r}")
+
+
 @dataclass(slots=True)
 class Completion:
     """The result of one request."""
@@ -86,5 +108,6 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: FinishReason
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache (either tier)
+    host_cached_tokens: int = 0  # the part of them onboarded from the host tier
     logits: np.ndarray | None = None  # [num_generated, vocab] fp32, when return_logits

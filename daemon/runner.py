@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from reprise.blockpool.block import HostSlot
+from reprise.blockpool.pool import BlockId
 from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.model import ForwardBatch, LlamaModel
@@ -14,13 +16,33 @@ from reprise.daemon.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+    """Also the pool's block copier: whole-block copies within the device cache and
+    between it and the host arena (same per-block layout), byte for byte."""
+
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int = 0
+    ) -> None:
         cfg: ModelConfig = model.config
         self.model = model
         self.block_size = block_size
-        self.kv_cache = model.ops.kv_cache(
-            kv_cache_shape(num_blocks, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim)
+        shape = kv_cache_shape(
+            num_blocks, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim
         )
+        self.kv_cache = model.ops.kv_cache(shape)
+        # [num_host_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] on the host
+        self.host_cache = model.ops.host_kv_cache((num_host_blocks, *shape[1:]))
+
+    def copy_block(self, src: BlockId, dst: BlockId) -> None:
+        self.kv_cache[dst] = self.kv_cache[src]
+
+    def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
+        self.host_cache[host_slot] = self.model.ops.to_host(self.kv_cache[device_block_id])
+
+    def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
+        self.kv_cache[device_block_id] = self.model.ops.from_host(self.host_cache[host_slot])
+
+    def synchronize(self) -> None:
+        """Copies on the NumPy backend are done when issued."""
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         bs = self.block_size

@@ -2,9 +2,11 @@
 
 Each step takes every running request's pending tokens (a decode token, or
 the next chunk of a prompt) and then admits waiting requests, all within a
-token budget. When a running request needs a block and none is free, the
-youngest running request is preempted: its blocks go back to the pool and
-it waits to be recomputed. The scheduler never touches arrays.
+token budget. A request is admitted with its longest cached prefix, so only
+the rest of its prompt is computed. When a running request needs a block and
+none is free, the youngest running request is preempted: its blocks go back
+to the pool (its full blocks stay cached) and it waits to be resumed. The
+scheduler never touches arrays.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from reprise.blockpool.pool import BlockPool
+from reprise.daemon.kvmanager import KVCacheManager
 from reprise.daemon.sequence import SeqStatus, Sequence
 
 
@@ -28,13 +30,14 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
-        self.pool = pool
+        self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefill_tokens_skipped = 0  # prompt tokens admissions took from the cache
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -49,18 +52,23 @@ class Scheduler:
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num = min(seq.num_pending_tokens, budget)
-            if self._grow(seq, num):
+            if self.kv.grow(seq, num):
                 scheduled.append(ScheduledSeq(seq, num))
                 budget -= num
                 idx += 1
                 continue
-            victim = self.running[-1]  # the youngest gives way, possibly seq itself
-            self._preempt(victim)
+            self._preempt(self.running[-1])  # the youngest gives way, possibly seq itself
         while self.waiting and budget > 0:
             seq = self.waiting[0]
+            num_cached = min(self.kv.admit(seq), len(seq.prompt_token_ids))
             num = min(seq.num_pending_tokens, budget)
-            if not self._grow(seq, num):
+            if not self.kv.grow(seq, num):
+                self.kv.release(seq)
                 break
+            self.prefill_tokens_skipped += num_cached
+            if seq.num_cached_tokens is None:  # first admission: what the cache saved it
+                seq.num_cached_tokens = num_cached
+                seq.num_cached_host_tokens = min(seq.num_host_hit_tokens, num_cached)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -74,26 +82,11 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
-        self.pool.free(seq.block_ids)
-        seq.block_ids = []
+        self.kv.release(seq)
         seq.status = SeqStatus.FINISHED
-
-    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Give `seq` the blocks to hold `num_tokens` more tokens; False if the pool is short."""
-        bs = self.pool.block_size
-        needed = -(-(seq.num_computed_tokens + num_tokens) // bs) - len(seq.block_ids)
-        if needed <= 0:
-            return True
-        block_ids = self.pool.allocate(needed)
-        if block_ids is None:
-            return False
-        seq.block_ids.extend(block_ids)
-        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.pool.free(seq.block_ids)
-        seq.block_ids = []
-        seq.num_computed_tokens = 0
+        self.kv.release(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)

@@ -8,8 +8,9 @@ from typing import NewType
 
 import numpy as np
 
+from reprise.blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
 from reprise.blockpool.pool import BlockId
-from reprise.daemon.params import FinishReason, SamplingParams
+from reprise.daemon.params import FinishReason, Retention, SamplingParams
 
 RequestId = NewType("RequestId", int)
 
@@ -25,16 +26,23 @@ class Sequence:
     """Token ids, blocks and progress of one request.
 
     NOTE: tokens [0, num_computed_tokens) have their K/V in `block_ids`;
-    `len(block_ids) * block_size >= num_computed_tokens` always.
+    `len(block_ids) * block_size >= num_computed_tokens` always, and
+    `block_hashes[i]` is the key of `block_ids[i]` for every full block so far.
     """
 
     request_id: RequestId
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int  # the request's seed, or one drawn for it
+    namespace: Namespace = DEFAULT_NAMESPACE
+    retention: Retention | None = None  # None: the default, and leaves matched blocks' alone
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
     num_computed_tokens: int = 0
+    num_host_hit_tokens: int = 0  # of the tokens matched at the last admission
+    num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
+    num_cached_host_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     text: str = ""

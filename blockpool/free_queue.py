@@ -1,0 +1,174 @@
+"""The eviction queue: free blocks of one tier, in the order they are taken for reuse.
+
+Order (the next block taken first):
+1. blank blocks (never registered, or forgotten), oldest-freed first;
+2. then cached blocks by retention priority, lowest first;
+3. within one priority, least recently freed first.
+
+A request's blocks are freed tail first (see `BlockPool.free`), so within a
+priority a cached chain is taken from its end.
+
+Why not a deque: a cached block hit by a later request must leave the queue
+from wherever it sits, in O(1); a deque removes from the middle in O(n).
+Why not a heap: a heap is O(log n) per push and pop, cannot remove an
+arbitrary entry without lazy deletion, and would need a timestamp to keep LRU
+order among equal priorities. Instead each level (blank, and each of the 101
+priorities) is an intrusive doubly linked list whose links live on the blocks
+themselves, and an integer bit mask of non-empty levels finds the lowest one
+in O(1). Append, remove and pop are O(1).
+
+Priority expiry: a block queued with a priority other than the default and a
+duration falls back to the default priority `duration` seconds after it
+entered the queue (the countdown restarts each time it is freed; while held
+it does not run). Expiries are evaluated lazily, from a small heap of expiry
+times consulted before every append and pop; an expired block moves to the
+end of the default level as if freed at the moment it expired, which keeps
+the order above exact for a monotonic clock. The heap only holds blocks that
+have a duration; stale entries (blocks taken meanwhile) are skipped and
+compacted away.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from reprise.blockpool.block import DEFAULT_PRIORITY, MAX_PRIORITY, CachedBlock
+
+B = TypeVar("B", bound=CachedBlock)
+
+BLANK_LEVEL = 0
+NUM_LEVELS = MAX_PRIORITY + 2  # the blank level, then one per priority 0..100
+
+
+def level_of(block: CachedBlock) -> int:
+    return BLANK_LEVEL if block.block_hash is None else 1 + block.priority
+
+
+class EvictionQueue(Generic[B]):
+    """Free blocks of one tier in eviction order (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._heads: list[B | None] = [None] * NUM_LEVELS
+        self._tails: list[B | None] = [None] * NUM_LEVELS
+        self._nonempty = 0  # bit L set <=> level L has a block
+        self._len = 0
+        self._tokens = itertools.count(1)
+        # (expiry, token, block): token matches block.queue_token while the entry is live.
+        self._expiring: list[tuple[float, int, B]] = []
+        self._num_expiring = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[B]:
+        """Blocks in eviction order, as of the last `refresh`."""
+        mask = self._nonempty
+        while mask:
+            level = (mask & -mask).bit_length() - 1
+            mask &= mask - 1
+            block = self._heads[level]
+            while block is not None:
+                yield block
+                block = block.next  # type: ignore[assignment]
+
+    def append(self, block: B, now: float) -> None:
+        """Queue a freed block at the most-recently-used end of its level."""
+        assert block.queue_level is None and block.ref_count == 0, block
+        self.refresh(now)
+        self._link(block, level_of(block))
+        block.queue_token = next(self._tokens)
+        if block.priority_duration_s is not None and block.priority != DEFAULT_PRIORITY:
+            block.priority_expiry = now + block.priority_duration_s
+            heapq.heappush(self._expiring, (block.priority_expiry, block.queue_token, block))
+            self._num_expiring += 1
+
+    def remove(self, block: B) -> None:
+        """Take a block out of the queue, wherever it sits."""
+        assert block.queue_level is not None, block
+        self._unlink(block)
+        if block.priority_expiry is not None:
+            block.priority_expiry = None
+            self._num_expiring -= 1
+            if len(self._expiring) > 2 * self._num_expiring + 64:
+                self._expiring = [e for e in self._expiring if self._is_live(e)]
+                heapq.heapify(self._expiring)
+
+    def peek(self, now: float) -> B | None:
+        """The block `pop` would take, left in place."""
+        self.refresh(now)
+        if not self._nonempty:
+            return None
+        return self._heads[(self._nonempty & -self._nonempty).bit_length() - 1]
+
+    def pop(self, now: float) -> B | None:
+        """Take the next block to reuse, or None when the queue is empty."""
+        block = self.peek(now)
+        if block is not None:
+            self.remove(block)
+        return block
+
+    def refresh(self, now: float) -> None:
+        """Apply every priority expiry due by `now`, in expiry order."""
+        while self._expiring and self._expiring[0][0] <= now:
+            entry = heapq.heappop(self._expiring)
+            if not self._is_live(entry):
+                continue
+            block = entry[2]
+            self._num_expiring -= 1
+            self._unlink(block)
+            block.priority_expiry = None
+            block.set_retention(DEFAULT_PRIORITY, None)
+            self._link(block, level_of(block))
+
+    def check(self) -> None:
+        """Assert the links, levels, mask and counts agree."""
+        count = 0
+        live = 0
+        for level in range(NUM_LEVELS):
+            block = self._heads[level]
+            assert (block is None) == (not self._nonempty >> level & 1), f"mask bit {level}"
+            prev = None
+            while block is not None:
+                assert block.queue_level == level == level_of(block), (block, level)
+                assert block.prev is prev and block.ref_count == 0, block
+                live += block.priority_expiry is not None
+                prev, block, count = block, block.next, count + 1  # type: ignore[assignment]
+            assert self._tails[level] is prev, f"tail of level {level}"
+        assert count == self._len, (count, self._len)
+        assert live == self._num_expiring == sum(map(self._is_live, self._expiring))
+
+    def _is_live(self, entry: tuple[float, int, B]) -> bool:
+        block = entry[2]
+        return block.queue_level is not None and block.queue_token == entry[1]
+
+    def _link(self, block: B, level: int) -> None:
+        tail = self._tails[level]
+        block.prev, block.next, block.queue_level = tail, None, level
+        if tail is None:
+            self._heads[level] = block
+            self._nonempty |= 1 << level
+        else:
+            tail.next = block
+        self._tails[level] = block
+        self._len += 1
+
+    def _unlink(self, block: B) -> None:
+        level = block.queue_level
+        assert level is not None
+        prev, nxt = block.prev, block.next
+        if prev is None:
+            self._heads[level] = nxt  # type: ignore[assignment]
+        else:
+            prev.next = nxt
+        if nxt is None:
+            self._tails[level] = prev  # type: ignore[assignment]
+        else:
+            nxt.prev = prev
+        if self._heads[level] is None:
+            self._nonempty &= ~(1 << level)
+        block.prev = block.next = None
+        block.queue_level = None
+        self._len -= 1

@@ -1,0 +1,196 @@
+"""Block keys: the digest under which a full block of KV is found again.
+
+A key is a hash (SHA-256 by default) over a typed, length-prefixed encoding of
+
+    domain tag and format version, model fingerprint,
+    parent block digest (or an explicit "no parent" tag),
+    the block's token ids (fixed-width integers),
+    the per-token extra ids (or an explicit "none" tag),
+    and, for the first block of a sequence only, its namespace
+    (cache salt and adapter id).
+
+Guarantees:
+- The encoding is injective: every field is a one-byte tag, an 8-byte
+  length and its payload, in a fixed order, and every "absent" value has a
+  tag of its own. So no choice of salt bytes, adapter id, token ids or extra
+  ids can make two different inputs encode the same; in particular salt
+  `"a"` with adapter `"bc"` never meets salt `"ab"` with adapter `"c"`, a
+  `str` salt never meets the same `bytes`, and `""` never meets `None`.
+- Chaining: a block's key covers its parent's digest, so equal keys mean
+  (short of a hash collision) equal whole prefixes in one namespace.
+- The hash function is injectable (`hasher`) so tests can force collisions;
+  the pool never trusts a digest alone (it compares stored tokens, see pool.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+BlockHash = NewType("BlockHash", bytes)
+Hasher = Callable[[bytes], bytes]
+
+DOMAIN_TAG = b"reprise/kv-block"
+FORMAT_VERSION = 1
+MAX_ID = (1 << 64) - 1
+
+# One-byte field tags. Each "absent" value has its own tag so that absence
+# never encodes like some present value.
+_TAG_DOMAIN = b"D"
+_TAG_MODEL = b"M"
+_TAG_PARENT = b"P"
+_TAG_NO_PARENT = b"p"
+_TAG_TOKENS = b"T"
+_TAG_EXTRA = b"E"
+_TAG_NO_EXTRA = b"e"
+_TAG_SALT_STR = b"S"
+_TAG_SALT_BYTES = b"B"
+_TAG_NO_SALT = b"s"
+_TAG_ADAPTER = b"A"
+_TAG_NO_ADAPTER = b"a"
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Who may share a sequence's blocks: a cache salt and a LoRA adapter id.
+
+    Blocks of different namespaces never share a key. `Namespace()` (no salt,
+    no adapter) is the namespace of requests that give neither.
+    """
+
+    cache_salt: str | bytes | None = None
+    adapter_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache_salt, str | bytes | None):
+            raise TypeError(
+                f"cache_salt must be str, bytes or None; got {type(self.cache_salt).__name__}"
+            )
+        if not isinstance(self.adapter_id, str | None):
+            raise TypeError(f"adapter_id must be str or None; got {type(self.adapter_id).__name__}")
+
+
+DEFAULT_NAMESPACE = Namespace()
+
+
+def _field(tag: bytes, payload: bytes = b"") -> bytes:
+    return tag + struct.pack(">Q", len(payload)) + payload
+
+
+def _is_id(value: object) -> bool:
+    try:
+        return 0 <= operator.index(value) <= MAX_ID  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
+def _ids(name: str, ids: Sequence[int]) -> bytes:
+    try:
+        return struct.pack(f">{len(ids)}Q", *ids)
+    except (struct.error, TypeError):
+        bad = next((i for i in ids if not _is_id(i)), None)
+        raise ValueError(f"{name} must be integers in [0, 2**64); got {bad!r}") from None
+
+
+def _namespace_fields(namespace: Namespace) -> bytes:
+    salt = namespace.cache_salt
+    if salt is None:
+        out = _field(_TAG_NO_SALT)
+    elif isinstance(salt, str):
+        out = _field(_TAG_SALT_STR, salt.encode("utf-8", "surrogatepass"))
+    else:
+        out = _field(_TAG_SALT_BYTES, bytes(salt))
+    if namespace.adapter_id is None:
+        return out + _field(_TAG_NO_ADAPTER)
+    return out + _field(_TAG_ADAPTER, namespace.adapter_id.encode("utf-8", "surrogatepass"))
+
+
+def encode_block(
+    parent: BlockHash | None,
+    token_ids: Sequence[int],
+    *,
+    extra_ids: Sequence[int] | None = None,
+    namespace: Namespace | None = None,
+    model_fingerprint: bytes,
+) -> bytes:
+    """The exact bytes `hash_block` hashes (exposed so tests can check injectivity).
+
+    `namespace` is encoded for the first block only (`parent is None`); a later
+    block inherits it through its parent's digest, so it is ignored there.
+    """
+    if extra_ids is not None and len(extra_ids) != len(token_ids):
+        raise ValueError(
+            f"extra_ids must have one id per token: {len(extra_ids)} for {len(token_ids)} tokens"
+        )
+    parts = [
+        _field(_TAG_DOMAIN, DOMAIN_TAG + struct.pack(">H", FORMAT_VERSION)),
+        _field(_TAG_MODEL, bytes(model_fingerprint)),
+        _field(_TAG_NO_PARENT) if parent is None else _field(_TAG_PARENT, bytes(parent)),
+        _field(_TAG_TOKENS, _ids("token ids", token_ids)),
+        _field(_TAG_NO_EXTRA)
+        if extra_ids is None
+        else _field(_TAG_EXTRA, _ids("extra ids", extra_ids)),
+    ]
+    if parent is None:
+        parts.append(_namespace_fields(namespace or DEFAULT_NAMESPACE))
+    return b"".join(parts)
+
+
+def hash_block(
+    parent: BlockHash | None,
+    token_ids: Sequence[int],
+    *,
+    extra_ids: Sequence[int] | None = None,
+    namespace: Namespace | None = None,
+    model_fingerprint: bytes,
+    hasher: Hasher = sha256,
+) -> BlockHash:
+    """The key of one block given its parent's key (None for a sequence's first block)."""
+    data = encode_block(
+        parent,
+        token_ids,
+        extra_ids=extra_ids,
+        namespace=namespace,
+        model_fingerprint=model_fingerprint,
+    )
+    return BlockHash(hasher(data))
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    extra_ids: Sequence[int] | None = None,
+    namespace: Namespace | None = None,
+    model_fingerprint: bytes,
+    hasher: Hasher = sha256,
+) -> list[BlockHash]:
+    """Chained keys of every FULL block of a sequence; a trailing partial block gets none."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1; got {block_size}")
+    if extra_ids is not None and len(extra_ids) != len(token_ids):
+        raise ValueError(
+            f"extra_ids must have one id per token: {len(extra_ids)} for {len(token_ids)} tokens"
+        )
+    hashes: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        end = start + block_size
+        parent = hash_block(
+            parent,
+            token_ids[start:end],
+            extra_ids=None if extra_ids is None else extra_ids[start:end],
+            namespace=namespace,
+            model_fingerprint=model_fingerprint,
+            hasher=hasher,
+        )
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,134 @@
+"""The host tier: a host-memory arena of block slots that evicted device blocks spill to.
+
+The pool decides what moves (see pool.py); this module keeps the slots, their
+index, their eviction queue (the same policy as the device tier) and the
+copies in flight. It never touches bytes: copies are requested through the
+`BlockCopier` the caller supplies, which owns both arenas.
+
+Copies and pins: `offload` and `onboard` are issued at once and may run
+asynchronously. Until `complete_copies()` both ends of every issued copy are
+pinned (one reference each), so neither a slot being written or read nor a
+device block being read or written is evicted or handed out again. The
+owner calls `BlockPool.complete_copies()` before any forward pass that reads
+or writes those blocks; a CUDA copier enqueues the copies on its own stream
+in issue order and waits for them in `synchronize()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from reprise.blockpool.block import BlockId, HostBlock, HostSlot, KVBlock
+from reprise.blockpool.free_queue import EvictionQueue
+from reprise.blockpool.hashing import BlockHash
+
+
+class BlockCopier(Protocol):
+    """Moves one block's bytes between the device KV arrays and the host arena.
+
+    Copies must take effect in the order they are issued (an onboard issued
+    after an offload of the same slot reads what the offload wrote).
+    """
+
+    def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
+        """Copy device block -> host slot."""
+
+    def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
+        """Copy host slot -> device block."""
+
+    def synchronize(self) -> None:
+        """Return once every copy issued so far has finished."""
+
+
+@dataclass(slots=True)
+class PendingCopy:
+    device_block: KVBlock
+    host_block: HostBlock
+    to_host: bool  # True: offload (device -> host); False: onboard
+
+
+class HostTier:
+    """`num_blocks` host slots with their own index and eviction queue."""
+
+    def __init__(self, num_blocks: int, copier: BlockCopier) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.copier = copier
+        self.blocks = [HostBlock(slot=HostSlot(i)) for i in range(num_blocks)]
+        self.index: dict[BlockHash, HostBlock] = {}
+        self.queue: EvictionQueue[HostBlock] = EvictionQueue()
+        self.pending: list[PendingCopy] = []
+        for block in self.blocks:
+            self.queue.append(block, 0.0)
+
+    @classmethod
+    def from_num_bytes(cls, num_bytes: int, bytes_per_block: int, copier: BlockCopier) -> HostTier:
+        """As many slots as `num_bytes` holds at `bytes_per_block` each (at least one)."""
+        if bytes_per_block < 1:
+            raise ValueError(f"bytes_per_block must be >= 1; got {bytes_per_block}")
+        if num_bytes < bytes_per_block:
+            raise ValueError(
+                f"a host tier of {num_bytes} bytes holds no block of {bytes_per_block} bytes"
+            )
+        return cls(num_bytes // bytes_per_block, copier)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.queue)
+
+    def lookup(self, block_hash: BlockHash) -> HostBlock | None:
+        return self.index.get(block_hash)
+
+    def pin(self, block: HostBlock) -> None:
+        if block.queue_level is not None:
+            self.queue.remove(block)
+        block.ref_count += 1
+
+    def unpin(self, block: HostBlock, now: float) -> None:
+        assert block.ref_count > 0, block
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.queue.append(block, now)
+
+    def start_offload(self, device_block: KVBlock, host_block: HostBlock) -> None:
+        """Issue device -> host; pins both ends until `complete_copies`."""
+        self.copier.offload(device_block.block_id, host_block.slot)
+        self._track(PendingCopy(device_block, host_block, to_host=True))
+
+    def start_onboard(self, host_block: HostBlock, device_block: KVBlock) -> None:
+        """Issue host -> device; pins both ends until `complete_copies`."""
+        self.copier.onboard(host_block.slot, device_block.block_id)
+        self._track(PendingCopy(device_block, host_block, to_host=False))
+
+    def complete_copies(self, now: float) -> list[KVBlock]:
+        """Wait for the copies in flight and unpin their slots; returns their device
+        blocks, one per copy, whose pins the pool releases."""
+        if not self.pending:
+            return []
+        self.copier.synchronize()
+        done, self.pending = self.pending, []
+        for copy in done:
+            self.unpin(copy.host_block, now)
+        return [copy.device_block for copy in done]
+
+    def check_integrity(self) -> None:
+        self.queue.check()
+        pins: dict[int, int] = {}
+        for copy in self.pending:
+            pins[copy.host_block.slot] = pins.get(copy.host_block.slot, 0) + 1
+        for block in self.blocks:
+            # NOTE: outside a pool call, a slot's only references are copy pins.
+            assert block.ref_count == pins.get(block.slot, 0), (block, pins.get(block.slot, 0))
+            assert (block.queue_level is None) == (block.ref_count > 0), block
+            if block.block_hash is not None:
+                assert self.index.get(block.block_hash) is block, f"slot {block.slot} not indexed"
+        for block_hash, block in self.index.items():
+            assert block.block_hash == block_hash, f"slot {block.slot} indexed under another hash"
+
+    def _track(self, copy: PendingCopy) -> None:
+        assert copy.device_block.queue_level is None, copy.device_block
+        self.pin(copy.host_block)
+        copy.device_block.ref_count += 1  # the device side's pin; the pool releases it
+        self.pending.append(copy)

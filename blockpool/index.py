@@ -1,0 +1,253 @@
+"""The cache index: which blocks are findable, in which tier, under which parent.
+
+It keeps the device tier's digest -> block map (the host tier keeps its own,
+which this class also maintains), the tree of findable children under every
+findable entry or namespace root, the entries' serials, and the KV events.
+
+Guarantees:
+- One findable entry per digest across both tiers; an entry keeps its serial
+  when it moves between tiers, and every new entry draws a fresh serial.
+- No findable orphans: `drop` forgets an entry together with every findable
+  descendant, in either tier (one BlockRemoved each). So every findable
+  block's parent is findable, and a cached chain never has a hole.
+- Every change reaches the event sink; a tier move is stored in the new
+  medium before it is removed from the old one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from reprise.blockpool.block import BlockKey, CachedBlock, HostBlock, KVBlock
+from reprise.blockpool.events import (
+    MEDIUM_DEVICE,
+    MEDIUM_HOST,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventSink,
+    KVEvent,
+)
+from reprise.blockpool.free_queue import B, EvictionQueue
+from reprise.blockpool.hashing import BlockHash, Namespace
+from reprise.blockpool.host import HostTier
+
+ParentKey = BlockHash | Namespace  # a first block's parent is its namespace's root
+
+
+def parent_key(block: CachedBlock) -> ParentKey:
+    if block.parent_hash is not None:
+        return block.parent_hash
+    assert block.namespace is not None, block
+    return block.namespace
+
+
+def medium_of(block: CachedBlock) -> str:
+    return MEDIUM_DEVICE if isinstance(block, KVBlock) else MEDIUM_HOST
+
+
+class CacheIndex:
+    """Findable entries of both tiers, their parent -> children tree, and their events."""
+
+    def __init__(
+        self,
+        block_size: int,
+        device_queue: EvictionQueue[KVBlock],
+        host_tier: HostTier | None,
+        event_sink: EventSink | None,
+    ) -> None:
+        self.block_size = block_size
+        self.device: dict[BlockHash, KVBlock] = {}
+        self._device_queue = device_queue
+        self._host_tier = host_tier
+        self._event_sink = event_sink
+        # Dicts as insertion-ordered sets, so every walk is deterministic.
+        self._children: dict[ParentKey, dict[BlockHash, None]] = {}
+        self._serials = itertools.count(1)
+
+    def lookup(self, block_hash: BlockHash) -> CachedBlock | None:
+        block = self.device.get(block_hash)
+        if block is None and self._host_tier is not None:
+            return self._host_tier.lookup(block_hash)
+        return block
+
+    def is_findable(self, block: CachedBlock) -> bool:
+        """Whether `block` is the one block its tier finds under its digest."""
+        return block.block_hash is not None and self.lookup(block.block_hash) is block
+
+    def is_current(self, block: CachedBlock) -> bool:
+        """Whether `block` holds the content of the entry now findable under its digest
+        (it is that entry, or a duplicate registered while that entry lived)."""
+        if block.block_hash is None:
+            return False
+        entry = self.lookup(block.block_hash)
+        return entry is not None and entry.serial == block.serial
+
+    def find_prefix(
+        self, block_hashes: Sequence[BlockHash], keys: Sequence[BlockKey], namespace: Namespace
+    ) -> list[CachedBlock]:
+        """The entries of the longest findable prefix of a chain, either tier, each
+        confirmed by its stored key, parent digest and namespace."""
+        entries: list[CachedBlock] = []
+        parent_hash: BlockHash | None = None
+        for block_hash, key in zip(block_hashes, keys, strict=True):
+            entry = self.lookup(block_hash)
+            if entry is None or not entry.confirms(key, parent_hash, namespace):
+                break
+            entries.append(entry)
+            parent_hash = block_hash
+        return entries
+
+    def find_partial(
+        self, parent: ParentKey, token_ids: Sequence[int], extra_ids: Sequence[int] | None
+    ) -> tuple[KVBlock, int] | None:
+        """The findable device child of `parent` sharing the longest nonzero prefix
+        with `token_ids`, and its length; ties go to the oldest child."""
+        best: tuple[KVBlock, int] | None = None
+        for child_hash in self._children.get(parent, ()):
+            child = self.device.get(child_hash)
+            if child is not None and child.key is not None:
+                length = child.key.common_prefix(token_ids, extra_ids)
+                if length > (0 if best is None else best[1]):
+                    best = child, length
+        return best
+
+    def insert(
+        self,
+        block: KVBlock,
+        block_hash: BlockHash,
+        key: BlockKey,
+        parent_hash: BlockHash | None,
+        namespace: Namespace,
+    ) -> None:
+        """Make a blank device block findable as a new entry."""
+        assert block.block_hash is None and block_hash not in self.device
+        block.block_hash, block.key, block.parent_hash = block_hash, key, parent_hash
+        block.namespace, block.serial = namespace, next(self._serials)
+        self.device[block_hash] = block
+        self._children.setdefault(parent_key(block), {})[block_hash] = None
+        self._emit(self._stored_event(block))
+
+    def move(self, src: CachedBlock, dst: CachedBlock) -> None:
+        """Move an entry to a blank block of the other tier (neither queued)."""
+        assert src.queue_level is None and dst.queue_level is None
+        assert self._host_tier is not None and src.block_hash is not None
+        block_hash, src_medium = src.block_hash, medium_of(src)
+        dst.take_entry(src)
+        if isinstance(dst, HostBlock):
+            del self.device[block_hash]
+            self._host_tier.index[block_hash] = dst
+        else:
+            assert isinstance(dst, KVBlock)
+            del self._host_tier.index[block_hash]
+            self.device[block_hash] = dst
+        self._emit(self._stored_event(dst))
+        self._emit(BlockRemoved([block_hash], src_medium))
+
+    def drop(self, block: CachedBlock, now: float) -> None:
+        """Forget a findable entry and every findable descendant, in either tier.
+
+        Queued blocks among them stay queued, now blank (taken first).
+        """
+        assert block.block_hash is not None
+        siblings = self._children[parent_key(block)]
+        del siblings[block.block_hash]
+        if not siblings:
+            del self._children[parent_key(block)]
+        stack = [block]
+        while stack:
+            entry = stack.pop()
+            assert entry.block_hash is not None
+            for child_hash in self._children.pop(entry.block_hash, {}):
+                child = self.lookup(child_hash)
+                assert child is not None, "a findable child's entry is missing"
+                stack.append(child)
+            self._forget(entry, now)
+
+    def clear(self, device_blocks: Sequence[KVBlock], now: float) -> None:
+        """Forget every entry of both tiers at once (held duplicates too)."""
+        _clear_all(self._device_queue, device_blocks, now)
+        if self._host_tier is not None:
+            _clear_all(self._host_tier.queue, self._host_tier.blocks, now)
+            self._host_tier.index.clear()
+        self.device.clear()
+        self._children.clear()
+        self._emit(AllBlocksCleared())
+
+    def check(self) -> None:
+        """Assert the tiers' maps, the children tree and the serials agree (no holes)."""
+        for block_hash, block in self.device.items():
+            assert block.block_hash == block_hash, f"block {block.block_id} under another hash"
+        entries: list[CachedBlock] = list(self.device.values())
+        if self._host_tier is not None:
+            assert not self.device.keys() & self._host_tier.index.keys(), "an entry in both tiers"
+            entries += self._host_tier.index.values()
+        serials = [entry.serial for entry in entries]
+        assert None not in serials and len(set(serials)) == len(serials), "serials not unique"
+        for entry in entries:
+            assert entry.key is not None and len(entry.key.token_ids) == self.block_size, entry
+            assert entry.namespace is not None, entry
+            if entry.parent_hash is not None:
+                parent = self.lookup(entry.parent_hash)
+                assert parent is not None, f"hole: the parent of {entry.block_hash!r} is gone"
+                assert parent.namespace == entry.namespace, entry
+            assert entry.block_hash in self._children.get(parent_key(entry), {}), entry
+        num_children = 0
+        for key, children in self._children.items():
+            assert children, f"an empty child set under {key!r}"
+            assert isinstance(key, Namespace) or self.lookup(key) is not None, "children of nothing"
+            for child_hash in children:
+                child = self.lookup(child_hash)
+                assert child is not None and parent_key(child) == key, child_hash
+                num_children += 1
+        assert num_children == len(entries), (num_children, len(entries))
+
+    def _forget(self, block: CachedBlock, now: float) -> None:
+        assert block.block_hash is not None
+        block_hash, medium = block.block_hash, medium_of(block)
+        if isinstance(block, KVBlock):
+            del self.device[block_hash]
+            _make_blank(self._device_queue, block, now)
+        else:
+            assert isinstance(block, HostBlock) and self._host_tier is not None
+            del self._host_tier.index[block_hash]
+            _make_blank(self._host_tier.queue, block, now)
+        self._emit(BlockRemoved([block_hash], medium))
+
+    def _stored_event(self, block: CachedBlock) -> BlockStored:
+        assert block.block_hash is not None and block.key is not None
+        assert block.namespace is not None
+        return BlockStored(
+            block_hashes=[block.block_hash],
+            parent_block_hash=block.parent_hash,
+            token_ids=list(block.key.token_ids),
+            block_size=self.block_size,
+            lora_id=None,
+            medium=medium_of(block),
+            lora_name=block.namespace.adapter_id,
+        )
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._event_sink is not None:
+            self._event_sink(event)
+
+
+def _make_blank(queue: EvictionQueue[B], block: B, now: float) -> None:
+    """Clear a block's entry; a queued block moves to the blank level (taken first)."""
+    queued = block.queue_level is not None
+    if queued:
+        queue.remove(block)
+    block.clear_entry()
+    if queued:
+        queue.append(block, now)
+
+
+def _clear_all(queue: EvictionQueue[B], blocks: Sequence[B], now: float) -> None:
+    """Make every block of a tier blank; queued ones keep their order, behind the blank ones."""
+    for block in list(queue):
+        if block.block_hash is not None:
+            _make_blank(queue, block, now)
+    for block in blocks:
+        if block.block_hash is not None:
+            block.clear_entry()

@@ -1,0 +1,130 @@
+"""Per-request KV block bookkeeping on top of the block pool.
+
+Admission matches a request's longest cached prefix (device or host tier),
+then copies the first tokens of a partially matching block into a fresh
+block of its own; growth allocates blocks as tokens are added; after each
+step every block that became full is registered, prompt and generated tokens
+alike, so another request can reuse it at once. The last token of a request
+is always computed into a block the request owns: a cached block is never
+written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reprise.blockpool.hashing import BlockHash, hash_block
+from reprise.blockpool.pool import BlockId, BlockPool
+from reprise.daemon.params import Retention
+from reprise.daemon.sequence import Sequence
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        pool: BlockPool,
+        model_fingerprint: bytes,
+        copy_block: Callable[[BlockId, BlockId], None],
+    ) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.model_fingerprint = model_fingerprint
+        self._copy_block = copy_block  # device block -> device block, whole block
+
+    def admit(self, seq: Sequence) -> int:
+        """Give a request with no blocks its cached prefix; returns the tokens it skips.
+
+        Matches at most the full blocks before its last token, then tries a
+        partial match of the next block (its tokens up to the last one).
+        """
+        assert not seq.block_ids and seq.num_computed_tokens == 0, seq.request_id
+        bs = self.block_size
+        num_matchable = (seq.num_tokens - 1) // bs
+        hashes: list[BlockHash] = []
+        blocks_tokens: list[list[int]] = []
+        parent: BlockHash | None = None
+        for idx in range(num_matchable):
+            tokens = seq.token_ids(idx * bs, (idx + 1) * bs)
+            parent = self._hash(parent, tokens, seq)
+            hashes.append(parent)
+            blocks_tokens.append(tokens)
+        retention = seq.retention
+        match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
+            hashes,
+            blocks_tokens,
+            namespace=seq.namespace,
+            priority=None if retention is None else retention.priority,
+            priority_duration_s=None if retention is None else retention.duration_s,
+        )
+        seq.block_ids = list(match.block_ids)
+        seq.block_hashes = hashes[: match.num_blocks]
+        seq.num_computed_tokens = match.num_blocks * bs
+        seq.num_host_hit_tokens = match.num_host_hits * bs
+        self._reuse_partial(seq)
+        return seq.num_computed_tokens
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Give `seq` the blocks to hold `num_tokens` more tokens; False if the pool is short."""
+        needed = -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_ids)
+        if needed <= 0:
+            return True
+        block_ids = self.pool.allocate(needed)
+        if block_ids is None:
+            return False
+        seq.block_ids.extend(block_ids)
+        return True
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Make every block of `seq` that is now full and written findable."""
+        bs = self.block_size
+        num_prompt = len(seq.prompt_token_ids)
+        retention = seq.retention or Retention()
+        for idx in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            tokens = seq.token_ids(idx * bs, (idx + 1) * bs)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            block_hash = self._hash(parent, tokens, seq)
+            generated = (idx + 1) * bs > num_prompt
+            self.pool.register(
+                seq.block_ids[idx],
+                block_hash,
+                tokens,
+                seq.block_ids[idx - 1] if idx else None,
+                namespace=seq.namespace,
+                priority=retention.generated_priority if generated else retention.priority,
+                priority_duration_s=retention.duration_s,
+            )
+            seq.block_hashes.append(block_hash)
+
+    def release(self, seq: Sequence) -> None:
+        """Return a request's blocks to the pool (its full blocks stay cached)."""
+        self.pool.free(seq.block_ids)
+        seq.block_ids = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def _reuse_partial(self, seq: Sequence) -> None:
+        """Copy the leading tokens a cached block shares with the request's next block."""
+        bs = self.block_size
+        start = seq.num_computed_tokens
+        wanted = seq.token_ids(start, min(start + bs, seq.num_tokens - 1))
+        if not wanted:
+            return
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        found = self.pool.find_partial(parent, wanted, namespace=seq.namespace)
+        if found is None:
+            return
+        source, num_shared = found
+        # NOTE: the copy is issued at once; with asynchronous tier copies it must be
+        # ordered after them (the fresh block may be an offload's source).
+        fresh = self.pool.allocate(1)
+        if fresh is not None:
+            self._copy_block(source, fresh[0])
+            seq.block_ids.append(fresh[0])
+            seq.num_computed_tokens += num_shared
+        self.pool.free([source])
+
+    def _hash(self, parent: BlockHash | None, tokens: list[int], seq: Sequence) -> BlockHash:
+        # the namespace enters the first block's key only; later ones inherit it
+        return hash_block(
+            parent, tokens, namespace=seq.namespace, model_fingerprint=self.model_fingerprint
+        )

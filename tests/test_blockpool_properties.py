@@ -1,0 +1,325 @@
+"""Random interleavings of requests against a tiny pool with a host tier.
+
+A state machine plays the engine: requests start (match, partial reuse,
+allocate, write, register), generate more tokens, finish; other work puts
+the pool under pressure; the clock moves; the cache is cleared. The "KV" of
+each token is a digest of its namespace and whole prefix, written by the
+test into numpy arrays that a deferred copier moves between tiers in issue
+order. After every step: `check_integrity()`, reference counts equal what
+the requests hold plus copy pins, and every cached block (either tier)
+holds byte-exactly the KV of its prefix; every matched block is checked the
+same way when it is served. In half the runs the hash function has only 8
+values, so digests collide on almost every step: the pool must still never
+serve a block that is not the request's own prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_blockpool import NumpyBlockCopier
+
+from reprise.blockpool.block import BlockId
+from reprise.blockpool.hashing import (
+    BlockHash,
+    Namespace,
+    hash_block,
+    hash_token_blocks,
+    sha256,
+)
+from reprise.blockpool.host import HostTier
+from reprise.blockpool.pool import BlockPool
+
+BS = 4
+ROW = 8  # bytes of "KV" per token
+FP = b"prop-model"
+NAMESPACES = [None, Namespace("a"), Namespace(None, "lora")]
+PRIORITIES = [10, 35, 80]
+
+# Prompts are a cut of one of three documents plus a short random tail, over a
+# three-token alphabet, so that prefixes (and digests, under the weak hasher) repeat.
+DOCUMENTS = [[0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2], [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], [2] * 12]
+tokens_st = st.builds(
+    lambda doc, cut, tail: (DOCUMENTS[doc][:cut] + tail) or [0],
+    st.integers(0, len(DOCUMENTS) - 1),
+    st.sampled_from([0, 3, 4, 5, 8, 9, 12]),
+    st.lists(st.integers(0, 2), max_size=5),
+)
+
+
+def weak_hasher(data: bytes) -> bytes:
+    return bytes([hashlib.sha256(data).digest()[0] % 8]) * 32
+
+
+def kv_row(namespace: Namespace | None, prefix: list[int]) -> np.ndarray:
+    """The KV the 'model' computes for the last token of `prefix`."""
+    digest = hashlib.sha256(repr((namespace or Namespace(), prefix)).encode()).digest()
+    return np.frombuffer(digest[:ROW], np.uint8)
+
+
+def kv_block(namespace: Namespace | None, tokens: list[int], block_idx: int) -> np.ndarray:
+    start = block_idx * BS
+    return np.stack([kv_row(namespace, tokens[: i + 1]) for i in range(start, start + BS)])
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    namespace: Namespace | None
+    priority: int
+    block_ids: list[BlockId] = field(default_factory=list)
+    hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks so far
+
+    @property
+    def num_full_blocks(self) -> int:
+        return len(self.tokens) // BS
+
+
+class PoolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: dict[int, Req] = {}
+        self.history: list[tuple[list[int], Namespace | None]] = []
+        self.next_id = 0
+        self.now = 0.0
+        # Entry serial -> the KV its blocks must hold (serials, not digests: with the
+        # weak hasher one digest names many prefixes).
+        self.expected: dict[int, np.ndarray] = {}
+
+    @initialize(
+        num_device=st.integers(4, 10),
+        num_host=st.integers(0, 4),
+        deferred=st.booleans(),
+        offload_min=st.sampled_from([0, 35, 50]),
+        weak_hash=st.booleans(),
+    )
+    def make_pool(
+        self, num_device: int, num_host: int, deferred: bool, offload_min: int, weak_hash: bool
+    ) -> None:
+        # The weak hasher has 8 digests: collisions on almost every step.
+        self.hasher = weak_hasher if weak_hash else sha256
+        self.device = np.zeros((num_device, BS, ROW), np.uint8)  # [num_blocks, block_size, row]
+        self.host = np.zeros((max(num_host, 1), BS, ROW), np.uint8)
+        self.copier = NumpyBlockCopier(self.device, self.host, deferred=deferred)
+        host_tier = HostTier(num_host, self.copier) if num_host else None
+        self.pool = BlockPool(
+            num_device,
+            BS,
+            host_tier=host_tier,
+            offload_min_priority=offload_min,
+            clock=lambda: self.now,
+        )
+
+    # Requests.
+
+    @rule(
+        tokens=tokens_st,
+        ns_idx=st.sampled_from([0, 0, 0, 1, 2]),  # mostly the default namespace
+        priority=st.sampled_from([None, *PRIORITIES]),
+        duration=st.sampled_from([None, 1.0, 5.0]),
+        use_partial=st.booleans(),
+        keep=st.booleans(),
+    )
+    def start_request(self, tokens, ns_idx, priority, duration, use_partial, keep) -> None:
+        self.history.append((tokens, NAMESPACES[ns_idx]))
+        self._start(tokens, NAMESPACES[ns_idx], priority, duration, use_partial, keep)
+
+    @precondition(lambda self: self.history)
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        priority=st.sampled_from([None, *PRIORITIES]),
+        use_partial=st.booleans(),
+        keep=st.booleans(),
+    )
+    def repeat_request(self, pick, priority, use_partial, keep) -> None:
+        """A prompt seen before: a device hit, a host hit, or a miss after eviction."""
+        tokens, namespace = self.history[pick % len(self.history)]
+        self._start(tokens, namespace, priority, None, use_partial, keep)
+
+    def _start(self, tokens, namespace, priority, duration, use_partial, keep) -> None:
+        """Admit a request; unless `keep`, it finishes at once (a one-step request)."""
+        pool = self.pool
+        hashes = hash_token_blocks(
+            tokens, BS, namespace=namespace, model_fingerprint=FP, hasher=self.hasher
+        )
+        # The last prompt token is always computed, into a block of the request's own.
+        hashes = hashes[: (len(tokens) - 1) // BS]
+        blocks = [tokens[i * BS : (i + 1) * BS] for i in range(len(hashes))]
+        result = pool.match(
+            hashes, blocks, namespace=namespace, priority=priority, priority_duration_s=duration
+        )
+        block_ids = list(result.block_ids)
+        num_cached = len(block_ids) * BS
+        partial = None
+        if use_partial:
+            rest = tokens[num_cached : min(num_cached + BS, len(tokens) - 1)]
+            parent = hashes[len(block_ids) - 1] if block_ids else None
+            partial = pool.find_partial(parent, rest, namespace=namespace)
+        needed = -(-len(tokens) // BS) - len(block_ids)
+        new = pool.allocate(needed)
+        if new is None:  # no room: give everything back, as the scheduler would
+            pool.free(block_ids + ([partial[0]] if partial else []))
+            return
+        pool.complete_copies()  # before the forward pass touches any of these blocks
+        for idx, block_id in enumerate(block_ids):  # every served block holds our prefix's KV
+            assert np.array_equal(self.device[block_id], kv_block(namespace, tokens, idx))
+        block_ids += new
+        computed_from = num_cached
+        if partial is not None:
+            src, n = partial
+            self.device[new[0], :n] = self.device[src, :n]  # the caller's partial copy
+            pool.free([src])
+            for i in range(n):
+                assert np.array_equal(
+                    self.device[new[0], i], kv_row(namespace, tokens[: num_cached + i + 1])
+                )
+            computed_from += n
+        req = Req(
+            tokens,
+            namespace,
+            priority if priority is not None else 35,
+            block_ids,
+            list(hashes[: len(result.block_ids)]),
+        )
+        self._compute(req, computed_from, duration)
+        if keep:
+            self.requests[self.next_id] = req
+            self.next_id += 1
+        else:
+            pool.free(req.block_ids)
+
+    @precondition(lambda self: self.requests)
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        new_tokens=st.lists(st.integers(0, 2), min_size=1, max_size=6),
+        priority=st.sampled_from(PRIORITIES),
+    )
+    def generate(self, pick, new_tokens, priority) -> None:
+        req_id = sorted(self.requests)[pick % len(self.requests)]
+        req = self.requests[req_id]
+        num_computed = len(req.tokens)
+        req.tokens = req.tokens + new_tokens
+        needed = -(-len(req.tokens) // BS) - len(req.block_ids)
+        new = self.pool.allocate(needed)
+        if new is None:  # preempted: its blocks go back, the request is dropped
+            self.pool.free(req.block_ids)
+            del self.requests[req_id]
+            return
+        self.pool.complete_copies()
+        req.block_ids += new
+        req.priority = priority  # generated blocks may rank differently
+        self._compute(req, num_computed, None)
+
+    @precondition(lambda self: self.requests)
+    @rule(pick=st.integers(0, 1 << 16))
+    def finish(self, pick) -> None:
+        req_id = sorted(self.requests)[pick % len(self.requests)]
+        self.pool.free(self.requests.pop(req_id).block_ids)
+
+    # Other load, time, clearing.
+
+    @rule(n=st.one_of(st.just(None), st.integers(1, 10)))
+    def pressure(self, n) -> None:
+        """Other work takes `n` free blocks (None: all of them) and gives them back
+        blank: evictions, offloads, host evictions."""
+        num_free = self.pool.num_free_blocks
+        block_ids = self.pool.allocate(num_free if n is None else min(n, num_free))
+        assert block_ids is not None
+        self.pool.free(block_ids)  # copies may still be in flight: their pins keep the blocks
+
+    @rule()
+    def complete_copies(self) -> None:
+        self.pool.complete_copies()
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 10.0]))
+    def advance_clock(self, dt) -> None:
+        self.now += dt
+
+    @rule(roll=st.integers(0, 9))
+    def clear(self, roll) -> None:
+        if roll == 0:  # rarely, or nothing would stay cached long enough to be reused
+            self.pool.clear()
+
+    # Checks.
+
+    @invariant()
+    def pool_is_consistent(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        pool = self.pool
+        pool.check_integrity()
+        held = Counter(b for req in self.requests.values() for b in req.block_ids)
+        pending = pool.host_tier.pending if pool.host_tier is not None else []
+        pins = Counter(copy.device_block.block_id for copy in pending)
+        assert [b.ref_count for b in pool.blocks] == [
+            held[i] + pins[i] for i in range(pool.num_blocks)
+        ]
+
+    @invariant()
+    def cached_blocks_hold_their_kv(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        pending = self.pool.host_tier.pending if self.pool.host_tier is not None else []
+        busy_device = {id(c.device_block) for c in pending}
+        busy_host = {id(c.host_block) for c in pending}
+        for block in self.pool.blocks:
+            if block.block_hash is not None and id(block) not in busy_device:
+                assert block.serial is not None
+                assert np.array_equal(self.device[block.block_id], self.expected[block.serial])
+        if self.pool.host_tier is not None:
+            for slot in self.pool.host_tier.blocks:
+                if slot.block_hash is not None and id(slot) not in busy_host:
+                    assert slot.serial is not None
+                    assert np.array_equal(self.host[slot.slot], self.expected[slot.serial])
+
+    def teardown(self) -> None:
+        # Shown by --hypothesis-show-statistics: how often each path was reached.
+        if hasattr(self, "pool"):
+            stats = self.pool.stats()
+            for name in (
+                "evictions",
+                "host_offloads",
+                "host_hits",
+                "host_evictions",
+                "partial_hits",
+            ):
+                event(f"{name} > 0: {getattr(stats, name) > 0}")
+
+    def _compute(self, req: Req, start: int, duration: float | None) -> None:
+        """Write the KV of tokens [start, end) and register every block that became full."""
+        for pos in range(start, len(req.tokens)):
+            block_id = req.block_ids[pos // BS]
+            self.device[block_id, pos % BS] = kv_row(req.namespace, req.tokens[: pos + 1])
+        # A block the pool refuses (its parent is no longer cached) is not findable,
+        # and neither is any block after it: the pool checks that, not the test.
+        for idx in range(len(req.hashes), req.num_full_blocks):
+            parent = req.hashes[idx - 1] if idx else None
+            block = req.tokens[idx * BS : (idx + 1) * BS]
+            block_hash = hash_block(
+                parent, block, namespace=req.namespace, model_fingerprint=FP, hasher=self.hasher
+            )
+            block_id = req.block_ids[idx]
+            self.pool.register(
+                block_id,
+                block_hash,
+                block,
+                req.block_ids[idx - 1] if idx else None,
+                namespace=req.namespace,
+                priority=req.priority,
+                priority_duration_s=duration,
+            )
+            req.hashes.append(block_hash)
+            serial = self.pool.blocks[block_id].serial
+            if serial is not None:  # findable, or a duplicate of the entry with this serial
+                kv = kv_block(req.namespace, req.tokens, idx)
+                assert np.array_equal(self.expected.setdefault(serial, kv), kv)
+
+
+PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestPool = PoolMachine.TestCase
