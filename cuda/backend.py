@@ -36,6 +36,10 @@ class NumpyBackend:
     def kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=BF16)
 
+    def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The host tier's arena (pinned memory on the GPU backend)."""
+        return np.zeros(shape, dtype=BF16)
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
