@@ -7,6 +7,6 @@ chat template, and (later) the server loop.
 """
 
 from reprise.daemon.engine import Engine
-from reprise.daemon.params import Completion, SamplingParams
+from reprise.daemon.params import Completion, Retention, SamplingParams
 
-__all__ = ["Completion", "Engine", "SamplingParams"]
+__all__ = ["Completion", "Engine", "Retention", "SamplingParams"]
