@@ -24,7 +24,7 @@ from reprise.cuda.backend import get_backend
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.kvmanager import KVCacheManager
 from reprise.daemon.model import LlamaModel
-from reprise.daemon.params import Completion, Retention, SamplingParams
+from reprise.daemon.params import Completion, Retention, SamplingParams, StepOutput
 from reprise.daemon.runner import ModelRunner
 from reprise.daemon.safetensors_io import read_header
 from reprise.daemon.scheduler import Scheduler
@@ -79,6 +79,7 @@ class Engine:
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
+        self._live: dict[RequestId, Sequence] = {}
         self._finished: dict[RequestId, Sequence] = {}
 
     @classmethod
@@ -154,10 +155,11 @@ class Engine:
             self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
         )
         self.scheduler.add(seq)
+        self._live[request_id] = seq
         return request_id
 
-    def step(self) -> list[RequestId]:
-        """Run one engine step; returns the ids of requests that finished in it."""
+    def step(self) -> list[StepOutput]:
+        """Run one engine step; returns what each request that sampled a token got."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
@@ -168,14 +170,27 @@ class Engine:
         results = self.runner.run(scheduled)
         for item in scheduled:
             self.kv.register_full_blocks(item.seq)
-        finished = []
+        outputs = []
         for seq, token, logits in results:
-            if self._append_token(seq, token, logits):
-                self.scheduler.finish(seq)
-                del self._detokenizers[seq.request_id]
-                self._finished[seq.request_id] = seq
-                finished.append(seq.request_id)
-        return finished
+            done = self._append_token(seq, token, logits)
+            if done:
+                self._retire(seq)
+            outputs.append(self._step_output(seq, token, logits))
+        return outputs
+
+    def cancel(self, request_id: RequestId) -> bool:
+        """Stop a waiting or running request; its blocks return to the pool. False if it
+        is unknown or already finished. Its completion (finish_reason "cancelled",
+        the tokens so far) is then available from `take_completion`."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return False
+        seq.finish_reason = "cancelled"
+        self._retire(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
 
     def take_completion(self, request_id: RequestId) -> Completion:
         seq = self._finished.pop(request_id)
@@ -237,6 +252,26 @@ class Engine:
         return result
 
     # -- internals --------------------------------------------------------------------------
+
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        del self._detokenizers[seq.request_id]
+        del self._live[seq.request_id]
+        self._finished[seq.request_id] = seq
+
+    def _step_output(self, seq: Sequence, token: int, logits: np.ndarray) -> StepOutput:
+        # While running, hold back the text that could still be the start of a stop string.
+        hold = 0 if seq.finish_reason else max((len(s) for s in seq.params.stop), default=1) - 1
+        end = max(len(seq.text) - hold, seq.num_text_emitted)
+        delta = seq.text[seq.num_text_emitted : end]
+        seq.num_text_emitted = end
+        return StepOutput(
+            seq.request_id,
+            [token],
+            delta,
+            seq.finish_reason,
+            logits[None].copy() if seq.params.return_logits else None,
+        )
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

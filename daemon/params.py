@@ -101,6 +101,17 @@ class Retention:
 
 
 @dataclass(slots=True)
+class StepOutput:
+    """What one engine step produced for one request (for streaming)."""
+
+    request_id: int
+    token_ids: list[int]  # the new token(s)
+    text_delta: str  # new text; text that may still turn into a stop string is held back
+    finish_reason: FinishReason | None  # set on the request's last output
+    logits: np.ndarray | None = None  # [len(token_ids), vocab] fp32, when return_logits
+
+
+@dataclass(slots=True)
 class Completion:
     """The result of one request."""
 

@@ -46,6 +46,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     text: str = ""
+    num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)
 
     @property

@@ -49,7 +49,9 @@ def hf_reference(default_model_dir: Path, gguf_path: Path):
 
 @pytest.mark.reference
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_logits_and_greedy_tokens_match_transformers(engine: Engine, hf_reference, prompt: str) -> None:
+def test_logits_and_greedy_tokens_match_transformers(
+    engine: Engine, hf_reference, prompt: str
+) -> None:
     steps = 8
     params = SamplingParams(max_tokens=steps, temperature=0, return_logits=True, ignore_eos=True)
     out = engine.generate(prompt, params)
@@ -85,7 +87,9 @@ def test_stop_strings_and_length(engine: Engine) -> None:
     out = engine.generate(counting, SamplingParams(max_tokens=3, temperature=0))
     assert out.finish_reason == "length" and len(out.token_ids) == 3
     eos = engine.tokenizer.encode(",", add_special_tokens=False)
-    out = engine.generate(counting, SamplingParams(max_tokens=30, temperature=0, stop_token_ids=eos))
+    out = engine.generate(
+        counting, SamplingParams(max_tokens=30, temperature=0, stop_token_ids=eos)
+    )
     assert out.finish_reason == "stop" and out.token_ids[-1] == eos[0]
 
 
@@ -109,7 +113,11 @@ def _fields(params: SamplingParams) -> dict:
 def test_small_pool_preempts_and_every_request_finishes(default_model_dir: Path) -> None:
     # 6 blocks of 16 tokens: three requests of ~40 tokens cannot all hold their blocks at once
     engine = Engine.from_pretrained(
-        default_model_dir, backend="numpy", block_size=16, num_device_blocks=6, max_num_batched_tokens=24
+        default_model_dir,
+        backend="numpy",
+        block_size=16,
+        num_device_blocks=6,
+        max_num_batched_tokens=24,
     )
     prompts = ["Count from one to ten:", "Name three colours:", "The alphabet starts with"]
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -139,3 +147,38 @@ def test_bad_prompts_raise_value_errors(engine: Engine, prompt, kwargs, message:
 def test_backend_choice(default_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         Engine.from_pretrained(default_model_dir, backend="tpu")
+
+
+def test_streamed_deltas_join_to_the_text_and_never_show_a_stop_string(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0, stop=["6, 7"])
+    request_id = engine.add_request("1, 2, 3, 4, 5,", params)
+    deltas, finish = [], None
+    while finish is None:
+        for out in engine.step():
+            assert out.request_id == request_id and len(out.token_ids) == 1
+            deltas.append(out.text_delta)
+            finish = out.finish_reason
+            assert "6, 7" not in "".join(deltas)
+    done = engine.take_completion(request_id)
+    assert finish == "stop" == done.finish_reason
+    assert "".join(deltas) == done.text == " "  # the model went on " 6, 7": cut at the stop
+
+
+def test_cancel_returns_the_blocks(engine: Engine) -> None:
+    free_before = engine.pool.num_free_blocks
+    keep = engine.add_request(
+        "Tell me a long story", SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    )
+    drop = engine.add_request(
+        "Write a poem", SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    )
+    for _ in range(3):
+        engine.step()
+    assert engine.cancel(drop) and not engine.cancel(drop)
+    cancelled = engine.take_completion(drop)
+    assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) >= 2
+    while engine.has_work():
+        engine.step()
+    assert len(engine.take_completion(keep).token_ids) == 50
+    assert engine.pool.num_free_blocks == free_before
+    engine.pool.check_integrity()
