@@ -1,4 +1,4 @@
-"""`reprise`: prepare and inspect models, and run prompts.
+"""`reprise`: prepare and inspect models, run prompts, serve the daemon and talk to it.
 
 Commands parse their options, call into `reprise.daemon`, and print.
 """
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import click
 
+from reprise.cli.client_cmds import chat_cmd, generate_cmd, stats_cmd
 from reprise.cli.progress import tqdm_progress
+from reprise.cli.serve import serve_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -169,6 +171,12 @@ def run_cmd(
         f"finish: {completion.finish_reason}, {elapsed:.2f} s]",
         err=True,
     )
+
+
+main.add_command(serve_cmd)
+main.add_command(generate_cmd)
+main.add_command(chat_cmd)
+main.add_command(stats_cmd)
 
 
 if __name__ == "__main__":

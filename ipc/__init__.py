@@ -1,1 +1,18 @@
-"""Messages between the daemon and its clients (msgpack over ZeroMQ)."""
+"""Messages between the daemon and its clients (msgpack over ZeroMQ), and the client.
+
+from reprise.ipc import Client
+done = Client().generate("The capital of France is", max_tokens=8, temperature=0)
+"""
+
+from reprise.ipc.client import Client, DaemonUnavailable, RequestError
+from reprise.ipc.messages import PROTOCOL_VERSION, Done, ProtocolError, TokenChunk
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Client",
+    "DaemonUnavailable",
+    "Done",
+    "ProtocolError",
+    "RequestError",
+    "TokenChunk",
+]

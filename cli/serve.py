@@ -1,0 +1,178 @@
+"""`reprise serve`: load a model and run the daemon until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from reprise.cli.progress import tqdm_progress
+
+# option name -> (default, type) for the options a config file may also hold
+SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
+    "model": (None, str),
+    "socket": (None, str),
+    "events": (None, str),
+    "backend": ("auto", str),
+    "block_size": (32, int),
+    "num_device_blocks": (None, int),
+    "host_blocks": (0, int),
+    "host_bytes": (None, int),
+    "max_batched_tokens": (2048, int),
+    "max_model_len": (None, int),
+    "max_queue": (256, int),
+    "max_tokens_cap": (4096, int),
+    "max_message_bytes": (1 << 20, int),
+    "drain_timeout": (30.0, float),
+}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A TOML file of serve options (`block-size = 16` or `block_size = 16`), checked."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise click.ClickException(f"cannot read config {path}: {e}") from None
+    raw = raw.get("serve", raw)  # the options may sit under a [serve] table
+    config: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in SERVE_OPTIONS:
+            raise click.ClickException(
+                f"{path}: unknown option {key!r}; known: {sorted(SERVE_OPTIONS)}"
+            )
+        kind = SERVE_OPTIONS[name][1]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise click.ClickException(f"{path}: {key} must be a {kind.__name__}; got {value!r}")
+        config[name] = value
+    return config
+
+
+@click.command("serve")
+@click.option(
+    "--model", default=None, help="Model folder (default: the default model, prepared if missing)."
+)
+@click.option(
+    "--socket",
+    default=None,
+    help="ipc://PATH or tcp://127.0.0.1:PORT (default: under $XDG_RUNTIME_DIR; env REPRISE_SOCKET).",
+)
+@click.option(
+    "--events", default=None, help="Publish KV events (vLLM layout) on this ZeroMQ PUB address."
+)
+@click.option(
+    "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default=None, help="[default: auto]"
+)
+@click.option("--block-size", type=int, default=None, help="Tokens per KV block [default: 32].")
+@click.option(
+    "--num-device-blocks",
+    type=int,
+    default=None,
+    help="KV blocks on the device [default: 1 GiB worth].",
+)
+@click.option("--host-blocks", type=int, default=None, help="Blocks in the host tier [default: 0].")
+@click.option(
+    "--host-bytes",
+    type=int,
+    default=None,
+    help="Host tier size in bytes (instead of --host-blocks).",
+)
+@click.option(
+    "--max-batched-tokens",
+    type=int,
+    default=None,
+    help="Token budget per engine step [default: 2048].",
+)
+@click.option(
+    "--max-model-len", type=int, default=None, help="Context length [default: the model's]."
+)
+@click.option(
+    "--max-queue",
+    type=int,
+    default=None,
+    help="Requests waiting or running; more get `busy` [default: 256].",
+)
+@click.option(
+    "--max-tokens-cap",
+    type=int,
+    default=None,
+    help="Largest max_tokens a request may ask [default: 4096].",
+)
+@click.option(
+    "--max-message-bytes", type=int, default=None, help="Largest request message [default: 1 MiB]."
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=None,
+    help="Seconds running requests get on SIGTERM [default: 30].",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML file with the same options; flags win.",
+)
+def serve_cmd(config_file: Path | None, **flags: Any) -> None:
+    """Load a model and serve it on a ZeroMQ socket until SIGTERM (then drain and exit 0)."""
+    from reprise.daemon import Engine
+    from reprise.daemon.server import Server, ServerConfig
+    from reprise.daemon.service import Notifier, StopFlag
+    from reprise.ipc.sockets import server_address
+
+    options = {name: default for name, (default, _) in SERVE_OPTIONS.items()}
+    if config_file is not None:
+        options.update(load_config(config_file))
+    options.update({k: v for k, v in flags.items() if v is not None})
+    logging.basicConfig(level=logging.INFO, format="reprise: %(message)s", stream=sys.stderr)
+    stop = StopFlag()
+    stop.install()  # before loading, so a SIGTERM during the load is not fatal
+    try:
+        with tqdm_progress("loading model", unit="layer") as progress:
+            engine = Engine.from_pretrained(
+                options["model"],
+                backend=options["backend"],
+                block_size=options["block_size"],
+                num_device_blocks=options["num_device_blocks"],
+                max_num_batched_tokens=options["max_batched_tokens"],
+                max_model_len=options["max_model_len"],
+                num_host_blocks=_host_blocks(options, progress),
+                progress=progress,
+            )
+        config = ServerConfig(
+            address=server_address(options["socket"]),
+            events_address=options["events"],
+            max_queue=options["max_queue"],
+            max_tokens_cap=options["max_tokens_cap"],
+            max_message_bytes=options["max_message_bytes"],
+            drain_timeout_s=options["drain_timeout"],
+            model_name=str(options["model"] or "default"),
+        )
+        server = Server(engine, config, notifier=Notifier(), stop=stop)
+        if stop.is_set:
+            return
+        server.run()
+    except (ValueError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _host_blocks(options: dict[str, Any], progress: Any) -> int:
+    if options["host_bytes"] is None:
+        return int(options["host_blocks"])
+    from reprise.daemon.config import ModelConfig
+    from reprise.daemon.prepare import default_model_dir
+
+    path = Path(options["model"]) if options["model"] else default_model_dir()
+    block_bytes = ModelConfig.from_dir(path).kv_bytes_per_token() * options["block_size"]
+    return int(options["host_bytes"]) // block_bytes

@@ -1,0 +1,60 @@
+"""systemd glue: sd_notify over `NOTIFY_SOCKET` (no libsystemd needed), the watchdog
+cadence, and SIGTERM/SIGINT turned into a flag the serving loop reads."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import time
+
+
+class Notifier:
+    """Sends `READY=1`, `STOPPING=1`, `WATCHDOG=1`, ... to systemd; a no-op outside it."""
+
+    def __init__(self) -> None:
+        address = os.environ.get("NOTIFY_SOCKET", "")
+        self._address: str | bytes | None = None
+        if address:
+            # A leading "@" names a socket in the abstract namespace.
+            self._address = b"\0" + address[1:].encode() if address[0] == "@" else address
+        self.watchdog_interval_s: float | None = None
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        pid = os.environ.get("WATCHDOG_PID", "")
+        if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
+            self.watchdog_interval_s = int(usec) / 2e6  # ping at half the timeout
+        self._last_ping = 0.0
+
+    def notify(self, state: str) -> None:
+        if self._address is None:
+            return
+        # Never block the engine loop: a full or vanished receiver just misses this notice.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.sendto(state.encode(), self._address)
+
+    def ping_watchdog(self) -> None:
+        """Call often; pings at most once per interval."""
+        if self.watchdog_interval_s is None:
+            return
+        now = time.monotonic()
+        if now - self._last_ping >= self.watchdog_interval_s:
+            self._last_ping = now
+            self.notify("WATCHDOG=1")
+
+
+class StopFlag:
+    """Set by SIGTERM or SIGINT; the loop drains and exits when it sees it."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` dumps every thread's stack
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.is_set = True

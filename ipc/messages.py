@@ -1,0 +1,230 @@
+"""The daemon's wire messages: small dataclasses, one per message type.
+
+Every message is a msgpack map with `v` (the protocol version) and `type`
+(the tag below); the other keys are the dataclass's fields. Decoding
+(`reprise.ipc.codec`) rejects unknown keys, missing required keys and values
+of the wrong type or range with a `ProtocolError` whose `code` is one of
+`ERROR_CODES`, so the daemon can answer it and keep serving.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+MAX_ID_CHARS = 128
+MAX_SALT_CHARS = 256
+
+ERROR_CODES = frozenset(
+    {
+        "bad_message",  # not a msgpack map, truncated, or no usable `type`
+        "bad_request",  # a field is missing, unknown, or of the wrong type or range
+        "unknown_type",
+        "unsupported_version",
+        "too_large",  # the message is over the daemon's size limit
+        "prompt_too_long",  # the prompt does not fit in the model's context
+        "busy",  # the request queue is full
+        "duplicate_id",  # this client already has a running request with this id
+        "not_found",  # cancel of a request the daemon does not know
+        "shutting_down",
+        "internal",
+    }
+)
+
+# Sampling fields a generate request may carry, with the types msgpack gives them.
+SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
+    "max_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int, type(None)),
+    "seed": (int, type(None)),
+    "stop": (list,),
+    "stop_token_ids": (list,),
+    "ignore_eos": (bool,),
+    "skip_special_tokens": (bool,),
+}
+
+
+class ProtocolError(Exception):
+    """A message the daemon cannot accept; `code` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+def bad(message: str) -> ProtocolError:
+    return ProtocolError("bad_request", message)
+
+
+def check_type(name: str, value: object, *types: type) -> None:
+    """Raise bad_request unless `value` is one of `types` (bool is never an int here)."""
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise bad(f"{name} must be {names}; got {type(value).__name__} {_short(value)}")
+
+
+def check_id(name: str, value: object) -> None:
+    check_type(name, value, str)
+    assert isinstance(value, str)
+    if not 1 <= len(value) <= MAX_ID_CHARS:
+        raise bad(f"{name} must have 1 to {MAX_ID_CHARS} characters; got {len(value)}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- requests (client -> daemon) -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Generate:
+    """Complete one prompt: exactly one of `prompt` (text), `messages` (chat, the
+    template is applied) or `token_ids`. With `stream`, TokenChunk replies come
+    before the Done; without, only the Done."""
+
+    TYPE: ClassVar[str] = "generate"
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    token_ids: list[int] | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    cache_salt: str | None = None
+    priority: int | None = None  # retention priority of the prompt's blocks, 0-100
+    stream: bool = True
+    return_logits: bool = False
+
+    def __post_init__(self) -> None:
+        check_id("id", self.id)
+        given = [k for k in ("prompt", "messages", "token_ids") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise bad(f"give exactly one of prompt, messages, token_ids; got {given or 'none'}")
+        if self.prompt is not None:
+            check_type("prompt", self.prompt, str)
+        if self.messages is not None:
+            check_type("messages", self.messages, list)
+            if not self.messages:
+                raise bad("messages must hold at least one message")
+            for i, m in enumerate(self.messages):
+                check_type(f"messages[{i}]", m, dict)
+                if set(m) - {"role", "content"} or "role" not in m or "content" not in m:
+                    raise bad(f"messages[{i}] must have exactly role and content; got {sorted(m)}")
+                check_type(f"messages[{i}].role", m["role"], str)
+                check_type(f"messages[{i}].content", m["content"], str)
+        if self.token_ids is not None:
+            check_type("token_ids", self.token_ids, list)
+            for t in self.token_ids:
+                check_type("token_ids[]", t, int)
+        check_type("sampling", self.sampling, dict)
+        for key, value in self.sampling.items():
+            if key not in SAMPLING_FIELDS:
+                raise bad(
+                    f"sampling has an unknown field {_short(key)}; known: {sorted(SAMPLING_FIELDS)}"
+                )
+            check_type(f"sampling.{key}", value, *SAMPLING_FIELDS[key])
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"sampling.{key} must be finite; got {value}")
+        if self.cache_salt is not None:
+            check_type("cache_salt", self.cache_salt, str)
+            if len(self.cache_salt) > MAX_SALT_CHARS:
+                raise bad(f"cache_salt may have at most {MAX_SALT_CHARS} characters")
+        if self.priority is not None:
+            check_type("priority", self.priority, int)
+            if not 0 <= self.priority <= 100:
+                raise bad(f"priority must be in [0, 100]; got {self.priority}")
+        check_type("stream", self.stream, bool)
+        check_type("return_logits", self.return_logits, bool)
+
+
+@dataclass(slots=True)
+class Cancel:
+    """Stop a request of this client; its Done comes with finish_reason "cancelled"."""
+
+    TYPE: ClassVar[str] = "cancel"
+    id: str
+
+    def __post_init__(self) -> None:
+        check_id("id", self.id)
+
+
+@dataclass(slots=True)
+class StatsRequest:
+    """Ask for the KV cache and server counters; `check` also runs the pool's integrity check."""
+
+    TYPE: ClassVar[str] = "stats"
+    check: bool = False
+
+    def __post_init__(self) -> None:
+        check_type("check", self.check, bool)
+
+
+@dataclass(slots=True)
+class Health:
+    TYPE: ClassVar[str] = "health"
+
+
+# -- replies (daemon -> client) ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    TYPE: ClassVar[str] = "chunk"
+    id: str
+    token_ids: list[int]
+    text: str  # new text since the last chunk
+
+
+@dataclass(slots=True)
+class Done:
+    """The last reply of a request that ran: the whole output and its numbers."""
+
+    TYPE: ClassVar[str] = "done"
+    id: str
+    finish_reason: str  # stop | length | cancelled
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the cache, either tier
+    host_cached_tokens: int  # the part of them onboarded from the host tier
+    ttft_ms: float
+    tokens_per_s: float  # generated tokens over the time from receipt to the end
+    logits: dict[str, Any] | None = None  # {"shape": [n, vocab], "data": float32 bytes}
+
+
+@dataclass(slots=True)
+class ErrorReply:
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+    id: str | None = None  # the request it answers, when the daemon could read one
+
+
+@dataclass(slots=True)
+class StatsReply:
+    TYPE: ClassVar[str] = "stats_reply"
+    stats: dict[str, Any]
+
+
+@dataclass(slots=True)
+class HealthReply:
+    TYPE: ClassVar[str] = "health_reply"
+    status: str  # "ok" or "draining"
+    model: str
+    max_model_len: int
+    num_requests: int
+
+
+REQUEST_TYPES: dict[str, type] = {c.TYPE: c for c in (Generate, Cancel, StatsRequest, Health)}
+REPLY_TYPES: dict[str, type] = {
+    c.TYPE: c for c in (TokenChunk, Done, ErrorReply, StatsReply, HealthReply)
+}
+Request = Generate | Cancel | StatsRequest | Health
+Reply = TokenChunk | Done | ErrorReply | StatsReply | HealthReply

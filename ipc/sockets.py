@@ -1,0 +1,81 @@
+"""Where the daemon listens, and the socket-file care an `ipc://` address needs.
+
+Default address: `ipc://$RUNTIME_DIRECTORY/reprise.sock` under systemd, else
+`ipc://$XDG_RUNTIME_DIR/reprise/reprise.sock`, else a per-user folder in /tmp.
+Clients also try `/run/reprise/reprise.sock` (the systemd unit's place).
+`REPRISE_SOCKET` overrides both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+SOCKET_ENV = "REPRISE_SOCKET"
+SOCKET_NAME = "reprise.sock"
+SYSTEM_SOCKET = Path("/run/reprise") / SOCKET_NAME
+
+
+def user_socket_path() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "reprise" if runtime else Path(f"/tmp/reprise-{os.getuid()}")
+    return base / SOCKET_NAME
+
+
+def server_address(explicit: str | None = None) -> str:
+    """The address `reprise serve` binds."""
+    if explicit:
+        return explicit
+    if os.environ.get(SOCKET_ENV):
+        return os.environ[SOCKET_ENV]
+    systemd_dir = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if systemd_dir:
+        return f"ipc://{Path(systemd_dir) / SOCKET_NAME}"
+    return f"ipc://{user_socket_path()}"
+
+
+def client_address(explicit: str | None = None) -> str:
+    """The address clients connect to: the flag, REPRISE_SOCKET, the user's socket if it
+    exists, else the system one if it exists, else the user's (to name it in errors)."""
+    if explicit:
+        return explicit
+    if os.environ.get(SOCKET_ENV):
+        return os.environ[SOCKET_ENV]
+    user = user_socket_path()
+    if not user.exists() and SYSTEM_SOCKET.exists():
+        return f"ipc://{SYSTEM_SOCKET}"
+    return f"ipc://{user}"
+
+
+def ipc_path(address: str) -> Path | None:
+    return Path(address[len("ipc://") :]) if address.startswith("ipc://") else None
+
+
+def check_address(address: str) -> None:
+    """Only ipc:// and loopback tcp:// are served (the protocol has no authentication)."""
+    if address.startswith("ipc://"):
+        return
+    if address.startswith("tcp://"):
+        host = address[len("tcp://") :].rsplit(":", 1)[0]
+        if host in ("127.0.0.1", "localhost", "[::1]"):
+            return
+        raise ValueError(f"tcp addresses must be on loopback (127.0.0.1); got {address}")
+    raise ValueError(f"socket address must be ipc://PATH or tcp://127.0.0.1:PORT; got {address!r}")
+
+
+def prepare_ipc_path(path: Path) -> None:
+    """Make the socket's folder (0700 when we create it) and refuse to take over a
+    socket another live daemon is listening on (ZeroMQ would silently unlink it)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # stale: nobody listens
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"another daemon is already listening on ipc://{path}")

@@ -1,0 +1,415 @@
+"""A real `reprise serve` process on a real ipc:// socket (NumPy backend, default model),
+driven through raw sockets, the Client and the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reprise.ipc import Client, DaemonUnavailable, Done, RequestError, TokenChunk
+from reprise.ipc.codec import decode_reply
+from reprise.ipc.messages import ErrorReply, HealthReply
+
+pytestmark = pytest.mark.model
+
+BLOCK_SIZE = 16
+# ~40 tokens: two full blocks of 16 that a repeat finds again.
+LONG_PROMPT = (
+    "The quick brown fox jumps over the lazy dog while the cat watches from the old wooden "
+    "fence near the river, and the farmer counts his sheep one by one before the rain."
+)
+REPRISE = str(Path(sys.executable).parent / "reprise")
+
+
+class Daemon:
+    """A `reprise serve` subprocess with a NOTIFY_SOCKET we read."""
+
+    def __init__(self, tmp: Path, model_dir: Path, *extra: str) -> None:
+        self.address = f"ipc://{tmp}/d.sock"
+        self.events_address = f"ipc://{tmp}/ev.sock"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(tmp / "notify.sock"))
+        self.notify.settimeout(0.5)
+        self.log = (tmp / "serve.log").open("w+")
+        env = {
+            **os.environ,
+            "NOTIFY_SOCKET": str(tmp / "notify.sock"),
+            "WATCHDOG_USEC": "400000",
+        }
+        env.pop("REPRISE_SOCKET", None)
+        cmd = [
+            sys.executable, "-m", "reprise.cli.main", "serve",
+            "--model", str(model_dir), "--backend", "numpy",
+            "--socket", self.address, "--events", self.events_address,
+            "--block-size", str(BLOCK_SIZE), "--num-device-blocks", "96",
+            "--max-model-len", "256", "--max-tokens-cap", "64",
+            *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.notices: list[str] = []
+        self._reader = threading.Thread(target=self._read_notices, daemon=True)
+        self._reader.start()
+        self.wait_notice("READY=1", timeout_s=120)
+
+    def _read_notices(self) -> None:
+        while True:  # like systemd: read every notice as it comes
+            try:
+                self.notices.extend(self.notify.recv(4096).decode().split("\n"))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def wait_notice(self, state: str, timeout_s: float = 10) -> None:
+        deadline = time.monotonic() + timeout_s
+        while state not in self.notices:
+            if time.monotonic() > deadline or (state == "READY=1" and self.proc.poll() is not None):
+                self.log.seek(0)
+                raise AssertionError(f"no {state} from the daemon; log:\n{self.log.read()[-3000:]}")
+            time.sleep(0.05)
+
+    def client(self, timeout_s: float = 120) -> Client:
+        return Client(self.address, timeout_s=timeout_s)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        self.notify.close()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("daemon"), default_model_dir, "--max-message-bytes", "65536")
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def raw(daemon: Daemon) -> Iterator[zmq.Socket]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.address)
+    yield sock
+    sock.close()
+    ctx.term()
+
+
+def recv(sock: zmq.Socket, timeout_s: float = 60) -> object:
+    assert sock.poll(int(timeout_s * 1000)), "no reply from the daemon"
+    return decode_reply(sock.recv())
+
+
+def wait_idle(client: Client, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.stats(check=True)
+        if stats["num_requests"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_repeat_prompt_is_cached_and_events_agree(daemon: Daemon) -> None:
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(daemon.events_address)
+    time.sleep(0.3)  # the slow-joiner window of PUB/SUB
+    with daemon.client() as client:
+        before = client.stats()
+        first = client.generate(LONG_PROMPT, max_tokens=2, temperature=0, cache_salt="events")
+        second = client.generate(LONG_PROMPT, max_tokens=2, temperature=0, cache_salt="events")
+        after = wait_idle(client)
+    assert first.prompt_tokens == second.prompt_tokens >= 2 * BLOCK_SIZE + 1
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == (second.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert second.token_ids == first.token_ids
+    reused = after["reused_blocks"] - before["reused_blocks"]
+    assert reused == second.cached_tokens // BLOCK_SIZE
+    assert after["used_blocks"] == 0 and after["integrity"] == "ok"
+
+    # Mirror the pool's device index from the events; it must match the cached_blocks gauge.
+    findable: set[bytes] = set()
+    seqs = []
+    while sub.poll(500):
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b""
+        seqs.append(int.from_bytes(seq, "big"))
+        ts, events = msgpack.unpackb(payload)
+        assert isinstance(ts, float)
+        for event in events:
+            if event[0] == "BlockStored" and event[6] == "GPU":
+                _, hashes, _parent, token_ids, block_size, _lora, _medium = event[:7]
+                assert block_size == BLOCK_SIZE and len(token_ids) == len(hashes) * BLOCK_SIZE
+                findable.update(hashes)
+            elif event[0] == "BlockRemoved" and event[2] == "GPU":
+                findable.difference_update(event[1])
+            elif event[0] == "AllBlocksCleared":
+                findable.clear()
+    sub.close()
+    ctx.term()
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert len(findable) == after["cached_blocks"] > 0
+
+
+def test_two_salts_share_nothing(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        client.generate(LONG_PROMPT, max_tokens=1, temperature=0, cache_salt="tenant-a")
+        again = client.generate(LONG_PROMPT, max_tokens=1, temperature=0, cache_salt="tenant-a")
+        other = client.generate(LONG_PROMPT, max_tokens=1, temperature=0, cache_salt="tenant-b")
+    assert again.cached_tokens > 0
+    assert other.cached_tokens == 0
+
+
+def test_stream_yields_chunks_then_done(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        items = list(client.stream("Hello", max_tokens=4, temperature=0, return_logits=True))
+    chunks, done = items[:-1], items[-1]
+    assert isinstance(done, Done) and all(isinstance(c, TokenChunk) for c in chunks)
+    assert [t for c in chunks for t in c.token_ids] == done.token_ids
+    assert "".join(c.text for c in chunks) == done.text
+    assert done.logits is not None and done.logits["shape"][0] == len(done.token_ids)
+
+
+def _bad_inputs() -> list[tuple[bytes, str]]:
+    def pack(**body: object) -> bytes:
+        return msgpack.packb(body, use_bin_type=True)
+
+    gen = {"v": 1, "type": "generate", "id": "g"}
+    return [
+        (os.urandom(64), "bad_message"),
+        (pack(v=1, type="health")[:-2], "bad_message"),
+        (pack(**gen, prompt=["not", "ids"]), "bad_request"),
+        (pack(v=1, type="teleport"), "unknown_type"),
+        (pack(v=99, type="health"), "unsupported_version"),
+        (pack(v=1, type="generate", prompt="x"), "bad_request"),
+        (pack(**gen, prompt="x", sampling={"temperature": -1}), "bad_request"),
+        (pack(**gen, prompt="x", sampling={"top_p": 0}), "bad_request"),
+        (pack(**gen, prompt="x", sampling={"max_tokens": 10_000}), "bad_request"),
+        (pack(**gen, token_ids=[10**9]), "bad_request"),
+        (pack(**gen, prompt="x" * 100_000), "too_large"),
+        (pack(**gen, token_ids=[1] * 300), "prompt_too_long"),
+        (pack(v=1, type="cancel", id="nobody"), "not_found"),
+    ]
+
+
+@pytest.mark.parametrize(("data", "code"), _bad_inputs())
+def test_bad_input_gets_an_error_and_the_daemon_serves_on(
+    daemon: Daemon, raw: zmq.Socket, data: bytes, code: str
+) -> None:
+    raw.send(data)
+    reply = recv(raw)
+    assert isinstance(reply, ErrorReply), reply
+    assert reply.code == code, reply
+    with daemon.client() as client:
+        assert client.generate("Hi", max_tokens=1).finish_reason == "length"
+
+
+def test_multipart_garbage_is_survived(daemon: Daemon, raw: zmq.Socket) -> None:
+    # Frames before the payload are an envelope (as REQ sockets send) and come back as is.
+    raw.send_multipart([b"a", b"b", b"c"])  # payload "c" is garbage -> bad_message
+    assert raw.poll(10_000)
+    *envelope, payload = raw.recv_multipart()
+    assert envelope == [b"a", b"b"]
+    reply = decode_reply(payload)
+    assert isinstance(reply, ErrorReply) and reply.code == "bad_message"
+
+
+_junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.lists(st.integers(min_value=-5, max_value=50_000), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(-(2**31), 2**31), max_size=2),
+)
+_fields = ["id", "prompt", "messages", "token_ids", "sampling", "cache_salt", "priority",
+           "stream", "return_logits", "check", "bogus"]  # fmt: skip
+_sampling = st.dictionaries(
+    st.sampled_from(
+        ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "x"]
+    ),
+    _junk,
+    max_size=3,
+)
+_message = st.fixed_dictionaries(
+    {
+        "v": st.one_of(st.just(1), _junk),
+        "type": st.one_of(st.sampled_from(["generate", "cancel", "stats", "health"]), _junk),
+    },
+    optional={
+        "id": st.one_of(st.text(min_size=1, max_size=6), _junk),
+        "prompt": st.one_of(st.text(max_size=12), _junk),
+        "token_ids": st.one_of(st.lists(st.integers(0, 49_000), max_size=6), _junk),
+        "sampling": st.one_of(_sampling, _junk),
+        **{f: _junk for f in _fields[4:]},
+    },
+)
+_payload = st.one_of(
+    st.binary(max_size=64),
+    _message.map(lambda m: msgpack.packb(m, use_bin_type=True)),
+    _message.map(lambda m: msgpack.packb(m, use_bin_type=True)[:-1]),
+)
+
+
+@settings(
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(payload=_payload)
+def test_fuzz_never_breaks_the_daemon(daemon: Daemon, raw: zmq.Socket, payload: bytes) -> None:
+    raw.send(payload)
+    try:  # a valid generate would run: stop it at once
+        body = msgpack.unpackb(payload)
+        if isinstance(body, dict) and isinstance(body.get("id"), str):
+            raw.send(msgpack.packb({"v": 1, "type": "cancel", "id": body["id"]}))
+    except Exception:
+        pass
+    raw.send(msgpack.packb({"v": 1, "type": "health"}))
+    while True:  # every reply decodes, none is "internal", and the health probe answers
+        reply = recv(raw)
+        assert not (isinstance(reply, ErrorReply) and reply.code == "internal"), reply
+        if isinstance(reply, HealthReply):
+            break
+
+
+def test_after_fuzz_the_pool_is_clean(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        stats = wait_idle(client)
+    assert stats["used_blocks"] == 0
+    assert stats["integrity"] == "ok"
+
+
+def test_client_vanishing_mid_stream_cancels_its_request(daemon: Daemon) -> None:
+    with daemon.client() as observer:
+        before = observer.stats()["num_disconnect_cancels"]
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(daemon.address)
+        sock.send(msgpack.packb({"v": 1, "type": "generate", "id": "gone", "prompt": LONG_PROMPT,
+                                 "sampling": {"max_tokens": 64, "ignore_eos": True}}))  # fmt: skip
+        assert isinstance(recv(sock), TokenChunk)
+        sock.close(linger=0)
+        ctx.term()
+        stats = wait_idle(observer)
+    assert stats["num_disconnect_cancels"] == before + 1
+    assert stats["num_requests"] == 0 and stats["used_blocks"] == 0
+
+
+def test_32_concurrent_clients_each_get_one_answer(daemon: Daemon) -> None:
+    results: dict[tuple[int, int], list[object]] = {}
+
+    def work(i: int) -> None:
+        with daemon.client() as client:
+            for j in range(2):
+                try:
+                    out: object = client.generate(f"Count to {i} and {j}:", max_tokens=2)
+                except RequestError as e:
+                    out = e
+                results.setdefault((i, j), []).append(out)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 64
+    assert all(len(v) == 1 for v in results.values())
+    assert all(isinstance(v[0], Done) for v in results.values())
+
+
+def test_cli_generate_json(daemon: Daemon) -> None:
+    import json
+
+    out = subprocess.run(
+        [REPRISE, "generate", "Hello", "--max-tokens", "3", "--json", "--socket", daemon.address],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    assert set(result) >= {
+        "text",
+        "token_ids",
+        "prompt_tokens",
+        "cached_tokens",
+        "ttft_ms",
+        "finish_reason",
+    }
+    assert len(result["token_ids"]) <= 3
+    stats = subprocess.run(
+        [REPRISE, "stats", "--json"], env={**os.environ, "REPRISE_SOCKET": daemon.address},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert "used_blocks" in json.loads(stats.stdout)
+
+
+def test_cli_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/none.sock"
+    for args in (["stats"], ["generate", "hi"]):
+        out = subprocess.run(
+            [REPRISE, *args, "--socket", address], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode != 0
+        assert address in out.stderr and "reprise serve" in out.stderr
+    with pytest.raises(DaemonUnavailable, match="reprise serve"), Client(address) as client:
+        client.health()
+
+
+def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) -> None:
+    d = Daemon(tmp_path, default_model_dir, "--max-queue", "2", "--drain-timeout", "4")
+    try:
+        d.wait_notice("WATCHDOG=1", timeout_s=5)
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(d.address)
+        for i in range(3):
+            sock.send(msgpack.packb({"v": 1, "type": "generate", "id": f"r{i}", "prompt": "Tell me a story",
+                                     "stream": False, "sampling": {"max_tokens": 64, "ignore_eos": True}}))  # fmt: skip
+        busy = recv(sock)
+        assert isinstance(busy, ErrorReply) and (busy.code, busy.id) == ("busy", "r2")
+        time.sleep(0.5)
+        d.proc.send_signal(signal.SIGTERM)
+        d.wait_notice("STOPPING=1")
+        # NOTE: read replies while the daemon is still up: once it exits and the client's
+        # ZeroMQ reconnects, replies not yet read are gone (a waiting Client reads them at once).
+        sock.send(msgpack.packb({"v": 1, "type": "generate", "id": "late", "prompt": "x"}))
+        try:
+            finals = [recv(sock) for _ in range(3)]
+        except AssertionError:
+            d.proc.send_signal(signal.SIGUSR1)  # the daemon dumps its stacks into the log
+            time.sleep(1)
+            d.log.seek(0)
+            raise AssertionError(
+                f"no final replies; daemon exit code {d.proc.poll()}; log:\n{d.log.read()[-4000:]}"
+            ) from None
+        by_id = {getattr(f, "id", None): f for f in finals}
+        assert isinstance(by_id["late"], ErrorReply) and by_id["late"].code == "shutting_down"
+        for rid in ("r0", "r1"):
+            f = by_id[rid]
+            assert isinstance(f, Done) or (
+                isinstance(f, ErrorReply) and f.code == "shutting_down"
+            ), f
+        assert d.proc.wait(timeout=30) == 0
+        assert not sock.poll(200)  # nothing more: exactly one final per request
+        sock.close(linger=0)
+        ctx.term()
+    finally:
+        d.stop()

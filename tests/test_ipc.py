@@ -1,0 +1,181 @@
+"""The wire protocol without a daemon: codec round trips and the validation of every field."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from reprise.daemon.service import Notifier
+from reprise.ipc.codec import (
+    decode_reply,
+    decode_request,
+    encode,
+    logits_from_wire,
+    logits_to_wire,
+)
+from reprise.ipc.messages import (
+    Cancel,
+    Done,
+    ErrorReply,
+    Generate,
+    Health,
+    ProtocolError,
+    StatsRequest,
+    TokenChunk,
+)
+from reprise.ipc.sockets import check_address, client_address, server_address
+
+
+def pack(**body: object) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def code_of(data: bytes) -> str:
+    with pytest.raises(ProtocolError) as info:
+        decode_request(data)
+    return info.value.code
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Generate(id="r1", prompt="hi", sampling={"max_tokens": 3, "temperature": 0.5}),
+        Generate(
+            id="r2", messages=[{"role": "user", "content": "hi"}], cache_salt="a", priority=90
+        ),
+        Generate(id="r3", token_ids=[1, 2, 3], stream=False, return_logits=True),
+        Cancel(id="r1"),
+        StatsRequest(check=True),
+        Health(),
+    ],
+)
+def test_requests_round_trip(message: object) -> None:
+    assert decode_request(encode(message)) == message  # type: ignore[arg-type]
+
+
+def test_replies_round_trip() -> None:
+    logits = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    done = Done("x", "length", "ab", [1, 2], 4, 0, 0, 1.5, 9.0, logits_to_wire(logits))
+    back = decode_reply(encode(done))
+    assert isinstance(back, Done) and back.token_ids == [1, 2]
+    assert back.logits is not None
+    np.testing.assert_array_equal(logits_from_wire(back.logits), logits)
+    for reply in (TokenChunk("x", [5], "a"), ErrorReply("busy", "full", "x")):
+        assert decode_reply(encode(reply)) == reply
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"\xc1garbage", "bad_message"),
+        (pack(v=1, type="health")[:-3], "bad_message"),  # truncated
+        (msgpack.packb([1, 2]), "bad_message"),  # not a map
+        (pack(type="health"), "bad_message"),  # no version
+        (pack(v=2, type="health"), "unsupported_version"),
+        (pack(v="1", type="health"), "unsupported_version"),
+        (pack(v=1, type="nope"), "unknown_type"),
+        (pack(v=1, type=7), "unknown_type"),
+        (pack(v=1, type="generate", prompt="x"), "bad_request"),  # no id
+        (pack(v=1, type="generate", id="a"), "bad_request"),  # no prompt
+        (pack(v=1, type="generate", id="a", prompt="x", token_ids=[1]), "bad_request"),
+        (pack(v=1, type="generate", id="a", prompt=5), "bad_request"),
+        (pack(v=1, type="generate", id="a", token_ids=[1, "2"]), "bad_request"),
+        (pack(v=1, type="generate", id="a", token_ids=[True]), "bad_request"),
+        (pack(v=1, type="generate", id="a", messages=[]), "bad_request"),
+        (pack(v=1, type="generate", id="a", messages=[{"role": "user"}]), "bad_request"),
+        (pack(v=1, type="generate", id="a", prompt="x", extra=1), "bad_request"),
+        (
+            pack(v=1, type="generate", id="a", prompt="x", sampling={"max_tokens": "3"}),
+            "bad_request",
+        ),
+        (pack(v=1, type="generate", id="a", prompt="x", sampling={"bogus": 1}), "bad_request"),
+        (
+            pack(v=1, type="generate", id="a", prompt="x", sampling={"top_p": float("nan")}),
+            "bad_request",
+        ),
+        (pack(v=1, type="generate", id="a", prompt="x", priority=101), "bad_request"),
+        (pack(v=1, type="generate", id="a", prompt="x", stream=1), "bad_request"),
+        (pack(v=1, type="generate", id="", prompt="x"), "bad_request"),
+        (pack(v=1, type="generate", id="a" * 129, prompt="x"), "bad_request"),
+        (pack(v=1, type="cancel", id=3), "bad_request"),
+        (pack(v=1, type="stats", check="yes"), "bad_request"),
+    ],
+)
+def test_bad_messages_get_codes(data: bytes, code: str) -> None:
+    assert code_of(data) == code
+
+
+def test_error_carries_the_request_id_when_readable() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_request(pack(v=1, type="generate", id="mine", prompt=5))
+    assert info.value.request_id == "mine"
+
+
+def test_addresses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("REPRISE_SOCKET", raising=False)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert server_address() == f"ipc://{tmp_path}/reprise/reprise.sock"
+    assert client_address() == f"ipc://{tmp_path}/reprise/reprise.sock"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/reprise")
+    assert server_address() == "ipc:///run/reprise/reprise.sock"
+    monkeypatch.setenv("REPRISE_SOCKET", "tcp://127.0.0.1:5555")
+    assert server_address() == client_address() == "tcp://127.0.0.1:5555"
+    assert client_address("ipc:///x") == "ipc:///x"
+    check_address("tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="loopback"):
+        check_address("tcp://0.0.0.0:1")
+    with pytest.raises(ValueError, match="ipc://"):
+        check_address("http://x")
+
+
+def test_notifier_speaks_sd_notify(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(2)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+        notifier = Notifier()
+        assert notifier.watchdog_interval_s == 1.0
+        notifier.notify("READY=1")
+        notifier.ping_watchdog()
+        notifier.ping_watchdog()  # within the interval: not sent
+        notifier.notify("STOPPING=1")
+        got = [sock.recv(256) for _ in range(3)]
+    assert got == [b"READY=1", b"WATCHDOG=1", b"STOPPING=1"]
+
+
+def test_notifier_is_silent_outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    notifier = Notifier()
+    assert notifier.watchdog_interval_s is None
+    notifier.notify("READY=1")
+    notifier.ping_watchdog()
+
+
+def test_serve_config_file(tmp_path: Path) -> None:
+    import click
+
+    from reprise.cli.serve import load_config
+
+    good = tmp_path / "good.toml"
+    good.write_text('block-size = 16\nsocket = "ipc:///tmp/x.sock"\ndrain_timeout = 5\n')
+    assert load_config(good) == {
+        "block_size": 16,
+        "socket": "ipc:///tmp/x.sock",
+        "drain_timeout": 5,
+    }
+    bad = tmp_path / "bad.toml"
+    bad.write_text("block-size = 'big'\n")
+    with pytest.raises(click.ClickException, match="block-size"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("colour = 1\n")
+    with pytest.raises(click.ClickException, match="unknown option"):
+        load_config(unknown)
