@@ -8,21 +8,69 @@ with an online softmax in fp32:
     m' = max(m, max(s));  a = exp(m - m')
     denom = denom * a + sum(exp(s - m'))  fp32 probabilities summed
     acc = acc * a + bf16(exp(s - m')) . v   probabilities rounded to BF16 for the PV product
-    out = bf16(acc / denom)
+    out = bf16(acc / denom)           starting from m = -inf, denom = acc = 0
 
 Grouped-query heads are stacked as rows (query head h reads KV head
 h // group), so each K/V page serves its whole group at once. Key tiles are
 the cache pages (`block_size` keys) and always start at multiples of
-`block_size`; a tile whose keys are all in the future of a row leaves that
-row's state exactly unchanged, so a query's result does not depend on how
-the prompt was chunked.
+`block_size`.
+
+Why a query's result does not depend on its batch
+-------------------------------------------------
+A query row's output must be bit-identical whether it runs with its whole
+prompt, in a chunk of any size, alone as a decode step, or next to other
+sequences. A batched fp32 matmul does not give that (its rounding depends on
+the row's place in the BLAS tiles), so every value above is made a function of
+the row's own query and the keys it sees:
+
+- The three sums are exact in float64, whatever order a batched matmul or
+  reduction takes, and then rounded once to fp32 (as in `gemm`):
+  q . k: each cached K vector is rounded to its grid 2^(e_k - 22) (max|k| <
+  2^e_k; BF16 elements within 2^-14 of the largest are already on it) and each
+  q vector to 2^(e_q - b_q), b_q = 53 - ceil(log2 head_dim) - 22, so all
+  products are multiples of one quantum and head_dim of them stay below 2^53.
+  p . v: V vectors likewise, written 2^e_j * v^_j with |v^| <= 1; the 2^e_j
+  moves onto p^_j = bf16(p_j) * 2^e_j (exact), and a row's p^ in one tile are
+  rounded to a grid set by their largest, b_p = 53 - ceil(log2 block_size) - 22
+  bits below it; only the row's visible keys count (masked ones have p = 0).
+  sum(p): fp32 p on the fixed grid 2^-(52 - log2 block_size), exact for p < 2;
+  the tile holding the running max adds exp(0) = 1, so denom >= 1 and the grid
+  costs under 2^-40 of it.
+- Everything else (scale, mask, max, exp, the rescaling by a) is elementwise on
+  fp32: the same operation for a value wherever it sits in an array. exp always
+  gets a fresh contiguous array, which numpy evaluates with one SIMD routine
+  whatever its length or offset.
+- A tile whose keys are all in a row's future gives m' = m, a = 1, p = 0 and
+  adds +0 to sums that are never -0: the row's state is left exactly unchanged.
+  So the op may cut its work any way: pages are gathered a chunk of tiles at a
+  time (the state carried across chunks is the recurrence itself), rows run in
+  blocks over the tiles the block's last row sees, a row skips the tiles it
+  does not see, and every cut gives the same bits.
+- Cache slots past seq_len (stale data from the page's earlier use) are zeroed
+  after the gather, so nothing there, not even a NaN, reaches a row.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
-from reprise.cuda.dtypes import F32, to_bf16, to_f32
+from reprise.cuda.dtypes import BF16, F32, to_bf16
+from reprise.cuda.gemm import F64, exact_to_f32, grid_exponent, to_grid
+
+# Grid bits of cached K and V vectors, rounded in fp32 (whose `to_grid` holds up to 22
+# bits); q and p take the rest of the 53 - log2(length) bits that keep their sums exact.
+CACHE_GRID_BITS = 22
+# Pages are gathered a chunk of tiles at a time: about this many float64 elements of K.
+_KV_BUDGET = 1 << 18
+# Rows per block: [kv_heads, rows, keys] arrays of about this many elements stay in L2,
+# but never fewer rows than this, which would spend the time on Python overhead.
+_SCORE_BUDGET = 1 << 17
+_MIN_BLOCK_ROWS = 64
+# Up to this many rows (decode), p . v runs as one matmul over all tiles, else tile by tile.
+_BATCHED_PV_ROWS = 16
 
 
 def paged_attention_ref(
@@ -46,37 +94,159 @@ def paged_attention_ref(
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
     group = num_heads // num_kv_heads
     out = np.empty((num_tokens, num_heads, head_dim), dtype=F32)
-    scale32 = F32.type(scale)
+    q_grid = to_grid(q.astype(F64), _other_bits(head_dim), grid_exponent(q))  # [T, heads, dim]
+    chunk_tiles = max(1, _KV_BUDGET // (num_kv_heads * block_size * head_dim))
     for b in range(len(seq_lens)):
         start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
         q_len, seq_len = end - start, int(seq_lens[b])
         if q_len == 0:
             continue
         # rows ordered (token, group member) within each KV head: [kv_heads, q_len * group, head_dim]
-        rows = to_f32(q[start:end]).reshape(q_len, num_kv_heads, group, head_dim)
+        rows = q_grid[start:end].reshape(q_len, num_kv_heads, group, head_dim)
         rows = rows.transpose(1, 0, 2, 3).reshape(num_kv_heads, q_len * group, head_dim)
         row_pos = np.repeat(np.arange(seq_len - q_len, seq_len), group)  # [q_len * group]
-        m = np.full((num_kv_heads, q_len * group), -np.inf, dtype=F32)
-        denom = np.zeros((num_kv_heads, q_len * group), dtype=F32)
-        acc = np.zeros((num_kv_heads, q_len * group, head_dim), dtype=F32)
-        num_tiles = -(-seq_len // block_size)
-        for t in range(num_tiles):
-            page = cache[int(block_tables[b, t]), layer]  # [2, kv_heads, block_size, head_dim]
-            k, v = to_f32(page[0]), to_f32(page[1])
-            key_pos = t * block_size + np.arange(block_size)
-            visible = key_pos[None, :] <= row_pos[:, None]  # [rows, block_size]
-            s = np.matmul(rows, k.transpose(0, 2, 1)) * scale32
-            s = np.where(visible[None], s, F32.type(-np.inf))
-            m_new = np.maximum(m, s.max(axis=-1))
-            alpha = np.exp(m - m_new)
-            p = np.exp(s - m_new[..., None])
-            denom = denom * alpha + p.sum(axis=-1, dtype=F32)
-            acc = acc * alpha[..., None] + np.matmul(to_f32(to_bf16(p)), v)
-            m = m_new
-        result = acc / denom[..., None]  # [kv_heads, q_len * group, head_dim]
+        state = _RowState.start(num_kv_heads, q_len * group, head_dim)
+        for t0 in range(0, -(-seq_len // block_size), chunk_tiles):
+            pages = _Pages.gather(cache, layer, block_tables[b], t0, t0 + chunk_tiles, seq_len)
+            # rows before `first` see none of these tiles; the rest go in blocks
+            first = int(np.searchsorted(row_pos, t0 * block_size))
+            block_rows = max(_MIN_BLOCK_ROWS, _SCORE_BUDGET // pages.keys[..., 0].size)
+            for r0 in range(first, q_len * group, block_rows):
+                r1 = min(r0 + block_rows, q_len * group)
+                _attend(rows[:, r0:r1], row_pos[r0:r1], pages, F32.type(scale), state.rows(r0, r1))
+        result = state.acc / state.denom[..., None]  # [kv_heads, q_len * group, head_dim]
         out[start:end] = (
             result.reshape(num_kv_heads, q_len, group, head_dim)
             .transpose(1, 0, 2, 3)
             .reshape(q_len, num_heads, head_dim)
         )
     return to_bf16(out)
+
+
+def _other_bits(length: int) -> int:
+    """Grid bits of the operand multiplied with cached vectors in a `length`-long sum."""
+    bits = 53 - math.ceil(math.log2(length)) - CACHE_GRID_BITS
+    assert bits >= 8, length  # at least BF16's own precision
+    return bits
+
+
+@dataclass(slots=True)
+class _RowState:
+    """The online softmax of some query rows, fp32; before the first tile m = -inf,
+    denom = acc = 0, which the first tile's a = exp(-inf) = 0 turns into its own sums."""
+
+    m: np.ndarray  # [kv_heads, R] running max
+    denom: np.ndarray  # [kv_heads, R]
+    acc: np.ndarray  # [kv_heads, R, head_dim]
+
+    @classmethod
+    def start(cls, num_kv_heads: int, num_rows: int, head_dim: int) -> _RowState:
+        return cls(
+            np.full((num_kv_heads, num_rows), -np.inf, dtype=F32),
+            np.zeros((num_kv_heads, num_rows), dtype=F32),
+            np.zeros((num_kv_heads, num_rows, head_dim), dtype=F32),
+        )
+
+    def rows(self, r0: int, r1: int) -> _RowState:
+        """Views of rows [r0, r1): updating them updates this state."""
+        return _RowState(self.m[:, r0:r1], self.denom[:, r0:r1], self.acc[:, r0:r1])
+
+
+@dataclass(slots=True)
+class _Pages:
+    """A chunk of one sequence's K/V pages, gathered in order and put on their grids."""
+
+    first_key: int  # position of keys[:, 0]
+    keys: np.ndarray  # [kv_heads, tiles * block_size, head_dim] float64 on grid
+    values: np.ndarray  # [kv_heads, tiles * block_size, head_dim] float64 v^, |v^| <= 1
+    value_scale: np.ndarray  # [kv_heads, tiles * block_size] 2^e_j of each value vector
+    block_size: int
+
+    @classmethod
+    def gather(
+        cls, cache: np.ndarray, layer: int, table: np.ndarray, t0: int, t1: int, seq_len: int
+    ) -> _Pages:
+        """Tiles [t0, t1) of the sequence with block table `table`, cut at seq_len."""
+        num_kv_heads, block_size, head_dim = cache.shape[3:]
+        t1 = min(t1, -(-seq_len // block_size))
+        pages = cache[np.asarray(table[t0:t1], dtype=np.intp), layer]
+        # [tiles, 2, kv_heads, block_size, head_dim] -> fp32 on each vector's grid, in place
+        exponent = grid_exponent(pages)  # [tiles, 2, kv_heads, block_size, 1]
+        kv = pages.astype(F32)
+        to_grid(kv, CACHE_GRID_BITS, exponent, out=kv)
+        shape = (num_kv_heads, t1 - t0, block_size, head_dim)
+        keys, values = np.empty(shape, dtype=F64), np.empty(shape, dtype=F64)
+        keys.transpose(1, 0, 2, 3)[...] = kv[:, 0]
+        values.transpose(1, 0, 2, 3)[...] = kv[:, 1]
+        # v^ = v / 2^e_j, exact; p_j takes the 2^e_j instead
+        value_exponent = exponent[:, 1].transpose(1, 0, 2, 3)  # [kv_heads, tiles, block_size, 1]
+        values *= np.ldexp(1.0, -value_exponent)
+        keys = keys.reshape(num_kv_heads, -1, head_dim)
+        values = values.reshape(num_kv_heads, -1, head_dim)
+        # NOTE: slots past seq_len hold stale data from the page's earlier use; no row sees
+        # them, and zeroed they cannot reach one through 0 * NaN.
+        num_valid = seq_len - t0 * block_size
+        keys[:, num_valid:] = 0.0
+        values[:, num_valid:] = 0.0
+        value_scale = np.ldexp(1.0, value_exponent.reshape(num_kv_heads, -1))
+        value_scale[:, num_valid:] = 1.0
+        return cls(t0 * block_size, keys, values, value_scale, block_size)
+
+
+def _attend(
+    rows: np.ndarray, row_pos: np.ndarray, pages: _Pages, scale: np.float32, state: _RowState
+) -> None:
+    """Run rows ([kv_heads, R, head_dim] float64 on grid, positions ascending, each
+    seeing the chunk's first tile) over the chunk's tiles up to the last row's, and
+    update their state. Earlier rows see some of those tiles fully masked, which
+    leaves their state unchanged."""
+    num_kv_heads, num_rows, head_dim = rows.shape
+    block_size = pages.block_size
+    num_tiles = min(
+        (int(row_pos[-1]) - pages.first_key) // block_size + 1, pages.keys.shape[1] // block_size
+    )
+    num_keys = num_tiles * block_size
+    tiled = (num_kv_heads, num_rows, num_tiles, block_size)
+
+    keys = pages.keys[:, :num_keys].transpose(0, 2, 1)  # [kv_heads, head_dim, keys]
+    s = exact_to_f32(rows @ keys) * scale  # [kv_heads, R, keys]
+    visible = pages.first_key + np.arange(num_keys)[None, :] <= row_pos[:, None]  # [R, keys]
+    s = np.where(visible, s, F32.type(-np.inf)).reshape(tiled)
+    # running max after each tile (from the state's), and the factor that rescales the
+    # state entering each tile
+    m = np.concatenate([state.m[..., None], s.max(axis=-1)], axis=-1)
+    m = np.maximum.accumulate(m, axis=-1)  # [kv_heads, R, 1 + tiles]
+    alpha = np.exp(m[..., :-1] - m[..., 1:])  # [kv_heads, R, tiles]
+    p = np.exp(s - m[..., 1:, None])  # [kv_heads, R, tiles, block_size] fp32
+
+    # sum(p): a fixed grid of 2^-sum_bits, exact below 2^53 quanta for p < 2; the tile
+    # holding the running max has p = 1, so denom >= 1 and the grid costs < 2^-40 of it.
+    sum_bits = 52 - math.ceil(math.log2(block_size))
+    shift = F64.type(1.5 * 2.0 ** (52 - sum_bits))
+    on_grid = np.add(p, shift)
+    np.subtract(on_grid, shift, out=on_grid)
+    p_sum = exact_to_f32(on_grid @ np.ones(block_size))  # [kv_heads, R, tiles]
+
+    # p^_j = bf16(p_j) * 2^e_j (exact) on a grid per (row, tile), times v^_j on its grid
+    value_scale = pages.value_scale[:, None, :num_keys].reshape(
+        num_kv_heads, 1, num_tiles, block_size
+    )
+    p_hat = np.multiply(p.astype(BF16), value_scale, dtype=F64)
+    largest = p_hat.max(axis=-1, keepdims=True)  # p^ >= 0: its max is its max |.|
+    to_grid(p_hat, _other_bits(block_size), np.frexp(largest)[1], out=p_hat)
+    values = pages.values[:, :num_keys].reshape(num_kv_heads, num_tiles, block_size, head_dim)
+    if num_rows <= _BATCHED_PV_ROWS:  # decode: one matmul over every tile
+        pv_all = np.matmul(p_hat.transpose(0, 2, 1, 3), values)  # [kv_heads, tiles, R, head_dim]
+        pv_all = exact_to_f32(pv_all)
+
+    # the recurrence, tile by tile; rows before `first` do not see tile t and keep their state
+    first_rows = np.searchsorted(row_pos, pages.first_key + np.arange(num_tiles) * block_size)
+    for t, first in enumerate(first_rows.tolist()):
+        if num_rows <= _BATCHED_PV_ROWS:
+            pv = pv_all[:, t, first:]
+        else:  # tile by tile keeps the product in cache and skips the rows before `first`
+            pv = exact_to_f32(p_hat[:, first:, t] @ values[:, t])  # [kv_heads, R - first, head_dim]
+        a = alpha[:, first:, t]
+        state.denom[:, first:] = state.denom[:, first:] * a + p_sum[:, first:, t]
+        state.acc[:, first:] = state.acc[:, first:] * a[..., None] + pv
+    state.m[...] = m[..., -1]

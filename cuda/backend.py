@@ -12,9 +12,9 @@ import numpy as np
 
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.attention import paged_attention_ref
-from reprise.cuda.dtypes import BF16, F32
+from reprise.cuda.dtypes import BF16
 from reprise.cuda.embedding import embed_ref
-from reprise.cuda.gemm import gemm_ref
+from reprise.cuda.gemm import gemm_ref, prepare_weight
 from reprise.cuda.kvcache import kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref
@@ -29,9 +29,9 @@ class NumpyBackend:
     name = "numpy"
 
     def linear_weight(self, w: np.ndarray) -> np.ndarray:
-        """Prepare a BF16 [out, in] weight for `gemm`: widened once to fp32 (same values)."""
+        """Prepare a BF16 [out, in] weight for `gemm`, once: float64 on its row grid."""
         assert w.dtype == BF16, w.dtype
-        return np.ascontiguousarray(w.astype(F32))
+        return prepare_weight(w)
 
     def kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=BF16)
