@@ -129,9 +129,15 @@ class Engine:
         *,
         cache_salt: str | bytes | None = None,
         retention: Retention | None = None,
+        priority: int = 0,
     ) -> RequestId:
-        """Queue a request. Requests with different `cache_salt` never share KV blocks."""
+        """Queue a request. Requests with different `cache_salt` never share KV blocks.
+        Lower `priority` values are admitted first (as vLLM's priority scheduling),
+        equal ones in arrival order; the running request that sorts last is the one
+        preempted when blocks run short."""
         params = params or SamplingParams()
+        if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
+            raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
         prompt_ids = self._prompt_ids(prompt)
         num_blocks_needed = -(
             -min(len(prompt_ids) + params.max_tokens, self.max_model_len) // self.pool.block_size
@@ -150,6 +156,7 @@ class Engine:
             seed,
             namespace=Namespace(cache_salt=cache_salt),
             retention=retention,
+            priority=int(priority),
         )
         self._detokenizers[request_id] = IncrementalDetokenizer(
             self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
@@ -211,6 +218,8 @@ class Engine:
             **self.pool.stats().as_dict(),
             "prefill_tokens_computed": self.prefill_tokens_computed,
             "prefill_tokens_skipped": self.scheduler.prefill_tokens_skipped,
+            "preemptions": self.scheduler.num_preemptions,
+            "prefix_waits": self.scheduler.num_prefix_waits,
         }
 
     def take_events(self) -> list[KVEvent]:
@@ -224,6 +233,7 @@ class Engine:
         *,
         cache_salt: str | bytes | None = None,
         retention: Retention | None = None,
+        priority: int = 0,
     ) -> Completion | list[Completion]:
         """Complete one prompt (text or token ids) or a batch of them, run together."""
         is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
@@ -235,7 +245,7 @@ class Engine:
             if len(param_list) != len(prompts):
                 raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
         request_ids = [
-            self.add_request(p, sp, cache_salt=cache_salt, retention=retention)
+            self.add_request(p, sp, cache_salt=cache_salt, retention=retention, priority=priority)
             for p, sp in zip(prompts, param_list, strict=True)
         ]
         while not all(r in self._finished for r in request_ids):

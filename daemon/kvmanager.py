@@ -40,14 +40,8 @@ class KVCacheManager:
         assert not seq.block_ids and seq.num_computed_tokens == 0, seq.request_id
         bs = self.block_size
         num_matchable = (seq.num_tokens - 1) // bs
-        hashes: list[BlockHash] = []
-        blocks_tokens: list[list[int]] = []
-        parent: BlockHash | None = None
-        for idx in range(num_matchable):
-            tokens = seq.token_ids(idx * bs, (idx + 1) * bs)
-            parent = self._hash(parent, tokens, seq)
-            hashes.append(parent)
-            blocks_tokens.append(tokens)
+        hashes = self.hash_chain(seq, num_matchable)
+        blocks_tokens = [seq.token_ids(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
         retention = seq.retention
         match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
             hashes,
@@ -62,6 +56,34 @@ class KVCacheManager:
         seq.num_host_hit_tokens = match.num_host_hits * bs
         self._reuse_partial(seq)
         return seq.num_computed_tokens
+
+    def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
+        """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:
+        a token never changes once the sequence has it)."""
+        bs, chain = self.block_size, seq.hash_chain
+        assert num_blocks * bs <= seq.num_tokens, (num_blocks, seq.num_tokens)
+        for idx in range(len(chain), num_blocks):
+            chain.append(
+                self._hash(
+                    chain[-1] if chain else None, seq.token_ids(idx * bs, (idx + 1) * bs), seq
+                )
+            )
+        return chain[:num_blocks]
+
+    def blocks_in_flight(self, seq: Sequence) -> list[BlockHash]:
+        """Keys of the full blocks a running `seq` has yet to compute from tokens it
+        already knows: another request that needs one should wait, then reuse it."""
+        if not self.pool.enable_reuse:
+            return []
+        return self.hash_chain(seq, seq.num_tokens // self.block_size)[len(seq.block_hashes) :]
+
+    def waits_for(self, seq: Sequence, in_flight: set[BlockHash]) -> bool:
+        """Whether a waiting `seq` needs a block that a running request is computing."""
+        if not in_flight:
+            return False
+        return any(
+            h in in_flight for h in self.hash_chain(seq, (seq.num_tokens - 1) // self.block_size)
+        )
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Give `seq` the blocks to hold `num_tokens` more tokens; False if the pool is short."""
@@ -79,21 +101,20 @@ class KVCacheManager:
         bs = self.block_size
         num_prompt = len(seq.prompt_token_ids)
         retention = seq.retention or Retention()
-        for idx in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            tokens = seq.token_ids(idx * bs, (idx + 1) * bs)
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
-            block_hash = self._hash(parent, tokens, seq)
+        num_full = seq.num_computed_tokens // bs
+        hashes = self.hash_chain(seq, num_full)
+        for idx in range(len(seq.block_hashes), num_full):
             generated = (idx + 1) * bs > num_prompt
             self.pool.register(
                 seq.block_ids[idx],
-                block_hash,
-                tokens,
+                hashes[idx],
+                seq.token_ids(idx * bs, (idx + 1) * bs),
                 seq.block_ids[idx - 1] if idx else None,
                 namespace=seq.namespace,
                 priority=retention.generated_priority if generated else retention.priority,
                 priority_duration_s=retention.duration_s,
             )
-            seq.block_hashes.append(block_hash)
+            seq.block_hashes.append(hashes[idx])
 
     def release(self, seq: Sequence) -> None:
         """Return a request's blocks to the pool (its full blocks stay cached)."""

@@ -1,17 +1,21 @@
 """Which tokens run in the next step, and which blocks they write to.
 
-Each step takes every running request's pending tokens (a decode token, or
-the next chunk of a prompt) and then admits waiting requests, all within a
-token budget. A request is admitted with its longest cached prefix, so only
-the rest of its prompt is computed. When a running request needs a block and
-none is free, the youngest running request is preempted: its blocks go back
-to the pool (its full blocks stay cached) and it waits to be resumed. The
-scheduler never touches arrays.
+Continuous batching: each step takes every running request's pending tokens
+(a decode token, or the next chunk of a prompt) and then admits waiting
+requests in priority order (lower first, then arrival), all within a token
+budget. A request is admitted with its longest cached prefix, so only the
+rest of its prompt is computed. A waiting request that needs a block some
+running request is computing right now (requests that arrive together with a
+shared prefix) waits for it and then reuses it, so the prefix is computed
+once. When a running request needs a block and none is free, the running
+request that sorts last (lowest priority, youngest) is preempted: its blocks
+go back to the pool (its full blocks stay cached) and it waits to be resumed.
+The scheduler never touches arrays.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from dataclasses import dataclass
 
 from reprise.daemon.kvmanager import KVCacheManager
@@ -35,12 +39,15 @@ class Scheduler:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        # NOTE: `waiting` stays sorted by Sequence.sort_key; `running` is in admission order.
+        self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.prefill_tokens_skipped = 0  # prompt tokens admissions took from the cache
+        self.num_preemptions = 0
+        self.num_prefix_waits = 0  # admissions put off to reuse a block being computed
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        bisect.insort(self.waiting, seq, key=_sort_key)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -48,6 +55,7 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
+        self.running.sort(key=_sort_key)  # so the preemption victim is never already scheduled
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
@@ -57,21 +65,28 @@ class Scheduler:
                 budget -= num
                 idx += 1
                 continue
-            self._preempt(self.running[-1])  # the youngest gives way, possibly seq itself
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+            self._preempt(self.running[-1])  # the last in order gives way, possibly seq itself
+        in_flight = {h for seq in self.running for h in self.kv.blocks_in_flight(seq)}
+        idx = 0
+        while idx < len(self.waiting) and budget > 0:
+            seq = self.waiting[idx]
+            if self.kv.waits_for(seq, in_flight):
+                self.num_prefix_waits += 1
+                idx += 1  # its prefix is being computed: later requests may go first
+                continue
             num_cached = min(self.kv.admit(seq), len(seq.prompt_token_ids))
             num = min(seq.num_pending_tokens, budget)
             if not self.kv.grow(seq, num):
                 self.kv.release(seq)
-                break
+                break  # no room: nobody behind it jumps the queue
             self.prefill_tokens_skipped += num_cached
             if seq.num_cached_tokens is None:  # first admission: what the cache saved it
                 seq.num_cached_tokens = num_cached
                 seq.num_cached_host_tokens = min(seq.num_host_hit_tokens, num_cached)
-            self.waiting.popleft()
+            del self.waiting[idx]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            in_flight.update(self.kv.blocks_in_flight(seq))
             scheduled.append(ScheduledSeq(seq, num))
             budget -= num
         return scheduled
@@ -89,4 +104,9 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.release(seq)
         seq.status = SeqStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        bisect.insort(self.waiting, seq, key=_sort_key)
+
+
+def _sort_key(seq: Sequence) -> tuple[int, int]:
+    return seq.sort_key

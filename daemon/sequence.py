@@ -36,9 +36,11 @@ class Sequence:
     seed: int  # the request's seed, or one drawn for it
     namespace: Namespace = DEFAULT_NAMESPACE
     retention: Retention | None = None  # None: the default, and leaves matched blocks' alone
+    priority: int = 0  # scheduling: lower goes first (as vLLM's), then earlier request ids
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
+    hash_chain: list[BlockHash] = field(default_factory=list)  # keys of its first full blocks, memo
     num_computed_tokens: int = 0
     num_host_hit_tokens: int = 0  # of the tokens matched at the last admission
     num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
@@ -48,6 +50,11 @@ class Sequence:
     text: str = ""
     num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Admission order: priority, then arrival; preemption takes the largest."""
+        return (self.priority, self.request_id)
 
     @property
     def num_tokens(self) -> int:
