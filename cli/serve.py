@@ -19,6 +19,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "backend": ("auto", str),
     "block_size": (32, int),
     "num_device_blocks": (None, int),
+    "memory_fraction": (None, float),
+    "reuse": (True, bool),
     "host_blocks": (0, int),
     "host_bytes": (None, int),
     "max_batched_tokens": (2048, int),
@@ -49,7 +51,7 @@ def load_config(path: Path) -> dict[str, Any]:
                 f"{path}: unknown option {key!r}; known: {sorted(SERVE_OPTIONS)}"
             )
         kind = SERVE_OPTIONS[name][1]
-        ok = isinstance(value, kind) and not isinstance(value, bool)
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
         if kind is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
@@ -79,6 +81,18 @@ def load_config(path: Path) -> dict[str, Any]:
     type=int,
     default=None,
     help="KV blocks on the device [default: 1 GiB worth].",
+)
+@click.option(
+    "--memory-fraction",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="Size the device pool to fill this fraction of the device's memory beside the weights "
+    "(GPU memory; RAM on the NumPy backend), instead of --num-device-blocks.",
+)
+@click.option(
+    "--reuse/--no-reuse",
+    default=None,
+    help="Find cached KV blocks again across requests [default: on].",
 )
 @click.option("--host-blocks", type=int, default=None, help="Blocks in the host tier [default: 0].")
 @click.option(
@@ -145,6 +159,8 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
                 backend=options["backend"],
                 block_size=options["block_size"],
                 num_device_blocks=options["num_device_blocks"],
+                memory_fraction=options["memory_fraction"],
+                enable_reuse=options["reuse"],
                 max_num_batched_tokens=options["max_batched_tokens"],
                 max_model_len=options["max_model_len"],
                 num_host_blocks=_host_blocks(options, progress),

@@ -6,6 +6,7 @@ The CuPy backend (the GPU path) provides the same ops through CUDA kernels.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import numpy as np
@@ -32,6 +33,10 @@ class NumpyBackend:
         """Prepare a BF16 [out, in] weight for `gemm`, once: float64 on its row grid."""
         assert w.dtype == BF16, w.dtype
         return prepare_weight(w)
+
+    def device_memory_bytes(self) -> int:
+        """Memory of the device the model runs on: for this backend, the host's RAM."""
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     def kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=BF16)

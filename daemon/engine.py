@@ -94,10 +94,18 @@ class Engine:
         enable_reuse: bool = True,
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
+        memory_fraction: float | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> Engine:
         """Load a Hugging Face Llama folder; `path=None` means the default model,
-        prepared (fetched and converted) first if it is missing."""
+        prepared (fetched and converted) first if it is missing.
+
+        The device pool holds `num_device_blocks` blocks; or, with `memory_fraction`
+        (as vLLM's gpu_memory_utilization), as many as fit in that fraction of the
+        device's memory (the GPU's; the host's RAM on the NumPy backend) beside the
+        weights; with neither, 1 GiB worth."""
+        if memory_fraction is not None and num_device_blocks is not None:
+            raise ValueError("give num_device_blocks or memory_fraction, not both")
         if path is None:
             from reprise.daemon.prepare import prepare_default_model
 
@@ -107,6 +115,11 @@ class Engine:
         config = ModelConfig.from_dir(path)
         tokenizer = Tokenizer.from_dir(path)
         model = LlamaModel(config, load_weights(path, config, progress), ops)
+        if memory_fraction is not None:
+            num_device_blocks = blocks_in_memory_fraction(
+                memory_fraction, ops.device_memory_bytes(), model.num_bytes(),
+                config.kv_bytes_per_token() * block_size,
+            )  # fmt: skip
         return cls(
             config,
             tokenizer,
@@ -328,6 +341,23 @@ class Engine:
             return False
         seq.text += detok.flush()
         return True
+
+
+def blocks_in_memory_fraction(
+    fraction: float, device_bytes: int, weight_bytes: int, block_bytes: int
+) -> int:
+    """KV blocks that fit in `fraction` of the device's memory beside the weights,
+    keeping a tenth of that share for activations."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1]; got {fraction!r}")
+    budget = int(fraction * device_bytes * 0.9) - weight_bytes
+    if budget < block_bytes:
+        raise ValueError(
+            f"memory_fraction {fraction} of {device_bytes / 2**30:.1f} GiB leaves no room for KV "
+            f"blocks beside {weight_bytes / 2**30:.2f} GiB of weights; raise it or give "
+            "num_device_blocks"
+        )
+    return budget // block_bytes
 
 
 def model_fingerprint(path: Path) -> bytes:

@@ -73,6 +73,14 @@ class LlamaModel:
         self.rope_cos, self.rope_sin = backend.from_host(cos), backend.from_host(sin)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
+    def num_bytes(self) -> int:
+        """Bytes the weights take on the backend, as it holds them."""
+        arrays = [self.embed_tokens, self.final_norm, self.lm_head, self.rope_cos, self.rope_sin]
+        for layer in self.layers:
+            arrays += [getattr(layer, name) for name in layer.__slots__]
+        unique = {id(a): a for a in arrays}  # a tied lm_head may be the embedding itself
+        return sum(int(a.nbytes) for a in unique.values())
+
     def forward(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """Run one step; K/V of every token land in `kv_cache`. Returns fp32 [R, vocab]."""
         ops, cfg = self.ops, self.config

@@ -185,3 +185,29 @@ def test_cancel_returns_the_blocks(engine: Engine) -> None:
     assert len(engine.take_completion(keep).token_ids) == 50
     assert engine.pool.num_free_blocks == free_before
     engine.pool.check_integrity()
+
+
+def test_memory_fraction_sizes_the_pool() -> None:
+    from reprise.daemon.engine import blocks_in_memory_fraction
+
+    gib = 1 << 30
+    # 0.5 of 16 GiB, a tenth kept for activations: 7.2 GiB, less 1 GiB of weights
+    assert (
+        blocks_in_memory_fraction(0.5, 16 * gib, gib, 1 << 20) == int(0.45 * 16 * gib - gib) >> 20
+    )
+    for bad in (0, -0.1, 1.5, True, "half"):
+        with pytest.raises(ValueError, match="memory_fraction must be in"):
+            blocks_in_memory_fraction(bad, 16 * gib, gib, 1 << 20)
+    with pytest.raises(ValueError, match="leaves no room for KV blocks"):
+        blocks_in_memory_fraction(0.05, 16 * gib, gib, 1 << 20)
+
+
+def test_memory_fraction_on_the_numpy_backend(default_model_dir: Path) -> None:
+    engine = Engine.from_pretrained(default_model_dir, backend="numpy", memory_fraction=0.3)
+    ram = engine.runner.model.ops.device_memory_bytes()
+    block_bytes = engine.config.kv_bytes_per_token() * engine.pool.block_size
+    kv_bytes = engine.pool.num_blocks * block_bytes
+    assert 0.27 * ram - engine.runner.model.num_bytes() - block_bytes < kv_bytes <= 0.27 * ram
+    assert engine.runner.kv_cache.nbytes == kv_bytes
+    with pytest.raises(ValueError, match="not both"):
+        Engine.from_pretrained(default_model_dir, num_device_blocks=8, memory_fraction=0.3)

@@ -165,12 +165,21 @@ def test_serve_config_file(tmp_path: Path) -> None:
     from reprise.cli.serve import load_config
 
     good = tmp_path / "good.toml"
-    good.write_text('block-size = 16\nsocket = "ipc:///tmp/x.sock"\ndrain_timeout = 5\n')
+    good.write_text(
+        'block-size = 16\nsocket = "ipc:///tmp/x.sock"\ndrain_timeout = 5\n'
+        "memory-fraction = 0.5\nreuse = false\n"
+    )
     assert load_config(good) == {
         "block_size": 16,
         "socket": "ipc:///tmp/x.sock",
         "drain_timeout": 5,
+        "memory_fraction": 0.5,
+        "reuse": False,
     }
+    for text in ("reuse = 1\n", "block-size = true\n"):
+        (tmp_path / "bad-type.toml").write_text(text)
+        with pytest.raises(click.ClickException, match="must be a"):
+            load_config(tmp_path / "bad-type.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("block-size = 'big'\n")
     with pytest.raises(click.ClickException, match="block-size"):
