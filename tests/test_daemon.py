@@ -3,7 +3,9 @@ driven through raw sockets, the Client and the CLI."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -359,6 +361,27 @@ def test_cli_generate_json(daemon: Daemon) -> None:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "used_blocks" in json.loads(stats.stdout)
+
+
+def test_cli_chat_turns_reuse_the_conversation(daemon: Daemon) -> None:
+    """`reprise chat` on stdin: each turn resends the conversation, whose earlier
+    turns are found in the cache."""
+    out = subprocess.run(
+        [REPRISE, "chat", "--socket", daemon.address, "--max-tokens", "6", "--salt", "chat",
+         "--system", "You are terse. " * 4],
+        input="Name a colour.\nName another one.\nAnd a third.\n\n",
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cached = [
+        (int(c), int(p)) for c, p in re.findall(r"\[(\d+)/(\d+) prompt tokens cached\]", out.stderr)
+    ]
+    assert len(cached) == 3, out.stderr
+    assert cached[0][0] == 0
+    for (_, before), (now, total) in itertools.pairwise(cached):
+        # the last turn's prompt is this one's prefix: its full blocks are found again
+        assert total > before and now >= (before // BLOCK_SIZE - 1) * BLOCK_SIZE and now > 0
+    assert out.stdout.count("you> ") >= 3
 
 
 def test_cli_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
