@@ -7,7 +7,8 @@ The CuPy backend (the GPU path) provides the same ops through CUDA kernels.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -22,6 +23,29 @@ from reprise.cuda.rope import rope_ref
 
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
+
+
+class Backend(Protocol):
+    """What the model runs on: weights and caches in the backend's arrays, and the ops."""
+
+    name: str
+
+    def linear_weight(self, w: np.ndarray) -> Any: ...
+    def device_memory_bytes(self) -> int: ...
+    def kv_cache(self, shape: tuple[int, ...]) -> Any: ...
+    def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+    def from_host(self, x: np.ndarray) -> Any: ...
+    def synchronize(self) -> None: ...
+
+    embed: Callable[..., Any]
+    rmsnorm: Callable[..., Any]
+    add_rmsnorm: Callable[..., Any]
+    gemm: Callable[..., Any]
+    rope: Callable[..., Any]
+    kv_write: Callable[..., None]
+    paged_attention: Callable[..., Any]
+    silu_mul: Callable[..., Any]
 
 
 class NumpyBackend:
@@ -51,6 +75,9 @@ class NumpyBackend:
     def from_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def synchronize(self) -> None:
+        """Ops on this backend are done when they return."""
+
     embed = staticmethod(embed_ref)
     rmsnorm = staticmethod(rmsnorm_ref)
     add_rmsnorm = staticmethod(add_rmsnorm_ref)
@@ -72,12 +99,17 @@ def cuda_device_available() -> bool:
         return False
 
 
-def get_backend(name: str) -> NumpyBackend:
+def get_backend(name: str) -> Backend:
     """Resolve a backend name; `auto` picks cupy when a CUDA device is present."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
-    if name == "cupy":
-        raise NotImplementedError("the cupy backend is not built yet; use backend='numpy'")
-    # NOTE: `auto` resolves to numpy until the cupy backend exists; then it picks
-    # cupy when cuda_device_available().
-    return NumpyBackend()
+    if name == "numpy" or (name == "auto" and not cuda_device_available()):
+        return NumpyBackend()
+    if not cuda_device_available():
+        raise ValueError(
+            "backend 'cupy' needs CuPy and a CUDA device (pip install 'reprise[cuda13]'); "
+            "none was found: use backend='numpy' or 'auto'"
+        )
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    return CupyBackend()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.backend import Backend
 from reprise.cuda.rope import rope_table
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.weights import LlamaWeights
@@ -47,7 +47,7 @@ class _Layer:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: LlamaWeights, backend: NumpyBackend) -> None:
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, backend: Backend) -> None:
         self.config = config
         self.ops = backend
         linear = backend.linear_weight
@@ -84,6 +84,8 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """Run one step; K/V of every token land in `kv_cache`. Returns fp32 [R, vocab]."""
         ops, cfg = self.ops, self.config
+        # the step's indices go to the device once (no copy on the NumPy backend)
+        batch = ForwardBatch(*(ops.from_host(getattr(batch, f)) for f in ForwardBatch.__slots__))
         num_tokens = batch.token_ids.shape[0]
         q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
         residual = ops.embed(self.embed_tokens, batch.token_ids)  # [T, hidden] fp32

@@ -150,6 +150,15 @@ def test_bad_prompts_raise_value_errors(engine: Engine, prompt, kwargs, message:
 def test_backend_choice(default_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         Engine.from_pretrained(default_model_dir, backend="tpu")
+    from reprise.cuda.backend import cuda_device_available
+
+    if not cuda_device_available():
+        with pytest.raises(ValueError, match="needs CuPy and a CUDA device"):
+            Engine.from_pretrained(default_model_dir, backend="cupy")
+        assert (
+            Engine.from_pretrained(default_model_dir, num_device_blocks=4).runner.model.ops.name
+            == "numpy"
+        )
 
 
 def test_streamed_deltas_join_to_the_text_and_never_show_a_stop_string(engine: Engine) -> None:

@@ -1,4 +1,5 @@
-"""Bit-identical logits under every reuse path (DESIGN §4), on the default model.
+"""Bit-identical logits under every reuse path (DESIGN §4), on the default model,
+on the NumPy backend and (with a CUDA device) on the CuPy backend.
 
 One greedy and one seeded-sampled request, 64 tokens each, are computed once
 alone with reuse off; that is the reference. Every other way of running them
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprise.cuda.backend import get_backend
+from reprise.cuda.backend import cuda_device_available, get_backend
 from reprise.daemon import Completion, Engine, SamplingParams
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.engine import model_fingerprint
@@ -51,10 +52,10 @@ PROMPTS = [random_prompt(PROMPT_LEN, seed=11), random_prompt(PROMPT_LEN, seed=12
 class Engines:
     """Engines of any pool shape around one loaded model (loading it is the slow part)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, backend: str) -> None:
         self.config = ModelConfig.from_dir(path)
         self.tokenizer = Tokenizer.from_dir(path)
-        self.model = LlamaModel(self.config, load_weights(path, self.config), get_backend("numpy"))
+        self.model = LlamaModel(self.config, load_weights(path, self.config), get_backend(backend))
         self.fingerprint = model_fingerprint(path)
 
     def __call__(self, **kwargs) -> Engine:
@@ -65,9 +66,21 @@ class Engines:
         )
 
 
-@pytest.fixture(scope="module")
-def engines(default_model_dir: Path) -> Engines:
-    return Engines(default_model_dir)
+@pytest.fixture(
+    scope="module",
+    params=[
+        "numpy",
+        pytest.param(
+            "cupy",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+            ],
+        ),
+    ],
+)
+def engines(request: pytest.FixtureRequest, default_model_dir: Path) -> Engines:
+    return Engines(default_model_dir, request.param)
 
 
 @pytest.fixture(scope="module")

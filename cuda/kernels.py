@@ -1,0 +1,68 @@
+"""Loading our CUDA kernels into CuPy, once per kernel family, and the launch checks
+every launcher shares.
+
+Each family is one `.cu` file in this folder, compiled by CuPy's NVRTC with the
+options CI compiles it with (nvrtc.compile_options), behind `functools.cache`.
+BF16 arrays live on the device as `uint16` CuPy arrays holding the bit patterns
+(CuPy has no bfloat16 dtype); `to_device` / `to_host` convert at the boundary.
+CuPy is imported lazily: this module imports on any machine.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reprise.cuda.dtypes import BF16
+from reprise.cuda.nvrtc import KERNEL_DIR, compile_options
+
+if TYPE_CHECKING:  # pragma: no cover
+    import cupy
+
+BF16_BITS = np.dtype(np.uint16)  # how a BF16 array is held on the device
+
+
+@functools.cache
+def module(family: str) -> cupy.RawModule:
+    """The compiled module of `cuda/<family>.cu`."""
+    import cupy
+
+    source = (KERNEL_DIR / f"{family}.cu").read_text()
+    return cupy.RawModule(code=source, options=tuple(compile_options()), backend="nvrtc")
+
+
+def kernel(family: str, name: str) -> cupy.RawKernel:
+    return module(family).get_function(name)
+
+
+def to_device(x: np.ndarray) -> cupy.ndarray:
+    """A host array on the device; BF16 travels as its uint16 bit patterns."""
+    import cupy
+
+    if x.dtype == BF16:
+        return cupy.asarray(np.ascontiguousarray(x).view(BF16_BITS))
+    return cupy.asarray(np.ascontiguousarray(x))
+
+
+def to_host(x: Any, *, bf16: bool | None = None) -> np.ndarray:
+    """A device array on the host; uint16 comes back as BF16 unless `bf16=False`."""
+    import cupy
+
+    host = cupy.asnumpy(x)
+    if host.dtype == BF16_BITS and bf16 is not False:
+        return host.view(BF16)
+    return host
+
+
+def check(name: str, x: Any, dtype: np.dtype | type, ndim: int) -> None:
+    """A launcher's input check: a C-contiguous device array of this dtype and rank."""
+    shape = getattr(x, "shape", None)
+    if getattr(x, "dtype", None) != np.dtype(dtype) or len(shape or ()) != ndim:
+        raise ValueError(
+            f"{name} must be a {ndim}-d {np.dtype(dtype)} device array; "
+            f"got {getattr(x, 'dtype', type(x).__name__)} {shape}"
+        )
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous; got strides {x.strides}")

@@ -1,0 +1,182 @@
+"""Launchers of the small kernel families: embedding, RMSNorm, RoPE, KV write,
+SiLU-and-multiply, argmax and the Philox uniforms.
+
+Each checks its inputs (`kernels.check`), allocates its output unless one is
+given, and launches one kernel of `cuda/<family>.cu`; each computes what its
+NumPy twin computes, within BF16 rounding (the twins are named per function).
+BF16 arrays are uint16 CuPy arrays holding the bit patterns. CuPy is imported
+lazily. The GEMM and attention launchers live in gemm_kernel.py and
+attention_kernel.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from reprise.cuda.kernels import BF16_BITS, check, kernel
+
+RMSNORM_THREADS = 256  # as in rmsnorm.cu
+ARGMAX_THREADS = 1024  # as in sampling.cu
+ELEMENTWISE_THREADS = 256
+
+
+def _empty(shape: tuple[int, ...], dtype: Any, out: Any) -> Any:
+    import cupy
+
+    if out is None:
+        return cupy.empty(shape, dtype=dtype)
+    check("out", out, dtype, len(shape))
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}; got {out.shape}")
+    return out
+
+
+def _row_stride(name: str, x: Any, ndim: int) -> int:
+    """Elements between consecutive rows of a [rows, ...] view whose inner part is contiguous."""
+    if x.dtype != BF16_BITS or x.ndim != ndim:
+        raise ValueError(
+            f"{name} must be a {ndim}-d uint16 (BF16) device array; got {x.dtype} {x.shape}"
+        )
+    itemsize = x.dtype.itemsize
+    inner = int(np.prod(x.shape[1:]))
+    expected = itemsize
+    for size, stride in zip(reversed(x.shape[1:]), reversed(x.strides[1:]), strict=True):
+        if size > 1 and stride != expected:
+            raise ValueError(f"{name} must be contiguous within a row; got strides {x.strides}")
+        expected *= size
+    if x.shape[0] > 1 and x.strides[0] < inner * itemsize:
+        raise ValueError(f"{name} rows overlap; got strides {x.strides}")
+    return x.strides[0] // itemsize if x.shape[0] > 1 else inner
+
+
+def embed(table: Any, token_ids: Any, *, out: Any = None) -> Any:
+    """Twin: embed_ref. table [vocab, hidden] BF16, token_ids [T] int32 -> [T, hidden] fp32."""
+    check("table", table, BF16_BITS, 2)
+    check("token_ids", token_ids, np.int32, 1)
+    num_tokens, hidden = token_ids.shape[0], table.shape[1]
+    out = _empty((num_tokens, hidden), np.float32, out)
+    if num_tokens:
+        kernel("embedding", "embed")(
+            (num_tokens,), (256,), (table, token_ids, out, np.int32(hidden))
+        )
+    return out
+
+
+def rmsnorm(x: Any, weight: Any, eps: float, *, out: Any = None) -> Any:
+    """Twin: rmsnorm_ref. x [T, hidden] fp32, weight [hidden] BF16 -> [T, hidden] BF16."""
+    check("x", x, np.float32, 2)
+    check("weight", weight, BF16_BITS, 1)
+    _same_hidden(x, weight)
+    out = _empty(x.shape, BF16_BITS, out)
+    if x.shape[0]:
+        args = (x, weight, out, np.int32(x.shape[1]), np.float32(eps))
+        kernel("rmsnorm", "rmsnorm")((x.shape[0],), (RMSNORM_THREADS,), args)
+    return out
+
+
+def add_rmsnorm(residual: Any, delta: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+    """Twin: add_rmsnorm_ref. Returns (residual + delta in fp32, its rmsnorm in BF16)."""
+    import cupy
+
+    check("residual", residual, np.float32, 2)
+    check("delta", delta, BF16_BITS, 2)
+    check("weight", weight, BF16_BITS, 1)
+    if delta.shape != residual.shape:
+        raise ValueError(f"delta must have residual's shape {residual.shape}; got {delta.shape}")
+    _same_hidden(residual, weight)
+    summed = cupy.empty_like(residual)
+    out = cupy.empty(residual.shape, dtype=BF16_BITS)
+    if residual.shape[0]:
+        args = (residual, delta, weight, summed, out, np.int32(residual.shape[1]), np.float32(eps))
+        kernel("rmsnorm", "add_rmsnorm")((residual.shape[0],), (RMSNORM_THREADS,), args)
+    return summed, out
+
+
+def rope(x: Any, positions: Any, cos: Any, sin: Any, *, out: Any = None) -> Any:
+    """Twin: rope_ref. x [T, heads, head_dim] BF16 (rows may be strided, as slices of the
+    fused QKV output); positions [T] int32; cos, sin [max_positions, head_dim / 2] fp32."""
+    stride = _row_stride("x", x, 3)
+    check("positions", positions, np.int32, 1)
+    check("cos", cos, np.float32, 2)
+    check("sin", sin, np.float32, 2)
+    num_tokens, heads, head_dim = x.shape
+    if positions.shape[0] != num_tokens or head_dim % 2 or cos.shape[1] != head_dim // 2:
+        raise ValueError(
+            f"rope needs positions [{num_tokens}] and tables [*, {head_dim // 2}], even head_dim; "
+            f"got positions {positions.shape}, tables {cos.shape}, head_dim {head_dim}"
+        )
+    out = _empty((num_tokens, heads, head_dim), BF16_BITS, out)
+    if num_tokens:
+        args = (x, np.int64(stride), positions, cos, sin, out, np.int32(heads), np.int32(head_dim))
+        kernel("rope", "rope")((num_tokens, heads), (head_dim // 2,), args)
+    return out
+
+
+def kv_write(cache: Any, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
+    """Twin: kv_write_ref. Writes k, v [T, kv_heads, head_dim] BF16 (rows may be strided,
+    as slices of the fused QKV output) into the cache slots [T] int64, in place."""
+    check("cache", cache, BF16_BITS, 6)
+    check("slot_mapping", slot_mapping, np.int64, 1)
+    k_stride, v_stride = _row_stride("k", k, 3), _row_stride("v", v, 3)
+    if v.shape != k.shape:
+        raise ValueError(f"k and v must have one shape; got {k.shape}, {v.shape}")
+    _, num_layers, _, kv_heads, block_size, head_dim = cache.shape
+    if k.shape[1:] != (kv_heads, head_dim) or slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"k must be [T, {kv_heads}, {head_dim}] with T slots; got {k.shape}, {slot_mapping.shape}"
+        )
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
+    if k.shape[0]:
+        args = (k, v, np.int64(k_stride), np.int64(v_stride), slot_mapping, cache, np.int32(layer), np.int32(num_layers),
+                np.int32(kv_heads), np.int32(block_size), np.int32(head_dim))  # fmt: skip
+        kernel("kvcache", "kv_write")((k.shape[0], kv_heads), (min(head_dim, 128),), args)
+
+
+def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
+    """Twin: silu_mul_ref. gate_up [T, 2 * inter] BF16 -> [T, inter] BF16."""
+    check("gate_up", gate_up, BF16_BITS, 2)
+    num_tokens, width = gate_up.shape
+    if width % 2:
+        raise ValueError(f"gate_up must have an even width; got {width}")
+    out = _empty((num_tokens, width // 2), BF16_BITS, out)
+    total = num_tokens * (width // 2)
+    if total:
+        blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
+        args = (gate_up, out, np.int64(num_tokens), np.int32(width // 2))
+        kernel("activation", "silu_mul")((blocks,), (ELEMENTWISE_THREADS,), args)
+    return out
+
+
+def argmax(logits: Any, *, out: Any = None) -> Any:
+    """Twin: argmax_ref per row. logits [R, vocab] fp32 -> [R] int32, ties to the lowest id."""
+    check("logits", logits, np.float32, 2)
+    out = _empty((logits.shape[0],), np.int32, out)
+    if logits.shape[0]:
+        args = (logits, np.int64(logits.shape[1]), np.int32(logits.shape[1]), out)
+        kernel("sampling", "argmax")((logits.shape[0],), (ARGMAX_THREADS,), args)
+    return out
+
+
+def philox_uniform(seeds: Any, positions: Any) -> Any:
+    """Twin: sampling.uniform per element. seeds [n] uint64, positions [n] int64 -> [n] fp32."""
+    import cupy
+
+    check("seeds", seeds, np.uint64, 1)
+    check("positions", positions, np.int64, 1)
+    if seeds.shape != positions.shape:
+        raise ValueError(f"seeds and positions must match; got {seeds.shape}, {positions.shape}")
+    n = seeds.shape[0]
+    out = cupy.empty((n,), dtype=np.float32)
+    if n:
+        kernel("sampling", "philox_uniform")(
+            (-(-n // 256),), (256,), (seeds, positions, out, np.int32(n))
+        )
+    return out
+
+
+def _same_hidden(x: Any, weight: Any) -> None:
+    if weight.shape[0] != x.shape[1]:
+        raise ValueError(f"weight must have {x.shape[1]} elements; got {weight.shape[0]}")

@@ -1,0 +1,25 @@
+// Rotary position embedding, Hugging Face's half-split layout (twin: rope.py).
+//
+// cos/sin come from one fp32 table [max_positions, head_dim / 2] indexed by the
+// token's absolute position, so a token's rotation depends on its position alone.
+// The products and sums round as the twin's fp32 numpy expressions do (no fused
+// multiply-add): out1 = x1 * c - x2 * s, out2 = x2 * c + x1 * s, then BF16.
+#include <cuda_bf16.h>
+
+// x: [tokens, heads, head_dim] BF16 with row stride `token_stride` elements between
+// tokens (a slice of the fused QKV output); out: [tokens, heads, head_dim] BF16,
+// contiguous. grid = (tokens, heads), block = head_dim / 2 threads (one pair each).
+extern "C" __global__ void rope(const __nv_bfloat16* __restrict__ x, long long token_stride,
+                                const int* __restrict__ positions, const float* __restrict__ cos_table,
+                                const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ out,
+                                int heads, int head_dim) {
+  const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
+  if (i >= half) return;
+  const long long pos = positions[token];
+  const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
+  const __nv_bfloat16* row = x + token * token_stride + (long long)head * head_dim;
+  const float x1 = __bfloat162float(row[i]), x2 = __bfloat162float(row[i + half]);
+  __nv_bfloat16* dst = out + ((long long)token * heads + head) * head_dim;
+  dst[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+  dst[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}

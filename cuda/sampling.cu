@@ -1,0 +1,68 @@
+// Token selection on the device (twin: sampling.py).
+//
+// argmax: greedy choice per logits row, ties to the lowest id, as np.argmax.
+// philox_uniform: the uniform draw keyed by (request seed, token position), with
+// the same Philox4x32-10 integer arithmetic as the twin, so both backends draw
+// bit-identical uniforms.
+#include <cuda_bf16.h>
+
+#define ARGMAX_THREADS 1024
+
+// (value, id) pairs: the larger value wins, equal values go to the lower id.
+__device__ __forceinline__ bool beats(float v, int i, float best_v, int best_i) {
+  return v > best_v || (v == best_v && i < best_i);
+}
+
+// logits: [rows, vocab] fp32 with `row_stride` elements between rows; out: [rows] int32.
+// grid = rows, block = ARGMAX_THREADS.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* __restrict__ out) {
+  __shared__ float values[ARGMAX_THREADS / 32];
+  __shared__ int ids[ARGMAX_THREADS / 32];
+  const float* row = logits + blockIdx.x * row_stride;
+  float best_v = -__int_as_float(0x7f800000);
+  int best_i = vocab;  // loses to any real id
+  for (int i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
+    if (beats(row[i], i, best_v, best_i)) { best_v = row[i]; best_i = i; }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) { values[warp] = best_v; ids[warp] = best_i; }
+  __syncthreads();
+  if (warp == 0) {
+    best_v = values[lane];
+    best_i = ids[lane];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+      const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+      if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+    }
+    // NOTE: a row of only NaN or -inf leaves best_i == vocab; fall back to id 0 as np.argmax
+    // would not, but such a row means the model already failed.
+    if (lane == 0) out[blockIdx.x] = best_i < vocab ? best_i : 0;
+  }
+}
+
+// seeds: [n] uint64, positions: [n] int64 -> out: [n] fp32 uniforms in [0, 1) with 24 bits.
+extern "C" __global__ void philox_uniform(const unsigned long long* __restrict__ seeds,
+                                          const long long* __restrict__ positions,
+                                          float* __restrict__ out, int n) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const unsigned long long seed = seeds[idx];
+  const unsigned long long pos = (unsigned long long)positions[idx];
+  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+  unsigned int c0 = (unsigned int)pos, c1 = (unsigned int)(pos >> 32), c2 = 0u, c3 = 0u;
+  for (int round = 0; round < 10; ++round) {
+    if (round) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+  }
+  out[idx] = (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}

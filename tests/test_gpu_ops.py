@@ -1,0 +1,199 @@
+"""The small CUDA kernels against their NumPy twins, on fresh random inputs of the
+default model's and Llama-3.1-8B's shapes, with every output poisoned first. And the
+CuPy backend end to end on the default model: logits within BF16 tolerance of the
+NumPy backend, and a sensible chat answer. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.cuda.activation import silu_mul_ref
+from reprise.cuda.backend import cuda_device_available
+from reprise.cuda.dtypes import BF16, F32, to_bf16
+from reprise.cuda.embedding import embed_ref
+from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
+from reprise.cuda.rope import rope_ref, rope_table
+from reprise.cuda.sampling import uniform
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+]
+
+# (hidden, heads, kv_heads, head_dim, intermediate, vocab)
+SHAPES = {
+    "smollm2-135m": (576, 9, 3, 64, 1536, 49152),
+    "llama-3.1-8b": (4096, 32, 8, 128, 14336, 128256),
+}
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy")
+
+
+def dev(x: np.ndarray):
+    from reprise.cuda.kernels import to_device
+
+    return to_device(x)
+
+
+def host(x) -> np.ndarray:
+    from reprise.cuda.kernels import to_host
+
+    return to_host(x)
+
+
+def poisoned(cp, shape: tuple[int, ...], dtype) -> object:
+    """An output buffer full of NaN bit patterns: anything left unwritten shows."""
+    out = cp.empty(shape, dtype=dtype)
+    out.view(np.uint8).fill(0xFF)
+    return out
+
+
+def bf16_close(got: np.ndarray, want: np.ndarray, ulps: int = 1) -> None:
+    """Every element within `ulps` BF16 ulps of the twin's (both BF16)."""
+    assert got.dtype == BF16 == want.dtype
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any()
+    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(w), 1e-30))) - 7)
+    assert np.all(np.abs(g - w) <= ulps * ulp + 1e-30), float(np.max(np.abs(g - w) / ulp))
+
+
+def rows(rng: np.random.Generator, n: int, width: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal((n, width)) * scale).astype(F32)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_embed_is_an_exact_gather(cp, rng, shape: str) -> None:
+    hidden, vocab = SHAPES[shape][0], SHAPES[shape][5]
+    table = rows(rng, 1000, hidden).astype(BF16)
+    ids = rng.integers(0, 1000, size=37).astype(np.int32)
+    from reprise.cuda.launchers import embed
+
+    out = embed(dev(table), dev(ids), out=poisoned(cp, (37, hidden), np.float32))
+    assert np.array_equal(host(out), embed_ref(table, ids))
+    assert vocab > 1000
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rmsnorm_and_add_rmsnorm_match_their_twins(cp, rng, shape: str) -> None:
+    from reprise.cuda.launchers import add_rmsnorm, rmsnorm
+
+    hidden = SHAPES[shape][0]
+    x = rows(rng, 33, hidden, 3.0) * np.exp2(rng.integers(-4, 5, size=(33, 1))).astype(F32)
+    weight = rows(rng, 1, hidden).astype(BF16)[0]
+    out = rmsnorm(dev(x), dev(weight), 1e-5, out=poisoned(cp, (33, hidden), np.uint16))
+    bf16_close(host(out), rmsnorm_ref(x, weight, 1e-5))
+    delta = rows(rng, 33, hidden).astype(BF16)
+    summed, normed = add_rmsnorm(dev(x), dev(delta), dev(weight), 1e-5)
+    want_summed, want_normed = add_rmsnorm_ref(x, delta, weight, 1e-5)
+    assert np.array_equal(host(summed), want_summed)  # one fp32 add: exact
+    bf16_close(host(normed), want_normed)
+    # a row's bits do not depend on the rows beside it
+    alone = np.concatenate([host(rmsnorm(dev(x[i : i + 1]), dev(weight), 1e-5)) for i in range(33)])
+    assert np.array_equal(alone.view(np.uint16), host(out).view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rope_is_bit_exact_with_its_twin(cp, rng, shape: str) -> None:
+    """Strided input rows, as the slices of the fused QKV output the model passes."""
+    from reprise.cuda.launchers import rope
+
+    _, heads, kv_heads, head_dim, _, _ = SHAPES[shape]
+    cos, sin = rope_table(head_dim, 4096, 500000.0)
+    qkv = rows(rng, 19, (heads + 2 * kv_heads) * head_dim).astype(BF16)
+    positions = rng.integers(0, 4096, size=19).astype(np.int32)
+    q = dev(qkv)[:, : heads * head_dim].reshape(19, heads, head_dim)
+    out = rope(
+        q, dev(positions), dev(cos), dev(sin), out=poisoned(cp, (19, heads, head_dim), np.uint16)
+    )
+    want = rope_ref(qkv[:, : heads * head_dim].reshape(19, heads, head_dim), positions, cos, sin)
+    assert np.array_equal(host(out).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kv_write_fills_exactly_its_slots(cp, rng, shape: str) -> None:
+    from reprise.cuda.launchers import kv_write
+
+    _, heads, kv_heads, head_dim, _, _ = SHAPES[shape]
+    block_size, num_blocks, layers = 16, 9, 3
+    cache = (
+        rng.standard_normal(kv_cache_shape(num_blocks, layers, kv_heads, block_size, head_dim))
+    ).astype(BF16)
+    slots = rng.choice(num_blocks * block_size, size=21, replace=False).astype(np.int64)
+    qkv = rows(rng, 21, (heads + 2 * kv_heads) * head_dim).astype(BF16)
+    k_end = (heads + kv_heads) * head_dim
+    k = qkv[:, heads * head_dim : k_end].reshape(21, kv_heads, head_dim).copy()
+    v_dev = dev(qkv)[:, k_end:].reshape(21, kv_heads, head_dim)  # strided, as in the model
+    got = dev(cache)
+    kv_write(got, 1, dev(k), v_dev, dev(slots))
+    want = cache.copy()
+    kv_write_ref(want, 1, k, qkv[:, k_end:].reshape(21, kv_heads, head_dim), slots)
+    assert np.array_equal(host(got).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_silu_mul_matches_its_twin(cp, rng, shape: str) -> None:
+    from reprise.cuda.launchers import silu_mul
+
+    inter = SHAPES[shape][4]
+    gate_up = (rng.standard_normal((5, 2 * inter)) * 4).astype(BF16)
+    out = silu_mul(dev(gate_up), out=poisoned(cp, (5, inter), np.uint16))
+    bf16_close(host(out), silu_mul_ref(gate_up))
+
+
+def test_argmax_takes_the_lowest_id_on_ties(cp, rng) -> None:
+    from reprise.cuda.launchers import argmax
+
+    logits = rows(rng, 6, 128256, 3.0)
+    logits[1, [5, 70000, 128255]] = 100.0  # ties
+    logits[2, :] = 0.0
+    logits[3, -1] = np.inf
+    got = host(argmax(dev(logits), out=poisoned(cp, (6,), np.int32)))
+    assert got.tolist() == np.argmax(logits, axis=1).tolist()
+    assert got[1] == 5 and got[2] == 0
+
+
+def test_philox_uniforms_equal_the_twin(cp, rng) -> None:
+    from reprise.cuda.launchers import philox_uniform
+
+    seeds = rng.integers(0, 2**64, size=300, dtype=np.uint64)
+    seeds[:3] = [0, 1, 2**64 - 1]
+    positions = rng.integers(0, 2**40, size=300).astype(np.int64)
+    got = host(philox_uniform(dev(seeds), dev(positions)))
+    want = np.array([uniform(int(s), int(p)) for s, p in zip(seeds, positions, strict=True)], F32)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.model
+def test_cupy_backend_logits_match_numpy_backend(default_model_dir: Path) -> None:
+    from reprise.daemon import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, return_logits=True, ignore_eos=True)
+    prompt = "The capital of France is"
+    gpu = Engine.from_pretrained(default_model_dir, backend="cupy").generate(prompt, params)
+    cpu = Engine.from_pretrained(default_model_dir, backend="numpy").generate(prompt, params)
+    first = gpu.logits[0].astype(np.float64), cpu.logits[0].astype(np.float64)
+    assert np.linalg.norm(first[0] - first[1]) / np.linalg.norm(first[1]) < 3e-2
+    assert gpu.token_ids[:3] == cpu.token_ids[:3]
+    answer = Engine.from_pretrained(default_model_dir, backend="cupy").chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(max_tokens=40, temperature=0),
+    )
+    assert "Paris" in answer.text
+
+
+def test_to_bf16_round_trip(cp, rng) -> None:
+    x = to_bf16(rows(rng, 3, 7))
+    assert np.array_equal(host(dev(x)).view(np.uint16), x.view(np.uint16))
