@@ -38,7 +38,9 @@ class BlockCopier(Protocol):
         """Copy host slot -> device block."""
 
     def synchronize(self) -> None:
-        """Return once every copy issued so far has finished."""
+        """Order every later use of the blocks and slots involved after the copies
+        issued so far (a CUDA copier may do this on the device: the compute stream
+        waits for the copy stream, and the host does not block)."""
 
 
 @dataclass(slots=True)

@@ -37,6 +37,13 @@ class Backend(Protocol):
     def to_host(self, x: Any) -> np.ndarray: ...
     def from_host(self, x: np.ndarray) -> Any: ...
     def synchronize(self) -> None: ...
+    def offload_block(
+        self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int
+    ) -> None: ...
+    def onboard_block(
+        self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
+    ) -> None: ...
+    def wait_copies(self) -> None: ...
 
     embed: Callable[..., Any]
     rmsnorm: Callable[..., Any]
@@ -77,6 +84,20 @@ class NumpyBackend:
 
     def synchronize(self) -> None:
         """Ops on this backend are done when they return."""
+
+    def offload_block(
+        self, cache: np.ndarray, block_id: int, host_cache: np.ndarray, slot: int
+    ) -> None:
+        """Copy one whole device block into a host-tier slot (the same layout), exactly."""
+        host_cache[slot] = cache[block_id]
+
+    def onboard_block(
+        self, host_cache: np.ndarray, slot: int, cache: np.ndarray, block_id: int
+    ) -> None:
+        cache[block_id] = host_cache[slot]
+
+    def wait_copies(self) -> None:
+        """Block copies on this backend are done when issued."""
 
     embed = staticmethod(embed_ref)
     rmsnorm = staticmethod(rmsnorm_ref)

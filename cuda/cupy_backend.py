@@ -31,6 +31,7 @@ class CupyBackend:
         import cupy
 
         self._cupy = cupy
+        self._copy_stream: Any = None  # block copies to and from the host tier, created on use
 
     def linear_weight(self, w: np.ndarray) -> Any:
         """A BF16 [out, in] weight on the device, as `gemm` takes it."""
@@ -58,6 +59,32 @@ class CupyBackend:
 
     def synchronize(self) -> None:
         self._cupy.cuda.get_current_stream().synchronize()
+
+    def offload_block(self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int) -> None:
+        """Copy one device block into a pinned host slot, asynchronously on the copy
+        stream, after the compute already queued (which may still be writing it)."""
+        stream = self._stream_after_compute()
+        out = host_cache[slot].view(BF16_BITS)
+        self._cupy.asnumpy(cache[block_id], stream=stream, out=out, blocking=False)
+
+    def onboard_block(self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int) -> None:
+        """Copy a pinned host slot into a device block, asynchronously on the copy
+        stream, after the compute already queued (which may still read its old bytes)."""
+        stream = self._stream_after_compute()
+        cache[block_id].set(host_cache[slot].view(BF16_BITS), stream=stream)
+
+    def wait_copies(self) -> None:
+        """Later compute waits for the copies issued so far, on the device."""
+        if self._copy_stream is not None:
+            self._cupy.cuda.get_current_stream().wait_event(self._copy_stream.record())
+
+    def _stream_after_compute(self) -> Any:
+        # NOTE: copies run in issue order on one stream; each waits for the compute queued
+        # before it, so it reads a block only once written and overwrites one only once read.
+        if self._copy_stream is None:
+            self._copy_stream = self._cupy.cuda.Stream(non_blocking=True)
+        self._copy_stream.wait_event(self._cupy.cuda.get_current_stream().record())
+        return self._copy_stream
 
     embed = staticmethod(launchers.embed)
     rmsnorm = staticmethod(launchers.rmsnorm)

@@ -36,13 +36,13 @@ class ModelRunner:
         self.kv_cache[dst] = self.kv_cache[src]
 
     def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
-        self.host_cache[host_slot] = self.model.ops.to_host(self.kv_cache[device_block_id])
+        self.model.ops.offload_block(self.kv_cache, device_block_id, self.host_cache, host_slot)
 
     def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
-        self.kv_cache[device_block_id] = self.model.ops.from_host(self.host_cache[host_slot])
+        self.model.ops.onboard_block(self.host_cache, host_slot, self.kv_cache, device_block_id)
 
     def synchronize(self) -> None:
-        """Copies on the NumPy backend are done when issued."""
+        self.model.ops.wait_copies()
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         bs = self.block_size
