@@ -177,21 +177,37 @@ def test_philox_uniforms_equal_the_twin(cp, rng) -> None:
 
 
 @pytest.mark.model
-def test_cupy_backend_logits_match_numpy_backend(default_model_dir: Path) -> None:
+def test_cupy_backend_logits_match_numpy_backend_and_transformers(default_model_dir: Path) -> None:
     from reprise.daemon import Engine, SamplingParams
 
     params = SamplingParams(max_tokens=8, temperature=0, return_logits=True, ignore_eos=True)
     prompt = "The capital of France is"
-    gpu = Engine.from_pretrained(default_model_dir, backend="cupy").generate(prompt, params)
+    gpu_engine = Engine.from_pretrained(default_model_dir, backend="cupy")
+    assert gpu_engine.runner.model.ops.name == "cupy"
+    gpu = gpu_engine.generate(prompt, params)
     cpu = Engine.from_pretrained(default_model_dir, backend="numpy").generate(prompt, params)
-    first = gpu.logits[0].astype(np.float64), cpu.logits[0].astype(np.float64)
-    assert np.linalg.norm(first[0] - first[1]) / np.linalg.norm(first[1]) < 3e-2
+    assert rel_l2(gpu.logits[0], cpu.logits[0]) < 3e-2
     assert gpu.token_ids[:3] == cpu.token_ids[:3]
-    answer = Engine.from_pretrained(default_model_dir, backend="cupy").chat(
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32)
+    hf = hf.to("cuda").eval()
+    with torch.no_grad():
+        ids = torch.tensor([gpu.prompt_token_ids], device="cuda")
+        want = hf(ids).logits[0, -1].float().cpu().numpy()
+    assert rel_l2(gpu.logits[0], want) < 3e-2
+
+    answer = gpu_engine.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(max_tokens=40, temperature=0),
     )
-    assert "Paris" in answer.text
+    assert "Paris" in answer.text and answer.finish_reason == "stop"
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def test_to_bf16_round_trip(cp, rng) -> None:
