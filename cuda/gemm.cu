@@ -1,0 +1,331 @@
+// Linear layers: y[M, N] = x[M, K] @ w[N, K]^T on tensor cores (twin: gemm.py).
+//
+// x and w are BF16 (uint16 bit patterns), row-major, w in the Hugging Face
+// [out_features, in_features] layout; y is BF16 (round to nearest even of the fp32
+// accumulator) or fp32 (lm_head logits). Products run on
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with fp32 accumulation.
+//
+// One templated kernel, instantiated for a few tile shapes the launcher picks by M
+// (gemm_kernel.py's CONFIGS mirror the instantiations at the end of this file):
+//   CTA tile BM x BN, warps WARPS_M x WARPS_N each owning a WM x WN sub-tile, K
+//   walked in tiles of BK through a STAGES-deep ring of shared-memory buffers
+//   filled by 16-byte cp.async (zero-filled past M, N and K), fragments read with
+//   ldmatrix. Shared rows are BK + 8 halves long, so the eight 16-byte rows an
+//   ldmatrix phase reads fall in eight different bank groups.
+//
+// NOTE: the invariance argument (DESIGN §4). Output element y[m, n] lives in one
+// accumulator register of one thread of one CTA; nothing else ever adds into it.
+//   1. That accumulator starts at +0.0f and takes exactly one mma per 16-wide K
+//      slice s = 0, 1, ..., K/16 - 1, in ascending order: k-tiles ascend in the
+//      main loop, slices ascend inside a k-tile, and slices at or past K are
+//      skipped, never padded. BK only regroups this one sequence; there is no
+//      split-K and no reduction across threads, warps or CTAs.
+//   2. In the mma of slice s, the element's row of A is x[m, 16s : 16s+16] and its
+//      column of B is w[n, 16s : 16s+16], copied bit for bit from global memory
+//      (by cp.async or, for unaligned pointers, by plain loads: only the route
+//      differs). The fragment's other rows and columns, companion rows or zero
+//      padding, do not enter this element's dot product.
+//   3. The mma's arithmetic for one element (its 16 products and their sum with
+//      the accumulator) is fixed hardware behaviour, the same at every row and
+//      column position of the fragment (tests/test_gpu_gemm.py checks it: rows
+//      land at every fragment position across its calls).
+//   Zero padding past M or N only fills other rows and columns of a fragment.
+//   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
+// So y[m, n] is a function of x[m, :], w[n, :] and K alone: the same bits for
+// every M, row offset, companion rows, tile configuration and pointer alignment.
+#include <cuda_bf16.h>
+
+namespace {
+
+constexpr int SMEM_PAD = 8;  // halves added to each shared row: 16 bytes
+
+// ---- PTX wrappers -----------------------------------------------------------------
+
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and
+// reads nothing (PTX ISA "cp.async": the bytes past src-size are zero-filled).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most `PENDING` of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// Four 8x8 b16 matrices (PTX ISA 9.7.14.5.15, ldmatrix): lanes 8j..8j+7 give the row
+// addresses of matrix j, and each lane gets, from matrix j in r[j], row lane/4,
+// columns 2*(lane%4) and +1 (the lower column in the lower 16 bits).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d = A (16x16, row) * B (16x8, col) + d, fp32 accumulate in place. Fragments as in PTX
+// ISA 9.7.14.5.8 (mma.m16n8k16, floating point types), with g = lane / 4 and
+// t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
+// a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d[0], d[1] =
+// D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]; the lower index in the lower 16 bits.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                               unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+
+// ---- the kernel ---------------------------------------------------------------------
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int M_FRAGS = WM / 16;  // m16 fragments per warp
+  static constexpr int N_FRAGS = WN / 8;   // n8 fragments per warp
+  static constexpr int LDS = BK + SMEM_PAD;  // shared row stride, halves
+  static constexpr int CHUNKS_PER_ROW = BK / 8;  // 16-byte chunks per tile row
+  static constexpr int A_CHUNKS = BM * CHUNKS_PER_ROW, B_CHUNKS = BN * CHUNKS_PER_ROW;
+  static constexpr int STAGE_HALVES = (BM + BN) * LDS;  // x tile, then w tile
+  static constexpr int SMEM_BYTES = STAGES * STAGE_HALVES * 2;
+
+  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must cover the CTA tile");
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: m16 fragments, n16 pairs for ldmatrix.x4");
+  static_assert(BK % 16 == 0, "BK must be a whole number of k16 slices");
+  static_assert(A_CHUNKS % THREADS == 0 && B_CHUNKS % THREADS == 0, "every thread copies alike");
+  static_assert(STAGES >= 2, "at least double buffering");
+  static_assert((LDS * 2) % 16 == 0 && ((LDS * 2 / 16) & 1) == 1,
+                "16-byte aligned rows an odd number of 16-byte units apart: conflict-free ldmatrix");
+};
+
+// Copy k-tile `kt` of x rows [m0, m0 + BM) and w rows [n0, n0 + BN) into one stage.
+// Chunks past M, N or K are zero-filled.
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned short* stage, const unsigned short* __restrict__ x,
+                                          const unsigned short* __restrict__ w, int M, int N, int K,
+                                          int m0, int n0, int kt, bool vec) {
+  const int k0 = kt * T::BK;
+#pragma unroll
+  for (int i = 0; i < (T::A_CHUNKS + T::B_CHUNKS) / T::THREADS; ++i) {
+    const int chunk = static_cast<int>(threadIdx.x) + i * T::THREADS;
+    const bool is_a = chunk < T::A_CHUNKS;  // uniform per i: A_CHUNKS % THREADS == 0
+    const int c = is_a ? chunk : chunk - T::A_CHUNKS;
+    const int row = c / T::CHUNKS_PER_ROW, k = k0 + (c % T::CHUNKS_PER_ROW) * 8;
+    const int g_row = (is_a ? m0 : n0) + row;
+    const bool valid = g_row < (is_a ? M : N) && k < K;
+    // NOTE: an invalid chunk still gets an in-bounds address (the operand's first
+    // element); cp.async with src-size 0 reads none of it.
+    const unsigned short* src =
+        (is_a ? x : w) + (valid ? static_cast<long long>(g_row) * K + k : 0LL);
+    unsigned short* dst =
+        stage + (is_a ? 0 : T::BM * T::LDS) + row * T::LDS + (c % T::CHUNKS_PER_ROW) * 8;
+    if (vec) {
+      cp_async_16(shared_addr(dst), src, valid);
+    } else {
+      unsigned v[4] = {0u, 0u, 0u, 0u};
+      if (valid) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          v[j] = static_cast<unsigned>(src[2 * j]) | (static_cast<unsigned>(src[2 * j + 1]) << 16);
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_pair(unsigned short* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<unsigned*>(y + idx) = bf16_bits(v0) | (bf16_bits(v1) << 16);
+  } else {
+    y[idx] = static_cast<unsigned short>(bf16_bits(v0));
+    if (has_second) y[idx + 1] = static_cast<unsigned short>(bf16_bits(v1));
+  }
+}
+
+__device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<float2*>(y + idx) = make_float2(v0, v1);
+  } else {
+    y[idx] = v0;
+    if (has_second) y[idx + 1] = v1;
+  }
+}
+
+// x: [M, K], w: [N, K] BF16 bits; y: [M, N] (OutT = unsigned short for BF16 bits, or
+// float). grid = (ceil(M / BM), ceil(N / BN)), block = THREADS, dynamic shared memory
+// = SMEM_BYTES. K % 16 == 0 (the launcher checks).
+template <class T, class OutT>
+__device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
+                                          const unsigned short* __restrict__ w, OutT* __restrict__ y,
+                                          int M, int N, int K) {
+  extern __shared__ __align__(16) unsigned short gemm_smem[];
+  // NOTE: the launcher mirrors THREADS and SMEM_BYTES; a mismatch must fail loudly,
+  // not read past the shared buffer.
+  if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES))
+    __trap();
+
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warp_m = warp / T::WARPS_N, warp_n = warp % T::WARPS_N;
+  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int num_k_tiles = (K + T::BK - 1) / T::BK;
+  // Row strides are K * 2 bytes, a multiple of 32 (K % 16 == 0): aligned bases keep
+  // every 16-byte chunk aligned.
+  const unsigned long long in_bits =
+      reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w);
+  const bool vec_in = (in_bits & 15ull) == 0;
+
+  float acc[T::M_FRAGS][T::N_FRAGS][4];
+#pragma unroll
+  for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+    for (int j = 0; j < T::N_FRAGS; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+  // Pipeline: before consuming k-tile kt, tiles up to kt + STAGES - 2 are in flight.
+  // One commit per tile slot (empty past the end) keeps the group count uniform.
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (s < num_k_tiles)
+      load_tile<T>(gemm_smem + s * T::STAGE_HALVES, x, w, M, N, K, m0, n0, s, vec_in);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    cp_async_wait<T::STAGES - 2>();  // this thread's copies of tile kt have landed
+    // Every thread's copies of tile kt are visible, and every warp has finished
+    // reading tile kt - 1, whose buffer the next load overwrites.
+    __syncthreads();
+    const int next = kt + T::STAGES - 1;
+    if (next < num_k_tiles)
+      load_tile<T>(gemm_smem + (next % T::STAGES) * T::STAGE_HALVES, x, w, M, N, K, m0, n0, next,
+                   vec_in);
+    cp_async_commit();
+
+    const unsigned short* sa = gemm_smem + (kt % T::STAGES) * T::STAGE_HALVES;
+    const unsigned short* sb = sa + T::BM * T::LDS;
+#pragma unroll
+    for (int ks = 0; ks < T::BK / 16; ++ks) {
+      // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the
+      // same K/16 mmas per element (K % 16 == 0: slices are whole).
+      if (kt * T::BK + ks * 16 >= K) break;
+      // A fragment (see mma_bf16_16816): a[0] rows 0-7 / k 0-7,
+      // a[1] rows 8-15 / k 0-7, a[2] rows 0-7 / k 8-15, a[3] rows 8-15 / k 8-15;
+      // lane l points at row l % 16, k (l / 16) * 8 of the m16 x k16 block.
+      unsigned a[T::M_FRAGS][4];
+#pragma unroll
+      for (int i = 0; i < T::M_FRAGS; ++i) {
+        const int row = warp_m * T::WM + i * 16 + (lane & 15);
+        ldmatrix_x4(a[i], shared_addr(sa + row * T::LDS + ks * 16 + (lane >> 4) * 8));
+      }
+      // B fragment (col layout, B[k][n] = w[n][k]): b0 = k 0-7, b1 = k 8-15 of column
+      // n = lane / 4, i.e. 8x8 blocks of the [n][k] tile read without transposing.
+      // One x4 covers two n8 fragments: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
+      // (n 8-15, k 0-7), (n 8-15, k 8-15); lane l points at n (l % 8) + (l / 16) * 8,
+      // k ((l / 8) % 2) * 8.
+      unsigned b[T::N_FRAGS][2];
+#pragma unroll
+      for (int p = 0; p < T::N_FRAGS / 2; ++p) {
+        const int row = warp_n * T::WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+        unsigned r[4];
+        ldmatrix_x4(r, shared_addr(sb + row * T::LDS + ks * 16 + ((lane >> 3) & 1) * 8));
+        b[2 * p][0] = r[0];
+        b[2 * p][1] = r[1];
+        b[2 * p + 1][0] = r[2];
+        b[2 * p + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+        for (int j = 0; j < T::N_FRAGS; ++j) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave none behind
+
+  // C fragment: c[0], c[1] at row lane / 4, columns 2 * (lane % 4) and +1; c[2], c[3]
+  // eight rows below. Rows >= M and columns >= N are never written.
+  const bool vec_out =
+      N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
+  const int group = lane >> 2, pair = (lane & 3) * 2;
+#pragma unroll
+  for (int i = 0; i < T::M_FRAGS; ++i) {
+#pragma unroll
+    for (int j = 0; j < T::N_FRAGS; ++j) {
+      const int col = n0 + warp_n * T::WN + j * 8 + pair;
+      if (col >= N) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_m * T::WM + i * 16 + group + 8 * h;
+        if (row < M)
+          store_pair(y, static_cast<long long>(row) * N + col, acc[i][j][2 * h],
+                     acc[i][j][2 * h + 1], col + 1 < N, vec_out);
+      }
+    }
+  }
+}
+
+// Tile shapes; gemm_kernel.py's CONFIGS repeat these numbers (BM, BN, BK, stages, warps).
+using Skinny = Tile<16, 32, 64, 16, 16, 4>;   // M <= 16 (decode): 2 warps, 27,648 B shared
+using Mid = Tile<64, 64, 32, 32, 32, 4>;      // M <= 64: 4 warps, 40,960 B shared
+using Big = Tile<128, 128, 32, 64, 32, 4>;    // prefill: 8 warps, 81,920 B shared (opt-in)
+static_assert(Skinny::THREADS == 64 && Mid::THREADS == 128 && Big::THREADS == 256, "launch bounds below");
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(64)
+gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                 unsigned short* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Skinny>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(64)
+gemm_f32_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                float* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Skinny>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+              unsigned short* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Mid>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_f32_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+             float* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Mid>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+              unsigned short* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Big>(x, w, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_f32_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+             float* __restrict__ y, int M, int N, int K) {
+  gemm_tile<Big>(x, w, y, M, N, K);
+}
