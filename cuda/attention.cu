@@ -1,0 +1,420 @@
+// Paged attention, one kernel for prefill and decode queries (twin: attention.py,
+// paged_attention_ref; launcher: attention_kernel.py).
+//
+// Work: one CTA per (query tile, KV head). A query tile is up to
+// tokens_per_cta = kRowsPerCta / group consecutive queries of one sequence; its
+// rows are the (query token, group member) pairs, row r = token * group + member,
+// so every K/V page is read once for the whole group. CTAs are numbered through
+// the sequences in order, ceil(q_len / tokens_per_cta) per sequence; each CTA finds
+// its (sequence, tile) by a prefix sum over query_start_loc (find_work), so the
+// host plans the grid from T and B alone and nothing is read back to the host.
+//
+// CTA: 4 warps. Row r belongs to warp r % 4, as its slot r / 4 (8 slots a warp).
+// For each page t in ascending order (the key tiles), up to the last page the
+// CTA's last row sees:
+//   1. the page's K and V ([block_size, head_dim] each) are copied to shared memory;
+//   2. scores: the lanes of a warp own keys (lane % min(block_size, 32), and +32
+//      when block_size = 64); with block_size 16 the two half-warps take two slots
+//      at once. score(row, key) = one sequential fp32 FMA chain over d = 0..head_dim-1
+//      in a single thread, times scale;
+//   3. softmax step per row: tile max by a shuffle butterfly over the row's lanes,
+//      m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') for visible keys;
+//      tile sum of p by the same fixed butterfly; denom = denom * a + sum;
+//      bf16(p) goes to shared memory;
+//   4. P.V: lane owns head_dim / 32 output dims of every slot of its warp;
+//      acc = acc * a, then acc = fma(bf16(p_j), v_j, acc) for the visible keys j
+//      in ascending order.
+// Finally out = bf16(acc / denom).
+//
+// NOTE (invariance): every value a row's result is built from is a function of the
+// row's own query, position and keys, computed in an order fixed by head_dim and
+// block_size alone:
+//   - a score is one thread's sequential FMA chain over d; which thread, warp or
+//     slot computes it does not change it;
+//   - the tile max is exact in any order (a +-0 tie changes nothing: s - m and
+//     m - m' come out the same for either zero);
+//   - the tile sum runs over key lanes in a butterfly whose shape depends only on
+//     block_size (key j always sits in lane j % min(block_size, 32) of the row's
+//     lane group, keys j and j + 32 are added in that lane first); masked keys
+//     enter it as +0, so they contribute exactly nothing to a sum of p >= 0;
+//   - P.V is one thread's sequential FMA chain over the row's visible keys;
+//   - every operation is an explicitly rounded intrinsic (__fmaf_rn, __fmul_rn,
+//     __fadd_rn, __fsub_rn, __fdiv_rn) that the compiler cannot contract or
+//     reorder, and expf is the accurate libdevice routine (no fast math), the same
+//     function of its argument wherever it runs;
+//   - there is no split over the KV length: one CTA walks a row's pages in order.
+// So the number of rows in the CTA, a row's slot, q_len, the chunking and the
+// other sequences of the batch never reach a row's bits: prefill and decode rows
+// run this same code.
+#include <cuda_bf16.h>
+
+namespace {
+
+constexpr int kNumWarps = 4;
+constexpr int kNumThreads = kNumWarps * 32;
+constexpr int kRowsPerWarp = 8;  // slots; the P.V loop reads a key's 8 bf16 p as one uint4
+constexpr int kRowsPerCta = kNumWarps * kRowsPerWarp;  // ROWS_PER_CTA in attention_kernel.py
+constexpr int kSlotBlock = 4;  // slots whose scores a lane computes together (register tile)
+constexpr unsigned int kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+
+// The two BF16 halves of a 32-bit word (the lower address holds the low half).
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
+  f[0] = bf16_lo(w.x);
+  f[1] = bf16_hi(w.x);
+  f[2] = bf16_lo(w.y);
+  f[3] = bf16_hi(w.y);
+  f[4] = bf16_lo(w.z);
+  f[5] = bf16_hi(w.z);
+  f[6] = bf16_lo(w.w);
+  f[7] = bf16_hi(w.w);
+}
+
+__device__ __forceinline__ unsigned int bf16_bits(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+struct Config {
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
+  static_assert(BLOCK_SIZE == 16 || BLOCK_SIZE == 32 || BLOCK_SIZE == 64,
+                "block_size must be 16, 32 or 64");
+  static constexpr int kLanesPerRow = BLOCK_SIZE < 32 ? BLOCK_SIZE : 32;  // score lanes of a row
+  static constexpr int kKeysPerLane = BLOCK_SIZE / kLanesPerRow;
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;  // slots a warp scores at once
+  static constexpr int kSlotsPerLane = kRowsPerWarp / kRowsPerPass;
+  static constexpr int kDimsPerLane = HEAD_DIM / 32;  // output dims a lane owns in P.V
+  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks in a row
+  // K and Q rows are padded by 16 bytes: the 8 lanes of a quarter-warp reading
+  // chunk c of 8 consecutive keys hit 8 different bank groups.
+  static constexpr int kPaddedDim = HEAD_DIM + 8;
+};
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+struct __align__(16) SharedStorage {
+  unsigned short k[BLOCK_SIZE * (HEAD_DIM + 8)];  // [block_size, head_dim + 8] BF16
+  unsigned short v[BLOCK_SIZE * HEAD_DIM];  // [block_size, head_dim] BF16
+  unsigned short q[kRowsPerCta * (HEAD_DIM + 8)];  // [rows, head_dim + 8] BF16
+  unsigned short p[kNumWarps][BLOCK_SIZE][kRowsPerWarp];  // bf16(p) of each warp's slots
+  float alpha[kNumWarps][kRowsPerWarp];  // a = exp(m - m') of the tile
+  float denom[kNumWarps][kRowsPerWarp];  // the final denominators
+  int num_visible[kNumWarps][kRowsPerWarp];  // keys of the tile the row sees; 0: none
+};
+
+// The CTA's (sequence, query tile). Every warp computes it, to the same answer;
+// false when the CTA is past the last tile (the grid is an upper bound).
+__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
+                                          int tokens_per_cta, int work, int lane, int& seq,
+                                          int& q_tile) {
+  int base = 0;  // tiles of the sequences before `first`
+  for (int first = 0; first < num_seqs; first += 32) {
+    const int b = first + lane;
+    int count = 0;
+    if (b < num_seqs) {
+      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
+      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
+    }
+    int inclusive = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int below = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += below;
+    }
+    const int exclusive = inclusive - count;
+    const unsigned int hit =
+        __ballot_sync(kFullMask, base + exclusive <= work && work < base + inclusive);
+    if (hit != 0u) {  // warp-uniform
+      const int src = __ffs(hit) - 1;
+      seq = first + src;
+      q_tile = work - base - __shfl_sync(kFullMask, exclusive, src);
+      return true;
+    }
+    base += __shfl_sync(kFullMask, inclusive, 31);
+  }
+  return false;
+}
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void paged_attention(
+    unsigned short* __restrict__ out,            // [T, num_heads, head_dim] BF16
+    const unsigned short* __restrict__ q,        // [T, num_heads, head_dim] BF16
+    const unsigned short* __restrict__ cache,    // [blocks, layers, 2, kv_heads, block_size, head_dim]
+    const int* __restrict__ block_tables,        // [B, max_blocks]
+    const int* __restrict__ seq_lens,            // [B]
+    const int* __restrict__ query_start_loc,     // [B + 1]
+    int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+    int num_layers, int layer, float scale) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  __shared__ SharedStorage<HEAD_DIM, BLOCK_SIZE> sm;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv_head = blockIdx.y;
+  const int group = num_heads / num_kv_heads;
+  const int tokens_per_cta = kRowsPerCta / group;
+
+  int seq = 0, q_tile = 0;
+  if (!find_work(query_start_loc, num_seqs, tokens_per_cta, (int)blockIdx.x, lane, seq, q_tile)) {
+    return;  // the whole CTA: every warp found the same
+  }
+  const int q_start = query_start_loc[seq];
+  const int q_len = query_start_loc[seq + 1] - q_start;
+  const int seq_len = seq_lens[seq];
+  const int tok0 = q_tile * tokens_per_cta;  // the CTA's first query within the sequence
+  // rows past T (an inconsistent query_start_loc) are neither read nor written
+  const int num_cta_tokens =
+      max(0, min(min(tokens_per_cta, q_len - tok0), num_tokens - (q_start + tok0)));
+  const int num_rows = num_cta_tokens * group;
+  if (num_rows == 0) return;
+  // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
+  // seq_len - q_len + i and sees keys 0..that position.
+  const int first_pos = seq_len - q_len + tok0;
+  const int last_pos = first_pos + num_cta_tokens - 1;
+  const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
+
+  // the CTA's query rows, zero past num_rows
+  for (int idx = threadIdx.x; idx < kRowsPerCta * C::kChunks; idx += kNumThreads) {
+    const int r = idx / C::kChunks, c = idx % C::kChunks;
+    uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
+    if (r < num_rows) {
+      const long long token = q_start + tok0 + r / group;
+      const int head = kv_head * group + r % group;
+      chunk = __ldg(reinterpret_cast<const uint4*>(q + (token * num_heads + head) * HEAD_DIM) + c);
+    }
+    *reinterpret_cast<uint4*>(&sm.q[r * C::kPaddedDim + c * 8]) = chunk;
+  }
+
+  // slots of this warp holding a row; score passes (warp-uniform) that cover them
+  const int warp_rows = num_rows > warp ? (num_rows - 1 - warp) / kNumWarps + 1 : 0;
+  const int num_passes = (warp_rows + C::kRowsPerPass - 1) / C::kRowsPerPass;
+  const int sub = lane / C::kLanesPerRow;  // the slot within a pass this lane scores
+  const int key_lane = lane % C::kLanesPerRow;
+
+  // softmax state of the lane's score slots sub + kRowsPerPass * i (same in all their lanes)
+  float m[C::kSlotsPerLane], denom[C::kSlotsPerLane];
+#pragma unroll
+  for (int i = 0; i < C::kSlotsPerLane; ++i) {
+    m[i] = negative_infinity();
+    denom[i] = 0.0f;
+  }
+  // P.V accumulators: dims lane * kDimsPerLane + e of every slot of the warp
+  float acc[kRowsPerWarp][C::kDimsPerLane];
+#pragma unroll
+  for (int s = 0; s < kRowsPerWarp; ++s) {
+#pragma unroll
+    for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = 0.0f;
+  }
+
+  const long long head_stride = (long long)BLOCK_SIZE * HEAD_DIM;  // one KV head of one page
+  for (int t = 0; t < num_tiles; ++t) {
+    __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
+    const long long block = block_tables[(long long)seq * max_blocks + t];
+    const unsigned short* k_page =
+        cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
+    const unsigned short* v_page = k_page + num_kv_heads * head_stride;
+    // NOTE: slots past seq_len (and, in a chunked prefill, future slots) may hold stale
+    // data, even NaN. They are copied here but no row ever uses them: their scores are
+    // replaced by -inf (a select, never arithmetic), and the P.V loop stops at each
+    // row's last visible key, so no 0 * NaN is ever formed.
+    for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kChunks; idx += kNumThreads) {
+      const int j = idx / C::kChunks, c = idx % C::kChunks;
+      *reinterpret_cast<uint4*>(&sm.k[j * C::kPaddedDim + c * 8]) =
+          __ldg(reinterpret_cast<const uint4*>(k_page) + idx);
+      reinterpret_cast<uint4*>(sm.v)[idx] = __ldg(reinterpret_cast<const uint4*>(v_page) + idx);
+    }
+    __syncthreads();
+    const int tile_start = t * BLOCK_SIZE;
+
+    // --- scores and the softmax step, kSlotBlock score slots at a time ---
+#pragma unroll
+    for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
+      if (i0 >= num_passes) break;  // warp-uniform
+      int visible[kSlotBlock];  // keys of this tile the row sees: 0 when none (or no row)
+      float score[kSlotBlock][C::kKeysPerLane];
+#pragma unroll
+      for (int ii = 0; ii < kSlotBlock; ++ii) {
+        const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
+        visible[ii] = 0;
+        if (i0 + ii < C::kSlotsPerLane && row < num_rows) {
+          visible[ii] = min(max(first_pos + row / group - tile_start + 1, 0), BLOCK_SIZE);
+        }
+#pragma unroll
+        for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[ii][kk] = 0.0f;
+      }
+#pragma unroll 2
+      for (int c = 0; c < C::kChunks; ++c) {
+        float k[C::kKeysPerLane][8];
+#pragma unroll
+        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+          const int j = key_lane + C::kLanesPerRow * kk;
+          unpack8(*reinterpret_cast<const uint4*>(&sm.k[j * C::kPaddedDim + c * 8]), k[kk]);
+        }
+#pragma unroll
+        for (int ii = 0; ii < kSlotBlock; ++ii) {
+          if (visible[ii] == 0) continue;
+          const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
+          float qf[8];
+          unpack8(*reinterpret_cast<const uint4*>(&sm.q[row * C::kPaddedDim + c * 8]), qf);
+#pragma unroll
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) score[ii][kk] = __fmaf_rn(qf[e], k[kk][e], score[ii][kk]);
+          }
+        }
+      }
+#pragma unroll
+      for (int ii = 0; ii < kSlotBlock; ++ii) {
+        const int i = i0 + ii;
+        if (i >= C::kSlotsPerLane) break;  // compile-time
+        const int slot = sub + C::kRowsPerPass * i;
+        // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
+        // whatever its K held (stale data, NaN) never enters a row's state.
+        float s[C::kKeysPerLane];
+        float tile_max = negative_infinity();
+#pragma unroll
+        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+          const int j = key_lane + C::kLanesPerRow * kk;
+          s[kk] = j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
+          tile_max = fmaxf(tile_max, s[kk]);
+        }
+#pragma unroll
+        for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
+        }
+        // NOTE: a row that sees the tile sees its first key, so tile_max and m' are
+        // finite, and the first tile's a = exp(-inf - m') = 0 needs no -inf - -inf.
+        // A row that sees none of it (a tile in its future) skips the update below:
+        // its state stays exactly as it was.
+        const bool sees = visible[ii] > 0;
+        const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
+        const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
+        float p[C::kKeysPerLane];
+#pragma unroll
+        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+          const int j = key_lane + C::kLanesPerRow * kk;
+          p[kk] = j < visible[ii] ? expf(__fsub_rn(s[kk], m_new)) : 0.0f;
+        }
+        float p_sum = p[0];
+#pragma unroll
+        for (int kk = 1; kk < C::kKeysPerLane; ++kk) p_sum = __fadd_rn(p_sum, p[kk]);
+#pragma unroll
+        for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
+          p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, offset));
+        }
+        if (sees) {
+          denom[i] = __fadd_rn(__fmul_rn(denom[i], alpha), p_sum);
+          m[i] = m_new;
+        }
+        if (i < num_passes) {
+#pragma unroll
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+            const int j = key_lane + C::kLanesPerRow * kk;
+            sm.p[warp][j][slot] = (unsigned short)bf16_bits(p[kk]);
+          }
+          if (key_lane == 0) {
+            sm.alpha[warp][slot] = alpha;
+            sm.num_visible[warp][slot] = visible[ii];
+          }
+        }
+      }
+    }
+    __syncwarp();
+
+    // --- P.V over the warp's slots ---
+    int slot_visible[kRowsPerWarp];
+    int keys = 0;  // the most keys any slot of the warp sees
+#pragma unroll
+    for (int s = 0; s < kRowsPerWarp; ++s) {
+      slot_visible[s] = s < warp_rows ? sm.num_visible[warp][s] : 0;
+      keys = max(keys, slot_visible[s]);
+      if (slot_visible[s] > 0) {
+        const float alpha = sm.alpha[warp][s];
+#pragma unroll
+        for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmul_rn(acc[s][e], alpha);
+      }
+    }
+#pragma unroll 2
+    for (int j = 0; j < keys; ++j) {
+      float v[C::kDimsPerLane];
+      if constexpr (C::kDimsPerLane == 2) {
+        const unsigned int w = *reinterpret_cast<const unsigned int*>(&sm.v[j * HEAD_DIM + lane * 2]);
+        v[0] = bf16_lo(w);
+        v[1] = bf16_hi(w);
+      } else {
+        const uint2 w = *reinterpret_cast<const uint2*>(&sm.v[j * HEAD_DIM + lane * 4]);
+        v[0] = bf16_lo(w.x);
+        v[1] = bf16_hi(w.x);
+        v[2] = bf16_lo(w.y);
+        v[3] = bf16_hi(w.y);
+      }
+      float p[kRowsPerWarp];
+      unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
+#pragma unroll
+      for (int s = 0; s < kRowsPerWarp; ++s) {
+        if (j < slot_visible[s]) {  // warp-uniform; never reads a masked key's V
+#pragma unroll
+          for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmaf_rn(p[s], v[e], acc[s][e]);
+        }
+      }
+    }
+  }
+
+  // --- out = bf16(acc / denom) ---
+#pragma unroll
+  for (int i = 0; i < C::kSlotsPerLane; ++i) {
+    if (i < num_passes && key_lane == 0) sm.denom[warp][sub + C::kRowsPerPass * i] = denom[i];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int s = 0; s < kRowsPerWarp; ++s) {
+    if (s >= warp_rows) break;  // warp-uniform
+    const int row = s * kNumWarps + warp;
+    const long long token = q_start + tok0 + row / group;
+    const int head = kv_head * group + row % group;
+    unsigned short* dst = out + (token * num_heads + head) * HEAD_DIM + lane * C::kDimsPerLane;
+    const float d = sm.denom[warp][s];
+    unsigned int bits[C::kDimsPerLane];
+#pragma unroll
+    for (int e = 0; e < C::kDimsPerLane; ++e) bits[e] = bf16_bits(__fdiv_rn(acc[s][e], d));
+    if constexpr (C::kDimsPerLane == 2) {
+      *reinterpret_cast<unsigned int*>(dst) = bits[0] | (bits[1] << 16);
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));
+    }
+  }
+}
+
+}  // namespace
+
+// One entry point per (head_dim, block_size). grid = (work items, num_kv_heads), block = 128.
+#define PAGED_ATTENTION_ARGS                                                                  \
+  unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
+      const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
+      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc, int num_tokens, \
+      int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
+      float scale
+#define PAGED_ATTENTION_PASS                                                                  \
+  out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks,   \
+      num_heads, num_kv_heads, num_layers, layer, scale
+
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b16(PAGED_ATTENTION_ARGS) {
+  paged_attention<64, 16>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b32(PAGED_ATTENTION_ARGS) {
+  paged_attention<64, 32>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b64(PAGED_ATTENTION_ARGS) {
+  paged_attention<64, 64>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b16(PAGED_ATTENTION_ARGS) {
+  paged_attention<128, 16>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b32(PAGED_ATTENTION_ARGS) {
+  paged_attention<128, 32>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b64(PAGED_ATTENTION_ARGS) {
+  paged_attention<128, 64>(PAGED_ATTENTION_PASS);
+}

@@ -1,0 +1,183 @@
+"""Launcher of the paged attention kernel (cuda/attention.cu); twin: `paged_attention_ref`.
+
+One kernel serves prefill and decode: each sequence's queries are the last
+`q_len` of its `seq_len` positions and attend causally to K/V read from the
+paged cache, page by page in ascending order, with an online softmax in fp32
+(probabilities rounded to BF16 for the P.V product), exactly the recurrence the
+twin's docstring writes down. Results agree with the twin within BF16 rounding.
+
+Work: one CTA per (query tile, KV head); a query tile is up to
+`ROWS_PER_CTA // group` consecutive queries of one sequence, its rows the
+(query, group member) pairs, so a K/V page is read once for its whole group.
+Each CTA finds its (sequence, tile) on the device from `query_start_loc`, so
+the grid is planned from T and B alone: no device->host read, no metadata to
+build or copy, and the launch can be captured in a CUDA graph. The grid is an
+upper bound (sum of ceil(q_len / tile) <= (T + B * (tile - 1)) // tile); the
+CTAs past the last tile exit at once. This relies on query_start_loc[B] == T,
+as the model runner builds it.
+
+Why a query's bits do not depend on its batch (DESIGN §4)
+---------------------------------------------------------
+A query row's output is bit-identical whether it runs with its whole prompt, in
+a prefill chunk of any size, alone as a decode step, or next to any other
+sequences, because each value it is built from is a function of the row's own
+query, position and keys, computed in an order fixed by head_dim and block_size:
+
+- Key tiles are the cache pages, walked in ascending order by one CTA: no split
+  over the KV length.
+- A score is one thread's sequential fp32 FMA chain over head_dim; which
+  thread, warp or slot of the CTA computes it does not change it. The tile max
+  is exact in any order. The tile's probability sum runs over the key lanes in
+  a butterfly whose shape depends only on block_size (key j always in lane
+  j % min(block_size, 32) of the row's lane group). P.V is one thread's
+  sequential FMA chain over the row's visible keys in ascending order. Every
+  operation is an explicitly rounded intrinsic the compiler cannot contract,
+  and exp is the accurate `expf` (no fast math).
+- A tile wholly in a row's future is skipped for that row: its state (m, denom,
+  acc) is left exactly as it was. So a CTA may run its rows over the tiles its
+  last row sees, and a row gets the same bits whoever shares its CTA.
+- Every row sees key 0, so its first tile has a visible key, m' is finite and
+  a = exp(-inf - m') = 0: no (-inf) - (-inf). The denominator ends >= 1.
+- Masked keys (a row's future, and stale slots past seq_len that may hold NaN)
+  never reach a row: their scores are replaced by -inf and their
+  probabilities by +0 with selects, and the P.V loop stops at each row's last
+  visible key, so no 0 * NaN is ever formed.
+
+Prefill and decode rows run the same code; only the number of rows per CTA
+differs, and it never reaches a row's arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from reprise.cuda.kernels import BF16_BITS, check, kernel
+
+ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
+THREADS_PER_CTA = 128  # kNumThreads in attention.cu
+HEAD_DIMS = (64, 128)
+BLOCK_SIZES = (16, 32, 64)
+_ALIGN = 16  # bytes: the kernel moves q, the cache pages and out in 16-byte vectors
+
+
+def kernel_name(head_dim: int, block_size: int) -> str:
+    return f"paged_attention_d{head_dim}_b{block_size}"
+
+
+def tokens_per_cta(group: int) -> int:
+    """Queries of one sequence a CTA takes: its rows are (query, group member) pairs."""
+    return ROWS_PER_CTA // group
+
+
+def num_work_items(num_tokens: int, num_seqs: int, group: int) -> int:
+    """CTAs along the grid's x axis: an upper bound on sum(ceil(q_len / tile)) over the
+    sequences, from T = sum(q_len) and B alone."""
+    tile = tokens_per_cta(group)
+    return (num_tokens + num_seqs * (tile - 1)) // tile
+
+
+def paged_attention(
+    q: Any,
+    cache: Any,
+    layer: int,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: float,
+    *,
+    out: Any = None,
+) -> Any:
+    """
+    q:               [T, num_heads, head_dim] uint16 (BF16 bits), roped
+    cache:           [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] uint16
+    block_tables:    [B, max_blocks] int32
+    seq_lens:        [B] int32, keys visible to each sequence after this step
+    query_start_loc: [B + 1] int32, rows of q belonging to each sequence; [B] must be T
+    out:             [T, num_heads, head_dim] uint16, written in place, or None
+    returns          out (a new array when None): [T, num_heads, head_dim] uint16
+
+    All arrays are C-contiguous CuPy arrays on the current device. Values are not
+    checked (that would need a device->host read): block ids must lie in the cache,
+    seq_len <= max_blocks * block_size, and seq_len >= q_len.
+    """
+    import cupy
+
+    for name, x in [
+        ("q", q),
+        ("cache", cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+    ]:
+        if not isinstance(x, cupy.ndarray):
+            raise ValueError(f"{name} must be a CuPy (device) array; got {type(x).__name__}")
+    check("q", q, BF16_BITS, 3)
+    check("cache", cache, BF16_BITS, 6)
+    check("block_tables", block_tables, np.int32, 2)
+    check("seq_lens", seq_lens, np.int32, 1)
+    check("query_start_loc", query_start_loc, np.int32, 1)
+    num_tokens, num_heads, head_dim = q.shape
+    _, num_layers, kv, num_kv_heads, block_size, cache_head_dim = cache.shape
+    num_seqs, max_blocks = block_tables.shape
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}; got {head_dim}")
+    if kv != 2 or cache_head_dim != head_dim:
+        raise ValueError(
+            f"cache must be [num_blocks, num_layers, 2, num_kv_heads, block_size, {head_dim}]; "
+            f"got {cache.shape}"
+        )
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {BLOCK_SIZES}; got {block_size}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    group = num_heads // num_kv_heads
+    if group > ROWS_PER_CTA:
+        raise ValueError(f"num_heads / num_kv_heads must be at most {ROWS_PER_CTA}; got {group}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
+    if seq_lens.shape != (num_seqs,) or query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"block_tables {block_tables.shape} has {num_seqs} sequences: seq_lens must be "
+            f"[{num_seqs}] and query_start_loc [{num_seqs + 1}]; got {seq_lens.shape} and "
+            f"{query_start_loc.shape}"
+        )
+    if num_tokens and (num_seqs == 0 or max_blocks == 0):
+        raise ValueError(
+            f"q has {num_tokens} rows but block_tables {block_tables.shape} holds no pages"
+        )
+    if out is None:
+        out = cupy.empty_like(q)
+    else:
+        check("out", out, BF16_BITS, 3)
+        if out.shape != q.shape:
+            raise ValueError(f"out must have q's shape {q.shape}; got {out.shape}")
+    for name, x in [("q", q), ("cache", cache), ("out", out)]:
+        if x.data.ptr % _ALIGN:
+            raise ValueError(f"{name} must start on a {_ALIGN}-byte boundary; got {x.data.ptr:#x}")
+    work = num_work_items(num_tokens, num_seqs, group)
+    if work == 0:
+        return out
+    args = (
+        out,
+        q,
+        cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.int32(num_tokens),
+        np.int32(num_seqs),
+        np.int32(max_blocks),
+        np.int32(num_heads),
+        np.int32(num_kv_heads),
+        np.int32(num_layers),
+        np.int32(layer),
+        np.float32(scale),
+    )
+    kernel("attention", kernel_name(head_dim, block_size))(
+        (work, num_kv_heads), (THREADS_PER_CTA,), args
+    )
+    return out

@@ -1,0 +1,306 @@
+"""The paged attention kernel (cuda/attention.cu) against its NumPy twin on fresh
+random inputs, with the output poisoned first, and held to DESIGN §4 bit for bit:
+a query's output is the same whether it runs with its whole prompt, in a chunk of
+any size (unwritten future slots holding garbage, NaN included), alone as a decode
+step, or batched with other sequences in any order. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from reprise.cuda.attention import paged_attention_ref
+from reprise.cuda.attention_kernel import paged_attention
+from reprise.cuda.backend import cuda_device_available
+from reprise.cuda.dtypes import BF16
+from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+]
+
+# (num_heads, num_kv_heads, head_dim)
+SHAPES = {
+    "smollm2-135m": (9, 3, 64),
+    "llama-3.1-8b": (32, 8, 128),
+    "group-1": (8, 8, 64),
+    "group-8": (16, 2, 128),
+}
+MODEL_SHAPES = ["smollm2-135m", "llama-3.1-8b"]
+BLOCK_SIZES = [16, 32, 64]
+NUM_LAYERS, LAYER = 2, 1
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # fixed per test
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy")
+
+
+def dev(x: np.ndarray):
+    from reprise.cuda.kernels import to_device
+
+    return to_device(x)
+
+
+def host(x) -> np.ndarray:
+    from reprise.cuda.kernels import to_host
+
+    return to_host(x)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+def poisoned(cp, shape: tuple[int, ...]):
+    """A BF16 output buffer full of NaN bit patterns: anything left unwritten shows."""
+    out = cp.empty(shape, dtype=np.uint16)
+    out.fill(0xFFFF)
+    return out
+
+
+def bf16_close(got: np.ndarray, want: np.ndarray, ulps: int = 2) -> None:
+    """Every element within `ulps` BF16 ulps of its (token, head) row's scale, and the
+    whole within 1e-2 relative L2; no NaN (so every element was written)."""
+    assert got.dtype == BF16 == want.dtype
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any(), np.argwhere(np.isnan(g))[:5]
+    row_max = np.maximum(np.abs(w).max(axis=-1, keepdims=True), 1e-30)
+    ulp = np.exp2(np.floor(np.log2(row_max)) - 7)
+    assert np.all(np.abs(g - w) <= ulps * ulp), float(np.max(np.abs(g - w) / ulp))
+    assert np.linalg.norm(g - w) <= 1e-2 * np.linalg.norm(w)
+
+
+def stale(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 3.0) -> np.ndarray:
+    """What a page's earlier use may leave behind: large values, some NaN."""
+    x = (rng.standard_normal(shape) * scale).astype(BF16)
+    x.reshape(-1)[rng.random(x.size) < 0.02] = np.nan
+    return x
+
+
+class PagedSequences:
+    """Sequences of random K/V in a shuffled block pool; free blocks and the tail of
+    each sequence's last page hold stale garbage, NaN included."""
+
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        shape: tuple[int, int, int],
+        block_size: int,
+        seq_lens: list[int],
+    ) -> None:
+        self.rng, self.block_size = rng, block_size
+        self.num_heads, self.num_kv_heads, self.head_dim = shape
+        num_blocks = sum(-(-s // block_size) for s in seq_lens) + 4
+        shape6 = kv_cache_shape(
+            num_blocks, NUM_LAYERS, self.num_kv_heads, block_size, self.head_dim
+        )
+        self.cache = stale(rng, shape6)
+        free = list(rng.permutation(num_blocks))
+        self.tables = [[int(free.pop()) for _ in range(-(-s // block_size))] for s in seq_lens]
+        self.queries = []
+        for table, seq_len in zip(self.tables, seq_lens, strict=True):
+            kv_shape = (seq_len, self.num_kv_heads, self.head_dim)
+            scale = np.exp2(rng.integers(-3, 3, size=(seq_len, self.num_kv_heads, 1)))
+            k = (rng.standard_normal(kv_shape) * scale).astype(BF16)
+            v = (rng.standard_normal(kv_shape) * scale).astype(BF16)
+            kv_write_ref(self.cache, LAYER, k, v, self.slots(table, 0, seq_len))
+            q_shape = (seq_len, self.num_heads, self.head_dim)
+            self.queries.append((rng.standard_normal(q_shape) * 2).astype(BF16))
+        self.device_cache = dev(self.cache)
+
+    def slots(self, table: list[int], first: int, last: int) -> np.ndarray:
+        pos = np.arange(first, last)
+        return np.asarray(table)[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def inputs(self, spans: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
+        """q, block_tables, seq_lens, query_start_loc for (sequence, first, last) query
+        spans batched in one call."""
+        tables = [self.tables[b] for b, _, _ in spans]
+        width = max(len(t) for t in tables)
+        block_tables = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int32)
+        lens = [last - first for _, first, last in spans]
+        return (
+            np.concatenate([self.queries[b][first:last] for b, first, last in spans]),
+            block_tables,
+            np.array([last for _, _, last in spans], dtype=np.int32),
+            np.cumsum([0, *lens]).astype(np.int32),
+        )
+
+    def ref(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
+        q, block_tables, seq_lens, query_start_loc = self.inputs(spans)
+        scale = 1 / np.sqrt(self.head_dim)
+        return paged_attention_ref(
+            q, self.cache, LAYER, block_tables, seq_lens, query_start_loc, scale
+        )
+
+    def gpu(self, spans: list[tuple[int, int, int]], cache=None, out=None):
+        """The kernel's output (a device array) for the spans, on `cache` (a device
+        array; default: this pool as written)."""
+        q, block_tables, seq_lens, query_start_loc = self.inputs(spans)
+        return paged_attention(
+            dev(q),
+            self.device_cache if cache is None else cache,
+            LAYER,
+            dev(block_tables),
+            dev(seq_lens),
+            dev(query_start_loc),
+            1 / np.sqrt(self.head_dim),
+            out=out,
+        )
+
+    def run(self, spans: list[tuple[int, int, int]], cache=None) -> np.ndarray:
+        return host(self.gpu(spans, cache))
+
+    def with_garbage_after(self, b: int, last: int):
+        """The cache (on the device) as a chunked prefill sees it: sequence b's slots
+        past `last` not yet written, holding garbage."""
+        cache = self.cache.copy()
+        end = len(self.tables[b]) * self.block_size
+        garbage = stale(self.rng, (end - last, self.num_kv_heads, self.head_dim), scale=50.0)
+        garbage[::3, 0, :5] = np.nan
+        kv_write_ref(cache, LAYER, garbage, garbage, self.slots(self.tables[b], last, end))
+        return dev(cache)
+
+
+def mixed_spans(rng: np.random.Generator, seq_lens: list[int]) -> list[tuple[int, int, int]]:
+    """Per sequence in turn: a decode step, a whole prefill, a partial prefill (a chunk
+    ending at seq_len after an earlier part was computed)."""
+    spans = []
+    for b, seq_len in enumerate(seq_lens):
+        q_len = [1, seq_len, int(rng.integers(1, seq_len + 1))][b % 3]
+        spans.append((b, seq_len - q_len, seq_len))
+    return spans
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attention_matches_its_twin(cp, rng, shape: str, block_size: int) -> None:
+    """Decode rows, whole and partial prefills in one call, within BF16 rounding of
+    paged_attention_ref; every element written; a second call gives the same bits."""
+    seq_lens = [int(n) for n in rng.integers(1, 300, size=9)]
+    # a one-key prompt, a prompt of exactly one page, one key into the third page
+    seq_lens[1], seq_lens[3], seq_lens[5] = 1, block_size, 2 * block_size + 1
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens)
+    spans = mixed_spans(rng, seq_lens)
+    num_tokens = sum(last - first for _, first, last in spans)
+    out = poisoned(cp, (num_tokens, seqs.num_heads, seqs.head_dim))
+    assert seqs.gpu(spans, out=out) is out
+    got = host(out)
+    bf16_close(got, seqs.ref(spans))
+    assert np.array_equal(bits(seqs.run(spans)), bits(got))  # out=None: a fresh array
+
+
+@pytest.mark.parametrize("shape", MODEL_SHAPES)
+def test_attention_many_sequences_in_one_call(cp, rng, shape: str) -> None:
+    """More sequences than a warp scans at once (the CTAs find their work in rounds of
+    32): every row within BF16 rounding of the twin, and the bits each gets alone."""
+    seq_lens = [int(n) for n in rng.integers(1, 100, size=75)]
+    seqs = PagedSequences(rng, SHAPES[shape], 32, seq_lens)
+    spans = mixed_spans(rng, seq_lens)
+    got = seqs.run(spans)
+    bf16_close(got, seqs.ref(spans))
+    starts = np.cumsum([0] + [last - first for _, first, last in spans])
+    for i, span in enumerate(spans):
+        alone = seqs.run([span])
+        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), span
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("shape", MODEL_SHAPES)
+def test_attention_query_independent_of_chunking(cp, rng, shape: str, block_size: int) -> None:
+    """A query's output is bit-identical whether it runs with its whole prompt, in a
+    chunk of any size (unwritten future slots holding garbage, NaN included), or alone
+    as a decode step (chunks of 1)."""
+    seq_len = int(rng.integers(150, 260))
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, [seq_len])
+    whole = seqs.run([(0, 0, seq_len)])
+    bf16_close(whole, seqs.ref([(0, 0, seq_len)]))
+    for chunk in (1, 7, 16, 32, 50):
+        pieces = []
+        for first in range(0, seq_len, chunk):
+            last = min(first + chunk, seq_len)
+            pieces.append(seqs.run([(0, first, last)], seqs.with_garbage_after(0, last)))
+        assert np.array_equal(bits(np.concatenate(pieces)), bits(whole)), chunk
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("shape", MODEL_SHAPES)
+def test_attention_query_independent_of_other_sequences(
+    cp, rng, shape: str, block_size: int
+) -> None:
+    """Seven sequences of random lengths batched in one call in random order, each with
+    a decode step, a whole or a partial prefill, give every query the bits it gets in
+    its span alone and alone as a decode step."""
+    seq_lens = [int(n) for n in rng.integers(1, 200, size=7)]
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens)
+    spans = []
+    for b, seq_len in enumerate(seq_lens):
+        q_len = int(rng.choice([1, seq_len, rng.integers(1, seq_len + 1)]))
+        spans.append((b, seq_len - q_len, seq_len))
+    order = rng.permutation(len(spans))
+    batched = seqs.run([spans[i] for i in order])
+    starts = np.cumsum([0] + [spans[i][2] - spans[i][1] for i in order])
+    for row, i in enumerate(order):
+        b, first, last = spans[i]
+        got = batched[starts[row] : starts[row + 1]]
+        assert np.array_equal(bits(got), bits(seqs.run([(b, first, last)]))), (b, "alone")
+        for pos in range(first, last):
+            alone = seqs.run([(b, pos, pos + 1)])
+            assert np.array_equal(bits(alone), bits(got[pos - first : pos - first + 1])), (b, pos)
+
+
+def test_attention_rejects_bad_inputs(cp, rng) -> None:
+    num_heads, num_kv_heads, head_dim = SHAPES["smollm2-135m"]
+    seqs = PagedSequences(rng, (num_heads, num_kv_heads, head_dim), 16, [20, 5])
+    q, block_tables, seq_lens, query_start_loc = (
+        dev(x) for x in seqs.inputs([(0, 0, 20), (1, 4, 5)])
+    )
+    cache = seqs.device_cache
+    good = dict(
+        q=q,
+        cache=cache,
+        layer=LAYER,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        scale=0.125,
+    )
+    paged_attention(**good)  # the baseline is accepted
+
+    def rejects(match: str, **change) -> None:
+        with pytest.raises(ValueError, match=match):
+            paged_attention(**{**good, **change})
+
+    rejects("q must be a 3-d uint16", q=q.astype(np.float32))
+    rejects("q must be a 3-d uint16", q=q.reshape(q.shape[0], -1))
+    rejects("q must be C-contiguous", q=cp.asfortranarray(q))
+    rejects("q must be a CuPy", q=host(q))
+    rejects("seq_lens must be a CuPy", seq_lens=host(seq_lens))
+    rejects("cache must be a 6-d uint16", cache=cache[0])
+    rejects("block_tables must be a 2-d int32", block_tables=block_tables.astype(np.int64))
+    rejects("seq_lens must be a 1-d int32", seq_lens=seq_lens.astype(np.uint32))
+    rejects("head_dim must be one of", q=cp.zeros((21, num_heads, 96), dtype=np.uint16))
+    rejects("cache must be", cache=cp.zeros((*cache.shape[:5], 128), dtype=np.uint16))
+    rejects("cache must be", cache=cp.zeros((*cache.shape[:2], 3, *cache.shape[3:]), np.uint16))
+    rejects("block_size must be one of", cache=cp.zeros((*cache.shape[:4], 8, 64), np.uint16))
+    rejects("must be a multiple of num_kv_heads", q=cp.zeros((21, 10, head_dim), np.uint16))
+    rejects("must be at most 32", q=cp.zeros((21, 99, head_dim), np.uint16))
+    rejects("layer must be in", layer=NUM_LAYERS)
+    rejects("layer must be in", layer=-1)
+    rejects("seq_lens must be", seq_lens=seq_lens[:1])
+    rejects("query_start_loc", query_start_loc=query_start_loc[:2])
+    rejects("holds no pages", block_tables=cp.zeros((2, 0), np.int32))
+    rejects("out must have q's shape", out=cp.zeros((20, num_heads, head_dim), np.uint16))
+    rejects("out must be a 3-d uint16", out=cp.zeros(q.shape, np.float32))
+    rejects(
+        "q must start on a 16-byte boundary", q=cp.zeros(q.size + 1, np.uint16)[1:].reshape(q.shape)
+    )
