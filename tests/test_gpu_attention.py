@@ -6,10 +6,9 @@ step, or batched with other sequences in any order. Skipped without a CUDA devic
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
+from gpu_support import dev, host, poisoned
 
 from reprise.cuda.attention import paged_attention_ref
 from reprise.cuda.attention_kernel import paged_attention
@@ -34,37 +33,8 @@ BLOCK_SIZES = [16, 32, 64]
 NUM_LAYERS, LAYER = 2, 1
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # fixed per test
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy")
-
-
-def dev(x: np.ndarray):
-    from reprise.cuda.kernels import to_device
-
-    return to_device(x)
-
-
-def host(x) -> np.ndarray:
-    from reprise.cuda.kernels import to_host
-
-    return to_host(x)
-
-
 def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint16)
-
-
-def poisoned(cp, shape: tuple[int, ...]):
-    """A BF16 output buffer full of NaN bit patterns: anything left unwritten shows."""
-    out = cp.empty(shape, dtype=np.uint16)
-    out.fill(0xFFFF)
-    return out
 
 
 def bf16_close(got: np.ndarray, want: np.ndarray, ulps: int = 2) -> None:
@@ -192,7 +162,7 @@ def test_attention_matches_its_twin(cp, rng, shape: str, block_size: int) -> Non
     seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens)
     spans = mixed_spans(rng, seq_lens)
     num_tokens = sum(last - first for _, first, last in spans)
-    out = poisoned(cp, (num_tokens, seqs.num_heads, seqs.head_dim))
+    out = poisoned((num_tokens, seqs.num_heads, seqs.head_dim), np.uint16)
     assert seqs.gpu(spans, out=out) is out
     got = host(out)
     bf16_close(got, seqs.ref(spans))

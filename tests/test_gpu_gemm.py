@@ -7,10 +7,9 @@ message naming the problem. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
+from gpu_support import dev, host, poisoned
 
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16, F32, to_bf16
@@ -38,35 +37,6 @@ MODEL_SHAPES = [
 EDGE_SHAPES = [(16, 5, False), (208, 963, False), (48, 1001, True)]
 NUM_ROWS = [1, 7, 64, 300]
 POOL_ROWS = 512
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # fixed per test
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy")
-
-
-def dev(x: np.ndarray):
-    from reprise.cuda.kernels import to_device
-
-    return to_device(x)
-
-
-def host(x) -> np.ndarray:
-    from reprise.cuda.kernels import to_host
-
-    return to_host(x)
-
-
-def poisoned(cp, shape: tuple[int, ...], out_f32: bool):
-    """An output buffer of NaN bit patterns (0xFFFF BF16, 0xFFFFFFFF fp32)."""
-    out = cp.empty(shape, dtype=np.float32 if out_f32 else np.uint16)
-    out.view(np.uint8).fill(0xFF)
-    return out
 
 
 def misaligned(cp, a, offset_elems: int = 1):
@@ -152,7 +122,7 @@ def test_gemm_matches_its_twin(cp, rng, k: int, n: int, out_f32: bool) -> None:
     cols = checked_cols(rng, n)
     for m in NUM_ROWS:
         x = activations(rng, m, k)
-        out = poisoned(cp, (m, n), out_f32)
+        out = poisoned((m, n), np.float32 if out_f32 else np.uint16)
         y = gemm(dev(x), w_dev, out_f32=out_f32, out=out)
         assert y is out
         got = host(y)
@@ -210,7 +180,12 @@ def test_gemm_row_is_independent_of_its_batch(cp, rng, k: int, n: int, sizes: li
             assert bool(same), ("contiguous", m, offset, out_f32)
 
             rows = cp.asarray(rng.integers(0, POOL_ROWS, size=m))  # repeats allowed
-            y = gemm(pool[rows], w, out_f32=out_f32, out=poisoned(cp, (m, n), out_f32))
+            y = gemm(
+                pool[rows],
+                w,
+                out_f32=out_f32,
+                out=poisoned((m, n), np.float32 if out_f32 else np.uint16),
+            )
             same = cp.array_equal(bits(cp, y), bits(cp, alone[out_f32][rows]))
             assert bool(same), ("companions", m, out_f32)
 
@@ -228,7 +203,7 @@ def test_gemm_alignment_does_not_change_bits(cp, rng, m: int) -> None:
         for x_in, w_in in ((misaligned(cp, x), w), (x, misaligned(cp, w))):
             got = gemm(x_in, w_in, out_f32=out_f32)
             assert bool(cp.array_equal(bits(cp, got), want)), (m, out_f32)
-        out = misaligned(cp, poisoned(cp, (m, n), out_f32))
+        out = misaligned(cp, poisoned((m, n), np.float32 if out_f32 else np.uint16))
         got = gemm(misaligned(cp, x), misaligned(cp, w), out_f32=out_f32, out=out)
         assert got is out and bool(cp.array_equal(bits(cp, got), want)), (m, out_f32)
 

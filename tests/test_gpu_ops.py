@@ -5,11 +5,11 @@ NumPy backend, and a sensible chat answer. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import dev, host, poisoned
 
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.backend import cuda_device_available
@@ -32,35 +32,6 @@ SHAPES = {
 }
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy")
-
-
-def dev(x: np.ndarray):
-    from reprise.cuda.kernels import to_device
-
-    return to_device(x)
-
-
-def host(x) -> np.ndarray:
-    from reprise.cuda.kernels import to_host
-
-    return to_host(x)
-
-
-def poisoned(cp, shape: tuple[int, ...], dtype) -> object:
-    """An output buffer full of NaN bit patterns: anything left unwritten shows."""
-    out = cp.empty(shape, dtype=dtype)
-    out.view(np.uint8).fill(0xFF)
-    return out
-
-
 def bf16_close(got: np.ndarray, want: np.ndarray, ulps: int = 1) -> None:
     """Every element within `ulps` BF16 ulps of the twin's (both BF16)."""
     assert got.dtype == BF16 == want.dtype
@@ -81,7 +52,7 @@ def test_embed_is_an_exact_gather(cp, rng, shape: str) -> None:
     ids = rng.integers(0, 1000, size=37).astype(np.int32)
     from reprise.cuda.launchers import embed
 
-    out = embed(dev(table), dev(ids), out=poisoned(cp, (37, hidden), np.float32))
+    out = embed(dev(table), dev(ids), out=poisoned((37, hidden), np.float32))
     assert np.array_equal(host(out), embed_ref(table, ids))
     assert vocab > 1000
 
@@ -93,7 +64,7 @@ def test_rmsnorm_and_add_rmsnorm_match_their_twins(cp, rng, shape: str) -> None:
     hidden = SHAPES[shape][0]
     x = rows(rng, 33, hidden, 3.0) * np.exp2(rng.integers(-4, 5, size=(33, 1))).astype(F32)
     weight = rows(rng, 1, hidden).astype(BF16)[0]
-    out = rmsnorm(dev(x), dev(weight), 1e-5, out=poisoned(cp, (33, hidden), np.uint16))
+    out = rmsnorm(dev(x), dev(weight), 1e-5, out=poisoned((33, hidden), np.uint16))
     bf16_close(host(out), rmsnorm_ref(x, weight, 1e-5))
     delta = rows(rng, 33, hidden).astype(BF16)
     summed, normed = add_rmsnorm(dev(x), dev(delta), dev(weight), 1e-5)
@@ -116,7 +87,7 @@ def test_rope_is_bit_exact_with_its_twin(cp, rng, shape: str) -> None:
     positions = rng.integers(0, 4096, size=19).astype(np.int32)
     q = dev(qkv)[:, : heads * head_dim].reshape(19, heads, head_dim)
     out = rope(
-        q, dev(positions), dev(cos), dev(sin), out=poisoned(cp, (19, heads, head_dim), np.uint16)
+        q, dev(positions), dev(cos), dev(sin), out=poisoned((19, heads, head_dim), np.uint16)
     )
     want = rope_ref(qkv[:, : heads * head_dim].reshape(19, heads, head_dim), positions, cos, sin)
     assert np.array_equal(host(out).view(np.uint16), want.view(np.uint16))
@@ -149,7 +120,7 @@ def test_silu_mul_matches_its_twin(cp, rng, shape: str) -> None:
 
     inter = SHAPES[shape][4]
     gate_up = (rng.standard_normal((5, 2 * inter)) * 4).astype(BF16)
-    out = silu_mul(dev(gate_up), out=poisoned(cp, (5, inter), np.uint16))
+    out = silu_mul(dev(gate_up), out=poisoned((5, inter), np.uint16))
     bf16_close(host(out), silu_mul_ref(gate_up))
 
 
@@ -160,7 +131,7 @@ def test_argmax_takes_the_lowest_id_on_ties(cp, rng) -> None:
     logits[1, [5, 70000, 128255]] = 100.0  # ties
     logits[2, :] = 0.0
     logits[3, -1] = np.inf
-    got = host(argmax(dev(logits), out=poisoned(cp, (6,), np.int32)))
+    got = host(argmax(dev(logits), out=poisoned((6,), np.int32)))
     assert got.tolist() == np.argmax(logits, axis=1).tolist()
     assert got[1] == 5 and got[2] == 0
 

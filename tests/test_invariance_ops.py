@@ -8,8 +8,6 @@ for bit, with the same row computed alone.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
@@ -20,11 +18,6 @@ from reprise.cuda.gemm import gemm_ref, grid_bits, grid_exponent, prepare_weight
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 
 SIZES = [1, 2, 3, 7, 8, 9, 31, 64, 100, 257, 600]
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # fixed per test
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
@@ -26,11 +24,6 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 def bf16(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(BF16)
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # fixed per test
 
 
 def test_embed_gathers_exact_rows(rng: np.random.Generator) -> None:

@@ -1,0 +1,23 @@
+"""Helpers the GPU test modules share: host <-> device transfers (BF16 as uint16 bits)
+and poisoned output buffers. CuPy is imported on use, so this imports anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from reprise.cuda.kernels import to_device as dev
+from reprise.cuda.kernels import to_host as host
+
+__all__ = ["dev", "host", "poisoned"]
+
+
+def poisoned(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A device buffer of all-ones bytes (NaN for BF16 and fp32, -1 for ints):
+    anything a kernel leaves unwritten shows."""
+    import cupy
+
+    out = cupy.empty(shape, dtype=np.dtype(dtype))
+    out.view(np.uint8).fill(0xFF)
+    return out
