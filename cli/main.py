@@ -56,6 +56,36 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
     click.echo(str(result.path))
 
 
+@model.command("synth")
+@click.option(
+    "--like",
+    required=True,
+    type=click.Choice(["llama-3.1-8b", "llama-3.2-1b", "tiny"]),
+    help="The architecture to copy.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write.",
+)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--num-layers", type=click.IntRange(min=1), default=None, help="Fewer (or more) layers."
+)
+def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None:
+    """Write a model folder of RANDOM BF16 weights shaped like a real model, to measure
+    speed and memory at that size without a model hub. Its outputs are noise."""
+    from reprise.daemon.synth import synth_model
+
+    try:
+        with tqdm_progress("writing random weights", unit="tensor") as progress:
+            path = synth_model(like, out, seed=seed, num_layers=num_layers, progress=progress)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(str(path))
+
+
 @model.command("info")
 @click.argument(
     "path", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)

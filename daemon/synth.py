@@ -1,0 +1,214 @@
+"""Synthetic models: Hugging Face Llama folders of RANDOM BF16 weights in the shape of
+a real model, so that speed and memory can be measured at scale without a model hub.
+
+The folder loads like any other (config.json, sharded model.safetensors with its
+index, tokenizer.json, tokenizer_config.json), and says what it is three times:
+config.json's `reprise_synthetic`, the safetensors metadata, and a README.md.
+Its text output is noise. The tokenizer is byte-level (256 byte tokens and the
+special tokens); ids past it exist only as embedding rows, so prompts for
+benchmarks are best given as token ids.
+
+Weights are drawn N(0, 0.02) (as Hugging Face initialises Llama), norms are 1,
+and a shard is written at a time, so writing an 8B folder holds ~2 GB in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from reprise.cuda.dtypes import BF16
+from reprise.daemon.safetensors_io import save_safetensors
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+# The architectures of the models named, as their Hugging Face config.json gives them.
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0},
+        "tie_word_embeddings": False,
+    },
+    "llama-3.2-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {**LLAMA3_ROPE, "factor": 32.0},
+        "tie_word_embeddings": True,
+    },
+    "tiny": {  # for tests: every feature of the big ones, in kilobytes
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 500000.0,
+        "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 512},
+        "tie_word_embeddings": False,
+    },
+}
+SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|eot_id|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% endfor %}{% if add_generation_prompt %}<|eot_id|>assistant\n{% endif %}"
+)
+SHARD_BYTES = 2 << 30
+LABEL = "synthetic: random weights in the shape of {like}; its outputs are noise"
+
+
+def synth_model(
+    like: str,
+    out: Path,
+    *,
+    seed: int = 0,
+    num_layers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Write a random-weight Llama folder shaped like `like` (a key of SHAPES) to `out`."""
+    if like not in SHAPES:
+        raise ValueError(f"like must be one of {', '.join(SHAPES)}; got {like!r}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty; give an empty or new folder")
+    shape = dict(SHAPES[like])
+    if num_layers is not None:
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer; got {num_layers!r}")
+        shape["num_hidden_layers"] = num_layers
+    out.mkdir(parents=True, exist_ok=True)
+    label = LABEL.format(like=like)
+    _write_weights(out, shape, label, np.random.default_rng(seed), progress)
+    _write_tokenizer(out, shape["vocab_size"])
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **shape,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 256,
+        "eos_token_id": [257, 258],
+        "reprise_synthetic": label,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "README.md").write_text(
+        f"# Synthetic model ({like})\n\n{label.capitalize()}.\n\nWritten by "
+        f"`reprise model synth --like {like}` (seed {seed}) to measure speed and memory "
+        "at this size without a model hub. Do not use it for anything else.\n"
+    )
+    return out
+
+
+def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor's Hugging Face name and shape, in file order."""
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    q_size = shape["num_attention_heads"] * shape["head_dim"]
+    kv_size = shape["num_key_value_heads"] * shape["head_dim"]
+    yield "model.embed_tokens.weight", (shape["vocab_size"], hidden)
+    for idx in range(shape["num_hidden_layers"]):
+        prefix = f"model.layers.{idx}."
+        yield prefix + "input_layernorm.weight", (hidden,)
+        yield prefix + "self_attn.q_proj.weight", (q_size, hidden)
+        yield prefix + "self_attn.k_proj.weight", (kv_size, hidden)
+        yield prefix + "self_attn.v_proj.weight", (kv_size, hidden)
+        yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
+        yield prefix + "post_attention_layernorm.weight", (hidden,)
+        yield prefix + "mlp.gate_proj.weight", (inter, hidden)
+        yield prefix + "mlp.up_proj.weight", (inter, hidden)
+        yield prefix + "mlp.down_proj.weight", (hidden, inter)
+    yield "model.norm.weight", (hidden,)
+    if not shape["tie_word_embeddings"]:
+        yield "lm_head.weight", (shape["vocab_size"], hidden)
+
+
+def _write_weights(
+    out: Path,
+    shape: dict[str, Any],
+    label: str,
+    rng: np.random.Generator,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    tensors = list(tensor_shapes(shape))
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, dims in tensors:
+        nbytes = 2 * int(np.prod(dims))
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, dims))
+        size += nbytes
+    weight_map: dict[str, str] = {}
+    done = 0
+    for idx, shard in enumerate(shards):
+        file_name = f"model-{idx + 1:05d}-of-{len(shards):05d}.safetensors"
+        arrays = {name: _random_tensor(name, dims, rng) for name, dims in shard}
+        save_safetensors(out / file_name, arrays, {"format": "pt", "reprise_synthetic": label})
+        weight_map.update(dict.fromkeys(arrays, file_name))
+        done += len(shard)
+        if progress is not None:
+            progress(done, len(tensors))
+    total = sum(2 * int(np.prod(dims)) for _, dims in tensors)
+    index = {
+        "metadata": {"total_size": total, "reprise_synthetic": label},
+        "weight_map": weight_map,
+    }
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("norm.weight"):
+        return np.ones(dims, dtype=BF16)
+    return (rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)).astype(BF16)
+
+
+def _write_tokenizer(out: Path, vocab_size: int) -> None:
+    """A byte-level tokenizer: ids 0-255 are the bytes, then the special tokens."""
+    byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
+    byte_tokens.sort(key=lambda t: ord(t))
+    assert len(byte_tokens) == 256
+    vocab = {token: idx for idx, token in enumerate(byte_tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    assert tokenizer.get_vocab_size() == 256 + len(SPECIAL_TOKENS) <= vocab_size
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": SPECIAL_TOKENS[0],
+                "eos_token": SPECIAL_TOKENS[2],
+                "add_bos_token": True,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
