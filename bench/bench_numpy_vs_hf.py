@@ -46,8 +46,9 @@ def main() -> None:
     from reprise.daemon.prepare import prepare_default_model
 
     path = args.model or prepare_default_model(progress=True).path
+    # reuse off: every repeat computes the whole prompt, as transformers does
     engine = Engine.from_pretrained(
-        path, backend="numpy", max_num_batched_tokens=args.prompt_tokens
+        path, backend="numpy", max_num_batched_tokens=args.prompt_tokens, enable_reuse=False
     )
     vocab = engine.config.vocab_size
     prompt = np.random.default_rng(0).integers(100, vocab, size=args.prompt_tokens).tolist()

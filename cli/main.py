@@ -60,7 +60,7 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 @click.option(
     "--like",
     required=True,
-    type=click.Choice(["llama-3.1-8b", "llama-3.2-1b", "tiny"]),
+    type=click.Choice(["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m", "tiny"]),
     help="The architecture to copy.",
 )
 @click.option(

@@ -19,7 +19,12 @@ from reprise.daemon.synth import SHAPES, synth_model, tensor_shapes
 
 
 @pytest.mark.parametrize(
-    ("like", "parameters"), [("llama-3.1-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400)]
+    ("like", "parameters"),
+    [
+        ("llama-3.1-8b", 8_030_261_248),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("smollm2-135m", 134_515_008),
+    ],
 )
 def test_shapes_have_the_real_models_parameter_counts(like: str, parameters: int) -> None:
     assert sum(int(np.prod(dims)) for _, dims in tensor_shapes(SHAPES[like])) == parameters
