@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,14 +70,44 @@ def _first(patterns: list[str]) -> Path | None:
 
 @functools.cache
 def include_dir() -> Path | None:
-    """The folder holding cuda_bf16.h (from the nvidia-cuda-runtime wheel), if installed."""
+    """The folder holding cuda_bf16.h: from the nvidia-cuda-runtime wheel, else a CUDA
+    toolkit ($CUDA_PATH, $CUDA_HOME, /usr/local/cuda), else where cuda-pathfinder
+    (CuPy's own finder) puts the runtime headers; None when there is none."""
     header = _first(["cu*/include/cuda_bf16.h", "cuda_runtime/include/cuda_bf16.h"])
-    return None if header is None else header.parent
+    if header is not None:
+        return header.parent
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    for root in filter(None, roots):
+        if (Path(root) / "include" / "cuda_bf16.h").is_file():
+            return Path(root) / "include"
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory  # type: ignore[import-not-found]
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # not installed, or an older API: no more places to look
+        return None
+    return Path(found) if found and (Path(found) / "cuda_bf16.h").is_file() else None
 
 
 @functools.cache
 def _library() -> ctypes.CDLL:
+    """libnvrtc: from the nvidia-cuda-nvrtc wheel, else a CUDA toolkit, else where
+    cuda-pathfinder (CuPy's own finder) finds it."""
     path = _first(["cu*/lib/libnvrtc.so.*", "cuda_nvrtc/lib/libnvrtc.so.*"])
+    if path is None:
+        roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+        for root in filter(None, roots):
+            hits = sorted((Path(root) / "lib64").glob("libnvrtc.so*"), reverse=True)
+            if hits:
+                path = hits[0]
+                break
+    if path is None:
+        try:
+            from cuda.pathfinder import load_nvidia_dynamic_lib  # type: ignore[import-not-found]
+
+            path = Path(load_nvidia_dynamic_lib("nvrtc").abs_path)
+        except Exception:  # not installed, or nothing found
+            path = None
     if path is None:
         raise NvrtcUnavailable(
             "NVRTC not found: install the nvidia-cuda-nvrtc and nvidia-cuda-runtime wheels "

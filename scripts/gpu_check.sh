@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU verification in one command, for a machine with a CUDA device and CuPy but
+# perhaps no network (such as the lent H100): makes reprise importable without
+# installing anything, uses the default model if it is prepared here and else writes
+# its shape with random weights (`reprise model synth --like smollm2-135m`), then runs
+# the kernel compile checks and every GPU test. The log and JUnit XML go to
+# ${OUT:-gpu-results}.
+#   bash scripts/gpu_check.sh [pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+# reprise.* from the source folders, as setup.cfg maps them
+src=$(mktemp -d)
+mkdir -p "$src/reprise"
+for pkg in daemon cuda blockpool ipc cli; do ln -s "$PWD/$pkg" "$src/reprise/$pkg"; done
+export PYTHONPATH="$src${PYTHONPATH:+:$PYTHONPATH}"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  "$python" -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'
+  date -u +%Y-%m-%dT%H:%M:%SZ
+} 2>&1 | tee "$out/device.txt"
+if [ -z "${REPRISE_TEST_MODEL_DIR:-}" ]; then
+  model=$("$python" -c 'try:  # the gguf package the converter needs may be missing here
+    from reprise.daemon.prepare import default_model_dir, is_prepared
+    d = default_model_dir(); print(d if is_prepared(d) else "")
+except ImportError:
+    print("")')
+  if [ -z "$model" ]; then
+    model=/tmp/reprise-smollm2-135m-synth
+    [ -f "$model/config.json" ] || "$python" -c "from reprise.daemon.synth import synth_model
+synth_model('smollm2-135m', '$model')"
+  fi
+  export REPRISE_TEST_MODEL_DIR=$model
+fi
+echo "model: $REPRISE_TEST_MODEL_DIR" | tee -a "$out/device.txt"
+# only the modules that hold GPU or kernel tests: the others import the daemon's ZeroMQ
+PYTHONUNBUFFERED=1 "$python" -m pytest -m "gpu or kernels" -p no:cacheprovider -ra \
+  --durations=20 --junitxml="$out/gpu.xml" tests/test_kernels_compile.py tests/test_gpu_*.py \
+  tests/test_invariance.py "$@" 2>&1 | tee "$out/gpu.log"
+exit "${PIPESTATUS[0]}"
