@@ -47,6 +47,8 @@ class CupyBackend:
 
     def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray:
         """The host tier's arena in pinned memory, viewed as BF16."""
+        if not shape[0]:  # no host tier: nothing to pin
+            return np.zeros(shape, dtype=BF16)
         import cupyx
 
         return cupyx.zeros_pinned(shape, dtype=BF16_BITS).view(BF16)
