@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from reprise.cli.bench_cmd import bench_cmd
 from reprise.cli.client_cmds import chat_cmd, generate_cmd, stats_cmd
 from reprise.cli.progress import tqdm_progress
 from reprise.cli.serve import serve_cmd
@@ -207,6 +208,7 @@ main.add_command(serve_cmd)
 main.add_command(generate_cmd)
 main.add_command(chat_cmd)
 main.add_command(stats_cmd)
+main.add_command(bench_cmd)
 
 
 if __name__ == "__main__":

@@ -242,7 +242,11 @@ class Server:
         elif isinstance(request, Health):
             status = "draining" if self.draining else "ok"
             reply = HealthReply(
-                status, self.config.model_name, self.engine.max_model_len, len(self.live)
+                status,
+                self.config.model_name,
+                self.engine.max_model_len,
+                len(self.live),
+                self.engine.config.vocab_size,
             )
             self._send(route, encode(reply))
 

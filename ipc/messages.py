@@ -220,6 +220,7 @@ class HealthReply:
     model: str
     max_model_len: int
     num_requests: int
+    vocab_size: int = 0  # token ids a prompt may use: [0, vocab_size)
 
 
 REQUEST_TYPES: dict[str, type] = {c.TYPE: c for c in (Generate, Cancel, StatsRequest, Health)}

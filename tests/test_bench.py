@@ -1,0 +1,93 @@
+"""`reprise bench` on a tiny synthetic model, in process and against a daemon: every
+scenario runs, its figures say what reuse did, and the JSON and the plot are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reprise.daemon.synth import synth_model
+
+BS = 16
+SMALL = ["--block-size", str(BS), "--prompt-tokens", "64", "--prefix-lengths", "0,32,64",
+         "--suffix-tokens", "8", "--users", "4", "--system-tokens", "48", "--turns", "3",
+         "--batch-sizes", "1,2,4", "--decode-tokens", "4", "--repeats", "2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_model("tiny", tmp_path_factory.mktemp("bench") / "tiny")
+
+
+def reprise(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reprise.cli.main", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_every_scenario_in_process(tiny: Path, tmp_path: Path) -> None:
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    done = reprise("bench", "--model", str(tiny), "--backend", "numpy", *SMALL,
+                   "--out", str(out), "--plot", str(png))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())
+    assert results["meta"]["backend"] == "numpy" and results["meta"]["target"] == "in-process"
+    assert results["repeat"]["cached_tokens_repeat"] == 63  # all but the last prompt token
+    assert [p["cached_tokens"] for p in results["prefix"]["points"]] == [0, 32, 64]
+    shared = results["shared"]
+    assert shared["on"]["prefill_tokens_computed"] == 48 + 4 * 8  # the prompt once, then questions
+    assert shared["off"]["prefill_tokens_computed"] == 4 * (48 + 8)
+    chat = results["chat"]
+    assert chat["on"]["prefill_tokens_computed"] < chat["off"]["prefill_tokens_computed"]
+    assert (
+        chat["off"]["turns"][-1]["prefill_tokens_computed"]
+        == chat["off"]["turns"][-1]["prompt_tokens"]
+    )
+    assert results["hosttier"]["on"]["host_cached_tokens"] > 0
+    assert results["hosttier"]["off"]["cached_tokens"] == 0
+    assert [p["batch_size"] for p in results["sweep"]["points"]] == [1, 2, 4]
+    assert all(p["tokens_per_s"] > 0 for p in results["sweep"]["points"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for title in ("repeat:", "prefix:", "shared:", "chat:", "sweep:", "hosttier:"):
+        assert title in done.stdout
+
+
+def test_against_a_daemon(tiny: Path, tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/d.sock"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "reprise.cli.main", "serve", "--model", str(tiny), "--backend",
+         "numpy", "--socket", address, "--block-size", str(BS), "--num-device-blocks", "256"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while reprise("stats", "--socket", address, "--timeout", "1", timeout=30).returncode:
+            assert time.monotonic() < deadline and serve.poll() is None, "the daemon did not start"
+        out = tmp_path / "d.json"
+        done = reprise("bench", "--socket", address, "--scenario", "repeat", "--scenario", "shared",
+                       "--scenario", "hosttier", *SMALL, "--out", str(out))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        results = json.loads(out.read_text())
+        assert results["meta"]["target"] == "daemon"
+        assert results["repeat"]["cached_tokens_repeat"] == 63
+        assert results["shared"]["on"]["prefill_tokens_computed"] == 48 + 4 * 8
+        assert "hosttier" in results["skipped"]
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
+
+
+def test_bad_options_are_refused(tiny: Path) -> None:
+    done = reprise("bench", "--model", str(tiny), "--scenario", "warp-speed")
+    assert done.returncode != 0 and "unknown scenario" in done.stderr
+    done = reprise("bench", "--model", str(tiny), "--batch-sizes", "1,two")
+    assert done.returncode != 0 and "comma-separated integers" in done.stderr
