@@ -50,6 +50,13 @@ def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="Retention priority of the prompt's blocks.",
             ),
+            click.option(
+                "--queue-priority",
+                type=int,
+                default=0,
+                show_default=True,
+                help="Scheduling priority: lower is admitted first.",
+            ),
         ]
     ):
         f = option(f)
@@ -77,6 +84,7 @@ def _options(kw: dict[str, Any]) -> dict[str, Any]:
         "seed": kw["seed"],
         "cache_salt": kw["salt"],
         "priority": kw["priority"],
+        "queue_priority": kw["queue_priority"],
     }
 
 

@@ -274,7 +274,11 @@ class Server:
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
             request_id = self.engine.add_request(
-                prompt_ids, params, cache_salt=request.cache_salt, retention=retention
+                prompt_ids,
+                params,
+                cache_salt=request.cache_salt,
+                retention=retention,
+                priority=request.queue_priority,
             )
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None

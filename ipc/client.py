@@ -123,6 +123,7 @@ class Client:
         request_id: str | None = None,
         cache_salt: str | None = None,
         priority: int | None = None,
+        queue_priority: int = 0,
         return_logits: bool = False,
         **sampling: Any,
     ) -> Generate:
@@ -143,6 +144,7 @@ class Client:
             sampling=sampling,
             cache_salt=cache_salt,
             priority=priority,
+            queue_priority=queue_priority,
             stream=stream,
             return_logits=return_logits,
         )

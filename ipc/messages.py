@@ -82,6 +82,8 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+MAX_QUEUE_PRIORITY = 1 << 31
+
 # -- requests (client -> daemon) -----------------------------------------------------------
 
 
@@ -99,6 +101,7 @@ class Generate:
     sampling: dict[str, Any] = field(default_factory=dict)
     cache_salt: str | None = None
     priority: int | None = None  # retention priority of the prompt's blocks, 0-100
+    queue_priority: int = 0  # scheduling: lower is admitted first (as vLLM's priority)
     stream: bool = True
     return_logits: bool = False
 
@@ -140,6 +143,12 @@ class Generate:
             check_type("priority", self.priority, int)
             if not 0 <= self.priority <= 100:
                 raise bad(f"priority must be in [0, 100]; got {self.priority}")
+        check_type("queue_priority", self.queue_priority, int)
+        if not -MAX_QUEUE_PRIORITY <= self.queue_priority <= MAX_QUEUE_PRIORITY:
+            raise bad(
+                f"queue_priority must be in [-{MAX_QUEUE_PRIORITY}, {MAX_QUEUE_PRIORITY}]; "
+                f"got {self.queue_priority}"
+            )
         check_type("stream", self.stream, bool)
         check_type("return_logits", self.return_logits, bool)
 

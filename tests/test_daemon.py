@@ -208,6 +208,8 @@ def _bad_inputs() -> list[tuple[bytes, str]]:
         (pack(**gen, prompt="x" * 100_000), "too_large"),
         (pack(**gen, token_ids=[1] * 300), "prompt_too_long"),
         (pack(v=1, type="cancel", id="nobody"), "not_found"),
+        (pack(**gen, prompt="x", queue_priority="high"), "bad_request"),
+        (pack(**gen, prompt="x", queue_priority=2**40), "bad_request"),
     ]
 
 
@@ -244,7 +246,7 @@ _junk = st.one_of(
     st.dictionaries(st.text(max_size=4), st.integers(-(2**31), 2**31), max_size=2),
 )
 _fields = ["id", "prompt", "messages", "token_ids", "sampling", "cache_salt", "priority",
-           "stream", "return_logits", "check", "bogus"]  # fmt: skip
+           "queue_priority", "stream", "return_logits", "check", "bogus"]  # fmt: skip
 _sampling = st.dictionaries(
     st.sampled_from(
         ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "x"]
