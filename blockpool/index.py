@@ -101,12 +101,12 @@ class CacheIndex:
 
     def find_partial(
         self, parent: ParentKey, token_ids: Sequence[int], extra_ids: Sequence[int] | None
-    ) -> tuple[KVBlock, int] | None:
-        """The findable device child of `parent` sharing the longest nonzero prefix
-        with `token_ids`, and its length; ties go to the oldest child."""
-        best: tuple[KVBlock, int] | None = None
+    ) -> tuple[CachedBlock, int] | None:
+        """The findable child of `parent`, in either tier, sharing the longest nonzero
+        prefix with `token_ids`, and its length; ties go to the oldest child."""
+        best: tuple[CachedBlock, int] | None = None
         for child_hash in self._children.get(parent, ()):
-            child = self.device.get(child_hash)
+            child = self.lookup(child_hash)
             if child is not None and child.key is not None:
                 length = child.key.common_prefix(token_ids, extra_ids)
                 if length > (0 if best is None else best[1]):

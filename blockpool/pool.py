@@ -288,13 +288,15 @@ class BlockPool:
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
     ) -> tuple[BlockId, int] | None:
-        """The device-cached child of `parent_hash` (None: of the namespace's root)
-        sharing the longest nonzero prefix with `token_ids`, and that length.
+        """The cached child of `parent_hash` (None: of the namespace's root) sharing
+        the longest nonzero prefix with `token_ids`, as a device block, and that length.
 
         `parent_hash` must be the digest of the request's last matched block.
         The block is held for the caller (one reference) so it survives the
         allocation of the block its tokens' KV is copied into; free it after
-        the copy. Ties go to the child registered first.
+        the copy. Ties go to the child registered first. A child in the host tier
+        is onboarded into a free device block first (None if there is none); its
+        copy is in flight until `complete_copies()`.
         """
         if not self.enable_reuse or not token_ids:
             return None
@@ -302,10 +304,31 @@ class BlockPool:
         found = self._index.find_partial(key, token_ids, extra_ids)
         if found is None:
             return None
-        block, num_tokens = found
-        self._hold(block)
+        entry, num_tokens = found
+        if isinstance(entry, KVBlock):
+            self._hold(entry)
+            block = entry
+        else:
+            assert isinstance(entry, HostBlock) and self.host_tier is not None
+            if not len(self._queue):
+                return None
+            now = self._clock()
+            self.host_tier.pin(entry)  # taking a free block may evict to the host tier
+            block = self._take_free_block(now)
+            self._index.move(entry, block)
+            self.host_tier.start_onboard(entry, block)
+            self.host_tier.unpin(entry, now)  # ours; the copy's pin stays
+            self._counters.host_hits += 1
+            self._counters.host_onboards += 1
         self._counters.partial_hits += 1
         return block.block_id, num_tokens
+
+    def is_arriving(self, block_id: BlockId) -> bool:
+        """Whether a host-tier copy into this device block is still in flight."""
+        host = self.host_tier
+        return host is not None and any(
+            not c.to_host and c.device_block.block_id == block_id for c in host.pending
+        )
 
     def complete_copies(self) -> int:
         """Wait for the host copies in flight and release their pins; returns how many.

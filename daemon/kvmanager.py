@@ -135,13 +135,17 @@ class KVCacheManager:
         if found is None:
             return
         source, num_shared = found
-        # NOTE: the copy is issued at once; with asynchronous tier copies it must be
-        # ordered after them (the fresh block may be an offload's source).
+        from_host = self.pool.is_arriving(source)
         fresh = self.pool.allocate(1)
         if fresh is not None:
+            # NOTE: the source may still be arriving from the host tier, and taking the
+            # fresh block may have started an offload that reads its old bytes: order
+            # the copy after every tier copy issued so far.
+            self.pool.complete_copies()
             self._copy_block(source, fresh[0])
             seq.block_ids.append(fresh[0])
             seq.num_computed_tokens += num_shared
+            seq.num_host_hit_tokens += num_shared if from_host else 0
         self.pool.free([source])
 
     def _hash(self, parent: BlockHash | None, tokens: list[int], seq: Sequence) -> BlockHash:

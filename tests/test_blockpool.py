@@ -541,6 +541,31 @@ def test_host_round_trip_is_byte_exact() -> None:
     pool.check_integrity()
 
 
+def test_find_partial_onboards_a_child_from_the_host_tier() -> None:
+    pool, _, _, copier = make_host_pool(4)
+    req = Request(toks(0, 2 * BS))
+    assert req.run(pool) == [0, 1]
+    original = copier.device[1].copy()
+    pool.free([0, 1])
+    held = pool.allocate(NUM_BLOCKS)  # evicts and offloads both
+    assert held is not None and pool.complete_copies() == 2
+    copier.device[:] = 0xAB
+    pool.free(held[:4])  # blank blocks 2..5 come free
+    parent = pool.match(req.hashes[:1], req.blocks[:1]).block_ids  # the first block, onboarded
+    assert len(parent) == 1 and pool.complete_copies() == 1
+    found = pool.find_partial(req.hashes[0], [*toks(BS, 7), 999])
+    assert found is not None and found[1] == 7
+    source = found[0]
+    assert source not in parent and pool.is_arriving(source) and pool.num_pending_copies == 1
+    assert pool.complete_copies() == 1 and not pool.is_arriving(source)
+    assert np.array_equal(copier.device[source], original)  # byte for byte
+    stats = pool.stats()
+    assert (stats.partial_hits, stats.host_hits, stats.host_onboards) == (1, 2, 2)
+    pool.check_integrity()
+    pool.free([source, *parent])
+    pool.check_integrity()
+
+
 def test_a_host_hit_without_a_free_device_block_ends_the_match() -> None:
     pool, _, _, _ = make_host_pool(4)
     req = Request(toks(0, 2 * BS))
