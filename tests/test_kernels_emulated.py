@@ -1,0 +1,227 @@
+"""The CUDA kernels' logic on the CPU: each `.cu` file (but the GEMM, which is PTX)
+compiled by g++ against a host emulation of CUDA (tests/kernel_emu/cuda_emu.h: a
+CTA's threads as host threads, shuffles and barriers emulated) and compared with its
+NumPy twin, and the attention kernel held to its chunking and batch invariance.
+
+This checks indexing, masking, reductions and the invariance argument without a
+GPU; it does not reproduce device arithmetic (host expf) or the memory model: the
+GPU tests (tests/test_gpu_*.py) do that on a device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.cuda.activation import silu_mul_ref
+from reprise.cuda.attention import paged_attention_ref
+from reprise.cuda.attention_kernel import num_work_items
+from reprise.cuda.dtypes import BF16, F32
+from reprise.cuda.embedding import embed_ref
+from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
+from reprise.cuda.rope import rope_ref, rope_table
+from reprise.cuda.sampling import uniform
+
+pytestmark = pytest.mark.kernels
+EMU = Path(__file__).parent / "kernel_emu"
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    out = tmp_path_factory.mktemp("emu") / "libkernels.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU / 'include'}",
+           "-o", str(out), str(EMU / "driver.cpp"), "-lpthread"]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return ctypes.CDLL(str(out))
+
+
+def ptr(a: np.ndarray) -> ctypes.c_void_p:
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint16 if a.dtype in (BF16, np.uint16) else np.uint32)
+
+
+def max_ulps(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference in BF16 ulps of the twin's value."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any()
+    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(w), 1e-30))) - 7)
+    return float(np.max(np.abs(g - w) / ulp))
+
+
+def max_row_ulps(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference in BF16 ulps of the largest |value| of its row (the scale
+    the row's sums were formed at: a small element of a cancelling sum moves further)."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any()
+    scale = np.max(np.abs(w), axis=-1, keepdims=True)
+    ulp = np.exp2(np.floor(np.log2(np.maximum(scale, 1e-30))) - 7)
+    return float(np.max(np.abs(g - w) / ulp))
+
+
+def poisoned(shape: tuple[int, ...], dtype: type = np.uint16) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    out.view(np.uint8).fill(0xFF)
+    return out
+
+
+@pytest.mark.parametrize("hidden", [576, 4096])
+def test_rmsnorm(lib: ctypes.CDLL, rng: np.random.Generator, hidden: int) -> None:
+    x = (rng.standard_normal((5, hidden)) * np.exp2(rng.integers(-4, 5, (5, 1)))).astype(F32)
+    weight = rng.standard_normal(hidden).astype(BF16)
+    out = poisoned((5, hidden))
+    lib.run_rmsnorm(5, ptr(x), ptr(weight), ptr(out), hidden, ctypes.c_float(1e-5))
+    assert max_ulps(out.view(BF16), rmsnorm_ref(x, weight, 1e-5)) <= 1
+    delta = rng.standard_normal((5, hidden)).astype(BF16)
+    summed, normed = np.empty_like(x), poisoned((5, hidden))
+    args = (ptr(x), ptr(delta), ptr(weight), ptr(summed), ptr(normed), hidden, ctypes.c_float(1e-5))
+    lib.run_add_rmsnorm(5, *args)
+    want_summed, want_normed = add_rmsnorm_ref(x, delta, weight, 1e-5)
+    assert np.array_equal(summed, want_summed)
+    assert max_ulps(normed.view(BF16), want_normed) <= 1
+
+
+def test_rope_on_strided_rows(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    heads, kv_heads, head_dim = 9, 3, 64
+    cos, sin = rope_table(head_dim, 4096, 100000.0)
+    qkv = rng.standard_normal((7, (heads + 2 * kv_heads) * head_dim)).astype(BF16)
+    positions = rng.integers(0, 4096, 7).astype(np.int32)
+    out = poisoned((7, heads, head_dim))
+    lib.run_rope(7, heads, ptr(qkv), ctypes.c_longlong(qkv.shape[1]), ptr(positions), ptr(cos),
+                 ptr(sin), ptr(out), head_dim)  # fmt: skip
+    want = rope_ref(qkv[:, : heads * head_dim].reshape(7, heads, head_dim), positions, cos, sin)
+    assert np.array_equal(out, bits(want))
+
+
+def test_silu_mul_embed_and_kv_write(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    gate_up = (rng.standard_normal((3, 2 * 1536)) * 4).astype(BF16)
+    out = poisoned((3, 1536))
+    lib.run_silu_mul(ptr(gate_up), ptr(out), ctypes.c_longlong(3), 1536, 5)
+    assert max_ulps(out.view(BF16), silu_mul_ref(gate_up)) <= 1
+
+    table = rng.standard_normal((100, 576)).astype(BF16)
+    ids = rng.integers(0, 100, 9).astype(np.int32)
+    rows = poisoned((9, 576), np.float32)
+    lib.run_embed(9, ptr(table), ptr(ids), ptr(rows), 576)
+    assert np.array_equal(rows, embed_ref(table, ids))
+
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    cache = rng.standard_normal(kv_cache_shape(6, 3, kv_heads, block_size, head_dim)).astype(BF16)
+    want = cache.copy()
+    slots = rng.choice(6 * block_size, 11, replace=False).astype(np.int64)
+    qkv = rng.standard_normal((11, (heads + 2 * kv_heads) * head_dim)).astype(BF16)
+    k_end = (heads + kv_heads) * head_dim
+    k = np.ascontiguousarray(qkv[:, heads * head_dim : k_end]).reshape(11, kv_heads, head_dim)
+    v = qkv[:, k_end:]  # strided rows, as the model hands them over
+    lib.run_kv_write(11, kv_heads, ptr(k), ptr(v), ctypes.c_longlong(kv_heads * head_dim),
+                     ctypes.c_longlong(qkv.shape[1]), ptr(slots), ptr(cache), 1, 3, block_size,
+                     head_dim)  # fmt: skip
+    kv_write_ref(want, 1, k, v.reshape(11, kv_heads, head_dim), slots)
+    assert np.array_equal(bits(cache), bits(want))
+
+
+def test_argmax_and_philox(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    logits = (rng.standard_normal((4, 5000)) * 3).astype(F32)
+    logits[1, [7, 4000]] = 50.0  # a tie: the lower id
+    logits[2] = 0.0
+    out = np.full(4, -1, np.int32)
+    lib.run_argmax(4, ptr(logits), ctypes.c_longlong(5000), 5000, ptr(out))
+    assert out.tolist() == np.argmax(logits, axis=1).tolist()
+
+    seeds = rng.integers(0, 2**64, 300, dtype=np.uint64)
+    seeds[:2] = [0, 2**64 - 1]
+    positions = rng.integers(0, 2**40, 300).astype(np.int64)
+    draws = np.empty(300, F32)
+    lib.run_philox_uniform(ptr(seeds), ptr(positions), ptr(draws), 300)
+    want = [uniform(int(s), int(p)) for s, p in zip(seeds, positions, strict=True)]
+    assert np.array_equal(draws, np.array(want, F32))
+
+
+class Paged:
+    """Random sequences in a shuffled pool whose free and stale slots hold garbage and NaN."""
+
+    def __init__(self, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int,
+                 seq_lens: list[int]) -> None:  # fmt: skip
+        self.heads, self.kv_heads, self.head_dim = shape
+        self.block_size = block_size
+        num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+        self.cache = rng.standard_normal(kv_cache_shape(num_blocks, 2, self.kv_heads, block_size,
+                                                        self.head_dim)).astype(BF16)  # fmt: skip
+        self.cache.reshape(-1)[rng.random(self.cache.size) < 0.01] = np.nan  # stale NaN
+        free = list(rng.permutation(num_blocks))
+        self.tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in seq_lens]
+        self.queries = [
+            rng.standard_normal((n, self.heads, self.head_dim)).astype(BF16) for n in seq_lens
+        ]
+        for table, n in zip(self.tables, seq_lens, strict=True):
+            kv = (rng.standard_normal((2, n, self.kv_heads, self.head_dim)) * 2).astype(BF16)
+            pos = np.arange(n)
+            kv_write_ref(
+                self.cache,
+                1,
+                kv[0],
+                kv[1],
+                np.asarray(table)[pos // block_size] * block_size + pos % block_size,
+            )
+
+    def inputs(self, spans: list[tuple[int, int, int]]) -> tuple:
+        width = max(len(self.tables[b]) for b, _, _ in spans)
+        tables = np.array(
+            [self.tables[b] + [0] * (width - len(self.tables[b])) for b, _, _ in spans], np.int32
+        )
+        q = np.concatenate([self.queries[b][first:last] for b, first, last in spans])
+        seq_lens = np.array([last for _, _, last in spans], np.int32)
+        starts = np.cumsum([0] + [last - first for _, first, last in spans]).astype(np.int32)
+        return q, tables, seq_lens, starts
+
+    def emulated(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]]) -> np.ndarray:
+        q, tables, seq_lens, starts = self.inputs(spans)
+        out = poisoned(q.shape)
+        grid_x = num_work_items(q.shape[0], len(spans), self.heads // self.kv_heads)
+        rc = lib.run_paged_attention(
+            self.head_dim, self.block_size, grid_x, self.kv_heads, ptr(out), ptr(q), ptr(self.cache),
+            ptr(tables), ptr(seq_lens), ptr(starts), q.shape[0], len(spans), tables.shape[1], self.heads,
+            self.kv_heads, 2, 1, ctypes.c_float(1 / np.sqrt(self.head_dim)),
+        )  # fmt: skip
+        assert rc == 0
+        return out
+
+    def twin(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
+        q, tables, seq_lens, starts = self.inputs(spans)
+        return paged_attention_ref(
+            q, self.cache, 1, tables, seq_lens, starts, 1 / np.sqrt(self.head_dim)
+        )
+
+
+@pytest.mark.parametrize(
+    ("shape", "block_size"), [((9, 3, 64), 16), ((9, 3, 64), 64), ((8, 2, 128), 32)]
+)
+def test_attention_matches_its_twin_and_is_invariant(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
+) -> None:
+    seq_lens = [int(n) for n in rng.integers(1, 48, size=3)] + [2 * block_size + 3]
+    paged = Paged(rng, shape, block_size, seq_lens)
+    spans = [(b, int(rng.integers(0, n)), n) for b, n in enumerate(seq_lens)]
+    batched = paged.emulated(lib, spans)
+    assert max_row_ulps(batched.view(BF16), paged.twin(spans)) <= 2
+    starts = np.cumsum([0] + [last - first for _, first, last in spans])
+    for i, (b, first, last) in enumerate(spans):
+        got = batched[starts[i] : starts[i + 1]]
+        assert np.array_equal(paged.emulated(lib, [(b, first, last)]), got), (b, "alone")
+        for chunk in (5, 16):
+            pieces = [
+                paged.emulated(lib, [(b, s, min(s + chunk, last))])
+                for s in range(first, last, chunk)
+            ]
+            assert np.array_equal(np.concatenate(pieces), got), (b, chunk)
