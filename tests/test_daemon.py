@@ -170,6 +170,12 @@ def test_repeat_prompt_is_cached_and_events_agree(daemon: Daemon) -> None:
     assert len(findable) == after["cached_blocks"] > 0
 
 
+def test_sockets_are_private_to_the_user(daemon: Daemon) -> None:
+    for address in (daemon.address, daemon.events_address):
+        path = Path(address.removeprefix("ipc://"))
+        assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600, oct(path.stat().st_mode)
+
+
 def test_two_salts_share_nothing(daemon: Daemon) -> None:
     with daemon.client() as client:
         client.generate(LONG_PROMPT, max_tokens=1, temperature=0, cache_salt="tenant-a")
