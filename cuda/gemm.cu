@@ -40,6 +40,12 @@ namespace {
 constexpr int SMEM_PAD = 8;  // halves added to each shared row: 16 bytes
 
 // ---- PTX wrappers -----------------------------------------------------------------
+// Every inline-PTX statement (and the shared-window address they take) lives in these
+// wrappers and nowhere else. NOTE: the CPU emulator (tests/kernel_emu/driver.cpp)
+// defines REPRISE_EMULATE_PTX and takes host definitions of these same functions,
+// written to the PTX ISA, from tests/kernel_emu/ptx_emu.h; no GPU build defines it,
+// so there the wrappers below are the only definitions.
+#ifndef REPRISE_EMULATE_PTX
 
 __device__ __forceinline__ unsigned shared_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -89,6 +95,8 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
   return bytes;
 }
+
+#endif  // REPRISE_EMULATE_PTX
 
 __device__ __forceinline__ unsigned bf16_bits(float v) {
   return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));

@@ -1,7 +1,8 @@
-"""The CUDA kernels' logic on the CPU: each `.cu` file (but the GEMM, which is PTX)
-compiled by g++ against a host emulation of CUDA (tests/kernel_emu/cuda_emu.h: a
-CTA's threads as host threads, shuffles and barriers emulated) and compared with its
-NumPy twin, and the attention kernel held to its chunking and batch invariance.
+"""The CUDA kernels' logic on the CPU: each `.cu` file compiled by g++ against a host
+emulation of CUDA (tests/kernel_emu/cuda_emu.h: a CTA's threads as host threads,
+shuffles and barriers emulated; for the GEMM's inline PTX, ptx_emu.h: ldmatrix, mma
+and cp.async by the PTX ISA's layouts and group semantics) and compared with its
+NumPy twin, and the attention kernel and the GEMM held to their invariance.
 
 This checks indexing, masking, reductions and the invariance argument without a
 GPU; it does not reproduce device arithmetic (host expf) or the memory model: the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ from reprise.cuda.attention import paged_attention_ref
 from reprise.cuda.attention_kernel import num_work_items
 from reprise.cuda.dtypes import BF16, F32
 from reprise.cuda.embedding import embed_ref
+from reprise.cuda.gemm import gemm_ref
+from reprise.cuda.gemm_kernel import CONFIGS, TileConfig, tile_config
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
@@ -225,3 +229,107 @@ def test_attention_matches_its_twin_and_is_invariant(
                 for s in range(first, last, chunk)
             ]
             assert np.array_equal(np.concatenate(pieces), got), (b, chunk)
+
+
+GEMM_SHAPES = [(5, 48, 37), (70, 208, 130), (130, 64, 257)]  # (M, K, N): tails in M, N and K
+GUARD = 64  # poisoned elements past the output, which must stay poisoned
+
+
+def emulated_gemm(
+    lib: ctypes.CDLL, config: TileConfig, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
+    x_shift: int = 0, y_shift: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """gemm.cu's entry point for `config`, launched as gemm_kernel.gemm launches it;
+    `x_shift` / `y_shift` elements move x / y off 16-byte alignment (the plain-load
+    and scalar-store routes)."""
+    (m, k), n = x.shape, w.shape[0]
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
+    dtype = np.float32 if out_f32 else np.uint16
+    y_buf = poisoned((m * n + y_shift + GUARD,), dtype)
+    y = y_buf[y_shift : y_shift + m * n]
+    grid = (-(-m // config.block_m), -(-n // config.block_n))
+    rc = lib.run_gemm(
+        config.kernel_name(out_f32).encode(), *grid, config.num_threads, config.smem_bytes,
+        ptr(x_buf[x_shift:]), ptr(w), ptr(y), m, n, k,
+    )  # fmt: skip
+    assert rc == 0, rc
+    assert np.array_equal(bits(y_buf[:y_shift]), bits(poisoned((y_shift,), dtype)))
+    assert np.array_equal(bits(y_buf[y_shift + m * n :]), bits(poisoned((GUARD,), dtype)))
+    return y.reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def check_gemm(got: np.ndarray, x: np.ndarray, w: np.ndarray, *, out_f32: bool) -> None:
+    """Within one BF16 rounding (BF16 out) or 1e-5 of the row's largest (fp32 out) of the
+    twin: the emulated mma accumulates in fp32, the twin rounds an exact sum once."""
+    want = gemm_ref(x, w, out_f32=out_f32)
+    if not out_f32:
+        assert max_row_ulps(got, want) <= 1
+        return
+    g, t = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any()
+    scale = np.max(np.abs(t), axis=-1, keepdims=True)
+    assert float(np.max(np.abs(g - t) / scale)) <= 1e-5
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+def test_gemm_matches_its_twin(
+    lib: ctypes.CDLL, rng: np.random.Generator, config: TileConfig, shape: tuple[int, int, int]
+) -> None:
+    m, k, n = shape
+    x = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-3, 4, (m, 1)))).astype(BF16)
+    w = (rng.standard_normal((n, k)) * 0.5).astype(BF16)
+    for out_f32 in (False, True):
+        check_gemm(emulated_gemm(lib, config, x, w, out_f32=out_f32), x, w, out_f32=out_f32)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+def test_gemm_unaligned_operands_take_the_same_values(
+    lib: ctypes.CDLL, rng: np.random.Generator, config: TileConfig
+) -> None:
+    x = rng.standard_normal((19, 96)).astype(BF16)
+    w = rng.standard_normal((42, 96)).astype(BF16)
+    for out_f32 in (False, True):
+        aligned = emulated_gemm(lib, config, x, w, out_f32=out_f32)
+        check_gemm(aligned, x, w, out_f32=out_f32)
+        shifted = emulated_gemm(lib, config, x, w, out_f32=out_f32, x_shift=1, y_shift=1)
+        assert np.array_equal(bits(shifted), bits(aligned))
+
+
+def test_gemm_row_is_independent_of_its_call(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    """Each row of an M = 70 call, under every tile config, bit-equals the row computed
+    alone (M = 1, the config the launcher picks for it): padding rows, companion rows and
+    the tiling never reach a row's result."""
+    x = (rng.standard_normal((70, 208)) * np.exp2(rng.integers(-3, 4, (70, 1)))).astype(BF16)
+    w = rng.standard_normal((37, 208)).astype(BF16)
+    for out_f32 in (False, True):
+        alone = np.concatenate([
+            emulated_gemm(lib, tile_config(1), x[i : i + 1], w, out_f32=out_f32) for i in range(70)
+        ])  # fmt: skip
+        check_gemm(alone, x, w, out_f32=out_f32)
+        for config in CONFIGS:
+            batched = emulated_gemm(lib, config, x, w, out_f32=out_f32)
+            assert np.array_equal(bits(batched), bits(alone)), (config.name, out_f32)
+
+
+def test_gemm_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None:
+    """The kernel checks its thread count and dynamic shared memory against its tile (a
+    launcher drift fails loudly, not by reading past the buffer); here, in a child process,
+    since __trap aborts."""
+    config = tile_config(1)
+    for threads, smem in (
+        (config.num_threads, config.smem_bytes - 16),
+        (2 * config.num_threads, config.smem_bytes),
+    ):
+        script = (
+            "import ctypes, numpy as np\n"
+            f"lib = ctypes.CDLL({lib._name!r})\n"
+            "x = np.zeros(16, np.uint16); y = np.zeros(1, np.uint16)\n"
+            "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+            f"lib.run_gemm({config.kernel_name(False).encode()!r}, 1, 1, {threads}, {smem}, p(x), p(x), p(y), 1, 1, 16)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and "__trap()" in done.stderr, (threads, smem, done.stderr)

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -21,11 +23,13 @@ using std::min;
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(x)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))  // as CUDA defines it: fits anywhere a GNU attribute does
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+struct alignas(8) float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
 struct dim3 { unsigned int x, y, z; };
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -40,6 +44,10 @@ inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+[[noreturn]] inline void __trap() {  // a device trap: abort the whole process, loudly
+  std::fprintf(stderr, "__trap() in thread %u of block (%u, %u)\n", threadIdx.x, blockIdx.x, blockIdx.y);
+  std::abort();
+}
 
 struct CtaSync {
   std::unique_ptr<std::barrier<>> block;

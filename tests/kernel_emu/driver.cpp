@@ -8,6 +8,28 @@
 #include "../../cuda/sampling.cu"
 #include "../../cuda/attention.cu"
 
+// The GEMM: its PTX wrappers come from ptx_emu.h, and its `extern __shared__` buffer
+// is gemm_smem below, sized for the largest tile config (run_gemm checks the launch's
+// size against it). __shared__ expands to nothing while gemm.cu is read, so its
+// block-scope `extern` declaration names that array. gemm.cu sits in a namespace of
+// its own: its file-local helpers share names with other files'.
+#define REPRISE_EMULATE_PTX 1
+#include "ptx_emu.h"
+constexpr unsigned GEMM_SMEM_CAPACITY = 4 * (128 + 128) * (32 + 8) * 2;  // Big: 81,920 B
+namespace gemm_emu {
+namespace {
+alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
+}  // namespace
+#pragma push_macro("__shared__")
+#undef __shared__
+#define __shared__
+#include "../../cuda/gemm.cu"
+#pragma pop_macro("__shared__")
+}  // namespace gemm_emu
+
+#include <atomic>
+#include <string>
+
 extern "C" {
 void run_rmsnorm(int rows, const float* x, const __nv_bfloat16* w, __nv_bfloat16* out, int hidden, float eps) {
   launch({(unsigned)rows, 1, 1}, RMSNORM_THREADS, [&] { rmsnorm(x, w, out, hidden, eps); });
@@ -59,5 +81,38 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
        num_kv_heads, num_layers, layer, scale);
   });
   return 0;
+}
+// Launch gemm.cu's entry point `name` (gemm_kernel.TileConfig.kernel_name) as the launcher
+// does: grid (grid_x, grid_y), `threads` threads, `smem_bytes` of dynamic shared memory,
+// which starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
+// Returns 0, or 1: unknown name, 2: smem_bytes over the emulator's capacity, 3: some
+// thread left cp.async copies uncommitted or in flight at its exit.
+int run_gemm(const char* name, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
+             const unsigned short* w, void* y, int M, int N, int K) {
+  using Bf16Fn = void (*)(const unsigned short*, const unsigned short*, unsigned short*, int, int, int);
+  using F32Fn = void (*)(const unsigned short*, const unsigned short*, float*, int, int, int);
+  const std::string n = name;
+  Bf16Fn bf16 = nullptr;
+  F32Fn f32 = nullptr;
+  if (n == "gemm_bf16_skinny") bf16 = gemm_emu::gemm_bf16_skinny;
+  if (n == "gemm_bf16_mid") bf16 = gemm_emu::gemm_bf16_mid;
+  if (n == "gemm_bf16_big") bf16 = gemm_emu::gemm_bf16_big;
+  if (n == "gemm_f32_skinny") f32 = gemm_emu::gemm_f32_skinny;
+  if (n == "gemm_f32_mid") f32 = gemm_emu::gemm_f32_mid;
+  if (n == "gemm_f32_big") f32 = gemm_emu::gemm_f32_big;
+  if (bf16 == nullptr && f32 == nullptr) return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SMEM_CAPACITY) return 2;
+  std::memset(gemm_emu::gemm_smem, 0xFF, sizeof gemm_emu::gemm_smem);
+  g_ptx_smem = reinterpret_cast<unsigned char*>(gemm_emu::gemm_smem);
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  std::atomic<int> left_behind{0};
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (bf16 != nullptr) bf16(x, w, static_cast<unsigned short*>(y), M, N, K);
+    else f32(x, w, static_cast<float*>(y), M, N, K);
+    if (!ptx_emu_cp_async_drained()) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind.load() == 0 ? 0 : 3;
 }
 }
