@@ -86,6 +86,7 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
     )
     try:
         target, pair, meta, sizes = _targets(socket, names, sizes, options)
+        meta["command"] = " ".join(["reprise", *sys.argv[1:]])
         results = run_suite(names, target, sizes, hosttier_targets=pair, progress=_bar, meta=meta)
     except (ValueError, RuntimeError, ConnectionError) as e:
         raise click.ClickException(str(e)) from None
