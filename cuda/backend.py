@@ -36,7 +36,6 @@ class Backend(Protocol):
     def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
     def to_host(self, x: Any) -> np.ndarray: ...
     def from_host(self, x: np.ndarray) -> Any: ...
-    def synchronize(self) -> None: ...
     def offload_block(
         self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int
     ) -> None: ...
@@ -81,9 +80,6 @@ class NumpyBackend:
 
     def from_host(self, x: np.ndarray) -> np.ndarray:
         return x
-
-    def synchronize(self) -> None:
-        """Ops on this backend are done when they return."""
 
     def offload_block(
         self, cache: np.ndarray, block_id: int, host_cache: np.ndarray, slot: int

@@ -59,9 +59,6 @@ class CupyBackend:
     def from_host(self, x: np.ndarray) -> Any:
         return to_device(np.asarray(x))
 
-    def synchronize(self) -> None:
-        self._cupy.cuda.get_current_stream().synchronize()
-
     def offload_block(self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int) -> None:
         """Copy one device block into a pinned host slot, asynchronously on the copy
         stream, after the compute already queued (which may still be writing it)."""

@@ -73,9 +73,10 @@ class KVCacheManager:
     def blocks_in_flight(self, seq: Sequence) -> list[BlockHash]:
         """Keys of the full blocks a running `seq` has yet to compute from tokens it
         already knows: another request that needs one should wait, then reuse it."""
-        if not self.pool.enable_reuse:
-            return []
-        return self.hash_chain(seq, seq.num_tokens // self.block_size)[len(seq.block_hashes) :]
+        num_full, num_registered = seq.num_tokens // self.block_size, len(seq.block_hashes)
+        if not self.pool.enable_reuse or num_registered >= num_full:
+            return []  # the decode case: nothing in flight, nothing to hash
+        return self.hash_chain(seq, num_full)[num_registered:]
 
     def waits_for(self, seq: Sequence, in_flight: set[BlockHash]) -> bool:
         """Whether a waiting `seq` needs a block that a running request is computing."""
@@ -145,7 +146,8 @@ class KVCacheManager:
             self._copy_block(source, fresh[0])
             seq.block_ids.append(fresh[0])
             seq.num_computed_tokens += num_shared
-            seq.num_host_hit_tokens += num_shared if from_host else 0
+            if from_host:
+                seq.num_host_hit_tokens += num_shared
         self.pool.free([source])
 
     def _hash(self, parent: BlockHash | None, tokens: list[int], seq: Sequence) -> BlockHash:

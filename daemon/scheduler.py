@@ -66,7 +66,12 @@ class Scheduler:
                 idx += 1
                 continue
             self._preempt(self.running[-1])  # the last in order gives way, possibly seq itself
-        in_flight = {h for seq in self.running for h in self.kv.blocks_in_flight(seq)}
+        # blocks the running requests are computing, which an arriving request waits for
+        in_flight = (
+            {h for seq in self.running for h in self.kv.blocks_in_flight(seq)}
+            if self.waiting
+            else set()
+        )
         idx = 0
         while idx < len(self.waiting) and budget > 0:
             seq = self.waiting[idx]
