@@ -46,6 +46,8 @@ def _ints(value: str) -> tuple[int, ...]:
     "--num-device-blocks", type=int, default=None, help="In process [default: 1 GiB worth]."
 )
 @click.option("--max-batched-tokens", type=int, default=2048, show_default=True)
+@click.option("--cuda-graphs/--eager", default=None,
+              help="In process: decode as CUDA graphs [default: on with the GPU backend].")  # fmt: skip
 @click.option("--prompt-tokens", type=click.IntRange(min=2), default=1024, show_default=True)
 @click.option("--prefix-lengths", default="0,256,512,768,1024", show_default=True)
 @click.option("--suffix-tokens", type=click.IntRange(min=1), default=32, show_default=True)
@@ -124,11 +126,13 @@ def _targets(socket: str | None, names: list[str], sizes: Any, options: dict[str
             block_size=options["block_size"],
             num_device_blocks=options["num_device_blocks"],
             max_num_batched_tokens=options["max_batched_tokens"],
+            cuda_graphs=options["cuda_graphs"],
             progress=progress,
         )
     sizes = dataclasses.replace(sizes, vocab=engine.config.vocab_size)
     meta = {"model": str(options["model"] or "default"), "backend": engine.runner.model.ops.name,
-            "block_size": options["block_size"]}  # fmt: skip
+            "block_size": options["block_size"],
+            "cuda_graphs": engine.runner.decode is not None}  # fmt: skip
     pair = None
     if "hosttier" in names:
         # a device pool of half the working set, and a host tier for all of it (or none)
@@ -139,7 +143,8 @@ def _targets(socket: str | None, names: list[str], sizes: Any, options: dict[str
             return InProcess(Engine(engine.config, engine.tokenizer, engine.runner.model,
                                     model_fingerprint=b"bench", block_size=options["block_size"],
                                     num_device_blocks=device, num_host_blocks=host_blocks,
-                                    max_num_batched_tokens=options["max_batched_tokens"]))  # fmt: skip
+                                    max_num_batched_tokens=options["max_batched_tokens"],
+                                    cuda_graphs=options["cuda_graphs"]))  # fmt: skip
 
         pair = (make(2 * sizes.users * blocks), make(0))
     return InProcess(engine), pair, meta, sizes

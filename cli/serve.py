@@ -21,6 +21,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "num_device_blocks": (None, int),
     "memory_fraction": (None, float),
     "reuse": (True, bool),
+    "cuda_graphs": (None, bool),
     "host_blocks": (0, int),
     "host_bytes": (None, int),
     "max_batched_tokens": (2048, int),
@@ -94,6 +95,12 @@ def load_config(path: Path) -> dict[str, Any]:
     default=None,
     help="Find cached KV blocks again across requests [default: on].",
 )
+@click.option(
+    "--cuda-graphs/--eager",
+    default=None,
+    help="Replay decode steps as CUDA graphs, one per batch-size bucket "
+    "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
+)
 @click.option("--host-blocks", type=int, default=None, help="Blocks in the host tier [default: 0].")
 @click.option(
     "--host-bytes",
@@ -161,6 +168,7 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
                 num_device_blocks=options["num_device_blocks"],
                 memory_fraction=options["memory_fraction"],
                 enable_reuse=options["reuse"],
+                cuda_graphs=options["cuda_graphs"],
                 max_num_batched_tokens=options["max_batched_tokens"],
                 max_model_len=options["max_model_len"],
                 num_host_blocks=_host_blocks(options, progress),

@@ -43,6 +43,10 @@ class Backend(Protocol):
         self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
     ) -> None: ...
     def wait_copies(self) -> None: ...
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
+    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+    def upload(self, dst: Any, src: np.ndarray) -> None: ...
+    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
 
     embed: Callable[..., Any]
     rmsnorm: Callable[..., Any]
@@ -52,6 +56,7 @@ class Backend(Protocol):
     kv_write: Callable[..., None]
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
+    argmax: Callable[..., Any]
 
 
 class NumpyBackend:
@@ -94,6 +99,27 @@ class NumpyBackend:
 
     def wait_copies(self) -> None:
         """Block copies on this backend are done when issued."""
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A backend array of zeros (the device's memory on the GPU backend)."""
+        return np.zeros(shape, dtype=dtype)
+
+    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A host array that `upload` copies from (pinned memory on the GPU backend)."""
+        return np.zeros(shape, dtype=dtype)
+
+    def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Copy a host array into a backend array (or view) of its shape."""
+        dst[...] = src
+
+    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """What the GPU backend records as a CUDA graph, this backend just reruns."""
+        return fn
+
+    @staticmethod
+    def argmax(logits: np.ndarray) -> np.ndarray:
+        """Greedy choice per row of [R, vocab] logits, ties to the lowest id: [R] int32."""
+        return np.argmax(logits, axis=1).astype(np.int32)
 
     embed = staticmethod(embed_ref)
     rmsnorm = staticmethod(rmsnorm_ref)

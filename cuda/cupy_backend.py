@@ -12,6 +12,7 @@ device pool run at full bus bandwidth.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ class CupyBackend:
 
         self._cupy = cupy
         self._copy_stream: Any = None  # block copies to and from the host tier, created on use
+        self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
 
     def linear_weight(self, w: np.ndarray) -> Any:
         """A BF16 [out, in] weight on the device, as `gemm` takes it."""
@@ -77,6 +79,73 @@ class CupyBackend:
         if self._copy_stream is not None:
             self._cupy.cuda.get_current_stream().wait_event(self._copy_stream.record())
 
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self._cupy.zeros(shape, dtype=dtype)
+
+    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """Pinned host memory, so that `upload` from it is asynchronous."""
+        import cupyx
+
+        return cupyx.zeros_pinned(shape, dtype=dtype)
+
+    def upload(self, dst: Any, src: np.ndarray) -> None:
+        """Copy a host array into a device array or view of its shape and dtype, on the
+        current stream: asynchronous when `src` is pinned, so `src` must then stay
+        unchanged until the stream has passed the copy. A 2-d pair may have strided
+        rows (a column range of a wider table); anything else must be contiguous."""
+        runtime = self._cupy.cuda.runtime
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(
+                f"upload needs one shape and dtype; got {dst.shape} {dst.dtype} from "
+                f"{src.shape} {src.dtype}"
+            )
+        stream = self._cupy.cuda.get_current_stream().ptr
+        kind = runtime.memcpyHostToDevice
+        if dst.flags.c_contiguous and src.flags.c_contiguous:
+            runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, kind, stream)
+            return
+        itemsize = src.dtype.itemsize
+        if src.ndim != 2 or dst.strides[1] != itemsize or src.strides[1] != itemsize:
+            raise ValueError(f"upload takes contiguous arrays or 2-d row views; got {src.strides}")
+        rows, cols = src.shape
+        runtime.memcpy2DAsync(dst.data.ptr, dst.strides[0], src.ctypes.data, src.strides[0],
+                              cols * itemsize, rows, kind, stream)  # fmt: skip
+
+    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Record `fn`'s kernels once as a CUDA graph; the callable returned replays them
+        on the current stream and returns what `fn` returned at capture, the same device
+        arrays each time.
+
+        `fn` must take its inputs from, and leave its results in, device arrays that stay
+        where they are (static buffers, the weights, the KV cache), must not touch the
+        host, and must launch the same kernels each call. It runs once eagerly first, to
+        load its kernels and grow the graphs' memory pool, then once under capture.
+        Its temporaries come from a pool of their own that nothing else allocates from:
+        graphs replay one at a time on one stream, so they may share it, and what a
+        graph returns stays referenced, so no later capture reuses it.
+        """
+        cupy = self._cupy
+        if self._graph_pool is None:
+            self._graph_pool = cupy.cuda.MemoryPool()
+        stream = cupy.cuda.Stream(non_blocking=True)  # capture cannot run on the legacy stream
+        cupy.cuda.Device().synchronize()  # the static inputs were uploaded on another stream
+        with cupy.cuda.using_allocator(self._graph_pool.malloc), stream:
+            fn()
+            stream.begin_capture()
+            try:
+                out = fn()
+            except BaseException:
+                stream.end_capture()
+                raise
+            graph = stream.end_capture()
+        stream.synchronize()
+
+        def replay() -> Any:
+            graph.launch(stream=cupy.cuda.get_current_stream())
+            return out
+
+        return replay
+
     def _stream_after_compute(self) -> Any:
         # NOTE: copies run in issue order on one stream; each waits for the compute queued
         # before it, so it reads a block only once written and overwrites one only once read.
@@ -91,6 +160,7 @@ class CupyBackend:
     rope = staticmethod(launchers.rope)
     kv_write = staticmethod(launchers.kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
+    argmax = staticmethod(launchers.argmax)
 
     @staticmethod
     def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:

@@ -50,7 +50,11 @@ class Engine:
         enable_reuse: bool = True,
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
+        """`cuda_graphs`: replay decode steps as CUDA graphs (daemon/graphs.py); None
+        means on with the GPU backend, off with NumPy, where True runs the same padded
+        steps eagerly (the tests' way to check them without a GPU)."""
         self.config = config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or config.max_position_embeddings
@@ -63,7 +67,16 @@ class Engine:
             num_device_blocks = max(DEFAULT_KV_CACHE_BYTES // block_bytes, 1)
         if num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0; got {num_host_blocks}")
-        self.runner = ModelRunner(model, num_device_blocks, block_size, num_host_blocks)
+        if cuda_graphs is None:
+            cuda_graphs = model.ops.name == "cupy"
+        self.runner = ModelRunner(
+            model,
+            num_device_blocks,
+            block_size,
+            num_host_blocks,
+            decode_graphs=cuda_graphs,
+            max_model_len=self.max_model_len,
+        )
         self.events = EventQueue()
         host_tier = HostTier(num_host_blocks, copier=self.runner) if num_host_blocks else None
         self.pool = BlockPool(
@@ -95,6 +108,7 @@ class Engine:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         memory_fraction: float | None = None,
+        cuda_graphs: bool | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> Engine:
         """Load a Hugging Face Llama folder; `path=None` means the default model,
@@ -131,6 +145,7 @@ class Engine:
             enable_reuse=enable_reuse,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
+            cuda_graphs=cuda_graphs,
         )
 
     # -- requests ---------------------------------------------------------------------------
@@ -282,7 +297,7 @@ class Engine:
         del self._live[seq.request_id]
         self._finished[seq.request_id] = seq
 
-    def _step_output(self, seq: Sequence, token: int, logits: np.ndarray) -> StepOutput:
+    def _step_output(self, seq: Sequence, token: int, logits: np.ndarray | None) -> StepOutput:
         # While running, hold back the text that could still be the start of a stop string.
         hold = 0 if seq.finish_reason else max((len(s) for s in seq.params.stop), default=1) - 1
         end = max(len(seq.text) - hold, seq.num_text_emitted)
@@ -293,7 +308,7 @@ class Engine:
             [token],
             delta,
             seq.finish_reason,
-            logits[None].copy() if seq.params.return_logits else None,
+            logits[None].copy() if logits is not None else None,
         )
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -318,11 +333,11 @@ class Engine:
             )
         return ids
 
-    def _append_token(self, seq: Sequence, token: int, logits: np.ndarray) -> bool:
+    def _append_token(self, seq: Sequence, token: int, logits: np.ndarray | None) -> bool:
         """Record a sampled token; returns True when the request is finished."""
         params = seq.params
         seq.output_token_ids.append(token)
-        if params.return_logits:
+        if logits is not None:  # the runner brings rows back only when they are returned
             seq.logits.append(np.array(logits, dtype=np.float32))
         detok = self._detokenizers[seq.request_id]
         searched = max(len(seq.text) - max((len(s) for s in params.stop), default=0), 0)

@@ -33,7 +33,7 @@ class ForwardBatch:
     block_tables: np.ndarray  # [B, max_blocks_per_seq] int32
     seq_lens: np.ndarray  # [B] int32, keys visible to each sequence after this step
     query_start_loc: np.ndarray  # [B + 1] int32, rows of each sequence
-    logit_rows: np.ndarray  # [R] int32, rows whose logits are returned
+    logit_rows: np.ndarray | None  # [R] int32, rows whose logits are returned; None: all
 
 
 @dataclass(slots=True)
@@ -83,9 +83,16 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """Run one step; K/V of every token land in `kv_cache`. Returns fp32 [R, vocab]."""
-        ops, cfg = self.ops, self.config
         # the step's indices go to the device once (no copy on the NumPy backend)
-        batch = ForwardBatch(*(ops.from_host(getattr(batch, f)) for f in ForwardBatch.__slots__))
+        fields = (getattr(batch, f) for f in ForwardBatch.__slots__)
+        batch = ForwardBatch(*(None if x is None else self.ops.from_host(x) for x in fields))
+        return self.forward_device(batch, kv_cache)
+
+    def forward_device(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
+        """`forward` on a batch whose arrays are already the backend's. It launches the
+        same kernels for every batch of the same shapes and reads nothing back to the
+        host, so the GPU backend can capture it in a CUDA graph (daemon/graphs.py)."""
+        ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
         q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
         residual = ops.embed(self.embed_tokens, batch.token_ids)  # [T, hidden] fp32
@@ -112,4 +119,6 @@ class LlamaModel:
             mlp = ops.gemm(ops.silu_mul(ops.gemm(x, layer.gate_up_proj)), layer.down_proj)
             residual, x = ops.add_rmsnorm(residual, mlp, self._next_norm[idx], cfg.rms_norm_eps)
         # x is now the final norm's output; only the rows that sample need the lm_head.
-        return ops.gemm(x[batch.logit_rows], self.lm_head, out_f32=True)  # [R, vocab] fp32
+        if batch.logit_rows is not None:
+            x = x[batch.logit_rows]
+        return ops.gemm(x, self.lm_head, out_f32=True)  # [R, vocab] fp32

@@ -9,6 +9,7 @@ from reprise.blockpool.block import HostSlot
 from reprise.blockpool.pool import BlockId
 from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.config import ModelConfig
+from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
 from reprise.daemon.model import ForwardBatch, LlamaModel
 from reprise.daemon.sampler import sample_token
 from reprise.daemon.scheduler import ScheduledSeq
@@ -17,20 +18,43 @@ from reprise.daemon.sequence import Sequence
 
 class ModelRunner:
     """Also the pool's block copier: whole-block copies within the device cache and
-    between it and the host arena (same per-block layout), byte for byte."""
+    between it and the host arena (same per-block layout), byte for byte.
+
+    With `decode_graphs`, steps that run one token per sequence go through
+    `StaticDecode` (CUDA graphs on the GPU backend); the cache then holds one block
+    past the pool's, the padding rows' scratch block."""
 
     def __init__(
-        self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int = 0
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int = 0,
+        *,
+        decode_graphs: bool = False,
+        max_model_len: int | None = None,
+        decode_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     ) -> None:
         cfg: ModelConfig = model.config
         self.model = model
         self.block_size = block_size
         shape = kv_cache_shape(
-            num_blocks, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim
+            num_blocks + decode_graphs, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim
         )
         self.kv_cache = model.ops.kv_cache(shape)
         # [num_host_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] on the host
         self.host_cache = model.ops.host_kv_cache((num_host_blocks, *shape[1:]))
+        self.decode: StaticDecode | None = None
+        if decode_graphs:
+            max_len = max_model_len or cfg.max_position_embeddings
+            self.decode = StaticDecode(
+                model,
+                self.kv_cache,
+                scratch_block=num_blocks,
+                block_size=block_size,
+                max_blocks_per_seq=-(-max_len // block_size),
+                buckets=decode_buckets,
+            )
 
     def copy_block(self, src: BlockId, dst: BlockId) -> None:
         self.kv_cache[dst] = self.kv_cache[src]
@@ -75,20 +99,39 @@ class ModelRunner:
             logit_rows=np.asarray(logit_rows, dtype=np.int32),
         )
 
-    def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray]]:
+    def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray | None]]:
         """Forward one step and advance every scheduled sequence's computed count.
 
-        Returns (sequence, sampled token id, the logits row it was drawn from)
-        for each sequence whose pending tokens all ran, in schedule order.
+        Returns (sequence, sampled token id, the logits row it was drawn from) for
+        each sequence whose pending tokens all ran, in schedule order. The row comes
+        to the host only when the sequence samples at random or returns logits; the
+        greedy tokens are chosen on the device, and only they are read back.
         """
+        ops = self.model.ops
         batch = self.build_batch(scheduled)
-        logits = self.model.ops.to_host(self.model.forward(batch, self.kv_cache))  # [R, vocab]
-        results = []
+        if self.decode is not None and self.decode.fits(batch):
+            logits, greedy = self.decode.run(batch)  # row i is scheduled[i]'s
+        else:
+            logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
+            greedy = ops.argmax(logits)
+        sampling = [item.seq for item in scheduled if item.samples]
+        tokens = ops.to_host(greedy)  # waits for the step
+        wanted = [i for i, seq in enumerate(sampling) if _needs_row(seq)]
+        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else None
+        row_of = {i: rows[j] for j, i in enumerate(wanted)} if rows is not None else {}
         for item in scheduled:
-            samples = item.samples
             item.seq.num_computed_tokens += item.num_tokens
-            if samples:
-                seq, row = item.seq, logits[len(results)]
+        results: list[tuple[Sequence, int, np.ndarray | None]] = []
+        for i, seq in enumerate(sampling):
+            row = row_of.get(i)
+            if seq.params.greedy:
+                token = int(tokens[i])
+            else:
+                assert row is not None
                 token = sample_token(row, seq.params, seq.seed, position=seq.num_tokens)
-                results.append((seq, token, row))
+            results.append((seq, token, row if seq.params.return_logits else None))
         return results
+
+
+def _needs_row(seq: Sequence) -> bool:
+    return not seq.params.greedy or seq.params.return_logits

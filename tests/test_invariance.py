@@ -159,11 +159,26 @@ def test_prefill_in_chunks(engines: Engines, reference, chunk: int) -> None:
     assert_identical(outs, reference)
 
 
-def test_batched_with_traffic_that_joins_leaves_and_preempts(engines: Engines, reference) -> None:
+def other_decode_path(engines: Engines) -> bool:
+    """Decode steps at padded bucket sizes (CUDA graphs on the GPU backend, the same
+    padded steps run eagerly on NumPy) or eager ones: whichever the backend's default
+    is not."""
+    return engines.model.ops.name != "cupy"
+
+
+def test_decode_the_other_way(engines: Engines, reference) -> None:
+    assert_identical(run_both(engines(cuda_graphs=other_decode_path(engines))), reference)
+
+
+@pytest.mark.parametrize("flip_decode", [False, True], ids=["default-decode", "other-decode"])
+def test_batched_with_traffic_that_joins_leaves_and_preempts(
+    engines: Engines, reference, flip_decode: bool
+) -> None:
     """Random prompts of random lengths join at random steps and leave when done (or
     cancelled); a small pool forces preemptions; the budget chunks the prefills."""
     rng = np.random.default_rng(5)
-    engine = engines(num_device_blocks=22, max_num_batched_tokens=96)
+    graphs = other_decode_path(engines) if flip_decode else None
+    engine = engines(num_device_blocks=22, max_num_batched_tokens=96, cuda_graphs=graphs)
     ids = [engine.add_request(p, params) for p, params in zip(PROMPTS, PARAMS, strict=True)]
     others: list = []
     finished: set = set()

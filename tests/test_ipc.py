@@ -45,7 +45,11 @@ def code_of(data: bytes) -> str:
     [
         Generate(id="r1", prompt="hi", sampling={"max_tokens": 3, "temperature": 0.5}),
         Generate(
-            id="r2", messages=[{"role": "user", "content": "hi"}], cache_salt="a", priority=90, queue_priority=-3
+            id="r2",
+            messages=[{"role": "user", "content": "hi"}],
+            cache_salt="a",
+            priority=90,
+            queue_priority=-3,
         ),
         Generate(id="r3", token_ids=[1, 2, 3], stream=False, return_logits=True),
         Cancel(id="r1"),

@@ -1,0 +1,129 @@
+"""Decode steps at padded bucket sizes (daemon/graphs.py): the path CUDA graphs replay
+on the GPU backend, run eagerly on NumPy. A sequence's tokens and logits must be
+bit-identical to the eager unpadded steps, whatever the bucket, the padding and the
+stale rows a shrinking batch leaves behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.cuda.backend import cuda_device_available
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
+from reprise.daemon.synth import synth_model
+
+BACKENDS = [
+    "numpy",
+    pytest.param(
+        "cupy",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_model("tiny", tmp_path_factory.mktemp("graphs") / "tiny")
+
+
+def engine(path: Path, backend: str, graphs: bool, **kwargs) -> Engine:
+    kwargs.setdefault("num_device_blocks", 96)
+    return Engine.from_pretrained(
+        path, backend=backend, block_size=16, cuda_graphs=graphs, **kwargs
+    )
+
+
+def traffic(rng: np.random.Generator, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """n requests of random lengths, greedy and seeded, finishing at different steps."""
+    prompts = [rng.integers(4, 1000, size=int(rng.integers(1, 70))).tolist() for _ in range(n)]
+    params = [
+        SamplingParams(
+            max_tokens=int(rng.integers(1, 24)),
+            temperature=0.0 if i % 3 else 0.9,
+            top_k=50,
+            seed=100 + i,
+            ignore_eos=True,
+            return_logits=True,
+        )
+        for i in range(n)
+    ]
+    return prompts, params
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_requests", [1, 3, 6, 11])
+def test_padded_decode_is_bit_identical_to_eager(
+    tiny: Path, rng: np.random.Generator, backend: str, num_requests: int
+) -> None:
+    prompts, params = traffic(rng, num_requests)
+    eager = engine(tiny, backend, graphs=False)
+    padded = engine(tiny, backend, graphs=True)
+    want = eager.generate(prompts, params)
+    got = padded.generate(prompts, params)
+    decode = padded.runner.decode
+    assert eager.runner.decode is None and decode is not None
+    assert decode.steps > 0, "no step went through the static decode path"
+    # the batch shrinks as requests finish: every bucket from the first one down was used
+    first = min(b for b in DEFAULT_BUCKETS if b >= num_requests)
+    assert max(decode.built_buckets()) == first
+    for g, w, p in zip(got, want, params, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.logits is not None and w.logits is not None
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+        if p.greedy:  # chosen on the device from the same rows
+            assert g.token_ids == np.argmax(g.logits, axis=1).tolist()
+    padded.pool.check_integrity()
+    assert padded.stats()["used_blocks"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_traffic_that_joins_and_leaves_mid_decode(
+    tiny: Path, rng: np.random.Generator, backend: str
+) -> None:
+    """Requests join while others decode, so steps mix prefill (eager) and pure decode
+    (static) and the buckets grow and shrink; outputs must match each request alone."""
+    prompts, params = traffic(rng, 9)
+    alone = engine(tiny, backend, graphs=False)
+    want = [alone.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    padded = engine(tiny, backend, graphs=True, max_num_batched_tokens=40)
+    ids, finished, pending = [], {}, list(zip(prompts, params, strict=True))
+    while pending or padded.has_work():
+        if pending and rng.random() < 0.4:
+            ids.append(padded.add_request(*pending.pop(0)))
+        for out in padded.step():
+            if out.finish_reason:
+                finished[out.request_id] = padded.take_completion(out.request_id)
+    assert padded.runner.decode is not None and padded.runner.decode.steps > 0
+    for request_id, w in zip(ids, want, strict=True):
+        g = finished[request_id]
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+
+
+def test_what_the_static_path_takes(tiny: Path) -> None:
+    """Prefill steps, steps that do not sample and tables wider than the static ones
+    run eagerly; the scratch block lies past the pool's blocks."""
+    eng = engine(tiny, "numpy", graphs=True, max_model_len=64)
+    decode = eng.runner.decode
+    assert isinstance(decode, StaticDecode)
+    assert decode.scratch_block == eng.pool.num_blocks == eng.runner.kv_cache.shape[0] - 1
+    assert decode.width == 4  # 64 tokens in blocks of 16
+    prefill_steps = []
+    original = decode.run
+
+    def spy(batch):
+        prefill_steps.append(batch.token_ids.shape[0])
+        return original(batch)
+
+    decode.run = spy
+    eng.generate([5] * 20, SamplingParams(max_tokens=3, temperature=0))
+    assert prefill_steps == [1, 1]  # the prefill step ran eagerly, the two decodes did not
+    with pytest.raises(ValueError, match="ascending"):
+        StaticDecode(eng.runner.model, eng.runner.kv_cache, scratch_block=0, block_size=16,
+                     max_blocks_per_seq=4, buckets=(4, 2))  # fmt: skip
