@@ -23,7 +23,9 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from reprise.cuda.dtypes import BF16
+from reprise.daemon.config import ModelConfig
 from reprise.daemon.safetensors_io import save_safetensors
+from reprise.daemon.weights import LayerWeights, LlamaWeights
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -117,8 +119,19 @@ def synth_model(
     out.mkdir(parents=True, exist_ok=True)
     label = LABEL.format(like=like)
     _write_weights(out, shape, label, np.random.default_rng(seed), progress)
-    _write_tokenizer(out, shape["vocab_size"])
-    config = {
+    write_tokenizer(out, shape["vocab_size"])
+    config = _config_json(shape, label)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "README.md").write_text(
+        f"# Synthetic model ({like})\n\n{label.capitalize()}.\n\nWritten by "
+        f"`reprise model synth --like {like}` (seed {seed}) to measure speed and memory "
+        "at this size without a model hub. Do not use it for anything else.\n"
+    )
+    return out
+
+
+def _config_json(shape: dict[str, Any], label: str) -> dict[str, Any]:
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         **shape,
@@ -129,13 +142,46 @@ def synth_model(
         "eos_token_id": [257, 258],
         "reprise_synthetic": label,
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "README.md").write_text(
-        f"# Synthetic model ({like})\n\n{label.capitalize()}.\n\nWritten by "
-        f"`reprise model synth --like {like}` (seed {seed}) to measure speed and memory "
-        "at this size without a model hub. Do not use it for anything else.\n"
+
+
+def synth_config(like: str, *, num_layers: int | None = None) -> ModelConfig:
+    """The config of `like`'s shape, as `synth_model` writes it."""
+    if like not in SHAPES:
+        raise ValueError(f"like must be one of {', '.join(SHAPES)}; got {like!r}")
+    shape = dict(SHAPES[like])
+    if num_layers is not None:
+        shape["num_hidden_layers"] = num_layers
+    return ModelConfig.from_dict(_config_json(shape, LABEL.format(like=like)))
+
+
+def synth_in_memory(
+    like: str, *, seed: int = 0, num_layers: int | None = None
+) -> tuple[ModelConfig, LlamaWeights]:
+    """Random weights in `like`'s shape without a folder, for speed runs that need no
+    file: an 8B model in seconds, not minutes. Every layer shares one set of host
+    tensors (the backend still makes each layer a copy of its own), and the values are
+    BF16 of magnitude in [2**-7, 2**-6) with random signs and mantissas, drawn as bits.
+    Speed does not depend on the values; nothing but speed should be read from it."""
+    config = synth_config(like, num_layers=num_layers)
+    rng = np.random.default_rng(seed)
+
+    def rand(*dims: int) -> np.ndarray:
+        bits = rng.integers(0, 1 << 16, size=dims, dtype=np.uint16)
+        return ((bits & 0x807F) | 0x3C00).view(BF16)  # sign, mantissa random; exponent 2**-7
+
+    h, inter = config.hidden_size, config.intermediate_size
+    ones = np.ones(h, dtype=BF16)
+    layer = LayerWeights(
+        attn_norm=ones,
+        qkv_proj=rand(config.q_size + 2 * config.kv_size, h),
+        o_proj=rand(h, config.q_size),
+        mlp_norm=ones,
+        gate_up_proj=rand(2 * inter, h),
+        down_proj=rand(h, inter),
     )
-    return out
+    embed = rand(config.vocab_size, h)
+    lm_head = embed if config.tie_word_embeddings else rand(config.vocab_size, h)
+    return config, LlamaWeights(embed, [layer] * config.num_layers, ones, lm_head)
 
 
 def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -201,7 +247,7 @@ def _random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) -
     return (rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)).astype(BF16)
 
 
-def _write_tokenizer(out: Path, vocab_size: int) -> None:
+def write_tokenizer(out: Path, vocab_size: int) -> None:
     """A byte-level tokenizer: ids 0-255 are the bytes, then the special tokens."""
     byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
     byte_tokens.sort(key=lambda t: ord(t))

@@ -8,19 +8,7 @@
 #   bash scripts/gpu_check.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-gpu-results}
-mkdir -p "$out"
-python=${PYTHON:-python3}
-# reprise.* from the source folders, as setup.cfg maps them
-src=$(mktemp -d)
-mkdir -p "$src/reprise"
-for pkg in daemon cuda blockpool ipc cli; do ln -s "$PWD/$pkg" "$src/reprise/$pkg"; done
-export PYTHONPATH="$src${PYTHONPATH:+:$PYTHONPATH}"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-  "$python" -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'
-  date -u +%Y-%m-%dT%H:%M:%SZ
-} 2>&1 | tee "$out/device.txt"
+source scripts/gpu_env.sh
 if [ -z "${REPRISE_TEST_MODEL_DIR:-}" ]; then
   model=$("$python" -c 'try:  # the gguf package the converter needs may be missing here
     from reprise.daemon.prepare import default_model_dir, is_prepared

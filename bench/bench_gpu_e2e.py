@@ -1,0 +1,436 @@
+"""End-to-end GPU speed against issue 7's targets, on Llama-3.1-8B shapes with random
+weights (`synth_in_memory`), every figure a ratio to something measured in the same run:
+
+- decode step, batch 1 and 64, eager and CUDA graphs: over the weights-read floor
+  (bytes of the weights / measured device copy bandwidth), and tokens/s against
+  `transformers` (SDPA attention) on the same GPU and shapes;
+- prefill of 2,048 tokens: over the FLOP floor (2 x parameters x tokens / measured
+  BF16 matrix rate);
+- the invariant path's cost: the same steps with every GEMM done by cuBLAS (torch.mm
+  on the same buffers; CuPy has no BF16 matmul), eager on both sides;
+- time to first token of a 4,096-token prompt: fresh, fully cached (over one decode
+  step at that context) and from the host tier (over fresh).
+
+    python bench/bench_gpu_e2e.py [--like llama-3.1-8b] [--out gpu-e2e.json]
+
+Each section runs on its own: one that fails records its error and the rest go on.
+Needs CuPy with a CUDA device, and torch (CUDA) for the cuBLAS and transformers rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.model import LlamaModel
+from reprise.daemon.synth import synth_in_memory, write_tokenizer
+from reprise.daemon.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+
+def linear_params(config: ModelConfig) -> int:
+    """Parameters every token's forward multiplies by (the lm_head included, the
+    embedding gather not)."""
+    h, inter = config.hidden_size, config.intermediate_size
+    per_layer = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * inter
+    return config.num_layers * per_layer + config.vocab_size * h
+
+
+def weight_bytes(config: ModelConfig) -> int:
+    """Bytes a decode step must read at least: every linear weight once, in BF16."""
+    return 2 * linear_params(config)
+
+
+def prefill_flops(config: ModelConfig, tokens: int) -> float:
+    """FLOPs of a causal prefill that computes the lm_head for its last token only."""
+    linear = linear_params(config) - config.vocab_size * config.hidden_size
+    attention = 2 * 2 * config.num_layers * config.q_size * tokens * (tokens + 1) / 2
+    return 2.0 * linear * tokens + attention + 2.0 * config.vocab_size * config.hidden_size
+
+
+# -- the hardware, measured ----------------------------------------------------------------
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read plus written per second."""
+    import cupy
+
+    src = cupy.ones(1 << 30, dtype=np.uint8)
+    dst = cupy.empty_like(src)
+    return 2 * src.nbytes / _time_gpu(lambda: dst.__setitem__(Ellipsis, src), iters=10)
+
+
+def matrix_rate() -> float:
+    """BF16 matmul FLOP/s of cuBLAS (torch) on 8192^3."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192**3 / _time_gpu(lambda: torch.mm(a, b), iters=10)
+
+
+def _time_gpu(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
+    """Median seconds of fn on the current stream, by CUDA events."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return statistics.median(times)
+
+
+# -- the cuBLAS variant ---------------------------------------------------------------------
+
+
+def cublas_backend() -> Any:
+    """The GPU backend with every GEMM done by cuBLAS through torch, on the same device
+    buffers (BF16 bits as int16 across DLPack). Only for measuring: its rows depend on M."""
+    import cupy
+    import torch
+
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    def as_torch(x: Any) -> Any:
+        return torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)
+
+    class CublasBackend(CupyBackend):
+        name = "cupy-cublas"
+
+        @staticmethod
+        def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:
+            y = torch.mm(as_torch(x), as_torch(w).t())
+            if out_f32:
+                return cupy.from_dlpack(y.float())
+            return cupy.from_dlpack(y.view(torch.int16)).view(cupy.uint16)
+
+    return CublasBackend()
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from reprise.cuda.backend import get_backend
+
+        like, block_size = args.like, args.block_size
+        self.context, self.batches = args.context, args.batches
+        self.prefill_tokens, self.ttft_tokens = args.prefill_tokens, args.ttft_tokens
+        self.backend = get_backend(args.backend)
+        start = time.perf_counter()
+        self.config, self.weights = synth_in_memory(like)
+        self.tokenizer_dir = Path(tempfile.mkdtemp(prefix="reprise-e2e-"))
+        write_tokenizer(self.tokenizer_dir, self.config.vocab_size)
+        self.tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
+        self.model = LlamaModel(self.config, self.weights, self.backend)
+        self.block_size = block_size
+        self.load_s = time.perf_counter() - start
+        self.rng = np.random.default_rng(0)
+
+    def engine(self, model: LlamaModel | None = None, **kwargs: Any) -> Engine:
+        kwargs.setdefault("block_size", self.block_size)
+        kwargs.setdefault("max_model_len", min(8192, self.config.max_position_embeddings))
+        kwargs.setdefault("max_num_batched_tokens", 8192)
+        return Engine(self.config, self.tokenizer, model or self.model, **kwargs)
+
+    def prompt(self, n: int) -> list[int]:
+        return self.rng.integers(300, self.config.vocab_size, size=n).tolist()
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def decode_step_s(
+        self, batch: int, context: int, *, graphs: bool, model: LlamaModel | None = None,
+        steps: int = 16,
+    ) -> float:  # fmt: skip
+        """Median seconds of an engine step decoding `batch` sequences at ~`context`."""
+        warm = 3
+        total = context + warm + steps + 64
+        engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
+                             cuda_graphs=graphs, enable_reuse=False)  # fmt: skip
+        # sequences prefilled in an early step decode during the later prefill steps:
+        # enough tokens that none finishes before the timed steps are over
+        params = SamplingParams(max_tokens=warm + steps + 64, temperature=0, ignore_eos=True)
+        for _ in range(batch):
+            engine.add_request(self.prompt(context), params)
+        while engine.prefill_tokens_computed < batch * context:  # the prefill steps
+            engine.step()
+        times = []
+        for i in range(warm + steps):
+            start = time.perf_counter()
+            outs = engine.step()
+            if i >= warm:
+                times.append(time.perf_counter() - start)
+            assert len(outs) == batch, "every sequence decodes in every timed step"
+        del engine
+        _free()
+        return statistics.median(times)
+
+    def prefill_s(self, tokens: int, model: LlamaModel | None = None, repeats: int = 3) -> float:
+        engine = self.engine(model, num_device_blocks=self.blocks(tokens) + 4,
+                             max_num_batched_tokens=tokens, enable_reuse=False)  # fmt: skip
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            engine.generate(self.prompt(tokens), GREEDY)
+            times.append(time.perf_counter() - start)
+        del engine
+        _free()
+        return statistics.median(times[1:])
+
+
+def _free() -> None:
+    try:
+        import cupy
+    except ImportError:  # the NumPy backend (a smoke run on the CPU)
+        gc.collect()
+        return
+
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def section_floors(b: Bench, out: dict[str, Any]) -> None:
+    out["floors"] = {"copy_bytes_per_s": copy_bandwidth(), "bf16_flops_per_s": matrix_rate()}
+    out["floors"]["weight_bytes"] = weight_bytes(b.config)
+    _free()
+
+
+def section_decode(b: Bench, out: dict[str, Any]) -> None:
+    floors = out.get("floors", {})
+    floor_s = weight_bytes(b.config) / floors["copy_bytes_per_s"] if floors else None
+    for batch in b.batches:
+        for graphs in (False, True):
+            step = b.decode_step_s(batch, b.context, graphs=graphs)
+            row = {"name": f"decode b={batch} ctx={b.context} {'graphs' if graphs else 'eager'}",
+                   "seconds": step, "tokens_per_s": batch / step}  # fmt: skip
+            if floor_s and batch == 1:
+                row["floor_s"], row["x_floor"] = floor_s, step / floor_s
+            out["rows"].append(row)
+
+
+def section_prefill(b: Bench, out: dict[str, Any]) -> None:
+    floors = out.get("floors", {})
+    n = b.prefill_tokens
+    seconds = b.prefill_s(n)
+    row = {"name": f"prefill {n}", "seconds": seconds, "tokens_per_s": n / seconds}
+    if floors:
+        row["floor_s"] = prefill_flops(b.config, n) / floors["bf16_flops_per_s"]
+        row["x_floor"] = seconds / row["floor_s"]
+    out["rows"].append(row)
+
+
+def section_cublas(b: Bench, out: dict[str, Any]) -> None:
+    """The invariant GEMM's end-to-end cost: the same eager steps with cuBLAS GEMMs."""
+    cublas = LlamaModel(b.config, b.weights, cublas_backend())
+    try:
+        pairs: list[tuple[str, Callable[[LlamaModel], float]]] = [
+            (
+                f"decode b={batch}",
+                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=False, model=m),
+            )
+            for batch in b.batches
+        ]
+        pairs.append(
+            (f"prefill {b.prefill_tokens}", lambda m: b.prefill_s(b.prefill_tokens, model=m))
+        )
+        for name, measure in pairs:
+            ours, theirs = measure(b.model), measure(cublas)
+            out["rows"].append({"name": f"invariant vs cuBLAS, {name} (eager)", "seconds": ours,
+                                "reference_s": theirs, "x_reference": ours / theirs})  # fmt: skip
+    finally:
+        del cublas
+        _free()
+
+
+def ttft(engine: Engine, prompt: list[int]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = engine.generate(prompt, GREEDY)
+    return time.perf_counter() - start, result
+
+
+def section_ttft(b: Bench, out: dict[str, Any]) -> None:
+    """A 4,096-token prompt: fresh, fully cached, from the host tier; one decode step."""
+    n = b.ttft_tokens
+    per_prompt = b.blocks(n + 1) + 1
+    engine = b.engine(num_device_blocks=per_prompt + per_prompt // 2, num_host_blocks=4 * per_prompt,
+                      max_num_batched_tokens=n)  # fmt: skip
+    first = b.prompt(n)
+
+    ttft(engine, b.prompt(n))  # warm
+    fresh, _ = ttft(engine, first)
+    cached, result = ttft(engine, first)
+    assert result.cached_tokens >= n - b.block_size, result.cached_tokens
+    for _ in range(2):  # other prompts push the first one's blocks to the host tier
+        ttft(engine, b.prompt(n))
+    host, result = ttft(engine, first)
+    host_tokens = result.host_cached_tokens
+    assert host_tokens > 0, "the other prompt was meant to push this one to the host tier"
+    del engine
+    _free()
+    step = b.decode_step_s(1, n, graphs=True, steps=8)
+    out["rows"] += [
+        {"name": f"ttft {n} fresh", "seconds": fresh},
+        {"name": f"ttft {n} cached", "seconds": cached, "reference_s": step,
+         "x_reference": cached / step, "reference": f"decode step b=1 ctx={n} (graphs)"},
+        {"name": f"ttft {n} host tier ({host_tokens} tokens onboarded)", "seconds": host,
+         "reference_s": fresh, "x_reference": host / fresh, "reference": "fresh"},
+    ]  # fmt: skip
+
+
+def section_transformers(b: Bench, out: dict[str, Any]) -> None:
+    """transformers' decode step on the same shapes and GPU (random weights, SDPA)."""
+    import torch
+    import transformers
+
+    cfg = b.config
+    hf_config = transformers.LlamaConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size, max_position_embeddings=8192,
+        tie_word_embeddings=cfg.tie_word_embeddings, attn_implementation="sdpa",
+    )  # fmt: skip
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in BF16 on the GPU: no fp32 copy
+    try:
+        with torch.device("cuda"):
+            hf = transformers.LlamaForCausalLM(hf_config).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+    try:
+        for batch in b.batches:
+            ids = torch.tensor([b.prompt(b.context) for _ in range(batch)], device="cuda")
+            with torch.inference_mode():
+                result = hf(ids, use_cache=True)
+                past, token = result.past_key_values, result.logits[:, -1].argmax(-1, keepdim=True)
+                times = []
+                for i in range(19):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    result = hf(token, past_key_values=past, use_cache=True)
+                    past, token = (
+                        result.past_key_values,
+                        result.logits[:, -1].argmax(-1, keepdim=True),
+                    )
+                    token.cpu()
+                    if i >= 3:
+                        times.append(time.perf_counter() - start)
+            step = statistics.median(times)
+            out["rows"].append({"name": f"transformers decode b={batch} ctx={b.context}", "seconds": step,
+                                "tokens_per_s": batch / step})  # fmt: skip
+            del past, result
+    finally:
+        del hf
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
+    "floors": section_floors,
+    "decode": section_decode,
+    "prefill": section_prefill,
+    "ttft": section_ttft,
+    "cublas": section_cublas,
+    "transformers": section_transformers,
+}
+
+
+def table(out: dict[str, Any]) -> str:
+    lines = [f"{'measurement':58} {'ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8} "
+             f"{'ref ms':>9} {'x ref':>7}"]  # fmt: skip
+
+    def ms(row: dict[str, Any], key: str) -> str:
+        return f"{row[key] * 1e3:9.2f}" if key in row else f"{'':9}"
+
+    for row in out["rows"]:
+        tok = f"{row['tokens_per_s']:9.0f}" if "tokens_per_s" in row else f"{'':9}"
+        xf = f"{row['x_floor']:8.2f}" if "x_floor" in row else f"{'':8}"
+        xr = f"{row['x_reference']:7.2f}" if "x_reference" in row else f"{'':7}"
+        lines.append(f"{row['name']:58} {ms(row, 'seconds')} {tok} {ms(row, 'floor_s')} {xf} "
+                     f"{ms(row, 'reference_s')} {xr}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--like", default="llama-3.1-8b")
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--backend", default="cupy", help="numpy: a smoke run on the CPU")
+    parser.add_argument("--context", type=int, default=512, help="decode context")
+    parser.add_argument("--batches", type=_ints, default=(1, 64), help="decode batch sizes")
+    parser.add_argument("--prefill-tokens", type=int, default=2048)
+    parser.add_argument("--ttft-tokens", type=int, default=4096)
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, of: {', '.join(SECTIONS)}")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("gpu-e2e.json"))
+    args = parser.parse_args(argv)
+    names = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+    from reprise.cuda.backend import cuda_device_available
+
+    if args.backend == "numpy":
+        device = "CPU (NumPy backend)"
+    elif not cuda_device_available():
+        print("bench_gpu_e2e: needs CuPy and a CUDA device; none was found", file=sys.stderr)
+        return 2
+    else:
+        import cupy
+
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    out: dict[str, Any] = {
+        "device": device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "bench/bench_gpu_e2e.py", *(argv or sys.argv[1:])]),
+        "model": f"{args.like} shapes, random weights (synth_in_memory)",
+        "rows": [],
+        "errors": [],
+    }
+    bench = Bench(args)
+    out["load_s"] = bench.load_s
+    print(f"model built and uploaded in {bench.load_s:.1f} s", flush=True)
+    for name in names:
+        start = time.perf_counter()
+        try:
+            SECTIONS[name](bench, out)
+        except Exception:  # one section's failure must not cost the others' figures
+            out["errors"].append({"section": name, "error": traceback.format_exc()})
+            print(f"section {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")  # what is done so far survives
+    print(table(out))
+    return 1 if out["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

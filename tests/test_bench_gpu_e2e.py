@@ -1,0 +1,54 @@
+"""The end-to-end GPU benchmark's arithmetic, and its engine-driving code run for real on
+the NumPy backend and a tiny random model (the GPU-only sections need a device)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reprise.bench.bench_gpu_e2e import linear_params, main, prefill_flops, weight_bytes
+from reprise.daemon.synth import synth_config
+
+
+def test_floors_count_what_llama_3_1_8b_multiplies_by() -> None:
+    config = synth_config("llama-3.1-8b", num_layers=1)  # the count scales by layers
+    per_layer = linear_params(config) - config.vocab_size * config.hidden_size
+    # Llama-3.1-8B has 8,030,261,248 parameters: 32 such layers, the embedding and the
+    # lm_head (128,256 x 4,096 each, untied) and 65 norms of 4,096
+    assert 32 * per_layer + 2 * 128256 * 4096 + 65 * 4096 == 8_030_261_248
+    assert weight_bytes(config) == 2 * linear_params(config)
+    # causal attention: T(T+1)/2 query-key pairs, QK and PV, 2 flops each
+    tokens = 16
+    attention = 4 * config.q_size * tokens * (tokens + 1) / 2
+    assert prefill_flops(config, tokens) == pytest.approx(
+        2 * per_layer * tokens + attention + 2 * config.vocab_size * config.hidden_size
+    )
+
+
+def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    args = ["--like", "tiny", "--backend", "numpy", "--sections", "decode,prefill,ttft",
+            "--context", "40", "--batches", "1,5", "--prefill-tokens", "64",
+            "--ttft-tokens", "200", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["errors"] == []
+    names = [row["name"] for row in result["rows"]]
+    assert names[:4] == [f"decode b={b} ctx=40 {m}" for b in (1, 5) for m in ("eager", "graphs")]
+    assert names[4] == "prefill 64"
+    assert names[5:7] == ["ttft 200 fresh", "ttft 200 cached"]
+    assert names[7].startswith("ttft 200 host tier (") and not names[7].startswith(
+        "ttft 200 host tier (0 "
+    )
+    assert all(row["seconds"] > 0 for row in result["rows"])
+
+
+def test_without_a_device_it_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from reprise.cuda.backend import cuda_device_available
+
+    if cuda_device_available():
+        pytest.skip("a device is present")
+    assert main(["--sections", "floors"]) == 2
+    assert "needs CuPy and a CUDA device" in capsys.readouterr().err

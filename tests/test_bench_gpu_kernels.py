@@ -1,0 +1,242 @@
+"""The pure parts of bench/bench_gpu_kernels.py, on the CPU: the floor arithmetic against
+hand-derived counts, the GEMM shapes against daemon/synth.py's tensors, the BF16
+rounding against ml_dtypes, the table, and the command line without a device (a
+clear message, never a traceback). The measurements themselves need a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.bench import bench_gpu_kernels as bench
+from reprise.cuda.backend import cuda_device_available
+from reprise.cuda.dtypes import BF16
+from reprise.daemon.synth import SHAPES, tensor_shapes
+
+SCRIPT = Path(__file__).parents[1] / "bench" / "bench_gpu_kernels.py"
+LLAMA_8B = bench.ModelShape.of("llama-3.1-8b")
+SMOLLM2 = bench.ModelShape.of("smollm2-135m")
+# Round figures so that floors come out in whole microseconds.
+FLOORS: bench.Floors = {bench.COPY_BW: 2e12, bench.MATMUL_RATE: 1e15, bench.D2H_BW: 5e10}
+
+
+def test_gemm_shapes_of_llama_8b_by_hand() -> None:
+    assert bench.gemm_shapes(LLAMA_8B) == [
+        ("qkv", 6144, 4096, False),  # (32 + 2 * 8) heads * 128
+        ("o", 4096, 4096, False),
+        ("gate_up", 28672, 4096, False),
+        ("down", 4096, 14336, False),
+        ("lm_head", 128256, 4096, True),
+    ]
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "smollm2-135m", "llama-3.2-1b"])
+def test_gemm_shapes_match_the_synth_tensors(name: str) -> None:
+    """Each GEMM's [N, K] is its Hugging Face weights' (fused along N) in synth's table."""
+    tensors = dict(tensor_shapes({**SHAPES[name], "num_hidden_layers": 1}))
+    layer = "model.layers.0."
+
+    def fused(*names: str) -> tuple[int, int]:
+        shapes = [tensors[layer + n + ".weight"] for n in names]
+        assert len({k for _, k in shapes}) == 1, shapes
+        return sum(n for n, _ in shapes), shapes[0][1]
+
+    lm_head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+    expected = {
+        "qkv": fused("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "o": fused("self_attn.o_proj"),
+        "gate_up": fused("mlp.gate_proj", "mlp.up_proj"),
+        "down": fused("mlp.down_proj"),
+        "lm_head": lm_head,
+    }
+    shapes = bench.gemm_shapes(bench.ModelShape.of(name))
+    assert {s.name: (s.n, s.k) for s in shapes} == expected
+    assert [s.name for s in shapes if s.out_f32] == ["lm_head"]
+
+
+def test_model_shape_refuses_an_unknown_model() -> None:
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b.*got 'gpt-2'"):
+        bench.ModelShape.of("gpt-2")
+
+
+def test_lm_head_is_timed_at_decode_sizes_only() -> None:
+    rows = {s.name: bench.gemm_rows(s) for s in bench.gemm_shapes(SMOLLM2)}
+    assert rows["lm_head"] == (1, 16, 64)
+    assert rows["qkv"] == rows["down"] == (1, 16, 64, 512, 2048)
+
+
+def test_gemm_bytes_and_flops_by_hand() -> None:
+    m, n, k = 16, 6144, 4096
+    assert bench.gemm_bytes(m, n, k) == 2 * (m * k + n * k + m * n)
+    assert bench.gemm_bytes(m, n, k, out_f32=True) == 2 * (m * k + n * k) + 4 * m * n
+    assert bench.gemm_bytes(1, 128256, 4096, out_f32=True) == 1_051_194_368
+    assert bench.gemm_flops(m, n, k) == 2 * m * n * k == 805_306_368
+
+
+def test_gemm_floor_is_bytes_at_decode_and_flops_at_prefill() -> None:
+    # 8B gate_up: decode reads the 235 MB weight once; prefill of 2048 rows is 481 GFLOP.
+    decode = bench.floor_us(bench.gemm_bytes(1, 28672, 4096), bench.gemm_flops(1, 28672, 4096), FLOORS)  # fmt: skip
+    assert decode == (pytest.approx(2 * (4096 + 28672 * 4096 + 28672) / 2e12 * 1e6), "bytes")
+    flops = bench.gemm_flops(2048, 28672, 4096)
+    prefill = bench.floor_us(bench.gemm_bytes(2048, 28672, 4096), flops, FLOORS)
+    assert prefill == (pytest.approx(flops / 1e15 * 1e6), "flops")
+    assert prefill[0] == pytest.approx(481.036, abs=1e-3)
+
+
+def test_floor_uses_what_was_measured() -> None:
+    assert bench.floor_us(2_000_000, 10**12, {bench.COPY_BW: 2e12}) == (1.0, "bytes")
+    assert bench.floor_us(2_000_000, 10**12, {bench.MATMUL_RATE: 1e15}) == (1000.0, "flops")
+    assert bench.floor_us(2_000_000, 10**12, {bench.COPY_BW: None}) == (None, None)
+    assert bench.floor_us(0, 0, FLOORS) == (None, None)
+    assert bench.floor_us(10**8, 0, FLOORS, bench.D2H_BW) == (2000.0, "bytes")
+
+
+def test_attention_floors_by_hand() -> None:
+    # 8B decode, one sequence of 4096 keys: K and V of 8 heads x 128, q and out of 32 x 128.
+    assert bench.attention_bytes(LLAMA_8B, 1, 1, 4096) == 2 * (4096 * 2 * 8 * 128 + 2 * 32 * 128)
+    assert bench.attention_flops(LLAMA_8B, 1, 1, 4096) == 4 * 4096 * 32 * 128
+    assert bench.attention_bytes(LLAMA_8B, 64, 1, 512) == 64 * bench.attention_bytes(LLAMA_8B, 1, 1, 512)  # fmt: skip
+    # a causal 2048-token prefill: half of the full square
+    assert bench.attention_flops(LLAMA_8B, 1, 2048, 2048) == 4 * 2048 * 2048 * 32 * 128 // 2
+    assert bench.attention_bytes(LLAMA_8B, 1, 2048, 2048) == 2 * (2048 * 2 * 8 * 128 + 2 * 2048 * 32 * 128)  # fmt: skip
+    assert bench.attention_flops(SMOLLM2, 2, 1, 512) == 2 * 4 * 512 * 9 * 64
+
+
+def test_attention_cases() -> None:
+    cases = bench.attention_cases()
+    assert len(cases) == 7
+    assert cases[0] == ("decode B=1 ctx=512", 1, 1, 512)
+    assert ("decode B=64 ctx=4096", 64, 1, 4096) in cases
+    assert cases[-1] == ("prefill 2048 causal", 1, 2048, 2048)
+
+
+def test_small_kernel_bytes_by_hand() -> None:
+    t, h = 64, 4096
+    got = bench.small_kernel_bytes(LLAMA_8B, t)
+    assert got["rmsnorm"] == 4 * t * h + 2 * t * h + 2 * h  # fp32 in, BF16 out, weight
+    assert got["add_rmsnorm"] == (4 + 2 + 4 + 2) * t * h + 2 * h
+    assert got["embed"] == 4 * t + (2 + 4) * t * h
+    assert got["silu_mul"] == (2 * 2 + 2) * t * 14336
+    assert got["kv_write"] == 2 * 2 * (t * 8 * 128 * 2) + 8 * t
+    assert got["rope q+k"] == 4 * t * (32 + 8) * 128 + 2 * (4 * t + 4 * t * 128)
+    assert bench.small_kernel_bytes(LLAMA_8B, 1)["argmax"] == 4 * 128256 + 4
+
+
+def test_kv_block_of_llama_8b_is_4_mib() -> None:
+    assert bench.kv_block_bytes(LLAMA_8B, 32) == 32 * 2 * 8 * 32 * 128 * 2 == 4 << 20
+
+
+def test_overlap_fraction() -> None:
+    assert bench.overlap_fraction(100.0, 40.0, 100.0) == 1.0  # copies wholly hidden
+    assert bench.overlap_fraction(100.0, 40.0, 140.0) == 0.0  # one after the other
+    assert bench.overlap_fraction(100.0, 40.0, 120.0) == 0.5
+
+
+def test_ratio() -> None:
+    assert bench.ratio(3.0, 2.0) == 1.5
+    assert bench.ratio(None, 2.0) is None
+    assert bench.ratio(3.0, None) is None
+    assert bench.ratio(3.0, 0.0) is None
+
+
+def test_bf16_bits_round_like_ml_dtypes(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(10_000).astype(np.float32) * np.exp2(rng.integers(-60, 60, 10_000))
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x7F7FFFFF, 0], np.uint32)
+    x = np.concatenate([x.astype(np.float32), ties.view(np.float32)])
+    expected = x.astype(BF16).view(np.uint16)
+    np.testing.assert_array_equal(bench.bf16_bits(x), expected)
+    assert bench.bf16_bits(ties.view(np.float32))[:3].tolist() == [0x3F80, 0x3F82, 0xBF80]
+
+
+def test_parse_sections() -> None:
+    assert bench.parse_sections("all") == bench.SECTION_NAMES
+    assert bench.parse_sections("none") == ()
+    assert bench.parse_sections("hosttier, gemm") == ("floors", "gemm", "hosttier")
+    assert bench.parse_sections("floors") == ("floors",)
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown section gemv"):
+        bench.parse_sections("gemm,gemv")
+
+
+def test_row_and_table() -> None:
+    row = bench.make_row(
+        ("gemm", "llama-3.1-8b", "qkv", "M=1 N=6144 K=4096"), (40.0, None), FLOORS,
+        cost=(2_000_000, 0), ref=("cuBLAS bf16 out", 20.0, None), extra=1,
+    )  # fmt: skip
+    assert row["floor_us"] == 1.0 and row["bound"] == "bytes"
+    assert row["x_floor"] == 40.0 and row["x_ref"] == 2.0 and row["extra"] == 1
+    failed = bench.make_row(("small", "m", "rope q+k", "T=1"), (None, "ValueError: bad"), {})
+    assert failed["time_us"] is failed["floor_us"] is failed["x_floor"] is None
+    header, line, bad = bench.format_header(), bench.format_row(row), bench.format_row(failed)
+    assert len(line) == len(header) == len(bad.split("  error")[0])
+    assert line.split()[-6:] == ["40.00", "1.00", "bytes", "40.00", "20.00", "2.00"]
+    assert bad.endswith("error: ValueError: bad") and " - " in bad
+    json.dumps([row, failed])  # the rows go into the JSON as they are
+
+
+def test_main_without_a_device_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(bench, "cuda_device_available", lambda: False)
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--out", str(out)])
+    assert "no CUDA device" in str(exit_info.value.code)
+    assert not out.exists()
+
+
+def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--models", "gpt-2"], ["--iters", "0"], ["--sections", "gemv"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(argv)
+        assert exit_info.value.code == 2
+    assert "gpt-2" in capsys.readouterr().err
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_sections_none_writes_empty_results(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    done = run_script("--sections", "none", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "nothing measured" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["command"] == f"python bench/bench_gpu_kernels.py --sections none --out {out}"
+    assert results["rows"] == results["errors"] == [] and results["floors"] == {}
+    assert {"device", "date", "settings"} <= results.keys()
+
+
+@pytest.mark.skipif(cuda_device_available(), reason="here a device would run the benchmark")
+def test_script_without_a_device_exits_cleanly(tmp_path: Path) -> None:
+    done = run_script("--out", str(tmp_path / "r.json"))
+    assert done.returncode == 1
+    assert "no CUDA device" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_module_imports_without_cupy_or_torch() -> None:
+    code = (
+        "import sys; import reprise.bench.bench_gpu_kernels; "
+        "print(sorted({'cupy', 'cupyx', 'torch'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_spin_kernel_compiles(arch: str) -> None:
+    from reprise.cuda import nvrtc
+
+    try:
+        compiled = nvrtc.compile_source(bench.SPIN_SOURCE, "spin.cu", arch)
+    except nvrtc.NvrtcUnavailable as e:
+        pytest.skip(str(e))
+    assert compiled.cubin[:4] == b"\x7fELF"
