@@ -20,6 +20,7 @@ Needs CuPy with a CUDA device, and torch (CUDA) for the cuBLAS and transformers 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -27,7 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,10 @@ class Bench:
     def decode_step_s(
         self, batch: int, context: int, *, graphs: bool, model: LlamaModel | None = None,
         steps: int = 16,
-    ) -> float:  # fmt: skip
-        """Median seconds of an engine step decoding `batch` sequences at ~`context`."""
+    ) -> tuple[float, float | None]:  # fmt: skip
+        """Median seconds of an engine step decoding `batch` sequences at ~`context`, and
+        of the device's part of it (from the inputs' upload to the logits, by CUDA
+        events; None on the NumPy backend): the rest is the CPU's."""
         warm = 3
         total = context + warm + steps + 64
         engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
@@ -177,16 +180,27 @@ class Bench:
             engine.add_request(self.prompt(context), params)
         while engine.prefill_tokens_computed < batch * context:  # the prefill steps
             engine.step()
-        times = []
-        for i in range(warm + steps):
-            start = time.perf_counter()
-            outs = engine.step()
-            if i >= warm:
-                times.append(time.perf_counter() - start)
-            assert len(outs) == batch, "every sequence decodes in every timed step"
+        times: list[float] = []
+        events: list[tuple[Any, Any]] = []
+        # the device's part: the static decode's upload + replay, or the eager forward
+        owner, attr = (engine.runner.decode, "run") if graphs else (engine.runner.model, "forward")
+        with _recording_events(owner, attr, events, self.backend.name == "cupy"):
+            for i in range(warm + steps):
+                start = time.perf_counter()
+                outs = engine.step()
+                if i >= warm:
+                    times.append(time.perf_counter() - start)
+                assert len(outs) == batch, "every sequence decodes in every timed step"
         del engine
         _free()
-        return statistics.median(times)
+        device = None
+        if events:
+            import cupy
+
+            device = statistics.median(
+                cupy.cuda.get_elapsed_time(a, b) / 1e3 for a, b in events[warm:]
+            )
+        return statistics.median(times), device
 
     def prefill_s(self, tokens: int, model: LlamaModel | None = None, repeats: int = 3) -> float:
         engine = self.engine(model, num_device_blocks=self.blocks(tokens) + 4,
@@ -199,6 +213,32 @@ class Bench:
         del engine
         _free()
         return statistics.median(times[1:])
+
+
+@contextlib.contextmanager
+def _recording_events(owner: Any, attr: str, sink: list, enabled: bool) -> Iterator[None]:
+    """Record a CUDA event pair around each call of owner.attr (an instance attribute
+    shadows the method while the block runs)."""
+    if not enabled:
+        yield
+        return
+    import cupy
+
+    method = getattr(owner, attr)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        result = method(*args, **kwargs)
+        stop.record()
+        sink.append((start, stop))
+        return result
+
+    setattr(owner, attr, timed)
+    try:
+        yield
+    finally:
+        delattr(owner, attr)
 
 
 def _free() -> None:
@@ -223,9 +263,11 @@ def section_decode(b: Bench, out: dict[str, Any]) -> None:
     floor_s = weight_bytes(b.config) / floors["copy_bytes_per_s"] if floors else None
     for batch in b.batches:
         for graphs in (False, True):
-            step = b.decode_step_s(batch, b.context, graphs=graphs)
+            step, device = b.decode_step_s(batch, b.context, graphs=graphs)
             row = {"name": f"decode b={batch} ctx={b.context} {'graphs' if graphs else 'eager'}",
                    "seconds": step, "tokens_per_s": batch / step}  # fmt: skip
+            if device is not None:  # the CPU's share: scheduling, inputs, readback, bookkeeping
+                row["device_s"], row["cpu_fraction"] = device, 1 - device / step
             if floor_s and batch == 1:
                 row["floor_s"], row["x_floor"] = floor_s, step / floor_s
             out["rows"].append(row)
@@ -249,7 +291,7 @@ def section_cublas(b: Bench, out: dict[str, Any]) -> None:
         pairs: list[tuple[str, Callable[[LlamaModel], float]]] = [
             (
                 f"decode b={batch}",
-                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=False, model=m),
+                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=False, model=m)[0],
             )
             for batch in b.batches
         ]
@@ -290,7 +332,7 @@ def section_ttft(b: Bench, out: dict[str, Any]) -> None:
     assert host_tokens > 0, "the other prompt was meant to push this one to the host tier"
     del engine
     _free()
-    step = b.decode_step_s(1, n, graphs=True, steps=8)
+    step, _ = b.decode_step_s(1, n, graphs=True, steps=8)
     out["rows"] += [
         {"name": f"ttft {n} fresh", "seconds": fresh},
         {"name": f"ttft {n} cached", "seconds": cached, "reference_s": step,
@@ -360,7 +402,7 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
 
 def table(out: dict[str, Any]) -> str:
     lines = [f"{'measurement':58} {'ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8} "
-             f"{'ref ms':>9} {'x ref':>7}"]  # fmt: skip
+             f"{'ref ms':>9} {'x ref':>7} {'cpu %':>6}"]  # fmt: skip
 
     def ms(row: dict[str, Any], key: str) -> str:
         return f"{row[key] * 1e3:9.2f}" if key in row else f"{'':9}"
@@ -369,8 +411,9 @@ def table(out: dict[str, Any]) -> str:
         tok = f"{row['tokens_per_s']:9.0f}" if "tokens_per_s" in row else f"{'':9}"
         xf = f"{row['x_floor']:8.2f}" if "x_floor" in row else f"{'':8}"
         xr = f"{row['x_reference']:7.2f}" if "x_reference" in row else f"{'':7}"
+        cpu = f"{100 * row['cpu_fraction']:6.1f}" if "cpu_fraction" in row else f"{'':6}"
         lines.append(f"{row['name']:58} {ms(row, 'seconds')} {tok} {ms(row, 'floor_s')} {xf} "
-                     f"{ms(row, 'reference_s')} {xr}")  # fmt: skip
+                     f"{ms(row, 'reference_s')} {xr} {cpu}")  # fmt: skip
     return "\n".join(lines)
 
 

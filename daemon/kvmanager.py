@@ -100,9 +100,11 @@ class KVCacheManager:
     def register_full_blocks(self, seq: Sequence) -> None:
         """Make every block of `seq` that is now full and written findable."""
         bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        if num_full <= len(seq.block_hashes):
+            return  # most decode steps: no block filled up
         num_prompt = len(seq.prompt_token_ids)
         retention = seq.retention or Retention()
-        num_full = seq.num_computed_tokens // bs
         hashes = self.hash_chain(seq, num_full)
         for idx in range(len(seq.block_hashes), num_full):
             generated = (idx + 1) * bs > num_prompt
