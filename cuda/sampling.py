@@ -54,6 +54,26 @@ def argmax_ref(logits: np.ndarray) -> int:
     return int(np.argmax(logits))  # np.argmax returns the first maximum
 
 
+def ranked(scores: np.ndarray, top_k: int | None) -> np.ndarray:
+    """Ids of the `top_k` highest scores (all with None), by descending score, ties by
+    ascending id: the same ids in the same order as a stable sort of the whole
+    vocabulary, at a fraction of its cost for a large one.
+
+    With top_k, only candidates are sorted: the scores at or above t, the top_k-th
+    largest of the maxima of `blocks >= top_k` slices. Those maxima are top_k distinct
+    scores >= t, so the top_k-th score overall is >= t and every id that ranks in the
+    first top_k (ties included) is a candidate."""
+    n = scores.size
+    blocks = max(top_k or 0, 256)
+    width = n // blocks
+    if top_k is None or width < 2 or np.isnan(scores).any():
+        return np.argsort(-scores, kind="stable")[:top_k]
+    maxima = scores[: blocks * width].reshape(blocks, width).max(axis=1)
+    threshold = np.partition(maxima, blocks - top_k)[blocks - top_k]
+    candidates = np.flatnonzero(scores >= threshold)
+    return candidates[np.lexsort((candidates, -scores[candidates]))][:top_k]
+
+
 def sample_ref(
     logits: np.ndarray,
     *,
@@ -65,9 +85,7 @@ def sample_ref(
 ) -> int:
     """Draw one token id from [vocab] fp32 logits (temperature > 0)."""
     scaled = logits.astype(F32) / F32.type(temperature)
-    order = np.argsort(-scaled, kind="stable")  # descending logit, ascending id on ties
-    if top_k is not None and top_k < order.size:
-        order = order[:top_k]
+    order = ranked(scaled, top_k)
     kept = scaled[order]
     probs = np.exp(kept - kept[0], dtype=F32)
     cumulative = np.cumsum(probs, dtype=F32)

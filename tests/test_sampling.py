@@ -100,3 +100,25 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
 def test_bad_sampling_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop" else field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 7, 50, 300, 999, 1000, 5000])
+@pytest.mark.parametrize("n", [1000, 5003])
+def test_top_k_ranking_matches_a_full_stable_sort(
+    rng: np.random.Generator, top_k: int, n: int
+) -> None:
+    """The candidate shortcut keeps the same ids in the same order as sorting every
+    score: coarse grids (many ties), signed zeros, -inf, a few huge values."""
+    from reprise.cuda.sampling import ranked
+
+    for trial in range(20):
+        if trial % 2:
+            scores = (rng.integers(-6, 7, size=n) * 0.5).astype(np.float32)
+        else:
+            scores = rng.standard_normal(n).astype(np.float32)
+        scores[rng.integers(0, n, size=20)] = -0.0
+        scores[rng.integers(0, n, size=5)] = -np.inf
+        scores[rng.integers(0, n, size=3)] = 1e30
+        want = np.argsort(-scores, kind="stable")[:top_k]
+        assert np.array_equal(ranked(scores, top_k), want)
+    assert np.array_equal(ranked(scores, None), np.argsort(-scores, kind="stable"))
