@@ -23,6 +23,7 @@ runs eagerly, which is how the tests check the padding on a machine without a GP
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from reprise.daemon.model import ForwardBatch, LlamaModel
 
+log = logging.getLogger(__name__)
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -97,6 +99,7 @@ class StaticDecode:
         self.buckets = tuple(buckets)
         self._built: dict[int, _Bucket] = {}
         self.steps = 0  # steps run through a bucket
+        self.failed: str | None = None  # why capturing failed; then every step runs eagerly
 
     def built_buckets(self) -> list[int]:
         """The bucket sizes captured so far."""
@@ -107,20 +110,27 @@ class StaticDecode:
         the largest bucket, block tables no wider than the static ones."""
         num_seqs = batch.seq_lens.shape[0]
         return (
-            batch.token_ids.shape[0] == num_seqs <= self.buckets[-1]
+            self.failed is None
+            and batch.token_ids.shape[0] == num_seqs <= self.buckets[-1]
             and batch.logit_rows is not None
             and batch.logit_rows.shape[0] == num_seqs
             and batch.block_tables.shape[1] <= self.width
         )
 
-    def run(self, batch: ForwardBatch) -> tuple[Any, Any]:
+    def run(self, batch: ForwardBatch) -> tuple[Any, Any] | None:
         """Replay the step of `batch`'s bucket on its tokens. Returns the bucket's logits
         [size, vocab] fp32 and greedy tokens [size] int32, device arrays of which the first
         `len(batch.seq_lens)` rows are the batch's, in its order. They are overwritten by
-        the next step of the same bucket."""
+        the next step of the same bucket. None if the bucket could not be captured (the
+        reason is logged once and kept in `failed`): the caller runs the step eagerly."""
         assert self.fits(batch)
         num_seqs = batch.seq_lens.shape[0]
-        bucket = self._bucket(self.buckets[bisect.bisect_left(self.buckets, num_seqs)])
+        try:
+            bucket = self._bucket(self.buckets[bisect.bisect_left(self.buckets, num_seqs)])
+        except Exception as e:  # a driver or CuPy that cannot capture: serve without graphs
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.failed)
+            return None
         width = self._fill(bucket, batch)
         ops = self.model.ops
         ops.upload(bucket.device, bucket.host)

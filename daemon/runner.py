@@ -112,8 +112,11 @@ class ModelRunner:
         """
         ops = self.model.ops
         batch = self.build_batch(scheduled)
+        static = None
         if self.decode is not None and self.decode.fits(batch):
-            logits, greedy = self.decode.run(batch)  # row i is scheduled[i]'s
+            static = self.decode.run(batch)  # row i is scheduled[i]'s; None: capture failed
+        if static is not None:
+            logits, greedy = static
         else:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits)

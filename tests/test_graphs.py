@@ -127,3 +127,27 @@ def test_what_the_static_path_takes(tiny: Path) -> None:
     with pytest.raises(ValueError, match="ascending"):
         StaticDecode(eng.runner.model, eng.runner.kv_cache, scratch_block=0, block_size=16,
                      max_blocks_per_seq=4, buckets=(4, 2))  # fmt: skip
+
+
+def test_a_failed_capture_falls_back_to_eager_steps(
+    tiny: Path, rng: np.random.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    prompts, params = traffic(rng, 3)
+    want = engine(tiny, "numpy", graphs=False).generate(prompts, params)
+    eng = engine(tiny, "numpy", graphs=True)
+
+    def broken(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    eng.runner.model.ops.capture = broken  # an instance attribute shadows the method
+    try:
+        got = eng.generate(prompts, params)
+    finally:
+        del eng.runner.model.ops.capture
+    decode = eng.runner.decode
+    assert decode is not None and decode.steps == 0
+    assert decode.failed is not None and "stream is capturing" in decode.failed
+    assert "decoding eagerly" in caplog.text
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
