@@ -26,5 +26,6 @@ echo "model: $REPRISE_TEST_MODEL_DIR" | tee -a "$out/device.txt"
 # only the modules that hold GPU or kernel tests: the others import the daemon's ZeroMQ
 PYTHONUNBUFFERED=1 "$python" -m pytest -m "gpu or kernels" -p no:cacheprovider -ra \
   --durations=20 --junitxml="$out/gpu.xml" tests/test_kernels_compile.py tests/test_gpu_*.py \
+  tests/test_graphs.py \
   tests/test_invariance.py "$@" 2>&1 | tee "$out/gpu.log"
 exit "${PIPESTATUS[0]}"
