@@ -284,6 +284,34 @@ def section_prefill(b: Bench, out: dict[str, Any]) -> None:
     out["rows"].append(row)
 
 
+def section_attention_tc(b: Bench, out: dict[str, Any]) -> None:
+    """Prefill and decode again with the tensor-core attention kernel, beside the
+    default's rows: the same weights, the backend's kernel switched for the section."""
+    ops = b.model.ops
+    if getattr(ops, "attention", None) is None:
+        raise RuntimeError("the tensor-core attention is a kernel of the CuPy backend")
+    floors = out.get("floors", {})
+    ops.attention = "tensor-cores"
+    try:
+        n = b.prefill_tokens
+        seconds = b.prefill_s(n)
+        row = {"name": f"prefill {n}, tensor-core attention", "seconds": seconds,
+               "tokens_per_s": n / seconds}  # fmt: skip
+        if floors:
+            row["floor_s"] = prefill_flops(b.config, n) / floors["bf16_flops_per_s"]
+            row["x_floor"] = seconds / row["floor_s"]
+        out["rows"].append(row)
+        for batch in b.batches:
+            step, device = b.decode_step_s(batch, b.context, graphs=True)
+            out["rows"].append({
+                "name": f"decode b={batch} ctx={b.context} graphs, tensor-core attention",
+                "seconds": step, "tokens_per_s": batch / step, "device_s": device,
+                "cpu_fraction": 1 - device / step if device else None,
+            })  # fmt: skip
+    finally:
+        ops.attention = "cuda-cores"
+
+
 def section_cublas(b: Bench, out: dict[str, Any]) -> None:
     """The invariant GEMM's end-to-end cost: the same eager steps with cuBLAS GEMMs."""
     cublas = LlamaModel(b.config, b.weights, cublas_backend())
@@ -394,6 +422,7 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
     "floors": section_floors,
     "decode": section_decode,
     "prefill": section_prefill,
+    "attention_tc": section_attention_tc,
     "ttft": section_ttft,
     "cublas": section_cublas,
     "transformers": section_transformers,
@@ -411,7 +440,11 @@ def table(out: dict[str, Any]) -> str:
         tok = f"{row['tokens_per_s']:9.0f}" if "tokens_per_s" in row else f"{'':9}"
         xf = f"{row['x_floor']:8.2f}" if "x_floor" in row else f"{'':8}"
         xr = f"{row['x_reference']:7.2f}" if "x_reference" in row else f"{'':7}"
-        cpu = f"{100 * row['cpu_fraction']:6.1f}" if "cpu_fraction" in row else f"{'':6}"
+        cpu = (
+            f"{100 * row['cpu_fraction']:6.1f}"
+            if row.get("cpu_fraction") is not None
+            else f"{'':6}"
+        )
         lines.append(f"{row['name']:58} {ms(row, 'seconds')} {tok} {ms(row, 'floor_s')} {xf} "
                      f"{ms(row, 'reference_s')} {xr} {cpu}")  # fmt: skip
     return "\n".join(lines)

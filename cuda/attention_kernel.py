@@ -66,15 +66,17 @@ def kernel_name(head_dim: int, block_size: int) -> str:
     return f"paged_attention_d{head_dim}_b{block_size}"
 
 
-def tokens_per_cta(group: int) -> int:
+def tokens_per_cta(group: int, rows_per_cta: int = ROWS_PER_CTA) -> int:
     """Queries of one sequence a CTA takes: its rows are (query, group member) pairs."""
-    return ROWS_PER_CTA // group
+    return rows_per_cta // group
 
 
-def num_work_items(num_tokens: int, num_seqs: int, group: int) -> int:
+def num_work_items(
+    num_tokens: int, num_seqs: int, group: int, rows_per_cta: int = ROWS_PER_CTA
+) -> int:
     """CTAs along the grid's x axis: an upper bound on sum(ceil(q_len / tile)) over the
     sequences, from T = sum(q_len) and B alone."""
-    tile = tokens_per_cta(group)
+    tile = tokens_per_cta(group, rows_per_cta)
     return (num_tokens + num_seqs * (tile - 1)) // tile
 
 
@@ -102,6 +104,34 @@ def paged_attention(
     checked (that would need a device->host read): block ids must lie in the cache,
     seq_len <= max_blocks * block_size, and seq_len >= q_len.
     """
+    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
+    out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.shape[3], cache.shape[4]
+    work = num_work_items(num_tokens, block_tables.shape[0], num_heads // num_kv_heads)
+    if work == 0:
+        return out
+    kernel("attention", kernel_name(head_dim, block_size))(
+        (work, num_kv_heads), (THREADS_PER_CTA,), kernel_args(out, *args)
+    )
+    return out
+
+
+def check_inputs(
+    q: Any,
+    cache: Any,
+    layer: int,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: float,
+    *,
+    out: Any,
+    max_group: int,
+) -> Any:
+    """The launchers' checks of `paged_attention`'s arguments (ValueError naming the
+    problem); `max_group` is the most query heads a KV head may have (a CTA's rows).
+    Returns out, a new array when None."""
     import cupy
 
     for name, x in [
@@ -135,8 +165,8 @@ def paged_attention(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     group = num_heads // num_kv_heads
-    if group > ROWS_PER_CTA:
-        raise ValueError(f"num_heads / num_kv_heads must be at most {ROWS_PER_CTA}; got {group}")
+    if group > max_group:
+        raise ValueError(f"num_heads / num_kv_heads must be at most {max_group}; got {group}")
     if not 0 <= layer < num_layers:
         raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
     if seq_lens.shape != (num_seqs,) or query_start_loc.shape != (num_seqs + 1,):
@@ -158,10 +188,24 @@ def paged_attention(
     for name, x in [("q", q), ("cache", cache), ("out", out)]:
         if x.data.ptr % _ALIGN:
             raise ValueError(f"{name} must start on a {_ALIGN}-byte boundary; got {x.data.ptr:#x}")
-    work = num_work_items(num_tokens, num_seqs, group)
-    if work == 0:
-        return out
-    args = (
+    return out
+
+
+def kernel_args(
+    out: Any,
+    q: Any,
+    cache: Any,
+    layer: int,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: float,
+) -> tuple[Any, ...]:
+    """The kernels' argument list (PAGED_ATTENTION_ARGS in attention.cu and attention_tc.cu)."""
+    num_tokens, num_heads, _ = q.shape
+    num_layers, num_kv_heads = cache.shape[1], cache.shape[3]
+    num_seqs, max_blocks = block_tables.shape
+    return (
         out,
         q,
         cache,
@@ -177,7 +221,3 @@ def paged_attention(
         np.int32(layer),
         np.float32(scale),
     )
-    kernel("attention", kernel_name(head_dim, block_size))(
-        (work, num_kv_heads), (THREADS_PER_CTA,), args
-    )
-    return out

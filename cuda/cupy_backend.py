@@ -22,15 +22,26 @@ from reprise.cuda.dtypes import BF16
 from reprise.cuda.kernels import BF16_BITS, to_device
 from reprise.cuda.kernels import to_host as _to_host
 
+ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
+
 
 class CupyBackend:
-    """Runs every op as a CUDA kernel on the current device."""
+    """Runs every op as a CUDA kernel on the current device.
+
+    `attention` picks the paged-attention kernel: "cuda-cores" (attention.cu, the
+    default) or "tensor-cores" (attention_tc.cu, mma for Q.K and P.V). Each is batch
+    invariant on its own; an engine must use one throughout, as their bits differ."""
 
     name = "cupy"
 
-    def __init__(self) -> None:
+    def __init__(self, attention: str = "cuda-cores") -> None:
         import cupy
 
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"attention must be one of {', '.join(ATTENTION_KERNELS)}; got {attention!r}"
+            )
+        self.attention = attention
         self._cupy = cupy
         self._copy_stream: Any = None  # block copies to and from the host tier, created on use
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
@@ -168,8 +179,8 @@ class CupyBackend:
 
         return gemm(x, w, out_f32=out_f32)
 
-    @staticmethod
     def paged_attention(
+        self,
         q: Any,
         cache: Any,
         layer: int,
@@ -178,6 +189,8 @@ class CupyBackend:
         query_start_loc: Any,
         scale: float,
     ) -> Any:
-        from reprise.cuda.attention_kernel import paged_attention
-
-        return paged_attention(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
+        if self.attention == "tensor-cores":
+            from reprise.cuda.attention_tc_kernel import paged_attention_tc as kernel
+        else:
+            from reprise.cuda.attention_kernel import paged_attention as kernel
+        return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)

@@ -55,7 +55,13 @@ class Engines:
     def __init__(self, path: Path, backend: str) -> None:
         self.config = ModelConfig.from_dir(path)
         self.tokenizer = Tokenizer.from_dir(path)
-        self.model = LlamaModel(self.config, load_weights(path, self.config), get_backend(backend))
+        if backend == "cupy-tc":  # the GPU backend with the tensor-core attention kernel
+            from reprise.cuda.cupy_backend import CupyBackend
+
+            ops = CupyBackend(attention="tensor-cores")
+        else:
+            ops = get_backend(backend)
+        self.model = LlamaModel(self.config, load_weights(path, self.config), ops)
         self.fingerprint = model_fingerprint(path)
 
     def __call__(self, **kwargs) -> Engine:
@@ -70,12 +76,15 @@ class Engines:
     scope="module",
     params=[
         "numpy",
-        pytest.param(
-            "cupy",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
-            ],
+        *(
+            pytest.param(
+                name,
+                marks=[
+                    pytest.mark.gpu,
+                    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+                ],
+            )
+            for name in ("cupy", "cupy-tc")
         ),
     ],
 )
@@ -163,7 +172,7 @@ def other_decode_path(engines: Engines) -> bool:
     """Decode steps at padded bucket sizes (CUDA graphs on the GPU backend, the same
     padded steps run eagerly on NumPy) or eager ones: whichever the backend's default
     is not."""
-    return engines.model.ops.name != "cupy"
+    return not engines.model.ops.name.startswith("cupy")
 
 
 def test_decode_the_other_way(engines: Engines, reference) -> None:

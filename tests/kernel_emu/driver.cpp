@@ -27,6 +27,21 @@ alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
 #pragma pop_macro("__shared__")
 }  // namespace gemm_emu
 
+// The tensor-core attention, the same way: its `extern __shared__` buffer is
+// attention_tc_smem below, sized for its largest config (head_dim 128 with 64-key
+// pages: two stages of a K and a V page, rows of 136 halves).
+constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2;  // 69,632 B
+namespace attention_tc_emu {
+namespace {
+alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
+}  // namespace
+#pragma push_macro("__shared__")
+#undef __shared__
+#define __shared__
+#include "../../cuda/attention_tc.cu"
+#pragma pop_macro("__shared__")
+}  // namespace attention_tc_emu
+
 #include <atomic>
 #include <string>
 
@@ -109,6 +124,40 @@ int run_gemm(const char* name, int grid_x, int grid_y, int threads, int smem_byt
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
     if (bf16 != nullptr) bf16(x, w, static_cast<unsigned short*>(y), M, N, K);
     else f32(x, w, static_cast<float*>(y), M, N, K);
+    if (!ptx_emu_cp_async_drained()) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind.load() == 0 ? 0 : 3;
+}
+// Launch attention_tc.cu's entry point for (head_dim, block_size) as attention_tc_kernel
+// does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of dynamic shared memory, which
+// starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
+// Returns 0, or 1: no such entry point, 2: smem_bytes over the emulator's capacity,
+// 3: some thread left cp.async copies uncommitted or in flight at its exit.
+int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y, int smem_bytes,
+                           unsigned short* out, const unsigned short* q, const unsigned short* cache,
+                           const int* block_tables, const int* seq_lens, const int* query_start_loc,
+                           int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+                           int num_layers, int layer, float scale) {
+  using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
+                      const int*, int, int, int, int, int, int, int, float);
+  Fn fn = nullptr;
+  if (head_dim == 64 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d64_b16;
+  if (head_dim == 64 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d64_b32;
+  if (head_dim == 64 && block_size == 64) fn = attention_tc_emu::paged_attention_tc_d64_b64;
+  if (head_dim == 128 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d128_b16;
+  if (head_dim == 128 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d128_b32;
+  if (head_dim == 128 && block_size == 64) fn = attention_tc_emu::paged_attention_tc_d128_b64;
+  if (fn == nullptr) return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > ATTENTION_TC_SMEM_CAPACITY) return 2;
+  std::memset(attention_tc_emu::attention_tc_smem, 0xFF, sizeof attention_tc_emu::attention_tc_smem);
+  g_ptx_smem = reinterpret_cast<unsigned char*>(attention_tc_emu::attention_tc_smem);
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  std::atomic<int> left_behind{0};
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
+    fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
+       num_kv_heads, num_layers, layer, scale);
     if (!ptx_emu_cp_async_drained()) ++left_behind;
   });
   g_ptx_smem = nullptr;

@@ -170,3 +170,20 @@ inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, u
     d[i] = acc;
   }
 }
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (PTX ISA, "ldmatrix", .trans: each
+// matrix is read in column-major order): lanes 8j..8j+7 give the addresses of rows
+// 0..7 of matrix j, as without .trans; lane l receives in r[j] the elements at rows
+// 2 * (l % 4) and +1 of column l / 4 of matrix j, the lower row in the lower 16 bits.
+inline void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  const auto rows = ptx_warp_gather(&addr, 1);
+  const unsigned lane = threadIdx.x % 32;
+  for (int j = 0; j < 4; ++j) {
+    unsigned short h[2];  // rows 2 (lane % 4) and +1, column lane / 4
+    for (int i = 0; i < 2; ++i) {
+      const unsigned char* row = ptx_smem_at(rows[8 * j + 2 * (lane % 4) + i][0], 16, 16);
+      std::memcpy(&h[i], row + 2 * (lane / 4), 2);
+    }
+    r[j] = static_cast<unsigned>(h[0]) | (static_cast<unsigned>(h[1]) << 16);
+  }
+}

@@ -1,0 +1,546 @@
+// Paged attention on tensor cores, FlashAttention-2 style (twin: attention.py,
+// paged_attention_ref; launcher: attention_tc_kernel.py). Same inputs, outputs and
+// invariance promise as attention.cu, the CUDA-core kernel; Q.K^T and P.V run on
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, so a long prefill is bound by the
+// tensor cores rather than by fp32 FMAs.
+//
+// Work: one CTA per (query tile, KV head), found on the device from query_start_loc
+// as attention.cu does (find_work), but taken in reverse: the longest key ranges
+// first. A query tile is up to kRowsPerCta / group consecutive queries of one
+// sequence, its rows the (query token, group member) pairs, row r = token * group +
+// member, so every K/V page is read once for the whole group.
+//
+// CTA: 4 warps; warp w owns rows 16w .. 16w + 15, one m16 tile (rows past the
+// CTA's last are padding: zero Q, never written). Its Q fragments are loaded
+// once into registers. The pages of the sequence (the key tiles) go through a
+// ring of kStages shared buffers, K then V, [block_size, head_dim + 8] BF16 each,
+// filled by 16-byte cp.async; key slots past seq_len are zero-filled instead of
+// read. For each page t in ascending order, up to the last page the CTA's last
+// row sees, a warp whose rows see page t:
+//   1. S = Q.K^T: for each n8 tile of keys, one mma per 16-wide head_dim slice,
+//      slices ascending, from +0 (K fragments by ldmatrix, rows = keys);
+//   2. the softmax step per row, in the accumulator layout (thread t of a quad
+//      holds keys 8j + 2t, +1 of rows g and g + 8): masked scores -> -inf, tile
+//      max (exact), m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') or +0,
+//      the row sum of p (per thread over its values, n8 tiles then pair order,
+//      then the quad butterfly xor 1, xor 2), denom = denom * a + sum;
+//   3. acc' = acc * a, then P.V: p rounded to BF16 is the A operand, straight
+//      from the S registers (FA2 register reuse), one mma per 16-key slice,
+//      slices ascending, per n8 tile of head_dim (V fragments by ldmatrix.trans);
+//      acc = acc' for the rows that see the page (a select).
+// Finally out = bf16(acc / denom).
+//
+// NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
+// position, its sequence's keys and values, head_dim and block_size:
+//   - Key tiles are the cache pages, walked in ascending order by one CTA; there
+//     is no split over the KV length.
+//   - S[r][j] is one accumulator register taking one mma per head_dim slice,
+//     ascending, from +0; its row of A is q_r (BF16, as stored), its column of B
+//     k_j. The fragment's other rows (companion or padding queries) do not enter
+//     it: an mma has no cross-row interaction. As for gemm.cu (its point 3), an
+//     element's arithmetic is the same at every row position of the fragment, so
+//     the row's slot in the CTA does not matter; key j always sits at the same
+//     column (n8 tile j / 8, column j % 8).
+//   - Masking is by select, never arithmetic: a key past the row's position
+//     (causal) or past seq_len gets s = -inf and p = +0 whatever S held. Every
+//     other step of the softmax is elementwise on the row's own values with
+//     explicitly rounded intrinsics (__fmul_rn, __fsub_rn, __fadd_rn, __fdiv_rn)
+//     and the accurate expf (no fast math): nothing is contracted or reordered.
+//     The tile max is exact in any order (a +-0 tie changes nothing: s - m and
+//     m - m' come out the same for either zero). The row sum has a shape fixed
+//     by block_size: key j is always summed by thread (j % 8) / 2 of the quad, at
+//     the same place of its sequence; masked keys add +0 to a sum of p >= 0,
+//     which changes nothing.
+//   - Every row sees key 0, so its first page has a finite tile max, m' is finite
+//     and a = exp(-inf - m') = +0: no (-inf) - (-inf). The denominator ends >= 1.
+//   - A page wholly in a row's future leaves the row's state (m, denom, acc)
+//     exactly as it was, whatever the other rows of its m16 tile do: the warp
+//     skips a page none of its rows sees (warp-uniform), and when the page is run
+//     for the row's neighbours, the row's m and denom are kept by select, its a
+//     is 1 and its p are +0 (selects), and its acc is restored by select after
+//     the P.V mmas. So a row runs exactly the pages up to its own last visible
+//     key, as it would alone.
+//   - P.V for a page the row sees: acc[r][d] takes acc * a, then one mma per
+//     16-key slice, ascending; key j sits at k index j % 16 of slice j / 16.
+//     Its terms are the row's bf16(p_j) * v_j[d]. A key masked for the row has
+//     p = +0, so its term is an exact zero; the key's V is real data (a later
+//     query's, within seq_len) in one call and zero (past seq_len) in another,
+//     which can change only the sign of that zero term. What this relies on from
+//     the tensor cores, beyond gemm.cu's point 3: an exact zero term, of either
+//     sign, does not change a nonzero result (the sum is of exact products). So
+//     such a sign can reach at most the sign of an exactly zero acc, and the
+//     output maps -0 to +0 (the PTX ISA does not say which zero an mma returns).
+//   - V and K slots past seq_len may hold stale data, even NaN (a page's earlier
+//     use, or a chunked prefill's unwritten future): they are never read, the
+//     copy writes zeros there instead (cp.async with src-size 0, a select made
+//     by the copy), so the P.V mma never forms 0 * NaN.
+// So the number of rows in the CTA, a row's slot, q_len, the chunking and the
+// other sequences of the batch never reach a row's bits: prefill and decode rows
+// run this same code.
+#include <cuda_bf16.h>
+
+namespace {
+
+constexpr int kNumWarps = 4;
+constexpr int kNumThreads = kNumWarps * 32;
+constexpr int kRowsPerWarp = 16;  // one m16 tile
+constexpr int kRowsPerCta = kNumWarps * kRowsPerWarp;  // ROWS_PER_CTA in attention_tc_kernel.py
+constexpr unsigned int kFullMask = 0xffffffffu;
+
+// ---- PTX wrappers -----------------------------------------------------------------
+// Every inline-PTX statement (and the shared-window address they take) lives in these
+// wrappers, as in gemm.cu (each .cu file stands alone, so they are repeated here).
+// NOTE: the CPU emulator (tests/kernel_emu/driver.cpp) defines REPRISE_EMULATE_PTX and
+// takes host definitions of these same functions, written to the PTX ISA, from
+// tests/kernel_emu/ptx_emu.h; no GPU build defines it.
+#ifndef REPRISE_EMULATE_PTX
+
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; valid = false writes 16 zero bytes and
+// reads nothing (PTX ISA "cp.async": the bytes past src-size are zero-filled).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most `PENDING` of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// Four 8x8 b16 matrices (PTX ISA, ldmatrix): lanes 8j..8j+7 give the row addresses of
+// matrix j, and each lane gets, from matrix j in r[j], row lane/4, columns 2*(lane%4)
+// and +1 (the lower column in the lower 16 bits).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// The same four matrices transposed (ldmatrix .trans): lane gets, from matrix j in
+// r[j], rows 2*(lane%4) and +1 of column lane/4 (the lower row in the lower 16 bits).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d = A (16x16, row) * B (16x8, col) + d, fp32 accumulate in place. Fragments as in the
+// PTX ISA (mma.m16n8k16, floating point types), with g = lane / 4 and t = lane % 4:
+// a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
+// a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d[0], d[1] =
+// D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]; the lower index in the lower 16 bits.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                               unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
+#endif  // REPRISE_EMULATE_PTX
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ unsigned bf16_bits(float x) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
+}
+
+// Two floats as BF16 in one 32-bit fragment register, the first in the lower half.
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+struct Config {
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
+  static_assert(BLOCK_SIZE == 16 || BLOCK_SIZE == 32 || BLOCK_SIZE == 64,
+                "block_size must be 16, 32 or 64");
+  // Pages in the ring: at least 64 keys' worth, so small pages still overlap their
+  // loads with the mmas (num_stages in attention_tc_kernel.py repeats this).
+  static constexpr int kStages = BLOCK_SIZE >= 32 ? 2 : 64 / BLOCK_SIZE;
+  // Shared rows are head_dim + 8 halves: the eight 16-byte rows an ldmatrix phase
+  // reads are an odd number of 16-byte units apart, in eight different bank groups.
+  static constexpr int kLds = HEAD_DIM + 8;
+  static constexpr int kPageHalves = BLOCK_SIZE * kLds;  // one K or V page
+  static constexpr int kStageHalves = 2 * kPageHalves;   // K, then V
+  static constexpr int kSmemBytes = kStages * kStageHalves * 2;  // smem_bytes() in the launcher
+  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
+  static constexpr int kCopies = 2 * BLOCK_SIZE * kChunks / kNumThreads;  // cp.async per thread and page
+  static constexpr int kDimSlices = HEAD_DIM / 16;  // k16 slices of Q.K^T
+  static constexpr int kDimTiles = HEAD_DIM / 8;    // n8 tiles of acc
+  static constexpr int kKeyTiles = BLOCK_SIZE / 8;  // n8 tiles of S
+  static constexpr int kKeySlices = BLOCK_SIZE / 16;  // k16 slices of P.V
+  static_assert((2 * BLOCK_SIZE * kChunks) % kNumThreads == 0, "every thread copies alike");
+};
+
+// The CTA's (sequence, query tile) for work item `work`: attention.cu's find_work,
+// repeated (each .cu file stands alone). Every warp computes it, to the same answer;
+// false when the item is past the last tile (the grid is an upper bound).
+__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
+                                          int tokens_per_cta, int work, int lane, int& seq,
+                                          int& q_tile) {
+  int base = 0;  // tiles of the sequences before `first`
+  for (int first = 0; first < num_seqs; first += 32) {
+    const int b = first + lane;
+    int count = 0;
+    if (b < num_seqs) {
+      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
+      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
+    }
+    int inclusive = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int below = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += below;
+    }
+    const int exclusive = inclusive - count;
+    const unsigned int hit =
+        __ballot_sync(kFullMask, base + exclusive <= work && work < base + inclusive);
+    if (hit != 0u) {  // warp-uniform
+      const int src = __ffs(hit) - 1;
+      seq = first + src;
+      q_tile = work - base - __shfl_sync(kFullMask, exclusive, src);
+      return true;
+    }
+    base += __shfl_sync(kFullMask, inclusive, 31);
+  }
+  return false;
+}
+
+// Issue the cp.async copies of one page's K and V into a ring stage; key slots at or
+// past `num_valid` (seq_len) are zero-filled, their (stale, maybe NaN) bytes unread.
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void load_page(unsigned short* stage, const unsigned short* k_page,
+                                          const unsigned short* v_page, int num_valid) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+#pragma unroll
+  for (int i = 0; i < C::kCopies; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kNumThreads;
+    const bool is_v = idx >= BLOCK_SIZE * C::kChunks;  // uniform per i
+    const int c = is_v ? idx - BLOCK_SIZE * C::kChunks : idx;
+    const int key = c / C::kChunks, chunk = c % C::kChunks;
+    const bool valid = key < num_valid;
+    // NOTE: an invalid chunk still gets an in-bounds address (the page's first
+    // element); cp.async with src-size 0 reads none of it.
+    const unsigned short* src = (is_v ? v_page : k_page) + (valid ? key * HEAD_DIM + chunk * 8 : 0);
+    unsigned short* dst = stage + (is_v ? C::kPageHalves : 0) + key * C::kLds + chunk * 8;
+    cp_async_16(shared_addr(dst), src, valid);
+  }
+}
+
+// The online softmax state of the two rows a thread holds in the fragments (g and
+// g + 8 of its warp's m16 tile; the four threads of a quad hold the same m and denom).
+template <int HEAD_DIM>
+struct RowState {
+  float m[2];
+  float denom[2];
+  float acc[HEAD_DIM / 8][4];  // n8 tiles of head_dim, in the mma's accumulator layout
+};
+
+// One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
+// `pos` are the positions of the thread's two rows (-1: a padding row, which sees
+// nothing); `stage` holds the page's K and V.
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
+                                            const unsigned (&qf)[HEAD_DIM / 16][4],
+                                            const unsigned short* stage, const int (&pos)[2],
+                                            int tile_start, float scale, int lane) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  const unsigned short* k_tile = stage;
+  const unsigned short* v_tile = stage + C::kPageHalves;
+  const int quad_lane = lane % 4;
+
+  // --- S = Q.K^T: s[j] is the n8 tile of keys 8j .. 8j + 7 ---
+  float s[C::kKeyTiles][4];
+#pragma unroll
+  for (int j = 0; j < C::kKeyTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+  }
+#pragma unroll
+  for (int ds = 0; ds < C::kDimSlices; ++ds) {
+    // B fragment (col layout, B[d][key] = K[key][d]): one x4 covers two n8 tiles of
+    // keys: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7),
+    // (keys 8-15, d 8-15); lane l points at key (l % 8) + (l / 16) * 8, d ((l / 8) % 2) * 8.
+#pragma unroll
+    for (int kp = 0; kp < C::kKeyTiles / 2; ++kp) {
+      const int key = kp * 16 + (lane & 7) + ((lane >> 4) << 3);
+      const int dim = ds * 16 + ((lane >> 3) & 1) * 8;
+      unsigned b[4];
+      ldmatrix_x4(b, shared_addr(k_tile + key * C::kLds + dim));
+      mma_bf16_16816(s[2 * kp], qf[ds], b[0], b[1]);
+      mma_bf16_16816(s[2 * kp + 1], qf[ds], b[2], b[3]);
+    }
+  }
+
+  // --- the softmax step, per row h (fragment rows g, g + 8; s[j][2h + e] is key
+  // 8j + 2 * quad_lane + e) ---
+  float alpha[2];
+  bool sees[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int visible = min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);  // keys the row sees
+    // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
+    // whatever S holds there never enters the row's state.
+    float tile_max = negative_infinity();
+#pragma unroll
+    for (int j = 0; j < C::kKeyTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + 2 * quad_lane + e;
+        float& x = s[j][2 * h + e];
+        x = key < visible ? __fmul_rn(x, scale) : negative_infinity();
+        tile_max = fmaxf(tile_max, x);
+      }
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+    // NOTE: a row that sees the page sees its first key, so tile_max and m' are
+    // finite. A row that sees none of it keeps m and denom, and gets a = 1.
+    sees[h] = visible > 0;
+    const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
+    alpha[h] = sees[h] ? expf(__fsub_rn(st.m[h], m_new)) : 1.0f;
+    float p_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < C::kKeyTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + 2 * quad_lane + e;
+        float& x = s[j][2 * h + e];
+        x = key < visible ? expf(__fsub_rn(x, m_new)) : 0.0f;
+        p_sum = __fadd_rn(p_sum, x);
+      }
+    }
+    p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 1));
+    p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 2));
+    st.denom[h] = sees[h] ? __fadd_rn(__fmul_rn(st.denom[h], alpha[h]), p_sum) : st.denom[h];
+    st.m[h] = m_new;
+  }
+
+  // --- P.V: bf16(p) as the A operand, from the S registers. Keys 16i .. 16i + 15 are
+  // k slice i: A[g][2t, 2t+1] = s[2i][0, 1], A[g+8][2t, 2t+1] = s[2i][2, 3],
+  // A[g][2t+8, 2t+9] = s[2i+1][0, 1], A[g+8][2t+8, 2t+9] = s[2i+1][2, 3] ---
+  unsigned pa[C::kKeySlices][4];
+#pragma unroll
+  for (int i = 0; i < C::kKeySlices; ++i) {
+    pa[i][0] = bf16_pair(s[2 * i][0], s[2 * i][1]);
+    pa[i][1] = bf16_pair(s[2 * i][2], s[2 * i][3]);
+    pa[i][2] = bf16_pair(s[2 * i + 1][0], s[2 * i + 1][1]);
+    pa[i][3] = bf16_pair(s[2 * i + 1][2], s[2 * i + 1][3]);
+  }
+#pragma unroll
+  for (int dp = 0; dp < C::kDimTiles / 2; ++dp) {  // two n8 tiles of head_dim at a time
+    float d[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[n][e] = __fmul_rn(st.acc[2 * dp + n][e], alpha[e / 2]);
+    }
+#pragma unroll
+    for (int i = 0; i < C::kKeySlices; ++i) {
+      // B fragment (col layout, B[key][d] = V[key][d], read transposed): matrices
+      // (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15);
+      // lane l points at key (l % 8) + ((l / 8) % 2) * 8, d (l / 16) * 8.
+      const int key = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int dim = dp * 16 + (lane >> 4) * 8;
+      unsigned b[4];
+      ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
+      mma_bf16_16816(d[0], pa[i], b[0], b[1]);
+      mma_bf16_16816(d[1], pa[i], b[2], b[3]);
+    }
+    // NOTE: a row that does not see the page keeps its acc exactly, whatever the mma
+    // made of its +0 p (see the header).
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.acc[2 * dp + n][e] = sees[e / 2] ? d[n][e] : st.acc[2 * dp + n][e];
+    }
+  }
+}
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void paged_attention_tc(
+    unsigned short* __restrict__ out,            // [T, num_heads, head_dim] BF16
+    const unsigned short* __restrict__ q,        // [T, num_heads, head_dim] BF16
+    const unsigned short* __restrict__ cache,    // [blocks, layers, 2, kv_heads, block_size, head_dim]
+    const int* __restrict__ block_tables,        // [B, max_blocks]
+    const int* __restrict__ seq_lens,            // [B]
+    const int* __restrict__ query_start_loc,     // [B + 1]
+    int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+    int num_layers, int layer, float scale) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  extern __shared__ __align__(16) unsigned short attention_tc_smem[];  // [kStages][K, V page]
+  // NOTE: the launcher mirrors kNumThreads and kSmemBytes; a mismatch must fail
+  // loudly, not read past the shared buffer.
+  if (blockDim.x != kNumThreads || dynamic_smem_bytes() < static_cast<unsigned>(C::kSmemBytes)) __trap();
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int kv_head = blockIdx.y;
+  const int group = num_heads / num_kv_heads;
+  const int tokens_per_cta = kRowsPerCta / group;
+
+  // NOTE: work items are taken in reverse, so the CTAs of a sequence's last query tiles
+  // (the longest key ranges, under the causal mask) start first and the short ones
+  // fill the tail. Which CTA runs a tile never reaches its rows' bits.
+  const int work = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  int seq = 0, q_tile = 0;
+  if (!find_work(query_start_loc, num_seqs, tokens_per_cta, work, lane, seq, q_tile)) {
+    return;  // the whole CTA: every warp found the same
+  }
+  const int q_start = query_start_loc[seq];
+  const int q_len = query_start_loc[seq + 1] - q_start;
+  const int seq_len = seq_lens[seq];
+  const int tok0 = q_tile * tokens_per_cta;  // the CTA's first query within the sequence
+  // rows past T (an inconsistent query_start_loc) are neither read nor written
+  const int num_cta_tokens =
+      max(0, min(min(tokens_per_cta, q_len - tok0), num_tokens - (q_start + tok0)));
+  const int num_rows = num_cta_tokens * group;
+  if (num_rows == 0) return;
+  // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
+  // seq_len - q_len + i and sees keys 0..that position.
+  const int first_pos = seq_len - q_len + tok0;
+  const int last_pos = first_pos + num_cta_tokens - 1;
+  const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
+
+  // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
+  // padding, which sees nothing) and the offset of their q and out vectors.
+  const int row0 = warp * kRowsPerWarp + lane / 4;
+  bool valid[2];
+  int pos[2];
+  long long offset[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+    valid[h] = r < num_rows;
+    pos[h] = valid[h] ? first_pos + r / group : -1;
+    const long long token = q_start + tok0 + r / group;
+    offset[h] = valid[h] ? (token * num_heads + kv_head * group + r % group) * HEAD_DIM : 0;
+  }
+  // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
+  const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
+  const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / group : -1;
+  const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
+
+  // Q as A fragments of each 16-wide head_dim slice (layout: see mma_bf16_16816), from
+  // global memory once; padding rows are zero.
+  unsigned qf[C::kDimSlices][4];
+  const int col = 2 * (lane % 4);
+#pragma unroll
+  for (int ds = 0; ds < C::kDimSlices; ++ds) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e % 2, c = ds * 16 + col + (e / 2) * 8;
+      qf[ds][e] = valid[h] ? __ldg(reinterpret_cast<const unsigned*>(q + offset[h] + c)) : 0u;
+    }
+  }
+
+  RowState<HEAD_DIM> st;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.m[h] = negative_infinity();
+    st.denom[h] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < C::kDimTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.acc[n][e] = 0.0f;
+  }
+
+  // The ring: before page t is consumed, pages up to t + kStages - 2 are in flight.
+  // One commit per page slot (empty past the end) keeps the group count uniform.
+  const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
+  const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
+  auto issue = [&](int t) {
+    const long long block = table[t];
+    const unsigned short* k_page =
+        cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
+    const unsigned short* v_page = k_page + num_kv_heads * head_stride;
+    load_page<HEAD_DIM, BLOCK_SIZE>(attention_tc_smem + (t % C::kStages) * C::kStageHalves, k_page,
+                                    v_page, seq_len - t * BLOCK_SIZE);
+  };
+#pragma unroll
+  for (int t = 0; t < C::kStages - 1; ++t) {
+    if (t < num_tiles) issue(t);
+    cp_async_commit();
+  }
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<C::kStages - 2>();  // this thread's copies of page t have landed
+    // Every thread's copies of page t are visible, and every warp has finished
+    // reading page t - 1, whose buffer the next copy overwrites.
+    __syncthreads();
+    const int next = t + C::kStages - 1;
+    if (next < num_tiles) issue(next);
+    cp_async_commit();
+    if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
+      attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (t % C::kStages) * C::kStageHalves,
+                                        pos, t * BLOCK_SIZE, scale, lane);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave none behind
+
+  // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!valid[h]) continue;
+    unsigned short* dst = out + offset[h];
+#pragma unroll
+    for (int n = 0; n < C::kDimTiles; ++n) {
+      float v[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // NOTE: -0 -> +0: the sign of an exactly zero acc is the one thing a masked
+        // key's zero P.V term could reach (see the header).
+        const float a = st.acc[n][2 * h + e] == 0.0f ? 0.0f : st.acc[n][2 * h + e];
+        v[e] = __fdiv_rn(a, st.denom[h]);
+      }
+      *reinterpret_cast<unsigned*>(dst + 8 * n + col) = bf16_pair(v[0], v[1]);
+    }
+  }
+}
+
+}  // namespace
+
+// One entry point per (head_dim, block_size). grid = (work items, num_kv_heads),
+// block = 128, dynamic shared memory = Config::kSmemBytes (attention_tc_kernel.smem_bytes).
+#define PAGED_ATTENTION_ARGS                                                                  \
+  unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
+      const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
+      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc, int num_tokens, \
+      int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
+      float scale
+#define PAGED_ATTENTION_PASS                                                                  \
+  out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks,   \
+      num_heads, num_kv_heads, num_layers, layer, scale
+
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<64, 16>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<64, 32>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<64, 64>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<128, 64>(PAGED_ATTENTION_PASS);
+}

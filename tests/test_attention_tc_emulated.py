@@ -1,0 +1,164 @@
+"""The tensor-core paged attention kernel (cuda/attention_tc.cu) on the CPU: compiled
+by g++ against tests/kernel_emu (cuda_emu.h: a CTA's threads as host threads;
+ptx_emu.h: ldmatrix, ldmatrix.trans, mma and cp.async by the PTX ISA's layouts and
+group semantics), compared with its NumPy twin on fresh random inputs, and held to
+DESIGN §4 bit for bit: a query's output is the same whether it runs with its whole
+prompt, in a prefill chunk of any size (the slots past the chunk holding garbage
+and NaN), as a decode step, or batched with other sequences.
+
+This checks the kernel's fragment layouts, masking, the page ring and the
+invariance argument; not the tensor cores' arithmetic or the memory model (the
+emulated mma sums in fp32 in k order), which tests/test_gpu_attention_tc.py meets
+on a device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_kernels_emulated import EMU, Paged, max_row_ulps, poisoned, ptr
+
+from reprise.cuda.attention_kernel import num_work_items
+from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA, smem_bytes
+from reprise.cuda.dtypes import BF16
+from reprise.cuda.kvcache import kv_write_ref
+
+pytestmark = pytest.mark.kernels
+
+HEAD_DIMS = [64, 128]
+BLOCK_SIZES = [16, 32, 64]
+GROUPS = [1, 3, 4]  # 3: smollm2-135m; 4: Llama-3.1-8B
+CHUNKS = [7, 16, 33]  # prefill chunk sizes; decode steps (chunks of 1) apart
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
+            pytest.fail("the kernel emulation needs g++")
+        pytest.skip("needs g++")
+    out = tmp_path_factory.mktemp("emu_tc") / "libkernels.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU / 'include'}",
+           "-o", str(out), str(EMU / "driver.cpp"), "-lpthread"]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return ctypes.CDLL(str(out))
+
+
+class PagedTc(Paged):
+    """Paged sequences (stale slots holding garbage and NaN) run through attention_tc.cu."""
+
+    def run(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]],
+            cache: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """The kernel's output for (sequence, first, last) query spans batched in one
+        launch, planned as attention_tc_kernel plans it, into a poisoned buffer."""
+        q, tables, seq_lens, starts = self.inputs(spans)
+        out = poisoned(q.shape)
+        group = self.heads // self.kv_heads
+        grid_x = num_work_items(q.shape[0], len(spans), group, ROWS_PER_CTA)
+        cache = self.cache if cache is None else cache
+        rc = lib.run_paged_attention_tc(
+            self.head_dim, self.block_size, grid_x, self.kv_heads,
+            smem_bytes(self.head_dim, self.block_size), ptr(out), ptr(q), ptr(cache), ptr(tables),
+            ptr(seq_lens), ptr(starts), q.shape[0], len(spans), tables.shape[1], self.heads,
+            self.kv_heads, 2, 1, ctypes.c_float(1 / np.sqrt(self.head_dim)),
+        )  # fmt: skip
+        assert rc == 0, rc
+        return out
+
+    def with_garbage_after(self, rng: np.random.Generator, b: int, last: int) -> np.ndarray:
+        """The cache as a prefill chunk ending at `last` sees it: sequence b's slots from
+        `last` on not yet written, holding large values and NaN."""
+        cache = self.cache.copy()
+        end = len(self.tables[b]) * self.block_size
+        garbage_shape = (end - last, self.kv_heads, self.head_dim)
+        garbage = (rng.standard_normal(garbage_shape) * 50).astype(BF16)
+        garbage[::3, :, :5] = np.nan
+        pos = np.arange(last, end)
+        slots = np.asarray(self.tables[b])[pos // self.block_size] * self.block_size
+        kv_write_ref(cache, 1, garbage, garbage[::-1], slots + pos % self.block_size)
+        return cache
+
+
+def shape(head_dim: int, group: int, num_kv_heads: int) -> tuple[int, int, int]:
+    return group * num_kv_heads, num_kv_heads, head_dim
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_attention_tc_matches_its_twin(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, block_size: int, group: int
+) -> None:
+    """Decode steps, whole and partial prefills (some longer than a CTA's queries) in
+    one launch: every element written, no NaN from the stale slots, and within BF16
+    rounding of paged_attention_ref."""
+    seq_lens = [1, block_size, 2 * block_size + 1, ROWS_PER_CTA // group + 9]
+    seq_lens += [int(n) for n in rng.integers(2, 3 * block_size, size=2)]
+    paged = PagedTc(rng, shape(head_dim, group, 2), block_size, seq_lens)
+    spans = []
+    for b, n in enumerate(seq_lens):
+        q_len = [n, 1, n, n, int(rng.integers(1, n + 1)), 1][b]
+        spans.append((b, n - q_len, n))
+    got = paged.run(lib, spans)
+    assert max_row_ulps(got.view(BF16), paged.twin(spans)) <= 2
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_attention_tc_query_is_independent_of_its_batch(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, block_size: int, group: int
+) -> None:
+    """A query's bits are the same in its whole prefill, in chunks of 7, 16 and 33 with
+    garbage past each chunk, as a decode step (a chunk of 1: every position of the
+    first page, both sides of each page boundary, the last, and a random sample, to
+    keep the emulation fast), and batched after other sequences. The prompt spans
+    more pages than the kernel's ring holds."""
+    seq_len = max(2 * block_size, 80) + 7
+    others = [int(n) for n in rng.integers(1, 2 * block_size, size=2)]
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, [seq_len, *others])
+    whole = paged.run(lib, [(0, 0, seq_len)])
+    assert max_row_ulps(whole.view(BF16), paged.twin([(0, 0, seq_len)])) <= 2
+    for chunk in CHUNKS:
+        pieces = []
+        for first in range(0, seq_len, chunk):
+            last = min(first + chunk, seq_len)
+            cache = paged.with_garbage_after(rng, 0, last)
+            pieces.append(paged.run(lib, [(0, first, last)], cache))
+        assert np.array_equal(np.concatenate(pieces), whole), chunk
+    boundaries = np.arange(block_size, seq_len, block_size)
+    decode = {*range(min(block_size, 8)), *boundaries, *(boundaries - 1), seq_len - 1}
+    decode |= {int(p) for p in rng.choice(seq_len, 8, replace=False)}
+    for pos in sorted(decode):
+        step = paged.run(lib, [(0, pos, pos + 1)], paged.with_garbage_after(rng, 0, pos + 1))
+        assert np.array_equal(step, whole[pos : pos + 1]), ("decode", pos)
+    # behind a decode step and a whole prefill, its own span a partial prefill
+    first = int(rng.integers(1, seq_len))
+    spans = [(1, others[0] - 1, others[0]), (2, 0, others[1]), (0, first, seq_len)]
+    batched = paged.run(lib, spans)
+    assert np.array_equal(batched[-(seq_len - first) :], whole[first:])
+
+
+def test_attention_tc_traps_without_its_shared_memory(lib: ctypes.CDLL) -> None:
+    """The kernel checks its dynamic shared memory against its page ring (a launcher
+    drift fails loudly, not by reading past the buffer); here, in a child process,
+    since __trap aborts."""
+    script = (
+        "import ctypes, numpy as np\n"
+        f"lib = ctypes.CDLL({lib._name!r})\n"
+        "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
+        "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+        f"lib.run_paged_attention_tc(64, 16, 1, 1, {smem_bytes(64, 16) - 16}, p(z), p(z), p(z),"
+        " p(i), p(i[1:]), p(i), 1, 1, 1, 1, 1, 2, 1, ctypes.c_float(0.125))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
