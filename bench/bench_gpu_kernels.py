@@ -565,11 +565,18 @@ def sdpa_calls(model: ModelShape, num_seqs: int, q_len: int, kv_len: int) -> dic
 
 
 def measure_attention(ctx: Context) -> Iterator[Row]:
+    """Both paged-attention kernels (CUDA cores, tensor cores) against the faster SDPA."""
+    from reprise.cuda.attention_tc_kernel import paged_attention_tc
+
+    kernels = {"paged attn": paged_attention, "paged attn tc": paged_attention_tc}
     for model in ctx.models:
         for label, *case in attention_cases():
             where = f"attention {model.name} {label}"
             inputs, error = ctx.attempt(where, partial(paged_inputs, model, *case))
-            ours = ctx.timed(where, partial(paged_attention, **inputs)) if inputs else (None, error)
+            ours = {
+                op: ctx.timed(f"{where} {op}", partial(fn, **inputs)) if inputs else (None, error)
+                for op, fn in kernels.items()
+            }
             del inputs
             calls, ref_error = ctx.attempt(f"{where} SDPA", partial(sdpa_calls, model, *case))
             refs: dict[str, float] = {}
@@ -581,14 +588,15 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             del calls
             best = min(refs, key=refs.__getitem__) if refs else None
             cost = (attention_bytes(model, *case), attention_flops(model, *case))
-            yield make_row(
-                ("attention", model.name, "paged attn", label),
-                ours,
-                ctx.floors,
-                cost=cost,
-                ref=(best, refs.get(best or ""), ref_error),
-                **{f"{name.replace(' ', '_')}_us": _round(t) for name, t in refs.items()},
-            )
+            for op, timed in ours.items():
+                yield make_row(
+                    ("attention", model.name, op, label),
+                    timed,
+                    ctx.floors,
+                    cost=cost,
+                    ref=(best, refs.get(best or ""), ref_error),
+                    **{f"{name.replace(' ', '_')}_us": _round(t) for name, t in refs.items()},
+                )
             release()
 
 
