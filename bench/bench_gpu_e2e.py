@@ -432,6 +432,46 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
 }
 
 
+def targets(out: dict[str, Any], batches: tuple[int, ...], context: int) -> list[dict[str, Any]]:
+    """Issue 7's end-to-end targets, each from the rows measured (absent if a row is)."""
+    rows = {row["name"]: row for row in out["rows"]}
+    low, high = min(batches), max(batches)
+
+    def get(name: str, key: str) -> float | None:
+        row = rows.get(name)
+        return None if row is None else row.get(key)
+
+    def best(*values: float | None) -> float | None:
+        present = [v for v in values if v is not None]
+        return min(present) if present else None
+
+    decode = f"decode b={low} ctx={context} graphs"
+    ours_high = get(f"decode b={high} ctx={context} graphs", "tokens_per_s")
+    hf_high = get(f"transformers decode b={high} ctx={context}", "tokens_per_s")
+    prefill = [name for name in rows if name.startswith("prefill ")]
+    ttft = [name for name in rows if name.startswith("ttft ")]
+    host = next((name for name in ttft if "host tier" in name), "")
+    checks = [
+        (f"decode b={low} over the weights-read floor", get(decode, "x_floor"), "<=", 1.3),
+        (f"decode b={high} tokens/s over transformers'",
+         ours_high / hf_high if ours_high and hf_high else None, ">=", 1.0),
+        ("prefill over the FLOP floor (the faster attention kernel)",
+         best(*(get(name, "x_floor") for name in prefill)), "<=", 2.0),
+        *((f"invariant over cuBLAS GEMMs, {name[len('invariant vs cuBLAS, '):]}",
+           get(name, "x_reference"), "<=", 1.25 if "prefill" in name else 1.10)
+          for name in rows if name.startswith("invariant vs cuBLAS")),
+        ("cached prompt's first token over one decode step",
+         next((get(name, "x_reference") for name in ttft if "cached" in name), None), "<=", 1.5),
+        ("host-tier prompt's first token over computing it fresh",
+         get(host, "x_reference"), "<=", 0.3),
+    ]  # fmt: skip
+    result = []
+    for name, value, op, limit in checks:
+        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
+        result.append({"target": f"{name} {op} {limit}", "value": value, "met": met})
+    return result
+
+
 def table(out: dict[str, Any]) -> str:
     lines = [f"{'measurement':58} {'ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8} "
              f"{'ref ms':>9} {'x ref':>7} {'cpu %':>6}"]  # fmt: skip
@@ -507,7 +547,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"section {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")  # what is done so far survives
+    out["targets"] = targets(out, args.batches, args.context)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(table(out))
+    for target in out["targets"]:
+        value = "not measured" if target["value"] is None else f"{target['value']:.3f}"
+        verdict = {True: "met", False: "NOT met", None: "-"}[target["met"]]
+        print(f"target: {target['target']}: {value} ({verdict})")
     return 1 if out["errors"] else 0
 
 

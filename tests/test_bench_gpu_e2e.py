@@ -43,6 +43,14 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
         "ttft 200 host tier (0 "
     )
     assert all(row["seconds"] > 0 for row in result["rows"])
+    targets = {t["target"]: t for t in result["targets"]}
+    host = targets["host-tier prompt's first token over computing it fresh <= 0.3"]
+    assert host["value"] == pytest.approx(
+        result["rows"][7]["seconds"] / result["rows"][5]["seconds"]
+    )
+    assert host["met"] == (host["value"] <= 0.3)
+    # no floors (no GPU) and no transformers here: those targets are not measured
+    assert targets["decode b=1 over the weights-read floor <= 1.3"]["met"] is None
 
 
 def test_without_a_device_it_says_so(capsys: pytest.CaptureFixture[str]) -> None:
