@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -20,6 +21,7 @@ from reprise.cuda.gemm import gemm_ref, prepare_weight
 from reprise.cuda.kvcache import kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref
+from reprise.cuda.sampling import sample_ref
 
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
@@ -57,6 +59,19 @@ class Backend(Protocol):
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
     argmax: Callable[..., Any]
+
+    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDraws:
+    """The host-side parameters of the rows a step samples at random, one entry a row."""
+
+    temperature: np.ndarray  # fp32
+    top_k: np.ndarray  # int32; the vocabulary size or more for none
+    top_p: np.ndarray  # fp32
+    seeds: np.ndarray  # uint64
+    positions: np.ndarray  # int64, the position of the token drawn
 
 
 class NumpyBackend:
@@ -120,6 +135,25 @@ class NumpyBackend:
     def argmax(logits: np.ndarray) -> np.ndarray:
         """Greedy choice per row of [R, vocab] logits, ties to the lowest id: [R] int32."""
         return np.argmax(logits, axis=1).astype(np.int32)
+
+    @staticmethod
+    def sample(
+        logits: np.ndarray, greedy: np.ndarray, rows: np.ndarray, draws: SampleDraws
+    ) -> np.ndarray:
+        """`greedy` with each of `rows` replaced by its seeded draw (sample_ref)."""
+        tokens = greedy.copy()
+        vocab = logits.shape[1]
+        for j, row in enumerate(rows):
+            k = int(draws.top_k[j])
+            tokens[row] = sample_ref(
+                logits[row],
+                temperature=float(draws.temperature[j]),
+                top_k=k if k < vocab else None,
+                top_p=float(draws.top_p[j]),
+                seed=int(draws.seeds[j]),
+                position=int(draws.positions[j]),
+            )
+        return tokens
 
     embed = staticmethod(embed_ref)
     rmsnorm = staticmethod(rmsnorm_ref)

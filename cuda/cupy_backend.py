@@ -173,6 +173,21 @@ class CupyBackend:
     silu_mul = staticmethod(launchers.silu_mul)
     argmax = staticmethod(launchers.argmax)
 
+    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: Any) -> Any:
+        """`greedy` with each of `rows` replaced by its seeded draw, on the device."""
+        index = to_device(np.asarray(rows, dtype=np.int64))
+        picks = launchers.sample(
+            logits[index],
+            to_device(draws.temperature.astype(np.float32)),
+            to_device(draws.top_k.astype(np.int32)),
+            to_device(draws.top_p.astype(np.float32)),
+            to_device(draws.seeds.astype(np.uint64)),
+            to_device(draws.positions.astype(np.int64)),
+        )
+        tokens = greedy.copy()
+        tokens[index] = picks
+        return tokens
+
     @staticmethod
     def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:
         from reprise.cuda.gemm_kernel import gemm

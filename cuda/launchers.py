@@ -20,6 +20,7 @@ from reprise.cuda.kernels import BF16_BITS, check, kernel
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
 ARGMAX_THREADS = 1024  # as in sampling.cu
 ELEMENTWISE_THREADS = 256
+SAMPLE_THREADS = 256
 
 
 def _empty(shape: tuple[int, ...], dtype: Any, out: Any) -> Any:
@@ -157,6 +158,52 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
     if logits.shape[0]:
         args = (logits, np.int64(logits.shape[1]), np.int32(logits.shape[1]), out)
         kernel("sampling", "argmax")((logits.shape[0],), (ARGMAX_THREADS,), args)
+    return out
+
+
+def sample(
+    logits: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    seeds: Any,
+    positions: Any,
+) -> Any:
+    """Twin: sampling.sample_ref per row. logits [R, vocab] fp32; temperature, top_p [R]
+    fp32; top_k [R] int32 (vocab or more for none); seeds [R] uint64; positions [R]
+    int64 -> [R] int32 tokens, on the device (no host read).
+
+    Ranking: each score keyed by a 64-bit integer, its order-preserving bits (negated,
+    so higher scores come first; -0 made +0 first, as the twin's sort ties them) above
+    its id; a row's keys are distinct, so their sort has one result, whatever the sort
+    algorithm or the other rows. Then `sample_sorted` (sampling.cu) walks the ranks as
+    the twin does."""
+    import cupy
+
+    check("logits", logits, np.float32, 2)
+    rows, vocab = logits.shape
+    for name, x, dtype in [("temperature", temperature, np.float32), ("top_k", top_k, np.int32),
+                           ("top_p", top_p, np.float32), ("seeds", seeds, np.uint64),
+                           ("positions", positions, np.int64)]:  # fmt: skip
+        check(name, x, dtype, 1)
+        if x.shape[0] != rows:
+            raise ValueError(f"{name} must have one value per row ({rows}); got {x.shape[0]}")
+    out = cupy.empty((rows,), dtype=np.int32)
+    if rows == 0:
+        return out
+    scaled = logits / temperature[:, None]
+    scaled += np.float32(0.0)  # -0 + 0 = +0; every other value unchanged
+    bits = scaled.view(np.uint32)
+    ascending = cupy.where(bits >= np.uint32(1 << 31), ~bits, bits | np.uint32(1 << 31))
+    keys = (~ascending).astype(np.uint64) << np.uint64(32)
+    keys |= cupy.arange(vocab, dtype=np.uint64)
+    keys.sort(axis=1)
+    ids = (keys & np.uint64(0xFFFFFFFF)).astype(np.int32)
+    ranked = cupy.take_along_axis(scaled, ids, axis=1)
+    uniforms = philox_uniform(seeds, positions)
+    cum = cupy.empty_like(ranked)
+    args = (ranked, ids, top_k, top_p, uniforms, cum, np.int32(vocab), out)
+    kernel("sampling", "sample_sorted")((rows,), (SAMPLE_THREADS,), args)
     return out
 
 

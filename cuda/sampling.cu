@@ -66,3 +66,44 @@ extern "C" __global__ void philox_uniform(const unsigned long long* __restrict__
   }
   out[idx] = (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
+
+// Seeded sampling over rows already ranked (twin: sampling.sample_ref, from its sort on):
+// sorted: [rows, vocab] fp32 scaled logits in rank order (descending, ties by id),
+// ids: [rows, vocab] int32 the token of each rank; top_k: [rows] int32, the ranks kept
+// (vocab for all); top_p: [rows] fp32; uniforms: [rows] fp32, the Philox draw of the row;
+// cum: [rows, vocab] fp32 scratch; out: [rows] int32. grid = rows, block = any.
+//
+// The threads write p_i = expf(s_i - s_0) in parallel; then one thread runs the twin's
+// sequential steps in its order: the running fp32 sum over the kept ranks, the top_p
+// cut (the first rank whose sum reaches top_p * total), and the first rank whose sum
+// exceeds u * (the sum at the cut). Each op is explicitly rounded, so the row's token
+// depends on its own inputs alone; against NumPy only expf may differ, in the last bit.
+extern "C" __global__ void sample_sorted(const float* __restrict__ sorted, const int* __restrict__ ids,
+                                         const int* __restrict__ top_k, const float* __restrict__ top_p,
+                                         const float* __restrict__ uniforms, float* __restrict__ cum,
+                                         int vocab, int* __restrict__ out) {
+  const long long base = (long long)blockIdx.x * vocab;
+  const int kept = top_k[blockIdx.x] < vocab ? top_k[blockIdx.x] : vocab;
+  const float top = sorted[base];
+  for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+    cum[base + i] = expf(__fsub_rn(sorted[base + i], top));
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float sum = 0.0f;
+  for (int i = 0; i < kept; ++i) {
+    sum = __fadd_rn(sum, cum[base + i]);
+    cum[base + i] = sum;
+  }
+  int keep = kept;
+  if (top_p[blockIdx.x] < 1.0f) {
+    const float threshold = __fmul_rn(top_p[blockIdx.x], sum);
+    int first = 0;
+    while (first < kept && cum[base + first] < threshold) ++first;  // searchsorted, side left
+    keep = first + 1 < kept ? first + 1 : kept;
+  }
+  const float target = __fmul_rn(uniforms[blockIdx.x], cum[base + keep - 1]);
+  int choice = 0;
+  while (choice < keep && cum[base + choice] <= target) ++choice;  // searchsorted, side right
+  out[blockIdx.x] = ids[base + (choice < keep ? choice : keep - 1)];
+}

@@ -11,7 +11,7 @@ from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
 from reprise.daemon.model import ForwardBatch, LlamaModel
-from reprise.daemon.sampler import sample_token
+from reprise.daemon.sampler import next_tokens
 from reprise.daemon.scheduler import ScheduledSeq
 from reprise.daemon.sequence import Sequence
 
@@ -105,10 +105,10 @@ class ModelRunner:
     def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray | None]]:
         """Forward one step and advance every scheduled sequence's computed count.
 
-        Returns (sequence, sampled token id, the logits row it was drawn from) for
-        each sequence whose pending tokens all ran, in schedule order. The row comes
-        to the host only when the sequence samples at random or returns logits; the
-        greedy tokens are chosen on the device, and only they are read back.
+        Returns (sequence, sampled token id, its logits row or None) for each
+        sequence whose pending tokens all ran, in schedule order. Tokens are chosen
+        on the device and read back once; a logits row comes to the host only for a
+        sequence that returns logits.
         """
         ops = self.model.ops
         batch = self.build_batch(scheduled)
@@ -121,23 +121,10 @@ class ModelRunner:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits)
         sampling = [item.seq for item in scheduled if item.samples]
-        tokens = ops.to_host(greedy)  # waits for the step
-        wanted = [i for i, seq in enumerate(sampling) if _needs_row(seq)]
-        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else None
-        row_of = {i: rows[j] for j, i in enumerate(wanted)} if rows is not None else {}
+        tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling))  # the one read
+        wanted = [i for i, seq in enumerate(sampling) if seq.params.return_logits]
+        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
+        row_of = dict(zip(wanted, rows, strict=True))
         for item in scheduled:
             item.seq.num_computed_tokens += item.num_tokens
-        results: list[tuple[Sequence, int, np.ndarray | None]] = []
-        for i, seq in enumerate(sampling):
-            row = row_of.get(i)
-            if seq.params.greedy:
-                token = int(tokens[i])
-            else:
-                assert row is not None
-                token = sample_token(row, seq.params, seq.seed, position=seq.num_tokens)
-            results.append((seq, token, row if seq.params.return_logits else None))
-        return results
-
-
-def _needs_row(seq: Sequence) -> bool:
-    return not seq.params.greedy or seq.params.return_logits
+        return [(seq, int(tokens[i]), row_of.get(i)) for i, seq in enumerate(sampling)]

@@ -30,7 +30,7 @@ from reprise.cuda.gemm_kernel import CONFIGS, TileConfig, tile_config
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
-from reprise.cuda.sampling import uniform
+from reprise.cuda.sampling import sample_ref, uniform
 
 pytestmark = pytest.mark.kernels
 EMU = Path(__file__).parent / "kernel_emu"
@@ -150,6 +150,49 @@ def test_argmax_and_philox(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     lib.run_philox_uniform(ptr(seeds), ptr(positions), ptr(draws), 300)
     want = [uniform(int(s), int(p)) for s, p in zip(seeds, positions, strict=True)]
     assert np.array_equal(draws, np.array(want, F32))
+
+
+@pytest.mark.parametrize("vocab", [1000, 5003])
+def test_sample_sorted_walks_the_ranks_as_the_twin(
+    lib: ctypes.CDLL, rng: np.random.Generator, vocab: int
+) -> None:
+    """sample_sorted on the twin's ranking (the launcher sorts on the device) draws the
+    twin's token; only expf against NumPy's exp may differ, in the last bit, which can
+    move a draw that lands on a boundary of the running sum."""
+    cases = [(t, k, p) for t in (0.7, 1.3) for k in (None, 1, 50, 999) for p in (1.0, 0.9, 0.5)]
+    rows = len(cases) * 4
+    logits = np.empty((rows, vocab), F32)
+    for r in range(rows):
+        if r % 2:  # coarse values: many ties, which rank by id
+            logits[r] = rng.integers(-8, 9, vocab) * 0.5
+        else:
+            logits[r] = rng.standard_normal(vocab) * 4
+    params = [cases[r % len(cases)] for r in range(rows)]
+    seeds = rng.integers(0, 2**63, rows, dtype=np.uint64)
+    ranked = np.empty_like(logits)
+    ids = np.empty((rows, vocab), np.int32)
+    for r, (t, _, _) in enumerate(params):
+        scaled = logits[r] / F32.type(t)
+        ids[r] = np.argsort(-scaled, kind="stable")
+        ranked[r] = scaled[ids[r]]
+    top_k = np.array([vocab if k is None else k for _, k, _ in params], np.int32)
+    top_p = np.array([p for _, _, p in params], F32)
+    uniforms = np.array([uniform(int(s), 7) for s in seeds], F32)
+    cum = np.empty_like(logits)
+    out = np.full(rows, -1, np.int32)
+    lib.run_sample_sorted(rows, ptr(ranked), ptr(ids), ptr(top_k), ptr(top_p), ptr(uniforms),
+                          ptr(cum), vocab, ptr(out))  # fmt: skip
+    want = [
+        sample_ref(logits[r], temperature=t, top_k=k, top_p=p, seed=int(seeds[r]), position=7)
+        for r, (t, k, p) in enumerate(params)
+    ]
+    assert (out >= 0).all()
+    assert np.mean(out == np.array(want)) >= 0.95, (out.tolist(), want)
+    for r in np.flatnonzero(out != np.array(want)):  # only a draw on a boundary may move
+        kept = int(top_k[r])
+        running = np.cumsum(np.exp(ranked[r, :kept] - ranked[r, 0], dtype=F32), dtype=F32)
+        gaps = np.abs(running - uniforms[r] * running[-1]) / running[-1]
+        assert gaps.min() < 1e-5, (r, params[r], gaps.min())
 
 
 class Paged:

@@ -74,6 +74,10 @@ void run_kv_write(int tokens, int kv_heads, const __nv_bfloat16* k, const __nv_b
 void run_argmax(int rows, const float* logits, long long stride, int vocab, int* out) {
   launch({(unsigned)rows, 1, 1}, ARGMAX_THREADS, [&] { argmax(logits, stride, vocab, out); });
 }
+void run_sample_sorted(int rows, const float* sorted, const int* ids, const int* top_k, const float* top_p,
+                       const float* uniforms, float* cum, int vocab, int* out) {
+  launch({(unsigned)rows, 1, 1}, 128, [&] { sample_sorted(sorted, ids, top_k, top_p, uniforms, cum, vocab, out); });
+}
 void run_philox_uniform(const unsigned long long* seeds, const long long* positions, float* out, int n) {
   launch({(unsigned)((n + 255) / 256), 1, 1}, 256, [&] { philox_uniform(seeds, positions, out, n); });
 }
