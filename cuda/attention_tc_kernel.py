@@ -68,19 +68,8 @@ def paged_attention_tc(
     *,
     out: Any = None,
 ) -> Any:
-    """
-    q:               [T, num_heads, head_dim] uint16 (BF16 bits), roped
-    cache:           [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] uint16
-    block_tables:    [B, max_blocks] int32
-    seq_lens:        [B] int32, keys visible to each sequence after this step
-    query_start_loc: [B + 1] int32, rows of q belonging to each sequence; [B] must be T
-    out:             [T, num_heads, head_dim] uint16, written in place, or None
-    returns          out (a new array when None): [T, num_heads, head_dim] uint16
-
-    All arrays are C-contiguous CuPy arrays on the current device. Values are not
-    checked (that would need a device->host read): block ids must lie in the cache,
-    seq_len <= max_blocks * block_size, and seq_len >= q_len.
-    """
+    """`attention_kernel.paged_attention` (the same arguments, checks and result) on the
+    tensor-core kernel; a KV head may have up to ROWS_PER_CTA query heads."""
     args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
     num_tokens, num_heads, head_dim = q.shape

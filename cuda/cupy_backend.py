@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from reprise.cuda import launchers
+from reprise.cuda.backend import SampleDraws
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.kernels import BF16_BITS, to_device
 from reprise.cuda.kernels import to_host as _to_host
@@ -173,17 +174,11 @@ class CupyBackend:
     silu_mul = staticmethod(launchers.silu_mul)
     argmax = staticmethod(launchers.argmax)
 
-    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: Any) -> Any:
+    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any:
         """`greedy` with each of `rows` replaced by its seeded draw, on the device."""
         index = to_device(np.asarray(rows, dtype=np.int64))
-        picks = launchers.sample(
-            logits[index],
-            to_device(draws.temperature.astype(np.float32)),
-            to_device(draws.top_k.astype(np.int32)),
-            to_device(draws.top_p.astype(np.float32)),
-            to_device(draws.seeds.astype(np.uint64)),
-            to_device(draws.positions.astype(np.int64)),
-        )
+        fields = (getattr(draws, name) for name in type(draws).__slots__)
+        picks = launchers.sample(logits[index], *(to_device(x) for x in fields))
         tokens = greedy.copy()
         tokens[index] = picks
         return tokens

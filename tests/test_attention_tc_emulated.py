@@ -8,7 +8,7 @@ and NaN), as a decode step, or batched with other sequences.
 
 This checks the kernel's fragment layouts, masking, the page ring and the
 invariance argument; not the tensor cores' arithmetic or the memory model (the
-emulated mma sums in fp32 in k order), which tests/test_gpu_attention_tc.py meets
+emulated mma sums in fp32 in k order), which tests/test_gpu_attention.py meets
 on a device.
 """
 

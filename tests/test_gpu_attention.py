@@ -1,8 +1,9 @@
-"""The paged attention kernel (cuda/attention.cu) against its NumPy twin on fresh
-random inputs, with the output poisoned first, and held to DESIGN §4 bit for bit:
-a query's output is the same whether it runs with its whole prompt, in a chunk of
-any size (unwritten future slots holding garbage, NaN included), alone as a decode
-step, or batched with other sequences in any order. Skipped without a CUDA device."""
+"""Both paged attention kernels (cuda/attention.cu on CUDA cores, cuda/attention_tc.cu
+on tensor cores) against their NumPy twin on fresh random inputs, with the output
+poisoned first, and held to DESIGN §4 bit for bit: a query's output is the same
+whether it runs with its whole prompt, in a chunk of any size (unwritten future
+slots holding garbage, NaN included), alone as a decode step, or batched with other
+sequences in any order. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 from gpu_support import dev, host, poisoned
 
+from reprise.cuda import attention_kernel, attention_tc_kernel
 from reprise.cuda.attention import paged_attention_ref
-from reprise.cuda.attention_kernel import paged_attention
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
@@ -31,6 +32,16 @@ SHAPES = {
 MODEL_SHAPES = ["smollm2-135m", "llama-3.1-8b"]
 BLOCK_SIZES = [16, 32, 64]
 NUM_LAYERS, LAYER = 2, 1
+# each kernel's launcher and the most query heads a KV head may have with it
+KERNELS = {
+    "cuda-cores": (attention_kernel.paged_attention, attention_kernel.ROWS_PER_CTA),
+    "tensor-cores": (attention_tc_kernel.paged_attention_tc, attention_tc_kernel.ROWS_PER_CTA),
+}
+
+
+@pytest.fixture(params=list(KERNELS))
+def kernel(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -58,7 +69,7 @@ def stale(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 3.0) 
 
 class PagedSequences:
     """Sequences of random K/V in a shuffled block pool; free blocks and the tail of
-    each sequence's last page hold stale garbage, NaN included."""
+    each sequence's last page hold stale garbage, NaN included. `gpu` runs `kernel`."""
 
     def __init__(
         self,
@@ -66,8 +77,9 @@ class PagedSequences:
         shape: tuple[int, int, int],
         block_size: int,
         seq_lens: list[int],
+        kernel: str,
     ) -> None:
-        self.rng, self.block_size = rng, block_size
+        self.rng, self.block_size, self.kernel = rng, block_size, kernel
         self.num_heads, self.num_kv_heads, self.head_dim = shape
         num_blocks = sum(-(-s // block_size) for s in seq_lens) + 4
         shape6 = kv_cache_shape(
@@ -116,7 +128,7 @@ class PagedSequences:
         """The kernel's output (a device array) for the spans, on `cache` (a device
         array; default: this pool as written)."""
         q, block_tables, seq_lens, query_start_loc = self.inputs(spans)
-        return paged_attention(
+        return KERNELS[self.kernel][0](
             dev(q),
             self.device_cache if cache is None else cache,
             LAYER,
@@ -153,13 +165,13 @@ def mixed_spans(rng: np.random.Generator, seq_lens: list[int]) -> list[tuple[int
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_attention_matches_its_twin(cp, rng, shape: str, block_size: int) -> None:
+def test_attention_matches_its_twin(cp, rng, kernel: str, shape: str, block_size: int) -> None:
     """Decode rows, whole and partial prefills in one call, within BF16 rounding of
     paged_attention_ref; every element written; a second call gives the same bits."""
     seq_lens = [int(n) for n in rng.integers(1, 300, size=9)]
     # a one-key prompt, a prompt of exactly one page, one key into the third page
     seq_lens[1], seq_lens[3], seq_lens[5] = 1, block_size, 2 * block_size + 1
-    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens)
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens, kernel)
     spans = mixed_spans(rng, seq_lens)
     num_tokens = sum(last - first for _, first, last in spans)
     out = poisoned((num_tokens, seqs.num_heads, seqs.head_dim), np.uint16)
@@ -170,11 +182,11 @@ def test_attention_matches_its_twin(cp, rng, shape: str, block_size: int) -> Non
 
 
 @pytest.mark.parametrize("shape", MODEL_SHAPES)
-def test_attention_many_sequences_in_one_call(cp, rng, shape: str) -> None:
+def test_attention_many_sequences_in_one_call(cp, rng, kernel: str, shape: str) -> None:
     """More sequences than a warp scans at once (the CTAs find their work in rounds of
     32): every row within BF16 rounding of the twin, and the bits each gets alone."""
     seq_lens = [int(n) for n in rng.integers(1, 100, size=75)]
-    seqs = PagedSequences(rng, SHAPES[shape], 32, seq_lens)
+    seqs = PagedSequences(rng, SHAPES[shape], 32, seq_lens, kernel)
     spans = mixed_spans(rng, seq_lens)
     got = seqs.run(spans)
     bf16_close(got, seqs.ref(spans))
@@ -186,15 +198,17 @@ def test_attention_many_sequences_in_one_call(cp, rng, shape: str) -> None:
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("shape", MODEL_SHAPES)
-def test_attention_query_independent_of_chunking(cp, rng, shape: str, block_size: int) -> None:
+def test_attention_query_independent_of_chunking(
+    cp, rng, kernel: str, shape: str, block_size: int
+) -> None:
     """A query's output is bit-identical whether it runs with its whole prompt, in a
     chunk of any size (unwritten future slots holding garbage, NaN included), or alone
     as a decode step (chunks of 1)."""
     seq_len = int(rng.integers(150, 260))
-    seqs = PagedSequences(rng, SHAPES[shape], block_size, [seq_len])
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, [seq_len], kernel)
     whole = seqs.run([(0, 0, seq_len)])
     bf16_close(whole, seqs.ref([(0, 0, seq_len)]))
-    for chunk in (1, 7, 16, 32, 50):
+    for chunk in (1, 7, 16, 32, 33, 50):
         pieces = []
         for first in range(0, seq_len, chunk):
             last = min(first + chunk, seq_len)
@@ -205,13 +219,13 @@ def test_attention_query_independent_of_chunking(cp, rng, shape: str, block_size
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("shape", MODEL_SHAPES)
 def test_attention_query_independent_of_other_sequences(
-    cp, rng, shape: str, block_size: int
+    cp, rng, kernel: str, shape: str, block_size: int
 ) -> None:
     """Seven sequences of random lengths batched in one call in random order, each with
     a decode step, a whole or a partial prefill, give every query the bits it gets in
     its span alone and alone as a decode step."""
     seq_lens = [int(n) for n in rng.integers(1, 200, size=7)]
-    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens)
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens, kernel)
     spans = []
     for b, seq_len in enumerate(seq_lens):
         q_len = int(rng.choice([1, seq_len, rng.integers(1, seq_len + 1)]))
@@ -228,9 +242,9 @@ def test_attention_query_independent_of_other_sequences(
             assert np.array_equal(bits(alone), bits(got[pos - first : pos - first + 1])), (b, pos)
 
 
-def test_attention_rejects_bad_inputs(cp, rng) -> None:
+def test_attention_rejects_bad_inputs(cp, rng, kernel: str) -> None:
     num_heads, num_kv_heads, head_dim = SHAPES["smollm2-135m"]
-    seqs = PagedSequences(rng, (num_heads, num_kv_heads, head_dim), 16, [20, 5])
+    seqs = PagedSequences(rng, (num_heads, num_kv_heads, head_dim), 16, [20, 5], kernel)
     q, block_tables, seq_lens, query_start_loc = (
         dev(x) for x in seqs.inputs([(0, 0, 20), (1, 4, 5)])
     )
@@ -244,11 +258,12 @@ def test_attention_rejects_bad_inputs(cp, rng) -> None:
         query_start_loc=query_start_loc,
         scale=0.125,
     )
-    paged_attention(**good)  # the baseline is accepted
+    launch, max_group = KERNELS[kernel]
+    launch(**good)  # the baseline is accepted
 
     def rejects(match: str, **change) -> None:
         with pytest.raises(ValueError, match=match):
-            paged_attention(**{**good, **change})
+            launch(**{**good, **change})
 
     rejects("q must be a 3-d uint16", q=q.astype(np.float32))
     rejects("q must be a 3-d uint16", q=q.reshape(q.shape[0], -1))
@@ -263,7 +278,8 @@ def test_attention_rejects_bad_inputs(cp, rng) -> None:
     rejects("cache must be", cache=cp.zeros((*cache.shape[:2], 3, *cache.shape[3:]), np.uint16))
     rejects("block_size must be one of", cache=cp.zeros((*cache.shape[:4], 8, 64), np.uint16))
     rejects("must be a multiple of num_kv_heads", q=cp.zeros((21, 10, head_dim), np.uint16))
-    rejects("must be at most 32", q=cp.zeros((21, 99, head_dim), np.uint16))
+    big_group = 3 * (max_group + 1)  # three KV heads
+    rejects(f"must be at most {max_group}", q=cp.zeros((21, big_group, head_dim), np.uint16))
     rejects("layer must be in", layer=NUM_LAYERS)
     rejects("layer must be in", layer=-1)
     rejects("seq_lens must be", seq_lens=seq_lens[:1])
@@ -274,3 +290,23 @@ def test_attention_rejects_bad_inputs(cp, rng) -> None:
     rejects(
         "q must start on a 16-byte boundary", q=cp.zeros(q.size + 1, np.uint16)[1:].reshape(q.shape)
     )
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_attention_long_llama_prefill(cp, rng, kernel: str, block_size: int) -> None:
+    """A 700-token prefill at Llama-3.1-8B shapes (many CTAs a sequence; the tensor-core
+    kernel's page ring wrapped many times): within BF16 rounding of the twin, and the
+    same bits when cut in chunks of 256 and 333 (garbage past each), or run after
+    another prefill."""
+    seq_len = 700
+    seqs = PagedSequences(rng, SHAPES["llama-3.1-8b"], block_size, [seq_len, 300], kernel)
+    whole = seqs.run([(0, 0, seq_len)])
+    bf16_close(whole, seqs.ref([(0, 0, seq_len)]))
+    for chunk in (256, 333):
+        pieces = []
+        for first in range(0, seq_len, chunk):
+            last = min(first + chunk, seq_len)
+            pieces.append(seqs.run([(0, first, last)], seqs.with_garbage_after(0, last)))
+        assert np.array_equal(bits(np.concatenate(pieces)), bits(whole)), chunk
+    batched = seqs.run([(1, 0, 300), (0, 0, seq_len)])
+    assert np.array_equal(bits(batched[300:]), bits(whole))
