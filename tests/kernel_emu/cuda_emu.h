@@ -1,20 +1,23 @@
 // Host emulation of the CUDA our kernels use, for tests/test_kernels_emulated.py.
 //
-// A launch runs one CTA at a time, its threads as host threads; __syncthreads and
-// __syncwarp are barriers, warp shuffles and ballots go through shared slots, and
-// __shared__ variables are static (so each CTA must finish before the next). It
-// checks a kernel's indexing, masking and reductions against its NumPy twin on a
-// machine without a GPU; it does not reproduce device arithmetic (host libm's expf,
-// no tensor cores, no PTX) or the memory model.
+// A launch runs one CTA at a time on the calling thread, its threads as fibers
+// (coroutines with stacks of their own): each runs until it reaches a barrier or returns, then the next; a
+// __syncthreads releases once every thread still running waits at one, a __syncwarp
+// once every such lane of its warp does (a thread that returned waits for nothing, as
+// on a GPU), and anything else is a deadlock that aborts with a message. Warp shuffles
+// and ballots go through shared slots, and __shared__ variables are static (so each
+// CTA must finish before the next). It checks a kernel's indexing, masking and
+// reductions against its NumPy twin on a machine without a GPU; it does not reproduce
+// device arithmetic (host libm's expf, no tensor cores, no PTX) or the memory model.
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 using std::max;
 using std::min;
@@ -31,7 +34,7 @@ inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 struct dim3 { unsigned int x, y, z; };
-inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 threadIdx, blockIdx;  // the running thread's: set at every switch
 inline dim3 blockDim, gridDim;
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -49,25 +52,161 @@ inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
   std::abort();
 }
 
-struct CtaSync {
-  std::unique_ptr<std::barrier<>> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warp;
-  unsigned int slots[32][32];
-  explicit CtaSync(int threads) : block(new std::barrier<>(threads)) {
-    for (int i = 0; i < threads / 32; ++i) warp.emplace_back(new std::barrier<>(32));
-  }
+namespace emu {
+constexpr int kMaxThreads = 1024;
+constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
+enum class Wait : unsigned char { kRunning, kWarp, kBlock, kDone };
+
+// Switching between a CTA's threads: on x86-64 a stack switch that saves only the
+// callee-saved registers (a function call's contract; ~10 ns), elsewhere ucontext
+// (which also saves the signal mask, a system call each way; ~40 times slower).
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
 };
-inline CtaSync* g_sync;
-inline void __syncthreads() { g_sync->block->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { g_sync->warp[threadIdx.x / 32]->arrive_and_wait(); }
+extern "C" void reprise_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .type reprise_emu_switch, @function
+reprise_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size reprise_emu_switch, .-reprise_emu_switch
+)");
+inline void switch_to(Context& save, Context& load) { reprise_emu_switch(&save.sp, load.sp); }
+// A fresh stack whose first switch "returns" into `entry` (which never returns).
+inline void start_context(Context& c, char* stack, void (*entry)(), Context&) {
+  auto top = reinterpret_cast<std::uintptr_t>(stack + kStackBytes) & ~std::uintptr_t{15};
+  auto* slot = reinterpret_cast<void**>(top - 16);  // entry sees rsp = top - 8, as after a call
+  slot[0] = reinterpret_cast<void*>(entry);
+  slot[1] = nullptr;
+  c.sp = slot - 6;  // the six callee-saved registers, popped as zeros
+  std::memset(c.sp, 0, 6 * sizeof(void*));
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_to(Context& save, Context& load) { swapcontext(&save.uc, &load.uc); }
+inline void start_context(Context& c, char* stack, void (*entry)(), Context& back) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = kStackBytes;
+  c.uc.uc_link = &back.uc;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
+struct Cta {
+  int threads = 0;
+  Context scheduler;
+  Context context[kMaxThreads];
+  Wait wait[kMaxThreads];
+  unsigned int slots[32][32];  // a warp's shuffle and ballot exchange, [warp][lane]
+  void (*run)(void*) = nullptr;
+  void* kernel = nullptr;
+};
+inline Cta g_cta;
+inline char* g_stacks[kMaxThreads];  // allocated on first use, kept for later launches
+
+inline void arrive(Wait at) {
+  const unsigned t = threadIdx.x;
+  g_cta.wait[t] = at;
+  switch_to(g_cta.context[t], g_cta.scheduler);
+}
+
+inline void thread_main() {
+  g_cta.run(g_cta.kernel);
+  arrive(Wait::kDone);  // never resumed
+  std::abort();
+}
+
+// Release the barrier every waiting thread can pass; false when none can (a deadlock).
+inline bool release() {
+  const int n = g_cta.threads;
+  bool all_block = true, any_block = false;
+  for (int t = 0; t < n; ++t) {
+    if (g_cta.wait[t] == Wait::kDone) continue;
+    any_block |= g_cta.wait[t] == Wait::kBlock;
+    all_block &= g_cta.wait[t] == Wait::kBlock;
+  }
+  if (any_block && all_block) {
+    for (int t = 0; t < n; ++t)
+      if (g_cta.wait[t] == Wait::kBlock) g_cta.wait[t] = Wait::kRunning;
+    return true;
+  }
+  bool released = false;
+  for (int w = 0; 32 * w < n; ++w) {
+    const int first = 32 * w, last = min(n, first + 32);
+    bool all_warp = true, any_warp = false;
+    for (int t = first; t < last; ++t) {
+      if (g_cta.wait[t] == Wait::kDone) continue;
+      any_warp |= g_cta.wait[t] == Wait::kWarp;
+      all_warp &= g_cta.wait[t] == Wait::kWarp;
+    }
+    if (any_warp && all_warp) {
+      for (int t = first; t < last; ++t)
+        if (g_cta.wait[t] == Wait::kWarp) g_cta.wait[t] = Wait::kRunning;
+      released = true;
+    }
+  }
+  return released;
+}
+
+// Run the current CTA's threads until every one has returned.
+inline void run_cta() {
+  const int n = g_cta.threads;
+  for (int t = 0; t < n; ++t) {
+    if (g_stacks[t] == nullptr) g_stacks[t] = new char[kStackBytes];
+    start_context(g_cta.context[t], g_stacks[t], thread_main, g_cta.scheduler);
+    g_cta.wait[t] = Wait::kRunning;
+  }
+  for (;;) {
+    bool done = true;
+    for (int t = 0; t < n; ++t) {
+      if (g_cta.wait[t] != Wait::kRunning) continue;
+      threadIdx = {(unsigned)t, 0, 0};
+      switch_to(g_cta.scheduler, g_cta.context[t]);
+    }
+    for (int t = 0; t < n; ++t) done &= g_cta.wait[t] == Wait::kDone;
+    if (done) return;
+    if (!release()) {
+      std::fprintf(stderr, "deadlock in block (%u, %u): threads wait at barriers no other thread reaches:",
+                   blockIdx.x, blockIdx.y);
+      for (int t = 0; t < n; ++t)
+        if (g_cta.wait[t] != Wait::kDone)
+          std::fprintf(stderr, " %d:%s", t, g_cta.wait[t] == Wait::kWarp ? "syncwarp" : "syncthreads");
+      std::fprintf(stderr, "\n");
+      std::abort();
+    }
+  }
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::arrive(emu::Wait::kBlock); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::arrive(emu::Wait::kWarp); }
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned u;
   std::memcpy(&u, &v, 4);
-  g_sync->slots[w][lane] = u;
+  emu::g_cta.slots[w][lane] = u;
   __syncwarp();
-  u = g_sync->slots[w][src];
+  u = emu::g_cta.slots[w][src];
   __syncwarp();
   T r;
   std::memcpy(&r, &u, 4);
@@ -81,31 +220,28 @@ template <class T> inline T __shfl_up_sync(unsigned, T v, int off) {
 }
 inline unsigned __ballot_sync(unsigned, int pred) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  g_sync->slots[w][lane] = pred ? 1u : 0u;
+  emu::g_cta.slots[w][lane] = pred ? 1u : 0u;
   __syncwarp();
   unsigned r = 0;
-  for (int i = 0; i < 32; ++i) r |= g_sync->slots[w][i] << i;
+  for (int i = 0; i < 32; ++i) r |= emu::g_cta.slots[w][i] << i;
   __syncwarp();
   return r;
 }
 
-// Run `kernel()` for every CTA of `grid` with `threads` threads (a multiple of 32).
+// Run `kernel()` for every CTA of `grid` with `threads` threads (at most 1024).
 template <class F> void launch(dim3 grid, int threads, F kernel) {
+  if (threads < 1 || threads > emu::kMaxThreads) {
+    std::fprintf(stderr, "launch with %d threads: a block has 1 to %d\n", threads, emu::kMaxThreads);
+    std::abort();
+  }
   blockDim = {(unsigned)threads, 1, 1};
   gridDim = grid;
-  CtaSync sync(threads);
-  g_sync = &sync;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      threadIdx = {(unsigned)t, 0, 0};
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          blockIdx = {x, y, 0};
-          kernel();
-          __syncthreads();  // the CTA is done before the next one reuses __shared__
-        }
-    });
-  }
-  for (auto& th : pool) th.join();
+  emu::g_cta.threads = threads;
+  emu::g_cta.kernel = &kernel;
+  emu::g_cta.run = [](void* k) { (*static_cast<F*>(k))(); };
+  for (unsigned y = 0; y < grid.y; ++y)
+    for (unsigned x = 0; x < grid.x; ++x) {
+      blockIdx = {x, y, 0};
+      emu::run_cta();
+    }
 }

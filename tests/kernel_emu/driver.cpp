@@ -169,3 +169,120 @@ int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y,
   return left_behind.load() == 0 ? 0 : 3;
 }
 }
+
+// ---------------------------------------------------------------------------------------
+// A launch by name, as the CUDA driver takes one (tests/kernel_emu/emucupy.py, the
+// emulated CuPy the engine runs on in tests/test_cupy_emulated.py): `args[i]` points at
+// the value of parameter i. The driver cannot check what it is handed; this one can, as
+// the parameter types are known here: each argument's kind (pointer or value) and size
+// (a value's bytes, or a pointer's element bytes; 0: any) must match the kernel's, so
+// an np.int64 passed for an `int`, or an fp32 array for a BF16 pointer, fails here with
+// its name instead of reading garbage on a GPU.
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace {
+struct NamedLaunch {
+  dim3 grid;
+  int threads;
+  void** args;
+  const int* sizes;    // per argument: a value's bytes or an array's element bytes
+  const int* is_array; // per argument: 1 for a device array, 0 for a value
+  int count;
+  char* error;
+  int error_len;
+};
+
+template <class A> constexpr int element_bytes() {
+  using E = std::remove_cv_t<std::remove_pointer_t<A>>;
+  if constexpr (std::is_void_v<E>) return 0;
+  else return static_cast<int>(sizeof(E));
+}
+
+template <class... A, std::size_t... I>
+void call_unpacked(void (*fn)(A...), void** args, std::index_sequence<I...>) {
+  fn(*static_cast<std::remove_cv_t<A>*>(args[I])...);
+}
+
+// `left_behind`, when given, counts the threads that exit with cp.async copies in flight.
+template <class... A>
+int launch_checked(void (*fn)(A...), const char* name, const NamedLaunch& l, std::atomic<int>* left_behind = nullptr) {
+  constexpr int n = sizeof...(A);
+  if (l.count != n) {
+    std::snprintf(l.error, l.error_len, "%s takes %d arguments; got %d", name, n, l.count);
+    return 4;
+  }
+  const bool pointer[] = {std::is_pointer_v<A>...};
+  const int bytes[] = {(std::is_pointer_v<A> ? element_bytes<A>() : static_cast<int>(sizeof(A)))...};
+  for (int i = 0; i < n; ++i) {
+    if (pointer[i] != (l.is_array[i] != 0)) {
+      std::snprintf(l.error, l.error_len, "%s argument %d must be %s", name, i,
+                    pointer[i] ? "a device array" : "a value (a NumPy scalar)");
+      return 4;
+    }
+    if (bytes[i] != 0 && bytes[i] != l.sizes[i]) {
+      std::snprintf(l.error, l.error_len, "%s argument %d must be %s of %d bytes; got %d", name, i,
+                    pointer[i] ? "an array of elements" : "a value", bytes[i], l.sizes[i]);
+      return 4;
+    }
+  }
+  launch(l.grid, l.threads, [&] {
+    call_unpacked(fn, l.args, std::index_sequence_for<A...>{});
+    if (left_behind != nullptr && !ptx_emu_cp_async_drained()) ++*left_behind;
+  });
+  return 0;
+}
+
+// Run `body(left_behind)` with the launch's dynamic shared memory in `buffer` (0xFF
+// bytes first, so that a read of an unwritten byte shows); 2: more asked than the buffer
+// holds, 3: some thread left cp.async copies in flight.
+template <class F> int with_dynamic_smem(unsigned short* buffer, unsigned capacity, int smem_bytes, F body) {
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > capacity) return 2;
+  std::memset(buffer, 0xFF, capacity);
+  g_ptx_smem = reinterpret_cast<unsigned char*>(buffer);
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  std::atomic<int> left_behind{0};
+  const int rc = body(&left_behind);
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return rc != 0 ? rc : left_behind.load() == 0 ? 0 : 3;
+}
+}  // namespace
+
+extern "C" {
+// 0: launched; 1: no such kernel; 2: dynamic shared memory over the emulator's buffer;
+// 3: cp.async copies left in flight; 4: arguments that do not fit the kernel (`error`
+// says which); 5: a launch shape the emulator does not run (`error` says why).
+int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+               unsigned block_y, unsigned block_z, int smem_bytes, void** args, const int* sizes,
+               const int* is_array, int count, char* error, int error_len) {
+  if (grid_z != 1 || block_y != 1 || block_z != 1 || block_x == 0 || block_x > 1024 || grid_x == 0 ||
+      grid_y == 0) {
+    std::snprintf(error, error_len, "%s: launch grid (%u, %u, %u) block (%u, %u, %u): the emulator runs "
+                  "1-2 d grids of 1-d blocks of 1 to 1024 threads", name, grid_x, grid_y, grid_z,
+                  block_x, block_y, block_z);
+    return 5;
+  }
+  const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
+  const std::string_view n = name;
+#define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(embed) PLAIN(kv_write)
+  PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform)
+  PLAIN(paged_attention_d64_b16) PLAIN(paged_attention_d64_b32) PLAIN(paged_attention_d64_b64)
+  PLAIN(paged_attention_d128_b16) PLAIN(paged_attention_d128_b32) PLAIN(paged_attention_d128_b64)
+#undef PLAIN
+#define GEMM(fn) if (n == #fn) return with_dynamic_smem(gemm_emu::gemm_smem, GEMM_SMEM_CAPACITY, smem_bytes, \
+    [&](auto* left) { return launch_checked(gemm_emu::fn, name, l, left); });
+  GEMM(gemm_bf16_skinny) GEMM(gemm_f32_skinny) GEMM(gemm_bf16_mid) GEMM(gemm_f32_mid)
+  GEMM(gemm_bf16_big) GEMM(gemm_f32_big)
+#undef GEMM
+#define TC(fn) if (n == #fn) return with_dynamic_smem(attention_tc_emu::attention_tc_smem, \
+    ATTENTION_TC_SMEM_CAPACITY, smem_bytes, [&](auto* left) { return launch_checked(attention_tc_emu::fn, name, l, left); });
+  TC(paged_attention_tc_d64_b16) TC(paged_attention_tc_d64_b32) TC(paged_attention_tc_d64_b64)
+  TC(paged_attention_tc_d128_b16) TC(paged_attention_tc_d128_b32) TC(paged_attention_tc_d128_b64)
+#undef TC
+  std::snprintf(error, error_len, "no kernel named %s", name);
+  return 1;
+}
+}

@@ -65,41 +65,49 @@ struct PtxCopy {
   const void* src;   // global source
   unsigned src_size; // bytes read from src; the rest of the 16 are zero-filled
 };
-inline thread_local std::vector<PtxCopy> t_ptx_open;                 // issued, not committed
-inline thread_local std::vector<std::vector<PtxCopy>> t_ptx_groups;  // committed, oldest first
+struct PtxThread {  // a thread's own state (threads are fibers: no thread_local)
+  std::vector<PtxCopy> open;                 // cp.async issued, not committed
+  std::vector<std::vector<PtxCopy>> groups;  // committed, oldest first
+  unsigned phase = 0;                        // the staging buffer of its next collective
+};
+inline PtxThread g_ptx_threads[emu::kMaxThreads];
+inline PtxThread& ptx_thread() { return g_ptx_threads[threadIdx.x]; }
 
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes = valid ? 16 : 0).
 inline void cp_async_16(unsigned dst, const void* src, bool valid) {
   ptx_smem_at(dst, 16, 16);
   if (reinterpret_cast<unsigned long long>(src) % 16 != 0)
     ptx_emu_fail("misaligned cp.async source", reinterpret_cast<unsigned long long>(src));
-  t_ptx_open.push_back({dst, src, valid ? 16u : 0u});
+  ptx_thread().open.push_back({dst, src, valid ? 16u : 0u});
 }
 
 inline void cp_async_commit() {
-  t_ptx_groups.push_back(std::move(t_ptx_open));  // an empty group is a group too
-  t_ptx_open.clear();
+  PtxThread& t = ptx_thread();
+  t.groups.push_back(std::move(t.open));  // an empty group is a group too
+  t.open.clear();
 }
 
 template <int PENDING>
 inline void cp_async_wait() {
   static_assert(PENDING >= 0);
+  auto& groups = ptx_thread().groups;
   size_t done = 0;
-  for (; t_ptx_groups.size() - done > static_cast<size_t>(PENDING); ++done) {
-    for (const PtxCopy& c : t_ptx_groups[done]) {
+  for (; groups.size() - done > static_cast<size_t>(PENDING); ++done) {
+    for (const PtxCopy& c : groups[done]) {
       unsigned char* d = ptx_smem_at(c.dst, 16, 16);
       std::memcpy(d, c.src, c.src_size);
       std::memset(d + c.src_size, 0, 16 - c.src_size);
     }
   }
-  t_ptx_groups.erase(t_ptx_groups.begin(), t_ptx_groups.begin() + static_cast<long>(done));
+  groups.erase(groups.begin(), groups.begin() + static_cast<long>(done));
 }
 
-// True when this thread left no copy behind (none uncommitted, none in flight); resets.
+// True when this thread left no copy behind (none uncommitted, none in flight); resets
+// the thread's state for its next CTA.
 inline bool ptx_emu_cp_async_drained() {
-  const bool drained = t_ptx_open.empty() && t_ptx_groups.empty();
-  t_ptx_open.clear();
-  t_ptx_groups.clear();
+  PtxThread& t = ptx_thread();
+  const bool drained = t.open.empty() && t.groups.empty();
+  t = PtxThread{};
   return drained;
 }
 
@@ -112,13 +120,13 @@ inline bool ptx_emu_cp_async_drained() {
 
 constexpr int PTX_STAGE_WORDS = 8;
 inline unsigned g_ptx_stage[2][32][32][PTX_STAGE_WORDS];  // [phase][warp][lane][word]
-inline thread_local unsigned t_ptx_phase = 0;
 
 // Publish this lane's `n` words; returns the warp's rows: lane L's word i at [L][i].
 inline const unsigned (*ptx_warp_gather(const unsigned* mine, int n))[PTX_STAGE_WORDS] {
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto& rows = g_ptx_stage[t_ptx_phase][warp];
-  t_ptx_phase ^= 1u;
+  unsigned& phase = ptx_thread().phase;
+  auto& rows = g_ptx_stage[phase][warp];
+  phase ^= 1u;
   for (int i = 0; i < n; ++i) rows[lane][i] = mine[i];
   __syncwarp();
   return rows;
