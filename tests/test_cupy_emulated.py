@@ -1,0 +1,289 @@
+"""The GPU backend end to end without a GPU: CupyBackend, the launchers, the CUDA graph
+decode and the host tier's copies run as written against an emulated CuPy
+(tests/kernel_emu/emucupy.py), whose every kernel launch runs that kernel's `.cu`
+source compiled for the host (tests/kernel_emu/driver.cpp).
+
+This is what the kernel tests cannot see: the arguments each launcher packs, the
+buffers a captured step reads and writes (a replay sees only what was uploaded into
+its static inputs), the copy stream's ordering, and the invariance of DESIGN §4
+through the whole engine on both attention kernels. It does not reproduce device
+arithmetic or speed: the GPU tests do (tests/test_gpu_*.py, tests/test_invariance.py
+with a device).
+
+The model is a small synthetic Llama with head dim 64 (the kernels take 64 and 128),
+three query heads per KV head (as the default model) and a tied-off lm_head.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kernel_emu import emucupy
+
+from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
+from reprise.cuda.backend import NumpyBackend, SampleDraws
+from reprise.daemon import Completion, Engine, SamplingParams, synth
+from reprise.daemon.config import ModelConfig
+from reprise.daemon.engine import model_fingerprint
+from reprise.daemon.model import LlamaModel
+from reprise.daemon.tokenizer import Tokenizer
+from reprise.daemon.weights import load_weights
+
+pytestmark = pytest.mark.kernels
+
+SHAPE = {
+    **synth.SHAPES["tiny"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+BS = 16
+PROMPT_LEN = 45  # 2 full blocks and 13 tokens
+NUM_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True, return_logits=True)
+SEEDED = SamplingParams(
+    max_tokens=NUM_TOKENS, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True,
+    return_logits=True,
+)  # fmt: skip
+PARAMS = [GREEDY, SEEDED]
+KERNEL_CACHES = [kernels.module, gemm_kernel._kernel, attention_tc_kernel._kernel]
+
+
+def random_prompt(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, size=n).tolist()  # byte tokens
+
+
+PROMPTS = [random_prompt(PROMPT_LEN, seed=1), random_prompt(PROMPT_LEN, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def emulated(emu_lib: ctypes.CDLL) -> Iterator[None]:
+    """`import cupy` is the emulation for this module's tests (kernels compiled before,
+    by a real CuPy, are forgotten before and after)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for cache in KERNEL_CACHES:
+            cache.cache_clear()
+        emucupy.install(emu_lib, mp.setitem)
+        yield
+        for cache in KERNEL_CACHES:
+            cache.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(synth.SHAPES, "emulated", SHAPE)
+        return synth.synth_model("emulated", tmp_path_factory.mktemp("model") / "m", seed=3)
+
+
+class Engines:
+    """Engines of any pool shape around one loaded model."""
+
+    def __init__(self, path: Path, backend: str) -> None:
+        from reprise.cuda.cupy_backend import CupyBackend
+
+        self.config = ModelConfig.from_dir(path)
+        self.tokenizer = Tokenizer.from_dir(path)
+        ops = NumpyBackend() if backend == "numpy" else CupyBackend(attention=backend)
+        self.model = LlamaModel(self.config, load_weights(path, self.config), ops)
+        self.fingerprint = model_fingerprint(path)
+
+    def __call__(self, **kwargs) -> Engine:
+        kwargs.setdefault("block_size", BS)
+        kwargs.setdefault("num_device_blocks", 64)
+        kwargs.setdefault("cuda_graphs", False)
+        return Engine(
+            self.config, self.tokenizer, self.model, model_fingerprint=self.fingerprint, **kwargs
+        )
+
+
+@pytest.fixture(scope="module", params=["cuda-cores", "tensor-cores"])
+def engines(request: pytest.FixtureRequest, emulated: None, model_dir: Path) -> Engines:
+    return Engines(model_dir, request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(engines: Engines) -> list[Completion]:
+    """Each request alone, reuse off, the whole prompt in one step, decode eager."""
+    outs = []
+    for prompt, params in zip(PROMPTS, PARAMS, strict=True):
+        out = engines(enable_reuse=False).generate(prompt, params)
+        assert isinstance(out, Completion) and out.cached_tokens == 0
+        outs.append(out)
+    return outs
+
+
+def assert_identical(got: list[Completion], want: list[Completion]) -> None:
+    for g, w, name in zip(got, want, ["greedy", "seeded"], strict=True):
+        assert g.logits is not None and w.logits is not None
+        assert g.token_ids == w.token_ids, name
+        assert g.logits.shape == (NUM_TOKENS, SHAPE["vocab_size"]) == w.logits.shape
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32)), (
+            name,
+            f"first differing token: {int(np.argmax(np.any(g.logits != w.logits, axis=1)))}",
+        )
+
+
+def run_both(engine: Engine) -> list[Completion]:
+    outs = engine.generate(PROMPTS, PARAMS)
+    assert isinstance(outs, list)
+    return outs
+
+
+def test_logits_match_the_numpy_backend(engines: Engines, reference, model_dir: Path) -> None:
+    """Within BF16 tolerance: a few BF16 ulps of the row's largest logit."""
+    numpy_engines = Engines(model_dir, "numpy")
+    want = numpy_engines(enable_reuse=False).generate(PROMPTS[0], GREEDY)
+    got = reference[0]
+    assert got.token_ids == want.token_ids
+    scale = np.max(np.abs(want.logits), axis=1, keepdims=True)
+    worst = float(np.max(np.abs(got.logits - want.logits) / scale))
+    assert worst < 4 * 2.0**-8, f"{worst / 2.0**-8:.2f} BF16 ulps of the row's largest logit"
+    assert not np.array_equal(want.logits, numpy_engines(enable_reuse=False).generate(
+        PROMPTS[1], GREEDY).logits)  # fmt: skip
+
+
+def test_graph_replay_is_bit_identical_to_eager_decode(engines: Engines, reference) -> None:
+    before = emucupy.replays()
+    outs = run_both(engines(cuda_graphs=True))
+    assert emucupy.replays() - before >= NUM_TOKENS - 1  # a replay per decode step
+    assert_identical(outs, reference)
+
+
+def test_reused_and_partly_reused_prefixes(engines: Engines, reference) -> None:
+    engine = engines(cuda_graphs=True)
+    for run in range(3):
+        outs = run_both(engine)
+        assert [o.cached_tokens for o in outs] == [0 if run == 0 else PROMPT_LEN - 1] * 2
+        assert_identical(outs, reference)
+    engine = engines()
+    shared = BS + 5
+    for prompt, seed in zip(PROMPTS, (21, 22), strict=True):
+        other = prompt[:shared] + random_prompt(PROMPT_LEN, seed=seed)
+        other[shared] = (prompt[shared] + 1) % 256
+        engine.generate(other, SamplingParams(max_tokens=1, temperature=0))
+    outs = run_both(engine)
+    assert [o.cached_tokens for o in outs] == [shared] * 2
+    assert engine.stats()["partial_hits"] == 2
+    assert_identical(outs, reference)
+    engine.pool.check_integrity()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32])
+def test_prefill_in_chunks(engines: Engines, reference, chunk: int) -> None:
+    assert_identical(run_both(engines(enable_reuse=False, max_num_batched_tokens=chunk)), reference)
+
+
+def test_onboarded_from_the_host_tier(engines: Engines, reference) -> None:
+    """The copies run on their own stream, and emucupy runs them only when something
+    waits for them: a read or an overwrite that does not wait sees stale bytes."""
+    engine = engines(num_device_blocks=12, num_host_blocks=32, cuda_graphs=True)
+    run_both(engine)
+    for seed in range(3):  # other prompts push the first ones' blocks to the host tier
+        engine.generate(random_prompt(70, seed=100 + seed), SamplingParams(max_tokens=1))
+    outs = run_both(engine)
+    assert all(o.host_cached_tokens > 0 for o in outs), [o.host_cached_tokens for o in outs]
+    assert engine.stats()["host_onboards"] > 0
+    assert_identical(outs, reference)
+    engine.pool.check_integrity()
+
+
+def test_batched_with_traffic_that_joins_leaves_and_preempts(engines: Engines, reference) -> None:
+    rng = np.random.default_rng(5)
+    engine = engines(num_device_blocks=10, max_num_batched_tokens=40, cuda_graphs=True)
+    ids = [engine.add_request(p, params) for p, params in zip(PROMPTS, PARAMS, strict=True)]
+    others: list = []
+    finished: set = set()
+    steps = 0
+    while not finished.issuperset(ids):
+        if rng.random() < 0.4 and len(others) < 8:
+            params = SamplingParams(
+                max_tokens=int(rng.integers(1, 24)),
+                temperature=float(rng.choice([0.0, 1.0])),
+                ignore_eos=True,
+            )
+            length = int(rng.integers(1, 60))
+            others.append(engine.add_request(random_prompt(length, seed=1000 + steps), params))
+        finished.update(o.request_id for o in engine.step() if o.finish_reason)
+        steps += 1
+    outs = [engine.take_completion(r) for r in ids]
+    assert engine.stats()["preemptions"] > 0, "the pool was meant to force preemptions"
+    assert len(others) >= 3
+    assert_identical(outs, reference)
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["used_blocks"] == 0
+    engine.pool.check_integrity()
+
+
+def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
+    """CupyBackend.sample (sort keys, ranks and Philox draws on the device) picks what
+    NumpyBackend.sample picks from the same logits, rows and draws."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+
+    rows, vocab = 6, 1000
+    logits = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
+    logits[2, 10:20] = logits[2, 10]  # ties, broken by id
+    picked = np.array([0, 2, 3, 5])
+    draws = SampleDraws(
+        temperature=rng.uniform(0.3, 1.5, size=4).astype(np.float32),
+        top_k=np.array([vocab, 5, 1, 40], dtype=np.int32),  # vocab: no cut
+        top_p=np.array([1.0, 0.8, 0.5, 0.95], dtype=np.float32),
+        seeds=rng.integers(0, 2**63, size=4, dtype=np.uint64),
+        positions=rng.integers(0, 4096, size=4).astype(np.int64),
+    )
+    greedy = np.argmax(logits, axis=1).astype(np.int32)
+    want = NumpyBackend().sample(logits, greedy, picked, draws)
+    gpu = CupyBackend()
+    got = to_host(gpu.sample(to_device(logits), to_device(greedy), picked, draws))
+    assert got.tolist() == np.asarray(want).tolist()
+    assert got.tolist() != greedy.tolist()  # something was sampled, not argmaxed
+
+
+# ---- the emulation itself: strict where a GPU would silently go wrong ----------------------
+
+
+def test_a_captured_step_may_not_allocate_from_the_default_pool(emulated: None) -> None:
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(emucupy.CaptureError, match="allocation"):
+            cupy.zeros((4,), np.float32)
+        with pytest.raises(emucupy.CaptureError, match="CuPy op"):
+            cupy.arange(4, dtype=np.int32)
+        stream.end_capture()
+
+
+def test_a_copy_on_another_stream_lands_only_once_waited_for(emulated: None) -> None:
+    import cupy
+
+    device = cupy.zeros((4,), np.float32)
+    host = np.arange(4, dtype=np.float32)
+    copies = cupy.cuda.Stream(non_blocking=True)
+    device.set(host, stream=copies)
+    assert cupy.asnumpy(device).tolist() == [0] * 4  # nobody waited: stale
+    cupy.cuda.get_current_stream().wait_event(copies.record())
+    assert cupy.asnumpy(device).tolist() == host.tolist()
+
+
+def test_launch_arguments_are_checked_against_the_kernel(emulated: None) -> None:
+    from reprise.cuda.kernels import kernel
+
+    x = emucupy.zeros((8,), np.float32)
+    fn = kernel("sampling", "philox_uniform")
+    seeds, positions = emucupy.zeros((8,), np.uint64), emucupy.zeros((8,), np.int64)
+    with pytest.raises(RuntimeError, match="argument 3 must be a value of 4 bytes; got 8"):
+        fn((1,), (256,), (seeds, positions, x, np.int64(8)))
+    with pytest.raises(TypeError, match="NumPy scalar"):
+        fn((1,), (256,), (seeds, positions, x, 8))
+    fn((1,), (256,), (seeds, positions, x, np.int32(8)))
+    assert float(x.max()) > 0
