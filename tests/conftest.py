@@ -50,18 +50,43 @@ def cp():
     return pytest.importorskip("cupy")
 
 
+EMU_DIR = Path(__file__).parent / "kernel_emu"
+
+
+def build_emulation(out_dir: Path) -> ctypes.CDLL:
+    """Every `.cu` kernel compiled by g++ against the host emulation of CUDA
+    (tests/kernel_emu/driver.cpp) into a shared library in `out_dir`."""
+    out = out_dir / "libkernels.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU_DIR / 'include'}",
+           "-o", str(out), str(EMU_DIR / "driver.cpp")]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if built.returncode:
+        raise RuntimeError(f"building the kernel emulation failed:\n{built.stderr}")
+    return ctypes.CDLL(str(out))
+
+
 @pytest.fixture(scope="session")
 def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """Every `.cu` kernel compiled by g++ against the host emulation of CUDA
-    (tests/kernel_emu/driver.cpp), built once per run."""
+    """The kernel emulation (build_emulation), built once per run."""
     if shutil.which("g++") is None:
         if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
             pytest.fail("the kernel emulation needs g++")
         pytest.skip("needs g++")
-    emu = Path(__file__).parent / "kernel_emu"
-    out = tmp_path_factory.mktemp("emu") / "libkernels.so"
-    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{emu / 'include'}",
-           "-o", str(out), str(emu / "driver.cpp"), "-lpthread"]  # fmt: skip
-    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return ctypes.CDLL(str(out))
+    return build_emulation(tmp_path_factory.mktemp("emu"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """REPRISE_EMULATE_GPU=1: `import cupy` is the emulated CuPy
+    (tests/kernel_emu/emucupy.py) for the whole run, so the GPU tests run on the CPU,
+    slowly (the kernels at the shapes the GPU tests use take minutes): a dry run of the
+    GPU tests' own code before a GPU is lent, not a replacement for one."""
+    if os.environ.get("REPRISE_EMULATE_GPU") != "1":
+        return
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(EMU_DIR.parent))
+    from kernel_emu import emucupy
+
+    lib = build_emulation(Path(tempfile.mkdtemp(prefix="reprise-emu-")))
+    emucupy.install(lib, lambda mapping, key, value: mapping.__setitem__(key, value))
