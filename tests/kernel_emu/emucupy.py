@@ -484,6 +484,7 @@ class Stream:
 
 
 _NULL = Stream(null=True)
+Stream.null = _NULL  # type: ignore[attr-defined]
 
 
 def get_current_stream() -> Stream:
@@ -524,6 +525,16 @@ class MemoryPool:
         pass
 
 
+_POOL = MemoryPool()
+
+
+def get_default_memory_pool() -> MemoryPool:
+    return _POOL
+
+
+get_default_pinned_memory_pool = get_default_memory_pool
+
+
 @contextlib.contextmanager
 def using_allocator(allocator: Any = None) -> Iterator[None]:
     _State.allocator_depth += 1
@@ -549,6 +560,19 @@ class _Runtime:
     @staticmethod
     def memGetInfo() -> tuple[int, int]:
         return 8 << 30, 16 << 30
+
+    @staticmethod
+    def getDeviceProperties(device: int) -> dict[str, Any]:
+        return {"name": b"emulated GPU (emucupy)", "totalGlobalMem": 16 << 30,
+                "multiProcessorCount": 1, "major": 9, "minor": 0}  # fmt: skip
+
+    @staticmethod
+    def runtimeGetVersion() -> int:
+        return 13000
+
+    @staticmethod
+    def driverGetVersion() -> int:
+        return 13000
 
     @staticmethod
     def deviceSynchronize() -> None:
@@ -601,8 +625,10 @@ def modules() -> dict[str, types.ModuleType]:
     cupy = types.ModuleType("cupy", "emulated CuPy (tests/kernel_emu/emucupy.py)")
     cuda = types.ModuleType("cupy.cuda")
     for name in ["ndarray", "asarray", "array", "asnumpy", "empty", "zeros", "ones", "empty_like",
-                 "zeros_like", "RawKernel", "RawModule"]:  # fmt: skip
+                 "zeros_like", "RawKernel", "RawModule", "get_default_memory_pool",
+                 "get_default_pinned_memory_pool"]:  # fmt: skip
         setattr(cupy, name, globals()[name])
+    cupy.__version__ = "emulated"  # type: ignore[attr-defined]
     cupy.__getattr__ = _module_getattr  # type: ignore[attr-defined]
     for name in ["Stream", "Event", "Device", "MemoryPool", "using_allocator", "Graph",
                  "get_current_stream", "get_elapsed_time", "MemoryPointer"]:  # fmt: skip
