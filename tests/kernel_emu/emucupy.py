@@ -348,8 +348,11 @@ class _Launch:
 
 
 class RawKernel:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    """A kernel of ours by name; `RawKernel(code, name)` also builds (as CuPy's does), but
+    only a kernel driver.cpp knows can launch."""
+
+    def __init__(self, *code_and_name: str, **options: Any) -> None:
+        self.name = code_and_name[-1]
         self.max_dynamic_shared_size_bytes = 0
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -620,6 +623,27 @@ def _module_getattr(name: str) -> Any:
     return _numpy_function(name, attr)
 
 
+class RandomState:
+    """cupy.random.RandomState: NumPy's draws, with CuPy's `dtype` arguments."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rs = np.random.RandomState(seed)
+
+    def standard_normal(self, size: Any = None, dtype: Any = np.float64) -> ndarray:
+        return asarray(self._rs.standard_normal(size).astype(dtype))
+
+    def random_sample(self, size: Any = None, dtype: Any = np.float64) -> ndarray:
+        return asarray(self._rs.random_sample(size).astype(dtype))
+
+    def uniform(self, low: float = 0.0, high: float = 1.0, size: Any = None,
+                dtype: Any = np.float64) -> ndarray:  # fmt: skip
+        return asarray(self._rs.uniform(low, high, size).astype(dtype))
+
+    def randint(self, low: int, high: int | None = None, size: Any = None,
+                dtype: Any = np.int64) -> ndarray:  # fmt: skip
+        return asarray(self._rs.randint(low, high, size, dtype=dtype))
+
+
 def modules() -> dict[str, types.ModuleType]:
     """`cupy`, `cupy.cuda`, `cupy.cuda.runtime` and `cupyx`, emulated."""
     cupy = types.ModuleType("cupy", "emulated CuPy (tests/kernel_emu/emucupy.py)")
@@ -629,6 +653,10 @@ def modules() -> dict[str, types.ModuleType]:
                  "get_default_pinned_memory_pool"]:  # fmt: skip
         setattr(cupy, name, globals()[name])
     cupy.__version__ = "emulated"  # type: ignore[attr-defined]
+    random = types.ModuleType("cupy.random")
+    random.RandomState = RandomState  # type: ignore[attr-defined]
+    random.permutation = lambda n: asarray(np.random.permutation(n))  # type: ignore[attr-defined]
+    cupy.random = random  # type: ignore[attr-defined]
     cupy.__getattr__ = _module_getattr  # type: ignore[attr-defined]
     for name in ["Stream", "Event", "Device", "MemoryPool", "using_allocator", "Graph",
                  "get_current_stream", "get_elapsed_time", "MemoryPointer"]:  # fmt: skip
@@ -638,7 +666,7 @@ def modules() -> dict[str, types.ModuleType]:
     cupyx = types.ModuleType("cupyx", "emulated cupyx: pinned memory is host memory")
     cupyx.zeros_pinned = lambda shape, dtype=np.float64: np.zeros(shape, dtype)  # type: ignore[attr-defined]
     cupyx.empty_pinned = lambda shape, dtype=np.float64: np.empty(shape, dtype)  # type: ignore[attr-defined]
-    return {"cupy": cupy, "cupy.cuda": cuda, "cupyx": cupyx}
+    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.random": random, "cupyx": cupyx}
 
 
 def install(lib: ctypes.CDLL, setitem: Callable[[Any, str, Any], None]) -> None:
