@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_invariance as invariance
 from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
@@ -120,14 +121,7 @@ def reference(engines: Engines) -> list[Completion]:
 
 
 def assert_identical(got: list[Completion], want: list[Completion]) -> None:
-    for g, w, name in zip(got, want, ["greedy", "seeded"], strict=True):
-        assert g.logits is not None and w.logits is not None
-        assert g.token_ids == w.token_ids, name
-        assert g.logits.shape == (NUM_TOKENS, SHAPE["vocab_size"]) == w.logits.shape
-        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32)), (
-            name,
-            f"first differing token: {int(np.argmax(np.any(g.logits != w.logits, axis=1)))}",
-        )
+    invariance.assert_identical(got, want, shape=(NUM_TOKENS, SHAPE["vocab_size"]))
 
 
 def run_both(engine: Engine) -> list[Completion]:

@@ -104,11 +104,14 @@ def reference(engines: Engines) -> list[Completion]:
     return outs
 
 
-def assert_identical(got: list[Completion], want: list[Completion]) -> None:
+def assert_identical(
+    got: list[Completion], want: list[Completion], shape: tuple[int, int] = (NUM_TOKENS, 49152)
+) -> None:
+    """The same tokens and logits bits, each of `shape` (tokens, vocab)."""
     for g, w, name in zip(got, want, ["greedy", "seeded"], strict=True):
         assert g.logits is not None and w.logits is not None
         assert g.token_ids == w.token_ids, name
-        assert g.logits.shape == (NUM_TOKENS, 49152) == w.logits.shape, name
+        assert g.logits.shape == shape == w.logits.shape, name
         assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32)), (
             name,
             f"first differing token: {int(np.argmax(np.any(g.logits != w.logits, axis=1)))}",
