@@ -224,6 +224,18 @@ class Engine:
         self._retire(seq)
         return True
 
+    def capture_decode_graphs(self, max_seqs: int | None = None) -> list[int]:
+        """Capture now, as vLLM does at start-up, the decode graph of every batch-size
+        bucket a step could need, so no request pays a capture: buckets up to the most
+        sequences that can decode at once (one block and one batched token each), and
+        at most `max_seqs`. Returns the bucket sizes captured ([] without graphs; those
+        before it failed if a capture fails, after which decoding runs eagerly)."""
+        decode = self.runner.decode
+        if decode is None:
+            return []
+        limit = min(self.pool.num_blocks, self.scheduler.max_num_batched_tokens)
+        return decode.capture(limit if max_seqs is None else min(limit, max_seqs))
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -77,7 +77,8 @@ def _split(vector: Any, tables: Any, size: int) -> ForwardBatch:
 
 class StaticDecode:
     """Runs decode steps of up to `max(buckets)` sequences at their bucket's size,
-    each bucket captured on its first step (a device synchronize, once)."""
+    each bucket captured on its first step (a device synchronize, once) or ahead of
+    time by `capture`."""
 
     def __init__(
         self,
@@ -125,11 +126,8 @@ class StaticDecode:
         reason is logged once and kept in `failed`): the caller runs the step eagerly."""
         assert self.fits(batch)
         num_seqs = batch.seq_lens.shape[0]
-        try:
-            bucket = self._bucket(self.buckets[bisect.bisect_left(self.buckets, num_seqs)])
-        except Exception as e:  # a driver or CuPy that cannot capture: serve without graphs
-            self.failed = f"{type(e).__name__}: {e}"
-            log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.failed)
+        bucket = self._bucket(self.buckets[bisect.bisect_left(self.buckets, num_seqs)])
+        if bucket is None:
             return None
         width = self._fill(bucket, batch)
         ops = self.model.ops
@@ -139,9 +137,28 @@ class StaticDecode:
         self.steps += 1
         return bucket.replay()
 
-    def _bucket(self, size: int) -> _Bucket:
+    def capture(self, max_seqs: int | None = None) -> list[int]:
+        """Capture now, not on first use, every bucket a step of at most `max_seqs`
+        sequences would run in (all of them with None), largest first, so the graphs'
+        memory pool grows once to the largest step's temporaries. Returns the sizes
+        captured by now; stops at a failed capture (`failed` says why; steps then run
+        eagerly)."""
+        last = len(self.buckets)
+        if max_seqs is not None:
+            last = min(bisect.bisect_left(self.buckets, max_seqs) + 1, last)
+        for size in reversed(self.buckets[:last]):
+            if self._bucket(size) is None:
+                break
+        return self.built_buckets()
+
+    def _bucket(self, size: int) -> _Bucket | None:
+        """The bucket of `size`, captured on first use; None once a capture has failed."""
+        if self.failed is not None:
+            return None
         bucket = self._built.get(size)
-        if bucket is None:
+        if bucket is not None:
+            return bucket
+        try:
             bucket = _Bucket(self.model, self.kv_cache, size, self.width)
             # capture on padding rows alone: the warm-up run touches no pool block
             self._fill(bucket, None)
@@ -149,7 +166,11 @@ class StaticDecode:
             ops.upload(bucket.device, bucket.host)
             ops.upload(bucket.device_tables, bucket.host_tables)
             bucket.replay = ops.capture(bucket.step)
-            self._built[size] = bucket
+        except Exception as e:  # a driver or CuPy that cannot capture: serve without graphs
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.failed)
+            return None
+        self._built[size] = bucket
         return bucket
 
     def _fill(self, bucket: _Bucket, batch: ForwardBatch | None) -> int:

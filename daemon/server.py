@@ -113,7 +113,15 @@ class Server:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """One tiny request through every stage, so the first client pays no start-up cost."""
+        """Capture the decode graphs, then run one tiny request through every stage, so the
+        first client pays no start-up cost."""
+        engine, start = self.engine, time.perf_counter()
+        sizes = engine.capture_decode_graphs(self.config.max_queue)
+        if sizes:
+            log.info("decode graphs captured for batch sizes %s in %.1f s",
+                     ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
+        elif engine.runner.decode is not None:
+            log.warning("decode graphs off: %s", engine.runner.decode.failed)
         params = SamplingParams(max_tokens=2, temperature=0)
         request_id = self.engine.add_request([1, 2, 3], params, cache_salt="reprise-warm-up")
         while self.engine.has_work():
@@ -148,6 +156,12 @@ class Server:
 
     def run(self) -> None:
         """Warm up, bind, tell systemd we are ready, serve until stopped, drain, close."""
+        engine = self.engine
+        pool = engine.pool
+        host = pool.host_tier.num_blocks if pool.host_tier is not None else 0
+        log.info("backend %s; KV pool of %d blocks of %d tokens, host tier of %d blocks; "
+                 "context %d tokens", engine.runner.model.ops.name, pool.num_blocks,
+                 pool.block_size, host, engine.max_model_len)  # fmt: skip
         self.warm_up()
         self.bind()
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.config.address}")

@@ -150,6 +150,31 @@ def test_graph_replay_is_bit_identical_to_eager_decode(engines: Engines, referen
     assert_identical(outs, reference)
 
 
+def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
+    """Captured before any request (the daemon's warm-up), on padding rows alone: no pool
+    block changes, no step captures again, and the steps that replay them keep their bits."""
+    engine = engines(cuda_graphs=True)
+    ops, captures = engine.runner.model.ops, []
+
+    def counting(fn):
+        captures.append(fn)
+        return type(ops).capture(ops, fn)
+
+    ops.capture = counting  # an instance attribute shadows the method
+    try:
+        assert engine.capture_decode_graphs(max_seqs=len(PROMPTS)) == [1, 2]
+        assert len(captures) == 2
+        assert engine.take_events() == [] and engine.stats()["used_blocks"] == 0
+        assert not engine.runner.kv_cache[: engine.pool.num_blocks].any()  # zeros, as allocated
+        replays = emucupy.replays()
+        outs = run_both(engine)
+    finally:
+        del ops.capture
+    assert len(captures) == 2, "a step captured again"
+    assert emucupy.replays() - replays >= NUM_TOKENS - 1
+    assert_identical(outs, reference)
+
+
 def test_reused_and_partly_reused_prefixes(engines: Engines, reference) -> None:
     engine = engines(cuda_graphs=True)
     for run in range(3):

@@ -405,9 +405,15 @@ def test_cli_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
 
 
 def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) -> None:
-    d = Daemon(tmp_path, default_model_dir, "--max-queue", "2", "--drain-timeout", "4")
+    # --cuda-graphs on NumPy: the padded decode steps, their "graphs" captured at start-up
+    d = Daemon(tmp_path, default_model_dir, "--max-queue", "2", "--drain-timeout", "4",
+               "--cuda-graphs")  # fmt: skip
     try:
         d.wait_notice("WATCHDOG=1", timeout_s=5)
+        d.log.seek(0)
+        started = d.log.read()
+        assert "backend numpy; KV pool of" in started
+        assert "decode graphs captured for batch sizes 1,2 in" in started  # up to --max-queue
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.connect(d.address)

@@ -151,3 +151,59 @@ def test_a_failed_capture_falls_back_to_eager_steps(
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+
+
+def test_capturing_every_bucket_ahead_of_time(tiny: Path, rng: np.random.Generator) -> None:
+    """`capture_decode_graphs` captures the buckets a step could need, largest first,
+    touching no pool block; later steps capture nothing and their bits are unchanged."""
+    prompts, params = traffic(rng, 6)
+    want = engine(tiny, "numpy", graphs=False).generate(prompts, params)
+    eng = engine(tiny, "numpy", graphs=True, num_device_blocks=40)
+    captured: list[int] = []
+    original = eng.runner.model.ops.capture
+
+    def counting(fn):
+        captured.append(len(captured))
+        return original(fn)
+
+    eng.runner.model.ops.capture = counting  # an instance attribute shadows the method
+    try:
+        assert eng.capture_decode_graphs(max_seqs=6) == [1, 2, 4, 8]  # 6 rows need bucket 8
+        assert eng.capture_decode_graphs(max_seqs=1) == [1, 2, 4, 8]  # nothing new
+        # 40 blocks: at most 40 sequences, bucket 48
+        assert eng.capture_decode_graphs() == [1, 2, 4, 8, 16, 24, 32, 48]
+        assert len(captured) == 8
+        assert eng.stats()["used_blocks"] == 0 and eng.take_events() == []
+        got = eng.generate(prompts, params)
+    finally:
+        del eng.runner.model.ops.capture
+    assert len(captured) == 8, "a step captured a bucket that was captured ahead of time"
+    assert eng.runner.decode is not None and eng.runner.decode.steps > 0
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+    assert engine(tiny, "numpy", graphs=False).capture_decode_graphs() == []
+
+
+def test_a_failed_capture_ahead_of_time_stops_there(
+    tiny: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    eng = engine(tiny, "numpy", graphs=True, num_device_blocks=40)
+    original, calls = eng.runner.model.ops.capture, []
+
+    def fails_second(fn):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory allocating the graph")
+        return original(fn)
+
+    eng.runner.model.ops.capture = fails_second
+    try:
+        assert eng.capture_decode_graphs() == [48]  # largest first: 32 failed, nothing after
+    finally:
+        del eng.runner.model.ops.capture
+    decode = eng.runner.decode
+    assert decode is not None and "out of memory" in (decode.failed or "")
+    assert len(calls) == 2 and "decoding eagerly" in caplog.text
+    out = eng.generate([5] * 20, SamplingParams(max_tokens=3, temperature=0))
+    assert len(out.token_ids) == 3 and decode.steps == 0  # eager from then on
