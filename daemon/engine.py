@@ -311,7 +311,7 @@ class Engine:
 
     def _step_output(self, seq: Sequence, token: int, logits: np.ndarray | None) -> StepOutput:
         # While running, hold back the text that could still be the start of a stop string.
-        hold = 0 if seq.finish_reason else max((len(s) for s in seq.params.stop), default=1) - 1
+        hold = 0 if seq.finish_reason else max(map(len, seq.params.stop), default=1) - 1
         end = max(len(seq.text) - hold, seq.num_text_emitted)
         delta = seq.text[seq.num_text_emitted : end]
         seq.num_text_emitted = end
@@ -352,13 +352,13 @@ class Engine:
         if logits is not None:  # the runner brings rows back only when they are returned
             seq.logits.append(np.array(logits, dtype=np.float32))
         detok = self._detokenizers[seq.request_id]
-        searched = max(len(seq.text) - max((len(s) for s in params.stop), default=0), 0)
+        searched = max(len(seq.text) - max(map(len, params.stop), default=0), 0)
         seq.text += detok.push(token)
         if (
             token in self.stop_token_ids and not params.ignore_eos
         ) or token in params.stop_token_ids:
             seq.finish_reason = "stop"
-        elif (cut := _find_stop(seq.text, params.stop, searched)) is not None:
+        elif params.stop and (cut := _find_stop(seq.text, params.stop, searched)) is not None:
             seq.text = seq.text[:cut]
             seq.finish_reason = "stop"
             return True

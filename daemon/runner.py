@@ -82,10 +82,15 @@ class ModelRunner:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
             table = seq.block_ids
-            token_ids.extend(seq.token_ids(start, end))
-            span = range(start, end)
-            positions.extend(span)
-            slots.extend(table[pos // bs] * bs + pos % bs for pos in span)
+            if end == start + 1:  # a decode token: the common case, kept cheap
+                token_ids.append(seq.token_at(start))
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                token_ids.extend(seq.token_ids(start, end))
+                span = range(start, end)
+                positions.extend(span)
+                slots.extend(table[pos // bs] * bs + pos % bs for pos in span)
             tables.extend(table)
             tables.extend([0] * (max_blocks - len(table)))
             seq_lens.append(end)
@@ -121,10 +126,10 @@ class ModelRunner:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits)
         sampling = [item.seq for item in scheduled if item.samples]
-        tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling))  # the one read
+        tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling)).tolist()  # the one read
         wanted = [i for i, seq in enumerate(sampling) if seq.params.return_logits]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
         for item in scheduled:
             item.seq.num_computed_tokens += item.num_tokens
-        return [(seq, int(tokens[i]), row_of.get(i)) for i, seq in enumerate(sampling)]
+        return [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]

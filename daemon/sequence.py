@@ -65,6 +65,14 @@ class Sequence:
         """Tokens whose K/V are not yet in the cache (the prompt's rest, or the last sampled)."""
         return self.num_tokens - self.num_computed_tokens
 
+    def token_at(self, pos: int) -> int:
+        num_prompt = len(self.prompt_token_ids)
+        return (
+            self.prompt_token_ids[pos]
+            if pos < num_prompt
+            else self.output_token_ids[pos - num_prompt]
+        )
+
     def token_ids(self, start: int, end: int) -> list[int]:
         num_prompt = len(self.prompt_token_ids)
         if end <= num_prompt:

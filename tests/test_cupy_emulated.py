@@ -306,3 +306,19 @@ def test_launch_arguments_are_checked_against_the_kernel(emulated: None) -> None
         fn((1,), (256,), (seeds, positions, x, 8))
     fn((1,), (256,), (seeds, positions, x, np.int32(8)))
     assert float(x.max()) > 0
+
+
+def test_skipped_kernels_are_counted_and_write_nothing(engines: Engines) -> None:
+    """run_emulated.py --skip-kernels: a step's CPU side runs (scheduling, launches, the
+    replay, the readback) and no kernel writes memory."""
+    engine = engines(cuda_graphs=True, enable_reuse=False)  # no block of zeros is reused
+    launches = emucupy.launches()
+    emucupy.skip_kernels()
+    try:
+        out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=3, temperature=0))
+    finally:
+        emucupy.skip_kernels(False)
+    assert out.token_ids == [0, 0, 0]  # argmax never ran: its zeroed output was read back
+    assert emucupy.launches() - launches > 3 * SHAPE["num_hidden_layers"]
+    assert not engine.runner.kv_cache.any()  # no K/V was written
+    assert engine.generate(PROMPTS[0], GREEDY).token_ids != [0] * NUM_TOKENS  # kernels again

@@ -58,6 +58,7 @@ class _State:
     streams: ClassVar[list[Stream]] = []
     launches = 0  # kernels run, replays included
     replays = 0  # graphs launched
+    skip_kernels = False  # count launches but run none (host-side timing)
 
 
 def _no_capture(what: str) -> None:
@@ -274,7 +275,9 @@ def asnumpy(x: Any, stream: Stream | None = None, order: str = "C", out: np.ndar
 
 
 def empty(shape: Any, dtype: Any = np.float64) -> ndarray:
-    return _alloc(shape, dtype, 0xA5)  # device memory is not zero: neither is this
+    # device memory is not zero: neither is this (but when kernels are skipped, whatever
+    # reads their outputs gets zeros, so token ids stay in range)
+    return _alloc(shape, dtype, 0 if _State.skip_kernels else 0xA5)
 
 
 def zeros(shape: Any, dtype: Any = np.float64) -> ndarray:
@@ -332,6 +335,9 @@ class _Launch:
                 )
 
     def run(self) -> None:
+        if _State.skip_kernels:
+            _State.launches += 1
+            return
         assert _State.lib is not None, "emucupy.install(lib) first"
         error = ctypes.create_string_buffer(512)
         rc = _State.lib.emu_launch(
@@ -678,6 +684,13 @@ def install(lib: ctypes.CDLL, setitem: Callable[[Any, str, Any], None]) -> None:
     _State.allocator_depth = 0
     for name, module in modules().items():
         setitem(sys.modules, name, module)
+
+
+def skip_kernels(skip: bool = True) -> None:
+    """Run no kernel from now on (with `skip`): launches and replays are counted, memory
+    that kernels would write stays as allocated, and `empty` allocates zeros, so token
+    ids read back stay in range. What is left of a step is its CPU side."""
+    _State.skip_kernels = skip
 
 
 def launches() -> int:
