@@ -289,9 +289,37 @@ def test_a_copy_on_another_stream_lands_only_once_waited_for(emulated: None) -> 
     host = np.arange(4, dtype=np.float32)
     copies = cupy.cuda.Stream(non_blocking=True)
     device.set(host, stream=copies)
-    assert cupy.asnumpy(device).tolist() == [0] * 4  # nobody waited: stale
+    assert device._a.tolist() == [0] * 4  # nobody waited: not landed yet
+    with pytest.raises(emucupy.RaceError, match="device-to-host copy on the null stream"):
+        cupy.asnumpy(device)  # reading it unordered is a race
     cupy.cuda.get_current_stream().wait_event(copies.record())
     assert cupy.asnumpy(device).tolist() == host.tolist()
+
+
+def test_streams_that_share_memory_must_be_ordered(emulated: None) -> None:
+    """The two orders the host tier's copies need, each caught when missing: a copy
+    after the kernel that writes its source, a kernel after the copy into its input."""
+    import cupy
+
+    from reprise.cuda import launchers
+
+    x = cupy.asarray(np.ones((2, 64), dtype=np.float32))
+    w = cupy.asarray(np.full(64, 0x3F80, dtype=np.uint16))  # BF16 ones
+    copies = cupy.cuda.Stream(non_blocking=True)
+    host = np.empty((2, 64), dtype=np.uint16)
+
+    out = launchers.rmsnorm(x, w, 1e-5)  # on the null stream
+    with pytest.raises(emucupy.RaceError, match="kernel rmsnorm"):
+        cupy.asnumpy(out, stream=copies, out=host, blocking=False)  # an offload, unordered
+    copies.wait_event(cupy.cuda.get_current_stream().record())
+    cupy.asnumpy(out, stream=copies, out=host, blocking=False)  # ordered after the kernel
+
+    x.set(np.full((2, 64), 2, dtype=np.float32), stream=copies)  # onboarding the input
+    with pytest.raises(emucupy.RaceError, match="host-to-device copy on stream"):
+        launchers.rmsnorm(x, w, 1e-5)
+    cupy.cuda.get_current_stream().wait_event(copies.record())
+    launchers.rmsnorm(x, w, 1e-5)  # ordered after the copy
+    cupy.cuda.Device().synchronize()
 
 
 def test_launch_arguments_are_checked_against_the_kernel(emulated: None) -> None:

@@ -5,6 +5,7 @@ stale rows a shrinking batch leaves behind."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from reprise.cuda.backend import cuda_device_available
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
-from reprise.daemon.synth import synth_model
+from reprise.daemon.synth import SHAPES, synth_model
 
 BACKENDS = [
     "numpy",
@@ -27,9 +28,15 @@ BACKENDS = [
 ]
 
 
+# "tiny" with head dim 64, the smallest the GPU's attention kernels take
+SHAPE = {**SHAPES["tiny"], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth_model("tiny", tmp_path_factory.mktemp("graphs") / "tiny")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SHAPES, "tiny-d64", SHAPE)
+        yield synth_model("tiny-d64", tmp_path_factory.mktemp("graphs") / "tiny")
 
 
 def engine(path: Path, backend: str, graphs: bool, **kwargs) -> Engine:
@@ -153,12 +160,15 @@ def test_a_failed_capture_falls_back_to_eager_steps(
         assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
 
 
-def test_capturing_every_bucket_ahead_of_time(tiny: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_capturing_every_bucket_ahead_of_time(
+    tiny: Path, rng: np.random.Generator, backend: str
+) -> None:
     """`capture_decode_graphs` captures the buckets a step could need, largest first,
     touching no pool block; later steps capture nothing and their bits are unchanged."""
     prompts, params = traffic(rng, 6)
-    want = engine(tiny, "numpy", graphs=False).generate(prompts, params)
-    eng = engine(tiny, "numpy", graphs=True, num_device_blocks=40)
+    want = engine(tiny, backend, graphs=False).generate(prompts, params)
+    eng = engine(tiny, backend, graphs=True, num_device_blocks=40)
     captured: list[int] = []
     original = eng.runner.model.ops.capture
 
@@ -182,7 +192,7 @@ def test_capturing_every_bucket_ahead_of_time(tiny: Path, rng: np.random.Generat
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
-    assert engine(tiny, "numpy", graphs=False).capture_decode_graphs() == []
+    assert engine(tiny, backend, graphs=False).capture_decode_graphs() == []
 
 
 def test_a_failed_capture_ahead_of_time_stops_there(

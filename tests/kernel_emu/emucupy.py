@@ -23,10 +23,17 @@ where CuPy raises:
 - copies issued on a stream other than the current one (the host tier's copy stream)
   are held back until something waits for them (an event waited on or synchronized,
   the stream or the device synchronized), the latest a GPU may run them: a reader
-  that forgets to wait reads stale bytes here.
+  that forgets to wait reads stale bytes here;
+- streams are ordered as CUDA orders them (vector clocks: an op follows the ops of
+  its own stream, those of a recorded event it waited on, and those the host waited
+  for by a synchronize or a blocking read), and a kernel launch or graph replay, a
+  copy or an indexed write that touches device memory which an op of another
+  stream, not ordered before it, also touched raises RaceError: the two may run in
+  either order, or at once, on a GPU. (Kernels are taken to use all of every array
+  they are passed; CuPy's own elementwise ops are not tracked.)
 
 What it does not do: device arithmetic (host expf, no tensor cores), the memory
-model, concurrency between kernels, or speed.
+model within a stream, concurrency between kernels, or speed.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy < 2
+    byte_bounds = np.byte_bounds
+
 MAX_STATIC_SMEM = 48 * 1024
 MAX_DYNAMIC_SMEM = 227 * 1024  # an H100's opt-in limit per block
 ALIGN = 256  # CuPy's allocations start on (at least) this boundary
@@ -49,6 +61,10 @@ ALIGN = 256  # CuPy's allocations start on (at least) this boundary
 
 class CaptureError(RuntimeError):
     """What a stream capture cannot hold."""
+
+
+class RaceError(RuntimeError):
+    """Two streams touch the same device memory with nothing ordering one after the other."""
 
 
 class _State:
@@ -59,6 +75,7 @@ class _State:
     launches = 0  # kernels run, replays included
     replays = 0  # graphs launched
     skip_kernels = False  # count launches but run none (host-side timing)
+    host: ClassVar[dict[Stream, int]] = {}  # ops of each stream the host has waited for
 
 
 def _no_capture(what: str) -> None:
@@ -170,7 +187,11 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         _no_capture("an indexed write")
-        index, _ = self._index(key)
+        index, gathers = self._index(key)
+        spans = [_span(self._a if gathers else self._a[index])]
+        if isinstance(value, ndarray):
+            spans.append(_span(value._a))
+        _use(get_current_stream(), spans, "an indexed write")
         self._a[index] = value._a if isinstance(value, ndarray) else value
 
     def __iter__(self) -> Iterator[ndarray]:
@@ -179,14 +200,17 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __int__(self) -> int:
         _no_capture("a host read")
+        get_current_stream().synchronize()
         return int(self._a)
 
     def __float__(self) -> float:
         _no_capture("a host read")
+        get_current_stream().synchronize()
         return float(self._a)
 
     def __bool__(self) -> bool:
         _no_capture("a host read")
+        get_current_stream().synchronize()
         return bool(self._a)
 
     # views: no data moves
@@ -242,6 +266,7 @@ class ndarray(NDArrayOperatorsMixin):
         if not self._a.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         dst = self._a
+        _use(stream or get_current_stream(), [_span(dst)], "a host-to-device copy")
         _on(stream, lambda: np.copyto(dst, arr))
 
 
@@ -268,9 +293,11 @@ def asnumpy(x: Any, stream: Stream | None = None, order: str = "C", out: np.ndar
     elif out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous host array of {x.shape} {x.dtype}")
     src = x._a
+    on = stream or get_current_stream()
+    _use(on, [_span(src)], "a device-to-host copy")
     _on(stream, lambda: np.copyto(out, src))
-    if blocking and stream is not None:
-        stream.synchronize()
+    if blocking:
+        on.synchronize()
     return out
 
 
@@ -310,6 +337,7 @@ class _Launch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.block = tuple(block) + (1,) * (3 - len(block))
         self.keep: list[Any] = []  # the arrays and values the pointers point at
+        self.spans: list[Span] = []  # the device memory of its array arguments
         count = len(args)
         self.pointers = (ctypes.c_void_p * max(count, 1))()
         self.sizes = (ctypes.c_int * max(count, 1))()
@@ -319,6 +347,7 @@ class _Launch:
             if isinstance(arg, ndarray):
                 value = ctypes.c_void_p(arg._a.ctypes.data)
                 self.keep += [arg._a, value]
+                self.spans.append(_span(arg._a))
                 self.pointers[i] = ctypes.addressof(value)
                 self.sizes[i], self.is_array[i] = arg.itemsize, 1
             elif isinstance(arg, np.generic):
@@ -385,6 +414,7 @@ class RawKernel:
             recorded.append(launch)
             return
         current._drain(len(current._queue))
+        _use(current, launch.spans, f"kernel {self.name}")
         launch.run()
 
 
@@ -405,19 +435,22 @@ class RawModule:
 class Event:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.stream: Stream | None = None
-        self.position = 0
+        self.position = 0  # of the stream's held-back copies, those before the event
+        self.clock: dict[Stream, int] = {}  # the ops of each stream the event follows
         self.time = time.perf_counter()
 
     def record(self, stream: Stream | None = None) -> None:
         _no_capture("an event record")
         self.stream = stream or get_current_stream()
         self.position = len(self.stream._queue)
+        self.clock = {**self.stream.after, self.stream: self.stream.position}
         self.time = time.perf_counter()
 
     def synchronize(self) -> None:
         _no_capture("an event synchronize")
         if self.stream is not None:
             self.stream._drain(self.position)
+        _host_waits(self.clock)
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:
@@ -427,11 +460,14 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 class Graph:
     def __init__(self, launches: list[_Launch]) -> None:
         self.launches = launches
+        self.spans = sorted({span for launch in launches for span in launch.spans})
 
     def launch(self, stream: Stream | None = None) -> None:
         _no_capture("a graph launch")
         _State.replays += 1
-        (stream or get_current_stream())._drain(len((stream or get_current_stream())._queue))
+        stream = stream or get_current_stream()
+        stream._drain(len(stream._queue))
+        _use(stream, self.spans, "a graph replay")
         for launch in self.launches:
             launch.run()
 
@@ -447,7 +483,14 @@ class Stream:
     ) -> None:
         self.ptr = 0 if null else id(self)
         self._queue: list[Callable[[], None] | None] = []  # run entries become None
+        self.position = 0  # ops issued on it
+        self.after: dict[Stream, int] = {}  # ops of other streams its next op follows
+        self.log: list[tuple[int, list[Span], str]] = []  # its ops' positions and spans
+        self.name = "the null stream" if null else f"stream {len(_State.streams)}"
         _State.streams.append(self)
+
+    def __repr__(self) -> str:
+        return self.name
 
     def __enter__(self) -> Stream:
         Stream._current.append(self)
@@ -471,11 +514,14 @@ class Stream:
     def wait_event(self, event: Event) -> None:
         _no_capture("a wait on an event")
         if event.stream is not self:
-            event.synchronize()
+            if event.stream is not None:
+                event.stream._drain(event.position)
+            _merge(self.after, event.clock)
 
     def synchronize(self) -> None:
         _no_capture("a stream synchronize")
         self._drain(len(self._queue))
+        _host_waits({**self.after, self: self.position})
 
     def begin_capture(self) -> None:
         if _State.capture is not None:
@@ -512,6 +558,62 @@ def _synchronize_all() -> None:
     _no_capture("a device synchronize")
     for stream in _State.streams:
         stream._drain(len(stream._queue))
+    _host_waits({stream: stream.position for stream in _State.streams})
+
+
+Span = tuple[int, int]  # [start, end) bytes of device memory
+
+
+def _span(a: np.ndarray) -> Span:
+    low, high = byte_bounds(a)
+    return int(low), int(high)
+
+
+def _merge(clock: dict[Stream, int], other: dict[Stream, int]) -> None:
+    for stream, position in other.items():
+        if clock.get(stream, 0) < position:
+            clock[stream] = position
+
+
+def _use(stream: Stream, spans: list[Span], what: str) -> None:
+    """Issue an op on `stream` that touches `spans`. RaceError if an op of another stream
+    that is not ordered before this one touched any of them."""
+    after = stream.after
+    _merge(after, _State.host)  # what the host waited for precedes all it issues later
+    spans = [(low, high) for low, high in spans if high > low]
+    for other in _State.streams:
+        if other is stream:
+            continue
+        seen = after.get(other, 0)
+        for position, other_spans, other_what in reversed(other.log):
+            if position <= seen:
+                break
+            if any(a < d and c < b for a, b in spans for c, d in other_spans):
+                raise RaceError(
+                    f"{what} on {stream} and {other_what} on {other} touch the same device "
+                    f"memory, and nothing orders one after the other: record an event "
+                    "after the first and make the second's stream wait for it"
+                )
+    stream.position += 1
+    stream.log.append((stream.position, spans, what))
+    if len(stream.log) > 1024:  # forget what every stream and the host are past
+        floor = min(
+            (max(s.after.get(stream, 0), _State.host.get(stream, 0))
+             for s in _State.streams if s is not stream),
+            default=stream.position,
+        )  # fmt: skip
+        stream.log = [entry for entry in stream.log if entry[0] > floor]
+
+
+def _host_waits(clock: dict[Stream, int]) -> None:
+    _merge(_State.host, clock)
+
+
+def _stream_of(ptr: int) -> Stream:
+    for stream in _State.streams:
+        if stream.ptr == ptr:
+            return stream
+    raise ValueError(f"no stream with handle {ptr}")
 
 
 class Device:
@@ -553,6 +655,13 @@ def using_allocator(allocator: Any = None) -> Iterator[None]:
         _State.allocator_depth -= 1
 
 
+def _device_spans(dst: int, src: int, sizes: tuple[int, int], kind: int) -> list[Span]:
+    """The device side(s) of a copy that spans `sizes` bytes at `dst` and at `src`."""
+    sides = {1: [0], 2: [1], 3: [0, 1]}[kind]
+    ptrs = (dst, src)
+    return [(ptrs[i], ptrs[i] + sizes[i]) for i in sides]
+
+
 class _Runtime:
     memcpyHostToDevice = 1
     memcpyDeviceToHost = 2
@@ -590,6 +699,7 @@ class _Runtime:
     @staticmethod
     def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:
         _no_capture("memcpyAsync")
+        _use(_stream_of(stream), _device_spans(dst, src, (size, size), kind), "memcpyAsync")
         ctypes.memmove(dst, src, size)
 
     @staticmethod
@@ -598,12 +708,15 @@ class _Runtime:
         _no_capture("memcpy2DAsync")
         if width > dpitch or width > spitch:
             raise ValueError(f"memcpy2DAsync: width {width} over a pitch ({dpitch}, {spitch})")
+        ends = (height - 1) * dpitch + width, (height - 1) * spitch + width
+        _use(_stream_of(stream), _device_spans(dst, src, ends, kind), "memcpy2DAsync")
         for row in range(height):
             ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
 
     @staticmethod
     def memsetAsync(ptr: int, value: int, size: int, stream: int) -> None:
         _no_capture("memsetAsync")
+        _use(_stream_of(stream), [(ptr, ptr + size)], "memsetAsync")
         ctypes.memset(ptr, value, size)
 
 
@@ -682,6 +795,7 @@ def install(lib: ctypes.CDLL, setitem: Callable[[Any, str, Any], None]) -> None:
     _State.lib = lib
     _State.capture = None
     _State.allocator_depth = 0
+    _host_waits({stream: stream.position for stream in _State.streams})  # a clean start
     for name, module in modules().items():
         setitem(sys.modules, name, module)
 
