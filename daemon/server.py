@@ -123,10 +123,10 @@ class Server:
         elif engine.runner.decode is not None:
             log.warning("decode graphs off: %s", engine.runner.decode.failed)
         params = SamplingParams(max_tokens=2, temperature=0)
-        request_id = self.engine.add_request([1, 2, 3], params, cache_salt="reprise-warm-up")
-        while self.engine.has_work():
-            self.engine.step()
-        self.engine.take_completion(request_id)
+        request_id = engine.add_request([1, 2, 3], params, cache_salt="reprise-warm-up")
+        while engine.has_work():
+            engine.step()
+        engine.take_completion(request_id)
 
     def bind(self) -> None:
         cfg = self.config

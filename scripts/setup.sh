@@ -23,8 +23,12 @@ cuda=${REPRISE_CUDA-$(driver_cuda)}
 case "$cuda" in
   "" | none) extra= ;;
   12) extra=cuda12 ;;
+  *[!0-9]*)
+    echo "setup: REPRISE_CUDA must be 12, 13 or none; got '$cuda'" >&2
+    exit 2
+    ;;
   *)
-    if [ "$cuda" -ge 13 ] 2>/dev/null; then
+    if [ "$cuda" -ge 13 ]; then
       extra=cuda13
     else
       echo "setup: CUDA $cuda is older than CuPy's 12.x builds need; running on NumPy" >&2

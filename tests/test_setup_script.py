@@ -69,3 +69,9 @@ def test_old_driver_is_named(tmp_path: Path) -> None:
 def test_override(tmp_path: Path, choice: str, extra: str) -> None:
     run = cuda_extra(tmp_path, HEADER.format(driver="580.65.06", cuda="13.0"), REPRISE_CUDA=choice)
     assert run.stdout.strip() == extra
+
+
+def test_a_bad_override_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        cuda_extra(tmp_path, None, REPRISE_CUDA="cuda13")
+    assert "REPRISE_CUDA must be 12, 13 or none; got 'cuda13'" in e.value.stderr
