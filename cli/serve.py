@@ -98,8 +98,9 @@ def load_config(path: Path) -> dict[str, Any]:
 @click.option(
     "--cuda-graphs/--eager",
     default=None,
-    help="Replay decode steps as CUDA graphs, one per batch-size bucket "
-    "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
+    help="Replay decode steps as CUDA graphs, one per batch-size bucket, each bucket up to "
+    "--max-queue captured at start-up [default: on with the GPU backend; --cuda-graphs on "
+    "NumPy runs the same padded steps].",
 )
 @click.option("--host-blocks", type=int, default=None, help="Blocks in the host tier [default: 0].")
 @click.option(
