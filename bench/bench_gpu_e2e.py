@@ -192,7 +192,7 @@ class Bench:
                     times.append(time.perf_counter() - start)
                 assert len(outs) == batch, "every sequence decodes in every timed step"
         del engine
-        _free()
+        _free(self.backend.name == "cupy")
         device = None
         if events:
             import cupy
@@ -211,7 +211,7 @@ class Bench:
             engine.generate(self.prompt(tokens), GREEDY)
             times.append(time.perf_counter() - start)
         del engine
-        _free()
+        _free(self.backend.name == "cupy")
         return statistics.median(times[1:])
 
 
@@ -241,21 +241,19 @@ def _recording_events(owner: Any, attr: str, sink: list, enabled: bool) -> Itera
         delattr(owner, attr)
 
 
-def _free() -> None:
-    try:
-        import cupy
-    except ImportError:  # the NumPy backend (a smoke run on the CPU)
-        gc.collect()
-        return
-
+def _free(on_device: bool) -> None:
+    """Drop what the last measurement held, and on the device CuPy's cached blocks too."""
     gc.collect()
-    cupy.get_default_memory_pool().free_all_blocks()
+    if on_device:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def section_floors(b: Bench, out: dict[str, Any]) -> None:
     out["floors"] = {"copy_bytes_per_s": copy_bandwidth(), "bf16_flops_per_s": matrix_rate()}
     out["floors"]["weight_bytes"] = weight_bytes(b.config)
-    _free()
+    _free(True)
 
 
 def section_decode(b: Bench, out: dict[str, Any]) -> None:
@@ -332,7 +330,7 @@ def section_cublas(b: Bench, out: dict[str, Any]) -> None:
                                 "reference_s": theirs, "x_reference": ours / theirs})  # fmt: skip
     finally:
         del cublas
-        _free()
+        _free(True)
 
 
 def ttft(engine: Engine, prompt: list[int]) -> tuple[float, Any]:
@@ -363,7 +361,7 @@ def section_ttft(b: Bench, out: dict[str, Any]) -> None:
     host_tokens = result.host_cached_tokens
     assert host_tokens > 0, "the other prompt was meant to push this one to the host tier"
     del engine
-    _free()
+    _free(b.backend.name == "cupy")
     step, _ = b.decode_step_s(1, n, graphs=True, steps=8)
     out["rows"] += [
         {"name": f"ttft {n} fresh", "seconds": fresh},

@@ -6,6 +6,7 @@ The CuPy backend (the GPU path) provides the same ops through CUDA kernels.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,27 +166,43 @@ class NumpyBackend:
     silu_mul = staticmethod(silu_mul_ref)
 
 
-def cuda_device_available() -> bool:
+def cuda_unavailable_reason() -> str | None:
+    """Why the GPU backend cannot run here, or None when it can (CuPy imports and sees
+    a CUDA device)."""
     try:
         import cupy
-    except ImportError:
-        return False
+    except ModuleNotFoundError as e:
+        if e.name == "cupy":
+            return "CuPy is not installed (pip install 'reprise[cuda13]' or 'reprise[cuda12]')"
+        return f"CuPy is installed but does not import: {e}"
+    except ImportError as e:
+        return f"CuPy is installed but does not import: {e}"
     try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no driver, no device: CuPy raises its own runtime errors
-        return False
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device: CuPy raises its own runtime errors
+        return f"CuPy finds no CUDA device: {e}"
+    return None if count > 0 else "CuPy finds no CUDA device"
+
+
+def cuda_device_available() -> bool:
+    return cuda_unavailable_reason() is None
 
 
 def get_backend(name: str) -> Backend:
-    """Resolve a backend name; `auto` picks cupy when a CUDA device is present."""
+    """Resolve a backend name; `auto` picks cupy when a CUDA device is present (and
+    logs why not when CuPy is installed but unusable)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
-    if name == "numpy" or (name == "auto" and not cuda_device_available()):
+    if name == "numpy":
         return NumpyBackend()
-    if not cuda_device_available():
+    reason = cuda_unavailable_reason()
+    if reason is not None and name == "auto":
+        if reason.startswith("CuPy is installed but"):  # a broken install, not a CPU machine
+            logging.getLogger("reprise").warning("backend auto: running on NumPy; %s", reason)
+        return NumpyBackend()
+    if reason is not None:
         raise ValueError(
-            "backend 'cupy' needs CuPy and a CUDA device (pip install 'reprise[cuda13]'); "
-            "none was found: use backend='numpy' or 'auto'"
+            f"backend 'cupy' needs CuPy and a CUDA device: {reason}; use backend='numpy' or 'auto'"
         )
     from reprise.cuda.cupy_backend import CupyBackend
 

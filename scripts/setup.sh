@@ -2,8 +2,9 @@
 # Create (or update) the project's virtual environment in .venv and install reprise into it.
 #   scripts/setup.sh            the runtime only
 #   scripts/setup.sh test       plus pytest, hypothesis, ruff, the reference stack
-#                               (CPU PyTorch, transformers) the tests compare against, and
-#                               NVRTC with the CUDA headers, to compile the kernels (no GPU)
+#                               (CPU PyTorch, transformers) the tests compare against,
+#                               NVRTC with the CUDA headers, to compile the kernels (no GPU),
+#                               and CuPy, whose API the tests check without a device
 # On a machine with an NVIDIA driver it also installs CuPy for the driver's CUDA major
 # version (the cuda13 or cuda12 extra), so `backend=auto` runs on the GPU.
 # REPRISE_CUDA=12|13 picks the extra; REPRISE_CUDA=none installs none (NumPy only).
@@ -49,6 +50,8 @@ if [ "${1:-}" = test ]; then
   # CPU build of PyTorch, pinned so pip does not pull a multi-GB CUDA build.
   pip install "${REPRISE_TORCH:-torch==2.13.0}"
   pip install -e '.[test,reference,kernels]'
+  # CuPy's API for tests/test_cupy_api.py (a CUDA extra brings CuPy itself; none, none)
+  [ -n "$extra" ] || [ "$cuda" = none ] || pip install -e '.[cupy-api]'
 else
   pip install -e .
 fi

@@ -79,8 +79,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """REPRISE_EMULATE_GPU=1: `import cupy` is the emulated CuPy
     (tests/kernel_emu/emucupy.py) for the whole run, so the GPU tests run on the CPU,
     slowly (the kernels at the shapes the GPU tests use take minutes): a dry run of the
-    GPU tests' own code before a GPU is lent, not a replacement for one."""
-    if os.environ.get("REPRISE_EMULATE_GPU") != "1":
+    GPU tests' own code before a GPU is lent, not a replacement for one.
+    REPRISE_EMULATE_GPU=skip-kernels: the same, but no kernel runs (what they would write
+    keeps what it held), so every shape runs in seconds and the tests fail on values: what such a run
+    shows is any other failure, a test's own code going wrong before it compares."""
+    mode = os.environ.get("REPRISE_EMULATE_GPU")
+    if mode not in ("1", "skip-kernels"):
         return
     import sys
     import tempfile
@@ -90,3 +94,4 @@ def pytest_configure(config: pytest.Config) -> None:
 
     lib = build_emulation(Path(tempfile.mkdtemp(prefix="reprise-emu-")))
     emucupy.install(lib, lambda mapping, key, value: mapping.__setitem__(key, value))
+    emucupy.skip_kernels(mode == "skip-kernels")

@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from reprise.cuda.backend import cuda_unavailable_reason
 from reprise.cuda.kernels import to_device as dev
 from reprise.cuda.kernels import to_host as host
 
-__all__ = ["dev", "host", "is_synthetic", "poisoned"]
+__all__ = ["dev", "host", "is_synthetic", "needs_gpu", "poisoned"]
+
+NO_GPU = cuda_unavailable_reason()
+# The skip says why, so a GPU machine whose CuPy is broken does not pass by skipping.
+needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA device: {NO_GPU}")
 
 
 def is_synthetic(model_dir: Path) -> bool:

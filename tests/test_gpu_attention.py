@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_support import dev, host, poisoned
+from gpu_support import dev, host, needs_gpu, poisoned
 
 from reprise.cuda import attention_kernel, attention_tc_kernel
 from reprise.cuda.attention import paged_attention_ref
-from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+    needs_gpu,
 ]
 
 # (num_heads, num_kv_heads, head_dim)

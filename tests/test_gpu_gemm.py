@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_support import dev, host, poisoned
+from gpu_support import dev, host, needs_gpu, poisoned
 
-from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16, F32, to_bf16
 from reprise.cuda.gemm import gemm_ref
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+    needs_gpu,
 ]
 
 # (K, N, fp32 output): the default model's q/k/v/o, gate/up, down and lm_head, then

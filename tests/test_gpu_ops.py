@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_support import dev, host, is_synthetic, poisoned
+from gpu_support import dev, host, is_synthetic, needs_gpu, poisoned
 
 from reprise.cuda.activation import silu_mul_ref
-from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16, F32, to_bf16
 from reprise.cuda.embedding import embed_ref
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
@@ -22,7 +21,7 @@ from reprise.cuda.sampling import uniform
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+    needs_gpu,
 ]
 
 # (hidden, heads, kv_heads, head_dim, intermediate, vocab)

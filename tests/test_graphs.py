@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import needs_gpu
 
-from reprise.cuda.backend import cuda_device_available
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
 from reprise.daemon.synth import SHAPES, synth_model
@@ -22,7 +22,7 @@ BACKENDS = [
         "cupy",
         marks=[
             pytest.mark.gpu,
-            pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+            needs_gpu,
         ],
     ),
 ]

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import needs_gpu
 
-from reprise.cuda.backend import cuda_device_available, get_backend
+from reprise.cuda.backend import get_backend
 from reprise.daemon import Completion, Engine, SamplingParams
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.engine import model_fingerprint
@@ -81,7 +82,7 @@ class Engines:
                 name,
                 marks=[
                     pytest.mark.gpu,
-                    pytest.mark.skipif(not cuda_device_available(), reason="needs a CUDA device"),
+                    needs_gpu,
                 ],
             )
             for name in ("cupy", "cupy-tc")

@@ -227,7 +227,7 @@ class ndarray(NDArrayOperatorsMixin):
         return self.reshape(-1)
 
     # work: a CuPy kernel each, not ours
-    def astype(self, dtype: Any, copy: bool = True) -> ndarray:
+    def astype(self, dtype: Any, *, copy: bool = True) -> ndarray:
         _no_capture("astype")
         return ndarray(self._a.astype(dtype, copy=copy))
 
@@ -255,9 +255,9 @@ class ndarray(NDArrayOperatorsMixin):
         return method
 
     # host <-> device
-    def get(self, stream: Stream | None = None, out: np.ndarray | None = None,
+    def get(self, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None,
             blocking: bool = True) -> np.ndarray:  # fmt: skip
-        return asnumpy(self, stream=stream, out=out, blocking=blocking)
+        return asnumpy(self, stream=stream, order=order, out=out, blocking=blocking)
 
     def set(self, arr: np.ndarray, stream: Stream | None = None) -> None:
         _no_capture("a host-to-device copy")
@@ -284,7 +284,9 @@ array = asarray
 
 
 def asnumpy(x: Any, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None,
-            blocking: bool = True) -> np.ndarray:  # fmt: skip
+            *, blocking: bool = True) -> np.ndarray:  # fmt: skip
+    if order != "C":
+        raise NotImplementedError("the emulation copies to the host in C order only")
     if not isinstance(x, ndarray):
         return np.asarray(x)
     _no_capture("a device-to-host copy")
@@ -478,9 +480,7 @@ class Stream:
 
     _current: ClassVar[list[Stream]] = []
 
-    def __init__(
-        self, null: bool = False, non_blocking: bool = False, ptr: int | None = None
-    ) -> None:
+    def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
         self.ptr = 0 if null else id(self)
         self._queue: list[Callable[[], None] | None] = []  # run entries become None
         self.position = 0  # ops issued on it
