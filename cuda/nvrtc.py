@@ -5,7 +5,9 @@ a machine without one. This module calls NVRTC itself, through ctypes, with the
 library from the `nvidia-cuda-nvrtc` wheel and the headers (`cuda_bf16.h`) from
 `nvidia-cuda-runtime`, for a named architecture. CI compiles every kernel file for
 sm_80 and sm_90 this way (tests/test_kernels_compile.py), and the CuPy backend
-passes the same options (`compile_options`), so what CI checked is what runs.
+passes the same options (`compile_options`; compile_source adds what CuPy adds), so
+what CI checked is what runs. CI also compiles every kernel through CuPy's own NVRTC
+call, the device's architecture named instead of asked for.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ ARCHS = ("sm_80", "sm_90")
 # NOTE: no --use_fast_math: exp, rsqrt and division keep their IEEE-accurate forms, so
 # the kernels stay within BF16 tolerance of their NumPy twins.
 BASE_OPTIONS = ("--std=c++17", "-default-device")
+# What CuPy adds when it compiles a RawModule (CuPy 14: _compile_with_cache_cuda); the
+# options that change code, so compile_source builds what runs. -ftz=true flushes fp32
+# denormals to zero; no twin comparison meets one on the tests' inputs, and bit identity
+# across paths does not depend on it (every path runs the same code).
+CUPY_ADDS = ("-ftz=true",)
 
 
 class NvrtcUnavailable(RuntimeError):
@@ -136,7 +143,7 @@ def compile_options(arch: str | None = None) -> list[str]:
 def compile_source(source: str, name: str, arch: str) -> Compiled:
     """Compile CUDA C++ `source` to a cubin for `arch`; raises CompileError with the log."""
     lib = _library()
-    options = [o.encode() for o in compile_options(arch)]
+    options = [o.encode() for o in (*compile_options(arch), *CUPY_ADDS)]
     prog = ctypes.c_void_p()
     _check(
         lib,
