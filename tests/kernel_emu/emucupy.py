@@ -421,7 +421,10 @@ class RawKernel:
 
 
 class RawModule:
-    def __init__(self, code: str, options: tuple[str, ...] = (), backend: str = "nvrtc") -> None:
+    def __init__(self, code: str | None = None, *, options: tuple[str, ...] = (),
+                 backend: str = "nvrtc") -> None:  # fmt: skip
+        if code is None:
+            raise NotImplementedError("the emulation builds a RawModule from code only")
         self.code = code
         self.options = options
 
@@ -435,7 +438,8 @@ class RawModule:
 
 
 class Event:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, block: bool = False, disable_timing: bool = False,
+                 interprocess: bool = False) -> None:  # fmt: skip
         self.stream: Stream | None = None
         self.position = 0  # of the stream's held-back copies, those before the event
         self.clock: dict[Stream, int] = {}  # the ops of each stream the event follows
@@ -617,8 +621,8 @@ def _stream_of(ptr: int) -> Stream:
 
 
 class Device:
-    def __init__(self, device: int = 0) -> None:
-        self.id = device
+    def __init__(self, device: int | None = None) -> None:
+        self.id = 0 if device is None else device
         self.compute_capability = "90"
 
     def synchronize(self) -> None:
