@@ -24,6 +24,8 @@ from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref
 from reprise.cuda.sampling import sample_ref
 
+log = logging.getLogger(__name__)
+
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
 
@@ -198,7 +200,7 @@ def get_backend(name: str) -> Backend:
     reason = cuda_unavailable_reason()
     if reason is not None and name == "auto":
         if reason.startswith("CuPy is installed but"):  # a broken install, not a CPU machine
-            logging.getLogger("reprise").warning("backend auto: running on NumPy; %s", reason)
+            log.warning("backend auto: running on NumPy; %s", reason)
         return NumpyBackend()
     if reason is not None:
         raise ValueError(
