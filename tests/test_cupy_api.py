@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kernel_emu import emucupy
 
 from reprise.cuda import backend
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def real_cupy() -> types.ModuleType:
-    """CuPy itself: a failure in CI (which installs it), a skip elsewhere without it."""
+def real_cupy() -> dict[str, types.ModuleType]:
+    """CuPy itself (cupy and cupyx): a failure in CI (which installs it), a skip elsewhere
+    without it."""
     module = sys.modules.get("cupy")
     if module is not None and module.__version__ == "emulated":
         pytest.skip("the emulated CuPy is installed for this run")
@@ -36,7 +38,7 @@ def real_cupy() -> types.ModuleType:
         if os.environ.get("CI"):
             pytest.fail("CI installs CuPy (scripts/setup.sh test) for these checks")
         pytest.skip("needs CuPy installed (no device needed)")
-    return importlib.import_module("cupy")
+    return {name: importlib.import_module(name) for name in ("cupy", "cupyx")}
 
 
 def run_in_root(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -168,8 +170,7 @@ def used_names() -> dict[str, list[str]]:
 
 
 def test_every_cupy_name_reprise_uses_exists() -> None:
-    cupy = real_cupy()
-    modules = {"cupy": cupy, "cupyx": importlib.import_module("cupyx")}
+    modules = real_cupy()
     used = used_names()
     assert {"cupy.cuda.Stream", "cupyx.empty_pinned", "cupy.cuda.runtime.memGetInfo"} <= set(used)
     missing = []
@@ -227,8 +228,8 @@ def parse_signature(fn: Any, owner: type | None = None) -> inspect.Signature | N
             continue
         try:
             value = ast.literal_eval(default)
-        except (ValueError, SyntaxError):
-            value = default  # a name, such as a constant: compared as not a literal
+        except (ValueError, SyntaxError):  # a name, such as float: compared as no literal
+            value = types.SimpleNamespace(source=default)
         params.append(inspect.Parameter(name, kind, default=value))
     return inspect.Signature(params)
 
@@ -301,11 +302,6 @@ DUNDERS = {"__init__", "__call__", "__enter__", "__exit__", "__len__", "__getite
 def emulated_surface() -> dict[str, Any]:
     """Every public name the emulated CuPy offers, by its full CuPy name: module
     attributes, and the methods and properties of its classes."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from kernel_emu import emucupy
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
     surface: dict[str, Any] = {}
     for module_name, module in emucupy.modules().items():
         for name, value in vars(module).items():
@@ -329,8 +325,7 @@ def emulated_surface() -> dict[str, Any]:
 
 
 def test_the_emulation_offers_only_what_cupy_has() -> None:
-    cupy = real_cupy()
-    modules = {"cupy": cupy, "cupyx": importlib.import_module("cupyx")}
+    modules = real_cupy()
     surface = emulated_surface()
     assert "cupy.cuda.Stream.begin_capture" in surface and "cupy.ndarray.set" in surface
     problems = []
