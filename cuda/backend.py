@@ -25,6 +25,7 @@ from reprise.cuda.rope import rope_ref
 from reprise.cuda.sampling import sample_ref
 
 log = logging.getLogger(__name__)
+CUPY_BROKEN = "CuPy is installed but does not import"  # the reason auto warns about
 
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
@@ -176,9 +177,9 @@ def cuda_unavailable_reason() -> str | None:
     except ModuleNotFoundError as e:
         if e.name == "cupy":
             return "CuPy is not installed (pip install 'reprise[cuda13]' or 'reprise[cuda12]')"
-        return f"CuPy is installed but does not import: {e}"
+        return f"{CUPY_BROKEN}: {e}"
     except ImportError as e:
-        return f"CuPy is installed but does not import: {e}"
+        return f"{CUPY_BROKEN}: {e}"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # no driver, no device: CuPy raises its own runtime errors
@@ -199,7 +200,7 @@ def get_backend(name: str) -> Backend:
         return NumpyBackend()
     reason = cuda_unavailable_reason()
     if reason is not None and name == "auto":
-        if reason.startswith("CuPy is installed but"):  # a broken install, not a CPU machine
+        if reason.startswith(CUPY_BROKEN):  # a broken install, not a CPU machine
             log.warning("backend auto: running on NumPy; %s", reason)
         return NumpyBackend()
     if reason is not None:
