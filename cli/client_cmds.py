@@ -118,13 +118,24 @@ def request_failed(client: Client, error: Exception) -> click.ClickException:
     return no_daemon(client.address, why) if why else busy(client.address, client.timeout_s)
 
 
+# C0 and C1 control characters but tab and newline: a model's text must not drive the
+# terminal (escape sequences, bells, charset switches)
+_CONTROLS = {c: "\ufffd" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)}
+
+
+def terminal_safe(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
 def stream_to(client: Client, request: Any, options: dict[str, Any], out: Any) -> Done:
-    """Write the answer's text to `out` as it arrives; return the Done. Leaving early
-    (Ctrl-C) cancels the request on the daemon."""
+    """Write the answer's text to `out` as it arrives (control characters shown as
+    U+FFFD on a terminal); return the Done. Leaving early (Ctrl-C) cancels the request
+    on the daemon."""
+    clean = terminal_safe if out.isatty() else str
     with closing(client.stream(request, **options)) as items:
         for item in items:
             if isinstance(item, TokenChunk):
-                out.write(item.text)
+                out.write(clean(item.text))
                 out.flush()
             else:
                 assert isinstance(item, Done), item
@@ -261,10 +272,9 @@ STATS_ROWS = [
 
 def stats_table(stats: dict[str, Any], show_all: bool = False) -> Any:
     """A rich table of the daemon's stats: the summary rows, or every counter."""
-    from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column("counter", style="bold")
     table.add_column("value", justify="right")
     rows = list(stats.items()) if show_all else [(n, f(stats)) for n, f in STATS_ROWS]
