@@ -15,7 +15,7 @@ import click
 
 from reprise.cli.bench_cmd import bench_cmd
 from reprise.cli.chat import chat_cmd
-from reprise.cli.client_cmds import chat_request, generate_cmd, stats_cmd
+from reprise.cli.client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
 from reprise.cli.options import sampling_from, sampling_options
 from reprise.cli.progress import tqdm_progress
 from reprise.cli.serve import serve_cmd
@@ -234,7 +234,7 @@ def run_cmd(
             )
         )
         return
-    click.echo(completion.text)
+    click.echo(terminal_safe(completion.text) if sys.stdout.isatty() else completion.text)
     finish = ", cut at --max-tokens" if completion.finish_reason == "length" else ""
     click.echo(
         f"[{len(completion.prompt_token_ids)} prompt tokens, {generated} generated, "
