@@ -11,6 +11,7 @@ lives in the reprise cache folder (REPRISE_CACHE_DIR moves it).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -146,8 +147,12 @@ class Repl:
             if not text:
                 continue
             if text.startswith("/") and not text.startswith("//"):
-                if not self.command(text):
-                    return
+                try:
+                    if not self.command(text):
+                        return
+                except KeyboardInterrupt:  # a /stats waiting on a busy daemon
+                    print()
+                    self.note("interrupted")
                 continue
             self.answer(text[1:] if text.startswith("//") else line)
 
@@ -270,6 +275,7 @@ def line_editing(enabled: bool) -> Iterator[None]:
     finally:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # private: it holds prompts
             readline.write_history_file(path)
         except OSError:
             pass  # history is a convenience; a read-only cache costs only that

@@ -25,6 +25,13 @@ class Reprise(click.Group):
     """The top-level group: every failure is one line (exit 1; usage errors exit 2),
     unless --debug or REPRISE_DEBUG=1 asks for the traceback."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """--debug may also come after the command (`reprise stats --debug`)."""
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[1:end]:
+            args = ["--debug", *[a for a in args[:end] if a != "--debug"], *args[end:]]
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug"))
         try:

@@ -175,8 +175,9 @@ def test_turns_reuse_the_conversation_and_commands_manage_it(chat, tmp_path: Pat
     term.expect(PROMPT)
     term.type("\x04")  # Ctrl-D
     assert term.wait() == 0
-    history = (tmp_path / "cache" / "chat_history").read_text()
-    assert "Name another one." in history and "/frobnicate" in history
+    history = tmp_path / "cache" / "chat_history"
+    assert "Name another one." in history.read_text() and "/frobnicate" in history.read_text()
+    assert history.stat().st_mode & 0o777 == 0o600  # it holds prompts
 
 
 @pytest.mark.parametrize(

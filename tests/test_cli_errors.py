@@ -148,7 +148,11 @@ def test_no_daemon_and_a_busy_one_are_told_apart(
 
 def test_debug_shows_the_traceback(sockets: dict[str, str]) -> None:
     args = ["stats", "--socket", sockets["silent"], "--timeout", "1.5"]
-    for result in (run("--debug", *args), run(*args, env={"REPRISE_DEBUG": "1"})):
+    for result in (
+        run("--debug", *args),
+        run(*args, "--debug"),  # after the command too
+        run(*args, env={"REPRISE_DEBUG": "1"}),
+    ):
         assert result.exit_code == 1
         assert "Traceback" in result.stderr and "DaemonUnavailable" in result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith("Error: the daemon at")
