@@ -5,7 +5,8 @@ and the line under each answer says how many prompt tokens were reused. Slash co
 manage the conversation (`/help` lists them). Ctrl-C stops an answer and drops that
 turn (Up recalls the question); at the prompt it clears the line; Ctrl-D quits.
 Line editing and history come from readline when stdin is a terminal; the history
-lives in the reprise cache folder (REPRISE_CACHE_DIR moves it).
+lives in the reprise cache folder (REPRISE_CACHE_DIR moves it). When a script feeds
+stdin there is no banner and no history, and a failed turn ends the chat (exit 1).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Any
 
 import click
 
-from reprise.cli.client_cmds import connect, separator, stats_table, stream_to, turn_summary
+from reprise.cli.client_cmds import (
+    connect,
+    request_failed,
+    separator,
+    stats_table,
+    stream_to,
+    turn_summary,
+)
 from reprise.cli.options import client_options, request_from, request_options, sampling_options
 from reprise.ipc.client import Client, DaemonUnavailable, RequestError
 
@@ -120,12 +128,21 @@ class Reuse:
 
 
 class Repl:
-    def __init__(self, client: Client, conversation: Conversation, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        conversation: Conversation,
+        options: dict[str, Any],
+        *,
+        strict: bool = False,
+    ) -> None:
+        """`strict`: a failed turn ends the chat with an error (when a script feeds it)."""
         from rich.console import Console
 
         self.client = client
         self.conversation = conversation
         self.options = options
+        self.strict = strict
         self.reuse = Reuse()
         self.out = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -164,18 +181,13 @@ class Repl:
             print()
             self.note("stopped; this turn is dropped (Up recalls it)")
             return
-        except RequestError as e:
+        except (RequestError, DaemonUnavailable) as e:
             print()
-            hint = "; /reset starts afresh" if e.code == "prompt_too_long" else ""
-            self.note(f"the daemon refused the turn: {e}{hint}", style="red")
-            return
-        except DaemonUnavailable:
-            print()
-            self.note(
-                f"no reply from the daemon at {self.client.address} within "
-                f"{self.client.timeout_s:g} s; the turn is dropped",
-                style="red",
-            )
+            error = request_failed(self.client, e)
+            if self.strict:
+                raise error from e
+            hint = "; /reset starts afresh" if getattr(e, "code", "") == "prompt_too_long" else ""
+            self.note(f"{error.message}{hint}; the turn is dropped", style="red")
             return
         print()
         self.note(turn_summary(done))
@@ -317,7 +329,7 @@ def chat_cmd(
         conversation.system = system or None
     interactive = sys.stdin.isatty()
     with connect(socket, timeout) as client, line_editing(interactive):
-        repl = Repl(client, conversation, request_from(kw))
+        repl = Repl(client, conversation, request_from(kw), strict=not interactive)
         if interactive:
             model = client.health().model
             parts = [f"reprise chat with {model} at {client.address}", "/help for commands"]

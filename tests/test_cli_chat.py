@@ -93,7 +93,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cmd = [
         sys.executable, "-m", "reprise.cli.main", "serve", "--model", str(model),
         "--backend", "numpy", "--socket", address, "--block-size", str(BLOCK_SIZE),
-        "--num-device-blocks", "300", "--max-model-len", "4096",
+        "--num-device-blocks", "300", "--max-model-len", "4096", "--max-tokens-cap", "4096",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -224,3 +224,24 @@ def test_ctrl_c_stops_the_answer_and_stays(chat, daemon: str) -> None:
     assert term.expect(PROMPT).group(1) == "1"
     term.type("/quit\n")
     assert term.wait() == 0
+
+
+def test_a_refused_turn_is_one_line_and_the_repl_stays(chat, daemon: str) -> None:
+    term = chat("--max-tokens", "5000")  # over the daemon's --max-tokens-cap (4096)
+    term.expect(PROMPT)
+    term.type("Hello.\n")
+    term.expect(r"the daemon refused the request: .*max_tokens.*4096")
+    term.expect(r"the turn is dropped")
+    assert term.expect(PROMPT).group(1) == "1"
+    term.type("\x04")
+    assert term.wait() == 0
+    # fed by a script, the same failure ends the chat with exit code 1 and one line
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "reprise.cli.main", "chat", "--socket", daemon,
+         "--max-tokens", "5000"],
+        input="Hello.\n", capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("Error: the daemon refused the request: ") and "5000" in line
