@@ -16,6 +16,7 @@ import termios
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,15 @@ class Terminal:
             self.proc.wait()
 
 
+@dataclass(slots=True)
+class Served:
+    address: str
+    proc: subprocess.Popen[bytes]
+
+
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a daemon serving a tiny random model (answers are noise, fast)."""
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A daemon serving a tiny random model (answers are noise, fast)."""
     from reprise.daemon.synth import synth_model
 
     tmp = tmp_path_factory.mktemp("chat")
@@ -102,10 +109,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             log.seek(0)
             raise AssertionError(f"the daemon did not start:\n{log.read()[-3000:]}")
         time.sleep(0.1)
-    yield address
+    yield Served(address, proc)
+    proc.send_signal(signal.SIGCONT)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(served: Served) -> str:
+    return served.address
 
 
 @pytest.fixture
@@ -245,3 +258,21 @@ def test_a_refused_turn_is_one_line_and_the_repl_stays(chat, daemon: str) -> Non
     assert done.returncode == 1
     [line] = done.stderr.splitlines()
     assert line.startswith("Error: the daemon refused the request: ") and "5000" in line
+
+
+def test_stats_tells_a_stopped_daemon_busy_not_missing(served: Served) -> None:
+    """A daemon that accepts the connection but cannot answer (here: SIGSTOP) is busy."""
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+    cmd = [sys.executable, "-m", "reprise.cli.main", "stats", "--socket", served.address]
+    served.proc.send_signal(signal.SIGSTOP)
+    try:
+        done = subprocess.run(
+            [*cmd, "--timeout", "1.5"], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        served.proc.send_signal(signal.SIGCONT)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert "is busy" in line and "no reply within 1.5 s" in line and "no reprise daemon" not in line
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and "hit rate" in done.stdout  # awake again, it answers
