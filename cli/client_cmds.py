@@ -44,16 +44,16 @@ def probe(address: str) -> str | None:
     """Why nothing listens at `address`, or None when something accepts a connection
     there (a daemon, maybe too busy to answer yet)."""
     path = ipc_path(address)
-    family, target = socket.AF_INET, None
+    target: str | tuple[str, int]
     if path is not None:
         if not path.exists():
             return f"no socket file at {path}"
         family, target = socket.AF_UNIX, str(path)
-    else:
+    else:  # tcp://HOST:PORT, checked by the --socket option
         host, port = address[len("tcp://") :].rsplit(":", 1)
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        target = (host, int(port))  # type: ignore[assignment]
+        target = (host, int(port))
     probe_sock = socket.socket(family, socket.SOCK_STREAM)
     probe_sock.settimeout(5.0)
     try:

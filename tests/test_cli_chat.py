@@ -85,6 +85,7 @@ class Terminal:
 class Served:
     address: str
     proc: subprocess.Popen[bytes]
+    model: Path
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             log.seek(0)
             raise AssertionError(f"the daemon did not start:\n{log.read()[-3000:]}")
         time.sleep(0.1)
-    yield Served(address, proc)
+    yield Served(address, proc, model)
     proc.send_signal(signal.SIGCONT)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -276,3 +277,32 @@ def test_stats_tells_a_stopped_daemon_busy_not_missing(served: Served) -> None:
     assert "is busy" in line and "no reply within 1.5 s" in line and "no reprise daemon" not in line
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0 and "hit rate" in done.stdout  # awake again, it answers
+
+
+@pytest.mark.parametrize("stop", [[], ["--stop", ":"]])
+def test_generate_and_run_share_defaults_and_stop(served: Served, stop: list[str]) -> None:
+    """`generate` (daemon) and `run` (in process) sample greedily by default and cut at
+    --stop alike: on one backend they give the same tokens."""
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+    cli = [sys.executable, "-m", "reprise.cli.main"]
+    common = ["--raw", "hello", "--max-tokens", "8", "--json", *stop]
+    outs = [
+        json.loads(
+            subprocess.run(
+                [*cli, *args, *common], capture_output=True, text=True, env=env, timeout=120,
+                check=True,
+            ).stdout
+        )
+        for args in (
+            ["generate", "--socket", served.address],
+            ["run", "--model", str(served.model), "--backend", "numpy"],
+        )
+    ]  # fmt: skip
+    assert outs[0]["token_ids"] == outs[1]["token_ids"]
+    assert outs[0]["text"] == outs[1]["text"]
+    assert outs[0]["finish_reason"] == outs[1]["finish_reason"]
+    if stop:
+        assert outs[0]["finish_reason"] == "stop" and ":" not in outs[0]["text"]
+        assert len(outs[0]["token_ids"]) < 8
+    else:
+        assert len(outs[0]["token_ids"]) == 8
