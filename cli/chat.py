@@ -271,11 +271,12 @@ def history_file() -> Path:
 @contextmanager
 def line_editing(enabled: bool) -> Iterator[None]:
     """readline's editing and a history kept across sessions, when `enabled`."""
-    try:
-        import readline
-    except ImportError:  # pragma: no cover (not on every platform)
-        enabled = False
     if not enabled:
+        yield
+        return
+    try:
+        import readline  # importing it is what makes input() edit lines
+    except ImportError:  # pragma: no cover (not on every platform)
         yield
         return
     path = history_file()

@@ -187,6 +187,9 @@ def test_turns_reuse_the_conversation_and_commands_manage_it(chat, tmp_path: Pat
     term.type("/help\n")
     term.expect(r"/save FILE")
     term.expect(PROMPT)
+    term.type("\x1b[A\n")  # Up recalls the last line (readline's history)
+    term.expect(r"/save FILE")
+    term.expect(PROMPT)
     term.type("\x04")  # Ctrl-D
     assert term.wait() == 0
     history = tmp_path / "cache" / "chat_history"
