@@ -43,7 +43,7 @@ class Reprise(click.Group):
             if debug and cause is not None:
                 traceback.print_exception(cause)
             raise
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):  # click ends these quietly
             raise
         except Exception as e:
             if debug:
