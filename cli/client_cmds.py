@@ -1,109 +1,182 @@
-"""Client commands: `reprise generate`, `reprise chat`, `reprise stats` (they talk to a
-running daemon; `reprise serve` starts one)."""
+"""Client commands: `reprise generate` and `reprise stats` (they talk to a running
+daemon; `reprise serve` starts one, `reprise chat` is in chat.py), and the connection
+they share, which tells "no daemon" from "a daemon too busy to answer"."""
 
 from __future__ import annotations
 
 import json
+import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
+from reprise.cli.options import client_options, request_from, request_options, sampling_options
 from reprise.ipc.client import Client, DaemonUnavailable, RequestError
 from reprise.ipc.messages import Done, TokenChunk
+from reprise.ipc.sockets import client_address, ipc_path
 
-socket_option = click.option(
-    "--socket",
-    envvar="REPRISE_SOCKET",
-    default=None,
-    help="Daemon address, ipc://PATH or tcp://127.0.0.1:PORT (env REPRISE_SOCKET).",
-)
-timeout_option = click.option(
-    "--timeout",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Seconds to wait for each reply.",
-)
+QUICK_S = 1.0  # a daemon that has not answered by then gets a "waiting" notice
 
 
-def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(
-        [
-            click.option(
-                "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True
-            ),
-            click.option(
-                "--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."
-            ),
-            click.option("--top-p", type=float, default=1.0, show_default=True),
-            click.option("--top-k", type=click.IntRange(min=1), default=None),
-            click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None),
-            click.option(
-                "--salt", default=None, help="Cache salt: requests with other salts share no KV."
-            ),
-            click.option(
-                "--priority",
-                type=click.IntRange(0, 100),
-                default=None,
-                help="Retention priority of the prompt's blocks.",
-            ),
-            click.option(
-                "--queue-priority",
-                type=int,
-                default=0,
-                show_default=True,
-                help="Scheduling priority: lower is admitted first.",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+# -- connecting ------------------------------------------------------------------------------
 
 
-def _connect(socket: str | None, timeout: float) -> Client:
-    """A client whose daemon has answered a health check, or a ClickException saying
-    where we looked and how to start a daemon."""
-    client = Client(socket, timeout_s=timeout)
+def no_daemon(address: str, why: str) -> click.ClickException:
+    return click.ClickException(
+        f"no reprise daemon at {address} ({why}); start one with `reprise serve`, "
+        "or point --socket / REPRISE_SOCKET at a running one"
+    )
+
+
+def busy(address: str, timeout: float) -> click.ClickException:
+    return click.ClickException(
+        f"the daemon at {address} is busy: it accepted the connection but sent no reply "
+        f"within {timeout:g} s; try again, or wait longer with --timeout"
+    )
+
+
+def probe(address: str) -> str | None:
+    """Why nothing listens at `address`, or None when something accepts a connection
+    there (a daemon, maybe too busy to answer yet)."""
+    path = ipc_path(address)
+    target: str | tuple[str, int]
+    if path is not None:
+        if not path.exists():
+            return f"no socket file at {path}"
+        family, target = socket.AF_UNIX, str(path)
+    else:  # tcp://HOST:PORT, checked by the --socket option
+        host, port = address[len("tcp://") :].rsplit(":", 1)
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        target = (host, int(port))
+    probe_sock = socket.socket(family, socket.SOCK_STREAM)
+    probe_sock.settimeout(5.0)
     try:
-        client.health(timeout_s=min(timeout, 5.0))
+        probe_sock.connect(target)
+    except ConnectionRefusedError:
+        if path is not None:
+            return f"{path} exists but nothing listens on it"
+        return "connection refused"
+    except PermissionError:
+        return f"permission denied on {path or address}"
+    except FileNotFoundError:
+        return f"no socket file at {path}"
+    except OSError as e:
+        return f"cannot connect: {e.strerror or e}"
+    finally:
+        probe_sock.close()
+    return None
+
+
+@contextmanager
+def waiting_notice(text: str) -> Iterator[None]:
+    """A spinner on stderr while we wait (nothing when stderr is not a terminal)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text):
+        yield
+
+
+def connect(address: str | None, timeout: float) -> Client:
+    """A client whose daemon has answered a health check. No daemon listening and a
+    daemon that does not answer within `timeout` are different one-line errors."""
+    address = client_address(address)
+    why = probe(address)
+    if why is not None:
+        raise no_daemon(address, why)
+    client = Client(address, timeout_s=timeout)
+    try:
+        try:
+            client.health(timeout_s=min(QUICK_S, timeout))
+        except DaemonUnavailable:
+            if timeout <= QUICK_S:
+                raise
+            with waiting_notice(f"the daemon at {address} is busy; waiting up to {timeout:g} s"):
+                client.health(timeout_s=timeout - QUICK_S)
     except DaemonUnavailable as e:
         client.close()
-        raise click.ClickException(str(e)) from None
+        raise request_failed(client, e) from e
+    except RequestError as e:
+        client.close()
+        raise click.ClickException(f"the daemon at {address} refused a health check: {e}") from e
     return client
 
 
-def _options(kw: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "max_tokens": kw["max_tokens"],
-        "temperature": kw["temperature"],
-        "top_p": kw["top_p"],
-        "top_k": kw["top_k"],
-        "seed": kw["seed"],
-        "cache_salt": kw["salt"],
-        "priority": kw["priority"],
-        "queue_priority": kw["queue_priority"],
-    }
+def request_failed(client: Client, error: Exception) -> click.ClickException:
+    """One line for a request that failed after we connected."""
+    if isinstance(error, RequestError):
+        return click.ClickException(f"the daemon refused the request: {error}")
+    why = probe(client.address)
+    return no_daemon(client.address, why) if why else busy(client.address, client.timeout_s)
+
+
+# C0 and C1 control characters but tab and newline: a model's text must not drive the
+# terminal (escape sequences, bells, charset switches)
+_CONTROLS = {c: "\ufffd" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)}
+
+
+def terminal_safe(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
+def stream_to(client: Client, request: Any, options: dict[str, Any], out: Any) -> Done:
+    """Write the answer's text to `out` as it arrives (control characters shown as
+    U+FFFD on a terminal); return the Done. Leaving early (Ctrl-C) cancels the request
+    on the daemon."""
+    clean = terminal_safe if out.isatty() else str
+    with closing(client.stream(request, **options)) as items:
+        for item in items:
+            if isinstance(item, TokenChunk):
+                out.write(clean(item.text))
+                out.flush()
+            else:
+                assert isinstance(item, Done), item
+                return item
+    raise AssertionError("the stream ended without a Done")
+
+
+def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict[str, str]]:
+    if not chat:
+        if system is not None:
+            raise click.UsageError("--system needs the chat template; drop --raw")
+        return prompt
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+# -- generate --------------------------------------------------------------------------------
 
 
 @click.command("generate")
 @click.argument("prompt")
-@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the chat template.")
-@click.option("--system", default=None, help="System message for --chat.")
+@click.option(
+    "--chat/--raw",
+    default=True,
+    show_default=True,
+    help="Wrap PROMPT as a user message in the chat template, or send it as is.",
+)
+@click.option("--system", default=None, help="System message (with --chat).")
 @sampling_options
+@request_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text."
 )
 @click.option(
     "--logits-out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
     default=None,
     help="Save float32 logits [num_generated, vocab] as .npy.",
 )
-@socket_option
-@timeout_option
+@client_options
 def generate_cmd(
     prompt: str,
     chat: bool,
@@ -115,49 +188,59 @@ def generate_cmd(
     **kw: Any,
 ) -> None:
     """Send PROMPT to the daemon and stream the answer."""
-    request: str | list[dict[str, str]] = prompt
-    if chat:
-        request = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": prompt}
-        ]
-    options = _options(kw)
+    request = chat_request(prompt, chat, system)
+    options = request_from(kw)
     options["return_logits"] = logits_out is not None
-    with _connect(socket, timeout) as client:
+    with connect(socket, timeout) as client:
         try:
             if as_json:
                 done = client.generate(request, **options)
             else:
-                done = _stream_to_stdout(client, request, options)
+                done = stream_to(client, request, options, sys.stdout)
+                click.echo()
         except (RequestError, DaemonUnavailable) as e:
-            raise click.ClickException(str(e)) from None
+            raise request_failed(client, e) from e
     if logits_out is not None and done.logits is not None:
         import numpy as np
 
         from reprise.ipc.codec import logits_from_wire
 
-        np.save(logits_out, logits_from_wire(done.logits))
+        try:
+            np.save(logits_out, logits_from_wire(done.logits))
+        except OSError as e:
+            raise click.ClickException(f"cannot write --logits-out {logits_out}: {e}") from e
     if as_json:
-        click.echo(json.dumps(_done_json(done)))
+        click.echo(json.dumps(done_json(done)))
     else:
-        click.echo(
-            f"[{done.prompt_tokens} prompt tokens ({done.cached_tokens} cached), "
-            f"{len(done.token_ids)} generated, finish: {done.finish_reason}, "
-            f"ttft {done.ttft_ms:.0f} ms, {done.tokens_per_s:.1f} tok/s]",
-            err=True,
-        )
+        click.echo(turn_summary(done), err=True)
 
 
-def _stream_to_stdout(client: Client, request: Any, options: dict[str, Any]) -> Done:
-    for item in client.stream(request, **options):
-        if isinstance(item, TokenChunk):
-            click.echo(item.text, nl=False)
-        else:
-            click.echo()
-            return item
-    raise AssertionError("stream ended without a Done")
+def turn_summary(done: Done) -> str:
+    """The line under an answer: how much of the prompt the cache served, and speed."""
+    dot = separator()
+    parts = [
+        f"reused {done.cached_tokens} of {done.prompt_tokens} prompt tokens",
+        f"{len(done.token_ids)} tokens",
+        f"{done.tokens_per_s:.0f} tok/s",
+        f"first token {done.ttft_ms:.0f} ms",
+    ]
+    if done.finish_reason == "length":
+        parts.append("cut at --max-tokens")
+    elif done.finish_reason == "cancelled":
+        parts.append("cancelled")
+    return dot.join(parts)
 
 
-def _done_json(done: Done) -> dict[str, Any]:
+def separator() -> str:
+    """A middle dot between the parts of a status line, where stderr can print one."""
+    try:
+        " · ".encode(sys.stderr.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return ", "
+    return " · "
+
+
+def done_json(done: Done) -> dict[str, Any]:
     return {
         "text": done.text,
         "token_ids": done.token_ids,
@@ -170,34 +253,7 @@ def _done_json(done: Done) -> dict[str, Any]:
     }
 
 
-@click.command("chat")
-@click.option("--system", default=None, help="System message.")
-@sampling_options
-@socket_option
-@timeout_option
-def chat_cmd(system: str | None, socket: str | None, timeout: float, **kw: Any) -> None:
-    """Talk with the model; each turn resends the conversation, whose prefix is cached.
-    An empty line or Ctrl-D ends it."""
-    messages = [{"role": "system", "content": system}] if system else []
-    options = _options(kw)
-    with _connect(socket, timeout) as client:
-        while True:
-            try:
-                line = click.prompt("you", prompt_suffix="> ", default="", show_default=False)
-            except (EOFError, click.Abort):
-                break
-            if not line.strip():
-                break
-            messages.append({"role": "user", "content": line})
-            try:
-                done = _stream_to_stdout(client, messages, options)
-            except (RequestError, DaemonUnavailable) as e:
-                raise click.ClickException(str(e)) from None
-            click.echo(
-                f"[{done.cached_tokens}/{done.prompt_tokens} prompt tokens cached]", err=True
-            )
-            messages.append({"role": "assistant", "content": done.text})
-
+# -- stats -----------------------------------------------------------------------------------
 
 STATS_ROWS = [
     ("blocks (used / max)", lambda s: f"{s.get('used_blocks')} / {s.get('max_blocks')}"),
@@ -214,43 +270,64 @@ STATS_ROWS = [
 ]
 
 
+def stats_table(stats: dict[str, Any], show_all: bool = False) -> Any:
+    """A rich table of the daemon's stats: the summary rows, or every counter."""
+    from rich.table import Table
+
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column("counter", style="bold")
+    table.add_column("value", justify="right")
+    rows = list(stats.items()) if show_all else [(n, f(stats)) for n, f in STATS_ROWS]
+    for name, value in rows:
+        table.add_row(str(name), str(value))
+    return table
+
+
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as one JSON object.")
 @click.option("--all", "show_all", is_flag=True, help="Show every counter, not just the summary.")
 @click.option(
     "--watch",
-    type=float,
+    type=click.FloatRange(min=0.1),
     default=None,
     metavar="SECONDS",
-    help="Refresh every SECONDS until Ctrl-C.",
+    help="Refresh every SECONDS (at least 0.1) until Ctrl-C.",
 )
-@socket_option
-@timeout_option
+@client_options
 def stats_cmd(
     as_json: bool, show_all: bool, watch: float | None, socket: str | None, timeout: float
 ) -> None:
     """Show the daemon's KV cache and request counters."""
-    with _connect(socket, timeout) as client:
-        while True:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with connect(socket, timeout) as client:
+
+        def fetch() -> dict[str, Any]:
             try:
-                stats = client.stats()
-            except DaemonUnavailable as e:
-                raise click.ClickException(str(e)) from None
+                return client.stats()
+            except (RequestError, DaemonUnavailable) as e:
+                raise request_failed(client, e) from e
+
+        if not watch:
+            stats = fetch()
             if as_json:
                 click.echo(json.dumps(stats))
             else:
-                if watch:
-                    click.clear()
-                rows = (
-                    [(k, v) for k, v in stats.items()]
-                    if show_all
-                    else [(n, f(stats)) for n, f in STATS_ROWS]
-                )
-                for name, value in rows:
-                    click.echo(f"{name:<28} {value}")
-            if not watch:
-                return
+                console.print(stats_table(stats, show_all))
+            return
+        if as_json:  # one JSON object a line, for a script to follow
             try:
-                time.sleep(watch)
+                while True:
+                    click.echo(json.dumps(fetch()))
+                    time.sleep(watch)
             except KeyboardInterrupt:
                 return
+        try:
+            with Live(stats_table(fetch(), show_all), console=console, auto_refresh=False) as live:
+                while True:
+                    time.sleep(watch)
+                    live.update(stats_table(fetch(), show_all), refresh=True)
+        except KeyboardInterrupt:
+            return

@@ -7,20 +7,75 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 import click
 
 from reprise.cli.bench_cmd import bench_cmd
-from reprise.cli.client_cmds import chat_cmd, generate_cmd, stats_cmd
+from reprise.cli.chat import chat_cmd
+from reprise.cli.client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
+from reprise.cli.options import sampling_from, sampling_options
 from reprise.cli.progress import tqdm_progress
 from reprise.cli.serve import serve_cmd
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Reprise(click.Group):
+    """The top-level group: every failure is one line (exit 1; usage errors exit 2),
+    unless --debug or REPRISE_DEBUG=1 asks for the traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """--debug may also come after the command (`reprise stats --debug`)."""
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[1:end]:
+            args = ["--debug", *[a for a in args[:end] if a != "--debug"], *args[end:]]
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = bool(ctx.params.get("debug"))
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.UsageError):
+            raise
+        except click.ClickException as e:
+            cause = e.__cause__ or e.__context__
+            if debug and cause is not None:
+                traceback.print_exception(cause)
+            raise
+        except (KeyboardInterrupt, BrokenPipeError):  # click ends these quietly
+            raise
+        except Exception as e:
+            if debug:
+                raise
+            text = " ".join(str(e).split()) or "no message"
+            raise click.ClickException(
+                f"{type(e).__name__}: {text} (--debug shows the traceback)"
+            ) from e
+
+
+@click.group(cls=Reprise, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="reprise")
-def main() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="REPRISE_DEBUG",
+    help="Show the traceback of a failure (env REPRISE_DEBUG=1).",
+)
+def main(debug: bool) -> None:
     """reprise: a Llama inference engine with bit-exact KV-block reuse."""
+
+
+def model_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A folder given on the command line must hold a model (config.json)."""
+    if value is not None and not (value / "config.json").is_file():
+        raise click.BadParameter(
+            f"{value} is not a model folder: it has no config.json (a Hugging Face "
+            "folder holds config.json, model.safetensors and tokenizer.json)",
+            ctx,
+            param,
+        )
+    return value
 
 
 @main.group()
@@ -89,7 +144,10 @@ def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None
 
 @model.command("info")
 @click.argument(
-    "path", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+    "path",
+    required=False,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    callback=model_folder,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def model_info_cmd(path: Path | None, as_json: bool) -> None:
@@ -97,9 +155,13 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
     from reprise.daemon.modelinfo import model_info
     from reprise.daemon.prepare import default_model_dir
 
-    path = path or default_model_dir()
-    if not (path / "config.json").is_file():
-        raise click.ClickException(f"no model at {path}; run `reprise model prepare` first")
+    if path is None:
+        path = default_model_dir()
+        if not (path / "config.json").is_file():
+            raise click.ClickException(
+                f"the default model is not prepared yet ({path}); run `reprise model prepare`, "
+                "or name a model folder"
+            )
     try:
         info = model_info(path)
     except ValueError as e:
@@ -121,6 +183,7 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
     "--model",
     "model_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
+    callback=model_folder,
     default=None,
     help="Model folder (default: the default model, prepared if missing).",
 )
@@ -128,15 +191,10 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
     "--chat/--raw",
     default=True,
     show_default=True,
-    help="Wrap the prompt as a user message in the chat template, or send it as is.",
+    help="Wrap PROMPT as a user message in the chat template, or send it as is.",
 )
-@click.option("--system", default=None, help="System message for --chat.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(min=1), default=None)
-@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--system", default=None, help="System message (with --chat).")
+@sampling_options
 @click.option(
     "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True
 )
@@ -146,42 +204,29 @@ def run_cmd(
     model_dir: Path | None,
     chat: bool,
     system: str | None,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int | None,
-    seed: int | None,
-    stop: tuple[str, ...],
     backend: str,
     as_json: bool,
+    **kw: Any,
 ) -> None:
     """Load a model in this process and answer PROMPT once (no daemon needed)."""
     import time
 
     from reprise.daemon import Engine, SamplingParams
 
+    request = chat_request(prompt, chat, system)
     try:
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=list(stop),
-        )
+        params = SamplingParams(**sampling_from(kw))
         with tqdm_progress("loading model", unit="layer") as progress:
             engine = Engine.from_pretrained(model_dir, backend=backend, progress=progress)
-        if chat:
-            messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": prompt})
-            start = time.perf_counter()
-            completion = engine.chat(messages, params)
+        start = time.perf_counter()
+        if isinstance(request, list):
+            completion = engine.chat(request, params)
         else:
-            start = time.perf_counter()
-            completion = engine.generate(prompt, params)
+            completion = engine.generate(request, params)
         elapsed = time.perf_counter() - start
     except ValueError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(" ".join(str(e).split())) from e
+    generated = len(completion.token_ids)
     if as_json:
         click.echo(
             json.dumps(
@@ -196,10 +241,11 @@ def run_cmd(
             )
         )
         return
-    click.echo(completion.text)
+    click.echo(terminal_safe(completion.text) if sys.stdout.isatty() else completion.text)
+    finish = ", cut at --max-tokens" if completion.finish_reason == "length" else ""
     click.echo(
-        f"[{len(completion.prompt_token_ids)} prompt tokens, {len(completion.token_ids)} generated, "
-        f"finish: {completion.finish_reason}, {elapsed:.2f} s]",
+        f"[{len(completion.prompt_token_ids)} prompt tokens, {generated} generated, "
+        f"{elapsed:.2f} s, {generated / elapsed if elapsed > 0 else 0:.0f} tok/s{finish}]",
         err=True,
     )
 

@@ -382,7 +382,7 @@ def test_cli_chat_turns_reuse_the_conversation(daemon: Daemon) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     cached = [
-        (int(c), int(p)) for c, p in re.findall(r"\[(\d+)/(\d+) prompt tokens cached\]", out.stderr)
+        (int(c), int(p)) for c, p in re.findall(r"reused (\d+) of (\d+) prompt tokens", out.stderr)
     ]
     assert len(cached) == 3, out.stderr
     assert cached[0][0] == 0

@@ -1,0 +1,219 @@
+"""The options `generate`, `chat` and `run` share, in one place: sampling (the same
+defaults everywhere), the daemon request options, and the client's socket and timeout.
+
+Each option checks its value when it is parsed, so a bad one is a usage error (exit
+code 2) naming the option, the value and what is allowed, before anything connects
+or loads. The CLI samples greedily unless told otherwise (`--temperature 0`), so the
+same command gives the same answer; the wire protocol and the Python API keep vLLM's
+default of 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from reprise.ipc.messages import MAX_SALT_CHARS
+from reprise.ipc.sockets import check_address
+
+MAX_SEED = 2**64 - 1
+# int32, the range vLLM's priority has; the daemon's own check is in ipc/messages.py
+QUEUE_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_TEMPERATURE = 0.0
+
+
+class FiniteFloat(click.ParamType):
+    """A float that must be finite (nan and inf are refused, unlike click.FloatRange)
+    and within [low, high]; `low_open` excludes `low` itself."""
+
+    name = "float"
+
+    def __init__(
+        self, low: float | None = None, high: float | None = None, *, low_open: bool = False
+    ) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def allowed(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.low is not None:
+            return f"a number {'>' if self.low_open else '>='} {self.low:g}"
+        return "a finite number"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float) and math.isfinite(value):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not {self.allowed()}", param, ctx)
+        too_low = self.low is not None and (
+            number <= self.low if self.low_open else number < self.low
+        )
+        too_high = self.high is not None and number > self.high
+        if not math.isfinite(number) or too_low or too_high:
+            self.fail(f"{value!r} is not {self.allowed()}", param, ctx)
+        return number
+
+
+class SocketAddress(click.ParamType):
+    """ipc://PATH or tcp://127.0.0.1:PORT, the addresses the daemon serves."""
+
+    name = "address"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            check_address(text)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if text.startswith("ipc://") and not text[len("ipc://") :]:
+            self.fail(f"{text!r} names no socket file; expected ipc://PATH", param, ctx)
+        if text.startswith("tcp://"):
+            port = text.rsplit(":", 1)[1] if text.count(":") >= 2 else ""
+            if not (port.isdigit() and 1 <= int(port) <= 65535):
+                self.fail(
+                    f"{text!r} has no port in 1-65535; expected tcp://127.0.0.1:PORT", param, ctx
+                )
+        return text
+
+
+def _salt(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_SALT_CHARS:
+        raise click.BadParameter(
+            f"{len(value)} characters; at most {MAX_SALT_CHARS} are allowed", ctx, param
+        )
+    return value
+
+
+def _stop(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    if any(not s for s in value):
+        raise click.BadParameter("a stop string needs at least one character; got ''", ctx, param)
+    return value
+
+
+def _stack(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    def decorate(f: Any) -> Any:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+sampling_options = _stack(
+    [
+        click.option(
+            "--max-tokens",
+            type=click.IntRange(min=1),
+            default=DEFAULT_MAX_TOKENS,
+            show_default=True,
+            help="Most tokens to generate.",
+        ),
+        click.option(
+            "--temperature",
+            type=FiniteFloat(low=0.0),
+            default=DEFAULT_TEMPERATURE,
+            show_default=True,
+            help="0 = greedy (the same answer every time).",
+        ),
+        click.option(
+            "--top-p",
+            type=FiniteFloat(0.0, 1.0, low_open=True),
+            default=1.0,
+            show_default=True,
+            help="Nucleus sampling: keep the most likely tokens up to this probability.",
+        ),
+        click.option(
+            "--top-k",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Keep only the K most likely tokens [default: no limit].",
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0, max=MAX_SEED),
+            default=None,
+            help="Seed for sampling: the same seed draws the same tokens [default: random].",
+        ),
+        click.option(
+            "--stop",
+            multiple=True,
+            callback=_stop,
+            help="Stop when the text contains this string; it is cut off (repeatable).",
+        ),
+    ]
+)
+
+
+request_options = _stack(
+    [
+        click.option(
+            "--salt",
+            default=None,
+            callback=_salt,
+            help="Cache salt: requests with other salts share no KV.",
+        ),
+        click.option(
+            "--priority",
+            type=click.IntRange(0, 100),
+            default=None,
+            help="Retention priority of the prompt's blocks, 0-100 [default: 35].",
+        ),
+        click.option(
+            "--queue-priority",
+            type=click.IntRange(*QUEUE_PRIORITY_RANGE),
+            default=0,
+            show_default=True,
+            help="Scheduling priority: lower is admitted first.",
+        ),
+    ]
+)
+
+client_options = _stack(
+    [
+        click.option(
+            "--socket",
+            envvar="REPRISE_SOCKET",
+            type=SocketAddress(),
+            default=None,
+            help="Daemon address, ipc://PATH or tcp://127.0.0.1:PORT (env REPRISE_SOCKET).",
+        ),
+        click.option(
+            "--timeout",
+            type=FiniteFloat(low=0.0, low_open=True),
+            default=300.0,
+            show_default=True,
+            help="Seconds to wait for each reply from the daemon.",
+        ),
+    ]
+)
+
+
+def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams' fields from the parsed sampling options (None: left to the default)."""
+    return {
+        "max_tokens": kw["max_tokens"],
+        "temperature": kw["temperature"],
+        "top_p": kw["top_p"],
+        "top_k": kw["top_k"],
+        "seed": kw["seed"],
+        "stop": list(kw["stop"]),
+    }
+
+
+def request_from(kw: dict[str, Any]) -> dict[str, Any]:
+    """The Client's request options from the parsed sampling and request options."""
+    return {
+        **sampling_from(kw),
+        "cache_salt": kw["salt"],
+        "priority": kw["priority"],
+        "queue_priority": kw["queue_priority"],
+    }
