@@ -150,7 +150,8 @@ class DiskTier:
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
         self._enabled = False
-        self._stopping = False
+        self._closing = False  # set by close: no more puts
+        self._stopping = False  # set by close: the writer drops what is queued
         self._lock_fd: int | None = None
         self._writer: threading.Thread | None = None
         self._num_tmp = 0
@@ -194,7 +195,7 @@ class DiskTier:
         False when not queued: disabled, already stored or queued, or queue full (counted)."""
         self._check_block(token_ids, extra_ids, kv)
         with self._lock:
-            if not self._enabled or self._stopping or block_hash in self._queued:
+            if not self._enabled or self._closing or block_hash in self._queued:
                 return False
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
@@ -278,21 +279,23 @@ class DiskTier:
             self._enabled = False
             self._release_folder()
             return
+        with self._lock:
+            self._closing = True  # puts are refused from now on
+            self._stopping = self._stopping or not flush
         deadline = time.monotonic() + timeout_s
-        if not flush:
-            self._stopping = True
         while True:
             try:
-                self._queue.put(None, timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                self._queue.put(None, timeout=0.05)
                 break
             except queue.Full:
                 if time.monotonic() >= deadline:
                     self._stopping = True  # the writer now drops what is left
                 if time.monotonic() >= deadline + 1.0:
                     break
-        with self._lock:
+        writer.join(max(0.0, deadline - time.monotonic()))
+        if writer.is_alive():
             self._stopping = True
-        writer.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            writer.join(1.0)
         if writer.is_alive():
             log.warning("disk tier writer did not stop within %.1f s", timeout_s)
             return
