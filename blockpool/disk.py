@@ -57,7 +57,7 @@ TMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
 
 
-def _dtype(name: str) -> np.dtype | None:
+def _resolve_dtype(name: str) -> np.dtype | None:
     try:
         return np.dtype(getattr(ml_dtypes, name, name))
     except TypeError:
@@ -94,7 +94,7 @@ class DiskTierConfig:
             raise ValueError(
                 f"model_fingerprint must be non-empty bytes; got {self.model_fingerprint!r}"
             )
-        if not isinstance(self.dtype, str) or _dtype(self.dtype) is None:
+        if not isinstance(self.dtype, str) or _resolve_dtype(self.dtype) is None:
             raise ValueError(f"dtype must name a NumPy or ml_dtypes dtype; got {self.dtype!r}")
         if not _is_count(self.write_queue_blocks):
             raise ValueError(
@@ -110,7 +110,7 @@ class DiskTierConfig:
 
     @property
     def np_dtype(self) -> np.dtype:
-        dtype = _dtype(self.dtype)
+        dtype = _resolve_dtype(self.dtype)
         assert dtype is not None
         return dtype
 
@@ -142,6 +142,8 @@ class DiskTier:
             config.model_fingerprint, config.block_size, config.dtype, config.block_shape
         )
         self.folder = Path(config.directory) / self.layout.hex()
+        self._dtype = config.np_dtype
+        self._payload_nbytes = config.payload_nbytes
         self._lock = threading.Lock()
         # block hash -> file bytes, least recently used first
         self._index: OrderedDict[BlockHash, int] = OrderedDict()
@@ -225,8 +227,9 @@ class DiskTier:
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
     ) -> np.ndarray | None:
-        """The block's KV if its file is sound and was stored under this very key, else
-        None (a bad file is counted and removed). A hit makes the block most recently used."""
+        """The block's KV (a read-only array of `block_shape`) if its file is sound and was
+        stored under this very key, else None (a bad file is counted and removed). Reads
+        the file on the calling thread. A hit makes the block the most recently used."""
         with self._lock:
             if not self._enabled:
                 return None
@@ -254,8 +257,8 @@ class DiskTier:
         _touch(path)
         payload = np.frombuffer(
             data,
-            self.config.np_dtype,
-            self.config.payload_nbytes // self.config.np_dtype.itemsize,
+            self._dtype,
+            self._payload_nbytes // self._dtype.itemsize,
             header.payload_offset,
         )
         return payload.reshape(self.config.block_shape)
@@ -505,11 +508,7 @@ class DiskTier:
             raise ValueError(f"a block holds {cfg.block_size} token ids; got {len(token_ids)}")
         if extra_ids is not None and len(extra_ids) != len(token_ids):
             raise ValueError(f"extra_ids must have one id per token; got {len(extra_ids)}")
-        if (
-            not isinstance(kv, np.ndarray)
-            or kv.shape != cfg.block_shape
-            or kv.dtype != cfg.np_dtype
-        ):
+        if not isinstance(kv, np.ndarray) or kv.shape != cfg.block_shape or kv.dtype != self._dtype:
             got = (type(kv).__name__, getattr(kv, "shape", None), getattr(kv, "dtype", None))
             raise ValueError(f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray; got {got}")
 
@@ -518,7 +517,7 @@ class DiskTier:
             raise fmt.BlockFileError(fmt.FOREIGN, "the file holds another block")
         if len(header.token_ids) != self.config.block_size:
             raise fmt.BlockFileError(fmt.FOREIGN, f"{len(header.token_ids)} tokens")
-        if header.payload_nbytes != self.config.payload_nbytes:
+        if header.payload_nbytes != self._payload_nbytes:
             raise fmt.BlockFileError(fmt.FOREIGN, f"payload of {header.payload_nbytes} bytes")
 
     def _confirm(
@@ -541,18 +540,9 @@ class DiskTier:
             raise fmt.BlockFileError(fmt.MISMATCH, "stored key differs from the one looked up")
 
 
-def _read_file(path: Path) -> bytearray:
+def _read_file(path: Path) -> bytes:
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        data = bytearray(size)
-        view = memoryview(data)
-        got = 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
-    return data if got == size else data[:got]
+        return f.readall()
 
 
 def _touch(path: Path) -> None:

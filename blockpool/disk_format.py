@@ -24,6 +24,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import sys
@@ -84,6 +85,7 @@ def layout_key(
     return hashlib.sha256(b"reprise/disk-layout" + encoded).digest()[:LAYOUT_KEY_NBYTES]
 
 
+@functools.lru_cache(maxsize=1024)
 def namespace_digest(namespace: Namespace | None) -> bytes:
     """A digest of the namespace, so a file confirms it without holding the salt in clear.
 
