@@ -33,7 +33,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -48,8 +47,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from reprise.blockpool import disk_format as fmt
-from reprise.blockpool.hashing import BlockHash, Namespace
+from . import disk_format as fmt
+from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +201,11 @@ class DiskTier:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
                 return False
+            # NOTE: the caller is the one producer, so a queue with room keeps it until
+            # the put below; checking first saves copying a block that would be dropped.
+            if self._queue.full():
+                self._counts["writes_dropped"] += 1
+                return False
             self._queued.add(block_hash)
             self._num_unwritten += 1
         extra = None if extra_ids is None else tuple(map(int, extra_ids))
@@ -238,7 +242,7 @@ class DiskTier:
                 return None
         path = self.folder / fmt.file_name(block_hash)
         try:
-            data = _read_file(path)
+            data = fmt.read_file(path)
             header = fmt.decode_block(data, self.layout)
             self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
         except FileNotFoundError:
@@ -254,7 +258,7 @@ class DiskTier:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
             self._counts["hits"] += 1
-        _touch(path)
+        fmt.touch(path)
         payload = np.frombuffer(
             data,
             self._dtype,
@@ -364,16 +368,15 @@ class DiskTier:
         with os.scandir(self.folder) as entries:
             for entry in entries:
                 if entry.name.endswith(TMP_SUFFIX):
-                    _unlink(entry.path)
+                    fmt.unlink(entry.path)
                     self._counts["tmp_removed"] += 1
                     continue
                 block_hash = fmt.hash_of_file_name(entry.name)
-                if block_hash is None:
+                if block_hash is None or not entry.is_file(follow_symlinks=False):
                     continue  # the lock, or nothing of ours
                 try:
-                    st = entry.stat()
-                    with open(entry.path, "rb", buffering=0) as f:
-                        head = f.read(limit)
+                    st = entry.stat(follow_symlinks=False)
+                    head = fmt.read_file(entry.path, limit)
                     header = fmt.read_header(head, self.layout, st.st_size)
                     self._check_shape(header, block_hash)
                 except FileNotFoundError:
@@ -426,7 +429,7 @@ class DiskTier:
         try:
             self._write_file(tmp, self.folder / name, parts)
         except OSError as exc:
-            _unlink(tmp)
+            fmt.unlink(tmp)
             self._disable(f"writing {tmp.name} failed: {exc}")
             return
         with self._lock:
@@ -440,22 +443,7 @@ class DiskTier:
 
     def _write_file(self, tmp: Path, final: Path, parts: list[bytes]) -> None:
         """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            views = [memoryview(p) for p in parts]
-            while views:
-                n = os.writev(fd, views)
-                while views and n >= len(views[0]):
-                    n -= len(views.pop(0))
-                if views:
-                    views[0] = views[0][n:]
-            now = time.time_ns()
-            os.utime(fd, ns=(now, now))
-            if self.config.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -468,7 +456,7 @@ class DiskTier:
                 self._counts["evictions"] += 1
                 victims.append(block_hash)
         for block_hash in victims:
-            _unlink(self.folder / fmt.file_name(block_hash))
+            fmt.unlink(self.folder / fmt.file_name(block_hash))
 
     def _finish_one(self) -> None:
         self._num_unwritten -= 1
@@ -489,7 +477,7 @@ class DiskTier:
             first = not self._bad[kind]
             self._bad[kind] += 1
         (log.warning if first else log.debug)("disk tier: removing %s (%s)", path, detail)
-        _unlink(path)
+        fmt.unlink(path)
 
     def _disable(self, reason: str) -> None:
         with self._lock:
@@ -538,19 +526,3 @@ class DiskTier:
             or header.namespace_digest != fmt.namespace_digest(namespace)
         ):
             raise fmt.BlockFileError(fmt.MISMATCH, "stored key differs from the one looked up")
-
-
-def _read_file(path: Path) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        return f.readall()
-
-
-def _touch(path: Path) -> None:
-    now = time.time_ns()
-    with contextlib.suppress(OSError):  # only the order after a restart suffers
-        os.utime(path, ns=(now, now))
-
-
-def _unlink(path: str | Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

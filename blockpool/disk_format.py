@@ -1,4 +1,5 @@
-"""The disk tier's file format: one file per block, self-describing and checksummed.
+"""The disk tier's file format, one file per block, self-describing and checksummed,
+and the few calls that write, read, touch and remove such a file.
 
 A block file is
 
@@ -17,6 +18,8 @@ Guarantees:
 - `decode_block` accepts a file's bytes only if the file checksum, the header
   checksum, the layout key and every size agree; it never returns bytes of a
   damaged file. The caller compares the entry with the key it looks for.
+- `write_atomically` makes a file appear under its final name only complete
+  (written to a temporary name, then `os.replace`d).
 - The layout key is a digest of everything that decides the meaning of the
   payload bytes (format version, model fingerprint, block size, dtype, block
   shape, byte order), so files of another model or setting never match.
@@ -24,16 +27,20 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 import struct
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import xxhash
 
-from reprise.blockpool.hashing import BlockHash, Namespace, hash_block
+from .hashing import BlockHash, Namespace, hash_block
 
 MAGIC = b"RPRSKVB\x00"
 FORMAT_VERSION = 1
@@ -224,3 +231,41 @@ def decode_block(data: bytes | bytearray, layout: bytes) -> BlockHeader:
     if expected != bytes(view[end:]):
         raise BlockFileError(CHECKSUM, "file checksum")
     return header
+
+
+def write_atomically(tmp: Path, final: Path, parts: Sequence[bytes], *, fsync: bool) -> None:
+    """Write `parts` to a new file `tmp`, stamp its mtime now, then rename it to `final`."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        views = [memoryview(p) for p in parts]
+        while views:
+            n = os.writev(fd, views)
+            while views and n >= len(views[0]):
+                n -= len(views.pop(0))
+            if views:
+                views[0] = views[0][n:]
+        now = time.time_ns()  # finer than the kernel's file clock: last-use order survives restarts
+        os.utime(fd, ns=(now, now))
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+
+
+def read_file(path: str | Path, limit: int = -1) -> bytes:
+    """The file's bytes (the first `limit` of them when given)."""
+    with open(path, "rb", buffering=0) as f:
+        return f.read(limit) if limit >= 0 else f.readall()
+
+
+def touch(path: Path) -> None:
+    """Mark a file used now (its mtime is its place in the last-use order)."""
+    now = time.time_ns()
+    with contextlib.suppress(OSError):  # only the order after a restart suffers
+        os.utime(path, ns=(now, now))
+
+
+def unlink(path: str | Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
