@@ -320,6 +320,28 @@ def test_leftover_temporary_file_is_removed_at_open(tmp_path: Path) -> None:
         second.close()
 
 
+def test_open_reads_headers_only(tmp_path: Path, monkeypatch) -> None:
+    chain = Chain(5)
+    first = DiskTier.open(make_config(tmp_path))
+    store(first, chain)
+    first.close()
+    limits: list[int] = []
+    real_read = fmt.read_file
+
+    def recording_read(path: str | Path, limit: int = -1) -> bytes:
+        limits.append(limit)
+        return real_read(path, limit)
+
+    monkeypatch.setattr(fmt, "read_file", recording_read)
+    second = DiskTier.open(make_config(tmp_path))
+    try:
+        assert limits == [fmt.header_nbytes_max(BLOCK_SIZE)] * 5
+        assert fmt.header_nbytes_max(BLOCK_SIZE) < path_of(second, chain.hashes[0]).stat().st_size
+        assert second.stats()["disk_blocks"] == 5
+    finally:
+        second.close()
+
+
 def test_lru_eviction_by_last_use(tmp_path: Path) -> None:
     # a first block's file is 420 bytes, a later block's 452: room for three, not four
     tier = DiskTier.open(make_config(tmp_path, max_bytes=3 * 452 + 100))
@@ -377,6 +399,7 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
         assert chain.put(tier, 1) and chain.put(tier, 2)  # the queue is full now
         assert not chain.put(tier, 3) and not chain.put(tier, 4)
         assert tier.stats()["disk_writes_dropped"] == 2
+        assert not tier.flush(0.01)  # the writer is held: flush gives up at its bound
         tier.go.set()
         assert tier.flush(10)
         assert tier.lru_order() == chain.hashes[:3]
