@@ -72,6 +72,7 @@ def tier_io(folder: Path, blocks: list, fsync: bool) -> tuple[float, float, floa
         block_shape=BLOCK_SHAPE,
         block_size=BLOCK_SIZE,
         model_fingerprint=FINGERPRINT,
+        producer="bench",
         write_queue_blocks=len(blocks),
         fsync=fsync,
     )

@@ -74,6 +74,10 @@ class DiskTierConfig:
     ]  # one block, e.g. [num_layers, 2, num_kv_heads, block_size, head_dim]
     block_size: int
     model_fingerprint: bytes
+    # What computed the KV bytes: backend, device and code version (e.g.
+    # "cupy/sm_90/reprise 0.1.0"). Bit-identity holds per backend and device
+    # (DESIGN §4), so KV of another producer never matches.
+    producer: str
     dtype: str = "bfloat16"
     write_queue_blocks: int = 64
     fsync: bool = False
@@ -93,6 +97,8 @@ class DiskTierConfig:
             raise ValueError(
                 f"model_fingerprint must be non-empty bytes; got {self.model_fingerprint!r}"
             )
+        if not isinstance(self.producer, str) or not self.producer:
+            raise ValueError(f"producer must be a non-empty string; got {self.producer!r}")
         if not isinstance(self.dtype, str) or _resolve_dtype(self.dtype) is None:
             raise ValueError(f"dtype must name a NumPy or ml_dtypes dtype; got {self.dtype!r}")
         if not _is_count(self.write_queue_blocks):
@@ -138,7 +144,11 @@ class DiskTier:
     def __init__(self, config: DiskTierConfig) -> None:
         self.config = config
         self.layout = fmt.layout_key(
-            config.model_fingerprint, config.block_size, config.dtype, config.block_shape
+            config.model_fingerprint,
+            config.producer,
+            config.block_size,
+            config.dtype,
+            config.block_shape,
         )
         self.folder = Path(config.directory) / self.layout.hex()
         self._dtype = config.np_dtype

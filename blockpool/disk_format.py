@@ -21,8 +21,8 @@ Guarantees:
 - `write_atomically` makes a file appear under its final name only complete
   (written to a temporary name, then `os.replace`d).
 - The layout key is a digest of everything that decides the meaning of the
-  payload bytes (format version, model fingerprint, block size, dtype, block
-  shape, byte order), so files of another model or setting never match.
+  payload bytes (format version, model fingerprint, producer, block size,
+  dtype, block shape, byte order), so files of another model or setting never match.
 """
 
 from __future__ import annotations
@@ -77,12 +77,17 @@ BAD_KINDS = (BAD_HEADER, FOREIGN, TRUNCATED, CHECKSUM, MISMATCH, UNREADABLE)
 
 
 def layout_key(
-    model_fingerprint: bytes, block_size: int, dtype_name: str, block_shape: Sequence[int]
+    model_fingerprint: bytes,
+    producer: str,
+    block_size: int,
+    dtype_name: str,
+    block_shape: Sequence[int],
 ) -> bytes:
     """The digest naming a layout's folder and stamped in each of its files."""
     fields = [
         struct.pack("<H", FORMAT_VERSION),
         bytes(model_fingerprint),
+        producer.encode(),
         struct.pack("<Q", block_size),
         dtype_name.encode(),
         struct.pack(f"<{len(block_shape)}Q", *block_shape),

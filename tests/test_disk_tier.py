@@ -32,6 +32,7 @@ def make_config(where: Path, **overrides: object) -> DiskTierConfig:
         block_shape=SHAPE,
         block_size=BLOCK_SIZE,
         model_fingerprint=FINGERPRINT,
+        producer="numpy/cpu/test",
     )
     fields.update(overrides)
     return DiskTierConfig(**fields)  # type: ignore[arg-type]
@@ -141,11 +142,12 @@ def test_restart_finds_blocks_in_last_use_order(tmp_path: Path) -> None:
     "overrides",
     [
         dict(model_fingerprint=b"model-b"),
+        dict(producer="cupy/sm_90/test"),
         dict(block_size=8, block_shape=(2, 2, 1, 8, 8)),
         dict(dtype="float16"),
         dict(block_shape=(2, 2, 2, 4, 4)),
     ],
-    ids=["fingerprint", "block_size", "dtype", "shape"],
+    ids=["fingerprint", "producer", "block_size", "dtype", "shape"],
 )
 def test_another_model_or_setting_finds_nothing(tmp_path: Path, overrides: dict) -> None:
     chain = Chain(2)
@@ -533,6 +535,7 @@ def test_second_tier_on_the_same_folder_is_refused(tmp_path: Path, caplog) -> No
         ("model_fingerprint", b""),
         ("model_fingerprint", "model"),
         ("dtype", "no-such-dtype"),
+        ("producer", ""),
         ("write_queue_blocks", 0),
         ("fsync", "yes"),
         ("directory", ""),
@@ -585,6 +588,7 @@ def kill_test_config(directory: str | Path) -> DiskTierConfig:
         block_shape=KILL_SHAPE,
         block_size=BLOCK_SIZE,
         model_fingerprint=KILL_FINGERPRINT,
+        producer="numpy/cpu/test",
         write_queue_blocks=8,
     )
 
