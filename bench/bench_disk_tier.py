@@ -1,0 +1,137 @@
+"""Disk tier throughput against plain file I/O of the same bytes. A benchmark, not a test.
+
+    .venv/bin/python bench/bench_disk_tier.py [--blocks N] [--dir PATH] [--fsync] [--repeat R]
+
+Blocks have the default model's per-block layout (SmolLM2-135M: 30 layers, 3 KV
+heads, head_dim 64, block size 32, BF16: 720 KiB a block). Prints MB/s for
+writing N blocks through the tier (put + flush: copy, header, xxh3-128,
+temporary file, rename) and for reading them back (get: read, both checksums,
+key check), the time `open` takes to rebuild the index from N files, and the
+ratio to plain `open/write/close` and `open/read/close` of the same bytes in the
+same run. Reads come from the page cache in both (the files were just
+written), so they measure the tier's CPU overhead, not the disk. Best of
+`--repeat` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from reprise.blockpool.disk import DiskTier, DiskTierConfig
+from reprise.blockpool.hashing import BlockHash, hash_block
+
+NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 32
+BLOCK_SHAPE = (NUM_LAYERS, 2, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+FINGERPRINT = b"bench-disk-tier"
+
+
+def make_blocks(n: int) -> list[tuple[BlockHash, BlockHash | None, list[int], np.ndarray]]:
+    rng = np.random.default_rng(0)
+    blocks = []
+    parent: BlockHash | None = None
+    for i in range(n):
+        tokens = rng.integers(0, 49_152, BLOCK_SIZE).tolist()
+        block_hash = hash_block(parent, tokens, model_fingerprint=FINGERPRINT)
+        bits = rng.integers(0, 1 << 16, BLOCK_SHAPE, dtype=np.uint16)
+        blocks.append((block_hash, parent, tokens, bits.view(ml_dtypes.bfloat16)))
+        parent = block_hash if i % 64 != 63 else None  # chains of 64 blocks
+    return blocks
+
+
+def plain_io(folder: Path, payloads: list[bytes], fsync: bool) -> tuple[float, float]:
+    folder.mkdir()
+    start = time.perf_counter()
+    for i, payload in enumerate(payloads):
+        with open(folder / f"{i}.bin", "wb") as f:
+            f.write(payload)
+            if fsync:
+                os.fsync(f.fileno())
+    write_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(len(payloads)):
+        with open(folder / f"{i}.bin", "rb", buffering=0) as f:
+            f.read()
+    read_s = time.perf_counter() - start
+    shutil.rmtree(folder)
+    return write_s, read_s
+
+
+def tier_io(folder: Path, blocks: list, fsync: bool) -> tuple[float, float, float]:
+    nbytes = len(blocks) * blocks[0][3].nbytes
+    config = DiskTierConfig(
+        directory=folder,
+        max_bytes=2 * nbytes,
+        block_shape=BLOCK_SHAPE,
+        block_size=BLOCK_SIZE,
+        model_fingerprint=FINGERPRINT,
+        producer="bench",
+        write_queue_blocks=len(blocks),
+        fsync=fsync,
+    )
+    tier = DiskTier.open(config)
+    start = time.perf_counter()
+    for block_hash, parent, tokens, kv in blocks:
+        assert tier.put(block_hash, parent, tokens, kv)
+    assert tier.flush()
+    write_s = time.perf_counter() - start
+    tier.close()
+    start = time.perf_counter()
+    tier = DiskTier.open(config)
+    open_s = time.perf_counter() - start
+    assert tier.stats()["disk_blocks"] == len(blocks)
+    start = time.perf_counter()
+    for block_hash, parent, tokens, _ in blocks:
+        assert tier.get(block_hash, parent, tokens) is not None
+    read_s = time.perf_counter() - start
+    tier.close()
+    shutil.rmtree(folder)
+    return write_s, read_s, open_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=256)
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
+    parser.add_argument("--fsync", action="store_true", help="fsync every file (tier and plain)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if args.blocks < 1 or args.repeat < 1:
+        parser.error(f"--blocks and --repeat must be >= 1; got {args.blocks}, {args.repeat}")
+    blocks = make_blocks(args.blocks)
+    payloads = [kv.tobytes() for *_, kv in blocks]
+    mb = sum(map(len, payloads)) / 1e6
+    root = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir))
+    best = {"plain_w": 1e9, "plain_r": 1e9, "tier_w": 1e9, "tier_r": 1e9, "open": 1e9}
+    try:
+        for r in range(args.repeat):
+            pw, pr = plain_io(root / f"plain{r}", payloads, args.fsync)
+            tw, tr, to = tier_io(root / f"tier{r}", blocks, args.fsync)
+            for key, value in zip(best, (pw, pr, tw, tr, to), strict=True):
+                best[key] = min(best[key], value)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"{args.blocks} blocks of {BLOCK_SHAPE} BF16 = {mb:.1f} MB, fsync={args.fsync}, in {root}"
+    )
+    print(f"{'':8}{'tier MB/s':>12}{'plain MB/s':>12}{'tier/plain':>12}")
+    for what, tier_s, plain_s in (
+        ("write", best["tier_w"], best["plain_w"]),
+        ("read", best["tier_r"], best["plain_r"]),
+    ):
+        print(f"{what:8}{mb / tier_s:12.0f}{mb / plain_s:12.0f}{plain_s / tier_s:12.2f}")
+    per_block_us = best["open"] / args.blocks * 1e6
+    print(f"open (index rebuild): {best['open'] * 1e3:.1f} ms ({per_block_us:.1f} us a block)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,538 @@
+"""The disk tier: full blocks leaving the host tier, kept as files and found again by key.
+
+One folder per layout (`<directory>/<layout key hex>/`, see disk_format.py), one
+file per block named by its digest, and an in-memory index of those files in
+least-recently-used order. The pool calls `put` when a block leaves the host
+tier and `contains` / `get` on a device and host miss.
+
+Guarantees:
+- Never serves wrong or damaged bytes: `get` returns a block only if its file's
+  checksums, layout, digest, parent digest, token ids, extra ids and namespace
+  all agree with the caller's (the pool's hit confirmation, DESIGN §3). A file
+  failing any check is counted by kind, removed, and reported as a miss.
+- Never blocks the caller on a write: `put` copies the bytes and hands them to
+  one writer thread through a queue of `write_queue_blocks`; when it is full
+  the write is dropped and counted.
+- Crash safety: a block file only ever appears under its final name by
+  `os.replace` of a fully written temporary file, so after a process crash
+  (SIGTERM or SIGKILL) every named file is complete. Without `fsync` (the
+  default; one fsync per block costs more than the write) a power loss may
+  leave a named file damaged; the checksum then keeps it from being served.
+- Bounded size: the folder holds at most `max_bytes` of block files once the
+  writer has caught up; the least recently used (written or hit) go first.
+  Last use is kept as the file's mtime, so the order survives a restart.
+- Bounded start: `open` lists the folder once and reads at most
+  `header_nbytes_max(block_size)` bytes (about 0.7 KiB at 32 tokens) of each
+  block file, never a payload; temporary files of a killed writer are removed.
+- Never fails the daemon: a folder that cannot be created, written or locked at
+  `open`, and any write error later (a full disk, a read-only remount), logs ONE
+  warning and disables the tier; a disabled tier acts as an empty one.
+- One process per folder: `open` takes an exclusive `flock` on the folder; a
+  second daemon on the same folder runs without the tier.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from . import disk_format as fmt
+from .hashing import BlockHash, Namespace
+
+log = logging.getLogger(__name__)
+
+TMP_SUFFIX = ".tmp"
+LOCK_NAME = "lock"
+
+
+def _resolve_dtype(name: str) -> np.dtype | None:
+    try:
+        return np.dtype(getattr(ml_dtypes, name, name))
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskTierConfig:
+    """Where the disk tier lives, how large it may grow, and the layout of its blocks."""
+
+    directory: str | os.PathLike[str]
+    max_bytes: int
+    block_shape: tuple[
+        int, ...
+    ]  # one block, e.g. [num_layers, 2, num_kv_heads, block_size, head_dim]
+    block_size: int
+    model_fingerprint: bytes
+    # What computed the KV bytes: backend, device and code version (e.g.
+    # "cupy/sm_90/reprise 0.1.0"). Bit-identity holds per backend and device
+    # (DESIGN §4), so KV of another producer never matches.
+    producer: str
+    dtype: str = "bfloat16"
+    write_queue_blocks: int = 64
+    fsync: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, str | os.PathLike) or not os.fspath(self.directory):
+            raise ValueError(f"directory must be a non-empty path; got {self.directory!r}")
+        shape = tuple(self.block_shape) if isinstance(self.block_shape, list | tuple) else None
+        if not shape or not all(_is_count(d) for d in shape):
+            raise ValueError(
+                f"block_shape must be a non-empty tuple of positive integers; got {self.block_shape!r}"
+            )
+        object.__setattr__(self, "block_shape", tuple(int(d) for d in shape))
+        if not _is_count(self.block_size) or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1; got {self.block_size!r}")
+        if not isinstance(self.model_fingerprint, bytes) or not self.model_fingerprint:
+            raise ValueError(
+                f"model_fingerprint must be non-empty bytes; got {self.model_fingerprint!r}"
+            )
+        if not isinstance(self.producer, str) or not self.producer:
+            raise ValueError(f"producer must be a non-empty string; got {self.producer!r}")
+        if not isinstance(self.dtype, str) or _resolve_dtype(self.dtype) is None:
+            raise ValueError(f"dtype must name a NumPy or ml_dtypes dtype; got {self.dtype!r}")
+        if not _is_count(self.write_queue_blocks):
+            raise ValueError(
+                f"write_queue_blocks must be an integer >= 1; got {self.write_queue_blocks!r}"
+            )
+        if not _is_count(self.max_bytes) or self.max_bytes < self.payload_nbytes:
+            raise ValueError(
+                f"max_bytes must be an integer >= one block ({self.payload_nbytes} bytes); "
+                f"got {self.max_bytes!r}"
+            )
+        if not isinstance(self.fsync, bool):
+            raise ValueError(f"fsync must be a bool; got {self.fsync!r}")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        dtype = _resolve_dtype(self.dtype)
+        assert dtype is not None
+        return dtype
+
+    @property
+    def payload_nbytes(self) -> int:
+        return int(np.prod(self.block_shape)) * self.np_dtype.itemsize
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    block_hash: BlockHash
+    parent_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    extra_ids: tuple[int, ...] | None
+    namespace: Namespace | None
+    payload: bytes
+
+
+class DiskTier:
+    """Block files under one layout folder; build with `DiskTier.open(config)`."""
+
+    def __init__(self, config: DiskTierConfig) -> None:
+        self.config = config
+        self.layout = fmt.layout_key(
+            config.model_fingerprint,
+            config.producer,
+            config.block_size,
+            config.dtype,
+            config.block_shape,
+        )
+        self.folder = Path(config.directory) / self.layout.hex()
+        self._dtype = config.np_dtype
+        self._payload_nbytes = config.payload_nbytes
+        self._lock = threading.Lock()
+        # block hash -> file bytes, least recently used first
+        self._index: OrderedDict[BlockHash, int] = OrderedDict()
+        self._queued: set[BlockHash] = set()
+        self._queue: queue.Queue[_Write | None] = queue.Queue(config.write_queue_blocks)
+        self._idle = threading.Condition(self._lock)
+        self._num_unwritten = 0  # queued or being written
+        self._enabled = False
+        self._closing = False  # set by close: no more puts
+        self._stopping = False  # set by close: the writer drops what is queued
+        self._lock_fd: int | None = None
+        self._writer: threading.Thread | None = None
+        self._num_tmp = 0
+        self._num_bytes = 0
+        self._counts = dict.fromkeys(
+            ("hits", "misses", "writes", "writes_dropped", "evictions", "tmp_removed"), 0
+        )
+        self._bad = dict.fromkeys(fmt.BAD_KINDS, 0)
+
+    @classmethod
+    def open(cls, config: DiskTierConfig) -> DiskTier:
+        """The tier over `config.directory`, its index rebuilt from the files there; a
+        folder that cannot be used gives a disabled tier and one warning, not an error."""
+        tier = cls(config)
+        try:
+            tier._start()
+        except OSError as exc:
+            tier._disable(f"cannot use {tier.folder}: {exc}")
+        return tier
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        """Whether a file for this digest is indexed (no I/O; `get` still confirms it)."""
+        with self._lock:
+            return self._enabled and block_hash in self._index
+
+    def put(
+        self,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        kv: np.ndarray,
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+    ) -> bool:
+        """Queue one block's KV (`block_shape`, `dtype`) for writing; copies it first.
+        False when not queued: disabled, already stored or queued, or queue full (counted)."""
+        self._check_block(token_ids, extra_ids, kv)
+        with self._lock:
+            if not self._enabled or self._closing or block_hash in self._queued:
+                return False
+            if block_hash in self._index:
+                self._index.move_to_end(block_hash)
+                return False
+            # NOTE: the caller is the one producer, so a queue with room keeps it until
+            # the put below; checking first saves copying a block that would be dropped.
+            if self._queue.full():
+                self._counts["writes_dropped"] += 1
+                return False
+            self._queued.add(block_hash)
+            self._num_unwritten += 1
+        extra = None if extra_ids is None else tuple(map(int, extra_ids))
+        item = _Write(
+            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, kv.tobytes()
+        )
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            with self._lock:
+                self._queued.discard(block_hash)
+                self._finish_one()
+                self._counts["writes_dropped"] += 1
+            return False
+        return True
+
+    def get(
+        self,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+    ) -> np.ndarray | None:
+        """The block's KV (a read-only array of `block_shape`) if its file is sound and was
+        stored under this very key, else None (a bad file is counted and removed). Reads
+        the file on the calling thread. A hit makes the block the most recently used."""
+        with self._lock:
+            if not self._enabled:
+                return None
+            if block_hash not in self._index:
+                self._counts["misses"] += 1
+                return None
+        path = self.folder / fmt.file_name(block_hash)
+        try:
+            data = fmt.read_file(path)
+            header = fmt.decode_block(data, self.layout)
+            self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
+        except FileNotFoundError:
+            self._forget(block_hash)
+            return None
+        except OSError as exc:
+            self._drop_bad(block_hash, path, fmt.UNREADABLE, str(exc))
+            return None
+        except fmt.BlockFileError as exc:
+            self._drop_bad(block_hash, path, exc.kind, str(exc))
+            return None
+        with self._lock:
+            if block_hash in self._index:
+                self._index.move_to_end(block_hash)
+            self._counts["hits"] += 1
+        fmt.touch(path)
+        payload = np.frombuffer(
+            data,
+            self._dtype,
+            self._payload_nbytes // self._dtype.itemsize,
+            header.payload_offset,
+        )
+        return payload.reshape(self.config.block_shape)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued write is done (or dropped); False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._idle:
+            while self._num_unwritten:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self, *, flush: bool = True, timeout_s: float = 5.0) -> None:
+        """Stop the writer: finish the queued writes (`flush`) or drop them, within
+        `timeout_s`, then let go of the folder. Later puts are refused."""
+        writer = self._writer
+        if writer is None:
+            self._enabled = False
+            self._release_folder()
+            return
+        with self._lock:
+            self._closing = True  # puts are refused from now on
+            self._stopping = self._stopping or not flush
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._queue.put(None, timeout=0.05)
+                break
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    self._stopping = True  # the writer now drops what is left
+                if time.monotonic() >= deadline + 1.0:
+                    break
+        writer.join(max(0.0, deadline - time.monotonic()))
+        if writer.is_alive():
+            self._stopping = True
+            writer.join(1.0)
+        if writer.is_alive():
+            log.warning("disk tier writer did not stop within %.1f s", timeout_s)
+            return
+        self._writer = None
+        with self._lock:
+            self._enabled = False
+        self._release_folder()
+
+    def _release_folder(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def stats(self) -> dict[str, int | bool]:
+        with self._lock:
+            out: dict[str, int | bool] = {
+                "disk_enabled": self._enabled,
+                "disk_blocks": len(self._index),
+                "disk_bytes": self._num_bytes,
+                **{f"disk_{name}": n for name, n in self._counts.items()},
+                "disk_corrupt_removed": sum(self._bad.values()),
+            }
+            out.update({f"disk_corrupt_{kind}": n for kind, n in self._bad.items()})
+        return out
+
+    def lru_order(self) -> list[BlockHash]:
+        """Indexed digests, least recently used (next to evict) first."""
+        with self._lock:
+            return list(self._index)
+
+    def check_integrity(self) -> None:
+        """Index and files agree (call with the writer idle, e.g. after `flush`)."""
+        with self._lock:
+            assert self._num_bytes == sum(self._index.values()), self._num_bytes
+            assert self._num_bytes <= self.config.max_bytes or not self._enabled
+            for block_hash, nbytes in self._index.items():
+                path = self.folder / fmt.file_name(block_hash)
+                assert path.stat().st_size == nbytes, (path, nbytes)
+
+    # -- start ---------------------------------------------------------------
+
+    def _start(self) -> None:
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, "the folder is in use by another process") from exc
+        self._lock_fd = fd
+        probe = self.folder / f".probe.{os.getpid()}{TMP_SUFFIX}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+        os.unlink(probe)
+        self._scan()
+        self._enabled = True
+        self._evict_to_bound()
+        self._writer = threading.Thread(target=self._write_loop, name="disk-tier", daemon=True)
+        self._writer.start()
+
+    def _scan(self) -> None:
+        found: list[tuple[int, str, BlockHash, int]] = []
+        limit = fmt.header_nbytes_max(self.config.block_size)
+        with os.scandir(self.folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(TMP_SUFFIX):
+                    fmt.unlink(entry.path)
+                    self._counts["tmp_removed"] += 1
+                    continue
+                block_hash = fmt.hash_of_file_name(entry.name)
+                if block_hash is None or not entry.is_file(follow_symlinks=False):
+                    continue  # the lock, or nothing of ours
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    head = fmt.read_file(entry.path, limit)
+                    header = fmt.read_header(head, self.layout, st.st_size)
+                    self._check_shape(header, block_hash)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    self._count_bad(entry.path, fmt.UNREADABLE, str(exc))
+                    continue
+                except fmt.BlockFileError as exc:
+                    self._count_bad(entry.path, exc.kind, str(exc))
+                    continue
+                found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size))
+        for _, _, block_hash, nbytes in sorted(found):
+            self._index[block_hash] = nbytes
+            self._num_bytes += nbytes
+
+    # -- writer --------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if self._enabled and not self._stopping:
+                    self._write(item)
+                else:
+                    with self._lock:
+                        self._counts["writes_dropped"] += 1
+            except Exception as exc:  # the writer must outlive any one block
+                self._disable(f"writing a block failed: {exc!r}")
+            finally:
+                with self._lock:
+                    self._queued.discard(item.block_hash)
+                    self._finish_one()
+
+    def _write(self, item: _Write) -> None:
+        header = fmt.encode_header(
+            self.layout,
+            item.block_hash,
+            item.parent_hash,
+            item.token_ids,
+            item.extra_ids,
+            item.namespace,
+            len(item.payload),
+        )
+        parts = [header, item.payload, fmt.file_checksum(header, item.payload)]
+        name = fmt.file_name(item.block_hash)
+        self._num_tmp += 1
+        tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
+        try:
+            self._write_file(tmp, self.folder / name, parts)
+        except OSError as exc:
+            fmt.unlink(tmp)
+            self._disable(f"writing {tmp.name} failed: {exc}")
+            return
+        with self._lock:
+            if not self._enabled:
+                return
+            nbytes = sum(len(p) for p in parts)
+            self._num_bytes += nbytes - self._index.pop(item.block_hash, 0)
+            self._index[item.block_hash] = nbytes
+            self._counts["writes"] += 1
+        self._evict_to_bound()
+
+    def _write_file(self, tmp: Path, final: Path, parts: list[bytes]) -> None:
+        """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
+        fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _evict_to_bound(self) -> None:
+        victims: list[BlockHash] = []
+        with self._lock:
+            while self._num_bytes > self.config.max_bytes and self._index:
+                block_hash, nbytes = self._index.popitem(last=False)
+                self._num_bytes -= nbytes
+                self._counts["evictions"] += 1
+                victims.append(block_hash)
+        for block_hash in victims:
+            fmt.unlink(self.folder / fmt.file_name(block_hash))
+
+    def _finish_one(self) -> None:
+        self._num_unwritten -= 1
+        if not self._num_unwritten:
+            self._idle.notify_all()
+
+    def _forget(self, block_hash: BlockHash) -> None:
+        with self._lock:
+            self._num_bytes -= self._index.pop(block_hash, 0)
+            self._counts["misses"] += 1
+
+    def _drop_bad(self, block_hash: BlockHash, path: Path, kind: str, detail: str) -> None:
+        self._forget(block_hash)
+        self._count_bad(path, kind, detail)
+
+    def _count_bad(self, path: str | Path, kind: str, detail: str) -> None:
+        with self._lock:
+            first = not self._bad[kind]
+            self._bad[kind] += 1
+        (log.warning if first else log.debug)("disk tier: removing %s (%s)", path, detail)
+        fmt.unlink(path)
+
+    def _disable(self, reason: str) -> None:
+        with self._lock:
+            was_enabled = self._enabled or self._writer is None
+            self._enabled = False
+            self._index.clear()
+            self._num_bytes = 0
+        if was_enabled:
+            log.warning("disk tier disabled, serving without it: %s", reason)
+
+    def _check_block(
+        self, token_ids: Sequence[int], extra_ids: Sequence[int] | None, kv: np.ndarray
+    ) -> None:
+        cfg = self.config
+        if len(token_ids) != cfg.block_size:
+            raise ValueError(f"a block holds {cfg.block_size} token ids; got {len(token_ids)}")
+        if extra_ids is not None and len(extra_ids) != len(token_ids):
+            raise ValueError(f"extra_ids must have one id per token; got {len(extra_ids)}")
+        if not isinstance(kv, np.ndarray) or kv.shape != cfg.block_shape or kv.dtype != self._dtype:
+            got = (type(kv).__name__, getattr(kv, "shape", None), getattr(kv, "dtype", None))
+            raise ValueError(f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray; got {got}")
+
+    def _check_shape(self, header: fmt.BlockHeader, block_hash: BlockHash) -> None:
+        if header.block_hash != block_hash:
+            raise fmt.BlockFileError(fmt.FOREIGN, "the file holds another block")
+        if len(header.token_ids) != self.config.block_size:
+            raise fmt.BlockFileError(fmt.FOREIGN, f"{len(header.token_ids)} tokens")
+        if header.payload_nbytes != self._payload_nbytes:
+            raise fmt.BlockFileError(fmt.FOREIGN, f"payload of {header.payload_nbytes} bytes")
+
+    def _confirm(
+        self,
+        header: fmt.BlockHeader,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+    ) -> None:
+        self._check_shape(header, block_hash)
+        extra = None if extra_ids is None else tuple(map(int, extra_ids))
+        if (
+            header.parent_hash != parent_hash
+            or header.token_ids != tuple(map(int, token_ids))
+            or header.extra_ids != extra
+            or header.namespace_digest != fmt.namespace_digest(namespace)
+        ):
+            raise fmt.BlockFileError(fmt.MISMATCH, "stored key differs from the one looked up")
