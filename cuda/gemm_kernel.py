@@ -3,19 +3,38 @@
 x is [M, K] and w is [N, K] (Hugging Face layout), both BF16 held as uint16 CuPy
 arrays; y is [M, N] BF16 (round to nearest even of the fp32 accumulator) or fp32.
 
-What it guarantees (DESIGN §4): every y[m, n] is one fp32 accumulation over K in one
-fixed order, starting from +0 and taking the K slices [0, 16), [16, 32), ... in
-ascending order, one mma.m16n8k16 per slice. There is no split-K and no reduction
-across threads, warps or CTAs; rows past M and columns past N are zero padding that
-never enters another element's sum and is never written; the K tail is skipped,
-not padded. The tile configuration, picked by M for speed (`tile_config`), only
-regroups that sequence, and unaligned pointers only change how bytes reach shared
-memory. So y[m, n] depends on x[m, :], w[n, :] and K alone: bit-identical for any
-M, row offset, companion rows and configuration. gemm.cu states the argument in
-full. Against the NumPy twin, which rounds an exact sum once, results agree within
-BF16 rounding, not bitwise.
+What it guarantees (DESIGN §4): every y[m, n] is one fp32 computation over K in one
+fixed order that depends on the weight's shape (N, K) and nothing else:
 
-Nothing is allocated except the output when `out` is None. CuPy is imported lazily.
+- The weight's split count S = `split_k(N, K)` is a pure function of its shape, fixed
+  when the weight loads (never of M, the device or the call) and cuts K into S
+  contiguous splits of `split_length(K, S)` elements (the last one shorter).
+- Each split's partial is one accumulator starting from +0 that takes the K slices
+  [16s, 16s + 16) of that split in ascending order, one mma.m16n8k16 per slice, and
+  y = (((0 + P_0) + P_1) + ...) + P_{S-1} in fp32, then one rounding to BF16. With
+  S = 1 that is the plain chain from +0 over all of K (no fold, no merge).
+- Every route computes exactly that sequence: the skinny tile (M <= 16) writes the
+  partials to an fp32 workspace, one CTA per (split, tile), and `gemm_merge_*` folds
+  them in ascending split order; the mid and big tiles walk all of K in one CTA and
+  fold each finished partial into a running total at the split boundary. No float
+  atomics; rows past M and columns past N are padding that never enters another
+  element's sum and is never written; the K tail is skipped, not padded.
+
+Why the threshold between routes cannot change a row: the route (and the tile
+configuration, picked by M for speed, `tile_config`) only regroups who computes which
+partial and where it waits (a register or the workspace); the mma per slice, the
+order of slices inside a partial, the split boundaries and the fold order are the
+same on every route, because S comes from (N, K) alone. Had the skinny route split K
+while the large-M route did not, an M = 1 row would differ from the same row inside
+M = 300 (a fold of partials is not the one long chain); so the large-M route splits
+exactly as the skinny one does, at the cost of a second accumulator set in registers.
+So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
+offset, companion rows, configuration and pointer alignment. gemm.cu states the
+argument in full. Against the NumPy twin, which rounds an exact sum once, results
+agree within BF16 rounding, not bitwise (any S).
+
+Nothing is allocated except the output when `out` is None (and, for S > 1 at M <= 16,
+the [S, M, N] fp32 workspace). CuPy is imported lazily.
 """
 
 from __future__ import annotations
@@ -65,10 +84,68 @@ class TileConfig:
 
 # Ascending max_rows; the last takes any M.
 CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig("skinny", 16, 32, 64, num_stages=4, num_warps=2, max_rows=16),  # decode
+    TileConfig("skinny", 16, 64, 128, num_stages=4, num_warps=4, max_rows=16),  # decode
     TileConfig("mid", 64, 64, 32, num_stages=4, num_warps=4, max_rows=64),
     TileConfig("big", 128, 128, 32, num_stages=4, num_warps=8, max_rows=None),  # prefill
 )
+SKINNY = CONFIGS[0]
+MERGE_THREADS = 256  # gemm.cu's MERGE_THREADS
+
+# Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
+# so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
+# aims the skinny grid at whole waves of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM
+# CTAs each: an H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of
+# 228 KiB). They are constants, not the device's figures, so that a weight's split, and
+# so its bits, are the same on every device (tests/test_kernels_compile.py checks the
+# CTA count against the compiled kernel's registers and shared memory).
+SPLIT_GRANULE = 128
+MIN_SPLIT_LENGTH = 256
+MAX_SPLITS = 32
+REFERENCE_SMS = 132
+SKINNY_CTAS_PER_SM = 2
+MIN_LAST_WAVE = 0.5  # a partial last wave at least this full (else more splits)
+
+
+def split_length(k: int, splits: int) -> int:
+    """Elements of K in each split but the last: ceil(K / S) rounded up to SPLIT_GRANULE."""
+    if k <= 0 or splits <= 0:
+        raise ValueError(f"K and the split count must be positive; got K = {k}, splits = {splits}")
+    return -(-(-(-k // splits)) // SPLIT_GRANULE) * SPLIT_GRANULE
+
+
+def num_splits(k: int, length: int) -> int:
+    """How many splits of `length` cover K."""
+    return -(-k // length)
+
+
+def skinny_waves(n: int, splits: int) -> float:
+    """Waves of the skinny grid (ceil(N / 64) * S CTAs) on the reference device."""
+    return -(-n // SKINNY.block_n) * splits / (REFERENCE_SMS * SKINNY_CTAS_PER_SM)
+
+
+def split_k(n: int, k: int) -> int:
+    """The split count S of a [N, K] weight: a function of its shape alone (never of M).
+
+    The smallest S whose skinny grid (M <= 16: ceil(N / 64) * S CTAs) fills at least
+    one wave of the reference device, with a partial last wave at least MIN_LAST_WAVE
+    full (a thin last wave streams too few bytes to keep DRAM busy), among the counts
+    that `split_length` realises exactly; splits stay at least MIN_SPLIT_LENGTH long,
+    so a short K may get fewer (down to 1) and miss the wave.
+    """
+    if n <= 0 or k <= 0:
+        raise ValueError(f"N and K must be positive; got N = {n}, K = {k}")
+    best = 1
+    for splits in range(1, MAX_SPLITS + 1):
+        length = split_length(k, splits)
+        if length < MIN_SPLIT_LENGTH:
+            break
+        if num_splits(k, length) != splits:  # rounding merged it into fewer splits
+            continue
+        best = splits
+        waves = skinny_waves(n, splits)
+        if waves >= 1 and (waves - int(waves) == 0 or waves - int(waves) >= MIN_LAST_WAVE):
+            break
+    return best
 
 
 def tile_config(num_rows: int) -> TileConfig:
@@ -79,10 +156,57 @@ def tile_config(num_rows: int) -> TileConfig:
     raise AssertionError("the last config takes any M")
 
 
-def gemm(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch of a GEMM: name, grid, threads, dynamic shared memory."""
+
+    kernel: str
+    grid: tuple[int, int]
+    threads: int
+    smem_bytes: int
+
+
+def launch_plan(
+    m: int, n: int, k: int, splits: int, *, out_f32: bool, config: TileConfig | None = None
+) -> tuple[Launch, ...]:
+    """The launches `gemm` makes for an [M, K] x [N, K] product with S = `splits`: one
+    (S = 1: WHOLE; S > 1 on the mid or big tile: FOLD) or two (S > 1 on the skinny tile:
+    the partials into the [S, M, N] workspace, then the merge). M, N > 0. `config`
+    (default `tile_config(M)`) forces a tile; every tile takes every M, with equal bits."""
+    config = tile_config(m) if config is None else config
+    tiles = (-(-m // config.block_m), -(-n // config.block_n))
+    if tiles[1] > MAX_GRID_Y:
+        raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {n}")
+    if splits == 1:
+        return (Launch(config.kernel_name(out_f32), tiles, config.num_threads, config.smem_bytes),)
+    if config is not SKINNY:
+        name = config.kernel_name(out_f32) + "_fold"
+        return (Launch(name, tiles, config.num_threads, config.smem_bytes),)
+    count = m * n
+    if count > INT32_MAX:
+        raise ValueError(f"M * N must fit in int32; got {m} * {n}")
+    return (
+        Launch("gemm_partial_skinny", (tiles[0] * splits, tiles[1]), config.num_threads,
+               config.smem_bytes),
+        Launch(f"gemm_merge_{'f32' if out_f32 else 'bf16'}", (-(-count // MERGE_THREADS), 1),
+               MERGE_THREADS, 0),
+    )  # fmt: skip
+
+
+def gemm(
+    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
+) -> Any:
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: [N, K] same; -> [M, N] uint16
-    (BF16) or float32 with `out_f32`. `out`, when given, is written and returned."""
+    (BF16) or float32 with `out_f32`. `out`, when given, is written and returned.
+    `splits` (default `split_k(N, K)`, what every caller should use: a weight's rows are
+    only comparable across calls that split it alike) must cut K exactly."""
     num_rows, num_cols, k = _check_operands(x, w)
+    if splits is None:
+        splits = _split_k(num_cols, k)
+    elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
+        raise ValueError(
+            f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
+        )
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
     if out is None:
         import cupy
@@ -94,15 +218,34 @@ def gemm(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
             raise ValueError(f"out must have shape {(num_rows, num_cols)}; got {out.shape}")
     if num_rows == 0 or num_cols == 0:
         return out
-    config = tile_config(num_rows)
-    grid = (-(-num_rows // config.block_m), -(-num_cols // config.block_n))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {num_cols}")
-    args = (x, w, out, np.int32(num_rows), np.int32(num_cols), np.int32(k))
-    _kernel(config, out_f32, _device_id())(
-        grid, (config.num_threads,), args, shared_mem=config.smem_bytes
-    )
+    plan = launch_plan(num_rows, num_cols, k, splits, out_f32=out_f32)
+    length = np.int32(split_length(k, splits))
+    dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))
+    device = _device_id()
+    if len(plan) == 1:
+        (only,) = plan
+        _kernel(only.kernel, only.smem_bytes, device)(
+            only.grid, (only.threads,), (x, w, out, *dims, length), shared_mem=only.smem_bytes
+        )
+        return out
+    import cupy
+
+    partial, merge = plan
+    workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
+    _kernel(partial.kernel, partial.smem_bytes, device)(
+        partial.grid, (partial.threads,), (x, w, workspace, *dims, length),
+        shared_mem=partial.smem_bytes,
+    )  # fmt: skip
+    _kernel(merge.kernel, 0, device)(
+        merge.grid, (merge.threads,),
+        (workspace, out, np.int32(num_rows * num_cols), np.int32(splits)),
+    )  # fmt: skip
     return out
+
+
+@functools.cache
+def _split_k(n: int, k: int) -> int:
+    return split_k(n, k)
 
 
 def _check_operands(x: Any, w: Any) -> tuple[int, int, int]:
@@ -128,12 +271,12 @@ def _device_id() -> int:
 
 
 @functools.cache
-def _kernel(config: TileConfig, out_f32: bool, device_id: int) -> Any:
+def _kernel(name: str, smem_bytes: int, device_id: int) -> Any:
     """The compiled entry point, with its shared-memory opt-in set on this device.
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     """
-    fn = kernel("gemm", config.kernel_name(out_f32))
-    if config.smem_bytes > MAX_STATIC_SMEM_BYTES:
-        fn.max_dynamic_shared_size_bytes = config.smem_bytes
+    fn = kernel("gemm", name)
+    if smem_bytes > MAX_STATIC_SMEM_BYTES:
+        fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn
