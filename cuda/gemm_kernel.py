@@ -110,7 +110,8 @@ def split_length(k: int, splits: int) -> int:
     """Elements of K in each split but the last: ceil(K / S) rounded up to SPLIT_GRANULE."""
     if k <= 0 or splits <= 0:
         raise ValueError(f"K and the split count must be positive; got K = {k}, splits = {splits}")
-    return -(-(-(-k // splits)) // SPLIT_GRANULE) * SPLIT_GRANULE
+    per_split = -(-k // splits)
+    return -(-per_split // SPLIT_GRANULE) * SPLIT_GRANULE
 
 
 def num_splits(k: int, length: int) -> int:

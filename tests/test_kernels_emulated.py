@@ -473,7 +473,9 @@ def test_split_gemm_traps_on_a_split_length_off_its_tile(lib: ctypes.CDLL) -> No
         f"lib.run_gemm(b'gemm_partial_skinny', 2, 1, {config.num_threads}, {config.smem_bytes}, "
         "p(x), p(x), p(y), 1, 1, 256, 64)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
 
 
