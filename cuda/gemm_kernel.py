@@ -158,6 +158,40 @@ def tile_config(num_rows: int) -> TileConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SmLimits:
+    """Per-SM resources of an architecture (CUDA programming guide, compute capabilities)."""
+
+    registers: int = 65536
+    threads: int = 2048
+    ctas: int = 32
+    shared_bytes: int = 233472  # sm_90: 228 KiB
+    reserved_shared_per_cta: int = 1024  # the runtime's share of each CTA's shared memory
+
+
+SM_LIMITS = {"sm_80": SmLimits(shared_bytes=167936), "sm_90": SmLimits()}
+
+
+def ctas_per_sm(threads: int, registers: int, shared_bytes: int, arch: str = "sm_90") -> int:
+    """Resident CTAs an SM holds of a kernel taking `registers` a thread (the compiled
+    figure, nvrtc.kernel_resources) and `shared_bytes` a CTA (static + dynamic).
+
+    Registers are allocated per warp in units of 256, shared memory in units of 128 bytes
+    plus the runtime's reserved 1 KiB a CTA; the least of the four limits wins."""
+    if arch not in SM_LIMITS:
+        raise ValueError(f"arch must be one of {', '.join(SM_LIMITS)}; got {arch!r}")
+    limits = SM_LIMITS[arch]
+    warps = -(-threads // 32)
+    regs_per_cta = warps * (-(-registers * 32 // 256) * 256)
+    smem_per_cta = -(-shared_bytes // 128) * 128 + limits.reserved_shared_per_cta
+    return min(
+        limits.ctas,
+        limits.threads // (warps * 32),
+        limits.registers // regs_per_cta if regs_per_cta else limits.ctas,
+        limits.shared_bytes // smem_per_cta,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Launch:
     """One kernel launch of a GEMM: name, grid, threads, dynamic shared memory."""
 
