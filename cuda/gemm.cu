@@ -41,7 +41,9 @@
 // ascending order (as 1.-3. above), then y = (((0.0f + P_0) + P_1) + ...) + P_{S-1},
 // fp32 adds in ascending s, then 4. Two routes compute exactly that sequence:
 //   PARTIAL (the skinny tile, small M): CTA (m tile, split s) writes P_s as fp32 to a
-//     workspace slab s; gemm_merge_* then folds the slabs in ascending s per element.
+//     workspace slab s and counts itself in its tile's counter (an integer atomic); the
+//     CTA that counts last folds the tile's S slabs in ascending s per element, writes
+//     y and zeroes the counter for the next launch (`skinny_split`).
 //   FOLD (mid and big tiles): one CTA walks all of K; at each split boundary it adds
 //     its accumulator into a running total (total += acc; acc = 0) and stores the total.
 // Both run the same mma sequence per partial and the same fp32 adds in the same order,
@@ -364,29 +366,53 @@ using Mid = Tile<64, 64, 32, 32, 32, 4>;      // M <= 64: 4 warps, 40,960 B shar
 using Big = Tile<128, 128, 32, 64, 32, 4>;    // prefill: 8 warps, 81,920 B shared (opt-in)
 static_assert(Skinny::THREADS == 128 && Mid::THREADS == 128 && Big::THREADS == 256, "launch bounds below");
 
-constexpr int MERGE_THREADS = 256;
-
-// y[i] = (((0 + ws[0][i]) + ws[1][i]) + ...) + ws[S-1][i], rounded once (BF16) or stored.
+// The skinny split route: this CTA's partial into the workspace, then, in the CTA that
+// finishes its tile last, the fold of the tile's S partials in ascending split order.
+// `counters` holds one zero per (n tile, m tile), blockIdx.y * ceil(M / BM) + m tile, and
+// is left zero. S = ceil(K / split_len) (the launcher cuts K exactly so).
+// NOTE: the handoff is the CUDA programming guide's last-block pattern: every thread's
+// partial stores, then __threadfence, then one atomicAdd per CTA; the CTA that sees
+// S - 1 fences again and reads the partials through L2 (__ldcg, never a stale L1 line).
 template <class OutT>
-__device__ __forceinline__ void merge_splits(const float* __restrict__ ws, OutT* __restrict__ y, int count,
-                                             int num_splits) {
-  if (blockDim.x != MERGE_THREADS) __trap();
-  const long long i = static_cast<long long>(blockIdx.x) * MERGE_THREADS + threadIdx.x;
-  if (i >= count) return;
-  float total = 0.0f;
-  for (int s = 0; s < num_splits; ++s) total += ws[static_cast<long long>(s) * count + i];
-  if constexpr (sizeof(OutT) == 2) {
-    y[i] = static_cast<unsigned short>(bf16_bits(total));
-  } else {
-    y[i] = total;
+__device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ x,
+                                             const unsigned short* __restrict__ w, float* __restrict__ ws,
+                                             OutT* __restrict__ y, unsigned* __restrict__ counters, int M,
+                                             int N, int K, int split_len) {
+  using T = Skinny;
+  gemm_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
+  extern __shared__ __align__(16) unsigned short gemm_smem[];
+  unsigned* last = reinterpret_cast<unsigned*>(gemm_smem);  // the ring is drained: reuse it
+  const int num_m_tiles = (M + T::BM - 1) / T::BM, num_splits = (K + split_len - 1) / split_len;
+  const int m_tile = static_cast<int>(blockIdx.x) % num_m_tiles;
+  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
+  __threadfence();  // this thread's partial is visible device-wide before the count below
+  __syncthreads();  // every thread's is; and no warp still reads the ring
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
+  __syncthreads();
+  if (*last == 0u) return;
+  __threadfence();
+  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const long long slab = static_cast<long long>(M) * N;
+  for (int e = static_cast<int>(threadIdx.x); e < T::BM * T::BN; e += T::THREADS) {
+    const int row = m0 + e / T::BN, col = n0 + e % T::BN;
+    if (row >= M || col >= N) continue;
+    const long long at = static_cast<long long>(row) * N + col;
+    float total = 0.0f;
+    for (int s = 0; s < num_splits; ++s) total += __ldcg(ws + s * slab + at);
+    if constexpr (sizeof(OutT) == 2) {
+      y[at] = static_cast<unsigned short>(bf16_bits(total));
+    } else {
+      y[at] = total;
+    }
   }
+  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
 }
 
 }  // namespace
 
 // Entry points: x: [M, K], w: [N, K] BF16 bits, y: [M, N] (see gemm_tile). WHOLE (S = 1)
-// writes y; FOLD (S > 1; mid and big) walks every split and writes y; PARTIAL (S > 1;
-// skinny) writes fp32 partials into the workspace [S, M, N] for gemm_merge_*.
+// writes y; FOLD (S > 1; mid and big) walks every split and writes y; *_skinny_split
+// (S > 1; skinny) goes through the fp32 workspace ws [S, M, N] (skinny_split).
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
@@ -401,9 +427,17 @@ gemm_f32_skinny(const unsigned short* __restrict__ x, const unsigned short* __re
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-gemm_partial_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
-                    int M, int N, int K, int split_len) {
-  gemm_tile<Skinny, Split::PARTIAL>(x, w, y, M, N, K, split_len);
+gemm_bf16_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                       float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
+                       int M, int N, int K, int split_len) {
+  skinny_split(x, w, ws, y, counters, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_f32_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                      float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
+                      int N, int K, int split_len) {
+  skinny_split(x, w, ws, y, counters, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -452,15 +486,4 @@ extern "C" __global__ void __launch_bounds__(256)
 gemm_f32_big_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
                   int M, int N, int K, int split_len) {
   gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
-}
-
-// ws: [S, M, N] fp32 partials (count = M * N); y: [M, N]. grid = ceil(count / 256), block 256.
-extern "C" __global__ void __launch_bounds__(256)
-gemm_merge_bf16(const float* __restrict__ ws, unsigned short* __restrict__ y, int count, int num_splits) {
-  merge_splits(ws, y, count, num_splits);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-gemm_merge_f32(const float* __restrict__ ws, float* __restrict__ y, int count, int num_splits) {
-  merge_splits(ws, y, count, num_splits);
 }

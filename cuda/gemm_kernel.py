@@ -14,10 +14,10 @@ fixed order that depends on the weight's shape (N, K) and nothing else:
   y = (((0 + P_0) + P_1) + ...) + P_{S-1} in fp32, then one rounding to BF16. With
   S = 1 that is the plain chain from +0 over all of K (no fold, no merge).
 - Every route computes exactly that sequence: the skinny tile (M <= 16) writes the
-  partials to an fp32 workspace, one CTA per (split, tile), and `gemm_merge_*` folds
-  them in ascending split order; the mid and big tiles walk all of K in one CTA and
-  fold each finished partial into a running total at the split boundary. No float
-  atomics; rows past M and columns past N are padding that never enters another
+  partials to an fp32 workspace, one CTA per (split, tile), and the tile's last CTA
+  (counted with an integer atomic) folds them in ascending split order; the mid and big
+  tiles walk all of K in one CTA and fold each finished partial into a running total at
+  the split boundary. No float atomics; rows past M and columns past N are padding that never enters another
   element's sum and is never written; the K tail is skipped, not padded.
 
 Why the threshold between routes cannot change a row: the route (and the tile
@@ -34,7 +34,8 @@ argument in full. Against the NumPy twin, which rounds an exact sum once, result
 agree within BF16 rounding, not bitwise (any S).
 
 Nothing is allocated except the output when `out` is None (and, for S > 1 at M <= 16,
-the [S, M, N] fp32 workspace). CuPy is imported lazily.
+the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -89,7 +90,6 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("big", 128, 128, 32, num_stages=4, num_warps=8, max_rows=None),  # prefill
 )
 SKINNY = CONFIGS[0]
-MERGE_THREADS = 256  # gemm.cu's MERGE_THREADS
 
 # Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
 # so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
@@ -193,39 +193,37 @@ def ctas_per_sm(threads: int, registers: int, shared_bytes: int, arch: str = "sm
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """One kernel launch of a GEMM: name, grid, threads, dynamic shared memory."""
+    """The one kernel launch of a GEMM: name, grid, threads, dynamic shared memory, and
+    whether it takes the split workspace and tile counters (the skinny split route)."""
 
     kernel: str
     grid: tuple[int, int]
     threads: int
     smem_bytes: int
+    split_workspace: bool = False
 
 
 def launch_plan(
     m: int, n: int, k: int, splits: int, *, out_f32: bool, config: TileConfig | None = None
-) -> tuple[Launch, ...]:
-    """The launches `gemm` makes for an [M, K] x [N, K] product with S = `splits`: one
-    (S = 1: WHOLE; S > 1 on the mid or big tile: FOLD) or two (S > 1 on the skinny tile:
-    the partials into the [S, M, N] workspace, then the merge). M, N > 0. `config`
-    (default `tile_config(M)`) forces a tile; every tile takes every M, with equal bits."""
+) -> Launch:
+    """The launch `gemm` makes for an [M, K] x [N, K] product with S = `splits`: WHOLE
+    (S = 1), FOLD (S > 1 on the mid or big tile) or the skinny split route (S > 1 on the
+    skinny tile: partials into the [S, M, N] workspace, folded by each tile's last CTA).
+    M, N > 0. `config` (default `tile_config(M)`) forces a tile; every tile takes every
+    M, with equal bits."""
     config = tile_config(m) if config is None else config
     tiles = (-(-m // config.block_m), -(-n // config.block_n))
     if tiles[1] > MAX_GRID_Y:
         raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {n}")
+    name = config.kernel_name(out_f32)
     if splits == 1:
-        return (Launch(config.kernel_name(out_f32), tiles, config.num_threads, config.smem_bytes),)
+        return Launch(name, tiles, config.num_threads, config.smem_bytes)
     if config is not SKINNY:
-        name = config.kernel_name(out_f32) + "_fold"
-        return (Launch(name, tiles, config.num_threads, config.smem_bytes),)
-    count = m * n
-    if count > INT32_MAX:
-        raise ValueError(f"M * N must fit in int32; got {m} * {n}")
-    return (
-        Launch("gemm_partial_skinny", (tiles[0] * splits, tiles[1]), config.num_threads,
-               config.smem_bytes),
-        Launch(f"gemm_merge_{'f32' if out_f32 else 'bf16'}", (-(-count // MERGE_THREADS), 1),
-               MERGE_THREADS, 0),
-    )  # fmt: skip
+        return Launch(name + "_fold", tiles, config.num_threads, config.smem_bytes)
+    if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
+        raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
+    grid = (tiles[0] * splits, tiles[1])  # blockIdx.x = split * m tiles + m tile
+    return Launch(name + "_split", grid, config.num_threads, config.smem_bytes, True)
 
 
 def gemm(
@@ -254,28 +252,32 @@ def gemm(
     if num_rows == 0 or num_cols == 0:
         return out
     plan = launch_plan(num_rows, num_cols, k, splits, out_f32=out_f32)
-    length = np.int32(split_length(k, splits))
-    dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))
+    dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k), np.int32(split_length(k, splits)))
     device = _device_id()
-    if len(plan) == 1:
-        (only,) = plan
-        _kernel(only.kernel, only.smem_bytes, device)(
-            only.grid, (only.threads,), (x, w, out, *dims, length), shared_mem=only.smem_bytes
-        )
-        return out
+    fn = _kernel(plan.kernel, plan.smem_bytes, device)
+    if plan.split_workspace:
+        import cupy
+
+        workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
+        args = (x, w, workspace, out, _tile_counters(device, cupy.cuda.get_current_stream().ptr))
+    else:
+        args = (x, w, out)
+    fn(plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
+    return out
+
+
+@functools.cache
+def _tile_counters(device_id: int, stream_ptr: int) -> Any:
+    """The skinny split route's tile counters for launches on one stream: MAX_GRID_Y zeros
+    (a tile each; M <= 16 is one m tile), which every launch leaves zero.
+
+    NOTE: one array per (device, stream), never freed, so that launches that may overlap
+    (other streams) never share one, and a CUDA graph captured with it keeps it valid. A
+    launch cut short (a trapped kernel) leaves counts behind; the context is lost then.
+    """
     import cupy
 
-    partial, merge = plan
-    workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
-    _kernel(partial.kernel, partial.smem_bytes, device)(
-        partial.grid, (partial.threads,), (x, w, workspace, *dims, length),
-        shared_mem=partial.smem_bytes,
-    )  # fmt: skip
-    _kernel(merge.kernel, 0, device)(
-        merge.grid, (merge.threads,),
-        (workspace, out, np.int32(num_rows * num_cols), np.int32(splits)),
-    )  # fmt: skip
-    return out
+    return cupy.zeros(MAX_GRID_Y + 1, dtype=np.uint32)
 
 
 @functools.cache

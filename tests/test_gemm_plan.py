@@ -49,15 +49,16 @@ def test_split_k_cuts_k_exactly_into_granules(n: int, k: int) -> None:
 
 @pytest.mark.parametrize("name", LLAMA_8B)
 def test_the_8b_skinny_grid_covers_a_wave_at_m_1(name: str) -> None:
-    """At M = 1 the first launch (the skinny partials, or the skinny kernel when S = 1)
-    has at least REFERENCE_SMS * SKINNY_CTAS_PER_SM CTAs, and a partial last wave at
-    least half full."""
+    """At M = 1 the launch (the skinny split route, or the skinny kernel when S = 1) has
+    at least REFERENCE_SMS * SKINNY_CTAS_PER_SM CTAs, and a partial last wave at least
+    half full."""
     n, k = LLAMA_8B[name]
     splits = split_k(n, k)
-    first = launch_plan(1, n, k, splits, out_f32=name == "lm_head")[0]
-    ctas = first.grid[0] * first.grid[1]
+    plan = launch_plan(1, n, k, splits, out_f32=name == "lm_head")
+    ctas = plan.grid[0] * plan.grid[1]
     wave = REFERENCE_SMS * SKINNY_CTAS_PER_SM
-    assert first.threads == SKINNY.num_threads and first.smem_bytes == SKINNY.smem_bytes
+    assert plan.threads == SKINNY.num_threads and plan.smem_bytes == SKINNY.smem_bytes
+    assert plan.split_workspace == (splits > 1)
     assert ctas >= wave, (name, splits, ctas)
     assert ctas % wave == 0 or ctas % wave >= wave // 2, (name, splits, ctas)
 
@@ -71,19 +72,22 @@ def test_the_8b_splits_are_these() -> None:
 
 
 def test_launch_plan_routes() -> None:
-    """S = 1: one WHOLE launch on the tile M picks; S > 1: the skinny partials into the
-    workspace and the merge (M <= 16), or one FOLD launch (mid, big)."""
-    (whole,) = launch_plan(1, 100, 256, 1, out_f32=False)
-    assert whole.kernel == "gemm_bf16_skinny" and whole.grid == (1, 2)
-    partial, merge = launch_plan(3, 100, 1024, 4, out_f32=True)
-    assert partial.kernel == "gemm_partial_skinny" and partial.grid == (4, 2)
-    assert merge.kernel == "gemm_merge_f32" and merge.grid == (-(-300 // merge.threads), 1)
-    (fold,) = launch_plan(17, 100, 1024, 4, out_f32=False)
-    assert fold.kernel == "gemm_bf16_mid_fold" and fold.grid == (1, 2)
-    (fold,) = launch_plan(300, 100, 1024, 4, out_f32=True)
-    assert fold.kernel == "gemm_f32_big_fold" and fold.grid == (3, 1)
-    partial, _ = launch_plan(40, 100, 1024, 4, out_f32=True, config=SKINNY)
-    assert partial.grid == (3 * 4, 2)  # blockIdx.x = split * m tiles + m tile
+    """S = 1: the WHOLE kernel of the tile M picks; S > 1: the skinny split route
+    (M <= 16; one CTA per split and tile) or the FOLD kernel (mid, big)."""
+    whole = launch_plan(1, 100, 256, 1, out_f32=False)
+    assert (whole.kernel, whole.grid, whole.split_workspace) == ("gemm_bf16_skinny", (1, 2), False)
+    split = launch_plan(3, 100, 1024, 4, out_f32=True)
+    assert (split.kernel, split.grid, split.split_workspace) == (
+        "gemm_f32_skinny_split",
+        (4, 2),
+        True,
+    )
+    fold = launch_plan(17, 100, 1024, 4, out_f32=False)
+    assert (fold.kernel, fold.grid, fold.split_workspace) == ("gemm_bf16_mid_fold", (1, 2), False)
+    fold = launch_plan(300, 100, 1024, 4, out_f32=True)
+    assert (fold.kernel, fold.grid) == ("gemm_f32_big_fold", (3, 1))
+    split = launch_plan(40, 100, 1024, 4, out_f32=True, config=SKINNY)
+    assert split.grid == (3 * 4, 2)  # blockIdx.x = split * m tiles + m tile
 
 
 def test_launch_plan_refuses_an_n_past_the_grid() -> None:

@@ -98,7 +98,12 @@ def test_gemm_resources(arch: str) -> None:
         print(f"{arch} {name}: {used.registers} registers, {used.local_bytes} B local, "
               f"{used.shared_bytes} B static shared")  # fmt: skip
         assert 0 < used.registers <= 255 and used.local_bytes == 0, (name, used)
-    skinny = ("gemm_bf16_skinny", "gemm_f32_skinny", "gemm_partial_skinny")
+    skinny = (
+        "gemm_bf16_skinny",
+        "gemm_f32_skinny",
+        "gemm_bf16_skinny_split",
+        "gemm_f32_skinny_split",
+    )
     fits = {}
     for name in skinny:
         shared = resources[name].shared_bytes + SKINNY.smem_bytes
@@ -106,9 +111,9 @@ def test_gemm_resources(arch: str) -> None:
     if arch == "sm_90":
         assert set(fits.values()) == {SKINNY_CTAS_PER_SM}, fits
         for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
-            first = launch_plan(1, n, k, split_k(n, k), out_f32=False)[0]
-            cta_count = first.grid[0] * first.grid[1]
-            assert cta_count >= REFERENCE_SMS * fits[first.kernel], (n, k)
+            plan = launch_plan(1, n, k, split_k(n, k), out_f32=False)
+            cta_count = plan.grid[0] * plan.grid[1]
+            assert cta_count >= REFERENCE_SMS * fits[plan.kernel], (n, k)
     else:
         assert min(fits.values()) >= 1, fits
 

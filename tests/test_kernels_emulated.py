@@ -27,7 +27,7 @@ from reprise.cuda.embedding import embed_ref
 from reprise.cuda.gemm import gemm_ref
 from reprise.cuda.gemm_kernel import (
     CONFIGS,
-    MERGE_THREADS,
+    Launch,
     TileConfig,
     launch_plan,
     split_k,
@@ -294,31 +294,29 @@ def emulated_gemm(
     y = y_buf[y_shift : y_shift + m * n]
     plan = launch_plan(m, n, k, splits, out_f32=out_f32, config=config)
     length = split_length(k, splits)
-    if len(plan) == 1:
-        (only,) = plan
+    if not plan.split_workspace:
         rc = lib.run_gemm(
-            only.kernel.encode(), *only.grid, only.threads, only.smem_bytes,
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
             ptr(x_buf[x_shift:]), ptr(w), ptr(y), m, n, k, length,
         )  # fmt: skip
         assert rc == 0, rc
     else:
-        partial, merge = plan
         workspace = poisoned((splits * m * n + GUARD,), np.float32)
-        rc = lib.run_gemm(
-            partial.kernel.encode(), *partial.grid, partial.threads, partial.smem_bytes,
-            ptr(x_buf[x_shift:]), ptr(w), ptr(workspace), m, n, k, length,
+        counters = np.zeros(plan.grid[1] * -(-m // plan_config(plan).block_m) + GUARD, np.uint32)
+        rc = lib.run_gemm_split(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(x_buf[x_shift:]), ptr(w), ptr(workspace), ptr(y), ptr(counters), m, n, k, length,
         )  # fmt: skip
         assert rc == 0, rc
         assert np.array_equal(bits(workspace[-GUARD:]), bits(poisoned((GUARD,), np.float32)))
-        assert merge.threads == MERGE_THREADS
-        rc = lib.run_gemm_merge(
-            merge.kernel.encode(), merge.grid[0], merge.threads, ptr(workspace), ptr(y), m * n,
-            splits,
-        )  # fmt: skip
-        assert rc == 0, rc
+        assert not counters.any(), "the last CTA of each tile leaves its counter zero"
     assert np.array_equal(bits(y_buf[:y_shift]), bits(poisoned((y_shift,), dtype)))
     assert np.array_equal(bits(y_buf[y_shift + m * n :]), bits(poisoned((GUARD,), dtype)))
     return y.reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def plan_config(plan: Launch) -> TileConfig:
+    return next(c for c in CONFIGS if plan.kernel.split("_")[2] == c.name)
 
 
 def check_gemm(got: np.ndarray, x: np.ndarray, w: np.ndarray, *, out_f32: bool) -> None:
@@ -412,8 +410,8 @@ def test_the_split_counts_the_tests_use_cut_k_exactly() -> None:
 def test_split_gemm_matches_its_twin(
     lib: ctypes.CDLL, rng: np.random.Generator, config: TileConfig, splits: int
 ) -> None:
-    """Every tile with S > 1 (the skinny one through the workspace and the merge, the
-    others folding in registers), odd M and N, against the exact-then-round-once twin:
+    """Every tile with S > 1 (the skinny one through the workspace and its last-CTA fold,
+    the others folding in registers), odd M and N, against the exact-then-round-once twin:
     a fold of fp32 partials is one BF16 rounding away from it, like the plain chain."""
     m, n = 19, 75
     x = (rng.standard_normal((m, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (m, 1)))).astype(BF16)
@@ -461,6 +459,25 @@ def test_split_gemm_row_is_independent_of_m(
                 assert np.array_equal(bits(batched[i]), bits(alone[i])), (m, i, out_f32)
 
 
+def test_split_gemm_does_not_depend_on_which_cta_finishes_last(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """On the skinny split route the tile's last CTA to count itself folds the partials:
+    with the CTAs run last to first, another CTA (split 0, not S - 1) does it, and the
+    bits are the same."""
+    x = (rng.standard_normal((3, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (3, 1)))).astype(BF16)
+    w = rng.standard_normal((130, SPLIT_K)).astype(BF16)
+    for out_f32 in (False, True):
+        forward = emulated_gemm(lib, None, x, w, out_f32=out_f32, splits=3)
+        lib.set_reversed_ctas(1)
+        try:
+            backward = emulated_gemm(lib, None, x, w, out_f32=out_f32, splits=3)
+        finally:
+            lib.set_reversed_ctas(0)
+        assert np.array_equal(bits(forward), bits(backward)), out_f32
+        check_gemm(forward, x, w, out_f32=out_f32)
+
+
 def test_split_gemm_traps_on_a_split_length_off_its_tile(lib: ctypes.CDLL) -> None:
     """A split length that is not a whole number of the tile's k-tiles would cut a tile in
     two: the kernel refuses it (in a child process, since __trap aborts)."""
@@ -468,10 +485,10 @@ def test_split_gemm_traps_on_a_split_length_off_its_tile(lib: ctypes.CDLL) -> No
     script = (
         "import ctypes, numpy as np\n"
         f"lib = ctypes.CDLL({lib._name!r})\n"
-        "x = np.zeros(256, np.uint16); y = np.zeros(2, np.float32)\n"
+        "x = np.zeros(256, np.uint16); y = np.zeros(2, np.float32); c = np.zeros(4, np.uint32)\n"
         "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
-        f"lib.run_gemm(b'gemm_partial_skinny', 2, 1, {config.num_threads}, {config.smem_bytes}, "
-        "p(x), p(x), p(y), 1, 1, 256, 64)\n"
+        f"lib.run_gemm_split(b'gemm_f32_skinny_split', 2, 1, {config.num_threads}, "
+        f"{config.smem_bytes}, p(x), p(x), p(y), p(y), p(c), 1, 1, 256, 64)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
