@@ -258,8 +258,10 @@ def gemm(
     if plan.split_workspace:
         import cupy
 
+        counters = _tile_counters(device, cupy.cuda.get_current_stream().ptr)
+        assert plan.grid[0] // splits * plan.grid[1] <= counters.size, "a counter a tile"
         workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
-        args = (x, w, workspace, out, _tile_counters(device, cupy.cuda.get_current_stream().ptr))
+        args = (x, w, workspace, out, counters)
     else:
         args = (x, w, out)
     fn(plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
