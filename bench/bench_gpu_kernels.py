@@ -12,7 +12,10 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   bandwidth both ways (256 MiB). Every other section's floors divide by these.
 - gemm: each GEMM of a layer (fused qkv, o, fused gate_up, down) at M = 1, 16, 64
   (decode) and 512, 2048 (prefill), and the fp32-output lm_head at the decode sizes
-  only (the model runs it on the sampled rows alone). The reference is cuBLAS through
+  only (the model runs it on the sampled rows alone). Each row also gives the weight's
+  split count (gemm_kernel.split_k), the achieved GB/s (the floor's bytes over the
+  time) and its fraction of the device copy bandwidth measured by `floors` in the same
+  run (`of_copy_bw`; the note says it at M = 1, where the weight stream is the work). The reference is cuBLAS through
   torch.mm on the same buffers: the project holds BF16 as uint16 bits, which
   cupy.matmul cannot multiply as BF16 (CuPy had no bfloat16 before v14, and v14's
   is minimal).
@@ -56,7 +59,7 @@ import numpy as np
 from reprise.cuda import launchers
 from reprise.cuda.attention_kernel import paged_attention
 from reprise.cuda.backend import cuda_device_available
-from reprise.cuda.gemm_kernel import gemm
+from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.kvcache import kv_cache_shape
 from reprise.daemon.synth import SHAPES
 
@@ -475,6 +478,17 @@ def measure_floors(ctx: Context) -> Iterator[Row]:
         release()
 
 
+def stream_rates(num_bytes: int, time_us: float | None, floors: Floors) -> dict[str, Any]:
+    """GB/s moved and its fraction of the copy bandwidth (None where either is missing),
+    and a note saying both."""
+    if not time_us:
+        return {"gb_per_s": None, "of_copy_bw": None}
+    rate = num_bytes / (time_us * 1e-6)
+    fraction = ratio(rate, floors.get(COPY_BW))
+    note = f"{rate / 1e9:.0f} GB/s" + (f" = {100 * fraction:.1f} % of copy" if fraction else "")
+    return {"gb_per_s": round(rate / 1e9, 1), "of_copy_bw": _round(fraction), "note": note}
+
+
 def cublas_gemm(x: Any, w: Any, out_f32: bool) -> tuple[Callable[[], Any], str]:
     """torch.mm on the same buffers, and a name for it: fp32 output like ours where
     this torch has mm's out_dtype, else BF16 (half our lm_head's output bytes)."""
@@ -509,7 +523,9 @@ def measure_gemm(ctx: Context) -> Iterator[Row]:
                 cost = (gemm_bytes(m, n, k, out_f32=shape.out_f32), gemm_flops(m, n, k))
                 where_row = ("gemm", model.name, shape.name, f"M={m} N={n} K={k}")
                 ref = (ref_name, ref_us, ref_error)
-                yield make_row(where_row, ours, ctx.floors, cost=cost, ref=ref)
+                achieved = stream_rates(cost[0], ours[0], ctx.floors)
+                yield make_row(where_row, ours, ctx.floors, cost=cost, ref=ref,
+                               splits=split_k(n, k), **achieved)  # fmt: skip
             del w
             release()
 

@@ -33,6 +33,22 @@
 //   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
 // So y[m, n] is a function of x[m, :], w[n, :] and K alone: the same bits for
 // every M, row offset, companion rows, tile configuration and pointer alignment.
+//
+// Split-K (gemm_kernel.split_k picks S per weight shape (N, K), never per M). With
+// S > 1 the K slices are cut into S contiguous splits of `split_len` elements (a
+// multiple of every tile's BK, so no k-tile straddles two), and the sequence of 1.
+// becomes: partial P_s = its own accumulator from +0.0f over split s's slices in
+// ascending order (as 1.-3. above), then y = (((0.0f + P_0) + P_1) + ...) + P_{S-1},
+// fp32 adds in ascending s, then 4. Two routes compute exactly that sequence:
+//   PARTIAL (the skinny tile, small M): CTA (m tile, split s) writes P_s as fp32 to a
+//     workspace slab s and counts itself in its tile's counter (an integer atomic); the
+//     CTA that counts last folds the tile's S slabs in ascending s per element, writes
+//     y and zeroes the counter for the next launch (`skinny_split`).
+//   FOLD (mid and big tiles): one CTA walks all of K; at each split boundary it adds
+//     its accumulator into a running total (total += acc; acc = 0) and stores the total.
+// Both run the same mma sequence per partial and the same fp32 adds in the same order,
+// so a row's bits still do not depend on M or on the route. S = 1 runs neither: the
+// WHOLE kernels (1.-4. as stated), on every route. No float atomics anywhere.
 #include <cuda_bf16.h>
 
 namespace {
@@ -181,23 +197,41 @@ __device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx,
   }
 }
 
+enum class Split { WHOLE, PARTIAL, FOLD };  // see the split-K note at the top
+
 // x: [M, K], w: [N, K] BF16 bits; y: [M, N] (OutT = unsigned short for BF16 bits, or
-// float). grid = (ceil(M / BM), ceil(N / BN)), block = THREADS, dynamic shared memory
-// = SMEM_BYTES. K % 16 == 0 (the launcher checks).
-template <class T, class OutT>
+// float). block = THREADS, dynamic shared memory = SMEM_BYTES, K % 16 == 0 (the
+// launcher checks). WHOLE and FOLD: grid = (ceil(M / BM), ceil(N / BN)). PARTIAL:
+// grid = (ceil(M / BM) * S, ceil(N / BN)), blockIdx.x = s * ceil(M / BM) + m tile, and
+// y is the fp32 workspace [S, M, N]. `split_len` (PARTIAL, FOLD) is a positive multiple
+// of BK; WHOLE ignores it.
+template <class T, Split MODE, class OutT>
 __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
                                           const unsigned short* __restrict__ w, OutT* __restrict__ y,
-                                          int M, int N, int K) {
+                                          int M, int N, int K, int split_len) {
   extern __shared__ __align__(16) unsigned short gemm_smem[];
-  // NOTE: the launcher mirrors THREADS and SMEM_BYTES; a mismatch must fail loudly,
-  // not read past the shared buffer.
+  // NOTE: the launcher mirrors THREADS and SMEM_BYTES (and split_len's granule); a
+  // mismatch must fail loudly, not read past the shared buffer or mis-split K.
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES))
     __trap();
+  if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warp_m = warp / T::WARPS_N, warp_n = warp % T::WARPS_N;
-  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
-  const int num_k_tiles = (K + T::BK - 1) / T::BK;
+  const int num_m_tiles = (M + T::BM - 1) / T::BM;
+  const int m_tile = MODE == Split::PARTIAL ? static_cast<int>(blockIdx.x) % num_m_tiles
+                                            : static_cast<int>(blockIdx.x);
+  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  // This CTA's k-tiles [kt_begin, kt_end) and its K end (the split's, or K itself).
+  int kt_begin = 0, k_end = K;
+  if (MODE == Split::PARTIAL) {
+    const int split = static_cast<int>(blockIdx.x) / num_m_tiles;
+    kt_begin = split * (split_len / T::BK);
+    k_end = min(K, (split + 1) * split_len);
+    y += static_cast<long long>(split) * M * N;  // this split's slab of the workspace
+  }
+  const int kt_end = (k_end + T::BK - 1) / T::BK;
+  const int num_k_tiles = kt_end - kt_begin;
   // Row strides are K * 2 bytes, a multiple of 32 (K % 16 == 0): aligned bases keep
   // every 16-byte chunk aligned.
   const unsigned long long in_bits =
@@ -211,34 +245,56 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
     for (int j = 0; j < T::N_FRAGS; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+  // FOLD's running total over finished splits (unused otherwise: the compiler drops it).
+  float total[T::M_FRAGS][T::N_FRAGS][4];
+#pragma unroll
+  for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+    for (int j = 0; j < T::N_FRAGS; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) total[i][j][r] = 0.0f;
 
-  // Pipeline: before consuming k-tile kt, tiles up to kt + STAGES - 2 are in flight.
+  // Pipeline: before consuming the t-th k-tile, tiles up to t + STAGES - 2 are in flight.
   // One commit per tile slot (empty past the end) keeps the group count uniform.
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < num_k_tiles)
-      load_tile<T>(gemm_smem + s * T::STAGE_HALVES, x, w, M, N, K, m0, n0, s, vec_in);
+      load_tile<T>(gemm_smem + s * T::STAGE_HALVES, x, w, M, N, K, m0, n0, kt_begin + s, vec_in);
     cp_async_commit();
   }
 
-  for (int kt = 0; kt < num_k_tiles; ++kt) {
-    cp_async_wait<T::STAGES - 2>();  // this thread's copies of tile kt have landed
-    // Every thread's copies of tile kt are visible, and every warp has finished
-    // reading tile kt - 1, whose buffer the next load overwrites.
+  for (int t = 0; t < num_k_tiles; ++t) {
+    const int kt = kt_begin + t;
+    cp_async_wait<T::STAGES - 2>();  // this thread's copies of tile t have landed
+    // Every thread's copies of tile t are visible, and every warp has finished
+    // reading tile t - 1, whose buffer the next load overwrites.
     __syncthreads();
-    const int next = kt + T::STAGES - 1;
+    const int next = t + T::STAGES - 1;
     if (next < num_k_tiles)
-      load_tile<T>(gemm_smem + (next % T::STAGES) * T::STAGE_HALVES, x, w, M, N, K, m0, n0, next,
-                   vec_in);
+      load_tile<T>(gemm_smem + (next % T::STAGES) * T::STAGE_HALVES, x, w, M, N, K, m0, n0,
+                   kt_begin + next, vec_in);
     cp_async_commit();
 
-    const unsigned short* sa = gemm_smem + (kt % T::STAGES) * T::STAGE_HALVES;
+    if (MODE == Split::FOLD && kt > 0 && (kt * T::BK) % split_len == 0) {
+      // A split ends here: its partial joins the total, the next one starts from +0.
+#pragma unroll
+      for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+        for (int j = 0; j < T::N_FRAGS; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            total[i][j][r] += acc[i][j][r];
+            acc[i][j][r] = 0.0f;
+          }
+    }
+
+    const unsigned short* sa = gemm_smem + (t % T::STAGES) * T::STAGE_HALVES;
     const unsigned short* sb = sa + T::BM * T::LDS;
 #pragma unroll
     for (int ks = 0; ks < T::BK / 16; ++ks) {
       // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the
       // same K/16 mmas per element (K % 16 == 0: slices are whole).
-      if (kt * T::BK + ks * 16 >= K) break;
+      if (kt * T::BK + ks * 16 >= k_end) break;
       // A fragment (see mma_bf16_16816): a[0] rows 0-7 / k 0-7,
       // a[1] rows 8-15 / k 0-7, a[2] rows 0-7 / k 8-15, a[3] rows 8-15 / k 8-15;
       // lane l points at row l % 16, k (l / 16) * 8 of the m16 x k16 block.
@@ -271,6 +327,14 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
     }
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
+  if (MODE == Split::FOLD) {  // the last split joins the total, which is stored
+#pragma unroll
+    for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+      for (int j = 0; j < T::N_FRAGS; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = total[i][j][r] + acc[i][j][r];
+  }
 
   // C fragment: c[0], c[1] at row lane / 4, columns 2 * (lane % 4) and +1; c[2], c[3]
   // eight rows below. Rows >= M and columns >= N are never written.
@@ -295,45 +359,131 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
 }
 
 // Tile shapes; gemm_kernel.py's CONFIGS repeat these numbers (BM, BN, BK, stages, warps).
-using Skinny = Tile<16, 32, 64, 16, 16, 4>;   // M <= 16 (decode): 2 warps, 27,648 B shared
+// Skinny streams the weight: 4 warps side by side along N, 128-wide k-tiles, 3 of its
+// 4 stages (48 KiB of w) in flight per CTA, 2 CTAs an SM on sm_90 (shared memory).
+using Skinny = Tile<16, 64, 128, 16, 16, 4>;  // M <= 16 (decode): 4 warps, 87,040 B shared (opt-in)
 using Mid = Tile<64, 64, 32, 32, 32, 4>;      // M <= 64: 4 warps, 40,960 B shared
 using Big = Tile<128, 128, 32, 64, 32, 4>;    // prefill: 8 warps, 81,920 B shared (opt-in)
-static_assert(Skinny::THREADS == 64 && Mid::THREADS == 128 && Big::THREADS == 256, "launch bounds below");
+static_assert(Skinny::THREADS == 128 && Mid::THREADS == 128 && Big::THREADS == 256, "launch bounds below");
+
+// The skinny split route: this CTA's partial into the workspace, then, in the CTA that
+// finishes its tile last, the fold of the tile's S partials in ascending split order.
+// `counters` holds one zero per (n tile, m tile), blockIdx.y * ceil(M / BM) + m tile, and
+// is left zero. S = ceil(K / split_len) (the launcher cuts K exactly so).
+// NOTE: the handoff is the CUDA programming guide's last-block pattern: every thread's
+// partial stores, then __threadfence, then one atomicAdd per CTA; the CTA that sees
+// S - 1 fences again and reads the partials through L2 (__ldcg, never a stale L1 line).
+template <class OutT>
+__device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ x,
+                                             const unsigned short* __restrict__ w, float* __restrict__ ws,
+                                             OutT* __restrict__ y, unsigned* __restrict__ counters, int M,
+                                             int N, int K, int split_len) {
+  using T = Skinny;
+  gemm_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
+  extern __shared__ __align__(16) unsigned short gemm_smem[];
+  unsigned* last = reinterpret_cast<unsigned*>(gemm_smem);  // the ring is drained: reuse it
+  const int num_m_tiles = (M + T::BM - 1) / T::BM, num_splits = (K + split_len - 1) / split_len;
+  const int m_tile = static_cast<int>(blockIdx.x) % num_m_tiles;
+  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
+  __threadfence();  // this thread's partial is visible device-wide before the count below
+  __syncthreads();  // every thread's is; and no warp still reads the ring
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
+  __syncthreads();
+  if (*last == 0u) return;
+  __threadfence();
+  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const long long slab = static_cast<long long>(M) * N;
+  for (int e = static_cast<int>(threadIdx.x); e < T::BM * T::BN; e += T::THREADS) {
+    const int row = m0 + e / T::BN, col = n0 + e % T::BN;
+    if (row >= M || col >= N) continue;
+    const long long at = static_cast<long long>(row) * N + col;
+    float total = 0.0f;
+    for (int s = 0; s < num_splits; ++s) total += __ldcg(ws + s * slab + at);
+    if constexpr (sizeof(OutT) == 2) {
+      y[at] = static_cast<unsigned short>(bf16_bits(total));
+    } else {
+      y[at] = total;
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+}
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(64)
-gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                 unsigned short* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Skinny>(x, w, y, M, N, K);
-}
+// Entry points: x: [M, K], w: [N, K] BF16 bits, y: [M, N] (see gemm_tile). WHOLE (S = 1)
+// writes y; FOLD (S > 1; mid and big) walks every split and writes y; *_skinny_split
+// (S > 1; skinny) goes through the fp32 workspace ws [S, M, N] (skinny_split).
 
-extern "C" __global__ void __launch_bounds__(64)
-gemm_f32_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                float* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Skinny>(x, w, y, M, N, K);
+extern "C" __global__ void __launch_bounds__(128)
+gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+                 int M, int N, int K, int split_len) {
+  gemm_tile<Skinny, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-              unsigned short* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Mid>(x, w, y, M, N, K);
+gemm_f32_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
+                int M, int N, int K, int split_len) {
+  gemm_tile<Skinny, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-gemm_f32_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-             float* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Mid>(x, w, y, M, N, K);
+gemm_bf16_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                       float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
+                       int M, int N, int K, int split_len) {
+  skinny_split(x, w, ws, y, counters, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_f32_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                      float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
+                      int N, int K, int split_len) {
+  skinny_split(x, w, ws, y, counters, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+              int M, int N, int K, int split_len) {
+  gemm_tile<Mid, Split::WHOLE>(x, w, y, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_f32_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
+             int M, int N, int K, int split_len) {
+  gemm_tile<Mid, Split::WHOLE>(x, w, y, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_bf16_mid_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+                   int M, int N, int K, int split_len) {
+  gemm_tile<Mid, Split::FOLD>(x, w, y, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gemm_f32_mid_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
+                  int M, int N, int K, int split_len) {
+  gemm_tile<Mid, Split::FOLD>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-              unsigned short* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Big>(x, w, y, M, N, K);
+gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+              int M, int N, int K, int split_len) {
+  gemm_tile<Big, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-gemm_f32_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-             float* __restrict__ y, int M, int N, int K) {
-  gemm_tile<Big>(x, w, y, M, N, K);
+gemm_f32_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
+             int M, int N, int K, int split_len) {
+  gemm_tile<Big, Split::WHOLE>(x, w, y, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_bf16_big_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+                   int M, int N, int K, int split_len) {
+  gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_f32_big_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
+                  int M, int N, int K, int split_len) {
+  gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
 }

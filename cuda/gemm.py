@@ -32,6 +32,11 @@ the grid's perturbation, each moved element by at most 2^-b (b >= 19 for
 K <= 2^15) of its row's largest: on rows spanning 2^30 and more, about what an
 fp32 accumulation loses. The price is float64: about 2x the time of an fp32
 matmul, and weights held as float64 (`prepare_weight`), twice an fp32 copy.
+
+The CUDA GEMM (gemm_kernel.py) does not reproduce these bits: it accumulates in fp32
+in a fixed order of its own, split over K by a count fixed per weight shape
+(`gemm_kernel.split_k`), and keeps its rows M-independent by that order; it agrees
+with this twin within BF16 rounding plus its fp32 accumulation error, whatever the split.
 """
 
 from __future__ import annotations

@@ -3,19 +3,39 @@
 x is [M, K] and w is [N, K] (Hugging Face layout), both BF16 held as uint16 CuPy
 arrays; y is [M, N] BF16 (round to nearest even of the fp32 accumulator) or fp32.
 
-What it guarantees (DESIGN §4): every y[m, n] is one fp32 accumulation over K in one
-fixed order, starting from +0 and taking the K slices [0, 16), [16, 32), ... in
-ascending order, one mma.m16n8k16 per slice. There is no split-K and no reduction
-across threads, warps or CTAs; rows past M and columns past N are zero padding that
-never enters another element's sum and is never written; the K tail is skipped,
-not padded. The tile configuration, picked by M for speed (`tile_config`), only
-regroups that sequence, and unaligned pointers only change how bytes reach shared
-memory. So y[m, n] depends on x[m, :], w[n, :] and K alone: bit-identical for any
-M, row offset, companion rows and configuration. gemm.cu states the argument in
-full. Against the NumPy twin, which rounds an exact sum once, results agree within
-BF16 rounding, not bitwise.
+What it guarantees (DESIGN §4): every y[m, n] is one fp32 computation over K in one
+fixed order that depends on the weight's shape (N, K) and nothing else:
 
-Nothing is allocated except the output when `out` is None. CuPy is imported lazily.
+- The weight's split count S = `split_k(N, K)` is a pure function of its shape, fixed
+  when the weight loads (never of M, the device or the call) and cuts K into S
+  contiguous splits of `split_length(K, S)` elements (the last one shorter).
+- Each split's partial is one accumulator starting from +0 that takes the K slices
+  [16s, 16s + 16) of that split in ascending order, one mma.m16n8k16 per slice, and
+  y = (((0 + P_0) + P_1) + ...) + P_{S-1} in fp32, then one rounding to BF16. With
+  S = 1 that is the plain chain from +0 over all of K (no fold, no merge).
+- Every route computes exactly that sequence: the skinny tile (M <= 16) writes the
+  partials to an fp32 workspace, one CTA per (split, tile), and the tile's last CTA
+  (counted with an integer atomic) folds them in ascending split order; the mid and big
+  tiles walk all of K in one CTA and fold each finished partial into a running total at
+  the split boundary. No float atomics; rows past M and columns past N are padding that never enters another
+  element's sum and is never written; the K tail is skipped, not padded.
+
+Why the threshold between routes cannot change a row: the route (and the tile
+configuration, picked by M for speed, `tile_config`) only regroups who computes which
+partial and where it waits (a register or the workspace); the mma per slice, the
+order of slices inside a partial, the split boundaries and the fold order are the
+same on every route, because S comes from (N, K) alone. Had the skinny route split K
+while the large-M route did not, an M = 1 row would differ from the same row inside
+M = 300 (a fold of partials is not the one long chain); so the large-M route splits
+exactly as the skinny one does, at the cost of a second accumulator set in registers.
+So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
+offset, companion rows, configuration and pointer alignment. gemm.cu states the
+argument in full. Against the NumPy twin, which rounds an exact sum once, results
+agree within BF16 rounding, not bitwise (any S).
+
+Nothing is allocated except the output when `out` is None (and, for S > 1 at M <= 16,
+the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -65,10 +85,68 @@ class TileConfig:
 
 # Ascending max_rows; the last takes any M.
 CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig("skinny", 16, 32, 64, num_stages=4, num_warps=2, max_rows=16),  # decode
+    TileConfig("skinny", 16, 64, 128, num_stages=4, num_warps=4, max_rows=16),  # decode
     TileConfig("mid", 64, 64, 32, num_stages=4, num_warps=4, max_rows=64),
     TileConfig("big", 128, 128, 32, num_stages=4, num_warps=8, max_rows=None),  # prefill
 )
+SKINNY = CONFIGS[0]
+
+# Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
+# so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
+# aims the skinny grid at whole waves of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM
+# CTAs each: an H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of
+# 228 KiB). They are constants, not the device's figures, so that a weight's split, and
+# so its bits, are the same on every device (tests/test_kernels_compile.py checks the
+# CTA count against the compiled kernel's registers and shared memory).
+SPLIT_GRANULE = 128
+MIN_SPLIT_LENGTH = 256
+MAX_SPLITS = 32
+REFERENCE_SMS = 132
+SKINNY_CTAS_PER_SM = 2
+MIN_LAST_WAVE = 0.5  # a partial last wave at least this full (else more splits)
+
+
+def split_length(k: int, splits: int) -> int:
+    """Elements of K in each split but the last: ceil(K / S) rounded up to SPLIT_GRANULE."""
+    if k <= 0 or splits <= 0:
+        raise ValueError(f"K and the split count must be positive; got K = {k}, splits = {splits}")
+    per_split = -(-k // splits)
+    return -(-per_split // SPLIT_GRANULE) * SPLIT_GRANULE
+
+
+def num_splits(k: int, length: int) -> int:
+    """How many splits of `length` cover K."""
+    return -(-k // length)
+
+
+def skinny_waves(n: int, splits: int) -> float:
+    """Waves of the skinny grid (ceil(N / 64) * S CTAs) on the reference device."""
+    return -(-n // SKINNY.block_n) * splits / (REFERENCE_SMS * SKINNY_CTAS_PER_SM)
+
+
+def split_k(n: int, k: int) -> int:
+    """The split count S of a [N, K] weight: a function of its shape alone (never of M).
+
+    The smallest S whose skinny grid (M <= 16: ceil(N / 64) * S CTAs) fills at least
+    one wave of the reference device, with a partial last wave at least MIN_LAST_WAVE
+    full (a thin last wave streams too few bytes to keep DRAM busy), among the counts
+    that `split_length` realises exactly; splits stay at least MIN_SPLIT_LENGTH long,
+    so a short K may get fewer (down to 1) and miss the wave.
+    """
+    if n <= 0 or k <= 0:
+        raise ValueError(f"N and K must be positive; got N = {n}, K = {k}")
+    best = 1
+    for splits in range(1, MAX_SPLITS + 1):
+        length = split_length(k, splits)
+        if length < MIN_SPLIT_LENGTH:
+            break
+        if num_splits(k, length) != splits:  # rounding merged it into fewer splits
+            continue
+        best = splits
+        waves = skinny_waves(n, splits)
+        if waves >= 1 and (waves - int(waves) == 0 or waves - int(waves) >= MIN_LAST_WAVE):
+            break
+    return best
 
 
 def tile_config(num_rows: int) -> TileConfig:
@@ -79,10 +157,89 @@ def tile_config(num_rows: int) -> TileConfig:
     raise AssertionError("the last config takes any M")
 
 
-def gemm(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
+@dataclass(frozen=True, slots=True)
+class SmLimits:
+    """Per-SM resources of an architecture (CUDA programming guide, compute capabilities)."""
+
+    registers: int = 65536
+    threads: int = 2048
+    ctas: int = 32
+    shared_bytes: int = 233472  # sm_90: 228 KiB
+    reserved_shared_per_cta: int = 1024  # the runtime's share of each CTA's shared memory
+
+
+SM_LIMITS = {"sm_80": SmLimits(shared_bytes=167936), "sm_90": SmLimits()}
+
+
+def ctas_per_sm(threads: int, registers: int, shared_bytes: int, arch: str = "sm_90") -> int:
+    """Resident CTAs an SM holds of a kernel taking `registers` a thread (the compiled
+    figure, nvrtc.kernel_resources) and `shared_bytes` a CTA (static + dynamic).
+
+    Registers are allocated per warp in units of 256, shared memory in units of 128 bytes
+    plus the runtime's reserved 1 KiB a CTA; the least of the four limits wins."""
+    if arch not in SM_LIMITS:
+        raise ValueError(f"arch must be one of {', '.join(SM_LIMITS)}; got {arch!r}")
+    limits = SM_LIMITS[arch]
+    warps = -(-threads // 32)
+    regs_per_cta = warps * (-(-registers * 32 // 256) * 256)
+    smem_per_cta = -(-shared_bytes // 128) * 128 + limits.reserved_shared_per_cta
+    return min(
+        limits.ctas,
+        limits.threads // (warps * 32),
+        limits.registers // regs_per_cta if regs_per_cta else limits.ctas,
+        limits.shared_bytes // smem_per_cta,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """The one kernel launch of a GEMM: name, grid, threads, dynamic shared memory, and
+    whether it takes the split workspace and tile counters (the skinny split route)."""
+
+    kernel: str
+    grid: tuple[int, int]
+    threads: int
+    smem_bytes: int
+    split_workspace: bool = False
+
+
+def launch_plan(
+    m: int, n: int, k: int, splits: int, *, out_f32: bool, config: TileConfig | None = None
+) -> Launch:
+    """The launch `gemm` makes for an [M, K] x [N, K] product with S = `splits`: WHOLE
+    (S = 1), FOLD (S > 1 on the mid or big tile) or the skinny split route (S > 1 on the
+    skinny tile: partials into the [S, M, N] workspace, folded by each tile's last CTA).
+    M, N > 0. `config` (default `tile_config(M)`) forces a tile; every tile takes every
+    M, with equal bits."""
+    config = tile_config(m) if config is None else config
+    tiles = (-(-m // config.block_m), -(-n // config.block_n))
+    if tiles[1] > MAX_GRID_Y:
+        raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {n}")
+    name = config.kernel_name(out_f32)
+    if splits == 1:
+        return Launch(name, tiles, config.num_threads, config.smem_bytes)
+    if config is not SKINNY:
+        return Launch(name + "_fold", tiles, config.num_threads, config.smem_bytes)
+    if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
+        raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
+    grid = (tiles[0] * splits, tiles[1])  # blockIdx.x = split * m tiles + m tile
+    return Launch(name + "_split", grid, config.num_threads, config.smem_bytes, True)
+
+
+def gemm(
+    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
+) -> Any:
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: [N, K] same; -> [M, N] uint16
-    (BF16) or float32 with `out_f32`. `out`, when given, is written and returned."""
+    (BF16) or float32 with `out_f32`. `out`, when given, is written and returned.
+    `splits` (default `split_k(N, K)`, what every caller should use: a weight's rows are
+    only comparable across calls that split it alike) must cut K exactly."""
     num_rows, num_cols, k = _check_operands(x, w)
+    if splits is None:
+        splits = _split_k(num_cols, k)
+    elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
+        raise ValueError(
+            f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
+        )
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
     if out is None:
         import cupy
@@ -94,15 +251,40 @@ def gemm(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
             raise ValueError(f"out must have shape {(num_rows, num_cols)}; got {out.shape}")
     if num_rows == 0 or num_cols == 0:
         return out
-    config = tile_config(num_rows)
-    grid = (-(-num_rows // config.block_m), -(-num_cols // config.block_n))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {num_cols}")
-    args = (x, w, out, np.int32(num_rows), np.int32(num_cols), np.int32(k))
-    _kernel(config, out_f32, _device_id())(
-        grid, (config.num_threads,), args, shared_mem=config.smem_bytes
-    )
+    plan = launch_plan(num_rows, num_cols, k, splits, out_f32=out_f32)
+    dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k), np.int32(split_length(k, splits)))
+    device = _device_id()
+    fn = _kernel(plan.kernel, plan.smem_bytes, device)
+    if plan.split_workspace:
+        import cupy
+
+        counters = _tile_counters(device, cupy.cuda.get_current_stream().ptr)
+        assert plan.grid[0] // splits * plan.grid[1] <= counters.size, "a counter a tile"
+        workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
+        args = (x, w, workspace, out, counters)
+    else:
+        args = (x, w, out)
+    fn(plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
     return out
+
+
+@functools.cache
+def _tile_counters(device_id: int, stream_ptr: int) -> Any:
+    """The skinny split route's tile counters for launches on one stream: MAX_GRID_Y zeros
+    (a tile each; M <= 16 is one m tile), which every launch leaves zero.
+
+    NOTE: one array per (device, stream), never freed, so that launches that may overlap
+    (other streams) never share one, and a CUDA graph captured with it keeps it valid. A
+    launch cut short (a trapped kernel) leaves counts behind; the context is lost then.
+    """
+    import cupy
+
+    return cupy.zeros(MAX_GRID_Y + 1, dtype=np.uint32)
+
+
+@functools.cache
+def _split_k(n: int, k: int) -> int:
+    return split_k(n, k)
 
 
 def _check_operands(x: Any, w: Any) -> tuple[int, int, int]:
@@ -128,12 +310,12 @@ def _device_id() -> int:
 
 
 @functools.cache
-def _kernel(config: TileConfig, out_f32: bool, device_id: int) -> Any:
+def _kernel(name: str, smem_bytes: int, device_id: int) -> Any:
     """The compiled entry point, with its shared-memory opt-in set on this device.
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     """
-    fn = kernel("gemm", config.kernel_name(out_f32))
-    if config.smem_bytes > MAX_STATIC_SMEM_BYTES:
-        fn.max_dynamic_shared_size_bytes = config.smem_bytes
+    fn = kernel("gemm", name)
+    if smem_bytes > MAX_STATIC_SMEM_BYTES:
+        fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,65 @@ class CompileError(RuntimeError):
 class Compiled:
     cubin: bytes
     log: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What one compiled kernel takes per thread and per CTA (ptxas -v's figures)."""
+
+    registers: int  # per thread
+    local_bytes: int  # per thread: the stack frame, where spills go (0: no spills)
+    shared_bytes: int  # per CTA, static (dynamic shared memory comes at launch)
+
+
+def kernel_resources(cubin: bytes) -> dict[str, Resources]:
+    """Each kernel's registers, local (stack frame, spills included) and static shared
+    bytes, read from the cubin's ELF without a GPU or toolkit.
+
+    NOTE: the figures sit where cuobjdump --dump-resource-usage reads them: the
+    `.nv.info` section's EIATTR_REGCOUNT (0x2f) records and each kernel's EIATTR_FRAME_SIZE
+    (0x11) record, both (symbol index, value) pairs in the 4-byte-headed attribute
+    stream (format byte 4 = a u16 size and that many bytes; the others 2 bytes of value),
+    and the size of the `.nv.shared.<kernel>` section.
+    """
+    assert cubin[:5] == b"\x7fELF\x02", "a 64-bit ELF cubin"
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    entsize, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+    # (name offset, type, flags, address, offset, size, link, info, align, entry size)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+
+    def cstr(at: int) -> str:
+        return cubin[at : cubin.index(b"\0", at)].decode()
+
+    names = [cstr(sections[names_index][4] + sec[0]) for sec in sections]
+    symtab = sections[names.index(".symtab")]
+    strtab_at = sections[symtab[6]][4]
+    symbols = [
+        cstr(strtab_at + struct.unpack_from("<I", cubin, symtab[4] + i * 24)[0])
+        for i in range(symtab[5] // 24)
+    ]
+    found: dict[str, dict[str, int]] = {}
+    for name, sec in zip(names, sections, strict=True):
+        if name.startswith(".nv.info"):
+            at, end = sec[4], sec[4] + sec[5]
+            while at < end:
+                fmt, attr, size = (
+                    cubin[at],
+                    cubin[at + 1],
+                    struct.unpack_from("<H", cubin, at + 2)[0],
+                )
+                if fmt == 4 and attr in (0x2F, 0x11):
+                    symbol, value = struct.unpack_from("<II", cubin, at + 4)
+                    key = "registers" if attr == 0x2F else "local_bytes"
+                    found.setdefault(symbols[symbol], {})[key] = value
+                at += 4 + (size if fmt == 4 else 0)
+        elif name.startswith(".nv.shared.") and name[11:] in symbols:
+            found.setdefault(name[11:], {})["shared_bytes"] = sec[5]
+    return {
+        kernel: Resources(v["registers"], v.get("local_bytes", 0), v.get("shared_bytes", 0))
+        for kernel, v in found.items()
+        if "registers" in v
+    }
 
 
 def kernel_sources() -> list[Path]:

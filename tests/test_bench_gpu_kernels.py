@@ -240,3 +240,11 @@ def test_spin_kernel_compiles(arch: str) -> None:
     except nvrtc.NvrtcUnavailable as e:
         pytest.skip(str(e))
     assert compiled.cubin[:4] == b"\x7fELF"
+
+
+def test_stream_rates_by_hand() -> None:
+    """3 GB in 1 ms is 3,000 GB/s, 0.75 of a 4,000 GB/s copy; no time or no floor: None."""
+    rates = bench.stream_rates(3_000_000_000, 1000.0, {bench.COPY_BW: 4e12})
+    assert rates == {"gb_per_s": 3000.0, "of_copy_bw": 0.75, "note": "3000 GB/s = 75.0 % of copy"}
+    assert bench.stream_rates(3_000_000_000, None, {bench.COPY_BW: 4e12})["of_copy_bw"] is None
+    assert bench.stream_rates(3_000_000_000, 1000.0, {})["of_copy_bw"] is None

@@ -53,7 +53,8 @@ SEEDED = SamplingParams(
     return_logits=True,
 )  # fmt: skip
 PARAMS = [GREEDY, SEEDED]
-KERNEL_CACHES = [kernels.module, gemm_kernel._kernel, attention_tc_kernel._kernel]
+KERNEL_CACHES = [kernels.module, gemm_kernel._kernel, gemm_kernel._tile_counters,
+                 attention_tc_kernel._kernel]  # fmt: skip
 
 
 def random_prompt(n: int, seed: int) -> list[int]:

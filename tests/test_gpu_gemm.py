@@ -2,7 +2,8 @@
 float64 product on fresh random inputs of the default model's and Llama-3.1-8B's
 shapes, every output element written (outputs are poisoned first); every row
 bit-identical to the same row computed alone, whatever M, offset, companion rows,
-tile configuration or pointer alignment (DESIGN §4); bad inputs refused with a
+tile configuration, route (split-K partials and merge, or the in-register fold) or
+pointer alignment (DESIGN §4); bad inputs refused with a
 message naming the problem. Skipped without a CUDA device."""
 
 from __future__ import annotations
@@ -207,6 +208,30 @@ def test_gemm_alignment_does_not_change_bits(cp, rng, m: int) -> None:
         assert got is out and bool(cp.array_equal(bits(cp, got), want)), (m, out_f32)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
+def test_gemm_any_split_count_matches_the_twin_and_keeps_rows(cp, rng, splits: int) -> None:
+    """Forced split counts on one weight (K = 1552: splits of 1664, 896, 640 and 512
+    elements, ragged last ones): every M against the reference, and every row of every M
+    bit-equal to the row alone under the same count (the skinny partials and merge at
+    M <= 16, the mid and big tiles folding in registers above)."""
+    from reprise.cuda.gemm_kernel import gemm
+
+    k, n = 1552, 333
+    w_host = weights(rng, n, k)
+    w = dev(w_host)
+    pool_host = activations(rng, 300, k)
+    pool = dev(pool_host)
+    for out_f32 in (False, True):
+        alone = cp.concatenate(
+            [gemm(pool[i : i + 1], w, out_f32=out_f32, splits=splits) for i in range(300)]
+        )
+        for m in (1, 7, 16, 17, 64, 65, 300):
+            out = poisoned((m, n), np.float32 if out_f32 else np.uint16)
+            y = gemm(pool[:m], w, out_f32=out_f32, out=out, splits=splits)
+            assert_matches_reference(host(y), pool_host[:m], w_host, out_f32)
+            assert bool(cp.array_equal(bits(cp, y), bits(cp, alone[:m]))), (m, out_f32)
+
+
 # --- 3. bad inputs -----------------------------------------------------------------------
 
 
@@ -231,3 +256,7 @@ def test_gemm_refuses_bad_inputs(cp) -> None:
     with pytest.raises(ValueError, match="out must be a 2-d float32"):
         gemm(x, w, out_f32=True, out=cp.zeros((3, 8), dtype=cp.uint16))
     assert gemm(x[:0], w).shape == (0, 8)  # no rows: nothing to launch
+    with pytest.raises(ValueError, match="splits must be a count"):
+        gemm(x, w, splits=0)
+    with pytest.raises(ValueError, match="splits must be a count"):
+        gemm(cp.zeros((3, 640), dtype=cp.uint16), cp.zeros((8, 640), dtype=cp.uint16), splits=4)

@@ -74,3 +74,66 @@ def test_a_broken_source_reports_the_compiler_log() -> None:
         nvrtc.compile_source(source, "broken.cu", "sm_90")
     with pytest.raises(ValueError, match="arch must look like sm_90"):
         nvrtc.compile_source(source, "broken.cu", "hopper")
+
+
+@pytest.mark.parametrize("arch", nvrtc.ARCHS)
+def test_gemm_resources(arch: str) -> None:
+    """gemm.cu's registers and spills per kernel, read from the cubin CI builds: no
+    kernel spills (no stack frame at all), and the skinny kernels fit the CTAs per SM
+    that split_k assumes (SKINNY_CTAS_PER_SM on sm_90), so that the 8B projections'
+    grids at M = 1 cover a wave of the reference device."""
+    from reprise.cuda.gemm_kernel import (
+        REFERENCE_SMS,
+        SKINNY,
+        SKINNY_CTAS_PER_SM,
+        ctas_per_sm,
+        launch_plan,
+        split_k,
+    )
+
+    source = (nvrtc.KERNEL_DIR / "gemm.cu").read_text()
+    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "gemm.cu", arch).cubin)
+    assert set(resources) == set(nvrtc.kernel_names(source))
+    for name, used in sorted(resources.items()):
+        print(f"{arch} {name}: {used.registers} registers, {used.local_bytes} B local, "
+              f"{used.shared_bytes} B static shared")  # fmt: skip
+        assert 0 < used.registers <= 255 and used.local_bytes == 0, (name, used)
+    skinny = (
+        "gemm_bf16_skinny",
+        "gemm_f32_skinny",
+        "gemm_bf16_skinny_split",
+        "gemm_f32_skinny_split",
+    )
+    fits = {}
+    for name in skinny:
+        shared = resources[name].shared_bytes + SKINNY.smem_bytes
+        fits[name] = ctas_per_sm(SKINNY.num_threads, resources[name].registers, shared, arch)
+    if arch == "sm_90":
+        assert set(fits.values()) == {SKINNY_CTAS_PER_SM}, fits
+        for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+            plan = launch_plan(1, n, k, split_k(n, k), out_f32=False)
+            cta_count = plan.grid[0] * plan.grid[1]
+            assert cta_count >= REFERENCE_SMS * fits[plan.kernel], (n, k)
+    else:
+        assert min(fits.values()) >= 1, fits
+
+
+def test_kernel_resources_reads_what_ptxas_reports() -> None:
+    """A kernel forced to spill (a large local array indexed at run time) shows a stack
+    frame; a plain one none; its __shared__ array shows as static shared bytes."""
+    source = (
+        'extern "C" __global__ void __launch_bounds__(64) plain(float* y) {\n'
+        "  __shared__ float tile[512];\n"
+        "  tile[threadIdx.x] = y[threadIdx.x]; __syncthreads(); y[threadIdx.x] = tile[63 - threadIdx.x];\n"
+        "}\n"
+        'extern "C" __global__ void spilling(float* y, int i) {\n'
+        "  float a[256];\n"
+        "  for (int j = 0; j < 256; ++j) a[j] = y[j] * j;\n"
+        "  y[0] = a[i & 255];\n"
+        "}\n"
+    )
+    found = nvrtc.kernel_resources(nvrtc.compile_source(source, "probe.cu", "sm_90").cubin)
+    assert set(found) == {"plain", "spilling"}
+    assert found["plain"].local_bytes == 0 and found["plain"].registers > 0
+    assert found["plain"].shared_bytes >= 512 * 4
+    assert found["spilling"].local_bytes >= 256 * 4

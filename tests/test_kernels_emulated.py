@@ -25,7 +25,15 @@ from reprise.cuda.attention_kernel import num_work_items
 from reprise.cuda.dtypes import BF16, F32
 from reprise.cuda.embedding import embed_ref
 from reprise.cuda.gemm import gemm_ref
-from reprise.cuda.gemm_kernel import CONFIGS, TileConfig, tile_config
+from reprise.cuda.gemm_kernel import (
+    CONFIGS,
+    Launch,
+    TileConfig,
+    launch_plan,
+    split_k,
+    split_length,
+    tile_config,
+)
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
@@ -271,27 +279,44 @@ GUARD = 64  # poisoned elements past the output, which must stay poisoned
 
 
 def emulated_gemm(
-    lib: ctypes.CDLL, config: TileConfig, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
-    x_shift: int = 0, y_shift: int = 0,
+    lib: ctypes.CDLL, config: TileConfig | None, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
+    splits: int = 1, x_shift: int = 0, y_shift: int = 0,
 ) -> np.ndarray:  # fmt: skip
-    """gemm.cu's entry point for `config`, launched as gemm_kernel.gemm launches it;
-    `x_shift` / `y_shift` elements move x / y off 16-byte alignment (the plain-load
-    and scalar-store routes)."""
+    """gemm.cu's entry points for `config` (None: the one gemm_kernel.gemm picks for M),
+    launched as gemm_kernel.gemm launches them (launch_plan) with `splits` splits over K;
+    `x_shift` / `y_shift` elements move x / y off 16-byte alignment (the plain-load and
+    scalar-store routes). The output, and the split workspace, start poisoned."""
     (m, k), n = x.shape, w.shape[0]
     x_buf = np.empty(m * k + x_shift, np.uint16)
     x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
     dtype = np.float32 if out_f32 else np.uint16
     y_buf = poisoned((m * n + y_shift + GUARD,), dtype)
     y = y_buf[y_shift : y_shift + m * n]
-    grid = (-(-m // config.block_m), -(-n // config.block_n))
-    rc = lib.run_gemm(
-        config.kernel_name(out_f32).encode(), *grid, config.num_threads, config.smem_bytes,
-        ptr(x_buf[x_shift:]), ptr(w), ptr(y), m, n, k,
-    )  # fmt: skip
-    assert rc == 0, rc
+    plan = launch_plan(m, n, k, splits, out_f32=out_f32, config=config)
+    length = split_length(k, splits)
+    if not plan.split_workspace:
+        rc = lib.run_gemm(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(x_buf[x_shift:]), ptr(w), ptr(y), m, n, k, length,
+        )  # fmt: skip
+        assert rc == 0, rc
+    else:
+        workspace = poisoned((splits * m * n + GUARD,), np.float32)
+        counters = np.zeros(plan.grid[1] * -(-m // plan_config(plan).block_m) + GUARD, np.uint32)
+        rc = lib.run_gemm_split(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(x_buf[x_shift:]), ptr(w), ptr(workspace), ptr(y), ptr(counters), m, n, k, length,
+        )  # fmt: skip
+        assert rc == 0, rc
+        assert np.array_equal(bits(workspace[-GUARD:]), bits(poisoned((GUARD,), np.float32)))
+        assert not counters.any(), "the last CTA of each tile leaves its counter zero"
     assert np.array_equal(bits(y_buf[:y_shift]), bits(poisoned((y_shift,), dtype)))
     assert np.array_equal(bits(y_buf[y_shift + m * n :]), bits(poisoned((GUARD,), dtype)))
     return y.reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def plan_config(plan: Launch) -> TileConfig:
+    return next(c for c in CONFIGS if plan.kernel.split("_")[2] == c.name)
 
 
 def check_gemm(got: np.ndarray, x: np.ndarray, w: np.ndarray, *, out_f32: bool) -> None:
@@ -340,7 +365,7 @@ def test_gemm_row_is_independent_of_its_call(lib: ctypes.CDLL, rng: np.random.Ge
     w = rng.standard_normal((37, 208)).astype(BF16)
     for out_f32 in (False, True):
         alone = np.concatenate([
-            emulated_gemm(lib, tile_config(1), x[i : i + 1], w, out_f32=out_f32) for i in range(70)
+            emulated_gemm(lib, None, x[i : i + 1], w, out_f32=out_f32) for i in range(70)
         ])  # fmt: skip
         check_gemm(alone, x, w, out_f32=out_f32)
         for config in CONFIGS:
@@ -362,9 +387,116 @@ def test_gemm_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) ->
             f"lib = ctypes.CDLL({lib._name!r})\n"
             "x = np.zeros(16, np.uint16); y = np.zeros(1, np.uint16)\n"
             "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
-            f"lib.run_gemm({config.kernel_name(False).encode()!r}, 1, 1, {threads}, {smem}, p(x), p(x), p(y), 1, 1, 16)\n"
+            f"lib.run_gemm({config.kernel_name(False).encode()!r}, 1, 1, {threads}, {smem}, p(x), p(x), p(y), 1, 1, 16, 128)\n"
         )
         done = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
         )
         assert done.returncode != 0 and "__trap()" in done.stderr, (threads, smem, done.stderr)
+
+
+# Split-K. K = 520 cuts into S = 1, 2 or 3 splits (lengths 640, 384, 256: the last split
+# holds 136 and 8 elements), so partials, boundaries and the ragged tail all show.
+SPLIT_K = 520
+
+
+def test_the_split_counts_the_tests_use_cut_k_exactly() -> None:
+    assert [split_length(SPLIT_K, s) for s in (1, 2, 3)] == [640, 384, 256]
+    assert [-(-SPLIT_K // split_length(SPLIT_K, s)) for s in (1, 2, 3)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+def test_split_gemm_matches_its_twin(
+    lib: ctypes.CDLL, rng: np.random.Generator, config: TileConfig, splits: int
+) -> None:
+    """Every tile with S > 1 (the skinny one through the workspace and its last-CTA fold,
+    the others folding in registers), odd M and N, against the exact-then-round-once twin:
+    a fold of fp32 partials is one BF16 rounding away from it, like the plain chain."""
+    m, n = 19, 75
+    x = (rng.standard_normal((m, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (m, 1)))).astype(BF16)
+    w = (rng.standard_normal((n, SPLIT_K)) * 0.5).astype(BF16)
+    for out_f32 in (False, True):
+        got = emulated_gemm(lib, config, x, w, out_f32=out_f32, splits=splits)
+        check_gemm(got, x, w, out_f32=out_f32)
+
+
+def test_split_changes_the_order_so_every_route_must_split_alike(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """The reason the large-M tiles split as the skinny one does: the same rows under
+    S = 1 and S = 3 differ in some bits (different fp32 orders), and each S gives the
+    same bits on every tile."""
+    x = (rng.standard_normal((16, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (16, 1)))).astype(BF16)
+    w = rng.standard_normal((64, SPLIT_K)).astype(BF16)
+    by_split = {}
+    for splits in (1, 3):
+        results = [bits(emulated_gemm(lib, c, x, w, out_f32=True, splits=splits)) for c in CONFIGS]
+        assert all(np.array_equal(r, results[0]) for r in results[1:]), splits
+        by_split[splits] = results[0]
+    assert not np.array_equal(by_split[1], by_split[3])
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_split_gemm_row_is_independent_of_m(
+    lib: ctypes.CDLL, rng: np.random.Generator, splits: int
+) -> None:
+    """A row computed alone (M = 1: the skinny route, through the workspace when S > 1)
+    bit-equals the same row inside M = 7 (skinny), 64 (mid) and 300 (big, folding in
+    registers), all with the weight's one split count, as gemm launches them."""
+    n = 37
+    x = (rng.standard_normal((300, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (300, 1)))).astype(BF16)
+    w = rng.standard_normal((n, SPLIT_K)).astype(BF16)
+    rows = [0, 5, 6, *rng.choice(np.arange(7, 300), size=3, replace=False)]
+    assert [tile_config(m).name for m in (1, 7, 64, 300)] == ["skinny", "skinny", "mid", "big"]
+    for out_f32 in (False, True):
+        alone = {i: emulated_gemm(lib, None, x[i : i + 1], w, out_f32=out_f32, splits=splits)[0]
+                 for i in rows}  # fmt: skip
+        for m in (7, 64, 300):
+            batched = emulated_gemm(lib, None, x[:m], w, out_f32=out_f32, splits=splits)
+            check_gemm(batched, x[:m], w, out_f32=out_f32)
+            for i in (r for r in rows if r < m):
+                assert np.array_equal(bits(batched[i]), bits(alone[i])), (m, i, out_f32)
+
+
+def test_split_gemm_does_not_depend_on_which_cta_finishes_last(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """On the skinny split route the tile's last CTA to count itself folds the partials:
+    with the CTAs run last to first, another CTA (split 0, not S - 1) does it, and the
+    bits are the same."""
+    x = (rng.standard_normal((3, SPLIT_K)) * np.exp2(rng.integers(-3, 4, (3, 1)))).astype(BF16)
+    w = rng.standard_normal((130, SPLIT_K)).astype(BF16)
+    for out_f32 in (False, True):
+        forward = emulated_gemm(lib, None, x, w, out_f32=out_f32, splits=3)
+        lib.set_reversed_ctas(1)
+        try:
+            backward = emulated_gemm(lib, None, x, w, out_f32=out_f32, splits=3)
+        finally:
+            lib.set_reversed_ctas(0)
+        assert np.array_equal(bits(forward), bits(backward)), out_f32
+        check_gemm(forward, x, w, out_f32=out_f32)
+
+
+def test_split_gemm_traps_on_a_split_length_off_its_tile(lib: ctypes.CDLL) -> None:
+    """A split length that is not a whole number of the tile's k-tiles would cut a tile in
+    two: the kernel refuses it (in a child process, since __trap aborts)."""
+    config = CONFIGS[0]
+    script = (
+        "import ctypes, numpy as np\n"
+        f"lib = ctypes.CDLL({lib._name!r})\n"
+        "x = np.zeros(256, np.uint16); y = np.zeros(2, np.float32); c = np.zeros(4, np.uint32)\n"
+        "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+        f"lib.run_gemm_split(b'gemm_f32_skinny_split', 2, 1, {config.num_threads}, "
+        f"{config.smem_bytes}, p(x), p(x), p(y), p(y), p(c), 1, 1, 256, 64)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
+
+
+def test_split_k_splits_the_emulated_shapes_as_the_tests_do() -> None:
+    """gemm itself cuts these narrow shapes into 3 splits (their grid is far from a wave,
+    so split_k takes the most splits of at least 256 elements): S = 3 is the launched case."""
+    assert split_k(37, SPLIT_K) == 3 and split_k(75, SPLIT_K) == 3

@@ -53,6 +53,9 @@ inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 }
 
 namespace emu {
+// Run a grid's CTAs last to first (set_reversed_ctas in driver.cpp): a kernel whose result
+// depends on which CTA runs last shows it.
+inline bool g_reversed_ctas = false;
 constexpr int kMaxThreads = 1024;
 constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
 enum class Wait : unsigned char { kRunning, kWarp, kBlock, kDone };
@@ -199,6 +202,15 @@ inline void run_cta() {
 
 inline void __syncthreads() { emu::arrive(emu::Wait::kBlock); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::arrive(emu::Wait::kWarp); }
+// One CTA runs at a time, on one host thread: a fence orders nothing more, an atomic is a
+// plain read-modify-write, and a load that bypasses L1 is a load.
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline float __ldcg(const float* p) { return *p; }
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -239,9 +251,10 @@ template <class F> void launch(dim3 grid, int threads, F kernel) {
   emu::g_cta.threads = threads;
   emu::g_cta.kernel = &kernel;
   emu::g_cta.run = [](void* k) { (*static_cast<F*>(k))(); };
-  for (unsigned y = 0; y < grid.y; ++y)
-    for (unsigned x = 0; x < grid.x; ++x) {
-      blockIdx = {x, y, 0};
-      emu::run_cta();
-    }
+  const unsigned count = grid.x * grid.y;
+  for (unsigned i = 0; i < count; ++i) {  // CTAs in launch order, or (g_reversed_ctas) backwards
+    const unsigned at = emu::g_reversed_ctas ? count - 1 - i : i;
+    blockIdx = {at % grid.x, at / grid.x, 0};
+    emu::run_cta();
+  }
 }

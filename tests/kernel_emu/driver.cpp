@@ -15,7 +15,7 @@
 // its own: its file-local helpers share names with other files'.
 #define REPRISE_EMULATE_PTX 1
 #include "ptx_emu.h"
-constexpr unsigned GEMM_SMEM_CAPACITY = 4 * (128 + 128) * (32 + 8) * 2;  // Big: 81,920 B
+constexpr unsigned GEMM_SMEM_CAPACITY = 4 * (16 + 64) * (128 + 8) * 2;  // Skinny: 87,040 B
 namespace gemm_emu {
 namespace {
 alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
@@ -101,24 +101,26 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   });
   return 0;
 }
-// Launch gemm.cu's entry point `name` (gemm_kernel.TileConfig.kernel_name) as the launcher
+// Launch gemm.cu's entry point `name` (gemm_kernel.launch_plan's names) as the launcher
 // does: grid (grid_x, grid_y), `threads` threads, `smem_bytes` of dynamic shared memory,
-// which starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
+// which starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows;
+// y is the output.
 // Returns 0, or 1: unknown name, 2: smem_bytes over the emulator's capacity, 3: some
 // thread left cp.async copies uncommitted or in flight at its exit.
 int run_gemm(const char* name, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
-             const unsigned short* w, void* y, int M, int N, int K) {
-  using Bf16Fn = void (*)(const unsigned short*, const unsigned short*, unsigned short*, int, int, int);
-  using F32Fn = void (*)(const unsigned short*, const unsigned short*, float*, int, int, int);
+             const unsigned short* w, void* y, int M, int N, int K, int split_len) {
+  using Bf16Fn = void (*)(const unsigned short*, const unsigned short*, unsigned short*, int, int, int, int);
+  using F32Fn = void (*)(const unsigned short*, const unsigned short*, float*, int, int, int, int);
   const std::string n = name;
   Bf16Fn bf16 = nullptr;
   F32Fn f32 = nullptr;
-  if (n == "gemm_bf16_skinny") bf16 = gemm_emu::gemm_bf16_skinny;
-  if (n == "gemm_bf16_mid") bf16 = gemm_emu::gemm_bf16_mid;
-  if (n == "gemm_bf16_big") bf16 = gemm_emu::gemm_bf16_big;
-  if (n == "gemm_f32_skinny") f32 = gemm_emu::gemm_f32_skinny;
-  if (n == "gemm_f32_mid") f32 = gemm_emu::gemm_f32_mid;
-  if (n == "gemm_f32_big") f32 = gemm_emu::gemm_f32_big;
+#define BF16(fn) if (n == #fn) bf16 = gemm_emu::fn;
+#define F32(fn) if (n == #fn) f32 = gemm_emu::fn;
+  BF16(gemm_bf16_skinny) BF16(gemm_bf16_mid) BF16(gemm_bf16_big) BF16(gemm_bf16_mid_fold)
+  BF16(gemm_bf16_big_fold) F32(gemm_f32_skinny) F32(gemm_f32_mid) F32(gemm_f32_big)
+  F32(gemm_f32_mid_fold) F32(gemm_f32_big_fold)
+#undef BF16
+#undef F32
   if (bf16 == nullptr && f32 == nullptr) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SMEM_CAPACITY) return 2;
   std::memset(gemm_emu::gemm_smem, 0xFF, sizeof gemm_emu::gemm_smem);
@@ -126,14 +128,41 @@ int run_gemm(const char* name, int grid_x, int grid_y, int threads, int smem_byt
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
   std::atomic<int> left_behind{0};
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
-    if (bf16 != nullptr) bf16(x, w, static_cast<unsigned short*>(y), M, N, K);
-    else f32(x, w, static_cast<float*>(y), M, N, K);
+    if (bf16 != nullptr) bf16(x, w, static_cast<unsigned short*>(y), M, N, K, split_len);
+    else f32(x, w, static_cast<float*>(y), M, N, K, split_len);
     if (!ptx_emu_cp_async_drained()) ++left_behind;
   });
   g_ptx_smem = nullptr;
   g_ptx_smem_bytes = 0;
   return left_behind.load() == 0 ? 0 : 3;
 }
+
+// gemm_bf16_skinny_split / gemm_f32_skinny_split as the launcher runs them: y the output,
+// ws the fp32 workspace [S, M, N], counters one zero per tile. Returns as run_gemm does.
+int run_gemm_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
+                   const unsigned short* w, float* ws, void* y, unsigned* counters, int M, int N, int K,
+                   int split_len) {
+  const std::string n = name;
+  if (n != "gemm_bf16_skinny_split" && n != "gemm_f32_skinny_split") return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SMEM_CAPACITY) return 2;
+  std::memset(gemm_emu::gemm_smem, 0xFF, sizeof gemm_emu::gemm_smem);
+  g_ptx_smem = reinterpret_cast<unsigned char*>(gemm_emu::gemm_smem);
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  std::atomic<int> left_behind{0};
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (n == "gemm_bf16_skinny_split")
+      gemm_emu::gemm_bf16_skinny_split(x, w, ws, static_cast<unsigned short*>(y), counters, M, N, K, split_len);
+    else
+      gemm_emu::gemm_f32_skinny_split(x, w, ws, static_cast<float*>(y), counters, M, N, K, split_len);
+    if (!ptx_emu_cp_async_drained()) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind.load() == 0 ? 0 : 3;
+}
+
+// Later launches run their CTAs last to first (nonzero) or first to last (0).
+void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
 // Launch attention_tc.cu's entry point for (head_dim, block_size) as attention_tc_kernel
 // does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of dynamic shared memory, which
 // starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
@@ -275,7 +304,8 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
 #define GEMM(fn) if (n == #fn) return with_dynamic_smem(gemm_emu::gemm_smem, GEMM_SMEM_CAPACITY, smem_bytes, \
     [&](auto* left) { return launch_checked(gemm_emu::fn, name, l, left); });
   GEMM(gemm_bf16_skinny) GEMM(gemm_f32_skinny) GEMM(gemm_bf16_mid) GEMM(gemm_f32_mid)
-  GEMM(gemm_bf16_big) GEMM(gemm_f32_big)
+  GEMM(gemm_bf16_big) GEMM(gemm_f32_big) GEMM(gemm_bf16_skinny_split) GEMM(gemm_f32_skinny_split) GEMM(gemm_bf16_mid_fold)
+  GEMM(gemm_f32_mid_fold) GEMM(gemm_bf16_big_fold) GEMM(gemm_f32_big_fold)
 #undef GEMM
 #define TC(fn) if (n == #fn) return with_dynamic_smem(attention_tc_emu::attention_tc_smem, \
     ATTENTION_TC_SMEM_CAPACITY, smem_bytes, [&](auto* left) { return launch_checked(attention_tc_emu::fn, name, l, left); });
