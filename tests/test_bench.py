@@ -91,3 +91,25 @@ def test_bad_options_are_refused(tiny: Path) -> None:
     assert done.returncode != 0 and "unknown scenario" in done.stderr
     done = reprise("bench", "--model", str(tiny), "--batch-sizes", "1,two")
     assert done.returncode != 0 and "comma-separated integers" in done.stderr
+
+
+def test_host_step_bench_runs_with_a_backend_that_does_no_math(tiny: Path, tmp_path: Path) -> None:
+    """bench/bench_host_step.py runs, and its NullBackend replaces every math op of the
+    Backend protocol (one it missed would run NumPy's twin and time arithmetic)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_host_step import NullBackend
+
+    from reprise.cuda.backend import Backend, NumpyBackend
+
+    math_ops = set(Backend.__annotations__) - {"name", "argmax"}
+    assert {op for op in math_ops if getattr(NullBackend, op) is getattr(NumpyBackend, op)} == set()
+    out = tmp_path / "host.json"
+    done = subprocess.run(
+        [sys.executable, "bench/bench_host_step.py", "--model", str(tiny), "--prompt-tokens", "256",
+         "--batch", "4", "--context", "64", "--repeats", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["cached_prompt"]["total_ms"] > 0 and result["decode"]["step_ms"] > 0
+    assert "host time" in done.stdout

@@ -1,0 +1,168 @@
+"""The engine's own host time per step, with a backend that does no math (issue 18).
+
+    python bench/bench_host_step.py [--model DIR] [--prompt-tokens 4096] [--batch 64]
+                                    [--context 512] [--repeats 20] [--out FILE]
+
+The model runs on the NumPy backend with every op replaced by one that only makes
+an output of the right shape and dtype (`NullBackend`), so what is timed is what a
+step costs the CPU whatever the device: the request's admission (prompt hashing,
+the pool's lookup and allocations), scheduling, building the step's arrays, the
+per-layer op calls, sampling's bookkeeping, appending and detokenizing the token,
+registering blocks and retiring the request. On the GPU the same work runs while
+the device waits (the cached prompt's one computed token) or between graph replays
+(decode), so it is the floor of a step there.
+
+Two cases, each the median of `--repeats` runs:
+- a fully cached prompt of `--prompt-tokens` tokens: `generate(max_tokens=1)`, of
+  which all but the last token is reused (the target: <= 2 ms on a 4,096-token
+  prompt), split into admission and the step;
+- a decode step of `--batch` sequences at `--context` tokens each: one
+  `engine.step()` once every sequence is decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.dtypes import BF16
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.prepare import prepare_default_model
+
+TARGET_CACHED_MS = 2.0
+
+
+class NullBackend(NumpyBackend):
+    """NumPy's arrays and bookkeeping, no arithmetic: every op returns an empty output
+    of the shape and dtype its twin returns. Outputs are garbage; only time matters."""
+
+    name = "null"
+
+    @staticmethod
+    def gemm(x: np.ndarray, w: np.ndarray, *, out_f32: bool = False) -> np.ndarray:
+        return np.zeros((x.shape[0], w.shape[0]), dtype=np.float32 if out_f32 else BF16)
+
+    @staticmethod
+    def embed(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        return np.zeros((token_ids.shape[0], table.shape[1]), dtype=np.float32)
+
+    @staticmethod
+    def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return np.zeros(x.shape, dtype=BF16)
+
+    @staticmethod
+    def add_rmsnorm(
+        residual: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return residual, np.zeros(residual.shape, dtype=BF16)
+
+    @staticmethod
+    def rope(x: np.ndarray, *args: Any) -> np.ndarray:
+        return x
+
+    @staticmethod
+    def kv_write(*args: Any) -> None:
+        return None
+
+    @staticmethod
+    def paged_attention(q: np.ndarray, *args: Any) -> np.ndarray:
+        return np.zeros(q.shape, dtype=BF16)
+
+    @staticmethod
+    def silu_mul(x: np.ndarray) -> np.ndarray:
+        return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
+
+
+def null_engine(path: Path, *, num_device_blocks: int, max_num_batched_tokens: int) -> Engine:
+    engine = Engine.from_pretrained(
+        path,
+        backend="numpy",
+        num_device_blocks=num_device_blocks,
+        max_num_batched_tokens=max_num_batched_tokens,
+        cuda_graphs=False,
+    )
+    engine.runner.model.ops = NullBackend()
+    return engine
+
+
+def cached_prompt_ms(engine: Engine, prompt: list[int], repeats: int) -> dict[str, float]:
+    params = SamplingParams(max_tokens=1, temperature=0)
+    engine.generate(prompt, params)  # computes it (no math) and registers its blocks
+    total, admit, step = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        request_id = engine.add_request(prompt, params)
+        t1 = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+        completion = engine.take_completion(request_id)
+        t2 = time.perf_counter()
+        assert completion.cached_tokens == len(prompt) - 1, completion.cached_tokens
+        total.append(t2 - t0)
+        admit.append(t1 - t0)
+        step.append(t2 - t1)
+    return {name: statistics.median(v) * 1e3 for name, v in
+            (("total_ms", total), ("admit_ms", admit), ("step_ms", step))}  # fmt: skip
+
+
+def decode_step_ms(engine: Engine, batch: int, context: int, repeats: int) -> float:
+    rng = np.random.default_rng(1)
+    vocab = engine.config.vocab_size
+    params = SamplingParams(max_tokens=repeats + 8, temperature=0, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(rng.integers(100, vocab, size=context).tolist(), params)
+    for _ in range(-(-batch * context // engine.scheduler.max_num_batched_tokens) + 2):
+        engine.step()  # prefill every sequence (no math), then one decode step
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/host_step.json"))
+    args = parser.parse_args()
+    path = args.model or prepare_default_model(progress=True).path
+    n = args.prompt_tokens
+    blocks = 4 * (n // 32 + 2) + args.batch * (args.context // 32 + 4)
+    engine = null_engine(path, num_device_blocks=blocks, max_num_batched_tokens=max(n, 2048))
+    prompt = np.random.default_rng(0).integers(100, engine.config.vocab_size, size=n).tolist()
+    cached = cached_prompt_ms(engine, prompt, args.repeats)
+    decode = decode_step_ms(engine, args.batch, args.context, args.repeats)
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "model": str(path),
+        "prompt_tokens": n,
+        "cached_prompt": cached,
+        "decode": {"batch": args.batch, "context": args.context, "step_ms": decode},
+        "target_cached_ms": TARGET_CACHED_MS,
+    }
+    met = "met" if cached["total_ms"] <= TARGET_CACHED_MS else "NOT met"
+    print(f"cached {n}-token prompt, first token: {cached['total_ms']:.2f} ms of host time "
+          f"(admission {cached['admit_ms']:.2f} ms, step {cached['step_ms']:.2f} ms); "
+          f"target <= {TARGET_CACHED_MS} ms: {met}")  # fmt: skip
+    print(f"decode step, batch {args.batch} at context {args.context}: {decode:.2f} ms of host time")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
