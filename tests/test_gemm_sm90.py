@@ -114,7 +114,14 @@ def operands(rng: np.random.Generator, m: int, n: int, k: int) -> tuple[np.ndarr
 
 # (M, N, K): tails in M and N; N and K at the tile limits (one k-tile, exact tiles,
 # one column past a tile, a lone column).
-SHAPES = [(70, 300, 192), (130, 257, 128), (64, 128, 64), (128, 256, 64), (3, 129, 64), (65, 1, 128)]
+SHAPES = [
+    (70, 300, 192),
+    (130, 257, 128),
+    (64, 128, 64),
+    (128, 256, 64),
+    (3, 129, 64),
+    (65, 1, 128),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -153,7 +160,12 @@ def test_rows_do_not_depend_on_m(lib: ctypes.CDLL, rng: np.random.Generator) -> 
             configs = {tile_config(m, 272), *CONFIGS}
             for config in configs:
                 part = emulated(lib, config, x[rows], w, out_f32=out_f32)
-                assert np.array_equal(bits(part), bits(full[rows])), (m, start, config.name, out_f32)
+                assert np.array_equal(bits(part), bits(full[rows])), (
+                    m,
+                    start,
+                    config.name,
+                    out_f32,
+                )
 
 
 def test_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None:
@@ -169,7 +181,9 @@ def test_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None
             f"lib.run_gemm_sm90({config.kernel_name(False).encode()!r}, 1, 1, {threads}, {smem}, "
             "p(x), p(x), p(y), 1, 1, 64)\n"
         )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode != 0 and "__trap()" in done.stderr, (threads, smem, done.stderr)
 
 
@@ -179,7 +193,9 @@ def test_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None
 def test_launcher_refuses_what_the_kernel_cannot_take() -> None:
     """Checked before anything touches CuPy: NumPy arrays stand in for device arrays."""
     x, w = np.zeros((4, 128), np.uint16), np.zeros((8, 128), np.uint16)
-    with pytest.raises(ValueError, match="K must be a positive multiple of 64 for gemm_sm90; got K = 48"):
+    with pytest.raises(
+        ValueError, match="K must be a positive multiple of 64 for gemm_sm90; got K = 48"
+    ):
         gemm_sm90(np.zeros((4, 48), np.uint16), np.zeros((8, 48), np.uint16))
     with pytest.raises(ValueError, match="same K"):
         gemm_sm90(x, np.zeros((8, 64), np.uint16))
@@ -199,7 +215,7 @@ def _tall_weight() -> np.ndarray:
         dtype = np.dtype(np.uint16)
         shape = (8388481, 128)
 
-        class flags:  # noqa: N801 - the attribute name CuPy and NumPy use
+        class flags:  # the attribute name CuPy and NumPy use
             c_contiguous = True
 
     return Tall()  # type: ignore[return-value]
