@@ -113,8 +113,10 @@ def operands(rng: np.random.Generator, m: int, n: int, k: int) -> tuple[np.ndarr
 
 
 # (M, N, K): tails in M and N; N and K at the tile limits (one k-tile, exact tiles,
-# one column past a tile, a lone column).
+# one column past a tile, a lone column); K of more k-tiles than any ring has slots,
+# so every slot is refilled.
 SHAPES = [
+    (96, 200, 640),
     (70, 300, 192),
     (130, 257, 128),
     (64, 128, 64),

@@ -16,8 +16,8 @@
 //     stale values and fails the twin comparison;
 //   - the shared operands an instruction reads must not change between its issue
 //     and its retirement: the values each thread's elements need are captured at
-//     issue and compared at retirement (a copy landing in a slot still being read,
-//     or an MMA issued before its tile's copies landed, aborts);
+//     issue and compared at retirement, and a cp.async of the retiring thread still
+//     in flight into them aborts (a slot refilled while its MMAs may still run);
 //   - only the no-swizzle layout with base offset 0 is emulated; any other
 //     descriptor bits abort.
 #pragma once
@@ -112,7 +112,28 @@ inline void wgmma_commit() {
 
 inline float wgmma_bf16(unsigned short bits) { return __bfloat162float(__nv_bfloat16{bits}); }
 
+// Whether 16 bytes at `dst` fall in a core matrix the op reads: A's 8 row groups and
+// B's 16, two core matrices (k 0-7, 8-15) each.
+inline bool wgmma_reads(const WgmmaOp& op, unsigned dst) {
+  for (int g = 0; g < 16; ++g)
+    for (int j = 0; j < 2; ++j) {
+      const unsigned b = op.b.start + g * op.b.stride + j * op.b.lead;
+      if (dst + 16 > b && dst < b + 128) return true;
+      const unsigned a = op.a.start + g * op.a.stride + j * op.a.lead;
+      if (g < 8 && dst + 16 > a && dst < a + 128) return true;
+    }
+  return false;
+}
+
 inline void wgmma_retire(const WgmmaOp& op) {
+  // NOTE: a cp.async of this thread still in flight into the op's operands is a race
+  // the latest-landing copies of ptx_emu.h would hide (it lands after this retires).
+  const PtxThread& copies = ptx_thread();
+  for (const PtxCopy& c : copies.open)
+    if (wgmma_reads(op, c.dst)) ptx_emu_fail("cp.async into shared operands of a wgmma in flight", c.dst);
+  for (const auto& group : copies.groups)
+    for (const PtxCopy& c : group)
+      if (wgmma_reads(op, c.dst)) ptx_emu_fail("cp.async into shared operands of a wgmma in flight", c.dst);
   unsigned short a_rows[2][16], b_cols[32][16];
   wgmma_capture(op, a_rows, b_cols);
   if (std::memcmp(a_rows, op.a_rows, sizeof a_rows) != 0 || std::memcmp(b_cols, op.b_cols, sizeof b_cols) != 0)
