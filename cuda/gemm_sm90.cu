@@ -139,6 +139,51 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
       : "memory");
 }
 
+// ---- mbarriers and bulk copies (the warp-specialized kernel) ----
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+
+// Makes the initialised barriers visible to the async proxy (the bulk copies).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+
+// Expect `bytes` more transaction bytes in the current phase, then arrive.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+
+// True once the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// An arrival on the barrier once all of this thread's earlier cp.async have landed; the
+// barrier's count includes it (noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(unsigned addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+
+// `bytes` (a multiple of 16) global -> shared by the bulk copy engine, completing as
+// transaction bytes on the barrier.
+__device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigned mbar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+
 #endif  // GEMM_SM90_ENABLED && !REPRISE_EMULATE_PTX
 
 #ifdef GEMM_SM90_ENABLED
@@ -335,6 +380,175 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
   }
 }
 
+// ---- the warp-specialized kernel: packed weight, bulk copies, mbarrier ring ----------
+//
+// Warpgroup 0 produces, warpgroups 1 .. BM / 64 consume. For k-tile kt in stage
+// s = kt % STAGES, the producer waits until the consumers have released the stage's
+// previous tile (barrier empty[s]), then its 128 threads copy the x tile by cp.async
+// (each arriving on full[s] when its copies land) while its thread 0 copies the w
+// tile's BN / 64 panels from the packed weight with the bulk copy engine (transaction
+// bytes on full[s]). The consumers wait on full[s], issue the tile's MMAs, and once
+// those of tile kt - 1 are retired (wgmma.wait_group 1) release its stage. The stage
+// layout and the MMAs are those of gemm_sm90_tile: the invariance argument is unchanged.
+//
+// The packed weight (gemm_sm90_kernel.pack_weight): w rows padded with zeros to a
+// multiple of 256, cut into 64-row panels; panel p's k-tile kt is the 8,192 bytes at
+// ((p * (K / 64)) + kt) * 8,192, in the core-matrix layout of a 64 x 64 stage tile.
+template <int BN_, int STAGES_>
+struct Sm90WsTile {
+  static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr int CONSUMERS = BM / 64;
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int N_SUB = BN / 128;
+  static constexpr int CHUNKS_PER_ROW = BK / 8;
+  static constexpr int A_CHUNKS = BM * CHUNKS_PER_ROW;
+  static constexpr int A_BYTES = A_CHUNKS * 16;
+  static constexpr int PANEL_BYTES = 64 * BK * 2;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int BARRIER_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+  static constexpr int SMEM_BYTES = BARRIER_OFFSET + 2 * STAGES * 8;
+  static constexpr unsigned LEAD_BYTES = 128, STRIDE_BYTES = 1024;
+
+  static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
+  static_assert(STAGES >= 2, "a ring");
+};
+
+// The global source of x chunk c of k-tile kt (the stage layout above), and whether its
+// row exists; an invalid chunk still gets an in-bounds address.
+template <class T>
+__device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsigned short* __restrict__ x, int M,
+                                                            int K, int m0, int kt, bool& valid) {
+  const int row = 8 * (c / (8 * T::CHUNKS_PER_ROW)) + c % 8;
+  const int k = kt * T::BK + ((c / 8) % T::CHUNKS_PER_ROW) * 8;
+  valid = m0 + row < M;
+  return x + (valid ? static_cast<long long>(m0 + row) * K + k : 0LL);
+}
+
+template <class T, class OutT>
+__device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
+                                                  const unsigned char* __restrict__ w_packed,
+                                                  OutT* __restrict__ y, int M, int N, int K) {
+  extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
+  if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warpgroup = tid / 128;
+  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int num_k_tiles = K / T::BK;
+  const unsigned smem_base = shared_addr(gemm_sm90_smem);
+  const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
+
+  if (tid == 0) {
+    for (int s = 0; s < T::STAGES; ++s) {
+      mbar_init(full0 + s * 8, 128 + 1);              // the producers' copies, thread 0's expect_tx
+      mbar_init(empty0 + s * 8, 128 * T::CONSUMERS);  // every consumer thread
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // ---- producer ----
+    const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
+      const int s = kt % T::STAGES;
+      if (kt >= T::STAGES)  // the consumers released the stage's previous tile, kt - STAGES
+        while (!mbar_try_wait(empty0 + s * 8, ((kt / T::STAGES) + 1) & 1)) {
+        }
+      unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
+      if (tid == 0) {
+        mbar_arrive_expect_tx(full0 + s * 8, T::B_BYTES);
+        const long long panel0 = n0 / 64;
+#pragma unroll
+        for (int i = 0; i < T::BN / 64; ++i)
+          bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
+                        w_packed + ((panel0 + i) * num_k_tiles + kt) * T::PANEL_BYTES, T::PANEL_BYTES,
+                        full0 + s * 8);
+      }
+      if (vec) {
+#pragma unroll
+        for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
+          bool valid;
+          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
+          cp_async_16(shared_addr(stage + (tid + i * 128) * 16), src, valid);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
+          bool valid;
+          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
+          unsigned v[4] = {0u, 0u, 0u, 0u};
+          if (valid) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              v[j] = static_cast<unsigned>(src[2 * j]) | (static_cast<unsigned>(src[2 * j + 1]) << 16);
+          }
+          *reinterpret_cast<uint4*>(stage + (tid + i * 128) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+        fence_proxy_async();  // plain stores, read by wgmma
+      }
+      cp_async_mbar_arrive_noinc(full0 + s * 8);
+    }
+    cp_async_commit();  // leave no copy of this thread in flight behind its exit
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumers ----
+  const int consumer = warpgroup - 1;
+  const int warp = (tid / 32) % 4, lane = tid % 32;
+  float acc[T::N_SUB][64];
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[s][i] = 0.0f;
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    const int s = kt % T::STAGES;
+    while (!mbar_try_wait(full0 + s * 8, (kt / T::STAGES) & 1)) {
+    }
+    fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+    const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 8 * T::STRIDE_BYTES;
+    const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+#pragma unroll
+    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < T::BK / 16; ++ks) {
+      const unsigned long long desc_a = smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
+#pragma unroll
+      for (int j = 0; j < T::N_SUB; ++j) {
+        const unsigned long long desc_b = smem_desc(b_base + j * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
+                                                    T::LEAD_BYTES, T::STRIDE_BYTES);
+        wgmma_m64n128k16(acc[j], desc_a, desc_b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of tile kt - 1 are retired: release its stage
+#pragma unroll
+    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+    if (kt > 0) mbar_arrive(empty0 + ((kt - 1) % T::STAGES) * 8);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+
+  const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int row = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
+      const int col = n0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4);
+      if (row < M && col < N)
+        store_pair(y, static_cast<long long>(row) * N + col, acc[j][i], acc[j][i + 1], col + 1 < N, vec_out);
+    }
+  }
+}
+
+using Ws = Sm90WsTile<128, 6>;  // 3 warpgroups, 196,704 B shared
+static_assert(Ws::THREADS == 384, "launch bounds below");
+
 // Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
 using Wg1 = Sm90Tile<64, 128, 8>;    // M <= 64 (decode): 1 warpgroup, 196,608 B shared
 using Wg2 = Sm90Tile<128, 128, 6>;   // 2 warpgroups, 196,608 B shared
@@ -385,4 +599,23 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_f32_wg2wide(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                       float* __restrict__ y, int M, int N, int K) {
   GEMM_SM90_BODY(Wg2Wide);
+}
+
+// The warp-specialized kernel: w is the packed weight (see Sm90WsTile).
+#ifdef GEMM_SM90_ENABLED
+#define GEMM_SM90_WS_BODY(TILE) gemm_sm90_ws_tile<TILE>(x, w_packed, y, M, N, K)
+#else
+#define GEMM_SM90_WS_BODY(TILE) __trap()
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                  unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(Ws);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                 float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(Ws);
 }

@@ -76,18 +76,89 @@ class Sm90Config:
         return f"gemm_sm90_{'f32' if out_f32 else 'bf16'}_{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class Sm90WsConfig:
+    """gemm_sm90.cu's warp-specialized kernel (`Sm90WsTile<BN, STAGES>`, BM = 128): one
+    producer warpgroup and two consumers, the ring's stages guarded by mbarriers (2 a
+    stage, 8 bytes each, after the tiles)."""
+
+    name: str
+    block_m: int
+    block_n: int
+    num_stages: int
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (1 + self.block_m // 64)
+
+    @property
+    def smem_bytes(self) -> int:
+        return (
+            self.num_stages * (self.block_m + self.block_n) * BLOCK_K * 2 + 2 * 8 * self.num_stages
+        )
+
+    def kernel_name(self, out_f32: bool) -> str:
+        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}"
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A weight laid out for the warp-specialized kernel's bulk copies (`prepare_weight`):
+    `data` is 1-d uint16, rows padded with zeros to a multiple of PACK_ROWS, in 64-row
+    panels of 64 x 64 tiles, each tile 8,192 contiguous bytes in the stage layout."""
+
+    data: Any
+    num_cols: int  # N: the weight's rows before padding
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.num_cols, self.k
+
+
+PACK_ROWS = 256  # weight rows are padded to a multiple: every CTA's panels exist
+
 WG1 = Sm90Config("wg1", 64, 128, num_stages=8)  # M <= 64: one warpgroup, deep ring
 WG2 = Sm90Config("wg2", 128, 128, num_stages=6)
 WG2_WIDE = Sm90Config("wg2wide", 128, 256, num_stages=4)  # when its grid fills the device
 CONFIGS: tuple[Sm90Config, ...] = (WG1, WG2, WG2_WIDE)
+WS = Sm90WsConfig("ws", 128, 128, num_stages=6)  # any M, on a PackedWeight
 
 
-def grid(config: Sm90Config, num_rows: int, num_cols: int) -> tuple[int, int]:
+def prepare_weight(w: Any) -> PackedWeight:
+    """[N, K] uint16 BF16 bits (CuPy on a device, NumPy for the emulation) -> the packed
+    layout the warp-specialized kernel copies from: element (n, k) of panel p = n // 64,
+    k-tile t = k // 64 sits at 16-byte chunk 64 g + 8 j + r of tile (p, t), element e,
+    with n % 64 = 8 g + r and k % 64 = 8 j + e. Done once per weight, at load."""
+    xp = _array_module(w)
+    num_cols, k = w.shape
+    if w.dtype != BF16_BITS or w.ndim != 2 or k <= 0 or k % BLOCK_K:
+        raise ValueError(
+            f"w must be [N, K] uint16 with K a positive multiple of {BLOCK_K}; got {w.dtype} {w.shape}"
+        )
+    rows = -(-num_cols // PACK_ROWS) * PACK_ROWS
+    padded = xp.zeros((rows, k), dtype=w.dtype)
+    padded[:num_cols] = w
+    tiles = padded.reshape(rows // 64, 8, 8, k // 64, 8, 8).transpose(0, 3, 1, 4, 2, 5)
+    return PackedWeight(xp.ascontiguousarray(tiles).reshape(-1), num_cols, k)
+
+
+def _array_module(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def grid(config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int) -> tuple[int, int]:
     """(CTAs along M, CTAs along N) of a launch."""
     return -(-num_rows // config.block_m), -(-num_cols // config.block_n)
 
 
-def waves(config: Sm90Config, num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> float:
+def waves(
+    config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int, num_sms: int = H100_SMS
+) -> float:
     """CTAs over multiprocessors: each CTA's ~192 KB of shared memory fits one a multiprocessor."""
     gx, gy = grid(config, num_rows, num_cols)
     return gx * gy / num_sms
@@ -113,9 +184,11 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
 
 
 def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
-    """x: [M, K] uint16 CuPy array holding BF16 bits; w: [N, K] same (as gemm.gemm takes
-    it); -> [M, N] uint16 (BF16) or float32 with `out_f32`. `out`, when given, is
-    written and returned. Needs a device `supported` accepts."""
+    """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
+    takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
+    warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
+    `out_f32`. `out`, when given, is written and returned. Needs a device `supported`
+    accepts."""
     num_rows, num_cols, k = check_operands(x, w)
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
     if out is None:
@@ -131,7 +204,11 @@ def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
     arch = _device_arch()
     if not supported(arch, num_rows, num_cols, k):
         raise ValueError(f"gemm_sm90 needs compute capability 9.0 (sm_90a); this device is {arch}")
-    config = tile_config(num_rows, num_cols, _num_sms())
+    config: Sm90Config | Sm90WsConfig
+    if isinstance(w, PackedWeight):
+        config, w = WS, w.data
+    else:
+        config = tile_config(num_rows, num_cols, _num_sms())
     args = (x, w, out, np.int32(num_rows), np.int32(num_cols), np.int32(k))
     _kernel(config, out_f32, _device_id())(
         grid(config, num_rows, num_cols), (config.num_threads,), args, shared_mem=config.smem_bytes
@@ -142,7 +219,15 @@ def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
 def check_operands(x: Any, w: Any) -> tuple[int, int, int]:
     """(M, N, K) of operands this kernel takes; ValueError naming the problem otherwise."""
     check("x", x, BF16_BITS, 2)
-    check("w", w, BF16_BITS, 2)
+    if isinstance(w, PackedWeight):
+        check("w.data", w.data, BF16_BITS, 1)
+        rows = -(-w.num_cols // PACK_ROWS) * PACK_ROWS
+        if w.data.shape != (rows * w.k,):
+            raise ValueError(
+                f"w.data must hold {rows} x {w.k} packed values; got {w.data.shape} (use prepare_weight)"
+            )
+    else:
+        check("w", w, BF16_BITS, 2)
     (num_rows, k), (num_cols, w_k) = x.shape, w.shape
     if w_k != k:
         raise ValueError(
@@ -193,7 +278,7 @@ def _module(device_id: int) -> Any:
 
 
 @functools.cache
-def _kernel(config: Sm90Config, out_f32: bool, device_id: int) -> Any:
+def _kernel(config: Sm90Config | Sm90WsConfig, out_f32: bool, device_id: int) -> Any:
     """The entry point, with its shared-memory opt-in set on this device (all configs
     need more than the default 48 KB)."""
     fn = _module(device_id).get_function(config.kernel_name(out_f32))

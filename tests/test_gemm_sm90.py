@@ -22,12 +22,16 @@ from reprise.cuda.dtypes import BF16, F32
 from reprise.cuda.gemm import gemm_ref
 from reprise.cuda.gemm_sm90_kernel import (
     CONFIGS,
+    PACK_ROWS,
     WG1,
     WG2,
     WG2_WIDE,
+    WS,
+    PackedWeight,
     Sm90Config,
     gemm_sm90,
     grid,
+    prepare_weight,
     supported,
     tile_config,
     waves,
@@ -90,6 +94,26 @@ def emulated(
     assert np.array_equal(bits(y_buf[:y_shift]), bits(poisoned((y_shift,), dtype)))
     assert np.array_equal(bits(y_buf[y_shift + m * n :]), bits(poisoned((GUARD,), dtype)))
     return y.reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def emulated_ws(
+    lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0
+) -> np.ndarray:
+    """The warp-specialized entry point on `prepare_weight(w)`, launched as gemm_sm90
+    launches it; the output poisoned, with a guard past its end."""
+    (m, k), n = x.shape, w.shape[0]
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
+    dtype = np.float32 if out_f32 else np.uint16
+    y_buf = poisoned((m * n + GUARD,), dtype)
+    rc = lib.run_gemm_sm90_ws(
+        int(out_f32), *grid(WS, m, n), WS.num_threads, WS.smem_bytes,
+        ptr(x_buf[x_shift:]), ptr(packed.data), ptr(y_buf), m, n, k,
+    )  # fmt: skip
+    assert rc == 0, rc
+    assert np.array_equal(bits(y_buf[m * n :]), bits(poisoned((GUARD,), dtype)))
+    return y_buf[: m * n].reshape(m, n).view(F32 if out_f32 else BF16)
 
 
 def check_twin(got: np.ndarray, x: np.ndarray, w: np.ndarray, *, out_f32: bool) -> None:
@@ -168,6 +192,53 @@ def test_rows_do_not_depend_on_m(lib: ctypes.CDLL, rng: np.random.Generator) -> 
                     config.name,
                     out_f32,
                 )
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_warp_specialized_matches_its_twin_and_the_others(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int]
+) -> None:
+    """The producer / consumer kernel on the packed weight: the twin's values, and the
+    bits of the cp.async kernels (the same instruction sequence per element)."""
+    m, n, k = shape
+    x, w = operands(rng, m, n, k)
+    for out_f32 in (False, True):
+        got = emulated_ws(lib, x, w, out_f32=out_f32)
+        check_twin(got, x, w, out_f32=out_f32)
+        assert np.array_equal(bits(got), bits(emulated(lib, WG2, x, w, out_f32=out_f32)))
+    shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1)  # the plain-store route
+    assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
+
+
+def test_warp_specialized_rows_do_not_depend_on_m(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    x, w = operands(rng, 200, 300, 512)
+    full = emulated_ws(lib, x, w, out_f32=True)
+    for m, start in ((1, 0), (1, 199), (7, 100), (64, 3), (129, 41)):
+        part = emulated_ws(lib, x[start : start + m], w, out_f32=True)
+        assert np.array_equal(bits(part), bits(full[start : start + m])), (m, start)
+
+
+def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> None:
+    """Element (n, k) at the place the kernel's stage layout reads it from, rows padded
+    with zeros to a multiple of PACK_ROWS."""
+    n, k = 300, 192
+    w = rng.integers(0, 2**16, (n, k), dtype=np.uint16)
+    packed = prepare_weight(w)
+    assert isinstance(packed, PackedWeight) and packed.shape == (n, k)
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    assert packed.data.shape == (rows * k,) and packed.data.dtype == np.uint16
+    tiles = packed.data.reshape(rows // 64, k // 64, 64 * 64)
+    for row, col in [(0, 0), (7, 8), (8, 7), (63, 63), (64, 64), (299, 191), (130, 77)]:
+        g, r, j, e = (row % 64) // 8, row % 8, (col % 64) // 8, col % 8
+        assert tiles[row // 64, col // 64, (64 * g + 8 * j + r) * 8 + e] == w[row, col]
+    # every element once: the layout's inverse gives w back over zero rows
+    unpacked = tiles.reshape(rows // 64, k // 64, 8, 8, 8, 8).transpose(0, 2, 4, 1, 3, 5)
+    assert np.array_equal(unpacked.reshape(rows, k)[:n], w)
+    assert not unpacked.reshape(rows, k)[n:].any()
+    with pytest.raises(ValueError, match="K a positive multiple of 64"):
+        prepare_weight(w[:, :100].copy())
 
 
 def test_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None:
