@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -319,6 +320,8 @@ def test_configs_mirror_the_source() -> None:
         assert config.smem_bytes <= 227 * 1024  # an H100's per-block opt-in limit
         for out_f32 in (False, True):
             assert f"\n{config.kernel_name(out_f32)}(" in source
+    assert f"using Ws = Sm90WsTile<{WS.block_n}, {WS.num_stages}>;" in source and WS.block_m == 128
+    assert WS.smem_bytes <= 227 * 1024 and WS.num_threads == 384
 
 
 @pytest.mark.parametrize("layer", sorted(LLAMA_8B))
@@ -334,3 +337,51 @@ def test_geometry_fills_an_h100_on_llama_8b(layer: str) -> None:
         assert (gy - 1) * config.block_n < n <= gy * config.block_n
         assert waves(config, m, n) >= least, (m, config.name, waves(config, m, n))
     assert tile_config(1, n) is WG1 and tile_config(64, n) is WG1
+
+
+def test_the_launcher_launches_what_the_kernels_take(
+    lib: ctypes.CDLL, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gemm_sm90 itself, its device calls replaced by the emulation: the grid, block,
+    shared memory and arguments it passes run each kernel to the twin's values, for a
+    plain and a packed weight, and the same bits from both."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    launches: list[str] = []
+
+    def fake_kernel(config: Any, out_f32: bool, device_id: int) -> Any:
+        def launch(
+            grid_xy: tuple[int, int], block: tuple[int], args: tuple, *, shared_mem: int
+        ) -> None:
+            x, w, y, m, n, k = args
+            launches.append(config.kernel_name(out_f32))
+            call = (*grid_xy, block[0], shared_mem, ptr(x), ptr(w), ptr(y), int(m), int(n), int(k))
+            if config is WS:
+                rc = lib.run_gemm_sm90_ws(int(out_f32), *call)
+            else:
+                rc = lib.run_gemm_sm90(config.kernel_name(out_f32).encode(), *call)
+            assert rc == 0, rc
+
+        return launch
+
+    monkeypatch.setattr(launcher, "_kernel", fake_kernel)
+    monkeypatch.setattr(launcher, "_device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    for m in (1, 70, 130):
+        x, w = operands(rng, m, 200, 128)
+        x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
+        for out_f32 in (False, True):
+            dtype = np.float32 if out_f32 else np.uint16
+            plain = gemm_sm90(x_bits, w_bits, out_f32=out_f32, out=poisoned((m, 200), dtype))
+            check_twin(plain.view(F32 if out_f32 else BF16), x, w, out_f32=out_f32)
+            packed = gemm_sm90(
+                x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 200), dtype)
+            )
+            assert np.array_equal(bits(packed), bits(plain))
+    assert set(launches) == {c.kernel_name(f) for c in (WG1, WG2, WS) for f in (False, True)}
+    monkeypatch.setattr(launcher, "_device_arch", lambda: "80")
+    with pytest.raises(
+        ValueError, match=r"needs compute capability 9\.0 \(sm_90a\); this device is 80"
+    ):
+        gemm_sm90(x_bits, w_bits, out=poisoned((130, 200), np.uint16))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reprise.cuda import nvrtc
-from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE
+from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE, WS
 
 pytestmark = pytest.mark.kernels
 
@@ -35,7 +35,7 @@ def cubin() -> bytes:
 def test_every_entry_point_builds_for_sm90a(cubin: bytes) -> None:
     assert cubin[:4] == b"\x7fELF"
     names = nvrtc.kernel_names(SOURCE.read_text())
-    assert names == [c.kernel_name(f32) for c in CONFIGS for f32 in (False, True)]
+    assert names == [c.kernel_name(f32) for c in (*CONFIGS, WS) for f32 in (False, True)]
     for name in names:
         assert name.encode() + b"\x00" in cubin, name
 
@@ -62,9 +62,12 @@ def test_the_sass_runs_on_warpgroup_mma(cubin: bytes, tmp_path: Path) -> None:
     )
     assert sass.returncode == 0, sass.stderr
     functions = sass.stdout.split("Function : ")[1:]
-    assert len(functions) == 2 * len(CONFIGS)
+    assert len(functions) == 2 * (len(CONFIGS) + 1)
     for text in functions:
         name = text.split()[0]
         assert "HGMMA.64x128x16.F32.BF16" in text, name
         assert "LDGSTS" in text, name  # cp.async
         assert "LDL" not in text and "STL" not in text, name  # nothing spilled to local memory
+        if name.startswith("gemm_sm90_ws_"):
+            assert "UBLKCP" in text, name  # the bulk copies of the packed weight
+            assert "SYNCS.PHASECHK" in text and "ARRIVES.LDGSTSBAR" in text, name  # mbarriers

@@ -41,12 +41,13 @@ SHAPES = [
 NUM_ROWS = [1, 7, 64, 65, 300, 2048]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["cp-async", "warp-specialized"])
 @pytest.mark.parametrize("k, n, out_f32", SHAPES)
-def test_matches_its_twin(hopper, rng, k: int, n: int, out_f32: bool) -> None:
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90
+def test_matches_its_twin(hopper, rng, k: int, n: int, out_f32: bool, packed: bool) -> None:
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
 
     w = weights(rng, n, k)
-    w_dev = dev(w)
+    w_dev = prepare_weight(dev(w)) if packed else dev(w)
     cols = checked_cols(rng, n)
     for m in NUM_ROWS:
         x = activations(rng, m, k)
@@ -60,29 +61,38 @@ def test_matches_its_twin(hopper, rng, k: int, n: int, out_f32: bool) -> None:
         assert_matches_reference(got[np.ix_(rows, cols)], x[rows], w[cols], out_f32)
 
 
+def bits(cp, a):
+    return a.view(cp.uint32 if a.dtype == cp.float32 else cp.uint16)
+
+
 @pytest.mark.parametrize("k, n", [(4096, 6144), (14336, 4096), (576, 963)])
 def test_row_is_independent_of_its_batch(hopper, rng, k: int, n: int) -> None:
-    """Rows of calls of many M (each tile configuration), at random offsets and with
-    random companions, bit-equal the rows computed alone (M = 1)."""
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, tile_config
+    """Rows of calls of many M (each tile configuration, and the warp-specialized kernel
+    on the packed weight), at random offsets and with random companions, bit-equal the
+    rows computed alone (M = 1)."""
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight, tile_config
 
     cp = hopper
     pool_rows = 2048
     sizes = [1, 2, 7, 63, 64, 65, 127, 128, 129, 300, 511, 512, 1024, 2048]
     assert {tile_config(m, n).name for m in sizes} >= {"wg1", "wg2"}
     w = dev(weights(rng, n, k))
+    packed = prepare_weight(w)
     pool = dev(activations(rng, pool_rows, k))
     for out_f32 in (False, True):
-        alone = cp.concatenate(
+        alone = bits(cp, cp.concatenate(
             [gemm_sm90(pool[i : i + 1], w, out_f32=out_f32) for i in range(pool_rows)]
-        )
-        for m in sizes:
-            offset = int(rng.integers(0, pool_rows - m + 1))
-            y = gemm_sm90(pool[offset : offset + m], w, out_f32=out_f32)
-            assert bool(cp.array_equal(y, alone[offset : offset + m])), ("contiguous", m, offset)
-            rows = cp.asarray(rng.integers(0, pool_rows, size=m))
-            y = gemm_sm90(pool[rows], w, out_f32=out_f32)
-            assert bool(cp.array_equal(y, alone[rows])), ("companions", m)
+        ))  # fmt: skip
+        for weight in (w, packed):
+            kind = "packed" if weight is packed else "plain"
+            for m in sizes:
+                offset = int(rng.integers(0, pool_rows - m + 1))
+                y = bits(cp, gemm_sm90(pool[offset : offset + m], weight, out_f32=out_f32))
+                same = cp.array_equal(y, alone[offset : offset + m])
+                assert bool(same), ("contiguous", kind, m, offset, out_f32)
+                rows = cp.asarray(rng.integers(0, pool_rows, size=m))
+                y = bits(cp, gemm_sm90(pool[rows], weight, out_f32=out_f32))
+                assert bool(cp.array_equal(y, alone[rows])), ("companions", kind, m, out_f32)
 
 
 def test_mma_sync_agreement_is_recorded(hopper, rng, record_property) -> None:
