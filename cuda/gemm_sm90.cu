@@ -4,8 +4,12 @@
 // x and w are BF16 bit patterns, row-major, w in the Hugging Face [out, in] layout as
 // is (no packing); y is BF16 (round to nearest even of the fp32 accumulator) or fp32.
 //
-// One templated kernel, instantiated for a few tile shapes (gemm_sm90_kernel.py's
-// CONFIGS mirror the instantiations at the end of this file):
+// Two kernels share the stage layout, the MMAs and the epilogue below:
+// gemm_sm90_tile (all threads load by cp.async, then all issue MMAs; w as is) and
+// gemm_sm90_ws_tile (a producer warpgroup feeds two consumer warpgroups through an
+// mbarrier ring; w pre-packed once so its tiles come by 1-D bulk copies: no tensor
+// maps). The first, instantiated for a few tile shapes (gemm_sm90_kernel.py's CONFIGS
+// mirror the instantiations at the end of this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
 //   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
 //   K walked in tiles of BK = 64 through a STAGES-deep ring of shared buffers filled by
@@ -21,7 +25,7 @@
 // leading byte offset (next core matrix along K) = 128 and stride byte offset (next
 // 8 rows) = 1024.
 //
-// Pipeline: before the MMAs of k-tile kt, tiles kt + 1 .. kt + STAGES - 2 are in flight;
+// Pipeline (gemm_sm90_tile): before the MMAs of k-tile kt, tiles kt + 1 .. kt + STAGES - 2 are in flight;
 // the MMAs of tile kt - 1 may still run (wgmma.wait_group 1). The slot refilled in
 // iteration kt is that of tile kt - 2, whose MMAs every warpgroup finished before the
 // barrier at the top of the iteration.
@@ -42,7 +46,7 @@
 //      many positions).
 //   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
 // So y[m, n] depends on x[m, :], w[n, :] and K alone: the same bits for every M, row
-// offset, companion rows and tile configuration of this file. It need NOT equal
+// offset, companion rows, tile configuration and kernel of this file. It need NOT equal
 // gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
 // does not tie to this one), which is why the launcher's dispatch rule picks between
 // the two by (device, N, K) only, never by M.

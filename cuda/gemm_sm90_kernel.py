@@ -1,11 +1,17 @@
 """Launcher of the Hopper GEMM in gemm_sm90.cu: y = x @ w.T with warpgroup MMA (twin:
 gemm.gemm_ref).
 
-x is [M, K] and w is [N, K] (Hugging Face layout, used as is: no packing), both BF16
-held as uint16 CuPy arrays; y is [M, N] BF16 (round to nearest even of the fp32
-accumulator) or fp32. Compiled for sm_90a (wgmma exists on no other target) by our own
-NVRTC call (nvrtc.compile_source) and loaded from the cubin: CuPy's RawModule would
-name the plain sm_90 target.
+x is [M, K] BF16 held as uint16 CuPy arrays; y is [M, N] BF16 (round to nearest even
+of the fp32 accumulator) or fp32. The weight comes either as is, [N, K] (Hugging Face
+layout): the cp.async kernels, every thread loading and then issuing MMAs; or packed
+once by `prepare_weight` (a PackedWeight): the warp-specialized kernel, whose
+producer warpgroup brings the weight's tiles by 1-D bulk copies and x by cp.async
+through an mbarrier ring to two consumer warpgroups. Packing replaces TMA tensor maps
+(which need a driver call and a 128-byte by-value kernel argument CuPy cannot be shown
+to pass without a GPU): the bulk copy engine still moves the weight, and the only host
+work is one reshape at load. Compiled for sm_90a (wgmma exists on no other target) by
+our own NVRTC call (nvrtc.compile_source) and loaded from the cubin: CuPy's RawModule
+would name the plain sm_90 target.
 
 What it guarantees (DESIGN §4): every y[m, n] is one fp32 accumulation over K in one
 fixed order, starting from +0 and taking the K slices [0, 16), [16, 32), ... in
@@ -13,8 +19,8 @@ ascending order, one wgmma.m64n128k16 per slice, in every tile configuration. No
 split-K, no reduction across threads or CTAs; rows past M and columns past N are zero
 padding that never enters another element's sum and is never written. So y[m, n]
 depends on x[m, :], w[n, :] and K alone: bit-identical for any M, row offset,
-companion rows and configuration (`tile_config` picks one by M and N for occupancy;
-that only regroups the sequence). gemm_sm90.cu states the argument in full.
+companion rows, configuration or kernel (`tile_config` picks one by M and N for
+occupancy; that only regroups the sequence). gemm_sm90.cu states the argument in full.
 
 The dispatch rule. This kernel's rows need NOT bit-equal gemm.cu's (mma.sync
 m16n8k16 is another instruction; the ISA does not tie their in-slice summation), so
