@@ -170,6 +170,17 @@ inline bool release() {
   return released;
 }
 
+// A spin-wait's turn: the thread runs again next round. Whatever a spinning thread waits
+// for (an mbarrier phase) is some other thread's doing, which calls progress().
+inline bool g_progress = false;
+inline int g_idle_rounds = 0;
+inline void yield() {
+  const unsigned t = threadIdx.x;
+  g_cta.wait[t] = Wait::kRunning;
+  switch_to(g_cta.context[t], g_cta.scheduler);
+}
+inline void progress() { g_progress = true; }
+
 // Run the current CTA's threads until every one has returned.
 inline void run_cta() {
   const int n = g_cta.threads;
@@ -187,6 +198,17 @@ inline void run_cta() {
     }
     for (int t = 0; t < n; ++t) done &= g_cta.wait[t] == Wait::kDone;
     if (done) return;
+    // Threads that yielded (spin-waits: yield() below) run again next round, as long
+    // as some thread made progress (`g_progress`) within the last 1000 rounds.
+    bool yielded = false;
+    for (int t = 0; t < n; ++t) yielded |= g_cta.wait[t] == Wait::kRunning;
+    if (yielded && g_progress) {
+      g_progress = false;
+      g_idle_rounds = 0;
+      continue;
+    }
+    if (yielded && ++g_idle_rounds < 1000) continue;
+    g_idle_rounds = 0;
     if (!release()) {
       std::fprintf(stderr, "deadlock in block (%u, %u): threads wait at barriers no other thread reaches:",
                    blockIdx.x, blockIdx.y);

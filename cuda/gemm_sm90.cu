@@ -1,0 +1,625 @@
+// Linear layers on Hopper: y[M, N] = x[M, K] @ w[N, K]^T with warpgroup MMA
+// (wgmma.mma_async, sm_90a). Launcher: gemm_sm90_kernel.py; twin: gemm.py's gemm_ref.
+//
+// x and w are BF16 bit patterns, row-major, w in the Hugging Face [out, in] layout as
+// is (no packing); y is BF16 (round to nearest even of the fp32 accumulator) or fp32.
+//
+// Two kernels share the stage layout, the MMAs and the epilogue below:
+// gemm_sm90_tile (all threads load by cp.async, then all issue MMAs; w as is) and
+// gemm_sm90_ws_tile (a producer warpgroup feeds two consumer warpgroups through an
+// mbarrier ring; w pre-packed once so its tiles come by 1-D bulk copies: no tensor
+// maps). The first, instantiated for a few tile shapes (gemm_sm90_kernel.py's CONFIGS
+// mirror the instantiations at the end of this file):
+//   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
+//   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
+//   K walked in tiles of BK = 64 through a STAGES-deep ring of shared buffers filled by
+//   16-byte cp.async from every thread (zero-filled past M and N). K must be a multiple
+//   of 64 (every Llama shape is): no K tail, so no branch among the MMAs of a k-tile.
+//
+// Shared layout of one operand tile (R rows x 64 k): the wgmma "core matrix" is 8 rows
+// x 16 bytes (8 BF16 of k), stored as 128 contiguous bytes; core matrix (row group g,
+// k chunk j) sits at byte (g * 8 + j) * 128. So the 16-byte chunk at byte c * 16 holds
+// row 8 (c / 64) + c % 8, k chunk (c / 8) % 8: consecutive threads fill consecutive
+// 16 bytes (no bank conflict) from 8 rows x 64 contiguous global bytes (whole sectors).
+// In the no-swizzle K-major canonical layout of the PTX ISA's matrix descriptor this is
+// leading byte offset (next core matrix along K) = 128 and stride byte offset (next
+// 8 rows) = 1024.
+//
+// Pipeline (gemm_sm90_tile): before the MMAs of k-tile kt, tiles kt + 1 .. kt + STAGES - 2 are in flight;
+// the MMAs of tile kt - 1 may still run (wgmma.wait_group 1). The slot refilled in
+// iteration kt is that of tile kt - 2, whose MMAs every warpgroup finished before the
+// barrier at the top of the iteration.
+//
+// NOTE: the invariance argument (DESIGN §4). Output element y[m, n] lives in one
+// accumulator register of one thread of one CTA; nothing else ever adds into it.
+//   1. It starts at +0.0f and takes exactly one wgmma.m64n128k16 per 16-wide K slice
+//      s = 0, 1, ..., K/16 - 1, in ascending order (k-tiles ascend, slices ascend in a
+//      k-tile; K % 64 == 0, so there is no tail). Every configuration issues this
+//      same instruction shape; the tile shape only regroups the one sequence. No
+//      split-K, no reduction across threads, warpgroups or CTAs.
+//   2. In the wgmma of slice s the element's row of A is x[m, 16s : 16s+16] and its
+//      column of B is w[n, 16s : 16s+16], copied bit for bit; other rows and columns of
+//      the instruction (companion rows, zero padding past M or N) do not enter it.
+//   3. The instruction's arithmetic for one element is fixed hardware behaviour, the
+//      same at every row and column position of the m64n128 tile (an assumption about
+//      the tensor cores, as gemm.cu makes for mma.sync; the GPU test checks rows at
+//      many positions).
+//   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
+// So y[m, n] depends on x[m, :], w[n, :] and K alone: the same bits for every M, row
+// offset, companion rows, tile configuration and kernel of this file. It need NOT equal
+// gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
+// does not tie to this one), which is why the launcher's dispatch rule picks between
+// the two by (device, N, K) only, never by M.
+#include <cuda_bf16.h>
+
+// wgmma exists only on sm_90a (the arch-specific target); every other target (CI
+// compiles every source for sm_80 and sm_90) builds entry points that trap.
+#if defined(REPRISE_EMULATE_PTX) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define GEMM_SM90_ENABLED 1
+#endif
+
+namespace {
+
+// ---- PTX wrappers -----------------------------------------------------------------
+// Every inline-PTX statement lives in these wrappers and nowhere else. NOTE: the CPU
+// emulator (tests/kernel_emu/driver_sm90.cpp) defines REPRISE_EMULATE_PTX and takes
+// host definitions of these same functions, written to the PTX ISA, from
+// tests/kernel_emu/ptx_emu.h and wgmma_emu.h.
+#if defined(GEMM_SM90_ENABLED) && !defined(REPRISE_EMULATE_PTX)
+
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes.
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
+// Shared memory written through the generic proxy (cp.async, plain stores) is read by
+// wgmma through the async proxy: each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// wgmma.fence: orders this warpgroup's earlier register and shared accesses before
+// the wgmma that follow.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this warpgroup's committed wgmma groups are in flight.
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across a wgmma in flight.
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x 128 fp32, this warpgroup's) += A (64 x 16, K-major) * B (16 x 128, K-major:
+// w rows), both from shared memory through matrix descriptors. D fragment (PTX ISA,
+// "Register fragments, wgmma .m64nNk16", f32 accumulator): with warp w of the
+// warpgroup and lane l, d[i] = D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2].
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long desc_a,
+                                                 unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "n"(1)
+      : "memory");
+}
+
+// ---- mbarriers and bulk copies (the warp-specialized kernel) ----
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+
+// Makes the initialised barriers visible to the async proxy (the bulk copies).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+
+// Expect `bytes` more transaction bytes in the current phase, then arrive.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+
+// True once the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// An arrival on the barrier once all of this thread's earlier cp.async have landed; the
+// barrier's count includes it (noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(unsigned addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+
+// `bytes` (a multiple of 16) global -> shared by the bulk copy engine, completing as
+// transaction bytes on the barrier.
+__device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigned mbar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+
+#endif  // GEMM_SM90_ENABLED && !REPRISE_EMULATE_PTX
+
+#ifdef GEMM_SM90_ENABLED
+
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+
+// The shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13
+// start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+// 49-51 base offset (0), 62-63 swizzle mode (0: none).
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lead_bytes,
+                                                        unsigned stride_bytes) {
+  return static_cast<unsigned long long>((addr >> 4) & 0x3FFFu) |
+         (static_cast<unsigned long long>((lead_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<unsigned long long>((stride_bytes >> 4) & 0x3FFFu) << 32);
+}
+
+// ---- the kernel ---------------------------------------------------------------------
+
+template <int BM_, int BN_, int STAGES_>
+struct Sm90Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr int WARPGROUPS = BM / 64;
+  static constexpr int THREADS = 128 * WARPGROUPS;
+  static constexpr int N_SUB = BN / 128;      // wgmma.m64n128k16 per warpgroup per K slice
+  static constexpr int CHUNKS_PER_ROW = BK / 8;  // 16-byte chunks of one row of a k-tile
+  static constexpr int A_CHUNKS = BM * CHUNKS_PER_ROW, B_CHUNKS = BN * CHUNKS_PER_ROW;
+  static constexpr int A_BYTES = A_CHUNKS * 16;
+  static constexpr int STAGE_BYTES = (A_CHUNKS + B_CHUNKS) * 16;  // x tile, then w tile
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  static constexpr unsigned LEAD_BYTES = 128;                    // next core matrix along K
+  static constexpr unsigned STRIDE_BYTES = 8 * CHUNKS_PER_ROW * 16;  // next 8 rows: 1024
+
+  static_assert(BM % 64 == 0 && BN % 128 == 0, "whole m64n128 instructions");
+  static_assert((A_CHUNKS + B_CHUNKS) % THREADS == 0 && A_CHUNKS % THREADS == 0,
+                "every thread copies alike");
+  static_assert(STAGES >= 3, "the slot refilled is two tiles behind the one consumed");
+};
+
+// The global source of this thread's chunk i of k-tile kt, in the core-matrix layout
+// above (chunk c of the stage holds row 8 (c / 64) + c % 8, k chunk (c / 8) % 8), and
+// whether its row exists. NOTE: an invalid chunk still gets an in-bounds address;
+// cp.async with src-size 0 reads none of it.
+template <class T>
+__device__ __forceinline__ const unsigned short* chunk_source(int i, const unsigned short* __restrict__ x,
+                                                             const unsigned short* __restrict__ w, int M, int N,
+                                                             int K, int m0, int n0, int kt, bool& valid) {
+  const int chunk = static_cast<int>(threadIdx.x) + i * T::THREADS;
+  const bool is_a = chunk < T::A_CHUNKS;  // uniform per i: A_CHUNKS % THREADS == 0
+  const int c = is_a ? chunk : chunk - T::A_CHUNKS;
+  const int row = 8 * (c / (8 * T::CHUNKS_PER_ROW)) + c % 8;
+  const int k = kt * T::BK + ((c / 8) % T::CHUNKS_PER_ROW) * 8;
+  const int g_row = (is_a ? m0 : n0) + row;
+  valid = g_row < (is_a ? M : N);
+  return (is_a ? x : w) + (valid ? static_cast<long long>(g_row) * K + k : 0LL);
+}
+
+// Copy k-tile `kt` of x rows [m0, m0 + BM) and w rows [n0, n0 + BN) into one stage;
+// rows past M or N are zero-filled. Chunk i of this thread lands at byte
+// (threadIdx.x + i * THREADS) * 16 of the stage (the w tile follows the x tile).
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned char* stage, const unsigned short* __restrict__ x,
+                                          const unsigned short* __restrict__ w, int M, int N, int K,
+                                          int m0, int n0, int kt, bool vec) {
+  constexpr int PER_THREAD = (T::A_CHUNKS + T::B_CHUNKS) / T::THREADS;
+  unsigned char* dst = stage + threadIdx.x * 16;
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      bool valid;
+      const unsigned short* src = chunk_source<T>(i, x, w, M, N, K, m0, n0, kt, valid);
+      cp_async_16(shared_addr(dst + i * T::THREADS * 16), src, valid);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      bool valid;
+      const unsigned short* src = chunk_source<T>(i, x, w, M, N, K, m0, n0, kt, valid);
+      unsigned v[4] = {0u, 0u, 0u, 0u};
+      if (valid) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          v[j] = static_cast<unsigned>(src[2 * j]) | (static_cast<unsigned>(src[2 * j + 1]) << 16);
+      }
+      *reinterpret_cast<uint4*>(dst + i * T::THREADS * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_pair(unsigned short* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<unsigned*>(y + idx) = bf16_bits(v0) | (bf16_bits(v1) << 16);
+  } else {
+    y[idx] = static_cast<unsigned short>(bf16_bits(v0));
+    if (has_second) y[idx + 1] = static_cast<unsigned short>(bf16_bits(v1));
+  }
+}
+
+__device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<float2*>(y + idx) = make_float2(v0, v1);
+  } else {
+    y[idx] = v0;
+    if (has_second) y[idx + 1] = v1;
+  }
+}
+
+// x: [M, K], w: [N, K] BF16 bits; y: [M, N]. grid = (ceil(M / BM), ceil(N / BN)),
+// block = THREADS, dynamic shared memory = SMEM_BYTES; K % 64 == 0 (the launcher checks).
+template <class T, class OutT>
+__device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict__ x,
+                                               const unsigned short* __restrict__ w, OutT* __restrict__ y,
+                                               int M, int N, int K) {
+  extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
+  // NOTE: the launcher mirrors THREADS and SMEM_BYTES; a mismatch must fail loudly.
+  if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
+  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int num_k_tiles = K / T::BK;
+  const unsigned long long in_bits =
+      reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w);
+  const bool vec_in = (in_bits & 15ull) == 0;  // rows are K * 2 bytes: a multiple of 128
+  const unsigned smem_base = shared_addr(gemm_sm90_smem);
+
+  float acc[T::N_SUB][64];
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[s][i] = 0.0f;
+
+  // Prologue: tiles 0 .. STAGES - 3. One commit per tile slot (empty past the end)
+  // keeps the group count uniform.
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 2; ++s) {
+    if (s < num_k_tiles)
+      load_tile<T>(gemm_sm90_smem + s * T::STAGE_BYTES, x, w, M, N, K, m0, n0, s, vec_in);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    cp_async_wait<T::STAGES - 3>();  // this thread's copies of tile kt have landed
+    fence_proxy_async();
+    // Every thread's copies of tile kt are visible to the tensor cores, and every
+    // warpgroup has finished the MMAs of tile kt - 2, whose slot is refilled next.
+    __syncthreads();
+    const int next = kt + T::STAGES - 2;
+    if (next < num_k_tiles)
+      load_tile<T>(gemm_sm90_smem + (next % T::STAGES) * T::STAGE_BYTES, x, w, M, N, K, m0, n0, next,
+                   vec_in);
+    cp_async_commit();
+
+    const unsigned a_base = smem_base + (kt % T::STAGES) * T::STAGE_BYTES + warpgroup * 8 * T::STRIDE_BYTES;
+    const unsigned b_base = smem_base + (kt % T::STAGES) * T::STAGE_BYTES + T::A_BYTES;
+#pragma unroll
+    for (int s = 0; s < T::N_SUB; ++s) wgmma_fence_operands(acc[s]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < T::BK / 16; ++ks) {
+      const unsigned long long desc_a = smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
+#pragma unroll
+      for (int s = 0; s < T::N_SUB; ++s) {
+        const unsigned long long desc_b = smem_desc(b_base + s * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
+                                                    T::LEAD_BYTES, T::STRIDE_BYTES);
+        wgmma_m64n128k16(acc[s], desc_a, desc_b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of tile kt - 1 are done; those of kt may still run
+#pragma unroll
+    for (int s = 0; s < T::N_SUB; ++s) wgmma_fence_operands(acc[s]);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s) wgmma_fence_operands(acc[s]);
+  cp_async_wait<0>();  // only empty groups remain; leave none behind
+
+  // D fragment (see wgmma_m64n128k16): d[i] at row 16 warp + lane / 4 + 8 ((i / 2) % 2),
+  // column 8 (i / 4) + 2 (lane % 4) + i % 2. Rows >= M and columns >= N are never written.
+  const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int row = m0 + warpgroup * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
+      const int col = n0 + s * 128 + 8 * (i / 4) + 2 * (lane % 4);
+      if (row < M && col < N)
+        store_pair(y, static_cast<long long>(row) * N + col, acc[s][i], acc[s][i + 1], col + 1 < N, vec_out);
+    }
+  }
+}
+
+// ---- the warp-specialized kernel: packed weight, bulk copies, mbarrier ring ----------
+//
+// Warpgroup 0 produces, warpgroups 1 .. BM / 64 consume. For k-tile kt in stage
+// s = kt % STAGES, the producer waits until the consumers have released the stage's
+// previous tile (barrier empty[s]), then its 128 threads copy the x tile by cp.async
+// (each arriving on full[s] when its copies land) while its thread 0 copies the w
+// tile's BN / 64 panels from the packed weight with the bulk copy engine (transaction
+// bytes on full[s]). The consumers wait on full[s], issue the tile's MMAs, and once
+// those of tile kt - 1 are retired (wgmma.wait_group 1) release its stage. The stage
+// layout and the MMAs are those of gemm_sm90_tile: the invariance argument is unchanged.
+//
+// The packed weight (gemm_sm90_kernel.pack_weight): w rows padded with zeros to a
+// multiple of 256, cut into 64-row panels; panel p's k-tile kt is the 8,192 bytes at
+// ((p * (K / 64)) + kt) * 8,192, in the core-matrix layout of a 64 x 64 stage tile.
+template <int BN_, int STAGES_>
+struct Sm90WsTile {
+  static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr int CONSUMERS = BM / 64;
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int N_SUB = BN / 128;
+  static constexpr int CHUNKS_PER_ROW = BK / 8;
+  static constexpr int A_CHUNKS = BM * CHUNKS_PER_ROW;
+  static constexpr int A_BYTES = A_CHUNKS * 16;
+  static constexpr int PANEL_BYTES = 64 * BK * 2;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int BARRIER_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+  static constexpr int SMEM_BYTES = BARRIER_OFFSET + 2 * STAGES * 8;
+  static constexpr unsigned LEAD_BYTES = 128, STRIDE_BYTES = 1024;
+
+  static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
+  static_assert(STAGES >= 2, "a ring");
+};
+
+// The global source of x chunk c of k-tile kt (the stage layout above), and whether its
+// row exists; an invalid chunk still gets an in-bounds address.
+template <class T>
+__device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsigned short* __restrict__ x, int M,
+                                                            int K, int m0, int kt, bool& valid) {
+  const int row = 8 * (c / (8 * T::CHUNKS_PER_ROW)) + c % 8;
+  const int k = kt * T::BK + ((c / 8) % T::CHUNKS_PER_ROW) * 8;
+  valid = m0 + row < M;
+  return x + (valid ? static_cast<long long>(m0 + row) * K + k : 0LL);
+}
+
+template <class T, class OutT>
+__device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
+                                                  const unsigned char* __restrict__ w_packed,
+                                                  OutT* __restrict__ y, int M, int N, int K) {
+  extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
+  if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warpgroup = tid / 128;
+  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int num_k_tiles = K / T::BK;
+  const unsigned smem_base = shared_addr(gemm_sm90_smem);
+  const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
+
+  if (tid == 0) {
+    for (int s = 0; s < T::STAGES; ++s) {
+      mbar_init(full0 + s * 8, 128 + 1);              // the producers' copies, thread 0's expect_tx
+      mbar_init(empty0 + s * 8, 128 * T::CONSUMERS);  // every consumer thread
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // ---- producer ----
+    const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
+      const int s = kt % T::STAGES;
+      if (kt >= T::STAGES)  // the consumers released the stage's previous tile, kt - STAGES
+        while (!mbar_try_wait(empty0 + s * 8, ((kt / T::STAGES) + 1) & 1)) {
+        }
+      unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
+      if (tid == 0) {
+        mbar_arrive_expect_tx(full0 + s * 8, T::B_BYTES);
+        const long long panel0 = n0 / 64;
+#pragma unroll
+        for (int i = 0; i < T::BN / 64; ++i)
+          bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
+                        w_packed + ((panel0 + i) * num_k_tiles + kt) * T::PANEL_BYTES, T::PANEL_BYTES,
+                        full0 + s * 8);
+      }
+      if (vec) {
+#pragma unroll
+        for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
+          bool valid;
+          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
+          cp_async_16(shared_addr(stage + (tid + i * 128) * 16), src, valid);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
+          bool valid;
+          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
+          unsigned v[4] = {0u, 0u, 0u, 0u};
+          if (valid) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              v[j] = static_cast<unsigned>(src[2 * j]) | (static_cast<unsigned>(src[2 * j + 1]) << 16);
+          }
+          *reinterpret_cast<uint4*>(stage + (tid + i * 128) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+        fence_proxy_async();  // plain stores, read by wgmma
+      }
+      cp_async_mbar_arrive_noinc(full0 + s * 8);
+    }
+    cp_async_commit();  // leave no copy of this thread in flight behind its exit
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumers ----
+  const int consumer = warpgroup - 1;
+  const int warp = (tid / 32) % 4, lane = tid % 32;
+  float acc[T::N_SUB][64];
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[s][i] = 0.0f;
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    const int s = kt % T::STAGES;
+    while (!mbar_try_wait(full0 + s * 8, (kt / T::STAGES) & 1)) {
+    }
+    fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+    const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 8 * T::STRIDE_BYTES;
+    const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+#pragma unroll
+    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < T::BK / 16; ++ks) {
+      const unsigned long long desc_a = smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
+#pragma unroll
+      for (int j = 0; j < T::N_SUB; ++j) {
+        const unsigned long long desc_b = smem_desc(b_base + j * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
+                                                    T::LEAD_BYTES, T::STRIDE_BYTES);
+        wgmma_m64n128k16(acc[j], desc_a, desc_b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of tile kt - 1 are retired: release its stage
+#pragma unroll
+    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+    if (kt > 0) mbar_arrive(empty0 + ((kt - 1) % T::STAGES) * 8);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+
+  const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int row = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
+      const int col = n0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4);
+      if (row < M && col < N)
+        store_pair(y, static_cast<long long>(row) * N + col, acc[j][i], acc[j][i + 1], col + 1 < N, vec_out);
+    }
+  }
+}
+
+using Ws = Sm90WsTile<128, 6>;  // 3 warpgroups, 196,704 B shared
+static_assert(Ws::THREADS == 384, "launch bounds below");
+
+// Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
+using Wg1 = Sm90Tile<64, 128, 8>;    // M <= 64 (decode): 1 warpgroup, 196,608 B shared
+using Wg2 = Sm90Tile<128, 128, 6>;   // 2 warpgroups, 196,608 B shared
+using Wg2Wide = Sm90Tile<128, 256, 4>;  // 2 warpgroups, 128 fp32 accumulators a thread, 196,608 B
+static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 256, "launch bounds below");
+
+#endif  // GEMM_SM90_ENABLED
+
+}  // namespace
+
+#ifdef GEMM_SM90_ENABLED
+#define GEMM_SM90_BODY(TILE) gemm_sm90_tile<TILE>(x, w, y, M, N, K)
+#else
+#define GEMM_SM90_BODY(TILE) __trap()
+#endif
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+gemm_sm90_bf16_wg1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                   unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg1);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+gemm_sm90_f32_wg1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                  float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg1);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_bf16_wg2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                   unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg2);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_f32_wg2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                  float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg2);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_bf16_wg2wide(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                       unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg2Wide);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_f32_wg2wide(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                      float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_BODY(Wg2Wide);
+}
+
+// The warp-specialized kernel: w is the packed weight (see Sm90WsTile).
+#ifdef GEMM_SM90_ENABLED
+#define GEMM_SM90_WS_BODY(TILE) gemm_sm90_ws_tile<TILE>(x, w_packed, y, M, N, K)
+#else
+#define GEMM_SM90_WS_BODY(TILE) __trap()
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                  unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(Ws);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                 float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(Ws);
+}

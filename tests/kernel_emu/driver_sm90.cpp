@@ -1,0 +1,87 @@
+// The Hopper GEMM (cuda/gemm_sm90.cu) behind a plain C entry point that launches it on
+// cuda_emu.h's threads, its PTX wrappers from ptx_emu.h (cp.async), wgmma_emu.h
+// (warpgroup MMA) and mbarrier_emu.h (mbarriers, bulk copies). A library of its own (tests/test_gemm_sm90.py builds it), so the
+// shared emulation (driver.cpp) is untouched.
+#include "cuda_emu.h"
+// gemm_sm90.cu asks for one block per SM: __launch_bounds__(threads, 1).
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#define REPRISE_EMULATE_PTX 1
+#include "ptx_emu.h"
+#include "wgmma_emu.h"
+#include "mbarrier_emu.h"
+
+#include <string>
+
+// Its `extern __shared__` buffer is gemm_sm90_smem below, sized for the largest tile
+// config; __shared__ expands to nothing while the file is read (as driver.cpp does for
+// gemm.cu).
+constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 196704;  // Ws: 6 stages and 12 mbarriers
+namespace gemm_sm90_emu {
+namespace {
+alignas(128) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];
+}  // namespace
+#pragma push_macro("__shared__")
+#undef __shared__
+#define __shared__
+#include "../../cuda/gemm_sm90.cu"
+#pragma pop_macro("__shared__")
+}  // namespace gemm_sm90_emu
+
+extern "C" {
+// Launch gemm_sm90.cu's entry point `name` as gemm_sm90_kernel launches it: grid
+// (grid_x, grid_y), `threads` threads, `smem_bytes` of dynamic shared memory, which
+// starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
+// Returns 0, or 1: unknown name, 2: smem_bytes over the emulator's capacity, 3: some
+// thread left cp.async copies or wgmma groups uncommitted or in flight at its exit.
+int run_gemm_sm90(const char* name, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
+                  const unsigned short* w, void* y, int M, int N, int K) {
+  using Bf16Fn = void (*)(const unsigned short*, const unsigned short*, unsigned short*, int, int, int);
+  using F32Fn = void (*)(const unsigned short*, const unsigned short*, float*, int, int, int);
+  const std::string n = name;
+  Bf16Fn bf16 = nullptr;
+  F32Fn f32 = nullptr;
+  if (n == "gemm_sm90_bf16_wg1") bf16 = gemm_sm90_emu::gemm_sm90_bf16_wg1;
+  if (n == "gemm_sm90_bf16_wg2") bf16 = gemm_sm90_emu::gemm_sm90_bf16_wg2;
+  if (n == "gemm_sm90_bf16_wg2wide") bf16 = gemm_sm90_emu::gemm_sm90_bf16_wg2wide;
+  if (n == "gemm_sm90_f32_wg1") f32 = gemm_sm90_emu::gemm_sm90_f32_wg1;
+  if (n == "gemm_sm90_f32_wg2") f32 = gemm_sm90_emu::gemm_sm90_f32_wg2;
+  if (n == "gemm_sm90_f32_wg2wide") f32 = gemm_sm90_emu::gemm_sm90_f32_wg2wide;
+  if (bf16 == nullptr && f32 == nullptr) return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
+  std::memset(gemm_sm90_emu::gemm_sm90_smem, 0xFF, sizeof gemm_sm90_emu::gemm_sm90_smem);
+  g_ptx_smem = gemm_sm90_emu::gemm_sm90_smem;
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  int left_behind = 0;
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (bf16 != nullptr) bf16(x, w, static_cast<unsigned short*>(y), M, N, K);
+    else f32(x, w, static_cast<float*>(y), M, N, K);
+    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
+    if (!copies || !mmas) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind == 0 ? 0 : 3;
+}
+
+// The warp-specialized entry point (gemm_sm90_ws_bf16 / _f32) on a packed weight, as
+// run_gemm_sm90 launches the others; the same return codes.
+int run_gemm_sm90_ws(int out_f32, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
+                     const unsigned char* w_packed, void* y, int M, int N, int K) {
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
+  std::memset(gemm_sm90_emu::gemm_sm90_smem, 0xFF, sizeof gemm_sm90_emu::gemm_sm90_smem);
+  g_ptx_smem = gemm_sm90_emu::gemm_sm90_smem;
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  int left_behind = 0;
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
+    if (out_f32) gemm_sm90_emu::gemm_sm90_ws_f32(x, w_packed, static_cast<float*>(y), M, N, K);
+    else gemm_sm90_emu::gemm_sm90_ws_bf16(x, w_packed, static_cast<unsigned short*>(y), M, N, K);
+    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
+    if (!copies || !mmas) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind == 0 ? 0 : 3;
+}
+}

@@ -1,0 +1,387 @@
+"""The Hopper GEMM (cuda/gemm_sm90.cu) on the CPU emulation (tests/kernel_emu:
+driver_sm90.cpp with ptx_emu.h's cp.async and wgmma_emu.h's warpgroup MMA, written to
+the PTX ISA's descriptor, layout and fragment definitions): against its NumPy twin on
+fresh random inputs with the output poisoned first; every row bit-identical to the
+same row at another M, under every tile configuration (DESIGN §4); the launcher's
+checks, dispatch predicate and geometry. Its sm_90a build (wgmma in the SASS) is in
+test_gemm_sm90_compile.py; the device run in test_gpu_gemm_sm90.py."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reprise.cuda.dtypes import BF16, F32
+from reprise.cuda.gemm import gemm_ref
+from reprise.cuda.gemm_sm90_kernel import (
+    CONFIGS,
+    PACK_ROWS,
+    WG1,
+    WG2,
+    WG2_WIDE,
+    WS,
+    PackedWeight,
+    Sm90Config,
+    gemm_sm90,
+    grid,
+    prepare_weight,
+    supported,
+    tile_config,
+    waves,
+)
+
+pytestmark = pytest.mark.kernels
+EMU = Path(__file__).parent / "kernel_emu"
+GUARD = 64  # poisoned elements past the output, which must stay poisoned
+LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """driver_sm90.cpp built by g++ into a library of its own."""
+    if shutil.which("g++") is None:
+        if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
+            pytest.fail("the kernel emulation needs g++")
+        pytest.skip("needs g++")
+    out = tmp_path_factory.mktemp("emu_sm90") / "libgemm_sm90.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU / 'include'}",
+           "-o", str(out), str(EMU / "driver_sm90.cpp")]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return ctypes.CDLL(str(out))
+
+
+def ptr(a: np.ndarray) -> ctypes.c_void_p:
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint16 if a.dtype in (BF16, np.uint16) else np.uint32)
+
+
+def poisoned(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    out.view(np.uint8).fill(0xFF)
+    return out
+
+
+def emulated(
+    lib: ctypes.CDLL, config: Sm90Config, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
+    x_shift: int = 0, y_shift: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """gemm_sm90.cu's entry point for `config`, launched as gemm_sm90 launches it;
+    `x_shift` / `y_shift` elements move x / y off 16-byte alignment (the plain-load and
+    scalar-store routes)."""
+    (m, k), n = x.shape, w.shape[0]
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
+    dtype = np.float32 if out_f32 else np.uint16
+    y_buf = poisoned((m * n + y_shift + GUARD,), dtype)
+    y = y_buf[y_shift : y_shift + m * n]
+    w_bits = np.ascontiguousarray(w).view(np.uint16)
+    rc = lib.run_gemm_sm90(
+        config.kernel_name(out_f32).encode(), *grid(config, m, n), config.num_threads,
+        config.smem_bytes, ptr(x_buf[x_shift:]), ptr(w_bits), ptr(y), m, n, k,
+    )  # fmt: skip
+    assert rc == 0, rc
+    assert np.array_equal(bits(y_buf[:y_shift]), bits(poisoned((y_shift,), dtype)))
+    assert np.array_equal(bits(y_buf[y_shift + m * n :]), bits(poisoned((GUARD,), dtype)))
+    return y.reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def emulated_ws(
+    lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0
+) -> np.ndarray:
+    """The warp-specialized entry point on `prepare_weight(w)`, launched as gemm_sm90
+    launches it; the output poisoned, with a guard past its end."""
+    (m, k), n = x.shape, w.shape[0]
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
+    dtype = np.float32 if out_f32 else np.uint16
+    y_buf = poisoned((m * n + GUARD,), dtype)
+    rc = lib.run_gemm_sm90_ws(
+        int(out_f32), *grid(WS, m, n), WS.num_threads, WS.smem_bytes,
+        ptr(x_buf[x_shift:]), ptr(packed.data), ptr(y_buf), m, n, k,
+    )  # fmt: skip
+    assert rc == 0, rc
+    assert np.array_equal(bits(y_buf[m * n :]), bits(poisoned((GUARD,), dtype)))
+    return y_buf[: m * n].reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def check_twin(got: np.ndarray, x: np.ndarray, w: np.ndarray, *, out_f32: bool) -> None:
+    """As test_kernels_emulated's GEMM check: within one BF16 rounding of the row's
+    largest (BF16 out) or 1e-5 of it (fp32 out) of the twin, every element written."""
+    want = gemm_ref(x, w, out_f32=out_f32)
+    g, t = got.astype(np.float64), want.astype(np.float64)
+    assert not np.isnan(g).any()
+    scale = np.max(np.abs(t), axis=-1, keepdims=True)
+    if out_f32:
+        assert float(np.max(np.abs(g - t) / scale)) <= 1e-5
+    else:
+        ulp = np.exp2(np.floor(np.log2(np.maximum(scale, 1e-30))) - 7)
+        assert float(np.max(np.abs(g - t) / ulp)) <= 1
+
+
+def operands(rng: np.random.Generator, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """BF16 rows of mixed scale, and a weight."""
+    x = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-3, 4, (m, 1)))).astype(BF16)
+    return x, (rng.standard_normal((n, k)) * 0.5).astype(BF16)
+
+
+# (M, N, K): tails in M and N; N and K at the tile limits (one k-tile, exact tiles,
+# one column past a tile, a lone column); K of more k-tiles than any ring has slots,
+# so every slot is refilled.
+SHAPES = [
+    (96, 200, 640),
+    (70, 300, 192),
+    (130, 257, 128),
+    (64, 128, 64),
+    (128, 256, 64),
+    (3, 129, 64),
+    (65, 1, 128),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+def test_matches_its_twin(
+    lib: ctypes.CDLL, rng: np.random.Generator, config: Sm90Config, shape: tuple[int, int, int]
+) -> None:
+    m, n, k = shape
+    x, w = operands(rng, m, n, k)
+    for out_f32 in (False, True):
+        check_twin(emulated(lib, config, x, w, out_f32=out_f32), x, w, out_f32=out_f32)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+def test_unaligned_operands_take_the_same_values(
+    lib: ctypes.CDLL, rng: np.random.Generator, config: Sm90Config
+) -> None:
+    x, w = operands(rng, 19, 140, 128)
+    for out_f32 in (False, True):
+        aligned = emulated(lib, config, x, w, out_f32=out_f32)
+        check_twin(aligned, x, w, out_f32=out_f32)
+        shifted = emulated(lib, config, x, w, out_f32=out_f32, x_shift=1, y_shift=1)
+        assert np.array_equal(bits(shifted), bits(aligned))
+
+
+def test_rows_do_not_depend_on_m(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    """Rows of M = 1, 7, 64 and 200 calls, in the config the launcher picks for each M and
+    in every config, bit-equal the same rows of an M = 256 call: padding rows, companion
+    rows, the row's place in its tile and the tiling never reach a row's result."""
+    x, w = operands(rng, 256, 272, 128)
+    for out_f32 in (False, True):
+        full = emulated(lib, tile_config(256, 272), x, w, out_f32=out_f32)
+        check_twin(full, x, w, out_f32=out_f32)
+        for m, start in ((1, 0), (1, 255), (7, 100), (64, 3), (200, 41)):
+            rows = slice(start, start + m)
+            configs = {tile_config(m, 272), *CONFIGS}
+            for config in configs:
+                part = emulated(lib, config, x[rows], w, out_f32=out_f32)
+                assert np.array_equal(bits(part), bits(full[rows])), (
+                    m,
+                    start,
+                    config.name,
+                    out_f32,
+                )
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_warp_specialized_matches_its_twin_and_the_others(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int]
+) -> None:
+    """The producer / consumer kernel on the packed weight: the twin's values, and the
+    bits of the cp.async kernels (the same instruction sequence per element)."""
+    m, n, k = shape
+    x, w = operands(rng, m, n, k)
+    for out_f32 in (False, True):
+        got = emulated_ws(lib, x, w, out_f32=out_f32)
+        check_twin(got, x, w, out_f32=out_f32)
+        assert np.array_equal(bits(got), bits(emulated(lib, WG2, x, w, out_f32=out_f32)))
+    shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1)  # the plain-store route
+    assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
+
+
+def test_warp_specialized_rows_do_not_depend_on_m(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    x, w = operands(rng, 200, 300, 512)
+    full = emulated_ws(lib, x, w, out_f32=True)
+    for m, start in ((1, 0), (1, 199), (7, 100), (64, 3), (129, 41)):
+        part = emulated_ws(lib, x[start : start + m], w, out_f32=True)
+        assert np.array_equal(bits(part), bits(full[start : start + m])), (m, start)
+
+
+def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> None:
+    """Element (n, k) at the place the kernel's stage layout reads it from, rows padded
+    with zeros to a multiple of PACK_ROWS."""
+    n, k = 300, 192
+    w = rng.integers(0, 2**16, (n, k), dtype=np.uint16)
+    packed = prepare_weight(w)
+    assert isinstance(packed, PackedWeight) and packed.shape == (n, k)
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    assert packed.data.shape == (rows * k,) and packed.data.dtype == np.uint16
+    tiles = packed.data.reshape(rows // 64, k // 64, 64 * 64)
+    for row, col in [(0, 0), (7, 8), (8, 7), (63, 63), (64, 64), (299, 191), (130, 77)]:
+        g, r, j, e = (row % 64) // 8, row % 8, (col % 64) // 8, col % 8
+        assert tiles[row // 64, col // 64, (64 * g + 8 * j + r) * 8 + e] == w[row, col]
+    # every element once: the layout's inverse gives w back over zero rows
+    unpacked = tiles.reshape(rows // 64, k // 64, 8, 8, 8, 8).transpose(0, 2, 4, 1, 3, 5)
+    assert np.array_equal(unpacked.reshape(rows, k)[:n], w)
+    assert not unpacked.reshape(rows, k)[n:].any()
+    with pytest.raises(ValueError, match="K a positive multiple of 64"):
+        prepare_weight(w[:, :100].copy())
+
+
+def test_traps_when_the_launch_does_not_match_its_tile(lib: ctypes.CDLL) -> None:
+    """The kernel checks its thread count and dynamic shared memory against its tile; here,
+    in a child process, since __trap aborts."""
+    for config, threads, smem in ((WG1, WG1.num_threads, WG1.smem_bytes - 16),
+                                  (WG2, WG1.num_threads, WG2.smem_bytes)):  # fmt: skip
+        script = (
+            "import ctypes, numpy as np\n"
+            f"lib = ctypes.CDLL({lib._name!r})\n"
+            "x = np.zeros(64, np.uint16); y = np.zeros(1, np.uint16)\n"
+            "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+            f"lib.run_gemm_sm90({config.kernel_name(False).encode()!r}, 1, 1, {threads}, {smem}, "
+            "p(x), p(x), p(y), 1, 1, 64)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and "__trap()" in done.stderr, (threads, smem, done.stderr)
+
+
+# ---- the launcher, without a device ------------------------------------------------------
+
+
+def test_launcher_refuses_what_the_kernel_cannot_take() -> None:
+    """Checked before anything touches CuPy: NumPy arrays stand in for device arrays."""
+    x, w = np.zeros((4, 128), np.uint16), np.zeros((8, 128), np.uint16)
+    with pytest.raises(
+        ValueError, match="K must be a positive multiple of 64 for gemm_sm90; got K = 48"
+    ):
+        gemm_sm90(np.zeros((4, 48), np.uint16), np.zeros((8, 48), np.uint16))
+    with pytest.raises(ValueError, match="same K"):
+        gemm_sm90(x, np.zeros((8, 64), np.uint16))
+    with pytest.raises(ValueError, match="x must be a 2-d uint16 device array; got float32"):
+        gemm_sm90(x.astype(np.float32), w)
+    with pytest.raises(ValueError, match="w must be C-contiguous"):
+        gemm_sm90(x, np.zeros((128, 8), np.uint16).T)
+    with pytest.raises(ValueError, match="N must be at most 8388480"):
+        gemm_sm90(x, _tall_weight())
+
+
+def _tall_weight() -> np.ndarray:
+    """A weight too tall for the grid, without allocating 2 GB: only the attributes the
+    checks read."""
+
+    class Tall:
+        dtype = np.dtype(np.uint16)
+        shape = (8388481, 128)
+
+        class flags:  # the attribute name CuPy and NumPy use
+            c_contiguous = True
+
+    return Tall()  # type: ignore[return-value]
+
+
+def test_supported_follows_the_dispatch_rule() -> None:
+    """Compute capability 9.0 with K % 64 == 0 only, whatever M."""
+    for m in (0, 1, 7, 64, 2048, 10**6):
+        for arch in ("90", "sm_90", 90):
+            assert supported(arch, m, 4096, 4096)
+            assert supported(arch, m, 4096, 14336)
+            assert not supported(arch, m, 4096, 4096 + 16)
+        for arch in ("80", "89", "100", "sm_120", 86):
+            assert not supported(arch, m, 4096, 4096)
+        assert not supported("90", m, 0, 4096)
+        assert not supported("90", m, MAX_N + 1, 4096)
+
+
+MAX_N = 65535 * 128
+
+
+def test_configs_mirror_the_source() -> None:
+    """The numbers of gemm_sm90.cu's `Sm90Tile<BM, BN, STAGES>` instantiations."""
+    source = (Path(__file__).parents[1] / "cuda" / "gemm_sm90.cu").read_text()
+    for config, tile in ((WG1, "Wg1"), (WG2, "Wg2"), (WG2_WIDE, "Wg2Wide")):
+        decl = f"using {tile} = Sm90Tile<{config.block_m}, {config.block_n}, {config.num_stages}>;"
+        assert decl in source, decl
+        assert config.smem_bytes <= 227 * 1024  # an H100's per-block opt-in limit
+        for out_f32 in (False, True):
+            assert f"\n{config.kernel_name(out_f32)}(" in source
+    assert f"using Ws = Sm90WsTile<{WS.block_n}, {WS.num_stages}>;" in source and WS.block_m == 128
+    assert WS.smem_bytes <= 227 * 1024 and WS.num_threads == 384
+
+
+@pytest.mark.parametrize("layer", sorted(LLAMA_8B))
+def test_geometry_fills_an_h100_on_llama_8b(layer: str) -> None:
+    """At M = 2,048 every 8B projection launches at least one full wave on 132 SMs and its
+    grid covers the output exactly once; M = 512 fills at least 96 % of a wave."""
+    n, k = LLAMA_8B[layer]
+    assert supported("90", 2048, n, k)
+    for m, least in ((2048, 1.0), (512, 0.96)):
+        config = tile_config(m, n)
+        gx, gy = grid(config, m, n)
+        assert (gx - 1) * config.block_m < m <= gx * config.block_m
+        assert (gy - 1) * config.block_n < n <= gy * config.block_n
+        assert waves(config, m, n) >= least, (m, config.name, waves(config, m, n))
+    assert tile_config(1, n) is WG1 and tile_config(64, n) is WG1
+
+
+def test_the_launcher_launches_what_the_kernels_take(
+    lib: ctypes.CDLL, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gemm_sm90 itself, its device calls replaced by the emulation: the grid, block,
+    shared memory and arguments it passes run each kernel to the twin's values, for a
+    plain and a packed weight, and the same bits from both."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    launches: list[str] = []
+
+    def fake_kernel(config: Any, out_f32: bool, device_id: int) -> Any:
+        def launch(
+            grid_xy: tuple[int, int], block: tuple[int], args: tuple, *, shared_mem: int
+        ) -> None:
+            x, w, y, m, n, k = args
+            launches.append(config.kernel_name(out_f32))
+            call = (*grid_xy, block[0], shared_mem, ptr(x), ptr(w), ptr(y), int(m), int(n), int(k))
+            if config is WS:
+                rc = lib.run_gemm_sm90_ws(int(out_f32), *call)
+            else:
+                rc = lib.run_gemm_sm90(config.kernel_name(out_f32).encode(), *call)
+            assert rc == 0, rc
+
+        return launch
+
+    monkeypatch.setattr(launcher, "_kernel", fake_kernel)
+    monkeypatch.setattr(launcher, "_device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    for m in (1, 70, 130):
+        x, w = operands(rng, m, 200, 128)
+        x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
+        for out_f32 in (False, True):
+            dtype = np.float32 if out_f32 else np.uint16
+            plain = gemm_sm90(x_bits, w_bits, out_f32=out_f32, out=poisoned((m, 200), dtype))
+            check_twin(plain.view(F32 if out_f32 else BF16), x, w, out_f32=out_f32)
+            packed = gemm_sm90(
+                x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 200), dtype)
+            )
+            assert np.array_equal(bits(packed), bits(plain))
+    assert set(launches) == {c.kernel_name(f) for c in (WG1, WG2, WS) for f in (False, True)}
+    monkeypatch.setattr(launcher, "_device_arch", lambda: "80")
+    with pytest.raises(
+        ValueError, match=r"needs compute capability 9\.0 \(sm_90a\); this device is 80"
+    ):
+        gemm_sm90(x_bits, w_bits, out=poisoned((130, 200), np.uint16))
