@@ -159,7 +159,9 @@ def main() -> None:
     print(f"cached {n}-token prompt, first token: {cached['total_ms']:.2f} ms of host time "
           f"(admission {cached['admit_ms']:.2f} ms, step {cached['step_ms']:.2f} ms); "
           f"target <= {TARGET_CACHED_MS} ms: {met}")  # fmt: skip
-    print(f"decode step, batch {args.batch} at context {args.context}: {decode:.2f} ms of host time")
+    print(
+        f"decode step, batch {args.batch} at context {args.context}: {decode:.2f} ms of host time"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

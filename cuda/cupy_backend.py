@@ -24,6 +24,7 @@ from reprise.cuda.kernels import BF16_BITS, to_device
 from reprise.cuda.kernels import to_host as _to_host
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
+GEMM_FAMILIES = ("mma", "wgmma")
 
 
 class CupyBackend:
@@ -31,26 +32,44 @@ class CupyBackend:
 
     `attention` picks the paged-attention kernel: "cuda-cores" (attention.cu, the
     default) or "tensor-cores" (attention_tc.cu, mma for Q.K and P.V). Each is batch
-    invariant on its own; an engine must use one throughout, as their bits differ."""
+    invariant on its own; an engine must use one throughout, as their bits differ.
+
+    `gemm` picks the GEMM family: "mma" (gemm.cu, `mma.sync` with a fixed split-K per
+    weight; every device) or "wgmma" (gemm_sm90.cu, Hopper's warpgroup MMA on a packed
+    weight; opt-in until measured on a GPU). A weight takes its family's kernel for
+    every M, chosen from the device and its (N, K) alone when it loads
+    (gemm_sm90_kernel.supported), so rows stay M-independent; a weight "wgmma" cannot
+    take stays on "mma". NOTE: "wgmma" does not split K yet, so its M=1 grid is far
+    below a wave: it is for measuring prefill, not for decode."""
 
     name = "cupy"
 
-    def __init__(self, attention: str = "cuda-cores") -> None:
+    def __init__(self, attention: str = "cuda-cores", gemm: str = "mma") -> None:
         import cupy
 
         if attention not in ATTENTION_KERNELS:
             raise ValueError(
                 f"attention must be one of {', '.join(ATTENTION_KERNELS)}; got {attention!r}"
             )
+        if gemm not in GEMM_FAMILIES:
+            raise ValueError(f"gemm must be one of {', '.join(GEMM_FAMILIES)}; got {gemm!r}")
         self.attention = attention
+        self.gemm_family = gemm
         self._cupy = cupy
         self._copy_stream: Any = None  # block copies to and from the host tier, created on use
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
 
     def linear_weight(self, w: np.ndarray) -> Any:
-        """A BF16 [out, in] weight on the device, as `gemm` takes it."""
+        """A BF16 [out, in] weight on the device, as `gemm` takes it: packed for the
+        Hopper kernel when `gemm="wgmma"` and the device and shape allow it."""
         assert w.dtype == BF16, w.dtype
-        return to_device(w)
+        weight = to_device(w)
+        if self.gemm_family == "wgmma":
+            from .gemm_sm90_kernel import device_arch, prepare_weight, supported
+
+            if supported(device_arch(), 0, *w.shape):
+                return prepare_weight(weight)
+        return weight
 
     def device_memory_bytes(self) -> int:
         _, total = self._cupy.cuda.runtime.memGetInfo()
@@ -185,7 +204,11 @@ class CupyBackend:
 
     @staticmethod
     def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:
-        from reprise.cuda.gemm_kernel import gemm
+        from .gemm_sm90_kernel import PackedWeight, gemm_sm90
+
+        if isinstance(w, PackedWeight):  # linear_weight chose the Hopper kernel for it
+            return gemm_sm90(x, w, out_f32=out_f32)
+        from .gemm_kernel import gemm
 
         return gemm(x, w, out_f32=out_f32)
 

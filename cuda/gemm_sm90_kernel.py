@@ -207,7 +207,7 @@ def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
             raise ValueError(f"out must have shape {(num_rows, num_cols)}; got {out.shape}")
     if num_rows == 0 or num_cols == 0:
         return out
-    arch = _device_arch()
+    arch = device_arch()
     if not supported(arch, num_rows, num_cols, k):
         raise ValueError(f"gemm_sm90 needs compute capability 9.0 (sm_90a); this device is {arch}")
     config: Sm90Config | Sm90WsConfig
@@ -254,7 +254,8 @@ def _device_id() -> int:
     return int(cupy.cuda.runtime.getDevice())
 
 
-def _device_arch() -> str:
+def device_arch() -> str:
+    """The current device's compute capability as CuPy gives it ("90" on an H100)."""
     import cupy
 
     return str(cupy.cuda.Device().compute_capability)

@@ -365,7 +365,7 @@ def test_the_launcher_launches_what_the_kernels_take(
         return launch
 
     monkeypatch.setattr(launcher, "_kernel", fake_kernel)
-    monkeypatch.setattr(launcher, "_device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "device_arch", lambda: "90")
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
     for m in (1, 70, 130):
@@ -380,8 +380,53 @@ def test_the_launcher_launches_what_the_kernels_take(
             )
             assert np.array_equal(bits(packed), bits(plain))
     assert set(launches) == {c.kernel_name(f) for c in (WG1, WG2, WS) for f in (False, True)}
-    monkeypatch.setattr(launcher, "_device_arch", lambda: "80")
+    monkeypatch.setattr(launcher, "device_arch", lambda: "80")
     with pytest.raises(
         ValueError, match=r"needs compute capability 9\.0 \(sm_90a\); this device is 80"
     ):
         gemm_sm90(x_bits, w_bits, out=poisoned((130, 200), np.uint16))
+
+
+def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """CupyBackend(gemm="wgmma") packs a weight the Hopper kernel takes when it loads, and
+    its gemm then sends every M of that weight there; a weight it cannot take (K not a
+    multiple of 64), another device, or gemm="mma" stays on gemm.cu."""
+    pytest.importorskip("cupy")
+    from reprise.cuda import cupy_backend
+    from reprise.cuda import gemm_sm90_kernel as launcher
+    from reprise.cuda.gemm_sm90_kernel import PackedWeight
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(cupy_backend, "to_device", lambda a: a.view(np.uint16))
+    monkeypatch.setattr(launcher, "gemm_sm90", lambda x, w, **kw: calls.append(("wgmma", len(x))))
+    from reprise.cuda import gemm_kernel
+
+    monkeypatch.setattr(gemm_kernel, "gemm", lambda x, w, **kw: calls.append(("mma", len(x))))
+    _, w = operands(rng, 1, 200, 128)
+    _, w_odd = operands(rng, 1, 200, 96)
+    for arch, family, expect in (
+        ("90", "wgmma", "wgmma"),
+        ("80", "wgmma", "mma"),
+        ("90", "mma", "mma"),
+    ):
+        monkeypatch.setattr(launcher, "device_arch", lambda arch=arch: arch)
+        backend = cupy_backend.CupyBackend(gemm=family)
+        weight, odd = backend.linear_weight(w), backend.linear_weight(w_odd)
+        assert isinstance(weight, PackedWeight) == (expect == "wgmma")
+        assert not isinstance(odd, PackedWeight)
+        calls.clear()
+        for m in (1, 7, 300):
+            backend.gemm(np.zeros((m, 128), np.uint16), weight)
+            backend.gemm(np.zeros((m, 96), np.uint16), odd)
+        assert calls == [
+            (expect, 1),
+            ("mma", 1),
+            (expect, 7),
+            ("mma", 7),
+            (expect, 300),
+            ("mma", 300),
+        ]
+    with pytest.raises(ValueError, match="gemm must be one of mma, wgmma; got 'cublas'"):
+        cupy_backend.CupyBackend(gemm="cublas")
