@@ -221,7 +221,9 @@ class CacheIndex:
         return BlockStored(
             block_hashes=[block.block_hash],
             parent_block_hash=block.parent_hash,
-            token_ids=list(block.key.token_ids),
+            # NOTE: a salted namespace's tokens never leave the pool: its events carry
+            # hashes only, so a subscriber learns nothing of another tenant's prompt.
+            token_ids=[] if block.namespace.cache_salt is not None else list(block.key.token_ids),
             block_size=self.block_size,
             lora_id=None,
             medium=medium_of(block),

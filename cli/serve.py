@@ -29,6 +29,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "max_queue": (256, int),
     "max_tokens_cap": (4096, int),
     "max_message_bytes": (1 << 20, int),
+    "max_logits_bytes": (64 << 20, int),
+    "kv_events_layout": ("vllm", str),
     "drain_timeout": (30.0, float),
 }
 
@@ -134,6 +136,18 @@ def load_config(path: Path) -> dict[str, Any]:
     "--max-message-bytes", type=int, default=None, help="Largest request message [default: 1 MiB]."
 )
 @click.option(
+    "--max-logits-bytes",
+    type=int,
+    default=None,
+    help="Largest logits reply a request may ask for (max_tokens x vocab x 4) [default: 64 MiB].",
+)
+@click.option(
+    "--kv-events-layout",
+    type=click.Choice(["vllm", "vllm-legacy"]),
+    default=None,
+    help="KV events as today's vLLM encodes them, or its older array layout [default: vllm].",
+)
+@click.option(
     "--drain-timeout",
     type=float,
     default=None,
@@ -149,8 +163,8 @@ def load_config(path: Path) -> dict[str, Any]:
 def serve_cmd(config_file: Path | None, **flags: Any) -> None:
     """Load a model and serve it on a ZeroMQ socket until SIGTERM (then drain and exit 0)."""
     from reprise.daemon import Engine
-    from reprise.daemon.server import Server, ServerConfig
-    from reprise.daemon.service import Notifier, StopFlag
+    from reprise.daemon.server import Server, ServerConfig, prepare_endpoints
+    from reprise.daemon.service import Notifier, StopFlag, raise_fd_limit
     from reprise.ipc.sockets import server_address
 
     options = {name: default for name, (default, _) in SERVE_OPTIONS.items()}
@@ -158,9 +172,22 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
         options.update(load_config(config_file))
     options.update({k: v for k, v in flags.items() if v is not None})
     logging.basicConfig(level=logging.INFO, format="reprise: %(message)s", stream=sys.stderr)
+    logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
     stop = StopFlag()
     stop.install()  # before loading, so a SIGTERM during the load is not fatal
     try:
+        config = ServerConfig(
+            address=server_address(options["socket"]),
+            events_address=options["events"],
+            max_queue=options["max_queue"],
+            max_tokens_cap=options["max_tokens_cap"],
+            max_message_bytes=options["max_message_bytes"],
+            max_logits_bytes=options["max_logits_bytes"],
+            kv_events_layout=options["kv_events_layout"],
+            drain_timeout_s=options["drain_timeout"],
+            model_name=str(options["model"] or "default"),
+        )
+        prepare_endpoints(config)  # a bad or busy socket is refused before the model loads
         with tqdm_progress("loading model", unit="layer") as progress:
             engine = Engine.from_pretrained(
                 options["model"],
@@ -175,15 +202,6 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
                 num_host_blocks=_host_blocks(options, progress),
                 progress=progress,
             )
-        config = ServerConfig(
-            address=server_address(options["socket"]),
-            events_address=options["events"],
-            max_queue=options["max_queue"],
-            max_tokens_cap=options["max_tokens_cap"],
-            max_message_bytes=options["max_message_bytes"],
-            drain_timeout_s=options["drain_timeout"],
-            model_name=str(options["model"] or "default"),
-        )
         server = Server(engine, config, notifier=Notifier(), stop=stop)
         if stop.is_set:
             return

@@ -16,19 +16,19 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 
-import msgpack
 import zmq
 
-from reprise.blockpool.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from reprise.daemon.engine import Engine
 from reprise.daemon.params import Retention, SamplingParams, StepOutput
 from reprise.daemon.sequence import RequestId
 from reprise.daemon.service import Notifier, StopFlag
 from reprise.ipc.codec import decode_request, encode, error_bytes, logits_to_wire
+from reprise.ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
 from reprise.ipc.messages import (
     Cancel,
     Done,
@@ -40,7 +40,7 @@ from reprise.ipc.messages import (
     StatsRequest,
     TokenChunk,
 )
-from reprise.ipc.sockets import check_address, ipc_path, prepare_ipc_path
+from reprise.ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
 
 log = logging.getLogger("reprise.server")
 Route = tuple[bytes, ...]  # the ROUTER envelope frames that lead back to one client
@@ -53,6 +53,11 @@ class ServerConfig:
     max_queue: int = 256  # requests waiting or running; more get "busy"
     max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
     max_message_bytes: int = 1 << 20  # larger messages get "too_large"
+    max_frames: int = 3  # frames a message may have: routing id, optional empty, payload
+    max_logits_bytes: int = 64 << 20  # the logits a request may ask back (max_tokens * vocab * 4)
+    max_stop_strings: int = 16  # stop strings a request may give
+    max_stop_chars: int = 256  # characters in one stop string
+    kv_events_layout: KVEventLayout = "vllm"
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may take
     idle_poll_ms: int = 100
     send_hwm: int = 10_000  # queued replies per client before it counts as not reading
@@ -62,7 +67,12 @@ class ServerConfig:
         check_address(self.address)
         if self.events_address is not None:
             check_address(self.events_address)
-        for name in ("max_queue", "max_tokens_cap", "max_message_bytes", "idle_poll_ms"):
+        check_layout(self.kv_events_layout)
+        numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
+                   "max_stop_strings", "max_stop_chars", "idle_poll_ms")  # fmt: skip
+        if self.max_frames < 2:
+            raise ValueError(f"max_frames must be >= 2; got {self.max_frames!r}")
+        for name in numbers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
@@ -88,6 +98,15 @@ class Counters:
     started: float = field(default_factory=time.monotonic)
 
 
+def prepare_endpoints(config: ServerConfig) -> None:
+    """Check what binding will need before any model loads: each ipc:// socket's folder is
+    ours and private, and no live daemon listens there (raises RuntimeError saying why)."""
+    for address in (config.address, config.events_address):
+        path = ipc_path(address) if address else None
+        if path is not None:
+            prepare_ipc_path(path)
+
+
 class Server:
     def __init__(
         self,
@@ -105,7 +124,7 @@ class Server:
         self.by_client: dict[tuple[Route, str], RequestId] = {}
         self.counters = Counters()
         self.draining = False
-        self.event_seq = 0
+        self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
         self._ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
         self.pub: zmq.Socket | None = None
@@ -116,6 +135,7 @@ class Server:
         """Capture the decode graphs, then run one tiny request through every stage, so the
         first client pays no start-up cost."""
         engine, start = self.engine, time.perf_counter()
+        _ = self.max_token_bytes  # the prompt-size bound, read once from the vocabulary
         sizes = engine.capture_decode_graphs(self.config.max_queue)
         if sizes:
             log.info("decode graphs captured for batch sizes %s in %.1f s",
@@ -132,6 +152,7 @@ class Server:
         cfg = self.config
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.IPV6, int(is_ipv6(cfg.address)))
         # On close, the last replies (drain errors) still go out to connected clients.
         self.sock.setsockopt(zmq.LINGER, 5000)
         self.sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
@@ -147,6 +168,7 @@ class Server:
         if cfg.events_address:
             self.pub = self._ctx.socket(zmq.PUB)
             self.pub.setsockopt(zmq.LINGER, 1000)
+            self.pub.setsockopt(zmq.IPV6, int(is_ipv6(cfg.events_address)))
             events_path = ipc_path(cfg.events_address)
             if events_path is not None:
                 prepare_ipc_path(events_path)
@@ -181,9 +203,10 @@ class Server:
             self.counters.num_requests_total,
             self.counters.num_errors_total,
         )
-        path = ipc_path(self.config.address)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        for address in (self.config.address, self.config.events_address):
+            path = ipc_path(address) if address else None
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def serve(self) -> None:
         assert self.sock is not None
@@ -218,11 +241,17 @@ class Server:
         assert self.sock is not None
         for _ in range(max_messages):  # bounded, so a flood cannot starve the engine
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames, num_frames = self._recv_frames()
             except zmq.Again:
                 return
-            if len(frames) < 2:
+            if num_frames < 2:
                 continue  # no route back; nothing to answer
+            if num_frames > self.config.max_frames or (num_frames == 3 and frames[1]):
+                # only the routing id goes back: the extra frames were dropped unread
+                self._send_error((frames[0],), "bad_request", f"a message has 1 payload frame "
+                                 f"(or an empty delimiter and one); got {num_frames - 1} frames "
+                                 f"(max_frames is {self.config.max_frames})")  # fmt: skip
+                continue
             route, payload = tuple(frames[:-1]), frames[-1]
             try:
                 self._handle(route, payload)
@@ -231,6 +260,19 @@ class Server:
             except Exception as e:  # our bug: answer it, log it, keep serving
                 log.exception("internal error handling a message")
                 self._send_error(route, "internal", f"{type(e).__name__}: {e}")
+
+    def _recv_frames(self) -> tuple[list[bytes], int]:
+        """One message's frames, keeping at most max_frames of them (the rest are read and
+        dropped, so a message of many frames costs no memory), and how many it had."""
+        assert self.sock is not None
+        frames = [self.sock.recv(zmq.NOBLOCK)]
+        num_frames = 1
+        while self.sock.getsockopt(zmq.RCVMORE):
+            frame = self.sock.recv()
+            num_frames += 1
+            if num_frames <= self.config.max_frames:
+                frames.append(frame)
+        return frames, num_frames
 
     def _handle(self, route: Route, payload: bytes) -> None:
         if len(payload) > self.config.max_message_bytes:
@@ -279,11 +321,7 @@ class Server:
             params = SamplingParams(**request.sampling, return_logits=request.return_logits)
         except (ValueError, TypeError) as e:
             raise ProtocolError("bad_request", str(e)) from None
-        if params.max_tokens > self.config.max_tokens_cap:
-            raise ProtocolError(
-                "bad_request",
-                f"max_tokens must be at most {self.config.max_tokens_cap}; got {params.max_tokens}",
-            )
+        self._check_limits(params)
         prompt_ids = self._prompt_ids(request)
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
@@ -300,8 +338,30 @@ class Server:
         self.live[request_id] = LiveRequest(route, request.id, request.stream, time.monotonic())
         self.by_client[(route, request.id)] = request_id
 
+    def _check_limits(self, params: SamplingParams) -> None:
+        cfg = self.config
+        if params.max_tokens > cfg.max_tokens_cap:
+            raise ProtocolError("bad_request", f"max_tokens must be at most {cfg.max_tokens_cap} "
+                                f"(max_tokens_cap); got {params.max_tokens}")  # fmt: skip
+        if len(params.stop) > cfg.max_stop_strings:
+            raise ProtocolError("bad_request", f"at most {cfg.max_stop_strings} stop strings "
+                                f"(max_stop_strings); got {len(params.stop)}")  # fmt: skip
+        longest = max(map(len, params.stop), default=0)
+        if longest > cfg.max_stop_chars:
+            raise ProtocolError("bad_request", f"a stop string may have at most "
+                                f"{cfg.max_stop_chars} characters (max_stop_chars); got {longest}")  # fmt: skip
+        if params.return_logits:
+            logits_bytes = params.max_tokens * self.engine.config.vocab_size * 4
+            if logits_bytes > cfg.max_logits_bytes:
+                most = cfg.max_logits_bytes // (self.engine.config.vocab_size * 4)
+                raise ProtocolError("bad_request", f"return_logits with max_tokens "
+                                    f"{params.max_tokens} would return {logits_bytes} bytes; "
+                                    f"max_logits_bytes is {cfg.max_logits_bytes}, so at most "
+                                    f"{most} tokens with logits")  # fmt: skip
+
     def _prompt_ids(self, request: Generate) -> list[int]:
         tokenizer = self.engine.tokenizer
+        self._check_prompt_bytes(request)
         try:
             if request.prompt is not None:
                 ids = tokenizer.encode(request.prompt)
@@ -325,6 +385,28 @@ class Server:
                 f"so a prompt may have at most {max_len - 1}",
             )
         return ids
+
+    def _check_prompt_bytes(self, request: Generate) -> None:
+        """Refuse, before tokenizing, text that cannot fit the context: a token covers at
+        most `max_token_bytes` bytes of text, so more than max_model_len times that many
+        bytes is more than max_model_len tokens (no tokenizer work spent on it)."""
+        if self.max_token_bytes is None:
+            return  # the message size limit is the only bound
+        texts = [request.prompt] if request.prompt is not None else []
+        texts += [m["content"] for m in request.messages or ()]
+        num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        bound = self.engine.max_model_len * self.max_token_bytes
+        if num_bytes > bound:
+            raise ProtocolError(
+                "prompt_too_long",
+                f"prompt has {num_bytes} bytes of text, more than the context of "
+                f"{self.engine.max_model_len} tokens can hold (at most {bound} bytes)",
+            )
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for (the longest vocabulary entry)."""
+        return self.engine.tokenizer.max_token_bytes()
 
     # -- outgoing ----------------------------------------------------------------------------
 
@@ -423,30 +505,7 @@ class Server:
         events = self.engine.take_events()
         if not events or self.pub is None:
             return
+        payload = encode_batch(events, ts=time.time(), layout=self.config.kv_events_layout)
+        self.pub.send_multipart(batch_frames(self.event_seq, payload))
         self.event_seq += 1
-        payload = msgpack.packb(
-            [time.time(), [_event_to_wire(e) for e in events]], use_bin_type=True
-        )
-        self.pub.send_multipart([b"", self.event_seq.to_bytes(8, "big"), payload])
         self.counters.num_events_published += len(events)
-
-
-def _event_to_wire(event: KVEvent) -> list[object]:
-    """vLLM's KVEventBatch layout: each event a tagged array, fields in declaration order."""
-    if isinstance(event, BlockStored):
-        wire: list[object] = [
-            "BlockStored",
-            list(event.block_hashes),
-            event.parent_block_hash,
-            list(event.token_ids),
-            event.block_size,
-            event.lora_id,
-            event.medium,
-        ]
-        if event.lora_name is not None:
-            wire.append(event.lora_name)
-        return wire
-    if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), event.medium]
-    assert isinstance(event, AllBlocksCleared)
-    return ["AllBlocksCleared"]

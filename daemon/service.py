@@ -58,3 +58,15 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.is_set = True
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard one (each client connection holds
+    a descriptor; systemd's unit sets LimitNOFILE=) and return the limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft

@@ -160,6 +160,16 @@ class Tokenizer:
             del token_ids[0]
         return token_ids
 
+    def max_token_bytes(self) -> int | None:
+        """An upper bound on the UTF-8 bytes of input text one token covers: the longest
+        decoded vocabulary entry (a partial UTF-8 byte decodes to U+FFFD, 3 bytes, which
+        only loosens it). None when the tokenizer has a normalizer, which may drop text
+        before the model sees it, so that no such bound holds."""
+        if self.backend.normalizer is not None:
+            return None
+        pieces = self.backend.decode_batch([[i] for i in range(self.vocab_size)])
+        return max(len(p.encode("utf-8", "surrogatepass")) for p in pieces)
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 

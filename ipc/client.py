@@ -11,6 +11,7 @@ One DEALER socket per Client; a Client is not thread-safe (use one per thread).
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,7 @@ from reprise.ipc.messages import (
     StatsRequest,
     TokenChunk,
 )
-from reprise.ipc.sockets import client_address, ipc_path
+from reprise.ipc.sockets import client_address, ipc_path, is_ipv6
 
 
 class DaemonUnavailable(ConnectionError):
@@ -54,6 +55,10 @@ class Client:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # Our own routing id, random and never starting with a 0 byte (libzmq's own ids
+        # do): the daemon's ROUTER then never makes up a predictable id for us.
+        self._sock.setsockopt(zmq.ROUTING_ID, b"r" + secrets.token_bytes(15))
+        self._sock.setsockopt(zmq.IPV6, int(is_ipv6(self.address)))
         self._sock.connect(self.address)
 
     def close(self) -> None:

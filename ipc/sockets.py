@@ -52,9 +52,22 @@ def ipc_path(address: str) -> Path | None:
     return Path(address[len("ipc://") :]) if address.startswith("ipc://") else None
 
 
+def is_ipv6(address: str) -> bool:
+    """Whether a tcp:// address names an IPv6 host (ZeroMQ needs its IPV6 option then)."""
+    return address.startswith("tcp://[")
+
+
 def check_address(address: str) -> None:
-    """Only ipc:// and loopback tcp:// are served (the protocol has no authentication)."""
+    """Only ipc:// paths and loopback tcp:// are served (the protocol has no
+    authentication: a socket file's folder and mode are what keep others out)."""
+    if address.startswith("ipc://@"):
+        raise ValueError(
+            f"abstract ipc sockets (ipc://@NAME) have no permissions, any local user could "
+            f"connect; use ipc:///PATH; got {address}"
+        )
     if address.startswith("ipc://"):
+        if len(address) == len("ipc://"):
+            raise ValueError(f"{address!r} names no socket file; expected ipc://PATH")
         return
     if address.startswith("tcp://"):
         host = address[len("tcp://") :].rsplit(":", 1)[0]
@@ -65,9 +78,21 @@ def check_address(address: str) -> None:
 
 
 def prepare_ipc_path(path: Path) -> None:
-    """Make the socket's folder (0700 when we create it) and refuse to take over a
-    socket another live daemon is listening on (ZeroMQ would silently unlink it)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Make the socket's folder (0700 when we create it), refuse a folder that another
+    user owns or that others may enter (anyone who can create files there could put
+    their own socket in our place and read the prompts sent to it, as ssh-agent and
+    tmux refuse), and refuse to take over a socket another live daemon is listening
+    on (ZeroMQ would silently unlink it)."""
+    folder = path.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o027:  # group may read (a named group)
+        owner = "you" if info.st_uid == os.getuid() else f"uid {info.st_uid}"
+        raise RuntimeError(
+            f"socket folder {folder} is owned by {owner} with mode {info.st_mode & 0o777:o}; "
+            f"it must be yours, with mode 700 or 750 (fix: chmod 700 {folder}, or remove it, or "
+            f"choose another --socket)"
+        )
     if not path.exists():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -153,16 +153,16 @@ def test_repeat_prompt_is_cached_and_events_agree(daemon: Daemon) -> None:
         topic, seq, payload = sub.recv_multipart()
         assert topic == b""
         seqs.append(int.from_bytes(seq, "big"))
-        ts, events = msgpack.unpackb(payload)
-        assert isinstance(ts, float)
-        for event in events:
-            if event[0] == "BlockStored" and event[6] == "GPU":
-                _, hashes, _parent, token_ids, block_size, _lora, _medium = event[:7]
-                assert block_size == BLOCK_SIZE and len(token_ids) == len(hashes) * BLOCK_SIZE
-                findable.update(hashes)
-            elif event[0] == "BlockRemoved" and event[2] == "GPU":
-                findable.difference_update(event[1])
-            elif event[0] == "AllBlocksCleared":
+        batch = msgpack.unpackb(payload)  # vLLM's current layout: maps tagged by "type"
+        assert isinstance(batch["ts"], float)
+        for event in batch["events"]:
+            if event["type"] == "BlockStored" and event["medium"] == "GPU":
+                assert event["block_size"] == BLOCK_SIZE
+                assert event["token_ids"] == []  # a salted request's events carry hashes only
+                findable.update(event["block_hashes"])
+            elif event["type"] == "BlockRemoved" and event["medium"] == "GPU":
+                findable.difference_update(event["block_hashes"])
+            elif event["type"] == "AllBlocksCleared":
                 findable.clear()
     sub.close()
     ctx.term()
@@ -232,11 +232,17 @@ def test_bad_input_gets_an_error_and_the_daemon_serves_on(
 
 
 def test_multipart_garbage_is_survived(daemon: Daemon, raw: zmq.Socket) -> None:
-    # Frames before the payload are an envelope (as REQ sockets send) and come back as is.
-    raw.send_multipart([b"a", b"b", b"c"])  # payload "c" is garbage -> bad_message
+    # One payload frame, or an empty delimiter and one (as REQ sockets send); anything
+    # else is refused once, and no frame of it comes back (issue 19, F5).
+    raw.send_multipart([b"a", b"b", b"c"])
+    assert raw.poll(10_000)
+    (payload,) = raw.recv_multipart()
+    reply = decode_reply(payload)
+    assert isinstance(reply, ErrorReply) and reply.code == "bad_request", reply
+    raw.send_multipart([b"", b"c"])  # a REQ envelope around garbage -> bad_message
     assert raw.poll(10_000)
     *envelope, payload = raw.recv_multipart()
-    assert envelope == [b"a", b"b"]
+    assert envelope == [b""]
     reply = decode_reply(payload)
     assert isinstance(reply, ErrorReply) and reply.code == "bad_message"
 

@@ -161,3 +161,18 @@ def test_retention_priority_keeps_a_prompt_cached(make_engine) -> None:
     assert engine.generate(pinned, GREEDY).cached_tokens == 0
     with pytest.raises(ValueError, match="priority"):
         Retention(priority=101)
+
+
+def test_events_of_a_salted_request_carry_hashes_only(make_engine) -> None:
+    """DESIGN §7: a KV event subscriber learns nothing of a salted tenant's tokens; the
+    same prompt unsalted publishes its tokens, and the salted blocks' hashes differ."""
+    engine = make_engine(num_device_blocks=64)
+    prompt = random_prompt(50, seed=21)
+    engine.generate(prompt, GREEDY, cache_salt="tenant-a")
+    salted = [e for e in engine.take_events() if isinstance(e, BlockStored)]
+    engine.generate(prompt, GREEDY)
+    plain = [e for e in engine.take_events() if isinstance(e, BlockStored)]
+    assert len(salted) == len(plain) == 3
+    assert all(e.token_ids == [] and len(e.block_hashes) == 1 for e in salted)
+    assert [t for e in plain for t in e.token_ids] == prompt[:48]
+    assert {h for e in salted for h in e.block_hashes}.isdisjoint(h for e in plain for h in e.block_hashes)

@@ -1,0 +1,175 @@
+"""Issue 19's findings against a real `reprise serve` (a tiny synthetic model, NumPy):
+each test fails on the daemon as it was before the fix it names."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+from test_daemon import Daemon, recv
+
+from reprise.daemon.synth import synth_model
+from reprise.ipc import Client, RequestError
+from reprise.ipc.codec import encode
+from reprise.ipc.messages import Done, Generate
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_model("tiny", tmp_path_factory.mktemp("trust") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("trustd"), tiny, "--max-message-bytes", str(2 << 20),
+               "--max-logits-bytes", str(1 << 14))  # fmt: skip
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0
+
+
+def dealer(address: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return sock
+
+
+def test_f5_extra_frames_are_dropped_unread_and_answered_once(daemon: Daemon) -> None:
+    sock = dealer(daemon.address)
+    request = encode(Generate(id="f5", token_ids=[1, 2], sampling={"max_tokens": 1}, stream=False))
+    sock.send_multipart([b"x" * 1024] * 200 + [request])
+    reply = sock.recv_multipart() if sock.poll(30_000) else None
+    assert reply is not None and len(reply) == 1  # nothing of the extra frames echoed
+    error = msgpack.unpackb(reply[0])
+    assert error["type"] == "error" and error["code"] == "bad_request", error
+    assert "max_frames" in error["message"]
+    assert not sock.poll(300)  # one reply, no generation started
+    sock.send(request)  # the same client, one frame: served
+    assert isinstance(recv(sock), Done)
+    sock.close()
+
+
+def test_f6_returned_logits_are_bounded(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        with pytest.raises(RequestError, match="max_logits_bytes") as e:
+            client.generate([1, 2, 3], max_tokens=64, return_logits=True)
+        assert e.value.code == "bad_request"
+        vocab = client.health().vocab_size
+        done = client.generate([1, 2, 3], max_tokens=(1 << 14) // (4 * vocab), return_logits=True)
+        assert done.logits is not None
+
+
+def test_f7_a_prompt_too_big_for_the_context_is_refused_before_tokenizing(daemon: Daemon) -> None:
+    with daemon.client(timeout_s=60) as client:
+        start = time.perf_counter()
+        with pytest.raises(RequestError, match="bytes of text") as e:
+            client.generate("a " * (1 << 19), max_tokens=1)  # 1 MiB of text
+        refused_s = time.perf_counter() - start
+        assert e.value.code == "prompt_too_long"
+        start = time.perf_counter()
+        client.generate("hello", max_tokens=1)
+        served_s = time.perf_counter() - start
+    # tokenizing 1 MiB takes most of a second here; the check reads its length only
+    assert refused_s < 0.5 + 5 * served_s, (refused_s, served_s)
+
+
+def test_stop_strings_are_bounded_in_count_and_length(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        with pytest.raises(RequestError, match="max_stop_strings"):
+            client.generate("hi", max_tokens=1, stop=[f"s{i}" for i in range(17)])
+        with pytest.raises(RequestError, match="max_stop_chars"):
+            client.generate("hi", max_tokens=1, stop=["x" * 257])
+        assert client.generate("hi", max_tokens=1, stop=["x" * 256] * 16).finish_reason
+
+
+def serve_fails(*args: str) -> subprocess.CompletedProcess[str]:
+    """`reprise serve` with a model folder that does not exist: a refusal that names the
+    socket came before any model was loaded."""
+    return subprocess.run(
+        [sys.executable, "-m", "reprise.cli.main", "serve", "--model", "/nonexistent/model",
+         "--backend", "numpy", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    return lines[-1]
+
+
+def test_f4_a_socket_folder_others_can_enter_is_refused_before_loading(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o700)
+    loose.chmod(0o777)
+    line = one_line(serve_fails("--socket", f"ipc://{loose}/r.sock"))
+    assert str(loose) in line and "chmod 700" in line and "777" in line
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    line = one_line(serve_fails("--socket", f"ipc://{private}/r.sock"))
+    assert "nonexistent" in line  # the socket was fine: it got as far as the model
+
+
+def test_a_busy_socket_is_refused_before_loading(daemon: Daemon) -> None:
+    line = one_line(serve_fails("--socket", daemon.address))
+    assert "already listening" in line
+
+
+def test_abstract_sockets_are_refused_before_loading() -> None:
+    line = one_line(serve_fails("--socket", "ipc://@reprise-test"))
+    assert "abstract" in line and "ipc:///PATH" in line
+
+
+def test_ipv6_loopback_serves_and_every_socket_file_goes_on_exit(
+    tmp_path: Path, tiny: Path
+) -> None:
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        port = probe.getsockname()[1]
+    d = Daemon(tmp_path, tiny)  # ipc:// with a KV events socket beside it
+    events = Path(d.events_address.removeprefix("ipc://"))
+    try:
+        address = f"tcp://[::1]:{port}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reprise.cli.main", "serve", "--model", str(tiny),
+             "--backend", "numpy", "--socket", address, "--max-model-len", "256"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            with Client(address, timeout_s=120) as client:
+                assert client.generate("hi", max_tokens=2, temperature=0).finish_reason
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+        assert events.exists()
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
+    assert not Path(d.address.removeprefix("ipc://")).exists() and not events.exists()
+
+
+def test_f3_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
+    """Each connection holds a descriptor: serve raises its soft limit to the hard one
+    (the unit sets LimitNOFILE=65536), not the 1,024 a shell may start it with."""
+    code = (
+        "import resource as r; from reprise.daemon.service import raise_fd_limit; "
+        "hard = r.getrlimit(r.RLIMIT_NOFILE)[1]; r.setrlimit(r.RLIMIT_NOFILE, (64, hard)); "
+        "print(raise_fd_limit(), *r.getrlimit(r.RLIMIT_NOFILE))"
+    )
+    now, soft, hard = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert now == soft == hard and int(soft) > 64
+    unit = (Path(__file__).resolve().parents[1] / "packaging/systemd/reprise.service").read_text()
+    assert "LimitNOFILE=65536" in unit and "ProtectHome=read-only" in unit
