@@ -24,14 +24,14 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "cuda_graphs": (None, bool),
     "host_blocks": (0, int),
     "host_bytes": (None, int),
-    "max_batched_tokens": (2048, int),
+    "max_batched_tokens": (None, int),
     "max_model_len": (None, int),
     "max_queue": (256, int),
     "max_tokens_cap": (4096, int),
     "max_message_bytes": (1 << 20, int),
     "max_logits_bytes": (64 << 20, int),
     "kv_events_layout": ("vllm", str),
-    "drain_timeout": (30.0, float),
+    "drain_timeout": (5.0, float),
 }
 
 
@@ -115,7 +115,8 @@ def load_config(path: Path) -> dict[str, Any]:
     "--max-batched-tokens",
     type=int,
     default=None,
-    help="Token budget per engine step [default: 2048].",
+    help="Token budget per engine step, which bounds a step's time [default: 2048 on the GPU, "
+    "256 on NumPy, where a 256-token step of the default model takes about 2 s].",
 )
 @click.option(
     "--max-model-len", type=int, default=None, help="Context length [default: the model's]."
@@ -151,7 +152,8 @@ def load_config(path: Path) -> dict[str, Any]:
     "--drain-timeout",
     type=float,
     default=None,
-    help="Seconds running requests get on SIGTERM [default: 30].",
+    help="Seconds running requests get on SIGTERM before they are cancelled with a "
+    "final error reply [default: 5].",
 )
 @click.option(
     "--config",
@@ -197,7 +199,7 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
                 memory_fraction=options["memory_fraction"],
                 enable_reuse=options["reuse"],
                 cuda_graphs=options["cuda_graphs"],
-                max_num_batched_tokens=options["max_batched_tokens"],
+                max_num_batched_tokens=_step_budget(options),
                 max_model_len=options["max_model_len"],
                 num_host_blocks=_host_blocks(options, progress),
                 progress=progress,
@@ -208,6 +210,22 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
         server.run()
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
+
+
+GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
+
+
+def _step_budget(options: dict[str, Any]) -> int:
+    """The chunked-prefill token budget: the flag, or one that keeps a step (and so the
+    watchdog ping and a SIGTERM's answer) to seconds on the backend that will run."""
+    if options["max_batched_tokens"] is not None:
+        return int(options["max_batched_tokens"])
+    from reprise.cuda.backend import cuda_device_available
+
+    on_gpu = options["backend"] == "cupy" or (
+        options["backend"] == "auto" and cuda_device_available()
+    )
+    return GPU_STEP_TOKENS if on_gpu else NUMPY_STEP_TOKENS
 
 
 def _host_blocks(options: dict[str, Any], progress: Any) -> int:

@@ -104,10 +104,14 @@ class Client:
         cancels the request."""
         request = self._request(prompt, stream=True, **options)
         self._send(encode(request))
-        finished = False
+        finished = False  # the daemon ended the request: a Done or an error reply came
         try:
             while True:
-                reply = self._recv(request.id)
+                try:
+                    reply = self._recv(request.id)
+                except RequestError:
+                    finished = True
+                    raise
                 if isinstance(reply, Done):
                     finished = True
                     yield reply

@@ -3,9 +3,11 @@ each test fails on the daemon as it was before the fix it names."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +175,39 @@ def test_f3_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
     assert now == soft == hard and int(soft) > 64
     unit = (Path(__file__).resolve().parents[1] / "packaging/systemd/reprise.service").read_text()
     assert "LimitNOFILE=65536" in unit and "ProtectHome=read-only" in unit
+
+
+@pytest.mark.model
+def test_f8_sigterm_during_a_long_prefill_exits_0_within_10_s(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """The default model on NumPy, a 2,000-token prompt in the middle of its prefill: the
+    step budget keeps each step to seconds, so SIGTERM drains (--drain-timeout, 5 s by
+    default), gives the request a final reply and exits 0 within 10 s (issue 19, F8)."""
+    d = Daemon(tmp_path, default_model_dir, "--max-model-len", "4096", "--num-device-blocks", "256")
+    try:
+        with d.client(timeout_s=60) as client:
+            prompt = list(range(1000, 3000))
+            stream = client.stream(prompt, max_tokens=4)
+            replies: list[object] = []
+            reader = threading.Thread(target=lambda: replies.extend(_drain(stream)), daemon=True)
+            reader.start()
+            time.sleep(2.0)  # inside the prefill (about 18 s of it on this backend)
+            start = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            code = d.proc.wait(timeout=30)
+            took = time.monotonic() - start
+            reader.join(timeout=10)
+    finally:
+        d.stop()
+    assert code == 0 and took <= 10, (code, took)
+    assert replies and isinstance(replies[-1], RequestError) and replies[-1].code == "shutting_down"
+
+
+def _drain(stream: Iterator[object]) -> list[object]:
+    out: list[object] = []
+    try:
+        out.extend(stream)
+    except RequestError as e:
+        out.append(e)
+    return out
