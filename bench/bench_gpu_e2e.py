@@ -282,18 +282,18 @@ def section_prefill(b: Bench, out: dict[str, Any]) -> None:
     out["rows"].append(row)
 
 
-def section_attention_tc(b: Bench, out: dict[str, Any]) -> None:
-    """Prefill and decode again with the tensor-core attention kernel, beside the
-    default's rows: the same weights, the backend's kernel switched for the section."""
+def section_attention_cc(b: Bench, out: dict[str, Any]) -> None:
+    """Prefill and decode again with the CUDA-core attention kernel, beside the default's
+    (tensor-core) rows: the same weights, the backend's kernel switched for the section."""
     ops = b.model.ops
     if getattr(ops, "attention", None) is None:
-        raise RuntimeError("the tensor-core attention is a kernel of the CuPy backend")
+        raise RuntimeError("the CUDA-core attention is a kernel of the CuPy backend")
     floors = out.get("floors", {})
-    ops.attention = "tensor-cores"
+    default, ops.attention = ops.attention, "cuda-cores"
     try:
         n = b.prefill_tokens
         seconds = b.prefill_s(n)
-        row = {"name": f"prefill {n}, tensor-core attention", "seconds": seconds,
+        row = {"name": f"prefill {n}, CUDA-core attention", "seconds": seconds,
                "tokens_per_s": n / seconds}  # fmt: skip
         if floors:
             row["floor_s"] = prefill_flops(b.config, n) / floors["bf16_flops_per_s"]
@@ -302,12 +302,12 @@ def section_attention_tc(b: Bench, out: dict[str, Any]) -> None:
         for batch in b.batches:
             step, device = b.decode_step_s(batch, b.context, graphs=True)
             out["rows"].append({
-                "name": f"decode b={batch} ctx={b.context} graphs, tensor-core attention",
+                "name": f"decode b={batch} ctx={b.context} graphs, CUDA-core attention",
                 "seconds": step, "tokens_per_s": batch / step, "device_s": device,
                 "cpu_fraction": 1 - device / step if device else None,
             })  # fmt: skip
     finally:
-        ops.attention = "cuda-cores"
+        ops.attention = default
 
 
 def section_cublas(b: Bench, out: dict[str, Any]) -> None:
@@ -427,7 +427,7 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
     "floors": section_floors,
     "decode": section_decode,
     "prefill": section_prefill,
-    "attention_tc": section_attention_tc,
+    "attention_cc": section_attention_cc,
     "ttft": section_ttft,
     "cublas": section_cublas,
     "transformers": section_transformers,

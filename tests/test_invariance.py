@@ -56,10 +56,10 @@ class Engines:
     def __init__(self, path: Path, backend: str) -> None:
         self.config = ModelConfig.from_dir(path)
         self.tokenizer = Tokenizer.from_dir(path)
-        if backend == "cupy-tc":  # the GPU backend with the tensor-core attention kernel
+        if backend == "cupy-cc":  # the GPU backend with the CUDA-core attention kernel
             from reprise.cuda.cupy_backend import CupyBackend
 
-            ops = CupyBackend(attention="tensor-cores")
+            ops = CupyBackend(attention="cuda-cores")
         else:
             ops = get_backend(backend)
         self.model = LlamaModel(self.config, load_weights(path, self.config), ops)
@@ -85,7 +85,7 @@ class Engines:
                     needs_gpu,
                 ],
             )
-            for name in ("cupy", "cupy-tc")
+            for name in ("cupy", "cupy-cc")
         ),
     ],
 )
