@@ -32,6 +32,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "max_logits_bytes": (64 << 20, int),
     "kv_events_layout": ("vllm", str),
     "drain_timeout": (5.0, float),
+    "log_level": ("info", str),
+    "log_format": ("text", str),
 }
 
 
@@ -156,6 +158,19 @@ def load_config(path: Path) -> dict[str, Any]:
     "final error reply [default: 5].",
 )
 @click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=None,
+    help="Least severe log lines shown [default: info].",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="Log lines as text (time, level, logger) or one JSON object each; under systemd, "
+    "text goes to the journal with its level [default: text].",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -173,7 +188,9 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
     if config_file is not None:
         options.update(load_config(config_file))
     options.update({k: v for k, v in flags.items() if v is not None})
-    logging.basicConfig(level=logging.INFO, format="reprise: %(message)s", stream=sys.stderr)
+    from reprise.daemon.logs import configure
+
+    configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
     stop = StopFlag()
     stop.install()  # before loading, so a SIGTERM during the load is not fatal

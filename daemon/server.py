@@ -444,6 +444,20 @@ class Server:
             tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
             logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
         )
+        log.info(
+            "request %s: %s, %d prompt tokens (%d cached, %d from the host tier), %d generated, "
+            "first token %.0f ms, total %.0f ms",
+            live.client_id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
+            done.host_cached_tokens, len(done.token_ids), done.ttft_ms,
+            (now - live.t_received) * 1000,
+            extra={"fields": {
+                "request_id": live.client_id, "finish_reason": done.finish_reason,
+                "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
+                "host_cached_tokens": done.host_cached_tokens,
+                "generated_tokens": len(done.token_ids), "ttft_ms": done.ttft_ms,
+                "total_ms": round((now - live.t_received) * 1000, 3),
+            }},
+        )  # fmt: skip
         if not self._send(live.route, encode(done)):
             self._drop_client(live.route)
 

@@ -3,6 +3,7 @@ each test fails on the daemon as it was before the fix it names."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -211,3 +212,22 @@ def _drain(stream: Iterator[object]) -> list[object]:
     except RequestError as e:
         out.append(e)
     return out
+
+
+def test_one_json_log_line_per_finished_request(tmp_path: Path, tiny: Path) -> None:
+    """serve --log-format json: every line one JSON object with time, level and logger,
+    and each finished request one line with its id, tokens, reuse and timings (issue 21)."""
+    d = Daemon(tmp_path, tiny, "--log-format", "json", "--log-level", "info")
+    try:
+        with d.client() as client:
+            client.generate("hello there", max_tokens=3, temperature=0, request_id="req-1")
+    finally:
+        d.stop()
+    d_log = (tmp_path / "serve.log").read_text().splitlines()
+    lines = [json.loads(line) for line in d_log if line.startswith("{")]
+    assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
+    [done] = [line for line in lines if line.get("request_id") == "req-1"]
+    assert done["level"] == "info" and done["logger"] == "reprise.server"
+    assert done["finish_reason"] == "length" and done["generated_tokens"] == 3
+    assert done["prompt_tokens"] > 0 and done["cached_tokens"] == 0
+    assert 0 <= done["ttft_ms"] <= done["total_ms"]
