@@ -2,13 +2,14 @@
 # Issue 7's GPU benchmarks in one command, for a machine with a CUDA device, CuPy and
 # torch but perhaps no network (such as the lent H100): every kernel against its floor
 # and cuBLAS / SDPA (bench/bench_gpu_kernels.py), then the engine end to end on
-# Llama-3.1-8B shapes with random weights (bench/bench_gpu_e2e.py). JSON and logs go to
+# Llama-3.1-8B shapes with random weights (bench/bench_gpu_e2e.py), then the opt-in Hopper
+# GEMM against gemm.cu and cuBLAS (bench/bench_gemm_sm90.py). JSON and logs go to
 # ${OUT:-gpu-results}.
-#   bash scripts/gpu_bench.sh [kernels] [e2e]     (default: both)
+#   bash scripts/gpu_bench.sh [kernels] [e2e] [sm90]     (default: all three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
-parts=${*:-kernels e2e}
+parts=${*:-kernels e2e sm90}
 status=0
 for part in $parts; do
   case $part in
@@ -16,7 +17,9 @@ for part in $parts; do
                2>&1 | tee "$out/gpu_kernels.log" ;;
     e2e) PYTHONUNBUFFERED=1 "$python" bench/bench_gpu_e2e.py --out "$out/gpu_e2e.json" \
            2>&1 | tee "$out/gpu_e2e.log" ;;
-    *) echo "unknown part $part: kernels or e2e" >&2; exit 2 ;;
+    sm90) PYTHONUNBUFFERED=1 "$python" bench/bench_gemm_sm90.py --out "$out/gemm_sm90.json" \
+            2>&1 | tee "$out/gemm_sm90.log" ;;
+    *) echo "unknown part $part: kernels, e2e or sm90" >&2; exit 2 ;;
   esac
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
