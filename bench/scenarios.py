@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.bench.targets import Request, Result, Target
+from .targets import Request, Result, Target
 
 Progress = Callable[[Iterable[Any], str], Iterable[Any]]
 

@@ -9,9 +9,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from reprise.bench import scenarios
-from reprise.bench.scenarios import Progress, Sizes
-from reprise.bench.targets import Target
+from . import scenarios
+from .scenarios import Progress, Sizes
+from .targets import Target
 
 SCENARIOS = ("repeat", "prefix", "shared", "chat", "sweep", "hosttier")
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reprise.daemon import Engine, SamplingParams
+from ..daemon import Engine, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class Daemon:
     name = "daemon"
 
     def __init__(self, address: str | None, timeout_s: float = 600.0) -> None:
-        from reprise.ipc import Client
+        from ..ipc import Client
 
         self._client = lambda: Client(address, timeout_s=timeout_s)
         with self._client() as client:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NewType
 
-from reprise.blockpool.hashing import BlockHash, Namespace
+from .hashing import BlockHash, Namespace
 
 BlockId = NewType("BlockId", int)
 HostSlot = NewType("HostSlot", int)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reprise.blockpool.hashing import BlockHash
+from .hashing import BlockHash
 
 MEDIUM_DEVICE = "GPU"  # the device tier, named as vLLM names it
 MEDIUM_HOST = "CPU"  # the host tier

@@ -35,7 +35,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from reprise.blockpool.block import DEFAULT_PRIORITY, MAX_PRIORITY, CachedBlock
+from .block import DEFAULT_PRIORITY, MAX_PRIORITY, CachedBlock
 
 B = TypeVar("B", bound=CachedBlock)
 

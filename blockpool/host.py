@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from reprise.blockpool.block import BlockId, HostBlock, HostSlot, KVBlock
-from reprise.blockpool.free_queue import EvictionQueue
-from reprise.blockpool.hashing import BlockHash
+from .block import BlockId, HostBlock, HostSlot, KVBlock
+from .free_queue import EvictionQueue
+from .hashing import BlockHash
 
 
 class BlockCopier(Protocol):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from reprise.blockpool.block import BlockKey, CachedBlock, HostBlock, KVBlock
-from reprise.blockpool.events import (
+from .block import BlockKey, CachedBlock, HostBlock, KVBlock
+from .events import (
     MEDIUM_DEVICE,
     MEDIUM_HOST,
     AllBlocksCleared,
@@ -29,9 +29,9 @@ from reprise.blockpool.events import (
     EventSink,
     KVEvent,
 )
-from reprise.blockpool.free_queue import B, EvictionQueue
-from reprise.blockpool.hashing import BlockHash, Namespace
-from reprise.blockpool.host import HostTier
+from .free_queue import B, EvictionQueue
+from .hashing import BlockHash, Namespace
+from .host import HostTier
 
 ParentKey = BlockHash | Namespace  # a first block's parent is its namespace's root
 

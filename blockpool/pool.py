@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from reprise.blockpool.block import (
+from .block import (
     DEFAULT_PRIORITY,
     BlockId,
     BlockKey,
@@ -42,12 +42,12 @@ from reprise.blockpool.block import (
     validate_duration,
     validate_priority,
 )
-from reprise.blockpool.events import EventSink
-from reprise.blockpool.free_queue import EvictionQueue
-from reprise.blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
-from reprise.blockpool.host import HostTier
-from reprise.blockpool.index import CacheIndex, ParentKey
-from reprise.blockpool.stats import KVCacheStats, PoolCounters
+from .events import EventSink
+from .free_queue import EvictionQueue
+from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from .host import HostTier
+from .index import CacheIndex, ParentKey
+from .stats import KVCacheStats, PoolCounters
 
 __all__ = ["BlockId", "BlockPool", "MatchResult"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from reprise.cli.progress import tqdm_progress
+from .progress import tqdm_progress
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -64,9 +64,9 @@ def _ints(value: str) -> tuple[int, ...]:
 def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: Any) -> None:
     """Measure prefix reuse and throughput: each scenario runs with reuse on and off
     side by side (off: every request in a cache namespace of its own)."""
-    from reprise.bench import report
-    from reprise.bench.scenarios import Sizes
-    from reprise.bench.suite import SCENARIOS, run_suite
+    from ..bench import report
+    from ..bench.scenarios import Sizes
+    from ..bench.suite import SCENARIOS, run_suite
 
     names = list(SCENARIOS) if "all" in scenario_names else list(dict.fromkeys(scenario_names))
     unknown = sorted(set(names) - set(SCENARIOS))
@@ -111,13 +111,13 @@ def _targets(socket: str | None, names: list[str], sizes: Any, options: dict[str
     """(target, (with host tier, without) or None, metadata, sizes with the vocab)."""
     import dataclasses
 
-    from reprise.bench.targets import Daemon, InProcess
+    from ..bench.targets import Daemon, InProcess
 
     if socket is not None:
         daemon = Daemon(socket)
         sizes = dataclasses.replace(sizes, vocab=daemon.vocab_size or sizes.vocab)
         return daemon, None, {"socket": socket}, sizes
-    from reprise.daemon import Engine
+    from ..daemon import Engine
 
     with tqdm_progress("loading model", unit="layer") as progress:
         engine = Engine.from_pretrained(

@@ -22,7 +22,8 @@ from typing import Any
 
 import click
 
-from reprise.cli.client_cmds import (
+from ..ipc.client import Client, DaemonUnavailable, RequestError
+from .client_cmds import (
     connect,
     request_failed,
     separator,
@@ -30,8 +31,7 @@ from reprise.cli.client_cmds import (
     stream_to,
     turn_summary,
 )
-from reprise.cli.options import client_options, request_from, request_options, sampling_options
-from reprise.ipc.client import Client, DaemonUnavailable, RequestError
+from .options import client_options, request_from, request_options, sampling_options
 
 HISTORY_LENGTH = 1000
 HELP = """\
@@ -263,7 +263,7 @@ class Repl:
 
 
 def history_file() -> Path:
-    from reprise.daemon.prepare import cache_dir
+    from ..daemon.prepare import cache_dir
 
     return cache_dir() / "chat_history"
 

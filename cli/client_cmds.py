@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from reprise.cli.options import client_options, request_from, request_options, sampling_options
-from reprise.ipc.client import Client, DaemonUnavailable, RequestError
-from reprise.ipc.messages import Done, TokenChunk
-from reprise.ipc.sockets import client_address, ipc_path
+from ..ipc.client import Client, DaemonUnavailable, RequestError
+from ..ipc.messages import Done, TokenChunk
+from ..ipc.sockets import client_address, ipc_path
+from .options import client_options, request_from, request_options, sampling_options
 
 QUICK_S = 1.0  # a daemon that has not answered by then gets a "waiting" notice
 
@@ -203,7 +203,7 @@ def generate_cmd(
     if logits_out is not None and done.logits is not None:
         import numpy as np
 
-        from reprise.ipc.codec import logits_from_wire
+        from ..ipc.codec import logits_from_wire
 
         try:
             np.save(logits_out, logits_from_wire(done.logits))

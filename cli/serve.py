@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from reprise.cli.progress import tqdm_progress
+from .progress import tqdm_progress
 
 # option name -> (default, type) for the options a config file may also hold
 SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
@@ -179,16 +179,16 @@ def load_config(path: Path) -> dict[str, Any]:
 )
 def serve_cmd(config_file: Path | None, **flags: Any) -> None:
     """Load a model and serve it on a ZeroMQ socket until SIGTERM (then drain and exit 0)."""
-    from reprise.daemon import Engine
-    from reprise.daemon.server import Server, ServerConfig, prepare_endpoints
-    from reprise.daemon.service import Notifier, StopFlag, raise_fd_limit
-    from reprise.ipc.sockets import server_address
+    from ..daemon import Engine
+    from ..daemon.server import Server, ServerConfig, prepare_endpoints
+    from ..daemon.service import Notifier, StopFlag, raise_fd_limit
+    from ..ipc.sockets import server_address
 
     options = {name: default for name, (default, _) in SERVE_OPTIONS.items()}
     if config_file is not None:
         options.update(load_config(config_file))
     options.update({k: v for k, v in flags.items() if v is not None})
-    from reprise.daemon.logs import configure
+    from ..daemon.logs import configure
 
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
@@ -237,7 +237,7 @@ def _step_budget(options: dict[str, Any]) -> int:
     watchdog ping and a SIGTERM's answer) to seconds on the backend that will run."""
     if options["max_batched_tokens"] is not None:
         return int(options["max_batched_tokens"])
-    from reprise.cuda.backend import cuda_device_available
+    from ..cuda.backend import cuda_device_available
 
     on_gpu = options["backend"] == "cupy" or (
         options["backend"] == "auto" and cuda_device_available()
@@ -248,8 +248,8 @@ def _step_budget(options: dict[str, Any]) -> int:
 def _host_blocks(options: dict[str, Any], progress: Any) -> int:
     if options["host_bytes"] is None:
         return int(options["host_blocks"])
-    from reprise.daemon.config import ModelConfig
-    from reprise.daemon.prepare import default_model_dir
+    from ..daemon.config import ModelConfig
+    from ..daemon.prepare import default_model_dir
 
     path = Path(options["model"]) if options["model"] else default_model_dir()
     block_bytes = ModelConfig.from_dir(path).kv_bytes_per_token() * options["block_size"]

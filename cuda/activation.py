@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.cuda.dtypes import F32, to_bf16, to_f32
+from .dtypes import F32, to_bf16, to_f32
 
 
 def silu_mul_ref(gate_up: np.ndarray) -> np.ndarray:

@@ -57,8 +57,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprise.cuda.dtypes import BF16, F32, to_bf16
-from reprise.cuda.gemm import F64, exact_to_f32, grid_exponent, to_grid
+from .dtypes import BF16, F32, to_bf16
+from .gemm import F64, exact_to_f32, grid_exponent, to_grid
 
 # Grid bits of cached K and V vectors, rounded in fp32 (whose `to_grid` holds up to 22
 # bits); q and p take the rest of the 53 - log2(length) bits that keep their sums exact.

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda.kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
 THREADS_PER_CTA = 128  # kNumThreads in attention.cu

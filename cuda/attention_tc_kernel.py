@@ -34,9 +34,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from reprise.cuda.attention_kernel import check_inputs, kernel_args, num_work_items
-from reprise.cuda.gemm_kernel import MAX_STATIC_SMEM_BYTES
-from reprise.cuda.kernels import kernel
+from .attention_kernel import check_inputs, kernel_args, num_work_items
+from .gemm_kernel import MAX_STATIC_SMEM_BYTES
+from .kernels import kernel
 
 ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, group member) rows
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu

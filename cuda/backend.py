@@ -14,15 +14,15 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from reprise.cuda.activation import silu_mul_ref
-from reprise.cuda.attention import paged_attention_ref
-from reprise.cuda.dtypes import BF16
-from reprise.cuda.embedding import embed_ref
-from reprise.cuda.gemm import gemm_ref, prepare_weight
-from reprise.cuda.kvcache import kv_write_ref
-from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
-from reprise.cuda.rope import rope_ref
-from reprise.cuda.sampling import sample_ref
+from .activation import silu_mul_ref
+from .attention import paged_attention_ref
+from .dtypes import BF16
+from .embedding import embed_ref
+from .gemm import gemm_ref, prepare_weight
+from .kvcache import kv_write_ref
+from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
+from .rope import rope_ref
+from .sampling import sample_ref
 
 log = logging.getLogger(__name__)
 CUPY_BROKEN = "CuPy is installed but does not import"  # the reason auto warns about
@@ -207,6 +207,6 @@ def get_backend(name: str) -> Backend:
         raise ValueError(
             f"backend 'cupy' needs CuPy and a CUDA device: {reason}; use backend='numpy' or 'auto'"
         )
-    from reprise.cuda.cupy_backend import CupyBackend
+    from .cupy_backend import CupyBackend
 
     return CupyBackend()

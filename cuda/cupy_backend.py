@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda import launchers
-from reprise.cuda.backend import SampleDraws
-from reprise.cuda.dtypes import BF16
-from reprise.cuda.kernels import BF16_BITS, to_device
-from reprise.cuda.kernels import to_host as _to_host
+from . import launchers
+from .backend import SampleDraws
+from .dtypes import BF16
+from .kernels import BF16_BITS, to_device
+from .kernels import to_host as _to_host
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 GEMM_FAMILIES = ("mma", "wgmma")
@@ -224,7 +224,7 @@ class CupyBackend:
         scale: float,
     ) -> Any:
         if self.attention == "tensor-cores":
-            from reprise.cuda.attention_tc_kernel import paged_attention_tc as kernel
+            from .attention_tc_kernel import paged_attention_tc as kernel
         else:
-            from reprise.cuda.attention_kernel import paged_attention as kernel
+            from .attention_kernel import paged_attention as kernel
         return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.cuda.dtypes import F32
+from .dtypes import F32
 
 
 def embed_ref(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:

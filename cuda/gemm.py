@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from reprise.cuda.dtypes import BF16, F32, to_bf16
+from .dtypes import BF16, F32, to_bf16
 
 F64 = np.dtype(np.float64)
 

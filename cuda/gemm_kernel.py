@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda.kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel
 
 MAX_STATIC_SMEM_BYTES = 48 * 1024  # more needs the per-kernel opt-in attribute
 MAX_GRID_Y = 65535

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda import nvrtc
-from reprise.cuda.kernels import BF16_BITS, check
+from . import nvrtc
+from .kernels import BF16_BITS, check
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
 SOURCE = nvrtc.KERNEL_DIR / "gemm_sm90.cu"

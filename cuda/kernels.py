@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reprise.cuda.dtypes import BF16
-from reprise.cuda.nvrtc import KERNEL_DIR, compile_options
+from .dtypes import BF16
+from .nvrtc import KERNEL_DIR, compile_options
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.cuda.dtypes import BF16
+from .dtypes import BF16
 
 
 def kv_cache_shape(

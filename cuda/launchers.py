@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda.kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
 ARGMAX_THREADS = 1024  # as in sampling.cu

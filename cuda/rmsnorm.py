@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.cuda.dtypes import F32, to_bf16, to_f32
+from .dtypes import F32, to_bf16, to_f32
 
 
 def rmsnorm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprise.cuda.dtypes import F32, to_bf16, to_f32
+from .dtypes import F32, to_bf16, to_f32
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.cuda.dtypes import F32
+from .dtypes import F32
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85

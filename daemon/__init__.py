@@ -6,7 +6,7 @@ chat template, and (later) the server loop.
     engine.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0))
 """
 
-from reprise.daemon.engine import Engine
-from reprise.daemon.params import Completion, Retention, SamplingParams
+from .engine import Engine
+from .params import Completion, Retention, SamplingParams
 
 __all__ = ["Completion", "Engine", "Retention", "SamplingParams"]

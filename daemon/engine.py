@@ -16,21 +16,21 @@ from pathlib import Path
 
 import numpy as np
 
-from reprise.blockpool.events import EventQueue, KVEvent
-from reprise.blockpool.hashing import Namespace
-from reprise.blockpool.host import HostTier
-from reprise.blockpool.pool import BlockPool
-from reprise.cuda.backend import get_backend
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.kvmanager import KVCacheManager
-from reprise.daemon.model import LlamaModel
-from reprise.daemon.params import Completion, Retention, SamplingParams, StepOutput
-from reprise.daemon.runner import ModelRunner
-from reprise.daemon.safetensors_io import read_header
-from reprise.daemon.scheduler import Scheduler
-from reprise.daemon.sequence import RequestId, Sequence
-from reprise.daemon.tokenizer import IncrementalDetokenizer, Tokenizer
-from reprise.daemon.weights import load_weights
+from ..blockpool.events import EventQueue, KVEvent
+from ..blockpool.hashing import Namespace
+from ..blockpool.host import HostTier
+from ..blockpool.pool import BlockPool
+from ..cuda.backend import get_backend
+from .config import ModelConfig
+from .kvmanager import KVCacheManager
+from .model import LlamaModel
+from .params import Completion, Retention, SamplingParams, StepOutput
+from .runner import ModelRunner
+from .safetensors_io import read_header
+from .scheduler import Scheduler
+from .sequence import RequestId, Sequence
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .weights import load_weights
 
 Prompt = str | list[int]
 DEFAULT_KV_CACHE_BYTES = 1 << 30
@@ -121,7 +121,7 @@ class Engine:
         if memory_fraction is not None and num_device_blocks is not None:
             raise ValueError("give num_device_blocks or memory_fraction, not both")
         if path is None:
-            from reprise.daemon.prepare import prepare_default_model
+            from .prepare import prepare_default_model
 
             path = prepare_default_model(progress=progress is not None).path
         path = Path(path)

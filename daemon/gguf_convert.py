@@ -31,7 +31,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
-from reprise.daemon.safetensors_io import save_safetensors
+from .safetensors_io import save_safetensors
 
 # Bump whenever the output of `convert_gguf` changes, so prepared folders are redone.
 CONVERTER_VERSION = 1

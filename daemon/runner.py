@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from reprise.blockpool.block import HostSlot
-from reprise.blockpool.pool import BlockId
-from reprise.cuda.kvcache import kv_cache_shape
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
-from reprise.daemon.model import ForwardBatch, LlamaModel
-from reprise.daemon.sampler import next_tokens
-from reprise.daemon.scheduler import ScheduledSeq
-from reprise.daemon.sequence import Sequence
+from ..blockpool.block import HostSlot
+from ..blockpool.pool import BlockId
+from ..cuda.kvcache import kv_cache_shape
+from .config import ModelConfig
+from .graphs import DEFAULT_BUCKETS, StaticDecode
+from .model import ForwardBatch, LlamaModel
+from .sampler import next_tokens
+from .scheduler import ScheduledSeq
+from .sequence import Sequence
 
 
 class ModelRunner:

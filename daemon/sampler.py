@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from reprise.cuda.backend import Backend, SampleDraws
-from reprise.daemon.sequence import Sequence
+from ..cuda.backend import Backend, SampleDraws
+from .sequence import Sequence
 
 
 def next_tokens(ops: Backend, logits: Any, greedy: Any, seqs: list[Sequence]) -> Any:

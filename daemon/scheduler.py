@@ -18,8 +18,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from reprise.daemon.kvmanager import KVCacheManager
-from reprise.daemon.sequence import SeqStatus, Sequence
+from .kvmanager import KVCacheManager
+from .sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

@@ -8,9 +8,9 @@ from typing import NewType
 
 import numpy as np
 
-from reprise.blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
-from reprise.blockpool.pool import BlockId
-from reprise.daemon.params import FinishReason, Retention, SamplingParams
+from ..blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from ..blockpool.pool import BlockId
+from .params import FinishReason, Retention, SamplingParams
 
 RequestId = NewType("RequestId", int)
 

@@ -23,13 +23,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from reprise.daemon.engine import Engine
-from reprise.daemon.params import Retention, SamplingParams, StepOutput
-from reprise.daemon.sequence import RequestId
-from reprise.daemon.service import Notifier, StopFlag
-from reprise.ipc.codec import decode_request, encode, error_bytes, logits_to_wire
-from reprise.ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
-from reprise.ipc.messages import (
+from ..ipc.codec import decode_request, encode, error_bytes, logits_to_wire
+from ..ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
+from ..ipc.messages import (
     Cancel,
     Done,
     Generate,
@@ -40,7 +36,11 @@ from reprise.ipc.messages import (
     StatsRequest,
     TokenChunk,
 )
-from reprise.ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
+from ..ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
+from .engine import Engine
+from .params import Retention, SamplingParams, StepOutput
+from .sequence import RequestId
+from .service import Notifier, StopFlag
 
 log = logging.getLogger("reprise.server")
 Route = tuple[bytes, ...]  # the ROUTER envelope frames that lead back to one client

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from reprise.cuda.dtypes import BF16
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.safetensors_io import save_safetensors
-from reprise.daemon.weights import LayerWeights, LlamaWeights
+from ..cuda.dtypes import BF16
+from .config import ModelConfig
+from .safetensors_io import save_safetensors
+from .weights import LayerWeights, LlamaWeights
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from reprise.cuda.dtypes import BF16
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.safetensors_io import load_safetensors
+from ..cuda.dtypes import BF16
+from .config import ModelConfig
+from .safetensors_io import load_safetensors
 
 
 class WeightsError(ValueError):

@@ -4,8 +4,8 @@ from reprise.ipc import Client
 done = Client().generate("The capital of France is", max_tokens=8, temperature=0)
 """
 
-from reprise.ipc.client import Client, DaemonUnavailable, RequestError
-from reprise.ipc.messages import PROTOCOL_VERSION, Done, ProtocolError, TokenChunk
+from .client import Client, DaemonUnavailable, RequestError
+from .messages import PROTOCOL_VERSION, Done, ProtocolError, TokenChunk
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -18,8 +18,8 @@ from typing import Any
 
 import zmq
 
-from reprise.ipc.codec import decode_reply, encode
-from reprise.ipc.messages import (
+from .codec import decode_reply, encode
+from .messages import (
     SAMPLING_FIELDS,
     Cancel,
     Done,
@@ -31,7 +31,7 @@ from reprise.ipc.messages import (
     StatsRequest,
     TokenChunk,
 )
-from reprise.ipc.sockets import client_address, ipc_path, is_ipv6
+from .sockets import client_address, ipc_path, is_ipv6
 
 
 class DaemonUnavailable(ConnectionError):

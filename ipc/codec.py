@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from reprise.ipc.messages import (
+from .messages import (
     PROTOCOL_VERSION,
     REPLY_TYPES,
     REQUEST_TYPES,
