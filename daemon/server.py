@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import zmq
@@ -90,6 +91,16 @@ class LiveRequest:
 
 
 @dataclass(slots=True)
+class PendingRequest:
+    """A generate whose prompt is being tokenized off the loop (Server._admit_ready)."""
+
+    request: Generate
+    params: SamplingParams
+    prompt_ids: Future[list[int]]
+    t_received: float
+
+
+@dataclass(slots=True)
 class Counters:
     num_requests_total: int = 0
     num_errors_total: int = 0
@@ -122,6 +133,10 @@ class Server:
         self.stop = stop or StopFlag()
         self.live: dict[RequestId, LiveRequest] = {}
         self.by_client: dict[tuple[Route, str], RequestId] = {}
+        # Prompts are tokenized (and chat templates rendered) on this thread, never on the
+        # loop; the tokenizer releases the GIL while it encodes.
+        self.pending: dict[tuple[Route, str], PendingRequest] = {}
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
@@ -194,6 +209,7 @@ class Server:
             self.close()
 
     def close(self) -> None:
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
         for sock in (self.sock, self.pub):
             if sock is not None:
                 sock.close()
@@ -218,17 +234,19 @@ class Server:
                 self.draining = True
                 deadline = time.monotonic() + self.config.drain_timeout_s
                 self.notifier.notify("STOPPING=1")
-                log.info("stopping: draining %d request(s)", len(self.live))
-            if self.draining and (not self.live or time.monotonic() >= deadline):
+                log.info("stopping: draining %d request(s)", len(self.live) + len(self.pending))
+            idle = not self.live and not self.pending
+            if self.draining and (idle or time.monotonic() >= deadline):
                 self._abort_all("shutting_down", "the daemon is shutting down")
                 self._publish_events()
                 return
             busy = self.engine.has_work()
-            timeout = 0 if busy else self.config.idle_poll_ms
+            timeout = 0 if busy else (5 if self.pending else self.config.idle_poll_ms)
             if self.notifier.watchdog_interval_s is not None:
                 timeout = min(timeout, int(self.notifier.watchdog_interval_s * 1000))
             if poller.poll(timeout):
                 self._read_all()
+            self._admit_ready()
             if self.engine.has_work():
                 for output in self.engine.step():
                     self._on_output(output)
@@ -288,6 +306,14 @@ class Server:
                 e.request_id = request.id
                 raise
         elif isinstance(request, Cancel):
+            pending = self.pending.pop((route, request.id), None)
+            if pending is not None:  # not admitted yet: nothing to free
+                pending.prompt_ids.cancel()
+                self._send(route, encode(Done(id=request.id, finish_reason="cancelled", text="",
+                                              token_ids=[], prompt_tokens=0, cached_tokens=0,
+                                              host_cached_tokens=0, ttft_ms=0.0,
+                                              tokens_per_s=0.0)))  # fmt: skip
+                return
             request_id = self.by_client.get((route, request.id))
             if request_id is None:
                 raise ProtocolError("not_found", f"no running request {request.id!r}", request.id)
@@ -311,23 +337,42 @@ class Server:
             raise ProtocolError(
                 "shutting_down", "the daemon is shutting down; not accepting requests"
             )
-        if len(self.live) >= self.config.max_queue:
+        if len(self.live) + len(self.pending) >= self.config.max_queue:
             raise ProtocolError(
                 "busy", f"the queue is full ({self.config.max_queue} requests); retry later"
             )
-        if (route, request.id) in self.by_client:
+        if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
         try:
             params = SamplingParams(**request.sampling, return_logits=request.return_logits)
         except (ValueError, TypeError) as e:
             raise ProtocolError("bad_request", str(e)) from None
         self._check_limits(params)
-        prompt_ids = self._prompt_ids(request)
+        self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
+        future = self._tokenizing.submit(self._prompt_ids, request)
+        self.pending[(route, request.id)] = PendingRequest(request, params, future, time.monotonic())
+
+    def _admit_ready(self) -> None:
+        """Hand the engine every request whose prompt is tokenized, in arrival order."""
+        for key in [key for key, p in self.pending.items() if p.prompt_ids.done()]:
+            route, pending = key[0], self.pending.pop(key)
+            request = pending.request
+            try:
+                self._admit(route, pending)
+            except ProtocolError as e:
+                self._send_error(route, e.code, e.message, request.id)
+            except Exception as e:  # our bug: answer it, log it, keep serving
+                log.exception("internal error admitting a request")
+                self._send_error(route, "internal", f"{type(e).__name__}: {e}", request.id)
+
+    def _admit(self, route: Route, pending: PendingRequest) -> None:
+        request = pending.request
+        prompt_ids = pending.prompt_ids.result()  # a ProtocolError raised there comes here
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
             request_id = self.engine.add_request(
                 prompt_ids,
-                params,
+                pending.params,
                 cache_salt=request.cache_salt,
                 retention=retention,
                 priority=request.queue_priority,
@@ -335,7 +380,7 @@ class Server:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        self.live[request_id] = LiveRequest(route, request.id, request.stream, time.monotonic())
+        self.live[request_id] = LiveRequest(route, request.id, request.stream, pending.t_received)
         self.by_client[(route, request.id)] = request_id
 
     def _check_limits(self, params: SamplingParams) -> None:
@@ -360,8 +405,9 @@ class Server:
                                     f"{most} tokens with logits")  # fmt: skip
 
     def _prompt_ids(self, request: Generate) -> list[int]:
+        """The request's prompt as token ids (on the tokenizing thread: it reads only the
+        tokenizer and the engine's fixed max_model_len)."""
         tokenizer = self.engine.tokenizer
-        self._check_prompt_bytes(request)
         try:
             if request.prompt is not None:
                 ids = tokenizer.encode(request.prompt)
@@ -463,6 +509,8 @@ class Server:
 
     def _drop_client(self, route: Route) -> None:
         """The client is gone or not reading: cancel its requests so their blocks return."""
+        for key in [key for key in self.pending if key[0] == route]:
+            self.pending.pop(key).prompt_ids.cancel()
         for (r, _), request_id in list(self.by_client.items()):
             if r == route:
                 self.counters.num_disconnect_cancels += 1
@@ -475,6 +523,10 @@ class Server:
         self.engine.take_completion(request_id)
 
     def _abort_all(self, code: str, message: str) -> None:
+        for (route, client_id), pending in list(self.pending.items()):
+            pending.prompt_ids.cancel()
+            self._send_error(route, code, message, client_id)
+        self.pending.clear()
         for request_id, live in list(self.live.items()):
             self._cancel_silently(request_id)
             self._send_error(live.route, code, message, live.client_id)
@@ -500,7 +552,7 @@ class Server:
     def stats(self, *, check: bool = False) -> dict[str, object]:
         stats: dict[str, object] = dict(self.engine.stats())
         stats.update(
-            num_requests=len(self.live),
+            num_requests=len(self.live) + len(self.pending),
             num_requests_total=self.counters.num_requests_total,
             num_errors_total=self.counters.num_errors_total,
             num_disconnect_cancels=self.counters.num_disconnect_cancels,

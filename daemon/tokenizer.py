@@ -146,7 +146,9 @@ class Tokenizer:
         return self.chat_templates.get("default")
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        encoding = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        # encode_batch releases the GIL while it works (encode holds it): a long prompt
+        # tokenized on the daemon's tokenizing thread does not stall the engine loop.
+        (encoding,) = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
         token_ids = encoding.ids
         mask = encoding.special_tokens_mask  # 1 where the post-processor added the token
         if (
