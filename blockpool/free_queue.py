@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 from .block import DEFAULT_PRIORITY, MAX_PRIORITY, CachedBlock
@@ -122,6 +122,25 @@ class EvictionQueue(Generic[B]):
             block.priority_expiry = None
             block.set_retention(DEFAULT_PRIORITY, None)
             self._link(block, level_of(block))
+
+    def make_blank(self, block: B, now: float) -> None:
+        """Clear a block's entry; a queued block moves to the blank level (taken first)."""
+        queued = block.queue_level is not None
+        if queued:
+            self.remove(block)
+        block.clear_entry()
+        if queued:
+            self.append(block, now)
+
+    def clear_all(self, blocks: Sequence[B], now: float) -> None:
+        """Make every block of a tier blank; queued ones keep their order, behind the
+        blank ones."""
+        for block in list(self):
+            if block.block_hash is not None:
+                self.make_blank(block, now)
+        for block in blocks:
+            if block.block_hash is not None:
+                block.clear_entry()
 
     def check(self) -> None:
         """Assert the links, levels, mask and counts agree."""

@@ -80,8 +80,37 @@ class HostTier:
     def num_free_blocks(self) -> int:
         return len(self.queue)
 
+    @property
+    def num_copies_in_flight(self) -> int:
+        return len(self.pending)
+
     def lookup(self, block_hash: BlockHash) -> HostBlock | None:
         return self.index.get(block_hash)
+
+    def entries(self) -> list[HostBlock]:
+        """The findable slots."""
+        return list(self.index.values())
+
+    def add_entry(self, block: HostBlock) -> None:
+        """Make a slot that just took an entry findable by its hash."""
+        assert block.block_hash is not None and block.block_hash not in self.index
+        self.index[block.block_hash] = block
+
+    def remove_entry(self, block: HostBlock) -> None:
+        """Stop finding a slot whose entry moves to the device tier (the slot keeps it
+        until the caller's `take_entry` empties it)."""
+        assert block.block_hash is not None and self.index.get(block.block_hash) is block
+        del self.index[block.block_hash]
+
+    def forget(self, block: HostBlock, now: float) -> None:
+        """Forget a slot's entry; a free slot becomes blank (taken first)."""
+        self.remove_entry(block)
+        self.queue.make_blank(block, now)
+
+    def clear(self, now: float) -> None:
+        """Forget every entry."""
+        self.queue.clear_all(self.blocks, now)
+        self.index.clear()
 
     def pin(self, block: HostBlock) -> None:
         if block.queue_level is not None:

@@ -29,7 +29,7 @@ from .events import (
     EventSink,
     KVEvent,
 )
-from .free_queue import B, EvictionQueue
+from .free_queue import EvictionQueue
 from .hashing import BlockHash, Namespace
 from .host import HostTier
 
@@ -134,13 +134,14 @@ class CacheIndex:
         assert src.queue_level is None and dst.queue_level is None
         assert self._host_tier is not None and src.block_hash is not None
         block_hash, src_medium = src.block_hash, medium_of(src)
-        dst.take_entry(src)
         if isinstance(dst, HostBlock):
+            dst.take_entry(src)
             del self.device[block_hash]
-            self._host_tier.index[block_hash] = dst
+            self._host_tier.add_entry(dst)
         else:
-            assert isinstance(dst, KVBlock)
-            del self._host_tier.index[block_hash]
+            assert isinstance(dst, KVBlock) and isinstance(src, HostBlock)
+            self._host_tier.remove_entry(src)
+            dst.take_entry(src)
             self.device[block_hash] = dst
         self._emit(self._stored_event(dst))
         self._emit(BlockRemoved([block_hash], src_medium))
@@ -167,10 +168,9 @@ class CacheIndex:
 
     def clear(self, device_blocks: Sequence[KVBlock], now: float) -> None:
         """Forget every entry of both tiers at once (held duplicates too)."""
-        _clear_all(self._device_queue, device_blocks, now)
+        self._device_queue.clear_all(device_blocks, now)
         if self._host_tier is not None:
-            _clear_all(self._host_tier.queue, self._host_tier.blocks, now)
-            self._host_tier.index.clear()
+            self._host_tier.clear(now)
         self.device.clear()
         self._children.clear()
         self._emit(AllBlocksCleared())
@@ -181,8 +181,9 @@ class CacheIndex:
             assert block.block_hash == block_hash, f"block {block.block_id} under another hash"
         entries: list[CachedBlock] = list(self.device.values())
         if self._host_tier is not None:
-            assert not self.device.keys() & self._host_tier.index.keys(), "an entry in both tiers"
-            entries += self._host_tier.index.values()
+            host_entries = self._host_tier.entries()
+            assert not self.device.keys() & {e.block_hash for e in host_entries}, "in both tiers"
+            entries += host_entries
         serials = [entry.serial for entry in entries]
         assert None not in serials and len(set(serials)) == len(serials), "serials not unique"
         for entry in entries:
@@ -208,11 +209,10 @@ class CacheIndex:
         block_hash, medium = block.block_hash, medium_of(block)
         if isinstance(block, KVBlock):
             del self.device[block_hash]
-            _make_blank(self._device_queue, block, now)
+            self._device_queue.make_blank(block, now)
         else:
             assert isinstance(block, HostBlock) and self._host_tier is not None
-            del self._host_tier.index[block_hash]
-            _make_blank(self._host_tier.queue, block, now)
+            self._host_tier.forget(block, now)
         self._emit(BlockRemoved([block_hash], medium))
 
     def _stored_event(self, block: CachedBlock) -> BlockStored:
@@ -234,22 +234,3 @@ class CacheIndex:
         if self._event_sink is not None:
             self._event_sink(event)
 
-
-def _make_blank(queue: EvictionQueue[B], block: B, now: float) -> None:
-    """Clear a block's entry; a queued block moves to the blank level (taken first)."""
-    queued = block.queue_level is not None
-    if queued:
-        queue.remove(block)
-    block.clear_entry()
-    if queued:
-        queue.append(block, now)
-
-
-def _clear_all(queue: EvictionQueue[B], blocks: Sequence[B], now: float) -> None:
-    """Make every block of a tier blank; queued ones keep their order, behind the blank ones."""
-    for block in list(queue):
-        if block.block_hash is not None:
-            _make_blank(queue, block, now)
-    for block in blocks:
-        if block.block_hash is not None:
-            block.clear_entry()

@@ -116,7 +116,7 @@ class BlockPool:
 
     @property
     def num_pending_copies(self) -> int:
-        return 0 if self.host_tier is None else len(self.host_tier.pending)
+        return 0 if self.host_tier is None else self.host_tier.num_copies_in_flight
 
     def eviction_order(self) -> list[BlockId]:
         """The free blocks, the next to be taken first."""

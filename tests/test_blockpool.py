@@ -761,9 +761,9 @@ def test_stats_and_events_agree_with_what_happened() -> None:
     pool, events, _, _ = make_host_pool(2)
     a = Request(toks(0, 2 * BS), Namespace("s", "lora-1"))
     assert a.run(pool) == [0, 1]
-    assert events.take() == [
-        BlockStored([a.hashes[0]], None, a.blocks[0], BS, None, GPU, "lora-1"),
-        BlockStored([a.hashes[1]], a.hashes[0], a.blocks[1], BS, None, GPU, "lora-1"),
+    assert events.take() == [  # salted: hashes only, no token ids (DESIGN §7)
+        BlockStored([a.hashes[0]], None, [], BS, None, GPU, "lora-1"),
+        BlockStored([a.hashes[1]], a.hashes[0], [], BS, None, GPU, "lora-1"),
     ]
     pool.free([0, 1])
     assert a.match(pool) == [0, 1]
