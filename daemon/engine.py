@@ -327,11 +327,15 @@ class Engine:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         elif _is_token_ids(prompt):
-            ids = [int(t) for t in prompt]
             vocab = self.config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
+            try:
+                array = np.asarray(prompt, dtype=np.int64)
+            except OverflowError:
+                array = None
+            if array is None or ((array < 0) | (array >= vocab)).any():
+                bad = [int(t) for t in prompt if not 0 <= t < vocab]
                 raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+            ids = array.tolist()
         else:
             raise ValueError(
                 f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
@@ -398,8 +402,10 @@ def model_fingerprint(path: Path) -> bytes:
 
 
 def _is_token_ids(prompt: object) -> bool:
+    """A list or tuple of ints (NumPy integers too, bools not). The element types are
+    collected in C (set(map(type, ...))): a 4k-token prompt costs microseconds."""
     return isinstance(prompt, list | tuple) and all(
-        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt
+        kind is int or issubclass(kind, np.integer) for kind in set(map(type, prompt))
     )
 
 
