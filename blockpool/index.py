@@ -134,13 +134,14 @@ class CacheIndex:
         assert src.queue_level is None and dst.queue_level is None
         assert self._host_tier is not None and src.block_hash is not None
         block_hash, src_medium = src.block_hash, medium_of(src)
-        dst.take_entry(src)
         if isinstance(dst, HostBlock):
+            dst.take_entry(src)
             del self.device[block_hash]
-            self._host_tier.index[block_hash] = dst
+            self._host_tier.store(dst)
         else:
-            assert isinstance(dst, KVBlock)
-            del self._host_tier.index[block_hash]
+            assert isinstance(dst, KVBlock) and isinstance(src, HostBlock)
+            self._host_tier.unstore(src)
+            dst.take_entry(src)
             self.device[block_hash] = dst
         self._emit(self._stored_event(dst))
         self._emit(BlockRemoved([block_hash], src_medium))
@@ -169,8 +170,7 @@ class CacheIndex:
         """Forget every entry of both tiers at once (held duplicates too)."""
         _clear_all(self._device_queue, device_blocks, now)
         if self._host_tier is not None:
-            _clear_all(self._host_tier.queue, self._host_tier.blocks, now)
-            self._host_tier.index.clear()
+            self._host_tier.clear(now)
         self.device.clear()
         self._children.clear()
         self._emit(AllBlocksCleared())
@@ -181,8 +181,9 @@ class CacheIndex:
             assert block.block_hash == block_hash, f"block {block.block_id} under another hash"
         entries: list[CachedBlock] = list(self.device.values())
         if self._host_tier is not None:
-            assert not self.device.keys() & self._host_tier.index.keys(), "an entry in both tiers"
-            entries += self._host_tier.index.values()
+            host_entries = self._host_tier.entries()
+            assert not any(e.block_hash in self.device for e in host_entries), "in both tiers"
+            entries += host_entries
         serials = [entry.serial for entry in entries]
         assert None not in serials and len(set(serials)) == len(serials), "serials not unique"
         for entry in entries:
@@ -211,8 +212,7 @@ class CacheIndex:
             _make_blank(self._device_queue, block, now)
         else:
             assert isinstance(block, HostBlock) and self._host_tier is not None
-            del self._host_tier.index[block_hash]
-            _make_blank(self._host_tier.queue, block, now)
+            self._host_tier.forget(block, now)
         self._emit(BlockRemoved([block_hash], medium))
 
     def _stored_event(self, block: CachedBlock) -> BlockStored:
