@@ -137,10 +137,10 @@ class CacheIndex:
         if isinstance(dst, HostBlock):
             dst.take_entry(src)
             del self.device[block_hash]
-            self._host_tier.add_entry(dst)
+            self._host_tier.store(dst)
         else:
             assert isinstance(dst, KVBlock) and isinstance(src, HostBlock)
-            self._host_tier.remove_entry(src)
+            self._host_tier.unstore(src)
             dst.take_entry(src)
             self.device[block_hash] = dst
         self._emit(self._stored_event(dst))
@@ -182,7 +182,7 @@ class CacheIndex:
         entries: list[CachedBlock] = list(self.device.values())
         if self._host_tier is not None:
             host_entries = self._host_tier.entries()
-            assert not self.device.keys() & {e.block_hash for e in host_entries}, "in both tiers"
+            assert not any(e.block_hash in self.device for e in host_entries), "in both tiers"
             entries += host_entries
         serials = [entry.serial for entry in entries]
         assert None not in serials and len(set(serials)) == len(serials), "serials not unique"

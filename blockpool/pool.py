@@ -116,7 +116,7 @@ class BlockPool:
 
     @property
     def num_pending_copies(self) -> int:
-        return 0 if self.host_tier is None else self.host_tier.num_copies_in_flight
+        return 0 if self.host_tier is None else self.host_tier.num_pending_copies
 
     def eviction_order(self) -> list[BlockId]:
         """The free blocks, the next to be taken first."""
@@ -325,10 +325,7 @@ class BlockPool:
 
     def is_arriving(self, block_id: BlockId) -> bool:
         """Whether a host-tier copy into this device block is still in flight."""
-        host = self.host_tier
-        return host is not None and any(
-            not c.to_host and c.device_block.block_id == block_id for c in host.pending
-        )
+        return self.host_tier is not None and self.host_tier.is_arriving(block_id)
 
     def complete_copies(self) -> int:
         """Wait for the host copies in flight and release their pins; returns how many.
@@ -357,14 +354,15 @@ class BlockPool:
             tokens_per_block=self.block_size,
             cached_blocks=len(self._index.device),
             host_max_blocks=0 if host is None else host.num_blocks,
-            host_cached_blocks=0 if host is None else len(host.index),
+            host_cached_blocks=0 if host is None else host.num_cached_blocks,
         )
 
     def check_integrity(self) -> None:
         """Assert every invariant of the pool, its index and its host tier (O(pool); for tests)."""
         self._queue.check()
         host = self.host_tier
-        pins = Counter(id(c.device_block) for c in host.pending) if host is not None else Counter()
+        pending = host.pending_copies() if host is not None else ()
+        pins = Counter(id(c.device_block) for c in pending)
         for block in self.blocks:
             assert block.ref_count >= pins[id(block)], f"block {block.block_id}: refs below pins"
             assert (block.queue_level is None) == (block.ref_count > 0), block
@@ -410,7 +408,7 @@ class BlockPool:
         host = self.host_tier
         slot = None
         if host is not None and block.priority >= self.offload_min_priority:
-            slot = host.queue.pop(now)  # None when every slot is pinned
+            slot = host.take_slot(now)  # None when every slot is pinned
         if host is None or slot is None:
             self._index.drop(block, now)
             return
@@ -418,7 +416,7 @@ class BlockPool:
             self._counters.host_evictions += 1
             self._index.drop(slot, now)  # drops `block` too if the slot held its ancestor
         if block.block_hash is None:
-            host.queue.append(slot, now)
+            host.return_slot(slot, now)
             return
         self._index.move(block, slot)
         host.start_offload(block, slot)

@@ -255,7 +255,7 @@ class PoolMachine(RuleBasedStateMachine):
         pool = self.pool
         pool.check_integrity()
         held = Counter(b for req in self.requests.values() for b in req.block_ids)
-        pending = pool.host_tier.pending if pool.host_tier is not None else []
+        pending = pool.host_tier.pending_copies() if pool.host_tier is not None else ()
         pins = Counter(copy.device_block.block_id for copy in pending)
         assert [b.ref_count for b in pool.blocks] == [
             held[i] + pins[i] for i in range(pool.num_blocks)
@@ -265,7 +265,7 @@ class PoolMachine(RuleBasedStateMachine):
     def cached_blocks_hold_their_kv(self) -> None:
         if not hasattr(self, "pool"):
             return
-        pending = self.pool.host_tier.pending if self.pool.host_tier is not None else []
+        pending = self.pool.host_tier.pending_copies() if self.pool.host_tier is not None else ()
         busy_device = {id(c.device_block) for c in pending}
         busy_host = {id(c.host_block) for c in pending}
         for block in self.pool.blocks:
@@ -273,7 +273,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert block.serial is not None
                 assert np.array_equal(self.device[block.block_id], self.expected[block.serial])
         if self.pool.host_tier is not None:
-            for slot in self.pool.host_tier.blocks:
+            for slot in self.pool.host_tier.slots():
                 if slot.block_hash is not None and id(slot) not in busy_host:
                     assert slot.serial is not None
                     assert np.array_equal(self.host[slot.slot], self.expected[slot.serial])
