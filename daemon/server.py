@@ -59,7 +59,7 @@ class ServerConfig:
     max_stop_strings: int = 16  # stop strings a request may give
     max_stop_chars: int = 256  # characters in one stop string
     kv_events_layout: KVEventLayout = "vllm"
-    drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may take
+    drain_timeout_s: float = 5.0  # on SIGTERM, how long running requests may take
     idle_poll_ms: int = 100
     send_hwm: int = 10_000  # queued replies per client before it counts as not reading
     model_name: str = ""
