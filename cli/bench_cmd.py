@@ -93,6 +93,8 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
     except (ValueError, RuntimeError, ConnectionError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.tables(results))
+    for name, why in results.get("skipped", {}).items():  # never silently
+        click.echo(f"skipped {name}: {why}", err=True)
     options["out"].write_text(json.dumps(results, indent=2) + "\n")
     click.echo(f"results: {options['out']}", err=True)
     if report.plot(results, options["plot_path"]):

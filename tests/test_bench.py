@@ -81,6 +81,7 @@ def test_against_a_daemon(tiny: Path, tmp_path: Path) -> None:
         assert results["repeat"]["cached_tokens_repeat"] == 63
         assert results["shared"]["on"]["prefill_tokens_computed"] == 48 + 4 * 8
         assert "hosttier" in results["skipped"]
+        assert "skipped hosttier: needs two in-process engines" in done.stderr  # said, not silent
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=60)
