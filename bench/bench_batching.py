@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.prepare import prepare_default_model
+from reprise.daemon.model.prepare import prepare_default_model
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 ANSWER = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)

@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from reprise.daemon.prepare import prepare_default_model
-from reprise.daemon.tokenizer import Tokenizer
+from reprise.daemon.model.prepare import prepare_default_model
+from reprise.daemon.model.tokenizer import Tokenizer
 from reprise.ipc import Client, RequestError
 
 TARGET_GAP_S = 2.0

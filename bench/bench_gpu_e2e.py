@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.model import LlamaModel
-from reprise.daemon.synth import synth_in_memory, write_tokenizer
-from reprise.daemon.tokenizer import Tokenizer
+from reprise.daemon.model.config import ModelConfig
+from reprise.daemon.model.llama import LlamaModel
+from reprise.daemon.model.synth import synth_in_memory, write_tokenizer
+from reprise.daemon.model.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 

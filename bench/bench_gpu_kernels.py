@@ -34,7 +34,7 @@ reference. A time is the median of CUDA event pairs around single calls. A spin
 kernel holds the stream while Python issues the timed calls, so they run back to
 back and launch overhead is not what is timed; L2 is flushed before each call, so
 weights come from DRAM as in a model far larger than L2. Models are the shapes of
-daemon/synth.py. The JSON (command, device, floors, rows, errors) is rewritten after
+daemon/model/synth.py. The JSON (command, device, floors, rows, errors) is rewritten after
 every section, so a run cut short keeps what it measured.
 """
 
@@ -61,7 +61,7 @@ from reprise.cuda.attention_kernel import paged_attention
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.kvcache import kv_cache_shape
-from reprise.daemon.synth import SHAPES
+from reprise.daemon.model.synth import SHAPES
 
 Row = dict[str, Any]
 Floors = dict[str, float | None]  # COPY_BW, H2D_BW, D2H_BW in bytes/s; MATMUL_RATE in flop/s
@@ -119,7 +119,7 @@ class ModelShape:
 
     @classmethod
     def of(cls, name: str) -> ModelShape:
-        """The shape of a model in daemon/synth.py's SHAPES (Hugging Face config names)."""
+        """The shape of a model in daemon/model/synth.py's SHAPES (Hugging Face config names)."""
         if name not in SHAPES:
             raise ValueError(f"model must be one of {', '.join(SHAPES)}; got {name!r}")
         keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -825,7 +825,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(DEFAULT_MODELS),
-        help=f"a comma list of daemon/synth.py shapes: {', '.join(SHAPES)}",
+        help=f"a comma list of daemon/model/synth.py shapes: {', '.join(SHAPES)}",
     )
     parser.add_argument("--iters", type=int, default=20, help="timed calls a measurement")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before them")

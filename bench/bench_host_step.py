@@ -35,7 +35,7 @@ import numpy as np
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.prepare import prepare_default_model
+from reprise.daemon.model.prepare import prepare_default_model
 
 TARGET_CACHED_MS = 2.0
 

@@ -43,7 +43,7 @@ def main() -> None:
     import transformers
 
     from reprise.daemon import Engine, SamplingParams
-    from reprise.daemon.prepare import prepare_default_model
+    from reprise.daemon.model.prepare import prepare_default_model
 
     path = args.model or prepare_default_model(progress=True).path
     # reuse off: every repeat computes the whole prompt, as transformers does

@@ -233,4 +233,3 @@ class CacheIndex:
     def _emit(self, event: KVEvent) -> None:
         if self._event_sink is not None:
             self._event_sink(event)
-

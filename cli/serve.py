@@ -180,15 +180,15 @@ def load_config(path: Path) -> dict[str, Any]:
 def serve_cmd(config_file: Path | None, **flags: Any) -> None:
     """Load a model and serve it on a ZeroMQ socket until SIGTERM (then drain and exit 0)."""
     from ..daemon import Engine
-    from ..daemon.server import Server, ServerConfig, prepare_endpoints
-    from ..daemon.service import Notifier, StopFlag, raise_fd_limit
+    from ..daemon.serve.server import Server, ServerConfig, prepare_endpoints
+    from ..daemon.serve.service import Notifier, StopFlag, raise_fd_limit
     from ..ipc.sockets import server_address
 
     options = {name: default for name, (default, _) in SERVE_OPTIONS.items()}
     if config_file is not None:
         options.update(load_config(config_file))
     options.update({k: v for k, v in flags.items() if v is not None})
-    from ..daemon.logs import configure
+    from ..daemon.serve.logs import configure
 
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
@@ -248,8 +248,8 @@ def _step_budget(options: dict[str, Any]) -> int:
 def _host_blocks(options: dict[str, Any], progress: Any) -> int:
     if options["host_bytes"] is None:
         return int(options["host_blocks"])
-    from ..daemon.config import ModelConfig
-    from ..daemon.prepare import default_model_dir
+    from ..daemon.model.config import ModelConfig
+    from ..daemon.model.prepare import default_model_dir
 
     path = Path(options["model"]) if options["model"] else default_model_dir()
     block_bytes = ModelConfig.from_dir(path).kv_bytes_per_token() * options["block_size"]

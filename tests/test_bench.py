@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reprise.daemon.synth import synth_model
+from reprise.daemon.model.synth import synth_model
 
 BS = 16
 SMALL = ["--block-size", str(BS), "--prompt-tokens", "64", "--prefix-lengths", "0,32,64",

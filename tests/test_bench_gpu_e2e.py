@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reprise.bench.bench_gpu_e2e import linear_params, main, prefill_flops, weight_bytes
-from reprise.daemon.synth import synth_config
+from reprise.daemon.model.synth import synth_config
 
 
 def test_floors_count_what_llama_3_1_8b_multiplies_by() -> None:

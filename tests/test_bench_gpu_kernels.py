@@ -1,5 +1,5 @@
 """The pure parts of bench/bench_gpu_kernels.py, on the CPU: the floor arithmetic against
-hand-derived counts, the GEMM shapes against daemon/synth.py's tensors, the BF16
+hand-derived counts, the GEMM shapes against daemon/model/synth.py's tensors, the BF16
 rounding against ml_dtypes, the table, and the command line without a device (a
 clear message, never a traceback). The measurements themselves need a GPU."""
 
@@ -17,7 +17,7 @@ import pytest
 from reprise.bench import bench_gpu_kernels as bench
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16
-from reprise.daemon.synth import SHAPES, tensor_shapes
+from reprise.daemon.model.synth import SHAPES, tensor_shapes
 
 SCRIPT = Path(__file__).parents[1] / "bench" / "bench_gpu_kernels.py"
 LLAMA_8B = bench.ModelShape.of("llama-3.1-8b")

@@ -91,7 +91,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A daemon serving a tiny random model (answers are noise, fast)."""
-    from reprise.daemon.synth import synth_model
+    from reprise.daemon.model.synth import synth_model
 
     tmp = tmp_path_factory.mktemp("chat")
     model = synth_model("tiny", tmp / "tiny")

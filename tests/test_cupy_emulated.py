@@ -27,12 +27,13 @@ from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
 from reprise.cuda.backend import NumpyBackend, SampleDraws
-from reprise.daemon import Completion, Engine, SamplingParams, synth
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.engine import model_fingerprint
-from reprise.daemon.model import LlamaModel
-from reprise.daemon.tokenizer import Tokenizer
-from reprise.daemon.weights import load_weights
+from reprise.daemon import Completion, Engine, SamplingParams
+from reprise.daemon.engine.engine import model_fingerprint
+from reprise.daemon.model import synth
+from reprise.daemon.model.config import ModelConfig
+from reprise.daemon.model.llama import LlamaModel
+from reprise.daemon.model.tokenizer import Tokenizer
+from reprise.daemon.model.weights import load_weights
 
 pytestmark = pytest.mark.kernels
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reprise.daemon.tokenizer import Tokenizer
+from reprise.daemon.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.model
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"

@@ -197,7 +197,7 @@ def test_cancel_returns_the_blocks(engine: Engine) -> None:
 
 
 def test_memory_fraction_sizes_the_pool() -> None:
-    from reprise.daemon.engine import blocks_in_memory_fraction
+    from reprise.daemon.engine.engine import blocks_in_memory_fraction
 
     gib = 1 << 30
     # 0.5 of 16 GiB, a tenth kept for activations: 7.2 GiB, less 1 GiB of weights

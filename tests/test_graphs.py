@@ -1,4 +1,4 @@
-"""Decode steps at padded bucket sizes (daemon/graphs.py): the path CUDA graphs replay
+"""Decode steps at padded bucket sizes (daemon/engine/graphs.py): the path CUDA graphs replay
 on the GPU backend, run eagerly on NumPy. A sequence's tokens and logits must be
 bit-identical to the eager unpadded steps, whatever the bucket, the padding and the
 stale rows a shrinking batch leaves behind."""
@@ -13,8 +13,8 @@ import pytest
 from gpu_support import needs_gpu
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.graphs import DEFAULT_BUCKETS, StaticDecode
-from reprise.daemon.synth import SHAPES, synth_model
+from reprise.daemon.engine.graphs import DEFAULT_BUCKETS, StaticDecode
+from reprise.daemon.model.synth import SHAPES, synth_model
 
 BACKENDS = [
     "numpy",

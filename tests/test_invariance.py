@@ -19,11 +19,11 @@ from gpu_support import needs_gpu
 
 from reprise.cuda.backend import get_backend
 from reprise.daemon import Completion, Engine, SamplingParams
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.engine import model_fingerprint
-from reprise.daemon.model import LlamaModel
-from reprise.daemon.tokenizer import Tokenizer
-from reprise.daemon.weights import load_weights
+from reprise.daemon.engine.engine import model_fingerprint
+from reprise.daemon.model.config import ModelConfig
+from reprise.daemon.model.llama import LlamaModel
+from reprise.daemon.model.tokenizer import Tokenizer
+from reprise.daemon.model.weights import load_weights
 
 pytestmark = pytest.mark.model
 

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from reprise.daemon.service import Notifier
+from reprise.daemon.serve.service import Notifier
 from reprise.ipc.codec import (
     decode_reply,
     decode_request,

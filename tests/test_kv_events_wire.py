@@ -115,7 +115,10 @@ def test_the_legacy_layout_decodes_with_vllms_array_schema() -> None:
     payload = encode_batch(events, ts=3.0, layout="vllm-legacy")
     batch = msgspec.msgpack.decode(payload, type=LegacyBatch)
     assert [type(e).__name__ for e in batch.events] == [
-        "LegacyBlockStored", "LegacyBlockStored", "LegacyBlockRemoved", "LegacyAllBlocksCleared",
+        "LegacyBlockStored",
+        "LegacyBlockStored",
+        "LegacyBlockRemoved",
+        "LegacyAllBlocksCleared",
     ]
     assert batch.events[0].token_ids == list(range(8)) and batch.events[1].lora_name == "adapter-a"
     with pytest.raises(msgspec.ValidationError):

@@ -11,9 +11,9 @@ import pytest
 
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.kvcache import kv_cache_shape
-from reprise.daemon.config import ModelConfig, ModelConfigError
-from reprise.daemon.model import ForwardBatch, LlamaModel
-from reprise.daemon.weights import WeightsError, load_weights
+from reprise.daemon.model.config import ModelConfig, ModelConfigError
+from reprise.daemon.model.llama import ForwardBatch, LlamaModel
+from reprise.daemon.model.weights import WeightsError, load_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from reprise.daemon import prepare as prepare_module
-from reprise.daemon.gguf_convert import build_tokenizer, convert_gguf, read_metadata
-from reprise.daemon.prepare import (
+from reprise.daemon.model import prepare as prepare_module
+from reprise.daemon.model.gguf_convert import build_tokenizer, convert_gguf, read_metadata
+from reprise.daemon.model.prepare import (
     DEFAULT_WHEEL_SHA256,
     MARKER_NAME,
     PrepareError,
@@ -32,7 +32,7 @@ from reprise.daemon.prepare import (
     default_model_dir,
     prepare_default_model,
 )
-from reprise.daemon.safetensors_io import load_safetensors
+from reprise.daemon.model.safetensors_io import load_safetensors
 
 TEXTS = [
     "",

@@ -144,7 +144,7 @@ def test_events_mirror_registered_blocks(make_engine) -> None:
 
 
 def test_retention_priority_keeps_a_prompt_cached(make_engine) -> None:
-    from reprise.daemon.params import Retention
+    from reprise.daemon.engine.params import Retention
 
     engine = make_engine(num_device_blocks=14)
     pinned = random_prompt(100, seed=14)  # 6 full blocks
@@ -175,4 +175,6 @@ def test_events_of_a_salted_request_carry_hashes_only(make_engine) -> None:
     assert len(salted) == len(plain) == 3
     assert all(e.token_ids == [] and len(e.block_hashes) == 1 for e in salted)
     assert [t for e in plain for t in e.token_ids] == prompt[:48]
-    assert {h for e in salted for h in e.block_hashes}.isdisjoint(h for e in plain for h in e.block_hashes)
+    assert {h for e in salted for h in e.block_hashes}.isdisjoint(
+        h for e in plain for h in e.block_hashes
+    )

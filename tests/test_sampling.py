@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from reprise.cuda.sampling import argmax_ref, philox4x32, sample_ref, uniform
-from reprise.daemon.params import SamplingParams
+from reprise.daemon.engine.params import SamplingParams
 
 
 @pytest.mark.parametrize(

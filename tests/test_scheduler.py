@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from reprise.blockpool.pool import BlockPool
-from reprise.daemon.kvmanager import KVCacheManager
-from reprise.daemon.params import SamplingParams
-from reprise.daemon.scheduler import ScheduledSeq, Scheduler
-from reprise.daemon.sequence import RequestId, SeqStatus, Sequence
+from reprise.daemon.engine.kvmanager import KVCacheManager
+from reprise.daemon.engine.params import SamplingParams
+from reprise.daemon.engine.scheduler import ScheduledSeq, Scheduler
+from reprise.daemon.engine.sequence import RequestId, SeqStatus, Sequence
 
 BS = 32
 PARAMS = SamplingParams(max_tokens=1000, temperature=0)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.config import ModelConfig
-from reprise.daemon.safetensors_io import read_header
-from reprise.daemon.synth import SHAPES, synth_model, tensor_shapes
+from reprise.daemon.model.config import ModelConfig
+from reprise.daemon.model.safetensors_io import read_header
+from reprise.daemon.model.synth import SHAPES, synth_model, tensor_shapes
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from tokenizers import (
 )
 from tokenizers import Tokenizer as BackendTokenizer
 
-from reprise.daemon.tokenizer import (
+from reprise.daemon.model.tokenizer import (
     REPLACEMENT_CHAR,
     ChatTemplateError,
     IncrementalDetokenizer,

@@ -18,7 +18,7 @@ import pytest
 import zmq
 from test_daemon import Daemon, recv
 
-from reprise.daemon.synth import synth_model
+from reprise.daemon.model.synth import synth_model
 from reprise.ipc import Client, RequestError
 from reprise.ipc.codec import encode
 from reprise.ipc.messages import Done, Generate
@@ -166,7 +166,7 @@ def test_f3_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
     """Each connection holds a descriptor: serve raises its soft limit to the hard one
     (the unit sets LimitNOFILE=65536), not the 1,024 a shell may start it with."""
     code = (
-        "import resource as r; from reprise.daemon.service import raise_fd_limit; "
+        "import resource as r; from reprise.daemon.serve.service import raise_fd_limit; "
         "hard = r.getrlimit(r.RLIMIT_NOFILE)[1]; r.setrlimit(r.RLIMIT_NOFILE, (64, hard)); "
         "print(raise_fd_limit(), *r.getrlimit(r.RLIMIT_NOFILE))"
     )

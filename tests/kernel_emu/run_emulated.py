@@ -4,7 +4,7 @@
         --block-size 16 --context 48 --batches 1,4 --prefill-tokens 64 --ttft-tokens 96
 
 builds the kernel emulation (g++), installs emucupy as `cupy`, adds synthetic shapes
-to daemon/synth.py's SHAPES, and runs the script as `__main__`: "emulated" (the one
+to daemon/model/synth.py's SHAPES, and runs the script as `__main__`: "emulated" (the one
 tests/test_cupy_emulated.py uses: head dim 64, 2 layers) and "emulated-deep" (its
 width with Llama-3.1-8B's 32 layers, vocabulary and context). What it measures is the
 emulation's speed, which says nothing of a GPU's; what it shows is whether the
@@ -42,7 +42,7 @@ def main() -> None:
     from kernel_emu import emucupy
     from test_cupy_emulated import SHAPE
 
-    from reprise.daemon import synth
+    from reprise.daemon.model import synth
 
     emucupy.install(build_emulation(Path(tempfile.mkdtemp(prefix="reprise-emu-"))),
                     lambda mapping, key, value: mapping.__setitem__(key, value))  # fmt: skip

@@ -16,21 +16,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..blockpool.events import EventQueue, KVEvent
-from ..blockpool.hashing import Namespace
-from ..blockpool.host import HostTier
-from ..blockpool.pool import BlockPool
-from ..cuda.backend import get_backend
-from .config import ModelConfig
+from ...blockpool.events import EventQueue, KVEvent
+from ...blockpool.hashing import Namespace
+from ...blockpool.host import HostTier
+from ...blockpool.pool import BlockPool
+from ...cuda.backend import get_backend
+from ..model.config import ModelConfig
+from ..model.llama import LlamaModel
+from ..model.safetensors_io import read_header
+from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
+from ..model.weights import load_weights
 from .kvmanager import KVCacheManager
-from .model import LlamaModel
 from .params import Completion, Retention, SamplingParams, StepOutput
 from .runner import ModelRunner
-from .safetensors_io import read_header
 from .scheduler import Scheduler
 from .sequence import RequestId, Sequence
-from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .weights import load_weights
 
 Prompt = str | list[int]
 DEFAULT_KV_CACHE_BYTES = 1 << 30
@@ -52,7 +52,7 @@ class Engine:
         max_model_len: int | None = None,
         cuda_graphs: bool | None = None,
     ) -> None:
-        """`cuda_graphs`: replay decode steps as CUDA graphs (daemon/graphs.py); None
+        """`cuda_graphs`: replay decode steps as CUDA graphs (daemon/engine/graphs.py); None
         means on with the GPU backend, off with NumPy, where True runs the same padded
         steps eagerly (the tests' way to check them without a GPU)."""
         self.config = config
@@ -121,7 +121,7 @@ class Engine:
         if memory_fraction is not None and num_device_blocks is not None:
             raise ValueError("give num_device_blocks or memory_fraction, not both")
         if path is None:
-            from .prepare import prepare_default_model
+            from ..model.prepare import prepare_default_model
 
             path = prepare_default_model(progress=progress is not None).path
         path = Path(path)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blockpool.block import HostSlot
-from ..blockpool.pool import BlockId
-from ..cuda.kvcache import kv_cache_shape
-from .config import ModelConfig
+from ...blockpool.block import HostSlot
+from ...blockpool.pool import BlockId
+from ...cuda.kvcache import kv_cache_shape
+from ..model.config import ModelConfig
+from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
-from .model import ForwardBatch, LlamaModel
 from .sampler import next_tokens
 from .scheduler import ScheduledSeq
 from .sequence import Sequence

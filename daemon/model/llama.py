@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cuda.backend import Backend
-from ..cuda.rope import rope_table
+from ...cuda.backend import Backend
+from ...cuda.rope import rope_table
 from .config import ModelConfig
 from .weights import LlamaWeights
 
@@ -91,7 +91,7 @@ class LlamaModel:
     def forward_device(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """`forward` on a batch whose arrays are already the backend's. It launches the
         same kernels for every batch of the same shapes and reads nothing back to the
-        host, so the GPU backend can capture it in a CUDA graph (daemon/graphs.py)."""
+        host, so the GPU backend can capture it in a CUDA graph (daemon/engine/graphs.py)."""
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
         q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size

@@ -51,9 +51,7 @@ def configure(level: str = "info", fmt: LogFormat = "text") -> None:
     elif os.environ.get("JOURNAL_STREAM"):
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        )
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger("reprise")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from ..cuda.dtypes import BF16
+from ...cuda.dtypes import BF16
 from .config import ModelConfig
 from .safetensors_io import save_safetensors
 from .weights import LayerWeights, LlamaWeights

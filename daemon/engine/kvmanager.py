@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..blockpool.hashing import BlockHash, hash_block
-from ..blockpool.pool import BlockId, BlockPool
+from ...blockpool.hashing import BlockHash, hash_block
+from ...blockpool.pool import BlockId, BlockPool
 from .params import Retention
 from .sequence import Sequence
 

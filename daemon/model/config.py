@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cuda.rope import Llama3Scaling
+from ...cuda.rope import Llama3Scaling
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 

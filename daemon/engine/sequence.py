@@ -8,8 +8,8 @@ from typing import NewType
 
 import numpy as np
 
-from ..blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
-from ..blockpool.pool import BlockId
+from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from ...blockpool.pool import BlockId
 from .params import FinishReason, Retention, SamplingParams
 
 RequestId = NewType("RequestId", int)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from ..ipc.codec import decode_request, encode, error_bytes, logits_to_wire
-from ..ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
-from ..ipc.messages import (
+from ...ipc.codec import decode_request, encode, error_bytes, logits_to_wire
+from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
+from ...ipc.messages import (
     Cancel,
     Done,
     Generate,
@@ -37,10 +37,10 @@ from ..ipc.messages import (
     StatsRequest,
     TokenChunk,
 )
-from ..ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
-from .engine import Engine
-from .params import Retention, SamplingParams, StepOutput
-from .sequence import RequestId
+from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
+from ..engine.engine import Engine
+from ..engine.params import Retention, SamplingParams, StepOutput
+from ..engine.sequence import RequestId
 from .service import Notifier, StopFlag
 
 log = logging.getLogger("reprise.server")
@@ -350,7 +350,9 @@ class Server:
         self._check_limits(params)
         self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
         future = self._tokenizing.submit(self._prompt_ids, request)
-        self.pending[(route, request.id)] = PendingRequest(request, params, future, time.monotonic())
+        self.pending[(route, request.id)] = PendingRequest(
+            request, params, future, time.monotonic()
+        )
 
     def _admit_ready(self) -> None:
         """Hand the engine every request whose prompt is tokenized, in arrival order."""

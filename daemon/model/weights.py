@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda.dtypes import BF16
+from ...cuda.dtypes import BF16
 from .config import ModelConfig
 from .safetensors_io import load_safetensors
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import ForwardBatch, LlamaModel
+from ..model.llama import ForwardBatch, LlamaModel
 
 log = logging.getLogger(__name__)
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

@@ -1,0 +1,1 @@
+"""The daemon process: the ZeroMQ server loop over an engine, systemd glue, logs."""
