@@ -2,49 +2,28 @@
 
 The pool decides what moves (see pool.py); this module keeps the slots, their
 index, their eviction queue (the same policy as the device tier) and the
-copies in flight. It never touches bytes: copies are requested through the
-`BlockCopier` the caller supplies, which owns both arenas.
+copies in flight. It never touches bytes: each copy it starts is returned as a
+`BlockCopy` (copies.py) for the pool's list, which the model runner executes.
 
 Only this module reads or writes the tier's slots, index, queue and copies
 in flight: the index (index.py) and the pool call the methods below (`lookup`,
 `store`, `forget`, `take_slot`, `return_slot`, `pin`/`unpin`, `clear`, ...).
 
-Copies and pins: `offload` and `onboard` are issued at once and may run
-asynchronously. Until `complete_copies()` both ends of every issued copy are
-pinned (one reference each), so neither a slot being written or read nor a
-device block being read or written is evicted or handed out again. The
-owner calls `BlockPool.complete_copies()` before any forward pass that reads
-or writes those blocks; a CUDA copier enqueues the copies on its own stream
-in issue order and waits for them in `synchronize()`.
+Copies and pins: from `start_offload`/`start_onboard` until `complete_copies()`
+both ends of every copy are pinned (one reference each), so neither a slot
+being written or read nor a device block being read or written is evicted or
+handed out again. The engine calls `BlockPool.complete_copies()` once the
+runner has executed the step's copies.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from .block import BlockId, HostBlock, HostSlot, KVBlock
+from .copies import BlockCopy
 from .free_queue import EvictionQueue
 from .hashing import BlockHash
-
-
-class BlockCopier(Protocol):
-    """Moves one block's bytes between the device KV arrays and the host arena.
-
-    Copies must take effect in the order they are issued (an onboard issued
-    after an offload of the same slot reads what the offload wrote).
-    """
-
-    def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
-        """Copy device block -> host slot."""
-
-    def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
-        """Copy host slot -> device block."""
-
-    def synchronize(self) -> None:
-        """Order every later use of the blocks and slots involved after the copies
-        issued so far (a CUDA copier may do this on the device: the compute stream
-        waits for the copy stream, and the host does not block)."""
 
 
 @dataclass(slots=True)
@@ -57,11 +36,10 @@ class PendingCopy:
 class HostTier:
     """`num_blocks` host slots with their own index and eviction queue."""
 
-    def __init__(self, num_blocks: int, copier: BlockCopier) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
         self.num_blocks = num_blocks
-        self.copier = copier
         self._blocks = [HostBlock(slot=HostSlot(i)) for i in range(num_blocks)]
         self._index: dict[BlockHash, HostBlock] = {}
         self._queue: EvictionQueue[HostBlock] = EvictionQueue()
@@ -70,7 +48,7 @@ class HostTier:
             self._queue.append(block, 0.0)
 
     @classmethod
-    def from_num_bytes(cls, num_bytes: int, bytes_per_block: int, copier: BlockCopier) -> HostTier:
+    def from_num_bytes(cls, num_bytes: int, bytes_per_block: int) -> HostTier:
         """As many slots as `num_bytes` holds at `bytes_per_block` each (at least one)."""
         if bytes_per_block < 1:
             raise ValueError(f"bytes_per_block must be >= 1; got {bytes_per_block}")
@@ -78,7 +56,7 @@ class HostTier:
             raise ValueError(
                 f"a host tier of {num_bytes} bytes holds no block of {bytes_per_block} bytes"
             )
-        return cls(num_bytes // bytes_per_block, copier)
+        return cls(num_bytes // bytes_per_block)
 
     @property
     def num_free_blocks(self) -> int:
@@ -152,22 +130,21 @@ class HostTier:
         if block.ref_count == 0:
             self._queue.append(block, now)
 
-    def start_offload(self, device_block: KVBlock, host_block: HostBlock) -> None:
-        """Issue device -> host; pins both ends until `complete_copies`."""
-        self.copier.offload(device_block.block_id, host_block.slot)
+    def start_offload(self, device_block: KVBlock, host_block: HostBlock) -> BlockCopy:
+        """Plan device -> host; pins both ends until `complete_copies`."""
         self._track(PendingCopy(device_block, host_block, to_host=True))
+        return BlockCopy("offload", device_block.block_id, host_block.slot)
 
-    def start_onboard(self, host_block: HostBlock, device_block: KVBlock) -> None:
-        """Issue host -> device; pins both ends until `complete_copies`."""
-        self.copier.onboard(host_block.slot, device_block.block_id)
+    def start_onboard(self, host_block: HostBlock, device_block: KVBlock) -> BlockCopy:
+        """Plan host -> device; pins both ends until `complete_copies`."""
         self._track(PendingCopy(device_block, host_block, to_host=False))
+        return BlockCopy("onboard", host_block.slot, device_block.block_id)
 
     def complete_copies(self, now: float) -> list[KVBlock]:
-        """Wait for the copies in flight and unpin their slots; returns their device
-        blocks, one per copy, whose pins the pool releases."""
+        """The copies planned so far have been executed: unpin their slots; returns
+        their device blocks, one per copy, whose pins the pool releases."""
         if not self._pending:
             return []
-        self.copier.synchronize()
         done, self._pending = self._pending, []
         for copy in done:
             self.unpin(copy.host_block, now)

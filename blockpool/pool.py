@@ -22,7 +22,11 @@ Guarantees:
   (default 35, the default priority, so only blocks a client ranked below the
   default are dropped rather than kept) moves to a host slot and stays
   findable; a host hit moves back into a fresh device block inside `match`.
-  Copies pin both ends until `complete_copies()` (host.py).
+- The pool never moves bytes: every copy it decides on (offload, onboard, and
+  the partial-reuse copy the KV manager asks for) is appended to one ordered
+  list (copies.py) that `take_copies()` hands to the runner, which executes it
+  before the forward pass; both ends of a tier copy stay pinned until
+  `complete_copies()`.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from .block import (
     validate_duration,
     validate_priority,
 )
+from .copies import BlockCopy
 from .events import EventSink
 from .free_queue import EvictionQueue
 from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
@@ -57,8 +62,8 @@ class MatchResult:
     """The cached prefix `match` found: one device block per matched block, in order.
 
     The caller holds one reference to each (free them like allocated ones).
-    `num_host_hits` of them were onboarded from the host tier; their copies
-    are in flight until `complete_copies()`.
+    `num_host_hits` of them are onboarded from the host tier by copies in the
+    pool's list (`take_copies()`).
     """
 
     block_ids: list[BlockId]
@@ -109,6 +114,7 @@ class BlockPool:
             self._queue.append(block, now)
         self._index = CacheIndex(block_size, self._queue, host_tier, event_sink)
         self._counters = PoolCounters()
+        self._copies: list[BlockCopy] = []  # planned since the last take_copies(), in order
 
     @property
     def num_free_blocks(self) -> int:
@@ -128,8 +134,8 @@ class BlockPool:
 
         Blank blocks go first; taking a cached block evicts it (to the host
         tier when it qualifies, else it is forgotten with its descendants).
-        A block being offloaded is read by its copy until `complete_copies()`:
-        call that before the forward pass writes the blocks returned here.
+        A block being offloaded is read by a copy in the list `take_copies()`
+        returns, which must run before the forward pass writes the blocks.
         """
         assert n >= 0, n
         if n > len(self._queue):
@@ -211,7 +217,7 @@ class BlockPool:
                 break
             device_block = self._take_free_block(now)
             self._index.move(entry, device_block)
-            self.host_tier.start_onboard(entry, device_block)
+            self._copies.append(self.host_tier.start_onboard(entry, device_block))
             self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
             block_ids.append(device_block.block_id)
             num_host_hits += 1
@@ -295,8 +301,8 @@ class BlockPool:
         The block is held for the caller (one reference) so it survives the
         allocation of the block its tokens' KV is copied into; free it after
         the copy. Ties go to the child registered first. A child in the host tier
-        is onboarded into a free device block first (None if there is none); its
-        copy is in flight until `complete_copies()`.
+        is onboarded into a free device block first (None if there is none), by
+        a copy in the pool's list.
         """
         if not self.enable_reuse or not token_ids:
             return None
@@ -316,7 +322,7 @@ class BlockPool:
             self.host_tier.pin(entry)  # taking a free block may evict to the host tier
             block = self._take_free_block(now)
             self._index.move(entry, block)
-            self.host_tier.start_onboard(entry, block)
+            self._copies.append(self.host_tier.start_onboard(entry, block))
             self.host_tier.unpin(entry, now)  # ours; the copy's pin stays
             self._counters.host_hits += 1
             self._counters.host_onboards += 1
@@ -324,14 +330,28 @@ class BlockPool:
         return block.block_id, num_tokens
 
     def is_arriving(self, block_id: BlockId) -> bool:
-        """Whether a host-tier copy into this device block is still in flight."""
+        """Whether a host-tier copy into this device block is planned and not completed."""
         return self.host_tier is not None and self.host_tier.is_arriving(block_id)
 
-    def complete_copies(self) -> int:
-        """Wait for the host copies in flight and release their pins; returns how many.
+    def copy_block(self, src: BlockId, dst: BlockId) -> None:
+        """Plan a whole-block device copy (partial reuse); both blocks must be held
+        by the caller until the copy has run, i.e. until after the step's forward."""
+        assert self.blocks[src].ref_count > 0 and self.blocks[dst].ref_count > 0, (src, dst)
+        self._copies.append(BlockCopy("device", src, dst))
 
-        Call before any forward pass that reads or writes the blocks involved.
+    def take_copies(self) -> list[BlockCopy]:
+        """The copies planned since the last call, in the order they must run."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def complete_copies(self) -> int:
+        """Every copy taken has run: release the tier copies' pins; returns how many.
+
+        NOTE: call only after the runner executed everything `take_copies()`
+        returned; a copy planned and not yet taken would still read or write a
+        block whose pin this releases.
         """
+        assert not any(c.crosses_tiers for c in self._copies), "complete_copies before take_copies"
         if self.host_tier is None:
             return 0
         now = self._clock()
@@ -419,5 +439,5 @@ class BlockPool:
             host.return_slot(slot, now)
             return
         self._index.move(block, slot)
-        host.start_offload(block, slot)
+        self._copies.append(host.start_offload(block, slot))
         self._counters.host_offloads += 1

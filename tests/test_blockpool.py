@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from reprise.blockpool.block import BlockId, HostSlot
+from reprise.blockpool.block import BlockId
 from reprise.blockpool.events import (
     MEDIUM_DEVICE as GPU,
 )
@@ -40,40 +40,26 @@ class Clock:
 
 
 class NumpyBlockCopier:
-    """Copies whole rows between a device and a host array, as the KV arenas would.
+    """Executes the pool's planned copies on a device and a host array, as the model
+    runner does on the KV arenas: `complete(pool)` takes the copies planned so far,
+    runs them in order, and then lets the pool release their pins."""
 
-    With `deferred`, copies wait in issue order until `synchronize()`, like a copy stream.
-    """
+    def __init__(self, device: np.ndarray, host: np.ndarray) -> None:
+        self.device, self.host = device, host
+        self.log: list[tuple[str, int, int]] = []  # (kind, device block, host slot) run so far
 
-    def __init__(self, device: np.ndarray, host: np.ndarray, *, deferred: bool = False) -> None:
-        self.device, self.host, self.deferred = device, host, deferred
-        self.log: list[tuple[str, int, int]] = []
-        self._queued: list[tuple[str, int, int]] = []
-
-    def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
-        self._issue(("offload", device_block_id, host_slot))
-
-    def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
-        self._issue(("onboard", device_block_id, host_slot))
-
-    def synchronize(self) -> None:
-        for copy in self._queued:
-            self._apply(copy)
-        self._queued.clear()
-
-    def _issue(self, copy: tuple[str, int, int]) -> None:
-        self.log.append(copy)
-        if self.deferred:
-            self._queued.append(copy)
-        else:
-            self._apply(copy)
-
-    def _apply(self, copy: tuple[str, int, int]) -> None:
-        kind, device_block_id, host_slot = copy
-        if kind == "offload":
-            self.host[host_slot] = self.device[device_block_id]
-        else:
-            self.device[device_block_id] = self.host[host_slot]
+    def complete(self, pool: BlockPool) -> int:
+        for copy in pool.take_copies():
+            if copy.kind == "offload":
+                self.host[copy.dst] = self.device[copy.src]
+                self.log.append(("offload", copy.src, copy.dst))
+            elif copy.kind == "onboard":
+                self.device[copy.dst] = self.host[copy.src]
+                self.log.append(("onboard", copy.dst, copy.src))
+            else:
+                self.device[copy.dst] = self.device[copy.src]
+                self.log.append(("device", copy.src, copy.dst))
+        return pool.complete_copies()
 
 
 class Request:
@@ -137,7 +123,8 @@ class Request:
         new = pool.allocate(-(-len(self.tokens) // BS) - num_cached)
         assert new is not None
         block_ids += new
-        pool.complete_copies()
+        copier = getattr(pool, "test_copier", None)  # a host pool's (make_host_pool)
+        copier.complete(pool) if copier is not None else pool.complete_copies()
         self.register(pool, block_ids, num_cached, **kwargs)
         return block_ids
 
@@ -480,10 +467,11 @@ def _kv(num_blocks: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (num_blocks, BS, 8), dtype=np.uint8)
 
 
-def make_host_pool(num_host: int, *, deferred: bool = False, **kwargs):
+def make_host_pool(num_host: int, **kwargs):
     device, host = _kv(NUM_BLOCKS, 1), np.zeros((num_host, BS, 8), np.uint8)
-    copier = NumpyBlockCopier(device, host, deferred=deferred)
-    pool, events, clock = make_pool(host_tier=HostTier(num_host, copier), **kwargs)
+    copier = NumpyBlockCopier(device, host)
+    pool, events, clock = make_pool(host_tier=HostTier(num_host), **kwargs)
+    pool.test_copier = copier  # Request.run executes the planned copies through it
     return pool, events, clock, copier
 
 
@@ -497,6 +485,7 @@ def test_eviction_offloads_qualifying_blocks_only() -> None:
     assert pool.eviction_order()[-4:] == [3, 2, 1, 0]
     events.take()
     assert pool.allocate(11) is not None
+    assert copier.complete(pool) == 2
     assert copier.log == [("offload", 1, 0), ("offload", 0, 1)]  # tail first
     assert events.take() == [
         BlockRemoved([drop.hashes[1]], GPU),
@@ -519,14 +508,14 @@ def test_host_round_trip_is_byte_exact() -> None:
     original = copier.device[[0, 1]].copy()
     pool.free([0, 1, 2])
     held = pool.allocate(11)  # evicts and offloads blocks 1 and 0
-    assert held is not None and pool.complete_copies() == 2
+    assert held is not None and copier.complete(pool) == 2
     copier.device[:] = 0xAB  # the device blocks are overwritten by their new owners
     pool.free(held[:8])  # frees 3..10 (blank)
     events.take()
     result = pool.match(req.hashes, req.blocks)
     assert result.block_ids == [10, 9] and result.num_host_hits == 2
     assert pool.num_pending_copies == 2
-    assert pool.complete_copies() == 2
+    assert copier.complete(pool) == 2
     assert np.array_equal(copier.device[[10, 9]], original)  # byte for byte
     assert events.take() == [
         BlockStored([req.hashes[0]], None, req.blocks[0], BS, None, GPU),
@@ -548,16 +537,16 @@ def test_find_partial_onboards_a_child_from_the_host_tier() -> None:
     original = copier.device[1].copy()
     pool.free([0, 1])
     held = pool.allocate(NUM_BLOCKS)  # evicts and offloads both
-    assert held is not None and pool.complete_copies() == 2
+    assert held is not None and copier.complete(pool) == 2
     copier.device[:] = 0xAB
     pool.free(held[:4])  # blank blocks 2..5 come free
     parent = pool.match(req.hashes[:1], req.blocks[:1]).block_ids  # the first block, onboarded
-    assert len(parent) == 1 and pool.complete_copies() == 1
+    assert len(parent) == 1 and copier.complete(pool) == 1
     found = pool.find_partial(req.hashes[0], [*toks(BS, 7), 999])
     assert found is not None and found[1] == 7
     source = found[0]
     assert source not in parent and pool.is_arriving(source) and pool.num_pending_copies == 1
-    assert pool.complete_copies() == 1 and not pool.is_arriving(source)
+    assert copier.complete(pool) == 1 and not pool.is_arriving(source)
     assert np.array_equal(copier.device[source], original)  # byte for byte
     stats = pool.stats()
     assert (stats.partial_hits, stats.host_hits, stats.host_onboards) == (1, 2, 2)
@@ -567,17 +556,17 @@ def test_find_partial_onboards_a_child_from_the_host_tier() -> None:
 
 
 def test_a_host_hit_without_a_free_device_block_ends_the_match() -> None:
-    pool, _, _, _ = make_host_pool(4)
+    pool, _, _, copier = make_host_pool(4)
     req = Request(toks(0, 2 * BS))
     pool.free(req.run(pool))
     held = pool.allocate(11)  # both blocks offloaded; every device block held
-    assert held is not None and pool.complete_copies() == 2
+    assert held is not None and copier.complete(pool) == 2
     assert req.match(pool) == [] and pool.stats().host_cached_blocks == 2
     pool.free(held[-1:])  # one device block frees up: room for the first hit only
     result = pool.match(req.hashes, req.blocks)
     assert result.block_ids == [held[-1]] and result.num_host_hits == 1
     assert pool.stats().host_cached_blocks == 1  # the second stays on the host, unpinned
-    assert pool.complete_copies() == 1
+    assert copier.complete(pool) == 1
     pool.check_integrity()
 
 
@@ -587,7 +576,7 @@ def test_evicting_a_child_whose_parent_holds_the_last_host_slot_drops_both() -> 
     assert req.run(pool) == [0, 1]
     pool.free([0])
     assert pool.allocate(10) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 0]  # the parent goes to the host
-    assert pool.complete_copies() == 1
+    assert copier.complete(pool) == 1
     pool.free([1])
     events.take()
     # The child needs the only slot, whose victim is its own parent: both are dropped.
@@ -605,23 +594,24 @@ def test_host_tier_evicts_by_the_same_policy() -> None:
     assert low.run(pool) == [0, 1] and high.run(pool, priority=50) == [2, 3]
     pool.free([0, 1])
     assert pool.allocate(8) == [4, 5, 6, 7, 8, 9, 10, 1]  # low's tail offloaded
-    pool.complete_copies()
+    copier.complete(pool)
     pool.free([2, 3])
     assert pool.allocate(1) == [0]  # low's head offloaded: the host is full of low's blocks
-    pool.complete_copies()
+    copier.complete(pool)
     events.take()
     assert pool.allocate(2) == [3, 2]  # high's blocks need room: low's host blocks go, tail first
     assert [e for e in events.take() if isinstance(e, BlockRemoved) and e.medium == CPU] == [
         BlockRemoved([low.hashes[1]], CPU),
         BlockRemoved([low.hashes[0]], CPU),
     ]
+    assert copier.complete(pool) == 2
     assert copier.log[-2:] == [("offload", 3, 0), ("offload", 2, 1)]
     assert low.match(pool) == [] and pool.stats().host_evictions == 2
     pool.check_integrity()
 
 
 def test_pinned_host_slots_are_never_evicted() -> None:
-    pool, _, _, copier = make_host_pool(2, deferred=True)
+    pool, _, _, copier = make_host_pool(2)
     a, b = Request(toks(0, 2 * BS)), Request(toks(100, 2 * BS))
     assert a.run(pool) == [0, 1] and b.run(pool) == [2, 3]
     pool.free([0, 1])
@@ -632,33 +622,33 @@ def test_pinned_host_slots_are_never_evicted() -> None:
     assert pool.num_free_blocks == 7  # blocks 0 and 1 stay pinned while read
     pool.free([2, 3])
     pool.allocate(9)  # B's blocks: every host slot is pinned, so B is dropped
-    assert copier.log == [("offload", 1, 0), ("offload", 0, 1)]
     assert b.match(pool) == [] and pool.stats().host_offloads == 2
-    assert pool.complete_copies() == 2
+    assert copier.complete(pool) == 2
+    assert copier.log == [("offload", 1, 0), ("offload", 0, 1)]
     assert pool.num_pending_copies == 0 and pool.num_free_blocks == 2
     assert a.match(pool) == [1, 0]  # A survived on the host; onboarded into 1 and 0
     pool.check_integrity()
 
 
 def test_copies_complete_before_anyone_writes() -> None:
-    pool, _, _, copier = make_host_pool(2, deferred=True)
+    pool, _, _, copier = make_host_pool(2)
     req = Request(toks(0, BS))
     assert req.run(pool) == [0]
     original = copier.device[0].copy()
     pool.free([0])
     block_ids = pool.allocate(11)
     assert block_ids is not None and block_ids[-1] == 0
-    assert pool.complete_copies() == 1  # the owner's forward waits for this
+    assert copier.complete(pool) == 1  # the owner's forward waits for this
     copier.device[0] = 0  # ... and only then writes the block
     pool.free(block_ids)
     assert pool.match([req.hashes[0]], req.blocks).block_ids == [0]
-    pool.complete_copies()
+    copier.complete(pool)
     assert np.array_equal(copier.device[0], original)
     pool.check_integrity()
 
 
 def test_a_chain_split_across_tiers_matches_in_order() -> None:
-    pool, _, _, _ = make_host_pool(4)
+    pool, _, _, copier = make_host_pool(4)
     req = Request(toks(0, 2 * BS))
     assert req.run(pool) == [0, 1]
     pool.free([0])  # the head first: it is evicted (offloaded) while the tail is held
@@ -668,30 +658,29 @@ def test_a_chain_split_across_tiers_matches_in_order() -> None:
     pool.free(list(range(2, 11)))
     result = pool.match(req.hashes, req.blocks)
     assert result.block_ids == [10, 1] and result.num_host_hits == 1
-    pool.complete_copies()
+    copier.complete(pool)
     pool.check_integrity()
 
 
 def test_host_tier_sizes_in_blocks_or_bytes() -> None:
-    copier = NumpyBlockCopier(np.zeros((1, BS, 8), np.uint8), np.zeros((1, BS, 8), np.uint8))
-    assert HostTier.from_num_bytes(10_000, 1024, copier).num_blocks == 9
+    assert HostTier.from_num_bytes(10_000, 1024).num_blocks == 9
     with pytest.raises(ValueError, match="a host tier of 1000 bytes holds no block of 1024 bytes"):
-        HostTier.from_num_bytes(1000, 1024, copier)
+        HostTier.from_num_bytes(1000, 1024)
     with pytest.raises(ValueError, match="num_blocks must be >= 1; got 0"):
-        HostTier(0, copier)
+        HostTier(0)
 
 
 # Clear, validation, reuse off.
 
 
 def test_clear_forgets_everything_and_keeps_held_blocks() -> None:
-    pool, events, _, _ = make_host_pool(2)
+    pool, events, _, copier = make_host_pool(2)
     a, b = Request(toks(0, 2 * BS)), Request(toks(100, BS))
     held = a.run(pool)
     pool.free(b.run(pool))
     taken = pool.allocate(9)  # 8 blank, then b's block, offloaded
     assert taken is not None and taken[-1] == 2
-    pool.complete_copies()
+    copier.complete(pool)
     pool.free(taken)
     assert pool.stats().host_cached_blocks == 1
     events.take()

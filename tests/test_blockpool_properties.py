@@ -4,8 +4,8 @@ A state machine plays the engine: requests start (match, partial reuse,
 allocate, write, register), generate more tokens, finish; other work puts
 the pool under pressure; the clock moves; the cache is cleared. The "KV" of
 each token is a digest of its namespace and whole prefix, written by the
-test into numpy arrays that a deferred copier moves between tiers in issue
-order. After every step: `check_integrity()`, reference counts equal what
+test into numpy arrays; the pool's planned copies (offloads, onboards, the
+partial-reuse copy) run in plan order when the engine would run them. After every step: `check_integrity()`, reference counts equal what
 the requests hold plus copy pins, and every cached block (either tier)
 holds byte-exactly the KV of its prefix; every matched block is checked the
 same way when it is served. In half the runs the hash function has only 8
@@ -95,19 +95,18 @@ class PoolMachine(RuleBasedStateMachine):
     @initialize(
         num_device=st.integers(4, 10),
         num_host=st.integers(0, 4),
-        deferred=st.booleans(),
         offload_min=st.sampled_from([0, 35, 50]),
         weak_hash=st.booleans(),
     )
     def make_pool(
-        self, num_device: int, num_host: int, deferred: bool, offload_min: int, weak_hash: bool
+        self, num_device: int, num_host: int, offload_min: int, weak_hash: bool
     ) -> None:
         # The weak hasher has 8 digests: collisions on almost every step.
         self.hasher = weak_hasher if weak_hash else sha256
         self.device = np.zeros((num_device, BS, ROW), np.uint8)  # [num_blocks, block_size, row]
         self.host = np.zeros((max(num_host, 1), BS, ROW), np.uint8)
-        self.copier = NumpyBlockCopier(self.device, self.host, deferred=deferred)
-        host_tier = HostTier(num_host, self.copier) if num_host else None
+        self.copier = NumpyBlockCopier(self.device, self.host)
+        host_tier = HostTier(num_host) if num_host else None
         self.pool = BlockPool(
             num_device,
             BS,
@@ -166,15 +165,16 @@ class PoolMachine(RuleBasedStateMachine):
         if new is None:  # no room: give everything back, as the scheduler would
             pool.free(block_ids + ([partial[0]] if partial else []))
             return
-        pool.complete_copies()  # before the forward pass touches any of these blocks
+        if partial is not None:  # the KV manager's partial copy, freed before it runs
+            pool.copy_block(partial[0], new[0])
+            pool.free([partial[0]])
+        self.copier.complete(pool)  # the runner, before the forward touches these blocks
         for idx, block_id in enumerate(block_ids):  # every served block holds our prefix's KV
             assert np.array_equal(self.device[block_id], kv_block(namespace, tokens, idx))
         block_ids += new
         computed_from = num_cached
         if partial is not None:
-            src, n = partial
-            self.device[new[0], :n] = self.device[src, :n]  # the caller's partial copy
-            pool.free([src])
+            n = partial[1]
             for i in range(n):
                 assert np.array_equal(
                     self.device[new[0], i], kv_row(namespace, tokens[: num_cached + i + 1])
@@ -211,7 +211,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.free(req.block_ids)
             del self.requests[req_id]
             return
-        self.pool.complete_copies()
+        self.copier.complete(self.pool)
         req.block_ids += new
         req.priority = priority  # generated blocks may rank differently
         self._compute(req, num_computed, None)
@@ -235,7 +235,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule()
     def complete_copies(self) -> None:
-        self.pool.complete_copies()
+        self.copier.complete(self.pool)
 
     @rule(dt=st.sampled_from([0.5, 2.0, 10.0]))
     def advance_clock(self, dt) -> None:

@@ -197,18 +197,17 @@ def test_cancel_returns_the_blocks(engine: Engine) -> None:
 
 
 def test_memory_fraction_sizes_the_pool() -> None:
-    from reprise.daemon.engine.engine import blocks_in_memory_fraction
+    from reprise.daemon.engine.config import EngineConfig
 
     gib = 1 << 30
     # 0.5 of 16 GiB, a tenth kept for activations: 7.2 GiB, less 1 GiB of weights
-    assert (
-        blocks_in_memory_fraction(0.5, 16 * gib, gib, 1 << 20) == int(0.45 * 16 * gib - gib) >> 20
-    )
-    for bad in (0, -0.1, 1.5, True, "half"):
+    half = EngineConfig(memory_fraction=0.5)
+    assert half.device_blocks(1 << 20, 16 * gib, gib) == int(0.45 * 16 * gib - gib) >> 20
+    for bad in (0, -0.1, 1.5, True, "half", float("nan")):
         with pytest.raises(ValueError, match="memory_fraction must be in"):
-            blocks_in_memory_fraction(bad, 16 * gib, gib, 1 << 20)
+            EngineConfig(memory_fraction=bad)
     with pytest.raises(ValueError, match="leaves no room for KV blocks"):
-        blocks_in_memory_fraction(0.05, 16 * gib, gib, 1 << 20)
+        EngineConfig(memory_fraction=0.05).device_blocks(1 << 20, 16 * gib, gib)
 
 
 def test_memory_fraction_on_the_numpy_backend(default_model_dir: Path) -> None:

@@ -25,7 +25,7 @@ PARAMS = SamplingParams(max_tokens=1000, temperature=0)
 class Sim:
     def __init__(self, num_blocks: int, budget: int, *, enable_reuse: bool = True) -> None:
         self.pool = BlockPool(num_blocks, BS, enable_reuse=enable_reuse)
-        self.kv = KVCacheManager(self.pool, b"model", lambda src, dst: None)
+        self.kv = KVCacheManager(self.pool, b"model")
         self.scheduler = Scheduler(self.kv, budget)
         self.prompt_tokens_computed = 0
         self._next_id = 0
@@ -37,17 +37,26 @@ class Sim:
         return seq
 
     def step(self) -> list[ScheduledSeq]:
-        scheduled = self.scheduler.schedule()
+        """The engine's step with a runner that computes nothing and samples token 7."""
+        plan = self.scheduler.schedule()
+        scheduled = plan.scheduled
         assert sum(s.num_tokens for s in scheduled) <= self.scheduler.max_num_batched_tokens
+        assert all(c.kind == "device" for c in plan.copies)  # no host tier: partial reuse only
+        self.pool.complete_copies()
+        samples = [item.samples for item in scheduled]
         for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             num_prompt = len(seq.prompt_token_ids)
             self.prompt_tokens_computed += max(0, min(start + item.num_tokens, num_prompt) - start)
-            samples = item.samples
             seq.num_computed_tokens += item.num_tokens
-            self.kv.register_full_blocks(seq)
-            if samples:
-                seq.output_token_ids.append(7)
+        for item in scheduled:  # the plan names exactly the sequences with a block to register
+            num_full = item.seq.num_computed_tokens // BS
+            assert (item in plan.to_register) == (num_full > len(item.seq.block_hashes))
+        for item in plan.to_register:
+            self.kv.register_full_blocks(item.seq)
+        for item, sampled in zip(scheduled, samples, strict=True):
+            if sampled:
+                item.seq.output_token_ids.append(7)
         self.pool.check_integrity()
         return scheduled
 

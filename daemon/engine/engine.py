@@ -1,8 +1,10 @@
 """The in-process engine: `Engine.from_pretrained(...)` and `engine.generate(...)`.
 
-`step()` is three calls: the scheduler picks the tokens, the model runner
-computes them and samples, and the engine records the new tokens, detokenizes
-them and finishes requests that are done.
+`step()` is three calls: `plan = scheduler.schedule()` picks the tokens and the
+blocks (the pool's lookups and allocations, and the block copies they need),
+`out = runner.execute(plan)` runs the copies and then the forward and samples,
+and `postprocess(plan, out)` registers the blocks that became full, records the
+new tokens, detokenizes them and finishes the requests that are done.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import itertools
 import secrets
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,68 +30,69 @@ from ..model.llama import LlamaModel
 from ..model.safetensors_io import read_header
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
+from .config import EngineConfig, SettingError
 from .kvmanager import KVCacheManager
 from .params import Completion, Retention, SamplingParams, StepOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
 
 Prompt = str | list[int]
-DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 
 class Engine:
+    """One model, its KV cache and block pool, and the requests running on them.
+
+    Built from an `EngineConfig` (config.py): `settings`, with `overrides` (its
+    field names) replacing fields of it, or of the defaults when it is None.
+    """
+
     def __init__(
         self,
         config: ModelConfig,
         tokenizer: Tokenizer,
         model: LlamaModel,
+        settings: EngineConfig | None = None,
         *,
         model_fingerprint: bytes = b"",
-        block_size: int = 32,
-        num_device_blocks: int | None = None,
-        num_host_blocks: int = 0,
-        enable_reuse: bool = True,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        cuda_graphs: bool | None = None,
+        **overrides: Any,
     ) -> None:
-        """`cuda_graphs`: replay decode steps as CUDA graphs (daemon/engine/graphs.py); None
-        means on with the GPU backend, off with NumPy, where True runs the same padded
-        steps eagerly (the tests' way to check them without a GPU)."""
+        settings = _settings(settings, overrides)
+        self.settings = settings
         self.config = config
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len or config.max_position_embeddings
-        if not 1 < self.max_model_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len must be in [2, {config.max_position_embeddings}]; got {max_model_len}"
+        self.max_model_len = settings.max_model_len or config.max_position_embeddings
+        if self.max_model_len > config.max_position_embeddings:
+            raise SettingError(
+                "max_model_len",
+                f"max_model_len must be in [2, {config.max_position_embeddings}] for this model; "
+                f"got {settings.max_model_len}",
             )
-        if num_device_blocks is None:
-            block_bytes = config.kv_bytes_per_token() * block_size
-            num_device_blocks = max(DEFAULT_KV_CACHE_BYTES // block_bytes, 1)
-        if num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0; got {num_host_blocks}")
-        if cuda_graphs is None:
-            cuda_graphs = model.ops.name == "cupy"
+        block_bytes = config.kv_bytes_per_token() * settings.block_size
+        num_device_blocks = settings.device_blocks(
+            block_bytes, model.ops.device_memory_bytes(), model.num_bytes()
+        )
+        num_host_blocks = settings.host_blocks(block_bytes)
+        on_gpu = model.ops.name == "cupy"
+        cuda_graphs = on_gpu if settings.cuda_graphs is None else settings.cuda_graphs
         self.runner = ModelRunner(
             model,
             num_device_blocks,
-            block_size,
+            settings.block_size,
             num_host_blocks,
             decode_graphs=cuda_graphs,
             max_model_len=self.max_model_len,
         )
         self.events = EventQueue()
-        host_tier = HostTier(num_host_blocks, copier=self.runner) if num_host_blocks else None
         self.pool = BlockPool(
             num_device_blocks,
-            block_size,
-            enable_reuse=enable_reuse,
-            host_tier=host_tier,
+            settings.block_size,
+            enable_reuse=settings.enable_reuse,
+            host_tier=HostTier(num_host_blocks) if num_host_blocks else None,
             event_sink=self.events,
         )
-        self.kv = KVCacheManager(self.pool, model_fingerprint, self.runner.copy_block)
-        self.scheduler = Scheduler(self.kv, max_num_batched_tokens)
+        self.kv = KVCacheManager(self.pool, model_fingerprint)
+        self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu))
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
@@ -99,54 +104,32 @@ class Engine:
     def from_pretrained(
         cls,
         path: Path | str | None = None,
+        settings: EngineConfig | None = None,
         *,
-        backend: str = "auto",
-        block_size: int = 32,
-        num_device_blocks: int | None = None,
-        num_host_blocks: int = 0,
-        enable_reuse: bool = True,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        memory_fraction: float | None = None,
-        cuda_graphs: bool | None = None,
         progress: Callable[[int, int], None] | None = None,
+        **overrides: Any,
     ) -> Engine:
-        """Load a Hugging Face Llama folder; `path=None` means the default model,
-        prepared (fetched and converted) first if it is missing.
+        """Load a Hugging Face Llama folder (`path`, else `settings.model`); none means
+        the default model, prepared (fetched and converted) first if it is missing.
 
         The device pool holds `num_device_blocks` blocks; or, with `memory_fraction`
         (as vLLM's gpu_memory_utilization), as many as fit in that fraction of the
         device's memory (the GPU's; the host's RAM on the NumPy backend) beside the
-        weights; with neither, 1 GiB worth."""
-        if memory_fraction is not None and num_device_blocks is not None:
-            raise ValueError("give num_device_blocks or memory_fraction, not both")
-        if path is None:
+        weights; with neither, 1 GiB worth. Every setting is checked before loading."""
+        if path is not None:
+            overrides["model"] = str(path)
+        settings = _settings(settings, overrides)
+        if settings.model is None:
             from ..model.prepare import prepare_default_model
 
-            path = prepare_default_model(progress=progress is not None).path
-        path = Path(path)
-        ops = get_backend(backend)
-        config = ModelConfig.from_dir(path)
-        tokenizer = Tokenizer.from_dir(path)
-        model = LlamaModel(config, load_weights(path, config, progress), ops)
-        if memory_fraction is not None:
-            num_device_blocks = blocks_in_memory_fraction(
-                memory_fraction, ops.device_memory_bytes(), model.num_bytes(),
-                config.kv_bytes_per_token() * block_size,
-            )  # fmt: skip
-        return cls(
-            config,
-            tokenizer,
-            model,
-            model_fingerprint=model_fingerprint(path),
-            block_size=block_size,
-            num_device_blocks=num_device_blocks,
-            num_host_blocks=num_host_blocks,
-            enable_reuse=enable_reuse,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            cuda_graphs=cuda_graphs,
-        )
+            folder = prepare_default_model(progress=progress is not None).path
+        else:
+            folder = Path(settings.model)
+        ops = get_backend(settings.backend)
+        config = ModelConfig.from_dir(folder)
+        tokenizer = Tokenizer.from_dir(folder)
+        model = LlamaModel(config, load_weights(folder, config, progress), ops)
+        return cls(config, tokenizer, model, settings, model_fingerprint=model_fingerprint(folder))
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -195,20 +178,29 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Run one engine step; returns what each request that sampled a token got."""
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
+        plan = self.scheduler.schedule()
+        if not plan:
             return []
-        for item in scheduled:
-            num_prompt, start = len(item.seq.prompt_token_ids), item.seq.num_computed_tokens
+        out = self.runner.execute(plan)
+        return self.postprocess(plan, out)
+
+    def postprocess(
+        self, plan: StepPlan, out: list[tuple[Sequence, int, np.ndarray | None]]
+    ) -> list[StepOutput]:
+        """After the runner executed `plan`: release the copies' pins, advance each
+        sequence past the tokens it computed, register the blocks that became full,
+        and record the sampled tokens (finishing the requests that are done)."""
+        self.pool.complete_copies()
+        for item in plan.scheduled:
+            seq, num_prompt = item.seq, len(item.seq.prompt_token_ids)
+            start = seq.num_computed_tokens
             self.prefill_tokens_computed += max(0, min(start + item.num_tokens, num_prompt) - start)
-        self.pool.complete_copies()  # onboarded blocks must be in place before the forward
-        results = self.runner.run(scheduled)
-        for item in scheduled:
+            seq.num_computed_tokens = start + item.num_tokens
+        for item in plan.to_register:
             self.kv.register_full_blocks(item.seq)
         outputs = []
-        for seq, token, logits in results:
-            done = self._append_token(seq, token, logits)
-            if done:
+        for seq, token, logits in out:
+            if self._append_token(seq, token, logits):
                 self._retire(seq)
             outputs.append(self._step_output(seq, token, logits))
         return outputs
@@ -374,23 +366,6 @@ class Engine:
         return True
 
 
-def blocks_in_memory_fraction(
-    fraction: float, device_bytes: int, weight_bytes: int, block_bytes: int
-) -> int:
-    """KV blocks that fit in `fraction` of the device's memory beside the weights,
-    keeping a tenth of that share for activations."""
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
-        raise ValueError(f"memory_fraction must be in (0, 1]; got {fraction!r}")
-    budget = int(fraction * device_bytes * 0.9) - weight_bytes
-    if budget < block_bytes:
-        raise ValueError(
-            f"memory_fraction {fraction} of {device_bytes / 2**30:.1f} GiB leaves no room for KV "
-            f"blocks beside {weight_bytes / 2**30:.2f} GiB of weights; raise it or give "
-            "num_device_blocks"
-        )
-    return budget // block_bytes
-
-
 def model_fingerprint(path: Path) -> bytes:
     """Identifies a checkpoint in block keys: its config and its tensors' names, shapes,
     dtypes and byte offsets (cheap: the weights themselves are not read)."""
@@ -413,3 +388,10 @@ def _find_stop(text: str, stops: list[str], start: int) -> int | None:
     """Index where the earliest stop string begins at or after `start`, if any."""
     hits = [i for s in stops if (i := text.find(s, start)) != -1]
     return min(hits) if hits else None
+
+
+def _settings(settings: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:
+    """`settings` (or the defaults) with `overrides` replacing fields, validated."""
+    if settings is None:
+        return EngineConfig(**overrides)
+    return replace(settings, **overrides) if overrides else settings

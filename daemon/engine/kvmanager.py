@@ -11,25 +11,17 @@ written.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ...blockpool.hashing import BlockHash, hash_block
-from ...blockpool.pool import BlockId, BlockPool
+from ...blockpool.pool import BlockPool
 from .params import Retention
 from .sequence import Sequence
 
 
 class KVCacheManager:
-    def __init__(
-        self,
-        pool: BlockPool,
-        model_fingerprint: bytes,
-        copy_block: Callable[[BlockId, BlockId], None],
-    ) -> None:
+    def __init__(self, pool: BlockPool, model_fingerprint: bytes) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
-        self._copy_block = copy_block  # device block -> device block, whole block
 
     def admit(self, seq: Sequence) -> int:
         """Give a request with no blocks its cached prefix; returns the tokens it skips.
@@ -142,10 +134,9 @@ class KVCacheManager:
         fresh = self.pool.allocate(1)
         if fresh is not None:
             # NOTE: the source may still be arriving from the host tier, and taking the
-            # fresh block may have started an offload that reads its old bytes: order
-            # the copy after every tier copy issued so far.
-            self.pool.complete_copies()
-            self._copy_block(source, fresh[0])
+            # fresh block may have planned an offload that reads its old bytes: the
+            # pool's copy list runs in order, so this copy comes after both.
+            self.pool.copy_block(source, fresh[0])
             seq.block_ids.append(fresh[0])
             seq.num_computed_tokens += num_shared
             if from_host:

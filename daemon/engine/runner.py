@@ -1,24 +1,24 @@
-"""The model runner: owns the model and the KV cache, turns a schedule into
-one forward pass, and samples the next tokens."""
+"""The model runner: owns the model, the KV cache and the host arena, and executes
+a step plan: the planned block copies in order, then one forward pass, then the
+next tokens. It reads the plan and never changes a sequence or the pool."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...blockpool.block import HostSlot
-from ...blockpool.pool import BlockId
+from ...blockpool.copies import BlockCopy
 from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
 from .sampler import next_tokens
-from .scheduler import ScheduledSeq
+from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
 
 class ModelRunner:
-    """Also the pool's block copier: whole-block copies within the device cache and
-    between it and the host arena (same per-block layout), byte for byte.
+    """Block copies are whole blocks within the device cache and between it and the
+    host arena (same per-block layout), byte for byte.
 
     With `decode_graphs`, steps that run one token per sequence go through
     `StaticDecode` (CUDA graphs on the GPU backend); the cache then holds one block
@@ -56,17 +56,36 @@ class ModelRunner:
                 buckets=decode_buckets,
             )
 
-    def copy_block(self, src: BlockId, dst: BlockId) -> None:
-        self.kv_cache[dst] = self.kv_cache[src]
+    def execute(self, plan: StepPlan) -> list[tuple[Sequence, int, np.ndarray | None]]:
+        """Run the plan's copies, then its forward (`run`); the copies are complete
+        when this returns."""
+        self.run_copies(plan.copies)
+        return self.run(plan.scheduled) if plan.scheduled else []
 
-    def offload(self, device_block_id: BlockId, host_slot: HostSlot) -> None:
-        self.model.ops.offload_block(self.kv_cache, device_block_id, self.host_cache, host_slot)
+    def run_copies(self, copies: list[BlockCopy]) -> None:
+        """Execute block copies in list order and wait for them.
 
-    def onboard(self, host_slot: HostSlot, device_block_id: BlockId) -> None:
-        self.model.ops.onboard_block(self.host_cache, host_slot, self.kv_cache, device_block_id)
-
-    def synchronize(self) -> None:
-        self.model.ops.wait_copies()
+        Tier copies go through the backend's copy engine (asynchronous on the GPU:
+        its own stream, waited for in `wait_copies`); a device copy is ordered after
+        every tier copy before it, since it may read a block being onboarded or
+        write one whose old bytes are being offloaded.
+        """
+        ops = self.model.ops
+        tier_copies_in_flight = False
+        for copy in copies:
+            if copy.kind == "offload":
+                ops.offload_block(self.kv_cache, copy.src, self.host_cache, copy.dst)
+                tier_copies_in_flight = True
+            elif copy.kind == "onboard":
+                ops.onboard_block(self.host_cache, copy.src, self.kv_cache, copy.dst)
+                tier_copies_in_flight = True
+            else:
+                if tier_copies_in_flight:
+                    ops.wait_copies()
+                    tier_copies_in_flight = False
+                self.kv_cache[copy.dst] = self.kv_cache[copy.src]
+        if tier_copies_in_flight:
+            ops.wait_copies()  # the forward reads onboarded blocks and writes offloaded ones
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         """The step's flat arrays. Per sequence this is a few Python list operations (a
@@ -108,7 +127,7 @@ class ModelRunner:
         )
 
     def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray | None]]:
-        """Forward one step and advance every scheduled sequence's computed count.
+        """Forward one step over the scheduled tokens (their blocks in place).
 
         Returns (sequence, sampled token id, its logits row or None) for each
         sequence whose pending tokens all ran, in schedule order. Tokens are chosen
@@ -130,6 +149,4 @@ class ModelRunner:
         wanted = [i for i, seq in enumerate(sampling) if seq.params.return_logits]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
-        for item in scheduled:
-            item.seq.num_computed_tokens += item.num_tokens
         return [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]

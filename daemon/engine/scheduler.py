@@ -10,14 +10,16 @@ shared prefix) waits for it and then reuses it, so the prefix is computed
 once. When a running request needs a block and none is free, the running
 request that sorts last (lowest priority, youngest) is preempted: its blocks
 go back to the pool (its full blocks stay cached) and it waits to be resumed.
-The scheduler never touches arrays.
+The scheduler never touches arrays: what a step must do is a `StepPlan`, which
+the model runner executes (the pool's planned block copies, then the forward).
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ...blockpool.copies import BlockCopy
 from .kvmanager import KVCacheManager
 from .sequence import SeqStatus, Sequence
 
@@ -31,6 +33,21 @@ class ScheduledSeq:
     def samples(self) -> bool:
         """Whether this step reaches the sequence's last token, so it samples the next."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One engine step: run `copies` in order (whole blocks: offload, onboard, and
+    partial-reuse device copies), then the forward over `scheduled`; afterwards
+    the engine registers the full blocks of `to_register` and releases the copies'
+    pins (`BlockPool.complete_copies`)."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[BlockCopy] = field(default_factory=list)
+    to_register: list[ScheduledSeq] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled or self.copies)
 
 
 class Scheduler:
@@ -52,7 +69,20 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(self) -> StepPlan:
+        """The next step: every running request's pending tokens, then waiting
+        requests in order, within the token budget, with the block copies the
+        pool planned on the way."""
+        scheduled = self._schedule()
+        bs = self.kv.block_size
+        fills = [  # a block of theirs becomes full (prompt or generated tokens alike)
+            item
+            for item in scheduled
+            if (item.seq.num_computed_tokens + item.num_tokens) // bs > len(item.seq.block_hashes)
+        ]
+        return StepPlan(scheduled, self.kv.pool.take_copies(), fills)
+
+    def _schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         self.running.sort(key=_sort_key)  # so the preemption victim is never already scheduled

@@ -1,0 +1,187 @@
+"""Every setting of an engine, in one frozen `EngineConfig`, validated once.
+
+The Python API (`Engine(..., settings)`, `Engine.from_pretrained(**settings)`),
+`reprise serve`, `reprise bench` and the benchmarks all build an engine from
+this class; `reprise serve`'s flags, their help texts and defaults are made
+from its fields (cli/options.py), so a setting is spelled out here and nowhere
+else, and a bad one is refused before any model is loaded.
+
+Each field's metadata holds its flag and help text; a bad value raises
+`SettingError` naming the field and its flag, the value, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+BACKENDS: tuple[str, ...] = ("auto", "numpy", "cupy")
+MAX_BLOCK_SIZE = 1024
+GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+class SettingError(ValueError):
+    """A bad setting: `name` is the EngineConfig field, `flag` its CLI spelling."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        self.flag = flag_of(name)
+        super().__init__(message)
+
+
+def _setting(default: Any, flag: str, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"flag": flag, "help": help, **extra})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What an engine is built from. None means "the default" where the help says so."""
+
+    model: str | None = _setting(
+        None, "--model", "Model folder (default: the default model, prepared if missing)."
+    )
+    backend: str = _setting(
+        "auto", "--backend", "Where the model runs: auto picks cupy when a GPU is present.",
+        choices=BACKENDS,
+    )  # fmt: skip
+    block_size: int = _setting(32, "--block-size", "Tokens per KV block (a power of two).")
+    num_device_blocks: int | None = _setting(
+        None, "--num-device-blocks", "KV blocks on the device [default: 1 GiB worth]."
+    )
+    memory_fraction: float | None = _setting(
+        None, "--memory-fraction",
+        "Size the device pool to fill this fraction of the device's memory beside the weights "
+        "(GPU memory; RAM on the NumPy backend), instead of --num-device-blocks.",
+    )  # fmt: skip
+    num_host_blocks: int = _setting(0, "--host-blocks", "Blocks in the host tier.")
+    host_bytes: int | None = _setting(
+        None, "--host-bytes", "Host tier size in bytes (instead of --host-blocks)."
+    )
+    enable_reuse: bool = _setting(
+        True, "--reuse/--no-reuse", "Find cached KV blocks again across requests."
+    )
+    max_num_batched_tokens: int | None = _setting(
+        None, "--max-batched-tokens",
+        f"Token budget per engine step, which bounds a step's time [default: {GPU_STEP_TOKENS} "
+        f"on the GPU, {NUMPY_STEP_TOKENS} on NumPy, where a {NUMPY_STEP_TOKENS}-token step of the "
+        "default model takes about 2 s].",
+    )  # fmt: skip
+    max_model_len: int | None = _setting(
+        None, "--max-model-len", "Context length [default: the model's]."
+    )
+    cuda_graphs: bool | None = _setting(
+        None, "--cuda-graphs/--eager",
+        "Replay decode steps as CUDA graphs, one per batch-size bucket, captured at start-up "
+        "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise SettingError("model", f"model must be a folder path; got {self.model!r}")
+        if self.backend not in BACKENDS:
+            raise SettingError(
+                "backend", f"backend must be one of {BACKENDS}; got {self.backend!r}"
+            )
+        bs = self.block_size
+        if not _is_int(bs) or not 1 <= bs <= MAX_BLOCK_SIZE or bs & (bs - 1):
+            raise SettingError(
+                "block_size",
+                f"block_size must be a power of two in [1, {MAX_BLOCK_SIZE}]; got {bs!r}",
+            )
+        _check_int("num_device_blocks", self.num_device_blocks, low=1, optional=True)
+        fraction = self.memory_fraction
+        if fraction is not None and not (
+            isinstance(fraction, int | float)
+            and not isinstance(fraction, bool)
+            and math.isfinite(fraction)
+            and 0 < fraction <= 1
+        ):
+            raise SettingError(
+                "memory_fraction", f"memory_fraction must be in (0, 1]; got {fraction!r}"
+            )
+        if fraction is not None and self.num_device_blocks is not None:
+            raise SettingError(
+                "memory_fraction",
+                "give num_device_blocks or memory_fraction, not both "
+                f"(--num-device-blocks {self.num_device_blocks}, --memory-fraction {fraction})",
+            )
+        _check_int("num_host_blocks", self.num_host_blocks, low=0)
+        _check_int("host_bytes", self.host_bytes, low=1, optional=True)
+        if self.host_bytes is not None and self.num_host_blocks:
+            raise SettingError(
+                "host_bytes",
+                "give num_host_blocks or host_bytes, not both "
+                f"(--host-blocks {self.num_host_blocks}, --host-bytes {self.host_bytes})",
+            )
+        if not isinstance(self.enable_reuse, bool):
+            raise SettingError(
+                "enable_reuse", f"enable_reuse must be a bool; got {self.enable_reuse!r}"
+            )
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
+        _check_int("max_model_len", self.max_model_len, low=2, optional=True)
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise SettingError(
+                "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"
+            )
+
+    def step_budget(self, on_gpu: bool) -> int:
+        """The chunked-prefill token budget: the setting, or one that keeps a step (and
+        so the watchdog ping and a SIGTERM's answer) to seconds on this backend."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return GPU_STEP_TOKENS if on_gpu else NUMPY_STEP_TOKENS
+
+    def host_blocks(self, block_bytes: int) -> int:
+        """Host tier blocks: `num_host_blocks`, or as many as `host_bytes` holds."""
+        if self.host_bytes is None:
+            return self.num_host_blocks
+        if self.host_bytes < block_bytes:
+            raise SettingError(
+                "host_bytes",
+                f"a host tier of {self.host_bytes} bytes holds no KV block of {block_bytes} bytes",
+            )
+        return self.host_bytes // block_bytes
+
+    def device_blocks(self, block_bytes: int, device_bytes: int, weight_bytes: int) -> int:
+        """Device pool blocks: `num_device_blocks`, a `memory_fraction` of the device,
+        or 1 GiB worth."""
+        if self.num_device_blocks is not None:
+            return self.num_device_blocks
+        if self.memory_fraction is None:
+            return max(DEFAULT_KV_CACHE_BYTES // block_bytes, 1)
+        budget = int(self.memory_fraction * device_bytes * 0.9) - weight_bytes
+        if budget < block_bytes:  # a tenth of the share is kept for activations
+            raise SettingError(
+                "memory_fraction",
+                f"memory_fraction {self.memory_fraction} of {device_bytes / 2**30:.1f} GiB "
+                f"leaves no room for KV blocks beside {weight_bytes / 2**30:.2f} GiB of weights; "
+                "raise it or give num_device_blocks",
+            )
+        return budget // block_bytes
+
+
+def setting_fields() -> tuple[Any, ...]:
+    """EngineConfig's fields, in order (each with its flag and help in `metadata`)."""
+    return fields(EngineConfig)
+
+
+def flag_of(name: str) -> str:
+    """The CLI flag of an EngineConfig field (the positive one of an on/off pair)."""
+    for f in fields(EngineConfig):
+        if f.name == name:
+            return str(f.metadata["flag"]).split("/")[0]
+    raise KeyError(name)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, *, low: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not _is_int(value) or value < low:  # type: ignore[operator]
+        hint = " or None (the default)" if optional else ""
+        raise SettingError(name, f"{name} must be an integer >= {low}{hint}; got {value!r}")
