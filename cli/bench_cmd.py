@@ -75,6 +75,19 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
             f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all",
             param_hint="--scenario",
         )
+    from ..daemon.engine.config import EngineConfig, SettingError
+
+    try:  # checked before any model loads
+        settings = EngineConfig(
+            model=options["model"],
+            backend=options["backend"],
+            block_size=options["block_size"],
+            num_device_blocks=options["num_device_blocks"],
+            max_num_batched_tokens=options["max_batched_tokens"],
+            cuda_graphs=options["cuda_graphs"],
+        )
+    except SettingError as e:
+        raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
     sizes = Sizes(
         prompt_tokens=options["prompt_tokens"],
         prefix_lengths=_ints(options["prefix_lengths"]),
@@ -87,7 +100,7 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
         repeats=options["repeats"],
     )
     try:
-        target, pair, meta, sizes = _targets(socket, names, sizes, options)
+        target, pair, meta, sizes = _targets(socket, names, sizes, settings)
         meta["command"] = " ".join(["reprise", *sys.argv[1:]])
         results = run_suite(names, target, sizes, hosttier_targets=pair, progress=_bar, meta=meta)
     except (ValueError, RuntimeError, ConnectionError) as e:
@@ -109,7 +122,7 @@ def _bar(items: Any, label: str) -> Any:
     return tqdm(items, desc=label, file=sys.stderr, leave=False)
 
 
-def _targets(socket: str | None, names: list[str], sizes: Any, options: dict[str, Any]) -> tuple:
+def _targets(socket: str | None, names: list[str], sizes: Any, settings: Any) -> tuple:
     """(target, (with host tier, without) or None, metadata, sizes with the vocab)."""
     import dataclasses
 
@@ -122,31 +135,22 @@ def _targets(socket: str | None, names: list[str], sizes: Any, options: dict[str
     from ..daemon import Engine
 
     with tqdm_progress("loading model", unit="layer") as progress:
-        engine = Engine.from_pretrained(
-            options["model"],
-            backend=options["backend"],
-            block_size=options["block_size"],
-            num_device_blocks=options["num_device_blocks"],
-            max_num_batched_tokens=options["max_batched_tokens"],
-            cuda_graphs=options["cuda_graphs"],
-            progress=progress,
-        )
+        engine = Engine.from_pretrained(settings=settings, progress=progress)
     sizes = dataclasses.replace(sizes, vocab=engine.config.vocab_size)
-    meta = {"model": str(options["model"] or "default"), "backend": engine.runner.model.ops.name,
-            "block_size": options["block_size"],
+    meta = {"model": str(settings.model or "default"), "backend": engine.runner.model.ops.name,
+            "block_size": settings.block_size,
             "cuda_graphs": engine.runner.decode is not None}  # fmt: skip
     pair = None
     if "hosttier" in names:
         # a device pool of half the working set, and a host tier for all of it (or none)
-        blocks = -(-(sizes.prompt_tokens + 1) // options["block_size"])
+        blocks = -(-(sizes.prompt_tokens + 1) // settings.block_size)
         device = max(blocks + 1, sizes.users * blocks // 2)
 
         def make(host_blocks: int) -> InProcess:
-            return InProcess(Engine(engine.config, engine.tokenizer, engine.runner.model,
-                                    model_fingerprint=b"bench", block_size=options["block_size"],
-                                    num_device_blocks=device, num_host_blocks=host_blocks,
-                                    max_num_batched_tokens=options["max_batched_tokens"],
-                                    cuda_graphs=options["cuda_graphs"]))  # fmt: skip
+            sized = dataclasses.replace(settings, num_device_blocks=device,
+                                        num_host_blocks=host_blocks)  # fmt: skip
+            return InProcess(Engine(engine.config, engine.tokenizer, engine.runner.model, sized,
+                                    model_fingerprint=b"bench"))  # fmt: skip
 
         pair = (make(2 * sizes.users * blocks), make(0))
     return InProcess(engine), pair, meta, sizes

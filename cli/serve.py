@@ -9,23 +9,26 @@ from typing import Any
 
 import click
 
+from ..daemon.engine.config import EngineConfig, SettingError, setting_fields
 from .progress import tqdm_progress
 
+
+def _engine_option(f: Any) -> tuple[str, str, type, Any]:
+    """(option name, flag, type, default) of an EngineConfig field: the option name is
+    the flag's (`--host-blocks` -> host_blocks), as a config file spells it too."""
+    flag = str(f.metadata["flag"])
+    name = flag.split("/")[0].lstrip("-").replace("-", "_")
+    kind = {"bool": bool, "int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+    return name, flag, kind, f.default
+
+
+# option name -> EngineConfig field, for the engine's settings
+ENGINE_OPTIONS: dict[str, str] = {_engine_option(f)[0]: f.name for f in setting_fields()}
 # option name -> (default, type) for the options a config file may also hold
 SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
-    "model": (None, str),
+    **{name: (default, kind) for name, _, kind, default in map(_engine_option, setting_fields())},
     "socket": (None, str),
     "events": (None, str),
-    "backend": ("auto", str),
-    "block_size": (32, int),
-    "num_device_blocks": (None, int),
-    "memory_fraction": (None, float),
-    "reuse": (True, bool),
-    "cuda_graphs": (None, bool),
-    "host_blocks": (0, int),
-    "host_bytes": (None, int),
-    "max_batched_tokens": (None, int),
-    "max_model_len": (None, int),
     "max_queue": (256, int),
     "max_tokens_cap": (4096, int),
     "max_message_bytes": (1 << 20, int),
@@ -65,10 +68,25 @@ def load_config(path: Path) -> dict[str, Any]:
     return config
 
 
+def engine_options(command: Any) -> Any:
+    """One click option per EngineConfig field: its flag, help text and default come
+    from the field, so `reprise serve --help` says what the Python API does."""
+    for f in reversed(setting_fields()):
+        name, flag, kind, default = _engine_option(f)
+        help_text = str(f.metadata["help"])
+        if default is not None and "[default:" not in help_text:
+            shown = ("on" if default else "off") if isinstance(default, bool) else default
+            help_text += f" [default: {shown}]"
+        if "choices" in f.metadata:
+            kind = click.Choice(f.metadata["choices"])
+        if kind is bool:
+            command = click.option(flag, name, default=None, help=help_text)(command)
+        else:
+            command = click.option(flag, name, type=kind, default=None, help=help_text)(command)
+    return command
+
+
 @click.command("serve")
-@click.option(
-    "--model", default=None, help="Model folder (default: the default model, prepared if missing)."
-)
 @click.option(
     "--socket",
     default=None,
@@ -77,52 +95,7 @@ def load_config(path: Path) -> dict[str, Any]:
 @click.option(
     "--events", default=None, help="Publish KV events (vLLM layout) on this ZeroMQ PUB address."
 )
-@click.option(
-    "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default=None, help="[default: auto]"
-)
-@click.option("--block-size", type=int, default=None, help="Tokens per KV block [default: 32].")
-@click.option(
-    "--num-device-blocks",
-    type=int,
-    default=None,
-    help="KV blocks on the device [default: 1 GiB worth].",
-)
-@click.option(
-    "--memory-fraction",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=None,
-    help="Size the device pool to fill this fraction of the device's memory beside the weights "
-    "(GPU memory; RAM on the NumPy backend), instead of --num-device-blocks.",
-)
-@click.option(
-    "--reuse/--no-reuse",
-    default=None,
-    help="Find cached KV blocks again across requests [default: on].",
-)
-@click.option(
-    "--cuda-graphs/--eager",
-    default=None,
-    help="Replay decode steps as CUDA graphs, one per batch-size bucket, each bucket up to "
-    "--max-queue captured at start-up [default: on with the GPU backend; --cuda-graphs on "
-    "NumPy runs the same padded steps].",
-)
-@click.option("--host-blocks", type=int, default=None, help="Blocks in the host tier [default: 0].")
-@click.option(
-    "--host-bytes",
-    type=int,
-    default=None,
-    help="Host tier size in bytes (instead of --host-blocks).",
-)
-@click.option(
-    "--max-batched-tokens",
-    type=int,
-    default=None,
-    help="Token budget per engine step, which bounds a step's time [default: 2048 on the GPU, "
-    "256 on NumPy, where a 256-token step of the default model takes about 2 s].",
-)
-@click.option(
-    "--max-model-len", type=int, default=None, help="Context length [default: the model's]."
-)
+@engine_options
 @click.option(
     "--max-queue",
     type=int,
@@ -190,6 +163,10 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
     options.update({k: v for k, v in flags.items() if v is not None})
     from ..daemon.serve.logs import configure
 
+    try:
+        settings = EngineConfig(**{field: options[name] for name, field in ENGINE_OPTIONS.items()})
+    except SettingError as e:  # refused before the model loads, as a usage error (exit 2)
+        raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
     stop = StopFlag()
@@ -208,49 +185,10 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
         )
         prepare_endpoints(config)  # a bad or busy socket is refused before the model loads
         with tqdm_progress("loading model", unit="layer") as progress:
-            engine = Engine.from_pretrained(
-                options["model"],
-                backend=options["backend"],
-                block_size=options["block_size"],
-                num_device_blocks=options["num_device_blocks"],
-                memory_fraction=options["memory_fraction"],
-                enable_reuse=options["reuse"],
-                cuda_graphs=options["cuda_graphs"],
-                max_num_batched_tokens=_step_budget(options),
-                max_model_len=options["max_model_len"],
-                num_host_blocks=_host_blocks(options, progress),
-                progress=progress,
-            )
+            engine = Engine.from_pretrained(settings=settings, progress=progress)
         server = Server(engine, config, notifier=Notifier(), stop=stop)
         if stop.is_set:
             return
         server.run()
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-
-
-GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
-
-
-def _step_budget(options: dict[str, Any]) -> int:
-    """The chunked-prefill token budget: the flag, or one that keeps a step (and so the
-    watchdog ping and a SIGTERM's answer) to seconds on the backend that will run."""
-    if options["max_batched_tokens"] is not None:
-        return int(options["max_batched_tokens"])
-    from ..cuda.backend import cuda_device_available
-
-    on_gpu = options["backend"] == "cupy" or (
-        options["backend"] == "auto" and cuda_device_available()
-    )
-    return GPU_STEP_TOKENS if on_gpu else NUMPY_STEP_TOKENS
-
-
-def _host_blocks(options: dict[str, Any], progress: Any) -> int:
-    if options["host_bytes"] is None:
-        return int(options["host_blocks"])
-    from ..daemon.model.config import ModelConfig
-    from ..daemon.model.prepare import default_model_dir
-
-    path = Path(options["model"]) if options["model"] else default_model_dir()
-    block_bytes = ModelConfig.from_dir(path).kv_bytes_per_token() * options["block_size"]
-    return int(options["host_bytes"]) // block_bytes

@@ -51,6 +51,24 @@ USAGE_ERRORS = [
 ]  # fmt: skip
 
 
+# serve's and bench's engine settings (EngineConfig): refused before any model loads
+SETTING_ERRORS = [
+    (["serve", "--block-size", "0"], ["--block-size", "0", "power of two"]),
+    (["serve", "--block-size", "-4"], ["--block-size", "-4", "power of two"]),
+    (["serve", "--block-size", "48"], ["--block-size", "48", "power of two in [1, 1024]"]),
+    (["serve", "--num-device-blocks", "-1"], ["--num-device-blocks", "-1", ">= 1"]),
+    (["serve", "--max-model-len", "0"], ["--max-model-len", "0", ">= 2"]),
+    (["serve", "--max-batched-tokens", "0"], ["--max-batched-tokens", "0", ">= 1"]),
+    (["serve", "--host-blocks", "-2"], ["--host-blocks", "-2", ">= 0"]),
+    (["serve", "--host-bytes", "0"], ["--host-bytes", "0", ">= 1"]),
+    (["serve", "--host-blocks", "4", "--host-bytes", "4096"], ["--host-bytes", "not both"]),
+    (["serve", "--memory-fraction", "2"], ["--memory-fraction", "2.0", "(0, 1]"]),
+    (["serve", "--memory-fraction", "0.5", "--num-device-blocks", "8"], ["--memory-fraction", "not both"]),
+    (["bench", "--block-size", "3"], ["--block-size", "3", "power of two"]),
+    (["bench", "--max-batched-tokens", "0"], ["--max-batched-tokens", "0", ">= 1"]),
+]  # fmt: skip
+
+
 def run(*args: str, env: dict[str, str | None] | None = None) -> Result:
     return CliRunner().invoke(main, list(args), env={"REPRISE_SOCKET": None, **(env or {})})
 
@@ -70,6 +88,20 @@ def test_bad_settings_are_usage_errors_naming_option_value_and_range(
     for word in words:
         assert word in line, (word, line)
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "words"), SETTING_ERRORS, ids=lambda a: " ".join(a)[:60])
+def test_engine_settings_are_refused_before_the_model_loads(
+    args: list[str], words: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from reprise.daemon.engine.engine import Engine
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(Engine, "from_pretrained", never)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    test_bad_settings_are_usage_errors_naming_option_value_and_range(args, words)
 
 
 def test_the_socket_from_the_environment_is_checked_too() -> None:

@@ -183,5 +183,4 @@ def _check_int(name: str, value: object, *, low: int, optional: bool = False) ->
     if value is None and optional:
         return
     if not _is_int(value) or value < low:  # type: ignore[operator]
-        hint = " or None (the default)" if optional else ""
-        raise SettingError(name, f"{name} must be an integer >= {low}{hint}; got {value!r}")
+        raise SettingError(name, f"{name} must be an integer >= {low}; got {value!r}")
