@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import needs_gpu
 from test_model_reference import TINY, hf_logits, rel_l2_rows, run_ours
 
 from reprise.cuda.backend import NumpyBackend
@@ -261,53 +262,100 @@ def test_add_bias_kernel_matches_its_twin(emu_lib: ctypes.CDLL, rng: np.random.G
     bias = rng.standard_normal(1000).astype(BF16)
     out = np.full((7, 1000), 0xFFFF, np.uint16)  # poisoned: NaN in BF16
     ptr = ctypes.c_void_p
-    emu_lib.run_add_bias(
-        ptr(y.ctypes.data),
-        ptr(bias.ctypes.data),
-        ptr(out.ctypes.data),
-        ctypes.c_longlong(7),
-        1000,
-        5,
-    )  # fmt: skip  (5 blocks: grid-stride)
+    args = (ptr(y.ctypes.data), ptr(bias.ctypes.data), ptr(out.ctypes.data))
+    emu_lib.run_add_bias(*args, ctypes.c_longlong(7), 1000, 5)  # 5 blocks: grid-stride
     assert np.array_equal(out, add_bias_ref(y, bias).view(np.uint16))
 
 
-@pytest.fixture(scope="module")
-def emulated_cupy(emu_lib: ctypes.CDLL) -> Iterator[None]:
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("width", [1152, 4608])  # qwen2-0.5b's and Qwen2-7B's q+k+v
+def test_add_bias_launcher_matches_its_twin_on_the_device(rng, width: int) -> None:
+    from gpu_support import dev, host, poisoned
+
+    from reprise.cuda.launchers import add_bias
+
+    y = (rng.standard_normal((37, width)) * 3).astype(F32)
+    bias = rng.standard_normal(width).astype(BF16)
+    out = add_bias(dev(y), dev(bias), out=poisoned((37, width), np.uint16))
+    assert np.array_equal(host(out).view(np.uint16), add_bias_ref(y, bias).view(np.uint16))
+
+
+@pytest.fixture(
+    scope="module", params=["emulated", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])]
+)
+def cupy_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The GPU backend's CuPy: the emulated one (kernels compiled for the host), or the
+    real one on a device."""
+    if request.param == "gpu":
+        yield "gpu"
+        return
     from kernel_emu import emucupy
     from test_cupy_emulated import KERNEL_CACHES
 
+    lib = request.getfixturevalue("emu_lib")
     with pytest.MonkeyPatch.context() as mp:
         for cache in KERNEL_CACHES:
             cache.cache_clear()
-        emucupy.install(emu_lib, mp.setitem)
-        yield
+        emucupy.install(lib, mp.setitem)
+        yield "emulated"
         for cache in KERNEL_CACHES:
             cache.cache_clear()
 
 
-def test_the_gpu_backend_runs_qwen2(emulated_cupy: None, tmp_path: Path) -> None:
-    """CupyBackend on the emulated CuPy (the kernels take head_dim 64 and 128): the same
-    tokens as NumPy, logits within a few BF16 ulps of the row's largest, and the bias
-    launched (a Qwen2 forward without it would be far off, as the reference test shows)."""
-    from reprise.cuda.cupy_backend import CupyBackend
-    from reprise.daemon.model.llama import LlamaModel
-    from reprise.daemon.model.weights import load_weights
-
+@pytest.fixture(scope="module")
+def qwen2_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 of head_dim 64 (the attention kernels take 64 and 128)."""
     with pytest.MonkeyPatch.context() as mp:
         shape = {**SHAPES["tiny-qwen2"], "hidden_size": 256, "num_attention_heads": 4,
                  "head_dim": 64, "intermediate_size": 256}  # fmt: skip
-        mp.setitem(SHAPES, "emulated-qwen2", shape)
-        path = synth_model("emulated-qwen2", tmp_path / "m", seed=4)
-    config = ModelConfig.from_dir(path)
-    weights = load_weights(path, config)
+        mp.setitem(SHAPES, "qwen2-d64", shape)
+        return synth_model("qwen2-d64", tmp_path_factory.mktemp("qwen2") / "m", seed=4)
+
+
+def test_the_gpu_backend_runs_qwen2(cupy_kind: str, qwen2_d64: Path) -> None:
+    """CupyBackend: the same tokens as NumPy, logits within a few BF16 ulps of the row's
+    largest (a Qwen2 forward without its bias would be far off, as the reference test
+    shows); and through the engine, decode replayed from CUDA graphs keeps the bits of
+    eager decode."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.daemon.engine.engine import model_fingerprint
+    from reprise.daemon.model.llama import LlamaModel
+    from reprise.daemon.model.tokenizer import Tokenizer
+    from reprise.daemon.model.weights import load_weights
+
+    config = ModelConfig.from_dir(qwen2_d64)
+    weights = load_weights(qwen2_d64, config)
+    model = LlamaModel(config, weights, CupyBackend())
     prompt = np.random.default_rng(2).integers(0, 256, size=20)
-    got = run_on(LlamaModel(config, weights, CupyBackend()), prompt)
+    got = run_on(model, prompt)
     want = run_on(LlamaModel(config, weights, NumpyBackend()), prompt)
     assert np.array_equal(got.argmax(-1), want.argmax(-1))
     scale = np.max(np.abs(want), axis=1, keepdims=True)
     worst = float(np.max(np.abs(got - want) / scale))
     assert worst < 4 * 2.0**-8, f"{worst / 2.0**-8:.2f} BF16 ulps of the row's largest logit"
+
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, return_logits=True)
+    outs = []
+    for graphs in (False, True):
+        engine = Engine(config, Tokenizer.from_dir(qwen2_d64), model, block_size=16,
+                        num_device_blocks=16, cuda_graphs=graphs,
+                        model_fingerprint=model_fingerprint(qwen2_d64))  # fmt: skip
+        replays = replay_count(cupy_kind)
+        outs.append(engine.generate(prompt.tolist(), params))
+        assert (replay_count(cupy_kind) - replays >= 4) == (graphs and cupy_kind == "emulated")
+    assert outs[0].token_ids[0] == int(want[-1].argmax())
+    assert outs[0].token_ids == outs[1].token_ids
+    assert np.array_equal(outs[0].logits.view(np.uint32), outs[1].logits.view(np.uint32))
+
+
+def replay_count(cupy_kind: str) -> int:
+    """Graph replays so far on the emulated CuPy (0 on a real one, which does not count)."""
+    if cupy_kind != "emulated":
+        return 0
+    from kernel_emu import emucupy
+
+    return emucupy.replays()
 
 
 def run_on(model, prompt: np.ndarray, block_size: int = 16) -> np.ndarray:
