@@ -116,7 +116,9 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 @click.option(
     "--like",
     required=True,
-    type=click.Choice(["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m", "tiny"]),
+    type=click.Choice(
+        ["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m", "tiny", "qwen2-0.5b", "tiny-qwen2"]
+    ),
     help="The architecture to copy.",
 )
 @click.option(

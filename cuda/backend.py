@@ -16,6 +16,7 @@ import numpy as np
 
 from .activation import silu_mul_ref
 from .attention import paged_attention_ref
+from .bias import add_bias_ref
 from .dtypes import BF16
 from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
@@ -58,6 +59,7 @@ class Backend(Protocol):
     rmsnorm: Callable[..., Any]
     add_rmsnorm: Callable[..., Any]
     gemm: Callable[..., Any]
+    add_bias: Callable[..., Any]
     rope: Callable[..., Any]
     kv_write: Callable[..., None]
     paged_attention: Callable[..., Any]
@@ -163,6 +165,7 @@ class NumpyBackend:
     rmsnorm = staticmethod(rmsnorm_ref)
     add_rmsnorm = staticmethod(add_rmsnorm_ref)
     gemm = staticmethod(gemm_ref)
+    add_bias = staticmethod(add_bias_ref)
     rope = staticmethod(rope_ref)
     kv_write = staticmethod(kv_write_ref)
     paged_attention = staticmethod(paged_attention_ref)

@@ -192,6 +192,7 @@ class CupyBackend:
     rope = staticmethod(launchers.rope)
     kv_write = staticmethod(launchers.kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
+    add_bias = staticmethod(launchers.add_bias)
     argmax = staticmethod(launchers.argmax)
 
     def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any:

@@ -1,5 +1,5 @@
 """Launchers of the small kernel families: embedding, RMSNorm, RoPE, KV write,
-SiLU-and-multiply, argmax and the Philox uniforms.
+SiLU-and-multiply, bias, argmax and the Philox uniforms.
 
 Each checks its inputs (`kernels.check`), allocates its output unless one is
 given, and launches one kernel of `cuda/<family>.cu`; each computes what its
@@ -148,6 +148,22 @@ def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
         blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
         args = (gate_up, out, np.int64(num_tokens), np.int32(width // 2))
         kernel("activation", "silu_mul")((blocks,), (ELEMENTWISE_THREADS,), args)
+    return out
+
+
+def add_bias(y: Any, bias: Any, *, out: Any = None) -> Any:
+    """Twin: add_bias_ref. y [T, N] fp32 (a GEMM's output), bias [N] BF16 -> [T, N] BF16."""
+    check("y", y, np.float32, 2)
+    check("bias", bias, BF16_BITS, 1)
+    num_tokens, width = y.shape
+    if bias.shape[0] != width:
+        raise ValueError(f"bias must have {width} elements; got {bias.shape[0]}")
+    out = _empty((num_tokens, width), BF16_BITS, out)
+    total = num_tokens * width
+    if total:
+        blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
+        args = (y, bias, out, np.int64(num_tokens), np.int32(width))
+        kernel("bias", "add_bias")((blocks,), (ELEMENTWISE_THREADS,), args)
     return out
 
 

@@ -1,7 +1,8 @@
 """Model configuration read from a Hugging Face `config.json`.
 
-Only what the Llama forward pass needs, validated on load: an unsupported
-architecture or option is an error that names it.
+Only what the forward pass needs, validated on load: the family comes from the
+registry (registry.py), and an unsupported architecture or option is an error that
+names it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ...cuda.rope import Llama3Scaling
+from .registry import ModelConfigError, ModelFamily, family_named, family_of
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
-
-
-class ModelConfigError(ValueError):
-    """A config.json that describes a model this engine cannot run."""
+__all__ = ["ModelConfig", "ModelConfigError"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,8 +34,10 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    architecture: str = "LlamaForCausalLM"  # a key of registry.FAMILIES
 
     def __post_init__(self) -> None:
+        family_named(self.architecture)  # refuses an unregistered one
         for field in (
             "hidden_size",
             "intermediate_size",
@@ -66,6 +66,15 @@ class ModelConfig:
             raise ModelConfigError(f"rope_theta must be > 0; got {self.rope_theta}")
 
     @property
+    def family(self) -> ModelFamily:
+        return family_named(self.architecture)
+
+    @property
+    def qkv_bias(self) -> bool:
+        """q, k and v projections carry a bias (the family's option)."""
+        return self.family.qkv_bias
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -79,24 +88,15 @@ class ModelConfig:
 
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        qkv = self.q_size + 2 * self.kv_size
+        per_layer = h * qkv + self.q_size * h + 3 * h * i + 2 * h + qkv * self.qkv_bias
         lm_head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_layers * per_layer + h + lm_head
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        archs = raw.get("architectures") or []
-        if (
-            not any(a in SUPPORTED_ARCHITECTURES for a in archs)
-            and raw.get("model_type") != "llama"
-        ):
-            raise ModelConfigError(
-                f"unsupported architecture {archs or raw.get('model_type')!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        for flag in ("attention_bias", "mlp_bias"):
-            if raw.get(flag):
-                raise ModelConfigError(f"{flag}=true is not supported")
+        family = family_of(raw)
+        family.check(raw)
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
@@ -118,6 +118,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+                architecture=family.architecture,
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None

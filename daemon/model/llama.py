@@ -1,8 +1,12 @@
-"""The Llama forward pass, written once over a backend's ops.
+"""The Llama forward pass, written once over a backend's ops, for every family in
+the registry (registry.py); a family's options switch its extra steps on.
 
-    embed -> [add+rmsnorm, qkv gemm, rope, kv write, paged attention, o gemm,
+    embed -> [add+rmsnorm, qkv gemm (+ bias), rope, kv write, paged attention, o gemm,
               add+rmsnorm, gate/up gemm, silu*mul, down gemm] x L
           -> add+rmsnorm -> lm_head (fp32 logits, only for the rows asked for)
+
+With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
+rounds to BF16 once, as transformers' BF16 linear layer does.
 
 The residual stream is fp32; every GEMM input is BF16. K and V are written
 to the cache before attention, which reads them back from it, the current
@@ -44,6 +48,7 @@ class _Layer:
     mlp_norm: np.ndarray
     gate_up_proj: np.ndarray
     down_proj: np.ndarray
+    qkv_bias: np.ndarray | None  # [q_size + 2 * kv_size] BF16; None: the family has none
 
 
 class LlamaModel:
@@ -60,6 +65,7 @@ class LlamaModel:
                 mlp_norm=backend.from_host(w.mlp_norm),
                 gate_up_proj=linear(w.gate_up_proj),
                 down_proj=linear(w.down_proj),
+                qkv_bias=None if w.qkv_bias is None else backend.from_host(w.qkv_bias),
             )
             for w in weights.layers
         ]
@@ -78,6 +84,7 @@ class LlamaModel:
         arrays = [self.embed_tokens, self.final_norm, self.lm_head, self.rope_cos, self.rope_sin]
         for layer in self.layers:
             arrays += [getattr(layer, name) for name in layer.__slots__]
+        arrays = [a for a in arrays if a is not None]
         unique = {id(a): a for a in arrays}  # a tied lm_head may be the embedding itself
         return sum(int(a.nbytes) for a in unique.values())
 
@@ -98,7 +105,10 @@ class LlamaModel:
         residual = ops.embed(self.embed_tokens, batch.token_ids)  # [T, hidden] fp32
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, cfg.rms_norm_eps)  # [T, hidden] BF16
         for idx, layer in enumerate(self.layers):
-            qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
+            if layer.qkv_bias is None:
+                qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
+            else:
+                qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
             q = qkv[:, :q_end].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
             k = qkv[:, q_end:k_end].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             v = qkv[:, k_end:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)

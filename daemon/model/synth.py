@@ -1,5 +1,5 @@
-"""Synthetic models: Hugging Face Llama folders of RANDOM BF16 weights in the shape of
-a real model, so that speed and memory can be measured at scale without a model hub.
+"""Synthetic models: Hugging Face model folders (Llama or Qwen2, registry.py) of RANDOM
+BF16 weights in the shape of a real model, so that speed and memory can be measured at scale without a model hub.
 
 The folder loads like any other (config.json, sharded model.safetensors with its
 index, tokenizer.json, tokenizer_config.json), and says what it is three times:
@@ -8,8 +8,9 @@ Its text output is noise. The tokenizer is byte-level (256 byte tokens and the
 special tokens); ids past it exist only as embedding rows, so prompts for
 benchmarks are best given as token ids.
 
-Weights are drawn N(0, 0.02) (as Hugging Face initialises Llama), norms are 1,
-and a shard is written at a time, so writing an 8B folder holds ~2 GB in memory.
+Weights are drawn N(0, 0.02) (as Hugging Face initialises Llama), biases N(0, 0.5)
+(trained Qwen2 biases are that large and more, and zero ones would test nothing),
+norms are 1, and a shard is written at a time, so writing an 8B folder holds ~2 GB in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from ...cuda.dtypes import BF16
 from .config import ModelConfig
+from .registry import family_of
 from .safetensors_io import save_safetensors
 from .weights import LayerWeights, LlamaWeights
 
@@ -33,7 +35,9 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-# The architectures of the models named, as their Hugging Face config.json gives them.
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6}
+# The architectures of the models named, as their Hugging Face config.json gives them
+# (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": {
         "hidden_size": 4096,
@@ -87,6 +91,40 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 512},
         "tie_word_embeddings": False,
     },
+    "qwen2-0.5b": {  # Qwen2-0.5B (and Qwen2.5-0.5B): q, k, v biases, tied embeddings
+        **QWEN2,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 32768,
+        "max_window_layers": 24,
+    },
+    "tiny-qwen2": {  # for tests: Qwen2's features (biases, tied, 1e6 theta) in kilobytes
+        **QWEN2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 2,
+    },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 CHAT_TEMPLATE = (
@@ -105,7 +143,7 @@ def synth_model(
     num_layers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
-    """Write a random-weight Llama folder shaped like `like` (a key of SHAPES) to `out`."""
+    """Write a random-weight model folder shaped like `like` (a key of SHAPES) to `out`."""
     if like not in SHAPES:
         raise ValueError(f"like must be one of {', '.join(SHAPES)}; got {like!r}")
     out = Path(out)
@@ -134,8 +172,8 @@ def _config_json(shape: dict[str, Any], label: str) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        **shape,
         "rms_norm_eps": 1e-5,
+        **shape,
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
         "bos_token_id": 256,
@@ -178,6 +216,7 @@ def synth_in_memory(
         mlp_norm=ones,
         gate_up_proj=rand(2 * inter, h),
         down_proj=rand(h, inter),
+        qkv_bias=rand(config.q_size + 2 * config.kv_size) if config.qkv_bias else None,
     )
     embed = rand(config.vocab_size, h)
     lm_head = embed if config.tie_word_embeddings else rand(config.vocab_size, h)
@@ -186,6 +225,7 @@ def synth_in_memory(
 
 def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor's Hugging Face name and shape, in file order."""
+    qkv_bias = family_of({"architectures": ["LlamaForCausalLM"], **shape}).qkv_bias
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
     q_size = shape["num_attention_heads"] * shape["head_dim"]
     kv_size = shape["num_key_value_heads"] * shape["head_dim"]
@@ -196,6 +236,10 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
         yield prefix + "self_attn.q_proj.weight", (q_size, hidden)
         yield prefix + "self_attn.k_proj.weight", (kv_size, hidden)
         yield prefix + "self_attn.v_proj.weight", (kv_size, hidden)
+        if qkv_bias:
+            yield prefix + "self_attn.q_proj.bias", (q_size,)
+            yield prefix + "self_attn.k_proj.bias", (kv_size,)
+            yield prefix + "self_attn.v_proj.bias", (kv_size,)
         yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
         yield prefix + "post_attention_layernorm.weight", (hidden,)
         yield prefix + "mlp.gate_proj.weight", (inter, hidden)
@@ -244,7 +288,8 @@ def _write_weights(
 def _random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if name.endswith("norm.weight"):
         return np.ones(dims, dtype=BF16)
-    return (rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)).astype(BF16)
+    std = np.float32(0.5 if name.endswith(".bias") else 0.02)
+    return (rng.standard_normal(dims, dtype=np.float32) * std).astype(BF16)
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> None:

@@ -1,9 +1,10 @@
-"""Load a Llama checkpoint (safetensors, one file or a sharded set) as BF16.
+"""Load a Llama-family checkpoint (safetensors, one file or a sharded set) as BF16.
 
 Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
 V are fused into one projection, and so are gate and up, so each layer runs
-two GEMMs where a naive port runs five. A missing tensor or a wrong shape is
-an error that names it.
+two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
+has them fused the same way. A missing tensor or a wrong shape is an error that
+names it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class LayerWeights:
     mlp_norm: np.ndarray  # [hidden]
     gate_up_proj: np.ndarray  # [2 * intermediate, hidden]
     down_proj: np.ndarray  # [hidden, intermediate]
+    qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]; families with config.qkv_bias
 
 
 @dataclass(slots=True)
@@ -81,6 +83,7 @@ def load_weights(
             raise WeightsError(f"tensor {name!r} has dtype {t.dtype}; expected BF16, F16 or F32")
         return np.ascontiguousarray(t.astype(BF16, copy=False))
 
+    q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
     embed = take("model.embed_tokens.weight", (vocab, h))
     layers = []
     for i in range(config.num_layers):
@@ -90,11 +93,7 @@ def load_weights(
             LayerWeights(
                 attn_norm=take(p + "input_layernorm.weight", (h,)),
                 qkv_proj=np.concatenate(
-                    [
-                        take(attn + "q_proj.weight", (config.q_size, h)),
-                        take(attn + "k_proj.weight", (config.kv_size, h)),
-                        take(attn + "v_proj.weight", (config.kv_size, h)),
-                    ]
+                    [take(f"{attn}{x}_proj.weight", (n, h)) for x, n in q_kv_sizes.items()]
                 ),
                 o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
                 mlp_norm=take(p + "post_attention_layernorm.weight", (h,)),
@@ -105,6 +104,11 @@ def load_weights(
                     ]
                 ),
                 down_proj=take(p + "mlp.down_proj.weight", (h, inter)),
+                qkv_bias=np.concatenate(
+                    [take(f"{attn}{x}_proj.bias", (n,)) for x, n in q_kv_sizes.items()]
+                )
+                if config.qkv_bias
+                else None,
             )
         )
         if progress is not None:

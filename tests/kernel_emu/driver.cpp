@@ -3,6 +3,7 @@
 #include "../../cuda/rmsnorm.cu"
 #include "../../cuda/rope.cu"
 #include "../../cuda/activation.cu"
+#include "../../cuda/bias.cu"
 #include "../../cuda/embedding.cu"
 #include "../../cuda/kvcache.cu"
 #include "../../cuda/sampling.cu"
@@ -60,6 +61,10 @@ void run_rope(int tokens, int heads, const __nv_bfloat16* x, long long stride, c
 }
 void run_silu_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, long long tokens, int inter, int blocks) {
   launch({(unsigned)blocks, 1, 1}, 256, [&] { silu_mul(gate_up, out, tokens, inter); });
+}
+void run_add_bias(const float* y, const __nv_bfloat16* bias, __nv_bfloat16* out, long long tokens, int width,
+                  int blocks) {
+  launch({(unsigned)blocks, 1, 1}, 256, [&] { add_bias(y, bias, out, tokens, width); });
 }
 void run_embed(int tokens, const __nv_bfloat16* table, const int* ids, float* out, int hidden) {
   launch({(unsigned)tokens, 1, 1}, 256, [&] { embed(table, ids, out, hidden); });
@@ -296,7 +301,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
-  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(embed) PLAIN(kv_write)
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
   PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform)
   PLAIN(paged_attention_d64_b16) PLAIN(paged_attention_d64_b32) PLAIN(paged_attention_d64_b64)
   PLAIN(paged_attention_d128_b16) PLAIN(paged_attention_d128_b32) PLAIN(paged_attention_d128_b64)

@@ -1,0 +1,93 @@
+"""The model families this engine runs, by the name a Hugging Face config.json gives them.
+
+A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
+answers to, the options its forward pass needs beyond the Llama one (today: a bias on
+the q, k and v projections), and the checks that refuse a config whose options the
+forward does not implement. `ModelConfig.from_dict` looks the family up first, so an
+unknown architecture is refused in one line that names it and the supported ones,
+before any weight is read. Every family runs through the one forward (llama.py) and
+reads the same tensor names (weights.py); its options say which extra tensors exist.
+
+Adding a family: an entry in FAMILIES, its options as ModelConfig fields, their
+tensors in weights.py and synth.py, and a test against transformers' own class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ModelConfigError(ValueError):
+    """A config.json that describes a model this engine cannot run."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFamily:
+    architecture: str  # config.json's architectures[0], e.g. "LlamaForCausalLM"
+    model_type: str  # config.json's model_type, e.g. "llama"
+    qkv_bias: bool  # q_proj, k_proj and v_proj carry a `.bias` (added before RoPE)
+    check: Callable[[Mapping[str, Any]], None]  # raises ModelConfigError on what we lack
+
+
+def _check_llama(raw: Mapping[str, Any]) -> None:
+    # NOTE: Llama's attention_bias puts a bias on o_proj too, which the forward lacks.
+    for flag in ("attention_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise ModelConfigError(f"{flag}=true is not supported")
+
+
+def _check_qwen2(raw: Mapping[str, Any]) -> None:
+    """Refuse sliding-window attention where transformers would apply it: with
+    use_sliding_window, the layers `layer_types` marks "sliding_attention", or else
+    those from max_window_layers on (transformers' Qwen2Config)."""
+    if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
+        return
+    num_layers = int(raw.get("num_hidden_layers", 0))
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        sliding = num_layers > int(raw.get("max_window_layers", 28))
+    else:
+        sliding = "sliding_attention" in layer_types
+    if sliding:
+        raise ModelConfigError(
+            f"use_sliding_window=true (a window of {raw['sliding_window']} tokens) is not "
+            "supported yet: the paged attention kernels attend to the whole prefix"
+        )
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    family.architecture: family
+    for family in (
+        ModelFamily("LlamaForCausalLM", "llama", qkv_bias=False, check=_check_llama),
+        ModelFamily("Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=_check_qwen2),
+    )
+}
+
+
+def supported_architectures() -> tuple[str, ...]:
+    return tuple(FAMILIES)
+
+
+def family_of(raw: Mapping[str, Any]) -> ModelFamily:
+    """The family of a config.json (parsed): by `architectures[0]`, or by `model_type`
+    when it names none. Raises ModelConfigError naming it and the supported ones."""
+    archs = raw.get("architectures") or []
+    if archs:
+        family = FAMILIES.get(archs[0])
+        name = archs[0]
+    else:
+        by_type = {f.model_type: f for f in FAMILIES.values()}
+        family = by_type.get(raw.get("model_type", ""))
+        name = raw.get("model_type")
+    if family is None:
+        raise ModelConfigError(
+            f"unsupported architecture {name!r}; supported: {', '.join(supported_architectures())}"
+        )
+    return family
+
+
+def family_named(architecture: str) -> ModelFamily:
+    """The family registered under `architecture` (a ModelConfig's own field)."""
+    return family_of({"architectures": [architecture]})
