@@ -26,7 +26,8 @@ import test_invariance as invariance
 from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
-from reprise.cuda.backend import NumpyBackend, SampleDraws
+from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.sampling import Draws
 from reprise.daemon import Completion, Engine, SamplingParams
 from reprise.daemon.engine.engine import model_fingerprint
 from reprise.daemon.model import synth
@@ -244,16 +245,18 @@ def test_batched_with_traffic_that_joins_leaves_and_preempts(engines: Engines, r
 
 
 def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
-    """CupyBackend.sample (sort keys, ranks and Philox draws on the device) picks what
-    NumpyBackend.sample picks from the same logits, rows and draws."""
+    """Device sampling (sort keys, ranks and Philox draws on the device) picks what the
+    NumPy backend picks from the same logits, rows and draws, through the sampler."""
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.kernels import to_device, to_host
+    from reprise.daemon.engine.sampling.batch import SamplingBatch
+    from reprise.daemon.engine.sampling.sampler import sample
 
     rows, vocab = 6, 1000
     logits = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
     logits[2, 10:20] = logits[2, 10]  # ties, broken by id
     picked = np.array([0, 2, 3, 5])
-    draws = SampleDraws(
+    draws = Draws(
         temperature=rng.uniform(0.3, 1.5, size=4).astype(np.float32),
         top_k=np.array([vocab, 5, 1, 40], dtype=np.int32),  # vocab: no cut
         top_p=np.array([1.0, 0.8, 0.5, 0.95], dtype=np.float32),
@@ -261,9 +264,10 @@ def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
         positions=rng.integers(0, 4096, size=4).astype(np.int64),
     )
     greedy = np.argmax(logits, axis=1).astype(np.int32)
-    want = NumpyBackend().sample(logits, greedy, picked, draws)
+    batch = SamplingBatch(rows=picked, num_greedy=0, draws=draws, penalties=None)
+    want = sample(NumpyBackend(), logits, greedy, batch)
     gpu = CupyBackend()
-    got = to_host(gpu.sample(to_device(logits), to_device(greedy), picked, draws))
+    got = to_host(sample(gpu, to_device(logits), to_device(greedy), batch))
     assert got.tolist() == np.asarray(want).tolist()
     assert got.tolist() != greedy.tolist()  # something was sampled, not argmaxed
 
