@@ -49,6 +49,7 @@ def penalize_ref(logits: np.ndarray, penalties: Penalties) -> None:
         ids = penalties.token_ids[offsets[r] : offsets[r + 1]]
         if not ids.size:
             continue
+        assert np.unique(ids).size == ids.size, f"row {r} lists a token twice"
         counts = penalties.output_counts[offsets[r] : offsets[r + 1]]
         rep = F32.type(penalties.repetition[r])
         x = logits[r, ids]

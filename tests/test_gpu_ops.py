@@ -168,6 +168,32 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
     assert np.array_equal(alone, got[1::2])  # every other row alone: the same tokens
 
 
+def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
+    """apply_penalties on the device: each listed logit the twin's fp32 bits (explicitly
+    rounded ops, no FMA), unlisted ones untouched, each row the same alone."""
+    from reprise.cuda.penalties import Penalties, penalize_ref
+    from reprise.cuda.penalties_kernel import apply_penalties
+
+    n, vocab = 16, 128256
+    logits = rows(rng, n, vocab, 4.0)
+    sizes = rng.integers(0, 3000, n)
+    ids = np.concatenate([rng.choice(vocab, size=k, replace=False) for k in sizes])
+    penalties = Penalties(
+        repetition=rng.uniform(0.5, 2.0, n).astype(F32),
+        frequency=rng.uniform(-2, 2, n).astype(F32),
+        presence=rng.uniform(-2, 2, n).astype(F32),
+        token_offsets=np.cumsum([0, *sizes]).astype(np.int32),
+        token_ids=ids.astype(np.int32),
+        output_counts=rng.integers(0, 5, ids.size).astype(np.int32),
+    )
+    want = logits.copy()
+    penalize_ref(want, penalties)
+    fields = {name: dev(getattr(penalties, name)) for name in Penalties.__slots__}
+    got = dev(logits)
+    apply_penalties(got, **fields)
+    assert np.array_equal(host(got).view(np.uint32), want.view(np.uint32))
+
+
 def test_philox_uniforms_equal_the_twin(cp, rng) -> None:
     from reprise.cuda.launchers import philox_uniform
 
