@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -21,9 +20,10 @@ from .dtypes import BF16
 from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref
+from .penalties import Penalties, penalize_ref
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
-from .sampling import sample_ref
+from .sampling import Draws, sample_ref
 
 log = logging.getLogger(__name__)
 CUPY_BROKEN = "CuPy is installed but does not import"  # the reason auto warns about
@@ -66,18 +66,8 @@ class Backend(Protocol):
     silu_mul: Callable[..., Any]
     argmax: Callable[..., Any]
 
-    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SampleDraws:
-    """The host-side parameters of the rows a step samples at random, one entry a row."""
-
-    temperature: np.ndarray  # fp32
-    top_k: np.ndarray  # int32; the vocabulary size or more for none
-    top_p: np.ndarray  # fp32
-    seeds: np.ndarray  # uint64
-    positions: np.ndarray  # int64, the position of the token drawn
+    def penalize(self, logits: Any, penalties: Penalties) -> None: ...
+    def sample(self, logits: Any, draws: Draws) -> Any: ...
 
 
 class NumpyBackend:
@@ -143,21 +133,24 @@ class NumpyBackend:
         return np.argmax(logits, axis=1).astype(np.int32)
 
     @staticmethod
-    def sample(
-        logits: np.ndarray, greedy: np.ndarray, rows: np.ndarray, draws: SampleDraws
-    ) -> np.ndarray:
-        """`greedy` with each of `rows` replaced by its seeded draw (sample_ref)."""
-        tokens = greedy.copy()
+    def penalize(logits: np.ndarray, penalties: Penalties) -> None:
+        """Apply each row's penalties to [R, vocab] fp32 logits, in place (penalize_ref)."""
+        penalize_ref(logits, penalties)
+
+    @staticmethod
+    def sample(logits: np.ndarray, draws: Draws) -> np.ndarray:
+        """One seeded draw per row of [R, vocab] fp32 logits (sample_ref): [R] int32."""
         vocab = logits.shape[1]
-        for j, row in enumerate(rows):
-            k = int(draws.top_k[j])
-            tokens[row] = sample_ref(
-                logits[row],
-                temperature=float(draws.temperature[j]),
+        tokens = np.empty(logits.shape[0], dtype=np.int32)
+        for r in range(logits.shape[0]):
+            k = int(draws.top_k[r])
+            tokens[r] = sample_ref(
+                logits[r],
+                temperature=float(draws.temperature[r]),
                 top_k=k if k < vocab else None,
-                top_p=float(draws.top_p[j]),
-                seed=int(draws.seeds[j]),
-                position=int(draws.positions[j]),
+                top_p=float(draws.top_p[r]),
+                seed=int(draws.seeds[r]),
+                position=int(draws.positions[r]),
             )
         return tokens
 

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from . import launchers
-from .backend import SampleDraws
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
+from .penalties import Penalties
+from .penalties_kernel import apply_penalties
+from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 GEMM_FAMILIES = ("mma", "wgmma")
@@ -195,14 +197,30 @@ class CupyBackend:
     add_bias = staticmethod(launchers.add_bias)
     argmax = staticmethod(launchers.argmax)
 
-    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any:
-        """`greedy` with each of `rows` replaced by its seeded draw, on the device."""
-        index = to_device(np.asarray(rows, dtype=np.int64))
-        fields = (getattr(draws, name) for name in type(draws).__slots__)
-        picks = launchers.sample(logits[index], *(to_device(x) for x in fields))
-        tokens = greedy.copy()
-        tokens[index] = picks
-        return tokens
+    @staticmethod
+    def penalize(logits: Any, penalties: Penalties) -> None:
+        """Apply each row's penalties to [R, vocab] fp32 device logits, in place."""
+        apply_penalties(
+            logits,
+            token_offsets=to_device(penalties.token_offsets),
+            token_ids=to_device(penalties.token_ids),
+            output_counts=to_device(penalties.output_counts),
+            repetition=to_device(penalties.repetition),
+            frequency=to_device(penalties.frequency),
+            presence=to_device(penalties.presence),
+        )
+
+    @staticmethod
+    def sample(logits: Any, draws: Draws) -> Any:
+        """One seeded draw per row of [R, vocab] fp32 device logits: [R] int32, on the device."""
+        return launchers.sample(
+            logits,
+            temperature=to_device(draws.temperature),
+            top_k=to_device(draws.top_k),
+            top_p=to_device(draws.top_p),
+            seeds=to_device(draws.seeds),
+            positions=to_device(draws.positions),
+        )
 
     @staticmethod
     def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:

@@ -14,6 +14,8 @@ token); pick the first token whose running sum exceeds u * kept mass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .dtypes import F32
@@ -21,6 +23,17 @@ from .dtypes import F32
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Draws:
+    """What a backend's `sample` needs to draw one token per logits row, one entry a row."""
+
+    temperature: np.ndarray  # [D] fp32, > 0
+    top_k: np.ndarray  # [D] int32; the vocabulary size or more for no cut
+    top_p: np.ndarray  # [D] fp32 in (0, 1]
+    seeds: np.ndarray  # [D] uint64
+    positions: np.ndarray  # [D] int64, the position of the token drawn
 
 
 def philox4x32(

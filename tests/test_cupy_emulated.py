@@ -26,7 +26,8 @@ import test_invariance as invariance
 from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
-from reprise.cuda.backend import NumpyBackend, SampleDraws
+from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.sampling import Draws
 from reprise.daemon import Completion, Engine, SamplingParams
 from reprise.daemon.engine.engine import model_fingerprint
 from reprise.daemon.model import synth
@@ -152,6 +153,36 @@ def test_graph_replay_is_bit_identical_to_eager_decode(engines: Engines, referen
     assert_identical(outs, reference)
 
 
+def test_penalties_and_logprobs_stay_bit_identical(engines: Engines) -> None:
+    """Penalized greedy and seeded requests with logprobs on the GPU backend: the same
+    tokens, logits and logprobs alone and eager with reuse off, through replayed graphs,
+    and repeated from the prefix cache."""
+    penalties = {"frequency_penalty": 0.6, "presence_penalty": 0.3, "repetition_penalty": 1.4}
+    params = [
+        SamplingParams(**{**_fields(p), **penalties, "logprobs": 4}) for p in (GREEDY, SEEDED)
+    ]
+    want = [
+        engines(enable_reuse=False).generate(p, s) for p, s in zip(PROMPTS, params, strict=True)
+    ]
+    engine = engines(cuda_graphs=True)
+    first, again = run_both_with(engine, params), run_both_with(engine, params)
+    assert all(c.cached_tokens > 0 for c in again)
+    for outs in (first, again):
+        assert_identical(outs, want)
+        assert [c.logprobs for c in outs] == [c.logprobs for c in want]
+    assert all(c.logprobs is not None and len(c.logprobs) == NUM_TOKENS for c in want)
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__slots__}
+
+
+def run_both_with(engine: Engine, params: list[SamplingParams]) -> list[Completion]:
+    outs = engine.generate(PROMPTS, params)
+    assert isinstance(outs, list)
+    return outs
+
+
 def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
     """Captured before any request (the daemon's warm-up), on padding rows alone: no pool
     block changes, no step captures again, and the steps that replay them keep their bits."""
@@ -244,16 +275,18 @@ def test_batched_with_traffic_that_joins_leaves_and_preempts(engines: Engines, r
 
 
 def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
-    """CupyBackend.sample (sort keys, ranks and Philox draws on the device) picks what
-    NumpyBackend.sample picks from the same logits, rows and draws."""
+    """Device sampling (sort keys, ranks and Philox draws on the device) picks what the
+    NumPy backend picks from the same logits, rows and draws, through the sampler."""
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.kernels import to_device, to_host
+    from reprise.daemon.engine.sampling.batch import SamplingBatch
+    from reprise.daemon.engine.sampling.sampler import sample
 
     rows, vocab = 6, 1000
     logits = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
     logits[2, 10:20] = logits[2, 10]  # ties, broken by id
     picked = np.array([0, 2, 3, 5])
-    draws = SampleDraws(
+    draws = Draws(
         temperature=rng.uniform(0.3, 1.5, size=4).astype(np.float32),
         top_k=np.array([vocab, 5, 1, 40], dtype=np.int32),  # vocab: no cut
         top_p=np.array([1.0, 0.8, 0.5, 0.95], dtype=np.float32),
@@ -261,11 +294,45 @@ def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
         positions=rng.integers(0, 4096, size=4).astype(np.int64),
     )
     greedy = np.argmax(logits, axis=1).astype(np.int32)
-    want = NumpyBackend().sample(logits, greedy, picked, draws)
+    batch = SamplingBatch(rows=picked, num_greedy=0, draws=draws, penalties=None)
+    want = sample(NumpyBackend(), logits, greedy, batch)
     gpu = CupyBackend()
-    got = to_host(gpu.sample(to_device(logits), to_device(greedy), picked, draws))
+    got = to_host(sample(gpu, to_device(logits), to_device(greedy), batch))
     assert got.tolist() == np.asarray(want).tolist()
     assert got.tolist() != greedy.tolist()  # something was sampled, not argmaxed
+
+
+def test_device_penalties_match_the_numpy_backend(emulated: None, rng) -> None:
+    """The sampler on the device (penalties kernel, argmax of penalized greedy rows, draws
+    from penalized rows) picks what it picks on NumPy; the raw logits stay untouched."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.daemon.engine.sampling import SamplingBatch, SamplingParams, SamplingState
+    from reprise.daemon.engine.sampling.sampler import sample
+
+    rows, vocab = 5, 700
+    logits = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
+    logits[:, 42] = 20.0  # every raw argmax; the penalized rows generated it often
+    settings = [
+        SamplingParams(temperature=0, frequency_penalty=2.0, presence_penalty=1.5),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.9, seed=3, top_k=30, repetition_penalty=1.7),
+        SamplingParams(temperature=0.7, seed=4),
+        SamplingParams(temperature=0, repetition_penalty=30.0),
+    ]
+    states = [SamplingState.build(p, p.seed or 0, [42, 7, 7, 9]) for p in settings]
+    for state in states:
+        for token in [42] * 8 + [5, 6, 5]:
+            state.record(token, None)
+    batch = SamplingBatch.build(states, [100] * rows, vocab)
+    assert batch is not None and batch.penalties is not None
+    greedy = np.argmax(logits, axis=1).astype(np.int32)
+    want = sample(NumpyBackend(), logits, greedy, batch)
+    device_logits = to_device(logits)
+    got = to_host(sample(CupyBackend(), device_logits, to_device(greedy), batch))
+    assert got.tolist() == want.tolist()
+    assert got[0] != 42 and got[4] != 42 and got[1] == 42  # the penalties moved greedy rows
+    assert np.array_equal(to_host(device_logits), logits)
 
 
 # ---- the emulation itself: strict where a GPU would silently go wrong ----------------------

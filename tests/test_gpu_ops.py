@@ -139,8 +139,11 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
     """Seeded draws on the device (sort of 64-bit keys, then sample_sorted) against the
     NumPy backend's sample_ref on the same logits: equal but for draws on a boundary of
     the running sum (expf vs NumPy's exp), and each row's token the same alone."""
-    from reprise.cuda.backend import NumpyBackend, SampleDraws
+    from dataclasses import fields
+
+    from reprise.cuda.backend import NumpyBackend
     from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.sampling import Draws
 
     vocab, n = 128256, 48
     logits = rows(rng, n, vocab, 4.0)
@@ -148,24 +151,47 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
     logits[2, :7] = -0.0
     cases = [(t, k, p) for t in (0.6, 1.0, 1.7) for k in (vocab, 1, 40) for p in (1.0, 0.8)]
     params = [cases[r % len(cases)] for r in range(n)]
-    draws = SampleDraws(
+    draws = Draws(
         temperature=np.array([t for t, _, _ in params], np.float32),
         top_k=np.array([k for _, k, _ in params], np.int32),
         top_p=np.array([p for _, _, p in params], np.float32),
         seeds=rng.integers(0, 2**64, size=n, dtype=np.uint64),
         positions=rng.integers(0, 2**20, size=n).astype(np.int64),
     )
-    rows_ = np.arange(n)
-    greedy = np.full(n, -1, np.int32)
-    want = NumpyBackend.sample(logits, greedy, rows_, draws)
+    want = NumpyBackend.sample(logits, draws)
     gpu = CupyBackend()
-    got = host(gpu.sample(dev(logits), dev(greedy), rows_, draws))
+    got = host(gpu.sample(dev(logits), draws))
     assert np.mean(got == want) >= 0.95, (got.tolist(), want.tolist())
     assert (got >= 0).all()
-    odd = rows_[1::2]  # every other row alone: the same tokens
-    sub = SampleDraws(*(getattr(draws, f)[1::2] for f in SampleDraws.__slots__))
-    alone = host(gpu.sample(dev(logits[odd]), dev(greedy[odd]), np.arange(len(odd)), sub))
-    assert np.array_equal(alone, got[odd])
+    sub = Draws(**{f.name: getattr(draws, f.name)[1::2] for f in fields(Draws)})
+    alone = host(gpu.sample(dev(np.ascontiguousarray(logits[1::2])), sub))
+    assert np.array_equal(alone, got[1::2])  # every other row alone: the same tokens
+
+
+def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
+    """apply_penalties on the device: each listed logit the twin's fp32 bits (explicitly
+    rounded ops, no FMA), unlisted ones untouched, each row the same alone."""
+    from reprise.cuda.penalties import Penalties, penalize_ref
+    from reprise.cuda.penalties_kernel import apply_penalties
+
+    n, vocab = 16, 128256
+    logits = rows(rng, n, vocab, 4.0)
+    sizes = rng.integers(0, 3000, n)
+    ids = np.concatenate([rng.choice(vocab, size=k, replace=False) for k in sizes])
+    penalties = Penalties(
+        repetition=rng.uniform(0.5, 2.0, n).astype(F32),
+        frequency=rng.uniform(-2, 2, n).astype(F32),
+        presence=rng.uniform(-2, 2, n).astype(F32),
+        token_offsets=np.cumsum([0, *sizes]).astype(np.int32),
+        token_ids=ids.astype(np.int32),
+        output_counts=rng.integers(0, 5, ids.size).astype(np.int32),
+    )
+    want = logits.copy()
+    penalize_ref(want, penalties)
+    fields = {name: dev(getattr(penalties, name)) for name in Penalties.__slots__}
+    got = dev(logits)
+    apply_penalties(got, **fields)
+    assert np.array_equal(host(got).view(np.uint32), want.view(np.uint32))
 
 
 def test_philox_uniforms_equal_the_twin(cp, rng) -> None:

@@ -35,6 +35,7 @@ from reprise.cuda.gemm_kernel import (
     tile_config,
 )
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+from reprise.cuda.penalties import Penalties, penalize_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
 from reprise.cuda.sampling import sample_ref, uniform
@@ -150,6 +151,39 @@ def test_argmax_and_philox(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     lib.run_philox_uniform(ptr(seeds), ptr(positions), ptr(draws), 300)
     want = [uniform(int(s), int(p)) for s, p in zip(seeds, positions, strict=True)]
     assert np.array_equal(draws, np.array(want, F32))
+
+
+def test_apply_penalties_is_the_twin_bit_for_bit(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """Rows of random penalties (one neutral, one listing nothing) on random logits with
+    signed zeros and infinities: every element the twin's bits, unlisted ones untouched."""
+    rows, vocab = 6, 3001
+    logits = (rng.standard_normal((rows, vocab)) * 6).astype(F32)
+    logits[:, :4] = [0.0, -0.0, np.inf, -np.inf]
+    sizes = [int(rng.integers(4, 400)) for _ in range(rows)]
+    sizes[3] = 0
+    ids = [rng.choice(np.arange(4, vocab), size=n, replace=False) for n in sizes]  # distinct
+    ids[0][:4] = [0, 1, 2, 3]  # the zeros and infinities
+    penalties = Penalties(
+        repetition=rng.uniform(0.3, 3.0, rows).astype(F32),
+        frequency=rng.uniform(-2, 2, rows).astype(F32),
+        presence=rng.uniform(-2, 2, rows).astype(F32),
+        token_offsets=np.cumsum([0, *sizes]).astype(np.int32),
+        token_ids=np.concatenate(ids).astype(np.int32),
+        output_counts=rng.integers(0, 6, sum(sizes)).astype(np.int32),
+    )
+    penalties.repetition[1], penalties.frequency[1], penalties.presence[1] = 1, 0, 0
+    want = logits.copy()
+    penalize_ref(want, penalties)
+    got = logits.copy()
+    lib.run_apply_penalties(rows, ptr(got), vocab, ptr(penalties.token_offsets),
+                            ptr(penalties.token_ids), ptr(penalties.output_counts),
+                            ptr(penalties.repetition), ptr(penalties.frequency),
+                            ptr(penalties.presence))  # fmt: skip
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(want[0], logits[0])  # something was penalized
+    assert np.array_equal(got[3].view(np.uint32), logits[3].view(np.uint32))
 
 
 @pytest.mark.parametrize("vocab", [1000, 5003])

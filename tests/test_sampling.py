@@ -95,11 +95,32 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
         ("stop", [""]),
         ("stop_token_ids", [-3]),
         ("max_tokens", 2.5),
+        ("presence_penalty", 2.5),
+        ("presence_penalty", float("nan")),
+        ("frequency_penalty", -2.01),
+        ("frequency_penalty", "1"),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", float("inf")),
+        ("logprobs", -1),
+        ("logprobs", 21),
+        ("logprobs", True),
     ],
 )
 def test_bad_sampling_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop" else field):
         SamplingParams(**{field: value})
+
+
+def test_penalty_and_logprobs_ranges_are_inclusive() -> None:
+    for value in (-2, -2.0, 0, 2.0):
+        SamplingParams(presence_penalty=value, frequency_penalty=value)
+    SamplingParams(repetition_penalty=1e-3, logprobs=0)
+    SamplingParams(repetition_penalty=7, logprobs=20)
+    with pytest.raises(ValueError, match=r"presence_penalty must be a number in \[-2, 2\]"):
+        SamplingParams(presence_penalty=3)
+    with pytest.raises(ValueError, match=r"logprobs must be an integer in \[0, 20\] or None"):
+        SamplingParams(logprobs=50)
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 7, 50, 300, 999, 1000, 5000])

@@ -242,6 +242,7 @@ class Engine:
             cached_tokens=seq.num_cached_tokens or 0,
             host_cached_tokens=seq.num_cached_host_tokens,
             logits=np.stack(seq.logits) if seq.params.return_logits else None,
+            logprobs=seq.logprobs if seq.params.logprobs is not None else None,
         )
 
     def stats(self) -> dict[str, int | float]:
@@ -312,7 +313,8 @@ class Engine:
             [token],
             delta,
             seq.finish_reason,
-            logits[None].copy() if logits is not None else None,
+            logits[None].copy() if seq.params.return_logits else None,
+            seq.logprobs[-1:] if seq.params.logprobs is not None else None,
         )
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -345,7 +347,9 @@ class Engine:
         """Record a sampled token; returns True when the request is finished."""
         params = seq.params
         seq.output_token_ids.append(token)
-        if logits is not None:  # the runner brings rows back only when they are returned
+        if (logprobs := seq.sampling.record(token, logits)) is not None:
+            seq.logprobs.append(logprobs)
+        if params.return_logits:  # the runner brings the row back: it is returned
             seq.logits.append(np.array(logits, dtype=np.float32))
         detok = self._detokenizers[seq.request_id]
         searched = max(len(seq.text) - max(map(len, params.stop), default=0), 0)

@@ -11,7 +11,7 @@ from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
-from .sampler import next_tokens
+from .sampling import next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
@@ -132,7 +132,7 @@ class ModelRunner:
         Returns (sequence, sampled token id, its logits row or None) for each
         sequence whose pending tokens all ran, in schedule order. Tokens are chosen
         on the device and read back once; a logits row comes to the host only for a
-        sequence that returns logits.
+        sequence that returns logits or logprobs.
         """
         ops = self.model.ops
         batch = self.build_batch(scheduled)
@@ -146,7 +146,7 @@ class ModelRunner:
             greedy = ops.argmax(logits)
         sampling = [item.seq for item in scheduled if item.samples]
         tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling)).tolist()  # the one read
-        wanted = [i for i, seq in enumerate(sampling) if seq.params.return_logits]
+        wanted = [i for i, seq in enumerate(sampling) if seq.sampling.reads_row]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
         return [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]

@@ -11,6 +11,7 @@ import numpy as np
 from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
 from ...blockpool.pool import BlockId
 from .params import FinishReason, Retention, SamplingParams
+from .sampling import SamplingState, TokenLogprobs
 
 RequestId = NewType("RequestId", int)
 
@@ -50,6 +51,11 @@ class Sequence:
     text: str = ""
     num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    sampling: SamplingState = field(init=False)  # built from params, seed and the prompt
+
+    def __post_init__(self) -> None:
+        self.sampling = SamplingState.build(self.params, self.seed, self.prompt_token_ids)
 
     @property
     def sort_key(self) -> tuple[int, int]:

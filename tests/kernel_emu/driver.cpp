@@ -7,6 +7,7 @@
 #include "../../cuda/embedding.cu"
 #include "../../cuda/kvcache.cu"
 #include "../../cuda/sampling.cu"
+#include "../../cuda/penalties.cu"
 #include "../../cuda/attention.cu"
 
 // The GEMM: its PTX wrappers come from ptx_emu.h, and its `extern __shared__` buffer
@@ -82,6 +83,10 @@ void run_argmax(int rows, const float* logits, long long stride, int vocab, int*
 void run_sample_sorted(int rows, const float* sorted, const int* ids, const int* top_k, const float* top_p,
                        const float* uniforms, float* cum, int vocab, int* out) {
   launch({(unsigned)rows, 1, 1}, 128, [&] { sample_sorted(sorted, ids, top_k, top_p, uniforms, cum, vocab, out); });
+}
+void run_apply_penalties(int rows, float* logits, int vocab, const int* offsets, const int* ids, const int* counts,
+                         const float* rep, const float* freq, const float* pres) {
+  launch({(unsigned)rows, 1, 1}, 128, [&] { apply_penalties(logits, vocab, offsets, ids, counts, rep, freq, pres); });
 }
 void run_philox_uniform(const unsigned long long* seeds, const long long* positions, float* out, int n) {
   launch({(unsigned)((n + 255) / 256), 1, 1}, 256, [&] { philox_uniform(seeds, positions, out, n); });
@@ -302,7 +307,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
-  PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform)
+  PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
   PLAIN(paged_attention_d64_b16) PLAIN(paged_attention_d64_b32) PLAIN(paged_attention_d64_b64)
   PLAIN(paged_attention_d128_b16) PLAIN(paged_attention_d128_b32) PLAIN(paged_attention_d128_b64)
 #undef PLAIN

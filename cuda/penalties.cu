@@ -1,0 +1,32 @@
+// Repetition, frequency and presence penalties on logits rows, in place (twin: penalties.py).
+//
+// Each listed token's logit goes through the twin's fp32 steps, each an explicit
+// round-to-nearest intrinsic (no contraction into a fused multiply-add): divided by the
+// repetition penalty if > 0, else multiplied by it; then, if generated c > 0 times,
+// minus frequency * c, minus presence. An element depends on its own value and its
+// row's parameters alone, so a row's result does not depend on the batch or on the
+// order its tokens are listed in.
+
+// logits: [rows, vocab] fp32, changed in place; token_offsets: [rows + 1] int32 (row r's
+// tokens are token_ids[token_offsets[r] .. token_offsets[r + 1]), distinct within a row);
+// output_counts: [N] int32; repetition, frequency, presence: [rows] fp32.
+// grid = rows, block = any.
+extern "C" __global__ void apply_penalties(float* __restrict__ logits, int vocab,
+                                           const int* __restrict__ token_offsets,
+                                           const int* __restrict__ token_ids,
+                                           const int* __restrict__ output_counts,
+                                           const float* __restrict__ repetition,
+                                           const float* __restrict__ frequency,
+                                           const float* __restrict__ presence) {
+  float* row = logits + (long long)blockIdx.x * vocab;
+  const float rep = repetition[blockIdx.x], freq = frequency[blockIdx.x], pres = presence[blockIdx.x];
+  const int end = token_offsets[blockIdx.x + 1];
+  for (int i = token_offsets[blockIdx.x] + threadIdx.x; i < end; i += blockDim.x) {
+    const int token = token_ids[i];
+    const int count = output_counts[i];
+    float x = row[token];
+    x = x > 0.0f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
+    if (count > 0) x = __fsub_rn(__fsub_rn(x, __fmul_rn(freq, (float)count)), pres);
+    row[token] = x;
+  }
+}

@@ -1,0 +1,60 @@
+"""Repetition, frequency and presence penalties on logits rows (twin of penalties.cu).
+
+OpenAI's and vLLM's semantics, applied in this order to each token a row lists
+(vLLM's `apply_penalties` order):
+
+- repetition (vLLM): a token seen in the prompt or the output has its logit
+  divided by the penalty if positive, multiplied by it otherwise;
+- frequency and presence (OpenAI): a token generated c > 0 times has
+  `frequency * c`, then `presence`, subtracted.
+
+Every step is one fp32 op rounded to nearest (division included), on that
+element alone, so a penalized row depends on nothing but its logits and its
+own token counts: not on the batch, the other rows or the order tokens are
+listed in. The kernel spells each op with an explicit `__f*_rn` intrinsic (no
+fused multiply-add), so it computes the same bits as this twin (up to
+subnormals, which CuPy's -ftz=true flushes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import F32
+
+
+@dataclass(frozen=True, slots=True)
+class Penalties:
+    """The penalties of a batch of logits rows, one entry a row; row r's tokens are
+    `token_ids[token_offsets[r] : token_offsets[r + 1]]`, distinct within the row.
+
+    NOTE: a row lists each token seen in its prompt (when its repetition penalty is
+    not 1) or its output, once; a row without penalties lists none and is unchanged."""
+
+    repetition: np.ndarray  # [R] fp32 > 0, 1 = off
+    frequency: np.ndarray  # [R] fp32
+    presence: np.ndarray  # [R] fp32
+    token_offsets: np.ndarray  # [R + 1] int32, ascending from 0
+    token_ids: np.ndarray  # [N] int32
+    output_counts: np.ndarray  # [N] int32: times generated (0: seen in the prompt only)
+
+
+def penalize_ref(logits: np.ndarray, penalties: Penalties) -> None:
+    """Apply `penalties` to [R, vocab] fp32 logits, in place."""
+    assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)
+    offsets = penalties.token_offsets
+    for r in range(logits.shape[0]):
+        ids = penalties.token_ids[offsets[r] : offsets[r + 1]]
+        if not ids.size:
+            continue
+        assert np.unique(ids).size == ids.size, f"row {r} lists a token twice"
+        counts = penalties.output_counts[offsets[r] : offsets[r + 1]]
+        rep = F32.type(penalties.repetition[r])
+        x = logits[r, ids]
+        x = np.where(x > 0, x / rep, x * rep)
+        generated = counts > 0
+        charged = x - F32.type(penalties.frequency[r]) * counts.astype(F32)
+        charged -= F32.type(penalties.presence[r])
+        logits[r, ids] = np.where(generated, charged, x)

@@ -1,0 +1,47 @@
+"""Launcher of penalties.cu (twin: penalties.penalize_ref). CuPy is imported lazily."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .kernels import check, kernel
+
+PENALTY_THREADS = 128
+
+
+def apply_penalties(
+    logits: Any,
+    token_offsets: Any,
+    token_ids: Any,
+    output_counts: Any,
+    repetition: Any,
+    frequency: Any,
+    presence: Any,
+) -> None:
+    """Penalize [R, vocab] fp32 device logits in place. token_offsets [R + 1] int32;
+    token_ids, output_counts [N] int32 (ids distinct within a row, in [0, vocab));
+    repetition, frequency, presence [R] fp32: penalties.Penalties' fields, on the device."""
+    check("logits", logits, np.float32, 2)
+    rows, vocab = logits.shape
+    check("token_offsets", token_offsets, np.int32, 1)
+    check("token_ids", token_ids, np.int32, 1)
+    check("output_counts", output_counts, np.int32, 1)
+    if token_offsets.shape[0] != rows + 1:
+        raise ValueError(
+            f"token_offsets must have {rows + 1} entries; got {token_offsets.shape[0]}"
+        )
+    if output_counts.shape != token_ids.shape:
+        raise ValueError(
+            f"output_counts must match token_ids {token_ids.shape}; got {output_counts.shape}"
+        )
+    for name, x in [("repetition", repetition), ("frequency", frequency), ("presence", presence)]:
+        check(name, x, np.float32, 1)
+        if x.shape[0] != rows:
+            raise ValueError(f"{name} must have one value per row ({rows}); got {x.shape[0]}")
+    if rows == 0 or token_ids.shape[0] == 0:
+        return
+    args = (logits, np.int32(vocab), token_offsets, token_ids, output_counts,
+            repetition, frequency, presence)  # fmt: skip
+    kernel("penalties", "apply_penalties")((rows,), (PENALTY_THREADS,), args)

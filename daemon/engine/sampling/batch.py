@@ -1,0 +1,79 @@
+"""One step's sampling work, gathered from the requests' states into named arrays
+for the backend.
+
+Guarantee: every field is taken from one request's state and the position of
+its token alone, so a row's entry is the same whatever else is in the step.
+A step whose requests are all greedy without penalties has no batch at all: its
+tokens are the forward's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ....cuda.penalties import Penalties
+from ....cuda.sampling import Draws
+from .state import SamplingState
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingBatch:
+    """The logits rows a step must do more than argmax on, greedy ones first.
+
+    `rows[:num_greedy]` take the argmax of their penalized row; `rows[num_greedy:]`
+    are drawn at random, as `draws` says (one entry each, in order). `penalties` has
+    one entry per row of `rows` (None: no row is penalized)."""
+
+    rows: np.ndarray  # [S] int64, indices into the step's logits rows
+    num_greedy: int
+    draws: Draws | None  # None: no row is drawn at random
+    penalties: Penalties | None
+
+    @classmethod
+    def build(
+        cls, states: list[SamplingState], positions: list[int], vocab: int
+    ) -> SamplingBatch | None:
+        """The batch of logits rows whose request i has `states[i]` and draws its token
+        at `positions[i]`; None when every row's token is its argmax."""
+        greedy = [i for i, s in enumerate(states) if s.temperature == 0 and not s.plain_greedy]
+        drawn = [i for i, s in enumerate(states) if s.temperature != 0]
+        if not greedy and not drawn:
+            return None
+        order = greedy + drawn
+        picked = [states[i] for i in order]
+        return cls(
+            rows=np.asarray(order, dtype=np.int64),
+            num_greedy=len(greedy),
+            draws=_draws([states[i] for i in drawn], [positions[i] for i in drawn], vocab),
+            penalties=_penalties(picked),
+        )
+
+
+def _draws(states: list[SamplingState], positions: list[int], vocab: int) -> Draws | None:
+    if not states:
+        return None
+    return Draws(
+        temperature=np.asarray([s.temperature for s in states], dtype=np.float32),
+        top_k=np.asarray([min(s.top_k or vocab, vocab) for s in states], dtype=np.int32),
+        top_p=np.asarray([s.top_p for s in states], dtype=np.float32),
+        seeds=np.asarray([s.seed for s in states], dtype=np.uint64),
+        positions=np.asarray(positions, dtype=np.int64),
+    )
+
+
+def _penalties(states: list[SamplingState]) -> Penalties | None:
+    lists = [s.penalty_tokens for s in states]
+    if all(tokens is None for tokens in lists):
+        return None
+    sizes = [0 if tokens is None else tokens.size for tokens in lists]
+    present = [tokens for tokens in lists if tokens is not None]
+    return Penalties(
+        repetition=np.asarray([s.repetition_penalty for s in states], dtype=np.float32),
+        frequency=np.asarray([s.frequency_penalty for s in states], dtype=np.float32),
+        presence=np.asarray([s.presence_penalty for s in states], dtype=np.float32),
+        token_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
+        token_ids=np.concatenate([t.token_ids[: t.size] for t in present]),
+        output_counts=np.concatenate([t.output_counts[: t.size] for t in present]),
+    )

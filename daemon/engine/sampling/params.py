@@ -1,0 +1,124 @@
+"""A request's sampling settings (SamplingParams), validated on construction: a bad
+value fails here, naming the field and the allowed range, before anything runs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_SEED = 2**64
+MAX_LOGPROBS = 20  # top alternatives a token may return, as OpenAI's and vLLM's
+MAX_ABS_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling settings of one request, validated on construction.
+
+    temperature 0 is greedy (ties go to the lowest id). `seed` keys a
+    counter-based generator with the token position, so a seeded request
+    draws the same tokens whatever it is batched with; without a seed the
+    engine picks one at random per request.
+
+    Penalties (OpenAI's and vLLM's semantics) change the logits row before
+    temperature, top-k, top-p and the greedy argmax: `repetition_penalty` (> 0, 1 =
+    off) divides a positive logit, or multiplies a negative one, of every token seen
+    in the prompt or the output; `frequency_penalty` and `presence_penalty` (in
+    [-2, 2], 0 = off) subtract `frequency * count + presence` from the logit of every
+    token generated `count > 0` times.
+
+    `logprobs` (None = off; 0 to 20) returns, with each token, its log-probability
+    and that many most likely alternatives. As vLLM's default, these are the raw
+    model's: log_softmax of the logits row the token was drawn from, before
+    penalties and temperature.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    return_logits: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        check_int("max_tokens", self.max_tokens, low=1)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
+            raise ValueError(f"temperature must be a number >= 0; got {self.temperature!r}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):
+            raise ValueError(
+                f"temperature must be finite and >= 0 (0 = greedy); got {self.temperature!r}"
+            )
+        if (
+            isinstance(self.top_p, bool)
+            or not isinstance(self.top_p, int | float)
+            or not 0 < self.top_p <= 1
+        ):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, low=1, hint=" or None (no limit)")
+        if self.seed is not None:
+            check_int("seed", self.seed, low=0, high=MAX_SEED - 1)
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(
+                f"stop must be a non-empty string or a list of them; got {self.stop!r}"
+            )
+        if not isinstance(self.stop_token_ids, list):
+            raise ValueError(
+                f"stop_token_ids must be a list of token ids; got {self.stop_token_ids!r}"
+            )
+        for token_id in self.stop_token_ids:
+            check_int("stop_token_ids[]", token_id, low=0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY:
+                raise ValueError(
+                    f"{name} must be a number in [-{MAX_ABS_PENALTY:g}, {MAX_ABS_PENALTY:g}] "
+                    f"(0 = off); got {value!r}"
+                )
+        rep = self.repetition_penalty
+        if not _is_number(rep) or not 0 < rep < math.inf:
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1 = off); got {rep!r}"
+            )
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS, hint=" or None (off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the defaults leave the logits untouched)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+
+def check_int(
+    name: str, value: object, *, low: int, high: int | None = None, hint: str = ""
+) -> None:
+    """Raise ValueError naming `name` unless `value` is an integer in [low, high]."""
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    ok = ok and low <= value and (high is None or value <= high)  # type: ignore[operator]
+    if not ok:
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {allowed}{hint}; got {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)

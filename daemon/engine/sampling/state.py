@@ -1,0 +1,107 @@
+"""Per-request sampling state, built once when a request arrives: its settings in
+the form the batch wants them, and the token counts its penalties need.
+
+Guarantee: a request without penalties keeps no token index and `record` costs
+it one attribute test; one with penalties keeps each distinct token of its
+prompt (for the repetition penalty) and its output once, with the times it was
+generated, updated in O(1) per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .logprobs import TokenLogprobs, token_logprobs
+from .params import SamplingParams
+
+
+@dataclass(slots=True)
+class PenaltyTokens:
+    """The distinct tokens a request's penalties apply to, with their output counts.
+
+    NOTE: `token_ids[:size]` are distinct and `slot_of[token_ids[i]] == i`; the arrays
+    grow by doubling, so a step hands the backend views, not copies of a dict."""
+
+    slot_of: dict[int, int] = field(default_factory=dict)
+    token_ids: np.ndarray = field(default_factory=lambda: np.empty(64, dtype=np.int32))
+    output_counts: np.ndarray = field(default_factory=lambda: np.empty(64, dtype=np.int32))
+    size: int = 0
+
+    @classmethod
+    def of_prompt(cls, prompt_token_ids: list[int]) -> PenaltyTokens:
+        unique = np.unique(np.asarray(prompt_token_ids, dtype=np.int32))
+        capacity = max(64, 2 * unique.size)
+        tokens = cls(
+            slot_of=dict(zip(unique.tolist(), range(unique.size), strict=True)),
+            token_ids=np.empty(capacity, dtype=np.int32),
+            output_counts=np.empty(capacity, dtype=np.int32),
+            size=unique.size,
+        )
+        tokens.token_ids[: unique.size] = unique
+        tokens.output_counts[: unique.size] = 0
+        return tokens
+
+    def count_output(self, token_id: int) -> None:
+        slot = self.slot_of.get(token_id)
+        if slot is None:
+            if self.size == self.token_ids.size:
+                self.token_ids = np.resize(self.token_ids, 2 * self.size)
+                self.output_counts = np.resize(self.output_counts, 2 * self.size)
+            slot = self.slot_of[token_id] = self.size
+            self.token_ids[slot] = token_id
+            self.output_counts[slot] = 0
+            self.size += 1
+        self.output_counts[slot] += 1
+
+
+@dataclass(slots=True)
+class SamplingState:
+    """How one request's next tokens are chosen, and what choosing them depends on."""
+
+    seed: int  # the request's seed, or one drawn for it
+    temperature: float  # 0: greedy
+    top_k: int | None
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    num_logprobs: int | None  # None: no logprobs
+    reads_row: bool  # whether its logits row comes back to the host each step
+    penalty_tokens: PenaltyTokens | None  # None: no penalties
+
+    @classmethod
+    def build(cls, params: SamplingParams, seed: int, prompt_token_ids: list[int]) -> SamplingState:
+        tokens = None
+        if params.repetition_penalty != 1:
+            tokens = PenaltyTokens.of_prompt(prompt_token_ids)
+        elif params.penalized:  # frequency and presence count the output alone
+            tokens = PenaltyTokens()
+        return cls(
+            seed=seed,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            num_logprobs=params.logprobs,
+            reads_row=params.return_logits or params.logprobs is not None,
+            penalty_tokens=tokens,
+        )
+
+    @property
+    def plain_greedy(self) -> bool:
+        """The row's argmax is the token: greedy with no penalty."""
+        return self.temperature == 0 and self.penalty_tokens is None
+
+    def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
+        """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
+        its logprobs if the request asked for them."""
+        if self.penalty_tokens is not None:
+            self.penalty_tokens.count_output(token_id)
+        if self.num_logprobs is None:
+            return None
+        assert row is not None, "the runner reads back the row of a request with logprobs"
+        return token_logprobs(row, token_id, self.num_logprobs)

@@ -1,0 +1,155 @@
+"""Penalties and logprobs through the engine, on a tiny random Llama and the NumPy
+backend: every token is what the penalized raw row gives, and tokens, logits and
+logprobs are bit-identical whether the prompt was reused, batched with other
+traffic, or decoded through the padded (CUDA graph) path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.cuda.dtypes import F32
+from reprise.cuda.penalties import Penalties, penalize_ref
+from reprise.cuda.sampling import sample_ref
+from reprise.daemon import Completion, Engine, SamplingParams
+from reprise.daemon.model.synth import synth_model
+
+NUM_TOKENS = 12
+PENALIZED_GREEDY = SamplingParams(
+    max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True, return_logits=True, logprobs=3,
+    frequency_penalty=0.7, presence_penalty=0.4, repetition_penalty=1.3,
+)  # fmt: skip
+PENALIZED_SEEDED = SamplingParams(
+    max_tokens=NUM_TOKENS, temperature=0.8, top_k=40, top_p=0.9, seed=31, ignore_eos=True,
+    return_logits=True, logprobs=5, frequency_penalty=-0.5, repetition_penalty=0.8,
+)  # fmt: skip
+PARAMS = [PENALIZED_GREEDY, PENALIZED_SEEDED]
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(4, 250, size=n).tolist()
+
+
+PROMPTS = [prompt(37, 1), prompt(37, 2)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield synth_model("tiny", tmp_path_factory.mktemp("sampling") / "tiny")
+
+
+def engine(path: Path, **kwargs) -> Engine:
+    kwargs.setdefault("num_device_blocks", 64)
+    return Engine.from_pretrained(path, backend="numpy", block_size=16, **kwargs)
+
+
+def penalized(row: np.ndarray, params: SamplingParams, prompt_ids: list[int], outputs: list[int]):
+    """The row after the request's penalties, from the formulas (the twin, on one row)."""
+    counts = {t: outputs.count(t) for t in outputs}
+    seen = sorted(set(outputs) | (set(prompt_ids) if params.repetition_penalty != 1 else set()))
+    out = row[None].copy()
+    penalize_ref(out, Penalties(
+        repetition=np.array([params.repetition_penalty], F32),
+        frequency=np.array([params.frequency_penalty], F32),
+        presence=np.array([params.presence_penalty], F32),
+        token_offsets=np.array([0, len(seen)], np.int32),
+        token_ids=np.array(seen, np.int32),
+        output_counts=np.array([counts.get(t, 0) for t in seen], np.int32),
+    ))  # fmt: skip
+    return out[0]
+
+
+def test_tokens_are_drawn_from_the_penalized_raw_rows(tiny: Path) -> None:
+    outs = engine(tiny).generate(PROMPTS, PARAMS)
+    for prompt_ids, params, out in zip(PROMPTS, PARAMS, outs, strict=True):
+        assert out.logits is not None and len(out.token_ids) == NUM_TOKENS
+        for i, token in enumerate(out.token_ids):
+            row = penalized(out.logits[i], params, prompt_ids, out.token_ids[:i])
+            if params.greedy:
+                assert token == int(np.argmax(row))
+            else:
+                want = sample_ref(row, temperature=params.temperature, top_k=params.top_k,
+                                  top_p=params.top_p, seed=31, position=len(prompt_ids) + i)  # fmt: skip
+                assert token == want
+    plain = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
+    assert engine(tiny).generate(PROMPTS[0], plain).token_ids != outs[0].token_ids
+
+
+def test_logprobs_are_the_log_softmax_of_the_returned_logits(tiny: Path) -> None:
+    outs = engine(tiny).generate(PROMPTS, PARAMS)
+    for params, out in zip(PARAMS, outs, strict=True):
+        assert out.logprobs is not None and out.logits is not None
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+        for lp, row in zip(out.logprobs, out.logits, strict=True):
+            exact = row.astype(np.float64) - row.max()
+            exact -= np.log(np.exp(exact).sum())
+            assert abs(lp.logprob - exact[lp.token_id]) <= 1e-5
+            assert len(lp.top) == params.logprobs
+            ids = [t for t, _ in lp.top]
+            assert ids == np.argsort(-exact, kind="stable")[: params.logprobs].tolist()
+            np.testing.assert_allclose([v for _, v in lp.top], exact[ids], atol=1e-5)
+    none = engine(tiny).generate(PROMPTS[0], SamplingParams(max_tokens=2, temperature=0))
+    assert none.logprobs is None and none.logits is None
+
+
+def assert_identical(got: list[Completion], want: list[Completion]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.logits is not None and w.logits is not None
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+        assert g.logprobs == w.logprobs  # exact floats, exact top lists
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: Path) -> list[Completion]:
+    """Each request alone, reuse off."""
+    outs = [
+        engine(tiny, enable_reuse=False).generate(p, s)
+        for p, s in zip(PROMPTS, PARAMS, strict=True)
+    ]
+    assert all(isinstance(o, Completion) for o in outs)
+    return outs  # type: ignore[return-value]
+
+
+def test_repeated_prompts_reuse_the_cache_bit_for_bit(tiny: Path, reference) -> None:
+    eng = engine(tiny)
+    first = eng.generate(PROMPTS, PARAMS)
+    again = eng.generate(PROMPTS, PARAMS)
+    assert isinstance(again, list) and all(o.cached_tokens > 0 for o in again)
+    assert_identical(first, reference)
+    assert_identical(again, reference)
+
+
+def test_batched_with_traffic_and_through_padded_decode_steps(tiny: Path, reference) -> None:
+    rng = np.random.default_rng(5)
+    eng = engine(tiny, cuda_graphs=True)  # the padded bucket steps, run eagerly on NumPy
+    others = [
+        eng.add_request(
+            prompt(int(rng.integers(3, 50)), 100 + i),
+            SamplingParams(
+                max_tokens=int(rng.integers(1, 20)),
+                temperature=0.7 * (i % 2),
+                seed=i,
+                ignore_eos=True,
+                presence_penalty=0.3 * (i % 3),
+                logprobs=i % 4 or None,
+            ),
+        )
+        for i in range(6)
+    ]
+    ids = [eng.add_request(p, s) for p, s in zip(PROMPTS, PARAMS, strict=True)]
+    streamed: dict[int, list] = {i: [] for i in ids}
+    while eng.has_work():
+        for out in eng.step():
+            if out.request_id in streamed:
+                assert out.logprobs is not None and len(out.logprobs) == 1
+                streamed[out.request_id] += out.logprobs
+    assert eng.runner.decode is not None and eng.runner.decode.steps > 0
+    got = [eng.take_completion(i) for i in ids]
+    assert_identical(got, reference)
+    assert [streamed[i] for i in ids] == [c.logprobs for c in got]
+    for r in others:
+        eng.take_completion(r)
