@@ -270,7 +270,7 @@ def _num_sms() -> int:
 @functools.cache
 def _cubin_path() -> Path:
     """gemm_sm90.cu compiled for sm_90a, once per process, in a file CuPy can load."""
-    compiled = nvrtc.compile_source(SOURCE.read_text(), SOURCE.name, ARCH)
+    compiled = nvrtc.compile_source(nvrtc.kernel_source(SOURCE), SOURCE.name, ARCH)
     path = Path(tempfile.mkdtemp(prefix="reprise-sm90-")) / "gemm_sm90.cubin"
     path.write_bytes(compiled.cubin)
     return path

@@ -111,6 +111,45 @@ def kernel_sources() -> list[Path]:
     return sorted(KERNEL_DIR.glob("*.cu"))
 
 
+# `#include "common.cuh"`: a header of this folder, by name (no path).
+_LOCAL_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cuh)"[^\n]*\n?')
+
+
+def kernel_source(path: Path) -> str:
+    """The text NVRTC compiles for `path`: each `#include "x.cuh"` of a header in this
+    folder replaced by the header's text (itself expanded; a header already expanded
+    leaves an empty line), between #line markers so that the compiler's messages name
+    the header's and the source's own lines.
+
+    NOTE: the headers travel inside the source text, not through an include path,
+    because CuPy keys its on-disk kernel cache by the source text and the options:
+    with an include path, an edited header would leave CuPy loading a stale cubin.
+    """
+    return _expand(path, set())
+
+
+def _expand(path: Path, expanded: set[str]) -> str:
+    parts = []
+    for number, line in enumerate(path.read_text().splitlines(keepends=True), start=1):
+        match = _LOCAL_INCLUDE.fullmatch(line)
+        if match is None:
+            parts.append(line)
+            continue
+        name = match[1]
+        if not (KERNEL_DIR / name).is_file():
+            raise FileNotFoundError(
+                f"{path.name}:{number} includes {name}, which is not in {KERNEL_DIR}"
+            )
+        if name in expanded:
+            parts.append("\n")
+            continue
+        expanded.add(name)
+        header = _expand(KERNEL_DIR / name, expanded)
+        newline = "" if header.endswith("\n") else "\n"
+        parts += [f'#line 1 "{name}"\n', header, newline, f'#line {number + 1} "{path.name}"\n']
+    return "".join(parts)
+
+
 def kernel_names(source: str) -> list[str]:
     """The `extern "C" __global__` entry points a source declares."""
     bounds = r"(?:__launch_bounds__\([^)]*\)\s*)?"
