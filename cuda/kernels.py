@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import BF16
-from .nvrtc import KERNEL_DIR, compile_options, kernel_source
+from .families import family as family_of
+from .nvrtc import compile_options, kernel_source
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy
@@ -27,10 +28,10 @@ BF16_BITS = np.dtype(np.uint16)  # how a BF16 array is held on the device
 
 @functools.cache
 def module(family: str) -> cupy.RawModule:
-    """The compiled module of `cuda/<family>.cu`."""
+    """The compiled module of `cuda/<family>.cu` (a family of families.FAMILIES)."""
     import cupy
 
-    source = kernel_source(KERNEL_DIR / f"{family}.cu")
+    source = kernel_source(family_of(family).source)
     return cupy.RawModule(code=source, options=tuple(compile_options()), backend="nvrtc")
 
 

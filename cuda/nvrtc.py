@@ -21,7 +21,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_DIR = Path(__file__).parent
+from .families import FAMILIES, KERNEL_DIR
+
 ARCHS = ("sm_80", "sm_90")
 # NOTE: no --use_fast_math: exp, rsqrt and division keep their IEEE-accurate forms, so
 # the kernels stay within BF16 tolerance of their NumPy twins.
@@ -107,8 +108,8 @@ def kernel_resources(cubin: bytes) -> dict[str, Resources]:
 
 
 def kernel_sources() -> list[Path]:
-    """Every kernel family's source, one `.cu` file each."""
-    return sorted(KERNEL_DIR.glob("*.cu"))
+    """Every kernel family's source, one `.cu` file each (families.FAMILIES)."""
+    return [family.source for family in FAMILIES]
 
 
 # `#include "common.cuh"`: a header of this folder, by name (no path).

@@ -1,18 +1,54 @@
-"""The kernel sources as NVRTC gets them: each `.cu` with its `#include "x.cuh"` headers
-expanded in its text (nvrtc.kernel_source), the text CI compiles and CuPy's RawModule
-gets. No NVRTC or GPU needed."""
+"""The table of kernel families (families.FAMILIES) against the folder, and the kernel
+sources as NVRTC gets them: each `.cu` with its `#include "x.cuh"` headers expanded in
+its text (nvrtc.kernel_source), the text CI compiles and CuPy's RawModule gets. No
+NVRTC or GPU needed."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from reprise.cuda import kernels, nvrtc
+from reprise.cuda import families, kernels, nvrtc
+from reprise.cuda.families import FAMILIES
 
 COMMON = nvrtc.KERNEL_DIR / "common.cuh"
+EMULATOR = Path(__file__).parent / "kernel_emu"
+
+
+def test_the_table_names_every_source_once() -> None:
+    names = [f.name for f in FAMILIES]
+    assert len(set(names)) == len(names), names
+    assert {f.source for f in FAMILIES} == set(families.KERNEL_DIR.glob("*.cu"))
+    assert nvrtc.kernel_sources() == [f.source for f in FAMILIES]
+    assert families.family("gemm").source.name == "gemm.cu"
+    with pytest.raises(
+        ValueError, match=r"no kernel family .gemm\.cu.; the families are activation"
+    ):
+        families.family("gemm.cu")
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_every_launcher_and_twin_exists(family: families.Family) -> None:
+    assert family.launchers and family.twins
+    for ref in (*family.launchers, *family.twins):
+        assert callable(families.resolve(ref)), ref
+    # Each launcher loads this family's source by name: in its own code where its module
+    # holds other families' launchers too (launchers.py), else anywhere in its module.
+    shared = {r.partition(":")[0] for f in FAMILIES if f != family for r in f.launchers}
+    for ref in family.launchers:
+        fn = families.resolve(ref)
+        where = fn if ref.partition(":")[0] in shared else inspect.getmodule(fn)
+        assert f'"{family.name}"' in inspect.getsource(where), ref
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_the_emulator_builds_every_family(family: families.Family) -> None:
+    drivers = [(EMULATOR / name).read_text() for name in ("driver.cpp", "driver_sm90.cpp")]
+    assert any(f'#include "../../cuda/{family.source.name}"' in d for d in drivers), family.name
 
 
 @pytest.mark.parametrize("path", nvrtc.kernel_sources(), ids=lambda p: p.name)
