@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from . import launchers
-from .backend import SampleDraws
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
+from .protocol import SampleDraws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 GEMM_FAMILIES = ("mma", "wgmma")

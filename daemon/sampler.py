@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cuda.backend import Backend, SampleDraws
+from ..cuda.protocol import Backend, SampleDraws
 from .sequence import Sequence
 
 

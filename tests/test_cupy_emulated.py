@@ -26,7 +26,8 @@ import test_invariance as invariance
 from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
-from reprise.cuda.backend import NumpyBackend, SampleDraws
+from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.protocol import SampleDraws
 from reprise.daemon import Completion, Engine, SamplingParams, synth
 from reprise.daemon.config import ModelConfig
 from reprise.daemon.engine import model_fingerprint

@@ -139,8 +139,9 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
     """Seeded draws on the device (sort of 64-bit keys, then sample_sorted) against the
     NumPy backend's sample_ref on the same logits: equal but for draws on a boundary of
     the running sum (expf vs NumPy's exp), and each row's token the same alone."""
-    from reprise.cuda.backend import NumpyBackend, SampleDraws
+    from reprise.cuda.backend import NumpyBackend
     from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.protocol import SampleDraws
 
     vocab, n = 128256, 48
     logits = rows(rng, n, vocab, 4.0)

@@ -1,0 +1,62 @@
+"""What a backend provides (`Backend`) and what the sampler hands it (`SampleDraws`).
+
+Its own module so that both backends (backend.py's NumPy one, cupy_backend.py's GPU
+one) and their callers import it, and neither backend module imports the other:
+backend.get_backend imports cupy_backend only on request, and cupy_backend imports
+nothing of backend.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """What the model runs on: weights and caches in the backend's arrays, and the ops."""
+
+    name: str
+
+    def linear_weight(self, w: np.ndarray) -> Any: ...
+    def device_memory_bytes(self) -> int: ...
+    def kv_cache(self, shape: tuple[int, ...]) -> Any: ...
+    def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+    def from_host(self, x: np.ndarray) -> Any: ...
+    def offload_block(
+        self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int
+    ) -> None: ...
+    def onboard_block(
+        self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
+    ) -> None: ...
+    def wait_copies(self) -> None: ...
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
+    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+    def upload(self, dst: Any, src: np.ndarray) -> None: ...
+    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
+
+    embed: Callable[..., Any]
+    rmsnorm: Callable[..., Any]
+    add_rmsnorm: Callable[..., Any]
+    gemm: Callable[..., Any]
+    rope: Callable[..., Any]
+    kv_write: Callable[..., None]
+    paged_attention: Callable[..., Any]
+    silu_mul: Callable[..., Any]
+    argmax: Callable[..., Any]
+
+    def sample(self, logits: Any, greedy: Any, rows: np.ndarray, draws: SampleDraws) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDraws:
+    """The host-side parameters of the rows a step samples at random, one entry a row."""
+
+    temperature: np.ndarray  # fp32
+    top_k: np.ndarray  # int32; the vocabulary size or more for none
+    top_p: np.ndarray  # fp32
+    seeds: np.ndarray  # uint64
+    positions: np.ndarray  # int64, the position of the token drawn
