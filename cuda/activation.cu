@@ -1,7 +1,7 @@
 // SwiGLU: silu(gate) * up from the fused gate/up projection (twin: activation.py).
 // Elementwise, so a row's result never depends on its batch; rounds like the twin:
 // silu = gate / (1 + exp(-gate)), out = bf16(silu * up).
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 // gate_up: [tokens, 2 * inter] BF16 (gate first, then up); out: [tokens, inter] BF16.
 // One thread per output element, grid-stride.

@@ -1,7 +1,8 @@
-"""Backends: the set of ops the model runs on, and how to pick one.
+"""Backends: the NumPy backend, and how to pick one (`get_backend`).
 
 The NumPy backend is the reference: it calls each op's NumPy twin directly.
-The CuPy backend (the GPU path) provides the same ops through CUDA kernels.
+The CuPy backend (the GPU path, cupy_backend.py) provides the same ops through CUDA
+kernels. What both provide is protocol.Backend.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref
 from .penalties import Penalties, penalize_ref
+from .protocol import Backend
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
@@ -30,44 +32,6 @@ CUPY_BROKEN = "CuPy is installed but does not import"  # the reason auto warns a
 
 BackendName = Literal["auto", "numpy", "cupy"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "numpy", "cupy")
-
-
-class Backend(Protocol):
-    """What the model runs on: weights and caches in the backend's arrays, and the ops."""
-
-    name: str
-
-    def linear_weight(self, w: np.ndarray) -> Any: ...
-    def device_memory_bytes(self) -> int: ...
-    def kv_cache(self, shape: tuple[int, ...]) -> Any: ...
-    def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
-    def to_host(self, x: Any) -> np.ndarray: ...
-    def from_host(self, x: np.ndarray) -> Any: ...
-    def offload_block(
-        self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int
-    ) -> None: ...
-    def onboard_block(
-        self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
-    ) -> None: ...
-    def wait_copies(self) -> None: ...
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
-    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
-    def upload(self, dst: Any, src: np.ndarray) -> None: ...
-    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
-
-    embed: Callable[..., Any]
-    rmsnorm: Callable[..., Any]
-    add_rmsnorm: Callable[..., Any]
-    gemm: Callable[..., Any]
-    add_bias: Callable[..., Any]
-    rope: Callable[..., Any]
-    kv_write: Callable[..., None]
-    paged_attention: Callable[..., Any]
-    silu_mul: Callable[..., Any]
-    argmax: Callable[..., Any]
-
-    def penalize(self, logits: Any, penalties: Penalties) -> None: ...
-    def sample(self, logits: Any, draws: Draws) -> Any: ...
 
 
 class NumpyBackend:

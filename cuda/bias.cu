@@ -1,7 +1,7 @@
 // A linear layer's bias on the GEMM's fp32 output, rounded to BF16 once (twin: bias.py).
 // Elementwise, so a row's result never depends on its batch; rounds like the twin:
 // out = bf16(y + float(bias)).
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 // y: [tokens, width] fp32; bias: [width] BF16; out: [tokens, width] BF16.
 // One thread per output element, grid-stride.

@@ -1,6 +1,6 @@
 // Embedding gather into the fp32 residual stream (twin: embedding.py): the values
 // are exactly the table's BF16 values, widened.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 // table: [vocab, hidden] BF16; token_ids: [tokens] int32; out: [tokens, hidden] fp32.
 // grid = tokens, threads stride over hidden.

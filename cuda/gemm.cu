@@ -49,74 +49,11 @@
 // Both run the same mma sequence per partial and the same fp32 adds in the same order,
 // so a row's bits still do not depend on M or on the route. S = 1 runs neither: the
 // WHOLE kernels (1.-4. as stated), on every route. No float atomics anywhere.
-#include <cuda_bf16.h>
+#include "common.cuh"  // the PTX wrappers (cp.async, ldmatrix, mma.sync), bf16_bits, store_pair
 
 namespace {
 
 constexpr int SMEM_PAD = 8;  // halves added to each shared row: 16 bytes
-
-// ---- PTX wrappers -----------------------------------------------------------------
-// Every inline-PTX statement (and the shared-window address they take) lives in these
-// wrappers and nowhere else. NOTE: the CPU emulator (tests/kernel_emu/driver.cpp)
-// defines REPRISE_EMULATE_PTX and takes host definitions of these same functions,
-// written to the PTX ISA, from tests/kernel_emu/ptx_emu.h; no GPU build defines it,
-// so there the wrappers below are the only definitions.
-#ifndef REPRISE_EMULATE_PTX
-
-__device__ __forceinline__ unsigned shared_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and
-// reads nothing (PTX ISA "cp.async": the bytes past src-size are zero-filled).
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Wait until at most `PENDING` of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
-
-// Four 8x8 b16 matrices (PTX ISA 9.7.14.5.15, ldmatrix): lanes 8j..8j+7 give the row
-// addresses of matrix j, and each lane gets, from matrix j in r[j], row lane/4,
-// columns 2*(lane%4) and +1 (the lower column in the lower 16 bits).
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// d = A (16x16, row) * B (16x8, col) + d, fp32 accumulate in place. Fragments as in PTX
-// ISA 9.7.14.5.8 (mma.m16n8k16, floating point types), with g = lane / 4 and
-// t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
-// a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d[0], d[1] =
-// D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]; the lower index in the lower 16 bits.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                               unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-  unsigned bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
-  return bytes;
-}
-
-#endif  // REPRISE_EMULATE_PTX
-
-__device__ __forceinline__ unsigned bf16_bits(float v) {
-  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
-}
 
 // ---- the kernel ---------------------------------------------------------------------
 
@@ -174,26 +111,6 @@ __device__ __forceinline__ void load_tile(unsigned short* stage, const unsigned 
       }
       *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
     }
-  }
-}
-
-__device__ __forceinline__ void store_pair(unsigned short* __restrict__ y, long long idx, float v0, float v1,
-                                           bool has_second, bool vec) {
-  if (vec && has_second) {
-    *reinterpret_cast<unsigned*>(y + idx) = bf16_bits(v0) | (bf16_bits(v1) << 16);
-  } else {
-    y[idx] = static_cast<unsigned short>(bf16_bits(v0));
-    if (has_second) y[idx + 1] = static_cast<unsigned short>(bf16_bits(v1));
-  }
-}
-
-__device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx, float v0, float v1,
-                                           bool has_second, bool vec) {
-  if (vec && has_second) {
-    *reinterpret_cast<float2*>(y + idx) = make_float2(v0, v1);
-  } else {
-    y[idx] = v0;
-    if (has_second) y[idx + 1] = v1;
   }
 }
 

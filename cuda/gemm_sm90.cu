@@ -50,7 +50,7 @@
 // gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
 // does not tie to this one), which is why the launcher's dispatch rule picks between
 // the two by (device, N, K) only, never by M.
-#include <cuda_bf16.h>
+#include "common.cuh"  // cp.async, shared_addr, dynamic_smem_bytes, bf16_bits, store_pair
 
 // wgmma exists only on sm_90a (the arch-specific target); every other target (CI
 // compiles every source for sm_80 and sm_90) builds entry points that trap.
@@ -61,35 +61,11 @@
 namespace {
 
 // ---- PTX wrappers -----------------------------------------------------------------
-// Every inline-PTX statement lives in these wrappers and nowhere else. NOTE: the CPU
-// emulator (tests/kernel_emu/driver_sm90.cpp) defines REPRISE_EMULATE_PTX and takes
+// Hopper's own: every other inline-PTX statement is in common.cuh's wrappers. NOTE: the
+// CPU emulator (tests/kernel_emu/driver_sm90.cpp) defines REPRISE_EMULATE_PTX and takes
 // host definitions of these same functions, written to the PTX ISA, from
-// tests/kernel_emu/ptx_emu.h and wgmma_emu.h.
+// tests/kernel_emu/wgmma_emu.h and mbarrier_emu.h.
 #if defined(GEMM_SM90_ENABLED) && !defined(REPRISE_EMULATE_PTX)
-
-__device__ __forceinline__ unsigned shared_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
-
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-  unsigned bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
-  return bytes;
-}
 
 // Shared memory written through the generic proxy (cp.async, plain stores) is read by
 // wgmma through the async proxy: each writing thread fences before the barrier.
@@ -192,10 +168,6 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
 
 #ifdef GEMM_SM90_ENABLED
 
-__device__ __forceinline__ unsigned bf16_bits(float v) {
-  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
-}
-
 // The shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13
 // start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
 // 49-51 base offset (0), 62-63 swizzle mode (0: none).
@@ -275,26 +247,6 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, const unsigned s
       }
       *reinterpret_cast<uint4*>(dst + i * T::THREADS * 16) = make_uint4(v[0], v[1], v[2], v[3]);
     }
-  }
-}
-
-__device__ __forceinline__ void store_pair(unsigned short* __restrict__ y, long long idx, float v0, float v1,
-                                           bool has_second, bool vec) {
-  if (vec && has_second) {
-    *reinterpret_cast<unsigned*>(y + idx) = bf16_bits(v0) | (bf16_bits(v1) << 16);
-  } else {
-    y[idx] = static_cast<unsigned short>(bf16_bits(v0));
-    if (has_second) y[idx + 1] = static_cast<unsigned short>(bf16_bits(v1));
-  }
-}
-
-__device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx, float v0, float v1,
-                                           bool has_second, bool vec) {
-  if (vec && has_second) {
-    *reinterpret_cast<float2*>(y + idx) = make_float2(v0, v1);
-  } else {
-    y[idx] = v0;
-    if (has_second) y[idx + 1] = v1;
   }
 }
 

@@ -45,10 +45,11 @@ from typing import Any
 import numpy as np
 
 from . import nvrtc
+from .families import family
 from .kernels import BF16_BITS, check
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
-SOURCE = nvrtc.KERNEL_DIR / "gemm_sm90.cu"
+SOURCE = family("gemm_sm90").source
 BLOCK_K = 64  # K must be a multiple: no K tail, no branch among a k-tile's MMAs
 MAX_GRID_Y = 65535
 INT32_MAX = 2**31 - 1
@@ -270,7 +271,7 @@ def _num_sms() -> int:
 @functools.cache
 def _cubin_path() -> Path:
     """gemm_sm90.cu compiled for sm_90a, once per process, in a file CuPy can load."""
-    compiled = nvrtc.compile_source(SOURCE.read_text(), SOURCE.name, ARCH)
+    compiled = nvrtc.compile_source(nvrtc.kernel_source(SOURCE), SOURCE.name, ARCH)
     path = Path(tempfile.mkdtemp(prefix="reprise-sm90-")) / "gemm_sm90.cubin"
     path.write_bytes(compiled.cubin)
     return path

@@ -1,8 +1,9 @@
 """Loading our CUDA kernels into CuPy, once per kernel family, and the launch checks
 every launcher shares.
 
-Each family is one `.cu` file in this folder, compiled by CuPy's NVRTC with the
-options CI compiles it with (nvrtc.compile_options), behind `functools.cache`.
+Each family is one `.cu` file in this folder, its headers expanded in its text
+(nvrtc.kernel_source), compiled by CuPy's NVRTC with the options CI compiles it with
+(nvrtc.compile_options), behind `functools.cache`.
 BF16 arrays live on the device as `uint16` CuPy arrays holding the bit patterns
 (CuPy has no bfloat16 dtype); `to_device` / `to_host` convert at the boundary.
 CuPy is imported lazily: this module imports on any machine.
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import BF16
-from .nvrtc import KERNEL_DIR, compile_options
+from .families import family as family_of
+from .nvrtc import compile_options, kernel_source
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy
@@ -26,10 +28,10 @@ BF16_BITS = np.dtype(np.uint16)  # how a BF16 array is held on the device
 
 @functools.cache
 def module(family: str) -> cupy.RawModule:
-    """The compiled module of `cuda/<family>.cu`."""
+    """The compiled module of `cuda/<family>.cu` (a family of families.FAMILIES)."""
     import cupy
 
-    source = (KERNEL_DIR / f"{family}.cu").read_text()
+    source = kernel_source(family_of(family).source)
     return cupy.RawModule(code=source, options=tuple(compile_options()), backend="nvrtc")
 
 

@@ -3,7 +3,7 @@
 // Cache layout, block-major so a block is one contiguous copy for the host tier:
 //   [num_blocks, num_layers, 2 (K, V), num_kv_heads, block_size, head_dim] BF16
 // A token's slot is block_id * block_size + offset_in_block.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 // k, v: [tokens, kv_heads, head_dim] BF16 with `k_stride` / `v_stride` elements between
 // tokens (v is a slice of the fused QKV output); slots: [tokens] int64.

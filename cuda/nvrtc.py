@@ -21,7 +21,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_DIR = Path(__file__).parent
+from .families import FAMILIES, KERNEL_DIR
+
 ARCHS = ("sm_80", "sm_90")
 # NOTE: no --use_fast_math: exp, rsqrt and division keep their IEEE-accurate forms, so
 # the kernels stay within BF16 tolerance of their NumPy twins.
@@ -107,8 +108,47 @@ def kernel_resources(cubin: bytes) -> dict[str, Resources]:
 
 
 def kernel_sources() -> list[Path]:
-    """Every kernel family's source, one `.cu` file each."""
-    return sorted(KERNEL_DIR.glob("*.cu"))
+    """Every kernel family's source, one `.cu` file each (families.FAMILIES)."""
+    return [family.source for family in FAMILIES]
+
+
+# `#include "common.cuh"`: a header of this folder, by name (no path).
+_LOCAL_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cuh)"[^\n]*\n?')
+
+
+def kernel_source(path: Path) -> str:
+    """The text NVRTC compiles for `path`: each `#include "x.cuh"` of a header in this
+    folder replaced by the header's text (itself expanded; a header already expanded
+    leaves an empty line), between #line markers so that the compiler's messages name
+    the header's and the source's own lines.
+
+    NOTE: the headers travel inside the source text, not through an include path,
+    because CuPy keys its on-disk kernel cache by the source text and the options:
+    with an include path, an edited header would leave CuPy loading a stale cubin.
+    """
+    return _expand(path, set())
+
+
+def _expand(path: Path, expanded: set[str]) -> str:
+    parts = []
+    for number, line in enumerate(path.read_text().splitlines(keepends=True), start=1):
+        match = _LOCAL_INCLUDE.fullmatch(line)
+        if match is None:
+            parts.append(line)
+            continue
+        name = match[1]
+        if not (KERNEL_DIR / name).is_file():
+            raise FileNotFoundError(
+                f"{path.name}:{number} includes {name}, which is not in {KERNEL_DIR}"
+            )
+        if name in expanded:
+            parts.append("\n")
+            continue
+        expanded.add(name)
+        header = _expand(KERNEL_DIR / name, expanded)
+        newline = "" if header.endswith("\n") else "\n"
+        parts += [f'#line 1 "{name}"\n', header, newline, f'#line {number + 1} "{path.name}"\n']
+    return "".join(parts)
 
 
 def kernel_names(source: str) -> list[str]:

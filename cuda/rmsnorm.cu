@@ -2,26 +2,13 @@
 //
 // One row per block of RMSNORM_THREADS threads. Thread t sums the squares of
 // elements t, t + RMSNORM_THREADS, ... in ascending order; the partial sums meet
-// in a fixed tree (shuffles within each warp, then warp 0 over the warps' sums).
+// in a fixed tree (common.cuh's block_sum: shuffles within each warp, then warp 0
+// over the warps' sums).
 // NOTE: the tree depends only on the row length, never on the number of rows or
 // the row's index, so a row's result is independent of its batch.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 #define RMSNORM_THREADS 256
-
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < RMSNORM_THREADS / 32 ? scratch[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) scratch[0] = v;
-  }
-  __syncthreads();
-  return scratch[0];
-}
 
 // out[row] = bf16(x * (1 / sqrt(mean(x^2) + eps)) * weight), x in fp32
 __device__ __forceinline__ void normalize_row(const float* __restrict__ x,
@@ -31,7 +18,7 @@ __device__ __forceinline__ void normalize_row(const float* __restrict__ x,
   __shared__ float scratch[RMSNORM_THREADS / 32];
   float sum_sq = 0.0f;
   for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) sum_sq = __fmaf_rn(x[i], x[i], sum_sq);
-  const float mean_sq = __fdiv_rn(block_sum(sum_sq, scratch), (float)hidden);
+  const float mean_sq = __fdiv_rn(block_sum<RMSNORM_THREADS>(sum_sq, scratch), (float)hidden);
   const float inv_rms = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
   for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) {
     const float w = __bfloat162float(weight[i]);

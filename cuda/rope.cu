@@ -4,7 +4,7 @@
 // token's absolute position, so a token's rotation depends on its position alone.
 // The products and sums round as the twin's fp32 numpy expressions do (no fused
 // multiply-add): out1 = x1 * c - x2 * s, out2 = x2 * c + x1 * s, then BF16.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 // x: [tokens, heads, head_dim] BF16 with row stride `token_stride` elements between
 // tokens (a slice of the fused QKV output); out: [tokens, heads, head_dim] BF16,

@@ -4,13 +4,23 @@
 // philox_uniform: the uniform draw keyed by (request seed, token position), with
 // the same Philox4x32-10 integer arithmetic as the twin, so both backends draw
 // bit-identical uniforms.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 #define ARGMAX_THREADS 1024
 
 // (value, id) pairs: the larger value wins, equal values go to the lower id.
 __device__ __forceinline__ bool beats(float v, int i, float best_v, int best_i) {
   return v > best_v || (v == best_v && i < best_i);
+}
+
+// The (value, id) pairs of a full warp combined by `beats` in a butterfly over lane
+// distances 16, 8, 4, 2, 1 (the tree of common.cuh's warp_sum); lane 0 ends with the best.
+__device__ __forceinline__ void warp_argmax(float& best_v, int& best_i) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+  }
 }
 
 // logits: [rows, vocab] fp32 with `row_stride` elements between rows; out: [rows] int32.
@@ -20,27 +30,19 @@ argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* _
   __shared__ float values[ARGMAX_THREADS / 32];
   __shared__ int ids[ARGMAX_THREADS / 32];
   const float* row = logits + blockIdx.x * row_stride;
-  float best_v = -__int_as_float(0x7f800000);
+  float best_v = negative_infinity();
   int best_i = vocab;  // loses to any real id
   for (int i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
     if (beats(row[i], i, best_v, best_i)) { best_v = row[i]; best_i = i; }
   }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
-  }
+  warp_argmax(best_v, best_i);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) { values[warp] = best_v; ids[warp] = best_i; }
   __syncthreads();
   if (warp == 0) {
     best_v = values[lane];
     best_i = ids[lane];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-      const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-      if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
-    }
+    warp_argmax(best_v, best_i);
     // NOTE: a row of only NaN or -inf leaves best_i == vocab; fall back to id 0 as np.argmax
     // would not, but such a row means the model already failed.
     if (lane == 0) out[blockIdx.x] = best_i < vocab ? best_i : 0;

@@ -100,7 +100,8 @@ def test_host_step_bench_runs_with_a_backend_that_does_no_math(tiny: Path, tmp_p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from bench_host_step import NullBackend
 
-    from reprise.cuda.backend import Backend, NumpyBackend
+    from reprise.cuda.backend import NumpyBackend
+    from reprise.cuda.protocol import Backend
 
     math_ops = set(Backend.__annotations__) - {"name", "argmax"}
     assert {op for op in math_ops if getattr(NullBackend, op) is getattr(NumpyBackend, op)} == set()

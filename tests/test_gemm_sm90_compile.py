@@ -27,14 +27,14 @@ def cubin() -> bytes:
         if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
             raise
         pytest.skip(str(e))
-    compiled = nvrtc.compile_source(SOURCE.read_text(), SOURCE.name, ARCH)
+    compiled = nvrtc.compile_source(nvrtc.kernel_source(SOURCE), SOURCE.name, ARCH)
     assert "warning" not in compiled.log.lower(), compiled.log
     return compiled.cubin
 
 
 def test_every_entry_point_builds_for_sm90a(cubin: bytes) -> None:
     assert cubin[:4] == b"\x7fELF"
-    names = nvrtc.kernel_names(SOURCE.read_text())
+    names = nvrtc.kernel_names(nvrtc.kernel_source(SOURCE))
     assert names == [c.kernel_name(f32) for c in (*CONFIGS, WS) for f32 in (False, True)]
     for name in names:
         assert name.encode() + b"\x00" in cubin, name

@@ -26,16 +26,10 @@ def needs_nvrtc() -> None:
         pytest.skip(str(e))
 
 
-def test_there_are_kernel_sources() -> None:
-    names = {p.stem for p in nvrtc.kernel_sources()}
-    families = {"rmsnorm", "rope", "activation", "embedding", "kvcache", "sampling", "penalties"}
-    assert families <= names
-
-
 @pytest.mark.parametrize("arch", nvrtc.ARCHS)
 @pytest.mark.parametrize("path", nvrtc.kernel_sources(), ids=lambda p: p.name)
 def test_kernel_compiles(path: Path, arch: str) -> None:
-    source = path.read_text()
+    source = nvrtc.kernel_source(path)
     entry_points = nvrtc.kernel_names(source)
     assert entry_points, f'{path.name} declares no extern "C" __global__ kernel'
     compiled = nvrtc.compile_source(source, path.name, arch)
@@ -61,7 +55,7 @@ def test_kernel_compiles_the_way_cupy_compiles_it(
     assert nvrtc.CUPY_ADDS == ("-ftz=true",)
     monkeypatch.setattr(compiler, "_get_arch_for_options_for_nvrtc",
                         lambda arch=None: (f"-arch=sm_{arch}", "cubin"))  # fmt: skip
-    source = path.read_text()
+    source = nvrtc.kernel_source(path)
     options = (*nvrtc.compile_options(), *nvrtc.CUPY_ADDS)
     cubin, _ = compiler.compile_using_nvrtc(source, options, arch=arch[3:], cache_in_memory=True)
     assert cubin[:4] == b"\x7fELF"
@@ -75,6 +69,22 @@ def test_a_broken_source_reports_the_compiler_log() -> None:
         nvrtc.compile_source(source, "broken.cu", "sm_90")
     with pytest.raises(ValueError, match="arch must look like sm_90"):
         nvrtc.compile_source(source, "broken.cu", "hopper")
+
+
+def test_an_error_in_a_header_names_the_header_and_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nvrtc, "KERNEL_DIR", tmp_path)
+    (tmp_path / "bad.cuh").write_text(
+        "__device__ int ok();\n__device__ int bad() { return undefined_name; }\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "bad.cuh"\nextern "C" __global__ void k(int* y) { y[0] = also_undefined; }\n'
+    )
+    with pytest.raises(nvrtc.CompileError) as error:
+        nvrtc.compile_source(nvrtc.kernel_source(tmp_path / "k.cu"), "k.cu", "sm_90")
+    assert 'bad.cuh(2): error: identifier "undefined_name" is undefined' in str(error.value)
+    assert 'k.cu(2): error: identifier "also_undefined" is undefined' in str(error.value)
 
 
 @pytest.mark.parametrize("arch", nvrtc.ARCHS)
@@ -92,7 +102,7 @@ def test_gemm_resources(arch: str) -> None:
         split_k,
     )
 
-    source = (nvrtc.KERNEL_DIR / "gemm.cu").read_text()
+    source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "gemm.cu")
     resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "gemm.cu", arch).cubin)
     assert set(resources) == set(nvrtc.kernel_names(source))
     for name, used in sorted(resources.items()):

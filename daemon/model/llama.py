@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...cuda.backend import Backend
+from ...cuda.protocol import Backend
 from ...cuda.rope import rope_table
 from .config import ModelConfig
 from .weights import LlamaWeights

@@ -1,5 +1,11 @@
 // Every emulated kernel behind a plain C entry point that launches it (cuda_emu.h).
+// The PTX wrappers come from ptx_emu.h (REPRISE_EMULATE_PTX), and the sources' shared
+// header cuda/common.cuh is included here, once, at file scope, before any source
+// (each source's own include of it is then empty).
 #include "cuda_emu.h"
+#define REPRISE_EMULATE_PTX 1
+#include "ptx_emu.h"
+#include "../../cuda/common.cuh"
 #include "../../cuda/rmsnorm.cu"
 #include "../../cuda/rope.cu"
 #include "../../cuda/activation.cu"
@@ -8,15 +14,17 @@
 #include "../../cuda/kvcache.cu"
 #include "../../cuda/sampling.cu"
 #include "../../cuda/penalties.cu"
+// attention.cu defines its own copies of common.cuh's helpers (bf16_bits, ...) in its
+// file-local namespace: a namespace of its own keeps them apart from common.cuh's.
+namespace attention_emu {
 #include "../../cuda/attention.cu"
+}  // namespace attention_emu
 
-// The GEMM: its PTX wrappers come from ptx_emu.h, and its `extern __shared__` buffer
-// is gemm_smem below, sized for the largest tile config (run_gemm checks the launch's
-// size against it). __shared__ expands to nothing while gemm.cu is read, so its
-// block-scope `extern` declaration names that array. gemm.cu sits in a namespace of
-// its own: its file-local helpers share names with other files'.
-#define REPRISE_EMULATE_PTX 1
-#include "ptx_emu.h"
+// The GEMM: its `extern __shared__` buffer is gemm_smem below, sized for the largest
+// tile config (run_gemm checks the launch's size against it). __shared__ expands to
+// nothing while gemm.cu is read, so its block-scope `extern` declaration names that
+// array. gemm.cu sits in a namespace of its own: its file-local helpers share names
+// with other files'.
 constexpr unsigned GEMM_SMEM_CAPACITY = 4 * (16 + 64) * (128 + 8) * 2;  // Skinny: 87,040 B
 namespace gemm_emu {
 namespace {
@@ -98,12 +106,12 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
                       const int*, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
-  if (head_dim == 64 && block_size == 16) fn = paged_attention_d64_b16;
-  if (head_dim == 64 && block_size == 32) fn = paged_attention_d64_b32;
-  if (head_dim == 64 && block_size == 64) fn = paged_attention_d64_b64;
-  if (head_dim == 128 && block_size == 16) fn = paged_attention_d128_b16;
-  if (head_dim == 128 && block_size == 32) fn = paged_attention_d128_b32;
-  if (head_dim == 128 && block_size == 64) fn = paged_attention_d128_b64;
+  if (head_dim == 64 && block_size == 16) fn = attention_emu::paged_attention_d64_b16;
+  if (head_dim == 64 && block_size == 32) fn = attention_emu::paged_attention_d64_b32;
+  if (head_dim == 64 && block_size == 64) fn = attention_emu::paged_attention_d64_b64;
+  if (head_dim == 128 && block_size == 16) fn = attention_emu::paged_attention_d128_b16;
+  if (head_dim == 128 && block_size == 32) fn = attention_emu::paged_attention_d128_b32;
+  if (head_dim == 128 && block_size == 64) fn = attention_emu::paged_attention_d128_b64;
   if (fn == nullptr) return 1;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
     fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
@@ -311,6 +319,10 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   PLAIN(paged_attention_d64_b16) PLAIN(paged_attention_d64_b32) PLAIN(paged_attention_d64_b64)
   PLAIN(paged_attention_d128_b16) PLAIN(paged_attention_d128_b32) PLAIN(paged_attention_d128_b64)
 #undef PLAIN
+#define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
+  ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)
+  ATTENTION(paged_attention_d128_b16) ATTENTION(paged_attention_d128_b32) ATTENTION(paged_attention_d128_b64)
+#undef ATTENTION
 #define GEMM(fn) if (n == #fn) return with_dynamic_smem(gemm_emu::gemm_smem, GEMM_SMEM_CAPACITY, smem_bytes, \
     [&](auto* left) { return launch_checked(gemm_emu::fn, name, l, left); });
   GEMM(gemm_bf16_skinny) GEMM(gemm_f32_skinny) GEMM(gemm_bf16_mid) GEMM(gemm_f32_mid)

@@ -10,6 +10,7 @@
 #include "ptx_emu.h"
 #include "wgmma_emu.h"
 #include "mbarrier_emu.h"
+#include "../../cuda/common.cuh"  // at file scope, before the source (as driver.cpp does)
 
 #include <string>
 

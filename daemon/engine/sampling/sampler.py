@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ....cuda.backend import Backend
+from ....cuda.protocol import Backend
 from .batch import SamplingBatch
 
 if TYPE_CHECKING:  # pragma: no cover

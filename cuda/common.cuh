@@ -1,0 +1,157 @@
+// Device helpers the kernel families share: BF16 bit conversions and stores, warp and
+// block sums with a fixed reduction tree, and the inline-PTX wrappers of the
+// tensor-core kernels (cp.async, ldmatrix, mma.sync m16n8k16 BF16, %dynamic_smem_size).
+//
+// Each `.cu` file includes it as "common.cuh". NVRTC gets the header inside the
+// source text, never by an include path: nvrtc.kernel_source expands the include in
+// place (with #line markers), for CI's compile and for CuPy's RawModule alike, so
+// CuPy's kernel cache, whose key is the source text and the options, changes when this
+// header does. The CPU emulator (tests/kernel_emu/driver*.cpp) includes it once, at
+// file scope, before any kernel source.
+//
+// NOTE: the trees of warp_sum and block_sum are part of the batch-invariance contract
+// (DESIGN §4): a reduction's shape fixes its rounding, so changing a tree changes bits
+// and every twin comparison that relies on it.
+#ifndef REPRISE_COMMON_CUH
+#define REPRISE_COMMON_CUH
+
+#include <cuda_bf16.h>
+
+namespace {
+
+// ---- PTX wrappers -----------------------------------------------------------------
+// Every inline-PTX statement (and the shared-window address they take) lives in these
+// wrappers and in gemm_sm90.cu's own (wgmma, mbarriers), nowhere else. NOTE: the CPU
+// emulator defines REPRISE_EMULATE_PTX and takes host definitions of these same
+// functions, written to the PTX ISA, from tests/kernel_emu/ptx_emu.h; no GPU build
+// defines it, so there the wrappers below are the only definitions.
+#ifndef REPRISE_EMULATE_PTX
+
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and
+// reads nothing (PTX ISA "cp.async": the bytes past src-size are zero-filled).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most `PENDING` of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// Four 8x8 b16 matrices (PTX ISA 9.7.14.5.15, ldmatrix): lanes 8j..8j+7 give the row
+// addresses of matrix j, and each lane gets, from matrix j in r[j], row lane/4,
+// columns 2*(lane%4) and +1 (the lower column in the lower 16 bits).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// The same four matrices transposed (ldmatrix .trans): lane gets, from matrix j in
+// r[j], rows 2*(lane%4) and +1 of column lane/4 (the lower row in the lower 16 bits).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d = A (16x16, row) * B (16x8, col) + d, fp32 accumulate in place. Fragments as in PTX
+// ISA 9.7.14.5.8 (mma.m16n8k16, floating point types), with g = lane / 4 and
+// t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
+// a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d[0], d[1] =
+// D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]; the lower index in the lower 16 bits.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                               unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The launch's dynamic shared memory in bytes; kernels check it against what they need.
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
+#endif  // REPRISE_EMULATE_PTX
+
+// ---- BF16 -------------------------------------------------------------------------
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+
+// The BF16 bit pattern of v rounded to nearest even (the one rounding every kernel uses).
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+
+// Two floats as BF16 in one 32-bit word, the first in the lower half (the lower address).
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
+// y[idx] = v0 and, if has_second, y[idx + 1] = v1: BF16 bits (rounded as bf16_bits) or
+// fp32 as is; `vec` (the caller checked the alignment) stores the pair as one word.
+__device__ __forceinline__ void store_pair(unsigned short* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<unsigned*>(y + idx) = bf16_pair(v0, v1);
+  } else {
+    y[idx] = static_cast<unsigned short>(bf16_bits(v0));
+    if (has_second) y[idx + 1] = static_cast<unsigned short>(bf16_bits(v1));
+  }
+}
+
+__device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx, float v0, float v1,
+                                           bool has_second, bool vec) {
+  if (vec && has_second) {
+    *reinterpret_cast<float2*>(y + idx) = make_float2(v0, v1);
+  } else {
+    y[idx] = v0;
+    if (has_second) y[idx + 1] = v1;
+  }
+}
+
+// ---- reductions -------------------------------------------------------------------
+
+// The sum of v over the 32 lanes of a full warp, in every lane: a butterfly over lane
+// distances 16, 8, 4, 2, 1. NOTE: every lane adds the same two values at each level
+// (in swapped order; fp32 addition commutes), so all lanes hold the same bits.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum of v over a block of THREADS threads, returned to every thread: warp_sum in
+// each warp, then warp 0 sums the warps' sums (warp order, padded with zeros to 32)
+// with warp_sum again. `scratch`: THREADS / 32 floats of shared memory. NOTE: the tree
+// depends on THREADS alone; every thread of the block must call it (two barriers).
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32 of them");
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < THREADS / 32 ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+}  // namespace
+
+#endif  // REPRISE_COMMON_CUH

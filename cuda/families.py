@@ -1,0 +1,74 @@
+"""Every kernel family once: its `.cu` source, the launchers that run its kernels and
+the NumPy twins that define what they compute (DESIGN §5).
+
+Launchers and twins are named "module:function" within this package, resolved only
+on request (`resolve`), so this module imports nothing of ours and anything may import
+it. Guarantee (tests/test_kernel_families.py): the table names every `.cu` file of
+this folder exactly once, and every launcher and twin it names exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KERNEL_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str  # the source is <name>.cu; kernels.module(name) compiles it
+    launchers: tuple[str, ...]  # "module:function": check inputs, launch its kernels
+    twins: tuple[str, ...]  # "module:function": the NumPy references
+
+    @property
+    def source(self) -> Path:
+        return KERNEL_DIR / f"{self.name}.cu"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("activation", ("launchers:silu_mul",), ("activation:silu_mul_ref",)),
+    Family("attention", ("attention_kernel:paged_attention",), ("attention:paged_attention_ref",)),
+    Family(
+        "attention_tc",
+        ("attention_tc_kernel:paged_attention_tc",),
+        ("attention:paged_attention_ref",),
+    ),
+    Family("bias", ("launchers:add_bias",), ("bias:add_bias_ref",)),
+    Family("embedding", ("launchers:embed",), ("embedding:embed_ref",)),
+    Family("gemm", ("gemm_kernel:gemm",), ("gemm:gemm_ref",)),
+    Family("gemm_sm90", ("gemm_sm90_kernel:gemm_sm90",), ("gemm:gemm_ref",)),
+    Family("kvcache", ("launchers:kv_write",), ("kvcache:kv_write_ref",)),
+    Family(
+        "rmsnorm",
+        ("launchers:rmsnorm", "launchers:add_rmsnorm"),
+        ("rmsnorm:rmsnorm_ref", "rmsnorm:add_rmsnorm_ref"),
+    ),
+    Family("penalties", ("penalties_kernel:apply_penalties",), ("penalties:penalize_ref",)),
+    Family("rope", ("launchers:rope",), ("rope:rope_ref",)),
+    Family(
+        "sampling",
+        ("launchers:argmax", "launchers:sample", "launchers:philox_uniform"),
+        ("sampling:argmax_ref", "sampling:sample_ref", "sampling:uniform"),
+    ),
+)
+_BY_NAME = {family.name: family for family in FAMILIES}
+
+
+def family(name: str) -> Family:
+    """The family of `cuda/<name>.cu`; unknown names raise ValueError listing the known."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(
+            f"no kernel family {name!r}; the families are {', '.join(_BY_NAME)}"
+        ) from None
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    """The function a "module:function" reference of the table names."""
+    module, _, function = ref.partition(":")
+    return getattr(importlib.import_module(f".{module}", __package__), function)

@@ -1,0 +1,56 @@
+"""What a backend provides (`Backend`).
+
+Its own module so that both backends (backend.py's NumPy one, cupy_backend.py's GPU
+one) and their callers import it, and neither backend module imports the other:
+backend.get_backend imports cupy_backend only on request, and cupy_backend imports
+nothing of backend.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .penalties import Penalties
+    from .sampling import Draws
+
+
+class Backend(Protocol):
+    """What the model runs on: weights and caches in the backend's arrays, and the ops."""
+
+    name: str
+
+    def linear_weight(self, w: np.ndarray) -> Any: ...
+    def device_memory_bytes(self) -> int: ...
+    def kv_cache(self, shape: tuple[int, ...]) -> Any: ...
+    def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+    def from_host(self, x: np.ndarray) -> Any: ...
+    def offload_block(
+        self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int
+    ) -> None: ...
+    def onboard_block(
+        self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
+    ) -> None: ...
+    def wait_copies(self) -> None: ...
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
+    def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+    def upload(self, dst: Any, src: np.ndarray) -> None: ...
+    def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
+
+    embed: Callable[..., Any]
+    rmsnorm: Callable[..., Any]
+    add_rmsnorm: Callable[..., Any]
+    gemm: Callable[..., Any]
+    add_bias: Callable[..., Any]
+    rope: Callable[..., Any]
+    kv_write: Callable[..., None]
+    paged_attention: Callable[..., Any]
+    silu_mul: Callable[..., Any]
+    argmax: Callable[..., Any]
+
+    def penalize(self, logits: Any, penalties: Penalties) -> None: ...
+    def sample(self, logits: Any, draws: Draws) -> Any: ...
