@@ -6,6 +6,7 @@
 // minus frequency * c, minus presence. An element depends on its own value and its
 // row's parameters alone, so a row's result does not depend on the batch or on the
 // order its tokens are listed in.
+#include "common.cuh"
 
 // logits: [rows, vocab] fp32, changed in place; token_offsets: [rows + 1] int32 (row r's
 // tokens are token_ids[token_offsets[r] .. token_offsets[r + 1]), distinct within a row);
