@@ -316,8 +316,6 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
   PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
-  PLAIN(paged_attention_d64_b16) PLAIN(paged_attention_d64_b32) PLAIN(paged_attention_d64_b64)
-  PLAIN(paged_attention_d128_b16) PLAIN(paged_attention_d128_b32) PLAIN(paged_attention_d128_b64)
 #undef PLAIN
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
   ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)
