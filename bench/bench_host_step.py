@@ -51,6 +51,10 @@ class NullBackend(NumpyBackend):
         return np.zeros((x.shape[0], w.shape[0]), dtype=np.float32 if out_f32 else BF16)
 
     @staticmethod
+    def add_bias(y: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        return np.zeros(y.shape, dtype=BF16)
+
+    @staticmethod
     def embed(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
         return np.zeros((token_ids.shape[0], table.shape[1]), dtype=np.float32)
 
