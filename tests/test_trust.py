@@ -46,11 +46,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[Dae
     assert d.proc.returncode == 0
 
 
-def dealer(address: str, routing_id: bytes) -> zmq.Socket:
-    """What an attacker would use against a ZeroMQ ROUTER: a DEALER choosing its id."""
+def dealer(address: str, routing_id: bytes | None) -> zmq.Socket:
+    """What an attacker would use against a ZeroMQ ROUTER: a DEALER choosing its id
+    (None: one that lets the ROUTER choose, as a plain DEALER client did)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    if routing_id is not None:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.connect(address)
     return sock
 
@@ -68,6 +70,8 @@ def test_f1_peers_claiming_libzmq_ids_cannot_crash_the_daemon(daemon: Daemon) ->
     with daemon.client() as client:
         before = client.stats()["num_requests_total"]
         attackers = [dealer(daemon.address, rid) for rid in libzmq_ids(8)]
+        time.sleep(0.2)
+        attackers.append(dealer(daemon.address, None))  # the ROUTER gave it a claimed id
         for sock in attackers:
             sock.send(encode(Generate(id="f1", token_ids=[1, 2], sampling={"max_tokens": 1})))
         with daemon.client() as late:  # connects after them, as the victim did
