@@ -48,6 +48,9 @@ from .connections import Arrival, Connections, ConnId, Limits
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
+# On exit, how long the last replies (drain errors) may take to reach clients that are slow
+# to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
+CLOSE_LINGER_S = 2.0
 Route = ConnId  # the connection a request came on, the only one its replies go to
 
 
@@ -217,7 +220,7 @@ class Server:
     def close(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
         if self.conns is not None:  # the last replies (drain errors) still go out
-            self.conns.stop(linger_s=5.0)
+            self.conns.stop(linger_s=CLOSE_LINGER_S)
         if self.pub is not None:
             self.pub.close()
         self._ctx.term()
