@@ -14,6 +14,7 @@ that sent the request.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -121,8 +122,9 @@ class Client:
                 assert isinstance(reply, TokenChunk), reply
                 yield reply
         finally:
-            if not finished:
-                self.cancel(request.id)
+            if not finished and self._sock is not None:  # a closed connection cancelled it
+                with contextlib.suppress(DaemonUnavailable):
+                    self.cancel(request.id)
 
     # -- internals ---------------------------------------------------------------------------
 
