@@ -32,6 +32,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "max_queue": (256, int),
     "max_tokens_cap": (4096, int),
     "max_message_bytes": (1 << 20, int),
+    "max_connections": (None, int),
     "max_logits_bytes": (64 << 20, int),
     "kv_events_layout": ("vllm", str),
     "drain_timeout": (5.0, float),
@@ -112,6 +113,13 @@ def engine_options(command: Any) -> Any:
     "--max-message-bytes", type=int, default=None, help="Largest request message [default: 1 MiB]."
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Client connections open at once; more are refused with one `busy` error "
+    "[default: the open-file limit less 256].",
+)
+@click.option(
     "--max-logits-bytes",
     type=int,
     default=None,
@@ -178,6 +186,7 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
             max_queue=options["max_queue"],
             max_tokens_cap=options["max_tokens_cap"],
             max_message_bytes=options["max_message_bytes"],
+            max_connections=options["max_connections"],
             max_logits_bytes=options["max_logits_bytes"],
             kv_events_layout=options["kv_events_layout"],
             drain_timeout_s=options["drain_timeout"],

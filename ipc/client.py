@@ -6,19 +6,23 @@
         for item in client.stream("Tell me a story", max_tokens=64):
             print(item.text, end="") if isinstance(item, TokenChunk) else print()
 
-One DEALER socket per Client; a Client is not thread-safe (use one per thread).
+One connection per Client, opened at its first request (and again after the
+daemon closed it); a Client is not thread-safe (use one per thread). The daemon
+knows a client by its connection: replies come back only on the connection
+that sent the request.
 """
 
 from __future__ import annotations
 
-import secrets
+import contextlib
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import zmq
-
 from .codec import decode_reply, encode
+from .framing import FrameDecoder, FramingError, frame
 from .messages import (
     SAMPLING_FIELDS,
     Cancel,
@@ -31,7 +35,9 @@ from .messages import (
     StatsRequest,
     TokenChunk,
 )
-from .sockets import client_address, ipc_path, is_ipv6
+from .sockets import client_address, ipc_path, socket_target
+
+MAX_REPLY_BYTES = (1 << 32) - 1  # the daemon is trusted; its own limits bound replies
 
 
 class DaemonUnavailable(ConnectionError):
@@ -52,18 +58,15 @@ class Client:
         """`timeout_s` bounds each wait for the daemon's next reply."""
         self.address = client_address(address)
         self.timeout_s = timeout_s
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        # Our own routing id, random and never starting with a 0 byte (libzmq's own ids
-        # do): the daemon's ROUTER then never makes up a predictable id for us.
-        self._sock.setsockopt(zmq.ROUTING_ID, b"r" + secrets.token_bytes(15))
-        self._sock.setsockopt(zmq.IPV6, int(is_ipv6(self.address)))
-        self._sock.connect(self.address)
+        self._target = socket_target(self.address)
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder(MAX_REPLY_BYTES)
+        self._replies: list[bytes] = []  # framed replies read but not yet returned
 
     def close(self) -> None:
-        self._sock.close(linger=0)
-        self._ctx.term()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def __enter__(self) -> Client:
         return self
@@ -119,8 +122,9 @@ class Client:
                 assert isinstance(reply, TokenChunk), reply
                 yield reply
         finally:
-            if not finished:
-                self.cancel(request.id)
+            if not finished and self._sock is not None:  # a closed connection cancelled it
+                with contextlib.suppress(DaemonUnavailable):
+                    self.cancel(request.id)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -159,26 +163,70 @@ class Client:
         )
 
     def _send(self, data: bytes) -> None:
+        if self._sock is None:
+            self._connect()
+        assert self._sock is not None
+        try:
+            self._sock.settimeout(self.timeout_s)
+            self._sock.sendall(frame(data))
+        except OSError as e:
+            self.close()
+            raise DaemonUnavailable(self._no_daemon(f"sending failed: {e}")) from None
+
+    def _connect(self) -> None:
         path = ipc_path(self.address)
         if path is not None and not path.exists():
             raise DaemonUnavailable(self._no_daemon(f"no socket file at {path}"))
-        self._sock.send(data)
+        family, target = self._target
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout_s)
+            sock.connect(target)
+        except OSError as e:
+            sock.close()
+            raise DaemonUnavailable(self._no_daemon(f"cannot connect: {e}")) from None
+        self._sock = sock
+        self._decoder = FrameDecoder(MAX_REPLY_BYTES)
+        self._replies.clear()
 
     def _recv(self, request_id: str | None, timeout_s: float | None = None) -> Any:
         """The next reply for `request_id` (None: the next reply without an id); replies
         left over from earlier requests are skipped."""
-        timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
         while True:
-            if not self._sock.poll(timeout_ms, zmq.POLLIN):
-                raise DaemonUnavailable(
-                    self._no_daemon(f"no answer within {timeout_ms / 1000:g} s")
-                )
-            reply = decode_reply(self._sock.recv())
+            reply = decode_reply(self._next_frame(deadline, wait_s))
             reply_id = getattr(reply, "id", None)
             if isinstance(reply, ErrorReply) and reply_id in (None, request_id):
                 raise RequestError(reply.code, reply.message)
             if reply_id == request_id:
                 return reply
+
+    def _next_frame(self, deadline: float, wait_s: float) -> bytes:
+        while not self._replies:
+            if self._sock is None:
+                raise DaemonUnavailable(self._no_daemon("not connected"))
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                self._sock.settimeout(remaining)
+                data = self._sock.recv(1 << 20)
+            except TimeoutError:
+                raise DaemonUnavailable(self._no_daemon(f"no answer within {wait_s:g} s")) from None
+            except OSError as e:
+                data, why = b"", f"the connection failed: {e}"
+            else:
+                why = "it closed the connection"
+            if not data:
+                self.close()
+                raise DaemonUnavailable(self._no_daemon(why))
+            try:
+                self._replies.extend(self._decoder.feed(data))  # type: ignore[arg-type]
+            except FramingError as e:  # not a reprise daemon
+                self.close()
+                raise DaemonUnavailable(self._no_daemon(str(e))) from None
+        return self._replies.pop(0)
 
     def _no_daemon(self, why: str) -> str:
         return (

@@ -4,6 +4,9 @@ Default address: `ipc://$RUNTIME_DIRECTORY/reprise.sock` under systemd, else
 `ipc://$XDG_RUNTIME_DIR/reprise/reprise.sock`, else a per-user folder in /tmp.
 Clients also try `/run/reprise/reprise.sock` (the systemd unit's place).
 `REPRISE_SOCKET` overrides both sides.
+
+The daemon's socket is a plain stream socket (Unix or loopback TCP) carrying
+length-prefixed msgpack frames (`framing`); only the KV events socket is ZeroMQ.
 """
 
 from __future__ import annotations
@@ -55,6 +58,20 @@ def ipc_path(address: str) -> Path | None:
 def is_ipv6(address: str) -> bool:
     """Whether a tcp:// address names an IPv6 host (ZeroMQ needs its IPV6 option then)."""
     return address.startswith("tcp://[")
+
+
+def socket_target(address: str) -> tuple[socket.AddressFamily, str | tuple[str, int]]:
+    """The socket family and the bind/connect target of an ipc:// or tcp:// address."""
+    path = ipc_path(address)
+    if path is not None:
+        return socket.AF_UNIX, str(path)
+    if not address.startswith("tcp://") or ":" not in address[len("tcp://") :]:
+        raise ValueError(f"socket address must be ipc://PATH or tcp://HOST:PORT; got {address!r}")
+    host, port = address[len("tcp://") :].rsplit(":", 1)
+    family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    if not port.isdigit():
+        raise ValueError(f"{address!r}: the port must be a number; got {port!r}")
+    return family, (host.strip("[]"), int(port))
 
 
 def check_address(address: str) -> None:

@@ -1,17 +1,19 @@
 """A real `reprise serve` process on a real ipc:// socket (NumPy backend, default model),
-driven through raw sockets, the Client and the CLI."""
+driven through raw framed connections, the Client and the CLI."""
 
 from __future__ import annotations
 
 import itertools
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +25,9 @@ from hypothesis import strategies as st
 
 from reprise.ipc import Client, DaemonUnavailable, Done, RequestError, TokenChunk
 from reprise.ipc.codec import decode_reply
+from reprise.ipc.framing import FrameDecoder, frame
 from reprise.ipc.messages import ErrorReply, HealthReply
+from reprise.ipc.sockets import socket_target
 
 pytestmark = pytest.mark.model
 
@@ -102,20 +106,57 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) ->
     assert d.proc.returncode == 0
 
 
+class Raw:
+    """One connection to the daemon speaking its framing by hand, for what a Client
+    would never send."""
+
+    def __init__(self, address: str) -> None:
+        family, target = socket_target(address)
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.connect(target)
+        self.decoder = FrameDecoder(1 << 30)
+        self.frames: deque[bytes] = deque()
+        self.closed = False  # the daemon closed the connection
+
+    def send(self, payload: bytes) -> None:
+        self.sock.sendall(frame(payload))
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def poll(self, timeout_ms: int) -> bool:
+        """Whether a frame (or the end of the connection) came within `timeout_ms`."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self.frames and not self.closed:
+            remaining = deadline - time.monotonic()
+            if remaining < 0 or not select.select([self.sock], [], [], remaining)[0]:
+                return False
+            try:
+                data = self.sock.recv(1 << 20)
+            except ConnectionResetError:
+                data = b""
+            self.closed = not data
+            self.frames.extend(self.decoder.feed(data))  # type: ignore[arg-type]
+        return True
+
+    def recv_payload(self, timeout_s: float = 60) -> bytes:
+        assert self.poll(int(timeout_s * 1000)), "no reply from the daemon"
+        assert self.frames, "the daemon closed the connection"
+        return self.frames.popleft()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 @pytest.fixture(scope="module")
-def raw(daemon: Daemon) -> Iterator[zmq.Socket]:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(daemon.address)
-    yield sock
-    sock.close()
-    ctx.term()
+def raw(daemon: Daemon) -> Iterator[Raw]:
+    conn = Raw(daemon.address)
+    yield conn
+    conn.close()
 
 
-def recv(sock: zmq.Socket, timeout_s: float = 60) -> object:
-    assert sock.poll(int(timeout_s * 1000)), "no reply from the daemon"
-    return decode_reply(sock.recv())
+def recv(conn: Raw, timeout_s: float = 60) -> object:
+    return decode_reply(conn.recv_payload(timeout_s))
 
 
 def wait_idle(client: Client, timeout_s: float = 30) -> dict:
@@ -221,7 +262,7 @@ def _bad_inputs() -> list[tuple[bytes, str]]:
 
 @pytest.mark.parametrize(("data", "code"), _bad_inputs())
 def test_bad_input_gets_an_error_and_the_daemon_serves_on(
-    daemon: Daemon, raw: zmq.Socket, data: bytes, code: str
+    daemon: Daemon, raw: Raw, data: bytes, code: str
 ) -> None:
     raw.send(data)
     reply = recv(raw)
@@ -231,20 +272,25 @@ def test_bad_input_gets_an_error_and_the_daemon_serves_on(
         assert client.generate("Hi", max_tokens=1).finish_reason == "length"
 
 
-def test_multipart_garbage_is_survived(daemon: Daemon, raw: zmq.Socket) -> None:
-    # One payload frame, or an empty delimiter and one (as REQ sockets send); anything
-    # else is refused once, and no frame of it comes back (issue 19, F5).
-    raw.send_multipart([b"a", b"b", b"c"])
-    assert raw.poll(10_000)
-    (payload,) = raw.recv_multipart()
-    reply = decode_reply(payload)
-    assert isinstance(reply, ErrorReply) and reply.code == "bad_request", reply
-    raw.send_multipart([b"", b"c"])  # a REQ envelope around garbage -> bad_message
-    assert raw.poll(10_000)
-    *envelope, payload = raw.recv_multipart()
-    assert envelope == [b""]
-    reply = decode_reply(payload)
-    assert isinstance(reply, ErrorReply) and reply.code == "bad_message"
+def test_frames_past_the_size_limits(daemon: Daemon) -> None:
+    # Over max_message_bytes: dropped unread as it arrives, answered, the connection
+    # serves on; a length past the hard ceiling (4x) cannot be skipped: one error, closed.
+    conn = Raw(daemon.address)
+    conn.send(b"x" * 100_000)
+    reply = recv(conn)
+    assert isinstance(reply, ErrorReply) and reply.code == "too_large", reply
+    conn.send(b"")  # an empty frame is an empty message
+    reply = recv(conn)
+    assert isinstance(reply, ErrorReply) and reply.code == "bad_message", reply
+    conn.send(msgpack.packb({"v": 1, "type": "health"}))
+    assert isinstance(recv(conn), HealthReply)
+    conn.send_bytes((1 << 31).to_bytes(4, "big"))
+    reply = recv(conn)
+    assert isinstance(reply, ErrorReply) and reply.code == "too_large", reply
+    assert conn.poll(10_000) and conn.closed and not conn.frames
+    conn.close()
+    with daemon.client() as client:
+        assert client.health().status == "ok"
 
 
 _junk = st.one_of(
@@ -292,7 +338,7 @@ _payload = st.one_of(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(payload=_payload)
-def test_fuzz_never_breaks_the_daemon(daemon: Daemon, raw: zmq.Socket, payload: bytes) -> None:
+def test_fuzz_never_breaks_the_daemon(daemon: Daemon, raw: Raw, payload: bytes) -> None:
     raw.send(payload)
     try:  # a valid generate would run: stop it at once
         body = msgpack.unpackb(payload)
@@ -318,14 +364,11 @@ def test_after_fuzz_the_pool_is_clean(daemon: Daemon) -> None:
 def test_client_vanishing_mid_stream_cancels_its_request(daemon: Daemon) -> None:
     with daemon.client() as observer:
         before = observer.stats()["num_disconnect_cancels"]
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(daemon.address)
-        sock.send(msgpack.packb({"v": 1, "type": "generate", "id": "gone", "prompt": LONG_PROMPT,
+        conn = Raw(daemon.address)
+        conn.send(msgpack.packb({"v": 1, "type": "generate", "id": "gone", "prompt": LONG_PROMPT,
                                  "sampling": {"max_tokens": 64, "ignore_eos": True}}))  # fmt: skip
-        assert isinstance(recv(sock), TokenChunk)
-        sock.close(linger=0)
-        ctx.term()
+        assert isinstance(recv(conn), TokenChunk)
+        conn.close()
         stats = wait_idle(observer)
     assert stats["num_disconnect_cancels"] == before + 1
     assert stats["num_requests"] == 0 and stats["used_blocks"] == 0
@@ -420,9 +463,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) 
         started = d.log.read()
         assert "backend numpy; KV pool of" in started
         assert "decode graphs captured for batch sizes 1,2 in" in started  # up to --max-queue
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(d.address)
+        sock = Raw(d.address)
         for i in range(3):
             sock.send(msgpack.packb({"v": 1, "type": "generate", "id": f"r{i}", "prompt": "Tell me a story",
                                      "stream": False, "sampling": {"max_tokens": 64, "ignore_eos": True}}))  # fmt: skip
@@ -431,8 +472,6 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) 
         time.sleep(0.5)
         d.proc.send_signal(signal.SIGTERM)
         d.wait_notice("STOPPING=1")
-        # NOTE: read replies while the daemon is still up: once it exits and the client's
-        # ZeroMQ reconnects, replies not yet read are gone (a waiting Client reads them at once).
         sock.send(msgpack.packb({"v": 1, "type": "generate", "id": "late", "prompt": "x"}))
         try:
             finals = [recv(sock) for _ in range(3)]
@@ -451,8 +490,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) 
                 isinstance(f, ErrorReply) and f.code == "shutting_down"
             ), f
         assert d.proc.wait(timeout=30) == 0
-        assert not sock.poll(200)  # nothing more: exactly one final per request
-        sock.close(linger=0)
-        ctx.term()
+        assert sock.poll(2000) and sock.closed and not sock.frames  # one final per request
+        sock.close()
     finally:
         d.stop()

@@ -13,15 +13,23 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
-from test_daemon import Daemon, recv
+from test_daemon import Daemon, Raw, recv, wait_idle
 
 from reprise.daemon.model.synth import synth_model
-from reprise.ipc import Client, RequestError
+from reprise.ipc import Client, DaemonUnavailable, RequestError
 from reprise.ipc.codec import encode
-from reprise.ipc.messages import Done, Generate
+from reprise.ipc.framing import frame
+from reprise.ipc.messages import (
+    Cancel,
+    Done,
+    ErrorReply,
+    Generate,
+    Health,
+    HealthReply,
+    TokenChunk,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +46,140 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[Dae
     assert d.proc.returncode == 0
 
 
-def dealer(address: str) -> zmq.Socket:
+def dealer(address: str, routing_id: bytes | None) -> zmq.Socket:
+    """What an attacker would use against a ZeroMQ ROUTER: a DEALER choosing its id
+    (None: one that lets the ROUTER choose, as a plain DEALER client did)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if routing_id is not None:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.connect(address)
     return sock
 
 
-def test_f5_extra_frames_are_dropped_unread_and_answered_once(daemon: Daemon) -> None:
-    sock = dealer(daemon.address)
+def libzmq_ids(count: int) -> list[bytes]:
+    """The routing ids a libzmq ROUTER gives its first peers (0, then a counter seeded
+    with 0x6b8b4567): the ids F1 claimed."""
+    return [b"\0" + (0x6B8B4567 + k).to_bytes(4, "big") for k in range(count)]
+
+
+def test_f1_peers_claiming_libzmq_ids_cannot_crash_the_daemon(daemon: Daemon) -> None:
+    """A client setting the id the daemon's ROUTER would assign next aborted it inside
+    libzmq (exit 134). Connections now have no client-chosen id: such a peer is a
+    malformed connection, closed, and the daemon serves on."""
+    with daemon.client() as client:
+        before = client.stats()["num_requests_total"]
+        attackers = [dealer(daemon.address, rid) for rid in libzmq_ids(8)]
+        time.sleep(0.2)
+        attackers.append(dealer(daemon.address, None))  # the ROUTER gave it a claimed id
+        for sock in attackers:
+            sock.send(encode(Generate(id="f1", token_ids=[1, 2], sampling={"max_tokens": 1})))
+        with daemon.client() as late:  # connects after them, as the victim did
+            assert late.generate([1, 2, 3], max_tokens=2).finish_reason == "length"
+        time.sleep(0.5)
+        assert not any(sock.poll(100) for sock in attackers)  # never a reply
+        for sock in attackers:
+            sock.close()
+        assert daemon.proc.poll() is None
+        stats = client.stats(check=True)
+    assert stats["num_requests_total"] == before + 1  # only `late`'s generate ran
+    assert stats["integrity"] == "ok"
+
+
+def test_f2_a_connection_never_receives_another_connections_replies(daemon: Daemon) -> None:
+    """While a victim streams a salted request, attackers claim the ids libzmq would
+    have given it, and another connection reuses its request id (the only id left on
+    the wire) to generate and to cancel: the victim gets all its tokens and its Done,
+    the attackers only their own replies, and no block leaks."""
+    with daemon.client() as reference:
+        expected = reference.generate([5, 6, 7], max_tokens=24, temperature=0, ignore_eos=True)
+    request = Generate(id="victim", token_ids=[5, 6, 7], cache_salt="secret", stream=True,
+                       sampling={"max_tokens": 24, "temperature": 0, "ignore_eos": True})  # fmt: skip
+    victim = Raw(daemon.address)
+    victim.send(encode(request))
+    first = recv(victim)
+    assert isinstance(first, TokenChunk) and first.id == "victim"
+    attackers = [dealer(daemon.address, rid) for rid in libzmq_ids(4)]
+    thief = Raw(daemon.address)
+    thief.send(encode(Cancel(id="victim")))
+    thief.send(encode(Generate(id="victim", token_ids=[9, 9], sampling={"max_tokens": 2},
+                               stream=False)))  # fmt: skip
+    stolen = [recv(thief), recv(thief)]
+    assert isinstance(stolen[0], ErrorReply) and stolen[0].code == "not_found", stolen
+    assert isinstance(stolen[1], Done) and stolen[1].token_ids != expected.token_ids[:2]
+    replies = [first]
+    while not isinstance(replies[-1], Done):
+        replies.append(recv(victim))
+    done = replies[-1]
+    assert isinstance(done, Done) and done.finish_reason == "length"
+    assert done.token_ids == expected.token_ids
+    assert [t for r in replies[:-1] for t in r.token_ids] == expected.token_ids
+    assert not thief.poll(300) and not any(sock.poll(10) for sock in attackers)
+    for sock in attackers:
+        sock.close()
+    victim.close()
+    thief.close()
+    with daemon.client() as client:
+        stats = wait_idle(client)
+    assert stats["used_blocks"] == 0 and stats["integrity"] == "ok"
+
+
+def test_f5_a_burst_of_bad_frames_is_answered_one_by_one(daemon: Daemon) -> None:
+    """ZeroMQ kept and echoed every extra frame of a message (1.3 GB). Now a message is
+    one length-prefixed frame: 200 bad frames and a request in one write get 200 errors
+    and a Done; a frame claiming 4 GiB is refused from its length, nothing buffered."""
+    conn = Raw(daemon.address)
     request = encode(Generate(id="f5", token_ids=[1, 2], sampling={"max_tokens": 1}, stream=False))
-    sock.send_multipart([b"x" * 1024] * 200 + [request])
-    reply = sock.recv_multipart() if sock.poll(30_000) else None
-    assert reply is not None and len(reply) == 1  # nothing of the extra frames echoed
-    error = msgpack.unpackb(reply[0])
-    assert error["type"] == "error" and error["code"] == "bad_request", error
-    assert "max_frames" in error["message"]
-    assert not sock.poll(300)  # one reply, no generation started
-    sock.send(request)  # the same client, one frame: served
-    assert isinstance(recv(sock), Done)
-    sock.close()
+    conn.send_bytes(b"".join(frame(b"x" * 1024) for _ in range(200)) + frame(request))
+    replies = [recv(conn, timeout_s=30) for _ in range(201)]
+    assert all(isinstance(r, ErrorReply) and r.code == "bad_message" for r in replies[:200])
+    assert isinstance(replies[200], Done)
+    conn.send_bytes(b"\xff\xff\xff\xff")
+    reply = recv(conn)
+    assert isinstance(reply, ErrorReply) and reply.code == "too_large", reply
+    assert conn.poll(10_000) and conn.closed
+    conn.close()
+
+
+def test_f3_connections_past_the_limit_are_refused_and_the_others_served(
+    tmp_path: Path, tiny: Path
+) -> None:
+    """Past 1,024 connections the daemon aborted ("Too many open files"). With
+    --max-connections 4: a fifth gets one `busy` error and is closed at once, the four
+    are still served, and a connection freed makes room for a new one."""
+    d = Daemon(tmp_path, tiny, "--max-connections", "4")
+    try:
+        held = [Raw(d.address) for _ in range(4)]
+        for conn in held:  # each is accepted and served
+            conn.send(encode(Health()))
+            assert isinstance(recv(conn), HealthReply)
+        refused = [Raw(d.address) for _ in range(3)]
+        for conn in refused:
+            reply = recv(conn)
+            assert isinstance(reply, ErrorReply) and reply.code == "busy", reply
+            assert "max_connections" in reply.message
+            assert conn.poll(5_000) and conn.closed
+            conn.close()
+        for conn in held:
+            conn.send(encode(Generate(id="g", token_ids=[1, 2], sampling={"max_tokens": 2},
+                                      stream=False)))  # fmt: skip
+            assert isinstance(recv(conn), Done)
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while True:  # the daemon notices the close on its next turn
+            with d.client() as client:
+                try:
+                    stats = client.stats()
+                    break
+                except (RequestError, DaemonUnavailable):  # still full: busy, or closed
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+        assert stats["num_connections_refused"] >= 3 and stats["num_connections"] == 4
+        for conn in held:
+            conn.close()
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
 
 
 def test_f6_returned_logits_are_bounded(daemon: Daemon) -> None:
@@ -151,6 +273,14 @@ def test_ipv6_loopback_serves_and_every_socket_file_goes_on_exit(
         )  # fmt: skip
         try:
             with Client(address, timeout_s=120) as client:
+                deadline = time.monotonic() + 120
+                while True:  # a Client does not wait for a daemon that is not listening yet
+                    try:
+                        client.health()
+                        break
+                    except DaemonUnavailable:
+                        assert proc.poll() is None and time.monotonic() < deadline
+                        time.sleep(0.2)
                 assert client.generate("hi", max_tokens=2, temperature=0).finish_reason
         finally:
             proc.terminate()

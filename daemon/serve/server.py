@@ -1,15 +1,17 @@
-"""The serving loop: one ZeroMQ ROUTER socket in front of one in-process Engine.
+"""The serving loop: one listening socket (`Connections`) in front of one in-process Engine.
 
-Each turn of the loop reads every pending message (without waiting while the
-engine has work), runs one engine step, sends each request's new tokens to
-the client that owns it, and publishes the step's KV events.
+Each turn of the loop takes every message that arrived (without waiting while
+the engine has work), runs one engine step, sends each request's new tokens to
+the connection that sent the request, and publishes the step's KV events.
 
 Guarantees:
 - every message gets exactly one reply per request: an ErrorReply, or (for a
   generate) optional TokenChunks and then exactly one Done or ErrorReply;
-- the loop never blocks on a client: sends are non-blocking with
-  ROUTER_MANDATORY, and a client that vanished or stopped reading has its
-  requests cancelled, so their blocks return to the pool;
+- replies go only to the connection the request came on: the daemon names
+  connections itself (`ConnId`), a client never chooses or claims one;
+- the loop never blocks on a client: sends are queued for the I/O thread, and a
+  client that vanished or stopped reading has its requests cancelled, so their
+  blocks return to the pool;
 - bad input never stops the daemon: any failure handling one message becomes an
   ErrorReply ("internal" for our own bugs) and the loop goes on.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from ...ipc.codec import decode_request, encode, error_bytes, logits_to_wire
+from ...ipc.framing import Oversize
 from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
 from ...ipc.messages import (
     Cancel,
@@ -41,10 +44,14 @@ from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
 from ..engine.params import Retention, SamplingParams, StepOutput
 from ..engine.sequence import RequestId
-from .service import Notifier, StopFlag
+from .connections import Arrival, Connections, ConnId, Limits
+from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
-Route = tuple[bytes, ...]  # the ROUTER envelope frames that lead back to one client
+# On exit, how long the last replies (drain errors) may take to reach clients that are slow
+# to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
+CLOSE_LINGER_S = 2.0
+Route = ConnId  # the connection a request came on, the only one its replies go to
 
 
 @dataclass(slots=True)
@@ -54,14 +61,14 @@ class ServerConfig:
     max_queue: int = 256  # requests waiting or running; more get "busy"
     max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
     max_message_bytes: int = 1 << 20  # larger messages get "too_large"
-    max_frames: int = 3  # frames a message may have: routing id, optional empty, payload
+    max_connections: int | None = None  # more are refused; None: from the open-file limit
     max_logits_bytes: int = 64 << 20  # the logits a request may ask back (max_tokens * vocab * 4)
     max_stop_strings: int = 16  # stop strings a request may give
     max_stop_chars: int = 256  # characters in one stop string
     kv_events_layout: KVEventLayout = "vllm"
     drain_timeout_s: float = 5.0  # on SIGTERM, how long running requests may take
     idle_poll_ms: int = 100
-    send_hwm: int = 10_000  # queued replies per client before it counts as not reading
+    max_unread_bytes: int = 64 << 20  # replies queued per client before it counts as gone
     model_name: str = ""
 
     def __post_init__(self) -> None:
@@ -70,9 +77,9 @@ class ServerConfig:
             check_address(self.events_address)
         check_layout(self.kv_events_layout)
         numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
-                   "max_stop_strings", "max_stop_chars", "idle_poll_ms")  # fmt: skip
-        if self.max_frames < 2:
-            raise ValueError(f"max_frames must be >= 2; got {self.max_frames!r}")
+                   "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
+        if self.max_connections is not None:
+            numbers += ("max_connections",)
         for name in numbers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -140,8 +147,8 @@ class Server:
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
-        self._ctx = zmq.Context()
-        self.sock: zmq.Socket | None = None
+        self._ctx = zmq.Context()  # for the KV events socket only
+        self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -165,21 +172,23 @@ class Server:
 
     def bind(self) -> None:
         cfg = self.config
-        self.sock = self._ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.IPV6, int(is_ipv6(cfg.address)))
-        # On close, the last replies (drain errors) still go out to connected clients.
-        self.sock.setsockopt(zmq.LINGER, 5000)
-        self.sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
-        # A hard ceiling well above the polite limit: past it ZeroMQ drops the peer
-        # without reading the message; between the two the client gets "too_large".
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * cfg.max_message_bytes + 4096)
+        limits = Limits(
+            max_connections=cfg.max_connections or default_max_connections(),
+            max_frame_bytes=cfg.max_message_bytes,
+            # A hard ceiling well above the polite limit: up to it, an oversize message is
+            # read and dropped and the client gets "too_large"; past it, it is hung up on.
+            max_skip_bytes=4 * cfg.max_message_bytes + 4096,
+            max_inbox_bytes=2 * cfg.max_message_bytes + (64 << 10),
+            max_unread_bytes=cfg.max_unread_bytes,
+        )
         path = ipc_path(cfg.address)
         if path is not None:
             prepare_ipc_path(path)
-        self.sock.bind(cfg.address)
+        self.conns = Connections(cfg.address, limits)
+        self.conns.bind()
         if path is not None:
             path.chmod(0o600)
+        log.info("up to %d client connections", limits.max_connections)
         if cfg.events_address:
             self.pub = self._ctx.socket(zmq.PUB)
             self.pub.setsockopt(zmq.LINGER, 1000)
@@ -210,9 +219,10 @@ class Server:
 
     def close(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
-        for sock in (self.sock, self.pub):
-            if sock is not None:
-                sock.close()
+        if self.conns is not None:  # the last replies (drain errors) still go out
+            self.conns.stop(linger_s=CLOSE_LINGER_S)
+        if self.pub is not None:
+            self.pub.close()
         self._ctx.term()
         log.info(
             "stopped after %d request(s), %d error repl(ies)",
@@ -225,9 +235,7 @@ class Server:
                 path.unlink(missing_ok=True)
 
     def serve(self) -> None:
-        assert self.sock is not None
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        assert self.conns is not None
         deadline = float("inf")
         while True:
             if self.stop.is_set and not self.draining:
@@ -244,8 +252,7 @@ class Server:
             timeout = 0 if busy else (5 if self.pending else self.config.idle_poll_ms)
             if self.notifier.watchdog_interval_s is not None:
                 timeout = min(timeout, int(self.notifier.watchdog_interval_s * 1000))
-            if poller.poll(timeout):
-                self._read_all()
+            self._on_arrivals(self.conns.wait(timeout / 1000))
             self._admit_ready()
             if self.engine.has_work():
                 for output in self.engine.step():
@@ -255,49 +262,24 @@ class Server:
 
     # -- incoming ----------------------------------------------------------------------------
 
-    def _read_all(self, max_messages: int = 1000) -> None:
-        assert self.sock is not None
-        for _ in range(max_messages):  # bounded, so a flood cannot starve the engine
-            try:
-                frames, num_frames = self._recv_frames()
-            except zmq.Again:
-                return
-            if num_frames < 2:
-                continue  # no route back; nothing to answer
-            if num_frames > self.config.max_frames or (num_frames == 3 and frames[1]):
-                # only the routing id goes back: the extra frames were dropped unread
-                self._send_error((frames[0],), "bad_request", f"a message has 1 payload frame "
-                                 f"(or an empty delimiter and one); got {num_frames - 1} frames "
-                                 f"(max_frames is {self.config.max_frames})")  # fmt: skip
-                continue
-            route, payload = tuple(frames[:-1]), frames[-1]
-            try:
-                self._handle(route, payload)
-            except ProtocolError as e:
-                self._send_error(route, e.code, e.message, e.request_id)
-            except Exception as e:  # our bug: answer it, log it, keep serving
-                log.exception("internal error handling a message")
-                self._send_error(route, "internal", f"{type(e).__name__}: {e}")
-
-    def _recv_frames(self) -> tuple[list[bytes], int]:
-        """One message's frames, keeping at most max_frames of them (the rest are read and
-        dropped, so a message of many frames costs no memory), and how many it had."""
-        assert self.sock is not None
-        frames = [self.sock.recv(zmq.NOBLOCK)]
-        num_frames = 1
-        while self.sock.getsockopt(zmq.RCVMORE):
-            frame = self.sock.recv()
-            num_frames += 1
-            if num_frames <= self.config.max_frames:
-                frames.append(frame)
-        return frames, num_frames
+    def _on_arrivals(self, arrivals: list[Arrival]) -> None:
+        for arrival in arrivals:
+            route, payload = arrival.conn, arrival.payload
+            if payload is None:  # the connection closed: nobody is left to answer
+                self._drop_client(route)
+            elif isinstance(payload, Oversize):  # dropped unread by the connection's reader
+                self._send_error(route, "too_large", f"message has {payload.num_bytes} bytes; "
+                                 f"the limit is {self.config.max_message_bytes}")  # fmt: skip
+            else:
+                try:
+                    self._handle(route, payload)
+                except ProtocolError as e:
+                    self._send_error(route, e.code, e.message, e.request_id)
+                except Exception as e:  # our bug: answer it, log it, keep serving
+                    log.exception("internal error handling a message")
+                    self._send_error(route, "internal", f"{type(e).__name__}: {e}")
 
     def _handle(self, route: Route, payload: bytes) -> None:
-        if len(payload) > self.config.max_message_bytes:
-            raise ProtocolError(
-                "too_large",
-                f"message has {len(payload)} bytes; the limit is {self.config.max_message_bytes}",
-            )
         request = decode_request(payload)
         if isinstance(request, Generate):
             try:
@@ -510,7 +492,10 @@ class Server:
             self._drop_client(live.route)
 
     def _drop_client(self, route: Route) -> None:
-        """The client is gone or not reading: cancel its requests so their blocks return."""
+        """The client is gone or not reading: hang up and cancel its requests, so their
+        blocks return to the pool."""
+        assert self.conns is not None
+        self.conns.close(route)
         for key in [key for key in self.pending if key[0] == route]:
             self.pending.pop(key).prompt_ids.cancel()
         for (r, _), request_id in list(self.by_client.items()):
@@ -534,12 +519,10 @@ class Server:
             self._send_error(live.route, code, message, live.client_id)
 
     def _send(self, route: Route, data: bytes) -> bool:
-        """Non-blocking; False when the client is gone or its queue is full."""
-        assert self.sock is not None
-        try:
-            self.sock.send_multipart([*route, data], zmq.NOBLOCK)
-        except zmq.ZMQError as e:  # EHOSTUNREACH (gone) or EAGAIN (not reading)
-            log.info("dropping a reply to client %s: %s", route[0].hex(), e)
+        """Non-blocking; False when the client is gone or not reading."""
+        assert self.conns is not None
+        if not self.conns.send(route, data):
+            log.info("dropping a reply to connection %d: gone, or not reading", route)
             return False
         return True
 
@@ -558,6 +541,8 @@ class Server:
             num_requests_total=self.counters.num_requests_total,
             num_errors_total=self.counters.num_errors_total,
             num_disconnect_cancels=self.counters.num_disconnect_cancels,
+            num_connections=self.conns.num_open if self.conns is not None else 0,
+            num_connections_refused=self.conns.num_refused if self.conns is not None else 0,
             num_events_published=self.counters.num_events_published,
             uptime_s=round(time.monotonic() - self.counters.started, 3),
         )

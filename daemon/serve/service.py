@@ -70,3 +70,17 @@ def raise_fd_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
     return soft
+
+
+FD_RESERVE = 256  # descriptors kept for everything but client connections
+
+
+def default_max_connections() -> int:
+    """Client connections the open-file limit leaves room for, keeping FD_RESERVE for the
+    model files, the KV events socket and its subscribers, ZeroMQ's and Python's own."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(16, soft - FD_RESERVE)
