@@ -49,10 +49,14 @@ differs, and it never reaches a row's arithmetic.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .attention import KV_CHUNK
+from .gemm_kernel import REFERENCE_SMS
 from .kernels import BF16_BITS, check, kernel
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
@@ -60,6 +64,13 @@ THREADS_PER_CTA = 128  # kNumThreads in attention.cu
 HEAD_DIMS = (64, 128)
 BLOCK_SIZES = (16, 32, 64)
 _ALIGN = 16  # bytes: the kernel moves q, the cache pages and out in 16-byte vectors
+# The split aims at this many CTAs an SM of REFERENCE_SMS (a constant, not the device's
+# count: the grid then is the same on every device, though only the chunking reaches bits).
+SPLIT_CTAS_PER_SM = 2
+# The context the head split plans for: the host cannot read seq_lens, and a table as
+# wide as max_model_len says nothing of the lengths actually in it.
+PLANNED_CONTEXT = 2048
+MAX_SPLIT_COUNTERS = 1 << 16  # (query tile, head slot) pairs a split launch may count in
 
 
 def kernel_name(head_dim: int, block_size: int) -> str:
@@ -78,6 +89,105 @@ def num_work_items(
     sequences, from T = sum(q_len) and B alone."""
     tile = tokens_per_cta(group, rows_per_cta)
     return (num_tokens + num_seqs * (tile - 1)) // tile
+
+
+def kv_chunks(max_blocks: int, block_size: int) -> int:
+    """KV chunks a block table of `max_blocks` pages can hold (the workspace's slots a row)."""
+    return -(-max_blocks * block_size // KV_CHUNK)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitGrid:
+    """How a launch spreads its (query tile, KV head, KV chunk) work over CTAs.
+
+    The grid is (num_work_items, num_kv_heads * head_parts * kv_lanes); blockIdx.y =
+    (kv_head * head_parts + part) * kv_lanes + lane. A KV head's query-head group is cut
+    into `head_parts` CTAs of group / head_parts heads each; a (query tile, head part)
+    spreads its KV chunks over `kv_lanes` CTAs, chunk c to lane c % kv_lanes. With one
+    lane a CTA walks all its chunks and merges them in registers; with more, each chunk's
+    state goes to the fp32 workspace and the last lane to finish (an integer counter)
+    merges them. Neither number reaches a row's bits: the chunk boundaries (KV_CHUNK) and
+    the merge order are the same on every grid.
+    """
+
+    num_work_items: int
+    num_kv_heads: int
+    head_parts: int
+    kv_lanes: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.num_work_items, self.num_kv_heads * self.head_parts * self.kv_lanes
+
+    @property
+    def num_ctas(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def splits(self) -> bool:
+        """Whether chunk states go through the workspace."""
+        return self.kv_lanes > 1
+
+    def busy_ctas(self, seq_len: int) -> int:
+        """CTAs with work when every work item's rows see `seq_len` keys (a decode step
+        of sequences that long): lanes past the last chunk exit at once."""
+        lanes = min(self.kv_lanes, -(-seq_len // KV_CHUNK))
+        return self.num_work_items * self.num_kv_heads * self.head_parts * lanes
+
+
+def split_grid(
+    num_tokens: int,
+    num_seqs: int,
+    num_kv_heads: int,
+    group: int,
+    max_blocks: int,
+    block_size: int,
+    rows_per_cta: int = ROWS_PER_CTA,
+    num_sms: int = REFERENCE_SMS,
+) -> SplitGrid:
+    """The launch geometry, from what the host knows (T, B, the heads, the block table's
+    width; never seq_lens, which live on the device).
+
+    Head parts: the fewest (a divisor of group) that give `num_sms` busy CTAs at a
+    context of PLANNED_CONTEXT keys (8 KV chunks), so a batch-1 decode of an 8-KV-head
+    model splits its groups down to single query heads. Lanes: when the (query tile,
+    head part) CTAs are fewer than `num_sms`, enough that the grid holds
+    SPLIT_CTAS_PER_SM CTAs an SM, at most one a KV chunk the table can hold; otherwise
+    (a batch of 17 or more 8-KV-head decodes, a prefill) one lane, and no workspace.
+    """
+    max_chunks = kv_chunks(max_blocks, block_size)
+    planned_chunks = max(1, min(max_chunks, PLANNED_CONTEXT // KV_CHUNK))
+    parts = [p for p in range(1, group + 1) if group % p == 0]
+    for head_parts in parts:
+        work = num_work_items(num_tokens, num_seqs, group // head_parts, rows_per_cta)
+        if work * num_kv_heads * head_parts * planned_chunks >= num_sms:
+            break
+    base = work * num_kv_heads * head_parts
+    lanes = 1
+    if 0 < base < num_sms:  # under a wave: spread the chunks
+        lanes = max(1, min(max_chunks, -(-SPLIT_CTAS_PER_SM * num_sms // base)))
+    return SplitGrid(work, num_kv_heads, head_parts, lanes)
+
+
+@functools.cache
+def split_counters(device_id: int, stream_ptr: int) -> Any:
+    """The split launches' counters on one stream: MAX_SPLIT_COUNTERS zeros, one a
+    (query tile, head slot), which every launch leaves zero (the last lane resets its).
+
+    NOTE: one array per (device, stream), never freed, as gemm_kernel's tile counters:
+    launches that may overlap never share one, and a CUDA graph captured with it keeps
+    it valid. Both attention kernels use it; a launch is over before the next one on the
+    stream starts, and each leaves it zero.
+    """
+    import cupy
+
+    return cupy.zeros(MAX_SPLIT_COUNTERS, dtype=np.uint32)
+
+
+def workspace_floats(num_tokens: int, num_heads: int, head_dim: int, max_chunks: int) -> int:
+    """fp32 elements of a split launch's workspace: a state (acc[head_dim], then m and
+    denom in a second region) for every (query token, head, KV chunk)."""
+    return num_tokens * num_heads * max_chunks * (head_dim + 2)
 
 
 def paged_attention(
