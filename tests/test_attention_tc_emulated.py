@@ -25,7 +25,6 @@ from test_kernels_emulated import Paged, max_row_ulps, poisoned, ptr
 from reprise.cuda.attention_kernel import num_work_items
 from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA, smem_bytes
 from reprise.cuda.dtypes import BF16
-from reprise.cuda.kvcache import kv_write_ref
 
 pytestmark = pytest.mark.kernels
 
@@ -60,19 +59,6 @@ class PagedTc(Paged):
         )  # fmt: skip
         assert rc == 0, rc
         return out
-
-    def with_garbage_after(self, rng: np.random.Generator, b: int, last: int) -> np.ndarray:
-        """The cache as a prefill chunk ending at `last` sees it: sequence b's slots from
-        `last` on not yet written, holding large values and NaN."""
-        cache = self.cache.copy()
-        end = len(self.tables[b]) * self.block_size
-        garbage_shape = (end - last, self.kv_heads, self.head_dim)
-        garbage = (rng.standard_normal(garbage_shape) * 50).astype(BF16)
-        garbage[::3, :, :5] = np.nan
-        pos = np.arange(last, end)
-        slots = np.asarray(self.tables[b])[pos // self.block_size] * self.block_size
-        kv_write_ref(cache, 1, garbage, garbage[::-1], slots + pos % self.block_size)
-        return cache
 
 
 def shape(head_dim: int, group: int, num_kv_heads: int) -> tuple[int, int, int]:

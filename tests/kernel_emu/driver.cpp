@@ -81,12 +81,15 @@ void run_sample_sorted(int rows, const float* sorted, const int* ids, const int*
 void run_philox_uniform(const unsigned long long* seeds, const long long* positions, float* out, int n) {
   launch({(unsigned)((n + 255) / 256), 1, 1}, 256, [&] { philox_uniform(seeds, positions, out, n); });
 }
+// Launch attention.cu's entry point for (head_dim, block_size) as attention_kernel does:
+// grid (grid_x, grid_y), 128 threads; workspace and counters as the split reads them.
 int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, unsigned short* out,
                         const unsigned short* q, const unsigned short* cache, const int* block_tables,
-                        const int* seq_lens, const int* query_start_loc, int num_tokens, int num_seqs,
-                        int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, float scale) {
+                        const int* seq_lens, const int* query_start_loc, float* workspace, unsigned* counters,
+                        int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+                        int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, int, int, int, int, int, int, int, float);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
   if (head_dim == 64 && block_size == 16) fn = paged_attention_d64_b16;
   if (head_dim == 64 && block_size == 32) fn = paged_attention_d64_b32;
@@ -96,8 +99,8 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   if (head_dim == 128 && block_size == 64) fn = paged_attention_d128_b64;
   if (fn == nullptr) return 1;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
-    fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
-       num_kv_heads, num_layers, layer, scale);
+    fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale);
   });
   return 0;
 }
