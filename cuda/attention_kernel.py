@@ -370,35 +370,3 @@ def check_inputs(
         if x.data.ptr % _ALIGN:
             raise ValueError(f"{name} must start on a {_ALIGN}-byte boundary; got {x.data.ptr:#x}")
     return out
-
-
-def kernel_args(
-    out: Any,
-    q: Any,
-    cache: Any,
-    layer: int,
-    block_tables: Any,
-    seq_lens: Any,
-    query_start_loc: Any,
-    scale: float,
-) -> tuple[Any, ...]:
-    """The kernels' argument list (PAGED_ATTENTION_ARGS in attention.cu and attention_tc.cu)."""
-    num_tokens, num_heads, _ = q.shape
-    num_layers, num_kv_heads = cache.shape[1], cache.shape[3]
-    num_seqs, max_blocks = block_tables.shape
-    return (
-        out,
-        q,
-        cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        np.int32(num_tokens),
-        np.int32(num_seqs),
-        np.int32(max_blocks),
-        np.int32(num_heads),
-        np.int32(num_kv_heads),
-        np.int32(num_layers),
-        np.int32(layer),
-        np.float32(scale),
-    )

@@ -25,7 +25,7 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))  // as CUDA defines it: fits anywhere a GNU attribute does
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };

@@ -29,8 +29,9 @@ alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
 
 // The tensor-core attention, the same way: its `extern __shared__` buffer is
 // attention_tc_smem below, sized for its largest config (head_dim 128 with 64-key
-// pages: two stages of a K and a V page, rows of 136 halves).
-constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2;  // 69,632 B
+// pages: two stages of a K and a V page, rows of 136 halves; then the merged state, 68
+// floats a thread).
+constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2 + 128 * 68 * 4;  // 104,448 B
 namespace attention_tc_emu {
 namespace {
 alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
@@ -174,10 +175,11 @@ void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
 int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y, int smem_bytes,
                            unsigned short* out, const unsigned short* q, const unsigned short* cache,
                            const int* block_tables, const int* seq_lens, const int* query_start_loc,
-                           int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-                           int num_layers, int layer, float scale) {
+                           float* workspace, unsigned* counters, int num_tokens, int num_seqs, int max_blocks,
+                           int num_heads, int num_kv_heads, int num_layers, int layer, int head_parts,
+                           int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, int, int, int, int, int, int, int, float);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
   if (head_dim == 64 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d64_b16;
   if (head_dim == 64 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d64_b32;
@@ -192,8 +194,8 @@ int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y,
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
   std::atomic<int> left_behind{0};
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
-    fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
-       num_kv_heads, num_layers, layer, scale);
+    fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale);
     if (!ptx_emu_cp_async_drained()) ++left_behind;
   });
   g_ptx_smem = nullptr;
