@@ -12,12 +12,15 @@ and test_attention_tc_emulated.py.
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 import pytest
 from test_invariance_ops import PagedSequences, bits
 from test_ops import _dense_attention, _fill_sequences, rel_l2
 
-from reprise.cuda import attention
+from reprise.cuda import attention, nvrtc
 from reprise.cuda.attention import KV_CHUNK, paged_attention_ref
 from reprise.cuda.attention_kernel import (
     PLANNED_CONTEXT,
@@ -163,3 +166,44 @@ def test_large_batches_and_prefills_take_one_lane() -> None:
 
 def test_the_workspace_holds_a_state_per_token_head_and_chunk() -> None:
     assert workspace_floats(3, 32, 128, 8) == 3 * 32 * 8 * 130
+
+
+# --- the kernels' side of the contract ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["attention.cu", "attention_tc.cu"])
+def test_the_kernels_cut_where_the_twin_cuts(name: str) -> None:
+    """kKvChunk repeats KV_CHUNK: no bitwise test against the twin could see a kernel
+    cutting elsewhere (their sums differ in rounding anyway), but every path of that
+    kernel would then disagree with the twin's definition, and size the workspace wrong."""
+    source = (nvrtc.KERNEL_DIR / name).read_text()
+    assert re.findall(r"constexpr int kKvChunk = (\d+);", source) == [str(KV_CHUNK)]
+
+
+# Registers above which a kernel spilled before the split too (a 64-key page's S and P
+# fragments with a 128-dim head): a few bytes of spill there, none anywhere else.
+KNOWN_SPILLS = {"paged_attention_tc_d128_b64"}
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("arch", nvrtc.ARCHS)
+@pytest.mark.parametrize("name", ["attention.cu", "attention_tc.cu"])
+def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
+    """Registers and local memory of every attention entry point, read from the cubin
+    (printed for the record): no stack frame but where KNOWN_SPILLS says, and there at
+    most 16 bytes."""
+    try:
+        nvrtc.compile_options(arch)
+        nvrtc._library()
+    except nvrtc.NvrtcUnavailable as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+    source = (nvrtc.KERNEL_DIR / name).read_text()
+    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin)
+    assert set(resources) == set(nvrtc.kernel_names(source))
+    for kernel, used in sorted(resources.items()):
+        print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
+        assert 0 < used.registers <= 255, (kernel, used)
+        limit = 16 if kernel in KNOWN_SPILLS else 0
+        assert used.local_bytes <= limit, (kernel, used)

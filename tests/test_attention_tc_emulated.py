@@ -26,9 +26,11 @@ from test_kernels_emulated import (
     S,
     SplitBuffers,
     forced_grid,
+    fp32_probe,
     max_row_ulps,
     poisoned,
     ptr,
+    reversed_ctas,
 )
 
 from reprise.cuda.attention_kernel import SplitGrid, kv_chunks, split_grid
@@ -174,16 +176,17 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
     assert split_grid(7, 7, 1, group, max(map(len, paged.tables)), block_size, ROWS_PER_CTA).splits
     batched = paged.run(lib, spans)
     assert max_row_ulps(batched.view(BF16), paged.twin(spans)) <= 2
-    for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
-        grid = forced_grid(7, 7, 1, group, parts, lanes, ROWS_PER_CTA)
-        assert np.array_equal(paged.run(lib, spans, grid=grid), batched), (parts, lanes)
-    lib.set_reversed_ctas(1)
-    try:
-        assert np.array_equal(paged.run(lib, spans), batched), "reversed"
-    finally:
-        lib.set_reversed_ctas(0)
-    for i, span in enumerate(spans):
-        assert np.array_equal(paged.run(lib, [span]), batched[i : i + 1]), ("alone", span)
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            want = paged.run(lib, spans) if probe else batched
+            assert len(np.unique(want)) > 100
+            for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
+                grid = forced_grid(7, 7, 1, group, parts, lanes, ROWS_PER_CTA)
+                assert np.array_equal(paged.run(lib, spans, grid=grid), want), (probe, parts, lanes)
+            with reversed_ctas(lib):
+                assert np.array_equal(paged.run(lib, spans), want), (probe, "reversed")
+            for i, span in enumerate(spans):
+                assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
 
 
 @pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 1, 64)])
@@ -196,16 +199,23 @@ def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
     through the workspace), and match the twin; the chunk batched behind decode steps too."""
     paged = PagedTc(rng, shape(head_dim, group, 1), block_size, SPLIT_CONTEXTS)
     whole_len, long_len = S + 1, 3 * S + 7
-    whole = paged.run(lib, [(3, 0, whole_len)])
-    assert max_row_ulps(whole.view(BF16), paged.twin([(3, 0, whole_len)])) <= 2
-    for pos in (0, S - 2, S - 1, S):
-        assert np.array_equal(paged.run(lib, [(3, pos, pos + 1)]), whole[pos : pos + 1]), pos
     first = 3 * S - 20
     cache = paged.with_garbage_after(rng, 4, long_len)
-    chunk = paged.run(lib, [(4, first, long_len)], cache)
-    assert max_row_ulps(chunk.view(BF16), paged.twin([(4, first, long_len)])) <= 2
-    for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
-        step = paged.run(lib, [(4, pos, pos + 1)], paged.with_garbage_after(rng, 4, pos + 1))
-        assert np.array_equal(step, chunk[pos - first : pos - first + 1]), pos
-    spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
-    assert np.array_equal(paged.run(lib, spans, cache)[2:], chunk)
+    assert max_row_ulps(paged.run(lib, [(3, 0, whole_len)]).view(BF16),
+                        paged.twin([(3, 0, whole_len)])) <= 2  # fmt: skip
+    assert max_row_ulps(paged.run(lib, [(4, first, long_len)], cache).view(BF16),
+                        paged.twin([(4, first, long_len)])) <= 2  # fmt: skip
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            whole = paged.run(lib, [(3, 0, whole_len)])
+            for pos in (0, S - 2, S - 1, S):
+                step = paged.run(lib, [(3, pos, pos + 1)])
+                assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
+            chunk = paged.run(lib, [(4, first, long_len)], cache)
+            for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
+                step = paged.run(
+                    lib, [(4, pos, pos + 1)], paged.with_garbage_after(rng, 4, pos + 1)
+                )
+                assert np.array_equal(step, chunk[pos - first : pos - first + 1]), (probe, pos)
+            spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
+            assert np.array_equal(paged.run(lib, spans, cache)[2:], chunk), probe

@@ -11,9 +11,11 @@ GPU tests (tests/test_gpu_*.py) do that on a device.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +220,27 @@ class SplitBuffers:
         assert not self.counters.any(), "the last lane of each CTA group leaves its counter zero"
 
 
+@contextlib.contextmanager
+def fp32_probe(lib: ctypes.CDLL, on: bool = True) -> Iterator[None]:
+    """While on, __fdiv_rn returns an 8-bit hash of its operands (cuda_emu.h), so that
+    attention's output shows its fp32 acc and denom: two runs whose outputs are equal
+    then computed the same fp32 values (but for a 1 in 256 collision an element)."""
+    lib.set_fdiv_probe(int(on))
+    try:
+        yield
+    finally:
+        lib.set_fdiv_probe(0)
+
+
+@contextlib.contextmanager
+def reversed_ctas(lib: ctypes.CDLL) -> Iterator[None]:
+    lib.set_reversed_ctas(1)
+    try:
+        yield
+    finally:
+        lib.set_reversed_ctas(0)
+
+
 def forced_grid(num_tokens: int, num_seqs: int, kv_heads: int, group: int, head_parts: int,
                 kv_lanes: int, rows_per_cta: int = 32) -> SplitGrid:  # fmt: skip
     """A geometry other than split_grid's: any must give the same bits."""
@@ -358,16 +381,19 @@ def test_attention_split_decode_matches_its_twin_on_every_grid(
     assert planned.splits
     batched = paged.emulated(lib, spans)
     assert max_row_ulps(batched.view(BF16), paged.twin(spans)) <= 2
-    for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
-        grid = forced_grid(7, 7, kv_heads, group, parts, lanes)
-        assert np.array_equal(paged.emulated(lib, spans, grid=grid), batched), (parts, lanes)
-    lib.set_reversed_ctas(1)
-    try:
-        assert np.array_equal(paged.emulated(lib, spans), batched), "reversed"
-    finally:
-        lib.set_reversed_ctas(0)
-    for i, span in enumerate(spans):
-        assert np.array_equal(paged.emulated(lib, [span]), batched[i : i + 1]), ("alone", span)
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            want = paged.emulated(lib, spans) if probe else batched
+            assert len(np.unique(want)) > 100
+            for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
+                grid = forced_grid(7, 7, kv_heads, group, parts, lanes)
+                got = paged.emulated(lib, spans, grid=grid)
+                assert np.array_equal(got, want), (probe, parts, lanes)
+            with reversed_ctas(lib):
+                assert np.array_equal(paged.emulated(lib, spans), want), (probe, "reversed")
+            for i, span in enumerate(spans):
+                got = paged.emulated(lib, [span])
+                assert np.array_equal(got, want[i : i + 1]), (probe, "alone", span)
 
 
 def paged_lens(paged: Paged) -> list[int]:
@@ -384,21 +410,26 @@ def test_attention_split_prefill_rows_equal_their_decode_steps(
     (split through the workspace), and the prefill's rows match the twin."""
     paged = split_case(rng, shape, block_size)
     whole_len, long_len = S + 1, 3 * S + 7
-    whole = paged.emulated(lib, [(3, 0, whole_len)])
-    assert max_row_ulps(whole.view(BF16), paged.twin([(3, 0, whole_len)])) <= 2
-    for pos in (0, S - 2, S - 1, S):
-        assert np.array_equal(paged.emulated(lib, [(3, pos, pos + 1)]), whole[pos : pos + 1]), pos
     first = 3 * S - 20
     cache = paged.with_garbage_after(rng, 4, long_len)
-    chunk = paged.emulated(lib, [(4, first, long_len)], cache)
-    assert max_row_ulps(chunk.view(BF16), paged.twin([(4, first, long_len)])) <= 2
-    for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
-        step = paged.emulated(lib, [(4, pos, pos + 1)], paged.with_garbage_after(rng, 4, pos + 1))
-        assert np.array_equal(step, chunk[pos - first : pos - first + 1]), pos
-    # the same chunk batched after decode steps, on a split grid
-    spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
-    batched = paged.emulated(lib, spans, cache)
-    assert np.array_equal(batched[2:], chunk)
+    assert max_row_ulps(paged.emulated(lib, [(3, 0, whole_len)]).view(BF16),
+                        paged.twin([(3, 0, whole_len)])) <= 2  # fmt: skip
+    assert max_row_ulps(paged.emulated(lib, [(4, first, long_len)], cache).view(BF16),
+                        paged.twin([(4, first, long_len)])) <= 2  # fmt: skip
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            whole = paged.emulated(lib, [(3, 0, whole_len)])
+            for pos in (0, S - 2, S - 1, S):
+                step = paged.emulated(lib, [(3, pos, pos + 1)])
+                assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
+            chunk = paged.emulated(lib, [(4, first, long_len)], cache)
+            for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
+                garbage = paged.with_garbage_after(rng, 4, pos + 1)
+                step = paged.emulated(lib, [(4, pos, pos + 1)], garbage)
+                assert np.array_equal(step, chunk[pos - first : pos - first + 1]), (probe, pos)
+            # the same chunk batched after decode steps, on a split grid
+            spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
+            assert np.array_equal(paged.emulated(lib, spans, cache)[2:], chunk), probe
 
 
 GEMM_SHAPES = [(5, 48, 37), (70, 208, 130), (130, 64, 257)]  # (M, K, N): tails in M, N and K

@@ -167,6 +167,8 @@ int run_gemm_split(const char* name, int grid_x, int grid_y, int threads, int sm
 
 // Later launches run their CTAs last to first (nonzero) or first to last (0).
 void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
+// Nonzero: __fdiv_rn returns a hash of its operands' bits (cuda_emu.h, g_fdiv_probe).
+void set_fdiv_probe(int on) { emu::g_fdiv_probe = on != 0; }
 // Launch attention_tc.cu's entry point for (head_dim, block_size) as attention_tc_kernel
 // does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of dynamic shared memory, which
 // starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
