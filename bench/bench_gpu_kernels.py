@@ -23,6 +23,8 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   and prefill (one causal 2048-token sequence), block size 32, against torch's
   scaled_dot_product_attention on contiguous BF16 tensors of the same shapes, run
   with enable_gqa and with K/V repeated to every head; the faster is the reference.
+  Each row records the KV split's geometry (head_parts, kv_lanes, busy_ctas: CTAs
+  with work at that context); a split launch gets its workspace preallocated.
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
   Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
@@ -57,7 +59,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from reprise.cuda import launchers
-from reprise.cuda.attention_kernel import paged_attention
+from reprise.cuda.attention_kernel import (
+    ROWS_PER_CTA,
+    kv_chunks,
+    paged_attention,
+    split_grid,
+    workspace_floats,
+)
+from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA as TC_ROWS_PER_CTA
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.kvcache import kv_cache_shape
@@ -546,6 +555,10 @@ def paged_inputs(model: ModelShape, num_seqs: int, q_len: int, kv_len: int) -> d
     pages = -(-kv_len // BLOCK_SIZE)
     shape = kv_cache_shape(num_seqs * pages, 1, model.num_kv_heads, BLOCK_SIZE, model.head_dim)
     q = random_bf16((num_seqs * q_len, model.num_heads, model.head_dim), 1.0, 2)
+    # the KV split's workspace, allocated once as a captured graph holds it (unused
+    # when the launch does not split)
+    floats = workspace_floats(num_seqs * q_len, model.num_heads, model.head_dim,
+                              kv_chunks(pages, BLOCK_SIZE))  # fmt: skip
     tables = cupy.random.permutation(num_seqs * pages).astype(cupy.int32)
     return {
         "q": q,  # [T, heads, head_dim]
@@ -556,6 +569,7 @@ def paged_inputs(model: ModelShape, num_seqs: int, q_len: int, kv_len: int) -> d
         "query_start_loc": cupy.arange(num_seqs + 1, dtype=cupy.int32) * np.int32(q_len),
         "scale": model.head_dim**-0.5,
         "out": cupy.empty_like(q),
+        "workspace": cupy.empty(floats, dtype=cupy.float32),
     }
 
 
@@ -605,12 +619,20 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             best = min(refs, key=refs.__getitem__) if refs else None
             cost = (attention_bytes(model, *case), attention_flops(model, *case))
             for op, timed in ours.items():
+                num_seqs, q_len, kv_len = case
+                rows = {"paged attn": ROWS_PER_CTA, "paged attn tc": TC_ROWS_PER_CTA}[op]
+                grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
+                                  model.num_heads // model.num_kv_heads,
+                                  -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip
                 yield make_row(
                     ("attention", model.name, op, label),
                     timed,
                     ctx.floors,
                     cost=cost,
                     ref=(best, refs.get(best or ""), ref_error),
+                    head_parts=grid.head_parts,
+                    kv_lanes=grid.kv_lanes,
+                    busy_ctas=grid.busy_ctas(kv_len),
                     **{f"{name.replace(' ', '_')}_us": _round(t) for name, t in refs.items()},
                 )
             release()

@@ -1,17 +1,32 @@
 // Paged attention, one kernel for prefill and decode queries (twin: attention.py,
 // paged_attention_ref; launcher: attention_kernel.py).
 //
-// Work: one CTA per (query tile, KV head). A query tile is up to
-// tokens_per_cta = kRowsPerCta / group consecutive queries of one sequence; its
-// rows are the (query token, group member) pairs, row r = token * group + member,
-// so every K/V page is read once for the whole group. CTAs are numbered through
-// the sequences in order, ceil(q_len / tokens_per_cta) per sequence; each CTA finds
-// its (sequence, tile) by a prefix sum over query_start_loc (find_work), so the
-// host plans the grid from T and B alone and nothing is read back to the host.
+// Work: one CTA per (query tile, head slot, KV lane); grid = attention_kernel.split_grid's
+// (work items, num_kv_heads * head_parts * kv_lanes). A head slot is a KV head and a part
+// of its query-head group: group / head_parts consecutive query heads (the whole group
+// when head_parts = 1). A query tile is up to tokens_per_cta = kRowsPerCta / (group /
+// head_parts) consecutive queries of one sequence; its rows are the (query token, query
+// head of the slot) pairs, row r = token * (group / head_parts) + member, so every K/V
+// page is read once for all the slot's heads. CTAs are numbered through the sequences in
+// order, ceil(q_len / tokens_per_cta) per sequence; each CTA finds its (sequence, tile) by
+// a prefix sum over query_start_loc (find_work), so the host plans the grid from T, B and
+// the block table's width alone and nothing is read back to the host.
+//
+// KV chunks: the key range is cut at the absolute positions c * kKvChunk (256 keys,
+// whole pages). A CTA takes the chunks c = kv_lane, kv_lane + kv_lanes, ... of its rows
+// (those up to its last row's position) and runs each from a fresh state (m = -inf,
+// denom = 0, acc = 0) over the chunk's pages, in ascending order, as below. Then:
+//   - one lane (kv_lanes = 1: prefills, large batches): the CTA merges each chunk's
+//     state into its rows' totals in registers, in ascending chunk order (the first
+//     chunk taken as it is; merge_factors / merged), and writes out = bf16(acc / denom);
+//   - several lanes (small decode batches): each chunk's state goes to the fp32
+//     workspace, the CTA counts itself in its (work item, head slot) counter (an integer
+//     atomic), and the lane that counts last merges every row's chunk states from the
+//     workspace in ascending order, with the same formula (merge_chunks), and writes out.
 //
 // CTA: 4 warps. Row r belongs to warp r % 4, as its slot r / 4 (8 slots a warp).
-// For each page t in ascending order (the key tiles), up to the last page the
-// CTA's last row sees:
+// For each page t of a chunk in ascending order, up to the last page the CTA's last row
+// sees:
 //   1. the page's K and V ([block_size, head_dim] each) are copied to shared memory;
 //   2. scores: the lanes of a warp own keys (lane % min(block_size, 32), and +32
 //      when block_size = 64); with block_size 16 the two half-warps take two slots
@@ -24,11 +39,10 @@
 //   4. P.V: lane owns head_dim / 32 output dims of every slot of its warp;
 //      acc = acc * a, then acc = fma(bf16(p_j), v_j, acc) for the visible keys j
 //      in ascending order.
-// Finally out = bf16(acc / denom).
 //
 // NOTE (invariance): every value a row's result is built from is a function of the
-// row's own query, position and keys, computed in an order fixed by head_dim and
-// block_size alone:
+// row's own query, position and keys, computed in an order fixed by head_dim,
+// block_size and kKvChunk alone:
 //   - a score is one thread's sequential FMA chain over d; which thread, warp or
 //     slot computes it does not change it;
 //   - the tile max is exact in any order (a +-0 tie changes nothing: s - m and
@@ -38,14 +52,22 @@
 //     lane group, keys j and j + 32 are added in that lane first); masked keys
 //     enter it as +0, so they contribute exactly nothing to a sum of p >= 0;
 //   - P.V is one thread's sequential FMA chain over the row's visible keys;
+//   - the KV length is split only at the fixed positions c * kKvChunk, never at a
+//     place that depends on the batch, q_len, the grid or the device. Every chunk's
+//     state starts fresh and sees exactly the chunk's keys the row sees; a chunk
+//     wholly in the row's future is neither merged nor stored. The chunks are merged
+//     in ascending order with one formula, whether in registers (one lane) or from the
+//     workspace (the last lane; fp32 stores and loads are exact), so neither the lane
+//     count, nor the head parts, nor which CTA counts last reaches a row's bits;
 //   - every operation is an explicitly rounded intrinsic (__fmaf_rn, __fmul_rn,
 //     __fadd_rn, __fsub_rn, __fdiv_rn) that the compiler cannot contract or
 //     reorder, and expf is the accurate libdevice routine (no fast math), the same
 //     function of its argument wherever it runs;
-//   - there is no split over the KV length: one CTA walks a row's pages in order.
-// So the number of rows in the CTA, a row's slot, q_len, the chunking and the
-// other sequences of the batch never reach a row's bits: prefill and decode rows
-// run this same code.
+//   - no float atomics: the counters are integers, and only say who merges.
+// So the number of rows in the CTA, a row's slot, q_len, the chunking of a prompt, the
+// launch geometry and the other sequences of the batch never reach a row's bits:
+// prefill rows (merged in registers) and decode rows (merged from the workspace) get
+// the same bits, which is what makes a prompt's last token equal its decode step.
 #include <cuda_bf16.h>
 
 namespace {
@@ -56,6 +78,14 @@ constexpr int kRowsPerWarp = 8;  // slots; the P.V loop reads a key's 8 bf16 p a
 constexpr int kRowsPerCta = kNumWarps * kRowsPerWarp;  // ROWS_PER_CTA in attention_kernel.py
 constexpr int kSlotBlock = 4;  // slots whose scores a lane computes together (register tile)
 constexpr unsigned int kFullMask = 0xffffffffu;
+// Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
+constexpr int kKvChunk = 256;
+
+template <int BLOCK_SIZE>
+__device__ __forceinline__ constexpr int kTilesPerChunk() {
+  static_assert(kKvChunk % BLOCK_SIZE == 0, "a KV chunk is whole pages");
+  return kKvChunk / BLOCK_SIZE;
+}
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
 
@@ -76,6 +106,50 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
 
 __device__ __forceinline__ unsigned int bf16_bits(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+// The merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
+// chunks before it (m1, denom1, acc1), paged_attention_ref's _RowState.merge op for op:
+// m' = max(m1, m2), a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes
+// merged(x1, a1, x2, a2) = x1 * a1 + x2 * a2, every op rounded on its own.
+__device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
+  const float m = fmaxf(m1, m2);
+  a1 = expf(__fsub_rn(m1, m));
+  a2 = expf(__fsub_rn(m2, m));
+  return m;
+}
+
+__device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
+  return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
+}
+
+// The split's last step, in the CTA that finishes its (work item, head slot) last: for
+// each of its rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at
+// position first_pos + r / group_rows), the chunk states 0 .. position / kKvChunk from the
+// workspace merged in ascending order, then out = bf16(acc / denom) (zero_sign: -0 as +0).
+// Thread i takes elements i, i + blockDim.x, ... of the rows' [rows, head_dim] outputs.
+template <int HEAD_DIM>
+__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
+                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
+                                             long long token0, int first_pos, int num_heads, int head0,
+                                             int max_chunks, bool zero_sign) {
+  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
+    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
+    const int num_chunks = (first_pos + r / group_rows) / kKvChunk + 1;
+    const long long slot = at * max_chunks;  // the row's chunk 0
+    float m = __ldcg(ws_ml + slot * 2);
+    float denom = __ldcg(ws_ml + slot * 2 + 1);
+    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
+    for (int c = 1; c < num_chunks; ++c) {
+      float a1, a2;
+      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
+      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
+      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
+    }
+    if (zero_sign && acc == 0.0f) acc = 0.0f;
+    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
+  }
 }
 
 template <int HEAD_DIM, int BLOCK_SIZE>
@@ -103,6 +177,10 @@ struct __align__(16) SharedStorage {
   float alpha[kNumWarps][kRowsPerWarp];  // a = exp(m - m') of the tile
   float denom[kNumWarps][kRowsPerWarp];  // the final denominators
   int num_visible[kNumWarps][kRowsPerWarp];  // keys of the tile the row sees; 0: none
+  float merge_a1[kNumWarps][kRowsPerWarp];  // a chunk's merge factors (merge_factors)
+  float merge_a2[kNumWarps][kRowsPerWarp];
+  int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk
+  int last;  // 1: this CTA counted last (the split)
 };
 
 // The CTA's (sequence, query tile). Every warp computes it, to the same answer;
@@ -146,15 +224,22 @@ __device__ __forceinline__ void paged_attention(
     const int* __restrict__ block_tables,        // [B, max_blocks]
     const int* __restrict__ seq_lens,            // [B]
     const int* __restrict__ query_start_loc,     // [B + 1]
+    float* __restrict__ workspace,               // split: [T, heads, chunks, head_dim] + [T, heads, chunks, 2]
+    unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-    int num_layers, int layer, float scale) {
+    int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   __shared__ SharedStorage<HEAD_DIM, BLOCK_SIZE> sm;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y;
+  // blockIdx.y = (kv_head * head_parts + part) * kv_lanes + kv_lane (split_grid)
+  const int kv_lane = static_cast<int>(blockIdx.y) % kv_lanes;
+  const int head_slot = static_cast<int>(blockIdx.y) / kv_lanes;
+  const int kv_head = head_slot / head_parts;
   const int group = num_heads / num_kv_heads;
-  const int tokens_per_cta = kRowsPerCta / group;
+  const int sub_group = group / head_parts;  // the CTA's query heads of its KV head
+  const int head0 = kv_head * group + (head_slot % head_parts) * sub_group;
+  const int tokens_per_cta = kRowsPerCta / sub_group;
 
   int seq = 0, q_tile = 0;
   if (!find_work(query_start_loc, num_seqs, tokens_per_cta, (int)blockIdx.x, lane, seq, q_tile)) {
@@ -167,21 +252,24 @@ __device__ __forceinline__ void paged_attention(
   // rows past T (an inconsistent query_start_loc) are neither read nor written
   const int num_cta_tokens =
       max(0, min(min(tokens_per_cta, q_len - tok0), num_tokens - (q_start + tok0)));
-  const int num_rows = num_cta_tokens * group;
+  const int num_rows = num_cta_tokens * sub_group;
   if (num_rows == 0) return;
   // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
   // seq_len - q_len + i and sees keys 0..that position.
   const int first_pos = seq_len - q_len + tok0;
   const int last_pos = first_pos + num_cta_tokens - 1;
   const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
+  const int num_chunks = (num_tiles + kTilesPerChunk<BLOCK_SIZE>() - 1) / kTilesPerChunk<BLOCK_SIZE>();
+  const bool split = kv_lanes > 1;
+  if (split && kv_lane >= num_chunks) return;  // a lane past the CTA's last chunk: not counted
 
   // the CTA's query rows, zero past num_rows
   for (int idx = threadIdx.x; idx < kRowsPerCta * C::kChunks; idx += kNumThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks;
     uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
     if (r < num_rows) {
-      const long long token = q_start + tok0 + r / group;
-      const int head = kv_head * group + r % group;
+      const long long token = q_start + tok0 + r / sub_group;
+      const int head = head0 + r % sub_group;
       chunk = __ldg(reinterpret_cast<const uint4*>(q + (token * num_heads + head) * HEAD_DIM) + c);
     }
     *reinterpret_cast<uint4*>(&sm.q[r * C::kPaddedDim + c * 8]) = chunk;
@@ -192,193 +280,287 @@ __device__ __forceinline__ void paged_attention(
   const int num_passes = (warp_rows + C::kRowsPerPass - 1) / C::kRowsPerPass;
   const int sub = lane / C::kLanesPerRow;  // the slot within a pass this lane scores
   const int key_lane = lane % C::kLanesPerRow;
+  const int group_rows = sub_group;  // rows per query token
 
-  // softmax state of the lane's score slots sub + kRowsPerPass * i (same in all their lanes)
-  float m[C::kSlotsPerLane], denom[C::kSlotsPerLane];
+  // The merged state over the chunks done so far (one lane: this CTA walks them all),
+  // in the same layouts as the chunk's: m, denom per score slot, acc per P.V slot.
+  float m_total[C::kSlotsPerLane], denom_total[C::kSlotsPerLane];
+  float acc_total[kRowsPerWarp][C::kDimsPerLane];
 #pragma unroll
   for (int i = 0; i < C::kSlotsPerLane; ++i) {
-    m[i] = negative_infinity();
-    denom[i] = 0.0f;
+    m_total[i] = negative_infinity();
+    denom_total[i] = 0.0f;
   }
-  // P.V accumulators: dims lane * kDimsPerLane + e of every slot of the warp
-  float acc[kRowsPerWarp][C::kDimsPerLane];
 #pragma unroll
   for (int s = 0; s < kRowsPerWarp; ++s) {
 #pragma unroll
-    for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = 0.0f;
+    for (int e = 0; e < C::kDimsPerLane; ++e) acc_total[s][e] = 0.0f;
   }
-
+  const int max_chunks = (max_blocks * BLOCK_SIZE + kKvChunk - 1) / kKvChunk;
+  const long long ws_slots = static_cast<long long>(num_tokens) * num_heads * max_chunks;
+  float* __restrict__ ws_ml = workspace + ws_slots * HEAD_DIM;  // (m, denom) of each slot
   const long long head_stride = (long long)BLOCK_SIZE * HEAD_DIM;  // one KV head of one page
-  for (int t = 0; t < num_tiles; ++t) {
-    __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
-    const long long block = block_tables[(long long)seq * max_blocks + t];
-    const unsigned short* k_page =
-        cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
-    const unsigned short* v_page = k_page + num_kv_heads * head_stride;
-    // NOTE: slots past seq_len (and, in a chunked prefill, future slots) may hold stale
-    // data, even NaN. They are copied here but no row ever uses them: their scores are
-    // replaced by -inf (a select, never arithmetic), and the P.V loop stops at each
-    // row's last visible key, so no 0 * NaN is ever formed.
-    for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kChunks; idx += kNumThreads) {
-      const int j = idx / C::kChunks, c = idx % C::kChunks;
-      *reinterpret_cast<uint4*>(&sm.k[j * C::kPaddedDim + c * 8]) =
-          __ldg(reinterpret_cast<const uint4*>(k_page) + idx);
-      reinterpret_cast<uint4*>(sm.v)[idx] = __ldg(reinterpret_cast<const uint4*>(v_page) + idx);
-    }
-    __syncthreads();
-    const int tile_start = t * BLOCK_SIZE;
 
-    // --- scores and the softmax step, kSlotBlock score slots at a time ---
+  for (int c = kv_lane; c < num_chunks; c += kv_lanes) {
+    // softmax state of the chunk, from a fresh start: score slots sub + kRowsPerPass * i
+    // (the same in all their lanes)
+    float m[C::kSlotsPerLane], denom[C::kSlotsPerLane];
 #pragma unroll
-    for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
-      if (i0 >= num_passes) break;  // warp-uniform
-      int visible[kSlotBlock];  // keys of this tile the row sees: 0 when none (or no row)
-      float score[kSlotBlock][C::kKeysPerLane];
+    for (int i = 0; i < C::kSlotsPerLane; ++i) {
+      m[i] = negative_infinity();
+      denom[i] = 0.0f;
+    }
+    // P.V accumulators: dims lane * kDimsPerLane + e of every slot of the warp
+    float acc[kRowsPerWarp][C::kDimsPerLane];
 #pragma unroll
-      for (int ii = 0; ii < kSlotBlock; ++ii) {
-        const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
-        visible[ii] = 0;
-        if (i0 + ii < C::kSlotsPerLane && row < num_rows) {
-          visible[ii] = min(max(first_pos + row / group - tile_start + 1, 0), BLOCK_SIZE);
-        }
+    for (int s = 0; s < kRowsPerWarp; ++s) {
 #pragma unroll
-        for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[ii][kk] = 0.0f;
+      for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = 0.0f;
+    }
+    const int chunk_start = c * kKvChunk;
+    const int chunk_tiles_end = min(num_tiles, (c + 1) * kTilesPerChunk<BLOCK_SIZE>());
+    for (int t = c * kTilesPerChunk<BLOCK_SIZE>(); t < chunk_tiles_end; ++t) {
+      __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
+      const long long block = block_tables[(long long)seq * max_blocks + t];
+      const unsigned short* k_page =
+          cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
+      const unsigned short* v_page = k_page + num_kv_heads * head_stride;
+      // NOTE: slots past seq_len (and, in a chunked prefill, future slots) may hold stale
+      // data, even NaN. They are copied here but no row ever uses them: their scores are
+      // replaced by -inf (a select, never arithmetic), and the P.V loop stops at each
+      // row's last visible key, so no 0 * NaN is ever formed.
+      for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kChunks; idx += kNumThreads) {
+        const int j = idx / C::kChunks, c = idx % C::kChunks;
+        *reinterpret_cast<uint4*>(&sm.k[j * C::kPaddedDim + c * 8]) =
+            __ldg(reinterpret_cast<const uint4*>(k_page) + idx);
+        reinterpret_cast<uint4*>(sm.v)[idx] = __ldg(reinterpret_cast<const uint4*>(v_page) + idx);
       }
-#pragma unroll 2
-      for (int c = 0; c < C::kChunks; ++c) {
-        float k[C::kKeysPerLane][8];
+      __syncthreads();
+      const int tile_start = t * BLOCK_SIZE;
+
+      // --- scores and the softmax step, kSlotBlock score slots at a time ---
 #pragma unroll
-        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
-          const int j = key_lane + C::kLanesPerRow * kk;
-          unpack8(*reinterpret_cast<const uint4*>(&sm.k[j * C::kPaddedDim + c * 8]), k[kk]);
-        }
+      for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
+        if (i0 >= num_passes) break;  // warp-uniform
+        int visible[kSlotBlock];  // keys of this tile the row sees: 0 when none (or no row)
+        float score[kSlotBlock][C::kKeysPerLane];
 #pragma unroll
         for (int ii = 0; ii < kSlotBlock; ++ii) {
-          if (visible[ii] == 0) continue;
           const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
-          float qf[8];
-          unpack8(*reinterpret_cast<const uint4*>(&sm.q[row * C::kPaddedDim + c * 8]), qf);
-#pragma unroll
-          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) score[ii][kk] = __fmaf_rn(qf[e], k[kk][e], score[ii][kk]);
+          visible[ii] = 0;
+          if (i0 + ii < C::kSlotsPerLane && row < num_rows) {
+            visible[ii] = min(max(first_pos + row / group_rows - tile_start + 1, 0), BLOCK_SIZE);
           }
-        }
-      }
 #pragma unroll
-      for (int ii = 0; ii < kSlotBlock; ++ii) {
-        const int i = i0 + ii;
-        if (i >= C::kSlotsPerLane) break;  // compile-time
-        const int slot = sub + C::kRowsPerPass * i;
-        // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
-        // whatever its K held (stale data, NaN) never enters a row's state.
-        float s[C::kKeysPerLane];
-        float tile_max = negative_infinity();
-#pragma unroll
-        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
-          const int j = key_lane + C::kLanesPerRow * kk;
-          s[kk] = j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
-          tile_max = fmaxf(tile_max, s[kk]);
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[ii][kk] = 0.0f;
         }
-#pragma unroll
-        for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
-        }
-        // NOTE: a row that sees the tile sees its first key, so tile_max and m' are
-        // finite, and the first tile's a = exp(-inf - m') = 0 needs no -inf - -inf.
-        // A row that sees none of it (a tile in its future) skips the update below:
-        // its state stays exactly as it was.
-        const bool sees = visible[ii] > 0;
-        const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
-        const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
-        float p[C::kKeysPerLane];
-#pragma unroll
-        for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
-          const int j = key_lane + C::kLanesPerRow * kk;
-          p[kk] = j < visible[ii] ? expf(__fsub_rn(s[kk], m_new)) : 0.0f;
-        }
-        float p_sum = p[0];
-#pragma unroll
-        for (int kk = 1; kk < C::kKeysPerLane; ++kk) p_sum = __fadd_rn(p_sum, p[kk]);
-#pragma unroll
-        for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
-          p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, offset));
-        }
-        if (sees) {
-          denom[i] = __fadd_rn(__fmul_rn(denom[i], alpha), p_sum);
-          m[i] = m_new;
-        }
-        if (i < num_passes) {
+#pragma unroll 2
+        for (int c = 0; c < C::kChunks; ++c) {
+          float k[C::kKeysPerLane][8];
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
             const int j = key_lane + C::kLanesPerRow * kk;
-            sm.p[warp][j][slot] = (unsigned short)bf16_bits(p[kk]);
+            unpack8(*reinterpret_cast<const uint4*>(&sm.k[j * C::kPaddedDim + c * 8]), k[kk]);
           }
-          if (key_lane == 0) {
-            sm.alpha[warp][slot] = alpha;
-            sm.num_visible[warp][slot] = visible[ii];
+#pragma unroll
+          for (int ii = 0; ii < kSlotBlock; ++ii) {
+            if (visible[ii] == 0) continue;
+            const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
+            float qf[8];
+            unpack8(*reinterpret_cast<const uint4*>(&sm.q[row * C::kPaddedDim + c * 8]), qf);
+#pragma unroll
+            for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+#pragma unroll
+              for (int e = 0; e < 8; ++e) score[ii][kk] = __fmaf_rn(qf[e], k[kk][e], score[ii][kk]);
+            }
+          }
+        }
+#pragma unroll
+        for (int ii = 0; ii < kSlotBlock; ++ii) {
+          const int i = i0 + ii;
+          if (i >= C::kSlotsPerLane) break;  // compile-time
+          const int slot = sub + C::kRowsPerPass * i;
+          // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
+          // whatever its K held (stale data, NaN) never enters a row's state.
+          float s[C::kKeysPerLane];
+          float tile_max = negative_infinity();
+#pragma unroll
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+            const int j = key_lane + C::kLanesPerRow * kk;
+            s[kk] = j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
+            tile_max = fmaxf(tile_max, s[kk]);
+          }
+#pragma unroll
+          for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
+          }
+          // NOTE: a row that sees the tile sees its first key, so tile_max and m' are
+          // finite, and the first tile's a = exp(-inf - m') = 0 needs no -inf - -inf.
+          // A row that sees none of it (a tile in its future) skips the update below:
+          // its state stays exactly as it was.
+          const bool sees = visible[ii] > 0;
+          const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
+          const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
+          float p[C::kKeysPerLane];
+#pragma unroll
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+            const int j = key_lane + C::kLanesPerRow * kk;
+            p[kk] = j < visible[ii] ? expf(__fsub_rn(s[kk], m_new)) : 0.0f;
+          }
+          float p_sum = p[0];
+#pragma unroll
+          for (int kk = 1; kk < C::kKeysPerLane; ++kk) p_sum = __fadd_rn(p_sum, p[kk]);
+#pragma unroll
+          for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
+            p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, offset));
+          }
+          if (sees) {
+            denom[i] = __fadd_rn(__fmul_rn(denom[i], alpha), p_sum);
+            m[i] = m_new;
+          }
+          if (i < num_passes) {
+#pragma unroll
+            for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
+              const int j = key_lane + C::kLanesPerRow * kk;
+              sm.p[warp][j][slot] = (unsigned short)bf16_bits(p[kk]);
+            }
+            if (key_lane == 0) {
+              sm.alpha[warp][slot] = alpha;
+              sm.num_visible[warp][slot] = visible[ii];
+            }
           }
         }
       }
-    }
-    __syncwarp();
+      __syncwarp();
 
-    // --- P.V over the warp's slots ---
-    int slot_visible[kRowsPerWarp];
-    int keys = 0;  // the most keys any slot of the warp sees
-#pragma unroll
-    for (int s = 0; s < kRowsPerWarp; ++s) {
-      slot_visible[s] = s < warp_rows ? sm.num_visible[warp][s] : 0;
-      keys = max(keys, slot_visible[s]);
-      if (slot_visible[s] > 0) {
-        const float alpha = sm.alpha[warp][s];
-#pragma unroll
-        for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmul_rn(acc[s][e], alpha);
-      }
-    }
-#pragma unroll 2
-    for (int j = 0; j < keys; ++j) {
-      float v[C::kDimsPerLane];
-      if constexpr (C::kDimsPerLane == 2) {
-        const unsigned int w = *reinterpret_cast<const unsigned int*>(&sm.v[j * HEAD_DIM + lane * 2]);
-        v[0] = bf16_lo(w);
-        v[1] = bf16_hi(w);
-      } else {
-        const uint2 w = *reinterpret_cast<const uint2*>(&sm.v[j * HEAD_DIM + lane * 4]);
-        v[0] = bf16_lo(w.x);
-        v[1] = bf16_hi(w.x);
-        v[2] = bf16_lo(w.y);
-        v[3] = bf16_hi(w.y);
-      }
-      float p[kRowsPerWarp];
-      unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
+      // --- P.V over the warp's slots ---
+      int slot_visible[kRowsPerWarp];
+      int keys = 0;  // the most keys any slot of the warp sees
 #pragma unroll
       for (int s = 0; s < kRowsPerWarp; ++s) {
-        if (j < slot_visible[s]) {  // warp-uniform; never reads a masked key's V
+        slot_visible[s] = s < warp_rows ? sm.num_visible[warp][s] : 0;
+        keys = max(keys, slot_visible[s]);
+        if (slot_visible[s] > 0) {
+          const float alpha = sm.alpha[warp][s];
 #pragma unroll
-          for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmaf_rn(p[s], v[e], acc[s][e]);
+          for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmul_rn(acc[s][e], alpha);
+        }
+      }
+#pragma unroll 2
+      for (int j = 0; j < keys; ++j) {
+        float v[C::kDimsPerLane];
+        if constexpr (C::kDimsPerLane == 2) {
+          const unsigned int w = *reinterpret_cast<const unsigned int*>(&sm.v[j * HEAD_DIM + lane * 2]);
+          v[0] = bf16_lo(w);
+          v[1] = bf16_hi(w);
+        } else {
+          const uint2 w = *reinterpret_cast<const uint2*>(&sm.v[j * HEAD_DIM + lane * 4]);
+          v[0] = bf16_lo(w.x);
+          v[1] = bf16_hi(w.x);
+          v[2] = bf16_lo(w.y);
+          v[3] = bf16_hi(w.y);
+        }
+        float p[kRowsPerWarp];
+        unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
+#pragma unroll
+        for (int s = 0; s < kRowsPerWarp; ++s) {
+          if (j < slot_visible[s]) {  // warp-uniform; never reads a masked key's V
+#pragma unroll
+            for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmaf_rn(p[s], v[e], acc[s][e]);
+          }
         }
       }
     }
+
+    // --- the chunk's end: merge its state into the total, or store it for the last lane ---
+    // Rows before the chunk's first key do not see it: not merged, not stored.
+#pragma unroll
+    for (int i = 0; i < C::kSlotsPerLane; ++i) {
+      const int slot = sub + C::kRowsPerPass * i;
+      const int row = slot * kNumWarps + warp;
+      const bool sees = i < num_passes && row < num_rows && first_pos + row / group_rows >= chunk_start;
+      if (!sees) {
+        if (i < num_passes && key_lane == 0) sm.merge_sees[warp][slot] = 0;
+        continue;
+      }
+      if (split) {
+        if (key_lane == 0) {
+          const long long at = (q_start + tok0 + row / group_rows) * num_heads + head0 + row % group_rows;
+          ws_ml[(at * max_chunks + c) * 2] = m[i];
+          ws_ml[(at * max_chunks + c) * 2 + 1] = denom[i];
+        }
+      } else if (c == 0) {  // every row's first chunk: taken as it is
+        m_total[i] = m[i];
+        denom_total[i] = denom[i];
+      } else {
+        float a1, a2;
+        m_total[i] = merge_factors(m_total[i], m[i], a1, a2);
+        denom_total[i] = merged(denom_total[i], a1, denom[i], a2);
+        if (key_lane == 0) {
+          sm.merge_a1[warp][slot] = a1;
+          sm.merge_a2[warp][slot] = a2;
+        }
+      }
+      if (key_lane == 0) sm.merge_sees[warp][slot] = 1;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int s = 0; s < kRowsPerWarp; ++s) {
+      if (s >= warp_rows) break;  // warp-uniform
+      if (sm.merge_sees[warp][s] == 0) continue;
+      const int row = s * kNumWarps + warp;
+      if (split) {
+        const long long at = (q_start + tok0 + row / group_rows) * num_heads + head0 + row % group_rows;
+        float* dst = workspace + (at * max_chunks + c) * HEAD_DIM + lane * C::kDimsPerLane;
+#pragma unroll
+        for (int e = 0; e < C::kDimsPerLane; ++e) dst[e] = acc[s][e];
+      } else if (c == 0) {
+#pragma unroll
+        for (int e = 0; e < C::kDimsPerLane; ++e) acc_total[s][e] = acc[s][e];
+      } else {
+        const float a1 = sm.merge_a1[warp][s], a2 = sm.merge_a2[warp][s];
+#pragma unroll
+        for (int e = 0; e < C::kDimsPerLane; ++e) acc_total[s][e] = merged(acc_total[s][e], a1, acc[s][e], a2);
+      }
+    }
+    __syncwarp();  // merge_* are read before the next chunk's end rewrites them
+  }
+
+  if (split) {
+    // --- the last lane of the (work item, head slot) to finish merges every chunk ---
+    // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
+    // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.
+    const int active = min(kv_lanes, num_chunks);
+    unsigned* counter = counters + static_cast<long long>(blockIdx.x) * (gridDim.y / kv_lanes) + head_slot;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) sm.last = atomicAdd(counter, 1u) == static_cast<unsigned>(active - 1) ? 1 : 0;
+    __syncthreads();
+    if (sm.last == 0) return;
+    __threadfence();
+    merge_chunks<HEAD_DIM>(out, workspace, ws_ml, num_rows, group_rows, q_start + tok0, first_pos,
+                           num_heads, head0, max_chunks, /*zero_sign=*/false);
+    if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+    return;
   }
 
   // --- out = bf16(acc / denom) ---
 #pragma unroll
   for (int i = 0; i < C::kSlotsPerLane; ++i) {
-    if (i < num_passes && key_lane == 0) sm.denom[warp][sub + C::kRowsPerPass * i] = denom[i];
+    if (i < num_passes && key_lane == 0) sm.denom[warp][sub + C::kRowsPerPass * i] = denom_total[i];
   }
   __syncwarp();
 #pragma unroll
   for (int s = 0; s < kRowsPerWarp; ++s) {
     if (s >= warp_rows) break;  // warp-uniform
     const int row = s * kNumWarps + warp;
-    const long long token = q_start + tok0 + row / group;
-    const int head = kv_head * group + row % group;
+    const long long token = q_start + tok0 + row / group_rows;
+    const int head = head0 + row % group_rows;
     unsigned short* dst = out + (token * num_heads + head) * HEAD_DIM + lane * C::kDimsPerLane;
     const float d = sm.denom[warp][s];
     unsigned int bits[C::kDimsPerLane];
 #pragma unroll
-    for (int e = 0; e < C::kDimsPerLane; ++e) bits[e] = bf16_bits(__fdiv_rn(acc[s][e], d));
+    for (int e = 0; e < C::kDimsPerLane; ++e) bits[e] = bf16_bits(__fdiv_rn(acc_total[s][e], d));
     if constexpr (C::kDimsPerLane == 2) {
       *reinterpret_cast<unsigned int*>(dst) = bits[0] | (bits[1] << 16);
     } else {
@@ -389,16 +571,17 @@ __device__ __forceinline__ void paged_attention(
 
 }  // namespace
 
-// One entry point per (head_dim, block_size). grid = (work items, num_kv_heads), block = 128.
+// One entry point per (head_dim, block_size). grid = attention_kernel.split_grid's, block = 128.
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
-      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc, int num_tokens, \
+      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
+      float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      float scale
+      int head_parts, int kv_lanes, float scale
 #define PAGED_ATTENTION_PASS                                                                  \
-  out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks,   \
-      num_heads, num_kv_heads, num_layers, layer, scale
+  out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
+      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b16(PAGED_ATTENTION_ARGS) {
   paged_attention<64, 16>(PAGED_ATTENTION_PASS);

@@ -1,19 +1,30 @@
 """Paged attention, one routine for prefill and decode queries.
 
 For each sequence, its queries (the last `q_len` tokens of `seq_len`) attend
-causally to keys read from the paged cache, page by page in ascending order,
-with an online softmax in fp32:
+causally to keys read from the paged cache. The key range is cut into chunks of
+KV_CHUNK keys at the absolute positions c * KV_CHUNK; each chunk a query sees gets
+its own online softmax in fp32, over its pages (the key tiles, `block_size` keys
+each) in ascending order, starting from m = -inf, denom = acc = 0:
 
     s = (q . k) * scale                 fp32 (BF16 operands)
     m' = max(m, max(s));  a = exp(m - m')
     denom = denom * a + sum(exp(s - m'))  fp32 probabilities summed
     acc = acc * a + bf16(exp(s - m')) . v   probabilities rounded to BF16 for the PV product
-    out = bf16(acc / denom)           starting from m = -inf, denom = acc = 0
+
+and the chunks' states are merged in ascending chunk order, the first chunk's
+state taken as it is, then for each later chunk (m2, denom2, acc2):
+
+    m' = max(m, m2);  a1 = exp(m - m');  a2 = exp(m2 - m')
+    denom = denom * a1 + denom2 * a2    acc = acc * a1 + acc2 * a2   (fp32, each op rounded)
+
+and finally out = bf16(acc / denom). The GPU kernels compute chunks in parallel at
+decode (one CTA per chunk) and one after another in a prefill; fixing the chunk
+boundaries and the merge order makes both give the same bits.
 
 Grouped-query heads are stacked as rows (query head h reads KV head
 h // group), so each K/V page serves its whole group at once. Key tiles are
 the cache pages (`block_size` keys) and always start at multiples of
-`block_size`.
+`block_size`; KV_CHUNK is a multiple of every block size, so a chunk is whole pages.
 
 Why a query's result does not depend on its batch
 -------------------------------------------------
@@ -41,11 +52,14 @@ the row's own query and the keys it sees:
   gets a fresh contiguous array, which numpy evaluates with one SIMD routine
   whatever its length or offset.
 - A tile whose keys are all in a row's future gives m' = m, a = 1, p = 0 and
-  adds +0 to sums that are never -0: the row's state is left exactly unchanged.
-  So the op may cut its work any way: pages are gathered a chunk of tiles at a
-  time (the state carried across chunks is the recurrence itself), rows run in
-  blocks over the tiles the block's last row sees, a row skips the tiles it
-  does not see, and every cut gives the same bits.
+  adds +0 to sums that are never -0: the row's chunk state is left exactly
+  unchanged. A chunk wholly in a row's future is not merged into the row's state
+  at all. So the op may cut its work any way: pages are gathered some KV chunks
+  at a time, rows run in blocks over the tiles the block's last row sees, a row
+  skips the tiles and chunks it does not see, and every cut gives the same bits.
+- The chunk boundaries sit at absolute positions c * KV_CHUNK, a constant, and
+  the merge is elementwise fp32 on the row's own states in ascending chunk
+  order: neither depends on the batch, q_len or how the work is cut.
 - Cache slots past seq_len (stale data from the page's earlier use) are zeroed
   after the gather, so nothing there, not even a NaN, reaches a row.
 """
@@ -63,7 +77,16 @@ from .gemm import F64, exact_to_f32, grid_exponent, to_grid
 # Grid bits of cached K and V vectors, rounded in fp32 (whose `to_grid` holds up to 22
 # bits); q and p take the rest of the 53 - log2(length) bits that keep their sums exact.
 CACHE_GRID_BITS = 22
-# Pages are gathered a chunk of tiles at a time: about this many float64 elements of K.
+# Keys of one KV chunk: the key range is cut at multiples of it, each chunk's softmax
+# starts afresh and the chunks' states merge in ascending order (see the docstring).
+# A multiple of every block size (16, 32, 64). 256 keys give a decode CTA enough work
+# (a 128-dim head reads 128 KiB of K and V per chunk) to pay for writing its partial
+# state (head_dim + 2 floats per query head, under 2% of those bytes), and a prefill
+# merges its accumulators once per 256 keys; a batch-1 decode still gets a wave of
+# CTAs at 2K context by splitting the query-head group (attention_kernel.split_grid).
+# attention.cu and attention_tc.cu repeat it as kKvChunk.
+KV_CHUNK = 256
+# Pages are gathered whole KV chunks at a time: about this many float64 elements of K.
 _KV_BUDGET = 1 << 18
 # Rows per block: [kv_heads, rows, keys] arrays of about this many elements stay in L2,
 # but never fewer rows than this, which would spend the time on Python overhead.
@@ -95,26 +118,34 @@ def paged_attention_ref(
     group = num_heads // num_kv_heads
     out = np.empty((num_tokens, num_heads, head_dim), dtype=F32)
     q_grid = to_grid(q.astype(F64), _other_bits(head_dim), grid_exponent(q))  # [T, heads, dim]
-    chunk_tiles = max(1, _KV_BUDGET // (num_kv_heads * block_size * head_dim))
+    assert KV_CHUNK % block_size == 0, (KV_CHUNK, block_size)
+    chunk_tiles = KV_CHUNK // block_size
+    gather_tiles = chunk_tiles * max(1, _KV_BUDGET // (num_kv_heads * KV_CHUNK * head_dim))
     for b in range(len(seq_lens)):
         start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
         q_len, seq_len = end - start, int(seq_lens[b])
         if q_len == 0:
             continue
+        num_rows = q_len * group
         # rows ordered (token, group member) within each KV head: [kv_heads, q_len * group, head_dim]
         rows = q_grid[start:end].reshape(q_len, num_kv_heads, group, head_dim)
-        rows = rows.transpose(1, 0, 2, 3).reshape(num_kv_heads, q_len * group, head_dim)
+        rows = rows.transpose(1, 0, 2, 3).reshape(num_kv_heads, num_rows, head_dim)
         row_pos = np.repeat(np.arange(seq_len - q_len, seq_len), group)  # [q_len * group]
-        state = _RowState.start(num_kv_heads, q_len * group, head_dim)
-        for t0 in range(0, -(-seq_len // block_size), chunk_tiles):
-            pages = _Pages.gather(cache, layer, block_tables[b], t0, t0 + chunk_tiles, seq_len)
-            # rows before `first` see none of these tiles; the rest go in blocks
-            first = int(np.searchsorted(row_pos, t0 * block_size))
-            block_rows = max(_MIN_BLOCK_ROWS, _SCORE_BUDGET // pages.keys[..., 0].size)
-            for r0 in range(first, q_len * group, block_rows):
-                r1 = min(r0 + block_rows, q_len * group)
-                _attend(rows[:, r0:r1], row_pos[r0:r1], pages, F32.type(scale), state.rows(r0, r1))
-        result = state.acc / state.denom[..., None]  # [kv_heads, q_len * group, head_dim]
+        total = _RowState.start(num_kv_heads, num_rows, head_dim)
+        for t0 in range(0, -(-seq_len // block_size), gather_tiles):
+            gathered = _Pages.gather(cache, layer, block_tables[b], t0, t0 + gather_tiles, seq_len)
+            for c0 in range(0, gathered.num_tiles, chunk_tiles):
+                pages = gathered.tiles(c0, c0 + chunk_tiles)  # one KV chunk
+                # rows before `first` see none of this chunk; the rest go in blocks
+                first = int(np.searchsorted(row_pos, pages.first_key))
+                state = _RowState.start(num_kv_heads, num_rows - first, head_dim)
+                block_rows = max(_MIN_BLOCK_ROWS, _SCORE_BUDGET // pages.keys[..., 0].size)
+                for r0 in range(first, num_rows, block_rows):
+                    r1 = min(r0 + block_rows, num_rows)
+                    chunk = state.rows(r0 - first, r1 - first)
+                    _attend(rows[:, r0:r1], row_pos[r0:r1], pages, F32.type(scale), chunk)
+                total.rows(first, num_rows).merge(state, first=pages.first_key == 0)
+        result = total.acc / total.denom[..., None]  # [kv_heads, q_len * group, head_dim]
         out[start:end] = (
             result.reshape(num_kv_heads, q_len, group, head_dim)
             .transpose(1, 0, 2, 3)
@@ -151,16 +182,39 @@ class _RowState:
         """Views of rows [r0, r1): updating them updates this state."""
         return _RowState(self.m[:, r0:r1], self.denom[:, r0:r1], self.acc[:, r0:r1])
 
+    def merge(self, chunk: _RowState, *, first: bool) -> None:
+        """Fold the next KV chunk's state into this one (the rows' state over the chunks
+        before it), elementwise in fp32; `first`: the chunk is the rows' first, whose
+        state is taken as it is. The kernels repeat this formula op for op."""
+        if first:
+            self.m[...], self.denom[...], self.acc[...] = chunk.m, chunk.denom, chunk.acc
+            return
+        m = np.maximum(self.m, chunk.m)
+        a1, a2 = np.exp(self.m - m), np.exp(chunk.m - m)  # [kv_heads, R] each
+        self.denom[...] = self.denom * a1 + chunk.denom * a2
+        self.acc[...] = self.acc * a1[..., None] + chunk.acc * a2[..., None]
+        self.m[...] = m
+
 
 @dataclass(slots=True)
 class _Pages:
-    """A chunk of one sequence's K/V pages, gathered in order and put on their grids."""
+    """Consecutive K/V pages of one sequence, gathered in order and put on their grids."""
 
     first_key: int  # position of keys[:, 0]
     keys: np.ndarray  # [kv_heads, tiles * block_size, head_dim] float64 on grid
     values: np.ndarray  # [kv_heads, tiles * block_size, head_dim] float64 v^, |v^| <= 1
     value_scale: np.ndarray  # [kv_heads, tiles * block_size] 2^e_j of each value vector
     block_size: int
+
+    @property
+    def num_tiles(self) -> int:
+        return self.keys.shape[1] // self.block_size
+
+    def tiles(self, t0: int, t1: int) -> _Pages:
+        """Views of this chunk's tiles [t0, t1) (cut at its end)."""
+        k0, k1 = t0 * self.block_size, t1 * self.block_size
+        return _Pages(self.first_key + k0, self.keys[:, k0:k1], self.values[:, k0:k1],
+                      self.value_scale[:, k0:k1], self.block_size)  # fmt: skip
 
     @classmethod
     def gather(

@@ -6,25 +6,41 @@ paged cache, page by page in ascending order, with an online softmax in fp32
 (probabilities rounded to BF16 for the P.V product), exactly the recurrence the
 twin's docstring writes down. Results agree with the twin within BF16 rounding.
 
-Work: one CTA per (query tile, KV head); a query tile is up to
-`ROWS_PER_CTA // group` consecutive queries of one sequence, its rows the
-(query, group member) pairs, so a K/V page is read once for its whole group.
-Each CTA finds its (sequence, tile) on the device from `query_start_loc`, so
-the grid is planned from T and B alone: no device->host read, no metadata to
-build or copy, and the launch can be captured in a CUDA graph. The grid is an
-upper bound (sum of ceil(q_len / tile) <= (T + B * (tile - 1)) // tile); the
-CTAs past the last tile exit at once. This relies on query_start_loc[B] == T,
-as the model runner builds it.
+Work (`split_grid`): one CTA per (query tile, head slot, KV lane). A head slot is a
+KV head, or a part of its query-head group (`head_parts`), so a batch-1 decode still
+gets a wave of CTAs; a query tile is up to `ROWS_PER_CTA // (group // head_parts)`
+consecutive queries of one sequence, its rows the (query, query head) pairs, so a K/V
+page is read once for all the slot's heads. The key range is cut into KV chunks of
+KV_CHUNK keys at fixed positions; a (query tile, head slot) spreads its chunks over
+`kv_lanes` CTAs. Each CTA finds its (sequence, tile) on the device from
+`query_start_loc`, so the grid is planned from T, B and the block table's width alone:
+no device->host read, no metadata to build or copy, and the launch can be captured in
+a CUDA graph. The grid is an upper bound (sum of ceil(q_len / tile) <= (T + B * (tile -
+1)) // tile; KV lanes past a CTA group's last chunk); the CTAs with no work exit at
+once. This relies on query_start_loc[B] == T, as the model runner builds it.
+
+With one lane a CTA runs all its chunks and merges them in registers. With more, each
+chunk's state (m, denom, acc[head_dim], fp32) goes to a workspace of
+`workspace_floats` elements, and the lane that finishes last (an integer counter per
+CTA group, `split_counters`, left zero) merges them. The workspace comes from CuPy's
+pool per call unless the caller passes one (under a CUDA graph capture, the graph's
+pool: the pointer is then fixed for the replays); the counters are one array per
+stream, allocated once.
 
 Why a query's bits do not depend on its batch (DESIGN §4)
 ---------------------------------------------------------
 A query row's output is bit-identical whether it runs with its whole prompt, in
 a prefill chunk of any size, alone as a decode step, or next to any other
 sequences, because each value it is built from is a function of the row's own
-query, position and keys, computed in an order fixed by head_dim and block_size:
+query, position and keys, computed in an order fixed by head_dim, block_size and
+KV_CHUNK:
 
-- Key tiles are the cache pages, walked in ascending order by one CTA: no split
-  over the KV length.
+- The key range is split only at the positions c * KV_CHUNK. Each chunk's online
+  softmax starts fresh (m = -inf, denom = acc = 0) and walks the chunk's pages in
+  ascending order; the chunks' states are merged in ascending order with one fp32
+  formula (the twin's `_RowState.merge`), in registers or from the workspace (exact
+  fp32 copies), so the lane count, the head parts and which CTA merges never reach a
+  row. A chunk wholly in a row's future is neither merged nor stored.
 - A score is one thread's sequential fp32 FMA chain over head_dim; which
   thread, warp or slot of the CTA computes it does not change it. The tile max
   is exact in any order. The tile's probability sum runs over the key lanes in
@@ -36,23 +52,29 @@ query, position and keys, computed in an order fixed by head_dim and block_size:
 - A tile wholly in a row's future is skipped for that row: its state (m, denom,
   acc) is left exactly as it was. So a CTA may run its rows over the tiles its
   last row sees, and a row gets the same bits whoever shares its CTA.
-- Every row sees key 0, so its first tile has a visible key, m' is finite and
-  a = exp(-inf - m') = 0: no (-inf) - (-inf). The denominator ends >= 1.
+- Every row sees key 0 and the first key of every chunk it sees, so a chunk's
+  first tile has a visible key, m' is finite and a = exp(-inf - m') = 0: no
+  (-inf) - (-inf). The denominator ends >= 1.
 - Masked keys (a row's future, and stale slots past seq_len that may hold NaN)
   never reach a row: their scores are replaced by -inf and their
   probabilities by +0 with selects, and the P.V loop stops at each row's last
   visible key, so no 0 * NaN is ever formed.
 
-Prefill and decode rows run the same code; only the number of rows per CTA
-differs, and it never reaches a row's arithmetic.
+Prefill and decode rows run the same code; only the number of rows per CTA and
+where the chunk states wait (registers or the workspace) differ, and neither
+reaches a row's arithmetic.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .attention import KV_CHUNK
+from .gemm_kernel import REFERENCE_SMS
 from .kernels import BF16_BITS, check, kernel
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
@@ -60,6 +82,13 @@ THREADS_PER_CTA = 128  # kNumThreads in attention.cu
 HEAD_DIMS = (64, 128)
 BLOCK_SIZES = (16, 32, 64)
 _ALIGN = 16  # bytes: the kernel moves q, the cache pages and out in 16-byte vectors
+# The split aims at this many CTAs an SM of REFERENCE_SMS (a constant, not the device's
+# count: the grid then is the same on every device, though only the chunking reaches bits).
+SPLIT_CTAS_PER_SM = 2
+# The context the head split plans for: the host cannot read seq_lens, and a table as
+# wide as max_model_len says nothing of the lengths actually in it.
+PLANNED_CONTEXT = 2048
+MAX_SPLIT_COUNTERS = 1 << 16  # (query tile, head slot) pairs a split launch may count in
 
 
 def kernel_name(head_dim: int, block_size: int) -> str:
@@ -80,6 +109,105 @@ def num_work_items(
     return (num_tokens + num_seqs * (tile - 1)) // tile
 
 
+def kv_chunks(max_blocks: int, block_size: int) -> int:
+    """KV chunks a block table of `max_blocks` pages can hold (the workspace's slots a row)."""
+    return -(-max_blocks * block_size // KV_CHUNK)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitGrid:
+    """How a launch spreads its (query tile, KV head, KV chunk) work over CTAs.
+
+    The grid is (num_work_items, num_kv_heads * head_parts * kv_lanes); blockIdx.y =
+    (kv_head * head_parts + part) * kv_lanes + lane. A KV head's query-head group is cut
+    into `head_parts` CTAs of group / head_parts heads each; a (query tile, head part)
+    spreads its KV chunks over `kv_lanes` CTAs, chunk c to lane c % kv_lanes. With one
+    lane a CTA walks all its chunks and merges them in registers; with more, each chunk's
+    state goes to the fp32 workspace and the last lane to finish (an integer counter)
+    merges them. Neither number reaches a row's bits: the chunk boundaries (KV_CHUNK) and
+    the merge order are the same on every grid.
+    """
+
+    num_work_items: int
+    num_kv_heads: int
+    head_parts: int
+    kv_lanes: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.num_work_items, self.num_kv_heads * self.head_parts * self.kv_lanes
+
+    @property
+    def num_ctas(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def splits(self) -> bool:
+        """Whether chunk states go through the workspace."""
+        return self.kv_lanes > 1
+
+    def busy_ctas(self, seq_len: int) -> int:
+        """CTAs with work when every work item's rows see `seq_len` keys (a decode step
+        of sequences that long): lanes past the last chunk exit at once."""
+        lanes = min(self.kv_lanes, -(-seq_len // KV_CHUNK))
+        return self.num_work_items * self.num_kv_heads * self.head_parts * lanes
+
+
+def split_grid(
+    num_tokens: int,
+    num_seqs: int,
+    num_kv_heads: int,
+    group: int,
+    max_blocks: int,
+    block_size: int,
+    rows_per_cta: int = ROWS_PER_CTA,
+    num_sms: int = REFERENCE_SMS,
+) -> SplitGrid:
+    """The launch geometry, from what the host knows (T, B, the heads, the block table's
+    width; never seq_lens, which live on the device).
+
+    Head parts: the fewest (a divisor of group) that give `num_sms` busy CTAs at a
+    context of PLANNED_CONTEXT keys (8 KV chunks), so a batch-1 decode of an 8-KV-head
+    model splits its groups down to single query heads. Lanes: when the (query tile,
+    head part) CTAs are fewer than `num_sms`, enough that the grid holds
+    SPLIT_CTAS_PER_SM CTAs an SM, at most one a KV chunk the table can hold; otherwise
+    (a batch of 17 or more 8-KV-head decodes, a prefill) one lane, and no workspace.
+    """
+    max_chunks = kv_chunks(max_blocks, block_size)
+    planned_chunks = max(1, min(max_chunks, PLANNED_CONTEXT // KV_CHUNK))
+    parts = [p for p in range(1, group + 1) if group % p == 0]
+    for head_parts in parts:
+        work = num_work_items(num_tokens, num_seqs, group // head_parts, rows_per_cta)
+        if work * num_kv_heads * head_parts * planned_chunks >= num_sms:
+            break
+    base = work * num_kv_heads * head_parts
+    lanes = 1
+    if 0 < base < num_sms:  # under a wave: spread the chunks
+        lanes = max(1, min(max_chunks, -(-SPLIT_CTAS_PER_SM * num_sms // base)))
+    return SplitGrid(work, num_kv_heads, head_parts, lanes)
+
+
+@functools.cache
+def split_counters(device_id: int, stream_ptr: int) -> Any:
+    """The split launches' counters on one stream: MAX_SPLIT_COUNTERS zeros, one a
+    (query tile, head slot), which every launch leaves zero (the last lane resets its).
+
+    NOTE: one array per (device, stream), never freed, as gemm_kernel's tile counters:
+    launches that may overlap never share one, and a CUDA graph captured with it keeps
+    it valid. Both attention kernels use it; a launch is over before the next one on the
+    stream starts, and each leaves it zero.
+    """
+    import cupy
+
+    return cupy.zeros(MAX_SPLIT_COUNTERS, dtype=np.uint32)
+
+
+def workspace_floats(num_tokens: int, num_heads: int, head_dim: int, max_chunks: int) -> int:
+    """fp32 elements of a split launch's workspace: a state (acc[head_dim], then m and
+    denom in a second region) for every (query token, head, KV chunk)."""
+    return num_tokens * num_heads * max_chunks * (head_dim + 2)
+
+
 def paged_attention(
     q: Any,
     cache: Any,
@@ -90,6 +218,7 @@ def paged_attention(
     scale: float,
     *,
     out: Any = None,
+    workspace: Any = None,
 ) -> Any:
     """
     q:               [T, num_heads, head_dim] uint16 (BF16 bits), roped
@@ -98,6 +227,8 @@ def paged_attention(
     seq_lens:        [B] int32, keys visible to each sequence after this step
     query_start_loc: [B + 1] int32, rows of q belonging to each sequence; [B] must be T
     out:             [T, num_heads, head_dim] uint16, written in place, or None
+    workspace:       float32, at least `workspace_floats` elements, for a launch that
+                     splits (small batches); None: taken from CuPy's pool when needed
     returns          out (a new array when None): [T, num_heads, head_dim] uint16
 
     All arrays are C-contiguous CuPy arrays on the current device. Values are not
@@ -106,15 +237,65 @@ def paged_attention(
     """
     args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
+    return launch(kernel("attention", kernel_name(q.shape[2], cache.shape[4])), ROWS_PER_CTA, 0,
+                  out, *args, workspace=workspace)  # fmt: skip
+
+
+def launch(
+    fn: Any,
+    rows_per_cta: int,
+    smem_bytes: int,
+    out: Any,
+    q: Any,
+    cache: Any,
+    layer: int,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: float,
+    *,
+    workspace: Any,
+) -> Any:
+    """Launch either attention kernel `fn` (checked inputs) on split_grid's geometry,
+    with the split's workspace and counters when it splits. Returns out."""
+    import cupy
+
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
-    work = num_work_items(num_tokens, block_tables.shape[0], num_heads // num_kv_heads)
-    if work == 0:
+    num_seqs, max_blocks = block_tables.shape
+    grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,
+                      block_size, rows_per_cta)  # fmt: skip
+    if grid.num_work_items == 0:
         return out
-    kernel("attention", kernel_name(head_dim, block_size))(
-        (work, num_kv_heads), (THREADS_PER_CTA,), kernel_args(out, *args)
-    )
+    device = int(cupy.cuda.runtime.getDevice())
+    counters = split_counters(device, cupy.cuda.get_current_stream().ptr)
+    if grid.splits:
+        assert grid.num_ctas // grid.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
+        need = workspace_floats(num_tokens, num_heads, head_dim, kv_chunks(max_blocks, block_size))
+        if workspace is None:
+            workspace = cupy.empty(need, dtype=np.float32)
+        else:
+            check("workspace", workspace, np.float32, 1)
+            if workspace.size < need:
+                raise ValueError(f"workspace must hold {need} floats; got {workspace.size}")
+    else:
+        workspace = _no_workspace(device)
+    kernel_args = (
+        out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters,
+        np.int32(num_tokens), np.int32(num_seqs), np.int32(max_blocks), np.int32(num_heads),
+        np.int32(num_kv_heads), np.int32(cache.shape[1]), np.int32(layer),
+        np.int32(grid.head_parts), np.int32(grid.kv_lanes), np.float32(scale),
+    )  # fmt: skip
+    fn(grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
     return out
+
+
+@functools.cache
+def _no_workspace(device_id: int) -> Any:
+    """What a launch that does not split passes as its (unread) workspace."""
+    import cupy
+
+    return cupy.zeros(4, dtype=np.float32)
 
 
 def check_inputs(
@@ -189,35 +370,3 @@ def check_inputs(
         if x.data.ptr % _ALIGN:
             raise ValueError(f"{name} must start on a {_ALIGN}-byte boundary; got {x.data.ptr:#x}")
     return out
-
-
-def kernel_args(
-    out: Any,
-    q: Any,
-    cache: Any,
-    layer: int,
-    block_tables: Any,
-    seq_lens: Any,
-    query_start_loc: Any,
-    scale: float,
-) -> tuple[Any, ...]:
-    """The kernels' argument list (PAGED_ATTENTION_ARGS in attention.cu and attention_tc.cu)."""
-    num_tokens, num_heads, _ = q.shape
-    num_layers, num_kv_heads = cache.shape[1], cache.shape[3]
-    num_seqs, max_blocks = block_tables.shape
-    return (
-        out,
-        q,
-        cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        np.int32(num_tokens),
-        np.int32(num_seqs),
-        np.int32(max_blocks),
-        np.int32(num_heads),
-        np.int32(num_kv_heads),
-        np.int32(num_layers),
-        np.int32(layer),
-        np.float32(scale),
-    )

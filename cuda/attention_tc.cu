@@ -4,19 +4,31 @@
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, so a long prefill is bound by the
 // tensor cores rather than by fp32 FMAs.
 //
-// Work: one CTA per (query tile, KV head), found on the device from query_start_loc
-// as attention.cu does (find_work), but taken in reverse: the longest key ranges
-// first. A query tile is up to kRowsPerCta / group consecutive queries of one
-// sequence, its rows the (query token, group member) pairs, row r = token * group +
-// member, so every K/V page is read once for the whole group.
+// Work: one CTA per (query tile, head slot, KV lane), on attention_kernel.split_grid's
+// grid as attention.cu (its header describes head slots and lanes), found on the device
+// from query_start_loc as attention.cu does (find_work), but taken in reverse: the
+// longest key ranges first. A query tile is up to kRowsPerCta / (group / head_parts)
+// consecutive queries of one sequence, its rows the (query token, query head of the
+// slot) pairs, row r = token * (group / head_parts) + member, so every K/V page is read
+// once for all the slot's heads.
+//
+// KV chunks, as attention.cu: the key range is cut at c * kKvChunk (256 keys); the CTA
+// runs its chunks kv_lane, kv_lane + kv_lanes, ... one after another through the same
+// page ring (page k of the CTA is page k % kTilesPerChunk of its chunk k /
+// kTilesPerChunk), each from a fresh RowState. At a chunk's end, one lane merges the
+// state into each thread's total, kept in shared memory after the ring (thread-private,
+// so no barrier: registers are spoken for), in ascending chunk order (merge_factors /
+// merged; the first chunk taken as it is); several lanes store it to the fp32 workspace
+// and the lane that counts last in its (work item, head slot) counter merges every
+// row's chunks from there (merge_chunks), with the same formula and order.
 //
 // CTA: 4 warps; warp w owns rows 16w .. 16w + 15, one m16 tile (rows past the
 // CTA's last are padding: zero Q, never written). Its Q fragments are loaded
 // once into registers. The pages of the sequence (the key tiles) go through a
 // ring of kStages shared buffers, K then V, [block_size, head_dim + 8] BF16 each,
 // filled by 16-byte cp.async; key slots past seq_len are zero-filled instead of
-// read. For each page t in ascending order, up to the last page the CTA's last
-// row sees, a warp whose rows see page t:
+// read. For each page t of a chunk in ascending order, up to the last page the CTA's
+// last row sees, a warp whose rows see page t:
 //   1. S = Q.K^T: for each n8 tile of keys, one mma per 16-wide head_dim slice,
 //      slices ascending, from +0 (K fragments by ldmatrix, rows = keys);
 //   2. the softmax step per row, in the accumulator layout (thread t of a quad
@@ -28,12 +40,17 @@
 //      from the S registers (FA2 register reuse), one mma per 16-key slice,
 //      slices ascending, per n8 tile of head_dim (V fragments by ldmatrix.trans);
 //      acc = acc' for the rows that see the page (a select).
-// Finally out = bf16(acc / denom).
+// Finally, after the chunks are merged, out = bf16(acc / denom).
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
-//   - Key tiles are the cache pages, walked in ascending order by one CTA; there
-//     is no split over the KV length.
+//   - The KV length is split only at the fixed positions c * kKvChunk. Each chunk's
+//     state starts fresh and takes the chunk's pages in ascending order (the key tiles);
+//     the chunks' states are merged in ascending order with one formula of explicitly
+//     rounded ops, in shared memory or from the workspace (exact fp32 copies either
+//     way), so neither the lane count, nor the head parts, nor which CTA counts last
+//     reaches a row. A chunk wholly in a row's future is neither merged nor stored;
+//     every row sees the first key of each chunk it sees. No float atomics.
 //   - S[r][j] is one accumulator register taking one mma per head_dim slice,
 //     ascending, from +0; its row of A is q_r (BF16, as stored), its column of B
 //     k_j. The fragment's other rows (companion or padding queries) do not enter
@@ -74,9 +91,10 @@
 //     use, or a chunked prefill's unwritten future): they are never read, the
 //     copy writes zeros there instead (cp.async with src-size 0, a select made
 //     by the copy), so the P.V mma never forms 0 * NaN.
-// So the number of rows in the CTA, a row's slot, q_len, the chunking and the
-// other sequences of the batch never reach a row's bits: prefill and decode rows
-// run this same code.
+// So the number of rows in the CTA, a row's slot, q_len, the chunking of a prompt, the
+// launch geometry and the other sequences of the batch never reach a row's bits:
+// prefill rows (one lane) and decode rows (split) run this same code and merge alike,
+// so a prompt's last token equals its decode step.
 #include <cuda_bf16.h>
 
 namespace {
@@ -86,6 +104,8 @@ constexpr int kNumThreads = kNumWarps * 32;
 constexpr int kRowsPerWarp = 16;  // one m16 tile
 constexpr int kRowsPerCta = kNumWarps * kRowsPerWarp;  // ROWS_PER_CTA in attention_tc_kernel.py
 constexpr unsigned int kFullMask = 0xffffffffu;
+// Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
+constexpr int kKvChunk = 256;
 
 // ---- PTX wrappers -----------------------------------------------------------------
 // Every inline-PTX statement (and the shared-window address they take) lives in these
@@ -164,6 +184,49 @@ __device__ __forceinline__ unsigned bf16_bits(float x) {
 // Two floats as BF16 in one 32-bit fragment register, the first in the lower half.
 __device__ __forceinline__ unsigned bf16_pair(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
+// The merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
+// chunks before it (m1, denom1, acc1): attention.cu's, repeated (each .cu file stands
+// alone), and paged_attention_ref's _RowState.merge op for op: m' = max(m1, m2),
+// a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes x1 * a1 + x2 * a2.
+__device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
+  const float m = fmaxf(m1, m2);
+  a1 = expf(__fsub_rn(m1, m));
+  a2 = expf(__fsub_rn(m2, m));
+  return m;
+}
+
+__device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
+  return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
+}
+
+// The split's last step: attention.cu's merge_chunks, repeated. For each of the CTA's
+// rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at position
+// first_pos + r / group_rows), its chunk states 0 .. position / kKvChunk from the
+// workspace merged in ascending order, then out = bf16(acc / denom) (zero_sign: -0 as +0).
+template <int HEAD_DIM>
+__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
+                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
+                                             long long token0, int first_pos, int num_heads, int head0,
+                                             int max_chunks, bool zero_sign) {
+  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
+    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
+    const int num_chunks = (first_pos + r / group_rows) / kKvChunk + 1;
+    const long long slot = at * max_chunks;  // the row's chunk 0
+    float m = __ldcg(ws_ml + slot * 2);
+    float denom = __ldcg(ws_ml + slot * 2 + 1);
+    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
+    for (int c = 1; c < num_chunks; ++c) {
+      float a1, a2;
+      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
+      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
+      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
+    }
+    if (zero_sign && acc == 0.0f) acc = 0.0f;
+    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
+  }
+}
+
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
@@ -177,7 +240,11 @@ struct Config {
   static constexpr int kLds = HEAD_DIM + 8;
   static constexpr int kPageHalves = BLOCK_SIZE * kLds;  // one K or V page
   static constexpr int kStageHalves = 2 * kPageHalves;   // K, then V
-  static constexpr int kSmemBytes = kStages * kStageHalves * 2;  // smem_bytes() in the launcher
+  static constexpr int kTotalFloats = HEAD_DIM / 2 + 4;  // a thread's merged state: acc (4 an n8 tile), m, denom
+  // the ring, then the merged acc of every thread: smem_bytes() in the launcher
+  static constexpr int kSmemBytes = kStages * kStageHalves * 2 + kNumThreads * kTotalFloats * 4;
+  static constexpr int kTilesPerChunk = kKvChunk / BLOCK_SIZE;
+  static_assert(kKvChunk % BLOCK_SIZE == 0, "a KV chunk is whole pages");
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
   static constexpr int kCopies = 2 * BLOCK_SIZE * kChunks / kNumThreads;  // cp.async per thread and page
   static constexpr int kDimSlices = HEAD_DIM / 16;  // k16 slices of Q.K^T
@@ -380,18 +447,27 @@ __device__ __forceinline__ void paged_attention_tc(
     const int* __restrict__ block_tables,        // [B, max_blocks]
     const int* __restrict__ seq_lens,            // [B]
     const int* __restrict__ query_start_loc,     // [B + 1]
+    float* __restrict__ workspace,               // split: [T, heads, chunks, head_dim] + [T, heads, chunks, 2]
+    unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-    int num_layers, int layer, float scale) {
+    int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
-  extern __shared__ __align__(16) unsigned short attention_tc_smem[];  // [kStages][K, V page]
+  // [kStages][K, V page], then the merged acc of each thread (kTotalFloats a thread)
+  extern __shared__ __align__(16) unsigned short attention_tc_smem[];
   // NOTE: the launcher mirrors kNumThreads and kSmemBytes; a mismatch must fail
   // loudly, not read past the shared buffer.
   if (blockDim.x != kNumThreads || dynamic_smem_bytes() < static_cast<unsigned>(C::kSmemBytes)) __trap();
+  float* acc_total = reinterpret_cast<float*>(attention_tc_smem + C::kStages * C::kStageHalves);
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int kv_head = blockIdx.y;
+  // blockIdx.y = (kv_head * head_parts + part) * kv_lanes + kv_lane (split_grid)
+  const int kv_lane = static_cast<int>(blockIdx.y) % kv_lanes;
+  const int head_slot = static_cast<int>(blockIdx.y) / kv_lanes;
+  const int kv_head = head_slot / head_parts;
   const int group = num_heads / num_kv_heads;
-  const int tokens_per_cta = kRowsPerCta / group;
+  const int sub_group = group / head_parts;  // the CTA's query heads of its KV head
+  const int head0 = kv_head * group + (head_slot % head_parts) * sub_group;
+  const int tokens_per_cta = kRowsPerCta / sub_group;
 
   // NOTE: work items are taken in reverse, so the CTAs of a sequence's last query tiles
   // (the longest key ranges, under the causal mask) start first and the short ones
@@ -408,31 +484,43 @@ __device__ __forceinline__ void paged_attention_tc(
   // rows past T (an inconsistent query_start_loc) are neither read nor written
   const int num_cta_tokens =
       max(0, min(min(tokens_per_cta, q_len - tok0), num_tokens - (q_start + tok0)));
-  const int num_rows = num_cta_tokens * group;
+  const int num_rows = num_cta_tokens * sub_group;
   if (num_rows == 0) return;
   // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
   // seq_len - q_len + i and sees keys 0..that position.
   const int first_pos = seq_len - q_len + tok0;
   const int last_pos = first_pos + num_cta_tokens - 1;
   const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
+  constexpr int kTpc = C::kTilesPerChunk;
+  const int num_chunks = (num_tiles + kTpc - 1) / kTpc;
+  const bool split = kv_lanes > 1;
+  if (split && kv_lane >= num_chunks) return;  // a lane past the CTA's last chunk: not counted
+  // The pages this CTA runs, in order: those of its chunks kv_lane, kv_lane + kv_lanes, ...
+  // (page k is page k % kTpc of the lane's chunk k / kTpc; only the last chunk is short).
+  const int lane_chunks = num_chunks > kv_lane ? (num_chunks - 1 - kv_lane) / kv_lanes + 1 : 0;
+  const int last_chunk = kv_lane + (lane_chunks - 1) * kv_lanes;
+  const int num_pages = lane_chunks > 0 ? (lane_chunks - 1) * kTpc + num_tiles - last_chunk * kTpc : 0;
+  auto page_of = [&](int k) { return (kv_lane + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
 
   // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
   // padding, which sees nothing) and the offset of their q and out vectors.
   const int row0 = warp * kRowsPerWarp + lane / 4;
   bool valid[2];
   int pos[2];
-  long long offset[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     valid[h] = r < num_rows;
-    pos[h] = valid[h] ? first_pos + r / group : -1;
-    const long long token = q_start + tok0 + r / group;
-    offset[h] = valid[h] ? (token * num_heads + kv_head * group + r % group) * HEAD_DIM : 0;
+    pos[h] = valid[h] ? first_pos + r / sub_group : -1;
   }
+  // the row's token * num_heads + head: its q and out vectors, its workspace slots
+  auto row_at = [&](int h) -> long long {
+    const int r = row0 + 8 * h;
+    return (static_cast<long long>(q_start) + tok0 + r / sub_group) * num_heads + head0 + r % sub_group;
+  };
   // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
   const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
-  const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / group : -1;
+  const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
   const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
 
   // Q as A fragments of each 16-wide head_dim slice (layout: see mma_bf16_16816), from
@@ -444,59 +532,138 @@ __device__ __forceinline__ void paged_attention_tc(
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e % 2, c = ds * 16 + col + (e / 2) * 8;
-      qf[ds][e] = valid[h] ? __ldg(reinterpret_cast<const unsigned*>(q + offset[h] + c)) : 0u;
+      qf[ds][e] = valid[h] ? __ldg(reinterpret_cast<const unsigned*>(q + row_at(h) * HEAD_DIM + c)) : 0u;
     }
   }
 
+  // The merged state over the chunks done so far (one lane), in shared memory,
+  // thread-private (registers are spoken for): total(i) is element i of the thread's
+  // [kDimTiles][4] acc fragment, then m of its rows g, g + 8, then their denom.
+  auto total = [&](int i) -> float& { return acc_total[i * kNumThreads + threadIdx.x]; };
+  constexpr int kM = C::kTotalFloats - 4, kDenom = C::kTotalFloats - 2;
+  // the workspace: [T, heads, max_chunks, head_dim] acc, then [T, heads, max_chunks, 2] m, denom
+  const int max_chunks = (max_blocks * BLOCK_SIZE + kKvChunk - 1) / kKvChunk;
+  auto ws_ml = [&]() { return workspace + static_cast<long long>(num_tokens) * num_heads * max_chunks * HEAD_DIM; };
   RowState<HEAD_DIM> st;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.m[h] = negative_infinity();
-    st.denom[h] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < C::kDimTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st.acc[n][e] = 0.0f;
-  }
 
-  // The ring: before page t is consumed, pages up to t + kStages - 2 are in flight.
+  // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
   // One commit per page slot (empty past the end) keeps the group count uniform.
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
-  auto issue = [&](int t) {
+  auto issue = [&](int k) {
+    const int t = page_of(k);
     const long long block = table[t];
     const unsigned short* k_page =
         cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
     const unsigned short* v_page = k_page + num_kv_heads * head_stride;
-    load_page<HEAD_DIM, BLOCK_SIZE>(attention_tc_smem + (t % C::kStages) * C::kStageHalves, k_page,
+    load_page<HEAD_DIM, BLOCK_SIZE>(attention_tc_smem + (k % C::kStages) * C::kStageHalves, k_page,
                                     v_page, seq_len - t * BLOCK_SIZE);
   };
 #pragma unroll
-  for (int t = 0; t < C::kStages - 1; ++t) {
-    if (t < num_tiles) issue(t);
+  for (int k = 0; k < C::kStages - 1; ++k) {
+    if (k < num_pages) issue(k);
     cp_async_commit();
   }
-  for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<C::kStages - 2>();  // this thread's copies of page t have landed
-    // Every thread's copies of page t are visible, and every warp has finished
-    // reading page t - 1, whose buffer the next copy overwrites.
+  for (int k = 0; k < num_pages; ++k) {
+    const int t = page_of(k);
+    const int c = t / kTpc;
+    if (k % kTpc == 0) {  // the chunk's first page: a fresh state
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        st.m[h] = negative_infinity();
+        st.denom[h] = 0.0f;
+      }
+#pragma unroll
+      for (int n = 0; n < C::kDimTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st.acc[n][e] = 0.0f;
+      }
+    }
+    cp_async_wait<C::kStages - 2>();  // this thread's copies of page k have landed
+    // Every thread's copies of page k are visible, and every warp has finished
+    // reading page k - 1, whose buffer the next copy overwrites.
     __syncthreads();
-    const int next = t + C::kStages - 1;
-    if (next < num_tiles) issue(next);
+    const int next = k + C::kStages - 1;
+    if (next < num_pages) issue(next);
     cp_async_commit();
     if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
-      attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (t % C::kStages) * C::kStageHalves,
+      attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (k % C::kStages) * C::kStageHalves,
                                         pos, t * BLOCK_SIZE, scale, lane);
+    }
+    if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
+    // --- the chunk's end: merge its state into the total, or store it for the last
+    // lane. Rows before the chunk's first key (and padding) do not see it. ---
+    bool sees[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sees[h] = valid[h] && pos[h] >= c * kKvChunk;
+    if (split) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!sees[h]) continue;
+        const long long slot = row_at(h) * max_chunks + c;
+        if (lane % 4 == 0) {
+          ws_ml()[slot * 2] = st.m[h];
+          ws_ml()[slot * 2 + 1] = st.denom[h];
+        }
+#pragma unroll
+        for (int n = 0; n < C::kDimTiles; ++n) {
+          *reinterpret_cast<float2*>(workspace + slot * HEAD_DIM + 8 * n + col) =
+              make_float2(st.acc[n][2 * h], st.acc[n][2 * h + 1]);
+        }
+      }
+      continue;
+    }
+    float a1[2], a2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      a1[h] = 0.0f;
+      a2[h] = 1.0f;
+      if (!sees[h]) continue;
+      if (c == 0) {  // every row's first chunk: taken as it is
+        total(kM + h) = st.m[h];
+        total(kDenom + h) = st.denom[h];
+      } else {
+        total(kM + h) = merge_factors(total(kM + h), st.m[h], a1[h], a2[h]);
+        total(kDenom + h) = merged(total(kDenom + h), a1[h], st.denom[h], a2[h]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < C::kDimTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        if (!sees[h]) continue;
+        float& x = total(n * 4 + e);
+        x = c == 0 ? st.acc[n][e] : merged(x, a1[h], st.acc[n][e], a2[h]);
+      }
     }
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
+
+  if (split) {
+    // --- the last lane of the (work item, head slot) to finish merges every chunk ---
+    // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
+    // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.
+    const int active = min(kv_lanes, num_chunks);
+    unsigned* counter = counters + static_cast<long long>(work) * (gridDim.y / kv_lanes) + head_slot;
+    unsigned* last = reinterpret_cast<unsigned*>(attention_tc_smem);  // the ring is drained: reuse it
+    __threadfence();
+    __syncthreads();  // every thread's stores are fenced; and no warp still reads the ring
+    if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<unsigned>(active - 1) ? 1u : 0u;
+    __syncthreads();
+    if (*last == 0u) return;
+    __threadfence();
+    merge_chunks<HEAD_DIM>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0, first_pos,
+                           num_heads, head0, max_chunks, /*zero_sign=*/true);
+    if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+    return;
+  }
 
   // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (!valid[h]) continue;
-    unsigned short* dst = out + offset[h];
+    unsigned short* dst = out + row_at(h) * HEAD_DIM;
 #pragma unroll
     for (int n = 0; n < C::kDimTiles; ++n) {
       float v[2];
@@ -504,8 +671,8 @@ __device__ __forceinline__ void paged_attention_tc(
       for (int e = 0; e < 2; ++e) {
         // NOTE: -0 -> +0: the sign of an exactly zero acc is the one thing a masked
         // key's zero P.V term could reach (see the header).
-        const float a = st.acc[n][2 * h + e] == 0.0f ? 0.0f : st.acc[n][2 * h + e];
-        v[e] = __fdiv_rn(a, st.denom[h]);
+        const float a = total(n * 4 + 2 * h + e);
+        v[e] = __fdiv_rn(a == 0.0f ? 0.0f : a, total(kDenom + h));
       }
       *reinterpret_cast<unsigned*>(dst + 8 * n + col) = bf16_pair(v[0], v[1]);
     }
@@ -514,33 +681,34 @@ __device__ __forceinline__ void paged_attention_tc(
 
 }  // namespace
 
-// One entry point per (head_dim, block_size). grid = (work items, num_kv_heads),
+// One entry point per (head_dim, block_size). grid = attention_kernel.split_grid's,
 // block = 128, dynamic shared memory = Config::kSmemBytes (attention_tc_kernel.smem_bytes).
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
-      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc, int num_tokens, \
+      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
+      float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      float scale
+      int head_parts, int kv_lanes, float scale
 #define PAGED_ATTENTION_PASS                                                                  \
-  out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks,   \
-      num_heads, num_kv_heads, num_layers, layer, scale
+  out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
+      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 32>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 64>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 64>(PAGED_ATTENTION_PASS);
 }

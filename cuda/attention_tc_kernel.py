@@ -8,17 +8,22 @@ the tensor cores rather than by fp32 FMAs. Results agree with the twin within BF
 rounding; they are not bitwise those of the CUDA-core kernel (its sums run in
 another order), so one engine must use one kernel for all its steps.
 
-Work: one CTA per (query tile, KV head), as in `attention_kernel`, with 64
-(query, group member) rows a CTA: four warps, each one m16 tile of rows. K and V
-pages stream through a ring of shared buffers (`num_stages`, `smem_bytes`). Each
-CTA finds its (sequence, tile) on the device from `query_start_loc`, so the grid
-is planned from T and B alone: no device->host read, and the launch can be
-captured in a CUDA graph.
+Work: one CTA per (query tile, head slot, KV lane), on `attention_kernel.split_grid`'s
+geometry and through its `launch` (the KV chunks, the split's workspace and counters),
+with 64 (query, query head) rows a CTA: four warps, each one m16 tile of rows. K and V
+pages stream through a ring of shared buffers (`num_stages`, `smem_bytes`), after
+which each thread keeps its rows' merged state over the KV chunks (one lane). Each
+CTA finds its (sequence, tile) on the device from `query_start_loc`, so the grid is
+planned from T, B and the block table's width alone: no device->host read, and the
+launch can be captured in a CUDA graph.
 
 Why a query's bits do not depend on its batch (DESIGN §4)
 ---------------------------------------------------------
-attention_tc.cu's header states the argument in full. In short: key tiles are the
-cache pages, walked in ascending order by one CTA; each score and each P.V sum is
+attention_tc.cu's header states the argument in full. In short: the key range is
+split only at the fixed positions c * KV_CHUNK, each chunk's softmax starts fresh
+and the chunks merge in ascending order with the twin's formula, in shared memory
+(one lane) or from the workspace (the last lane), the same fp32 ops either way; key
+tiles are the cache pages, walked in ascending order within a chunk; each score and each P.V sum is
 one accumulator register taking one mma per 16-wide slice in ascending order,
 and an mma has no cross-row interaction; masking is by select (masked scores
 -inf, their p +0), the softmax runs on the row's own values with explicitly
@@ -34,7 +39,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .attention_kernel import check_inputs, kernel_args, num_work_items
+from .attention_kernel import check_inputs, launch
 from .gemm_kernel import MAX_STATIC_SMEM_BYTES
 from .kernels import kernel
 
@@ -53,8 +58,10 @@ def num_stages(block_size: int) -> int:
 
 def smem_bytes(head_dim: int, block_size: int) -> int:
     """Dynamic shared memory of a CTA (Config::kSmemBytes): the ring of K and V pages,
-    rows of head_dim + 8 BF16 values."""
-    return num_stages(block_size) * 2 * block_size * (head_dim + 8) * 2
+    rows of head_dim + 8 BF16 values, then each thread's merged state over the KV chunks
+    (head_dim / 2 acc values, and m, denom of its two rows: fp32)."""
+    ring = num_stages(block_size) * 2 * block_size * (head_dim + 8) * 2
+    return ring + THREADS_PER_CTA * (head_dim // 2 + 4) * 4
 
 
 def paged_attention_tc(
@@ -67,27 +74,18 @@ def paged_attention_tc(
     scale: float,
     *,
     out: Any = None,
+    workspace: Any = None,
 ) -> Any:
-    """`attention_kernel.paged_attention` (the same arguments, checks and result) on the
-    tensor-core kernel; a KV head may have up to ROWS_PER_CTA query heads."""
+    """`attention_kernel.paged_attention` (the same arguments, checks, geometry and result)
+    on the tensor-core kernel; a KV head may have up to ROWS_PER_CTA query heads."""
     args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = cache.shape[3], cache.shape[4]
-    group = num_heads // num_kv_heads
-    work = num_work_items(num_tokens, block_tables.shape[0], group, ROWS_PER_CTA)
-    if work == 0:
-        return out
     import cupy
 
+    head_dim, block_size = q.shape[2], cache.shape[4]
     fn = _kernel(head_dim, block_size, int(cupy.cuda.runtime.getDevice()))
-    fn(
-        (work, num_kv_heads),
-        (THREADS_PER_CTA,),
-        kernel_args(out, *args),
-        shared_mem=smem_bytes(head_dim, block_size),
-    )
-    return out
+    return launch(fn, ROWS_PER_CTA, smem_bytes(head_dim, block_size), out, *args,
+                  workspace=workspace)  # fmt: skip
 
 
 @functools.cache

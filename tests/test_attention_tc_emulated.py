@@ -20,12 +20,22 @@ import sys
 
 import numpy as np
 import pytest
-from test_kernels_emulated import Paged, max_row_ulps, poisoned, ptr
+from test_kernels_emulated import (
+    SPLIT_CONTEXTS,
+    Paged,
+    S,
+    SplitBuffers,
+    forced_grid,
+    fp32_probe,
+    max_row_ulps,
+    poisoned,
+    ptr,
+    reversed_ctas,
+)
 
-from reprise.cuda.attention_kernel import num_work_items
+from reprise.cuda.attention_kernel import SplitGrid, kv_chunks, split_grid
 from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA, smem_bytes
 from reprise.cuda.dtypes import BF16
-from reprise.cuda.kvcache import kv_write_ref
 
 pytestmark = pytest.mark.kernels
 
@@ -44,35 +54,28 @@ class PagedTc(Paged):
     """Paged sequences (stale slots holding garbage and NaN) run through attention_tc.cu."""
 
     def run(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]],
-            cache: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+            cache: np.ndarray | None = None, grid: SplitGrid | None = None) -> np.ndarray:  # fmt: skip
         """The kernel's output for (sequence, first, last) query spans batched in one
-        launch, planned as attention_tc_kernel plans it, into a poisoned buffer."""
+        launch, on `grid` (None: split_grid's, as attention_tc_kernel plans it), into a
+        poisoned buffer, with a poisoned workspace."""
         q, tables, seq_lens, starts = self.inputs(spans)
         out = poisoned(q.shape)
         group = self.heads // self.kv_heads
-        grid_x = num_work_items(q.shape[0], len(spans), group, ROWS_PER_CTA)
+        if grid is None:
+            grid = split_grid(q.shape[0], len(spans), self.kv_heads, group, tables.shape[1],
+                              self.block_size, ROWS_PER_CTA)  # fmt: skip
         cache = self.cache if cache is None else cache
-        rc = lib.run_paged_attention_tc(
-            self.head_dim, self.block_size, grid_x, self.kv_heads,
-            smem_bytes(self.head_dim, self.block_size), ptr(out), ptr(q), ptr(cache), ptr(tables),
-            ptr(seq_lens), ptr(starts), q.shape[0], len(spans), tables.shape[1], self.heads,
-            self.kv_heads, 2, 1, ctypes.c_float(1 / np.sqrt(self.head_dim)),
-        )  # fmt: skip
+        with SplitBuffers(q.shape[0], self.heads, self.head_dim, kv_chunks(tables.shape[1],
+                          self.block_size)) as (workspace, counters):  # fmt: skip
+            rc = lib.run_paged_attention_tc(
+                self.head_dim, self.block_size, *grid.grid,
+                smem_bytes(self.head_dim, self.block_size), ptr(out), ptr(q), ptr(cache),
+                ptr(tables), ptr(seq_lens), ptr(starts), ptr(workspace), ptr(counters), q.shape[0],
+                len(spans), tables.shape[1], self.heads, self.kv_heads, 2, 1, grid.head_parts,
+                grid.kv_lanes, ctypes.c_float(1 / np.sqrt(self.head_dim)),
+            )  # fmt: skip
         assert rc == 0, rc
         return out
-
-    def with_garbage_after(self, rng: np.random.Generator, b: int, last: int) -> np.ndarray:
-        """The cache as a prefill chunk ending at `last` sees it: sequence b's slots from
-        `last` on not yet written, holding large values and NaN."""
-        cache = self.cache.copy()
-        end = len(self.tables[b]) * self.block_size
-        garbage_shape = (end - last, self.kv_heads, self.head_dim)
-        garbage = (rng.standard_normal(garbage_shape) * 50).astype(BF16)
-        garbage[::3, :, :5] = np.nan
-        pos = np.arange(last, end)
-        slots = np.asarray(self.tables[b])[pos // self.block_size] * self.block_size
-        kv_write_ref(cache, 1, garbage, garbage[::-1], slots + pos % self.block_size)
-        return cache
 
 
 def shape(head_dim: int, group: int, num_kv_heads: int) -> tuple[int, int, int]:
@@ -145,9 +148,74 @@ def test_attention_tc_traps_without_its_shared_memory(lib: ctypes.CDLL) -> None:
         "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
         "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
         f"lib.run_paged_attention_tc(64, 16, 1, 1, {smem_bytes(64, 16) - 16}, p(z), p(z), p(z),"
-        " p(i), p(i[1:]), p(i), 1, 1, 1, 1, 1, 2, 1, ctypes.c_float(0.125))\n"
+        " p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1, 1, 1, ctypes.c_float(0.125))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
+
+
+# --- the KV split: contexts around the chunk boundaries (S = KV_CHUNK) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "group", "block_size"), [(64, 4, 16), (64, 4, 64), (128, 3, 32)]
+)
+def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
+) -> None:
+    """Decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys and two random lengths in one
+    launch (split_grid's geometry: through the workspace), within BF16 rounding of the
+    twin, and bit for bit the same on every other grid (one lane merging in shared
+    memory, other lane and head-part counts), with the CTAs run last to first, and
+    each row alone (batch 1 against batch 7)."""
+    others = [int(n) for n in rng.integers(2, 2 * S, size=2)]
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, [*SPLIT_CONTEXTS, *others])
+    spans = [(b, n - 1, n) for b, n in enumerate([*SPLIT_CONTEXTS, *others])]
+    assert split_grid(7, 7, 1, group, max(map(len, paged.tables)), block_size, ROWS_PER_CTA).splits
+    batched = paged.run(lib, spans)
+    assert max_row_ulps(batched.view(BF16), paged.twin(spans)) <= 2
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            want = paged.run(lib, spans) if probe else batched
+            assert len(np.unique(want)) > 100
+            for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
+                grid = forced_grid(7, 7, 1, group, parts, lanes, ROWS_PER_CTA)
+                assert np.array_equal(paged.run(lib, spans, grid=grid), want), (probe, parts, lanes)
+            with reversed_ctas(lib):
+                assert np.array_equal(paged.run(lib, spans), want), (probe, "reversed")
+            for i, span in enumerate(spans):
+                assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
+
+
+@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 1, 64)])
+def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
+) -> None:
+    """A prompt's rows from a prefill (whole over S + 1 keys, or the chunk crossing the 3S
+    boundary with garbage past it: one lane merging in shared memory, rows of one warp
+    seeing different chunk counts) bit-equal the same positions as decode steps (split
+    through the workspace), and match the twin; the chunk batched behind decode steps too."""
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, SPLIT_CONTEXTS)
+    whole_len, long_len = S + 1, 3 * S + 7
+    first = 3 * S - 20
+    cache = paged.with_garbage_after(rng, 4, long_len)
+    assert max_row_ulps(paged.run(lib, [(3, 0, whole_len)]).view(BF16),
+                        paged.twin([(3, 0, whole_len)])) <= 2  # fmt: skip
+    assert max_row_ulps(paged.run(lib, [(4, first, long_len)], cache).view(BF16),
+                        paged.twin([(4, first, long_len)])) <= 2  # fmt: skip
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            whole = paged.run(lib, [(3, 0, whole_len)])
+            for pos in (0, S - 2, S - 1, S):
+                step = paged.run(lib, [(3, pos, pos + 1)])
+                assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
+            chunk = paged.run(lib, [(4, first, long_len)], cache)
+            for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
+                step = paged.run(
+                    lib, [(4, pos, pos + 1)], paged.with_garbage_after(rng, 4, pos + 1)
+                )
+                assert np.array_equal(step, chunk[pos - first : pos - first + 1]), (probe, pos)
+            spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
+            assert np.array_equal(paged.run(lib, spans, cache)[2:], chunk), probe

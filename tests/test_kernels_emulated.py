@@ -11,17 +11,25 @@ GPU tests (tests/test_gpu_*.py) do that on a device.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from reprise.cuda.activation import silu_mul_ref
-from reprise.cuda.attention import paged_attention_ref
-from reprise.cuda.attention_kernel import num_work_items
+from reprise.cuda.attention import KV_CHUNK, paged_attention_ref
+from reprise.cuda.attention_kernel import (
+    SplitGrid,
+    kv_chunks,
+    num_work_items,
+    split_grid,
+    workspace_floats,
+)
 from reprise.cuda.dtypes import BF16, F32
 from reprise.cuda.embedding import embed_ref
 from reprise.cuda.gemm import gemm_ref
@@ -229,6 +237,51 @@ def test_sample_sorted_walks_the_ranks_as_the_twin(
         assert gaps.min() < 1e-5, (r, params[r], gaps.min())
 
 
+class SplitBuffers:
+    """A split launch's workspace (poisoned: NaN) and counters (zero), each followed by
+    GUARD elements; on exit, the guards are intact and every counter is zero again."""
+
+    def __init__(self, num_tokens: int, num_heads: int, head_dim: int, max_chunks: int) -> None:
+        size = workspace_floats(num_tokens, num_heads, head_dim, max_chunks)
+        self.workspace = poisoned((size + GUARD,), np.float32)
+        self.counters = np.zeros(4096 + GUARD, np.uint32)
+
+    def __enter__(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.workspace, self.counters
+
+    def __exit__(self, *exc: object) -> None:
+        assert np.array_equal(bits(self.workspace[-GUARD:]), bits(poisoned((GUARD,), np.float32)))
+        assert not self.counters.any(), "the last lane of each CTA group leaves its counter zero"
+
+
+@contextlib.contextmanager
+def fp32_probe(lib: ctypes.CDLL, on: bool = True) -> Iterator[None]:
+    """While on, __fdiv_rn returns an 8-bit hash of its operands (cuda_emu.h), so that
+    attention's output shows its fp32 acc and denom: two runs whose outputs are equal
+    then computed the same fp32 values (but for a 1 in 256 collision an element)."""
+    lib.set_fdiv_probe(int(on))
+    try:
+        yield
+    finally:
+        lib.set_fdiv_probe(0)
+
+
+@contextlib.contextmanager
+def reversed_ctas(lib: ctypes.CDLL) -> Iterator[None]:
+    lib.set_reversed_ctas(1)
+    try:
+        yield
+    finally:
+        lib.set_reversed_ctas(0)
+
+
+def forced_grid(num_tokens: int, num_seqs: int, kv_heads: int, group: int, head_parts: int,
+                kv_lanes: int, rows_per_cta: int = 32) -> SplitGrid:  # fmt: skip
+    """A geometry other than split_grid's: any must give the same bits."""
+    work = num_work_items(num_tokens, num_seqs, group // head_parts, rows_per_cta)
+    return SplitGrid(work, kv_heads, head_parts, kv_lanes)
+
+
 class Paged:
     """Random sequences in a shuffled pool whose free and stale slots hold garbage and NaN."""
 
@@ -266,17 +319,41 @@ class Paged:
         starts = np.cumsum([0] + [last - first for _, first, last in spans]).astype(np.int32)
         return q, tables, seq_lens, starts
 
-    def emulated(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]]) -> np.ndarray:
+    def emulated(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]],
+                 cache: np.ndarray | None = None, grid: SplitGrid | None = None) -> np.ndarray:  # fmt: skip
+        """attention.cu's output for (sequence, first, last) query spans batched in one
+        launch, on `grid` (None: split_grid's, as the launcher plans it), into a poisoned
+        buffer, with a poisoned workspace."""
         q, tables, seq_lens, starts = self.inputs(spans)
         out = poisoned(q.shape)
-        grid_x = num_work_items(q.shape[0], len(spans), self.heads // self.kv_heads)
-        rc = lib.run_paged_attention(
-            self.head_dim, self.block_size, grid_x, self.kv_heads, ptr(out), ptr(q), ptr(self.cache),
-            ptr(tables), ptr(seq_lens), ptr(starts), q.shape[0], len(spans), tables.shape[1], self.heads,
-            self.kv_heads, 2, 1, ctypes.c_float(1 / np.sqrt(self.head_dim)),
-        )  # fmt: skip
+        group = self.heads // self.kv_heads
+        if grid is None:
+            grid = split_grid(q.shape[0], len(spans), self.kv_heads, group, tables.shape[1],
+                              self.block_size)  # fmt: skip
+        with SplitBuffers(q.shape[0], self.heads, self.head_dim, kv_chunks(tables.shape[1],
+                          self.block_size)) as (workspace, counters):  # fmt: skip
+            rc = lib.run_paged_attention(
+                self.head_dim, self.block_size, *grid.grid, ptr(out), ptr(q),
+                ptr(self.cache if cache is None else cache), ptr(tables), ptr(seq_lens),
+                ptr(starts), ptr(workspace), ptr(counters), q.shape[0], len(spans), tables.shape[1],
+                self.heads, self.kv_heads, 2, 1, grid.head_parts, grid.kv_lanes,
+                ctypes.c_float(1 / np.sqrt(self.head_dim)),
+            )  # fmt: skip
         assert rc == 0
         return out
+
+    def with_garbage_after(self, rng: np.random.Generator, b: int, last: int) -> np.ndarray:
+        """The cache as a prefill chunk ending at `last` sees it: sequence b's slots from
+        `last` on not yet written, holding large values and NaN."""
+        cache = self.cache.copy()
+        end = len(self.tables[b]) * self.block_size
+        garbage_shape = (end - last, self.kv_heads, self.head_dim)
+        garbage = (rng.standard_normal(garbage_shape) * 50).astype(BF16)
+        garbage[::3, :, :5] = np.nan
+        pos = np.arange(last, end)
+        slots = np.asarray(self.tables[b])[pos // self.block_size] * self.block_size
+        kv_write_ref(cache, 1, garbage, garbage[::-1], slots + pos % self.block_size)
+        return cache
 
     def twin(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
         q, tables, seq_lens, starts = self.inputs(spans)
@@ -306,6 +383,87 @@ def test_attention_matches_its_twin_and_is_invariant(
                 for s in range(first, last, chunk)
             ]
             assert np.array_equal(np.concatenate(pieces), got), (b, chunk)
+
+
+# The KV split: contexts around the chunk boundaries (S = KV_CHUNK keys a chunk).
+S = KV_CHUNK
+SPLIT_CONTEXTS = [1, S - 1, S, S + 1, 3 * S + 7]
+
+
+def split_case(rng: np.random.Generator, shape: tuple[int, int, int], block_size: int) -> Paged:
+    """Sequences of SPLIT_CONTEXTS keys, and two more of random lengths."""
+    others = [int(n) for n in rng.integers(2, 2 * S, size=2)]
+    return Paged(rng, shape, block_size, [*SPLIT_CONTEXTS, *others])
+
+
+@pytest.mark.parametrize(
+    ("shape", "block_size"), [((4, 1, 64), 16), ((4, 1, 64), 64), ((6, 2, 128), 32)]
+)
+def test_attention_split_decode_matches_its_twin_on_every_grid(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
+) -> None:
+    """Decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys batched in one launch (7 rows,
+    split_grid's geometry: chunk states through the workspace, merged by each CTA group's
+    last lane), within BF16 rounding of the twin; and bit for bit the same on every
+    other grid: one lane merging in registers, other lane and head-part counts, the
+    CTAs run last to first (another lane merges), and each row alone (batch 1)."""
+    paged = split_case(rng, shape, block_size)
+    spans = [(b, n - 1, n) for b, n in enumerate(paged_lens(paged))]
+    heads, kv_heads, _ = shape
+    group = heads // kv_heads
+    planned = split_grid(7, 7, kv_heads, group, max(map(len, paged.tables)), block_size)
+    assert planned.splits
+    batched = paged.emulated(lib, spans)
+    assert max_row_ulps(batched.view(BF16), paged.twin(spans)) <= 2
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            want = paged.emulated(lib, spans) if probe else batched
+            assert len(np.unique(want)) > 100
+            for parts, lanes in [(1, 1), (1, 2), (group, 3), (group, 4)]:
+                grid = forced_grid(7, 7, kv_heads, group, parts, lanes)
+                got = paged.emulated(lib, spans, grid=grid)
+                assert np.array_equal(got, want), (probe, parts, lanes)
+            with reversed_ctas(lib):
+                assert np.array_equal(paged.emulated(lib, spans), want), (probe, "reversed")
+            for i, span in enumerate(spans):
+                got = paged.emulated(lib, [span])
+                assert np.array_equal(got, want[i : i + 1]), (probe, "alone", span)
+
+
+def paged_lens(paged: Paged) -> list[int]:
+    return [q.shape[0] for q in paged.queries]
+
+
+@pytest.mark.parametrize(("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64)])
+def test_attention_split_prefill_rows_equal_their_decode_steps(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
+) -> None:
+    """A prompt's rows computed in a prefill (whole, or the chunk crossing the 3S
+    boundary, garbage past it; one CTA merging its rows' chunks in registers, rows of one
+    CTA seeing different chunk counts) bit-equal the same positions as decode steps
+    (split through the workspace), and the prefill's rows match the twin."""
+    paged = split_case(rng, shape, block_size)
+    whole_len, long_len = S + 1, 3 * S + 7
+    first = 3 * S - 20
+    cache = paged.with_garbage_after(rng, 4, long_len)
+    assert max_row_ulps(paged.emulated(lib, [(3, 0, whole_len)]).view(BF16),
+                        paged.twin([(3, 0, whole_len)])) <= 2  # fmt: skip
+    assert max_row_ulps(paged.emulated(lib, [(4, first, long_len)], cache).view(BF16),
+                        paged.twin([(4, first, long_len)])) <= 2  # fmt: skip
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib, probe):
+            whole = paged.emulated(lib, [(3, 0, whole_len)])
+            for pos in (0, S - 2, S - 1, S):
+                step = paged.emulated(lib, [(3, pos, pos + 1)])
+                assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
+            chunk = paged.emulated(lib, [(4, first, long_len)], cache)
+            for pos in (first, 3 * S - 1, 3 * S, long_len - 1):
+                garbage = paged.with_garbage_after(rng, 4, pos + 1)
+                step = paged.emulated(lib, [(4, pos, pos + 1)], garbage)
+                assert np.array_equal(step, chunk[pos - first : pos - first + 1]), (probe, pos)
+            # the same chunk batched after decode steps, on a split grid
+            spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
+            assert np.array_equal(paged.emulated(lib, spans, cache)[2:], chunk), probe
 
 
 GEMM_SHAPES = [(5, 48, 37), (70, 208, 130), (130, 64, 257)]  # (M, K, N): tails in M, N and K

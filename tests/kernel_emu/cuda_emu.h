@@ -25,7 +25,7 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))  // as CUDA defines it: fits anywhere a GNU attribute does
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };
@@ -42,7 +42,26 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
+namespace emu {
+// Tests that compare fp32 values a kernel only shows rounded (attention's acc and denom,
+// divided once into a BF16 output) set this: __fdiv_rn then returns an 8-bit hash of
+// both operands' bits, an exact small float, so two runs' outputs differ wherever an
+// operand differs in any bit (but for a 1 in 256 collision).
+inline bool g_fdiv_probe = false;
+}  // namespace emu
+inline float __fdiv_rn(float a, float b) {
+  if (emu::g_fdiv_probe) {
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    uint32_t h = ua * 0x9E3779B1u ^ (ub + 0x7F4A7C15u) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return static_cast<float>(h & 0xffu);
+  }
+  return a / b;
+}
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 template <class T> inline T __ldg(const T* p) { return *p; }

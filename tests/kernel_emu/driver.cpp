@@ -39,8 +39,9 @@ alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
 
 // The tensor-core attention, the same way: its `extern __shared__` buffer is
 // attention_tc_smem below, sized for its largest config (head_dim 128 with 64-key
-// pages: two stages of a K and a V page, rows of 136 halves).
-constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2;  // 69,632 B
+// pages: two stages of a K and a V page, rows of 136 halves; then the merged state, 68
+// floats a thread).
+constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2 + 128 * 68 * 4;  // 104,448 B
 namespace attention_tc_emu {
 namespace {
 alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
@@ -99,12 +100,15 @@ void run_apply_penalties(int rows, float* logits, int vocab, const int* offsets,
 void run_philox_uniform(const unsigned long long* seeds, const long long* positions, float* out, int n) {
   launch({(unsigned)((n + 255) / 256), 1, 1}, 256, [&] { philox_uniform(seeds, positions, out, n); });
 }
+// Launch attention.cu's entry point for (head_dim, block_size) as attention_kernel does:
+// grid (grid_x, grid_y), 128 threads; workspace and counters as the split reads them.
 int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, unsigned short* out,
                         const unsigned short* q, const unsigned short* cache, const int* block_tables,
-                        const int* seq_lens, const int* query_start_loc, int num_tokens, int num_seqs,
-                        int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, float scale) {
+                        const int* seq_lens, const int* query_start_loc, float* workspace, unsigned* counters,
+                        int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+                        int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, int, int, int, int, int, int, int, float);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
   if (head_dim == 64 && block_size == 16) fn = attention_emu::paged_attention_d64_b16;
   if (head_dim == 64 && block_size == 32) fn = attention_emu::paged_attention_d64_b32;
@@ -114,8 +118,8 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   if (head_dim == 128 && block_size == 64) fn = attention_emu::paged_attention_d128_b64;
   if (fn == nullptr) return 1;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
-    fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
-       num_kv_heads, num_layers, layer, scale);
+    fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale);
   });
   return 0;
 }
@@ -181,6 +185,8 @@ int run_gemm_split(const char* name, int grid_x, int grid_y, int threads, int sm
 
 // Later launches run their CTAs last to first (nonzero) or first to last (0).
 void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
+// Nonzero: __fdiv_rn returns a hash of its operands' bits (cuda_emu.h, g_fdiv_probe).
+void set_fdiv_probe(int on) { emu::g_fdiv_probe = on != 0; }
 // Launch attention_tc.cu's entry point for (head_dim, block_size) as attention_tc_kernel
 // does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of dynamic shared memory, which
 // starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
@@ -189,10 +195,11 @@ void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
 int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y, int smem_bytes,
                            unsigned short* out, const unsigned short* q, const unsigned short* cache,
                            const int* block_tables, const int* seq_lens, const int* query_start_loc,
-                           int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-                           int num_layers, int layer, float scale) {
+                           float* workspace, unsigned* counters, int num_tokens, int num_seqs, int max_blocks,
+                           int num_heads, int num_kv_heads, int num_layers, int layer, int head_parts,
+                           int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, int, int, int, int, int, int, int, float);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
   if (head_dim == 64 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d64_b16;
   if (head_dim == 64 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d64_b32;
@@ -207,8 +214,8 @@ int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y,
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
   std::atomic<int> left_behind{0};
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
-    fn(out, q, cache, block_tables, seq_lens, query_start_loc, num_tokens, num_seqs, max_blocks, num_heads,
-       num_kv_heads, num_layers, layer, scale);
+    fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale);
     if (!ptx_emu_cp_async_drained()) ++left_behind;
   });
   g_ptx_smem = nullptr;
