@@ -68,7 +68,7 @@
 // launch geometry and the other sequences of the batch never reach a row's bits:
 // prefill rows (merged in registers) and decode rows (merged from the workspace) get
 // the same bits, which is what makes a prompt's last token equal its decode step.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 namespace {
 
@@ -87,8 +87,6 @@ __device__ __forceinline__ constexpr int kTilesPerChunk() {
   return kKvChunk / BLOCK_SIZE;
 }
 
-__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
-
 // The two BF16 halves of a 32-bit word (the lower address holds the low half).
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
@@ -102,25 +100,6 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
   f[5] = bf16_hi(w.z);
   f[6] = bf16_lo(w.w);
   f[7] = bf16_hi(w.w);
-}
-
-__device__ __forceinline__ unsigned int bf16_bits(float x) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-
-// The merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
-// chunks before it (m1, denom1, acc1), paged_attention_ref's _RowState.merge op for op:
-// m' = max(m1, m2), a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes
-// merged(x1, a1, x2, a2) = x1 * a1 + x2 * a2, every op rounded on its own.
-__device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
-  const float m = fmaxf(m1, m2);
-  a1 = expf(__fsub_rn(m1, m));
-  a2 = expf(__fsub_rn(m2, m));
-  return m;
-}
-
-__device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
-  return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
 }
 
 // The split's last step, in the CTA that finishes its (work item, head slot) last: for

@@ -95,7 +95,7 @@
 // launch geometry and the other sequences of the batch never reach a row's bits:
 // prefill rows (one lane) and decode rows (split) run this same code and merge alike,
 // so a prompt's last token equals its decode step.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 namespace {
 
@@ -107,97 +107,7 @@ constexpr unsigned int kFullMask = 0xffffffffu;
 // Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
 constexpr int kKvChunk = 256;
 
-// ---- PTX wrappers -----------------------------------------------------------------
-// Every inline-PTX statement (and the shared-window address they take) lives in these
-// wrappers, as in gemm.cu (each .cu file stands alone, so they are repeated here).
-// NOTE: the CPU emulator (tests/kernel_emu/driver.cpp) defines REPRISE_EMULATE_PTX and
-// takes host definitions of these same functions, written to the PTX ISA, from
-// tests/kernel_emu/ptx_emu.h; no GPU build defines it.
-#ifndef REPRISE_EMULATE_PTX
-
-__device__ __forceinline__ unsigned shared_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; valid = false writes 16 zero bytes and
-// reads nothing (PTX ISA "cp.async": the bytes past src-size are zero-filled).
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Wait until at most `PENDING` of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
-
-// Four 8x8 b16 matrices (PTX ISA, ldmatrix): lanes 8j..8j+7 give the row addresses of
-// matrix j, and each lane gets, from matrix j in r[j], row lane/4, columns 2*(lane%4)
-// and +1 (the lower column in the lower 16 bits).
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// The same four matrices transposed (ldmatrix .trans): lane gets, from matrix j in
-// r[j], rows 2*(lane%4) and +1 of column lane/4 (the lower row in the lower 16 bits).
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// d = A (16x16, row) * B (16x8, col) + d, fp32 accumulate in place. Fragments as in the
-// PTX ISA (mma.m16n8k16, floating point types), with g = lane / 4 and t = lane % 4:
-// a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
-// a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d[0], d[1] =
-// D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]; the lower index in the lower 16 bits.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                               unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-  unsigned bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
-  return bytes;
-}
-
-#endif  // REPRISE_EMULATE_PTX
-
-__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ unsigned bf16_bits(float x) {
-  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
-}
-
-// Two floats as BF16 in one 32-bit fragment register, the first in the lower half.
-__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
-
-// The merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
-// chunks before it (m1, denom1, acc1): attention.cu's, repeated (each .cu file stands
-// alone), and paged_attention_ref's _RowState.merge op for op: m' = max(m1, m2),
-// a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes x1 * a1 + x2 * a2.
-__device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
-  const float m = fmaxf(m1, m2);
-  a1 = expf(__fsub_rn(m1, m));
-  a2 = expf(__fsub_rn(m2, m));
-  return m;
-}
-
-__device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
-  return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
-}
+// The PTX wrappers, BF16 helpers and the chunk merge come from common.cuh.
 
 // The split's last step: attention.cu's merge_chunks, repeated. For each of the CTA's
 // rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at position

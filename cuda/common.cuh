@@ -152,6 +152,21 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return scratch[0];
 }
 
+// Split attention (attention.cu, attention_tc.cu): the merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
+// chunks before it (m1, denom1, acc1), paged_attention_ref's _RowState.merge op for op:
+// m' = max(m1, m2), a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes
+// merged(x1, a1, x2, a2) = x1 * a1 + x2 * a2, every op rounded on its own.
+__device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
+  const float m = fmaxf(m1, m2);
+  a1 = expf(__fsub_rn(m1, m));
+  a2 = expf(__fsub_rn(m2, m));
+  return m;
+}
+
+__device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
+  return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
+}
+
 }  // namespace
 
 #endif  // REPRISE_COMMON_CUH
