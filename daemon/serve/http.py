@@ -415,6 +415,7 @@ class HttpThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((config.host, config.port))
+            self.sock.listen(2048)  # connections wait in the backlog until uvicorn runs
         except OSError as e:
             self.sock.close()
             raise RuntimeError(f"--http {config.host}:{config.port}: cannot bind: {e}") from None
