@@ -411,7 +411,9 @@ class HttpThread:
         import uvicorn
 
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY on accepted sockets only when
+        # their proto says TCP (proto 0 costs ~40 ms a response: Nagle meets delayed ACKs).
+        self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((config.host, config.port))
