@@ -57,6 +57,8 @@ def start_daemon(model: Path, tmp: Path) -> tuple[subprocess.Popen, str, str, Pa
             except httpx.TransportError:
                 pass
         time.sleep(0.05)
+    proc.kill()
+    proc.wait()
     raise SystemExit(f"the daemon did not start; log:\n{log.read_text()[-2000:]}")
 
 

@@ -4,6 +4,7 @@ hides what we check (status codes, SSE framing, /metrics, disconnects)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -48,7 +49,12 @@ class HttpDaemon:
             "--max-tokens-cap", "64", "--http", "127.0.0.1:0", *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = self._wait_ready()
+        try:
+            self.url = self._wait_ready()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _wait_ready(self, timeout_s: float = 120) -> str:
         deadline, url = time.monotonic() + timeout_s, None
@@ -56,8 +62,10 @@ class HttpDaemon:
             if url is None:
                 found = re.search(r"HTTP on (http://\S+:\d+)", self.log_path.read_text())
                 url = found.group(1) if found else None
-            elif httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return url
+            else:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        return url
             time.sleep(0.05)
         raise AssertionError(f"the daemon never became ready; log:\n{self.read_log()[-3000:]}")
 
