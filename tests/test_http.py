@@ -282,10 +282,11 @@ def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
     d = HttpDaemon(tmp_path, tiny, env={"REPRISE_API_KEY": "sesame"})
     try:
         assert httpx.get(f"{d.url}/health").status_code == 200  # no key needed there
-        for key in ("wrong", ""):
-            with pytest.raises(openai.AuthenticationError):
-                d.openai(key).models.list()
-        assert httpx.get(f"{d.url}/metrics").status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            d.openai("wrong").models.list()
+        for path in ("/v1/models", "/metrics"):
+            r = httpx.get(f"{d.url}{path}")
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert [m.id for m in d.openai("sesame").models.list().data] == ["tiny"]
         done = d.openai("sesame").completions.create(model="tiny", prompt="ab", max_tokens=2)
         assert done.usage.completion_tokens >= 1
