@@ -137,9 +137,11 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
     figures["model"] = str(args.model or "synth tiny")
-    print(json.dumps(figures, indent=2))
+    figures["cpus"] = os.cpu_count()
+    figures["load_average_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
 
 
 def measure(args: argparse.Namespace, address: str, url: str) -> dict:
