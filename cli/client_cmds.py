@@ -176,6 +176,13 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
     default=None,
     help="Save float32 logits [num_generated, vocab] as .npy.",
 )
+@click.option(
+    "--logprobs",
+    type=click.IntRange(0, 20),
+    default=None,
+    help="Return each token's log-probability and this many most likely alternatives "
+    "(printed under the answer, or in --json).",
+)
 @client_options
 def generate_cmd(
     prompt: str,
@@ -183,6 +190,7 @@ def generate_cmd(
     system: str | None,
     as_json: bool,
     logits_out: Path | None,
+    logprobs: int | None,
     socket: str | None,
     timeout: float,
     **kw: Any,
@@ -191,6 +199,8 @@ def generate_cmd(
     request = chat_request(prompt, chat, system)
     options = request_from(kw)
     options["return_logits"] = logits_out is not None
+    if logprobs is not None:
+        options["logprobs"] = logprobs
     with connect(socket, timeout) as client:
         try:
             if as_json:
@@ -212,6 +222,10 @@ def generate_cmd(
     if as_json:
         click.echo(json.dumps(done_json(done)))
     else:
+        for lp in done.logprobs or ():
+            top = "  ".join(f"{i}:{t!r} {v:.3f}" for i, t, v in lp["top"])
+            token = f"{lp['id']}:{lp['token']!r}"
+            click.echo(f"{token:>20} {lp['logprob']:8.3f}   {top}", err=True)
         click.echo(turn_summary(done), err=True)
 
 
@@ -250,6 +264,7 @@ def done_json(done: Done) -> dict[str, Any]:
         "ttft_ms": done.ttft_ms,
         "tokens_per_s": done.tokens_per_s,
         "finish_reason": done.finish_reason,
+        **({"logprobs": done.logprobs} if done.logprobs is not None else {}),
     }
 
 

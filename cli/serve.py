@@ -38,6 +38,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "drain_timeout": (5.0, float),
     "log_level": ("info", str),
     "log_format": ("text", str),
+    "http": (None, str),
+    "served_model_name": (None, str),
 }
 
 
@@ -152,14 +154,34 @@ def engine_options(command: Any) -> Any:
     "text goes to the journal with its level [default: text].",
 )
 @click.option(
+    "--http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also serve the OpenAI-compatible HTTP API (and /health, /metrics) here, e.g. "
+    "127.0.0.1:8000; a non-loopback host needs --api-key.",
+)
+@click.option(
+    "--api-key",
+    envvar="REPRISE_API_KEY",
+    default=None,
+    help="Require `Authorization: Bearer KEY` on every HTTP route but /health "
+    "(env REPRISE_API_KEY).",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The model id of the HTTP API [default: the model folder's name].",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help="TOML file with the same options; flags win.",
 )
-def serve_cmd(config_file: Path | None, **flags: Any) -> None:
-    """Load a model and serve it on a ZeroMQ socket until SIGTERM (then drain and exit 0)."""
+def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> None:
+    """Load a model and serve it on a ZeroMQ socket (and HTTP with --http) until SIGTERM
+    (then drain and exit 0)."""
     from ..daemon import Engine
     from ..daemon.serve.server import Server, ServerConfig, prepare_endpoints
     from ..daemon.serve.service import Notifier, StopFlag, raise_fd_limit
@@ -175,6 +197,7 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
         settings = EngineConfig(**{field: options[name] for name, field in ENGINE_OPTIONS.items()})
     except SettingError as e:  # refused before the model loads, as a usage error (exit 2)
         raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
+    http_config = _http_config(options, api_key)  # a bad --http is refused before anything
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
     stop = StopFlag()
@@ -193,11 +216,39 @@ def serve_cmd(config_file: Path | None, **flags: Any) -> None:
             model_name=str(options["model"] or "default"),
         )
         prepare_endpoints(config)  # a bad or busy socket is refused before the model loads
+        http = None
+        if http_config is not None:  # up while loading, so /health answers 503 meanwhile
+            from ..daemon.serve.http import HttpThread
+
+            http = HttpThread(http_config, config.address)
+            http.start()
         with tqdm_progress("loading model", unit="layer") as progress:
             engine = Engine.from_pretrained(settings=settings, progress=progress)
         server = Server(engine, config, notifier=Notifier(), stop=stop)
-        if stop.is_set:
-            return
-        server.run()
+        try:
+            if not stop.is_set:
+                server.run()
+        finally:
+            if http is not None:
+                http.stop()
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
+
+
+def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
+    """The HTTP front end's settings, or None without --http (click.UsageError when a
+    non-loopback host has no key)."""
+    if options["http"] is None:
+        return None
+    from ..daemon.serve.http import HttpConfig, parse_host_port
+
+    try:
+        host, port = parse_host_port(options["http"])
+        name = options["served_model_name"] or (Path(options["model"]).name if options["model"]
+                                                else "default")  # fmt: skip
+        return HttpConfig(host=host, port=port, api_key=api_key or None, model_name=name,
+                          max_queue=options["max_queue"],
+                          max_body_bytes=options["max_message_bytes"])  # fmt: skip
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+

@@ -9,7 +9,8 @@ error to its request).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
@@ -23,6 +24,18 @@ from .messages import (
     Reply,
     Request,
 )
+
+
+class TokenLogprobsLike(Protocol):
+    """The engine's TokenLogprobs, as the codec reads it (ipc does not import the daemon)."""
+
+    @property
+    def token_id(self) -> int: ...
+    @property
+    def logprob(self) -> float: ...
+    @property
+    def top(self) -> tuple[tuple[int, float], ...]: ...
+
 
 # Caps on what msgpack may unpack from one message, so a hostile length field
 # cannot make the daemon allocate much before validation runs.
@@ -118,6 +131,21 @@ def logits_to_wire(logits: np.ndarray) -> dict[str, Any]:
     """A float32 array as {"shape": [...], "data": raw little-endian bytes}."""
     array = np.ascontiguousarray(logits, dtype="<f4")
     return {"shape": list(array.shape), "data": array.tobytes()}
+
+
+def logprobs_to_wire(
+    logprobs: Sequence[TokenLogprobsLike], token_text: Callable[[int], str]
+) -> list[dict[str, Any]]:
+    """Per-token logprobs as plain maps, each token id with its text (`token_text`)."""
+    return [
+        {
+            "id": lp.token_id,
+            "token": token_text(lp.token_id),
+            "logprob": lp.logprob,
+            "top": [[t, token_text(t), v] for t, v in lp.top],
+        }
+        for lp in logprobs
+    ]
 
 
 def logits_from_wire(wire: dict[str, Any]) -> np.ndarray:

@@ -44,6 +44,10 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "stop_token_ids": (list,),
     "ignore_eos": (bool,),
     "skip_special_tokens": (bool,),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float),
+    "logprobs": (int, type(None)),  # top alternatives per token, 0 to 20 (None: off)
 }
 
 
@@ -189,6 +193,7 @@ class TokenChunk:
     id: str
     token_ids: list[int]
     text: str  # new text since the last chunk
+    logprobs: list[dict[str, Any]] | None = None  # one per token, when sampling.logprobs is set
 
 
 @dataclass(slots=True)
@@ -206,6 +211,9 @@ class Done:
     ttft_ms: float
     tokens_per_s: float  # generated tokens over the time from receipt to the end
     logits: dict[str, Any] | None = None  # {"shape": [n, vocab], "data": float32 bytes}
+    # One per generated token when sampling.logprobs is set: {"id", "token" (its text),
+    # "logprob", "top": [[id, text, logprob], ...] (at most 20, most likely first)}
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)

@@ -72,6 +72,26 @@ def test_replies_round_trip() -> None:
         assert decode_reply(encode(reply)) == reply
 
 
+def test_logprobs_travel_with_chunks_and_done() -> None:
+    from reprise.daemon.engine.sampling.logprobs import TokenLogprobs
+    from reprise.ipc.codec import logprobs_to_wire
+
+    lps = [TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5))), TokenLogprobs(3, -2.0, ())]
+    wire = logprobs_to_wire(lps, lambda t: f"<{t}>")
+    assert wire[0] == {"id": 7, "token": "<7>", "logprob": -0.25,
+                       "top": [[7, "<7>", -0.25], [3, "<3>", -1.5]]}  # fmt: skip
+    chunk = TokenChunk("x", [7], "a", wire[:1])
+    assert decode_reply(encode(chunk)) == chunk
+    done = Done("x", "length", "ab", [7, 3], 4, 0, 0, 1.5, 9.0, None, wire)
+    assert decode_reply(encode(done)).logprobs == wire
+    sampling = {"logprobs": 20, "presence_penalty": 0.5, "frequency_penalty": -1,
+                "repetition_penalty": 1.1}  # fmt: skip
+    request = Generate(id="g", prompt="x", sampling=sampling)
+    assert decode_request(encode(request)) == request
+    with pytest.raises(ProtocolError, match=r"sampling\.logprobs"):
+        Generate(id="g", prompt="x", sampling={"logprobs": "all"})
+
+
 @pytest.mark.parametrize(
     ("data", "code"),
     [

@@ -253,6 +253,8 @@ class Engine:
             "prefill_tokens_skipped": self.scheduler.prefill_tokens_skipped,
             "preemptions": self.scheduler.num_preemptions,
             "prefix_waits": self.scheduler.num_prefix_waits,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
         }
 
     def take_events(self) -> list[KVEvent]:

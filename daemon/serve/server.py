@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from ...ipc.codec import decode_request, encode, error_bytes, logits_to_wire
+from ...ipc.codec import decode_request, encode, error_bytes, logits_to_wire, logprobs_to_wire
 from ...ipc.framing import Oversize
 from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
 from ...ipc.messages import (
@@ -43,6 +43,7 @@ from ...ipc.messages import (
 from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
 from ..engine.params import Retention, SamplingParams, StepOutput
+from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Arrival, Connections, ConnId, Limits
 from .service import Notifier, StopFlag, default_max_connections
@@ -448,7 +449,8 @@ class Server:
         if live.t_first is None:
             live.t_first = time.monotonic()
         if live.stream:
-            chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta)
+            logprobs = self._logprobs_wire(output.logprobs)
+            chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
             if not self._send(live.route, encode(chunk)):
                 self._drop_client(live.route)
                 return
@@ -473,6 +475,7 @@ class Server:
             ttft_ms=round((t_first - live.t_received) * 1000, 3),
             tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
             logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
+            logprobs=self._logprobs_wire(completion.logprobs),
         )
         log.info(
             "request %s: %s, %d prompt tokens (%d cached, %d from the host tier), %d generated, "
@@ -490,6 +493,14 @@ class Server:
         )  # fmt: skip
         if not self._send(live.route, encode(done)):
             self._drop_client(live.route)
+
+    def _logprobs_wire(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
+        return None if logprobs is None else logprobs_to_wire(logprobs, self._token_text)
+
+    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 (one Server per process)
+    def _token_text(self, token_id: int) -> str:
+        """One token's text on its own (a piece of a multi-byte character shows as U+FFFD)."""
+        return self.engine.tokenizer.decode([token_id])
 
     def _drop_client(self, route: Route) -> None:
         """The client is gone or not reading: hang up and cancel its requests, so their

@@ -1,0 +1,442 @@
+"""The OpenAI-compatible HTTP front end: a Starlette app served by uvicorn on its own
+thread (and asyncio loop) inside the daemon process.
+
+The app talks to the engine through the daemon's own ZeroMQ socket, as an
+in-process client using `ipc.Client`'s public API only, so both front ends share
+one protocol and one set of limits and validation. A Client is blocking and not
+thread-safe, so each choice of a request runs its `Client.stream` on a worker
+thread with a Client of its own (taken from a small pool), feeding the asyncio
+side through a queue. At most `max_queue` choices are in flight (more get 429
+here, before the daemon is asked). A client that disconnects stops its worker,
+which closes the stream after the next token: that sends Cancel, and the daemon
+frees the request's blocks.
+
+Guarantees: every route but /health needs the API key when one is set (compared
+in constant time); every error is OpenAI's JSON error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ...ipc.client import Client, DaemonUnavailable, RequestError
+from ...ipc.messages import Done, TokenChunk
+from .metrics import Metrics
+from .openai_api import (
+    STATUS_OF_CODE,
+    ApiError,
+    ParsedRequest,
+    StreamBuilder,
+    new_id,
+    parse_request,
+    response,
+)
+
+log = logging.getLogger("reprise.http")
+_END = object()  # a worker's last item on its queue
+
+
+@dataclass(slots=True)
+class HttpConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    model_name: str = "default"
+    max_queue: int = 256  # choices in flight; more get 429 (the daemon's own limit)
+    max_body_bytes: int = 1 << 20  # larger bodies get 413 (the daemon's max_message_bytes)
+    max_tokens_default: int = 16  # max_tokens when a request gives none
+
+    def __post_init__(self) -> None:
+        check_bind(self.host, self.api_key)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"http port must be in [0, 65535]; got {self.port}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse a non-loopback address without an API key (ValueError saying so)."""
+    if not is_loopback(host) and not api_key:
+        raise ValueError(f"--http {host}: serving beyond loopback needs an API key "
+                         "(--api-key or REPRISE_API_KEY)")  # fmt: skip
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """HOST:PORT (or [v6]:PORT, or :PORT for loopback) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--http must be HOST:PORT; got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class ClientPool:
+    """Idle Clients of the daemon, reused across requests (each used by one thread at once)."""
+
+    def __init__(self, address: str, timeout_s: float = 300.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._idle: queue.SimpleQueue[Client] = queue.SimpleQueue()
+
+    def take(self) -> Client:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            return Client(self.address, timeout_s=self.timeout_s)
+
+    def give(self, client: Client, healthy: bool = True) -> None:
+        if healthy:
+            self._idle.put(client)
+        else:
+            client.close()
+
+    def call(self, fn: Callable[[Client], Any]) -> Any:
+        client = self.take()
+        try:
+            result = fn(client)
+        except BaseException:
+            self.give(client, healthy=False)
+            raise
+        self.give(client)
+        return result
+
+
+class Frontend:
+    """The app's state: config, client pool, workers and metrics."""
+
+    def __init__(self, config: HttpConfig, daemon_address: str) -> None:
+        self.config = config
+        self.pool = ClientPool(daemon_address)
+        self.workers = ThreadPoolExecutor(config.max_queue, thread_name_prefix="http-stream")
+        self.num_in_flight = 0
+        self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()))
+
+    # -- the streams of one request ------------------------------------------------------
+
+    async def run(
+        self, parsed: ParsedRequest, stop: threading.Event
+    ) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
+        """(choice index, item) as the daemon sends them, for the n choices together;
+        raises ApiError for a daemon error. Leaving early stops every choice's stream."""
+        if self.num_in_flight + parsed.n > self.config.max_queue:
+            raise ApiError(429, f"the queue is full ({self.config.max_queue} requests); "
+                           "retry later", code="busy")  # fmt: skip
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[Any] = asyncio.Queue()
+        self.num_in_flight += parsed.n
+
+        def put(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: the server is stopping
+                loop.call_soon_threadsafe(items.put_nowait, item)
+
+        def work(index: int) -> None:
+            client, healthy = self.pool.take(), True
+            try:
+                stream = client.stream(parsed.prompt, **parsed.choice_options(index))
+                try:
+                    for item in stream:
+                        put((index, item))
+                        if stop.is_set():
+                            break
+                finally:
+                    stream.close()  # before the Done: sends Cancel
+            except RequestError as e:
+                put((index, e))
+            except BaseException as e:
+                healthy = False
+                put((index, e))
+            finally:
+                self.pool.give(client, healthy)
+                put((index, _END))
+
+        for index in range(parsed.n):
+            self.workers.submit(work, index)
+        num_open = parsed.n
+        try:
+            while num_open:
+                index, item = await items.get()
+                if item is _END:
+                    num_open -= 1
+                elif isinstance(item, BaseException):
+                    raise _api_error(item)
+                else:
+                    yield index, item
+        finally:
+            stop.set()
+            self.num_in_flight -= parsed.n
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        try:
+            reply = await run_in_threadpool(self.pool.call, lambda c: c.health(timeout_s=2))
+        except DaemonUnavailable:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        status = 200 if reply.status == "ok" else 503
+        return JSONResponse({"status": reply.status}, status_code=status)
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.config.model_name, "object": "model", "created": 0,
+                 "owned_by": "reprise"}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def metrics_route(self, request: Request) -> Response:
+        text = await run_in_threadpool(generate_latest, self.metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completions")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        t_start = time.monotonic()
+        parsed = parse_request(kind, await self._json(request),
+                               max_tokens_default=self.config.max_tokens_default)  # fmt: skip
+        if parsed.model is not None and parsed.model != self.config.model_name:
+            raise ApiError(404, f"the model {parsed.model!r} does not exist; this daemon "
+                           f"serves {self.config.model_name!r}", param="model",
+                           code="model_not_found")  # fmt: skip
+        if parsed.user is not None:
+            log.info("request from user %r", parsed.user[:128])
+        request_id = new_id(kind)
+        stop = threading.Event()
+        timing = _Timing(self.metrics, t_start, parsed.n)
+        items = self.run(parsed, stop)
+        if not parsed.stream:
+            dones = await self._collect(request, items, timing, parsed.n, stop)
+            return JSONResponse(response(parsed, request_id, self.config.model_name, dones))
+        # The first item decides the status: an error before any token is a plain JSON error.
+        watcher = asyncio.create_task(_watch_disconnect(request, stop))
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:  # pragma: no cover (a stream always ends with a Done)
+            first = None
+        finally:
+            watcher.cancel()
+        builder = StreamBuilder(parsed, request_id, self.config.model_name)
+        return StreamingResponse(self._events(first, items, builder, timing, parsed.n),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+
+    async def _collect(self, request: Request, items: AsyncIterator, timing: _Timing, n: int,
+                       stop: threading.Event) -> list[Done]:  # fmt: skip
+        watcher = asyncio.create_task(_watch_disconnect(request, stop))
+        dones: list[Done | None] = [None] * n
+        try:
+            async for index, item in items:
+                timing.on(index, item)
+                if isinstance(item, Done):
+                    dones[index] = item
+                elif stop.is_set():  # the client left
+                    break
+        finally:
+            watcher.cancel()
+            await items.aclose()  # type: ignore[attr-defined]
+        if any(d is None for d in dones):
+            raise ApiError(499, "the client closed the request")
+        return dones  # type: ignore[return-value]
+
+    async def _events(self, first: Any, items: AsyncIterator, builder: StreamBuilder,
+                      timing: _Timing, n: int) -> AsyncIterator[str]:  # fmt: skip
+        dones: list[Done | None] = [None] * n
+        try:
+            pending = [first] if first is not None else []
+            while True:
+                if pending:
+                    index, item = pending.pop()
+                else:
+                    try:
+                        index, item = await items.__anext__()
+                    except StopAsyncIteration:
+                        break
+                timing.on(index, item)
+                if isinstance(item, Done):
+                    dones[index] = item
+                    event = builder.done(index, item)
+                else:
+                    event = builder.chunk(index, item)
+                yield f"data: {json.dumps(event)}\n\n"
+            if builder.parsed.include_usage and all(dones):
+                yield f"data: {json.dumps(builder.usage(dones))}\n\n"  # type: ignore[arg-type]
+        except ApiError as e:  # a daemon error after the first token: one error event
+            self.metrics.errors.labels(str(e.status)).inc()
+            yield f"data: {json.dumps(e.body())}\n\n"
+        finally:
+            await items.aclose()  # type: ignore[attr-defined]
+        yield "data: [DONE]\n\n"
+
+    async def _json(self, request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if (
+            declared is not None
+            and declared.isdigit()
+            and int(declared) > self.config.max_body_bytes
+        ):
+            raise _too_large(int(declared), self.config.max_body_bytes)
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > self.config.max_body_bytes:
+                raise _too_large(len(body), self.config.max_body_bytes)
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise ApiError(400, f"the body is not valid JSON: {e}") from None
+
+
+class _Timing:
+    """Latency and token metrics of one request's choices, measured in the HTTP layer."""
+
+    def __init__(self, metrics: Metrics, t_start: float, n: int) -> None:
+        self.metrics = metrics
+        self.t_start = t_start
+        self.t_last: list[float | None] = [None] * n
+
+    def on(self, index: int, item: TokenChunk | Done) -> None:
+        now, m = time.monotonic(), self.metrics
+        if isinstance(item, Done):
+            m.requests.labels(item.finish_reason).inc()
+            m.prompt_tokens.inc(item.prompt_tokens)
+            m.generation_tokens.inc(len(item.token_ids))
+            m.e2e.observe(now - self.t_start)
+            return
+        last = self.t_last[index]
+        if last is None:
+            m.ttft.observe(now - self.t_start)
+        else:
+            m.itl.observe(now - last)
+        self.t_last[index] = now
+
+
+async def _watch_disconnect(request: Request, stop: threading.Event) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            stop.set()
+            return
+
+
+def _too_large(num_bytes: int, limit: int) -> ApiError:
+    return ApiError(413, f"the body has {num_bytes} bytes; the limit is {limit}",
+                    code="too_large")  # fmt: skip
+
+
+def _api_error(e: BaseException) -> ApiError:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, RequestError):
+        status = STATUS_OF_CODE.get(e.code, 500)
+        return ApiError(status, e.message, param=_param_named(e.message), code=e.code)
+    if isinstance(e, DaemonUnavailable):
+        return ApiError(503, "the daemon is not serving yet (or has stopped)",
+                        code="unavailable")  # fmt: skip
+    log.error("internal error in the HTTP layer: %r", e)
+    return ApiError(500, f"internal error: {type(e).__name__}", code="internal")
+
+
+def _param_named(message: str) -> str | None:
+    """The parameter a daemon message names first ("top_p must be ..." -> "top_p")."""
+    word = message.split(" ", 1)[0].removeprefix("sampling.").rstrip(":")
+    return word if word.replace("_", "").isalnum() and word.islower() else None
+
+
+def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
+    frontend = Frontend(config, daemon_address)
+    key = config.api_key.encode() if config.api_key else None
+
+    async def authorize_and_answer(request: Request, route: Callable) -> Response:
+        try:
+            if key is not None and request.url.path != "/health":
+                given = request.headers.get("authorization", "")
+                token = given[7:].encode() if given[:7].lower() == "bearer " else b""
+                if not hmac.compare_digest(token, key):
+                    raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)",
+                                   code="invalid_api_key")  # fmt: skip
+            return await route(request)
+        except ApiError as e:
+            frontend.metrics.errors.labels(str(e.status)).inc()
+            return JSONResponse(e.body(), status_code=e.status)
+
+    def guarded(route: Callable) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await authorize_and_answer(request, route)
+
+        return endpoint
+
+    routes = [
+        Route("/health", guarded(frontend.health), methods=["GET"]),
+        Route("/v1/models", guarded(frontend.models), methods=["GET"]),
+        Route("/metrics", guarded(frontend.metrics_route), methods=["GET"]),
+        Route("/v1/completions", guarded(frontend.completions), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(frontend.chat), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.frontend = frontend
+    return app
+
+
+class HttpThread:
+    """uvicorn serving the app on a thread of its own; the socket is bound by `__init__`
+    (so a busy port fails at once, before any model loads)."""
+
+    def __init__(self, config: HttpConfig, daemon_address: str) -> None:
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY on accepted sockets only when
+        # their proto says TCP (proto 0 costs ~40 ms a response: Nagle meets delayed ACKs).
+        self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((config.host, config.port))
+            self.sock.listen(2048)  # connections wait in the backlog until uvicorn runs
+        except OSError as e:
+            self.sock.close()
+            raise RuntimeError(f"--http {config.host}:{config.port}: cannot bind: {e}") from None
+        self.port = self.sock.getsockname()[1]
+        app = create_app(config, daemon_address)
+        uv_config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                   timeout_graceful_shutdown=5)  # fmt: skip
+        self.server = uvicorn.Server(uv_config)
+        self.thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self.config = config
+
+    def _serve(self) -> None:
+        self.server.run(sockets=[self.sock])
+
+    def start(self) -> None:
+        self.thread.start()
+        log.info("HTTP on http://%s:%d (OpenAI API under /v1)", self.config.host, self.port)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()

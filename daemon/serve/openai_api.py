@@ -1,0 +1,342 @@
+"""OpenAI's request and response shapes, mapped to and from the daemon's protocol.
+
+`parse_request` turns a `/v1/completions` or `/v1/chat/completions` body into
+the keyword arguments of `Client.stream` (our Generate fields), or raises
+`ApiError` naming the offending parameter. Values are checked by the daemon
+(SamplingParams, Generate), whose messages come back as 400s: one set of
+limits and validation for both front ends. The response builders only
+reshape what the daemon sent (TokenChunk, Done).
+
+Unknown parameters are refused with a 400 naming them, so a client never
+believes a setting took effect when it did not; `HARMLESS` lists the ones
+accepted because they change nothing we compute (or only in the value given).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ...ipc.messages import Done, TokenChunk
+
+MAX_CHOICES = 16  # `n`: choices one request may ask for
+MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
+
+
+class ApiError(Exception):
+    """An error reply in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+             503: "service_unavailable"}  # fmt: skip
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        kind = self.TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}  # fmt: skip
+
+
+# The daemon's error codes -> HTTP status.
+STATUS_OF_CODE = {
+    "bad_request": 400,
+    "bad_message": 400,
+    "too_large": 413,
+    "prompt_too_long": 413,
+    "busy": 429,
+    "shutting_down": 503,
+    "duplicate_id": 409,
+    "internal": 500,
+}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_parameter")
+
+
+def _is(value: object, *types: type) -> bool:
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def _no_bias(v: object) -> bool:
+    return v in (None, {})
+
+
+# Accepted and not acted on, when their value asks for nothing we would have to do.
+HARMLESS: dict[str, Callable[[Any], bool]] = {
+    "user": lambda v: _is(v, str),  # logged with the request
+    "logit_bias": _no_bias,
+    "echo": lambda v: v in (None, False),
+    "suffix": lambda v: v is None,
+    "best_of": lambda v: v in (None, 1),
+    "store": lambda v: v in (None, False),
+    "metadata": lambda v: True,
+    "service_tier": lambda v: True,
+    "parallel_tool_calls": lambda v: True,
+    "tools": lambda v: v in (None, []),
+    "tool_choice": lambda v: v in (None, "none"),
+    "response_format": lambda v: v is None or v == {"type": "text"},
+}
+# Sampling parameters passed to the daemon as they are (its names are OpenAI's and vLLM's).
+PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+          "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens")  # fmt: skip
+COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
+          "max_tokens", *PASSED, *HARMLESS}  # fmt: skip
+KNOWN = {
+    "completions": COMMON | {"prompt", "logprobs"},
+    "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+}
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """One HTTP request: what to send the daemon (`n` times), and how to answer."""
+
+    kind: str  # "completions" | "chat"
+    model: str | None
+    prompt: str | list[int] | list[dict[str, str]]
+    options: dict[str, Any]  # Client.stream keywords, without the prompt
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
+    user: str | None = None
+    seeds: list[int | None] = field(default_factory=list)
+
+    def choice_options(self, index: int) -> dict[str, Any]:
+        """Choice `index`'s options: seeds seed+i, so the n choices differ and repeat."""
+        options = dict(self.options)
+        if self.seeds:
+            options["seed"] = self.seeds[index]
+        return options
+
+
+def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> ParsedRequest:
+    """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}  # null means "not given"
+    for key, value in body.items():
+        if key not in KNOWN[kind]:
+            raise ApiError(400, f"unsupported parameter: {key}", param=key,
+                           code="unsupported_parameter")  # fmt: skip
+        if key in HARMLESS and not HARMLESS[key](value):
+            raise ApiError(400, f"unsupported value for {key}: {value!r:.60}", param=key,
+                           code="unsupported_parameter")  # fmt: skip
+    options: dict[str, Any] = {k: body[k] for k in PASSED if k in body}
+    if options.get("top_k") in (-1, 0):  # vLLM's spelling of "no limit"
+        del options["top_k"]
+    if kind == "chat":
+        prompt: Any = _messages(body.get("messages"))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    else:
+        prompt = _prompt(body.get("prompt"))
+        max_tokens = body.get("max_tokens")
+    options["max_tokens"] = max_tokens_default if max_tokens is None else max_tokens
+    if "stop" in body:
+        stop = body["stop"]
+        options["stop"] = [stop] if isinstance(stop, str) else stop
+    for name in ("cache_salt", "priority"):
+        if name in body:
+            options[name] = body[name]
+    # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
+    if "priority" in options:
+        options["queue_priority"] = options.pop("priority")
+    parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
+    n = body.get("n", 1)
+    if not _is(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise bad("n", f"must be an integer in [1, {MAX_CHOICES}]; got {n!r}")
+    parsed.n = n
+    if _is(options.get("seed"), int) and n > 1:
+        parsed.seeds = [options["seed"] + i for i in range(n)]
+    stream = body.get("stream", False)
+    if not _is(stream, bool):
+        raise bad("stream", f"must be a boolean; got {stream!r}")
+    parsed.stream = stream
+    stream_options = body.get("stream_options", {})
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+        raise bad("stream_options", f"only include_usage is supported; got {stream_options!r}")
+    parsed.include_usage = bool(stream_options.get("include_usage", False))
+    parsed.num_logprobs = _num_logprobs(kind, body)
+    if parsed.num_logprobs is not None:
+        options["logprobs"] = parsed.num_logprobs
+    return parsed
+
+
+def _prompt(prompt: object) -> str | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is(t, int) for t in prompt):
+        return prompt
+    if prompt is None:
+        raise bad("prompt", "is required")
+    raise bad("prompt", "must be a string or a list of token ids (batches of prompts are "
+              "not supported; send one request each)")  # fmt: skip
+
+
+def _messages(messages: object) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not _is(m.get("role"), str):
+            raise bad(f"messages[{i}]", "must be an object with a role and a content")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise bad(f"messages[{i}]", f"unsupported field(s) {sorted(extra)}")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise bad(f"messages[{i}].content", "only text parts are supported")
+                texts.append(part.get("text", ""))
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _num_logprobs(kind: str, body: dict[str, Any]) -> int | None:
+    if kind == "completions":
+        value = body.get("logprobs")
+        if value is None:
+            return None
+        if not _is(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {value!r}")
+        return value
+    wanted = body.get("logprobs", False)
+    if not _is(wanted, bool):
+        raise bad("logprobs", f"must be a boolean; got {wanted!r}")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not _is(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad("top_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {top!r}")
+        if not wanted:
+            raise bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+# -- responses ----------------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(dones: list[Done]) -> dict[str, Any]:
+    """Token counts of a request's choices: the prompt once (as OpenAI counts it), cached
+    tokens as the first choice found them."""
+    prompt = dones[0].prompt_tokens
+    completion = sum(len(d.token_ids) for d in dones)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": dones[0].cached_tokens}}  # fmt: skip
+
+
+def finish_reason(done: Done) -> str:
+    return "abort" if done.finish_reason == "cancelled" else done.finish_reason
+
+
+class LogprobsBuilder:
+    """One choice's logprobs in the shape its endpoint answers with; `text_offset`
+    (completions) counts characters of the tokens' texts from the completion's start."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.offset = 0
+
+    def build(self, wire: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        if wire is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [self._chat_entry(lp) for lp in wire]}
+        offsets = []
+        for lp in wire:
+            offsets.append(self.offset)
+            self.offset += len(lp["token"])
+        return {
+            "tokens": [lp["token"] for lp in wire],
+            "token_logprobs": [lp["logprob"] for lp in wire],
+            "top_logprobs": [{t: v for _, t, v in lp["top"]} for lp in wire],
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def _chat_entry(lp: dict[str, Any]) -> dict[str, Any]:
+        def one(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {**one(lp["token"], lp["logprob"]),
+                "top_logprobs": [one(t, v) for _, t, v in lp["top"]]}  # fmt: skip
+
+
+def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Done]) -> dict:
+    """The whole (non-streaming) answer."""
+    choices = []
+    for index, done in enumerate(dones):
+        logprobs = LogprobsBuilder(parsed.kind).build(done.logprobs)
+        if parsed.kind == "chat":
+            choice = {"index": index, "message": {"role": "assistant", "content": done.text},
+                      "logprobs": logprobs, "finish_reason": finish_reason(done)}  # fmt: skip
+        else:
+            choice = {"index": index, "text": done.text, "logprobs": logprobs,
+                      "finish_reason": finish_reason(done)}  # fmt: skip
+        choices.append(choice)
+    obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
+    return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage(dones)}  # fmt: skip
+
+
+class StreamBuilder:
+    """The server-sent event payloads of one streamed answer, chunk by chunk."""
+
+    def __init__(self, parsed: ParsedRequest, request_id: str, model: str) -> None:
+        self.parsed = parsed
+        self.head = {"id": request_id, "object": self._object, "created": int(time.time()),
+                     "model": model}  # fmt: skip
+        self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.n)]
+        self.started = [False] * parsed.n
+
+    @property
+    def _object(self) -> str:
+        return "chat.completion.chunk" if self.parsed.kind == "chat" else "text_completion"
+
+    def _event(self, choices: list[dict[str, Any]], usage_: Any = None) -> dict[str, Any]:
+        event = {**self.head, "choices": choices}
+        if self.parsed.include_usage:
+            event["usage"] = usage_
+        return event
+
+    def _choice(self, index: int, text: str, logprobs: Any, reason: str | None) -> dict:
+        if self.parsed.kind == "chat":
+            delta: dict[str, Any] = {} if reason is not None and not text else {"content": text}
+            if not self.started[index]:
+                delta = {"role": "assistant", **delta}
+                self.started[index] = True
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
+        logprobs = self.logprobs[index].build(chunk.logprobs)
+        return self._event([self._choice(index, chunk.text, logprobs, None)])
+
+    def done(self, index: int, done: Done) -> dict[str, Any]:
+        return self._event([self._choice(index, "", None, finish_reason(done))])
+
+    def usage(self, dones: list[Done]) -> dict[str, Any]:
+        return self._event([], usage(dones))

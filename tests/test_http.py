@@ -1,0 +1,304 @@
+"""The OpenAI-compatible HTTP front end: a real `reprise serve --http 127.0.0.1:0`
+(NumPy backend) driven by the official `openai` package, plus raw HTTP where the SDK
+hides what we check (status codes, SSE framing, /metrics, disconnects)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from reprise.ipc import Client  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+MODEL_NAME = "smol"
+# ~40 tokens: two full blocks of 16 that a repeat finds again.
+LONG_PROMPT = (
+    "The quick brown fox jumps over the lazy dog while the cat watches from the old wooden "
+    "fence near the river, and the farmer counts his sheep one by one before the rain."
+)
+
+
+class HttpDaemon:
+    """`reprise serve --http 127.0.0.1:0`; the port is read from its log."""
+
+    def __init__(self, tmp: Path, model_dir: Path, *extra: str, env: dict | None = None) -> None:
+        tmp.chmod(0o700)
+        self.address = f"ipc://{tmp}/d.sock"
+        self.log_path = tmp / "serve.log"
+        self.log = self.log_path.open("w+")
+        env = {**os.environ, **(env or {})}
+        env.pop("REPRISE_SOCKET", None)
+        cmd = [
+            sys.executable, "-m", "reprise.cli.main", "serve",
+            "--model", str(model_dir), "--backend", "numpy", "--socket", self.address,
+            "--block-size", "16", "--num-device-blocks", "96", "--max-model-len", "256",
+            "--max-tokens-cap", "64", "--http", "127.0.0.1:0", *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.url = self._wait_ready()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def _wait_ready(self, timeout_s: float = 120) -> str:
+        deadline, url = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if url is None:
+                found = re.search(r"HTTP on (http://\S+:\d+)", self.log_path.read_text())
+                url = found.group(1) if found else None
+            else:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        return url
+            time.sleep(0.05)
+        raise AssertionError(f"the daemon never became ready; log:\n{self.read_log()[-3000:]}")
+
+    def read_log(self) -> str:
+        return self.log_path.read_text()
+
+    def openai(self, api_key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
+) -> Iterator[HttpDaemon]:
+    d = HttpDaemon(tmp_path_factory.mktemp("http"), default_model_dir,
+                   "--served-model-name", MODEL_NAME, "--max-queue", "4")  # fmt: skip
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0, d.read_log()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def api(daemon: HttpDaemon) -> openai.OpenAI:
+    return daemon.openai()
+
+
+def complete(api: openai.OpenAI, prompt: str = "The capital of France is", **kw: object):
+    kw.setdefault("max_tokens", 4)
+    kw.setdefault("temperature", 0)
+    return api.completions.create(model=MODEL_NAME, prompt=prompt, **kw)
+
+
+def chat(api: openai.OpenAI, content: str = "Say hi", **kw: object):
+    kw.setdefault("max_tokens", 4)
+    kw.setdefault("temperature", 0)
+    messages = [{"role": "user", "content": content}]
+    return api.chat.completions.create(model=MODEL_NAME, messages=messages, **kw)
+
+
+def test_models_lists_the_served_model(api: openai.OpenAI) -> None:
+    assert [m.id for m in api.models.list().data] == [MODEL_NAME]
+
+
+def test_completion_and_chat(api: openai.OpenAI) -> None:
+    done = complete(api)
+    assert done.choices[0].finish_reason == "length" and done.choices[0].text
+    assert done.usage.completion_tokens == 4 and done.usage.prompt_tokens > 0
+    assert done.usage.prompt_tokens_details.cached_tokens >= 0
+    answer = chat(api)
+    assert answer.choices[0].message.role == "assistant" and answer.choices[0].message.content
+    assert answer.usage.completion_tokens == 4
+
+
+def test_streaming_equals_non_streaming_at_temperature_0(api: openai.OpenAI) -> None:
+    whole = complete(api).choices[0].text
+    events = list(complete(api, stream=True, stream_options={"include_usage": True}))
+    assert "".join(e.choices[0].text for e in events if e.choices) == whole
+    assert events[-2].choices[0].finish_reason == "length"
+    assert events[-1].choices == [] and events[-1].usage.completion_tokens == 4
+    message = chat(api).choices[0].message.content
+    deltas = list(chat(api, stream=True))
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert "".join(d.choices[0].delta.content or "" for d in deltas) == message
+
+
+def test_sse_framing_ends_with_done(daemon: HttpDaemon) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+
+
+def test_stop_string_ends_the_text(api: openai.OpenAI) -> None:
+    full = complete(api, max_tokens=8).choices[0].text
+    stop = full.split()[1]  # a word after the first
+    cut = complete(api, max_tokens=8, stop=[stop, "never-seen"]).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(stop)]
+
+
+def test_seeded_sampling_repeats_and_n_choices_differ(api: openai.OpenAI) -> None:
+    kw = {"temperature": 1.0, "seed": 7, "max_tokens": 4, "n": 2}
+    first, again = complete(api, **kw), complete(api, **kw)
+    texts = [c.text for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1]
+    assert [c.text for c in again.choices] == texts
+    assert texts[0] != texts[1]  # seeds 7 and 8
+    single = complete(api, temperature=1.0, seed=7, max_tokens=4)
+    assert single.choices[0].text == texts[0]
+    assert first.usage.completion_tokens == 8
+
+
+def test_logprobs_identical_on_a_repeat(api: openai.OpenAI) -> None:
+    salt = {"cache_salt": "logprobs"}
+    first = complete(api, LONG_PROMPT, logprobs=3, extra_body=salt)
+    again = complete(api, LONG_PROMPT, logprobs=3, extra_body=salt)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    a, b = first.choices[0].logprobs, again.choices[0].logprobs
+    assert a.tokens == b.tokens and len(a.tokens) == 4
+    assert a.token_logprobs == b.token_logprobs and a.top_logprobs == b.top_logprobs
+    assert all(len(top) == 3 for top in a.top_logprobs)
+    assert a.text_offset[0] == 0
+    content = chat(api, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob <= 0 for c in content)
+
+
+def test_cached_tokens_only_within_a_salt(api: openai.OpenAI) -> None:
+    def cached(salt: str) -> int:
+        done = complete(api, LONG_PROMPT, max_tokens=1, extra_body={"cache_salt": salt})
+        return done.usage.prompt_tokens_details.cached_tokens
+
+    cached("tenant-a")
+    assert cached("tenant-a") > 0
+    assert cached("tenant-b") == 0
+
+
+def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
+    done = complete(api, presence_penalty=0.5, frequency_penalty=0.5,
+                    extra_body={"repetition_penalty": 1.2, "priority": 3, "top_k": 5},
+                    user="tester")  # fmt: skip
+    assert done.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "param"),
+    [
+        ({"top_p": 0}, "BadRequestError", "top_p"),
+        ({"extra_body": {"mirostat": 1}}, "BadRequestError", "mirostat"),
+        ({"logprobs": 99}, "BadRequestError", "logprobs"),
+        ({"model": "gpt-nothing"}, "NotFoundError", "model"),
+        ({"prompt": [1] * 300}, "APIStatusError", "prompt"),  # 413, prompt too long
+        ({"n": 5}, "RateLimitError", None),  # more choices than --max-queue 4
+    ],
+)
+def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, param) -> None:
+    kw = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, **kw}
+    with pytest.raises(openai.APIStatusError) as info:
+        api.completions.create(**kw)
+    e = info.value
+    assert type(e).__name__ == error
+    assert e.body["type"] and e.body["message"] and e.body.get("param") == param
+    if "prompt" in kw and isinstance(kw["prompt"], list):
+        assert e.status_code == 413
+
+
+def test_unavailable_daemon_is_503() -> None:
+    from starlette.testclient import TestClient
+
+    from reprise.daemon.serve.http import HttpConfig, create_app
+
+    app = create_app(HttpConfig(), "ipc:///nonexistent/reprise.sock")
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 503
+        r = http.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+
+
+def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> None:
+    def scrape() -> dict[tuple[str, tuple], float]:
+        text = httpx.get(f"{daemon.url}/metrics", timeout=30).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples}  # fmt: skip
+
+    hits = ("reprise_prefix_cache_hits_tokens_total", (("tier", "device"),))
+    complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
+    before = scrape()
+    complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
+    after = scrape()
+    assert after[hits] > before[hits]
+    length = ("reprise_requests_total", (("finish_reason", "length"),))
+    assert after[length] == before[length] + 1
+    for name in (
+        "reprise_time_to_first_token_seconds_count",
+        "reprise_e2e_request_latency_seconds_count",
+    ):
+        assert after[(name, ())] == before[(name, ())] + 1
+    assert after[("reprise_num_requests_running", ())] == 0
+    assert after[("reprise_kv_blocks", (("tier", "device"),))] == 96
+
+
+def test_a_client_that_leaves_cancels_its_request(daemon: HttpDaemon) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 60, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())  # the first token came; then hang up
+    with Client(daemon.address, timeout_s=30) as client:
+        deadline = time.monotonic() + 30
+        while (stats := client.stats(check=True))["num_requests"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert stats["num_requests"] == 0 and stats["used_blocks"] == 0
+    assert stats["integrity"] == "ok"
+    assert re.search(r"cancelled, \d+ prompt tokens", daemon.read_log())
+
+
+# -- the API key, and where the daemon may listen ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reprise.daemon.model.synth import synth_model
+
+    return synth_model("tiny", tmp_path_factory.mktemp("synth") / "tiny", seed=3)
+
+
+def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
+    d = HttpDaemon(tmp_path, tiny, env={"REPRISE_API_KEY": "sesame"})
+    try:
+        assert httpx.get(f"{d.url}/health").status_code == 200  # no key needed there
+        with pytest.raises(openai.AuthenticationError):
+            d.openai("wrong").models.list()
+        for path in ("/v1/models", "/metrics"):
+            r = httpx.get(f"{d.url}{path}")
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert [m.id for m in d.openai("sesame").models.list().data] == ["tiny"]
+        done = d.openai("sesame").completions.create(model="tiny", prompt="ab", max_tokens=2)
+        assert done.usage.completion_tokens >= 1
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
+
+
+def test_non_loopback_without_a_key_is_refused_before_loading(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_API_KEY"}
+    cmd = [sys.executable, "-m", "reprise.cli.main", "serve", "--model", str(tmp_path / "none"),
+           "--socket", f"ipc://{tmp_path}/d.sock", "--http", "0.0.0.0:8000"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "needs an API key" in done.stderr and "Traceback" not in done.stderr
