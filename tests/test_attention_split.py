@@ -199,7 +199,7 @@ def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(e))
-    source = (nvrtc.KERNEL_DIR / name).read_text()
+    source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)  # common.cuh pasted in
     resources = nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin)
     assert set(resources) == set(nvrtc.kernel_names(source))
     for kernel, used in sorted(resources.items()):
