@@ -107,35 +107,7 @@ constexpr unsigned int kFullMask = 0xffffffffu;
 // Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
 constexpr int kKvChunk = 256;
 
-// The PTX wrappers, BF16 helpers and the chunk merge come from common.cuh.
-
-// The split's last step: attention.cu's merge_chunks, repeated. For each of the CTA's
-// rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at position
-// first_pos + r / group_rows), its chunk states 0 .. position / kKvChunk from the
-// workspace merged in ascending order, then out = bf16(acc / denom) (zero_sign: -0 as +0).
-template <int HEAD_DIM>
-__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
-                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
-                                             long long token0, int first_pos, int num_heads, int head0,
-                                             int max_chunks, bool zero_sign) {
-  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
-    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
-    const int num_chunks = (first_pos + r / group_rows) / kKvChunk + 1;
-    const long long slot = at * max_chunks;  // the row's chunk 0
-    float m = __ldcg(ws_ml + slot * 2);
-    float denom = __ldcg(ws_ml + slot * 2 + 1);
-    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
-    for (int c = 1; c < num_chunks; ++c) {
-      float a1, a2;
-      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
-      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
-      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
-    }
-    if (zero_sign && acc == 0.0f) acc = 0.0f;
-    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
-  }
-}
+// The PTX wrappers, BF16 helpers, find_work and the chunk merge come from common.cuh.
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
@@ -163,40 +135,6 @@ struct Config {
   static constexpr int kKeySlices = BLOCK_SIZE / 16;  // k16 slices of P.V
   static_assert((2 * BLOCK_SIZE * kChunks) % kNumThreads == 0, "every thread copies alike");
 };
-
-// The CTA's (sequence, query tile) for work item `work`: attention.cu's find_work,
-// repeated (each .cu file stands alone). Every warp computes it, to the same answer;
-// false when the item is past the last tile (the grid is an upper bound).
-__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
-                                          int tokens_per_cta, int work, int lane, int& seq,
-                                          int& q_tile) {
-  int base = 0;  // tiles of the sequences before `first`
-  for (int first = 0; first < num_seqs; first += 32) {
-    const int b = first + lane;
-    int count = 0;
-    if (b < num_seqs) {
-      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
-      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
-    }
-    int inclusive = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const int below = __shfl_up_sync(kFullMask, inclusive, offset);
-      if (lane >= offset) inclusive += below;
-    }
-    const int exclusive = inclusive - count;
-    const unsigned int hit =
-        __ballot_sync(kFullMask, base + exclusive <= work && work < base + inclusive);
-    if (hit != 0u) {  // warp-uniform
-      const int src = __ffs(hit) - 1;
-      seq = first + src;
-      q_tile = work - base - __shfl_sync(kFullMask, exclusive, src);
-      return true;
-    }
-    base += __shfl_sync(kFullMask, inclusive, 31);
-  }
-  return false;
-}
 
 // Issue the cp.async copies of one page's K and V into a ring stage; key slots at or
 // past `num_valid` (seq_len) are zero-filled, their (stale, maybe NaN) bytes unread.
@@ -563,8 +501,8 @@ __device__ __forceinline__ void paged_attention_tc(
     __syncthreads();
     if (*last == 0u) return;
     __threadfence();
-    merge_chunks<HEAD_DIM>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0, first_pos,
-                           num_heads, head0, max_chunks, /*zero_sign=*/true);
+    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0,
+                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/true);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }
