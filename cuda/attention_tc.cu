@@ -42,6 +42,28 @@
 //      ldmatrix.trans), accumulating into acc itself.
 // Finally, after the chunks are merged, out = bf16(acc / denom).
 //
+// Resources (NVRTC, -ftz=true as CuPy compiles; registers and stack frame from the
+// cubin, nvrtc.kernel_resources; test_attention_split prints them and allows no stack
+// frame). CTAs an SM holds, of 128 threads: by registers, 65,536 a SM at 256 a warp
+// granule; by shared memory, Config::kSmemBytes + 1 KB reserved a CTA out of 164 KB
+// (sm_80) or 228 KB (sm_90). Before: __launch_bounds__(128, 1) everywhere, a select
+// holding the old acc through P.V, a per-copy address table for the page copies.
+//
+//   kernel     smem B  | sm_80 regs (spill)   CTAs reg/smem | sm_90 regs (spill)   CTAs reg/smem
+//                      | before -> after      before->after | before -> after      before->after
+//   d64_b16     36,864 | 145     -> 122 (128,4)  3/4 -> 4/4 | 148     -> 115        3/6 -> 4/6
+//   d64_b32     36,864 | 189     -> 137 (128,3)  2/4 -> 3/4 | 195     -> 142        2/6 -> 3/6
+//   d64_b64     55,296 | 209     -> 165 (128,3)  2/2 -> 3/2 | 211     -> 167        2/4 -> 3/4
+//   d128_b16    69,632 | 228     -> 168 (128,3)  2/2 -> 3/2 | 234     -> 167        2/3 -> 3/3
+//   d128_b32    69,632 | 255     -> 202 (128,2)  2/2 -> 2/2 | 255     -> 202        2/3 -> 2/3
+//   d128_b64   104,448 | 255(16) -> 219 (128,2)  2/1 -> 2/1 | 255 (8) -> 225        2/2 -> 2/2
+//
+// (the bounds in parentheses are each entry point's __launch_bounds__.) Registers now
+// hold no kernel below what its shared memory allows but d128_b32 on sm_90 (3 by
+// shared memory, 2 by registers: 202 > 168). At
+// __launch_bounds__(128, 3) d128_b32 spills 8-16 B and d128_b64 48-72 B, so they keep
+// (128, 2); d128_b64's shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs anyway.
+//
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
 //   - The KV length is split only at the fixed positions c * kKvChunk. Each chunk's
