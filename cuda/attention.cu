@@ -102,35 +102,6 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
   f[7] = bf16_hi(w.w);
 }
 
-// The split's last step, in the CTA that finishes its (work item, head slot) last: for
-// each of its rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at
-// position first_pos + r / group_rows), the chunk states 0 .. position / kKvChunk from the
-// workspace merged in ascending order, then out = bf16(acc / denom) (zero_sign: -0 as +0).
-// Thread i takes elements i, i + blockDim.x, ... of the rows' [rows, head_dim] outputs.
-template <int HEAD_DIM>
-__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
-                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
-                                             long long token0, int first_pos, int num_heads, int head0,
-                                             int max_chunks, bool zero_sign) {
-  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
-    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
-    const int num_chunks = (first_pos + r / group_rows) / kKvChunk + 1;
-    const long long slot = at * max_chunks;  // the row's chunk 0
-    float m = __ldcg(ws_ml + slot * 2);
-    float denom = __ldcg(ws_ml + slot * 2 + 1);
-    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
-    for (int c = 1; c < num_chunks; ++c) {
-      float a1, a2;
-      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
-      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
-      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
-    }
-    if (zero_sign && acc == 0.0f) acc = 0.0f;
-    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
-  }
-}
-
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
@@ -161,39 +132,6 @@ struct __align__(16) SharedStorage {
   int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk
   int last;  // 1: this CTA counted last (the split)
 };
-
-// The CTA's (sequence, query tile). Every warp computes it, to the same answer;
-// false when the CTA is past the last tile (the grid is an upper bound).
-__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
-                                          int tokens_per_cta, int work, int lane, int& seq,
-                                          int& q_tile) {
-  int base = 0;  // tiles of the sequences before `first`
-  for (int first = 0; first < num_seqs; first += 32) {
-    const int b = first + lane;
-    int count = 0;
-    if (b < num_seqs) {
-      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
-      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
-    }
-    int inclusive = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const int below = __shfl_up_sync(kFullMask, inclusive, offset);
-      if (lane >= offset) inclusive += below;
-    }
-    const int exclusive = inclusive - count;
-    const unsigned int hit =
-        __ballot_sync(kFullMask, base + exclusive <= work && work < base + inclusive);
-    if (hit != 0u) {  // warp-uniform
-      const int src = __ffs(hit) - 1;
-      seq = first + src;
-      q_tile = work - base - __shfl_sync(kFullMask, exclusive, src);
-      return true;
-    }
-    base += __shfl_sync(kFullMask, inclusive, 31);
-  }
-  return false;
-}
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 __device__ __forceinline__ void paged_attention(
@@ -517,8 +455,8 @@ __device__ __forceinline__ void paged_attention(
     __syncthreads();
     if (sm.last == 0) return;
     __threadfence();
-    merge_chunks<HEAD_DIM>(out, workspace, ws_ml, num_rows, group_rows, q_start + tok0, first_pos,
-                           num_heads, head0, max_chunks, /*zero_sign=*/false);
+    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml, num_rows, group_rows, q_start + tok0,
+                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/false);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }

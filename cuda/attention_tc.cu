@@ -36,11 +36,33 @@
 //      max (exact), m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') or +0,
 //      the row sum of p (per thread over its values, n8 tiles then pair order,
 //      then the quad butterfly xor 1, xor 2), denom = denom * a + sum;
-//   3. acc' = acc * a, then P.V: p rounded to BF16 is the A operand, straight
-//      from the S registers (FA2 register reuse), one mma per 16-key slice,
-//      slices ascending, per n8 tile of head_dim (V fragments by ldmatrix.trans);
-//      acc = acc' for the rows that see the page (a select).
+//   3. acc = acc * a in place, then P.V: p rounded to BF16 is the A operand,
+//      straight from the S registers (FA2 register reuse), one mma per 16-key
+//      slice, slices ascending, per n8 tile of head_dim (V fragments by
+//      ldmatrix.trans), accumulating into acc itself.
 // Finally, after the chunks are merged, out = bf16(acc / denom).
+//
+// Resources (NVRTC, -ftz=true as CuPy compiles; registers and stack frame from the
+// cubin, nvrtc.kernel_resources; test_attention_split prints them and allows no stack
+// frame). CTAs an SM holds, of 128 threads: by registers, 65,536 a SM at 256 a warp
+// granule; by shared memory, Config::kSmemBytes + 1 KB reserved a CTA out of 164 KB
+// (sm_80) or 228 KB (sm_90). Before: __launch_bounds__(128, 1) everywhere, a select
+// holding the old acc through P.V, a per-copy address table for the page copies.
+//
+//   kernel     smem B  | sm_80 regs (spill)   CTAs reg/smem | sm_90 regs (spill)   CTAs reg/smem
+//                      | before -> after      before->after | before -> after      before->after
+//   d64_b16     36,864 | 145     -> 122 (128,4)  3/4 -> 4/4 | 148     -> 115        3/6 -> 4/6
+//   d64_b32     36,864 | 189     -> 137 (128,3)  2/4 -> 3/4 | 195     -> 142        2/6 -> 3/6
+//   d64_b64     55,296 | 209     -> 165 (128,3)  2/2 -> 3/2 | 211     -> 167        2/4 -> 3/4
+//   d128_b16    69,632 | 228     -> 168 (128,3)  2/2 -> 3/2 | 234     -> 167        2/3 -> 3/3
+//   d128_b32    69,632 | 255     -> 202 (128,2)  2/2 -> 2/2 | 255     -> 202        2/3 -> 2/3
+//   d128_b64   104,448 | 255(16) -> 219 (128,2)  2/1 -> 2/1 | 255 (8) -> 225        2/2 -> 2/2
+//
+// (the bounds in parentheses are each entry point's __launch_bounds__.) Registers now
+// hold no kernel below what its shared memory allows but d128_b32 on sm_90 (3 by
+// shared memory, 2 by registers: 202 > 168). At
+// __launch_bounds__(128, 3) d128_b32 spills 8-16 B and d128_b64 48-72 B, so they keep
+// (128, 2); d128_b64's shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs anyway.
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
@@ -74,9 +96,13 @@
 //     exactly as it was, whatever the other rows of its m16 tile do: the warp
 //     skips a page none of its rows sees (warp-uniform), and when the page is run
 //     for the row's neighbours, the row's m and denom are kept by select, its a
-//     is 1 and its p are +0 (selects), and its acc is restored by select after
-//     the P.V mmas. So a row runs exactly the pages up to its own last visible
-//     key, as it would alone.
+//     is 1 and its p are +0 (selects), so its acc takes acc * 1 (exact) and then
+//     only exact zero terms in the P.V mmas: by the property the next point
+//     relies on, a nonzero acc comes out exactly as it went in, and a zero acc
+//     at most changes its sign, which never reaches an output (see there). So a
+//     row runs exactly the pages up to its own last visible key, as it would
+//     alone. (No copy of the old acc is kept for a select: that would hold
+//     another acc tile's registers live through the mmas.)
 //   - P.V for a page the row sees: acc[r][d] takes acc * a, then one mma per
 //     16-key slice, ascending; key j sits at k index j % 16 of slice j / 16.
 //     Its terms are the row's bf16(p_j) * v_j[d]. A key masked for the row has
@@ -85,7 +111,8 @@
 //     which can change only the sign of that zero term. What this relies on from
 //     the tensor cores, beyond gemm.cu's point 3: an exact zero term, of either
 //     sign, does not change a nonzero result (the sum is of exact products). So
-//     such a sign can reach at most the sign of an exactly zero acc, and the
+//     such a sign can reach at most the sign of an exactly zero acc; a zero's sign
+//     reaches only zeros through the chunk merge (x1 * a1 + x2 * a2), and the
 //     output maps -0 to +0 (the PTX ISA does not say which zero an mma returns).
 //   - V and K slots past seq_len may hold stale data, even NaN (a page's earlier
 //     use, or a chunked prefill's unwritten future): they are never read, the
@@ -107,35 +134,7 @@ constexpr unsigned int kFullMask = 0xffffffffu;
 // Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
 constexpr int kKvChunk = 256;
 
-// The PTX wrappers, BF16 helpers and the chunk merge come from common.cuh.
-
-// The split's last step: attention.cu's merge_chunks, repeated. For each of the CTA's
-// rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at position
-// first_pos + r / group_rows), its chunk states 0 .. position / kKvChunk from the
-// workspace merged in ascending order, then out = bf16(acc / denom) (zero_sign: -0 as +0).
-template <int HEAD_DIM>
-__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
-                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
-                                             long long token0, int first_pos, int num_heads, int head0,
-                                             int max_chunks, bool zero_sign) {
-  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
-    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
-    const int num_chunks = (first_pos + r / group_rows) / kKvChunk + 1;
-    const long long slot = at * max_chunks;  // the row's chunk 0
-    float m = __ldcg(ws_ml + slot * 2);
-    float denom = __ldcg(ws_ml + slot * 2 + 1);
-    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
-    for (int c = 1; c < num_chunks; ++c) {
-      float a1, a2;
-      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
-      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
-      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
-    }
-    if (zero_sign && acc == 0.0f) acc = 0.0f;
-    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
-  }
-}
+// The PTX wrappers, BF16 helpers, find_work and the chunk merge come from common.cuh.
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
@@ -156,7 +155,6 @@ struct Config {
   static constexpr int kTilesPerChunk = kKvChunk / BLOCK_SIZE;
   static_assert(kKvChunk % BLOCK_SIZE == 0, "a KV chunk is whole pages");
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
-  static constexpr int kCopies = 2 * BLOCK_SIZE * kChunks / kNumThreads;  // cp.async per thread and page
   static constexpr int kDimSlices = HEAD_DIM / 16;  // k16 slices of Q.K^T
   static constexpr int kDimTiles = HEAD_DIM / 8;    // n8 tiles of acc
   static constexpr int kKeyTiles = BLOCK_SIZE / 8;  // n8 tiles of S
@@ -164,58 +162,29 @@ struct Config {
   static_assert((2 * BLOCK_SIZE * kChunks) % kNumThreads == 0, "every thread copies alike");
 };
 
-// The CTA's (sequence, query tile) for work item `work`: attention.cu's find_work,
-// repeated (each .cu file stands alone). Every warp computes it, to the same answer;
-// false when the item is past the last tile (the grid is an upper bound).
-__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
-                                          int tokens_per_cta, int work, int lane, int& seq,
-                                          int& q_tile) {
-  int base = 0;  // tiles of the sequences before `first`
-  for (int first = 0; first < num_seqs; first += 32) {
-    const int b = first + lane;
-    int count = 0;
-    if (b < num_seqs) {
-      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
-      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
-    }
-    int inclusive = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const int below = __shfl_up_sync(kFullMask, inclusive, offset);
-      if (lane >= offset) inclusive += below;
-    }
-    const int exclusive = inclusive - count;
-    const unsigned int hit =
-        __ballot_sync(kFullMask, base + exclusive <= work && work < base + inclusive);
-    if (hit != 0u) {  // warp-uniform
-      const int src = __ffs(hit) - 1;
-      seq = first + src;
-      q_tile = work - base - __shfl_sync(kFullMask, exclusive, src);
-      return true;
-    }
-    base += __shfl_sync(kFullMask, inclusive, 31);
-  }
-  return false;
-}
-
 // Issue the cp.async copies of one page's K and V into a ring stage; key slots at or
 // past `num_valid` (seq_len) are zero-filled, their (stale, maybe NaN) bytes unread.
+// Thread x copies 16-byte chunk x % kChunks of keys x / kChunks + i * kKeyStep, of K and
+// of V: one shared and one global base address, every copy at a constant offset from
+// them (registers: no per-copy address survives between pages).
 template <int HEAD_DIM, int BLOCK_SIZE>
 __device__ __forceinline__ void load_page(unsigned short* stage, const unsigned short* k_page,
                                           const unsigned short* v_page, int num_valid) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  constexpr int kKeyStep = kNumThreads / C::kChunks;  // keys a round of copies covers
+  static_assert(kNumThreads % C::kChunks == 0 && BLOCK_SIZE % kKeyStep == 0, "whole rounds");
+  const int key0 = static_cast<int>(threadIdx.x) / C::kChunks;
+  const int at = static_cast<int>(threadIdx.x) % C::kChunks * 8;  // the chunk's first column
+  const unsigned dst = shared_addr(stage + key0 * C::kLds + at);
+  // NOTE: an invalid slot's address is still in the page (a page holds BLOCK_SIZE
+  // slots); cp.async with src-size 0 reads none of it.
+  const unsigned short* k_src = k_page + key0 * HEAD_DIM + at;
+  const unsigned short* v_src = v_page + key0 * HEAD_DIM + at;
 #pragma unroll
-  for (int i = 0; i < C::kCopies; ++i) {
-    const int idx = static_cast<int>(threadIdx.x) + i * kNumThreads;
-    const bool is_v = idx >= BLOCK_SIZE * C::kChunks;  // uniform per i
-    const int c = is_v ? idx - BLOCK_SIZE * C::kChunks : idx;
-    const int key = c / C::kChunks, chunk = c % C::kChunks;
-    const bool valid = key < num_valid;
-    // NOTE: an invalid chunk still gets an in-bounds address (the page's first
-    // element); cp.async with src-size 0 reads none of it.
-    const unsigned short* src = (is_v ? v_page : k_page) + (valid ? key * HEAD_DIM + chunk * 8 : 0);
-    unsigned short* dst = stage + (is_v ? C::kPageHalves : 0) + key * C::kLds + chunk * 8;
-    cp_async_16(shared_addr(dst), src, valid);
+  for (int i = 0; i < BLOCK_SIZE / kKeyStep; ++i) {
+    const bool valid = key0 + i * kKeyStep < num_valid;
+    cp_async_16(dst + i * kKeyStep * C::kLds * 2, k_src + i * kKeyStep * HEAD_DIM, valid);
+    cp_async_16(dst + (C::kPageHalves + i * kKeyStep * C::kLds) * 2, v_src + i * kKeyStep * HEAD_DIM, valid);
   }
 }
 
@@ -321,11 +290,11 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   }
 #pragma unroll
   for (int dp = 0; dp < C::kDimTiles / 2; ++dp) {  // two n8 tiles of head_dim at a time
-    float d[2][4];
+    // acc * a in place (a = 1 exactly for a row that does not see the page)
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d[n][e] = __fmul_rn(st.acc[2 * dp + n][e], alpha[e / 2]);
+      for (int e = 0; e < 4; ++e) st.acc[2 * dp + n][e] = __fmul_rn(st.acc[2 * dp + n][e], alpha[e / 2]);
     }
 #pragma unroll
     for (int i = 0; i < C::kKeySlices; ++i) {
@@ -336,15 +305,11 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
       const int dim = dp * 16 + (lane >> 4) * 8;
       unsigned b[4];
       ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
-      mma_bf16_16816(d[0], pa[i], b[0], b[1]);
-      mma_bf16_16816(d[1], pa[i], b[2], b[3]);
-    }
-    // NOTE: a row that does not see the page keeps its acc exactly, whatever the mma
-    // made of its +0 p (see the header).
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st.acc[2 * dp + n][e] = sees[e / 2] ? d[n][e] : st.acc[2 * dp + n][e];
+      // NOTE: a row that does not see the page has p = +0 throughout: its acc takes
+      // only exact zero terms, which leave a nonzero acc exactly as it was (see the
+      // header), with no copy of the old acc kept alive for a select.
+      mma_bf16_16816(st.acc[2 * dp], pa[i], b[0], b[1]);
+      mma_bf16_16816(st.acc[2 * dp + 1], pa[i], b[2], b[3]);
     }
   }
 }
@@ -563,8 +528,8 @@ __device__ __forceinline__ void paged_attention_tc(
     __syncthreads();
     if (*last == 0u) return;
     __threadfence();
-    merge_chunks<HEAD_DIM>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0, first_pos,
-                           num_heads, head0, max_chunks, /*zero_sign=*/true);
+    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0,
+                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/true);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }
@@ -604,21 +569,21 @@ __device__ __forceinline__ void paged_attention_tc(
   out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
       num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 32>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 64>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 64>(PAGED_ATTENTION_PASS);
 }

@@ -28,8 +28,9 @@ one accumulator register taking one mma per 16-wide slice in ascending order,
 and an mma has no cross-row interaction; masking is by select (masked scores
 -inf, their p +0), the softmax runs on the row's own values with explicitly
 rounded intrinsics and its sums have a shape fixed by block_size; a page wholly
-in a row's future leaves the row's state exactly as it was (selects), so a row
-runs exactly the pages up to its own last key whatever its neighbours do; key
+in a row's future leaves the row's state exactly as it was (selects for m and
+denom; acc takes only exact zero terms), so a row runs exactly the pages up to
+its own last key whatever its neighbours do; key
 slots past seq_len are zero-filled when staged, so stale NaN never meets a zero
 p; an exactly zero output is written as +0.
 """

@@ -1,6 +1,7 @@
 // Device helpers the kernel families share: BF16 bit conversions and stores, warp and
 // block sums with a fixed reduction tree, and the inline-PTX wrappers of the
-// tensor-core kernels (cp.async, ldmatrix, mma.sync m16n8k16 BF16, %dynamic_smem_size).
+// tensor-core kernels (cp.async, ldmatrix, mma.sync m16n8k16 BF16, %dynamic_smem_size),
+// and the split attention kernels' work lookup and chunk merge (find_work, merge_chunks).
 //
 // Each `.cu` file includes it as "common.cuh". NVRTC gets the header inside the
 // source text, never by an include path: nvrtc.kernel_source expands the include in
@@ -165,6 +166,76 @@ __device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, fl
 
 __device__ __forceinline__ float merged(float x1, float a1, float x2, float a2) {
   return __fadd_rn(__fmul_rn(x1, a1), __fmul_rn(x2, a2));
+}
+
+// ---- split attention: the work item and the chunk merge ----------------------------
+// attention.cu and attention_tc.cu share these. NOTE: the CPU emulator includes this
+// header once at file scope, before those sources, so nothing here may name a constant
+// of theirs: the chunk size comes in as a template argument (their kKvChunk).
+
+// The CTA's (sequence, query tile) for work item `work`, from a prefix sum over the
+// sequences' query lengths (query_start_loc), a warp at a time. Every warp computes it,
+// to the same answer; false when the item is past the last tile (the grid is an upper
+// bound).
+__device__ __forceinline__ bool find_work(const int* __restrict__ query_start_loc, int num_seqs,
+                                          int tokens_per_cta, int work, int lane, int& seq,
+                                          int& q_tile) {
+  int base = 0;  // tiles of the sequences before `first`
+  for (int first = 0; first < num_seqs; first += 32) {
+    const int b = first + lane;
+    int count = 0;
+    if (b < num_seqs) {
+      const int q_len = query_start_loc[b + 1] - query_start_loc[b];
+      count = q_len > 0 ? (q_len + tokens_per_cta - 1) / tokens_per_cta : 0;
+    }
+    int inclusive = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int below = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += below;
+    }
+    const int exclusive = inclusive - count;
+    const unsigned int hit =
+        __ballot_sync(0xffffffffu, base + exclusive <= work && work < base + inclusive);
+    if (hit != 0u) {  // warp-uniform
+      const int src = __ffs(hit) - 1;
+      seq = first + src;
+      q_tile = work - base - __shfl_sync(0xffffffffu, exclusive, src);
+      return true;
+    }
+    base += __shfl_sync(0xffffffffu, inclusive, 31);
+  }
+  return false;
+}
+
+// The split's last step, in the CTA that finishes its (work item, head slot) last: for
+// each of its rows (row r: token token0 + r / group_rows, head head0 + r % group_rows, at
+// position first_pos + r / group_rows), the chunk states 0 .. position / KV_CHUNK from the
+// workspace merged in ascending order (merge_factors / merged), then out = bf16(acc /
+// denom) (zero_sign: -0 as +0). Thread i takes elements i, i + blockDim.x, ... of the
+// rows' [rows, head_dim] outputs.
+template <int HEAD_DIM, int KV_CHUNK>
+__device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
+                                             const float* __restrict__ ws_ml, int num_rows, int group_rows,
+                                             long long token0, int first_pos, int num_heads, int head0,
+                                             int max_chunks, bool zero_sign) {
+  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
+    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
+    const int num_chunks = (first_pos + r / group_rows) / KV_CHUNK + 1;
+    const long long slot = at * max_chunks;  // the row's chunk 0
+    float m = __ldcg(ws_ml + slot * 2);
+    float denom = __ldcg(ws_ml + slot * 2 + 1);
+    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
+    for (int c = 1; c < num_chunks; ++c) {
+      float a1, a2;
+      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
+      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
+      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
+    }
+    if (zero_sign && acc == 0.0f) acc = 0.0f;
+    out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));
+  }
 }
 
 }  // namespace
