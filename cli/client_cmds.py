@@ -162,7 +162,7 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
 
 # -- generate --------------------------------------------------------------------------------
 
-TABLE_FIELDS = ("prompt_table", "extra_ids")  # the daemon's errors about them begin so
+TABLE_FIELDS = ("prompt_table", "extra_ids")  # the daemon's errors about them name them
 
 
 def generate_request(
@@ -234,7 +234,7 @@ def generate_cmd(
                 done = stream_to(client, request, options, sys.stdout)
                 click.echo()
         except (RequestError, DaemonUnavailable) as e:
-            if isinstance(e, RequestError) and e.message.startswith(TABLE_FIELDS):
+            if isinstance(e, RequestError) and any(f in e.message for f in TABLE_FIELDS):
                 raise click.UsageError(e.message) from e  # the daemon's check of our flags
             raise request_failed(client, e) from e
     if logits_out is not None and done.logits is not None:

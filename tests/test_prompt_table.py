@@ -157,7 +157,7 @@ def test_embed_ref_reads_prompt_rows(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize(
     ("prompt", "kwargs", "match"),
     [
-        ("fake", {}, r"prompt_table: token id \d+ >= vocab size"),
+        ("fake", {}, r"token ids must be in \[0, 1024\); got 1024: .* no prompt_table"),
         ("fake", {"extra_ids": [1, 1, 0]}, "no prompt_table"),
         ("past", {"prompt_table": "t1"}, r"prompt_table: token id \d+ selects row 4"),
         ("fake", {"prompt_table": "wide"}, r"prompt_table must have shape \[num_virtual >= 1"),

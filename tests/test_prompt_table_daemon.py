@@ -77,7 +77,7 @@ def test_trtllm_example_through_the_daemon(daemon: Daemon, tiny: Path, config) -
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"prompt_table": None}, "prompt_table: token id 1024 >= vocab size 1024"),
+        ({"prompt_table": None}, "got 1024: ids from 1024 up select prompt_table rows, but"),
         ({"extra_ids": [1, 1, 1, 1, 0]}, "extra_ids must have one id per prompt token"),
         ({"extra_ids": [1, 1, 1, 0, 0, 0]}, r"extra_ids\[3\] is 0"),
         ({"extra_ids": [1, 1, 1, 1, 0, 7]}, r"extra_ids\[5\] is 7"),
@@ -140,3 +140,7 @@ def test_cli_generate_with_a_prompt_table(daemon: Daemon, config, tmp_path: Path
                          timeout=120)  # fmt: skip
     assert bad.returncode == 2, bad.stderr
     assert "extra_ids[4] is 1" in bad.stderr and "Traceback" not in bad.stderr
+    no_table = [arg for arg in base if arg not in ("--prompt-table", str(path))]
+    bad = subprocess.run(no_table, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2, bad.stderr
+    assert "no prompt_table" in bad.stderr and "Traceback" not in bad.stderr

@@ -51,10 +51,7 @@ def check_prompt_table(
     if prompt_table is None and extra_ids is None:
         fake = next((t for t in prompt_ids if t >= vocab_size), None)
         if fake is not None:
-            raise ValueError(
-                f"prompt_table: token id {fake} >= vocab size {vocab_size} selects a "
-                "prompt-table row, but the request has no prompt_table"
-            )
+            raise _no_table(fake, vocab_size)
         return None
     table = None if prompt_table is None else _check_table(prompt_table, hidden_size)
     num_virtual = 0 if table is None else table.shape[0]
@@ -64,10 +61,7 @@ def check_prompt_table(
     if past.any():
         bad = int(ids[past][0])
         if table is None:
-            raise ValueError(
-                f"prompt_table: token id {bad} >= vocab size {vocab_size} selects a "
-                "prompt-table row, but the request has no prompt_table"
-            )
+            raise _no_table(bad, vocab_size)
         raise ValueError(
             f"prompt_table: token id {bad} selects row {bad - vocab_size}, but the table "
             f"has {num_virtual} rows (ids up to {vocab_size + num_virtual - 1})"
@@ -81,6 +75,13 @@ def check_prompt_table(
             derived[pos] = digests[row]
         return PromptTable(table, derived)
     return PromptTable(table, _check_extra_ids(extra_ids, ids, fake))
+
+
+def _no_table(token_id: int, vocab_size: int) -> ValueError:
+    return ValueError(
+        f"prompt token ids must be in [0, {vocab_size}); got {token_id}: ids from "
+        f"{vocab_size} up select prompt_table rows, but the request has no prompt_table"
+    )
 
 
 def _check_table(table: object, hidden_size: int) -> np.ndarray:
