@@ -18,7 +18,14 @@ import click
 from ..ipc.client import Client, DaemonUnavailable, RequestError
 from ..ipc.messages import Done, TokenChunk
 from ..ipc.sockets import client_address, ipc_path
-from .options import client_options, request_from, request_options, sampling_options
+from .options import (
+    client_options,
+    prompt_table_from,
+    prompt_table_options,
+    request_from,
+    request_options,
+    sampling_options,
+)
 
 QUICK_S = 1.0  # a daemon that has not answered by then gets a "waiting" notice
 
@@ -155,9 +162,25 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
 
 # -- generate --------------------------------------------------------------------------------
 
+TABLE_FIELDS = ("prompt_table", "extra_ids")  # the daemon's errors about them name them
+
+
+def generate_request(
+    prompt: str | None, token_ids: list[int] | None, chat: bool, system: str | None
+) -> str | list[int] | list[dict[str, str]]:
+    """PROMPT (wrapped in the chat template with --chat), or --token-ids sent as is."""
+    if (prompt is None) == (token_ids is None):
+        raise click.UsageError("give exactly one of PROMPT or --token-ids")
+    if token_ids is None:
+        assert prompt is not None
+        return chat_request(prompt, chat, system)
+    if system is not None:
+        raise click.UsageError("--system needs a text PROMPT; --token-ids are sent as is")
+    return token_ids
+
 
 @click.command("generate")
-@click.argument("prompt")
+@click.argument("prompt", required=False)
 @click.option(
     "--chat/--raw",
     default=True,
@@ -167,6 +190,7 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
 @click.option("--system", default=None, help="System message (with --chat).")
 @sampling_options
 @request_options
+@prompt_table_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text."
 )
@@ -185,7 +209,7 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
 )
 @client_options
 def generate_cmd(
-    prompt: str,
+    prompt: str | None,
     chat: bool,
     system: str | None,
     as_json: bool,
@@ -195,9 +219,10 @@ def generate_cmd(
     timeout: float,
     **kw: Any,
 ) -> None:
-    """Send PROMPT to the daemon and stream the answer."""
-    request = chat_request(prompt, chat, system)
-    options = request_from(kw)
+    """Send PROMPT (or --token-ids) to the daemon and stream the answer."""
+    table_options = prompt_table_from(kw)
+    request = generate_request(prompt, kw["token_ids"], chat, system)
+    options = {**request_from(kw), **table_options}
     options["return_logits"] = logits_out is not None
     if logprobs is not None:
         options["logprobs"] = logprobs
@@ -209,6 +234,8 @@ def generate_cmd(
                 done = stream_to(client, request, options, sys.stdout)
                 click.echo()
         except (RequestError, DaemonUnavailable) as e:
+            if isinstance(e, RequestError) and any(f in e.message for f in TABLE_FIELDS):
+                raise click.UsageError(e.message) from e  # the daemon's check of our flags
             raise request_failed(client, e) from e
     if logits_out is not None and done.logits is not None:
         import numpy as np

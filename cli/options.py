@@ -217,3 +217,91 @@ def request_from(kw: dict[str, Any]) -> dict[str, Any]:
         "priority": kw["priority"],
         "queue_priority": kw["queue_priority"],
     }
+
+
+# -- prompt tables (p-tuning): `generate` only --------------------------------------------
+
+
+def _id_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """A comma-separated list of non-negative integers, each below `2**64`."""
+    if value is None:
+        return None
+    try:
+        ids = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"must be comma-separated integers; got {value!r}") from None
+    bad = next((i for i in ids if not 0 <= i < 2**64), None)
+    if bad is not None:
+        raise click.BadParameter(f"ids must be in [0, 2**64); got {bad}")
+    return ids
+
+
+def _prompt_table(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A .npy file of a 2-d BF16 table: saved from an `ml_dtypes.bfloat16` array (NumPy
+    reads it back as 2-byte void) or as its uint16 bit patterns."""
+    if value is None:
+        return None
+    import ml_dtypes
+    import numpy as np
+
+    try:
+        table = np.load(value, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise click.BadParameter(f"cannot read {value} as a .npy array: {e}") from None
+    if table.dtype.itemsize != 2 or table.dtype.kind not in "Vu":
+        raise click.BadParameter(
+            f"{value} holds {table.dtype}; a prompt table must be bfloat16 (the model's dtype), "
+            "saved from an ml_dtypes.bfloat16 array or as its uint16 bit patterns"
+        )
+    if table.ndim != 2:
+        raise click.BadParameter(
+            f"{value} has shape {list(table.shape)}; a prompt table is [num_virtual, hidden]"
+        )
+    return np.ascontiguousarray(table).view(ml_dtypes.bfloat16)
+
+
+prompt_table_options = _stack(
+    [
+        click.option(
+            "--token-ids",
+            callback=_id_list,
+            default=None,
+            metavar="ID,ID,...",
+            help="Send these token ids as the prompt instead of PROMPT (ids from the "
+            "vocabulary size up select --prompt-table rows).",
+        ),
+        click.option(
+            "--prompt-table",
+            callback=_prompt_table,
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            metavar="FILE.npy",
+            help="p-tuning: a [num_virtual, hidden] bfloat16 table; token id vocab_size + r "
+            "embeds as its row r. Needs --token-ids.",
+        ),
+        click.option(
+            "--extra-ids",
+            callback=_id_list,
+            default=None,
+            metavar="ID,ID,...",
+            help="One per token id: 0 for text tokens, > 0 for table ids, equal for equal "
+            "tables [default: digests of the rows].",
+        ),
+    ]
+)
+
+
+def prompt_table_from(kw: dict[str, Any]) -> dict[str, Any]:
+    """The Client's prompt-table options from the parsed ones (usage errors when they
+    cannot go together)."""
+    token_ids, table, extra_ids = kw["token_ids"], kw["prompt_table"], kw["extra_ids"]
+    if token_ids is None:
+        for name, value in (("--prompt-table", table), ("--extra-ids", extra_ids)):
+            if value is not None:
+                raise click.UsageError(f"{name} needs --token-ids")
+        return {}
+    if extra_ids is not None and len(extra_ids) != len(token_ids):
+        raise click.UsageError(
+            f"--extra-ids must have one id per token id: {len(extra_ids)} for {len(token_ids)}"
+        )
+    return {"prompt_table": table, "extra_ids": extra_ids}

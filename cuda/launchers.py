@@ -52,16 +52,25 @@ def _row_stride(name: str, x: Any, ndim: int) -> int:
     return x.strides[0] // itemsize if x.shape[0] > 1 else inner
 
 
-def embed(table: Any, token_ids: Any, *, out: Any = None) -> Any:
-    """Twin: embed_ref. table [vocab, hidden] BF16, token_ids [T] int32 -> [T, hidden] fp32."""
+def embed(table: Any, token_ids: Any, prompt_rows: Any = None, *, out: Any = None) -> Any:
+    """Twin: embed_ref. table [vocab, hidden] BF16, token_ids [T] int32 (an id >= vocab
+    selects row id - vocab of prompt_rows, [P, hidden] BF16) -> [T, hidden] fp32. The ids
+    are not read here (no device sync): the caller keeps them below vocab + P."""
     check("table", table, BF16_BITS, 2)
     check("token_ids", token_ids, np.int32, 1)
     num_tokens, hidden = token_ids.shape[0], table.shape[1]
+    if prompt_rows is None:
+        prompt_rows = table  # never read: every id is below vocab
+    else:
+        check("prompt_rows", prompt_rows, BF16_BITS, 2)
+        if prompt_rows.shape[1] != hidden:
+            raise ValueError(
+                f"prompt_rows must have the table's width {hidden}; got {prompt_rows.shape}"
+            )
     out = _empty((num_tokens, hidden), np.float32, out)
     if num_tokens:
-        kernel("embedding", "embed")(
-            (num_tokens,), (256,), (table, token_ids, out, np.int32(hidden))
-        )
+        args = (table, token_ids, prompt_rows, out, np.int32(hidden), np.int32(table.shape[0]))
+        kernel("embedding", "embed")((num_tokens,), (256,), args)
     return out
 
 

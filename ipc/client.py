@@ -21,7 +21,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .codec import decode_reply, encode
+import numpy as np
+
+from .codec import decode_reply, encode, prompt_table_to_wire
 from .framing import FrameDecoder, FramingError, frame
 from .messages import (
     SAMPLING_FIELDS,
@@ -138,6 +140,8 @@ class Client:
         priority: int | None = None,
         queue_priority: int = 0,
         return_logits: bool = False,
+        prompt_table: np.ndarray | None = None,
+        extra_ids: list[int] | None = None,
         **sampling: Any,
     ) -> Generate:
         unknown = set(sampling) - set(SAMPLING_FIELDS)
@@ -160,6 +164,8 @@ class Client:
             queue_priority=queue_priority,
             stream=stream,
             return_logits=return_logits,
+            prompt_table=None if prompt_table is None else prompt_table_to_wire(prompt_table),
+            extra_ids=extra_ids,
         )
 
     def _send(self, data: bytes) -> None:

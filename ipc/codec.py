@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import ml_dtypes
 import msgpack
 import numpy as np
 
@@ -24,6 +25,8 @@ from .messages import (
     Reply,
     Request,
 )
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class TokenLogprobsLike(Protocol):
@@ -146,6 +149,21 @@ def logprobs_to_wire(
         }
         for lp in logprobs
     ]
+
+
+def prompt_table_to_wire(table: np.ndarray) -> dict[str, Any]:
+    """A BF16 [num_virtual, hidden] table as Generate.prompt_table."""
+    if table.dtype != BF16 or table.ndim != 2:
+        raise ValueError(
+            f"prompt_table must be a 2-d bfloat16 array; got {table.dtype} {list(table.shape)}"
+        )
+    array = np.ascontiguousarray(table).view("<u2")
+    return {"shape": list(table.shape), "dtype": "bfloat16", "data": array.tobytes()}
+
+
+def prompt_table_from_wire(wire: dict[str, Any]) -> np.ndarray:
+    """Generate.prompt_table (already checked by the message) as a BF16 array (no copy)."""
+    return np.frombuffer(wire["data"], dtype="<u2").view(BF16).reshape(wire["shape"])
 
 
 def logits_from_wire(wire: dict[str, Any]) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 PROTOCOL_VERSION = 1
 MAX_ID_CHARS = 128
 MAX_SALT_CHARS = 256
+MAX_EXTRA_ID = (1 << 64) - 1
 
 ERROR_CODES = frozenset(
     {
@@ -108,6 +109,11 @@ class Generate:
     queue_priority: int = 0  # scheduling: lower is admitted first (as vLLM's priority)
     stream: bool = True
     return_logits: bool = False
+    # p-tuning, with token_ids only: ids >= the vocabulary size select rows of the table,
+    # {"shape": [num_virtual, hidden], "dtype": "bfloat16", "data": bin, row-major,
+    # little-endian}; `extra_ids` has one uint64 per token id (0 for text tokens).
+    prompt_table: dict[str, Any] | None = None
+    extra_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -155,6 +161,41 @@ class Generate:
             )
         check_type("stream", self.stream, bool)
         check_type("return_logits", self.return_logits, bool)
+        self._check_prompt_table()
+
+    def _check_prompt_table(self) -> None:
+        """Types and sizes only; the engine checks the ids against the table."""
+        for name in ("prompt_table", "extra_ids"):
+            if getattr(self, name) is not None and self.token_ids is None:
+                raise bad(f"{name} needs a token_ids prompt; got {self.given_prompt()}")
+        if self.extra_ids is not None:
+            check_type("extra_ids", self.extra_ids, list)
+            for i, e in enumerate(self.extra_ids):
+                check_type(f"extra_ids[{i}]", e, int)
+                if not 0 <= e <= MAX_EXTRA_ID:
+                    raise bad(f"extra_ids[{i}] must be in [0, 2**64); got {e}")
+        table = self.prompt_table
+        if table is None:
+            return
+        check_type("prompt_table", table, dict)
+        if set(table) != {"shape", "dtype", "data"}:
+            raise bad(f"prompt_table must have exactly shape, dtype, data; got {sorted(table)}")
+        check_type("prompt_table.dtype", table["dtype"], str)
+        if table["dtype"] != "bfloat16":
+            raise bad(f"prompt_table.dtype must be bfloat16; got {_short(table['dtype'])}")
+        shape = table["shape"]
+        check_type("prompt_table.shape", shape, list)
+        if len(shape) != 2 or not all(isinstance(n, int) and n >= 1 for n in shape):
+            raise bad(f"prompt_table.shape must be [num_virtual, hidden], each >= 1; got {shape}")
+        check_type("prompt_table.data", table["data"], bytes)
+        if len(table["data"]) != 2 * shape[0] * shape[1]:
+            raise bad(
+                f"prompt_table.data must hold 2 bytes per element of shape {shape} "
+                f"({2 * shape[0] * shape[1]} bytes); got {len(table['data'])}"
+            )
+
+    def given_prompt(self) -> str:
+        return next(k for k in ("prompt", "messages", "token_ids") if getattr(self, k) is not None)
 
 
 @dataclass(slots=True)

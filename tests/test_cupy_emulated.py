@@ -27,6 +27,7 @@ from kernel_emu import emucupy
 
 from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
 from reprise.cuda.backend import NumpyBackend
+from reprise.cuda.dtypes import BF16
 from reprise.cuda.sampling import Draws
 from reprise.daemon import Completion, Engine, SamplingParams
 from reprise.daemon.engine.engine import model_fingerprint
@@ -419,3 +420,30 @@ def test_skipped_kernels_are_counted_and_write_nothing(engines: Engines) -> None
     assert emucupy.launches() - launches > 3 * SHAPE["num_hidden_layers"]
     assert not engine.runner.kv_cache.any()  # no K/V was written
     assert engine.generate(PROMPTS[0], GREEDY).token_ids != [0] * NUM_TOKENS  # kernels again
+
+
+def test_prompt_tables_share_by_extra_ids_and_keep_their_bits(engines: Engines) -> None:
+    """TensorRT-LLM's p-tuning example at this block size on the GPU backend: fake ids
+    read table rows in the embedding kernel, requests 1 and 2 (same ids, other tables)
+    share nothing, request 3 reuses request 1's first block, and every logit equals the
+    same request's alone on a fresh engine; the decode steps replay graphs."""
+    v = SHAPE["vocab_size"]
+    rng = np.random.default_rng(24)
+    t1, t2 = ((rng.standard_normal((BS, SHAPE["hidden_size"])) * 0.05).astype(BF16) for _ in "12")
+    fake, marks = list(range(v, v + BS)), [0] * BS
+    requests = [
+        ([*fake, *PROMPTS[0][:BS]], t1, [1] * BS + marks),
+        ([*fake, *PROMPTS[0][:BS]], t2, [2] * BS + marks),
+        ([*fake, *PROMPTS[1][:BS]], t1, [1] * BS + marks),
+    ]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, return_logits=True)
+    engine = engines(cuda_graphs=True)
+    before = emucupy.replays()
+    outs = [engine.generate(p, params, prompt_table=t, extra_ids=e) for p, t, e in requests]
+    assert emucupy.replays() - before >= 3 * 2
+    assert [o.cached_tokens for o in outs] == [0, 0, BS]
+    assert not np.array_equal(outs[0].logits, outs[1].logits)
+    for (prompt, table, extra), out in zip(requests, outs, strict=True):
+        alone = engines(enable_reuse=False).generate(prompt, params, prompt_table=table,
+                                                     extra_ids=extra)  # fmt: skip
+        assert np.array_equal(out.logits, alone.logits)

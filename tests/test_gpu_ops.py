@@ -54,6 +54,12 @@ def test_embed_is_an_exact_gather(cp, rng, shape: str) -> None:
     out = embed(dev(table), dev(ids), out=poisoned((37, hidden), np.float32))
     assert np.array_equal(host(out), embed_ref(table, ids))
     assert vocab > 1000
+    # p-tuning: ids >= 1000 (the table's rows) read the step's prompt-table rows
+    prompt_rows = rows(rng, 5, hidden).astype(BF16)
+    ids = rng.integers(0, 1005, size=37).astype(np.int32)
+    ids[:2] = [1000, 1004]
+    out = embed(dev(table), dev(ids), dev(prompt_rows), out=poisoned((37, hidden), np.float32))
+    assert np.array_equal(host(out), embed_ref(table, ids, prompt_rows))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -126,8 +126,15 @@ def test_silu_mul_embed_and_kv_write(lib: ctypes.CDLL, rng: np.random.Generator)
     table = rng.standard_normal((100, 576)).astype(BF16)
     ids = rng.integers(0, 100, 9).astype(np.int32)
     rows = poisoned((9, 576), np.float32)
-    lib.run_embed(9, ptr(table), ptr(ids), ptr(rows), 576)
+    lib.run_embed(9, ptr(table), ptr(ids), ptr(table), ptr(rows), 576, 100)
     assert np.array_equal(rows, embed_ref(table, ids))
+    # p-tuning: ids >= vocab read the step's prompt-table rows
+    prompt_rows = rng.standard_normal((5, 576)).astype(BF16)
+    ids = rng.integers(0, 105, 9).astype(np.int32)
+    ids[[0, 4]] = [104, 100]
+    rows = poisoned((9, 576), np.float32)
+    lib.run_embed(9, ptr(table), ptr(ids), ptr(prompt_rows), ptr(rows), 576, 100)
+    assert np.array_equal(rows, embed_ref(table, ids, prompt_rows))
 
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
     cache = rng.standard_normal(kv_cache_shape(6, 3, kv_heads, block_size, head_dim)).astype(BF16)

@@ -33,11 +33,13 @@ from ..model.weights import load_weights
 from .config import EngineConfig, SettingError
 from .kvmanager import KVCacheManager
 from .params import Completion, Retention, SamplingParams, StepOutput
+from .prompt_table import check_prompt_table
 from .runner import ModelRunner
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
 
 Prompt = str | list[int]
+MAX_TOKEN_ID = 1 << 31  # token ids, prompt-table ids too, are int32 on the device
 
 
 class Engine:
@@ -141,15 +143,29 @@ class Engine:
         cache_salt: str | bytes | None = None,
         retention: Retention | None = None,
         priority: int = 0,
+        prompt_table: np.ndarray | None = None,
+        extra_ids: Seq[int] | None = None,
     ) -> RequestId:
         """Queue a request. Requests with different `cache_salt` never share KV blocks.
         Lower `priority` values are admitted first (as vLLM's priority scheduling),
         equal ones in arrival order; the running request that sorts last is the one
-        preempted when blocks run short."""
+        preempted when blocks run short.
+
+        p-tuning (prompt_table.py): prompt ids >= the vocabulary size select rows of
+        `prompt_table` ([num_virtual, hidden] BF16); `extra_ids` (one per prompt id, 0
+        for text, > 0 for fake ids, equal for equal tables) keep blocks of different
+        tables apart. Without them, each fake id's extra id is its row's digest."""
         params = params or SamplingParams()
         if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
             raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
         prompt_ids = self._prompt_ids(prompt)
+        table = check_prompt_table(
+            prompt_ids,
+            prompt_table,
+            extra_ids,
+            vocab_size=self.config.vocab_size,
+            hidden_size=self.config.hidden_size,
+        )
         num_blocks_needed = -(
             -min(len(prompt_ids) + params.max_tokens, self.max_model_len) // self.pool.block_size
         )
@@ -168,9 +184,12 @@ class Engine:
             namespace=Namespace(cache_salt=cache_salt),
             retention=retention,
             priority=int(priority),
+            prompt_table=None if table is None else table.table,
+            prompt_extra_ids=None if table is None else table.extra_ids,
         )
+        text_ids = prompt_ids if table is None else seq.text_prompt_ids()
         self._detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens
+            self.tokenizer, text_ids, skip_special_tokens=params.skip_special_tokens
         )
         self.scheduler.add(seq)
         self._live[request_id] = seq
@@ -269,8 +288,11 @@ class Engine:
         cache_salt: str | bytes | None = None,
         retention: Retention | None = None,
         priority: int = 0,
+        prompt_table: np.ndarray | None = None,
+        extra_ids: Seq[int] | None = None,
     ) -> Completion | list[Completion]:
-        """Complete one prompt (text or token ids) or a batch of them, run together."""
+        """Complete one prompt (text or token ids) or a batch of them, run together
+        (`prompt_table` and `extra_ids`, as in `add_request`, apply to each)."""
         is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
         prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
         if params is None or isinstance(params, SamplingParams):
@@ -280,7 +302,15 @@ class Engine:
             if len(param_list) != len(prompts):
                 raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
         request_ids = [
-            self.add_request(p, sp, cache_salt=cache_salt, retention=retention, priority=priority)
+            self.add_request(
+                p,
+                sp,
+                cache_salt=cache_salt,
+                retention=retention,
+                priority=priority,
+                prompt_table=prompt_table,
+                extra_ids=extra_ids,
+            )
             for p, sp in zip(prompts, param_list, strict=True)
         ]
         while not all(r in self._finished for r in request_ids):
@@ -328,9 +358,13 @@ class Engine:
                 array = np.asarray(prompt, dtype=np.int64)
             except OverflowError:
                 array = None
-            if array is None or ((array < 0) | (array >= vocab)).any():
-                bad = [int(t) for t in prompt if not 0 <= t < vocab]
-                raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+            # ids >= vocab are prompt-table ids, checked by check_prompt_table
+            if array is None or ((array < 0) | (array >= MAX_TOKEN_ID)).any():
+                bad = [int(t) for t in prompt if not 0 <= t < MAX_TOKEN_ID]
+                raise ValueError(
+                    f"prompt token ids must be in [0, {vocab}), or from {vocab} up to select "
+                    f"prompt_table rows; got {bad[:5]}"
+                )
             ids = array.tolist()
         else:
             raise ValueError(

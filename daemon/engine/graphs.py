@@ -108,10 +108,13 @@ class StaticDecode:
 
     def fits(self, batch: ForwardBatch) -> bool:
         """Whether `run` takes this batch: one token per sequence, each sampling, at most
-        the largest bucket, block tables no wider than the static ones."""
+        the largest bucket, block tables no wider than the static ones, no prompt-table
+        rows (generated tokens never are fake ids, but a prompt's last token, computed
+        alone after a cache hit, may be; that step runs eagerly)."""
         num_seqs = batch.seq_lens.shape[0]
         return (
             self.failed is None
+            and batch.prompt_rows is None
             and batch.token_ids.shape[0] == num_seqs <= self.buckets[-1]
             and batch.logit_rows is not None
             and batch.logit_rows.shape[0] == num_seqs

@@ -7,6 +7,10 @@ step every block that became full is registered, prompt and generated tokens
 alike, so another request can reuse it at once. The last token of a request
 is always computed into a block the request owns: a cached block is never
 written.
+
+Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
+and registration, so blocks whose fake ids select different embeddings never
+meet.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ class KVCacheManager:
         bs = self.block_size
         num_matchable = (seq.num_tokens - 1) // bs
         hashes = self.hash_chain(seq, num_matchable)
-        blocks_tokens = [seq.token_ids(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
+        spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
         retention = seq.retention
         match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
             hashes,
-            blocks_tokens,
+            [seq.token_ids(*span) for span in spans],
+            extra_ids_per_block=[seq.extra_ids(*span) for span in spans],
             namespace=seq.namespace,
             priority=None if retention is None else retention.priority,
             priority_duration_s=None if retention is None else retention.duration_s,
@@ -55,11 +60,7 @@ class KVCacheManager:
         bs, chain = self.block_size, seq.hash_chain
         assert num_blocks * bs <= seq.num_tokens, (num_blocks, seq.num_tokens)
         for idx in range(len(chain), num_blocks):
-            chain.append(
-                self._hash(
-                    chain[-1] if chain else None, seq.token_ids(idx * bs, (idx + 1) * bs), seq
-                )
-            )
+            chain.append(self._hash(chain[-1] if chain else None, idx * bs, seq))
         return chain[:num_blocks]
 
     def blocks_in_flight(self, seq: Sequence) -> list[BlockHash]:
@@ -105,6 +106,7 @@ class KVCacheManager:
                 hashes[idx],
                 seq.token_ids(idx * bs, (idx + 1) * bs),
                 seq.block_ids[idx - 1] if idx else None,
+                extra_ids=seq.extra_ids(idx * bs, (idx + 1) * bs),
                 namespace=seq.namespace,
                 priority=retention.generated_priority if generated else retention.priority,
                 priority_duration_s=retention.duration_s,
@@ -122,11 +124,14 @@ class KVCacheManager:
         """Copy the leading tokens a cached block shares with the request's next block."""
         bs = self.block_size
         start = seq.num_computed_tokens
-        wanted = seq.token_ids(start, min(start + bs, seq.num_tokens - 1))
+        end = min(start + bs, seq.num_tokens - 1)
+        wanted = seq.token_ids(start, end)
         if not wanted:
             return
         parent = seq.block_hashes[-1] if seq.block_hashes else None
-        found = self.pool.find_partial(parent, wanted, namespace=seq.namespace)
+        found = self.pool.find_partial(
+            parent, wanted, extra_ids=seq.extra_ids(start, end), namespace=seq.namespace
+        )
         if found is None:
             return
         source, num_shared = found
@@ -143,8 +148,14 @@ class KVCacheManager:
                 seq.num_host_hit_tokens += num_shared
         self.pool.free([source])
 
-    def _hash(self, parent: BlockHash | None, tokens: list[int], seq: Sequence) -> BlockHash:
+    def _hash(self, parent: BlockHash | None, start: int, seq: Sequence) -> BlockHash:
+        """The key of `seq`'s full block beginning at token `start`."""
+        end = start + self.block_size
         # the namespace enters the first block's key only; later ones inherit it
         return hash_block(
-            parent, tokens, namespace=seq.namespace, model_fingerprint=self.model_fingerprint
+            parent,
+            seq.token_ids(start, end),
+            extra_ids=seq.extra_ids(start, end),
+            namespace=seq.namespace,
+            model_fingerprint=self.model_fingerprint,
         )

@@ -97,10 +97,13 @@ class ModelRunner:
         seq_lens, starts, logit_rows = [], [0], []
         max_blocks = max(len(s.seq.block_ids) for s in scheduled)
         tables: list[int] = []
+        tabled: list[tuple[int, Sequence]] = []  # (first row, seq) of chunks that may hold fake ids
         for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
             table = seq.block_ids
+            if seq.prompt_table is not None and start < len(seq.prompt_token_ids):
+                tabled.append((len(token_ids), seq))
             if end == start + 1:  # a decode token: the common case, kept cheap
                 token_ids.append(seq.token_at(start))
                 positions.append(start)
@@ -116,14 +119,16 @@ class ModelRunner:
             starts.append(starts[-1] + item.num_tokens)
             if item.samples:
                 logit_rows.append(starts[-1] - 1)
+        ids = np.asarray(token_ids, dtype=np.int32)
         return ForwardBatch(
-            token_ids=np.asarray(token_ids, dtype=np.int32),
+            token_ids=ids,
             positions=np.asarray(positions, dtype=np.int32),
             slot_mapping=np.asarray(slots, dtype=np.int64),
             block_tables=np.asarray(tables, dtype=np.int32).reshape(len(scheduled), max_blocks),
             seq_lens=np.asarray(seq_lens, dtype=np.int32),
             query_start_loc=np.asarray(starts, dtype=np.int32),
             logit_rows=np.asarray(logit_rows, dtype=np.int32),
+            prompt_rows=_gather_prompt_rows(ids, tabled, self.model.config.vocab_size),
         )
 
     def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray | None]]:
@@ -150,3 +155,25 @@ class ModelRunner:
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
         return [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]
+
+
+def _gather_prompt_rows(
+    token_ids: np.ndarray, tabled: list[tuple[int, Sequence]], vocab_size: int
+) -> np.ndarray | None:
+    """The prompt-table rows the step's fake ids select, stacked; each fake id in
+    `token_ids` becomes `vocab_size + ` its row's index in the stack (in place).
+    None when the step has no fake id. `tabled`: (first row, sequence) of each chunk
+    of a sequence with a prompt table, in row order."""
+    rows: list[np.ndarray] = []
+    num_rows = 0
+    for idx, (first, seq) in enumerate(tabled):
+        assert seq.prompt_table is not None
+        last = tabled[idx + 1][0] if idx + 1 < len(tabled) else None
+        chunk = token_ids[first:last]
+        fake = np.flatnonzero(chunk >= vocab_size)
+        if not fake.size:
+            continue
+        rows.append(seq.prompt_table[chunk[fake] - vocab_size])
+        chunk[fake] = vocab_size + num_rows + np.arange(fake.size, dtype=np.int32)
+        num_rows += fake.size
+    return np.concatenate(rows) if rows else None

@@ -38,6 +38,9 @@ class Sequence:
     namespace: Namespace = DEFAULT_NAMESPACE
     retention: Retention | None = None  # None: the default, and leaves matched blocks' alone
     priority: int = 0  # scheduling: lower goes first (as vLLM's), then earlier request ids
+    # p-tuning (prompt_table.py): prompt ids >= vocab size select rows of `prompt_table`
+    prompt_table: np.ndarray | None = None  # [num_virtual, hidden] BF16
+    prompt_extra_ids: list[int] | None = None  # one per prompt token, 0 for text tokens
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
@@ -55,7 +58,8 @@ class Sequence:
     sampling: SamplingState = field(init=False)  # built from params, seed and the prompt
 
     def __post_init__(self) -> None:
-        self.sampling = SamplingState.build(self.params, self.seed, self.prompt_token_ids)
+        # fake ids are no vocabulary entries: penalties see the text tokens only
+        self.sampling = SamplingState.build(self.params, self.seed, self.text_prompt_ids())
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -86,3 +90,22 @@ class Sequence:
         if start >= num_prompt:  # the decode case: no copy of the whole sequence
             return self.output_token_ids[start - num_prompt : end - num_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+    def text_prompt_ids(self) -> list[int]:
+        """The prompt's text tokens (prompt-table ids left out)."""
+        extra = self.prompt_extra_ids
+        if extra is None:
+            return self.prompt_token_ids
+        return [t for t, e in zip(self.prompt_token_ids, extra, strict=True) if e == 0]
+
+    def extra_ids(self, start: int, end: int) -> list[int] | None:
+        """The extra ids of tokens [start, end) for a block key: None when all of them are
+        text tokens (generated tokens always are), so text blocks key as they do without
+        a prompt table and are shared with requests that have none."""
+        extra = self.prompt_extra_ids
+        if extra is None or start >= len(extra):
+            return None
+        ids = extra[start:end]
+        if not any(ids):
+            return None
+        return ids + [0] * (end - start - len(ids))

@@ -31,13 +31,15 @@ from .weights import LlamaWeights
 class ForwardBatch:
     """One engine step's tokens, flattened across sequences."""
 
-    token_ids: np.ndarray  # [T] int32
+    token_ids: np.ndarray  # [T] int32; an id >= vocab selects row id - vocab of prompt_rows
     positions: np.ndarray  # [T] int32, absolute position of each token
     slot_mapping: np.ndarray  # [T] int64, cache slot each token's K/V goes to
     block_tables: np.ndarray  # [B, max_blocks_per_seq] int32
     seq_lens: np.ndarray  # [B] int32, keys visible to each sequence after this step
     query_start_loc: np.ndarray  # [B + 1] int32, rows of each sequence
     logit_rows: np.ndarray | None  # [R] int32, rows whose logits are returned; None: all
+    # [P, hidden] BF16: the prompt-table rows this step's fake ids select; None: no fake ids
+    prompt_rows: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +104,8 @@ class LlamaModel:
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
         q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
-        residual = ops.embed(self.embed_tokens, batch.token_ids)  # [T, hidden] fp32
+        # [T, hidden] fp32; fake ids read the step's prompt-table rows
+        residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, cfg.rms_norm_eps)  # [T, hidden] BF16
         for idx, layer in enumerate(self.layers):
             if layer.qkv_bias is None:

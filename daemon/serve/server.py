@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from ...ipc.codec import decode_request, encode, error_bytes, logits_to_wire, logprobs_to_wire
+from ...ipc.codec import (
+    decode_request,
+    encode,
+    error_bytes,
+    logits_to_wire,
+    logprobs_to_wire,
+    prompt_table_from_wire,
+)
 from ...ipc.framing import Oversize
 from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
 from ...ipc.messages import (
@@ -361,6 +368,10 @@ class Server:
                 cache_salt=request.cache_salt,
                 retention=retention,
                 priority=request.queue_priority,
+                prompt_table=None
+                if request.prompt_table is None
+                else prompt_table_from_wire(request.prompt_table),
+                extra_ids=request.extra_ids,
             )
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None

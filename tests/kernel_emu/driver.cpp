@@ -76,8 +76,9 @@ void run_add_bias(const float* y, const __nv_bfloat16* bias, __nv_bfloat16* out,
                   int blocks) {
   launch({(unsigned)blocks, 1, 1}, 256, [&] { add_bias(y, bias, out, tokens, width); });
 }
-void run_embed(int tokens, const __nv_bfloat16* table, const int* ids, float* out, int hidden) {
-  launch({(unsigned)tokens, 1, 1}, 256, [&] { embed(table, ids, out, hidden); });
+void run_embed(int tokens, const __nv_bfloat16* table, const int* ids, const __nv_bfloat16* prompt_rows,
+               float* out, int hidden, int vocab) {
+  launch({(unsigned)tokens, 1, 1}, 256, [&] { embed(table, ids, prompt_rows, out, hidden, vocab); });
 }
 void run_kv_write(int tokens, int kv_heads, const __nv_bfloat16* k, const __nv_bfloat16* v, long long k_stride,
                   long long v_stride, const long long* slots, __nv_bfloat16* cache, int layer, int layers,
