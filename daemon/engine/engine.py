@@ -9,7 +9,6 @@ new tokens, detokenizes them and finishes the requests that are done.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import secrets
 from collections.abc import Callable
@@ -26,8 +25,8 @@ from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
 from ..model.config import ModelConfig
+from ..model.fingerprint import model_fingerprint
 from ..model.llama import LlamaModel
-from ..model.safetensors_io import read_header
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .config import EngineConfig, SettingError
@@ -370,16 +369,6 @@ class Engine:
             return False
         seq.text += detok.flush()
         return True
-
-
-def model_fingerprint(path: Path) -> bytes:
-    """Identifies a checkpoint in block keys: its config and its tensors' names, shapes,
-    dtypes and byte offsets (cheap: the weights themselves are not read)."""
-    digest = hashlib.sha256((path / "config.json").read_bytes())
-    for shard in sorted(path.glob("*.safetensors")):
-        header, _ = read_header(shard)
-        digest.update(repr(sorted(header.items())).encode())
-    return digest.digest()
 
 
 def _is_token_ids(prompt: object) -> bool:
