@@ -55,7 +55,7 @@ from .block import (
     validate_duration,
     validate_priority,
 )
-from .copies import PINNED_KINDS, BlockCopy, DiskEntry
+from .copies import PINNED_KINDS, BlockCopy, CopyKind, DiskEntry
 from .disk import DiskTier
 from .events import EventSink
 from .free_queue import EvictionQueue
@@ -525,7 +525,7 @@ class BlockPool:
             num_hits += 1
         return num_hits
 
-    def _plan_disk_write(self, entry: CachedBlock, kind: str, src: int) -> None:
+    def _plan_disk_write(self, entry: CachedBlock, kind: CopyKind, src: int) -> None:
         """Plan writing a findable entry's block to disk, unless the tier has it or is off,
         or the entry's retention is below the offload minimum (dropped, not kept)."""
         disk = self.disk_tier
@@ -539,4 +539,4 @@ class BlockPool:
             entry.block_hash, entry.parent_hash, entry.key.token_ids, entry.key.extra_ids,
             entry.namespace,
         )  # fmt: skip
-        self._copies.append(BlockCopy(kind, src, None, entry=disk_entry))  # type: ignore[arg-type]
+        self._copies.append(BlockCopy(kind, src, None, entry=disk_entry))
