@@ -192,6 +192,11 @@ class DiskTier:
         with self._lock:
             return self._enabled and block_hash in self._index
 
+    def knows(self, block_hash: BlockHash) -> bool:
+        """Whether a file for this digest is indexed or queued for writing (no I/O)."""
+        with self._lock:
+            return self._enabled and (block_hash in self._index or block_hash in self._queued)
+
     def put(
         self,
         block_hash: BlockHash,

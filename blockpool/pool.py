@@ -27,6 +27,15 @@ Guarantees:
   list (copies.py) that `take_copies()` hands to the runner, which executes it
   before the forward pass; both ends of a tier copy stay pinned until
   `complete_copies()`.
+- Disk tier (disk.py), below the host tier: every block registered with
+  priority >= `offload_min_priority` is written through to disk (so a killed
+  daemon leaves it behind), and an entry leaving the memory tiers before its
+  write was queued is written then. Writes are copies in the list (the runner
+  reads the bytes and queues them to the tier's writer thread). On a device
+  and host miss, `match` looks the rest of the chain up on disk: the tier
+  reads and checks each file there (checksums, then the stored key as for a
+  memory hit), so a damaged or foreign file ends the match as a miss, and each
+  sound one becomes a fresh device entry filled by a `disk_onboard` copy.
 """
 
 from __future__ import annotations
@@ -46,7 +55,8 @@ from .block import (
     validate_duration,
     validate_priority,
 )
-from .copies import BlockCopy
+from .copies import PINNED_KINDS, BlockCopy, CopyKind, DiskEntry
+from .disk import DiskTier
 from .events import EventSink
 from .free_queue import EvictionQueue
 from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
@@ -62,12 +72,14 @@ class MatchResult:
     """The cached prefix `match` found: one device block per matched block, in order.
 
     The caller holds one reference to each (free them like allocated ones).
-    `num_host_hits` of them are onboarded from the host tier by copies in the
-    pool's list (`take_copies()`).
+    `num_host_hits` of them are onboarded from the host tier, then the last
+    `num_disk_hits` from the disk tier, by copies in the pool's list
+    (`take_copies()`).
     """
 
     block_ids: list[BlockId]
     num_host_hits: int = 0
+    num_disk_hits: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -75,7 +87,7 @@ class MatchResult:
 
     @property
     def num_device_hits(self) -> int:
-        return len(self.block_ids) - self.num_host_hits
+        return len(self.block_ids) - self.num_host_hits - self.num_disk_hits
 
 
 class BlockPool:
@@ -93,6 +105,7 @@ class BlockPool:
         *,
         enable_reuse: bool = True,
         host_tier: HostTier | None = None,
+        disk_tier: DiskTier | None = None,
         offload_min_priority: int = DEFAULT_PRIORITY,
         clock: Callable[[], float] = time.monotonic,
         event_sink: EventSink | None = None,
@@ -105,6 +118,7 @@ class BlockPool:
         self.block_size = block_size
         self.enable_reuse = enable_reuse
         self.host_tier = host_tier
+        self.disk_tier = disk_tier
         self.offload_min_priority = validate_priority(offload_min_priority)
         self._clock = clock
         self.blocks = [KVBlock(block_id=BlockId(i)) for i in range(num_blocks)]
@@ -115,6 +129,7 @@ class BlockPool:
         self._index = CacheIndex(block_size, self._queue, host_tier, event_sink)
         self._counters = PoolCounters()
         self._copies: list[BlockCopy] = []  # planned since the last take_copies(), in order
+        self._disk_arrivals: list[KVBlock] = []  # disk_onboard destinations, pinned
 
     @property
     def num_free_blocks(self) -> int:
@@ -122,7 +137,13 @@ class BlockPool:
 
     @property
     def num_pending_copies(self) -> int:
-        return 0 if self.host_tier is None else self.host_tier.num_pending_copies
+        host = 0 if self.host_tier is None else self.host_tier.num_pending_copies
+        return host + len(self._disk_arrivals)
+
+    @property
+    def num_planned_copies(self) -> int:
+        """Copies planned and not yet taken (e.g. disk writes planned by `register`)."""
+        return len(self._copies)
 
     def eviction_order(self) -> list[BlockId]:
         """The free blocks, the next to be taken first."""
@@ -221,6 +242,11 @@ class BlockPool:
             self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
             block_ids.append(device_block.block_id)
             num_host_hits += 1
+        num_disk_hits = 0
+        if self.enable_reuse and len(block_ids) == len(hits) < len(block_hashes):
+            num_disk_hits = self._match_disk(
+                block_hashes, token_ids_per_block, extra_ids_per_block, namespace, block_ids, now
+            )
         if priority is not None:
             for block_id in block_ids:
                 self.blocks[block_id].set_retention(priority, duration_s)
@@ -228,7 +254,8 @@ class BlockPool:
         self._counters.missed_blocks += len(block_hashes) - len(block_ids)
         self._counters.host_hits += num_host_hits
         self._counters.host_onboards += num_host_hits
-        return MatchResult(block_ids, num_host_hits)
+        self._counters.disk_hits += num_disk_hits
+        return MatchResult(block_ids, num_host_hits, num_disk_hits)
 
     def register(
         self,
@@ -280,6 +307,7 @@ class BlockPool:
         if existing is None:
             block.set_retention(priority, duration_s)
             self._index.insert(block, block_hash, key, parent_hash, namespace)
+            self._plan_disk_write(block, "device_to_disk", block.block_id)
             return True
         if not existing.confirms(key, parent_hash, namespace):
             return False  # a digest collision: the entry there stays
@@ -351,11 +379,13 @@ class BlockPool:
         returned; a copy planned and not yet taken would still read or write a
         block whose pin this releases.
         """
-        assert not any(c.crosses_tiers for c in self._copies), "complete_copies before take_copies"
-        if self.host_tier is None:
-            return 0
+        assert not any(c.kind in PINNED_KINDS for c in self._copies), (
+            "complete_copies before take_copies"
+        )
         now = self._clock()
-        device_blocks = self.host_tier.complete_copies(now)
+        device_blocks, self._disk_arrivals = self._disk_arrivals, []
+        if self.host_tier is not None:
+            device_blocks += self.host_tier.complete_copies(now)
         for block in device_blocks:
             self._release(block, now)
         return len(device_blocks)
@@ -375,6 +405,7 @@ class BlockPool:
             cached_blocks=len(self._index.device),
             host_max_blocks=0 if host is None else host.num_blocks,
             host_cached_blocks=0 if host is None else host.num_cached_blocks,
+            disk=None if self.disk_tier is None else self.disk_tier.stats(),
         )
 
     def check_integrity(self) -> None:
@@ -383,6 +414,7 @@ class BlockPool:
         host = self.host_tier
         pending = host.pending_copies() if host is not None else ()
         pins = Counter(id(c.device_block) for c in pending)
+        pins.update(id(block) for block in self._disk_arrivals)
         for block in self.blocks:
             assert block.ref_count >= pins[id(block)], f"block {block.block_id}: refs below pins"
             assert (block.queue_level is None) == (block.ref_count > 0), block
@@ -430,10 +462,12 @@ class BlockPool:
         if host is not None and block.priority >= self.offload_min_priority:
             slot = host.take_slot(now)  # None when every slot is pinned
         if host is None or slot is None:
+            self._plan_disk_write(block, "device_to_disk", block.block_id)
             self._index.drop(block, now)
             return
         if slot.block_hash is not None:
             self._counters.host_evictions += 1
+            self._plan_disk_write(slot, "host_to_disk", slot.slot)
             self._index.drop(slot, now)  # drops `block` too if the slot held its ancestor
         if block.block_hash is None:
             host.return_slot(slot, now)
@@ -441,3 +475,68 @@ class BlockPool:
         self._index.move(block, slot)
         self._copies.append(host.start_offload(block, slot))
         self._counters.host_offloads += 1
+
+    def _match_disk(
+        self,
+        block_hashes: Sequence[BlockHash],
+        token_ids_per_block: Sequence[Sequence[int]],
+        extra_ids_per_block: Sequence[Sequence[int] | None] | None,
+        namespace: Namespace | None,
+        block_ids: list[BlockId],
+        now: float,
+    ) -> int:
+        """Extend a match past its memory hits with sound disk files, each read and
+        checked by the disk tier and onboarded into a fresh device entry; returns how many.
+
+        NOTE: the matched blocks so far are held, so taking free blocks here evicts
+        none of them, and each new entry's parent is findable when it is inserted.
+        """
+        disk = self.disk_tier
+        if disk is None or not disk.enabled:
+            return 0
+        namespace = namespace or DEFAULT_NAMESPACE
+        start = len(block_ids)
+        parent_hash = block_hashes[start - 1] if start else None
+        num_hits = 0
+        for idx in range(start, len(block_hashes)):
+            block_hash = block_hashes[idx]
+            if not len(self._queue) or not disk.contains(block_hash):
+                break
+            if self._index.lookup(block_hash) is not None:
+                break  # a memory entry under this digest with another key: a collision
+            extra_ids = None if extra_ids_per_block is None else extra_ids_per_block[idx]
+            key = BlockKey.of(token_ids_per_block[idx], extra_ids)
+            staged = disk.get(
+                block_hash,
+                parent_hash,
+                key.token_ids,
+                extra_ids=key.extra_ids,
+                namespace=namespace,
+            )
+            if staged is None:  # gone, damaged (counted and removed) or another key's
+                break
+            block = self._take_free_block(now)
+            self._index.insert(block, block_hash, key, parent_hash, namespace)
+            block.ref_count += 1  # the copy's pin, released by complete_copies()
+            self._disk_arrivals.append(block)
+            self._copies.append(BlockCopy("disk_onboard", None, block.block_id, staged=staged))
+            block_ids.append(block.block_id)
+            parent_hash = block_hash
+            num_hits += 1
+        return num_hits
+
+    def _plan_disk_write(self, entry: CachedBlock, kind: CopyKind, src: int) -> None:
+        """Plan writing a findable entry's block to disk, unless the tier has it or is off,
+        or the entry's retention is below the offload minimum (dropped, not kept)."""
+        disk = self.disk_tier
+        if disk is None or not disk.enabled or entry.priority < self.offload_min_priority:
+            return
+        assert entry.block_hash is not None and entry.key is not None
+        assert entry.namespace is not None
+        if disk.knows(entry.block_hash):
+            return
+        disk_entry = DiskEntry(
+            entry.block_hash, entry.parent_hash, entry.key.token_ids, entry.key.extra_ids,
+            entry.namespace,
+        )  # fmt: skip
+        self._copies.append(BlockCopy(kind, src, None, entry=disk_entry))

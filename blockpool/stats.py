@@ -23,6 +23,7 @@ class PoolCounters:
     host_hits: int = 0
     host_evictions: int = 0
     partial_hits: int = 0
+    disk_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -47,6 +48,15 @@ class KVCacheStats:
     host_hits: int  # blocks match() served from the host tier (each one onboarded)
     host_evictions: int  # cached host slots taken for another offload
     partial_hits: int  # find_partial() calls that found a block
+    disk_hits: int  # blocks match() served from the disk tier (each one onboarded)
+    # The disk tier (all 0 without one; see disk.py's stats()).
+    disk_enabled: int = 0  # 1 while the tier serves; 0 after one warning disabled it
+    disk_blocks: int = 0  # block files indexed
+    disk_bytes: int = 0  # their size
+    disk_writes: int = 0  # block files written
+    disk_writes_dropped: int = 0  # writes not done: the writer's queue was full, or closing
+    disk_evictions: int = 0  # files removed to keep the size bound
+    disk_corrupt_removed: int = 0  # damaged, truncated or foreign files found, never served
 
     @classmethod
     def from_counters(
@@ -59,6 +69,7 @@ class KVCacheStats:
         cached_blocks: int,
         host_max_blocks: int,
         host_cached_blocks: int,
+        disk: dict[str, int | bool] | None = None,
     ) -> KVCacheStats:
         lookups = counters.reused_blocks + counters.missed_blocks
         return cls(
@@ -72,8 +83,20 @@ class KVCacheStats:
             alloc_total_blocks=counters.alloc_new_blocks + counters.reused_blocks,
             hit_rate=counters.reused_blocks / lookups if lookups else 0.0,
             **asdict(counters),
+            **{name: int(disk[name]) for name in _DISK_FIELDS if disk is not None},
         )
 
     def as_dict(self) -> dict[str, int | float]:
         """The stats as one flat dict, field names as keys."""
         return asdict(self)
+
+
+_DISK_FIELDS = (
+    "disk_enabled",
+    "disk_blocks",
+    "disk_bytes",
+    "disk_writes",
+    "disk_writes_dropped",
+    "disk_evictions",
+    "disk_corrupt_removed",
+)

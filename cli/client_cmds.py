@@ -288,6 +288,7 @@ def done_json(done: Done) -> dict[str, Any]:
         "prompt_tokens": done.prompt_tokens,
         "cached_tokens": done.cached_tokens,
         "host_cached_tokens": done.host_cached_tokens,
+        "disk_cached_tokens": done.disk_cached_tokens,
         "ttft_ms": done.ttft_ms,
         "tokens_per_s": done.tokens_per_s,
         "finish_reason": done.finish_reason,

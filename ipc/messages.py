@@ -255,6 +255,7 @@ class Done:
     # One per generated token when sampling.logprobs is set: {"id", "token" (its text),
     # "logprob", "top": [[id, text, logprob], ...] (at most 20, most likely first)}
     logprobs: list[dict[str, Any]] | None = None
+    disk_cached_tokens: int = 0  # the part of cached_tokens onboarded from the disk tier
 
 
 @dataclass(slots=True)

@@ -778,4 +778,11 @@ def test_stats_and_events_agree_with_what_happened() -> None:
         "host_hits": 0,
         "host_evictions": 0,
         "partial_hits": 0,
+        "disk_hits": 0,
+        **dict.fromkeys(
+            ("disk_enabled", "disk_blocks", "disk_bytes", "disk_writes", "disk_writes_dropped"),
+            0,
+        ),
+        "disk_evictions": 0,
+        "disk_corrupt_removed": 0,
     }

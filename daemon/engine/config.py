@@ -13,6 +13,7 @@ Each field's metadata holds its flag and help text; a bad value raises
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +21,7 @@ BACKENDS: tuple[str, ...] = ("auto", "numpy", "cupy")
 MAX_BLOCK_SIZE = 1024
 GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+DEFAULT_DISK_CACHE_GB = 16.0
 
 
 class SettingError(ValueError):
@@ -77,6 +79,16 @@ class EngineConfig:
         "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
     )  # fmt: skip
 
+    disk_cache: str | None = _setting(
+        None, "--disk-cache",
+        "Keep KV blocks as files in this existing folder (one subfolder per model and "
+        "layout), found again after a restart [default: no disk tier].",
+    )  # fmt: skip
+    disk_cache_gb: float = _setting(
+        DEFAULT_DISK_CACHE_GB, "--disk-cache-gb",
+        "Most GiB of block files the disk tier keeps (least recently used go first).",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise SettingError("model", f"model must be a folder path; got {self.model!r}")
@@ -125,6 +137,18 @@ class EngineConfig:
             raise SettingError(
                 "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"
             )
+        gb = self.disk_cache_gb
+        if (
+            isinstance(gb, bool)
+            or not isinstance(gb, int | float)
+            or not (math.isfinite(gb) and gb > 0)
+        ):
+            raise SettingError("disk_cache_gb", f"disk_cache_gb must be > 0; got {gb!r}")
+        _check_disk_cache(self.disk_cache)
+
+    @property
+    def disk_cache_bytes(self) -> int:
+        return int(self.disk_cache_gb * 2**30)
 
     def step_budget(self, on_gpu: bool) -> int:
         """The chunked-prefill token budget: the setting, or one that keeps a step (and
@@ -184,3 +208,19 @@ def _check_int(name: str, value: object, *, low: int, optional: bool = False) ->
         return
     if not _is_int(value) or value < low:  # type: ignore[operator]
         raise SettingError(name, f"{name} must be an integer >= {low}; got {value!r}")
+
+
+def _check_disk_cache(folder: object) -> None:
+    """A disk cache folder must exist and be writable when the engine starts: a typo or
+    a wrong mount is refused here, before the model loads. (What goes wrong later, a
+    full disk or a read-only remount, logs one warning and the engine serves on
+    without the tier; see blockpool/disk.py.)"""
+    if folder is None:
+        return
+    if not isinstance(folder, str) or not folder:
+        raise SettingError("disk_cache", f"disk_cache must be a folder path; got {folder!r}")
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise SettingError("disk_cache", f"disk_cache {folder!r} {what}; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SettingError("disk_cache", f"disk_cache {folder!r} is not writable by this user")

@@ -9,9 +9,10 @@ new tokens, detokenizes them and finishes the requests that are done.
 
 from __future__ import annotations
 
-import hashlib
+import importlib.metadata
 import itertools
 import secrets
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import replace
@@ -20,14 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from ...blockpool.disk import DiskTier, DiskTierConfig
 from ...blockpool.events import EventQueue, KVEvent
 from ...blockpool.hashing import Namespace
 from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
+from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
+from ..model.fingerprint import model_fingerprint
 from ..model.llama import LlamaModel
-from ..model.safetensors_io import read_header
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .config import EngineConfig, SettingError
@@ -77,6 +80,9 @@ class Engine:
         num_host_blocks = settings.host_blocks(block_bytes)
         on_gpu = model.ops.name == "cupy"
         cuda_graphs = on_gpu if settings.cuda_graphs is None else settings.cuda_graphs
+        self.disk_tier = _open_disk_tier(settings, config, model, model_fingerprint)
+        if self.disk_tier is not None:  # queued writes finish at exit at the latest
+            weakref.finalize(self, self.disk_tier.close)
         self.runner = ModelRunner(
             model,
             num_device_blocks,
@@ -84,6 +90,7 @@ class Engine:
             num_host_blocks,
             decode_graphs=cuda_graphs,
             max_model_len=self.max_model_len,
+            disk_tier=self.disk_tier,
         )
         self.events = EventQueue()
         self.pool = BlockPool(
@@ -91,6 +98,7 @@ class Engine:
             settings.block_size,
             enable_reuse=settings.enable_reuse,
             host_tier=HostTier(num_host_blocks) if num_host_blocks else None,
+            disk_tier=self.disk_tier,
             event_sink=self.events,
         )
         self.kv = KVCacheManager(self.pool, model_fingerprint)
@@ -248,7 +256,18 @@ class Engine:
         return decode.capture(limit if max_seqs is None else min(limit, max_seqs))
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Requests to run, or block copies planned and not yet run (disk writes)."""
+        return self.scheduler.has_work() or self.pool.num_planned_copies > 0
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Run the block copies still planned (disk writes of the last blocks), then
+        finish the disk tier's queued writes within `timeout_s` and let go of its folder."""
+        copies = self.pool.take_copies()
+        if copies:
+            self.runner.run_copies(copies)
+            self.pool.complete_copies()
+        if self.disk_tier is not None:
+            self.disk_tier.close(flush=True, timeout_s=timeout_s)
 
     def take_completion(self, request_id: RequestId) -> Completion:
         seq = self._finished.pop(request_id)
@@ -260,6 +279,7 @@ class Engine:
             finish_reason=seq.finish_reason,
             cached_tokens=seq.num_cached_tokens or 0,
             host_cached_tokens=seq.num_cached_host_tokens,
+            disk_cached_tokens=seq.num_cached_disk_tokens,
             logits=np.stack(seq.logits) if seq.params.return_logits else None,
             logprobs=seq.logprobs if seq.params.logprobs is not None else None,
         )
@@ -406,14 +426,43 @@ class Engine:
         return True
 
 
-def model_fingerprint(path: Path) -> bytes:
-    """Identifies a checkpoint in block keys: its config and its tensors' names, shapes,
-    dtypes and byte offsets (cheap: the weights themselves are not read)."""
-    digest = hashlib.sha256((path / "config.json").read_bytes())
-    for shard in sorted(path.glob("*.safetensors")):
-        header, _ = read_header(shard)
-        digest.update(repr(sorted(header.items())).encode())
-    return digest.digest()
+def _open_disk_tier(
+    settings: EngineConfig, config: ModelConfig, model: LlamaModel, fingerprint: bytes
+) -> DiskTier | None:
+    """The disk tier `settings.disk_cache` names, its index rebuilt from its files; a
+    folder that turns out unusable (locked by another daemon, a read-only mount) gives
+    a disabled tier and one warning."""
+    if settings.disk_cache is None:
+        return None
+    if not fingerprint:
+        raise ValueError("a disk cache needs the model fingerprint (model_fingerprint=...)")
+    ops = model.ops
+    device = "cpu"
+    if ops.name == "cupy":
+        from ...cuda.gemm_sm90_kernel import device_arch
+
+        device = f"sm_{device_arch()}"
+    try:
+        version = importlib.metadata.version("reprise")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    shape = kv_cache_shape(
+        1, config.num_layers, config.num_kv_heads, settings.block_size, config.head_dim
+    )
+    try:
+        disk_config = DiskTierConfig(
+            directory=settings.disk_cache,
+            max_bytes=settings.disk_cache_bytes,
+            block_shape=shape[1:],
+            block_size=settings.block_size,
+            model_fingerprint=fingerprint,
+            # KV bytes are bit-identical per backend and device (DESIGN §4), and code
+            # changes may change them: files of another producer never match.
+            producer=f"{ops.name}/{device}/reprise {version}",
+        )
+    except ValueError as e:
+        raise SettingError("disk_cache_gb", f"disk_cache_gb: {e}") from e
+    return DiskTier.open(disk_config)
 
 
 def _is_token_ids(prompt: object) -> bool:

@@ -51,6 +51,7 @@ class KVCacheManager:
         seq.block_hashes = hashes[: match.num_blocks]
         seq.num_computed_tokens = match.num_blocks * bs
         seq.num_host_hit_tokens = match.num_host_hits * bs
+        seq.num_disk_hit_tokens = match.num_disk_hits * bs
         self._reuse_partial(seq)
         return seq.num_computed_tokens
 

@@ -67,5 +67,6 @@ class Completion:
     finish_reason: FinishReason
     cached_tokens: int = 0  # prompt tokens served from the cache (either tier)
     host_cached_tokens: int = 0  # the part of them onboarded from the host tier
+    disk_cached_tokens: int = 0  # the part of them onboarded from the disk tier
     logits: np.ndarray | None = None  # [num_generated, vocab] fp32, when return_logits
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when logprobs is set

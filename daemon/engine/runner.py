@@ -1,12 +1,18 @@
 """The model runner: owns the model, the KV cache and the host arena, and executes
 a step plan: the planned block copies in order, then one forward pass, then the
-next tokens. It reads the plan and never changes a sequence or the pool."""
+next tokens. It reads the plan and never changes a sequence or the pool.
+
+Disk copies: a disk hit's bytes were read and checked when the pool matched it,
+so onboarding one only moves them into its device block; a block written to disk
+is read here (device block or host slot) and handed to the disk tier's writer
+thread, which encodes, checksums and writes it off the engine loop."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...blockpool.copies import BlockCopy
+from ...blockpool.disk import DiskTier
 from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
@@ -34,6 +40,7 @@ class ModelRunner:
         decode_graphs: bool = False,
         max_model_len: int | None = None,
         decode_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+        disk_tier: DiskTier | None = None,
     ) -> None:
         cfg: ModelConfig = model.config
         self.model = model
@@ -44,6 +51,7 @@ class ModelRunner:
         self.kv_cache = model.ops.kv_cache(shape)
         # [num_host_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] on the host
         self.host_cache = model.ops.host_kv_cache((num_host_blocks, *shape[1:]))
+        self.disk_tier = disk_tier
         self.decode: StaticDecode | None = None
         if decode_graphs:
             max_len = max_model_len or cfg.max_position_embeddings
@@ -83,9 +91,40 @@ class ModelRunner:
                 if tier_copies_in_flight:
                     ops.wait_copies()
                     tier_copies_in_flight = False
-                self.kv_cache[copy.dst] = self.kv_cache[copy.src]
+                if copy.kind == "device":
+                    self.kv_cache[copy.dst] = self.kv_cache[copy.src]
+                else:
+                    self._disk_copy(copy)
         if tier_copies_in_flight:
             ops.wait_copies()  # the forward reads onboarded blocks and writes offloaded ones
+
+    def _disk_copy(self, copy: BlockCopy) -> None:
+        """Move a disk hit's checked bytes into its device block, or queue a block's
+        bytes for writing (the disk tier copies them; a full queue drops the write)."""
+        ops = self.model.ops
+        if copy.kind == "disk_onboard":
+            staged = copy.staged
+            assert staged is not None and copy.dst is not None
+            cache_dtype = self.kv_cache.dtype  # BF16, or its bits (uint16) on the GPU
+            payload = staged if staged.dtype == cache_dtype else staged.view(cache_dtype)
+            self.kv_cache[copy.dst] = ops.from_host(payload)
+            return
+        disk, entry = self.disk_tier, copy.entry
+        assert disk is not None and entry is not None and copy.src is not None
+        if copy.kind == "device_to_disk":
+            kv = np.asarray(ops.to_host(self.kv_cache[copy.src]))
+        else:
+            assert copy.kind == "host_to_disk", copy.kind
+            kv = self.host_cache[copy.src]
+        dtype = disk.config.np_dtype
+        disk.put(
+            entry.block_hash,
+            entry.parent_hash,
+            entry.token_ids,
+            kv if kv.dtype == dtype else kv.view(dtype),
+            extra_ids=entry.extra_ids,
+            namespace=entry.namespace,
+        )
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         """The step's flat arrays. Per sequence this is a few Python list operations (a

@@ -118,6 +118,7 @@ class Scheduler:
             if seq.num_cached_tokens is None:  # first admission: what the cache saved it
                 seq.num_cached_tokens = num_cached
                 seq.num_cached_host_tokens = min(seq.num_host_hit_tokens, num_cached)
+                seq.num_cached_disk_tokens = min(seq.num_disk_hit_tokens, num_cached)
             del self.waiting[idx]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)

@@ -49,6 +49,8 @@ class Sequence:
     num_host_hit_tokens: int = 0  # of the tokens matched at the last admission
     num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
     num_cached_host_tokens: int = 0
+    num_disk_hit_tokens: int = 0  # of the tokens matched at the last admission
+    num_cached_disk_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     text: str = ""

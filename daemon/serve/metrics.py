@@ -51,6 +51,7 @@ class DaemonCollector(Collector):
                                  labels=["tier"])  # fmt: skip
         used.add_metric(["device"], stats.get("used_blocks", 0))
         used.add_metric(["host"], stats.get("host_cached_blocks", 0))
+        used.add_metric(["disk"], stats.get("disk_blocks", 0))
         yield used
         total = GaugeMetricFamily("reprise_kv_blocks", "KV blocks in the pool", labels=["tier"])
         total.add_metric(["device"], stats.get("max_blocks", 0))
@@ -58,7 +59,7 @@ class DaemonCollector(Collector):
         yield total
         block = stats.get("tokens_per_block", 0)
         reused, missed = stats.get("reused_blocks", 0), stats.get("missed_blocks", 0)
-        host_hits = stats.get("host_hits", 0)
+        host_hits, disk_hits = stats.get("host_hits", 0), stats.get("disk_hits", 0)
         queries = CounterMetricFamily("reprise_prefix_cache_queries_tokens",
                                       "Prompt tokens looked up in the prefix cache (full blocks)")  # fmt: skip
         queries.add_metric([], (reused + missed) * block)
@@ -66,8 +67,9 @@ class DaemonCollector(Collector):
         hits = CounterMetricFamily("reprise_prefix_cache_hits_tokens",
                                    "Prompt tokens served from the prefix cache, by tier",
                                    labels=["tier"])  # fmt: skip
-        hits.add_metric(["device"], (reused - host_hits) * block)
+        hits.add_metric(["device"], (reused - host_hits - disk_hits) * block)
         hits.add_metric(["host"], host_hits * block)
+        hits.add_metric(["disk"], disk_hits * block)
         yield hits
         computed = CounterMetricFamily("reprise_prefill_tokens_computed",
                                        "Prompt tokens the engine computed")  # fmt: skip
@@ -76,6 +78,11 @@ class DaemonCollector(Collector):
         preemptions = CounterMetricFamily("reprise_preemptions", "Requests preempted")
         preemptions.add_metric([], stats.get("preemptions", 0))
         yield preemptions
+        corrupt = CounterMetricFamily("reprise_disk_tier_corrupt_files",
+                                      "Damaged, truncated or foreign disk-tier block files found "
+                                      "and removed (never served)")  # fmt: skip
+        corrupt.add_metric([], stats.get("disk_corrupt_removed", 0))
+        yield corrupt
 
 
 class Metrics:

@@ -227,6 +227,7 @@ class Server:
 
     def close(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()  # the disk tier's last writes, before the socket goes away
         if self.conns is not None:  # the last replies (drain errors) still go out
             self.conns.stop(linger_s=CLOSE_LINGER_S)
         if self.pub is not None:
@@ -483,21 +484,23 @@ class Server:
             prompt_tokens=len(completion.prompt_token_ids),
             cached_tokens=completion.cached_tokens,
             host_cached_tokens=completion.host_cached_tokens,
+            disk_cached_tokens=completion.disk_cached_tokens,
             ttft_ms=round((t_first - live.t_received) * 1000, 3),
             tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
             logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
             logprobs=self._logprobs_wire(completion.logprobs),
         )
         log.info(
-            "request %s: %s, %d prompt tokens (%d cached, %d from the host tier), %d generated, "
-            "first token %.0f ms, total %.0f ms",
+            "request %s: %s, %d prompt tokens (%d cached, %d from the host tier, %d from disk), "
+            "%d generated, first token %.0f ms, total %.0f ms",
             live.client_id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
-            done.host_cached_tokens, len(done.token_ids), done.ttft_ms,
+            done.host_cached_tokens, done.disk_cached_tokens, len(done.token_ids), done.ttft_ms,
             (now - live.t_received) * 1000,
             extra={"fields": {
                 "request_id": live.client_id, "finish_reason": done.finish_reason,
                 "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
                 "host_cached_tokens": done.host_cached_tokens,
+                "disk_cached_tokens": done.disk_cached_tokens,
                 "generated_tokens": len(done.token_ids), "ttft_ms": done.ttft_ms,
                 "total_ms": round((now - live.t_received) * 1000, 3),
             }},

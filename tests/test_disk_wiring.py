@@ -1,0 +1,234 @@
+"""The disk tier wired into the pool and the engine: the copies the pool plans for it
+(write-through, writes on leaving the memory tiers, disk hits onboarded), their
+pins and stats, damaged files, and an in-process restart whose logits are
+bit-identical to computing the prompt fresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_disk_tier import BLOCK_SIZE, Chain, make_config
+
+from reprise.blockpool import disk_format as fmt
+from reprise.blockpool.copies import BlockCopy, DiskEntry
+from reprise.blockpool.disk import DiskTier
+from reprise.blockpool.hashing import DEFAULT_NAMESPACE
+from reprise.blockpool.host import HostTier
+from reprise.blockpool.pool import BlockPool
+from reprise.daemon.engine.config import EngineConfig, SettingError
+from reprise.daemon.engine.engine import Engine
+from reprise.daemon.engine.params import SamplingParams
+from reprise.daemon.model.synth import synth_model
+
+
+def open_tier(where: Path) -> DiskTier:
+    tier = DiskTier.open(make_config(where))
+    assert tier.enabled
+    return tier
+
+
+def run_writes(pool: BlockPool, tier: DiskTier, kvs: dict[int, np.ndarray]) -> list[BlockCopy]:
+    """Play the runner for the planned copies: device block b holds kvs[b]."""
+    copies = pool.take_copies()
+    for copy in copies:
+        if copy.kind == "device_to_disk":
+            e = copy.entry
+            assert e is not None and copy.src is not None
+            tier.put(e.block_hash, e.parent_hash, e.token_ids, kvs[copy.src], namespace=e.namespace)
+    pool.complete_copies()
+    assert tier.flush(10)
+    return copies
+
+
+def register_chain(pool: BlockPool, chain: Chain) -> list[int]:
+    block_ids = pool.allocate(len(chain.hashes))
+    assert block_ids is not None
+    for i, block_id in enumerate(block_ids):
+        parent = block_ids[i - 1] if i else None
+        assert pool.register(block_id, chain.hashes[i], chain.tokens[i], parent)
+    return block_ids
+
+
+def test_register_writes_through_and_a_new_pool_onboards_from_disk(tmp_path: Path) -> None:
+    chain = Chain(3, seed=1)
+    tier = open_tier(tmp_path)
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    block_ids = register_chain(pool, chain)
+    copies = run_writes(pool, tier, dict(zip(block_ids, chain.kvs, strict=True)))
+    assert copies == [
+        BlockCopy(
+            "device_to_disk",
+            block_ids[i],
+            None,
+            entry=DiskEntry(
+                chain.hashes[i], chain.parent(i), tuple(chain.tokens[i]), None, DEFAULT_NAMESPACE
+            ),
+        )
+        for i in range(3)
+    ]
+    assert pool.take_copies() == []  # registering again plans nothing: the tier knows them
+    tier.close()
+
+    tier = open_tier(tmp_path)  # a restart: a new pool over the same folder
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert (match.num_blocks, match.num_disk_hits, match.num_device_hits) == (3, 3, 0)
+    copies = pool.take_copies()
+    assert [(c.kind, c.src, c.dst) for c in copies] == [
+        ("disk_onboard", None, b) for b in match.block_ids
+    ]
+    for copy, kv in zip(copies, chain.kvs, strict=True):
+        assert copy.staged is not None and copy.staged.tobytes() == kv.tobytes()
+    assert pool.num_pending_copies == 3  # each destination pinned until the copy ran
+    pool.check_integrity()
+    assert pool.complete_copies() == 3 and pool.num_pending_copies == 0
+    stats = pool.stats()
+    assert (stats.disk_hits, stats.reused_blocks, stats.host_hits) == (3, 3, 0)
+    assert (stats.disk_blocks, stats.disk_enabled, stats.cached_blocks) == (3, 1, 3)
+    # the onboarded blocks are device entries now: a second match hits the device
+    pool.free(match.block_ids)
+    again = pool.match(chain.hashes, chain.tokens)
+    assert (again.num_disk_hits, again.num_device_hits) == (0, 3)
+    assert pool.take_copies() == []
+    pool.free(again.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_a_memory_prefix_continues_on_disk(tmp_path: Path) -> None:
+    chain = Chain(4, seed=2)
+    tier = open_tier(tmp_path)
+    for i in range(4):
+        assert chain.put(tier, i)
+    assert tier.flush(10)
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    first = Chain(4, seed=2)
+    head = pool.allocate(2)
+    assert head is not None
+    assert pool.register(head[0], first.hashes[0], first.tokens[0], None)
+    assert pool.register(head[1], first.hashes[1], first.tokens[1], head[0])
+    pool.take_copies()  # the write-through of blocks the tier has already: none
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.block_ids[:2] == head and (match.num_device_hits, match.num_disk_hits) == (2, 2)
+    pool.take_copies()
+    pool.complete_copies()
+    pool.free(match.block_ids)
+    pool.free(head)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_a_flipped_byte_is_a_miss_counted_and_removed(tmp_path: Path) -> None:
+    chain = Chain(3, seed=3)
+    tier = open_tier(tmp_path)
+    for i in range(3):
+        assert chain.put(tier, i)
+    assert tier.flush(10)
+    path = tier.folder / fmt.file_name(chain.hashes[1])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40  # in the payload
+    path.write_bytes(bytes(data))
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert (match.num_blocks, match.num_disk_hits) == (1, 1)  # the chain ends at the bad file
+    assert [c.kind for c in pool.take_copies()] == ["disk_onboard"]
+    pool.complete_copies()
+    assert not path.exists()
+    stats = pool.stats()
+    assert (stats.disk_corrupt_removed, stats.disk_hits, stats.missed_blocks) == (1, 1, 2)
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_another_namespace_never_hits_on_disk(tmp_path: Path) -> None:
+    chain = Chain(2, seed=4)
+    tier = open_tier(tmp_path)
+    for i in range(2):
+        assert chain.put(tier, i)
+    assert tier.flush(10)
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    salted = DEFAULT_NAMESPACE.__class__(cache_salt="tenant-b")
+    match = pool.match(chain.hashes, chain.tokens, namespace=salted)
+    assert match.num_blocks == 0 and pool.take_copies() == []
+    tier.close()
+
+
+def test_leaving_the_host_tier_unwritten_plans_a_host_to_disk_write(tmp_path: Path) -> None:
+    """A block whose write-through never ran (dropped) is written when it leaves
+    the host tier, read from its host slot before the slot is overwritten."""
+    chain = Chain(2, seed=5)
+    tier = open_tier(tmp_path)
+    pool = BlockPool(2, BLOCK_SIZE, host_tier=HostTier(1), disk_tier=tier)
+    block_ids = register_chain(pool, chain)
+    assert [c.kind for c in pool.take_copies()] == ["device_to_disk"] * 2  # not run: dropped
+    pool.free(block_ids)
+    assert pool.allocate(1) is not None  # evicts block 1 (the tail) to the host slot
+    assert [(c.kind, c.src, c.dst) for c in pool.take_copies()] == [("offload", 1, 0)]
+    pool.complete_copies()
+    assert pool.allocate(1) is not None  # evicts block 0: the slot's entry (block 1) leaves
+    copies = pool.take_copies()
+    assert [(c.kind, c.src) for c in copies] == [("host_to_disk", 0), ("offload", 0)]
+    assert copies[0].entry is not None and copies[0].entry.block_hash == chain.hashes[1]
+    pool.complete_copies()
+    pool.check_integrity()
+    tier.close()
+
+
+def test_low_retention_blocks_are_not_written(tmp_path: Path) -> None:
+    chain = Chain(1, seed=6)
+    tier = open_tier(tmp_path)
+    pool = BlockPool(2, BLOCK_SIZE, disk_tier=tier)
+    (block_id,) = pool.allocate(1) or []
+    assert pool.register(block_id, chain.hashes[0], chain.tokens[0], None, priority=10)
+    assert pool.take_copies() == []
+    tier.close()
+
+
+# -- the engine --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_model("tiny", tmp_path_factory.mktemp("disk-wiring") / "tiny")
+
+
+def test_settings_refuse_a_missing_folder_and_a_bad_size(tmp_path: Path) -> None:
+    with pytest.raises(SettingError, match="does not exist") as info:
+        EngineConfig(disk_cache=str(tmp_path / "nope"))
+    assert info.value.flag == "--disk-cache"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SettingError, match="is not a folder"):
+        EngineConfig(disk_cache=str(tmp_path / "file"))
+    with pytest.raises(SettingError, match="disk_cache_gb must be > 0"):
+        EngineConfig(disk_cache=str(tmp_path), disk_cache_gb=0)
+
+
+def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
+    tiny: Path, tmp_path: Path
+) -> None:
+    settings = dict(backend="numpy", block_size=16, num_device_blocks=64)
+    prompt = list(range(3, 3 + 16 * 5 + 7))  # 5 full blocks and a partial one
+    params = SamplingParams(max_tokens=3, temperature=0, return_logits=True)
+
+    fresh = Engine.from_pretrained(tiny, **settings).generate(prompt, params)
+    first = Engine.from_pretrained(tiny, disk_cache=str(tmp_path), **settings)
+    out = first.generate(prompt, params)
+    assert out.cached_tokens == 0 and np.array_equal(out.logits, fresh.logits)
+    while first.has_work():  # the last blocks' writes were planned by the last step
+        first.step()
+    first.close()
+    assert first.stats()["disk_writes"] == 5
+
+    second = Engine.from_pretrained(tiny, disk_cache=str(tmp_path), **settings)
+    assert second.stats()["disk_blocks"] == 5
+    again = second.generate(prompt, params)
+    assert (again.cached_tokens, again.disk_cached_tokens, again.host_cached_tokens) == (80, 80, 0)
+    assert again.token_ids == fresh.token_ids
+    assert again.logits.tobytes() == fresh.logits.tobytes()
+    stats = second.stats()
+    assert (stats["disk_hits"], stats["reused_blocks"]) == (5, 5)
+    assert second.prefill_tokens_computed == len(prompt) - 80
+    second.close()
