@@ -13,7 +13,11 @@ Guarantees:
   client that vanished or stopped reading has its requests cancelled, so their
   blocks return to the pool;
 - bad input never stops the daemon: any failure handling one message becomes an
-  ErrorReply ("internal" for our own bugs) and the loop goes on.
+  ErrorReply ("internal" for our own bugs) and the loop goes on;
+- `health` and `stats` are answered within milliseconds even during a long engine
+  step: the connections' I/O thread answers them from the `Snapshot` the loop
+  publishes before and after every step (`stats` with `check` still goes to the
+  loop, which runs the pool's integrity check between steps).
 """
 
 from __future__ import annotations
@@ -108,6 +112,17 @@ class PendingRequest:
     t_received: float
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the I/O thread answers health and stats with, replaced (never changed) by
+    the loop before and after every engine step."""
+
+    stats: dict[str, object]  # Server.stats() without the counters read live
+    status: str  # "ok" or "draining"
+    num_requests: int
+    step_started: float | None  # time.monotonic() at the start of the running step
+
+
 @dataclass(slots=True)
 class Counters:
     num_requests_total: int = 0
@@ -151,6 +166,7 @@ class Server:
         self._ctx = zmq.Context()  # for the KV events socket only
         self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
+        self.snapshot: Snapshot | None = None  # None until serving starts
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -185,7 +201,8 @@ class Server:
         path = ipc_path(cfg.address)
         if path is not None:
             prepare_ipc_path(path)
-        self.conns = Connections(cfg.address, limits)
+        self._publish_snapshot(step_started=None)
+        self.conns = Connections(cfg.address, limits, quick=self._quick_reply)
         self.conns.bind()
         if path is not None:
             path.chmod(0o600)
@@ -256,8 +273,10 @@ class Server:
             self._on_arrivals(self.conns.wait(timeout / 1000))
             self._admit_ready()
             if self.engine.has_work():
+                self._publish_snapshot(step_started=time.monotonic())
                 for output in self.engine.step():
                     self._on_output(output)
+            self._publish_snapshot(step_started=None)
             self._publish_events()
             self.notifier.ping_watchdog()
 
@@ -305,15 +324,42 @@ class Server:
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
         elif isinstance(request, Health):
-            status = "draining" if self.draining else "ok"
-            reply = HealthReply(
-                status,
-                self.config.model_name,
-                self.engine.max_model_len,
-                len(self.live),
-                self.engine.config.vocab_size,
-            )
+            self._publish_snapshot(step_started=None)
+            reply = self._answer_health(self.snapshot)
             self._send(route, encode(reply))
+
+    def _quick_reply(self, payload: bytes) -> bytes | None:
+        """On the I/O thread: the reply to a health or stats message, from the last
+        snapshot; None for every other message (and for stats with `check`), which the
+        loop answers. Reads only the snapshot, the fixed config and live counters."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return None
+        try:
+            request = decode_request(payload)
+        except ProtocolError:
+            return None  # the loop answers it with the error
+        if isinstance(request, Health):
+            return encode(self._answer_health(snapshot))
+        if isinstance(request, StatsRequest) and not request.check:
+            return encode(StatsReply(stats=self._live_stats(snapshot)))
+        return None
+
+    def _answer_health(self, snapshot: Snapshot) -> HealthReply:
+        return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
+                           snapshot.num_requests, self.engine.config.vocab_size)  # fmt: skip
+
+    def _publish_snapshot(self, *, step_started: float | None) -> None:
+        stats: dict[str, object] = dict(self.engine.stats())
+        stats.update(
+            num_requests=len(self.live) + len(self.pending),
+            num_requests_total=self.counters.num_requests_total,
+            num_errors_total=self.counters.num_errors_total,
+            num_disconnect_cancels=self.counters.num_disconnect_cancels,
+            num_events_published=self.counters.num_events_published,
+        )
+        status = "draining" if self.draining else "ok"
+        self.snapshot = Snapshot(stats, status, len(self.live), step_started)
 
     def _start(self, route: Route, request: Generate) -> None:
         if self.draining:
@@ -546,17 +592,11 @@ class Server:
     # -- stats and events --------------------------------------------------------------------
 
     def stats(self, *, check: bool = False) -> dict[str, object]:
-        stats: dict[str, object] = dict(self.engine.stats())
-        stats.update(
-            num_requests=len(self.live) + len(self.pending),
-            num_requests_total=self.counters.num_requests_total,
-            num_errors_total=self.counters.num_errors_total,
-            num_disconnect_cancels=self.counters.num_disconnect_cancels,
-            num_connections=self.conns.num_open if self.conns is not None else 0,
-            num_connections_refused=self.conns.num_refused if self.conns is not None else 0,
-            num_events_published=self.counters.num_events_published,
-            uptime_s=round(time.monotonic() - self.counters.started, 3),
-        )
+        """Engine and server counters (on the loop, between steps); `check` adds the
+        pool's integrity check."""
+        self._publish_snapshot(step_started=None)
+        assert self.snapshot is not None
+        stats = self._live_stats(self.snapshot)
         if check:
             try:
                 self.engine.pool.check_integrity()
@@ -564,6 +604,20 @@ class Server:
             except AssertionError as e:
                 stats["integrity"] = f"FAILED: {e}"
         return stats
+
+    def _live_stats(self, snapshot: Snapshot) -> dict[str, object]:
+        """The snapshot's stats with what is read live: connections, uptime, and how long
+        the running step has taken so far (`step_running_s`, null between steps)."""
+        now = time.monotonic()
+        conns = self.conns
+        started = snapshot.step_started
+        return {
+            **snapshot.stats,
+            "num_connections": conns.num_open if conns is not None else 0,
+            "num_connections_refused": conns.num_refused if conns is not None else 0,
+            "uptime_s": round(now - self.counters.started, 3),
+            "step_running_s": None if started is None else round(now - started, 3),
+        }
 
     def _publish_events(self) -> None:
         events = self.engine.take_events()
