@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -170,22 +171,36 @@ class Server:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def warm_up(self) -> None:
-        """Capture the decode graphs, then run one tiny request through every stage, so the
-        first client pays no start-up cost."""
+    def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Make the first client pay no start-up cost: on the GPU, capture the decode
+        graph of every batch size a step can have; on every backend, run one tiny request
+        (3 prompt tokens, 2 generated) through admission, prefill, sampling, decode and
+        retirement. `progress(done, total)` counts these stages."""
         engine, start = self.engine, time.perf_counter()
+        report = progress or (lambda done, total: None)
         _ = self.max_token_bytes  # the prompt-size bound, read once from the vocabulary
-        sizes = engine.capture_decode_graphs(self.config.max_queue)
-        if sizes:
-            log.info("decode graphs captured for batch sizes %s in %.1f s",
-                     ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
-        elif engine.runner.decode is not None:
-            log.warning("decode graphs off: %s", engine.runner.decode.failed)
+        graphs = engine.runner.decode is not None
+        total = 2 if graphs else 1
+        report(0, total)
+        if graphs:
+            log.info("warm-up: capturing the decode graphs (CUDA graphs) of every batch size")
+            sizes = engine.capture_decode_graphs(self.config.max_queue)
+            if sizes:
+                log.info("decode graphs captured for batch sizes %s in %.1f s",
+                         ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
+            else:
+                log.warning("decode graphs off: %s", engine.runner.decode.failed)
+            report(1, total)
+        else:
+            log.info("warm-up: no decode graphs on the %s backend; one tiny request runs "
+                     "through every stage", engine.runner.model.ops.name)  # fmt: skip
         params = SamplingParams(max_tokens=2, temperature=0)
         request_id = engine.add_request([1, 2, 3], params, cache_salt="reprise-warm-up")
         while engine.has_work():
             engine.step()
         engine.take_completion(request_id)
+        report(total, total)
+        log.info("warm-up done in %.1f s", time.perf_counter() - start)
 
     def bind(self) -> None:
         cfg = self.config
@@ -218,15 +233,16 @@ class Server:
             if events_path is not None:
                 events_path.chmod(0o600)
 
-    def run(self) -> None:
-        """Warm up, bind, tell systemd we are ready, serve until stopped, drain, close."""
+    def run(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Warm up (`progress` counts its stages), bind, tell systemd we are ready, serve
+        until stopped, drain, close."""
         engine = self.engine
         pool = engine.pool
         host = pool.host_tier.num_blocks if pool.host_tier is not None else 0
         log.info("backend %s; KV pool of %d blocks of %d tokens, host tier of %d blocks; "
                  "context %d tokens", engine.runner.model.ops.name, pool.num_blocks,
                  pool.block_size, host, engine.max_model_len)  # fmt: skip
-        self.warm_up()
+        self.warm_up(progress)
         self.bind()
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.config.address}")
         log.info("serving on %s", self.config.address)
