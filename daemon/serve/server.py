@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import zmq
 
@@ -51,6 +51,7 @@ from ..engine.params import Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Arrival, Connections, ConnId, Limits
+from .detokenize import Detokenizing
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
@@ -101,6 +102,7 @@ class LiveRequest:
     stream: bool
     t_received: float
     t_first: float | None = None
+    text_off_loop: bool = False  # no stop strings: detokenized on Server.text's thread
 
 
 @dataclass(slots=True)
@@ -161,6 +163,7 @@ class Server:
         # loop; the tokenizer releases the GIL while it encodes.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self.text = Detokenizing(engine.tokenizer)  # the text of requests without stop strings
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
@@ -253,6 +256,7 @@ class Server:
 
     def close(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        self.text.shutdown()  # the replies it still has to build go out first
         if self.conns is not None:  # the last replies (drain errors) still go out
             self.conns.stop(linger_s=CLOSE_LINGER_S)
         if self.pub is not None:
@@ -393,6 +397,8 @@ class Server:
         except (ValueError, TypeError) as e:
             raise ProtocolError("bad_request", str(e)) from None
         self._check_limits(params)
+        if not params.stop:  # token ids alone decide its end: detokenized off the loop
+            params = replace(params, detokenize=False)
         self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
         future = self._tokenizing.submit(self._prompt_ids, request)
         self.pending[(route, request.id)] = PendingRequest(
@@ -427,7 +433,12 @@ class Server:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        self.live[request_id] = LiveRequest(route, request.id, request.stream, pending.t_received)
+        off_loop = not pending.params.detokenize
+        if off_loop:
+            self.text.open(request_id, prompt_ids, pending.params.skip_special_tokens)
+        self.live[request_id] = LiveRequest(
+            route, request.id, request.stream, pending.t_received, text_off_loop=off_loop
+        )
         self.by_client[(route, request.id)] = request_id
 
     def _check_limits(self, params: SamplingParams) -> None:
@@ -510,7 +521,9 @@ class Server:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
             live.t_first = time.monotonic()
-        if live.stream:
+        if live.text_off_loop:
+            self._push_text(request_id, live, output)
+        elif live.stream:
             logprobs = self._logprobs_wire(output.logprobs)
             chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
             if not self._send(live.route, encode(chunk)):
@@ -519,6 +532,18 @@ class Server:
         if output.finish_reason is not None:
             self._finish(request_id)
 
+    def _push_text(self, request_id: RequestId, live: LiveRequest, output: StepOutput) -> None:
+        """Hand new tokens to the detokenizing thread, which streams their text."""
+        route, client_id, token_ids = live.route, live.client_id, output.token_ids
+        logprobs = output.logprobs
+
+        def send_chunk(text: str) -> None:  # on the detokenizing thread
+            chunk = TokenChunk(client_id, token_ids, text, self._logprobs_wire(logprobs))
+            self._send_quietly(route, encode(chunk))
+
+        last = output.finish_reason is not None
+        self.text.push(request_id, token_ids, last=last, then=send_chunk if live.stream else None)
+
     def _finish(self, request_id: RequestId) -> None:
         """Send the Done of a request the engine finished or cancelled, and forget it."""
         live = self.live.pop(request_id)
@@ -526,35 +551,46 @@ class Server:
         completion = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
-        done = Done(
-            id=live.client_id,
-            finish_reason=completion.finish_reason,
-            text=completion.text,
-            token_ids=completion.token_ids,
-            prompt_tokens=len(completion.prompt_token_ids),
-            cached_tokens=completion.cached_tokens,
-            host_cached_tokens=completion.host_cached_tokens,
-            ttft_ms=round((t_first - live.t_received) * 1000, 3),
-            tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
-            logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
-            logprobs=self._logprobs_wire(completion.logprobs),
-        )
+
+        def done_bytes(text: str) -> bytes:  # on the loop, or on the detokenizing thread
+            done = Done(
+                id=live.client_id,
+                finish_reason=completion.finish_reason,
+                text=text,
+                token_ids=completion.token_ids,
+                prompt_tokens=len(completion.prompt_token_ids),
+                cached_tokens=completion.cached_tokens,
+                host_cached_tokens=completion.host_cached_tokens,
+                ttft_ms=round((t_first - live.t_received) * 1000, 3),
+                tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
+                logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
+                logprobs=self._logprobs_wire(completion.logprobs),
+            )
+            self._log_done(done, (now - live.t_received) * 1000)
+            return encode(done)
+
+        if live.text_off_loop:
+            self.text.close(
+                request_id, then=lambda text: self._send_quietly(live.route, done_bytes(text))
+            )
+        elif not self._send(live.route, done_bytes(completion.text)):
+            self._drop_client(live.route)
+
+    @staticmethod
+    def _log_done(done: Done, total_ms: float) -> None:
         log.info(
             "request %s: %s, %d prompt tokens (%d cached, %d from the host tier), %d generated, "
             "first token %.0f ms, total %.0f ms",
-            live.client_id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
-            done.host_cached_tokens, len(done.token_ids), done.ttft_ms,
-            (now - live.t_received) * 1000,
+            done.id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
+            done.host_cached_tokens, len(done.token_ids), done.ttft_ms, total_ms,
             extra={"fields": {
-                "request_id": live.client_id, "finish_reason": done.finish_reason,
+                "request_id": done.id, "finish_reason": done.finish_reason,
                 "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
                 "host_cached_tokens": done.host_cached_tokens,
                 "generated_tokens": len(done.token_ids), "ttft_ms": done.ttft_ms,
-                "total_ms": round((now - live.t_received) * 1000, 3),
+                "total_ms": round(total_ms, 3),
             }},
         )  # fmt: skip
-        if not self._send(live.route, encode(done)):
-            self._drop_client(live.route)
 
     def _logprobs_wire(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
         return None if logprobs is None else logprobs_to_wire(logprobs, self._token_text)
@@ -581,6 +617,8 @@ class Server:
         del self.by_client[(live.route, live.client_id)]
         self.engine.cancel(request_id)
         self.engine.take_completion(request_id)
+        if live.text_off_loop:
+            self.text.discard(request_id)
 
     def _abort_all(self, code: str, message: str) -> None:
         for (route, client_id), pending in list(self.pending.items()):
@@ -589,7 +627,12 @@ class Server:
         self.pending.clear()
         for request_id, live in list(self.live.items()):
             self._cancel_silently(request_id)
-            self._send_error(live.route, code, message, live.client_id)
+            if live.text_off_loop:  # after the chunks still queued there
+                self.counters.num_errors_total += 1
+                data = error_bytes(code, message, live.client_id)
+                self.text.then(functools.partial(self._send_quietly, live.route, data))
+            else:
+                self._send_error(live.route, code, message, live.client_id)
 
     def _send(self, route: Route, data: bytes) -> bool:
         """Non-blocking; False when the client is gone or not reading."""
@@ -598,6 +641,12 @@ class Server:
             log.info("dropping a reply to connection %d: gone, or not reading", route)
             return False
         return True
+
+    def _send_quietly(self, route: Route, data: bytes) -> None:
+        """Send from the detokenizing thread. A refused send needs nothing more here: the
+        connection is gone or hung up, and its closing Arrival makes the loop drop it."""
+        assert self.conns is not None
+        self.conns.send(route, data)
 
     def _send_error(
         self, route: Route, code: str, message: str, request_id: str | None = None
