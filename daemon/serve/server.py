@@ -16,8 +16,9 @@ Guarantees:
   ErrorReply ("internal" for our own bugs) and the loop goes on;
 - `health` and `stats` are answered within milliseconds even during a long engine
   step: the connections' I/O thread answers them from the `Snapshot` the loop
-  publishes before and after every step (`stats` with `check` still goes to the
-  loop, which runs the pool's integrity check between steps).
+  publishes before and after every step. Between steps, and with `check` (the pool's
+  integrity check), stats is the loop's, so its counters never predate a reply the
+  client has already received.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ log = logging.getLogger("reprise.server")
 # On exit, how long the last replies (drain errors) may take to reach clients that are slow
 # to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
 CLOSE_LINGER_S = 2.0
+# How old the engine's counters in a stats reply answered during a step may be.
+SNAPSHOT_REFRESH_S = 0.02
 Route = ConnId  # the connection a request came on, the only one its replies go to
 
 
@@ -171,6 +174,9 @@ class Server:
         self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
         self.snapshot: Snapshot | None = None  # None until serving starts
+        self._engine_stats: dict[str, object] = {}
+        self._engine_stats_key: tuple[int, int, int] | None = None
+        self._engine_stats_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -294,7 +300,11 @@ class Server:
             self._admit_ready()
             if self.engine.has_work():
                 self._publish_snapshot(step_started=time.monotonic())
-                for output in self.engine.step():
+                outputs = self.engine.step()
+                # From here stats go to the loop again: the replies of this step are about
+                # to go out, and a stats asked after one must not predate it.
+                self.snapshot = replace(self.snapshot, step_started=None)
+                for output in outputs:
                     self._on_output(output)
             self._publish_snapshot(step_started=None)
             self._publish_events()
@@ -344,14 +354,15 @@ class Server:
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
         elif isinstance(request, Health):
-            self._publish_snapshot(step_started=None)
+            self._publish_snapshot(step_started=None, refresh=True)
             reply = self._answer_health(self.snapshot)
             self._send(route, encode(reply))
 
     def _quick_reply(self, payload: bytes) -> bytes | None:
-        """On the I/O thread: the reply to a health or stats message, from the last
-        snapshot; None for every other message (and for stats with `check`), which the
-        loop answers. Reads only the snapshot, the fixed config and live counters."""
+        """On the I/O thread: the reply to a health message, or to a stats message while
+        a step runs, from the last snapshot; None for every other message (and for stats
+        between steps, or with `check`), which the loop answers. Reads only the snapshot,
+        the fixed config and live counters."""
         snapshot = self.snapshot
         if snapshot is None:
             return None
@@ -361,7 +372,7 @@ class Server:
             return None  # the loop answers it with the error
         if isinstance(request, Health):
             return encode(self._answer_health(snapshot))
-        if isinstance(request, StatsRequest) and not request.check:
+        if isinstance(request, StatsRequest) and not request.check and snapshot.step_started:
             return encode(StatsReply(stats=self._live_stats(snapshot)))
         return None
 
@@ -369,15 +380,27 @@ class Server:
         return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
                            snapshot.num_requests, self.engine.config.vocab_size)  # fmt: skip
 
-    def _publish_snapshot(self, *, step_started: float | None) -> None:
-        stats: dict[str, object] = dict(self.engine.stats())
-        stats.update(
-            num_requests=len(self.live) + len(self.pending),
-            num_requests_total=self.counters.num_requests_total,
-            num_errors_total=self.counters.num_errors_total,
-            num_disconnect_cancels=self.counters.num_disconnect_cancels,
-            num_events_published=self.counters.num_events_published,
-        )
+    def _publish_snapshot(self, *, step_started: float | None, refresh: bool = False) -> None:
+        """Replace the snapshot. The engine's counters (about 60 us to read) are read
+        again when `refresh`, when a request came or went, or when they are
+        SNAPSHOT_REFRESH_S old; the server's own are always current."""
+        now = time.monotonic()
+        key = (self.counters.num_requests_total, len(self.live), len(self.pending))
+        if (
+            refresh
+            or key != self._engine_stats_key
+            or now >= self._engine_stats_at + SNAPSHOT_REFRESH_S
+        ):
+            self._engine_stats = dict(self.engine.stats())
+            self._engine_stats_key, self._engine_stats_at = key, now
+        stats: dict[str, object] = {
+            **self._engine_stats,
+            "num_requests": len(self.live) + len(self.pending),
+            "num_requests_total": self.counters.num_requests_total,
+            "num_errors_total": self.counters.num_errors_total,
+            "num_disconnect_cancels": self.counters.num_disconnect_cancels,
+            "num_events_published": self.counters.num_events_published,
+        }
         status = "draining" if self.draining else "ok"
         self.snapshot = Snapshot(stats, status, len(self.live), step_started)
 
@@ -659,7 +682,7 @@ class Server:
     def stats(self, *, check: bool = False) -> dict[str, object]:
         """Engine and server counters (on the loop, between steps); `check` adds the
         pool's integrity check."""
-        self._publish_snapshot(step_started=None)
+        self._publish_snapshot(step_started=None, refresh=True)
         assert self.snapshot is not None
         stats = self._live_stats(self.snapshot)
         if check:
