@@ -1,6 +1,6 @@
 """The engine's own host time per step, with a backend that does no math (issue 18).
 
-    python bench/bench_host_step.py [--model DIR] [--prompt-tokens 4096] [--batch 64]
+    python bench/bench_host_step.py [--model DIR] [--prompt-tokens 4096] [--batch 64] [--no-detokenize]
                                     [--context 512] [--repeats 20] [--out FILE]
 
 The model runs on the NumPy backend with every op replaced by one that only makes
@@ -97,8 +97,10 @@ def null_engine(path: Path, *, num_device_blocks: int, max_num_batched_tokens: i
     return engine
 
 
-def cached_prompt_ms(engine: Engine, prompt: list[int], repeats: int) -> dict[str, float]:
-    params = SamplingParams(max_tokens=1, temperature=0)
+def cached_prompt_ms(
+    engine: Engine, prompt: list[int], repeats: int, detokenize: bool = True
+) -> dict[str, float]:
+    params = SamplingParams(max_tokens=1, temperature=0, detokenize=detokenize)
     engine.generate(prompt, params)  # computes it (no math) and registers its blocks
     total, admit, step = [], [], []
     for _ in range(repeats):
@@ -117,10 +119,14 @@ def cached_prompt_ms(engine: Engine, prompt: list[int], repeats: int) -> dict[st
             (("total_ms", total), ("admit_ms", admit), ("step_ms", step))}  # fmt: skip
 
 
-def decode_step_ms(engine: Engine, batch: int, context: int, repeats: int) -> float:
+def decode_step_ms(
+    engine: Engine, batch: int, context: int, repeats: int, detokenize: bool = True
+) -> float:
     rng = np.random.default_rng(1)
     vocab = engine.config.vocab_size
-    params = SamplingParams(max_tokens=repeats + 8, temperature=0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=repeats + 8, temperature=0, ignore_eos=True, detokenize=detokenize
+    )
     for _ in range(batch):
         engine.add_request(rng.integers(100, vocab, size=context).tolist(), params)
     for _ in range(-(-batch * context // engine.scheduler.max_num_batched_tokens) + 2):
@@ -143,18 +149,26 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("bench/results/host_step.json"))
+    parser.add_argument(
+        "--no-detokenize",
+        dest="detokenize",
+        action="store_false",
+        help="Leave the text to the caller, as the daemon does for requests without stop "
+        "strings (it detokenizes them on its own thread).",
+    )
     args = parser.parse_args()
     path = args.model or prepare_default_model(progress=True).path
     n = args.prompt_tokens
     blocks = 4 * (n // 32 + 2) + args.batch * (args.context // 32 + 4)
     engine = null_engine(path, num_device_blocks=blocks, max_num_batched_tokens=max(n, 2048))
     prompt = np.random.default_rng(0).integers(100, engine.config.vocab_size, size=n).tolist()
-    cached = cached_prompt_ms(engine, prompt, args.repeats)
-    decode = decode_step_ms(engine, args.batch, args.context, args.repeats)
+    cached = cached_prompt_ms(engine, prompt, args.repeats, args.detokenize)
+    decode = decode_step_ms(engine, args.batch, args.context, args.repeats, args.detokenize)
     result = {
         "machine": platform.processor() or platform.machine(),
         "model": str(path),
         "prompt_tokens": n,
+        "detokenize": args.detokenize,
         "cached_prompt": cached,
         "decode": {"batch": args.batch, "context": args.context, "step_ms": decode},
         "target_cached_ms": TARGET_CACHED_MS,
@@ -163,8 +177,10 @@ def main() -> None:
     print(f"cached {n}-token prompt, first token: {cached['total_ms']:.2f} ms of host time "
           f"(admission {cached['admit_ms']:.2f} ms, step {cached['step_ms']:.2f} ms); "
           f"target <= {TARGET_CACHED_MS} ms: {met}")  # fmt: skip
+    where = "detokenized on the engine loop" if args.detokenize else "not detokenized here"
     print(
         f"decode step, batch {args.batch} at context {args.context}: {decode:.2f} ms of host time"
+        f" (text {where})"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

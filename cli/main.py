@@ -17,7 +17,7 @@ from .bench_cmd import bench_cmd
 from .chat import chat_cmd
 from .client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
 from .options import sampling_from, sampling_options
-from .progress import tqdm_progress
+from .progress import complete_with_progress, tqdm_progress
 from .serve import serve_cmd
 
 
@@ -221,10 +221,14 @@ def run_cmd(
         with tqdm_progress("loading model", unit="layer") as progress:
             engine = Engine.from_pretrained(model_dir, backend=backend, progress=progress)
         start = time.perf_counter()
+        tokenizer = engine.tokenizer
         if isinstance(request, list):
-            completion = engine.chat(request, params)
+            text = tokenizer.apply_chat_template(request, add_generation_prompt=True)
+            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         else:
-            completion = engine.generate(request, params)
+            prompt_ids = tokenizer.encode(request)
+        with tqdm_progress("prefill", unit="tok") as progress:
+            completion = complete_with_progress(engine, prompt_ids, params, progress)
         elapsed = time.perf_counter() - start
     except ValueError as e:
         raise click.ClickException(" ".join(str(e).split())) from e

@@ -227,7 +227,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
         server = Server(engine, config, notifier=Notifier(), stop=stop)
         try:
             if not stop.is_set:
-                server.run()
+                with tqdm_progress("warming up", unit="stage") as progress:
+                    server.run(progress)
         finally:
             if http is not None:
                 http.stop()
@@ -251,4 +252,3 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
                           max_body_bytes=options["max_message_bytes"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-

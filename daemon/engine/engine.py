@@ -195,10 +195,11 @@ class Engine:
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
         )
-        text_ids = prompt_ids if table is None else seq.text_prompt_ids()
-        self._detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, text_ids, skip_special_tokens=params.skip_special_tokens
-        )
+        if params.detokenize:
+            text_ids = prompt_ids if table is None else seq.text_prompt_ids()
+            self._detokenizers[request_id] = IncrementalDetokenizer(
+                self.tokenizer, text_ids, skip_special_tokens=params.skip_special_tokens
+            )
         self.scheduler.add(seq)
         self._live[request_id] = seq
         return request_id
@@ -350,7 +351,7 @@ class Engine:
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
-        del self._detokenizers[seq.request_id]
+        self._detokenizers.pop(seq.request_id, None)
         del self._live[seq.request_id]
         self._finished[seq.request_id] = seq
 
@@ -407,9 +408,12 @@ class Engine:
             seq.logprobs.append(logprobs)
         if params.return_logits:  # the runner brings the row back: it is returned
             seq.logits.append(np.array(logits, dtype=np.float32))
-        detok = self._detokenizers[seq.request_id]
+        # Without detokenize (no stop strings; the daemon detokenizes on its own thread)
+        # only token ids decide the end: eos, stop_token_ids, length.
+        detok = self._detokenizers.get(seq.request_id)
         searched = max(len(seq.text) - max(map(len, params.stop), default=0), 0)
-        seq.text += detok.push(token)
+        if detok is not None:
+            seq.text += detok.push(token)
         if (
             token in self.stop_token_ids and not params.ignore_eos
         ) or token in params.stop_token_ids:
@@ -422,7 +426,8 @@ class Engine:
             seq.finish_reason = "length"
         if seq.finish_reason is None:
             return False
-        seq.text += detok.flush()
+        if detok is not None:
+            seq.text += detok.flush()
         return True
 
 

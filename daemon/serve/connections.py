@@ -22,6 +22,11 @@ What a connection may cost, each bound checked before the bytes are kept:
 The serving loop calls `wait` (frames, oversize notices and closes, in arrival order
 per connection), `send` and `close`. Sockets are touched only on the I/O thread,
 except `send`'s first non-blocking write when nothing is queued before it.
+
+Quick answers: a frame of at most QUICK_MAX_BYTES is first offered to `quick` (on the
+I/O thread); when it returns a reply, that reply is queued and the frame never reaches
+the loop, so such messages (health, stats) are answered even while the loop is inside
+a long engine step. Their reply may overtake replies to messages sent before them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -48,6 +54,8 @@ ConnId = NewType("ConnId", int)
 READ_CHUNK = 1 << 16
 ACCEPT_PAUSE_S = 0.1  # after EMFILE: accept again this much later
 ARRIVAL_OVERHEAD = 64  # bytes an arrival counts for beyond its payload
+QUICK_MAX_BYTES = 256  # larger frames are never offered to `quick` (health and stats are tiny)
+Quick = Callable[[bytes], bytes | None]  # a message -> its reply, or None: for the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +90,10 @@ class Limits:
 
 
 class Connections:
-    def __init__(self, address: str, limits: Limits) -> None:
+    def __init__(self, address: str, limits: Limits, quick: Quick | None = None) -> None:
         self.address = address
         self.limits = limits
+        self.quick = quick
         self.num_accepted = 0
         self.num_refused = 0
         self._conns: dict[ConnId, _Conn] = {}
@@ -310,6 +319,8 @@ class Connections:
                                     f"frames)")  # fmt: skip
             self._drop(conn)
             return
+        if self.quick is not None:
+            frames = [item for item in frames if not self._answer_quickly(conn, item)]
         if not frames:
             return
         with self._lock:
@@ -321,6 +332,21 @@ class Connections:
                 self._dirty.add(conn.id)
         for item in frames:
             self._arrivals.put(Arrival(conn.id, item))
+
+    def _answer_quickly(self, conn: _Conn, item: bytes | Oversize) -> bool:
+        """Whether `quick` answered the frame (then it is not given to the loop)."""
+        if not isinstance(item, bytes) or len(item) > QUICK_MAX_BYTES:
+            return False
+        assert self.quick is not None
+        try:
+            reply = self.quick(item)
+        except Exception:  # our bug: the loop answers the message instead
+            log.exception("quick answer failed; the serving loop answers instead")
+            return False
+        if reply is None:
+            return False
+        self.send(conn.id, reply)
+        return True
 
     def _flush(self, conn: _Conn) -> None:
         with self._lock:

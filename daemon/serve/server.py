@@ -13,7 +13,12 @@ Guarantees:
   client that vanished or stopped reading has its requests cancelled, so their
   blocks return to the pool;
 - bad input never stops the daemon: any failure handling one message becomes an
-  ErrorReply ("internal" for our own bugs) and the loop goes on.
+  ErrorReply ("internal" for our own bugs) and the loop goes on;
+- `health` and `stats` are answered within milliseconds even during a long engine
+  step: the connections' I/O thread answers them from the `Snapshot` the loop
+  publishes before and after every step. Between steps, and with `check` (the pool's
+  integrity check), stats is the loop's, so its counters never predate a reply the
+  client has already received.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import zmq
 
@@ -53,12 +59,15 @@ from ..engine.params import Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Arrival, Connections, ConnId, Limits
+from .detokenize import Detokenizing
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
 # On exit, how long the last replies (drain errors) may take to reach clients that are slow
 # to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
 CLOSE_LINGER_S = 2.0
+# How old the engine's counters in a stats reply answered during a step may be.
+SNAPSHOT_REFRESH_S = 0.02
 Route = ConnId  # the connection a request came on, the only one its replies go to
 
 
@@ -103,6 +112,7 @@ class LiveRequest:
     stream: bool
     t_received: float
     t_first: float | None = None
+    text_off_loop: bool = False  # no stop strings: detokenized on Server.text's thread
 
 
 @dataclass(slots=True)
@@ -113,6 +123,17 @@ class PendingRequest:
     params: SamplingParams
     prompt_ids: Future[list[int]]
     t_received: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the I/O thread answers health and stats with, replaced (never changed) by
+    the loop before and after every engine step."""
+
+    stats: dict[str, object]  # Server.stats() without the counters read live
+    status: str  # "ok" or "draining"
+    num_requests: int
+    step_started: float | None  # time.monotonic() at the start of the running step
 
 
 @dataclass(slots=True)
@@ -152,31 +173,50 @@ class Server:
         # loop; the tokenizer releases the GIL while it encodes.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self.text = Detokenizing(engine.tokenizer)  # the text of requests without stop strings
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
         self._ctx = zmq.Context()  # for the KV events socket only
         self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
+        self.snapshot: Snapshot | None = None  # None until serving starts
+        self._engine_stats: dict[str, object] = {}
+        self._engine_stats_key: tuple[int, int, int] | None = None
+        self._engine_stats_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def warm_up(self) -> None:
-        """Capture the decode graphs, then run one tiny request through every stage, so the
-        first client pays no start-up cost."""
+    def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Make the first client pay no start-up cost: on the GPU, capture the decode
+        graph of every batch size a step can have; on every backend, run one tiny request
+        (3 prompt tokens, 2 generated) through admission, prefill, sampling, decode and
+        retirement. `progress(done, total)` counts these stages."""
         engine, start = self.engine, time.perf_counter()
+        report = progress or (lambda done, total: None)
         _ = self.max_token_bytes  # the prompt-size bound, read once from the vocabulary
-        sizes = engine.capture_decode_graphs(self.config.max_queue)
-        if sizes:
-            log.info("decode graphs captured for batch sizes %s in %.1f s",
-                     ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
-        elif engine.runner.decode is not None:
-            log.warning("decode graphs off: %s", engine.runner.decode.failed)
+        graphs = engine.runner.decode is not None
+        total = 2 if graphs else 1
+        report(0, total)
+        if graphs:
+            log.info("warm-up: capturing the decode graphs (CUDA graphs) of every batch size")
+            sizes = engine.capture_decode_graphs(self.config.max_queue)
+            if sizes:
+                log.info("decode graphs captured for batch sizes %s in %.1f s",
+                         ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
+            else:
+                log.warning("decode graphs off: %s", engine.runner.decode.failed)
+            report(1, total)
+        else:
+            log.info("warm-up: no decode graphs on the %s backend; one tiny request runs "
+                     "through every stage", engine.runner.model.ops.name)  # fmt: skip
         params = SamplingParams(max_tokens=2, temperature=0)
         request_id = engine.add_request([1, 2, 3], params, cache_salt="reprise-warm-up")
         while engine.has_work():
             engine.step()
         engine.take_completion(request_id)
+        report(total, total)
+        log.info("warm-up done in %.1f s", time.perf_counter() - start)
 
     def bind(self) -> None:
         cfg = self.config
@@ -192,7 +232,8 @@ class Server:
         path = ipc_path(cfg.address)
         if path is not None:
             prepare_ipc_path(path)
-        self.conns = Connections(cfg.address, limits)
+        self._publish_snapshot(step_started=None)
+        self.conns = Connections(cfg.address, limits, quick=self._quick_reply)
         self.conns.bind()
         if path is not None:
             path.chmod(0o600)
@@ -208,15 +249,16 @@ class Server:
             if events_path is not None:
                 events_path.chmod(0o600)
 
-    def run(self) -> None:
-        """Warm up, bind, tell systemd we are ready, serve until stopped, drain, close."""
+    def run(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Warm up (`progress` counts its stages), bind, tell systemd we are ready, serve
+        until stopped, drain, close."""
         engine = self.engine
         pool = engine.pool
         host = pool.host_tier.num_blocks if pool.host_tier is not None else 0
         log.info("backend %s; KV pool of %d blocks of %d tokens, host tier of %d blocks; "
                  "context %d tokens", engine.runner.model.ops.name, pool.num_blocks,
                  pool.block_size, host, engine.max_model_len)  # fmt: skip
-        self.warm_up()
+        self.warm_up(progress)
         self.bind()
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.config.address}")
         log.info("serving on %s", self.config.address)
@@ -227,6 +269,7 @@ class Server:
 
     def close(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        self.text.shutdown()  # the replies it still has to build go out first
         self.engine.close()  # the disk tier's last writes, before the socket goes away
         if self.conns is not None:  # the last replies (drain errors) still go out
             self.conns.stop(linger_s=CLOSE_LINGER_S)
@@ -264,8 +307,14 @@ class Server:
             self._on_arrivals(self.conns.wait(timeout / 1000))
             self._admit_ready()
             if self.engine.has_work():
-                for output in self.engine.step():
+                self._publish_snapshot(step_started=time.monotonic())
+                outputs = self.engine.step()
+                # From here stats go to the loop again: the replies of this step are about
+                # to go out, and a stats asked after one must not predate it.
+                self.snapshot = replace(self.snapshot, step_started=None)
+                for output in outputs:
                     self._on_output(output)
+            self._publish_snapshot(step_started=None)
             self._publish_events()
             self.notifier.ping_watchdog()
 
@@ -313,15 +362,55 @@ class Server:
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
         elif isinstance(request, Health):
-            status = "draining" if self.draining else "ok"
-            reply = HealthReply(
-                status,
-                self.config.model_name,
-                self.engine.max_model_len,
-                len(self.live),
-                self.engine.config.vocab_size,
-            )
+            self._publish_snapshot(step_started=None, refresh=True)
+            reply = self._answer_health(self.snapshot)
             self._send(route, encode(reply))
+
+    def _quick_reply(self, payload: bytes) -> bytes | None:
+        """On the I/O thread: the reply to a health message, or to a stats message while
+        a step runs, from the last snapshot; None for every other message (and for stats
+        between steps, or with `check`), which the loop answers. Reads only the snapshot,
+        the fixed config and live counters."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return None
+        try:
+            request = decode_request(payload)
+        except ProtocolError:
+            return None  # the loop answers it with the error
+        if isinstance(request, Health):
+            return encode(self._answer_health(snapshot))
+        if isinstance(request, StatsRequest) and not request.check and snapshot.step_started:
+            return encode(StatsReply(stats=self._live_stats(snapshot)))
+        return None
+
+    def _answer_health(self, snapshot: Snapshot) -> HealthReply:
+        return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
+                           snapshot.num_requests, self.engine.config.vocab_size)  # fmt: skip
+
+    def _publish_snapshot(self, *, step_started: float | None, refresh: bool = False) -> None:
+        """Replace the snapshot. The engine's counters (about 60 us to read) are read
+        again when `refresh`, when a request came or went, or when they are
+        SNAPSHOT_REFRESH_S old; the server's own are always current."""
+        now = time.monotonic()
+        key = (self.counters.num_requests_total, len(self.live), len(self.pending))
+        if (
+            refresh
+            or key != self._engine_stats_key
+            or now >= self._engine_stats_at + SNAPSHOT_REFRESH_S
+        ):
+            self._engine_stats = dict(self.engine.stats())
+            self._engine_stats_key, self._engine_stats_at = key, now
+        stats: dict[str, object] = {
+            **self._engine_stats,
+            "num_requests": len(self.live) + len(self.pending),
+            "num_requests_total": self.counters.num_requests_total,
+            "num_errors_total": self.counters.num_errors_total,
+            "num_disconnect_cancels": self.counters.num_disconnect_cancels,
+            "num_events_published": self.counters.num_events_published,
+        }
+        status = "draining" if self.draining else "ok"
+        self.snapshot = Snapshot(stats, status, len(self.live), step_started)
 
     def _start(self, route: Route, request: Generate) -> None:
         if self.draining:
@@ -339,6 +428,8 @@ class Server:
         except (ValueError, TypeError) as e:
             raise ProtocolError("bad_request", str(e)) from None
         self._check_limits(params)
+        if not params.stop:  # token ids alone decide its end: detokenized off the loop
+            params = replace(params, detokenize=False)
         self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
         future = self._tokenizing.submit(self._prompt_ids, request)
         self.pending[(route, request.id)] = PendingRequest(
@@ -377,7 +468,14 @@ class Server:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        self.live[request_id] = LiveRequest(route, request.id, request.stream, pending.t_received)
+        off_loop = not pending.params.detokenize
+        if off_loop:  # the detokenizer's context is the prompt's text tokens (no table ids)
+            vocab = self.engine.config.vocab_size
+            text_ids = [t for t in prompt_ids if t < vocab]
+            self.text.open(request_id, text_ids, pending.params.skip_special_tokens)
+        self.live[request_id] = LiveRequest(
+            route, request.id, request.stream, pending.t_received, text_off_loop=off_loop
+        )
         self.by_client[(route, request.id)] = request_id
 
     def _check_limits(self, params: SamplingParams) -> None:
@@ -460,7 +558,9 @@ class Server:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
             live.t_first = time.monotonic()
-        if live.stream:
+        if live.text_off_loop:
+            self._push_text(request_id, live, output)
+        elif live.stream:
             logprobs = self._logprobs_wire(output.logprobs)
             chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
             if not self._send(live.route, encode(chunk)):
@@ -469,6 +569,18 @@ class Server:
         if output.finish_reason is not None:
             self._finish(request_id)
 
+    def _push_text(self, request_id: RequestId, live: LiveRequest, output: StepOutput) -> None:
+        """Hand new tokens to the detokenizing thread, which streams their text."""
+        route, client_id, token_ids = live.route, live.client_id, output.token_ids
+        logprobs = output.logprobs
+
+        def send_chunk(text: str) -> None:  # on the detokenizing thread
+            chunk = TokenChunk(client_id, token_ids, text, self._logprobs_wire(logprobs))
+            self._send_quietly(route, encode(chunk))
+
+        last = output.finish_reason is not None
+        self.text.push(request_id, token_ids, last=last, then=send_chunk if live.stream else None)
+
     def _finish(self, request_id: RequestId) -> None:
         """Send the Done of a request the engine finished or cancelled, and forget it."""
         live = self.live.pop(request_id)
@@ -476,37 +588,49 @@ class Server:
         completion = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
-        done = Done(
-            id=live.client_id,
-            finish_reason=completion.finish_reason,
-            text=completion.text,
-            token_ids=completion.token_ids,
-            prompt_tokens=len(completion.prompt_token_ids),
-            cached_tokens=completion.cached_tokens,
-            host_cached_tokens=completion.host_cached_tokens,
-            disk_cached_tokens=completion.disk_cached_tokens,
-            ttft_ms=round((t_first - live.t_received) * 1000, 3),
-            tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
-            logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
-            logprobs=self._logprobs_wire(completion.logprobs),
-        )
+
+        def done_bytes(text: str) -> bytes:  # on the loop, or on the detokenizing thread
+            done = Done(
+                id=live.client_id,
+                finish_reason=completion.finish_reason,
+                text=text,
+                token_ids=completion.token_ids,
+                prompt_tokens=len(completion.prompt_token_ids),
+                cached_tokens=completion.cached_tokens,
+                host_cached_tokens=completion.host_cached_tokens,
+                disk_cached_tokens=completion.disk_cached_tokens,
+                ttft_ms=round((t_first - live.t_received) * 1000, 3),
+                tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
+                logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
+                logprobs=self._logprobs_wire(completion.logprobs),
+            )
+            self._log_done(done, (now - live.t_received) * 1000)
+            return encode(done)
+
+        if live.text_off_loop:
+            self.text.close(
+                request_id, then=lambda text: self._send_quietly(live.route, done_bytes(text))
+            )
+        elif not self._send(live.route, done_bytes(completion.text)):
+            self._drop_client(live.route)
+
+    @staticmethod
+    def _log_done(done: Done, total_ms: float) -> None:
         log.info(
             "request %s: %s, %d prompt tokens (%d cached, %d from the host tier, %d from disk), "
             "%d generated, first token %.0f ms, total %.0f ms",
-            live.client_id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
+            done.id, done.finish_reason, done.prompt_tokens, done.cached_tokens,
             done.host_cached_tokens, done.disk_cached_tokens, len(done.token_ids), done.ttft_ms,
-            (now - live.t_received) * 1000,
+            total_ms,
             extra={"fields": {
-                "request_id": live.client_id, "finish_reason": done.finish_reason,
+                "request_id": done.id, "finish_reason": done.finish_reason,
                 "prompt_tokens": done.prompt_tokens, "cached_tokens": done.cached_tokens,
                 "host_cached_tokens": done.host_cached_tokens,
                 "disk_cached_tokens": done.disk_cached_tokens,
                 "generated_tokens": len(done.token_ids), "ttft_ms": done.ttft_ms,
-                "total_ms": round((now - live.t_received) * 1000, 3),
+                "total_ms": round(total_ms, 3),
             }},
         )  # fmt: skip
-        if not self._send(live.route, encode(done)):
-            self._drop_client(live.route)
 
     def _logprobs_wire(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
         return None if logprobs is None else logprobs_to_wire(logprobs, self._token_text)
@@ -533,6 +657,8 @@ class Server:
         del self.by_client[(live.route, live.client_id)]
         self.engine.cancel(request_id)
         self.engine.take_completion(request_id)
+        if live.text_off_loop:
+            self.text.discard(request_id)
 
     def _abort_all(self, code: str, message: str) -> None:
         for (route, client_id), pending in list(self.pending.items()):
@@ -541,7 +667,12 @@ class Server:
         self.pending.clear()
         for request_id, live in list(self.live.items()):
             self._cancel_silently(request_id)
-            self._send_error(live.route, code, message, live.client_id)
+            if live.text_off_loop:  # after the chunks still queued there
+                self.counters.num_errors_total += 1
+                data = error_bytes(code, message, live.client_id)
+                self.text.then(functools.partial(self._send_quietly, live.route, data))
+            else:
+                self._send_error(live.route, code, message, live.client_id)
 
     def _send(self, route: Route, data: bytes) -> bool:
         """Non-blocking; False when the client is gone or not reading."""
@@ -550,6 +681,12 @@ class Server:
             log.info("dropping a reply to connection %d: gone, or not reading", route)
             return False
         return True
+
+    def _send_quietly(self, route: Route, data: bytes) -> None:
+        """Send from the detokenizing thread. A refused send needs nothing more here: the
+        connection is gone or hung up, and its closing Arrival makes the loop drop it."""
+        assert self.conns is not None
+        self.conns.send(route, data)
 
     def _send_error(
         self, route: Route, code: str, message: str, request_id: str | None = None
@@ -560,17 +697,11 @@ class Server:
     # -- stats and events --------------------------------------------------------------------
 
     def stats(self, *, check: bool = False) -> dict[str, object]:
-        stats: dict[str, object] = dict(self.engine.stats())
-        stats.update(
-            num_requests=len(self.live) + len(self.pending),
-            num_requests_total=self.counters.num_requests_total,
-            num_errors_total=self.counters.num_errors_total,
-            num_disconnect_cancels=self.counters.num_disconnect_cancels,
-            num_connections=self.conns.num_open if self.conns is not None else 0,
-            num_connections_refused=self.conns.num_refused if self.conns is not None else 0,
-            num_events_published=self.counters.num_events_published,
-            uptime_s=round(time.monotonic() - self.counters.started, 3),
-        )
+        """Engine and server counters (on the loop, between steps); `check` adds the
+        pool's integrity check."""
+        self._publish_snapshot(step_started=None, refresh=True)
+        assert self.snapshot is not None
+        stats = self._live_stats(self.snapshot)
         if check:
             try:
                 self.engine.pool.check_integrity()
@@ -578,6 +709,20 @@ class Server:
             except AssertionError as e:
                 stats["integrity"] = f"FAILED: {e}"
         return stats
+
+    def _live_stats(self, snapshot: Snapshot) -> dict[str, object]:
+        """The snapshot's stats with what is read live: connections, uptime, and how long
+        the running step has taken so far (`step_running_s`, null between steps)."""
+        now = time.monotonic()
+        conns = self.conns
+        started = snapshot.step_started
+        return {
+            **snapshot.stats,
+            "num_connections": conns.num_open if conns is not None else 0,
+            "num_connections_refused": conns.num_refused if conns is not None else 0,
+            "uptime_s": round(now - self.counters.started, 3),
+            "step_running_s": None if started is None else round(now - started, 3),
+        }
 
     def _publish_events(self) -> None:
         events = self.engine.take_events()

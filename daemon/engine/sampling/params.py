@@ -33,6 +33,9 @@ class SamplingParams:
     and that many most likely alternatives. As vLLM's default, these are the raw
     model's: log_softmax of the logits row the token was drawn from, before
     penalties and temperature.
+
+    `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
+    token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
 
     max_tokens: int = 16
@@ -49,6 +52,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +98,10 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS, hint=" or None (off)")
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need the text: detokenize must be on to use stop")
 
     @property
     def greedy(self) -> bool:

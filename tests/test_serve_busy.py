@@ -1,0 +1,61 @@
+"""A daemon inside a long engine step still answers `health` and `stats` (issue 21): the
+default model on NumPy with a 2,048-token step budget prefills a 2,000-token prompt in
+one step of many seconds, and `reprise stats` answers within a second meanwhile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_daemon import Daemon
+
+from reprise.ipc import Client, DaemonUnavailable, RequestError
+
+pytestmark = pytest.mark.model
+
+
+def test_stats_and_health_answer_during_a_long_step(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    d = Daemon(tmp_path, default_model_dir, "--max-model-len", "4096", "--num-device-blocks",
+               "256", "--max-batched-tokens", "2048")  # fmt: skip
+    try:
+        replies: list[object] = []
+
+        def run() -> None:
+            with d.client(timeout_s=300) as client:
+                try:
+                    replies.extend(client.stream(list(range(1000, 3000)), max_tokens=2))
+                except (RequestError, DaemonUnavailable) as e:  # killed at the end
+                    replies.append(e)
+
+        threading.Thread(target=run, daemon=True).start()
+        with Client(d.address, timeout_s=1.0) as client:  # each reply within 1 s, or it fails
+            deadline = time.monotonic() + 30
+            while client.stats()["step_running_s"] is None:
+                assert time.monotonic() < deadline, "the long step never started"
+                time.sleep(0.05)
+            time.sleep(1.0)  # well inside the step (the prefill takes many seconds)
+            start = time.monotonic()
+            health = client.health()
+            took = time.monotonic() - start
+            assert took < 1.0 and health.status == "ok" and health.num_requests == 1
+        env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+        done = subprocess.run(
+            [sys.executable, "-m", "reprise.cli.main", "stats", "--json", "--socket", d.address,
+             "--timeout", "1"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        stats = json.loads(done.stdout)
+        assert stats["num_requests"] == 1 and stats["step_running_s"] >= 1.0, stats
+        assert not replies, "the prefill ended before stats was asked; the test proves nothing"
+    finally:
+        d.proc.kill()  # not worth waiting for the step (a minute on a loaded machine)
+        d.stop()
