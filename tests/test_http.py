@@ -4,10 +4,8 @@ hides what we check (status codes, SSE framing, /metrics, disconnects)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from http_support import HttpDaemon, scrape  # noqa: E402
 
 from reprise.ipc import Client  # noqa: E402
 
@@ -30,56 +28,6 @@ LONG_PROMPT = (
     "The quick brown fox jumps over the lazy dog while the cat watches from the old wooden "
     "fence near the river, and the farmer counts his sheep one by one before the rain."
 )
-
-
-class HttpDaemon:
-    """`reprise serve --http 127.0.0.1:0`; the port is read from its log."""
-
-    def __init__(self, tmp: Path, model_dir: Path, *extra: str, env: dict | None = None) -> None:
-        tmp.chmod(0o700)
-        self.address = f"ipc://{tmp}/d.sock"
-        self.log_path = tmp / "serve.log"
-        self.log = self.log_path.open("w+")
-        env = {**os.environ, **(env or {})}
-        env.pop("REPRISE_SOCKET", None)
-        cmd = [
-            sys.executable, "-m", "reprise.cli.main", "serve",
-            "--model", str(model_dir), "--backend", "numpy", "--socket", self.address,
-            "--block-size", "16", "--num-device-blocks", "96", "--max-model-len", "256",
-            "--max-tokens-cap", "64", "--http", "127.0.0.1:0", *extra,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            self.url = self._wait_ready()
-        except BaseException:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def _wait_ready(self, timeout_s: float = 120) -> str:
-        deadline, url = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if url is None:
-                found = re.search(r"HTTP on (http://\S+:\d+)", self.log_path.read_text())
-                url = found.group(1) if found else None
-            else:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                        return url
-            time.sleep(0.05)
-        raise AssertionError(f"the daemon never became ready; log:\n{self.read_log()[-3000:]}")
-
-    def read_log(self) -> str:
-        return self.log_path.read_text()
-
-    def openai(self, api_key: str = "none") -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -232,17 +180,11 @@ def test_unavailable_daemon_is_503() -> None:
 
 
 def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> None:
-    def scrape() -> dict[tuple[str, tuple], float]:
-        text = httpx.get(f"{daemon.url}/metrics", timeout=30).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text)
-                for s in family.samples}  # fmt: skip
-
     hits = ("reprise_prefix_cache_hits_tokens_total", (("tier", "device"),))
     complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
-    before = scrape()
+    before = scrape(daemon.url)
     complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
-    after = scrape()
+    after = scrape(daemon.url)
     assert after[hits] > before[hits]
     length = ("reprise_requests_total", (("finish_reason", "length"),))
     assert after[length] == before[length] + 1
