@@ -38,10 +38,18 @@ TARGET_EXTRA_TTFT_MS = 1.0
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
 
-def start_daemon(model: Path, tmp: Path) -> tuple[subprocess.Popen, str, str, Path]:
+def start_daemon(
+    model: Path, tmp: Path, src: Path | None = None
+) -> tuple[subprocess.Popen, str, str, Path]:
+    """A daemon with --http; `src`: a folder holding another `reprise` package to run."""
     address = f"ipc://{tmp}/d.sock"
     log = tmp / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    # One BLAS thread: on a small shared machine, BLAS threads spinning beside the
+    # front end's would measure the machine, not the front end.
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "reprise.cli.main", "serve", "--model", str(model),
            "--backend", "numpy", "--socket", address, "--http", "127.0.0.1:0",
            "--block-size", "16", "--max-model-len", "1024"]  # fmt: skip
@@ -121,7 +129,11 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=8, help="tokens per throughput request")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="also measure, in the same run, a daemon run from this folder, "
+                        "which holds another version as `reprise/` (e.g. `git archive REV`)")  # fmt: skip
     args = parser.parse_args()
+    load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         tmp.chmod(0o700)
@@ -130,49 +142,107 @@ def main() -> None:
             from reprise.daemon.model.synth import synth_model
 
             model = synth_model("tiny", tmp / "tiny", seed=3)
-        proc, address, url, _ = start_daemon(model, tmp)
+        sides = {"current": None}
+        if args.baseline_src is not None:
+            sides = {"baseline": args.baseline_src.resolve(), **sides}
+        daemons = {}
         try:
-            figures = measure(args, address, url)
+            for name, src in sides.items():
+                (tmp / name).mkdir(mode=0o700)
+                proc, address, url, _ = start_daemon(model, tmp / name, src)
+                daemons[name] = (proc, address, url)
+            figures = measure(args, {n: (a, u, p.pid) for n, (p, a, u) in daemons.items()})
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            for proc, _, _ in daemons.values():
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
     figures["model"] = str(args.model or "synth tiny")
     figures["cpus"] = os.cpu_count()
     figures["load_average_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine
+    figures["load_average_1m_before"] = load_before
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
 
 
-def measure(args: argparse.Namespace, address: str, url: str) -> dict:
-    zmq_s, http_s = [], []
-    with Client(address) as client, httpx.Client(timeout=300) as http:
-        for _ in range(10):  # warm both paths (connections, threads, caches)
-            ttft_zmq(client, 1)
-            ttft_http(http, url, 1)
-        for _ in range(args.requests):
-            zmq_s.append(ttft_zmq(client, 1))
-            http_s.append(ttft_http(http, url, 1))
-    zmq_ms, http_ms = np.array(zmq_s) * 1e3, np.array(http_s) * 1e3
-    figures: dict = {"requests": args.requests}
-    for q in (50, 99):
-        z, h = float(np.percentile(zmq_ms, q)), float(np.percentile(http_ms, q))
-        figures[f"ttft_ms_p{q}"] = {"zmq": round(z, 3), "http": round(h, 3),
-                                    "extra": round(h - z, 3)}  # fmt: skip
-    extra_p50 = figures["ttft_ms_p50"]["extra"]
-    print(f"time to first token, p50: ZeroMQ {figures['ttft_ms_p50']['zmq']:.3f} ms, HTTP "
-          f"{figures['ttft_ms_p50']['http']:.3f} ms: +{extra_p50:.3f} ms "
-          f"(target <= {TARGET_EXTRA_TTFT_MS} ms: {'met' if extra_p50 <= TARGET_EXTRA_TTFT_MS else 'MISSED'})")  # fmt: skip
-    print(f"time to first token, p99: ZeroMQ {figures['ttft_ms_p99']['zmq']:.3f} ms, HTTP "
-          f"{figures['ttft_ms_p99']['http']:.3f} ms: +{figures['ttft_ms_p99']['extra']:.3f} ms")  # fmt: skip
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def zmq_one(client: Client | None) -> Client:
+
+def cpu_ms_per_request(pid: int, send_one, num_requests: int) -> float:
+    """The daemon's CPU per request, one request at a time: unlike wall time, hardly
+    moved by other work on the machine."""
+    before = cpu_s(pid)
+    for _ in range(num_requests):
+        send_one()
+    return (cpu_s(pid) - before) / num_requests * 1e3
+
+
+def measure(args: argparse.Namespace, sides: dict[str, tuple[str, str, int]]) -> dict:
+    """Per side (a daemon: its socket address, HTTP URL and pid), ZeroMQ against HTTP;
+    the sides' sequential requests are interleaved, so they share the machine's moments."""
+    samples = {name: {"zmq": [], "http": []} for name in sides}
+    clients = {name: Client(address) for name, (address, _, _) in sides.items()}
+    with httpx.Client(timeout=300) as http:
+        for i in range(10 + args.requests):  # the first 10 warm both paths up
+            for name, (_, url, _) in sides.items():
+                z, h = ttft_zmq(clients[name], 1), ttft_http(http, url, 1)
+                if i >= 10:
+                    samples[name]["zmq"].append(z)
+                    samples[name]["http"].append(h)
+        cpu = {name: {"zmq": cpu_ms_per_request(pid, lambda c=clients[name]: ttft_zmq(c, 1),
+                                                 args.requests),
+                      "http": cpu_ms_per_request(pid, lambda u=url: ttft_http(http, u, 1),
+                                                 args.requests)}
+               for name, (_, url, pid) in sides.items()}  # fmt: skip
+    for client in clients.values():
+        client.close()
+    figures: dict = {"requests": args.requests}
+    for name, (address, url, _) in sides.items():
+        figures[name] = side = {}
+        side["daemon_cpu_ms_per_request"] = {k: round(v, 3) for k, v in cpu[name].items()}
+        print(f"{name}: daemon CPU per request (1 token): ZeroMQ {cpu[name]['zmq']:.3f} ms, "
+              f"HTTP {cpu[name]['http']:.3f} ms")  # fmt: skip
+        zmq_ms = np.array(samples[name]["zmq"]) * 1e3
+        http_ms = np.array(samples[name]["http"]) * 1e3
+        for q in (50, 99):
+            z, h = float(np.percentile(zmq_ms, q)), float(np.percentile(http_ms, q))
+            side[f"ttft_ms_p{q}"] = {"zmq": round(z, 3), "http": round(h, 3),
+                                     "extra": round(h - z, 3)}  # fmt: skip
+        for q in (50, 99):
+            t = side[f"ttft_ms_p{q}"]
+            met = (
+                ""
+                if q == 99
+                else (
+                    " (target <= 1 ms: "
+                    + ("met)" if t["extra"] <= TARGET_EXTRA_TTFT_MS else "MISSED)")
+                )
+            )
+            print(f"{name}: time to first token, p{q}: ZeroMQ {t['zmq']:.3f} ms, HTTP "
+                  f"{t['http']:.3f} ms: +{t['extra']:.3f} ms{met}")  # fmt: skip
+        for front, one in (("zmq", zmq_sender(address, args)), ("http", http_sender(url, args))):
+            rate = throughput(one, args.clients, args.per_client)
+            side[f"requests_per_s_{front}"] = round(rate, 2)
+            print(f"{name}: {args.clients} concurrent streaming clients over {front}: "
+                  f"{rate:.1f} requests/s ({args.tokens} tokens each)")  # fmt: skip
+    return figures
+
+
+def zmq_sender(address: str, args: argparse.Namespace):
+    def one(client: Client | None) -> Client:
         client = client or Client(address)
         for _ in client.stream(PROMPT, max_tokens=args.tokens, ignore_eos=True):
             pass
         return client
 
-    def http_one(http: httpx.Client | None) -> httpx.Client:
+    return one
+
+
+def http_sender(url: str, args: argparse.Namespace):
+    def one(http: httpx.Client | None) -> httpx.Client:
         http = http or httpx.Client(timeout=300)
         body = {"prompt": PROMPT, "max_tokens": args.tokens, "stream": True, "ignore_eos": True}
         with http.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -180,12 +250,7 @@ def measure(args: argparse.Namespace, address: str, url: str) -> dict:
                 pass
         return http
 
-    for name, one in (("zmq", zmq_one), ("http", http_one)):
-        rate = throughput(one, args.clients, args.per_client)
-        figures[f"requests_per_s_{name}"] = round(rate, 2)
-        print(f"{args.clients} concurrent streaming clients over {name}: {rate:.1f} requests/s "
-              f"({args.tokens} tokens each)")  # fmt: skip
-    return figures
+    return one
 
 
 if __name__ == "__main__":
