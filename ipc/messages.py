@@ -214,6 +214,9 @@ class Done:
     # One per generated token when sampling.logprobs is set: {"id", "token" (its text),
     # "logprob", "top": [[id, text, logprob], ...] (at most 20, most likely first)}
     logprobs: list[dict[str, Any]] | None = None
+    # From receipt to the start of the engine step that gave the first token: the time
+    # spent waiting (for a prompt prefilled in several chunks, the earlier chunks too).
+    queue_ms: float = 0.0
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -191,10 +192,36 @@ def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> 
     for name in (
         "reprise_time_to_first_token_seconds_count",
         "reprise_e2e_request_latency_seconds_count",
+        "reprise_request_queue_seconds_count",
     ):
         assert after[(name, ())] == before[(name, ())] + 1
     assert after[("reprise_num_requests_running", ())] == 0
     assert after[("reprise_kv_blocks", (("tier", "device"),))] == 96
+
+
+def test_done_carries_the_queue_time(daemon: HttpDaemon) -> None:
+    with Client(daemon.address, timeout_s=60) as client:
+        done = client.generate("How long did I wait?", max_tokens=2, temperature=0)
+    assert 0 <= done.queue_ms <= done.ttft_ms
+
+
+def test_the_daemons_own_busy_reply_is_429(daemon: HttpDaemon, api) -> None:
+    # The daemon's queue (--max-queue 4) filled by ZeroMQ clients, which the HTTP layer's
+    # own count does not see: the 429 comes from the daemon's `busy` reply.
+    clients = [Client(daemon.address, timeout_s=60) for _ in range(4)]
+    streams = [c.stream("Fill the queue", max_tokens=64, ignore_eos=True) for c in clients]
+    try:
+        for stream in streams:
+            next(stream)  # running
+        r = httpx.post(f"{daemon.url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "busy"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        for stream, client in zip(streams, clients, strict=True):
+            stream.close()  # cancels
+            client.close()
 
 
 def test_a_client_that_leaves_cancels_its_request(daemon: HttpDaemon) -> None:
@@ -235,6 +262,30 @@ def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
     finally:
         d.stop()
     assert d.proc.returncode == 0
+
+
+def test_draining_answers_503_while_a_stream_finishes(tmp_path: Path, tiny: Path) -> None:
+    d = HttpDaemon(tmp_path, tiny, "--max-model-len", "1024", "--max-tokens-cap", "1000")
+    body = {"prompt": "Once", "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    try:
+        with httpx.stream("POST", f"{d.url}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")  # in flight
+            d.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while (health := httpx.get(f"{d.url}/health", timeout=10)).status_code == 200:
+                assert time.monotonic() < deadline, "/health never turned 503"
+                time.sleep(0.01)
+            assert health.status_code == 503 and health.json()["status"] != "ok"
+            new = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                             timeout=10)  # fmt: skip
+            assert new.status_code == 503, new.text
+            assert new.json()["error"]["code"] == "shutting_down"
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"  # the stream in flight still ends properly
+        assert d.proc.wait(timeout=60) == 0
+    finally:
+        d.stop()
 
 
 def test_non_loopback_without_a_key_is_refused_before_loading(tmp_path: Path) -> None:

@@ -322,6 +322,7 @@ class _Timing:
             m.prompt_tokens.inc(item.prompt_tokens)
             m.generation_tokens.inc(len(item.token_ids))
             m.e2e.observe(now - self.t_start)
+            m.queue.observe(item.queue_ms / 1e3)
             return
         last = self.t_last[index]
         if last is None:

@@ -96,6 +96,7 @@ class LiveRequest:
     stream: bool
     t_received: float
     t_first: float | None = None
+    t_first_step: float | None = None  # when the step that gave the first token began
 
 
 @dataclass(slots=True)
@@ -256,8 +257,9 @@ class Server:
             self._on_arrivals(self.conns.wait(timeout / 1000))
             self._admit_ready()
             if self.engine.has_work():
+                t_step = time.monotonic()
                 for output in self.engine.step():
-                    self._on_output(output)
+                    self._on_output(output, t_step)
             self._publish_events()
             self.notifier.ping_watchdog()
 
@@ -441,13 +443,13 @@ class Server:
 
     # -- outgoing ----------------------------------------------------------------------------
 
-    def _on_output(self, output: StepOutput) -> None:
+    def _on_output(self, output: StepOutput, t_step: float) -> None:
         request_id = RequestId(output.request_id)
         live = self.live.get(request_id)
         if live is None:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
-            live.t_first = time.monotonic()
+            live.t_first, live.t_first_step = time.monotonic(), t_step
         if live.stream:
             logprobs = self._logprobs_wire(output.logprobs)
             chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
@@ -476,6 +478,7 @@ class Server:
             tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
             logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
             logprobs=self._logprobs_wire(completion.logprobs),
+            queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
         )
         log.info(
             "request %s: %s, %d prompt tokens (%d cached, %d from the host tier), %d generated, "
