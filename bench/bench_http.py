@@ -1,18 +1,23 @@
 """The HTTP front end against ZeroMQ on the same daemon (issue 20).
 
     python bench/bench_http.py [--model DIR] [--requests 200] [--clients 32] [--out FILE]
+                               [--baseline-src DIR ...]
 
-Starts `reprise serve --http 127.0.0.1:0` (NumPy backend; by default on a `tiny`
-random-weight model, so the engine's own time is small and the front end's shows),
-then measures, on that one daemon:
+Starts `reprise serve --http 127.0.0.1:0` (NumPy backend, one BLAS thread; by default
+on a `tiny` random-weight model, so the engine's own time is small and the front
+end's shows), then measures, on that one daemon:
 - time to first token of one request at a time, ZeroMQ (`Client.stream`) and HTTP
   (`POST /v1/completions`, `stream: true`, over a kept-alive connection), interleaved;
   the extra time HTTP costs is the difference of the two at p50 and at p99
   (target: <= 1 ms at p50 on loopback);
+- the daemon's CPU time per request over each (from /proc: hardly moved by other work
+  on a shared machine, unlike wall time);
 - requests/s with `--clients` concurrent streaming clients, each sending requests of
   `--tokens` tokens back to back, over each front end.
-The HTTP layer is itself a ZeroMQ client of the daemon (one more local hop, a worker
-thread and an asyncio queue per request), which the first figure prices.
+With `--baseline-src DIR` (repeatable), a daemon run from another source tree (DIR
+holding `reprise/`, e.g. unpacked from `git archive REV`) is measured in the same run,
+its sequential requests interleaved with the current one's: before/after under the
+same load.
 """
 
 from __future__ import annotations
@@ -129,9 +134,11 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=8, help="tokens per throughput request")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
-    parser.add_argument("--baseline-src", type=Path, default=None,
-                        help="also measure, in the same run, a daemon run from this folder, "
-                        "which holds another version as `reprise/` (e.g. `git archive REV`)")  # fmt: skip
+    parser.add_argument("--baseline-src", type=Path, action="append", default=[],
+                        help="also measure, in the same run, a daemon run from this folder "
+                        "(named after it), which holds another version as `reprise/` (e.g. "
+                        "from `git archive REV`); may be repeated")  # fmt: skip
+    parser.add_argument("--note", default=None, help="a line kept with the figures")
     args = parser.parse_args()
     load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -142,9 +149,8 @@ def main() -> None:
             from reprise.daemon.model.synth import synth_model
 
             model = synth_model("tiny", tmp / "tiny", seed=3)
-        sides = {"current": None}
-        if args.baseline_src is not None:
-            sides = {"baseline": args.baseline_src.resolve(), **sides}
+        sides: dict[str, Path | None] = {src.name: src.resolve() for src in args.baseline_src}
+        sides["current"] = None
         daemons = {}
         try:
             for name, src in sides.items():
@@ -157,6 +163,8 @@ def main() -> None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
     figures["model"] = str(args.model or "synth tiny")
+    if args.note:
+        figures["note"] = args.note
     figures["cpus"] = os.cpu_count()
     figures["load_average_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine
     figures["load_average_1m_before"] = load_before
