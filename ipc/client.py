@@ -55,6 +55,45 @@ class RequestError(RuntimeError):
         self.message = message
 
 
+def generate_message(
+    prompt: str | list[int] | list[dict[str, str]],
+    *,
+    stream: bool,
+    request_id: str | None = None,
+    cache_salt: str | None = None,
+    priority: int | None = None,
+    queue_priority: int = 0,
+    return_logits: bool = False,
+    prompt_table: np.ndarray | None = None,
+    extra_ids: list[int] | None = None,
+    **sampling: Any,
+) -> Generate:
+    """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
+    ids or chat messages; a prompt table and extra ids with token ids; sampling options
+    by name, None meaning "not given")."""
+    unknown = set(sampling) - set(SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; sampling: {sorted(SAMPLING_FIELDS)}")
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    kind = "prompt"
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        kind = "messages"
+    elif isinstance(prompt, list):
+        kind = "token_ids"
+    return Generate(
+        id=request_id or uuid.uuid4().hex,
+        **{kind: prompt},
+        sampling=sampling,
+        cache_salt=cache_salt,
+        priority=priority,
+        queue_priority=queue_priority,
+        stream=stream,
+        return_logits=return_logits,
+        prompt_table=None if prompt_table is None else prompt_table_to_wire(prompt_table),
+        extra_ids=extra_ids,
+    )
+
+
 class Client:
     def __init__(self, address: str | None = None, *, timeout_s: float = 300.0) -> None:
         """`timeout_s` bounds each wait for the daemon's next reply."""
@@ -96,7 +135,7 @@ class Client:
 
     def generate(self, prompt: str | list[int] | list[dict[str, str]], **options: Any) -> Done:
         """Send one request and wait for its Done (no chunks). Raises RequestError."""
-        request = self._request(prompt, stream=False, **options)
+        request = generate_message(prompt, stream=False, **options)
         self._send(encode(request))
         reply = self._recv(request.id)
         assert isinstance(reply, Done), reply
@@ -107,7 +146,7 @@ class Client:
     ) -> Iterator[TokenChunk | Done]:
         """Yield TokenChunks as tokens arrive, then the Done. Closing the iterator early
         cancels the request."""
-        request = self._request(prompt, stream=True, **options)
+        request = generate_message(prompt, stream=True, **options)
         self._send(encode(request))
         finished = False  # the daemon ended the request: a Done or an error reply came
         try:
@@ -129,44 +168,6 @@ class Client:
                     self.cancel(request.id)
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _request(
-        self,
-        prompt: str | list[int] | list[dict[str, str]],
-        *,
-        stream: bool,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        priority: int | None = None,
-        queue_priority: int = 0,
-        return_logits: bool = False,
-        prompt_table: np.ndarray | None = None,
-        extra_ids: list[int] | None = None,
-        **sampling: Any,
-    ) -> Generate:
-        unknown = set(sampling) - set(SAMPLING_FIELDS)
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) {sorted(unknown)}; sampling: {sorted(SAMPLING_FIELDS)}"
-            )
-        sampling = {k: v for k, v in sampling.items() if v is not None}
-        kind = "prompt"
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            kind = "messages"
-        elif isinstance(prompt, list):
-            kind = "token_ids"
-        return Generate(
-            id=request_id or uuid.uuid4().hex,
-            **{kind: prompt},
-            sampling=sampling,
-            cache_salt=cache_salt,
-            priority=priority,
-            queue_priority=queue_priority,
-            stream=stream,
-            return_logits=return_logits,
-            prompt_table=None if prompt_table is None else prompt_table_to_wire(prompt_table),
-            extra_ids=extra_ids,
-        )
 
     def _send(self, data: bytes) -> None:
         if self._sock is None:

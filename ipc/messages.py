@@ -256,6 +256,9 @@ class Done:
     # "logprob", "top": [[id, text, logprob], ...] (at most 20, most likely first)}
     logprobs: list[dict[str, Any]] | None = None
     disk_cached_tokens: int = 0  # the part of cached_tokens onboarded from the disk tier
+    # From receipt to the start of the engine step that gave the first token: the time
+    # spent waiting (for a prompt prefilled in several chunks, the earlier chunks too).
+    queue_ms: float = 0.0
 
 
 @dataclass(slots=True)

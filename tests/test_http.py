@@ -4,7 +4,6 @@ hides what we check (status codes, SSE framing, /metrics, disconnects)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from http_support import HttpDaemon, scrape  # noqa: E402
 
 from reprise.ipc import Client  # noqa: E402
 
@@ -30,56 +29,6 @@ LONG_PROMPT = (
     "The quick brown fox jumps over the lazy dog while the cat watches from the old wooden "
     "fence near the river, and the farmer counts his sheep one by one before the rain."
 )
-
-
-class HttpDaemon:
-    """`reprise serve --http 127.0.0.1:0`; the port is read from its log."""
-
-    def __init__(self, tmp: Path, model_dir: Path, *extra: str, env: dict | None = None) -> None:
-        tmp.chmod(0o700)
-        self.address = f"ipc://{tmp}/d.sock"
-        self.log_path = tmp / "serve.log"
-        self.log = self.log_path.open("w+")
-        env = {**os.environ, **(env or {})}
-        env.pop("REPRISE_SOCKET", None)
-        cmd = [
-            sys.executable, "-m", "reprise.cli.main", "serve",
-            "--model", str(model_dir), "--backend", "numpy", "--socket", self.address,
-            "--block-size", "16", "--num-device-blocks", "96", "--max-model-len", "256",
-            "--max-tokens-cap", "64", "--http", "127.0.0.1:0", *extra,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            self.url = self._wait_ready()
-        except BaseException:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def _wait_ready(self, timeout_s: float = 120) -> str:
-        deadline, url = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if url is None:
-                found = re.search(r"HTTP on (http://\S+:\d+)", self.log_path.read_text())
-                url = found.group(1) if found else None
-            else:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                        return url
-            time.sleep(0.05)
-        raise AssertionError(f"the daemon never became ready; log:\n{self.read_log()[-3000:]}")
-
-    def read_log(self) -> str:
-        return self.log_path.read_text()
-
-    def openai(self, api_key: str = "none") -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -232,27 +181,47 @@ def test_unavailable_daemon_is_503() -> None:
 
 
 def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> None:
-    def scrape() -> dict[tuple[str, tuple], float]:
-        text = httpx.get(f"{daemon.url}/metrics", timeout=30).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text)
-                for s in family.samples}  # fmt: skip
-
     hits = ("reprise_prefix_cache_hits_tokens_total", (("tier", "device"),))
     complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
-    before = scrape()
+    before = scrape(daemon.url)
     complete(api, LONG_PROMPT + " Metrics.", max_tokens=1)
-    after = scrape()
+    after = scrape(daemon.url)
     assert after[hits] > before[hits]
     length = ("reprise_requests_total", (("finish_reason", "length"),))
     assert after[length] == before[length] + 1
     for name in (
         "reprise_time_to_first_token_seconds_count",
         "reprise_e2e_request_latency_seconds_count",
+        "reprise_request_queue_seconds_count",
     ):
         assert after[(name, ())] == before[(name, ())] + 1
     assert after[("reprise_num_requests_running", ())] == 0
     assert after[("reprise_kv_blocks", (("tier", "device"),))] == 96
+
+
+def test_done_carries_the_queue_time(daemon: HttpDaemon) -> None:
+    with Client(daemon.address, timeout_s=60) as client:
+        done = client.generate("How long did I wait?", max_tokens=2, temperature=0)
+    assert 0 <= done.queue_ms <= done.ttft_ms
+
+
+def test_the_daemons_own_busy_reply_is_429(daemon: HttpDaemon, api) -> None:
+    # The daemon's queue (--max-queue 4) filled by ZeroMQ clients, which the HTTP layer's
+    # own count does not see: the 429 comes from the daemon's `busy` reply.
+    clients = [Client(daemon.address, timeout_s=60) for _ in range(4)]
+    streams = [c.stream("Fill the queue", max_tokens=64, ignore_eos=True) for c in clients]
+    try:
+        for stream in streams:
+            next(stream)  # running
+        r = httpx.post(f"{daemon.url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "busy"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        for stream, client in zip(streams, clients, strict=True):
+            stream.close()  # cancels
+            client.close()
 
 
 def test_a_client_that_leaves_cancels_its_request(daemon: HttpDaemon) -> None:
@@ -293,6 +262,30 @@ def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
     finally:
         d.stop()
     assert d.proc.returncode == 0
+
+
+def test_draining_answers_503_while_a_stream_finishes(tmp_path: Path, tiny: Path) -> None:
+    d = HttpDaemon(tmp_path, tiny, "--max-model-len", "1024", "--max-tokens-cap", "1000")
+    body = {"prompt": "Once", "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    try:
+        with httpx.stream("POST", f"{d.url}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")  # in flight
+            d.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while (health := httpx.get(f"{d.url}/health", timeout=10)).status_code == 200:
+                assert time.monotonic() < deadline, "/health never turned 503"
+                time.sleep(0.01)
+            assert health.status_code == 503 and health.json()["status"] != "ok"
+            new = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                             timeout=10)  # fmt: skip
+            assert new.status_code == 503, new.text
+            assert new.json()["error"]["code"] == "shutting_down"
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"  # the stream in flight still ends properly
+        assert d.proc.wait(timeout=60) == 0
+    finally:
+        d.stop()
 
 
 def test_non_loopback_without_a_key_is_refused_before_loading(tmp_path: Path) -> None:

@@ -1,15 +1,14 @@
 """The OpenAI-compatible HTTP front end: a Starlette app served by uvicorn on its own
 thread (and asyncio loop) inside the daemon process.
 
-The app talks to the engine through the daemon's own ZeroMQ socket, as an
-in-process client using `ipc.Client`'s public API only, so both front ends share
-one protocol and one set of limits and validation. A Client is blocking and not
-thread-safe, so each choice of a request runs its `Client.stream` on a worker
-thread with a Client of its own (taken from a small pool), feeding the asyncio
-side through a queue. At most `max_queue` choices are in flight (more get 429
-here, before the daemon is asked). A client that disconnects stops its worker,
-which closes the stream after the next token: that sends Cancel, and the daemon
-frees the request's blocks.
+The app talks to the engine through the daemon's own socket, as an in-process
+client speaking the same protocol as `ipc.Client` (`async_client.AsyncClient`, on
+the HTTP thread's event loop), so both front ends share one protocol and one set of
+limits and validation. Each choice of a request streams over a pooled connection of
+its own; the daemon's replies are read by the event loop itself, with no thread
+between the socket and the response. At most `max_queue` choices are in flight
+(more get 429 here, before the daemon is asked). A client that disconnects cancels
+its request (Cancel is sent; the daemon frees the request's blocks).
 
 Guarantees: every route but /health needs the API key when one is set (compared
 in constant time); every error is OpenAI's JSON error shape.
@@ -25,12 +24,12 @@ import json
 import logging
 import queue
 import socket
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -41,6 +40,7 @@ from starlette.routing import Route
 
 from ...ipc.client import Client, DaemonUnavailable, RequestError
 from ...ipc.messages import Done, TokenChunk
+from .async_client import AsyncClient
 from .metrics import Metrics
 from .openai_api import (
     STATUS_OF_CODE,
@@ -53,7 +53,9 @@ from .openai_api import (
 )
 
 log = logging.getLogger("reprise.http")
-_END = object()  # a worker's last item on its queue
+_END = object()  # a choice's last item on the merged queue
+T = TypeVar("T")
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(slots=True)
@@ -132,51 +134,52 @@ class Frontend:
 
     def __init__(self, config: HttpConfig, daemon_address: str) -> None:
         self.config = config
-        self.pool = ClientPool(daemon_address)
-        self.workers = ThreadPoolExecutor(config.max_queue, thread_name_prefix="http-stream")
+        self.client = AsyncClient(daemon_address)
+        self.pool = ClientPool(daemon_address)  # blocking Clients, for /metrics' stats
         self.num_in_flight = 0
         self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()))
 
     # -- the streams of one request ------------------------------------------------------
 
-    async def run(
-        self, parsed: ParsedRequest, stop: threading.Event
-    ) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
+    async def run(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
         """(choice index, item) as the daemon sends them, for the n choices together;
-        raises ApiError for a daemon error. Leaving early stops every choice's stream."""
+        raises ApiError for a daemon error. Leaving early cancels every choice."""
         if self.num_in_flight + parsed.n > self.config.max_queue:
             raise ApiError(429, f"the queue is full ({self.config.max_queue} requests); "
                            "retry later", code="busy")  # fmt: skip
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
         self.num_in_flight += parsed.n
-
-        def put(item: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # a closed loop: the server is stopping
-                loop.call_soon_threadsafe(items.put_nowait, item)
-
-        def work(index: int) -> None:
-            client, healthy = self.pool.take(), True
-            try:
-                stream = client.stream(parsed.prompt, **parsed.choice_options(index))
+        try:
+            if parsed.n == 1:  # no merging: the daemon's replies go straight to the caller
+                stream = self.client.stream(parsed.prompt, **parsed.choice_options(0))
                 try:
-                    for item in stream:
-                        put((index, item))
-                        if stop.is_set():
-                            break
+                    async for item in stream:
+                        yield 0, item
+                except (RequestError, DaemonUnavailable) as e:
+                    raise _api_error(e) from None
                 finally:
-                    stream.close()  # before the Done: sends Cancel
-            except RequestError as e:
-                put((index, e))
-            except BaseException as e:
-                healthy = False
-                put((index, e))
-            finally:
-                self.pool.give(client, healthy)
-                put((index, _END))
+                    await stream.aclose()
+            else:
+                async for pair in self._merged(parsed):
+                    yield pair
+        finally:
+            self.num_in_flight -= parsed.n
 
-        for index in range(parsed.n):
-            self.workers.submit(work, index)
+    async def _merged(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, Any]]:
+        """The n choices' streams, each on a task of its own, merged as they arrive."""
+        items: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            stream = self.client.stream(parsed.prompt, **parsed.choice_options(index))
+            try:
+                async for item in stream:
+                    items.put_nowait((index, item))
+            except Exception as e:
+                items.put_nowait((index, e))
+            finally:
+                await stream.aclose()
+                items.put_nowait((index, _END))
+
+        tasks = [asyncio.create_task(pump(index)) for index in range(parsed.n)]
         num_open = parsed.n
         try:
             while num_open:
@@ -188,15 +191,16 @@ class Frontend:
                 else:
                     yield index, item
         finally:
-            stop.set()
-            self.num_in_flight -= parsed.n
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- routes --------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
         try:
-            reply = await run_in_threadpool(self.pool.call, lambda c: c.health(timeout_s=2))
-        except DaemonUnavailable:
+            reply = await self.client.health(timeout_s=2)
+        except (DaemonUnavailable, TimeoutError):
             return JSONResponse({"status": "loading"}, status_code=503)
         status = 200 if reply.status == "ok" else 503
         return JSONResponse({"status": reply.status}, status_code=status)
@@ -227,41 +231,32 @@ class Frontend:
         if parsed.user is not None:
             log.info("request from user %r", parsed.user[:128])
         request_id = new_id(kind)
-        stop = threading.Event()
         timing = _Timing(self.metrics, t_start, parsed.n)
-        items = self.run(parsed, stop)
+        items = self.run(parsed)
         if not parsed.stream:
-            dones = await self._collect(request, items, timing, parsed.n, stop)
+            try:
+                dones = await _unless_disconnected(request, self._collect(items, timing, parsed.n))
+            finally:
+                await items.aclose()
             return JSONResponse(response(parsed, request_id, self.config.model_name, dones))
         # The first item decides the status: an error before any token is a plain JSON error.
-        watcher = asyncio.create_task(_watch_disconnect(request, stop))
         try:
-            first = await items.__anext__()
-        except StopAsyncIteration:  # pragma: no cover (a stream always ends with a Done)
-            first = None
-        finally:
-            watcher.cancel()
+            first = await _unless_disconnected(request, anext(items, None))
+        except BaseException:
+            await items.aclose()
+            raise
         builder = StreamBuilder(parsed, request_id, self.config.model_name)
         return StreamingResponse(self._events(first, items, builder, timing, parsed.n),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 
-    async def _collect(self, request: Request, items: AsyncIterator, timing: _Timing, n: int,
-                       stop: threading.Event) -> list[Done]:  # fmt: skip
-        watcher = asyncio.create_task(_watch_disconnect(request, stop))
+    async def _collect(self, items: AsyncIterator, timing: _Timing, n: int) -> list[Done]:
         dones: list[Done | None] = [None] * n
-        try:
-            async for index, item in items:
-                timing.on(index, item)
-                if isinstance(item, Done):
-                    dones[index] = item
-                elif stop.is_set():  # the client left
-                    break
-        finally:
-            watcher.cancel()
-            await items.aclose()  # type: ignore[attr-defined]
-        if any(d is None for d in dones):
-            raise ApiError(499, "the client closed the request")
+        async for index, item in items:
+            timing.on(index, item)
+            if isinstance(item, Done):
+                dones[index] = item
+        assert all(d is not None for d in dones), dones
         return dones  # type: ignore[return-value]
 
     async def _events(self, first: Any, items: AsyncIterator, builder: StreamBuilder,
@@ -327,6 +322,7 @@ class _Timing:
             m.prompt_tokens.inc(item.prompt_tokens)
             m.generation_tokens.inc(len(item.token_ids))
             m.e2e.observe(now - self.t_start)
+            m.queue.observe(item.queue_ms / 1e3)
             return
         last = self.t_last[index]
         if last is None:
@@ -336,12 +332,27 @@ class _Timing:
         self.t_last[index] = now
 
 
-async def _watch_disconnect(request: Request, stop: threading.Event) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            stop.set()
-            return
+async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
+    """`awaitable`'s result; if the client hangs up first, it is cancelled (which closes
+    the daemon streams it reads) and ApiError 499 is raised."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+    if work.cancelled():
+        raise ApiError(499, "the client closed the request")
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _too_large(num_bytes: int, limit: int) -> ApiError:
@@ -433,6 +444,11 @@ class HttpThread:
         self.server.run(sockets=[self.sock])
 
     def start(self) -> None:
+        # The engine loop and this thread share the GIL: when a token is ready the loop
+        # goes on with Python work, and by default this thread waits up to 5 ms for its
+        # turn to pass the token on. A shorter interval bounds that wait (ZeroMQ clients,
+        # in processes of their own, never wait for it).
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.thread.start()
         log.info("HTTP on http://%s:%d (OpenAI API under /v1)", self.config.host, self.port)
 

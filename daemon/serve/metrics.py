@@ -105,6 +105,9 @@ class Metrics:
         self.e2e = Histogram("reprise_e2e_request_latency_seconds", "Time from the HTTP "
                              "request to its last token", buckets=_LATENCY_BUCKETS,
                              registry=r)  # fmt: skip
+        self.queue = Histogram("reprise_request_queue_seconds", "Time from the daemon's "
+                               "receipt of a request to the start of the engine step that gave "
+                               "its first token", buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.errors = Counter("reprise_http_errors", "Error replies, by HTTP status",
                               ["status"], registry=r)  # fmt: skip
         r.register(DaemonCollector(read_stats))

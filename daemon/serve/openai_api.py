@@ -87,6 +87,13 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     "tools": lambda v: v in (None, []),
     "tool_choice": lambda v: v in (None, "none"),
     "response_format": lambda v: v is None or v == {"type": "text"},
+    # SGLang's extensions, which sglang-router writes into every body it forwards, at
+    # their defaults (we have no reasoning parser, so its two flags change nothing).
+    "no_stop_trim": lambda v: v in (None, False),
+    "return_hidden_states": lambda v: v in (None, False),
+    "continue_final_message": lambda v: v in (None, False),
+    "separate_reasoning": lambda v: _is(v, bool),
+    "stream_reasoning": lambda v: _is(v, bool),
 }
 # Sampling parameters passed to the daemon as they are (its names are OpenAI's and vLLM's).
 PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",

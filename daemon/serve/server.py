@@ -113,6 +113,7 @@ class LiveRequest:
     t_received: float
     t_first: float | None = None
     text_off_loop: bool = False  # no stop strings: detokenized on Server.text's thread
+    t_first_step: float | None = None  # when the step that gave the first token began
 
 
 @dataclass(slots=True)
@@ -307,13 +308,14 @@ class Server:
             self._on_arrivals(self.conns.wait(timeout / 1000))
             self._admit_ready()
             if self.engine.has_work():
-                self._publish_snapshot(step_started=time.monotonic())
+                t_step = time.monotonic()
+                self._publish_snapshot(step_started=t_step)
                 outputs = self.engine.step()
                 # From here stats go to the loop again: the replies of this step are about
                 # to go out, and a stats asked after one must not predate it.
                 self.snapshot = replace(self.snapshot, step_started=None)
                 for output in outputs:
-                    self._on_output(output)
+                    self._on_output(output, t_step)
             self._publish_snapshot(step_started=None)
             self._publish_events()
             self.notifier.ping_watchdog()
@@ -551,13 +553,13 @@ class Server:
 
     # -- outgoing ----------------------------------------------------------------------------
 
-    def _on_output(self, output: StepOutput) -> None:
+    def _on_output(self, output: StepOutput, t_step: float) -> None:
         request_id = RequestId(output.request_id)
         live = self.live.get(request_id)
         if live is None:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
-            live.t_first = time.monotonic()
+            live.t_first, live.t_first_step = time.monotonic(), t_step
         if live.text_off_loop:
             self._push_text(request_id, live, output)
         elif live.stream:
@@ -603,6 +605,7 @@ class Server:
                 tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
                 logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
                 logprobs=self._logprobs_wire(completion.logprobs),
+                queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
             )
             self._log_done(done, (now - live.t_received) * 1000)
             return encode(done)

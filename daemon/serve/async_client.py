@@ -1,0 +1,173 @@
+"""An asyncio client of the daemon's socket, for the HTTP front end.
+
+It speaks what `ipc.Client` speaks (4-byte big-endian length + one msgpack map per
+frame, `ipc.framing` and `ipc.codec`), but on the HTTP thread's own event loop: the
+daemon's replies are read by that loop and go straight to the request that awaits
+them, with no worker thread and no cross-thread hand-off per token.
+
+Each request borrows a connection of its own from a pool (the daemon answers a
+request on the connection that sent it, and an id-less reply such as Health's then
+belongs to that request alone). A stream left early sends Cancel; its last replies
+are skipped by the connection's next user, as `ipc.Client` skips stale replies.
+
+Guarantees: errors are those of `ipc.Client` (`RequestError` for the daemon's error
+replies, `DaemonUnavailable` when it cannot be reached, answers nothing within
+`timeout_s`, or breaks the framing); a connection that failed is closed, never
+reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ...ipc.client import MAX_REPLY_BYTES, DaemonUnavailable, RequestError, generate_message
+from ...ipc.codec import decode_reply, encode
+from ...ipc.framing import FrameDecoder, FramingError, frame
+from ...ipc.messages import Cancel, Done, ErrorReply, Health, HealthReply, TokenChunk
+from ...ipc.sockets import socket_target
+
+
+class _Connection(asyncio.Protocol):
+    """One socket to the daemon; frames are decoded as they arrive and wait in `_frames`."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(MAX_REPLY_BYTES)
+        self._frames: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.failure: str | None = None  # why the connection is unusable; None while fine
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._frames.extend(self._decoder.feed(data))  # type: ignore[arg-type]
+        except FramingError as e:  # not a reprise daemon
+            self._fail(str(e))
+            return
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(f"the connection failed: {exc}" if exc else "it closed the connection")
+
+    def _fail(self, why: str) -> None:
+        if self.failure is None:
+            self.failure = why
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def send(self, data: bytes) -> None:
+        if self.failure is not None or self.transport is None:
+            raise DaemonUnavailable(f"sending failed: {self.failure}")
+        self.transport.write(frame(data))
+
+    async def next_reply(self, request_id: str | None, timeout_s: float) -> Any:
+        """The next reply for `request_id` (None: the next reply without an id); replies
+        left from an earlier request on this connection are skipped."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                while not self._frames:
+                    if self.failure is not None:
+                        raise DaemonUnavailable(self.failure)
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    await self._waiter
+                reply = decode_reply(self._frames.popleft())
+                reply_id = getattr(reply, "id", None)
+                if isinstance(reply, ErrorReply) and reply_id in (None, request_id):
+                    raise RequestError(reply.code, reply.message)
+                if reply_id == request_id:
+                    return reply
+
+    def close(self) -> None:
+        self._fail("closed")
+
+
+class AsyncClient:
+    """Pooled connections to the daemon at `address`, used from one event loop."""
+
+    def __init__(self, address: str, timeout_s: float = 300.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._idle: list[_Connection] = []
+
+    async def _take(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.failure is None:
+                return conn
+        loop = asyncio.get_running_loop()
+        family, target = socket_target(self.address)
+        try:
+            if family == socket.AF_UNIX:
+                _, conn = await loop.create_unix_connection(_Connection, target)  # type: ignore[arg-type]
+            else:
+                host, port = target  # type: ignore[misc]
+                _, conn = await loop.create_connection(_Connection, host, port)
+        except OSError as e:
+            raise DaemonUnavailable(f"no reprise daemon answered at {self.address} "
+                                    f"(cannot connect: {e})") from None  # fmt: skip
+        return conn
+
+    def _give(self, conn: _Connection, healthy: bool) -> None:
+        if healthy and conn.failure is None:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+    async def health(self, *, timeout_s: float | None = None) -> HealthReply:
+        conn, healthy = await self._take(), False
+        try:
+            conn.send(encode(Health()))
+            reply = await conn.next_reply(None, timeout_s or self.timeout_s)
+            healthy = True
+        finally:
+            self._give(conn, healthy)
+        assert isinstance(reply, HealthReply), reply
+        return reply
+
+    async def stream(
+        self, prompt: str | list[int] | list[dict[str, str]], **options: Any
+    ) -> AsyncIterator[TokenChunk | Done]:
+        """TokenChunks as tokens arrive, then the Done; closing the iterator early (or
+        cancelling its task) cancels the request."""
+        request = generate_message(prompt, stream=True, **options)
+        conn = await self._take()
+        finished, healthy = False, True  # finished: a Done or an error reply ended it
+        try:
+            conn.send(encode(request))
+            while True:
+                try:
+                    reply = await conn.next_reply(request.id, self.timeout_s)
+                except RequestError:
+                    finished = True
+                    raise
+                except (TimeoutError, DaemonUnavailable):
+                    healthy = False  # the daemon stalled or went: not worth reusing
+                    raise
+                if isinstance(reply, Done):
+                    finished = True
+                    yield reply
+                    return
+                assert isinstance(reply, TokenChunk), reply
+                yield reply
+        finally:
+            if not finished and conn.failure is None:
+                with contextlib.suppress(DaemonUnavailable):
+                    conn.send(encode(Cancel(id=request.id)))
+            self._give(conn, healthy)
