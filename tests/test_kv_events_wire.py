@@ -203,3 +203,20 @@ def test_an_event_without_extra_keys_leaves_the_field_out() -> None:
     assert wire["extra_keys"] == [[7, 7, 0, 0]]
     legacy = msgspec.msgpack.decode(encode_batch([table], ts=0.0, layout="vllm-legacy"))
     assert legacy[1][0][-2:] == [None, [[7, 7, 0, 0]]]
+
+
+class OldLegacyBlockStored(_Legacy, tag="BlockStored"):
+    """vLLM's first array layout, before lora_name and extra_keys."""
+
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+
+
+def test_a_legacy_decoder_from_before_extra_keys_reads_what_it_knows() -> None:
+    event = BlockStored([bytes(32)], None, [9, 9, 1, 2], 4, None, "GPU", extra_keys=[(7, 7, 0, 0)])
+    payload = msgspec.msgpack.decode(encode_batch([event], ts=0.0, layout="vllm-legacy"))
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(payload[1][0]), type=OldLegacyBlockStored)
+    assert old.token_ids == [9, 9, 1, 2] and old.block_size == 4
