@@ -35,6 +35,10 @@ class BlockStored:
     lora_id: int | None  # vLLM's numeric adapter id; reprise names adapters, see lora_name
     medium: str
     lora_name: str | None = None  # the namespace's adapter id
+    # Per block, its tokens' extra ids (prompt-table requests) as they entered its key,
+    # or None for a block keyed without extra ids; None altogether when no block has
+    # any. vLLM's `extra_keys` (one entry per block). Empty for salted namespaces too.
+    extra_keys: list[tuple[int, ...] | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,16 +218,20 @@ class CacheIndex:
     def _stored_event(self, block: CachedBlock) -> BlockStored:
         assert block.block_hash is not None and block.key is not None
         assert block.namespace is not None
+        # NOTE: a salted namespace's tokens never leave the pool: its events carry
+        # hashes only (no token ids, no extra ids), so a subscriber learns nothing of
+        # another tenant's prompt.
+        salted = block.namespace.cache_salt is not None
+        extra = block.key.extra_ids
         return BlockStored(
             block_hashes=[block.block_hash],
             parent_block_hash=block.parent_hash,
-            # NOTE: a salted namespace's tokens never leave the pool: its events carry
-            # hashes only, so a subscriber learns nothing of another tenant's prompt.
-            token_ids=[] if block.namespace.cache_salt is not None else list(block.key.token_ids),
+            token_ids=[] if salted else list(block.key.token_ids),
             block_size=self.block_size,
             lora_id=None,
             medium=medium_of(block),
             lora_name=block.namespace.adapter_id,
+            extra_keys=None if salted or extra is None else [tuple(extra)],
         )
 
     def _emit(self, event: KVEvent) -> None:

@@ -7,14 +7,21 @@ Two layouts, both vLLM's, so a KV-aware router written for vLLM reads ours:
   "data_parallel_rank"}` and each event a map whose `"type"` names its class,
   then its fields by name: `BlockStored {block_hashes, parent_block_hash,
   token_ids, block_size, lora_id, medium, lora_name}`, `BlockRemoved
-  {block_hashes, medium}`, `AllBlocksCleared {}`. Fields that carry a default in
-  vLLM's schema and hold it here (`extra_keys`, `group_idx`, ...) are left out, as
-  msgspec's `omit_defaults` leaves them out.
+  {block_hashes, medium}`, `AllBlocksCleared {}`. `BlockStored` adds `extra_keys`
+  when a block's key holds extra ids (prompt tables): one entry per block, that
+  block's per-token extra ids as an array, or nil for a block keyed without them.
+  Fields that carry a default in vLLM's schema and hold it here (`extra_keys` of a
+  text-only event, `group_idx`, ...) are left out, as msgspec's `omit_defaults`
+  leaves them out, so a decoder reads them as null.
 - `vllm-legacy`: vLLM's older `array_like` layout, for routers pinned to it: a batch
   is `[ts, [event, ...]]` and each event a tagged array, fields in declaration
   order (`["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
   lora_id, medium]`, `["BlockRemoved", block_hashes, medium]`,
-  `["AllBlocksCleared"]`).
+  `["AllBlocksCleared"]`). Trailing fields follow when they hold something:
+  `lora_name`, then `extra_keys` (the array-like vLLM releases that had both put
+  them there; a decoder from before them reads only the fields it knows).
+
+Salted namespaces' events carry hashes only: no token ids and no extra keys.
 
 Each batch goes out as the multipart message `[topic, sequence, payload]`, the
 sequence an 8-byte big-endian counter from 0, as vLLM's publisher numbers them.
@@ -62,7 +69,7 @@ def batch_frames(seq: int, payload: bytes, topic: bytes = b"") -> list[bytes]:
 
 def _event_map(event: KVEvent) -> dict[str, object]:
     if isinstance(event, BlockStored):
-        return {
+        wire: dict[str, object] = {
             "type": "BlockStored",
             "block_hashes": list(event.block_hashes),
             "parent_block_hash": event.parent_block_hash,
@@ -72,6 +79,9 @@ def _event_map(event: KVEvent) -> dict[str, object]:
             "medium": event.medium,
             "lora_name": event.lora_name,
         }
+        if event.extra_keys is not None:
+            wire["extra_keys"] = [None if k is None else list(k) for k in event.extra_keys]
+        return wire
     if isinstance(event, BlockRemoved):
         return {
             "type": "BlockRemoved",
@@ -93,8 +103,10 @@ def _event_array(event: KVEvent) -> list[object]:
             event.lora_id,
             event.medium,
         ]
-        if event.lora_name is not None:
+        if event.lora_name is not None or event.extra_keys is not None:
             wire.append(event.lora_name)
+        if event.extra_keys is not None:
+            wire.append([None if k is None else list(k) for k in event.extra_keys])
         return wire
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", list(event.block_hashes), event.medium]

@@ -137,6 +137,7 @@ class Frontend:
         self.client = AsyncClient(daemon_address)
         self.pool = ClientPool(daemon_address)  # blocking Clients, for /metrics' stats
         self.num_in_flight = 0
+        self._vocab: int | None = None
         self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()))
 
     # -- the streams of one request ------------------------------------------------------
@@ -187,7 +188,7 @@ class Frontend:
                 if item is _END:
                     num_open -= 1
                 elif isinstance(item, BaseException):
-                    raise _api_error(item)
+                    raise _api_error(item, embeds="prompt_table" in parsed.options)
                 else:
                     yield index, item
         finally:
@@ -228,6 +229,8 @@ class Frontend:
             raise ApiError(404, f"the model {parsed.model!r} does not exist; this daemon "
                            f"serves {self.config.model_name!r}", param="model",
                            code="model_not_found")  # fmt: skip
+        if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
+            parsed.table_prompt(await self._vocab_size())
         if parsed.user is not None:
             log.info("request from user %r", parsed.user[:128])
         request_id = new_id(kind)
@@ -249,6 +252,13 @@ class Frontend:
         return StreamingResponse(self._events(first, items, builder, timing, parsed.n),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
+
+    async def _vocab_size(self) -> int:
+        """The model's vocabulary size (the first table id), asked of the daemon once."""
+        if self._vocab is None:
+            reply = await self.client.health(timeout_s=10)
+            self._vocab = reply.vocab_size
+        return self._vocab
 
     async def _collect(self, items: AsyncIterator, timing: _Timing, n: int) -> list[Done]:
         dones: list[Done | None] = [None] * n
@@ -360,12 +370,14 @@ def _too_large(num_bytes: int, limit: int) -> ApiError:
                     code="too_large")  # fmt: skip
 
 
-def _api_error(e: BaseException) -> ApiError:
+def _api_error(e: BaseException, *, embeds: bool = False) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, RequestError):
-        status = STATUS_OF_CODE.get(e.code, 500)
-        return ApiError(status, e.message, param=_param_named(e.message), code=e.code)
+        status, param, message = STATUS_OF_CODE.get(e.code, 500), _param_named(e.message), e.message
+        if embeds and param == "prompt_table":  # the table the daemon checked is prompt_embeds
+            param, message = "prompt_embeds", f"prompt_embeds (as the prompt table): {message}"
+        return ApiError(status, message, param=param, code=e.code)
     if isinstance(e, DaemonUnavailable):
         return ApiError(503, "the daemon is not serving yet (or has stopped)",
                         code="unavailable")  # fmt: skip

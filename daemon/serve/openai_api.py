@@ -14,12 +14,18 @@ accepted because they change nothing we compute (or only in the value given).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
+from ...cuda.dtypes import BF16
 from ...ipc.messages import Done, TokenChunk
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
@@ -101,7 +107,7 @@ PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequenc
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", *PASSED, *HARMLESS}  # fmt: skip
 KNOWN = {
-    "completions": COMMON | {"prompt", "logprobs"},
+    "completions": COMMON | {"prompt", "prompt_embeds", "logprobs"},
     "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
 }
 
@@ -112,7 +118,9 @@ class ParsedRequest:
 
     kind: str  # "completions" | "chat"
     model: str | None
-    prompt: str | list[int] | list[dict[str, str]]
+    # None: the prompt is every row of `options["prompt_table"]` (`prompt_embeds` without
+    # `prompt`), ids vocab_size .. vocab_size + rows - 1, filled in by `table_prompt`.
+    prompt: str | list[int] | list[dict[str, str]] | None
     options: dict[str, Any]  # Client.stream keywords, without the prompt
     n: int = 1
     stream: bool = False
@@ -120,6 +128,13 @@ class ParsedRequest:
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     user: str | None = None
     seeds: list[int | None] = field(default_factory=list)
+
+    def table_prompt(self, vocab_size: int) -> None:
+        """Fill in the prompt of a `prompt_embeds` request without `prompt`: the table's
+        rows in order, as fake ids (the daemon derives their extra ids from the rows)."""
+        if self.prompt is None:
+            rows = self.options["prompt_table"].shape[0]
+            self.prompt = list(range(vocab_size, vocab_size + rows))
 
     def choice_options(self, index: int) -> dict[str, Any]:
         """Choice `index`'s options: seeds seed+i, so the n choices differ and repeat."""
@@ -147,6 +162,17 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if kind == "chat":
         prompt: Any = _messages(body.get("messages"))
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    elif "prompt_embeds" in body:
+        options["prompt_table"] = prompt_embeds(body["prompt_embeds"])
+        prompt = body.get("prompt")
+        if prompt in ("", [""]):  # vLLM's examples send an empty prompt with the embeds
+            prompt = None
+        if prompt is not None:
+            prompt = _prompt(prompt)
+            if isinstance(prompt, str):
+                raise bad("prompt", "must be a list of token ids when prompt_embeds is given "
+                          "(ids >= the vocabulary size select its rows)")  # fmt: skip
+        max_tokens = body.get("max_tokens")
     else:
         prompt = _prompt(body.get("prompt"))
         max_tokens = body.get("max_tokens")
@@ -192,6 +218,72 @@ def _prompt(prompt: object) -> str | list[int]:
         raise bad("prompt", "is required")
     raise bad("prompt", "must be a string or a list of token ids (batches of prompts are "
               "not supported; send one request each)")  # fmt: skip
+
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format
+EMBEDS_FORMS = (
+    "a base64 string of an .npy file holding a 2-d [rows, hidden] array of bfloat16 "
+    "(ml_dtypes, or its uint16 bit patterns) or float32 (rounded to bfloat16), or an "
+    'object {"data": base64 of raw little-endian bfloat16, "shape": [rows, hidden]}'
+)
+
+
+def prompt_embeds(value: object) -> np.ndarray:
+    """vLLM's `prompt_embeds` (one prompt's [rows, hidden] embeddings) as a BF16 table,
+    or a 400 naming `prompt_embeds`. vLLM takes a base64 `torch.save`d tensor; with no
+    torch here we take an .npy file or raw BF16 with its shape (EMBEDS_FORMS)."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]  # a batch of one, as vLLM accepts a list
+    if isinstance(value, str):
+        raw = _base64("prompt_embeds", value)
+        if raw.startswith(ZIP_MAGIC):
+            raise bad("prompt_embeds", "torch.save'd tensors are not supported (no torch "
+                      f"here); send {EMBEDS_FORMS}")  # fmt: skip
+        if not raw.startswith(NPY_MAGIC):
+            raise bad("prompt_embeds", f"is not an .npy file; send {EMBEDS_FORMS}")
+        try:
+            array = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise bad("prompt_embeds", f"cannot read the .npy file: {e}") from None
+        if array.dtype.str == "<f4":
+            table = array.astype(BF16)  # round to nearest even, as vLLM casts to the model's
+        elif array.dtype.str in ("<u2", "|V2"):  # ml_dtypes' bfloat16 reads back as |V2
+            table = np.ascontiguousarray(array).view(BF16)
+        else:
+            raise bad("prompt_embeds", f"the .npy array is {array.dtype.str}; it must be "
+                      "bfloat16 (|V2 from ml_dtypes, or <u2 bit patterns) or <f4")  # fmt: skip
+    elif isinstance(value, dict):
+        if set(value) - {"data", "shape", "dtype"} or not {"data", "shape"} <= set(value):
+            raise bad("prompt_embeds", "an object must have data and shape (and optionally "
+                      f"dtype: bfloat16); got {sorted(value)}")  # fmt: skip
+        if value.get("dtype", "bfloat16") != "bfloat16":
+            raise bad("prompt_embeds", f"dtype must be bfloat16; got {value['dtype']!r:.40}")
+        shape = value["shape"]
+        if not (isinstance(shape, list) and len(shape) == 2 and all(_is(d, int) for d in shape)):
+            raise bad("prompt_embeds", f"shape must be [rows, hidden]; got {shape!r:.60}")
+        if not isinstance(value["data"], str):
+            raise bad("prompt_embeds", "data must be a base64 string")
+        raw = _base64("prompt_embeds", value["data"])
+        rows, hidden = shape
+        if rows < 1 or hidden < 1 or len(raw) != 2 * rows * hidden:
+            raise bad("prompt_embeds", f"data holds {len(raw)} bytes; shape {shape} needs "
+                      f"{2 * max(rows, 0) * max(hidden, 0)} (2 per bfloat16, rows and hidden "
+                      ">= 1)")  # fmt: skip
+        table = np.frombuffer(raw, dtype="<u2").view(BF16).reshape(rows, hidden)
+    else:
+        raise bad("prompt_embeds", f"must be {EMBEDS_FORMS}")
+    if table.ndim != 2 or 0 in table.shape:
+        raise bad("prompt_embeds", f"must be 2-d [rows, hidden], non-empty; got shape "
+                  f"{list(table.shape)}")  # fmt: skip
+    return np.ascontiguousarray(table)
+
+
+def _base64(param: str, text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad(param, "is not valid base64") from None
 
 
 def _messages(messages: object) -> list[dict[str, str]]:
