@@ -55,7 +55,9 @@ class NullBackend(NumpyBackend):
         return np.zeros(y.shape, dtype=BF16)
 
     @staticmethod
-    def embed(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    def embed(
+        table: np.ndarray, token_ids: np.ndarray, prompt_rows: np.ndarray | None = None
+    ) -> np.ndarray:
         return np.zeros((token_ids.shape[0], table.shape[1]), dtype=np.float32)
 
     @staticmethod

@@ -156,7 +156,7 @@ class Frontend:
                     async for item in stream:
                         yield 0, item
                 except (RequestError, DaemonUnavailable) as e:
-                    raise _api_error(e) from None
+                    raise _api_error(e, embeds="prompt_table" in parsed.options) from None
                 finally:
                     await stream.aclose()
             else:
