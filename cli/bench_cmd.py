@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from .options import engine_settings
 from .progress import tqdm_progress
 
 
@@ -75,19 +76,14 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
             f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all",
             param_hint="--scenario",
         )
-    from ..daemon.engine.config import EngineConfig, SettingError
-
-    try:  # checked before any model loads
-        settings = EngineConfig(
-            model=options["model"],
-            backend=options["backend"],
-            block_size=options["block_size"],
-            num_device_blocks=options["num_device_blocks"],
-            max_num_batched_tokens=options["max_batched_tokens"],
-            cuda_graphs=options["cuda_graphs"],
-        )
-    except SettingError as e:
-        raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
+    settings = engine_settings(  # checked before any model loads
+        model=options["model"],
+        backend=options["backend"],
+        block_size=options["block_size"],
+        num_device_blocks=options["num_device_blocks"],
+        max_num_batched_tokens=options["max_batched_tokens"],
+        cuda_graphs=options["cuda_graphs"],
+    )
     sizes = Sizes(
         prompt_tokens=options["prompt_tokens"],
         prefix_lengths=_ints(options["prefix_lengths"]),

@@ -305,3 +305,14 @@ def prompt_table_from(kw: dict[str, Any]) -> dict[str, Any]:
             f"--extra-ids must have one id per token id: {len(extra_ids)} for {len(token_ids)}"
         )
     return {"prompt_table": table, "extra_ids": extra_ids}
+
+
+def engine_settings(**fields: Any) -> Any:
+    """An EngineConfig of these fields, or a usage error (exit 2) naming the bad
+    setting's flag, value and what is allowed: before any model loads."""
+    from ..daemon.engine.config import EngineConfig, SettingError
+
+    try:
+        return EngineConfig(**fields)
+    except SettingError as e:
+        raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None

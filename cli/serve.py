@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from ..daemon.engine.config import EngineConfig, SettingError, setting_fields
+from ..daemon.engine.config import setting_fields
+from .options import engine_settings
 from .progress import tqdm_progress
 
 
@@ -193,10 +194,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
     options.update({k: v for k, v in flags.items() if v is not None})
     from ..daemon.serve.logs import configure
 
-    try:
-        settings = EngineConfig(**{field: options[name] for name, field in ENGINE_OPTIONS.items()})
-    except SettingError as e:  # refused before the model loads, as a usage error (exit 2)
-        raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
+    # refused before the model loads, as a usage error (exit 2)
+    settings = engine_settings(**{field: options[name] for name, field in ENGINE_OPTIONS.items()})
     http_config = _http_config(options, api_key)  # a bad --http is refused before anything
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())

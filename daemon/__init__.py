@@ -13,7 +13,26 @@
     engine.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0))
 """
 
-from .engine.engine import Engine
-from .engine.params import Completion, Retention, SamplingParams
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine.engine import Engine
+    from .engine.params import Completion, Retention, SamplingParams
 
 __all__ = ["Completion", "Engine", "Retention", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use: `reprise.daemon.engine.config` (which
+    the CLI reads for its flags) must not pull in the engine, NumPy and tokenizers."""
+    if name == "Engine":
+        from .engine.engine import Engine
+
+        return Engine
+    if name in ("Completion", "Retention", "SamplingParams"):
+        from .engine import params
+
+        return getattr(params, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Messages between the daemon and its clients (msgpack over ZeroMQ), and the client.
+"""Messages between the daemon and its clients (length-prefixed msgpack frames on a Unix or loopback TCP socket), and the client.
 
 from reprise.ipc import Client
 done = Client().generate("The capital of France is", max_tokens=8, temperature=0)
