@@ -188,6 +188,24 @@ __device__ __forceinline__ void load_page(unsigned short* stage, const unsigned 
   }
 }
 
+// A CTA's work item: its query rows, row r being query token0 + r / sub_group of the
+// batch, at position first_pos + r / sub_group of its sequence, with query head
+// head0 + r % sub_group; the KV chunks they see; and, split, its (work item, head slot)
+// counter.
+struct CtaWork {
+  long long token0;
+  int first_pos;
+  int num_rows;
+  int sub_group;
+  int head0;
+  int num_chunks;
+  int counter;
+  // row r's token * num_heads + head: its q and out vectors, its workspace slots
+  __device__ __forceinline__ long long row_at(int r, int num_heads) const {
+    return (token0 + r / sub_group) * num_heads + head0 + r % sub_group;
+  }
+};
+
 // The online softmax state of the two rows a thread holds in the fragments (g and
 // g + 8 of its warp's m16 tile; the four threads of a quad hold the same m and denom).
 template <int HEAD_DIM>
@@ -377,22 +395,27 @@ __device__ __forceinline__ void paged_attention_tc(
   const int num_pages = lane_chunks > 0 ? (lane_chunks - 1) * kTpc + num_tiles - last_chunk * kTpc : 0;
   auto page_of = [&](int k) { return (kv_lane + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
 
+  // The CTA's rows, for the steps that need them now and then (a chunk's end, the
+  // output), from shared memory: what stays in registers through the page loop is
+  // what every page uses (NOTE: see "Resources" in the header).
+  const CtaWork rows{static_cast<long long>(q_start) + tok0, first_pos, num_rows, sub_group, head0,
+                     num_chunks, work * static_cast<int>(gridDim.y / kv_lanes) + head_slot};
+  // NOTE: `static` changes nothing on the device (block-scope __shared__ is static); the
+  // CPU emulator reads this file with __shared__ defined away, and there it makes cta
+  // one object for all the CTA's threads, as on the device.
+  static __shared__ CtaWork cta;
+  if (threadIdx.x == 0) cta = rows;
+  __syncthreads();  // cta is written before any thread reads it
+
   // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
-  // padding, which sees nothing) and the offset of their q and out vectors.
+  // padding, which sees nothing).
   const int row0 = warp * kRowsPerWarp + lane / 4;
-  bool valid[2];
   int pos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
-    valid[h] = r < num_rows;
-    pos[h] = valid[h] ? first_pos + r / sub_group : -1;
+    pos[h] = r < num_rows ? first_pos + r / sub_group : -1;
   }
-  // the row's token * num_heads + head: its q and out vectors, its workspace slots
-  auto row_at = [&](int h) -> long long {
-    const int r = row0 + 8 * h;
-    return (static_cast<long long>(q_start) + tok0 + r / sub_group) * num_heads + head0 + r % sub_group;
-  };
   // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
   const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
   const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
@@ -407,7 +430,8 @@ __device__ __forceinline__ void paged_attention_tc(
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e % 2, c = ds * 16 + col + (e / 2) * 8;
-      qf[ds][e] = valid[h] ? __ldg(reinterpret_cast<const unsigned*>(q + row_at(h) * HEAD_DIM + c)) : 0u;
+      const long long at = rows.row_at(row0 + 8 * h, num_heads) * HEAD_DIM + c;
+      qf[ds][e] = pos[h] >= 0 ? __ldg(reinterpret_cast<const unsigned*>(q + at)) : 0u;
     }
   }
 
@@ -470,12 +494,12 @@ __device__ __forceinline__ void paged_attention_tc(
     // lane. Rows before the chunk's first key (and padding) do not see it. ---
     bool sees[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sees[h] = valid[h] && pos[h] >= c * kKvChunk;
+    for (int h = 0; h < 2; ++h) sees[h] = pos[h] >= c * kKvChunk;  // padding (-1) sees none
     if (split) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!sees[h]) continue;
-        const long long slot = row_at(h) * max_chunks + c;
+        const long long slot = cta.row_at(row0 + 8 * h, num_heads) * max_chunks + c;
         if (lane % 4 == 0) {
           ws_ml()[slot * 2] = st.m[h];
           ws_ml()[slot * 2 + 1] = st.denom[h];
@@ -519,8 +543,8 @@ __device__ __forceinline__ void paged_attention_tc(
     // --- the last lane of the (work item, head slot) to finish merges every chunk ---
     // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
     // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.
-    const int active = min(kv_lanes, num_chunks);
-    unsigned* counter = counters + static_cast<long long>(work) * (gridDim.y / kv_lanes) + head_slot;
+    const int active = min(kv_lanes, cta.num_chunks);
+    unsigned* counter = counters + cta.counter;
     unsigned* last = reinterpret_cast<unsigned*>(attention_tc_smem);  // the ring is drained: reuse it
     __threadfence();
     __syncthreads();  // every thread's stores are fenced; and no warp still reads the ring
@@ -528,8 +552,8 @@ __device__ __forceinline__ void paged_attention_tc(
     __syncthreads();
     if (*last == 0u) return;
     __threadfence();
-    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0,
-                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/true);
+    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
+                                     cta.first_pos, num_heads, cta.head0, max_chunks, /*zero_sign=*/true);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }
@@ -537,8 +561,8 @@ __device__ __forceinline__ void paged_attention_tc(
   // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (!valid[h]) continue;
-    unsigned short* dst = out + row_at(h) * HEAD_DIM;
+    if (pos[h] < 0) continue;  // padding
+    unsigned short* dst = out + cta.row_at(row0 + 8 * h, num_heads) * HEAD_DIM;
 #pragma unroll
     for (int n = 0; n < C::kDimTiles; ++n) {
       float v[2];
@@ -581,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
