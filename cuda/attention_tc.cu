@@ -43,26 +43,33 @@
 // Finally, after the chunks are merged, out = bf16(acc / denom).
 //
 // Resources (NVRTC, -ftz=true as CuPy compiles; registers and stack frame from the
-// cubin, nvrtc.kernel_resources; test_attention_split prints them and allows no stack
-// frame). CTAs an SM holds, of 128 threads: by registers, 65,536 a SM at 256 a warp
-// granule; by shared memory, Config::kSmemBytes + 1 KB reserved a CTA out of 164 KB
-// (sm_80) or 228 KB (sm_90). Before: __launch_bounds__(128, 1) everywhere, a select
-// holding the old acc through P.V, a per-copy address table for the page copies.
+// cubin, nvrtc.kernel_resources; test_attention_split prints them with the CTAs an SM
+// holds, allows no stack frame, and holds d128_b32 to 168 registers). CTAs an SM holds,
+// of 128 threads: by registers, 65,536 a SM at 256 a warp granule; by shared memory,
+// Config::kSmemBytes + 32 B static (CtaWork) + 1 KB reserved a CTA out of 164 KB (sm_80)
+// or 228 KB (sm_90). Before: the CTA's work item (its first token, position, rows, query
+// heads, chunks, the split counter) was held in registers through the page loop for the
+// chunk ends and the output, about ten of them; now those read it from shared memory
+// (CtaWork), and the loop keeps in registers only what each page uses. Earlier still
+// (__launch_bounds__(128, 1) everywhere, a select holding the old acc through P.V, a
+// per-copy address table for the page copies): 145-255 registers, d128_b64 spilling.
 //
-//   kernel     smem B  | sm_80 regs (spill)   CTAs reg/smem | sm_90 regs (spill)   CTAs reg/smem
-//                      | before -> after      before->after | before -> after      before->after
-//   d64_b16     36,864 | 145     -> 122 (128,4)  3/4 -> 4/4 | 148     -> 115        3/6 -> 4/6
-//   d64_b32     36,864 | 189     -> 137 (128,3)  2/4 -> 3/4 | 195     -> 142        2/6 -> 3/6
-//   d64_b64     55,296 | 209     -> 165 (128,3)  2/2 -> 3/2 | 211     -> 167        2/4 -> 3/4
-//   d128_b16    69,632 | 228     -> 168 (128,3)  2/2 -> 3/2 | 234     -> 167        2/3 -> 3/3
-//   d128_b32    69,632 | 255     -> 202 (128,2)  2/2 -> 2/2 | 255     -> 202        2/3 -> 2/3
-//   d128_b64   104,448 | 255(16) -> 219 (128,2)  2/1 -> 2/1 | 255 (8) -> 225        2/2 -> 2/2
+//   kernel     smem B  | sm_80 regs (bounds)      CTAs reg/smem | sm_90 regs   CTAs reg/smem
+//                      | before -> after          before->after | before->after before->after
+//   d64_b16     36,864 | 122 -> 113 (128, 4)        4/4 -> 4/4  | 115 -> 110     4/6 -> 4/6
+//   d64_b32     36,864 | 137 -> 127 (128, 3)        3/4 -> 4/4  | 142 -> 132     3/6 -> 3/6
+//   d64_b64     55,296 | 165 -> 149 (128, 3)        3/2 -> 3/2  | 167 -> 165     3/4 -> 3/4
+//   d128_b16    69,632 | 168 -> 162 (128, 3)        3/2 -> 3/2  | 167 -> 156     3/3 -> 3/3
+//   d128_b32    69,632 | 202 -> 168 (128, 2 -> 3)   2/2 -> 3/2  | 202 -> 168     2/3 -> 3/3
+//   d128_b64   104,448 | 219 -> 205 (128, 2)        2/1 -> 2/1  | 225 -> 216     2/2 -> 2/2
 //
-// (the bounds in parentheses are each entry point's __launch_bounds__.) Registers now
-// hold no kernel below what its shared memory allows but d128_b32 on sm_90 (3 by
-// shared memory, 2 by registers: 202 > 168). At
-// __launch_bounds__(128, 3) d128_b32 spills 8-16 B and d128_b64 48-72 B, so they keep
-// (128, 2); d128_b64's shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs anyway.
+// So registers hold no head_dim 128 kernel below what its shared memory allows, on either
+// architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
+// d128_b64 keeps (128, 2): its shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs,
+// and a cap would only take registers from the loads in flight (with __maxnreg__ it
+// compiles without spills down to 192; at 184 sm_90 spills 12 B, at 168 both spill
+// 80-88 B). On sm_90 the head_dim 64 kernels are still held by registers (4/6, 3/6,
+// 3/4); 6 CTAs would take <= 80 registers, 4 CTAs <= 128.
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
