@@ -402,9 +402,9 @@ __device__ __forceinline__ void paged_attention_tc(
   const int num_pages = lane_chunks > 0 ? (lane_chunks - 1) * kTpc + num_tiles - last_chunk * kTpc : 0;
   auto page_of = [&](int k) { return (kv_lane + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
 
-  // The CTA's rows, for the steps that need them now and then (a chunk's end, the
-  // output), from shared memory: what stays in registers through the page loop is
-  // what every page uses (NOTE: see "Resources" in the header).
+  // The CTA's work item, for the steps that need it now and then (a chunk's end, the
+  // output, the split's merge), from shared memory: what stays in registers through the
+  // page loop is what every page uses (see "Resources" in the header).
   const CtaWork rows{static_cast<long long>(q_start) + tok0, first_pos, num_rows, sub_group, head0,
                      num_chunks, work * static_cast<int>(gridDim.y / kv_lanes) + head_slot};
   // NOTE: `static` changes nothing on the device (block-scope __shared__ is static); the
