@@ -43,26 +43,33 @@
 // Finally, after the chunks are merged, out = bf16(acc / denom).
 //
 // Resources (NVRTC, -ftz=true as CuPy compiles; registers and stack frame from the
-// cubin, nvrtc.kernel_resources; test_attention_split prints them and allows no stack
-// frame). CTAs an SM holds, of 128 threads: by registers, 65,536 a SM at 256 a warp
-// granule; by shared memory, Config::kSmemBytes + 1 KB reserved a CTA out of 164 KB
-// (sm_80) or 228 KB (sm_90). Before: __launch_bounds__(128, 1) everywhere, a select
-// holding the old acc through P.V, a per-copy address table for the page copies.
+// cubin, nvrtc.kernel_resources; test_attention_split prints them with the CTAs an SM
+// holds, allows no stack frame, and holds d128_b32 to 168 registers). CTAs an SM holds,
+// of 128 threads: by registers, 65,536 a SM at 256 a warp granule; by shared memory,
+// Config::kSmemBytes + 32 B static (CtaWork) + 1 KB reserved a CTA out of 164 KB (sm_80)
+// or 228 KB (sm_90). Before: the CTA's work item (its first token, position, rows, query
+// heads, chunks, the split counter) was held in registers through the page loop for the
+// chunk ends and the output, about ten of them; now those read it from shared memory
+// (CtaWork), and the loop keeps in registers only what each page uses. Earlier still
+// (__launch_bounds__(128, 1) everywhere, a select holding the old acc through P.V, a
+// per-copy address table for the page copies): 145-255 registers, d128_b64 spilling.
 //
-//   kernel     smem B  | sm_80 regs (spill)   CTAs reg/smem | sm_90 regs (spill)   CTAs reg/smem
-//                      | before -> after      before->after | before -> after      before->after
-//   d64_b16     36,864 | 145     -> 122 (128,4)  3/4 -> 4/4 | 148     -> 115        3/6 -> 4/6
-//   d64_b32     36,864 | 189     -> 137 (128,3)  2/4 -> 3/4 | 195     -> 142        2/6 -> 3/6
-//   d64_b64     55,296 | 209     -> 165 (128,3)  2/2 -> 3/2 | 211     -> 167        2/4 -> 3/4
-//   d128_b16    69,632 | 228     -> 168 (128,3)  2/2 -> 3/2 | 234     -> 167        2/3 -> 3/3
-//   d128_b32    69,632 | 255     -> 202 (128,2)  2/2 -> 2/2 | 255     -> 202        2/3 -> 2/3
-//   d128_b64   104,448 | 255(16) -> 219 (128,2)  2/1 -> 2/1 | 255 (8) -> 225        2/2 -> 2/2
+//   kernel     smem B  | sm_80 regs (bounds)      CTAs reg/smem | sm_90 regs   CTAs reg/smem
+//                      | before -> after          before->after | before->after before->after
+//   d64_b16     36,864 | 122 -> 113 (128, 4)        4/4 -> 4/4  | 115 -> 110     4/6 -> 4/6
+//   d64_b32     36,864 | 137 -> 127 (128, 3)        3/4 -> 4/4  | 142 -> 132     3/6 -> 3/6
+//   d64_b64     55,296 | 165 -> 149 (128, 3)        3/2 -> 3/2  | 167 -> 165     3/4 -> 3/4
+//   d128_b16    69,632 | 168 -> 162 (128, 3)        3/2 -> 3/2  | 167 -> 156     3/3 -> 3/3
+//   d128_b32    69,632 | 202 -> 168 (128, 2 -> 3)   2/2 -> 3/2  | 202 -> 168     2/3 -> 3/3
+//   d128_b64   104,448 | 219 -> 205 (128, 2)        2/1 -> 2/1  | 225 -> 216     2/2 -> 2/2
 //
-// (the bounds in parentheses are each entry point's __launch_bounds__.) Registers now
-// hold no kernel below what its shared memory allows but d128_b32 on sm_90 (3 by
-// shared memory, 2 by registers: 202 > 168). At
-// __launch_bounds__(128, 3) d128_b32 spills 8-16 B and d128_b64 48-72 B, so they keep
-// (128, 2); d128_b64's shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs anyway.
+// So registers hold no head_dim 128 kernel below what its shared memory allows, on either
+// architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
+// d128_b64 keeps (128, 2): its shared memory holds it to 2 (sm_90) and 1 (sm_80) CTAs,
+// and a cap would only take registers from the loads in flight (with __maxnreg__ it
+// compiles without spills down to 192; at 184 sm_90 spills 12 B, at 168 both spill
+// 80-88 B). On sm_90 the head_dim 64 kernels are still held by registers (4/6, 3/6,
+// 3/4); 6 CTAs would take <= 80 registers, 4 CTAs <= 128.
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
@@ -187,6 +194,24 @@ __device__ __forceinline__ void load_page(unsigned short* stage, const unsigned 
     cp_async_16(dst + (C::kPageHalves + i * kKeyStep * C::kLds) * 2, v_src + i * kKeyStep * HEAD_DIM, valid);
   }
 }
+
+// A CTA's work item: its query rows, row r being query token0 + r / sub_group of the
+// batch, at position first_pos + r / sub_group of its sequence, with query head
+// head0 + r % sub_group; the KV chunks they see; and, split, its (work item, head slot)
+// counter.
+struct CtaWork {
+  long long token0;
+  int first_pos;
+  int num_rows;
+  int sub_group;
+  int head0;
+  int num_chunks;
+  int counter;
+  // row r's token * num_heads + head: its q and out vectors, its workspace slots
+  __device__ __forceinline__ long long row_at(int r, int num_heads) const {
+    return (token0 + r / sub_group) * num_heads + head0 + r % sub_group;
+  }
+};
 
 // The online softmax state of the two rows a thread holds in the fragments (g and
 // g + 8 of its warp's m16 tile; the four threads of a quad hold the same m and denom).
@@ -377,22 +402,27 @@ __device__ __forceinline__ void paged_attention_tc(
   const int num_pages = lane_chunks > 0 ? (lane_chunks - 1) * kTpc + num_tiles - last_chunk * kTpc : 0;
   auto page_of = [&](int k) { return (kv_lane + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
 
+  // The CTA's work item, for the steps that need it now and then (a chunk's end, the
+  // output, the split's merge), from shared memory: what stays in registers through the
+  // page loop is what every page uses (see "Resources" in the header).
+  const CtaWork rows{static_cast<long long>(q_start) + tok0, first_pos, num_rows, sub_group, head0,
+                     num_chunks, work * static_cast<int>(gridDim.y / kv_lanes) + head_slot};
+  // NOTE: `static` changes nothing on the device (block-scope __shared__ is static); the
+  // CPU emulator reads this file with __shared__ defined away, and there it makes cta
+  // one object for all the CTA's threads, as on the device.
+  static __shared__ CtaWork cta;
+  if (threadIdx.x == 0) cta = rows;
+  __syncthreads();  // cta is written before any thread reads it
+
   // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
-  // padding, which sees nothing) and the offset of their q and out vectors.
+  // padding, which sees nothing).
   const int row0 = warp * kRowsPerWarp + lane / 4;
-  bool valid[2];
   int pos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
-    valid[h] = r < num_rows;
-    pos[h] = valid[h] ? first_pos + r / sub_group : -1;
+    pos[h] = r < num_rows ? first_pos + r / sub_group : -1;
   }
-  // the row's token * num_heads + head: its q and out vectors, its workspace slots
-  auto row_at = [&](int h) -> long long {
-    const int r = row0 + 8 * h;
-    return (static_cast<long long>(q_start) + tok0 + r / sub_group) * num_heads + head0 + r % sub_group;
-  };
   // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
   const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
   const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
@@ -407,7 +437,8 @@ __device__ __forceinline__ void paged_attention_tc(
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e % 2, c = ds * 16 + col + (e / 2) * 8;
-      qf[ds][e] = valid[h] ? __ldg(reinterpret_cast<const unsigned*>(q + row_at(h) * HEAD_DIM + c)) : 0u;
+      const long long at = rows.row_at(row0 + 8 * h, num_heads) * HEAD_DIM + c;
+      qf[ds][e] = pos[h] >= 0 ? __ldg(reinterpret_cast<const unsigned*>(q + at)) : 0u;
     }
   }
 
@@ -470,12 +501,12 @@ __device__ __forceinline__ void paged_attention_tc(
     // lane. Rows before the chunk's first key (and padding) do not see it. ---
     bool sees[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sees[h] = valid[h] && pos[h] >= c * kKvChunk;
+    for (int h = 0; h < 2; ++h) sees[h] = pos[h] >= c * kKvChunk;  // padding (-1) sees none
     if (split) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!sees[h]) continue;
-        const long long slot = row_at(h) * max_chunks + c;
+        const long long slot = cta.row_at(row0 + 8 * h, num_heads) * max_chunks + c;
         if (lane % 4 == 0) {
           ws_ml()[slot * 2] = st.m[h];
           ws_ml()[slot * 2 + 1] = st.denom[h];
@@ -519,8 +550,8 @@ __device__ __forceinline__ void paged_attention_tc(
     // --- the last lane of the (work item, head slot) to finish merges every chunk ---
     // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
     // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.
-    const int active = min(kv_lanes, num_chunks);
-    unsigned* counter = counters + static_cast<long long>(work) * (gridDim.y / kv_lanes) + head_slot;
+    const int active = min(kv_lanes, cta.num_chunks);
+    unsigned* counter = counters + cta.counter;
     unsigned* last = reinterpret_cast<unsigned*>(attention_tc_smem);  // the ring is drained: reuse it
     __threadfence();
     __syncthreads();  // every thread's stores are fenced; and no warp still reads the ring
@@ -528,8 +559,8 @@ __device__ __forceinline__ void paged_attention_tc(
     __syncthreads();
     if (*last == 0u) return;
     __threadfence();
-    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), num_rows, sub_group, q_start + tok0,
-                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/true);
+    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
+                                     cta.first_pos, num_heads, cta.head0, max_chunks, /*zero_sign=*/true);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }
@@ -537,8 +568,8 @@ __device__ __forceinline__ void paged_attention_tc(
   // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (!valid[h]) continue;
-    unsigned short* dst = out + row_at(h) * HEAD_DIM;
+    if (pos[h] < 0) continue;  // padding
+    unsigned short* dst = out + cta.row_at(row0 + 8 * h, num_heads) * HEAD_DIM;
 #pragma unroll
     for (int n = 0; n < C::kDimTiles; ++n) {
       float v[2];
@@ -581,7 +612,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {

@@ -30,6 +30,9 @@ from reprise.cuda.attention_kernel import (
     split_grid,
     workspace_floats,
 )
+from reprise.cuda.attention_tc_kernel import THREADS_PER_CTA as TC_THREADS_PER_CTA
+from reprise.cuda.attention_tc_kernel import kernel_name as attention_tc_kernel_name
+from reprise.cuda.attention_tc_kernel import smem_bytes as tc_smem_bytes
 from reprise.cuda.gemm_kernel import REFERENCE_SMS
 
 S = KV_CHUNK
@@ -185,7 +188,8 @@ def test_the_kernels_cut_where_the_twin_cuts(name: str) -> None:
 @pytest.mark.parametrize("name", ["attention.cu", "attention_tc.cu"])
 def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
     """Registers and local memory of every attention entry point, read from the cubin
-    (printed for the record): no stack frame anywhere, so nothing spills."""
+    (printed for the record): no stack frame anywhere, so nothing spills; and what holds
+    the tensor-core kernels' occupancy (_tc_registers_do_not_hold_occupancy)."""
     try:
         nvrtc.compile_options(arch)
         nvrtc._library()
@@ -200,3 +204,47 @@ def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
         print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
         assert 0 < used.registers <= 255, (kernel, used)
         assert used.local_bytes == 0, (kernel, used)
+    if name == "attention_tc.cu":
+        _tc_registers_do_not_hold_occupancy(resources, arch)
+
+
+# What an SM holds (CUDA's occupancy calculator, compute capability 8.0 and 9.0): 64K
+# registers, given out 256 a warp; shared memory, less 1 KB reserved for each CTA. An
+# sm_90 cubin counts that 1 KB in the kernel's static shared memory already (its
+# .nv.shared.reserved section); an sm_80 cubin does not.
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = {"sm_80": 164 * 1024, "sm_90": 228 * 1024}
+CTA_RESERVED_SHARED_BYTES = 1024
+RESERVED_IN_CUBIN = {"sm_80": 0, "sm_90": CTA_RESERVED_SHARED_BYTES}
+
+
+def ctas_by_registers(registers: int, threads: int) -> int:
+    per_warp = -(-registers * 32 // 256) * 256
+    return SM_REGISTERS // per_warp // (threads // 32)
+
+
+def ctas_by_shared_memory(shared_bytes: int, arch: str) -> int:
+    """`shared_bytes`: the CTA's own, static and dynamic, without the reserve."""
+    return SM_SHARED_BYTES[arch] // (shared_bytes + CTA_RESERVED_SHARED_BYTES)
+
+
+def _tc_registers_do_not_hold_occupancy(resources: dict[str, nvrtc.Resources], arch: str) -> None:
+    """The tensor-core kernels' CTAs an SM holds, by registers and by shared memory
+    (printed): d128_b32 (Llama-3.1-8B's head and page) fits 3 CTAs in registers, at most
+    168 a thread, and no head_dim 128 kernel is held by its registers below what its
+    shared memory allows."""
+    for head_dim in (64, 128):
+        for block_size in (16, 32, 64):
+            kernel = attention_tc_kernel_name(head_dim, block_size)
+            used = resources[kernel]
+            static = used.shared_bytes - RESERVED_IN_CUBIN[arch]
+            shared = tc_smem_bytes(head_dim, block_size) + static
+            by_registers = ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
+            by_shared = ctas_by_shared_memory(shared, arch)
+            print(
+                f"{arch} {kernel}: {shared} B shared, CTAs {by_registers} by registers, {by_shared} by shared memory"
+            )
+            if head_dim == 128:
+                assert by_registers >= by_shared, (kernel, used, shared)
+    d128_b32 = resources[attention_tc_kernel_name(128, 32)]
+    assert d128_b32.registers <= 168, d128_b32  # 3 CTAs: 65,536 / (3 * 128), in 8s
