@@ -10,9 +10,13 @@ Guarantees:
   checksums, layout, digest, parent digest, token ids, extra ids and namespace
   all agree with the caller's (the pool's hit confirmation, DESIGN §3). A file
   failing any check is counted by kind, removed, and reported as a miss.
-- Never blocks the caller on a write: `put` copies the bytes and hands them to
-  one writer thread through a queue of `write_queue_blocks`; when it is full
-  the write is dropped and counted.
+- Never blocks the caller on a write: `put` copies the bytes into one of at most
+  `write_queue_blocks + 1` staging buffers (a full queue and the block being
+  written) and hands it to one writer thread; when none is free the write is
+  dropped and counted. The copy may be asynchronous (`put` given a `ReadBlock`,
+  e.g. a device-to-host copy on the GPU's copy stream): the writer waits for it
+  (`CopyDone.synchronize`) before it reads the buffer, and a buffer is reused
+  only after its copy landed and its write ended.
 - Crash safety: a block file only ever appears under its final name by
   `os.replace` of a fully written temporary file, so after a process crash
   (SIGTERM or SIGKILL) every named file is complete. Without `fsync` (the
@@ -40,9 +44,10 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -54,6 +59,20 @@ log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
+
+
+class CopyDone(Protocol):
+    """A copy into a staging buffer, maybe still under way: `synchronize()` returns once
+    the buffer holds the bytes (the GPU backend's event, recorded after the copy)."""
+
+    def synchronize(self) -> None: ...
+
+
+# Issues a copy of one block into the staging buffer it is given (`block_shape`,
+# `dtype`), and returns what the writer waits on before reading the buffer.
+ReadBlock = Callable[[np.ndarray], CopyDone]
+# Makes a staging buffer: (shape, dtype) -> host array (pinned memory on the GPU).
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
 def _resolve_dtype(name: str) -> np.dtype | None:
@@ -135,7 +154,8 @@ class _Write:
     token_ids: tuple[int, ...]
     extra_ids: tuple[int, ...] | None
     namespace: Namespace | None
-    payload: bytes
+    buffer: np.ndarray  # [payload_nbytes] uint8, a staging buffer
+    done: CopyDone | None  # the copy into `buffer`, when it may still be under way
 
 
 class DiskTier:
@@ -157,9 +177,14 @@ class DiskTier:
         # block hash -> file bytes, least recently used first
         self._index: OrderedDict[BlockHash, int] = OrderedDict()
         self._queued: set[BlockHash] = set()
-        self._queue: queue.Queue[_Write | None] = queue.Queue(config.write_queue_blocks)
+        # Unbounded: the staging buffers bound what is queued.
+        self._queue: queue.Queue[_Write | None] = queue.Queue()
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
+        # Staging buffers: each queued or written block holds one until its write ends.
+        self._free_buffers: list[np.ndarray] = []
+        self._num_buffers = 0
+        self._max_buffers = config.write_queue_blocks + 1  # a full queue + the writer's
         self._enabled = False
         self._closing = False  # set by close: no more puts
         self._stopping = False  # set by close: the writer drops what is queued
@@ -202,13 +227,17 @@ class DiskTier:
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
-        kv: np.ndarray,
+        kv: np.ndarray | ReadBlock,
         *,
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
+        allocate: Allocate | None = None,
     ) -> bool:
-        """Queue one block's KV (`block_shape`, `dtype`) for writing; copies it first.
-        False when not queued: disabled, already stored or queued, or queue full (counted)."""
+        """Queue one block for writing: its KV (`block_shape`, `dtype`), copied into a
+        staging buffer now, or a `ReadBlock` that issues that copy and returns what the
+        writer waits for. `allocate` makes a staging buffer when fewer than the bound
+        exist (default: ordinary host memory). False when not queued: disabled, already
+        stored or queued, or no staging buffer free (counted as dropped)."""
         self._check_block(token_ids, extra_ids, kv)
         with self._lock:
             if not self._enabled or self._closing or block_hash in self._queued:
@@ -216,25 +245,39 @@ class DiskTier:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
                 return False
-            # NOTE: the caller is the one producer, so a queue with room keeps it until
-            # the put below; checking first saves copying a block that would be dropped.
-            if self._queue.full():
+            buffer = self._free_buffers.pop() if self._free_buffers else None
+            if buffer is None and self._num_buffers == self._max_buffers:
                 self._counts["writes_dropped"] += 1
                 return False
+            if buffer is None:
+                self._num_buffers += 1  # allocated below, outside the lock
             self._queued.add(block_hash)
             self._num_unwritten += 1
-        extra = None if extra_ids is None else tuple(map(int, extra_ids))
-        item = _Write(
-            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, kv.tobytes()
-        )
         try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+            if buffer is None:
+                buffer = (allocate or np.empty)((self._payload_nbytes,), np.uint8)
+            block = buffer.view(self._dtype).reshape(self.config.block_shape)
+            if isinstance(kv, np.ndarray):
+                np.copyto(block, kv)
+                done = None
+            else:
+                done = kv(block)
+        except BaseException:
             with self._lock:
+                if buffer is None:
+                    self._num_buffers -= 1
+                else:
+                    self._free_buffers.append(buffer)
                 self._queued.discard(block_hash)
                 self._finish_one()
-                self._counts["writes_dropped"] += 1
-            return False
+            raise
+        extra = None if extra_ids is None else tuple(map(int, extra_ids))
+        item = _Write(
+            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done
+        )
+        # NOTE: every queued item holds a staging buffer and there is one buffer more
+        # than queue places (the writer's), so the queue always has room here.
+        self._queue.put_nowait(item)
         return True
 
     def get(
@@ -305,15 +348,7 @@ class DiskTier:
             self._closing = True  # puts are refused from now on
             self._stopping = self._stopping or not flush
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self._queue.put(None, timeout=0.05)
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    self._stopping = True  # the writer now drops what is left
-                if time.monotonic() >= deadline + 1.0:
-                    break
+        self._queue.put(None)  # after every queued write
         writer.join(max(0.0, deadline - time.monotonic()))
         if writer.is_alive():
             self._stopping = True
@@ -414,7 +449,12 @@ class DiskTier:
             item = self._queue.get()
             if item is None:
                 return
+            landed = False
             try:
+                # Even a write to drop waits: the buffer is reused only once its copy landed.
+                if item.done is not None:
+                    item.done.synchronize()
+                landed = True
                 if self._enabled and not self._stopping:
                     self._write(item)
                 else:
@@ -424,6 +464,8 @@ class DiskTier:
                 self._disable(f"writing a block failed: {exc!r}")
             finally:
                 with self._lock:
+                    if landed:  # else a copy may still land in it: never reuse it
+                        self._free_buffers.append(item.buffer)
                     self._queued.discard(item.block_hash)
                     self._finish_one()
 
@@ -435,9 +477,10 @@ class DiskTier:
             item.token_ids,
             item.extra_ids,
             item.namespace,
-            len(item.payload),
+            item.buffer.nbytes,
         )
-        parts = [header, item.payload, fmt.file_checksum(header, item.payload)]
+        payload = memoryview(item.buffer)
+        parts = [header, payload, fmt.file_checksum(header, payload)]
         name = fmt.file_name(item.block_hash)
         self._num_tmp += 1
         tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
@@ -456,7 +499,7 @@ class DiskTier:
             self._counts["writes"] += 1
         self._evict_to_bound()
 
-    def _write_file(self, tmp: Path, final: Path, parts: list[bytes]) -> None:
+    def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
         """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
         fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
 
@@ -504,16 +547,20 @@ class DiskTier:
             log.warning("disk tier disabled, serving without it: %s", reason)
 
     def _check_block(
-        self, token_ids: Sequence[int], extra_ids: Sequence[int] | None, kv: np.ndarray
+        self, token_ids: Sequence[int], extra_ids: Sequence[int] | None, kv: object
     ) -> None:
         cfg = self.config
         if len(token_ids) != cfg.block_size:
             raise ValueError(f"a block holds {cfg.block_size} token ids; got {len(token_ids)}")
         if extra_ids is not None and len(extra_ids) != len(token_ids):
             raise ValueError(f"extra_ids must have one id per token; got {len(extra_ids)}")
+        if callable(kv):
+            return
         if not isinstance(kv, np.ndarray) or kv.shape != cfg.block_shape or kv.dtype != self._dtype:
             got = (type(kv).__name__, getattr(kv, "shape", None), getattr(kv, "dtype", None))
-            raise ValueError(f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray; got {got}")
+            raise ValueError(
+                f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray or a ReadBlock; got {got}"
+            )
 
     def _check_shape(self, header: fmt.BlockHeader, block_hash: BlockHash) -> None:
         if header.block_hash != block_hash:

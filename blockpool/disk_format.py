@@ -238,7 +238,9 @@ def decode_block(data: bytes | bytearray, layout: bytes) -> BlockHeader:
     return header
 
 
-def write_atomically(tmp: Path, final: Path, parts: Sequence[bytes], *, fsync: bool) -> None:
+def write_atomically(
+    tmp: Path, final: Path, parts: Sequence[bytes | memoryview], *, fsync: bool
+) -> None:
     """Write `parts` to a new file `tmp`, stamp its mtime now, then rename it to `final`."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
