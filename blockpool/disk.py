@@ -43,6 +43,7 @@ import os
 import queue
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ import ml_dtypes
 import numpy as np
 
 from . import disk_format as fmt
+from .events import MEDIUM_DISK, BlockRemoved, BlockStored, EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,33 @@ class DiskTierConfig:
         return int(np.prod(self.block_shape)) * self.np_dtype.itemsize
 
 
+def _stored(header: fmt.BlockHeader, nbytes: int) -> _Stored:
+    extra = header.extra_ids
+    return _Stored(
+        nbytes,
+        header.parent_hash,
+        _parent_of(header.parent_hash, header.namespace_digest),
+        array("Q", header.token_ids),
+        None if extra is None else array("Q", extra),
+        header.public,
+    )
+
+
+def _common_prefix(
+    stored: _Stored, token_ids: tuple[int, ...], extra_ids: tuple[int, ...] | None
+) -> int:
+    """How many leading tokens (and extra ids) a stored block shares with the given ones."""
+    if (stored.extra_ids is None) != (extra_ids is None):
+        return 0
+    n = min(len(stored.token_ids), len(token_ids))
+    for idx in range(n):
+        if stored.token_ids[idx] != token_ids[idx]:
+            return idx
+        if extra_ids is not None and stored.extra_ids[idx] != extra_ids[idx]:  # type: ignore[index]
+            return idx
+    return n
+
+
 def _is_count(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
 
@@ -156,6 +185,44 @@ class _Write:
     namespace: Namespace | None
     buffer: np.ndarray  # [payload_nbytes] uint8, a staging buffer
     done: CopyDone | None  # the copy into `buffer`, when it may still be under way
+    generation: int  # the tier's at `put`: a `clear` since drops the write
+
+
+@dataclass(frozen=True, slots=True)
+class _Clear:
+    """Queued by `clear`: the writer removes every block file when it gets here."""
+
+
+# A first block's parent: its namespace's root, named by the namespace digest.
+_Root = tuple[str, bytes]
+_DiskParent = BlockHash | _Root
+
+
+def _parent_of(parent_hash: BlockHash | None, namespace_digest: bytes) -> _DiskParent:
+    return parent_hash if parent_hash is not None else ("root", namespace_digest)
+
+
+@dataclass(slots=True)
+class _Stored:
+    """What the index keeps of one block file: its size and its key (for partial
+    matches and events). Token ids as packed arrays: a few hundred bytes a block."""
+
+    nbytes: int
+    parent_hash: BlockHash | None
+    parent: _DiskParent
+    token_ids: array
+    extra_ids: array | None
+    public: bool  # default namespace: its tokens may appear in events
+
+
+@dataclass(frozen=True, slots=True)
+class PartialMatch:
+    """A stored block whose first `num_tokens` tokens (and extra ids) are a request's."""
+
+    block_hash: BlockHash
+    token_ids: tuple[int, ...]  # all of the stored block's, to confirm it by (`get`)
+    extra_ids: tuple[int, ...] | None
+    num_tokens: int
 
 
 class DiskTier:
@@ -174,11 +241,15 @@ class DiskTier:
         self._dtype = config.np_dtype
         self._payload_nbytes = config.payload_nbytes
         self._lock = threading.Lock()
-        # block hash -> file bytes, least recently used first
-        self._index: OrderedDict[BlockHash, int] = OrderedDict()
+        # block hash -> its file, least recently used first
+        self._index: OrderedDict[BlockHash, _Stored] = OrderedDict()
+        # parent digest (or namespace root) -> the indexed children, oldest first
+        self._children: dict[_DiskParent, dict[BlockHash, None]] = {}
         self._queued: set[BlockHash] = set()
+        self._generation = 0  # bumped by clear
+        self._event_sink: EventSink | None = None
         # Unbounded: the staging buffers bound what is queued.
-        self._queue: queue.Queue[_Write | None] = queue.Queue()
+        self._queue: queue.Queue[_Write | _Clear | None] = queue.Queue()
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
         # Staging buffers: each queued or written block holds one until its write ends.
@@ -221,6 +292,61 @@ class DiskTier:
         """Whether a file for this digest is indexed or queued for writing (no I/O)."""
         with self._lock:
             return self._enabled and (block_hash in self._index or block_hash in self._queued)
+
+    def find_partial(
+        self,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+    ) -> PartialMatch | None:
+        """The indexed child of `parent_hash` (None: of the namespace's root) sharing the
+        longest nonzero prefix with `token_ids` (and `extra_ids`), from the index alone
+        (no I/O; `get` with the match's key then reads and confirms the file). Ties go to
+        the child indexed first."""
+        parent = _parent_of(parent_hash, fmt.namespace_digest(namespace))
+        wanted = tuple(map(int, token_ids))
+        extra = None if extra_ids is None else tuple(map(int, extra_ids))
+        best: PartialMatch | None = None
+        with self._lock:
+            if not self._enabled:
+                return None
+            for block_hash in self._children.get(parent, ()):
+                stored = self._index[block_hash]
+                length = _common_prefix(stored, wanted, extra)
+                if length > (0 if best is None else best.num_tokens):
+                    stored_extra = None if stored.extra_ids is None else tuple(stored.extra_ids)
+                    best = PartialMatch(block_hash, tuple(stored.token_ids), stored_extra, length)
+        return best
+
+    def clear(self) -> None:
+        """Forget every block: the index empties now (later lookups miss, later puts are
+        written anew), writes queued before are dropped, and the writer removes every
+        block file once it gets to this clear. Emits no event: the pool's
+        AllBlocksCleared covers this tier."""
+        with self._lock:
+            if not self._enabled or self._closing:
+                return
+            self._generation += 1
+            self._index.clear()
+            self._children.clear()
+            self._num_bytes = 0
+            self._queued.clear()
+            self._num_unwritten += 1  # flush waits for the files to go
+        self._queue.put(_Clear())
+
+    def attach_events(self, sink: EventSink, *, announce: bool = True) -> None:
+        """Send the tier's KV events (medium DISK) to `sink` from now on, from whichever
+        thread changes the index (the writer's, for a block written; `sink` must be
+        thread-safe). With `announce`, first a BlockStored for every block indexed now
+        (a restart's files), least recently used first."""
+        with self._lock:
+            self._event_sink = sink
+            if not announce:
+                return
+            for block_hash, stored in self._index.items():
+                sink(self._stored_event(block_hash, stored, None, with_tokens=stored.public))
 
     def put(
         self,
@@ -273,8 +399,9 @@ class DiskTier:
             raise
         extra = None if extra_ids is None else tuple(map(int, extra_ids))
         item = _Write(
-            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done
-        )
+            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done,
+            self._generation,
+        )  # fmt: skip
         # NOTE: every queued item holds a staging buffer and there is one buffer more
         # than queue places (the writer's), so the queue always has room here.
         self._queue.put_nowait(item)
@@ -386,11 +513,14 @@ class DiskTier:
     def check_integrity(self) -> None:
         """Index and files agree (call with the writer idle, e.g. after `flush`)."""
         with self._lock:
-            assert self._num_bytes == sum(self._index.values()), self._num_bytes
+            assert self._num_bytes == sum(s.nbytes for s in self._index.values())
             assert self._num_bytes <= self.config.max_bytes or not self._enabled
-            for block_hash, nbytes in self._index.items():
+            for block_hash, stored in self._index.items():
                 path = self.folder / fmt.file_name(block_hash)
-                assert path.stat().st_size == nbytes, (path, nbytes)
+                assert path.stat().st_size == stored.nbytes, (path, stored.nbytes)
+                assert block_hash in self._children[stored.parent], block_hash
+            assert sum(map(len, self._children.values())) == len(self._index)
+            assert all(self._children.values()), "an empty child set"
 
     # -- start ---------------------------------------------------------------
 
@@ -437,10 +567,9 @@ class DiskTier:
                 except fmt.BlockFileError as exc:
                     self._count_bad(entry.path, exc.kind, str(exc))
                     continue
-                found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size))
-        for _, _, block_hash, nbytes in sorted(found):
-            self._index[block_hash] = nbytes
-            self._num_bytes += nbytes
+                found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size, header))
+        for _, _, block_hash, nbytes, header in sorted(found, key=lambda f: f[:2]):
+            self._add(block_hash, _stored(header, nbytes))
 
     # -- writer --------------------------------------------------------------
 
@@ -449,13 +578,16 @@ class DiskTier:
             item = self._queue.get()
             if item is None:
                 return
+            if isinstance(item, _Clear):
+                self._remove_all_files()
+                continue
             landed = False
             try:
                 # Even a write to drop waits: the buffer is reused only once its copy landed.
                 if item.done is not None:
                     item.done.synchronize()
                 landed = True
-                if self._enabled and not self._stopping:
+                if self._enabled and not self._stopping and item.generation == self._generation:
                     self._write(item)
                 else:
                     with self._lock:
@@ -490,13 +622,28 @@ class DiskTier:
             fmt.unlink(tmp)
             self._disable(f"writing {tmp.name} failed: {exc}")
             return
+        nbytes = sum(len(p) for p in parts)
+        public = item.namespace is None or item.namespace == Namespace()
+        stored = _Stored(
+            nbytes,
+            item.parent_hash,
+            _parent_of(item.parent_hash, fmt.namespace_digest(item.namespace)),
+            array("Q", item.token_ids),
+            None if item.extra_ids is None else array("Q", item.extra_ids),
+            public,
+        )
         with self._lock:
-            if not self._enabled:
-                return
-            nbytes = sum(len(p) for p in parts)
-            self._num_bytes += nbytes - self._index.pop(item.block_hash, 0)
-            self._index[item.block_hash] = nbytes
+            if not self._enabled or item.generation != self._generation:
+                return  # cleared meanwhile: the clear queued behind this removes the file
+            self._remove(item.block_hash)
+            self._add(item.block_hash, stored)
             self._counts["writes"] += 1
+            if self._event_sink is not None:  # NOTE: under the lock, so in index order
+                ns = item.namespace or Namespace()
+                event = self._stored_event(
+                    item.block_hash, stored, ns.adapter_id, with_tokens=ns.cache_salt is None
+                )
+                self._event_sink(event)
         self._evict_to_bound()
 
     def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
@@ -509,12 +656,67 @@ class DiskTier:
         victims: list[BlockHash] = []
         with self._lock:
             while self._num_bytes > self.config.max_bytes and self._index:
-                block_hash, nbytes = self._index.popitem(last=False)
-                self._num_bytes -= nbytes
+                block_hash = next(iter(self._index))
+                self._remove(block_hash)
                 self._counts["evictions"] += 1
                 victims.append(block_hash)
+            self._emit_removed(victims)
         for block_hash in victims:
             fmt.unlink(self.folder / fmt.file_name(block_hash))
+
+    def _add(self, block_hash: BlockHash, stored: _Stored) -> None:
+        """Index a file as the most recently used (lock held, or before the writer runs)."""
+        assert block_hash not in self._index, block_hash
+        self._index[block_hash] = stored
+        self._children.setdefault(stored.parent, {})[block_hash] = None
+        self._num_bytes += stored.nbytes
+
+    def _remove(self, block_hash: BlockHash) -> bool:
+        """Unindex a file (lock held); False if it was not indexed."""
+        stored = self._index.pop(block_hash, None)
+        if stored is None:
+            return False
+        siblings = self._children[stored.parent]
+        del siblings[block_hash]
+        if not siblings:
+            del self._children[stored.parent]
+        self._num_bytes -= stored.nbytes
+        return True
+
+    def _emit_removed(self, block_hashes: list[BlockHash]) -> None:
+        if block_hashes and self._event_sink is not None:
+            self._event_sink(BlockRemoved(block_hashes, MEDIUM_DISK))
+
+    def _stored_event(
+        self, block_hash: BlockHash, stored: _Stored, lora_name: str | None, *, with_tokens: bool
+    ) -> BlockStored:
+        # NOTE: a salted block's event carries hashes only, as for the memory tiers; so
+        # does a block found at start outside the default namespace, as its file holds
+        # only the namespace's digest (never the salt): `with_tokens` is then False.
+        extra = stored.extra_ids
+        return BlockStored(
+            block_hashes=[block_hash],
+            parent_block_hash=stored.parent_hash,
+            token_ids=list(stored.token_ids) if with_tokens else [],
+            block_size=self.config.block_size,
+            lora_id=None,
+            medium=MEDIUM_DISK,
+            lora_name=lora_name,
+            extra_keys=None if extra is None or not with_tokens else [tuple(extra)],
+        )
+
+    def _remove_all_files(self) -> None:
+        """The writer's part of `clear`: every block file of the folder goes."""
+        try:
+            with os.scandir(self.folder) as entries:
+                names = [e.name for e in entries if fmt.hash_of_file_name(e.name) is not None]
+        except OSError as exc:
+            self._disable(f"clearing {self.folder} failed: {exc}")
+            names = []
+        for name in names:
+            fmt.unlink(self.folder / name)
+        with self._lock:
+            self._finish_one()
 
     def _finish_one(self) -> None:
         self._num_unwritten -= 1
@@ -523,7 +725,8 @@ class DiskTier:
 
     def _forget(self, block_hash: BlockHash) -> None:
         with self._lock:
-            self._num_bytes -= self._index.pop(block_hash, 0)
+            if self._remove(block_hash):
+                self._emit_removed([block_hash])
             self._counts["misses"] += 1
 
     def _drop_bad(self, block_hash: BlockHash, path: Path, kind: str, detail: str) -> None:
@@ -541,7 +744,9 @@ class DiskTier:
         with self._lock:
             was_enabled = self._enabled or self._writer is None
             self._enabled = False
+            self._emit_removed(list(self._index))
             self._index.clear()
+            self._children.clear()
             self._num_bytes = 0
         if was_enabled:
             log.warning("disk tier disabled, serving without it: %s", reason)
