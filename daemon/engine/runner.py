@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from ...blockpool.copies import BlockCopy
-from ...blockpool.disk import DiskTier
+from ...blockpool.disk import DiskTier, ReadBlock
 from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
@@ -126,14 +126,13 @@ class ModelRunner:
             return
         disk, entry, src = self.disk_tier, copy.entry, copy.src
         assert disk is not None and entry is not None and src is not None
+        kv: np.ndarray | ReadBlock
         if copy.kind == "device_to_disk":
-            cache = self.kv_cache
-            kv = functools.partial(ops.read_block, cache, src)
+            kv = functools.partial(ops.read_block, self.kv_cache, src)
         else:
             assert copy.kind == "host_to_disk", copy.kind
-            kv = self.host_cache[src]
-            dtype = disk.config.np_dtype
-            kv = kv if kv.dtype == dtype else kv.view(dtype)
+            slot, dtype = self.host_cache[src], disk.config.np_dtype
+            kv = slot if slot.dtype == dtype else slot.view(dtype)
         disk.put(
             entry.block_hash,
             entry.parent_hash,
