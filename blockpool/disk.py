@@ -33,6 +33,18 @@ Guarantees:
   warning and disables the tier; a disabled tier acts as an empty one.
 - One process per folder: `open` takes an exclusive `flock` on the folder; a
   second daemon on the same folder runs without the tier.
+- Partial matches without I/O: the index keeps each file's key (parent digest,
+  token ids, extra ids; a few hundred bytes a block), bucketed by parent and first
+  token, so `find_partial` reads nothing until `get` confirms its choice.
+- `clear` forgets every block at once; files go on the writer thread, after the
+  writes queued before it (which are dropped), so no cleared block comes back.
+- KV events (medium DISK, events.py), once `attach_events` names a sink: a
+  BlockStored when a block's file is in place (from the writer thread), a
+  BlockRemoved when a file is evicted, found bad or gone, or the tier disabled,
+  all sent under the index's lock, so in the order of its changes. Tokens and
+  extra ids only for namespaces without a cache salt; of the files found at start
+  (announced on attach), only the default namespace's (a file keeps a namespace
+  digest, not the salt or the adapter id).
 """
 
 from __future__ import annotations
@@ -157,6 +169,10 @@ def _stored(header: fmt.BlockHeader, nbytes: int) -> _Stored:
     )
 
 
+def _bucket(stored: _Stored) -> tuple[_DiskParent, int]:
+    return stored.parent, stored.token_ids[0]
+
+
 def _common_prefix(
     stored: _Stored, token_ids: tuple[int, ...], extra_ids: tuple[int, ...] | None
 ) -> int:
@@ -243,8 +259,9 @@ class DiskTier:
         self._lock = threading.Lock()
         # block hash -> its file, least recently used first
         self._index: OrderedDict[BlockHash, _Stored] = OrderedDict()
-        # parent digest (or namespace root) -> the indexed children, oldest first
-        self._children: dict[_DiskParent, dict[BlockHash, None]] = {}
+        # (parent digest or namespace root, first token) -> the indexed children, oldest
+        # first: a partial match shares the first token, so it looks at one bucket
+        self._children: dict[tuple[_DiskParent, int], dict[BlockHash, None]] = {}
         self._queued: set[BlockHash] = set()
         self._generation = 0  # bumped by clear
         self._event_sink: EventSink | None = None
@@ -312,7 +329,7 @@ class DiskTier:
         with self._lock:
             if not self._enabled:
                 return None
-            for block_hash in self._children.get(parent, ()):
+            for block_hash in self._children.get((parent, wanted[0]), ()) if wanted else ():
                 stored = self._index[block_hash]
                 length = _common_prefix(stored, wanted, extra)
                 if length > (0 if best is None else best.num_tokens):
@@ -518,7 +535,7 @@ class DiskTier:
             for block_hash, stored in self._index.items():
                 path = self.folder / fmt.file_name(block_hash)
                 assert path.stat().st_size == stored.nbytes, (path, stored.nbytes)
-                assert block_hash in self._children[stored.parent], block_hash
+                assert block_hash in self._children[_bucket(stored)], block_hash
             assert sum(map(len, self._children.values())) == len(self._index)
             assert all(self._children.values()), "an empty child set"
 
@@ -668,7 +685,7 @@ class DiskTier:
         """Index a file as the most recently used (lock held, or before the writer runs)."""
         assert block_hash not in self._index, block_hash
         self._index[block_hash] = stored
-        self._children.setdefault(stored.parent, {})[block_hash] = None
+        self._children.setdefault(_bucket(stored), {})[block_hash] = None
         self._num_bytes += stored.nbytes
 
     def _remove(self, block_hash: BlockHash) -> bool:
@@ -676,10 +693,11 @@ class DiskTier:
         stored = self._index.pop(block_hash, None)
         if stored is None:
             return False
-        siblings = self._children[stored.parent]
+        bucket = _bucket(stored)
+        siblings = self._children[bucket]
         del siblings[block_hash]
         if not siblings:
-            del self._children[stored.parent]
+            del self._children[bucket]
         self._num_bytes -= stored.nbytes
         return True
 
