@@ -33,18 +33,15 @@ Guarantees:
   warning and disables the tier; a disabled tier acts as an empty one.
 - One process per folder: `open` takes an exclusive `flock` on the folder; a
   second daemon on the same folder runs without the tier.
-- Partial matches without I/O: the index keeps each file's key (parent digest,
-  token ids, extra ids; a few hundred bytes a block), bucketed by parent and first
-  token, so `find_partial` reads nothing until `get` confirms its choice.
+- Partial matches without I/O: the index (disk_index.py) keeps each file's key,
+  so `find_partial` reads nothing until `get` confirms its choice.
 - `clear` forgets every block at once; files go on the writer thread, after the
   writes queued before it (which are dropped), so no cleared block comes back.
-- KV events (medium DISK, events.py), once `attach_events` names a sink: a
-  BlockStored when a block's file is in place (from the writer thread), a
-  BlockRemoved when a file is evicted, found bad or gone, or the tier disabled,
-  all sent under the index's lock, so in the order of its changes. Tokens and
-  extra ids only for namespaces without a cache salt; of the files found at start
-  (announced on attach), only the default namespace's (a file keeps a namespace
-  digest, not the salt or the adapter id).
+- KV events (medium DISK), once `attach_events` names a sink: a BlockStored when
+  a block's file is in place (from the writer thread), a BlockRemoved when a file
+  is evicted, found bad or gone, or the tier disabled; sent under the tier's
+  lock, so in the order of the index's changes (disk_index.py says which carry
+  tokens).
 """
 
 from __future__ import annotations
@@ -55,8 +52,6 @@ import os
 import queue
 import threading
 import time
-from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +61,8 @@ import ml_dtypes
 import numpy as np
 
 from . import disk_format as fmt
-from .events import MEDIUM_DISK, BlockRemoved, BlockStored, EventSink
+from .disk_index import DiskIndex, PartialMatch, StoredFile, parent_of
+from .events import EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
@@ -157,37 +153,6 @@ class DiskTierConfig:
         return int(np.prod(self.block_shape)) * self.np_dtype.itemsize
 
 
-def _stored(header: fmt.BlockHeader, nbytes: int) -> _Stored:
-    extra = header.extra_ids
-    return _Stored(
-        nbytes,
-        header.parent_hash,
-        _parent_of(header.parent_hash, header.namespace_digest),
-        array("Q", header.token_ids),
-        None if extra is None else array("Q", extra),
-        header.public,
-    )
-
-
-def _bucket(stored: _Stored) -> tuple[_DiskParent, int]:
-    return stored.parent, stored.token_ids[0]
-
-
-def _common_prefix(
-    stored: _Stored, token_ids: tuple[int, ...], extra_ids: tuple[int, ...] | None
-) -> int:
-    """How many leading tokens (and extra ids) a stored block shares with the given ones."""
-    if (stored.extra_ids is None) != (extra_ids is None):
-        return 0
-    n = min(len(stored.token_ids), len(token_ids))
-    for idx in range(n):
-        if stored.token_ids[idx] != token_ids[idx]:
-            return idx
-        if extra_ids is not None and stored.extra_ids[idx] != extra_ids[idx]:  # type: ignore[index]
-            return idx
-    return n
-
-
 def _is_count(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
 
@@ -209,38 +174,6 @@ class _Clear:
     """Queued by `clear`: the writer removes every block file when it gets here."""
 
 
-# A first block's parent: its namespace's root, named by the namespace digest.
-_Root = tuple[str, bytes]
-_DiskParent = BlockHash | _Root
-
-
-def _parent_of(parent_hash: BlockHash | None, namespace_digest: bytes) -> _DiskParent:
-    return parent_hash if parent_hash is not None else ("root", namespace_digest)
-
-
-@dataclass(slots=True)
-class _Stored:
-    """What the index keeps of one block file: its size and its key (for partial
-    matches and events). Token ids as packed arrays: a few hundred bytes a block."""
-
-    nbytes: int
-    parent_hash: BlockHash | None
-    parent: _DiskParent
-    token_ids: array
-    extra_ids: array | None
-    public: bool  # default namespace: its tokens may appear in events
-
-
-@dataclass(frozen=True, slots=True)
-class PartialMatch:
-    """A stored block whose first `num_tokens` tokens (and extra ids) are a request's."""
-
-    block_hash: BlockHash
-    token_ids: tuple[int, ...]  # all of the stored block's, to confirm it by (`get`)
-    extra_ids: tuple[int, ...] | None
-    num_tokens: int
-
-
 class DiskTier:
     """Block files under one layout folder; build with `DiskTier.open(config)`."""
 
@@ -257,14 +190,9 @@ class DiskTier:
         self._dtype = config.np_dtype
         self._payload_nbytes = config.payload_nbytes
         self._lock = threading.Lock()
-        # block hash -> its file, least recently used first
-        self._index: OrderedDict[BlockHash, _Stored] = OrderedDict()
-        # (parent digest or namespace root, first token) -> the indexed children, oldest
-        # first: a partial match shares the first token, so it looks at one bucket
-        self._children: dict[tuple[_DiskParent, int], dict[BlockHash, None]] = {}
+        self._index = DiskIndex(config.block_size)
         self._queued: set[BlockHash] = set()
         self._generation = 0  # bumped by clear
-        self._event_sink: EventSink | None = None
         # Unbounded: the staging buffers bound what is queued.
         self._queue: queue.Queue[_Write | _Clear | None] = queue.Queue()
         self._idle = threading.Condition(self._lock)
@@ -279,7 +207,6 @@ class DiskTier:
         self._lock_fd: int | None = None
         self._writer: threading.Thread | None = None
         self._num_tmp = 0
-        self._num_bytes = 0
         self._counts = dict.fromkeys(
             ("hits", "misses", "writes", "writes_dropped", "evictions", "tmp_removed"), 0
         )
@@ -322,20 +249,11 @@ class DiskTier:
         longest nonzero prefix with `token_ids` (and `extra_ids`), from the index alone
         (no I/O; `get` with the match's key then reads and confirms the file). Ties go to
         the child indexed first."""
-        parent = _parent_of(parent_hash, fmt.namespace_digest(namespace))
-        wanted = tuple(map(int, token_ids))
-        extra = None if extra_ids is None else tuple(map(int, extra_ids))
-        best: PartialMatch | None = None
+        parent = parent_of(parent_hash, fmt.namespace_digest(namespace))
         with self._lock:
             if not self._enabled:
                 return None
-            for block_hash in self._children.get((parent, wanted[0]), ()) if wanted else ():
-                stored = self._index[block_hash]
-                length = _common_prefix(stored, wanted, extra)
-                if length > (0 if best is None else best.num_tokens):
-                    stored_extra = None if stored.extra_ids is None else tuple(stored.extra_ids)
-                    best = PartialMatch(block_hash, tuple(stored.token_ids), stored_extra, length)
-        return best
+            return self._index.find_partial(parent, token_ids, extra_ids)
 
     def clear(self) -> None:
         """Forget every block: the index empties now (later lookups miss, later puts are
@@ -346,9 +264,7 @@ class DiskTier:
             if not self._enabled or self._closing:
                 return
             self._generation += 1
-            self._index.clear()
-            self._children.clear()
-            self._num_bytes = 0
+            self._index.clear(emit=False)
             self._queued.clear()
             self._num_unwritten += 1  # flush waits for the files to go
         self._queue.put(_Clear())
@@ -359,11 +275,7 @@ class DiskTier:
         thread-safe). With `announce`, first a BlockStored for every block indexed now
         (a restart's files), least recently used first."""
         with self._lock:
-            self._event_sink = sink
-            if not announce:
-                return
-            for block_hash, stored in self._index.items():
-                sink(self._stored_event(block_hash, stored, None, with_tokens=stored.public))
+            self._index.attach(sink, announce=announce)
 
     def put(
         self,
@@ -386,7 +298,7 @@ class DiskTier:
             if not self._enabled or self._closing or block_hash in self._queued:
                 return False
             if block_hash in self._index:
-                self._index.move_to_end(block_hash)
+                self._index.touch(block_hash)
                 return False
             buffer = self._free_buffers.pop() if self._free_buffers else None
             if buffer is None and self._num_buffers == self._max_buffers:
@@ -457,8 +369,7 @@ class DiskTier:
             self._drop_bad(block_hash, path, exc.kind, str(exc))
             return None
         with self._lock:
-            if block_hash in self._index:
-                self._index.move_to_end(block_hash)
+            self._index.touch(block_hash)
             self._counts["hits"] += 1
         fmt.touch(path)
         payload = np.frombuffer(
@@ -515,7 +426,7 @@ class DiskTier:
             out: dict[str, int | bool] = {
                 "disk_enabled": self._enabled,
                 "disk_blocks": len(self._index),
-                "disk_bytes": self._num_bytes,
+                "disk_bytes": self._index.num_bytes,
                 **{f"disk_{name}": n for name, n in self._counts.items()},
                 "disk_corrupt_removed": sum(self._bad.values()),
             }
@@ -530,14 +441,11 @@ class DiskTier:
     def check_integrity(self) -> None:
         """Index and files agree (call with the writer idle, e.g. after `flush`)."""
         with self._lock:
-            assert self._num_bytes == sum(s.nbytes for s in self._index.values())
-            assert self._num_bytes <= self.config.max_bytes or not self._enabled
+            self._index.check()
+            assert self._index.num_bytes <= self.config.max_bytes or not self._enabled
             for block_hash, stored in self._index.items():
                 path = self.folder / fmt.file_name(block_hash)
                 assert path.stat().st_size == stored.nbytes, (path, stored.nbytes)
-                assert block_hash in self._children[_bucket(stored)], block_hash
-            assert sum(map(len, self._children.values())) == len(self._index)
-            assert all(self._children.values()), "an empty child set"
 
     # -- start ---------------------------------------------------------------
 
@@ -586,7 +494,7 @@ class DiskTier:
                     continue
                 found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size, header))
         for _, _, block_hash, nbytes, header in sorted(found, key=lambda f: f[:2]):
-            self._add(block_hash, _stored(header, nbytes))
+            self._index.add(block_hash, StoredFile.of_header(header, nbytes))
 
     # -- writer --------------------------------------------------------------
 
@@ -639,28 +547,25 @@ class DiskTier:
             fmt.unlink(tmp)
             self._disable(f"writing {tmp.name} failed: {exc}")
             return
-        nbytes = sum(len(p) for p in parts)
-        public = item.namespace is None or item.namespace == Namespace()
-        stored = _Stored(
-            nbytes,
+        stored = StoredFile.of_write(
+            sum(len(p) for p in parts),
             item.parent_hash,
-            _parent_of(item.parent_hash, fmt.namespace_digest(item.namespace)),
-            array("Q", item.token_ids),
-            None if item.extra_ids is None else array("Q", item.extra_ids),
-            public,
+            item.token_ids,
+            item.extra_ids,
+            item.namespace,
         )
+        namespace = item.namespace or Namespace()
         with self._lock:
             if not self._enabled or item.generation != self._generation:
                 return  # cleared meanwhile: the clear queued behind this removes the file
-            self._remove(item.block_hash)
-            self._add(item.block_hash, stored)
+            self._index.remove([item.block_hash])
+            self._index.add(
+                item.block_hash,
+                stored,
+                lora_name=namespace.adapter_id,
+                with_tokens=namespace.cache_salt is None,
+            )
             self._counts["writes"] += 1
-            if self._event_sink is not None:  # NOTE: under the lock, so in index order
-                ns = item.namespace or Namespace()
-                event = self._stored_event(
-                    item.block_hash, stored, ns.adapter_id, with_tokens=ns.cache_salt is None
-                )
-                self._event_sink(event)
         self._evict_to_bound()
 
     def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
@@ -672,56 +577,14 @@ class DiskTier:
     def _evict_to_bound(self) -> None:
         victims: list[BlockHash] = []
         with self._lock:
-            while self._num_bytes > self.config.max_bytes and self._index:
-                block_hash = next(iter(self._index))
-                self._remove(block_hash)
+            while self._index.num_bytes > self.config.max_bytes:
+                block_hash = self._index.least_recent()
+                assert block_hash is not None
+                self._index.remove([block_hash])  # one event each: each a file gone now
                 self._counts["evictions"] += 1
                 victims.append(block_hash)
-            self._emit_removed(victims)
         for block_hash in victims:
             fmt.unlink(self.folder / fmt.file_name(block_hash))
-
-    def _add(self, block_hash: BlockHash, stored: _Stored) -> None:
-        """Index a file as the most recently used (lock held, or before the writer runs)."""
-        assert block_hash not in self._index, block_hash
-        self._index[block_hash] = stored
-        self._children.setdefault(_bucket(stored), {})[block_hash] = None
-        self._num_bytes += stored.nbytes
-
-    def _remove(self, block_hash: BlockHash) -> bool:
-        """Unindex a file (lock held); False if it was not indexed."""
-        stored = self._index.pop(block_hash, None)
-        if stored is None:
-            return False
-        bucket = _bucket(stored)
-        siblings = self._children[bucket]
-        del siblings[block_hash]
-        if not siblings:
-            del self._children[bucket]
-        self._num_bytes -= stored.nbytes
-        return True
-
-    def _emit_removed(self, block_hashes: list[BlockHash]) -> None:
-        if block_hashes and self._event_sink is not None:
-            self._event_sink(BlockRemoved(block_hashes, MEDIUM_DISK))
-
-    def _stored_event(
-        self, block_hash: BlockHash, stored: _Stored, lora_name: str | None, *, with_tokens: bool
-    ) -> BlockStored:
-        # NOTE: a salted block's event carries hashes only, as for the memory tiers; so
-        # does a block found at start outside the default namespace, as its file holds
-        # only the namespace's digest (never the salt): `with_tokens` is then False.
-        extra = stored.extra_ids
-        return BlockStored(
-            block_hashes=[block_hash],
-            parent_block_hash=stored.parent_hash,
-            token_ids=list(stored.token_ids) if with_tokens else [],
-            block_size=self.config.block_size,
-            lora_id=None,
-            medium=MEDIUM_DISK,
-            lora_name=lora_name,
-            extra_keys=None if extra is None or not with_tokens else [tuple(extra)],
-        )
 
     def _remove_all_files(self) -> None:
         """The writer's part of `clear`: every block file of the folder goes."""
@@ -743,8 +606,7 @@ class DiskTier:
 
     def _forget(self, block_hash: BlockHash) -> None:
         with self._lock:
-            if self._remove(block_hash):
-                self._emit_removed([block_hash])
+            self._index.remove([block_hash])
             self._counts["misses"] += 1
 
     def _drop_bad(self, block_hash: BlockHash, path: Path, kind: str, detail: str) -> None:
@@ -762,10 +624,7 @@ class DiskTier:
         with self._lock:
             was_enabled = self._enabled or self._writer is None
             self._enabled = False
-            self._emit_removed(list(self._index))
-            self._index.clear()
-            self._children.clear()
-            self._num_bytes = 0
+            self._index.clear(emit=True)
         if was_enabled:
             log.warning("disk tier disabled, serving without it: %s", reason)
 
