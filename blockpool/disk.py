@@ -108,7 +108,7 @@ class DiskTierConfig:
     # (DESIGN §4), so KV of another producer never matches.
     producer: str
     dtype: str = "bfloat16"
-    write_queue_blocks: int = 64
+    write_queue_blocks: int = 64  # writes queued at most; staging buffers: one more
     fsync: bool = False
 
     def __post_init__(self) -> None:
