@@ -8,6 +8,8 @@ test opens a gate); the CuPy path runs in tests/test_disk_staging_emulated.py, a
 a GPU in the GPU test at the end:
 
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_disk_staging.py -m gpu
+
+(REPRISE_EMULATE_GPU=skip-kernels in front runs their code in the emulated CuPy.)
 """
 
 from __future__ import annotations
@@ -239,3 +241,28 @@ def test_gpu_read_block_lands_once_waited_for() -> None:
     assert out.tobytes() == want[2].tobytes()
     cupy.cuda.Device().synchronize()
     assert not cupy.asnumpy(cache[2]).any()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_engine_restart_from_disk_is_bit_identical(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    """On a device, the default model: blocks written through the copy stream while the
+    engine runs on, then a new engine over the folder: logits bit-identical to fresh."""
+    settings = dict(backend="cupy", block_size=16, num_device_blocks=64)
+    prompt = list(range(300, 300 + 16 * 5 + 7))
+    params = SamplingParams(max_tokens=3, temperature=0, return_logits=True)
+    fresh = Engine.from_pretrained(default_model_dir, enable_reuse=False, **settings)
+    want = fresh.generate(prompt, params)
+    first = Engine.from_pretrained(default_model_dir, disk_cache=str(tmp_path), **settings)
+    first.generate(prompt, params)
+    while first.has_work():
+        first.step()
+    first.close()
+    assert first.stats()["disk_writes"] == 5
+    second = Engine.from_pretrained(default_model_dir, disk_cache=str(tmp_path), **settings)
+    got = second.generate(prompt, params)
+    assert got.disk_cached_tokens == 80
+    assert got.logits.tobytes() == want.logits.tobytes()
+    second.close()
