@@ -34,6 +34,7 @@ from .hashing import BlockHash, Namespace
 CopyKind = Literal["offload", "onboard", "device", "disk_onboard", "device_to_disk", "host_to_disk"]
 # The kinds whose two ends the pool pins until `complete_copies()`.
 PINNED_KINDS: frozenset[str] = frozenset({"offload", "onboard", "disk_onboard"})
+DISK_WRITE_KINDS: frozenset[str] = frozenset({"device_to_disk", "host_to_disk"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class BlockCopy:
     onboard:        host slot `src` -> device block `dst`
     device:         device block `src` -> device block `dst`
     disk_onboard:   `staged` (a disk file's checked payload) -> device block `dst`
+                    (a disk hit's new entry, or a partial match's fresh block)
     device_to_disk: device block `src` -> a file for `entry` (queued to the writer)
     host_to_disk:   host slot `src` -> a file for `entry` (queued to the writer)
     """

@@ -10,9 +10,13 @@ Guarantees:
   checksums, layout, digest, parent digest, token ids, extra ids and namespace
   all agree with the caller's (the pool's hit confirmation, DESIGN §3). A file
   failing any check is counted by kind, removed, and reported as a miss.
-- Never blocks the caller on a write: `put` copies the bytes and hands them to
-  one writer thread through a queue of `write_queue_blocks`; when it is full
-  the write is dropped and counted.
+- Never blocks the caller on a write: `put` copies the bytes into one of at most
+  `write_queue_blocks + 1` staging buffers (a full queue and the block being
+  written) and hands it to one writer thread; when none is free the write is
+  dropped and counted. The copy may be asynchronous (`put` given a `ReadBlock`,
+  e.g. a device-to-host copy on the GPU's copy stream): the writer waits for it
+  (`CopyDone.synchronize`) before it reads the buffer, and a buffer is reused
+  only after its copy landed and its write ended.
 - Crash safety: a block file only ever appears under its final name by
   `os.replace` of a fully written temporary file, so after a process crash
   (SIGTERM or SIGKILL) every named file is complete. Without `fsync` (the
@@ -29,6 +33,15 @@ Guarantees:
   warning and disables the tier; a disabled tier acts as an empty one.
 - One process per folder: `open` takes an exclusive `flock` on the folder; a
   second daemon on the same folder runs without the tier.
+- Partial matches without I/O: the index (disk_index.py) keeps each file's key,
+  so `find_partial` reads nothing until `get` confirms its choice.
+- `clear` forgets every block at once; files go on the writer thread, after the
+  writes queued before it (which are dropped), so no cleared block comes back.
+- KV events (medium DISK), once `attach_events` names a sink: a BlockStored when
+  a block's file is in place (from the writer thread), a BlockRemoved when a file
+  is evicted, found bad or gone, or the tier disabled; sent under the tier's
+  lock, so in the order of the index's changes (disk_index.py says which carry
+  tokens).
 """
 
 from __future__ import annotations
@@ -39,21 +52,37 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
 
 from . import disk_format as fmt
+from .disk_index import DiskIndex, PartialMatch, StoredFile, parent_of
+from .events import EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
+
+
+class CopyDone(Protocol):
+    """A copy into a staging buffer, maybe still under way: `synchronize()` returns once
+    the buffer holds the bytes (the GPU backend's event, recorded after the copy)."""
+
+    def synchronize(self) -> None: ...
+
+
+# Issues a copy of one block into the staging buffer it is given (`block_shape`,
+# `dtype`), and returns what the writer waits on before reading the buffer.
+ReadBlock = Callable[[np.ndarray], CopyDone]
+# Makes a staging buffer: (shape, dtype) -> host array (pinned memory on the GPU).
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
 def _resolve_dtype(name: str) -> np.dtype | None:
@@ -79,7 +108,7 @@ class DiskTierConfig:
     # (DESIGN §4), so KV of another producer never matches.
     producer: str
     dtype: str = "bfloat16"
-    write_queue_blocks: int = 64
+    write_queue_blocks: int = 64  # writes queued at most; staging buffers: one more
     fsync: bool = False
 
     def __post_init__(self) -> None:
@@ -135,7 +164,14 @@ class _Write:
     token_ids: tuple[int, ...]
     extra_ids: tuple[int, ...] | None
     namespace: Namespace | None
-    payload: bytes
+    buffer: np.ndarray  # [payload_nbytes] uint8, a staging buffer
+    done: CopyDone | None  # the copy into `buffer`, when it may still be under way
+    generation: int  # the tier's at `put`: a `clear` since drops the write
+
+
+@dataclass(frozen=True, slots=True)
+class _Clear:
+    """Queued by `clear`: the writer removes every block file when it gets here."""
 
 
 class DiskTier:
@@ -154,19 +190,23 @@ class DiskTier:
         self._dtype = config.np_dtype
         self._payload_nbytes = config.payload_nbytes
         self._lock = threading.Lock()
-        # block hash -> file bytes, least recently used first
-        self._index: OrderedDict[BlockHash, int] = OrderedDict()
+        self._index = DiskIndex(config.block_size)
         self._queued: set[BlockHash] = set()
-        self._queue: queue.Queue[_Write | None] = queue.Queue(config.write_queue_blocks)
+        self._generation = 0  # bumped by clear
+        # Unbounded: the staging buffers bound what is queued.
+        self._queue: queue.Queue[_Write | _Clear | None] = queue.Queue()
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
+        # Staging buffers: each queued or written block holds one until its write ends.
+        self._free_buffers: list[np.ndarray] = []
+        self._num_buffers = 0
+        self._max_buffers = config.write_queue_blocks + 1  # a full queue + the writer's
         self._enabled = False
         self._closing = False  # set by close: no more puts
         self._stopping = False  # set by close: the writer drops what is queued
         self._lock_fd: int | None = None
         self._writer: threading.Thread | None = None
         self._num_tmp = 0
-        self._num_bytes = 0
         self._counts = dict.fromkeys(
             ("hits", "misses", "writes", "writes_dropped", "evictions", "tmp_removed"), 0
         )
@@ -197,44 +237,103 @@ class DiskTier:
         with self._lock:
             return self._enabled and (block_hash in self._index or block_hash in self._queued)
 
+    def find_partial(
+        self,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        *,
+        extra_ids: Sequence[int] | None = None,
+        namespace: Namespace | None = None,
+    ) -> PartialMatch | None:
+        """The indexed child of `parent_hash` (None: of the namespace's root) sharing the
+        longest nonzero prefix with `token_ids` (and `extra_ids`), from the index alone
+        (no I/O; `get` with the match's key then reads and confirms the file). Ties go to
+        the child indexed first."""
+        parent = parent_of(parent_hash, fmt.namespace_digest(namespace))
+        with self._lock:
+            if not self._enabled:
+                return None
+            return self._index.find_partial(parent, token_ids, extra_ids)
+
+    def clear(self) -> None:
+        """Forget every block: the index empties now (later lookups miss, later puts are
+        written anew), writes queued before are dropped, and the writer removes every
+        block file once it gets to this clear. Emits no event: the pool's
+        AllBlocksCleared covers this tier."""
+        with self._lock:
+            if not self._enabled or self._closing:
+                return
+            self._generation += 1
+            self._index.clear(emit=False)
+            self._queued.clear()
+            self._num_unwritten += 1  # flush waits for the files to go
+        self._queue.put(_Clear())
+
+    def attach_events(self, sink: EventSink, *, announce: bool = True) -> None:
+        """Send the tier's KV events (medium DISK) to `sink` from now on, from whichever
+        thread changes the index (the writer's, for a block written; `sink` must be
+        thread-safe). With `announce`, first a BlockStored for every block indexed now
+        (a restart's files), least recently used first."""
+        with self._lock:
+            self._index.attach(sink, announce=announce)
+
     def put(
         self,
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
-        kv: np.ndarray,
+        kv: np.ndarray | ReadBlock,
         *,
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
+        allocate: Allocate | None = None,
     ) -> bool:
-        """Queue one block's KV (`block_shape`, `dtype`) for writing; copies it first.
-        False when not queued: disabled, already stored or queued, or queue full (counted)."""
+        """Queue one block for writing: its KV (`block_shape`, `dtype`), copied into a
+        staging buffer now, or a `ReadBlock` that issues that copy and returns what the
+        writer waits for. `allocate` makes a staging buffer when fewer than the bound
+        exist (default: ordinary host memory). False when not queued: disabled, already
+        stored or queued, or no staging buffer free (counted as dropped)."""
         self._check_block(token_ids, extra_ids, kv)
         with self._lock:
             if not self._enabled or self._closing or block_hash in self._queued:
                 return False
             if block_hash in self._index:
-                self._index.move_to_end(block_hash)
+                self._index.touch(block_hash)
                 return False
-            # NOTE: the caller is the one producer, so a queue with room keeps it until
-            # the put below; checking first saves copying a block that would be dropped.
-            if self._queue.full():
+            buffer = self._free_buffers.pop() if self._free_buffers else None
+            if buffer is None and self._num_buffers == self._max_buffers:
                 self._counts["writes_dropped"] += 1
                 return False
+            if buffer is None:
+                self._num_buffers += 1  # allocated below, outside the lock
             self._queued.add(block_hash)
             self._num_unwritten += 1
-        extra = None if extra_ids is None else tuple(map(int, extra_ids))
-        item = _Write(
-            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, kv.tobytes()
-        )
         try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+            if buffer is None:
+                buffer = (allocate or np.empty)((self._payload_nbytes,), np.uint8)
+            block = buffer.view(self._dtype).reshape(self.config.block_shape)
+            if isinstance(kv, np.ndarray):
+                np.copyto(block, kv)
+                done = None
+            else:
+                done = kv(block)
+        except BaseException:
             with self._lock:
+                if buffer is None:
+                    self._num_buffers -= 1
+                else:
+                    self._free_buffers.append(buffer)
                 self._queued.discard(block_hash)
                 self._finish_one()
-                self._counts["writes_dropped"] += 1
-            return False
+            raise
+        extra = None if extra_ids is None else tuple(map(int, extra_ids))
+        item = _Write(
+            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done,
+            self._generation,
+        )  # fmt: skip
+        # NOTE: every queued item holds a staging buffer and there is one buffer more
+        # than queue places (the writer's), so the queue always has room here.
+        self._queue.put_nowait(item)
         return True
 
     def get(
@@ -270,8 +369,7 @@ class DiskTier:
             self._drop_bad(block_hash, path, exc.kind, str(exc))
             return None
         with self._lock:
-            if block_hash in self._index:
-                self._index.move_to_end(block_hash)
+            self._index.touch(block_hash)
             self._counts["hits"] += 1
         fmt.touch(path)
         payload = np.frombuffer(
@@ -305,15 +403,7 @@ class DiskTier:
             self._closing = True  # puts are refused from now on
             self._stopping = self._stopping or not flush
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self._queue.put(None, timeout=0.05)
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    self._stopping = True  # the writer now drops what is left
-                if time.monotonic() >= deadline + 1.0:
-                    break
+        self._queue.put(None)  # after every queued write
         writer.join(max(0.0, deadline - time.monotonic()))
         if writer.is_alive():
             self._stopping = True
@@ -336,7 +426,7 @@ class DiskTier:
             out: dict[str, int | bool] = {
                 "disk_enabled": self._enabled,
                 "disk_blocks": len(self._index),
-                "disk_bytes": self._num_bytes,
+                "disk_bytes": self._index.num_bytes,
                 **{f"disk_{name}": n for name, n in self._counts.items()},
                 "disk_corrupt_removed": sum(self._bad.values()),
             }
@@ -351,11 +441,11 @@ class DiskTier:
     def check_integrity(self) -> None:
         """Index and files agree (call with the writer idle, e.g. after `flush`)."""
         with self._lock:
-            assert self._num_bytes == sum(self._index.values()), self._num_bytes
-            assert self._num_bytes <= self.config.max_bytes or not self._enabled
-            for block_hash, nbytes in self._index.items():
+            self._index.check()
+            assert self._index.num_bytes <= self.config.max_bytes or not self._enabled
+            for block_hash, stored in self._index.items():
                 path = self.folder / fmt.file_name(block_hash)
-                assert path.stat().st_size == nbytes, (path, nbytes)
+                assert path.stat().st_size == stored.nbytes, (path, stored.nbytes)
 
     # -- start ---------------------------------------------------------------
 
@@ -402,10 +492,9 @@ class DiskTier:
                 except fmt.BlockFileError as exc:
                     self._count_bad(entry.path, exc.kind, str(exc))
                     continue
-                found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size))
-        for _, _, block_hash, nbytes in sorted(found):
-            self._index[block_hash] = nbytes
-            self._num_bytes += nbytes
+                found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size, header))
+        for _, _, block_hash, nbytes, header in sorted(found, key=lambda f: f[:2]):
+            self._index.add(block_hash, StoredFile.of_header(header, nbytes))
 
     # -- writer --------------------------------------------------------------
 
@@ -414,8 +503,16 @@ class DiskTier:
             item = self._queue.get()
             if item is None:
                 return
+            if isinstance(item, _Clear):
+                self._remove_all_files()
+                continue
+            landed = False
             try:
-                if self._enabled and not self._stopping:
+                # Even a write to drop waits: the buffer is reused only once its copy landed.
+                if item.done is not None:
+                    item.done.synchronize()
+                landed = True
+                if self._enabled and not self._stopping and item.generation == self._generation:
                     self._write(item)
                 else:
                     with self._lock:
@@ -424,6 +521,8 @@ class DiskTier:
                 self._disable(f"writing a block failed: {exc!r}")
             finally:
                 with self._lock:
+                    if landed:  # else a copy may still land in it: never reuse it
+                        self._free_buffers.append(item.buffer)
                     self._queued.discard(item.block_hash)
                     self._finish_one()
 
@@ -435,9 +534,10 @@ class DiskTier:
             item.token_ids,
             item.extra_ids,
             item.namespace,
-            len(item.payload),
+            item.buffer.nbytes,
         )
-        parts = [header, item.payload, fmt.file_checksum(header, item.payload)]
+        payload = memoryview(item.buffer)
+        parts = [header, payload, fmt.file_checksum(header, payload)]
         name = fmt.file_name(item.block_hash)
         self._num_tmp += 1
         tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
@@ -447,16 +547,28 @@ class DiskTier:
             fmt.unlink(tmp)
             self._disable(f"writing {tmp.name} failed: {exc}")
             return
+        stored = StoredFile.of_write(
+            sum(len(p) for p in parts),
+            item.parent_hash,
+            item.token_ids,
+            item.extra_ids,
+            item.namespace,
+        )
+        namespace = item.namespace or Namespace()
         with self._lock:
-            if not self._enabled:
-                return
-            nbytes = sum(len(p) for p in parts)
-            self._num_bytes += nbytes - self._index.pop(item.block_hash, 0)
-            self._index[item.block_hash] = nbytes
+            if not self._enabled or item.generation != self._generation:
+                return  # cleared meanwhile: the clear queued behind this removes the file
+            self._index.remove([item.block_hash])
+            self._index.add(
+                item.block_hash,
+                stored,
+                lora_name=namespace.adapter_id,
+                with_tokens=namespace.cache_salt is None,
+            )
             self._counts["writes"] += 1
         self._evict_to_bound()
 
-    def _write_file(self, tmp: Path, final: Path, parts: list[bytes]) -> None:
+    def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
         """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
         fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
 
@@ -465,13 +577,27 @@ class DiskTier:
     def _evict_to_bound(self) -> None:
         victims: list[BlockHash] = []
         with self._lock:
-            while self._num_bytes > self.config.max_bytes and self._index:
-                block_hash, nbytes = self._index.popitem(last=False)
-                self._num_bytes -= nbytes
+            while self._index.num_bytes > self.config.max_bytes:
+                block_hash = self._index.least_recent()
+                assert block_hash is not None
+                self._index.remove([block_hash])  # one event each: each a file gone now
                 self._counts["evictions"] += 1
                 victims.append(block_hash)
         for block_hash in victims:
             fmt.unlink(self.folder / fmt.file_name(block_hash))
+
+    def _remove_all_files(self) -> None:
+        """The writer's part of `clear`: every block file of the folder goes."""
+        try:
+            with os.scandir(self.folder) as entries:
+                names = [e.name for e in entries if fmt.hash_of_file_name(e.name) is not None]
+        except OSError as exc:
+            self._disable(f"clearing {self.folder} failed: {exc}")
+            names = []
+        for name in names:
+            fmt.unlink(self.folder / name)
+        with self._lock:
+            self._finish_one()
 
     def _finish_one(self) -> None:
         self._num_unwritten -= 1
@@ -480,7 +606,7 @@ class DiskTier:
 
     def _forget(self, block_hash: BlockHash) -> None:
         with self._lock:
-            self._num_bytes -= self._index.pop(block_hash, 0)
+            self._index.remove([block_hash])
             self._counts["misses"] += 1
 
     def _drop_bad(self, block_hash: BlockHash, path: Path, kind: str, detail: str) -> None:
@@ -498,22 +624,25 @@ class DiskTier:
         with self._lock:
             was_enabled = self._enabled or self._writer is None
             self._enabled = False
-            self._index.clear()
-            self._num_bytes = 0
+            self._index.clear(emit=True)
         if was_enabled:
             log.warning("disk tier disabled, serving without it: %s", reason)
 
     def _check_block(
-        self, token_ids: Sequence[int], extra_ids: Sequence[int] | None, kv: np.ndarray
+        self, token_ids: Sequence[int], extra_ids: Sequence[int] | None, kv: object
     ) -> None:
         cfg = self.config
         if len(token_ids) != cfg.block_size:
             raise ValueError(f"a block holds {cfg.block_size} token ids; got {len(token_ids)}")
         if extra_ids is not None and len(extra_ids) != len(token_ids):
             raise ValueError(f"extra_ids must have one id per token; got {len(extra_ids)}")
+        if callable(kv):
+            return
         if not isinstance(kv, np.ndarray) or kv.shape != cfg.block_shape or kv.dtype != self._dtype:
             got = (type(kv).__name__, getattr(kv, "shape", None), getattr(kv, "dtype", None))
-            raise ValueError(f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray; got {got}")
+            raise ValueError(
+                f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray or a ReadBlock; got {got}"
+            )
 
     def _check_shape(self, header: fmt.BlockHeader, block_hash: BlockHash) -> None:
         if header.block_hash != block_hash:

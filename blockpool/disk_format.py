@@ -49,6 +49,9 @@ FILE_SUFFIX = ".kvb"
 
 _FLAG_PARENT = 1
 _FLAG_EXTRA = 2
+# The namespace has neither a cache salt nor an adapter id: its tokens may appear in
+# KV events (a file without the flag is announced by its digests alone).
+_FLAG_PUBLIC = 4
 # magic, version, flags, layout key, num tokens, digest length, parent digest length,
 # payload bytes, namespace digest
 _FIXED = struct.Struct(f"<8sHH{LAYOUT_KEY_NBYTES}sIHHQ32s")
@@ -136,6 +139,7 @@ class BlockHeader:
     namespace_digest: bytes
     payload_offset: int
     payload_nbytes: int
+    public: bool = False  # written for the default namespace (no salt, no adapter)
 
     @property
     def file_nbytes(self) -> int:
@@ -161,6 +165,8 @@ def encode_header(
     flags = (_FLAG_PARENT if parent_hash is not None else 0) | (
         _FLAG_EXTRA if extra_ids is not None else 0
     )
+    if namespace is None or namespace == Namespace():
+        flags |= _FLAG_PUBLIC
     n = len(token_ids)
     head = _FIXED.pack(
         MAGIC,
@@ -221,6 +227,7 @@ def read_header(data: bytes | memoryview, layout: bytes, file_nbytes: int) -> Bl
         namespace_digest=ns,
         payload_offset=body_nbytes + _HEADER_CHECK,
         payload_nbytes=payload_nbytes,
+        public=bool(flags & _FLAG_PUBLIC),
     )
     if header.file_nbytes != file_nbytes:
         raise BlockFileError(TRUNCATED, f"{file_nbytes} bytes; header says {header.file_nbytes}")
@@ -238,7 +245,9 @@ def decode_block(data: bytes | bytearray, layout: bytes) -> BlockHeader:
     return header
 
 
-def write_atomically(tmp: Path, final: Path, parts: Sequence[bytes], *, fsync: bool) -> None:
+def write_atomically(
+    tmp: Path, final: Path, parts: Sequence[bytes | memoryview], *, fsync: bool
+) -> None:
     """Write `parts` to a new file `tmp`, stamp its mtime now, then rename it to `final`."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:

@@ -5,16 +5,28 @@ The fields follow vLLM's KV events (`BlockStored`, `BlockRemoved`,
 routers consume. Digests are the raw key bytes; encoding them for the wire
 is the daemon's job.
 
+Media: "GPU" (the device tier) and "CPU" (the host tier), as vLLM names them, and
+"DISK" (the disk tier), the name SGLang's and Dynamo's KV events give a disk tier.
+A block may be in the disk medium and a memory medium at once: blocks are written
+through to disk while they stay in memory.
+
 Guarantees (for a subscriber that sees every event in order):
-- a digest is findable in a medium exactly between a `BlockStored` naming it
-  in that medium and the next `BlockRemoved` naming it in that medium, or
-  the next `AllBlocksCleared` (which empties both media);
-- a block moving between tiers is first stored in the new medium, then
-  removed from the old one, so it never looks absent while it stays findable.
+- a digest is findable in a memory medium exactly between a `BlockStored`
+  naming it in that medium and the next `BlockRemoved` naming it in that
+  medium, or the next `AllBlocksCleared` (which empties every medium);
+- a block moving between memory tiers is first stored in the new medium, then
+  removed from the old one, so it never looks absent while it stays findable;
+- the disk medium follows the tier's index: `BlockStored` once a block's file
+  is in place (sent from the tier's writer thread), `BlockRemoved` when the
+  tier evicts or drops a file (or is disabled), and on a restart one
+  `BlockStored` per file found (disk.py says which of those carry tokens).
+  A disk event reaches the queue when the change happens, which may fall
+  between two steps; a lookup never depends on it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +34,7 @@ from .hashing import BlockHash
 
 MEDIUM_DEVICE = "GPU"  # the device tier, named as vLLM names it
 MEDIUM_HOST = "CPU"  # the host tier
+MEDIUM_DISK = "DISK"  # the disk tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,19 +75,23 @@ class EventQueue:
     """An event sink that keeps events until the owner drains them.
 
     Pass an instance as `BlockPool(event_sink=...)`; the daemon's loop calls
-    `take()` once per step and publishes what it got.
+    `take()` once per step and publishes what it got. Thread-safe: the disk tier's
+    writer thread adds events too.
     """
 
     def __init__(self) -> None:
         self._events: list[KVEvent] = []
+        self._lock = threading.Lock()
 
     def __call__(self, event: KVEvent) -> None:
-        self._events.append(event)
+        with self._lock:
+            self._events.append(event)
 
     def __len__(self) -> int:
         return len(self._events)
 
     def take(self) -> list[KVEvent]:
         """Every event since the last call, oldest first."""
-        events, self._events = self._events, []
+        with self._lock:
+            events, self._events = self._events, []
         return events

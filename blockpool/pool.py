@@ -36,14 +36,20 @@ Guarantees:
   reads and checks each file there (checksums, then the stored key as for a
   memory hit), so a damaged or foreign file ends the match as a miss, and each
   sound one becomes a fresh device entry filled by a `disk_onboard` copy.
+  `find_partial` looks there too (read and checked the same way), and a disk
+  block's bytes go straight into the request's fresh block: no device block
+  is taken for the source. `clear` forgets the disk tier's blocks with the
+  rest (its files are removed by its writer thread).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .block import (
     DEFAULT_PRIORITY,
@@ -55,7 +61,7 @@ from .block import (
     validate_duration,
     validate_priority,
 )
-from .copies import PINNED_KINDS, BlockCopy, CopyKind, DiskEntry
+from .copies import DISK_WRITE_KINDS, PINNED_KINDS, BlockCopy, CopyKind, DiskEntry
 from .disk import DiskTier
 from .events import EventSink
 from .free_queue import EvictionQueue
@@ -63,6 +69,9 @@ from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
 from .host import HostTier
 from .index import CacheIndex, ParentKey
 from .stats import KVCacheStats, PoolCounters
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = ["BlockId", "BlockPool", "MatchResult"]
 
@@ -130,6 +139,12 @@ class BlockPool:
         self._counters = PoolCounters()
         self._copies: list[BlockCopy] = []  # planned since the last take_copies(), in order
         self._disk_arrivals: list[KVBlock] = []  # disk_onboard destinations, pinned
+        # find_partial's sources found on disk: handle -> the block's checked bytes
+        # [num_layers, 2, num_kv_heads, block_size, head_dim]; see find_partial
+        self._disk_partials: dict[BlockId, np.ndarray] = {}
+        self._handles = itertools.count(num_blocks)
+        if disk_tier is not None and event_sink is not None:
+            disk_tier.attach_events(event_sink)  # a restart's files are announced here
 
     @property
     def num_free_blocks(self) -> int:
@@ -174,6 +189,9 @@ class BlockPool:
         """
         now = self._clock()
         for block_id in reversed(block_ids):
+            if block_id >= self.num_blocks:  # a disk partial's handle (find_partial)
+                del self._disk_partials[block_id]
+                continue
             self._release(self.blocks[block_id], now)
 
     def touch(self, block_ids: Sequence[BlockId]) -> None:
@@ -331,11 +349,22 @@ class BlockPool:
         the copy. Ties go to the child registered first. A child in the host tier
         is onboarded into a free device block first (None if there is none), by
         a copy in the pool's list.
+
+        A child found only in the disk tier, sharing more tokens than any in
+        memory, is read and checked as a disk hit of `match` is (a bad file: None),
+        and takes no device block: the id returned is then a handle past the
+        pool's blocks, which `copy_block` turns into a `disk_onboard` copy of the
+        checked bytes into its destination and `free` lets go of.
         """
         if not self.enable_reuse or not token_ids:
             return None
         key: ParentKey = parent_hash if parent_hash is not None else namespace or DEFAULT_NAMESPACE
         found = self._index.find_partial(key, token_ids, extra_ids)
+        on_disk = self._find_partial_on_disk(
+            parent_hash, token_ids, extra_ids, namespace, 0 if found is None else found[1]
+        )
+        if on_disk is not None:
+            return on_disk
         if found is None:
             return None
         entry, num_tokens = found
@@ -363,7 +392,17 @@ class BlockPool:
 
     def copy_block(self, src: BlockId, dst: BlockId) -> None:
         """Plan a whole-block device copy (partial reuse); both blocks must be held
-        by the caller until the copy has run, i.e. until after the step's forward."""
+        by the caller until the copy has run, i.e. until after the step's forward.
+        `src` may be a disk partial's handle (find_partial): its bytes are onboarded
+        into `dst`, pinned until `complete_copies()`."""
+        staged = self._disk_partials.get(src)
+        if staged is not None:
+            block = self.blocks[dst]
+            assert block.ref_count > 0 and block.block_hash is None, dst
+            block.ref_count += 1  # the copy's pin, released by complete_copies()
+            self._disk_arrivals.append(block)
+            self._copies.append(BlockCopy("disk_onboard", None, dst, staged=staged))
+            return
         assert self.blocks[src].ref_count > 0 and self.blocks[dst].ref_count > 0, (src, dst)
         self._copies.append(BlockCopy("device", src, dst))
 
@@ -391,8 +430,15 @@ class BlockPool:
         return len(device_blocks)
 
     def clear(self) -> None:
-        """Forget every cached block of both tiers (held blocks stay held); emits
-        AllBlocksCleared. Counters are kept."""
+        """Forget every cached block of every tier (held blocks stay held), so the next
+        request computes afresh; emits AllBlocksCleared. Counters are kept.
+
+        The disk tier forgets its blocks at once and its writer removes their files;
+        disk writes planned and not yet run are dropped (they would bring cleared
+        blocks back)."""
+        if self.disk_tier is not None:
+            self.disk_tier.clear()  # before the event: no disk event of old blocks follows it
+            self._copies = [c for c in self._copies if c.kind not in DISK_WRITE_KINDS]
         self._index.clear(self.blocks, self._clock())
 
     def stats(self) -> KVCacheStats:
@@ -415,6 +461,7 @@ class BlockPool:
         pending = host.pending_copies() if host is not None else ()
         pins = Counter(id(c.device_block) for c in pending)
         pins.update(id(block) for block in self._disk_arrivals)
+        assert not self._disk_partials, "a disk partial's handle was never freed"
         for block in self.blocks:
             assert block.ref_count >= pins[id(block)], f"block {block.block_id}: refs below pins"
             assert (block.queue_level is None) == (block.ref_count > 0), block
@@ -524,6 +571,40 @@ class BlockPool:
             parent_hash = block_hash
             num_hits += 1
         return num_hits
+
+    def _find_partial_on_disk(
+        self,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+        num_in_memory: int,
+    ) -> tuple[BlockId, int] | None:
+        """A disk child sharing more than `num_in_memory` tokens, read and checked, as a
+        handle (find_partial); None if there is none or its file is bad."""
+        disk = self.disk_tier
+        if disk is None or not disk.enabled:
+            return None
+        namespace = namespace or DEFAULT_NAMESPACE
+        found = disk.find_partial(parent_hash, token_ids, extra_ids=extra_ids, namespace=namespace)
+        if found is None or found.num_tokens <= num_in_memory:
+            return None
+        if self._index.lookup(found.block_hash) is not None:
+            return None  # in memory under another key (a collision), or found there already
+        staged = disk.get(
+            found.block_hash,
+            parent_hash,
+            found.token_ids,
+            extra_ids=found.extra_ids,
+            namespace=namespace,
+        )
+        if staged is None:  # gone, damaged (counted and removed) or another key's
+            return None
+        handle = BlockId(next(self._handles))
+        self._disk_partials[handle] = staged
+        self._counters.partial_hits += 1
+        self._counters.disk_hits += 1
+        return handle, found.num_tokens
 
     def _plan_disk_write(self, entry: CachedBlock, kind: CopyKind, src: int) -> None:
         """Plan writing a findable entry's block to disk, unless the tier has it or is off,

@@ -22,7 +22,7 @@ from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref
 from .penalties import Penalties, penalize_ref
-from .protocol import Backend
+from .protocol import Backend, CopyDone, Landed
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
@@ -71,6 +71,12 @@ class NumpyBackend:
         self, host_cache: np.ndarray, slot: int, cache: np.ndarray, block_id: int
     ) -> None:
         cache[block_id] = host_cache[slot]
+
+    def read_block(self, cache: np.ndarray, block_id: int, out: np.ndarray) -> CopyDone:
+        """Copy one whole device block into a host array of its shape (a disk write's
+        staging buffer), exactly; done when this returns, as the GPU's is once waited for."""
+        out[...] = cache[block_id]
+        return Landed()
 
     def wait_copies(self) -> None:
         """Block copies on this backend are done when issued."""

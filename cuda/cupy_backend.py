@@ -108,6 +108,17 @@ class CupyBackend:
         stream = self._stream_after_compute()
         cache[block_id].set(host_cache[slot].view(BF16_BITS), stream=stream)
 
+    def read_block(self, cache: Any, block_id: int, out: np.ndarray) -> Any:
+        """Copy one device block into a pinned host buffer of its shape (BF16 or its
+        bits), asynchronously on the copy stream, after the compute already queued (which
+        may still be writing it). Returns the event recorded after the copy: `out` holds
+        the block once `synchronize()` returns. Compute that later writes the block must
+        be ordered after the copy by `wait_copies`, as after an offload."""
+        stream = self._stream_after_compute()
+        bits = out.view(BF16_BITS)
+        self._cupy.asnumpy(cache[block_id], stream=stream, out=bits, blocking=False)
+        return stream.record()
+
     def wait_copies(self) -> None:
         """Later compute waits for the copies issued so far, on the device."""
         if self._copy_stream is not None:

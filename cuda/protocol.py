@@ -18,6 +18,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sampling import Draws
 
 
+class CopyDone(Protocol):
+    """A copy issued to the host, maybe still under way: `synchronize()` returns once its
+    bytes are in the host buffer (the GPU backend returns the CUDA event recorded
+    after it; waiting on one from another thread is safe)."""
+
+    def synchronize(self) -> None: ...
+
+
+class Landed:
+    """A copy that was complete when issued (the NumPy backend's)."""
+
+    def synchronize(self) -> None:
+        return None
+
+
 class Backend(Protocol):
     """What the model runs on: weights and caches in the backend's arrays, and the ops."""
 
@@ -35,6 +50,7 @@ class Backend(Protocol):
     def onboard_block(
         self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
     ) -> None: ...
+    def read_block(self, cache: Any, block_id: int, out: np.ndarray) -> CopyDone: ...
     def wait_copies(self) -> None: ...
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
     def staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...

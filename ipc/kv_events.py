@@ -22,6 +22,9 @@ Two layouts, both vLLM's, so a KV-aware router written for vLLM reads ours:
   them there; a decoder from before them reads only the fields it knows).
 
 Salted namespaces' events carry hashes only: no token ids and no extra keys.
+`medium` is "GPU" (device tier) or "CPU" (host tier), as vLLM names them, or "DISK"
+(the disk tier), as SGLang's and Dynamo's events name a disk tier; vLLM's schema
+takes any string there.
 
 Each batch goes out as the multipart message `[topic, sequence, payload]`, the
 sequence an 8-byte big-endian counter from 0, as vLLM's publisher numbers them.

@@ -220,3 +220,31 @@ def test_a_legacy_decoder_from_before_extra_keys_reads_what_it_knows() -> None:
     payload = msgspec.msgpack.decode(encode_batch([event], ts=0.0, layout="vllm-legacy"))
     old = msgspec.msgpack.decode(msgspec.msgpack.encode(payload[1][0]), type=OldLegacyBlockStored)
     assert old.token_ids == [9, 9, 1, 2] and old.block_size == 4
+
+
+@pytest.mark.parametrize("layout", ["vllm", "vllm-legacy"])
+def test_disk_events_decode_with_vllms_schema(tiny, layout, tmp_path: Path) -> None:
+    """A disk tier's events (written blocks, prompt-table blocks with their extra ids, a
+    restart's announcement) decode as vLLM's, medium "DISK"."""
+    config = ModelConfig.from_dir(tiny)
+    v = config.vocab_size
+    table = np.random.default_rng(6).standard_normal((2, config.hidden_size)).astype(BF16)
+    settings = dict(backend="numpy", block_size=BS, num_device_blocks=64, disk_cache=str(tmp_path))
+    engine = Engine.from_pretrained(tiny, **settings)
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    prompt = [v, v + 1, 7, 8, 1, 2, 3, 4, 5]
+    engine.generate(prompt, params, prompt_table=table)
+    while engine.has_work():
+        engine.step()
+    engine.close()
+    written = [e for e in _stored(engine, layout) if e.medium == "DISK"]
+    extra = [row_extra_id(table[0]), row_extra_id(table[1]), 0, 0]
+    assert [e.token_ids for e in written] == [prompt[0:4], prompt[4:8]]
+    assert [e.extra_keys for e in written] == [[tuple(extra)], None]
+
+    again = Engine.from_pretrained(tiny, **settings)
+    announced = _stored(again, layout)
+    assert [(e.medium, e.token_ids, e.extra_keys) for e in announced] == [
+        (e.medium, e.token_ids, e.extra_keys) for e in written
+    ]
+    again.close()

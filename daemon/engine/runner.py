@@ -4,15 +4,19 @@ next tokens. It reads the plan and never changes a sequence or the pool.
 
 Disk copies: a disk hit's bytes were read and checked when the pool matched it,
 so onboarding one only moves them into its device block; a block written to disk
-is read here (device block or host slot) and handed to the disk tier's writer
-thread, which encodes, checksums and writes it off the engine loop."""
+is copied into one of the disk tier's staging buffers (from a device block on the
+backend's copy stream, without waiting; from a host slot at once) and handed to
+the tier's writer thread, which waits for the copy, then encodes, checksums and
+writes it off the engine loop."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ...blockpool.copies import BlockCopy
-from ...blockpool.disk import DiskTier
+from ...blockpool.disk import DiskTier, ReadBlock
 from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
@@ -87,6 +91,9 @@ class ModelRunner:
             elif copy.kind == "onboard":
                 ops.onboard_block(self.host_cache, copy.src, self.kv_cache, copy.dst)
                 tier_copies_in_flight = True
+            elif copy.kind == "device_to_disk":
+                self._disk_copy(copy)  # a read of the block on the copy stream, as an offload
+                tier_copies_in_flight = True
             else:
                 if tier_copies_in_flight:
                     ops.wait_copies()
@@ -100,7 +107,15 @@ class ModelRunner:
 
     def _disk_copy(self, copy: BlockCopy) -> None:
         """Move a disk hit's checked bytes into its device block, or queue a block's
-        bytes for writing (the disk tier copies them; a full queue drops the write)."""
+        bytes for writing (into a staging buffer of the disk tier; none free drops it).
+
+        NOTE: a device block's bytes are read on the copy stream after the compute
+        queued so far (which wrote them), and `run_copies` orders every later write of
+        that block after the read: a device or disk-onboard copy into it waits for the
+        copy stream first, an onboard into it runs behind the read on the same stream,
+        and the forward waits for the copy stream before it starts. So the staged bytes
+        are the block's as planned, even when its device block has a new owner already.
+        The engine loop never waits for the read: the writer thread does."""
         ops = self.model.ops
         if copy.kind == "disk_onboard":
             staged = copy.staged
@@ -109,21 +124,23 @@ class ModelRunner:
             payload = staged if staged.dtype == cache_dtype else staged.view(cache_dtype)
             self.kv_cache[copy.dst] = ops.from_host(payload)
             return
-        disk, entry = self.disk_tier, copy.entry
-        assert disk is not None and entry is not None and copy.src is not None
+        disk, entry, src = self.disk_tier, copy.entry, copy.src
+        assert disk is not None and entry is not None and src is not None
+        kv: np.ndarray | ReadBlock
         if copy.kind == "device_to_disk":
-            kv = np.asarray(ops.to_host(self.kv_cache[copy.src]))
+            kv = functools.partial(ops.read_block, self.kv_cache, src)
         else:
             assert copy.kind == "host_to_disk", copy.kind
-            kv = self.host_cache[copy.src]
-        dtype = disk.config.np_dtype
+            slot, dtype = self.host_cache[src], disk.config.np_dtype
+            kv = slot if slot.dtype == dtype else slot.view(dtype)
         disk.put(
             entry.block_hash,
             entry.parent_hash,
             entry.token_ids,
-            kv if kv.dtype == dtype else kv.view(dtype),
+            kv,
             extra_ids=entry.extra_ids,
             namespace=entry.namespace,
+            allocate=ops.staging_buffer,
         )
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:

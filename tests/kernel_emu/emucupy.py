@@ -32,6 +32,10 @@ where CuPy raises:
   either order, or at once, on a GPU. (Kernels are taken to use all of every array
   they are passed; CuPy's own elementwise ops are not tracked.)
 
+Another host thread may wait for an event (the disk tier's writer does): each host
+thread keeps its own clock (a wait orders only what its own thread issues later, as
+on a GPU), and draining held-back copies is guarded by a lock, so each runs once.
+
 What it does not do: device arithmetic (host expf, no tensor cores), the memory
 model within a stream, concurrency between kernels, or speed.
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -75,7 +80,9 @@ class _State:
     launches = 0  # kernels run, replays included
     replays = 0  # graphs launched
     skip_kernels = False  # count launches but run none (host-side timing)
-    host: ClassVar[dict[Stream, int]] = {}  # ops of each stream the host has waited for
+    # per host thread, the ops of each stream it has waited for
+    host: ClassVar[dict[int, dict[Stream, int]]] = {}
+    lock = threading.RLock()  # held-back copies and `host`, for waits from other threads
 
 
 def _no_capture(what: str) -> None:
@@ -504,11 +511,12 @@ class Stream:
         Stream._current.pop()
 
     def _drain(self, position: int) -> None:
-        for i in range(position):
-            op = self._queue[i]
-            if op is not None:
-                self._queue[i] = None
-                op()
+        with _State.lock:
+            for i in range(position):
+                op = self._queue[i]
+                if op is not None:
+                    self._queue[i] = None
+                    op()
 
     def record(self, event: Event | None = None) -> Event:
         event = event or Event()
@@ -583,7 +591,8 @@ def _use(stream: Stream, spans: list[Span], what: str) -> None:
     """Issue an op on `stream` that touches `spans`. RaceError if an op of another stream
     that is not ordered before this one touched any of them."""
     after = stream.after
-    _merge(after, _State.host)  # what the host waited for precedes all it issues later
+    with _State.lock:
+        _merge(after, _host_clock())  # what this thread waited for precedes what it issues
     spans = [(low, high) for low, high in spans if high > low]
     for other in _State.streams:
         if other is stream:
@@ -601,16 +610,22 @@ def _use(stream: Stream, spans: list[Span], what: str) -> None:
     stream.position += 1
     stream.log.append((stream.position, spans, what))
     if len(stream.log) > 1024:  # forget what every stream and the host are past
+        with _State.lock:
+            host = max((h.get(stream, 0) for h in _State.host.values()), default=0)
         floor = min(
-            (max(s.after.get(stream, 0), _State.host.get(stream, 0))
-             for s in _State.streams if s is not stream),
+            (max(s.after.get(stream, 0), host) for s in _State.streams if s is not stream),
             default=stream.position,
-        )  # fmt: skip
+        )
         stream.log = [entry for entry in stream.log if entry[0] > floor]
 
 
+def _host_clock() -> dict[Stream, int]:
+    return _State.host.setdefault(threading.get_ident(), {})
+
+
 def _host_waits(clock: dict[Stream, int]) -> None:
-    _merge(_State.host, clock)
+    with _State.lock:
+        _merge(_host_clock(), clock)
 
 
 def _stream_of(ptr: int) -> Stream:

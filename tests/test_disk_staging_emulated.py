@@ -1,0 +1,77 @@
+"""The GPU backend's disk writes in the emulated CuPy (tests/kernel_emu/emucupy.py): a
+block's bytes leave the device on the copy stream without the engine loop waiting,
+the tier's writer waits for the copy's event, and the emulation's checks hold: a copy
+on the copy stream lands only once something waits for it, and a write of the block
+not ordered after the read raises RaceError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kernel_emu import emucupy
+from test_cupy_emulated import BS, GREEDY, PROMPTS, Engines, emulated, model_dir, random_prompt
+
+from reprise.cuda.dtypes import BF16
+from reprise.daemon import SamplingParams
+
+pytestmark = pytest.mark.kernels
+__all__ = ["emulated", "model_dir"]  # fixtures, used by name
+
+
+@pytest.fixture(scope="module")
+def engines(emulated: None, model_dir: Path) -> Engines:
+    return Engines(model_dir, "tensor-cores")
+
+
+def test_read_block_lands_when_waited_for(emulated: None) -> None:
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device
+
+    ops = CupyBackend()
+    want = np.random.default_rng(0).standard_normal((3, 2, 8)).astype(BF16)
+    cache = to_device(want)
+    out = np.full((2, 8), 0xFFFF, dtype=np.uint16).view(BF16)
+    done = ops.read_block(cache, 1, out)
+    assert out.view(np.uint16).min() == 0xFFFF  # held back: nothing waited yet
+    with pytest.raises(emucupy.RaceError, match="device-to-host copy"):
+        cache[1] = 0  # a write of the block that nothing orders after the read
+    ops.wait_copies()
+    cache[1] = 0  # ordered after the read
+    done.synchronize()
+    assert out.tobytes() == want[1].tobytes()
+
+
+def test_a_restart_serves_blocks_staged_on_the_copy_stream(
+    engines: Engines, tmp_path: Path
+) -> None:
+    """Blocks written through the copy stream, their device blocks then reused by other
+    prompts: a new engine over the folder serves the prompt from disk, its logits
+    bit-identical to computing it fresh."""
+    fresh = engines(enable_reuse=False).generate(PROMPTS[0], GREEDY)
+    first = engines(num_device_blocks=8, disk_cache=str(tmp_path))
+    ops = first.runner.model.ops
+    reads: list[int] = []
+    read_block = ops.read_block
+    ops.read_block = lambda cache, block_id, out: (
+        reads.append(block_id) or read_block(cache, block_id, out)
+    )
+    try:
+        first.generate(PROMPTS[0], GREEDY)
+        for seed in range(2):  # other prompts take the device blocks over
+            first.generate(random_prompt(60, seed=40 + seed), SamplingParams(max_tokens=2))
+        while first.has_work():
+            first.step()
+        first.close()
+    finally:
+        del ops.read_block
+    num_full = len(PROMPTS[0]) // BS
+    assert len(reads) >= num_full and first.stats()["disk_writes"] == len(reads)
+
+    second = engines(disk_cache=str(tmp_path))
+    again = second.generate(PROMPTS[0], GREEDY)
+    assert again.disk_cached_tokens == num_full * BS
+    assert again.token_ids == fresh.token_ids
+    assert again.logits.tobytes() == fresh.logits.tobytes()
+    second.close()
