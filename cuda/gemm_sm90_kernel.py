@@ -67,7 +67,7 @@ import numpy as np
 
 from . import nvrtc
 from .families import family
-from .gemm_kernel import split_k, split_length
+from .gemm_kernel import num_splits, split_k, split_length
 from .kernels import BF16_BITS, check
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
@@ -228,14 +228,21 @@ MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, 
 
 def launch_plan(
     m: int, n: int, k: int, *, out_f32: bool, packed: bool, num_sms: int = H100_SMS,
-    route: str | None = None,
+    route: str | None = None, splits: int | None = None,
 ) -> Sm90Launch:  # fmt: skip
     """The launch `gemm_sm90` makes for an [M, K] x [N, K] product, M, N > 0: with
     S = split_k(N, K) = 1, WHOLE on `tile_config` (or the warp-specialized kernel for a
     packed weight); with S > 1, PARTIAL up to the tile's BM rows (one m tile: the
     decode grid S * ceil(N / 128)) and FOLD past it. `route` (a SPLIT_ROUTES key)
-    forces a split route at any M, for tests: every route gives every M the same bits."""
-    splits = split_k(n, k)
+    forces a split route at any M, for tests: every route gives every M the same bits.
+    `splits` (default split_k(N, K), what every caller should use: a weight's rows are
+    only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE."""
+    if splits is None:
+        splits = split_k(n, k)
+    elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
+        raise ValueError(
+            f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
+        )
     if splits == 1 and route is None:
         config: Sm90Config | Sm90WsConfig = WS if packed else tile_config(m, n, num_sms)
         return Sm90Launch(
@@ -287,11 +294,14 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
     return arch in ("90", "90a") and 0 < k <= INT32_MAX and k % BLOCK_K == 0 and fits_grid
 
 
-def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
+def gemm_sm90(
+    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
+) -> Any:
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
     takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
     warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
-    `out_f32`. `out`, when given, is written and returned. Needs a device `supported`
+    `out_f32`. `out`, when given, is written and returned. `splits` as `launch_plan`'s
+    (leave it None but to measure or test a split count). Needs a device `supported`
     accepts."""
     num_rows, num_cols, k = check_operands(x, w)
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
@@ -309,7 +319,9 @@ def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
     if not supported(arch, num_rows, num_cols, k):
         raise ValueError(f"gemm_sm90 needs compute capability 9.0 (sm_90a); this device is {arch}")
     packed = isinstance(w, PackedWeight)
-    plan = launch_plan(num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms())
+    plan = launch_plan(
+        num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), splits=splits
+    )
     weight = w.data if packed else w
     dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))
     args: tuple[Any, ...]
