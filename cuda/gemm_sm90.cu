@@ -35,8 +35,8 @@
 //   1. It starts at +0.0f and takes exactly one wgmma.m64n128k16 per 16-wide K slice
 //      s = 0, 1, ..., K/16 - 1, in ascending order (k-tiles ascend, slices ascend in a
 //      k-tile; K % 64 == 0, so there is no tail). Every configuration issues this
-//      same instruction shape; the tile shape only regroups the one sequence. No
-//      split-K, no reduction across threads, warpgroups or CTAs.
+//      same instruction shape; the tile shape only regroups the one sequence. With
+//      S = 1 (below) there is no reduction across threads, warpgroups or CTAs.
 //   2. In the wgmma of slice s the element's row of A is x[m, 16s : 16s+16] and its
 //      column of B is w[n, 16s : 16s+16], copied bit for bit; other rows and columns of
 //      the instruction (companion rows, zero padding past M or N) do not enter it.
@@ -46,7 +46,30 @@
 //      many positions).
 //   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
 // So y[m, n] depends on x[m, :], w[n, :] and K alone: the same bits for every M, row
-// offset, companion rows, tile configuration and kernel of this file. It need NOT equal
+// offset, companion rows, tile configuration and kernel of this file.
+//
+// Split-K: gemm.cu's rule. S = gemm_kernel.split_k(N, K) is fixed per weight shape, never
+// per M or device. With S > 1, K is cut into S contiguous splits of `split_len` elements
+// (a multiple of 128, so of BK: no k-tile straddles two; the last split shorter), and 1.
+// becomes: partial P_s = its own accumulator from +0.0f over split s's slices in
+// ascending order (1.-3. as stated, on that K range), then
+// y = (((0.0f + P_0) + P_1) + ...) + P_{S-1}, fp32 adds in ascending s, then 4. Two
+// routes compute exactly that sequence (gemm.py's fold_partials is its NumPy twin):
+//   PARTIAL (M up to the tile's BM, the decode grid S * ceil(N / BN)): CTA (split s,
+//     m tile) stores P_s as fp32 into slab s of a workspace [S, M, N] and counts itself
+//     in its tile's counter (an integer atomic); the CTA that counts last folds the
+//     tile's S slabs per element in ascending s from +0.0f, writes y and zeroes the
+//     counter (fold_partials). Which CTA is last changes who adds, not what is added.
+//   FOLD (larger M): one CTA walks all of K; at each split boundary it waits for the
+//     split's MMAs, adds its accumulator into a running total (total += acc) and
+//     restarts the accumulator from +0.0f (fold_boundary); at the end total += acc.
+//     A second accumulator set: the wide tile (128 a thread) has none, so it only runs
+//     S = 1 weights (the launcher's plan).
+// Both do the same wgmma per slice, the same slices per partial and the same fp32 adds
+// in the same order, so a row's bits depend on neither M nor the route; the launcher
+// never picks S by M. S = 1 runs neither route: WHOLE, 1.-4. as stated. No float atomics.
+//
+// It need NOT equal
 // gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
 // does not tie to this one), which is why the launcher's dispatch rule picks between
 // the two by (device, N, K) only, never by M.

@@ -294,6 +294,24 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
     return arch in ("90", "90a") and 0 < k <= INT32_MAX and k % BLOCK_K == 0 and fits_grid
 
 
+# Whether a weight `supported` takes runs here when the caller names no family. False
+# until bench/bench_gemm_sm90.py on an H100 says "wgmma may be the sm_90 default" for
+# every shape (its verdict lines): no GPU has checked this kernel's speed yet.
+WGMMA_BY_DEFAULT = False
+
+
+def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = None) -> str:
+    """The one decision between the GEMM families for an (N, K) weight on a device:
+    "wgmma" (this kernel) or "mma" (gemm.cu). `requested` "mma" or "wgmma" is the
+    caller's choice (CupyBackend's `gemm`), None the default (WGMMA_BY_DEFAULT). A
+    weight `supported` does not take stays on "mma". Taken once, when the weight loads,
+    from the device and (N, K) alone: never from M (the module docstring's rule)."""
+    if requested not in (None, "mma", "wgmma"):
+        raise ValueError(f"gemm must be one of mma, wgmma; got {requested!r}")
+    wants = requested == "wgmma" or (requested is None and WGMMA_BY_DEFAULT)
+    return "wgmma" if wants and supported(device_arch, 0, n, k) else "mma"
+
+
 def gemm_sm90(
     x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
 ) -> Any:

@@ -653,3 +653,24 @@ def test_fold_partials_adds_in_ascending_split_order() -> None:
     negative_zero = np.array([[-0.0], [-0.0]], dtype=np.float32)
     assert np.signbit(fold_partials(negative_zero)[0]) == np.False_  # starts from +0
     assert split_bounds(640, 256) == [(0, 256), (256, 512), (512, 640)]
+
+
+def test_gemm_family_decides_by_device_and_weight_shape_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one dispatch decision: the requested family where `supported` takes the weight,
+    mma.sync otherwise; the default follows WGMMA_BY_DEFAULT (off until measured)."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    assert launcher.gemm_family("90", 4096, 4096, "wgmma") == "wgmma"
+    assert launcher.gemm_family("90", 4096, 4096 + 16, "wgmma") == "mma"  # K % 64
+    assert launcher.gemm_family("80", 4096, 4096, "wgmma") == "mma"
+    assert launcher.gemm_family("90", 4096, 4096, "mma") == "mma"
+    assert launcher.gemm_family("90", 4096, 4096) == (
+        "wgmma" if launcher.WGMMA_BY_DEFAULT else "mma"
+    )
+    monkeypatch.setattr(launcher, "WGMMA_BY_DEFAULT", True)
+    assert launcher.gemm_family("90", 4096, 4096) == "wgmma"
+    assert launcher.gemm_family("89", 4096, 4096) == "mma"
+    with pytest.raises(ValueError, match="gemm must be one of mma, wgmma; got 'cublas'"):
+        launcher.gemm_family("90", 4096, 4096, "cublas")
