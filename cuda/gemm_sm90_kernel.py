@@ -44,7 +44,10 @@ decode step would differ. The rule: **`supported(arch, m, n, k)` decides from th
 device's architecture, N and K only; where it holds, every M of that (N, K) runs
 here, M = 1 included.** It holds on compute capability 9.0 (H100, H200) with
 K % 64 == 0 (every Llama shape) and N within the grid limit. `m` is taken so that a
-caller can pass what it has, and is not consulted.
+caller can pass what it has, and is not consulted. `gemm_family(arch, N, K, requested)`
+is the one decision between the families built on it: the requested one where
+`supported` holds, mma.sync elsewhere, and for no request WGMMA_BY_DEFAULT, off until
+bench/bench_gemm_sm90.py's verdict on an H100 says the Hopper kernel wins every shape.
 
 Why the split: at M = 1 the grid is ceil(N / 128) CTAs without it, 32 for an 8B o or
 down projection, a quarter of an H100's 132 SMs; with S from `split_k` every 8B
