@@ -625,6 +625,29 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_fold")
     with pytest.raises(ValueError, match="route ws_fold needs a packed weight"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="ws_fold")
+    with pytest.raises(ValueError, match="splits must be a count that split_length cuts K = 4096"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, splits=0)
+    forced = launch_plan(1, 4096, 4096, out_f32=False, packed=True, splits=1)
+    assert (forced.kernel, forced.splits, forced.workspace) == ("gemm_sm90_ws_bf16", 1, False)
+
+
+def test_split_routes_trap_on_a_split_length_off_the_k_tile(lib: ctypes.CDLL) -> None:
+    """split_len must be a positive multiple of BK = 64 (the launcher's are multiples of
+    128): a kernel passed another traps rather than mis-split K; in a child process."""
+    for name, threads, smem in (("gemm_sm90_bf16_wg2_fold", WG2.num_threads, WG2.smem_bytes),
+                                ("gemm_sm90_ws_bf16_split", WS.num_threads, WS.smem_bytes)):  # fmt: skip
+        script = (
+            "import ctypes, numpy as np\n"
+            f"lib = ctypes.CDLL({lib._name!r})\n"
+            "x = np.zeros(1 << 16, np.uint16); f = np.zeros(64, np.float32)\n"
+            "c = np.zeros(4, np.uint32); p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+            f"lib.run_gemm_sm90_split({name.encode()!r}, 1, 1, {threads}, {smem}, "
+            "p(x), p(x), p(f), p(f), p(c), 1, 1, 128, 96)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and "__trap()" in done.stderr, (name, done.stderr)
 
 
 @pytest.mark.parametrize("layer", [*sorted(LLAMA_8B), "lm_head"])
