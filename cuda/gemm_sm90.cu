@@ -69,10 +69,9 @@
 // in the same order, so a row's bits depend on neither M nor the route; the launcher
 // never picks S by M. S = 1 runs neither route: WHOLE, 1.-4. as stated. No float atomics.
 //
-// It need NOT equal
-// gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
-// does not tie to this one), which is why the launcher's dispatch rule picks between
-// the two by (device, N, K) only, never by M.
+// A row need NOT equal gemm.cu's mma.sync result (another instruction, whose in-slice
+// summation the ISA does not tie to this one), which is why the launcher's dispatch rule
+// picks between the two by (device, N, K) only, never by M.
 #include "common.cuh"  // cp.async, shared_addr, dynamic_smem_bytes, bf16_bits, store_pair
 
 // wgmma exists only on sm_90a (the arch-specific target); every other target (CI
