@@ -510,12 +510,15 @@ SPLIT_SHAPES = [(300, 272, 1024), (300, 200, 640)]
 
 def emulated_plan(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
-    order: np.ndarray | None = None,
+    order: np.ndarray | None = None, x_shift: int = 0,
 ) -> np.ndarray:  # fmt: skip
     """`plan`'s launch on the emulation, as gemm_sm90 makes it: the output and the fp32
     workspace poisoned (NaN), the counters zero and checked zero after; `order` (a
-    permutation of the grid's CTAs) the order the CTAs run and finish in."""
+    permutation of the grid's CTAs) the order the CTAs run and finish in; `x_shift`
+    elements move x off 16-byte alignment (the plain-load route)."""
     (m, k), n = x.shape, w.shape[0]
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = np.ascontiguousarray(x).view(np.uint16).reshape(-1)
     w_bits = np.ascontiguousarray(w).view(np.uint16)
     weight = prepare_weight(w_bits).data if "_ws_" in plan.kernel else w_bits
     dtype = np.float32 if out_f32 else np.uint16
@@ -529,7 +532,7 @@ def emulated_plan(
     try:
         rc = lib.run_gemm_sm90_split(
             plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
-            ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(weight), ptr(ws), ptr(y_buf),
+            ptr(x_buf[x_shift:]), ptr(weight), ptr(ws), ptr(y_buf),
             ptr(counters), m, n, k, plan.split_len,
         )  # fmt: skip
     finally:
@@ -598,6 +601,22 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
         for order in (np.arange(count)[::-1], rng.permutation(count), rng.permutation(count)):
             got = emulated_plan(lib, plan, x, w, out_f32=True, order=order)
             assert np.array_equal(bits(got), bits(first)), route
+
+
+def test_split_routes_take_unaligned_operands_and_odd_slabs(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """x off 16-byte alignment (plain loads) and an odd M * N (every other workspace slab
+    off 8-byte alignment: scalar partial stores): the same bits as the fold reference."""
+    m, n, k = 7, 201, 640
+    assert split_k(n, k) > 1 and (m * n) % 2 == 1
+    x, w = operands(rng, m, n, k)
+    want = fold_reference(lib, x, w)
+    for route in SPLIT_ROUTES:
+        plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+        for x_shift in (0, 1):
+            got = emulated_plan(lib, plan, x, w, out_f32=True, x_shift=x_shift)
+            assert np.array_equal(bits(got), bits(want)), (route, x_shift)
 
 
 def test_launch_plan_routes_by_weight_shape_then_m() -> None:
