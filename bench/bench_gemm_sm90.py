@@ -6,9 +6,19 @@ Llama-3.1-8B's projections, on one sm_90 GPU. A benchmark, not a test.
 Each time is the median over 5 repeats of the mean of back-to-back calls between two
 CUDA events, after warm-up, with the inputs rotated among enough copies that they do
 not sit in L2 (50 MB) from the previous call; at M = 1 the host's launch cost
-(~10-20 us a call) may still show. Each row first checks the three results agree (max |diff| relative to
-the largest |cuBLAS| element), so a wrong kernel cannot post a time. The target of
-issue 18: gemm_sm90 / cuBLAS <= 1.25 at M >= 512 on every shape.
+(~10-20 us a call) may still show. Each row first checks the results agree (max |diff|
+relative to the largest |cuBLAS| element), so a wrong kernel cannot post a time.
+
+Columns: `sm90` the cp.async kernels on the plain weight and `ws` the warp-specialized
+kernel on the packed one (what CupyBackend(gemm="wgmma") runs), both split as
+gemm_kernel.split_k says; `ws S=1` the packed kernel forced unsplit (what the split buys
+at small M); `mma` gemm.cu (the default today); cuBLAS. Ratios are times measured in
+this run: ws/mma below 1 means the Hopper kernel is faster than the default.
+
+The verdict (last lines) is the dispatch question of gemm_sm90_kernel's docstring: the
+Hopper kernel may become the sm_90 default for an (N, K) when ws/mma <= 1 at every M
+measured (decode and prefill alike: a weight takes one family for every M) and
+ws/cuBLAS <= 1.25 at M >= 512 (issue 18's target).
 """
 
 from __future__ import annotations
@@ -23,11 +33,19 @@ from typing import Any
 import numpy as np
 
 from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
-from reprise.cuda.gemm_kernel import gemm
-from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight, tile_config
+from reprise.cuda.gemm_kernel import gemm, split_k
+from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# (N, K, fp32 out)
+SHAPES = {
+    "qkv": (6144, 4096, False),
+    "o": (4096, 4096, False),
+    "gate_up": (28672, 4096, False),
+    "down": (4096, 14336, False),
+    "lm_head": (128256, 4096, True),
+}
 L2_BYTES = 50 * 2**20
+CUBLAS_TARGET = 1.25  # issue 18: ws / cuBLAS at M >= 512
 
 
 def median_us(fn: Callable[[Any], Any], inputs: list[Any], iters: int) -> float:
@@ -49,59 +67,76 @@ def median_us(fn: Callable[[Any], Any], inputs: list[Any], iters: int) -> float:
     return statistics.median(means)
 
 
-def main() -> None:
+def timings(m: int, n: int, k: int, out_f32: bool, iters: int) -> tuple[dict[str, float], float]:
+    """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
+    import torch
+
+    pair_bytes = 2 * (m * k + n * k)
+    copies = max(2, -(-2 * L2_BYTES // pair_bytes))
+    pairs = [
+        (random_bf16((m, k), 1.0, s), random_bf16((n, k), 0.02, 100 + s)) for s in range(copies)
+    ]
+    pairs = [(x, w, prepare_weight(w)) for x, w in pairs]  # and the packed weight
+    out = cupy.empty((m, n), np.float32 if out_f32 else np.uint16)
+    torch_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    fns: dict[str, Callable[[Any], Any]] = {
+        "sm90": lambda p: gemm_sm90(p[0], p[1], out_f32=out_f32, out=out),
+        "ws": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out),
+        "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
+        "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
+        "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
+    }
+    ref = fns["cublas"](pairs[0]).float()
+    errs = []
+    for key in ("sm90", "ws", "ws_unsplit", "mma"):
+        got = fns[key](pairs[0])
+        got = torch.as_tensor(got, device="cuda") if out_f32 else as_torch(got)
+        errs.append(float((got.float() - ref).abs().max() / ref.abs().max()))
+    t = {key: median_us(fn, pairs, iters) for key, fn in fns.items()}
+    del pairs
+    cupy.get_default_memory_pool().free_all_blocks()
+    return t, max(errs)
+
+
+def main() -> None:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,16,64,512,2048")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'shape':8} {'M':>5} {'config':8} {'sm90 us':>9} {'ws us':>9} {'gemm.cu':>9} "
-          f"{'cuBLAS':>9} {'sm90/cuBLAS':>11} {'ws/cuBLAS':>9} {'max err':>8}")  # fmt: skip
-    for name, (n, k) in SHAPES.items():
-        for m in map(int, args.rows.split(",")):
-            pair_bytes = 2 * (m * k + n * k)
-            copies = max(2, -(-2 * L2_BYTES // pair_bytes))
-            pairs = [
-                (random_bf16((m, k), 1.0, s), random_bf16((n, k), 0.02, 100 + s))
-                for s in range(copies)
-            ]
-            pairs = [(x, w, prepare_weight(w)) for x, w in pairs]  # and the packed weight
-            out = cupy.empty((m, n), np.uint16)
-            torch_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-
-            fns: dict[str, Callable[[Any], Any]] = {
-                "sm90": lambda p, out=out: gemm_sm90(p[0], p[1], out=out),
-                "sm90_ws": lambda p, out=out: gemm_sm90(p[0], p[2], out=out),
-                "mma_sync": lambda p, out=out: gemm(p[0], p[1], out=out),
-                "cublas": lambda p, out=torch_out: torch.mm(
-                    as_torch(p[0]), as_torch(p[1]).t(), out=out
-                ),
-            }
-            ref = fns["cublas"](pairs[0]).float()
-            errs = []
-            for key in ("sm90", "sm90_ws", "mma_sync"):
-                got = as_torch(fns[key](pairs[0])).float()
-                errs.append(float((got - ref).abs().max() / ref.abs().max()))
-            t = {key: median_us(fn, pairs, args.iters) for key, fn in fns.items()}
-            ratio, ratio_ws = t["sm90"] / t["cublas"], t["sm90_ws"] / t["cublas"]
-            config = tile_config(
-                m, n, int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-            ).name
-            print(f"{name:8} {m:5d} {config:8} {t['sm90']:9.1f} {t['sm90_ws']:9.1f} "
-                  f"{t['mma_sync']:9.1f} {t['cublas']:9.1f} {ratio:11.2f} {ratio_ws:9.2f} "
-                  f"{max(errs):8.1e}")  # fmt: skip
-            results.append({"shape": name, "m": m, "n": n, "k": k, "config": config, "us": t,
-                            "sm90_over_cublas": ratio, "ws_over_cublas": ratio_ws,
-                            "max_rel_err": errs})  # fmt: skip
-            del pairs
-            cupy.get_default_memory_pool().free_all_blocks()
+    print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':14} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
+          f"{'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} {'S gain':>7} {'err':>7}")  # fmt: skip
+    verdict: dict[str, bool] = {}
+    for name in args.shapes.split(","):
+        n, k, out_f32 = SHAPES[name]
+        flip = True
+        for m in rows:
+            t, err = timings(m, n, k, out_f32, args.iters)
+            route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
+            route = route.removeprefix("gemm_sm90_")
+            ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
+            gain = t["ws_unsplit"] / t["ws"]
+            flip &= ws_mma <= 1 and (m < 512 or ws_cublas <= CUBLAS_TARGET)
+            print(f"{name:8} {m:5d} {split_k(n, k):2d} {route:14} {t['sm90']:8.1f} {t['ws']:8.1f} "
+                  f"{t['ws_unsplit']:8.1f} {t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} "
+                  f"{ws_cublas:9.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
+            results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),
+                            "ws_route": route, "us": t, "ws_over_mma": ws_mma,
+                            "ws_over_cublas": ws_cublas, "split_gain": gain,
+                            "max_rel_err": err})  # fmt: skip
+        verdict[name] = flip
+    for name, flip in verdict.items():
+        print(f"verdict {name}: {'wgmma may be the sm_90 default' if flip else 'keep mma.sync'}")
     if args.out:
         device = torch.cuda.get_device_name()
-        args.out.write_text(json.dumps({"device": device, "rows": results}, indent=1))
+        payload = {"device": device, "rows": results, "verdict": verdict}
+        args.out.write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   only (the model runs it on the sampled rows alone). Each row also gives the weight's
   split count (gemm_kernel.split_k), the achieved GB/s (the floor's bytes over the
   time) and its fraction of the device copy bandwidth measured by `floors` in the same
-  run (`of_copy_bw`; the note says it at M = 1, where the weight stream is the work). The reference is cuBLAS through
+  run (`of_copy_bw`; the note says it at M = 1, where the weight stream is the work).
+  On sm_90 it also times the Hopper GEMM (gemm_sm90.cu on the packed weight, split-K as
+  gemm.cu's) on the same operands: `wgmma_us` and `wgmma_over_mma` (below 1: faster
+  than gemm.cu) in the row's JSON. The reference is cuBLAS through
   torch.mm on the same buffers: the project holds BF16 as uint16 bits, which
   cupy.matmul cannot multiply as BF16 (CuPy had no bfloat16 before v14, and v14's
   is minimal).
@@ -512,6 +515,31 @@ def cublas_gemm(x: Any, w: Any, out_f32: bool) -> tuple[Callable[[], Any], str]:
     return partial(torch.mm, xt, wt, out=out), "cuBLAS bf16 out"
 
 
+def packed_for_wgmma(w: Any) -> Any:
+    """The weight packed for the Hopper GEMM (gemm_sm90.cu) where this device and its
+    shape take it, else None."""
+    from reprise.cuda.gemm_sm90_kernel import device_arch, prepare_weight, supported
+
+    return prepare_weight(w) if supported(device_arch(), 0, *w.shape) else None
+
+
+def wgmma_timing(
+    ctx: Context, where: str, x: Any, packed: Any, out_f32: bool, out: Any, mma_us: float | None
+) -> dict[str, Any]:
+    """The Hopper GEMM on the packed weight (split as gemm_kernel.split_k says, what
+    CupyBackend(gemm="wgmma") runs) on the same operands: its µs and its time over
+    gemm.cu's (below 1: faster) as extra row fields; none where the device lacks it."""
+    if packed is None:
+        return {}
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90
+
+    wgmma_us, error = ctx.timed(
+        f"{where} wgmma", partial(gemm_sm90, x, packed, out_f32=out_f32, out=out)
+    )
+    return {"wgmma_us": _round(wgmma_us), "wgmma_over_mma": ratio(wgmma_us, mma_us),
+            "wgmma_error": error}  # fmt: skip
+
+
 def measure_gemm(ctx: Context) -> Iterator[Row]:
     import cupy
 
@@ -519,6 +547,7 @@ def measure_gemm(ctx: Context) -> Iterator[Row]:
         for seed, shape in enumerate(gemm_shapes(model)):
             n, k = shape.n, shape.k
             w = random_bf16((n, k), 0.02, seed)  # [N, K]
+            packed = packed_for_wgmma(w)
             for m in gemm_rows(shape):
                 x = random_bf16((m, k), 1.0, seed + 100)  # [M, K]
                 out = cupy.empty((m, n), np.float32 if shape.out_f32 else np.uint16)
@@ -533,9 +562,10 @@ def measure_gemm(ctx: Context) -> Iterator[Row]:
                 where_row = ("gemm", model.name, shape.name, f"M={m} N={n} K={k}")
                 ref = (ref_name, ref_us, ref_error)
                 achieved = stream_rates(cost[0], ours[0], ctx.floors)
+                hopper = wgmma_timing(ctx, where, x, packed, shape.out_f32, out, ours[0])
                 yield make_row(where_row, ours, ctx.floors, cost=cost, ref=ref,
-                               splits=split_k(n, k), **achieved)  # fmt: skip
-            del w
+                               splits=split_k(n, k), **achieved, **hopper)  # fmt: skip
+            del w, packed
             release()
 
 

@@ -117,3 +117,26 @@ def gemm_ref(x: np.ndarray, w: np.ndarray, *, out_f32: bool = False) -> np.ndarr
     x_grid = to_grid(x.astype(F64), grid_bits(x.shape[1]), grid_exponent(x))  # [M, K]
     y = exact_to_f32(x_grid @ w.T)  # [M, N]
     return y if out_f32 else to_bf16(y)
+
+
+def split_bounds(k: int, length: int) -> list[tuple[int, int]]:
+    """The K ranges [start, end) of the splits of `length` elements that cut K (the last
+    one shorter): the fixed ranges of gemm.cu's and gemm_sm90.cu's split-K."""
+    assert k >= 1 and length >= 1, (k, length)
+    return [(start, min(k, start + length)) for start in range(0, k, length)]
+
+
+def fold_partials(partials: np.ndarray) -> np.ndarray:
+    """[S, ...] fp32 split partials -> fp32 (((+0 + P_0) + P_1) + ...) + P_{S-1}: the
+    split-K fold of the CUDA GEMMs (gemm.cu, gemm_sm90.cu), one IEEE fp32 add an
+    element in ascending split order, which is what every route of theirs computes
+    (the last CTA's fold from the workspace, and the running total in registers).
+
+    NOTE: the twin of the fold only; each partial is the kernel's own accumulation over
+    its split (in the tests, the unsplit kernel run on that K range), so a split
+    kernel's fp32 output must equal this bit for bit."""
+    assert partials.dtype == F32 and partials.ndim >= 1, (partials.dtype, partials.shape)
+    total = np.zeros(partials.shape[1:], dtype=F32)
+    for partial in partials:
+        np.add(total, partial, out=total)
+    return total

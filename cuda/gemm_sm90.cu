@@ -35,8 +35,8 @@
 //   1. It starts at +0.0f and takes exactly one wgmma.m64n128k16 per 16-wide K slice
 //      s = 0, 1, ..., K/16 - 1, in ascending order (k-tiles ascend, slices ascend in a
 //      k-tile; K % 64 == 0, so there is no tail). Every configuration issues this
-//      same instruction shape; the tile shape only regroups the one sequence. No
-//      split-K, no reduction across threads, warpgroups or CTAs.
+//      same instruction shape; the tile shape only regroups the one sequence. With
+//      S = 1 (below) there is no reduction across threads, warpgroups or CTAs.
 //   2. In the wgmma of slice s the element's row of A is x[m, 16s : 16s+16] and its
 //      column of B is w[n, 16s : 16s+16], copied bit for bit; other rows and columns of
 //      the instruction (companion rows, zero padding past M or N) do not enter it.
@@ -46,10 +46,32 @@
 //      many positions).
 //   4. The epilogue rounds once, with __float2bfloat16_rn, or stores fp32 as is.
 // So y[m, n] depends on x[m, :], w[n, :] and K alone: the same bits for every M, row
-// offset, companion rows, tile configuration and kernel of this file. It need NOT equal
-// gemm.cu's mma.sync result (another instruction, whose in-slice summation the ISA
-// does not tie to this one), which is why the launcher's dispatch rule picks between
-// the two by (device, N, K) only, never by M.
+// offset, companion rows, tile configuration and kernel of this file.
+//
+// Split-K: gemm.cu's rule. S = gemm_kernel.split_k(N, K) is fixed per weight shape, never
+// per M or device. With S > 1, K is cut into S contiguous splits of `split_len` elements
+// (a multiple of 128, so of BK: no k-tile straddles two; the last split shorter), and 1.
+// becomes: partial P_s = its own accumulator from +0.0f over split s's slices in
+// ascending order (1.-3. as stated, on that K range), then
+// y = (((0.0f + P_0) + P_1) + ...) + P_{S-1}, fp32 adds in ascending s, then 4. Two
+// routes compute exactly that sequence (gemm.py's fold_partials is its NumPy twin):
+//   PARTIAL (M up to the tile's BM, the decode grid S * ceil(N / BN)): CTA (split s,
+//     m tile) stores P_s as fp32 into slab s of a workspace [S, M, N] and counts itself
+//     in its tile's counter (an integer atomic); the CTA that counts last folds the
+//     tile's S slabs per element in ascending s from +0.0f, writes y and zeroes the
+//     counter (fold_partials). Which CTA is last changes who adds, not what is added.
+//   FOLD (larger M): one CTA walks all of K; at each split boundary it waits for the
+//     split's MMAs, adds its accumulator into a running total (total += acc) and
+//     restarts the accumulator from +0.0f (fold_boundary); at the end total += acc.
+//     A second accumulator set: the wide tile (128 a thread) has none, so it only runs
+//     S = 1 weights (the launcher's plan).
+// Both do the same wgmma per slice, the same slices per partial and the same fp32 adds
+// in the same order, so a row's bits depend on neither M nor the route; the launcher
+// never picks S by M. S = 1 runs neither route: WHOLE, 1.-4. as stated. No float atomics.
+//
+// A row need NOT equal gemm.cu's mma.sync result (another instruction, whose in-slice
+// summation the ISA does not tie to this one), which is why the launcher's dispatch rule
+// picks between the two by (device, N, K) only, never by M.
 #include "common.cuh"  // cp.async, shared_addr, dynamic_smem_bytes, bf16_bits, store_pair
 
 // wgmma exists only on sm_90a (the arch-specific target); every other target (CI
@@ -200,6 +222,80 @@ struct Sm90Tile {
   static_assert(STAGES >= 3, "the slot refilled is two tiles behind the one consumed");
 };
 
+enum class Split { WHOLE, PARTIAL, FOLD };  // see the split-K note at the top
+
+// A CTA's place in the launch: its m tile, its k-tiles [kt_begin, kt_end) and (PARTIAL)
+// the offset of its split's slab in the workspace. WHOLE and FOLD: grid.x = m tiles,
+// all of K. PARTIAL: grid.x = S * m tiles, blockIdx.x = split * m tiles + m tile; the
+// split covers K elements [split * split_len, min(K, (split + 1) * split_len)).
+struct KRange {
+  int m_tile, kt_begin, kt_end;
+  long long slab;
+};
+
+template <class T, Split MODE>
+__device__ __forceinline__ KRange k_range(int M, int N, int K, int split_len) {
+  if (MODE != Split::PARTIAL) return {static_cast<int>(blockIdx.x), 0, K / T::BK, 0LL};
+  const int num_m_tiles = (M + T::BM - 1) / T::BM;
+  const int split = static_cast<int>(blockIdx.x) / num_m_tiles;
+  const int end = min(K, (split + 1) * split_len);
+  return {static_cast<int>(blockIdx.x) % num_m_tiles, split * (split_len / T::BK), end / T::BK,
+          static_cast<long long>(split) * M * N};
+}
+
+// FOLD, at a split boundary: wait for the finished split's MMAs, add its partial into
+// the running total (total = total + acc, one fp32 add an element, in ascending split
+// order), and restart the accumulator from +0.0f for the next split.
+template <class T>
+__device__ __forceinline__ void fold_boundary(float (&acc)[T::N_SUB][64], float (&total)[T::N_SUB][64]) {
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < T::N_SUB; ++s) {
+    wgmma_fence_operands(acc[s]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      total[s][i] += acc[s][i];
+      acc[s][i] = 0.0f;
+    }
+  }
+}
+
+// PARTIAL's second half, after every thread stored its partial into slab `split` of the
+// fp32 workspace ws [S, M, N]: the CTA that counts last in its tile's counter (one zero
+// per (n tile, m tile) at blockIdx.y * m tiles + m tile) folds the tile's S partials in
+// ascending split order from +0.0f, writes y, and leaves the counter zero. NOTE: the
+// CUDA programming guide's last-block pattern, as gemm.cu's skinny_split: stores,
+// __threadfence, one atomicAdd a CTA; the last CTA fences again and reads through L2.
+// `flag` is a word of shared memory no thread reads any more (the drained ring).
+template <class T, class OutT>
+__device__ __forceinline__ void fold_partials(const float* __restrict__ ws, OutT* __restrict__ y,
+                                              unsigned* __restrict__ counters, int M, int N, int K,
+                                              int split_len, int m_tile, unsigned* flag) {
+  const int num_m_tiles = (M + T::BM - 1) / T::BM, num_splits = (K + split_len - 1) / split_len;
+  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
+  __threadfence();  // this thread's partial is visible device-wide before the count below
+  __syncthreads();  // every thread's is
+  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
+  __syncthreads();
+  if (*flag == 0u) return;
+  __threadfence();
+  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const long long slab = static_cast<long long>(M) * N;
+  for (int e = static_cast<int>(threadIdx.x); e < T::BM * T::BN; e += T::THREADS) {
+    const int row = m0 + e / T::BN, col = n0 + e % T::BN;
+    if (row >= M || col >= N) continue;
+    const long long at = static_cast<long long>(row) * N + col;
+    float sum = 0.0f;
+    for (int s = 0; s < num_splits; ++s) sum += __ldcg(ws + s * slab + at);
+    if constexpr (sizeof(OutT) == 2) {
+      y[at] = static_cast<unsigned short>(bf16_bits(sum));
+    } else {
+      y[at] = sum;
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+}
+
 // The global source of this thread's chunk i of k-tile kt, in the core-matrix layout
 // above (chunk c of the stage holds row 8 (c / 64) + c % 8, k chunk (c / 8) % 8), and
 // whether its row exists. NOTE: an invalid chunk still gets an in-bounds address;
@@ -252,52 +348,58 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, const unsigned s
 
 // x: [M, K], w: [N, K] BF16 bits; y: [M, N]. grid = (ceil(M / BM), ceil(N / BN)),
 // block = THREADS, dynamic shared memory = SMEM_BYTES; K % 64 == 0 (the launcher checks).
-template <class T, class OutT>
+template <class T, Split MODE, class OutT>
 __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict__ x,
                                                const unsigned short* __restrict__ w, OutT* __restrict__ y,
-                                               int M, int N, int K) {
+                                               int M, int N, int K, int split_len) {
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
-  // NOTE: the launcher mirrors THREADS and SMEM_BYTES; a mismatch must fail loudly.
+  // NOTE: the launcher mirrors THREADS and SMEM_BYTES (and split_len's granule); a
+  // mismatch must fail loudly, not read past the ring or mis-split K.
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
+  if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
-  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
-  const int num_k_tiles = K / T::BK;
+  const KRange range = k_range<T, MODE>(M, N, K, split_len);
+  if (MODE == Split::PARTIAL) y += range.slab;  // this split's slab of the workspace
+  const int m0 = range.m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int kt_begin = range.kt_begin, num_k_tiles = range.kt_end - range.kt_begin;
   const unsigned long long in_bits =
       reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w);
   const bool vec_in = (in_bits & 15ull) == 0;  // rows are K * 2 bytes: a multiple of 128
   const unsigned smem_base = shared_addr(gemm_sm90_smem);
 
   float acc[T::N_SUB][64];
+  float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
 #pragma unroll
   for (int s = 0; s < T::N_SUB; ++s)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[s][i] = 0.0f;
+    for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
 
-  // Prologue: tiles 0 .. STAGES - 3. One commit per tile slot (empty past the end)
-  // keeps the group count uniform.
+  // Prologue: this CTA's tiles 0 .. STAGES - 3 (local index t; k-tile kt_begin + t).
+  // One commit per tile slot (empty past the end) keeps the group count uniform.
 #pragma unroll
   for (int s = 0; s < T::STAGES - 2; ++s) {
     if (s < num_k_tiles)
-      load_tile<T>(gemm_sm90_smem + s * T::STAGE_BYTES, x, w, M, N, K, m0, n0, s, vec_in);
+      load_tile<T>(gemm_sm90_smem + s * T::STAGE_BYTES, x, w, M, N, K, m0, n0, kt_begin + s, vec_in);
     cp_async_commit();
   }
 
-  for (int kt = 0; kt < num_k_tiles; ++kt) {
-    cp_async_wait<T::STAGES - 3>();  // this thread's copies of tile kt have landed
+  for (int t = 0; t < num_k_tiles; ++t) {
+    cp_async_wait<T::STAGES - 3>();  // this thread's copies of tile t have landed
     fence_proxy_async();
-    // Every thread's copies of tile kt are visible to the tensor cores, and every
-    // warpgroup has finished the MMAs of tile kt - 2, whose slot is refilled next.
+    // Every thread's copies of tile t are visible to the tensor cores, and every
+    // warpgroup has finished the MMAs of tile t - 2, whose slot is refilled next.
     __syncthreads();
-    const int next = kt + T::STAGES - 2;
+    const int next = t + T::STAGES - 2;
     if (next < num_k_tiles)
-      load_tile<T>(gemm_sm90_smem + (next % T::STAGES) * T::STAGE_BYTES, x, w, M, N, K, m0, n0, next,
-                   vec_in);
+      load_tile<T>(gemm_sm90_smem + (next % T::STAGES) * T::STAGE_BYTES, x, w, M, N, K, m0, n0,
+                   kt_begin + next, vec_in);
     cp_async_commit();
 
-    const unsigned a_base = smem_base + (kt % T::STAGES) * T::STAGE_BYTES + warpgroup * 8 * T::STRIDE_BYTES;
-    const unsigned b_base = smem_base + (kt % T::STAGES) * T::STAGE_BYTES + T::A_BYTES;
+    const unsigned a_base = smem_base + (t % T::STAGES) * T::STAGE_BYTES + warpgroup * 8 * T::STRIDE_BYTES;
+    const unsigned b_base = smem_base + (t % T::STAGES) * T::STAGE_BYTES + T::A_BYTES;
+    if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
 #pragma unroll
     for (int s = 0; s < T::N_SUB; ++s) wgmma_fence_operands(acc[s]);
     wgmma_fence();
@@ -321,6 +423,8 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
   for (int s = 0; s < T::N_SUB; ++s) wgmma_fence_operands(acc[s]);
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
+  if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
+
   // D fragment (see wgmma_m64n128k16): d[i] at row 16 warp + lane / 4 + 8 ((i / 2) % 2),
   // column 8 (i / 4) + 2 (lane % 4) + i % 2. Rows >= M and columns >= N are never written.
   const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
@@ -330,8 +434,9 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
     for (int i = 0; i < 64; i += 2) {
       const int row = m0 + warpgroup * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
       const int col = n0 + s * 128 + 8 * (i / 4) + 2 * (lane % 4);
+      const float* d = MODE == Split::FOLD ? total[s] : acc[s];
       if (row < M && col < N)
-        store_pair(y, static_cast<long long>(row) * N + col, acc[s][i], acc[s][i + 1], col + 1 < N, vec_out);
+        store_pair(y, static_cast<long long>(row) * N + col, d[i], d[i + 1], col + 1 < N, vec_out);
     }
   }
 }
@@ -381,17 +486,24 @@ __device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsign
   return x + (valid ? static_cast<long long>(m0 + row) * K + k : 0LL);
 }
 
-template <class T, class OutT>
+// WHOLE, FOLD: y is the output; PARTIAL: y is the fp32 workspace [S, M, N], and the
+// tile's last CTA folds it into out (fold_partials). Launch geometry as gemm_sm90_tile.
+template <class T, Split MODE, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
-                                                  OutT* __restrict__ y, int M, int N, int K) {
+                                                  OutT* __restrict__ y, FinalT* __restrict__ out,
+                                                  unsigned* __restrict__ counters, int M, int N, int K,
+                                                  int split_len) {
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
+  if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128;
-  const int m0 = static_cast<int>(blockIdx.x) * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
-  const int num_k_tiles = K / T::BK;
+  const KRange range = k_range<T, MODE>(M, N, K, split_len);
+  const int m0 = range.m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
+  const int kt_begin = range.kt_begin, num_k_tiles = range.kt_end - range.kt_begin;
+  const int panel_tiles = K / T::BK;  // k-tiles of one packed panel
   const unsigned smem_base = shared_addr(gemm_sm90_smem);
   const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
 
@@ -404,12 +516,13 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   }
   __syncthreads();
 
+  // Local tile t (k-tile kt_begin + t) sits in stage t % STAGES.
   if (warpgroup == 0) {  // ---- producer ----
     const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
-    for (int kt = 0; kt < num_k_tiles; ++kt) {
-      const int s = kt % T::STAGES;
-      if (kt >= T::STAGES)  // the consumers released the stage's previous tile, kt - STAGES
-        while (!mbar_try_wait(empty0 + s * 8, ((kt / T::STAGES) + 1) & 1)) {
+    for (int t = 0; t < num_k_tiles; ++t) {
+      const int s = t % T::STAGES, kt = kt_begin + t;
+      if (t >= T::STAGES)  // the consumers released the stage's previous tile, t - STAGES
+        while (!mbar_try_wait(empty0 + s * 8, ((t / T::STAGES) + 1) & 1)) {
         }
       unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
       if (tid == 0) {
@@ -418,7 +531,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 #pragma unroll
         for (int i = 0; i < T::BN / 64; ++i)
           bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
-                        w_packed + ((panel0 + i) * num_k_tiles + kt) * T::PANEL_BYTES, T::PANEL_BYTES,
+                        w_packed + ((panel0 + i) * panel_tiles + kt) * T::PANEL_BYTES, T::PANEL_BYTES,
                         full0 + s * 8);
       }
       if (vec) {
@@ -447,59 +560,82 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
-    return;
-  }
-
-  // ---- consumers ----
-  const int consumer = warpgroup - 1;
-  const int warp = (tid / 32) % 4, lane = tid % 32;
-  float acc[T::N_SUB][64];
+    if (MODE != Split::PARTIAL) return;
+  } else {  // ---- consumers ----
+    const int consumer = warpgroup - 1;
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    float acc[T::N_SUB][64];
+    float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
 #pragma unroll
-  for (int s = 0; s < T::N_SUB; ++s)
+    for (int s = 0; s < T::N_SUB; ++s)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[s][i] = 0.0f;
+      for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
 
-  for (int kt = 0; kt < num_k_tiles; ++kt) {
-    const int s = kt % T::STAGES;
-    while (!mbar_try_wait(full0 + s * 8, (kt / T::STAGES) & 1)) {
+    for (int t = 0; t < num_k_tiles; ++t) {
+      const int s = t % T::STAGES;
+      while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
+      }
+      fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+      const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 8 * T::STRIDE_BYTES;
+      const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+      if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
+#pragma unroll
+      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < T::BK / 16; ++ks) {
+        const unsigned long long desc_a =
+            smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
+#pragma unroll
+        for (int j = 0; j < T::N_SUB; ++j) {
+          const unsigned long long desc_b = smem_desc(b_base + j * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
+                                                      T::LEAD_BYTES, T::STRIDE_BYTES);
+          wgmma_m64n128k16(acc[j], desc_a, desc_b);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
+#pragma unroll
+      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+      if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
     }
-    fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
-    const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 8 * T::STRIDE_BYTES;
-    const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+    wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-    wgmma_fence();
+    if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
+
+    OutT* dst = MODE == Split::PARTIAL ? y + range.slab : y;
+    const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(dst) % (2 * sizeof(OutT)) == 0;
 #pragma unroll
-    for (int ks = 0; ks < T::BK / 16; ++ks) {
-      const unsigned long long desc_a = smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
+    for (int j = 0; j < T::N_SUB; ++j) {
 #pragma unroll
-      for (int j = 0; j < T::N_SUB; ++j) {
-        const unsigned long long desc_b = smem_desc(b_base + j * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
-                                                    T::LEAD_BYTES, T::STRIDE_BYTES);
-        wgmma_m64n128k16(acc[j], desc_a, desc_b);
+      for (int i = 0; i < 64; i += 2) {
+        const int row = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
+        const int col = n0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4);
+        const float* d = MODE == Split::FOLD ? total[j] : acc[j];
+        if (row < M && col < N)
+          store_pair(dst, static_cast<long long>(row) * N + col, d[i], d[i + 1], col + 1 < N, vec_out);
       }
     }
-    wgmma_commit();
-    wgmma_wait<1>();  // the MMAs of tile kt - 1 are retired: release its stage
-#pragma unroll
-    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-    if (kt > 0) mbar_arrive(empty0 + ((kt - 1) % T::STAGES) * 8);
   }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+  // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is
+  // the first stage's, which no copy or MMA touches any more.
+  if constexpr (MODE == Split::PARTIAL)
+    fold_partials<T>(y, out, counters, M, N, K, split_len, range.m_tile,
+                     reinterpret_cast<unsigned*>(gemm_sm90_smem));
+}
 
-  const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(y) % (2 * sizeof(OutT)) == 0;
-#pragma unroll
-  for (int j = 0; j < T::N_SUB; ++j) {
-#pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-      const int row = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
-      const int col = n0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4);
-      if (row < M && col < N)
-        store_pair(y, static_cast<long long>(row) * N + col, acc[j][i], acc[j][i + 1], col + 1 < N, vec_out);
-    }
-  }
+// PARTIAL on a cp.async tile: this CTA's partial into the workspace, then the tile's
+// last CTA folds (fold_partials). The flag word is the drained ring's first.
+template <class T, class OutT>
+__device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict__ x,
+                                                const unsigned short* __restrict__ w, float* __restrict__ ws,
+                                                OutT* __restrict__ y, unsigned* __restrict__ counters, int M,
+                                                int N, int K, int split_len) {
+  extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
+  gemm_sm90_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
+  const int m_tile = static_cast<int>(blockIdx.x) % ((M + T::BM - 1) / T::BM);
+  fold_partials<T>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
 using Ws = Sm90WsTile<128, 6>;  // 3 warpgroups, 196,704 B shared
@@ -515,10 +651,24 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 
 }  // namespace
 
+// Entry points: x: [M, K], w: [N, K] BF16 bits (gemm_sm90_ws_*: the packed weight),
+// y: [M, N]. WHOLE (S = 1): (x, w, y, M, N, K). *_fold (FOLD; S > 1, any M): the same
+// and split_len. *_split (PARTIAL; S > 1, M <= BM: one m tile): partials through the fp32
+// workspace ws [S, M, N], folded by each tile's last CTA, counted in `counters`.
 #ifdef GEMM_SM90_ENABLED
-#define GEMM_SM90_BODY(TILE) gemm_sm90_tile<TILE>(x, w, y, M, N, K)
+#define GEMM_SM90_BODY(TILE) gemm_sm90_tile<TILE, Split::WHOLE>(x, w, y, M, N, K, 0)
+#define GEMM_SM90_FOLD_BODY(TILE) gemm_sm90_tile<TILE, Split::FOLD>(x, w, y, M, N, K, split_len)
+#define GEMM_SM90_SPLIT_BODY(TILE) gemm_sm90_split<TILE>(x, w, ws, y, counters, M, N, K, split_len)
+#define GEMM_SM90_WS_BODY(MODE, SPLIT_LEN) \
+  gemm_sm90_ws_tile<Ws, MODE>(x, w_packed, y, y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
+#define GEMM_SM90_WS_SPLIT_BODY \
+  gemm_sm90_ws_tile<Ws, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
+#define GEMM_SM90_FOLD_BODY(TILE) __trap()
+#define GEMM_SM90_SPLIT_BODY(TILE) __trap()
+#define GEMM_SM90_WS_BODY(MODE, SPLIT_LEN) __trap()
+#define GEMM_SM90_WS_SPLIT_BODY __trap()
 #endif
 
 extern "C" __global__ void __launch_bounds__(128, 1)
@@ -557,21 +707,67 @@ gemm_sm90_f32_wg2wide(const unsigned short* __restrict__ x, const unsigned short
   GEMM_SM90_BODY(Wg2Wide);
 }
 
-// The warp-specialized kernel: w is the packed weight (see Sm90WsTile).
-#ifdef GEMM_SM90_ENABLED
-#define GEMM_SM90_WS_BODY(TILE) gemm_sm90_ws_tile<TILE>(x, w_packed, y, M, N, K)
-#else
-#define GEMM_SM90_WS_BODY(TILE) __trap()
-#endif
+extern "C" __global__ void __launch_bounds__(128, 1)
+gemm_sm90_bf16_wg1_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
+                         int K, int split_len) {
+  GEMM_SM90_SPLIT_BODY(Wg1);
+}
 
+extern "C" __global__ void __launch_bounds__(128, 1)
+gemm_sm90_f32_wg1_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                        float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
+                        int K, int split_len) {
+  GEMM_SM90_SPLIT_BODY(Wg1);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_bf16_wg2_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_FOLD_BODY(Wg2);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                       float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_FOLD_BODY(Wg2);
+}
+
+// The warp-specialized kernel: w_packed is the packed weight (see Sm90WsTile).
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                   unsigned short* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Ws);
+  GEMM_SM90_WS_BODY(Split::WHOLE, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                  float* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Ws);
+  GEMM_SM90_WS_BODY(Split::WHOLE, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                       unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(Split::FOLD, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(Split::FOLD, split_len);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                        float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
+                        int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY;
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                       float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
+                       int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY;
 }

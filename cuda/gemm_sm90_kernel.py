@@ -13,14 +13,29 @@ work is one reshape at load. Compiled for sm_90a (wgmma exists on no other targe
 our own NVRTC call (nvrtc.compile_source) and loaded from the cubin: CuPy's RawModule
 would name the plain sm_90 target.
 
-What it guarantees (DESIGN §4): every y[m, n] is one fp32 accumulation over K in one
-fixed order, starting from +0 and taking the K slices [0, 16), [16, 32), ... in
-ascending order, one wgmma.m64n128k16 per slice, in every tile configuration. No
-split-K, no reduction across threads or CTAs; rows past M and columns past N are zero
-padding that never enters another element's sum and is never written. So y[m, n]
-depends on x[m, :], w[n, :] and K alone: bit-identical for any M, row offset,
-companion rows, configuration or kernel (`tile_config` picks one by M and N for
-occupancy; that only regroups the sequence). gemm_sm90.cu states the argument in full.
+What it guarantees (DESIGN §4): every y[m, n] is one fp32 computation over K in one
+fixed order that depends on the weight's shape (N, K) and nothing else, gemm.cu's rule:
+
+- S = `split_k(N, K)` (gemm_kernel's function, the same count gemm.cu uses) cuts K
+  into S contiguous splits of `split_length(K, S)` elements, a multiple of 128 and so
+  of this kernel's BK = 64: no k-tile straddles two splits.
+- Each split's partial P_s is one accumulator from +0 taking that split's K slices
+  [16j, 16j + 16) in ascending order, one wgmma.m64n128k16 a slice; with S > 1,
+  y = (((0 + P_0) + P_1) + ...) + P_{S-1} in fp32 (gemm.fold_partials is the twin of
+  these adds), then one rounding to BF16. S = 1 is the plain chain over all of K.
+- Every route computes exactly that: WHOLE (S = 1; any tile), PARTIAL (S > 1 at
+  M <= the tile's BM: one CTA per (split, tile) writes P_s to an fp32 workspace
+  [S, M, N]; the tile's last CTA, counted with an integer atomic, folds in ascending
+  split order) and FOLD (S > 1 at larger M: one CTA walks all of K and adds each
+  finished partial into a running total in registers at the split boundary).
+  No float atomics; rows past M and columns past N are zero padding that never enters
+  another element's sum and is never written.
+
+So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
+offset, companion rows, configuration, route or kernel (`launch_plan` picks one by M
+and N for occupancy; that only regroups the sequence). The wide tile (128 accumulators
+a thread) has no FOLD (a second set would not fit in 255 registers), so it runs only
+weights with S = 1. gemm_sm90.cu states the argument in full.
 
 The dispatch rule. This kernel's rows need NOT bit-equal gemm.cu's (mma.sync
 m16n8k16 is another instruction; the ISA does not tie their in-slice summation), so
@@ -29,9 +44,18 @@ decode step would differ. The rule: **`supported(arch, m, n, k)` decides from th
 device's architecture, N and K only; where it holds, every M of that (N, K) runs
 here, M = 1 included.** It holds on compute capability 9.0 (H100, H200) with
 K % 64 == 0 (every Llama shape) and N within the grid limit. `m` is taken so that a
-caller can pass what it has, and is not consulted.
+caller can pass what it has, and is not consulted. `gemm_family(arch, N, K, requested)`
+is the one decision between the families built on it: the requested one where
+`supported` holds, mma.sync elsewhere, and for no request WGMMA_BY_DEFAULT, off until
+bench/bench_gemm_sm90.py's verdict on an H100 says the Hopper kernel wins every shape.
 
-Nothing is allocated except the output when `out` is None. CuPy is imported lazily.
+Why the split: at M = 1 the grid is ceil(N / 128) CTAs without it, 32 for an 8B o or
+down projection, a quarter of an H100's 132 SMs; with S from `split_k` every 8B
+projection's M = 1 grid reaches a wave (`decode_waves`).
+
+Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
+the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -46,6 +70,7 @@ import numpy as np
 
 from . import nvrtc
 from .families import family
+from .gemm_kernel import num_splits, split_k, split_length
 from .kernels import BF16_BITS, check
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
@@ -179,6 +204,88 @@ def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Co
     return WG2_WIDE if waves(WG2_WIDE, num_rows, num_cols, num_sms) >= 1 else WG2
 
 
+@dataclass(frozen=True, slots=True)
+class Sm90Launch:
+    """The one kernel launch of a product: entry point, grid, threads, dynamic shared
+    memory, the split length it is passed (0: WHOLE, no split) and whether it takes the
+    fp32 workspace and tile counters (PARTIAL)."""
+
+    kernel: str
+    grid: tuple[int, int]
+    threads: int
+    smem_bytes: int
+    splits: int
+    split_len: int
+    workspace: bool
+
+
+# The split routes (S > 1) by the kernel they run: (config, route).
+SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
+    "wg1_split": (WG1, "split"),
+    "wg2_fold": (WG2, "fold"),
+    "ws_split": (WS, "split"),
+    "ws_fold": (WS, "fold"),
+}
+MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
+
+
+def launch_plan(
+    m: int, n: int, k: int, *, out_f32: bool, packed: bool, num_sms: int = H100_SMS,
+    route: str | None = None, splits: int | None = None,
+) -> Sm90Launch:  # fmt: skip
+    """The launch `gemm_sm90` makes for an [M, K] x [N, K] product, M, N > 0: with
+    S = split_k(N, K) = 1, WHOLE on `tile_config` (or the warp-specialized kernel for a
+    packed weight); with S > 1, PARTIAL up to the tile's BM rows (one m tile: the
+    decode grid S * ceil(N / 128)) and FOLD past it. `route` (a SPLIT_ROUTES key)
+    forces a split route at any M, for tests: every route gives every M the same bits.
+    `splits` (default split_k(N, K), what every caller should use: a weight's rows are
+    only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE."""
+    if splits is None:
+        splits = split_k(n, k)
+    elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
+        raise ValueError(
+            f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
+        )
+    if splits == 1 and route is None:
+        config: Sm90Config | Sm90WsConfig = WS if packed else tile_config(m, n, num_sms)
+        return Sm90Launch(
+            config.kernel_name(out_f32), grid(config, m, n), config.num_threads,
+            config.smem_bytes, 1, 0, False,
+        )  # fmt: skip
+    if route is None:
+        small = m <= (WS.block_m if packed else WG1.block_m)
+        route = ("ws_" if packed else "wg1_" if small else "wg2_") + ("split" if small else "fold")
+    if route not in SPLIT_ROUTES:
+        raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
+    config, kind = SPLIT_ROUTES[route]
+    if route.startswith("ws_") != packed:
+        raise ValueError(
+            f"route {route} needs a {'packed' if route.startswith('ws_') else 'plain'} weight"
+        )
+    length = split_length(k, splits)
+    tiles = grid(config, m, n)
+    name = f"{config.kernel_name(out_f32)}_{route.split('_')[1]}"
+    if kind == "fold":
+        return Sm90Launch(name, tiles, config.num_threads, config.smem_bytes, splits, length, False)
+    if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
+        raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
+    if tiles[0] * tiles[1] > MAX_COUNTERS:
+        raise ValueError(
+            f"the split route takes at most {MAX_COUNTERS} tiles; got {tiles[0] * tiles[1]}"
+        )
+    return Sm90Launch(
+        name, (tiles[0] * splits, tiles[1]), config.num_threads, config.smem_bytes, splits,
+        length, True,
+    )  # fmt: skip
+
+
+def decode_waves(n: int, k: int, *, packed: bool, num_sms: int = H100_SMS) -> float:
+    """CTAs of the M = 1 launch of an (N, K) weight over multiprocessors (each CTA's
+    ~192 KB of shared memory fits one a multiprocessor)."""
+    plan = launch_plan(1, n, k, out_f32=False, packed=packed)
+    return plan.grid[0] * plan.grid[1] / num_sms
+
+
 def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
     """Whether this kernel takes the products of an (N, K) weight on a device of
     compute capability `device_arch` ("90", "sm_90" or 90, as CuPy's
@@ -190,11 +297,32 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
     return arch in ("90", "90a") and 0 < k <= INT32_MAX and k % BLOCK_K == 0 and fits_grid
 
 
-def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
+# Whether a weight `supported` takes runs here when the caller names no family. False
+# until bench/bench_gemm_sm90.py on an H100 says "wgmma may be the sm_90 default" for
+# every shape (its verdict lines): no GPU has checked this kernel's speed yet.
+WGMMA_BY_DEFAULT = False
+
+
+def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = None) -> str:
+    """The one decision between the GEMM families for an (N, K) weight on a device:
+    "wgmma" (this kernel) or "mma" (gemm.cu). `requested` "mma" or "wgmma" is the
+    caller's choice (CupyBackend's `gemm`), None the default (WGMMA_BY_DEFAULT). A
+    weight `supported` does not take stays on "mma". Taken once, when the weight loads,
+    from the device and (N, K) alone: never from M (the module docstring's rule)."""
+    if requested not in (None, "mma", "wgmma"):
+        raise ValueError(f"gemm must be one of mma, wgmma; got {requested!r}")
+    wants = requested == "wgmma" or (requested is None and WGMMA_BY_DEFAULT)
+    return "wgmma" if wants and supported(device_arch, 0, n, k) else "mma"
+
+
+def gemm_sm90(
+    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
+) -> Any:
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
     takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
     warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
-    `out_f32`. `out`, when given, is written and returned. Needs a device `supported`
+    `out_f32`. `out`, when given, is written and returned. `splits` as `launch_plan`'s
+    (leave it None but to measure or test a split count). Needs a device `supported`
     accepts."""
     num_rows, num_cols, k = check_operands(x, w)
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
@@ -211,16 +339,38 @@ def gemm_sm90(x: Any, w: Any, *, out_f32: bool = False, out: Any = None) -> Any:
     arch = device_arch()
     if not supported(arch, num_rows, num_cols, k):
         raise ValueError(f"gemm_sm90 needs compute capability 9.0 (sm_90a); this device is {arch}")
-    config: Sm90Config | Sm90WsConfig
-    if isinstance(w, PackedWeight):
-        config, w = WS, w.data
+    packed = isinstance(w, PackedWeight)
+    plan = launch_plan(
+        num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), splits=splits
+    )
+    weight = w.data if packed else w
+    dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))
+    args: tuple[Any, ...]
+    if plan.workspace:
+        import cupy
+
+        counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
+        workspace = cupy.empty((plan.splits, num_rows, num_cols), dtype=np.float32)
+        args = (x, weight, workspace, out, counters, *dims, np.int32(plan.split_len))
+    elif plan.split_len:
+        args = (x, weight, out, *dims, np.int32(plan.split_len))
     else:
-        config = tile_config(num_rows, num_cols, _num_sms())
-    args = (x, w, out, np.int32(num_rows), np.int32(num_cols), np.int32(k))
-    _kernel(config, out_f32, _device_id())(
-        grid(config, num_rows, num_cols), (config.num_threads,), args, shared_mem=config.smem_bytes
+        args = (x, weight, out, *dims)
+    _kernel(plan.kernel, plan.smem_bytes, _device_id())(
+        plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes
     )
     return out
+
+
+@functools.cache
+def _tile_counters(device_id: int, stream_ptr: int) -> Any:
+    """The PARTIAL route's tile counters for launches on one stream: MAX_COUNTERS zeros,
+    which every launch leaves zero. NOTE: as gemm_kernel's, one array per (device,
+    stream), never freed, so launches that may overlap never share one and a captured
+    CUDA graph keeps it valid."""
+    import cupy
+
+    return cupy.zeros(MAX_COUNTERS, dtype=np.uint32)
 
 
 def check_operands(x: Any, w: Any) -> tuple[int, int, int]:
@@ -286,9 +436,9 @@ def _module(device_id: int) -> Any:
 
 
 @functools.cache
-def _kernel(config: Sm90Config | Sm90WsConfig, out_f32: bool, device_id: int) -> Any:
+def _kernel(name: str, smem_bytes: int, device_id: int) -> Any:
     """The entry point, with its shared-memory opt-in set on this device (all configs
     need more than the default 48 KB)."""
-    fn = _module(device_id).get_function(config.kernel_name(out_f32))
-    fn.max_dynamic_shared_size_bytes = config.smem_bytes
+    fn = _module(device_id).get_function(name)
+    fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

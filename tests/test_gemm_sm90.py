@@ -19,19 +19,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reprise.cuda.dtypes import BF16, F32
-from reprise.cuda.gemm import gemm_ref
+from reprise.cuda.dtypes import BF16, F32, to_bf16
+from reprise.cuda.gemm import fold_partials, gemm_ref, split_bounds
+from reprise.cuda.gemm_kernel import split_k, split_length
 from reprise.cuda.gemm_sm90_kernel import (
     CONFIGS,
     PACK_ROWS,
+    SPLIT_ROUTES,
     WG1,
     WG2,
     WG2_WIDE,
     WS,
     PackedWeight,
     Sm90Config,
+    Sm90Launch,
+    decode_waves,
     gemm_sm90,
     grid,
+    launch_plan,
     prepare_weight,
     supported,
     tile_config,
@@ -42,6 +47,7 @@ pytestmark = pytest.mark.kernels
 EMU = Path(__file__).parent / "kernel_emu"
 GUARD = 64  # poisoned elements past the output, which must stay poisoned
 LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+LM_HEAD_8B = (128256, 4096)
 
 
 @pytest.fixture(scope="module")
@@ -349,17 +355,42 @@ def test_the_launcher_launches_what_the_kernels_take(
 
     launches: list[str] = []
 
-    def fake_kernel(config: Any, out_f32: bool, device_id: int) -> Any:
+    def fake_kernel(name: str, smem_bytes: int, device_id: int) -> Any:
         def launch(
             grid_xy: tuple[int, int], block: tuple[int], args: tuple, *, shared_mem: int
         ) -> None:
-            x, w, y, m, n, k = args
-            launches.append(config.kernel_name(out_f32))
-            call = (*grid_xy, block[0], shared_mem, ptr(x), ptr(w), ptr(y), int(m), int(n), int(k))
-            if config is WS:
-                rc = lib.run_gemm_sm90_ws(int(out_f32), *call)
+            assert shared_mem == smem_bytes
+            launches.append(name)
+            if len(args) == 6:  # WHOLE
+                x, w, y, m, n, k = args
+                call = (
+                    *grid_xy,
+                    block[0],
+                    shared_mem,
+                    ptr(x),
+                    ptr(w),
+                    ptr(y),
+                    int(m),
+                    int(n),
+                    int(k),
+                )
+                if name.startswith("gemm_sm90_ws_"):
+                    rc = lib.run_gemm_sm90_ws(int("f32" in name), *call)
+                else:
+                    rc = lib.run_gemm_sm90(name.encode(), *call)
             else:
-                rc = lib.run_gemm_sm90(config.kernel_name(out_f32).encode(), *call)
+                if len(args) == 9:  # PARTIAL: x, w, ws, y, counters, M, N, K, split_len
+                    x, w, ws, y, counters, *dims = args
+                    ws.view(np.uint8).fill(0xFF)
+                else:  # FOLD: x, w, y, M, N, K, split_len
+                    (x, w, y, *dims), ws, counters = args, None, None
+                rc = lib.run_gemm_sm90_split(
+                    name.encode(), *grid_xy, block[0], shared_mem, ptr(x), ptr(w),
+                    None if ws is None else ptr(ws), ptr(y),
+                    None if counters is None else ptr(counters), *map(int, dims),
+                )  # fmt: skip
+                if counters is not None:
+                    assert not counters.any(), "the split route leaves its counters zero"
             assert rc == 0, rc
 
         return launch
@@ -368,6 +399,8 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "device_arch", lambda: "90")
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
+    monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
     for m in (1, 70, 130):
         x, w = operands(rng, m, 200, 128)
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
@@ -380,11 +413,30 @@ def test_the_launcher_launches_what_the_kernels_take(
             )
             assert np.array_equal(bits(packed), bits(plain))
     assert set(launches) == {c.kernel_name(f) for c in (WG1, WG2, WS) for f in (False, True)}
+    # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
+    launches.clear()
+    for m in (1, 70, 130):
+        x, w = operands(rng, m, 272, 1024)
+        assert split_k(272, 1024) == 4
+        x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
+        for out_f32 in (False, True):
+            dtype = np.float32 if out_f32 else np.uint16
+            plain = gemm_sm90(x_bits, w_bits, out_f32=out_f32, out=poisoned((m, 272), dtype))
+            check_twin(plain.view(F32 if out_f32 else BF16), x, w, out_f32=out_f32)
+            packed = gemm_sm90(
+                x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 272), dtype)
+            )
+            assert np.array_equal(bits(packed), bits(plain))
+    assert set(launches) == {
+        f"{c.kernel_name(f)}_{route}"
+        for c, route in ((WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"))
+        for f in (False, True)
+    }
     monkeypatch.setattr(launcher, "device_arch", lambda: "80")
     with pytest.raises(
         ValueError, match=r"needs compute capability 9\.0 \(sm_90a\); this device is 80"
     ):
-        gemm_sm90(x_bits, w_bits, out=poisoned((130, 200), np.uint16))
+        gemm_sm90(x_bits, w_bits, out=poisoned((130, 272), np.uint16))
 
 
 def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
@@ -430,3 +482,237 @@ def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
         ]
     with pytest.raises(ValueError, match="gemm must be one of mma, wgmma; got 'cublas'"):
         cupy_backend.CupyBackend(gemm="cublas")
+
+
+# ---- split-K ---------------------------------------------------------------------------
+
+COUNTERS = np.zeros(65536, np.uint32)
+
+
+class _NumpyAsCupy:
+    """What gemm_sm90 asks of CuPy on the split route, from NumPy (the emulation's arrays)."""
+
+    empty = staticmethod(np.empty)
+
+    class cuda:  # CuPy's name
+        @staticmethod
+        def get_current_stream() -> Any:
+            class Stream:
+                ptr = 0
+
+            return Stream()
+
+
+# (M, N, K) that split: S = split_k(N, K) > 1 with these small N (a short last split in
+# the second: K = 640 in splits of 256).
+SPLIT_SHAPES = [(300, 272, 1024), (300, 200, 640)]
+
+
+def emulated_plan(
+    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
+    order: np.ndarray | None = None, x_shift: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """`plan`'s launch on the emulation, as gemm_sm90 makes it: the output and the fp32
+    workspace poisoned (NaN), the counters zero and checked zero after; `order` (a
+    permutation of the grid's CTAs) the order the CTAs run and finish in; `x_shift`
+    elements move x off 16-byte alignment (the plain-load route)."""
+    (m, k), n = x.shape, w.shape[0]
+    x_buf = np.empty(m * k + x_shift, np.uint16)
+    x_buf[x_shift:] = np.ascontiguousarray(x).view(np.uint16).reshape(-1)
+    w_bits = np.ascontiguousarray(w).view(np.uint16)
+    weight = prepare_weight(w_bits).data if "_ws_" in plan.kernel else w_bits
+    dtype = np.float32 if out_f32 else np.uint16
+    y_buf = poisoned((m * n + GUARD,), dtype)
+    ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
+    counters = np.zeros(plan.grid[0] * plan.grid[1] + GUARD, np.uint32)
+    if order is not None:
+        order = np.ascontiguousarray(order, dtype=np.uint32)
+        assert sorted(order) == list(range(plan.grid[0] * plan.grid[1]))
+        lib.set_cta_order(ptr(order))
+    try:
+        rc = lib.run_gemm_sm90_split(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(x_buf[x_shift:]), ptr(weight), ptr(ws), ptr(y_buf),
+            ptr(counters), m, n, k, plan.split_len,
+        )  # fmt: skip
+    finally:
+        lib.set_cta_order(None)
+    assert rc == 0, (plan.kernel, rc)
+    assert not counters.any(), "every tile counter left zero for the next launch"
+    assert np.array_equal(bits(y_buf[m * n :]), bits(poisoned((GUARD,), dtype)))
+    if plan.workspace:  # nothing past the [S, M, N] workspace
+        assert np.array_equal(bits(ws[-GUARD:]), bits(poisoned((GUARD,), np.float32)))
+    return y_buf[: m * n].reshape(m, n).view(F32 if out_f32 else BF16)
+
+
+def fold_reference(lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The split rule computed another way: the unsplit kernel (WHOLE, fp32 out) on each
+    split's K range gives that split's partial, and gemm.fold_partials (NumPy) folds
+    them: a split route's fp32 output must equal it bit for bit."""
+    n, k = w.shape
+    bounds = split_bounds(k, split_length(k, split_k(n, k)))
+    assert len(bounds) == split_k(n, k) > 1
+    partials = [
+        emulated(lib, WG2, np.ascontiguousarray(x[:, a:b]), np.ascontiguousarray(w[:, a:b]),
+                 out_f32=True)
+        for a, b in bounds
+    ]  # fmt: skip
+    return fold_partials(np.stack(partials).view(F32))
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_routes_fold_the_partials_of_fixed_k_ranges(
+    lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int]
+) -> None:
+    """Every split route, at M = 1, 7, 64 and 300 (rows at several places in their tiles):
+    fp32 out bit-equals the fold of the unsplit kernel's partials, BF16 out its one
+    rounding, and both the twin's values within rounding. So no route depends on M, on
+    the row's position or on the configuration."""
+    m_max, n, k = shape
+    x, w = operands(rng, m_max, n, k)
+    want = fold_reference(lib, x, w)
+    unsplit = emulated(lib, WG2, x, w, out_f32=True)  # a fold is not the one long chain
+    assert not np.array_equal(bits(want), bits(unsplit))
+    for m, start in ((1, 0), (1, 299), (7, 100), (64, 3), (300, 0)):
+        rows = slice(start, start + m)
+        xs = np.ascontiguousarray(x[rows])
+        for route in SPLIT_ROUTES:
+            plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+            got = emulated_plan(lib, plan, xs, w, out_f32=True)
+            assert np.array_equal(bits(got), bits(want[rows])), (route, m, start)
+            plan = launch_plan(m, n, k, out_f32=False, packed=route.startswith("ws_"), route=route)
+            got16 = emulated_plan(lib, plan, xs, w, out_f32=False)
+            assert np.array_equal(bits(got16), bits(to_bf16(want[rows]))), (route, m, start)
+        check_twin(got, xs, w, out_f32=True)
+        check_twin(got16, xs, w, out_f32=False)
+
+
+def test_split_rows_do_not_depend_on_the_order_ctas_finish(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """The PARTIAL routes' last CTA of a tile folds in split order whichever CTA it is:
+    launch order, backwards and shuffled orders give the same bits."""
+    m, n, k = 7, 272, 1024
+    x, w = operands(rng, m, n, k)
+    for route in ("wg1_split", "ws_split"):
+        plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+        count = plan.grid[0] * plan.grid[1]
+        first = emulated_plan(lib, plan, x, w, out_f32=True)
+        for order in (np.arange(count)[::-1], rng.permutation(count), rng.permutation(count)):
+            got = emulated_plan(lib, plan, x, w, out_f32=True, order=order)
+            assert np.array_equal(bits(got), bits(first)), route
+
+
+def test_split_routes_take_unaligned_operands_and_odd_slabs(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """x off 16-byte alignment (plain loads) and an odd M * N (every other workspace slab
+    off 8-byte alignment: scalar partial stores): the same bits as the fold reference."""
+    m, n, k = 7, 201, 640
+    assert split_k(n, k) > 1 and (m * n) % 2 == 1
+    x, w = operands(rng, m, n, k)
+    want = fold_reference(lib, x, w)
+    for route in SPLIT_ROUTES:
+        plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+        for x_shift in (0, 1):
+            got = emulated_plan(lib, plan, x, w, out_f32=True, x_shift=x_shift)
+            assert np.array_equal(bits(got), bits(want)), (route, x_shift)
+
+
+def test_launch_plan_routes_by_weight_shape_then_m() -> None:
+    """S = 1: WHOLE on the tile config (or the warp-specialized kernel). S > 1: PARTIAL up
+    to the tile's rows, FOLD past them; never the wide tile (no FOLD registers)."""
+    assert split_k(28672, 4096) == 1
+    whole = launch_plan(300, 28672, 4096, out_f32=False, packed=False)
+    assert (whole.splits, whole.split_len, whole.workspace) == (1, 0, False)
+    assert whole.kernel == tile_config(300, 28672).kernel_name(False)
+    assert launch_plan(1, 28672, 4096, out_f32=True, packed=True).kernel == "gemm_sm90_ws_f32"
+    s = split_k(4096, 4096)
+    assert s > 1
+    for m, plain, packed in ((1, "wg1_split", "ws_split"), (64, "wg1_split", "ws_split"),
+                             (65, "wg2_fold", "ws_split"), (128, "wg2_fold", "ws_split"),
+                             (129, "wg2_fold", "ws_fold"), (4096, "wg2_fold", "ws_fold")):  # fmt: skip
+        for is_packed, route in ((False, plain), (True, packed)):
+            plan = launch_plan(m, 4096, 4096, out_f32=False, packed=is_packed)
+            config, kind = SPLIT_ROUTES[route]
+            assert plan.kernel == f"{config.kernel_name(False)}_{kind}", (m, is_packed)
+            assert plan.splits == s and plan.split_len == split_length(4096, s)
+            assert plan.split_len % 64 == 0 and plan.workspace == (kind == "split")
+            gx, gy = grid(config, m, 4096)
+            assert plan.grid == ((gx * s if kind == "split" else gx), gy)
+    with pytest.raises(ValueError, match="route must be one of wg1_split, wg2_fold"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_fold")
+    with pytest.raises(ValueError, match="route ws_fold needs a packed weight"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="ws_fold")
+    with pytest.raises(ValueError, match="splits must be a count that split_length cuts K = 4096"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, splits=0)
+    forced = launch_plan(1, 4096, 4096, out_f32=False, packed=True, splits=1)
+    assert (forced.kernel, forced.splits, forced.workspace) == ("gemm_sm90_ws_bf16", 1, False)
+
+
+def test_split_routes_trap_on_a_split_length_off_the_k_tile(lib: ctypes.CDLL) -> None:
+    """split_len must be a positive multiple of BK = 64 (the launcher's are multiples of
+    128): a kernel passed another traps rather than mis-split K; in a child process."""
+    for name, threads, smem in (("gemm_sm90_bf16_wg2_fold", WG2.num_threads, WG2.smem_bytes),
+                                ("gemm_sm90_ws_bf16_split", WS.num_threads, WS.smem_bytes)):  # fmt: skip
+        script = (
+            "import ctypes, numpy as np\n"
+            f"lib = ctypes.CDLL({lib._name!r})\n"
+            "x = np.zeros(1 << 16, np.uint16); f = np.zeros(64, np.float32)\n"
+            "c = np.zeros(4, np.uint32); p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+            f"lib.run_gemm_sm90_split({name.encode()!r}, 1, 1, {threads}, {smem}, "
+            "p(x), p(x), p(f), p(f), p(c), 1, 1, 128, 96)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and "__trap()" in done.stderr, (name, done.stderr)
+
+
+@pytest.mark.parametrize("layer", [*sorted(LLAMA_8B), "lm_head"])
+def test_decode_grid_fills_an_h100_on_llama_8b(layer: str) -> None:
+    """At M = 1 every 8B projection's launch, plain or packed, has at least one CTA per
+    SM of an H100 (132), and S comes from gemm_kernel.split_k as gemm.cu's does."""
+    n, k = LM_HEAD_8B if layer == "lm_head" else LLAMA_8B[layer]
+    for packed in (False, True):
+        plan = launch_plan(1, n, k, out_f32=layer == "lm_head", packed=packed)
+        assert plan.splits == split_k(n, k)
+        ctas = plan.grid[0] * plan.grid[1]
+        assert ctas == -(-n // 128) * plan.splits
+        assert decode_waves(n, k, packed=packed) == ctas / 132 >= 1, (layer, packed, ctas)
+        if plan.splits > 1:  # the splits cover K exactly, in k-tiles of 64
+            bounds = split_bounds(k, plan.split_len)
+            assert len(bounds) == plan.splits and bounds[-1][1] == k
+            assert all(a % 64 == 0 and b % 64 == 0 for a, b in bounds)
+
+
+def test_fold_partials_adds_in_ascending_split_order() -> None:
+    """The twin of the fold: ((+0 + P_0) + P_1) + P_2 in fp32, not any other grouping."""
+    big, tiny = np.float32(2.0**24), np.float32(1.0)
+    partials = np.array([[big], [tiny], [tiny]], dtype=np.float32)
+    assert fold_partials(partials)[0] == big  # (2^24 + 1) + 1 rounds back twice
+    assert fold_partials(partials[::-1].copy())[0] == big + 2  # 1 + 1 first
+    negative_zero = np.array([[-0.0], [-0.0]], dtype=np.float32)
+    assert np.signbit(fold_partials(negative_zero)[0]) == np.False_  # starts from +0
+    assert split_bounds(640, 256) == [(0, 256), (256, 512), (512, 640)]
+
+
+def test_gemm_family_decides_by_device_and_weight_shape_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one dispatch decision: the requested family where `supported` takes the weight,
+    mma.sync otherwise; the default follows WGMMA_BY_DEFAULT (off until measured)."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    assert launcher.gemm_family("90", 4096, 4096, "wgmma") == "wgmma"
+    assert launcher.gemm_family("90", 4096, 4096 + 16, "wgmma") == "mma"  # K % 64
+    assert launcher.gemm_family("80", 4096, 4096, "wgmma") == "mma"
+    assert launcher.gemm_family("90", 4096, 4096, "mma") == "mma"
+    assert launcher.gemm_family("90", 4096, 4096) == (
+        "wgmma" if launcher.WGMMA_BY_DEFAULT else "mma"
+    )
+    monkeypatch.setattr(launcher, "WGMMA_BY_DEFAULT", True)
+    assert launcher.gemm_family("90", 4096, 4096) == "wgmma"
+    assert launcher.gemm_family("89", 4096, 4096) == "mma"
+    with pytest.raises(ValueError, match="gemm must be one of mma, wgmma; got 'cublas'"):
+        launcher.gemm_family("90", 4096, 4096, "cublas")

@@ -1,7 +1,8 @@
 """gemm_sm90.cu builds for sm_90a through NVRTC, without a GPU, as the launcher builds it
 (test_kernels_compile.py builds every source for sm_80 and sm_90, where this file's entry
-points trap): every entry point in the cubin, no warning, and, where a cuobjdump is on
-PATH, warpgroup MMA (HGMMA.64x128x16) in each entry point's SASS and no local memory."""
+points trap): every entry point in the cubin, no warning, every one (the split-K routes
+included) within its launch bounds' registers with no local memory (spills), and, where
+a cuobjdump is on PATH, warpgroup MMA (HGMMA.64x128x16) in each entry point's SASS."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from reprise.cuda import nvrtc
-from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE, WS
+from reprise.cuda.gemm_kernel import ctas_per_sm
+from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE, SPLIT_ROUTES, WS
+
+# Every entry point: the WHOLE kernels, then the split-K routes (gemm_sm90_kernel.launch_plan).
+ENTRY_POINTS = [
+    *(c.kernel_name(f32) for c in (*CONFIGS, WS) for f32 in (False, True)),
+    *(f"{c.kernel_name(f32)}_{kind}" for c, kind in SPLIT_ROUTES.values() for f32 in (False, True)),
+]
 
 pytestmark = pytest.mark.kernels
 
@@ -35,9 +43,31 @@ def cubin() -> bytes:
 def test_every_entry_point_builds_for_sm90a(cubin: bytes) -> None:
     assert cubin[:4] == b"\x7fELF"
     names = nvrtc.kernel_names(nvrtc.kernel_source(SOURCE))
-    assert names == [c.kernel_name(f32) for c in (*CONFIGS, WS) for f32 in (False, True)]
+    assert sorted(names) == sorted(ENTRY_POINTS)
     for name in names:
         assert name.encode() + b"\x00" in cubin, name
+
+
+def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> None:
+    """No stack frame (nothing spilled: the FOLD routes' second accumulator set fits), and
+    one CTA of each (its launch bounds' threads, its tile's shared memory) resident an SM."""
+    resources = nvrtc.kernel_resources(cubin)
+    configs = {c.kernel_name(f32): c for c in (*CONFIGS, WS) for f32 in (False, True)}
+    configs.update(
+        {
+            f"{c.kernel_name(f32)}_{kind}": c
+            for c, kind in SPLIT_ROUTES.values()
+            for f32 in (False, True)
+        }
+    )
+    assert sorted(resources) == sorted(ENTRY_POINTS)
+    for name, used in resources.items():
+        config = configs[name]
+        print(f"{name}: {used.registers} registers, {used.local_bytes} B local")
+        assert used.local_bytes == 0, (name, used)
+        assert used.registers <= 65536 // config.num_threads, (name, used)
+        shared = used.shared_bytes + config.smem_bytes
+        assert ctas_per_sm(config.num_threads, used.registers, shared) >= 1, (name, used)
 
 
 def cuda_tool(name: str) -> Path | None:
@@ -62,7 +92,7 @@ def test_the_sass_runs_on_warpgroup_mma(cubin: bytes, tmp_path: Path) -> None:
     )
     assert sass.returncode == 0, sass.stderr
     functions = sass.stdout.split("Function : ")[1:]
-    assert len(functions) == 2 * (len(CONFIGS) + 1)
+    assert len(functions) == len(ENTRY_POINTS)
     for text in functions:
         name = text.split()[0]
         assert "HGMMA.64x128x16.F32.BF16" in text, name

@@ -1,7 +1,10 @@
 """The Hopper GEMM (cuda/gemm_sm90.cu) on an sm_90 GPU: against the twin and the float64
 product on Llama-3.1-8B's shapes, every output element written; every row bit-identical
 to the same row computed alone, whatever M, offset, companion rows or tile configuration
-(DESIGN §4). Skipped without a CUDA device of compute capability 9.0.
+(DESIGN §4), on the split-K routes (S = split_k(N, K) > 1: PARTIAL at small M, FOLD at
+large M) as on the unsplit ones; a split result equals the fold of its splits' partials
+(gemm.fold_partials over the unsplit kernel on each K range) on real tensor cores.
+Skipped without a CUDA device of compute capability 9.0.
 
 It also records, without asserting, whether this kernel's rows bit-equal gemm.cu's
 (mma.sync) rows: the dispatch rule (gemm_sm90_kernel's docstring) assumes they may not."""
@@ -106,3 +109,43 @@ def test_mma_sync_agreement_is_recorded(hopper, rng, record_property) -> None:
     differ = int(np.count_nonzero(ours.view(np.uint32) != theirs.view(np.uint32)))
     record_property("elements_differing_from_mma_sync", differ)
     print(f"gemm_sm90 vs gemm.cu, fp32 out, 256 x 4096 x 4096: {differ} of {ours.size} differ")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["cp-async", "warp-specialized"])
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096), (1024, 272)])
+def test_split_is_the_fold_of_its_partials(hopper, rng, k: int, n: int, packed: bool) -> None:
+    """fp32 out of every M (PARTIAL and FOLD routes) bit-equals (((0 + P_0) + P_1) + ...)
+    folded in NumPy from the unsplit kernel (splits=1) on each split's K range; BF16
+    out its one rounding. The same on every M, so the route never reaches a bit."""
+    from reprise.cuda.dtypes import to_bf16
+    from reprise.cuda.gemm import fold_partials, split_bounds
+    from reprise.cuda.gemm_kernel import split_k, split_length
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+
+    cp = hopper
+    splits = split_k(n, k)
+    assert splits > 1
+    w = weights(rng, n, k)
+    pool = activations(rng, 300, k)
+    partials = []
+    for a, b in split_bounds(k, split_length(k, splits)):
+        w_part = dev(np.ascontiguousarray(w[:, a:b]))
+        part = gemm_sm90(dev(np.ascontiguousarray(pool[:, a:b])), w_part, out_f32=True, splits=1)
+        partials.append(host(part))
+    want = fold_partials(np.stack(partials).view(F32))
+    w_dev = prepare_weight(dev(w)) if packed else dev(w)
+    routes = set()
+    for m, start in ((1, 0), (1, 299), (7, 50), (64, 3), (65, 100), (129, 0), (300, 0)):
+        routes.add(launch_plan(m, n, k, out_f32=True, packed=packed).kernel)
+        x = dev(pool[start : start + m])
+        got = host(gemm_sm90(x, w_dev, out_f32=True, out=poisoned((m, n), np.float32)))
+        assert np.array_equal(got.view(np.uint32), want[start : start + m].view(np.uint32)), (
+            m,
+            start,
+        )
+        got16 = host(gemm_sm90(x, w_dev, out=poisoned((m, n), np.uint16)))
+        assert np.array_equal(
+            got16.view(np.uint16), to_bf16(want[start : start + m]).view(np.uint16)
+        )
+    assert any(r.endswith("_split") for r in routes) and any(r.endswith("_fold") for r in routes)
+    cp.cuda.Device().synchronize()

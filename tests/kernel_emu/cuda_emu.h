@@ -75,6 +75,9 @@ namespace emu {
 // Run a grid's CTAs last to first (set_reversed_ctas in driver.cpp): a kernel whose result
 // depends on which CTA runs last shows it.
 inline bool g_reversed_ctas = false;
+// When set (a permutation of the grid's CTA indices, y * grid.x + x), launch() runs the
+// CTAs in this order instead; the caller keeps it alive and as long as the grid.
+inline const unsigned* g_cta_order = nullptr;
 constexpr int kMaxThreads = 1024;
 constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
 enum class Wait : unsigned char { kRunning, kWarp, kBlock, kDone };
@@ -293,8 +296,10 @@ template <class F> void launch(dim3 grid, int threads, F kernel) {
   emu::g_cta.kernel = &kernel;
   emu::g_cta.run = [](void* k) { (*static_cast<F*>(k))(); };
   const unsigned count = grid.x * grid.y;
-  for (unsigned i = 0; i < count; ++i) {  // CTAs in launch order, or (g_reversed_ctas) backwards
-    const unsigned at = emu::g_reversed_ctas ? count - 1 - i : i;
+  for (unsigned i = 0; i < count; ++i) {  // launch order, or backwards, or g_cta_order's
+    const unsigned at = emu::g_cta_order != nullptr ? emu::g_cta_order[i]
+                        : emu::g_reversed_ctas     ? count - 1 - i
+                                                   : i;
     blockIdx = {at % grid.x, at / grid.x, 0};
     emu::run_cta();
   }

@@ -12,6 +12,7 @@
 #include "mbarrier_emu.h"
 #include "../../cuda/common.cuh"  // at file scope, before the source (as driver.cpp does)
 
+#include <functional>
 #include <string>
 
 // Its `extern __shared__` buffer is gemm_sm90_smem below, sized for the largest tile
@@ -85,4 +86,60 @@ int run_gemm_sm90_ws(int out_f32, int grid_x, int grid_y, int threads, int smem_
   g_ptx_smem_bytes = 0;
   return left_behind == 0 ? 0 : 3;
 }
+
+// The split-K entry points (S > 1), as gemm_sm90_kernel.launch_plan names them:
+// gemm_sm90_{bf16,f32}_wg1_split and gemm_sm90_ws_{bf16,f32}_split (partials through the
+// fp32 workspace ws [S, M, N], folded by each tile's last CTA, which counts in
+// `counters`), gemm_sm90_{bf16,f32}_wg2_fold and gemm_sm90_ws_{bf16,f32}_fold (each CTA
+// walks all of K; ws and counters unused). w is the packed weight for gemm_sm90_ws_*.
+// Returns as run_gemm_sm90.
+int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
+                        const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
+                        int N, int K, int split_len) {
+  namespace e = gemm_sm90_emu;
+  using Plain = const unsigned short*;
+  using Packed = const unsigned char*;
+  const std::string n = name;
+  auto* y16 = static_cast<unsigned short*>(y);
+  auto* y32 = static_cast<float*>(y);
+  std::function<void()> body;
+  if (n == "gemm_sm90_bf16_wg1_split")
+    body = [&] { e::gemm_sm90_bf16_wg1_split(x, static_cast<Plain>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_f32_wg1_split")
+    body = [&] { e::gemm_sm90_f32_wg1_split(x, static_cast<Plain>(w), ws, y32, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_bf16_wg2_fold")
+    body = [&] { e::gemm_sm90_bf16_wg2_fold(x, static_cast<Plain>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_f32_wg2_fold")
+    body = [&] { e::gemm_sm90_f32_wg2_fold(x, static_cast<Plain>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_fold")
+    body = [&] { e::gemm_sm90_ws_bf16_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_fold")
+    body = [&] { e::gemm_sm90_ws_f32_fold(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_split")
+    body = [&] { e::gemm_sm90_ws_bf16_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_split")
+    body = [&] { e::gemm_sm90_ws_f32_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
+  if (!body) return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
+  const bool warp_specialized = n.rfind("gemm_sm90_ws_", 0) == 0;
+  std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
+  g_ptx_smem = e::gemm_sm90_smem;
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  int left_behind = 0;
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (warp_specialized && threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA
+    body();
+    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
+    if (!copies || !mmas) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind == 0 ? 0 : 3;
+}
+
+// Nonzero: launch() runs a grid's CTAs last to first (the split's counters then see
+// every other finishing order than launch order's).
+void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
+// A permutation of the grid's CTAs to run them in (the caller keeps it alive), or null.
+void set_cta_order(const unsigned* order) { emu::g_cta_order = order; }
 }
