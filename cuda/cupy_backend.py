@@ -39,11 +39,11 @@ class CupyBackend:
 
     `gemm` picks the GEMM family: "mma" (gemm.cu, `mma.sync` with a fixed split-K per
     weight; every device) or "wgmma" (gemm_sm90.cu, Hopper's warpgroup MMA on a packed
-    weight; opt-in until measured on a GPU). A weight takes its family's kernel for
-    every M, chosen from the device and its (N, K) alone when it loads
-    (gemm_sm90_kernel.supported), so rows stay M-independent; a weight "wgmma" cannot
-    take stays on "mma". NOTE: "wgmma" does not split K yet, so its M=1 grid is far
-    below a wave: it is for measuring prefill, not for decode."""
+    weight, split over K by the same rule; opt-in until measured on a GPU:
+    gemm_sm90_kernel.WGMMA_BY_DEFAULT). A weight takes its family's kernel for every M,
+    chosen from the device and its (N, K) alone when it loads
+    (gemm_sm90_kernel.gemm_family), so rows stay M-independent; a weight "wgmma" cannot
+    take stays on "mma"."""
 
     name = "cupy"
 
@@ -68,9 +68,9 @@ class CupyBackend:
         assert w.dtype == BF16, w.dtype
         weight = to_device(w)
         if self.gemm_family == "wgmma":
-            from .gemm_sm90_kernel import device_arch, prepare_weight, supported
+            from .gemm_sm90_kernel import device_arch, gemm_family, prepare_weight
 
-            if supported(device_arch(), 0, *w.shape):
+            if gemm_family(device_arch(), *w.shape, requested="wgmma") == "wgmma":
                 return prepare_weight(weight)
         return weight
 
