@@ -55,11 +55,11 @@ from ...ipc.messages import (
 )
 from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
-from ..engine.params import Retention, SamplingParams, StepOutput
+from ..engine.params import Completion, Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Arrival, Connections, ConnId, Limits
-from .detokenize import Detokenizing
+from .detokenize import Detokenizing, TextEnd
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
@@ -112,7 +112,6 @@ class LiveRequest:
     stream: bool
     t_received: float
     t_first: float | None = None
-    text_off_loop: bool = False  # no stop strings: detokenized on Server.text's thread
     t_first_step: float | None = None  # when the step that gave the first token began
 
 
@@ -174,7 +173,7 @@ class Server:
         # loop; the tokenizer releases the GIL while it encodes.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
-        self.text = Detokenizing(engine.tokenizer)  # the text of requests without stop strings
+        self.text = Detokenizing(engine.tokenizer)  # every request's text and stop strings
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
@@ -306,6 +305,7 @@ class Server:
             if self.notifier.watchdog_interval_s is not None:
                 timeout = min(timeout, int(self.notifier.watchdog_interval_s * 1000))
             self._on_arrivals(self.conns.wait(timeout / 1000))
+            self._cancel_stopped()
             self._admit_ready()
             if self.engine.has_work():
                 t_step = time.monotonic()
@@ -430,8 +430,6 @@ class Server:
         except (ValueError, TypeError) as e:
             raise ProtocolError("bad_request", str(e)) from None
         self._check_limits(params)
-        if not params.stop:  # token ids alone decide its end: detokenized off the loop
-            params = replace(params, detokenize=False)
         self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
         future = self._tokenizing.submit(self._prompt_ids, request)
         self.pending[(route, request.id)] = PendingRequest(
@@ -455,10 +453,13 @@ class Server:
         request = pending.request
         prompt_ids = pending.prompt_ids.result()  # a ProtocolError raised there comes here
         retention = Retention(priority=request.priority) if request.priority is not None else None
+        params = pending.params
         try:
+            # Token ids alone end it in the engine; its text and stop strings are the
+            # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
             request_id = self.engine.add_request(
                 prompt_ids,
-                pending.params,
+                replace(params, stop=[], detokenize=False),
                 cache_salt=request.cache_salt,
                 retention=retention,
                 priority=request.queue_priority,
@@ -470,14 +471,11 @@ class Server:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        off_loop = not pending.params.detokenize
-        if off_loop:  # the detokenizer's context is the prompt's text tokens (no table ids)
-            vocab = self.engine.config.vocab_size
-            text_ids = [t for t in prompt_ids if t < vocab]
-            self.text.open(request_id, text_ids, pending.params.skip_special_tokens)
-        self.live[request_id] = LiveRequest(
-            route, request.id, request.stream, pending.t_received, text_off_loop=off_loop
-        )
+        # the detokenizer's context is the prompt's text tokens (no table ids)
+        vocab = self.engine.config.vocab_size
+        text_ids = [t for t in prompt_ids if t < vocab]
+        self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
+        self.live[request_id] = LiveRequest(route, request.id, request.stream, pending.t_received)
         self.by_client[(route, request.id)] = request_id
 
     def _check_limits(self, params: SamplingParams) -> None:
@@ -560,42 +558,57 @@ class Server:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
             live.t_first, live.t_first_step = time.monotonic(), t_step
-        if live.text_off_loop:
-            self._push_text(request_id, live, output)
-        elif live.stream:
-            logprobs = self._logprobs_wire(output.logprobs)
-            chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
-            if not self._send(live.route, encode(chunk)):
-                self._drop_client(live.route)
-                return
+        self._push_text(request_id, live, output)
         if output.finish_reason is not None:
             self._finish(request_id)
 
     def _push_text(self, request_id: RequestId, live: LiveRequest, output: StepOutput) -> None:
-        """Hand new tokens to the detokenizing thread, which streams their text."""
+        """Hand new tokens to the detokenizing thread, which streams their text (and the
+        tokens up to a stop string, when one ends the request)."""
         route, client_id, token_ids = live.route, live.client_id, output.token_ids
         logprobs = output.logprobs
 
-        def send_chunk(text: str) -> None:  # on the detokenizing thread
-            chunk = TokenChunk(client_id, token_ids, text, self._logprobs_wire(logprobs))
+        def send_chunk(text: str, num_tokens: int) -> None:  # on the detokenizing thread
+            kept = None if logprobs is None else logprobs[:num_tokens]
+            chunk = TokenChunk(client_id, token_ids[:num_tokens], text, self._logprobs_wire(kept))
             self._send_quietly(route, encode(chunk))
 
-        last = output.finish_reason is not None
-        self.text.push(request_id, token_ids, last=last, then=send_chunk if live.stream else None)
+        self.text.push(
+            request_id,
+            token_ids,
+            finish_reason=output.finish_reason,
+            then=send_chunk if live.stream else None,
+        )
 
-    def _finish(self, request_id: RequestId) -> None:
-        """Send the Done of a request the engine finished or cancelled, and forget it."""
+    def _cancel_stopped(self) -> None:
+        """Cancel in the engine the requests a stop string ended on the detokenizing thread
+        (the engine may have computed a token or two more; the reply leaves them out).
+        Their one Done comes from `_finish`, with the text and tokens cut at the stop."""
+        for request_id in self.text.take_stopped():
+            if request_id in self.live:  # else the engine finished it first, or it was dropped
+                self.engine.cancel(request_id)
+                self._finish(request_id)
+
+    def _finish(self, request_id: RequestId, abort: tuple[str, str] | None = None) -> None:
+        """Send the Done of a request the engine finished or cancelled (or a stop string
+        ended), and forget it. With `abort` (code, message), a request no stop string
+        ended gets that error instead of a Done."""
         live = self.live.pop(request_id)
         del self.by_client[(live.route, live.client_id)]
-        completion = self.engine.take_completion(request_id)
+        whole = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
 
-        def done_bytes(text: str) -> bytes:  # on the loop, or on the detokenizing thread
+        def send_done(end: TextEnd) -> None:  # on the detokenizing thread, after the chunks
+            if abort is not None and not end.stopped:
+                self.counters.num_errors_total += 1
+                self._send_quietly(live.route, error_bytes(*abort, live.client_id))
+                return
+            completion = _cut(whole, end)
             done = Done(
                 id=live.client_id,
                 finish_reason=completion.finish_reason,
-                text=text,
+                text=completion.text,
                 token_ids=completion.token_ids,
                 prompt_tokens=len(completion.prompt_token_ids),
                 cached_tokens=completion.cached_tokens,
@@ -608,14 +621,9 @@ class Server:
                 queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
             )
             self._log_done(done, (now - live.t_received) * 1000)
-            return encode(done)
+            self._send_quietly(live.route, encode(done))
 
-        if live.text_off_loop:
-            self.text.close(
-                request_id, then=lambda text: self._send_quietly(live.route, done_bytes(text))
-            )
-        elif not self._send(live.route, done_bytes(completion.text)):
-            self._drop_client(live.route)
+        self.text.close(request_id, then=send_done)
 
     @staticmethod
     def _log_done(done: Done, total_ms: float) -> None:
@@ -660,22 +668,17 @@ class Server:
         del self.by_client[(live.route, live.client_id)]
         self.engine.cancel(request_id)
         self.engine.take_completion(request_id)
-        if live.text_off_loop:
-            self.text.discard(request_id)
+        self.text.discard(request_id)
 
     def _abort_all(self, code: str, message: str) -> None:
         for (route, client_id), pending in list(self.pending.items()):
             pending.prompt_ids.cancel()
             self._send_error(route, code, message, client_id)
         self.pending.clear()
-        for request_id, live in list(self.live.items()):
-            self._cancel_silently(request_id)
-            if live.text_off_loop:  # after the chunks still queued there
-                self.counters.num_errors_total += 1
-                data = error_bytes(code, message, live.client_id)
-                self.text.then(functools.partial(self._send_quietly, live.route, data))
-            else:
-                self._send_error(live.route, code, message, live.client_id)
+        self._cancel_stopped()
+        for request_id in list(self.live):  # the error follows the chunks still queued
+            self.engine.cancel(request_id)
+            self._finish(request_id, abort=(code, message))
 
     def _send(self, route: Route, data: bytes) -> bool:
         """Non-blocking; False when the client is gone or not reading."""
@@ -735,3 +738,20 @@ class Server:
         self.pub.send_multipart(batch_frames(self.event_seq, payload))
         self.event_seq += 1
         self.counters.num_events_published += len(events)
+
+
+def _cut(completion: Completion, end: TextEnd) -> Completion:
+    """The completion as the reply gives it: with the text the detokenizing thread made,
+    and cut after the token a stop string ended on (the engine, which never sees stop
+    strings in the daemon, may have computed more)."""
+    if not end.stopped:
+        return replace(completion, text=end.text)
+    n = end.num_tokens
+    return replace(
+        completion,
+        token_ids=completion.token_ids[:n],
+        text=end.text,
+        finish_reason="stop",
+        logits=None if completion.logits is None else completion.logits[:n],
+        logprobs=None if completion.logprobs is None else completion.logprobs[:n],
+    )
