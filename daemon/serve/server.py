@@ -14,6 +14,9 @@ Guarantees:
   blocks return to the pool;
 - bad input never stops the daemon: any failure handling one message becomes an
   ErrorReply ("internal" for our own bugs) and the loop goes on;
+- messages are decoded and checked off the loop, on the connections' I/O thread
+  (intake.py), which answers a bad one itself; prompts are tokenized on a thread and
+  text is made on another (detokenize.py), so the loop spends its time on engine steps;
 - `health` and `stats` are answered within milliseconds even during a long engine
   step: the connections' I/O thread answers them from the `Snapshot` the loop
   publishes before and after every step. Between steps, and with `check` (the pool's
@@ -32,23 +35,16 @@ from dataclasses import dataclass, field, replace
 
 import zmq
 
-from ...ipc.codec import (
-    decode_request,
-    encode,
-    error_bytes,
-    logits_to_wire,
-    logprobs_to_wire,
-    prompt_table_from_wire,
-)
+from ...ipc.codec import encode, error_bytes, logits_to_wire, logprobs_to_wire
 from ...ipc.framing import Oversize
 from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
 from ...ipc.messages import (
     Cancel,
     Done,
-    Generate,
     Health,
     HealthReply,
     ProtocolError,
+    Request,
     StatsReply,
     StatsRequest,
     TokenChunk,
@@ -58,8 +54,9 @@ from ..engine.engine import Engine
 from ..engine.params import Completion, Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
-from .connections import Arrival, Connections, ConnId, Limits
+from .connections import Answer, Arrival, Connections, ConnId, Limits
 from .detokenize import Detokenizing, TextEnd
+from .intake import Ready, RequestChecks, RequestLimits
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
@@ -119,10 +116,8 @@ class LiveRequest:
 class PendingRequest:
     """A generate whose prompt is being tokenized off the loop (Server._admit_ready)."""
 
-    request: Generate
-    params: SamplingParams
+    ready: Ready
     prompt_ids: Future[list[int]]
-    t_received: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +134,8 @@ class Snapshot:
 @dataclass(slots=True)
 class Counters:
     num_requests_total: int = 0
-    num_errors_total: int = 0
+    num_errors_total: int = 0  # the loop's and the detokenizing thread's replies
+    num_errors_read: int = 0  # bad messages answered by the I/O thread (its only writer)
     num_disconnect_cancels: int = 0
     num_events_published: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -174,6 +170,10 @@ class Server:
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self.text = Detokenizing(engine.tokenizer)  # every request's text and stop strings
+        limits = RequestLimits(config.max_tokens_cap, config.max_stop_strings,
+                               config.max_stop_chars, config.max_logits_bytes)  # fmt: skip
+        self.checks = RequestChecks(limits, engine.tokenizer, vocab_size=engine.config.vocab_size,
+                                    max_model_len=engine.max_model_len)  # fmt: skip
         self.counters = Counters()
         self.draining = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
@@ -194,7 +194,7 @@ class Server:
         retirement. `progress(done, total)` counts these stages."""
         engine, start = self.engine, time.perf_counter()
         report = progress or (lambda done, total: None)
-        _ = self.max_token_bytes  # the prompt-size bound, read once from the vocabulary
+        _ = self.checks.max_token_bytes  # the prompt-size bound, read once from the vocabulary
         graphs = engine.runner.decode is not None
         total = 2 if graphs else 1
         report(0, total)
@@ -233,7 +233,7 @@ class Server:
         if path is not None:
             prepare_ipc_path(path)
         self._publish_snapshot(step_started=None)
-        self.conns = Connections(cfg.address, limits, quick=self._quick_reply)
+        self.conns = Connections(cfg.address, limits, intake=self._intake)
         self.conns.bind()
         if path is not None:
             path.chmod(0o600)
@@ -279,7 +279,7 @@ class Server:
         log.info(
             "stopped after %d request(s), %d error repl(ies)",
             self.counters.num_requests_total,
-            self.counters.num_errors_total,
+            self.num_errors,
         )
         for address in (self.config.address, self.config.events_address):
             path = ipc_path(address) if address else None
@@ -327,9 +327,6 @@ class Server:
             route, payload = arrival.conn, arrival.payload
             if payload is None:  # the connection closed: nobody is left to answer
                 self._drop_client(route)
-            elif isinstance(payload, Oversize):  # dropped unread by the connection's reader
-                self._send_error(route, "too_large", f"message has {payload.num_bytes} bytes; "
-                                 f"the limit is {self.config.max_message_bytes}")  # fmt: skip
             else:
                 try:
                     self._handle(route, payload)
@@ -339,13 +336,13 @@ class Server:
                     log.exception("internal error handling a message")
                     self._send_error(route, "internal", f"{type(e).__name__}: {e}")
 
-    def _handle(self, route: Route, payload: bytes) -> None:
-        request = decode_request(payload)
-        if isinstance(request, Generate):
+    def _handle(self, route: Route, request: Ready | Request) -> None:
+        """A message `_intake` read and checked (a generate as `Ready`)."""
+        if isinstance(request, Ready):
             try:
                 self._start(route, request)
             except ProtocolError as e:
-                e.request_id = request.id
+                e.request_id = request.request.id
                 raise
         elif isinstance(request, Cancel):
             pending = self.pending.pop((route, request.id), None)
@@ -363,28 +360,38 @@ class Server:
             self._finish(request_id)
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
-        elif isinstance(request, Health):
-            self._publish_snapshot(step_started=None, refresh=True)
-            reply = self._answer_health(self.snapshot)
-            self._send(route, encode(reply))
+        else:
+            raise AssertionError(f"{type(request).__name__} reached the loop")
 
-    def _quick_reply(self, payload: bytes) -> bytes | None:
-        """On the I/O thread: the reply to a health message, or to a stats message while
-        a step runs, from the last snapshot; None for every other message (and for stats
-        between steps, or with `check`), which the loop answers. Reads only the snapshot,
-        the fixed config and live counters."""
-        snapshot = self.snapshot
-        if snapshot is None:
-            return None
+    def _intake(self, frame: bytes | Oversize) -> object:
+        """On the I/O thread, each frame: decoded and checked (intake.py), a bad one
+        answered with its error; a health message, or a stats message while a step runs,
+        answered from the last snapshot. What else the loop gets: `Ready` generates,
+        cancels, stats between steps or with `check`. Reads only the snapshot, the fixed
+        config and live counters."""
+        if isinstance(frame, Oversize):  # dropped unread by the connection's reader
+            return self._refuse("too_large", f"message has {frame.num_bytes} bytes; the limit "
+                                f"is {self.config.max_message_bytes}")  # fmt: skip
         try:
-            request = decode_request(payload)
-        except ProtocolError:
-            return None  # the loop answers it with the error
+            request = self.checks.read(frame)
+        except ProtocolError as e:
+            return self._refuse(e.code, e.message, e.request_id)
+        snapshot = self.snapshot
+        assert snapshot is not None  # published before the socket is bound
         if isinstance(request, Health):
-            return encode(self._answer_health(snapshot))
+            return Answer(encode(self._answer_health(snapshot)))
         if isinstance(request, StatsRequest) and not request.check and snapshot.step_started:
-            return encode(StatsReply(stats=self._live_stats(snapshot)))
-        return None
+            return Answer(encode(StatsReply(stats=self._live_stats(snapshot))))
+        return request
+
+    def _refuse(self, code: str, message: str, request_id: str | None = None) -> Answer:
+        """On the I/O thread: the error reply to a message that failed its checks."""
+        self.counters.num_errors_read += 1
+        return Answer(error_bytes(code, message, request_id))
+
+    @property
+    def num_errors(self) -> int:
+        return self.counters.num_errors_total + self.counters.num_errors_read
 
     def _answer_health(self, snapshot: Snapshot) -> HealthReply:
         return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
@@ -407,14 +414,15 @@ class Server:
             **self._engine_stats,
             "num_requests": len(self.live) + len(self.pending),
             "num_requests_total": self.counters.num_requests_total,
-            "num_errors_total": self.counters.num_errors_total,
+            "num_errors_total": self.num_errors,
             "num_disconnect_cancels": self.counters.num_disconnect_cancels,
             "num_events_published": self.counters.num_events_published,
         }
         status = "draining" if self.draining else "ok"
         self.snapshot = Snapshot(stats, status, len(self.live), step_started)
 
-    def _start(self, route: Route, request: Generate) -> None:
+    def _start(self, route: Route, ready: Ready) -> None:
+        request = ready.request
         if self.draining:
             raise ProtocolError(
                 "shutting_down", "the daemon is shutting down; not accepting requests"
@@ -425,22 +433,14 @@ class Server:
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
-        try:
-            params = SamplingParams(**request.sampling, return_logits=request.return_logits)
-        except (ValueError, TypeError) as e:
-            raise ProtocolError("bad_request", str(e)) from None
-        self._check_limits(params)
-        self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
-        future = self._tokenizing.submit(self._prompt_ids, request)
-        self.pending[(route, request.id)] = PendingRequest(
-            request, params, future, time.monotonic()
-        )
+        future = self._tokenizing.submit(self.checks.prompt_ids, request)
+        self.pending[(route, request.id)] = PendingRequest(ready, future)
 
     def _admit_ready(self) -> None:
         """Hand the engine every request whose prompt is tokenized, in arrival order."""
         for key in [key for key, p in self.pending.items() if p.prompt_ids.done()]:
             route, pending = key[0], self.pending.pop(key)
-            request = pending.request
+            request = pending.ready.request
             try:
                 self._admit(route, pending)
             except ProtocolError as e:
@@ -450,10 +450,9 @@ class Server:
                 self._send_error(route, "internal", f"{type(e).__name__}: {e}", request.id)
 
     def _admit(self, route: Route, pending: PendingRequest) -> None:
-        request = pending.request
+        request, params = pending.ready.request, pending.ready.params
         prompt_ids = pending.prompt_ids.result()  # a ProtocolError raised there comes here
         retention = Retention(priority=request.priority) if request.priority is not None else None
-        params = pending.params
         try:
             # Token ids alone end it in the engine; its text and stop strings are the
             # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
@@ -463,9 +462,7 @@ class Server:
                 cache_salt=request.cache_salt,
                 retention=retention,
                 priority=request.queue_priority,
-                prompt_table=None
-                if request.prompt_table is None
-                else prompt_table_from_wire(request.prompt_table),
+                prompt_table=pending.ready.prompt_table,
                 extra_ids=request.extra_ids,
             )
         except ValueError as e:
@@ -475,79 +472,10 @@ class Server:
         vocab = self.engine.config.vocab_size
         text_ids = [t for t in prompt_ids if t < vocab]
         self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
-        self.live[request_id] = LiveRequest(route, request.id, request.stream, pending.t_received)
+        self.live[request_id] = LiveRequest(
+            route, request.id, request.stream, pending.ready.t_received
+        )
         self.by_client[(route, request.id)] = request_id
-
-    def _check_limits(self, params: SamplingParams) -> None:
-        cfg = self.config
-        if params.max_tokens > cfg.max_tokens_cap:
-            raise ProtocolError("bad_request", f"max_tokens must be at most {cfg.max_tokens_cap} "
-                                f"(max_tokens_cap); got {params.max_tokens}")  # fmt: skip
-        if len(params.stop) > cfg.max_stop_strings:
-            raise ProtocolError("bad_request", f"at most {cfg.max_stop_strings} stop strings "
-                                f"(max_stop_strings); got {len(params.stop)}")  # fmt: skip
-        longest = max(map(len, params.stop), default=0)
-        if longest > cfg.max_stop_chars:
-            raise ProtocolError("bad_request", f"a stop string may have at most "
-                                f"{cfg.max_stop_chars} characters (max_stop_chars); got {longest}")  # fmt: skip
-        if params.return_logits:
-            logits_bytes = params.max_tokens * self.engine.config.vocab_size * 4
-            if logits_bytes > cfg.max_logits_bytes:
-                most = cfg.max_logits_bytes // (self.engine.config.vocab_size * 4)
-                raise ProtocolError("bad_request", f"return_logits with max_tokens "
-                                    f"{params.max_tokens} would return {logits_bytes} bytes; "
-                                    f"max_logits_bytes is {cfg.max_logits_bytes}, so at most "
-                                    f"{most} tokens with logits")  # fmt: skip
-
-    def _prompt_ids(self, request: Generate) -> list[int]:
-        """The request's prompt as token ids (on the tokenizing thread: it reads only the
-        tokenizer and the engine's fixed max_model_len)."""
-        tokenizer = self.engine.tokenizer
-        try:
-            if request.prompt is not None:
-                ids = tokenizer.encode(request.prompt)
-            elif request.messages is not None:
-                text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
-                ids = tokenizer.encode(text, add_special_tokens=False)
-            else:
-                assert request.token_ids is not None
-                ids = request.token_ids
-        except ProtocolError:
-            raise
-        except Exception as e:  # a template may reject a conversation (e.g. bad role order)
-            raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
-        if not ids:
-            raise ProtocolError("bad_request", "prompt is empty; it must hold at least one token")
-        max_len = self.engine.max_model_len
-        if len(ids) >= max_len:
-            raise ProtocolError(
-                "prompt_too_long",
-                f"prompt has {len(ids)} tokens; the context holds {max_len}, "
-                f"so a prompt may have at most {max_len - 1}",
-            )
-        return ids
-
-    def _check_prompt_bytes(self, request: Generate) -> None:
-        """Refuse, before tokenizing, text that cannot fit the context: a token covers at
-        most `max_token_bytes` bytes of text, so more than max_model_len times that many
-        bytes is more than max_model_len tokens (no tokenizer work spent on it)."""
-        if self.max_token_bytes is None:
-            return  # the message size limit is the only bound
-        texts = [request.prompt] if request.prompt is not None else []
-        texts += [m["content"] for m in request.messages or ()]
-        num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-        bound = self.engine.max_model_len * self.max_token_bytes
-        if num_bytes > bound:
-            raise ProtocolError(
-                "prompt_too_long",
-                f"prompt has {num_bytes} bytes of text, more than the context of "
-                f"{self.engine.max_model_len} tokens can hold (at most {bound} bytes)",
-            )
-
-    @functools.cached_property
-    def max_token_bytes(self) -> int | None:
-        """The most bytes of text one token stands for (the longest vocabulary entry)."""
-        return self.engine.tokenizer.max_token_bytes()
 
     # -- outgoing ----------------------------------------------------------------------------
 
