@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,16 +58,22 @@ from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Answer, Arrival, Connections, ConnId, Limits
 from .detokenize import Detokenizing, TextEnd
+from .drain import Drain
 from .intake import Ready, RequestChecks, RequestLimits
 from .service import Notifier, StopFlag, default_max_connections
 
 log = logging.getLogger("reprise.server")
 # On exit, how long the last replies (drain errors) may take to reach clients that are slow
-# to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
+# to read them. A SIGTERM is answered within drain_timeout_s + HARD_STOP_GRACE_S + this
+# (drain.py).
 CLOSE_LINGER_S = 2.0
+# Past the drain deadline, how long a step still running may take before the drain's
+# thread answers its requests and exits the process without it.
+HARD_STOP_GRACE_S = 0.5
 # How old the engine's counters in a stats reply answered during a step may be.
 SNAPSHOT_REFRESH_S = 0.02
 Route = ConnId  # the connection a request came on, the only one its replies go to
+SHUTTING_DOWN = ("shutting_down", "the daemon is shutting down")
 
 
 @dataclass(slots=True)
@@ -176,6 +184,12 @@ class Server:
                                     max_model_len=engine.max_model_len)  # fmt: skip
         self.counters = Counters()
         self.draining = False
+        self.drain: Drain | None = None  # set on SIGTERM
+        self.last_step_s: float | None = None  # how long the last engine step took
+        # Held by the loop for all of its turn but the engine step: whoever holds it may
+        # read and answer the requests (the drain's thread, when a step overruns).
+        self._turn = threading.Lock()
+        self._serving = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
         self._ctx = zmq.Context()  # for the KV events socket only
         self.conns: Connections | None = None
@@ -281,6 +295,9 @@ class Server:
             self.counters.num_requests_total,
             self.num_errors,
         )
+        self._remove_socket_files()
+
+    def _remove_socket_files(self) -> None:
         for address in (self.config.address, self.config.events_address):
             path = ipc_path(address) if address else None
             if path is not None:
@@ -288,16 +305,18 @@ class Server:
 
     def serve(self) -> None:
         assert self.conns is not None
-        deadline = float("inf")
+        self._serving = True
+        threading.Thread(target=self._watch_drain, name="drain", daemon=True).start()
+        with self._turn:
+            self._serve()
+            self._serving = False
+
+    def _serve(self) -> None:
         while True:
             if self.stop.is_set and not self.draining:
-                self.draining = True
-                deadline = time.monotonic() + self.config.drain_timeout_s
-                self.notifier.notify("STOPPING=1")
-                log.info("stopping: draining %d request(s)", len(self.live) + len(self.pending))
-            idle = not self.live and not self.pending
-            if self.draining and (idle or time.monotonic() >= deadline):
-                self._abort_all("shutting_down", "the daemon is shutting down")
+                self._start_drain()
+            if self.drain is not None and self._drained(self.drain):
+                self._abort_all(*SHUTTING_DOWN)
                 self._publish_events()
                 return
             busy = self.engine.has_work()
@@ -310,7 +329,12 @@ class Server:
             if self.engine.has_work():
                 t_step = time.monotonic()
                 self._publish_snapshot(step_started=t_step)
-                outputs = self.engine.step()
+                self._turn.release()  # the drain's thread may answer for us meanwhile
+                try:
+                    outputs = self.engine.step()
+                finally:
+                    self._turn.acquire()
+                self.last_step_s = time.monotonic() - t_step
                 # From here stats go to the loop again: the replies of this step are about
                 # to go out, and a stats asked after one must not predate it.
                 self.snapshot = replace(self.snapshot, step_started=None)
@@ -319,6 +343,72 @@ class Server:
             self._publish_snapshot(step_started=None)
             self._publish_events()
             self.notifier.ping_watchdog()
+
+    def _start_drain(self) -> None:
+        self.draining = True
+        self.drain = Drain(deadline=self._drain_deadline())
+        log.info("stopping: draining %d request(s)", len(self.live) + len(self.pending))
+
+    def _drain_deadline(self) -> float:
+        at = self.stop.at if self.stop.at is not None else time.monotonic()
+        return at + self.config.drain_timeout_s
+
+    def _watch_drain(self) -> None:
+        """The drain's thread: on SIGTERM, STOPPING=1 at once; then, if the loop is still
+        inside one engine step HARD_STOP_GRACE_S past the drain deadline (a step on a
+        loaded machine can take many seconds), answer every request with its final
+        reply, close the sockets and exit 0 without waiting for the step. The disk
+        tier's queued writes are then dropped; its files are written whole or not at all."""
+        self.stop.event.wait()
+        self.notifier.notify("STOPPING=1")
+        time.sleep(max(0.0, self._drain_deadline() + HARD_STOP_GRACE_S - time.monotonic()))
+        # Between steps the loop holds the lock, and past the deadline it starts no step:
+        # it ends the drain by itself, unless it is inside a step when it lets go.
+        while not self._turn.acquire(timeout=0.05):
+            if not self._serving:
+                return
+        if not self._serving:
+            self._turn.release()
+            return
+        log.warning("stopping: the engine step in progress ran past the drain deadline "
+                    "(%d request(s) left); answering them and exiting without it",
+                    len(self.live) + len(self.pending))  # fmt: skip
+        code, message = SHUTTING_DOWN
+        for (route, client_id), pending in list(self.pending.items()):
+            pending.prompt_ids.cancel()
+            self._send_error(route, code, message, client_id)
+        for live in self.live.values():  # after the chunks still queued on that thread
+            data = error_bytes(code, message, live.client_id)
+            self.text.then(functools.partial(self._send_quietly, live.route, data))
+        self.counters.num_errors_total += len(self.live)
+        self.text.shutdown()
+        assert self.conns is not None
+        self.conns.stop(linger_s=CLOSE_LINGER_S)
+        self._remove_socket_files()
+        log.info("stopped after %d request(s), %d error repl(ies)",
+                 self.counters.num_requests_total, self.num_errors)  # fmt: skip
+        logging.shutdown()
+        os._exit(0)
+
+    def _drained(self, drain: Drain) -> bool:
+        """While draining: cancel (with their final replies) the requests that cannot
+        finish by the deadline; True when nothing is left, or no step fits before the
+        deadline (what is left is then cancelled by the caller)."""
+        now = time.monotonic()
+        self._cancel_stopped()  # their Done is due, not a drain error
+        hopeless = [r for r in drain.hopeless(self.engine.scheduler, now, self.last_step_s)
+                    if r in self.live]  # fmt: skip
+        if hopeless:
+            log.info("stopping: cancelling %d request(s) that cannot finish by the deadline",
+                     len(hopeless))  # fmt: skip
+        for request_id in hopeless:
+            self.engine.cancel(request_id)
+            self._finish(request_id, abort=SHUTTING_DOWN)
+        if not self.live and not self.pending:
+            return True
+        if now >= drain.deadline:
+            return True
+        return self.engine.has_work() and not drain.step_fits(now, self.last_step_s)
 
     # -- incoming ----------------------------------------------------------------------------
 
