@@ -20,7 +20,7 @@ from test_daemon import Daemon, Raw, recv, wait_idle
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.synth import synth_model
-from reprise.daemon.serve.drain import Drain
+from reprise.daemon.serve.drain import Drain, next_step_kind
 from reprise.ipc import Client, DaemonUnavailable, RequestError
 from reprise.ipc.codec import encode
 from reprise.ipc.framing import frame
@@ -354,8 +354,9 @@ def test_f8_the_drain_cancels_what_cannot_finish_and_starts_no_step_past_the_dea
 ) -> None:
     """The drain's two rules (daemon/serve/drain.py), on a real engine's scheduler: a
     request in prefill whose rest needs more steps (of the step budget, each as long as
-    the last) than fit before the deadline is hopeless, a decoding one never is; and no
-    step starts when the last step's duration would carry it past the deadline."""
+    the last prefill step) than fit before the deadline is hopeless, a decoding one never
+    is; and no step starts when the last one of its kind would carry it past the
+    deadline."""
     engine = Engine.from_pretrained(tiny, backend="numpy", num_device_blocks=64, block_size=16,
                                     max_num_batched_tokens=16)  # fmt: skip
     params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
@@ -368,9 +369,14 @@ def test_f8_the_drain_cancels_what_cannot_finish_and_starts_no_step_past_the_dea
     assert drain.hopeless(engine.scheduler, now, 1.0) == [long]  # 12 steps of 1 s: no
     assert drain.hopeless(engine.scheduler, now, 0.4) == []  # 12 steps of 0.4 s fit
     assert drain.hopeless(engine.scheduler, now, None) == []  # no step timed yet
-    assert short not in drain.hopeless(engine.scheduler, now, 4.9)  # decoding: runs on
+    assert drain.hopeless(engine.scheduler, now, 100.0) == [long]  # decoding: runs on
+    assert next_step_kind(engine.scheduler) == "prefill"
     assert drain.step_fits(now, 4.9) and drain.step_fits(now, None)
     assert not drain.step_fits(now, 5.1) and not drain.step_fits(now + 5.0, None)
+    while engine.scheduler.running[-1].num_pending_tokens > 1:
+        engine.step()
+    assert next_step_kind(engine.scheduler) == "decode"
+    assert drain.hopeless(engine.scheduler, now, 100.0) == []
     engine.cancel(long)
     engine.cancel(short)
     engine.take_completion(long)

@@ -58,7 +58,7 @@ from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Answer, Arrival, Connections, ConnId, Limits
 from .detokenize import Detokenizing, TextEnd
-from .drain import Drain
+from .drain import Drain, StepKind, next_step_kind
 from .intake import Ready, RequestChecks, RequestLimits
 from .service import Notifier, StopFlag, default_max_connections
 
@@ -185,7 +185,7 @@ class Server:
         self.counters = Counters()
         self.draining = False
         self.drain: Drain | None = None  # set on SIGTERM
-        self.last_step_s: float | None = None  # how long the last engine step took
+        self.step_s: dict[StepKind, float] = {}  # how long the last step of each kind took
         # Held by the loop for all of its turn but the engine step: whoever holds it may
         # read and answer the requests (the drain's thread, when a step overruns).
         self._turn = threading.Lock()
@@ -327,6 +327,7 @@ class Server:
             self._cancel_stopped()
             self._admit_ready()
             if self.engine.has_work():
+                kind = next_step_kind(self.engine.scheduler)
                 t_step = time.monotonic()
                 self._publish_snapshot(step_started=t_step)
                 self._turn.release()  # the drain's thread may answer for us meanwhile
@@ -334,7 +335,7 @@ class Server:
                     outputs = self.engine.step()
                 finally:
                     self._turn.acquire()
-                self.last_step_s = time.monotonic() - t_step
+                self.step_s[kind] = time.monotonic() - t_step
                 # From here stats go to the loop again: the replies of this step are about
                 # to go out, and a stats asked after one must not predate it.
                 self.snapshot = replace(self.snapshot, step_started=None)
@@ -396,7 +397,8 @@ class Server:
         deadline (what is left is then cancelled by the caller)."""
         now = time.monotonic()
         self._cancel_stopped()  # their Done is due, not a drain error
-        hopeless = [r for r in drain.hopeless(self.engine.scheduler, now, self.last_step_s)
+        scheduler = self.engine.scheduler
+        hopeless = [r for r in drain.hopeless(scheduler, now, self.step_s.get("prefill"))
                     if r in self.live]  # fmt: skip
         if hopeless:
             log.info("stopping: cancelling %d request(s) that cannot finish by the deadline",
@@ -408,7 +410,8 @@ class Server:
             return True
         if now >= drain.deadline:
             return True
-        return self.engine.has_work() and not drain.step_fits(now, self.last_step_s)
+        step_s = self.step_s.get(next_step_kind(scheduler))
+        return self.engine.has_work() and not drain.step_fits(now, step_s)
 
     # -- incoming ----------------------------------------------------------------------------
 
