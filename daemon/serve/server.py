@@ -33,25 +33,24 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import zmq
 
 from ...ipc.codec import encode, error_bytes, logits_to_wire, logprobs_to_wire
 from ...ipc.framing import Oversize
-from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
+from ...ipc.kv_events import batch_frames, encode_batch
 from ...ipc.messages import (
     Cancel,
     Done,
     Health,
-    HealthReply,
     ProtocolError,
     Request,
     StatsReply,
     StatsRequest,
     TokenChunk,
 )
-from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
+from ...ipc.sockets import ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
 from ..engine.params import Completion, Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
@@ -61,6 +60,10 @@ from .detokenize import Detokenizing, TextEnd
 from .drain import Drain, StepKind, next_step_kind
 from .intake import Ready, RequestChecks, RequestLimits
 from .service import Notifier, StopFlag, default_max_connections
+from .settings import ServerConfig, prepare_endpoints
+from .status import Snapshot, Status
+
+__all__ = ["CLOSE_LINGER_S", "Server", "ServerConfig", "prepare_endpoints"]
 
 log = logging.getLogger("reprise.server")
 # On exit, how long the last replies (drain errors) may take to reach clients that are slow
@@ -70,44 +73,8 @@ CLOSE_LINGER_S = 2.0
 # Past the drain deadline, how long a step still running may take before the drain's
 # thread answers its requests and exits the process without it.
 HARD_STOP_GRACE_S = 0.5
-# How old the engine's counters in a stats reply answered during a step may be.
-SNAPSHOT_REFRESH_S = 0.02
 Route = ConnId  # the connection a request came on, the only one its replies go to
 SHUTTING_DOWN = ("shutting_down", "the daemon is shutting down")
-
-
-@dataclass(slots=True)
-class ServerConfig:
-    address: str
-    events_address: str | None = None
-    max_queue: int = 256  # requests waiting or running; more get "busy"
-    max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
-    max_message_bytes: int = 1 << 20  # larger messages get "too_large"
-    max_connections: int | None = None  # more are refused; None: from the open-file limit
-    max_logits_bytes: int = 64 << 20  # the logits a request may ask back (max_tokens * vocab * 4)
-    max_stop_strings: int = 16  # stop strings a request may give
-    max_stop_chars: int = 256  # characters in one stop string
-    kv_events_layout: KVEventLayout = "vllm"
-    drain_timeout_s: float = 5.0  # on SIGTERM, how long running requests may take
-    idle_poll_ms: int = 100
-    max_unread_bytes: int = 64 << 20  # replies queued per client before it counts as gone
-    model_name: str = ""
-
-    def __post_init__(self) -> None:
-        check_address(self.address)
-        if self.events_address is not None:
-            check_address(self.events_address)
-        check_layout(self.kv_events_layout)
-        numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
-                   "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
-        if self.max_connections is not None:
-            numbers += ("max_connections",)
-        for name in numbers:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if not self.drain_timeout_s >= 0:
-            raise ValueError(f"drain_timeout_s must be >= 0; got {self.drain_timeout_s!r}")
 
 
 @dataclass(slots=True)
@@ -126,36 +93,6 @@ class PendingRequest:
 
     ready: Ready
     prompt_ids: Future[list[int]]
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What the I/O thread answers health and stats with, replaced (never changed) by
-    the loop before and after every engine step."""
-
-    stats: dict[str, object]  # Server.stats() without the counters read live
-    status: str  # "ok" or "draining"
-    num_requests: int
-    step_started: float | None  # time.monotonic() at the start of the running step
-
-
-@dataclass(slots=True)
-class Counters:
-    num_requests_total: int = 0
-    num_errors_total: int = 0  # the loop's and the detokenizing thread's replies
-    num_errors_read: int = 0  # bad messages answered by the I/O thread (its only writer)
-    num_disconnect_cancels: int = 0
-    num_events_published: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
-def prepare_endpoints(config: ServerConfig) -> None:
-    """Check what binding will need before any model loads: each ipc:// socket's folder is
-    ours and private, and no live daemon listens there (raises RuntimeError saying why)."""
-    for address in (config.address, config.events_address):
-        path = ipc_path(address) if address else None
-        if path is not None:
-            prepare_ipc_path(path)
 
 
 class Server:
@@ -182,7 +119,8 @@ class Server:
                                config.max_stop_chars, config.max_logits_bytes)  # fmt: skip
         self.checks = RequestChecks(limits, engine.tokenizer, vocab_size=engine.config.vocab_size,
                                     max_model_len=engine.max_model_len)  # fmt: skip
-        self.counters = Counters()
+        self.status = Status(engine, config.model_name)
+        self.counters = self.status.counters
         self.draining = False
         self.drain: Drain | None = None  # set on SIGTERM
         self.step_s: dict[StepKind, float] = {}  # how long the last step of each kind took
@@ -194,10 +132,6 @@ class Server:
         self._ctx = zmq.Context()  # for the KV events socket only
         self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
-        self.snapshot: Snapshot | None = None  # None until serving starts
-        self._engine_stats: dict[str, object] = {}
-        self._engine_stats_key: tuple[int, int, int] | None = None
-        self._engine_stats_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -327,9 +261,12 @@ class Server:
             self._cancel_stopped()
             self._admit_ready()
             if self.engine.has_work():
-                kind = next_step_kind(self.engine.scheduler)
                 t_step = time.monotonic()
                 self._publish_snapshot(step_started=t_step)
+                # From here the I/O thread answers stats itself; what it gave the loop
+                # before (a stats would wait behind the whole step) is answered now.
+                self._on_arrivals(self.conns.wait(0))
+                kind = next_step_kind(self.engine.scheduler)
                 self._turn.release()  # the drain's thread may answer for us meanwhile
                 try:
                     outputs = self.engine.step()
@@ -338,7 +275,7 @@ class Server:
                 self.step_s[kind] = time.monotonic() - t_step
                 # From here stats go to the loop again: the replies of this step are about
                 # to go out, and a stats asked after one must not predate it.
-                self.snapshot = replace(self.snapshot, step_started=None)
+                self.status.step_ended()
                 for output in outputs:
                     self._on_output(output, t_step)
             self._publish_snapshot(step_started=None)
@@ -469,10 +406,10 @@ class Server:
             request = self.checks.read(frame)
         except ProtocolError as e:
             return self._refuse(e.code, e.message, e.request_id)
-        snapshot = self.snapshot
+        snapshot = self.status.snapshot
         assert snapshot is not None  # published before the socket is bound
         if isinstance(request, Health):
-            return Answer(encode(self._answer_health(snapshot)))
+            return Answer(encode(self.status.health(snapshot)))
         if isinstance(request, StatsRequest) and not request.check and snapshot.step_started:
             return Answer(encode(StatsReply(stats=self._live_stats(snapshot))))
         return request
@@ -484,35 +421,12 @@ class Server:
 
     @property
     def num_errors(self) -> int:
-        return self.counters.num_errors_total + self.counters.num_errors_read
-
-    def _answer_health(self, snapshot: Snapshot) -> HealthReply:
-        return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
-                           snapshot.num_requests, self.engine.config.vocab_size)  # fmt: skip
+        return self.status.num_errors
 
     def _publish_snapshot(self, *, step_started: float | None, refresh: bool = False) -> None:
-        """Replace the snapshot. The engine's counters (about 60 us to read) are read
-        again when `refresh`, when a request came or went, or when they are
-        SNAPSHOT_REFRESH_S old; the server's own are always current."""
-        now = time.monotonic()
-        key = (self.counters.num_requests_total, len(self.live), len(self.pending))
-        if (
-            refresh
-            or key != self._engine_stats_key
-            or now >= self._engine_stats_at + SNAPSHOT_REFRESH_S
-        ):
-            self._engine_stats = dict(self.engine.stats())
-            self._engine_stats_key, self._engine_stats_at = key, now
-        stats: dict[str, object] = {
-            **self._engine_stats,
-            "num_requests": len(self.live) + len(self.pending),
-            "num_requests_total": self.counters.num_requests_total,
-            "num_errors_total": self.num_errors,
-            "num_disconnect_cancels": self.counters.num_disconnect_cancels,
-            "num_events_published": self.counters.num_events_published,
-        }
-        status = "draining" if self.draining else "ok"
-        self.snapshot = Snapshot(stats, status, len(self.live), step_started)
+        self.status.publish(num_live=len(self.live), num_pending=len(self.pending),
+                            draining=self.draining, step_started=step_started,
+                            refresh=refresh)  # fmt: skip
 
     def _start(self, route: Route, ready: Ready) -> None:
         request = ready.request
@@ -724,11 +638,13 @@ class Server:
     # -- stats and events --------------------------------------------------------------------
 
     def stats(self, *, check: bool = False) -> dict[str, object]:
-        """Engine and server counters (on the loop, between steps); `check` adds the
-        pool's integrity check."""
-        self._publish_snapshot(step_started=None, refresh=True)
-        assert self.snapshot is not None
-        stats = self._live_stats(self.snapshot)
+        """Engine and server counters (on the loop, between steps, or just before one
+        starts); `check` adds the pool's integrity check."""
+        snapshot = self.status.snapshot
+        started = snapshot.step_started if snapshot is not None else None  # a step about to run
+        self._publish_snapshot(step_started=started, refresh=True)
+        assert self.status.snapshot is not None
+        stats = self._live_stats(self.status.snapshot)
         if check:
             try:
                 self.engine.pool.check_integrity()
@@ -738,18 +654,10 @@ class Server:
         return stats
 
     def _live_stats(self, snapshot: Snapshot) -> dict[str, object]:
-        """The snapshot's stats with what is read live: connections, uptime, and how long
-        the running step has taken so far (`step_running_s`, null between steps)."""
-        now = time.monotonic()
         conns = self.conns
-        started = snapshot.step_started
-        return {
-            **snapshot.stats,
-            "num_connections": conns.num_open if conns is not None else 0,
-            "num_connections_refused": conns.num_refused if conns is not None else 0,
-            "uptime_s": round(now - self.counters.started, 3),
-            "step_running_s": None if started is None else round(now - started, 3),
-        }
+        if conns is None:
+            return self.status.live_stats(snapshot, 0, 0)
+        return self.status.live_stats(snapshot, conns.num_open, conns.num_refused)
 
     def _publish_events(self) -> None:
         events = self.engine.take_events()
