@@ -349,6 +349,42 @@ def test_f8_sigterm_during_a_long_prefill_exits_0_within_10_s(
     assert not Path(d.events_address.removeprefix("ipc://")).exists()
 
 
+@pytest.mark.model
+def test_f8_a_step_running_past_the_drain_deadline_is_not_waited_for(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """One step holds the whole 2,000-token prefill (--max-batched-tokens 2048: many
+    seconds on NumPy), so the step running at SIGTERM outlasts the drain (2 s here): the
+    drain's thread answers the request with its final reply, removes the socket files
+    and exits 0 without waiting for the step."""
+    d = Daemon(tmp_path, default_model_dir, "--max-model-len", "4096", "--num-device-blocks",
+               "256", "--max-batched-tokens", "2048", "--drain-timeout", "2")  # fmt: skip
+    try:
+        with d.client(timeout_s=60) as client, Client(d.address, timeout_s=5) as probe:
+            stream = client.stream(list(range(1000, 3000)), max_tokens=4)
+            replies: list[object] = []
+            reader = threading.Thread(target=lambda: replies.extend(_drain(stream)), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 30
+            while probe.stats()["step_running_s"] is None:
+                assert time.monotonic() < deadline, "the long step never started"
+                time.sleep(0.05)
+            start = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            code = d.proc.wait(timeout=60)
+            took = time.monotonic() - start
+            reader.join(timeout=10)
+        d.log.seek(0)
+        log = d.log.read()
+    finally:
+        d.stop()
+    assert code == 0 and took <= 2 + 0.5 + 2 + 3, (code, took, log[-2000:])
+    assert "ran past the drain deadline" in log, log[-2000:]
+    assert replies and isinstance(replies[-1], RequestError) and replies[-1].code == "shutting_down"
+    assert not Path(d.address.removeprefix("ipc://")).exists()
+    assert not Path(d.events_address.removeprefix("ipc://")).exists()
+
+
 def test_f8_the_drain_cancels_what_cannot_finish_and_starts_no_step_past_the_deadline(
     tiny: Path,
 ) -> None:
