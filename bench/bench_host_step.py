@@ -155,8 +155,7 @@ def main() -> None:
         "--no-detokenize",
         dest="detokenize",
         action="store_false",
-        help="Leave the text to the caller, as the daemon does for requests without stop "
-        "strings (it detokenizes them on its own thread).",
+        help="Leave the text to the caller, as the daemon does (it detokenizes on its own thread).",
     )
     args = parser.parse_args()
     path = args.model or prepare_default_model(progress=True).path

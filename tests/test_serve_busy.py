@@ -1,6 +1,8 @@
-"""A daemon inside a long engine step still answers `health` and `stats` (issue 21): the
-default model on NumPy with a 2,048-token step budget prefills a 2,000-token prompt in
-one step of many seconds, and `reprise stats` answers within a second meanwhile."""
+"""A daemon inside a long engine step still answers `health` and `stats` (issue 21), and
+bad messages (issue 19: messages are decoded and checked off the loop): the default
+model on NumPy with a 2,048-token step budget prefills a 2,000-token prompt in one step
+of many seconds, and `reprise stats` answers within a second meanwhile, as does the
+error to a malformed message and to a generate over a limit."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon import Daemon
+from test_daemon import Daemon, Raw, recv
 
 from reprise.ipc import Client, DaemonUnavailable, RequestError
+from reprise.ipc.codec import encode
+from reprise.ipc.messages import ErrorReply, Generate
 
 pytestmark = pytest.mark.model
 
@@ -46,6 +50,20 @@ def test_stats_and_health_answer_during_a_long_step(
             health = client.health()
             took = time.monotonic() - start
             assert took < 1.0 and health.status == "ok" and health.num_requests == 1
+        bad = Raw(d.address)
+        for payload, code in [
+            (b"\x93not a map", "bad_message"),
+            (encode(Generate(id="big", token_ids=[1], sampling={"max_tokens": 10**6})),
+             "bad_request"),
+            (encode(Generate(id="long", prompt="a " * 200_000)), "prompt_too_long"),
+        ]:  # fmt: skip
+            start = time.monotonic()
+            bad.send(payload)
+            reply = recv(bad, timeout_s=1.0)
+            took = time.monotonic() - start
+            assert isinstance(reply, ErrorReply) and reply.code == code, reply
+            assert took < 1.0, (code, took)
+        bad.close()
         env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
         done = subprocess.run(
             [sys.executable, "-m", "reprise.cli.main", "stats", "--json", "--socket", d.address,

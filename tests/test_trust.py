@@ -18,7 +18,9 @@ import pytest
 import zmq
 from test_daemon import Daemon, Raw, recv, wait_idle
 
+from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.synth import synth_model
+from reprise.daemon.serve.drain import Drain, next_step_kind
 from reprise.ipc import Client, DaemonUnavailable, RequestError
 from reprise.ipc.codec import encode
 from reprise.ipc.framing import frame
@@ -319,9 +321,12 @@ def test_f3_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
 def test_f8_sigterm_during_a_long_prefill_exits_0_within_10_s(
     tmp_path: Path, default_model_dir: Path
 ) -> None:
-    """The default model on NumPy, a 2,000-token prompt in the middle of its prefill: the
-    step budget keeps each step to seconds, so SIGTERM drains (--drain-timeout, 5 s by
-    default), gives the request a final reply and exits 0 within 10 s (issue 19, F8)."""
+    """The default model on NumPy, a 2,000-token prompt in the middle of its prefill:
+    SIGTERM gives the request a final reply and exits 0 within 10 s (issue 19, F8). Its
+    prefill cannot finish within the drain (--drain-timeout, 5 s by default), so it is
+    cancelled as soon as the step in progress ends; when that step itself runs past the
+    deadline (a 256-token step took 18 s at a load of 8 on 2 cores), the drain's thread
+    answers and exits without it (daemon/serve/drain.py). Every socket file is gone."""
     d = Daemon(tmp_path, default_model_dir, "--max-model-len", "4096", "--num-device-blocks", "256")
     try:
         with d.client(timeout_s=60) as client:
@@ -340,6 +345,79 @@ def test_f8_sigterm_during_a_long_prefill_exits_0_within_10_s(
         d.stop()
     assert code == 0 and took <= 10, (code, took)
     assert replies and isinstance(replies[-1], RequestError) and replies[-1].code == "shutting_down"
+    assert not Path(d.address.removeprefix("ipc://")).exists()
+    assert not Path(d.events_address.removeprefix("ipc://")).exists()
+
+
+@pytest.mark.model
+def test_f8_a_step_running_past_the_drain_deadline_is_not_waited_for(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """One step holds the whole 2,000-token prefill (--max-batched-tokens 2048: many
+    seconds on NumPy), so the step running at SIGTERM outlasts the drain (2 s here): the
+    drain's thread answers the request with its final reply, removes the socket files
+    and exits 0 without waiting for the step."""
+    d = Daemon(tmp_path, default_model_dir, "--max-model-len", "4096", "--num-device-blocks",
+               "256", "--max-batched-tokens", "2048", "--drain-timeout", "2")  # fmt: skip
+    try:
+        with d.client(timeout_s=60) as client, Client(d.address, timeout_s=5) as probe:
+            stream = client.stream(list(range(1000, 3000)), max_tokens=4)
+            replies: list[object] = []
+            reader = threading.Thread(target=lambda: replies.extend(_drain(stream)), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 30
+            while probe.stats()["step_running_s"] is None:
+                assert time.monotonic() < deadline, "the long step never started"
+                time.sleep(0.05)
+            start = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            code = d.proc.wait(timeout=60)
+            took = time.monotonic() - start
+            reader.join(timeout=10)
+        d.log.seek(0)
+        log = d.log.read()
+    finally:
+        d.stop()
+    assert code == 0 and took <= 2 + 0.5 + 2 + 3, (code, took, log[-2000:])
+    assert "ran past the drain deadline" in log, log[-2000:]
+    assert replies and isinstance(replies[-1], RequestError) and replies[-1].code == "shutting_down"
+    assert not Path(d.address.removeprefix("ipc://")).exists()
+    assert not Path(d.events_address.removeprefix("ipc://")).exists()
+
+
+def test_f8_the_drain_cancels_what_cannot_finish_and_starts_no_step_past_the_deadline(
+    tiny: Path,
+) -> None:
+    """The drain's two rules (daemon/serve/drain.py), on a real engine's scheduler: a
+    request in prefill whose rest needs more steps (of the step budget, each as long as
+    the last prefill step) than fit before the deadline is hopeless, a decoding one never
+    is; and no step starts when the last one of its kind would carry it past the
+    deadline."""
+    engine = Engine.from_pretrained(tiny, backend="numpy", num_device_blocks=64, block_size=16,
+                                    max_num_batched_tokens=16)  # fmt: skip
+    params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    short = engine.add_request([5, 6, 7, 8, 9], params)
+    long = engine.add_request(list(range(1, 201)), params)
+    engine.step()  # the short prompt whole, and 11 tokens of the long one
+    assert [s.num_pending_tokens for s in engine.scheduler.running] == [1, 189]
+    now = time.monotonic()
+    drain = Drain(deadline=now + 5.0)
+    assert drain.hopeless(engine.scheduler, now, 1.0) == [long]  # 12 steps of 1 s: no
+    assert drain.hopeless(engine.scheduler, now, 0.4) == []  # 12 steps of 0.4 s fit
+    assert drain.hopeless(engine.scheduler, now, None) == []  # no step timed yet
+    assert drain.hopeless(engine.scheduler, now, 100.0) == [long]  # decoding: runs on
+    assert next_step_kind(engine.scheduler) == "prefill"
+    assert drain.step_fits(now, 4.9) and drain.step_fits(now, None)
+    assert not drain.step_fits(now, 5.1) and not drain.step_fits(now + 5.0, None)
+    while engine.scheduler.running[-1].num_pending_tokens > 1:
+        engine.step()
+    assert next_step_kind(engine.scheduler) == "decode"
+    assert drain.hopeless(engine.scheduler, now, 100.0) == []
+    engine.cancel(long)
+    engine.cancel(short)
+    engine.take_completion(long)
+    engine.take_completion(short)
+    engine.pool.check_integrity()
 
 
 def _drain(stream: Iterator[object]) -> list[object]:

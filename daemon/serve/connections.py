@@ -19,14 +19,15 @@ What a connection may cost, each bound checked before the bytes are kept:
   at once, so descriptors never run out; if accept() itself finds none left (EMFILE),
   accepting pauses for a moment instead of failing (libzmq's ipc listener aborts).
 
-The serving loop calls `wait` (frames, oversize notices and closes, in arrival order
-per connection), `send` and `close`. Sockets are touched only on the I/O thread,
-except `send`'s first non-blocking write when nothing is queued before it.
+The serving loop calls `wait` (messages and closes, in arrival order per connection),
+`send` and `close`. Sockets are touched only on the I/O thread, except `send`'s first
+non-blocking write when nothing is queued before it.
 
-Quick answers: a frame of at most QUICK_MAX_BYTES is first offered to `quick` (on the
-I/O thread); when it returns a reply, that reply is queued and the frame never reaches
-the loop, so such messages (health, stats) are answered even while the loop is inside
-a long engine step. Their reply may overtake replies to messages sent before them.
+Intake: every frame (and every oversize notice) is first given to `intake`, on the I/O
+thread, which decodes and checks it. What it returns goes to the loop, unless it is an
+`Answer`: that reply is queued at once and the frame never reaches the loop, so bad
+messages, health, and stats during a step are answered even while the loop is inside a
+long engine step. Such a reply may overtake replies to messages sent before it.
 """
 
 from __future__ import annotations
@@ -54,17 +55,26 @@ ConnId = NewType("ConnId", int)
 READ_CHUNK = 1 << 16
 ACCEPT_PAUSE_S = 0.1  # after EMFILE: accept again this much later
 ARRIVAL_OVERHEAD = 64  # bytes an arrival counts for beyond its payload
-QUICK_MAX_BYTES = 256  # larger frames are never offered to `quick` (health and stats are tiny)
-Quick = Callable[[bytes], bytes | None]  # a message -> its reply, or None: for the loop
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What `intake` returns for a frame it answers itself: the reply's bytes."""
+
+    data: bytes
+
+
+Intake = Callable[[bytes | Oversize], object]  # a frame -> an Answer, or what the loop gets
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """What came from a connection: a message's bytes, a notice that an oversize
-    message was dropped, or None once the connection has closed (for good)."""
+    """What came from a connection: what `intake` made of a frame, or None once the
+    connection has closed (for good)."""
 
     conn: ConnId
-    payload: bytes | Oversize | None
+    payload: object | None
+    num_bytes: int = 0  # the frame's size, counted against the connection's inbox
 
 
 @dataclass(slots=True)
@@ -90,10 +100,10 @@ class Limits:
 
 
 class Connections:
-    def __init__(self, address: str, limits: Limits, quick: Quick | None = None) -> None:
+    def __init__(self, address: str, limits: Limits, intake: Intake | None = None) -> None:
         self.address = address
         self.limits = limits
-        self.quick = quick
+        self.intake: Intake = intake or (lambda frame: frame)
         self.num_accepted = 0
         self.num_refused = 0
         self._conns: dict[ConnId, _Conn] = {}
@@ -150,9 +160,9 @@ class Connections:
         with self._lock:
             for arrival in out:
                 conn = self._conns.get(arrival.conn)
-                if conn is None or not isinstance(arrival.payload, bytes):
+                if conn is None or arrival.payload is None:
                     continue
-                conn.inbox_bytes -= len(arrival.payload) + ARRIVAL_OVERHEAD
+                conn.inbox_bytes -= arrival.num_bytes + ARRIVAL_OVERHEAD
                 if conn.paused and conn.inbox_bytes <= self.limits.max_inbox_bytes // 2:
                     conn.paused = False
                     self._dirty.add(conn.id)
@@ -319,34 +329,27 @@ class Connections:
                                     f"frames)")  # fmt: skip
             self._drop(conn)
             return
-        if self.quick is not None:
-            frames = [item for item in frames if not self._answer_quickly(conn, item)]
-        if not frames:
+        arrivals = []
+        for item in frames:
+            try:
+                payload = self.intake(item)
+            except Exception as e:  # our bug: answer it, log it, keep serving
+                log.exception("internal error reading a message")
+                payload = Answer(error_bytes("internal", f"{type(e).__name__}: {e}"))
+            if isinstance(payload, Answer):
+                self.send(conn.id, payload.data)
+            else:
+                num_bytes = len(item) if isinstance(item, bytes) else 0
+                arrivals.append(Arrival(conn.id, payload, num_bytes))
+        if not arrivals:
             return
         with self._lock:
-            for item in frames:
-                if isinstance(item, bytes):
-                    conn.inbox_bytes += len(item) + ARRIVAL_OVERHEAD
+            conn.inbox_bytes += sum(a.num_bytes + ARRIVAL_OVERHEAD for a in arrivals)
             if conn.inbox_bytes > self.limits.max_inbox_bytes and not conn.paused:
                 conn.paused = True
                 self._dirty.add(conn.id)
-        for item in frames:
-            self._arrivals.put(Arrival(conn.id, item))
-
-    def _answer_quickly(self, conn: _Conn, item: bytes | Oversize) -> bool:
-        """Whether `quick` answered the frame (then it is not given to the loop)."""
-        if not isinstance(item, bytes) or len(item) > QUICK_MAX_BYTES:
-            return False
-        assert self.quick is not None
-        try:
-            reply = self.quick(item)
-        except Exception:  # our bug: the loop answers the message instead
-            log.exception("quick answer failed; the serving loop answers instead")
-            return False
-        if reply is None:
-            return False
-        self.send(conn.id, reply)
-        return True
+        for arrival in arrivals:
+            self._arrivals.put(arrival)
 
     def _flush(self, conn: _Conn) -> None:
         with self._lock:

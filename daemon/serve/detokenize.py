@@ -1,76 +1,152 @@
 """Detokenizing off the engine loop (DESIGN §6, issue 19).
 
-A request without stop strings ends on token ids alone (eos, stop_token_ids,
-max_tokens), so the engine runs it with `detokenize=False` and the serving loop hands
-its new token ids here; one thread turns them into text with the same incremental
-detokenizer the engine would have used (same window, same held-back partial
-characters, same final flush), so the text is identical. Requests with stop strings
-keep detokenizing on the loop: the text decides when they finish, and its cost there
-is bounded by the stop-string limits.
+The daemon runs every request with `detokenize=False` and no stop strings in the
+engine, so the engine tracks token ids only and ends a request on them alone (eos,
+stop_token_ids, max_tokens, the context). The serving loop hands each step's new token
+ids here, and one thread turns them into text with the same incremental detokenizer
+the engine would have used (same window, same held-back partial characters, same
+final flush) and applies the request's stop strings with the rules of
+`Engine._append_token`, token by token and in its precedence:
+
+1. the engine ended the request on this token with "stop" (eos or a stop token id):
+   the held characters are flushed, no stop string is looked for;
+2. else a stop string that begins at or after the searched point (the text before the
+   token, less the longest stop's length) ends the request here: the text is cut where
+   the earliest one begins, nothing is flushed, and the tokens after this one (the
+   engine may have computed one or two more) are never sent;
+3. else the engine ended it with "length": flushed.
+
+While a request runs, its deltas hold back the characters that could still begin a
+stop string (as `Engine._step_output`), so the text, the deltas and the token lists
+sent are those the engine gives in process with the same stop strings.
 
 Guarantees: tasks run one at a time in submission order, so a request's replies
-(built and sent by the callbacks, on this thread) keep their order; a task that fails
-is logged and the next one runs.
+(built and sent by the callbacks, on this thread) keep their order; a request a stop
+string ended is put in `stopped` once (the loop cancels it in the engine, and its one
+Done comes from `close`); a task that fails is logged and the next one runs.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+from ..engine.engine import _find_stop
+from ..engine.params import FinishReason
 from ..engine.sequence import RequestId
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("reprise.server")
-TextCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TextEnd:
+    """A request's text when it ended, and how many of its tokens the reply keeps."""
+
+    text: str
+    num_tokens: int  # tokens pushed, up to and including the one a stop string ended on
+    stopped: bool  # a stop string ended it (its finish reason is "stop", whatever the engine's)
+
+
+ChunkCallback = Callable[[str, int], None]  # (new text, how many of the pushed tokens to send)
+EndCallback = Callable[[TextEnd], None]
+
+
+@dataclass(slots=True)
+class _Text:
+    """One request's text, touched only on the detokenizing thread."""
+
+    detok: IncrementalDetokenizer
+    stop: list[str]
+    max_stop_chars: int  # the longest stop string's length (0 without any)
+    text: str = ""
+    num_emitted: int = 0  # characters of `text` already sent as deltas
+    num_tokens: int = 0
+    finished: bool = False  # by the engine's last token or a stop string: later pushes are dropped
+    stopped: bool = False  # by a stop string
 
 
 class Detokenizing:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.stopped: queue.SimpleQueue[RequestId] = queue.SimpleQueue()  # for the loop to cancel
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detokenize")
-        self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}  # this thread's only
+        self._texts: dict[RequestId, _Text] = {}  # this thread's only
 
-    def open(self, request_id: RequestId, prompt_ids: list[int], skip_special_tokens: bool) -> None:
+    def open(
+        self,
+        request_id: RequestId,
+        prompt_ids: list[int],
+        skip_special_tokens: bool,
+        stop: list[str] | None = None,
+    ) -> None:
+        stops = list(stop or ())
+
         def start() -> None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(
+            detok = IncrementalDetokenizer(
                 self.tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens
             )
+            self._texts[request_id] = _Text(detok, stops, max(map(len, stops), default=0))
 
         self._submit(start)
 
     def push(
-        self, request_id: RequestId, token_ids: list[int], *, last: bool, then: TextCallback | None
+        self,
+        request_id: RequestId,
+        token_ids: list[int],
+        *,
+        finish_reason: FinishReason | None,
+        then: ChunkCallback | None,
     ) -> None:
-        """Add generated tokens; `then(new_text)` runs next (on this thread). With `last`
-        (the engine finished the request) the held characters are flushed too, as the
-        engine does; a cancelled request is never flushed."""
+        """Add generated tokens (`finish_reason`: the engine's, when it ended the request
+        on the last of them); `then(new_text, num_tokens)` runs next, on this thread,
+        unless an earlier stop string ended the request: `num_tokens` of `token_ids` are
+        to be sent (fewer than all when a stop string ends it on one of them)."""
 
         def push() -> None:
-            detok = self._detokenizers[request_id]
-            text = "".join([detok.push(token) for token in token_ids])
-            if last:
-                text += detok.flush()
+            state = self._texts[request_id]
+            if state.finished:
+                return
+            num_kept = _advance(state, token_ids, finish_reason)
+            if state.stopped:
+                self.stopped.put(request_id)
+            # While running, hold back the text that could still begin a stop string.
+            hold = 0 if state.finished else max(state.max_stop_chars - 1, 0)
+            end = max(len(state.text) - hold, state.num_emitted)
+            delta = state.text[state.num_emitted : end]
+            state.num_emitted = end
             if then is not None:
-                then(text)
+                then(delta, num_kept)
 
         self._submit(push)
 
-    def close(self, request_id: RequestId, then: TextCallback) -> None:
-        """The request ended: `then(text)` gets all of its text."""
+    def close(self, request_id: RequestId, then: EndCallback) -> None:
+        """The request ended (finished, cancelled or stopped): `then(end)` gets its text."""
 
         def close() -> None:
-            then(self._detokenizers.pop(request_id).text)
+            state = self._texts.pop(request_id)
+            then(TextEnd(state.text, state.num_tokens, state.stopped))
 
         self._submit(close)
 
     def discard(self, request_id: RequestId) -> None:
-        self._submit(lambda: self._detokenizers.pop(request_id, None) and None)
+        self._submit(lambda: self._texts.pop(request_id, None) and None)
 
     def then(self, fn: Callable[[], None]) -> None:
         """Run `fn` after everything submitted so far (a reply that must follow them)."""
         self._submit(fn)
+
+    def take_stopped(self) -> list[RequestId]:
+        """The requests stop strings ended since the last call (for the loop to cancel)."""
+        out = []
+        while True:
+            try:
+                out.append(self.stopped.get_nowait())
+            except queue.Empty:
+                return out
 
     def shutdown(self) -> None:
         """Run what is queued, then stop."""
@@ -78,6 +154,28 @@ class Detokenizing:
 
     def _submit(self, fn: Callable[[], None]) -> None:
         self._pool.submit(_logged, fn)
+
+
+def _advance(state: _Text, token_ids: list[int], finish_reason: FinishReason | None) -> int:
+    """Add tokens to `state` as `Engine._append_token` does; returns how many of them
+    the request keeps (all, unless a stop string ends it before the last)."""
+    for num_kept, token in enumerate(token_ids, 1):
+        searched = max(len(state.text) - state.max_stop_chars, 0)
+        state.text += state.detok.push(token)
+        state.num_tokens += 1
+        engine_end = finish_reason if num_kept == len(token_ids) else None
+        if engine_end == "stop":  # eos or a stop token id: before any stop string
+            state.text += state.detok.flush()
+            state.finished = True
+        elif state.stop and (cut := _find_stop(state.text, state.stop, searched)) is not None:
+            state.text = state.text[:cut]
+            state.finished = state.stopped = True
+        elif engine_end is not None:  # length
+            state.text += state.detok.flush()
+            state.finished = True
+        if state.finished:
+            return num_kept
+    return len(token_ids)
 
 
 def _logged(fn: Callable[[], None]) -> None:

@@ -14,6 +14,9 @@ Guarantees:
   blocks return to the pool;
 - bad input never stops the daemon: any failure handling one message becomes an
   ErrorReply ("internal" for our own bugs) and the loop goes on;
+- messages are decoded and checked off the loop, on the connections' I/O thread
+  (intake.py), which answers a bad one itself; prompts are tokenized on a thread and
+  text is made on another (detokenize.py), so the loop spends its time on engine steps;
 - `health` and `stats` are answered within milliseconds even during a long engine
   step: the connections' I/O thread answers them from the `Snapshot` the loop
   publishes before and after every step. Between steps, and with `check` (the pool's
@@ -25,84 +28,53 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import zmq
 
-from ...ipc.codec import (
-    decode_request,
-    encode,
-    error_bytes,
-    logits_to_wire,
-    logprobs_to_wire,
-    prompt_table_from_wire,
-)
+from ...ipc.codec import encode, error_bytes, logits_to_wire, logprobs_to_wire
 from ...ipc.framing import Oversize
-from ...ipc.kv_events import KVEventLayout, batch_frames, check_layout, encode_batch
+from ...ipc.kv_events import batch_frames, encode_batch
 from ...ipc.messages import (
     Cancel,
     Done,
-    Generate,
     Health,
-    HealthReply,
     ProtocolError,
+    Request,
     StatsReply,
     StatsRequest,
     TokenChunk,
 )
-from ...ipc.sockets import check_address, ipc_path, is_ipv6, prepare_ipc_path
+from ...ipc.sockets import ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
-from ..engine.params import Retention, SamplingParams, StepOutput
+from ..engine.params import Completion, Retention, SamplingParams, StepOutput
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
-from .connections import Arrival, Connections, ConnId, Limits
-from .detokenize import Detokenizing
+from .connections import Answer, Arrival, Connections, ConnId, Limits
+from .detokenize import Detokenizing, TextEnd
+from .drain import Drain, StepKind, next_step_kind
+from .intake import Ready, RequestChecks, RequestLimits
 from .service import Notifier, StopFlag, default_max_connections
+from .settings import ServerConfig, prepare_endpoints
+from .status import Snapshot, Status
+
+__all__ = ["CLOSE_LINGER_S", "Server", "ServerConfig", "prepare_endpoints"]
 
 log = logging.getLogger("reprise.server")
 # On exit, how long the last replies (drain errors) may take to reach clients that are slow
-# to read them. A SIGTERM is answered within drain_timeout_s + one step + this.
+# to read them. A SIGTERM is answered within drain_timeout_s + HARD_STOP_GRACE_S + this
+# (drain.py).
 CLOSE_LINGER_S = 2.0
-# How old the engine's counters in a stats reply answered during a step may be.
-SNAPSHOT_REFRESH_S = 0.02
+# Past the drain deadline, how long a step still running may take before the drain's
+# thread answers its requests and exits the process without it.
+HARD_STOP_GRACE_S = 0.5
 Route = ConnId  # the connection a request came on, the only one its replies go to
-
-
-@dataclass(slots=True)
-class ServerConfig:
-    address: str
-    events_address: str | None = None
-    max_queue: int = 256  # requests waiting or running; more get "busy"
-    max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
-    max_message_bytes: int = 1 << 20  # larger messages get "too_large"
-    max_connections: int | None = None  # more are refused; None: from the open-file limit
-    max_logits_bytes: int = 64 << 20  # the logits a request may ask back (max_tokens * vocab * 4)
-    max_stop_strings: int = 16  # stop strings a request may give
-    max_stop_chars: int = 256  # characters in one stop string
-    kv_events_layout: KVEventLayout = "vllm"
-    drain_timeout_s: float = 5.0  # on SIGTERM, how long running requests may take
-    idle_poll_ms: int = 100
-    max_unread_bytes: int = 64 << 20  # replies queued per client before it counts as gone
-    model_name: str = ""
-
-    def __post_init__(self) -> None:
-        check_address(self.address)
-        if self.events_address is not None:
-            check_address(self.events_address)
-        check_layout(self.kv_events_layout)
-        numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
-                   "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
-        if self.max_connections is not None:
-            numbers += ("max_connections",)
-        for name in numbers:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if not self.drain_timeout_s >= 0:
-            raise ValueError(f"drain_timeout_s must be >= 0; got {self.drain_timeout_s!r}")
+SHUTTING_DOWN = ("shutting_down", "the daemon is shutting down")
 
 
 @dataclass(slots=True)
@@ -112,7 +84,6 @@ class LiveRequest:
     stream: bool
     t_received: float
     t_first: float | None = None
-    text_off_loop: bool = False  # no stop strings: detokenized on Server.text's thread
     t_first_step: float | None = None  # when the step that gave the first token began
 
 
@@ -120,39 +91,8 @@ class LiveRequest:
 class PendingRequest:
     """A generate whose prompt is being tokenized off the loop (Server._admit_ready)."""
 
-    request: Generate
-    params: SamplingParams
+    ready: Ready
     prompt_ids: Future[list[int]]
-    t_received: float
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What the I/O thread answers health and stats with, replaced (never changed) by
-    the loop before and after every engine step."""
-
-    stats: dict[str, object]  # Server.stats() without the counters read live
-    status: str  # "ok" or "draining"
-    num_requests: int
-    step_started: float | None  # time.monotonic() at the start of the running step
-
-
-@dataclass(slots=True)
-class Counters:
-    num_requests_total: int = 0
-    num_errors_total: int = 0
-    num_disconnect_cancels: int = 0
-    num_events_published: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
-def prepare_endpoints(config: ServerConfig) -> None:
-    """Check what binding will need before any model loads: each ipc:// socket's folder is
-    ours and private, and no live daemon listens there (raises RuntimeError saying why)."""
-    for address in (config.address, config.events_address):
-        path = ipc_path(address) if address else None
-        if path is not None:
-            prepare_ipc_path(path)
 
 
 class Server:
@@ -174,17 +114,24 @@ class Server:
         # loop; the tokenizer releases the GIL while it encodes.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
-        self.text = Detokenizing(engine.tokenizer)  # the text of requests without stop strings
-        self.counters = Counters()
+        self.text = Detokenizing(engine.tokenizer)  # every request's text and stop strings
+        limits = RequestLimits(config.max_tokens_cap, config.max_stop_strings,
+                               config.max_stop_chars, config.max_logits_bytes)  # fmt: skip
+        self.checks = RequestChecks(limits, engine.tokenizer, vocab_size=engine.config.vocab_size,
+                                    max_model_len=engine.max_model_len)  # fmt: skip
+        self.status = Status(engine, config.model_name)
+        self.counters = self.status.counters
         self.draining = False
+        self.drain: Drain | None = None  # set on SIGTERM
+        self.step_s: dict[StepKind, float] = {}  # how long the last step of each kind took
+        # Held by the loop for all of its turn but the engine step: whoever holds it may
+        # read and answer the requests (the drain's thread, when a step overruns).
+        self._turn = threading.Lock()
+        self._serving = False
         self.event_seq = 0  # the next KV event batch's number (vLLM numbers them from 0)
         self._ctx = zmq.Context()  # for the KV events socket only
         self.conns: Connections | None = None
         self.pub: zmq.Socket | None = None
-        self.snapshot: Snapshot | None = None  # None until serving starts
-        self._engine_stats: dict[str, object] = {}
-        self._engine_stats_key: tuple[int, int, int] | None = None
-        self._engine_stats_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -195,7 +142,7 @@ class Server:
         retirement. `progress(done, total)` counts these stages."""
         engine, start = self.engine, time.perf_counter()
         report = progress or (lambda done, total: None)
-        _ = self.max_token_bytes  # the prompt-size bound, read once from the vocabulary
+        _ = self.checks.max_token_bytes  # the prompt-size bound, read once from the vocabulary
         graphs = engine.runner.decode is not None
         total = 2 if graphs else 1
         report(0, total)
@@ -234,7 +181,7 @@ class Server:
         if path is not None:
             prepare_ipc_path(path)
         self._publish_snapshot(step_started=None)
-        self.conns = Connections(cfg.address, limits, quick=self._quick_reply)
+        self.conns = Connections(cfg.address, limits, intake=self._intake)
         self.conns.bind()
         if path is not None:
             path.chmod(0o600)
@@ -280,8 +227,11 @@ class Server:
         log.info(
             "stopped after %d request(s), %d error repl(ies)",
             self.counters.num_requests_total,
-            self.counters.num_errors_total,
+            self.num_errors,
         )
+        self._remove_socket_files()
+
+    def _remove_socket_files(self) -> None:
         for address in (self.config.address, self.config.events_address):
             path = ipc_path(address) if address else None
             if path is not None:
@@ -289,16 +239,18 @@ class Server:
 
     def serve(self) -> None:
         assert self.conns is not None
-        deadline = float("inf")
+        self._serving = True
+        threading.Thread(target=self._watch_drain, name="drain", daemon=True).start()
+        with self._turn:
+            self._serve()
+            self._serving = False
+
+    def _serve(self) -> None:
         while True:
             if self.stop.is_set and not self.draining:
-                self.draining = True
-                deadline = time.monotonic() + self.config.drain_timeout_s
-                self.notifier.notify("STOPPING=1")
-                log.info("stopping: draining %d request(s)", len(self.live) + len(self.pending))
-            idle = not self.live and not self.pending
-            if self.draining and (idle or time.monotonic() >= deadline):
-                self._abort_all("shutting_down", "the daemon is shutting down")
+                self._start_drain()
+            if self.drain is not None and self._drained(self.drain):
+                self._abort_all(*SHUTTING_DOWN)
                 self._publish_events()
                 return
             busy = self.engine.has_work()
@@ -306,19 +258,97 @@ class Server:
             if self.notifier.watchdog_interval_s is not None:
                 timeout = min(timeout, int(self.notifier.watchdog_interval_s * 1000))
             self._on_arrivals(self.conns.wait(timeout / 1000))
+            self._cancel_stopped()
             self._admit_ready()
             if self.engine.has_work():
                 t_step = time.monotonic()
                 self._publish_snapshot(step_started=t_step)
-                outputs = self.engine.step()
+                # From here the I/O thread answers stats itself; what it gave the loop
+                # before (a stats would wait behind the whole step) is answered now.
+                self._on_arrivals(self.conns.wait(0))
+                kind = next_step_kind(self.engine.scheduler)
+                self._turn.release()  # the drain's thread may answer for us meanwhile
+                try:
+                    outputs = self.engine.step()
+                finally:
+                    self._turn.acquire()
+                self.step_s[kind] = time.monotonic() - t_step
                 # From here stats go to the loop again: the replies of this step are about
                 # to go out, and a stats asked after one must not predate it.
-                self.snapshot = replace(self.snapshot, step_started=None)
+                self.status.step_ended()
                 for output in outputs:
                     self._on_output(output, t_step)
             self._publish_snapshot(step_started=None)
             self._publish_events()
             self.notifier.ping_watchdog()
+
+    def _start_drain(self) -> None:
+        self.draining = True
+        self.drain = Drain(deadline=self._drain_deadline())
+        log.info("stopping: draining %d request(s)", len(self.live) + len(self.pending))
+
+    def _drain_deadline(self) -> float:
+        at = self.stop.at if self.stop.at is not None else time.monotonic()
+        return at + self.config.drain_timeout_s
+
+    def _watch_drain(self) -> None:
+        """The drain's thread: on SIGTERM, STOPPING=1 at once; then, if the loop is still
+        inside one engine step HARD_STOP_GRACE_S past the drain deadline (a step on a
+        loaded machine can take many seconds), answer every request with its final
+        reply, close the sockets and exit 0 without waiting for the step. The disk
+        tier's queued writes are then dropped; its files are written whole or not at all."""
+        self.stop.event.wait()
+        self.notifier.notify("STOPPING=1")
+        time.sleep(max(0.0, self._drain_deadline() + HARD_STOP_GRACE_S - time.monotonic()))
+        # Between steps the loop holds the lock, and past the deadline it starts no step:
+        # it ends the drain by itself, unless it is inside a step when it lets go.
+        while not self._turn.acquire(timeout=0.05):
+            if not self._serving:
+                return
+        if not self._serving:
+            self._turn.release()
+            return
+        log.warning("stopping: the engine step in progress ran past the drain deadline "
+                    "(%d request(s) left); answering them and exiting without it",
+                    len(self.live) + len(self.pending))  # fmt: skip
+        code, message = SHUTTING_DOWN
+        for (route, client_id), pending in list(self.pending.items()):
+            pending.prompt_ids.cancel()
+            self._send_error(route, code, message, client_id)
+        for live in self.live.values():  # after the chunks still queued on that thread
+            data = error_bytes(code, message, live.client_id)
+            self.text.then(functools.partial(self._send_quietly, live.route, data))
+        self.counters.num_errors_total += len(self.live)
+        self.text.shutdown()
+        assert self.conns is not None
+        self.conns.stop(linger_s=CLOSE_LINGER_S)
+        self._remove_socket_files()
+        log.info("stopped after %d request(s), %d error repl(ies)",
+                 self.counters.num_requests_total, self.num_errors)  # fmt: skip
+        logging.shutdown()
+        os._exit(0)
+
+    def _drained(self, drain: Drain) -> bool:
+        """While draining: cancel (with their final replies) the requests that cannot
+        finish by the deadline; True when nothing is left, or no step fits before the
+        deadline (what is left is then cancelled by the caller)."""
+        now = time.monotonic()
+        self._cancel_stopped()  # their Done is due, not a drain error
+        scheduler = self.engine.scheduler
+        hopeless = [r for r in drain.hopeless(scheduler, now, self.step_s.get("prefill"))
+                    if r in self.live]  # fmt: skip
+        if hopeless:
+            log.info("stopping: cancelling %d request(s) that cannot finish by the deadline",
+                     len(hopeless))  # fmt: skip
+        for request_id in hopeless:
+            self.engine.cancel(request_id)
+            self._finish(request_id, abort=SHUTTING_DOWN)
+        if not self.live and not self.pending:
+            return True
+        if now >= drain.deadline:
+            return True
+        step_s = self.step_s.get(next_step_kind(scheduler))
+        return self.engine.has_work() and not drain.step_fits(now, step_s)
 
     # -- incoming ----------------------------------------------------------------------------
 
@@ -327,9 +357,6 @@ class Server:
             route, payload = arrival.conn, arrival.payload
             if payload is None:  # the connection closed: nobody is left to answer
                 self._drop_client(route)
-            elif isinstance(payload, Oversize):  # dropped unread by the connection's reader
-                self._send_error(route, "too_large", f"message has {payload.num_bytes} bytes; "
-                                 f"the limit is {self.config.max_message_bytes}")  # fmt: skip
             else:
                 try:
                     self._handle(route, payload)
@@ -339,13 +366,13 @@ class Server:
                     log.exception("internal error handling a message")
                     self._send_error(route, "internal", f"{type(e).__name__}: {e}")
 
-    def _handle(self, route: Route, payload: bytes) -> None:
-        request = decode_request(payload)
-        if isinstance(request, Generate):
+    def _handle(self, route: Route, request: Ready | Request) -> None:
+        """A message `_intake` read and checked (a generate as `Ready`)."""
+        if isinstance(request, Ready):
             try:
                 self._start(route, request)
             except ProtocolError as e:
-                e.request_id = request.id
+                e.request_id = request.request.id
                 raise
         elif isinstance(request, Cancel):
             pending = self.pending.pop((route, request.id), None)
@@ -363,58 +390,46 @@ class Server:
             self._finish(request_id)
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
-        elif isinstance(request, Health):
-            self._publish_snapshot(step_started=None, refresh=True)
-            reply = self._answer_health(self.snapshot)
-            self._send(route, encode(reply))
+        else:
+            raise AssertionError(f"{type(request).__name__} reached the loop")
 
-    def _quick_reply(self, payload: bytes) -> bytes | None:
-        """On the I/O thread: the reply to a health message, or to a stats message while
-        a step runs, from the last snapshot; None for every other message (and for stats
-        between steps, or with `check`), which the loop answers. Reads only the snapshot,
-        the fixed config and live counters."""
-        snapshot = self.snapshot
-        if snapshot is None:
-            return None
+    def _intake(self, frame: bytes | Oversize) -> object:
+        """On the I/O thread, each frame: decoded and checked (intake.py), a bad one
+        answered with its error; a health message, or a stats message while a step runs,
+        answered from the last snapshot. What else the loop gets: `Ready` generates,
+        cancels, stats between steps or with `check`. Reads only the snapshot, the fixed
+        config and live counters."""
+        if isinstance(frame, Oversize):  # dropped unread by the connection's reader
+            return self._refuse("too_large", f"message has {frame.num_bytes} bytes; the limit "
+                                f"is {self.config.max_message_bytes}")  # fmt: skip
         try:
-            request = decode_request(payload)
-        except ProtocolError:
-            return None  # the loop answers it with the error
+            request = self.checks.read(frame)
+        except ProtocolError as e:
+            return self._refuse(e.code, e.message, e.request_id)
+        snapshot = self.status.snapshot
+        assert snapshot is not None  # published before the socket is bound
         if isinstance(request, Health):
-            return encode(self._answer_health(snapshot))
+            return Answer(encode(self.status.health(snapshot)))
         if isinstance(request, StatsRequest) and not request.check and snapshot.step_started:
-            return encode(StatsReply(stats=self._live_stats(snapshot)))
-        return None
+            return Answer(encode(StatsReply(stats=self._live_stats(snapshot))))
+        return request
 
-    def _answer_health(self, snapshot: Snapshot) -> HealthReply:
-        return HealthReply(snapshot.status, self.config.model_name, self.engine.max_model_len,
-                           snapshot.num_requests, self.engine.config.vocab_size)  # fmt: skip
+    def _refuse(self, code: str, message: str, request_id: str | None = None) -> Answer:
+        """On the I/O thread: the error reply to a message that failed its checks."""
+        self.counters.num_errors_read += 1
+        return Answer(error_bytes(code, message, request_id))
+
+    @property
+    def num_errors(self) -> int:
+        return self.status.num_errors
 
     def _publish_snapshot(self, *, step_started: float | None, refresh: bool = False) -> None:
-        """Replace the snapshot. The engine's counters (about 60 us to read) are read
-        again when `refresh`, when a request came or went, or when they are
-        SNAPSHOT_REFRESH_S old; the server's own are always current."""
-        now = time.monotonic()
-        key = (self.counters.num_requests_total, len(self.live), len(self.pending))
-        if (
-            refresh
-            or key != self._engine_stats_key
-            or now >= self._engine_stats_at + SNAPSHOT_REFRESH_S
-        ):
-            self._engine_stats = dict(self.engine.stats())
-            self._engine_stats_key, self._engine_stats_at = key, now
-        stats: dict[str, object] = {
-            **self._engine_stats,
-            "num_requests": len(self.live) + len(self.pending),
-            "num_requests_total": self.counters.num_requests_total,
-            "num_errors_total": self.counters.num_errors_total,
-            "num_disconnect_cancels": self.counters.num_disconnect_cancels,
-            "num_events_published": self.counters.num_events_published,
-        }
-        status = "draining" if self.draining else "ok"
-        self.snapshot = Snapshot(stats, status, len(self.live), step_started)
+        self.status.publish(num_live=len(self.live), num_pending=len(self.pending),
+                            draining=self.draining, step_started=step_started,
+                            refresh=refresh)  # fmt: skip
 
-    def _start(self, route: Route, request: Generate) -> None:
+    def _start(self, route: Route, ready: Ready) -> None:
+        request = ready.request
         if self.draining:
             raise ProtocolError(
                 "shutting_down", "the daemon is shutting down; not accepting requests"
@@ -425,24 +440,14 @@ class Server:
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
-        try:
-            params = SamplingParams(**request.sampling, return_logits=request.return_logits)
-        except (ValueError, TypeError) as e:
-            raise ProtocolError("bad_request", str(e)) from None
-        self._check_limits(params)
-        if not params.stop:  # token ids alone decide its end: detokenized off the loop
-            params = replace(params, detokenize=False)
-        self._check_prompt_bytes(request)  # cheap, so a huge prompt never reaches the thread
-        future = self._tokenizing.submit(self._prompt_ids, request)
-        self.pending[(route, request.id)] = PendingRequest(
-            request, params, future, time.monotonic()
-        )
+        future = self._tokenizing.submit(self.checks.prompt_ids, request)
+        self.pending[(route, request.id)] = PendingRequest(ready, future)
 
     def _admit_ready(self) -> None:
         """Hand the engine every request whose prompt is tokenized, in arrival order."""
         for key in [key for key, p in self.pending.items() if p.prompt_ids.done()]:
             route, pending = key[0], self.pending.pop(key)
-            request = pending.request
+            request = pending.ready.request
             try:
                 self._admit(route, pending)
             except ProtocolError as e:
@@ -452,104 +457,32 @@ class Server:
                 self._send_error(route, "internal", f"{type(e).__name__}: {e}", request.id)
 
     def _admit(self, route: Route, pending: PendingRequest) -> None:
-        request = pending.request
+        request, params = pending.ready.request, pending.ready.params
         prompt_ids = pending.prompt_ids.result()  # a ProtocolError raised there comes here
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
+            # Token ids alone end it in the engine; its text and stop strings are the
+            # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
             request_id = self.engine.add_request(
                 prompt_ids,
-                pending.params,
+                replace(params, stop=[], detokenize=False),
                 cache_salt=request.cache_salt,
                 retention=retention,
                 priority=request.queue_priority,
-                prompt_table=None
-                if request.prompt_table is None
-                else prompt_table_from_wire(request.prompt_table),
+                prompt_table=pending.ready.prompt_table,
                 extra_ids=request.extra_ids,
             )
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        off_loop = not pending.params.detokenize
-        if off_loop:  # the detokenizer's context is the prompt's text tokens (no table ids)
-            vocab = self.engine.config.vocab_size
-            text_ids = [t for t in prompt_ids if t < vocab]
-            self.text.open(request_id, text_ids, pending.params.skip_special_tokens)
+        # the detokenizer's context is the prompt's text tokens (no table ids)
+        vocab = self.engine.config.vocab_size
+        text_ids = [t for t in prompt_ids if t < vocab]
+        self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
         self.live[request_id] = LiveRequest(
-            route, request.id, request.stream, pending.t_received, text_off_loop=off_loop
+            route, request.id, request.stream, pending.ready.t_received
         )
         self.by_client[(route, request.id)] = request_id
-
-    def _check_limits(self, params: SamplingParams) -> None:
-        cfg = self.config
-        if params.max_tokens > cfg.max_tokens_cap:
-            raise ProtocolError("bad_request", f"max_tokens must be at most {cfg.max_tokens_cap} "
-                                f"(max_tokens_cap); got {params.max_tokens}")  # fmt: skip
-        if len(params.stop) > cfg.max_stop_strings:
-            raise ProtocolError("bad_request", f"at most {cfg.max_stop_strings} stop strings "
-                                f"(max_stop_strings); got {len(params.stop)}")  # fmt: skip
-        longest = max(map(len, params.stop), default=0)
-        if longest > cfg.max_stop_chars:
-            raise ProtocolError("bad_request", f"a stop string may have at most "
-                                f"{cfg.max_stop_chars} characters (max_stop_chars); got {longest}")  # fmt: skip
-        if params.return_logits:
-            logits_bytes = params.max_tokens * self.engine.config.vocab_size * 4
-            if logits_bytes > cfg.max_logits_bytes:
-                most = cfg.max_logits_bytes // (self.engine.config.vocab_size * 4)
-                raise ProtocolError("bad_request", f"return_logits with max_tokens "
-                                    f"{params.max_tokens} would return {logits_bytes} bytes; "
-                                    f"max_logits_bytes is {cfg.max_logits_bytes}, so at most "
-                                    f"{most} tokens with logits")  # fmt: skip
-
-    def _prompt_ids(self, request: Generate) -> list[int]:
-        """The request's prompt as token ids (on the tokenizing thread: it reads only the
-        tokenizer and the engine's fixed max_model_len)."""
-        tokenizer = self.engine.tokenizer
-        try:
-            if request.prompt is not None:
-                ids = tokenizer.encode(request.prompt)
-            elif request.messages is not None:
-                text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
-                ids = tokenizer.encode(text, add_special_tokens=False)
-            else:
-                assert request.token_ids is not None
-                ids = request.token_ids
-        except ProtocolError:
-            raise
-        except Exception as e:  # a template may reject a conversation (e.g. bad role order)
-            raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
-        if not ids:
-            raise ProtocolError("bad_request", "prompt is empty; it must hold at least one token")
-        max_len = self.engine.max_model_len
-        if len(ids) >= max_len:
-            raise ProtocolError(
-                "prompt_too_long",
-                f"prompt has {len(ids)} tokens; the context holds {max_len}, "
-                f"so a prompt may have at most {max_len - 1}",
-            )
-        return ids
-
-    def _check_prompt_bytes(self, request: Generate) -> None:
-        """Refuse, before tokenizing, text that cannot fit the context: a token covers at
-        most `max_token_bytes` bytes of text, so more than max_model_len times that many
-        bytes is more than max_model_len tokens (no tokenizer work spent on it)."""
-        if self.max_token_bytes is None:
-            return  # the message size limit is the only bound
-        texts = [request.prompt] if request.prompt is not None else []
-        texts += [m["content"] for m in request.messages or ()]
-        num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-        bound = self.engine.max_model_len * self.max_token_bytes
-        if num_bytes > bound:
-            raise ProtocolError(
-                "prompt_too_long",
-                f"prompt has {num_bytes} bytes of text, more than the context of "
-                f"{self.engine.max_model_len} tokens can hold (at most {bound} bytes)",
-            )
-
-    @functools.cached_property
-    def max_token_bytes(self) -> int | None:
-        """The most bytes of text one token stands for (the longest vocabulary entry)."""
-        return self.engine.tokenizer.max_token_bytes()
 
     # -- outgoing ----------------------------------------------------------------------------
 
@@ -560,42 +493,57 @@ class Server:
             return  # cancelled earlier in this turn (its client vanished)
         if live.t_first is None:
             live.t_first, live.t_first_step = time.monotonic(), t_step
-        if live.text_off_loop:
-            self._push_text(request_id, live, output)
-        elif live.stream:
-            logprobs = self._logprobs_wire(output.logprobs)
-            chunk = TokenChunk(live.client_id, output.token_ids, output.text_delta, logprobs)
-            if not self._send(live.route, encode(chunk)):
-                self._drop_client(live.route)
-                return
+        self._push_text(request_id, live, output)
         if output.finish_reason is not None:
             self._finish(request_id)
 
     def _push_text(self, request_id: RequestId, live: LiveRequest, output: StepOutput) -> None:
-        """Hand new tokens to the detokenizing thread, which streams their text."""
+        """Hand new tokens to the detokenizing thread, which streams their text (and the
+        tokens up to a stop string, when one ends the request)."""
         route, client_id, token_ids = live.route, live.client_id, output.token_ids
         logprobs = output.logprobs
 
-        def send_chunk(text: str) -> None:  # on the detokenizing thread
-            chunk = TokenChunk(client_id, token_ids, text, self._logprobs_wire(logprobs))
+        def send_chunk(text: str, num_tokens: int) -> None:  # on the detokenizing thread
+            kept = None if logprobs is None else logprobs[:num_tokens]
+            chunk = TokenChunk(client_id, token_ids[:num_tokens], text, self._logprobs_wire(kept))
             self._send_quietly(route, encode(chunk))
 
-        last = output.finish_reason is not None
-        self.text.push(request_id, token_ids, last=last, then=send_chunk if live.stream else None)
+        self.text.push(
+            request_id,
+            token_ids,
+            finish_reason=output.finish_reason,
+            then=send_chunk if live.stream else None,
+        )
 
-    def _finish(self, request_id: RequestId) -> None:
-        """Send the Done of a request the engine finished or cancelled, and forget it."""
+    def _cancel_stopped(self) -> None:
+        """Cancel in the engine the requests a stop string ended on the detokenizing thread
+        (the engine may have computed a token or two more; the reply leaves them out).
+        Their one Done comes from `_finish`, with the text and tokens cut at the stop."""
+        for request_id in self.text.take_stopped():
+            if request_id in self.live:  # else the engine finished it first, or it was dropped
+                self.engine.cancel(request_id)
+                self._finish(request_id)
+
+    def _finish(self, request_id: RequestId, abort: tuple[str, str] | None = None) -> None:
+        """Send the Done of a request the engine finished or cancelled (or a stop string
+        ended), and forget it. With `abort` (code, message), a request no stop string
+        ended gets that error instead of a Done."""
         live = self.live.pop(request_id)
         del self.by_client[(live.route, live.client_id)]
-        completion = self.engine.take_completion(request_id)
+        whole = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
 
-        def done_bytes(text: str) -> bytes:  # on the loop, or on the detokenizing thread
+        def send_done(end: TextEnd) -> None:  # on the detokenizing thread, after the chunks
+            if abort is not None and not end.stopped:
+                self.counters.num_errors_total += 1
+                self._send_quietly(live.route, error_bytes(*abort, live.client_id))
+                return
+            completion = _cut(whole, end)
             done = Done(
                 id=live.client_id,
                 finish_reason=completion.finish_reason,
-                text=text,
+                text=completion.text,
                 token_ids=completion.token_ids,
                 prompt_tokens=len(completion.prompt_token_ids),
                 cached_tokens=completion.cached_tokens,
@@ -608,14 +556,9 @@ class Server:
                 queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
             )
             self._log_done(done, (now - live.t_received) * 1000)
-            return encode(done)
+            self._send_quietly(live.route, encode(done))
 
-        if live.text_off_loop:
-            self.text.close(
-                request_id, then=lambda text: self._send_quietly(live.route, done_bytes(text))
-            )
-        elif not self._send(live.route, done_bytes(completion.text)):
-            self._drop_client(live.route)
+        self.text.close(request_id, then=send_done)
 
     @staticmethod
     def _log_done(done: Done, total_ms: float) -> None:
@@ -660,22 +603,17 @@ class Server:
         del self.by_client[(live.route, live.client_id)]
         self.engine.cancel(request_id)
         self.engine.take_completion(request_id)
-        if live.text_off_loop:
-            self.text.discard(request_id)
+        self.text.discard(request_id)
 
     def _abort_all(self, code: str, message: str) -> None:
         for (route, client_id), pending in list(self.pending.items()):
             pending.prompt_ids.cancel()
             self._send_error(route, code, message, client_id)
         self.pending.clear()
-        for request_id, live in list(self.live.items()):
-            self._cancel_silently(request_id)
-            if live.text_off_loop:  # after the chunks still queued there
-                self.counters.num_errors_total += 1
-                data = error_bytes(code, message, live.client_id)
-                self.text.then(functools.partial(self._send_quietly, live.route, data))
-            else:
-                self._send_error(live.route, code, message, live.client_id)
+        self._cancel_stopped()
+        for request_id in list(self.live):  # the error follows the chunks still queued
+            self.engine.cancel(request_id)
+            self._finish(request_id, abort=(code, message))
 
     def _send(self, route: Route, data: bytes) -> bool:
         """Non-blocking; False when the client is gone or not reading."""
@@ -700,11 +638,13 @@ class Server:
     # -- stats and events --------------------------------------------------------------------
 
     def stats(self, *, check: bool = False) -> dict[str, object]:
-        """Engine and server counters (on the loop, between steps); `check` adds the
-        pool's integrity check."""
-        self._publish_snapshot(step_started=None, refresh=True)
-        assert self.snapshot is not None
-        stats = self._live_stats(self.snapshot)
+        """Engine and server counters (on the loop, between steps, or just before one
+        starts); `check` adds the pool's integrity check."""
+        snapshot = self.status.snapshot
+        started = snapshot.step_started if snapshot is not None else None  # a step about to run
+        self._publish_snapshot(step_started=started, refresh=True)
+        assert self.status.snapshot is not None
+        stats = self._live_stats(self.status.snapshot)
         if check:
             try:
                 self.engine.pool.check_integrity()
@@ -714,18 +654,10 @@ class Server:
         return stats
 
     def _live_stats(self, snapshot: Snapshot) -> dict[str, object]:
-        """The snapshot's stats with what is read live: connections, uptime, and how long
-        the running step has taken so far (`step_running_s`, null between steps)."""
-        now = time.monotonic()
         conns = self.conns
-        started = snapshot.step_started
-        return {
-            **snapshot.stats,
-            "num_connections": conns.num_open if conns is not None else 0,
-            "num_connections_refused": conns.num_refused if conns is not None else 0,
-            "uptime_s": round(now - self.counters.started, 3),
-            "step_running_s": None if started is None else round(now - started, 3),
-        }
+        if conns is None:
+            return self.status.live_stats(snapshot, 0, 0)
+        return self.status.live_stats(snapshot, conns.num_open, conns.num_refused)
 
     def _publish_events(self) -> None:
         events = self.engine.take_events()
@@ -735,3 +667,20 @@ class Server:
         self.pub.send_multipart(batch_frames(self.event_seq, payload))
         self.event_seq += 1
         self.counters.num_events_published += len(events)
+
+
+def _cut(completion: Completion, end: TextEnd) -> Completion:
+    """The completion as the reply gives it: with the text the detokenizing thread made,
+    and cut after the token a stop string ended on (the engine, which never sees stop
+    strings in the daemon, may have computed more)."""
+    if not end.stopped:
+        return replace(completion, text=end.text)
+    n = end.num_tokens
+    return replace(
+        completion,
+        token_ids=completion.token_ids[:n],
+        text=end.text,
+        finish_reason="stop",
+        logits=None if completion.logits is None else completion.logits[:n],
+        logprobs=None if completion.logprobs is None else completion.logprobs[:n],
+    )

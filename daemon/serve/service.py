@@ -8,6 +8,7 @@ import faulthandler
 import os
 import signal
 import socket
+import threading
 import time
 
 
@@ -50,6 +51,14 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.is_set = False
+        self.at: float | None = None  # time.monotonic() of the first signal
+        self.event = threading.Event()  # for threads that wait for it
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        self.is_set = True
+        self.event.set()
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -57,7 +66,7 @@ class StopFlag:
         faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` dumps every thread's stack
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.is_set = True
+        self.set()
 
 
 def raise_fd_limit() -> int:

@@ -1,0 +1,52 @@
+"""The serving loop's settings (`ServerConfig`), checked when built, and the checks of its
+sockets that run before any model loads (`prepare_endpoints`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ipc.kv_events import KVEventLayout, check_layout
+from ...ipc.sockets import check_address, ipc_path, prepare_ipc_path
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    address: str
+    events_address: str | None = None
+    max_queue: int = 256  # requests waiting or running; more get "busy"
+    max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
+    max_message_bytes: int = 1 << 20  # larger messages get "too_large"
+    max_connections: int | None = None  # more are refused; None: from the open-file limit
+    max_logits_bytes: int = 64 << 20  # the logits a request may ask back (max_tokens * vocab * 4)
+    max_stop_strings: int = 16  # stop strings a request may give
+    max_stop_chars: int = 256  # characters in one stop string
+    kv_events_layout: KVEventLayout = "vllm"
+    drain_timeout_s: float = 5.0  # on SIGTERM, how long running requests may take
+    idle_poll_ms: int = 100
+    max_unread_bytes: int = 64 << 20  # replies queued per client before it counts as gone
+    model_name: str = ""
+
+    def __post_init__(self) -> None:
+        check_address(self.address)
+        if self.events_address is not None:
+            check_address(self.events_address)
+        check_layout(self.kv_events_layout)
+        numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
+                   "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
+        if self.max_connections is not None:
+            numbers += ("max_connections",)
+        for name in numbers:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        if not self.drain_timeout_s >= 0:
+            raise ValueError(f"drain_timeout_s must be >= 0; got {self.drain_timeout_s!r}")
+
+
+def prepare_endpoints(config: ServerConfig) -> None:
+    """Check what binding will need before any model loads: each ipc:// socket's folder is
+    ours and private, and no live daemon listens there (raises RuntimeError saying why)."""
+    for address in (config.address, config.events_address):
+        path = ipc_path(address) if address else None
+        if path is not None:
+            prepare_ipc_path(path)
