@@ -24,7 +24,6 @@ from .sampling import next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
-
 Sampled = tuple[Sequence, int, np.ndarray | None]  # (sequence, token, its logits row)
 PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, positions)
 
