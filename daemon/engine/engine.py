@@ -74,6 +74,12 @@ class Engine:
                 f"max_model_len must be in [2, {config.max_position_embeddings}] for this model; "
                 f"got {settings.max_model_len}",
             )
+        if settings.max_prompt_logprobs > config.vocab_size:
+            raise SettingError(
+                "max_prompt_logprobs",
+                f"max_prompt_logprobs must be at most the vocabulary size {config.vocab_size} "
+                f"for this model; got {settings.max_prompt_logprobs}",
+            )
         block_bytes = config.kv_bytes_per_token() * settings.block_size
         num_device_blocks = settings.device_blocks(
             block_bytes, model.ops.device_memory_bytes(), model.num_bytes()
