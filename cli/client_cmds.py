@@ -162,7 +162,8 @@ def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict
 
 # -- generate --------------------------------------------------------------------------------
 
-TABLE_FIELDS = ("prompt_table", "extra_ids")  # the daemon's errors about them name them
+# flags the daemon checks further (its errors name them): a refusal is a usage error
+USAGE_FIELDS = ("prompt_table", "extra_ids", "prompt_logprobs")
 
 
 def generate_request(
@@ -207,6 +208,14 @@ def generate_request(
     help="Return each token's log-probability and this many most likely alternatives "
     "(printed under the answer, or in --json).",
 )
+@click.option(
+    "--prompt-logprobs",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Return each prompt token's log-probability given the tokens before it, and this "
+    "many most likely tokens there (at most the daemon's --max-prompt-logprobs); served "
+    "from the cache for cached prompt blocks.",
+)
 @client_options
 def generate_cmd(
     prompt: str | None,
@@ -215,6 +224,7 @@ def generate_cmd(
     as_json: bool,
     logits_out: Path | None,
     logprobs: int | None,
+    prompt_logprobs: int | None,
     socket: str | None,
     timeout: float,
     **kw: Any,
@@ -226,6 +236,8 @@ def generate_cmd(
     options["return_logits"] = logits_out is not None
     if logprobs is not None:
         options["logprobs"] = logprobs
+    if prompt_logprobs is not None:
+        options["prompt_logprobs"] = prompt_logprobs
     with connect(socket, timeout) as client:
         try:
             if as_json:
@@ -234,7 +246,7 @@ def generate_cmd(
                 done = stream_to(client, request, options, sys.stdout)
                 click.echo()
         except (RequestError, DaemonUnavailable) as e:
-            if isinstance(e, RequestError) and any(f in e.message for f in TABLE_FIELDS):
+            if isinstance(e, RequestError) and any(f in e.message for f in USAGE_FIELDS):
                 raise click.UsageError(e.message) from e  # the daemon's check of our flags
             raise request_failed(client, e) from e
     if logits_out is not None and done.logits is not None:
@@ -249,11 +261,24 @@ def generate_cmd(
     if as_json:
         click.echo(json.dumps(done_json(done)))
     else:
+        if done.prompt_logprobs is not None:
+            click.echo("prompt:", err=True)
+            for lp in done.prompt_logprobs:
+                click.echo(logprob_line(lp), err=True)
+            if done.logprobs:
+                click.echo("answer:", err=True)
         for lp in done.logprobs or ():
-            top = "  ".join(f"{i}:{t!r} {v:.3f}" for i, t, v in lp["top"])
-            token = f"{lp['id']}:{lp['token']!r}"
-            click.echo(f"{token:>20} {lp['logprob']:8.3f}   {top}", err=True)
+            click.echo(logprob_line(lp), err=True)
         click.echo(turn_summary(done), err=True)
+
+
+def logprob_line(lp: dict[str, Any]) -> str:
+    """One token's logprob and its most likely alternatives (a prompt's first token has
+    no logprob: nothing comes before it)."""
+    top = "  ".join(f"{i}:{t!r} {v:.3f}" for i, t, v in lp["top"])
+    token = f"{lp['id']}:{lp['token']!r}"
+    logprob = "-" if lp["logprob"] is None else f"{lp['logprob']:.3f}"
+    return f"{token:>20} {logprob:>8}   {top}"
 
 
 def turn_summary(done: Done) -> str:
@@ -293,6 +318,7 @@ def done_json(done: Done) -> dict[str, Any]:
         "tokens_per_s": done.tokens_per_s,
         "finish_reason": done.finish_reason,
         **({"logprobs": done.logprobs} if done.logprobs is not None else {}),
+        **({"prompt_logprobs": done.prompt_logprobs} if done.prompt_logprobs is not None else {}),
     }
 
 

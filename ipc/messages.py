@@ -49,6 +49,8 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "frequency_penalty": (int, float),
     "repetition_penalty": (int, float),
     "logprobs": (int, type(None)),  # top alternatives per token, 0 to 20 (None: off)
+    # top alternatives per prompt token, 0 to the daemon's max_prompt_logprobs (None: off)
+    "prompt_logprobs": (int, type(None)),
 }
 
 
@@ -259,6 +261,10 @@ class Done:
     # From receipt to the start of the engine step that gave the first token: the time
     # spent waiting (for a prompt prefilled in several chunks, the earlier chunks too).
     queue_ms: float = 0.0
+    # One per prompt token when sampling.prompt_logprobs is set, as in `logprobs`: each
+    # prompt token's logprob given those before it, and the most likely tokens there;
+    # the first token's (no context) has "logprob" null and "top" [], as OpenAI's echo.
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ MAX_BLOCK_SIZE = 1024
 GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_DISK_CACHE_GB = 16.0
+DEFAULT_MAX_PROMPT_LOGPROBS, MAX_PROMPT_LOGPROBS = 20, 1000  # vLLM's max_logprobs default is 20
 
 
 class SettingError(ValueError):
@@ -77,6 +78,11 @@ class EngineConfig:
         None, "--cuda-graphs/--eager",
         "Replay decode steps as CUDA graphs, one per batch-size bucket, captured at start-up "
         "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
+    )  # fmt: skip
+    max_prompt_logprobs: int = _setting(
+        DEFAULT_MAX_PROMPT_LOGPROBS, "--max-prompt-logprobs",
+        "Most top alternatives a request's prompt_logprobs may ask for per prompt token; "
+        "prompt blocks keep this many beside their KV, so cached prompts serve them.",
     )  # fmt: skip
 
     disk_cache: str | None = _setting(
@@ -136,6 +142,12 @@ class EngineConfig:
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise SettingError(
                 "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"
+            )
+        top = self.max_prompt_logprobs
+        if not _is_int(top) or not 0 <= top <= MAX_PROMPT_LOGPROBS:
+            raise SettingError(
+                "max_prompt_logprobs",
+                f"max_prompt_logprobs must be an integer in [0, {MAX_PROMPT_LOGPROBS}]; got {top!r}",
             )
         gb = self.disk_cache_gb
         if (

@@ -35,9 +35,10 @@ from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .config import EngineConfig, SettingError
 from .kvmanager import KVCacheManager
-from .params import Completion, Retention, SamplingParams, StepOutput
+from .params import Completion, Retention, SamplingParams, StepOutput, TokenLogprobs
+from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
-from .runner import ModelRunner
+from .runner import ModelRunner, RunOutput
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
 
@@ -73,6 +74,12 @@ class Engine:
                 f"max_model_len must be in [2, {config.max_position_embeddings}] for this model; "
                 f"got {settings.max_model_len}",
             )
+        if settings.max_prompt_logprobs > config.vocab_size:
+            raise SettingError(
+                "max_prompt_logprobs",
+                f"max_prompt_logprobs must be at most the vocabulary size {config.vocab_size} "
+                f"for this model; got {settings.max_prompt_logprobs}",
+            )
         block_bytes = config.kv_bytes_per_token() * settings.block_size
         num_device_blocks = settings.device_blocks(
             block_bytes, model.ops.device_memory_bytes(), model.num_bytes()
@@ -101,7 +108,11 @@ class Engine:
             disk_tier=self.disk_tier,
             event_sink=self.events,
         )
-        self.kv = KVCacheManager(self.pool, model_fingerprint)
+        # prompt entries of as many blocks as the device pool and host tier hold together
+        self.logprob_store = PromptLogprobStore(
+            num_device_blocks + num_host_blocks, settings.max_prompt_logprobs
+        )
+        self.kv = KVCacheManager(self.pool, model_fingerprint, self.logprob_store)
         self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu))
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.prefill_tokens_computed = 0
@@ -167,6 +178,7 @@ class Engine:
         if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
             raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
         prompt_ids = self._prompt_ids(prompt)
+        self._check_prompt_logprobs(params, prompt_table, extra_ids)
         table = check_prompt_table(
             prompt_ids,
             prompt_table,
@@ -195,6 +207,13 @@ class Engine:
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
         )
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = PromptLogprobs.build(
+                params.prompt_logprobs,
+                prompt_ids,
+                self.pool.block_size,
+                self.settings.max_prompt_logprobs,
+            )
         if params.detokenize:
             text_ids = prompt_ids if table is None else seq.text_prompt_ids()
             self._detokenizers[request_id] = IncrementalDetokenizer(
@@ -212,22 +231,25 @@ class Engine:
         out = self.runner.execute(plan)
         return self.postprocess(plan, out)
 
-    def postprocess(
-        self, plan: StepPlan, out: list[tuple[Sequence, int, np.ndarray | None]]
-    ) -> list[StepOutput]:
+    def postprocess(self, plan: StepPlan, out: RunOutput) -> list[StepOutput]:
         """After the runner executed `plan`: release the copies' pins, advance each
-        sequence past the tokens it computed, register the blocks that became full,
-        and record the sampled tokens (finishing the requests that are done)."""
+        sequence past the tokens it computed, register the blocks that became full
+        (and keep their prompt entries), and record the sampled tokens (finishing the
+        requests that are done)."""
         self.pool.complete_copies()
         for item in plan.scheduled:
             seq, num_prompt = item.seq, len(item.seq.prompt_token_ids)
             start = seq.num_computed_tokens
             self.prefill_tokens_computed += max(0, min(start + item.num_tokens, num_prompt) - start)
             seq.num_computed_tokens = start + item.num_tokens
+        for seq, first, entries in out.prompt_entries:
+            assert seq.prompt_logprobs is not None
+            seq.prompt_logprobs.add(first, entries)
+            self.kv.store_prompt_logprobs(seq)
         for item in plan.to_register:
             self.kv.register_full_blocks(item.seq)
         outputs = []
-        for seq, token, logits in out:
+        for seq, token, logits in out.sampled:
             if self._append_token(seq, token, logits):
                 self._retire(seq)
             outputs.append(self._step_output(seq, token, logits))
@@ -283,6 +305,7 @@ class Engine:
             disk_cached_tokens=seq.num_cached_disk_tokens,
             logits=np.stack(seq.logits) if seq.params.return_logits else None,
             logprobs=seq.logprobs if seq.params.logprobs is not None else None,
+            prompt_logprobs=_prompt_entries(seq),
         )
 
     def stats(self) -> dict[str, int | float]:
@@ -369,6 +392,23 @@ class Engine:
             logits[None].copy() if seq.params.return_logits else None,
             seq.logprobs[-1:] if seq.params.logprobs is not None else None,
         )
+
+    def _check_prompt_logprobs(
+        self, params: SamplingParams, prompt_table: object, extra_ids: object
+    ) -> None:
+        num_top, limit = params.prompt_logprobs, self.settings.max_prompt_logprobs
+        if num_top is None:
+            return
+        if num_top > limit:
+            raise ValueError(
+                f"prompt_logprobs must be an integer in [0, {limit}] (the engine's "
+                f"max_prompt_logprobs) or None (off); got {num_top!r}"
+            )
+        if prompt_table is not None or extra_ids is not None:
+            raise ValueError(
+                "prompt_logprobs is not available with prompt_table or extra_ids: a "
+                "prompt-table id is no vocabulary token to take a logprob of"
+            )
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -468,6 +508,13 @@ def _open_disk_tier(
     except ValueError as e:
         raise SettingError("disk_cache_gb", f"disk_cache_gb: {e}") from e
     return DiskTier.open(disk_config)
+
+
+def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
+    """A finished request's prompt entries; None unless it asked and got them all (a
+    request cancelled during its prefill has not)."""
+    wanted = seq.prompt_logprobs
+    return wanted.entries() if wanted is not None and wanted.complete else None
 
 
 def _is_token_ids(prompt: object) -> bool:

@@ -8,6 +8,10 @@ alike, so another request can reuse it at once. The last token of a request
 is always computed into a block the request owns: a cached block is never
 written.
 
+Prompt logprobs (prompt_logprobs.py): a request still missing prompt entries
+matches only blocks whose entries it can take from the store, and computes the
+row before its first missing entry itself.
+
 Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
 and registration, so blocks whose fake ids select different embeddings never
 meet.
@@ -16,16 +20,23 @@ meet.
 from __future__ import annotations
 
 from ...blockpool.hashing import BlockHash, hash_block
-from ...blockpool.pool import BlockPool
+from ...blockpool.pool import BlockId, BlockPool
 from .params import Retention
+from .prompt_logprobs import PromptLogprobStore
 from .sequence import Sequence
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, model_fingerprint: bytes) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        model_fingerprint: bytes,
+        logprob_store: PromptLogprobStore | None = None,
+    ) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
+        self.logprob_store = logprob_store  # None: no request may ask for prompt logprobs
 
     def admit(self, seq: Sequence) -> int:
         """Give a request with no blocks its cached prefix; returns the tokens it skips.
@@ -37,6 +48,16 @@ class KVCacheManager:
         bs = self.block_size
         num_matchable = (seq.num_tokens - 1) // bs
         hashes = self.hash_chain(seq, num_matchable)
+        wanted = seq.prompt_logprobs
+        if wanted is not None and not wanted.complete:
+            store = self.logprob_store
+            assert store is not None
+            wanted.take_stored(self.hash_chain(seq, len(seq.prompt_token_ids) // bs), store)
+            if not wanted.complete:  # match only blocks whose entries it has
+                num_matchable = min(num_matchable, wanted.num_known // bs)
+                hashes = hashes[:num_matchable]
+        if wanted is not None and wanted.complete:
+            wanted = None  # it has all its prompt entries: an ordinary admission
         spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
         retention = seq.retention
         match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
@@ -52,8 +73,39 @@ class KVCacheManager:
         seq.num_computed_tokens = match.num_blocks * bs
         seq.num_host_hit_tokens = match.num_host_hits * bs
         seq.num_disk_hit_tokens = match.num_disk_hits * bs
-        self._reuse_partial(seq)
+        limit = None
+        if wanted is not None:
+            limit = wanted.num_known - 1  # that position's row gives the first missing entry
+            if seq.num_computed_tokens > limit:
+                self._back_off(seq, match.num_host_hits > 0, match.num_disk_hits > 0)
+        self._reuse_partial(seq, limit)
         return seq.num_computed_tokens
+
+    def store_prompt_logprobs(self, seq: Sequence) -> None:
+        """Keep the entries of `seq`'s prompt blocks that became known, by block key."""
+        wanted = seq.prompt_logprobs
+        if wanted is None or self.logprob_store is None or not self.pool.enable_reuse:
+            return
+        num_full = wanted.num_known // self.block_size
+        if num_full > wanted.num_stored_blocks:
+            wanted.store_new(self.hash_chain(seq, num_full), self.logprob_store)
+
+    def _back_off(self, seq: Sequence, host_hit: bool, disk_hit: bool) -> None:
+        """Give back the last matched block but its first bs - 1 tokens (copied into a
+        block of the request's own), so its last position is computed in this request.
+
+        NOTE: the row computed there is bit-identical to the one computed when the
+        block was (DESIGN §4: a position's logits do not depend on where a prefill
+        split its prompt), so backing off changes no entry and no logit."""
+        source = seq.block_ids.pop()
+        seq.block_hashes.pop()
+        seq.num_computed_tokens -= self.block_size
+        # the match's tiers come in order (device, host, disk): the last block is the latest's
+        if disk_hit:
+            seq.num_disk_hit_tokens -= self.block_size
+        elif host_hit:
+            seq.num_host_hit_tokens -= self.block_size
+        self._copy_prefix(seq, source, self.block_size - 1, from_disk=disk_hit)
 
     def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:
@@ -121,11 +173,12 @@ class KVCacheManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def _reuse_partial(self, seq: Sequence) -> None:
-        """Copy the leading tokens a cached block shares with the request's next block."""
+    def _reuse_partial(self, seq: Sequence, limit: int | None = None) -> None:
+        """Copy the leading tokens a cached block shares with the request's next block
+        (at most up to token `limit`)."""
         bs = self.block_size
         start = seq.num_computed_tokens
-        end = min(start + bs, seq.num_tokens - 1)
+        end = min(start + bs, seq.num_tokens - 1, seq.num_tokens if limit is None else limit)
         wanted = seq.token_ids(start, end)
         if not wanted:
             return
@@ -135,9 +188,15 @@ class KVCacheManager:
         )
         if found is None:
             return
-        source, num_shared = found
-        from_host = self.pool.is_arriving(source)
-        fresh = self.pool.allocate(1)
+        self._copy_prefix(seq, *found)
+
+    def _copy_prefix(
+        self, seq: Sequence, source: BlockId, num_shared: int, *, from_disk: bool = False
+    ) -> None:
+        """Copy held block `source`, whose first `num_shared` tokens are the request's
+        next ones, into a fresh block of the request's, and let go of `source`."""
+        from_host = self.pool.is_arriving(source) and not from_disk
+        fresh = self.pool.allocate(1) if num_shared else None
         if fresh is not None:
             # NOTE: the source may still be arriving from the host tier, and taking the
             # fresh block may have planned an offload that reads its old bytes: the
@@ -147,6 +206,8 @@ class KVCacheManager:
             seq.num_computed_tokens += num_shared
             if from_host:
                 seq.num_host_hit_tokens += num_shared
+            elif from_disk:
+                seq.num_disk_hit_tokens += num_shared
         self.pool.free([source])
 
     def _hash(self, parent: BlockHash | None, start: int, seq: Sequence) -> BlockHash:

@@ -70,3 +70,5 @@ class Completion:
     disk_cached_tokens: int = 0  # the part of them onboarded from the disk tier
     logits: np.ndarray | None = None  # [num_generated, vocab] fp32, when return_logits
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when logprobs is set
+    # one per prompt token (the first None), when prompt_logprobs is set
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -12,6 +12,7 @@ writes it off the engine loop."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,9 +22,23 @@ from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
+from .prompt_logprobs import EntryRows
 from .sampling import next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
+
+Sampled = tuple[Sequence, int, np.ndarray | None]  # (sequence, token, its logits row)
+PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, positions)
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """What a step computed: each sampling sequence's token (`sampled`, in schedule
+    order), and the prompt entries (prompt_logprobs.py) its rows gave, as (sequence,
+    index of the first prompt token they are for, entries)."""
+
+    sampled: list[Sampled] = field(default_factory=list)
+    prompt_entries: list[tuple[Sequence, int, EntryRows]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -68,11 +83,11 @@ class ModelRunner:
                 buckets=decode_buckets,
             )
 
-    def execute(self, plan: StepPlan) -> list[tuple[Sequence, int, np.ndarray | None]]:
+    def execute(self, plan: StepPlan) -> RunOutput:
         """Run the plan's copies, then its forward (`run`); the copies are complete
         when this returns."""
         self.run_copies(plan.copies)
-        return self.run(plan.scheduled) if plan.scheduled else []
+        return self.run(plan.scheduled) if plan.scheduled else RunOutput()
 
     def run_copies(self, copies: list[BlockCopy]) -> None:
         """Execute block copies in list order and wait for them.
@@ -143,9 +158,12 @@ class ModelRunner:
             allocate=ops.staging_buffer,
         )
 
-    def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+    def build_batch(
+        self, scheduled: list[ScheduledSeq], prompt_spans: list[PromptSpan] | None = None
+    ) -> ForwardBatch:
         """The step's flat arrays. Per sequence this is a few Python list operations (a
-        decode step of 64 sequences must cost the CPU far less than the GPU's step)."""
+        decode step of 64 sequences must cost the CPU far less than the GPU's step).
+        Logits rows: the sampling ones, then those of `prompt_spans` in order."""
         bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -175,6 +193,8 @@ class ModelRunner:
             starts.append(starts[-1] + item.num_tokens)
             if item.samples:
                 logit_rows.append(starts[-1] - 1)
+        for _, first, span_positions in prompt_spans or ():
+            logit_rows.extend(range(first, first + len(span_positions)))
         ids = np.asarray(token_ids, dtype=np.int32)
         return ForwardBatch(
             token_ids=ids,
@@ -187,30 +207,74 @@ class ModelRunner:
             prompt_rows=_gather_prompt_rows(ids, tabled, self.model.config.vocab_size),
         )
 
-    def run(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, np.ndarray | None]]:
+    def run(self, scheduled: list[ScheduledSeq]) -> RunOutput:
         """Forward one step over the scheduled tokens (their blocks in place).
 
         Returns (sequence, sampled token id, its logits row or None) for each
-        sequence whose pending tokens all ran, in schedule order. Tokens are chosen
-        on the device and read back once; a logits row comes to the host only for a
-        sequence that returns logits or logprobs.
+        sequence whose pending tokens all ran, in schedule order, and the prompt
+        entries of the positions that give a prompt_logprobs request's missing ones.
+        Tokens are chosen on the device and read back once; a logits row comes to the
+        host only for a sequence that returns logits or logprobs, or prompt entries.
         """
         ops = self.model.ops
-        batch = self.build_batch(scheduled)
+        spans = _prompt_spans(scheduled)
+        batch = self.build_batch(scheduled, spans)
         static = None
-        if self.decode is not None and self.decode.fits(batch):
+        if self.decode is not None and not spans and self.decode.fits(batch):
             static = self.decode.run(batch)  # row i is scheduled[i]'s; None: capture failed
         if static is not None:
             logits, greedy = static
         else:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
-            greedy = ops.argmax(logits)
+            greedy = ops.argmax(logits[: len(logits) - _num_rows(spans)] if spans else logits)
         sampling = [item.seq for item in scheduled if item.samples]
         tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling)).tolist()  # the one read
         wanted = [i for i, seq in enumerate(sampling) if seq.sampling.reads_row]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
-        return [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]
+        sampled = [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]
+        if not spans:
+            return RunOutput(sampled)
+        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[len(sampling) :]), spans))
+
+
+def _prompt_spans(scheduled: list[ScheduledSeq]) -> list[PromptSpan]:
+    """The chunks whose positions give prompt entries a request is missing (none for
+    a request without prompt_logprobs: one attribute test each)."""
+    spans: list[PromptSpan] = []
+    first = 0
+    for item in scheduled:
+        wanted = item.seq.prompt_logprobs
+        if wanted is not None and not wanted.complete:
+            start = item.seq.num_computed_tokens
+            positions = wanted.row_positions(start, start + item.num_tokens)
+            if positions:
+                spans.append((item.seq, first + positions.start - start, positions))
+        first += item.num_tokens
+    return spans
+
+
+def _num_rows(spans: list[PromptSpan]) -> int:
+    return sum(len(positions) for _, _, positions in spans)
+
+
+def _prompt_entries(
+    rows: np.ndarray, spans: list[PromptSpan]
+) -> list[tuple[Sequence, int, EntryRows]]:
+    """Entries from the spans' logits rows ([num rows, vocab] fp32 on the host, in
+    span order): position p's row gives prompt token p + 1's entry."""
+    out = []
+    offset = 0
+    for seq, _, positions in spans:
+        wanted = seq.prompt_logprobs
+        assert wanted is not None
+        num = len(positions)
+        token_ids = seq.prompt_token_ids[positions.start + 1 : positions.stop + 1]
+        max_top = wanted.rows.top_ids.shape[1]
+        entries = EntryRows.of_rows(rows[offset : offset + num], token_ids, max_top)
+        out.append((seq, positions.start + 1, entries))
+        offset += num
+    return out
 
 
 def _gather_prompt_rows(

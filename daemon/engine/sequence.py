@@ -11,6 +11,7 @@ import numpy as np
 from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
 from ...blockpool.pool import BlockId
 from .params import FinishReason, Retention, SamplingParams
+from .prompt_logprobs import PromptLogprobs
 from .sampling import SamplingState, TokenLogprobs
 
 RequestId = NewType("RequestId", int)
@@ -57,6 +58,7 @@ class Sequence:
     num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None  # when params.prompt_logprobs is set
     sampling: SamplingState = field(init=False)  # built from params, seed and the prompt
 
     def __post_init__(self) -> None:

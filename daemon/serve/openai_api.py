@@ -107,7 +107,7 @@ PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequenc
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", *PASSED, *HARMLESS}  # fmt: skip
 KNOWN = {
-    "completions": COMMON | {"prompt", "prompt_embeds", "logprobs"},
+    "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
     "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
 }
 
@@ -126,6 +126,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
+    echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
     user: str | None = None
     seeds: list[int | None] = field(default_factory=list)
 
@@ -149,6 +150,7 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}  # null means "not given"
+    echo = _echo(kind, body)
     for key, value in body.items():
         if key not in KNOWN[kind]:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
@@ -204,7 +206,27 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     parsed.num_logprobs = _num_logprobs(kind, body)
     if parsed.num_logprobs is not None:
         options["logprobs"] = parsed.num_logprobs
+    if echo:
+        if stream:
+            raise bad("echo", "is not supported with stream: true")
+        if "prompt_table" in options:
+            raise bad("echo", "is not supported with prompt_embeds")
+        parsed.echo = True
+        # the prompt's tokens and texts come with its logprobs (the cache serves them);
+        # a text prompt without logprobs echoes as it came
+        if parsed.num_logprobs is not None or not isinstance(prompt, str):
+            options["prompt_logprobs"] = parsed.num_logprobs or 0
     return parsed
+
+
+def _echo(kind: str, body: dict[str, Any]) -> bool:
+    """OpenAI's legacy `echo` (completions only: chat refuses it as an unsupported value)."""
+    if kind != "completions" or "echo" not in body:
+        return False
+    echo = body.pop("echo")
+    if not _is(echo, bool):
+        raise bad("echo", f"must be a boolean; got {echo!r:.60}")
+    return echo
 
 
 def _prompt(prompt: object) -> str | list[int]:
@@ -371,7 +393,10 @@ class LogprobsBuilder:
         return {
             "tokens": [lp["token"] for lp in wire],
             "token_logprobs": [lp["logprob"] for lp in wire],
-            "top_logprobs": [{t: v for _, t, v in lp["top"]} for lp in wire],
+            # an echoed prompt's first token has no logprob: null, as OpenAI's
+            "top_logprobs": [
+                None if lp["logprob"] is None else {t: v for _, t, v in lp["top"]} for lp in wire
+            ],
             "text_offset": offsets,
         }
 
@@ -389,16 +414,34 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
     choices = []
     for index, done in enumerate(dones):
         logprobs = LogprobsBuilder(parsed.kind).build(done.logprobs)
+        text = done.text
+        if parsed.echo:
+            text, logprobs = _echoed(parsed, done)
         if parsed.kind == "chat":
             choice = {"index": index, "message": {"role": "assistant", "content": done.text},
                       "logprobs": logprobs, "finish_reason": finish_reason(done)}  # fmt: skip
         else:
-            choice = {"index": index, "text": done.text, "logprobs": logprobs,
+            choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason(done)}  # fmt: skip
         choices.append(choice)
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(dones)}  # fmt: skip
+
+
+def _echoed(parsed: ParsedRequest, done: Done) -> tuple[str, dict[str, Any] | None]:
+    """An echo's text and logprobs: the prompt's, then the completion's. A text prompt
+    echoes as sent; token ids as their tokens' texts joined."""
+    prompt = done.prompt_logprobs
+    if isinstance(parsed.prompt, str):
+        text = parsed.prompt
+    else:
+        assert prompt is not None, "an echo of token ids asks for the prompt's tokens"
+        text = "".join(lp["token"] for lp in prompt)
+    if parsed.num_logprobs is None:
+        return text + done.text, None
+    assert prompt is not None and done.logprobs is not None
+    return text + done.text, LogprobsBuilder(parsed.kind).build(prompt + done.logprobs)
 
 
 class StreamBuilder:

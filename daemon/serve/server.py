@@ -553,6 +553,7 @@ class Server:
                 tokens_per_s=round(len(completion.token_ids) / max(now - live.t_received, 1e-9), 3),
                 logits=logits_to_wire(completion.logits) if completion.logits is not None else None,
                 logprobs=self._logprobs_wire(completion.logprobs),
+                prompt_logprobs=self._prompt_logprobs_wire(completion),
                 queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
             )
             self._log_done(done, (now - live.t_received) * 1000)
@@ -581,7 +582,25 @@ class Server:
     def _logprobs_wire(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
         return None if logprobs is None else logprobs_to_wire(logprobs, self._token_text)
 
-    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 (one Server per process)
+    def _prompt_logprobs_wire(self, completion: Completion) -> list[dict] | None:
+        """Prompt entries on the wire, as `logprobs`; the first token's (no context) has a
+        null logprob and no top tokens, but its id and text, which an echo needs."""
+        entries = completion.prompt_logprobs
+        if entries is None:
+            return None
+        texts: dict[int, str] = {}  # a long prompt's top tokens repeat: decode each once
+
+        def text(token_id: int) -> str:
+            if token_id not in texts:
+                texts[token_id] = self._token_text(token_id)
+            return texts[token_id]
+
+        first_id = completion.prompt_token_ids[0]
+        first = {"id": first_id, "token": text(first_id), "logprob": None, "top": []}
+        rest = entries[1:]
+        assert None not in rest, "only the first prompt token has no entry"
+        return [first, *logprobs_to_wire(rest, text)]  # type: ignore[arg-type]
+
     def _token_text(self, token_id: int) -> str:
         """One token's text on its own (a piece of a multi-byte character shows as U+FFFD)."""
         return self.engine.tokenizer.decode([token_id])

@@ -34,6 +34,11 @@ class SamplingParams:
     model's: log_softmax of the logits row the token was drawn from, before
     penalties and temperature.
 
+    `prompt_logprobs` (None = off; 0 up to the engine's max_prompt_logprobs) returns,
+    with the completion, each prompt token's log-probability given the tokens before
+    it (the first token's is None) and that many most likely tokens there, for cached
+    and computed prompt tokens alike (prompt_logprobs.py).
+
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
@@ -53,6 +58,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     detokenize: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -98,6 +104,8 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS, hint=" or None (off)")
+        if self.prompt_logprobs is not None:  # the engine checks the upper bound, its setting
+            check_int("prompt_logprobs", self.prompt_logprobs, low=0, hint=" or None (off)")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:

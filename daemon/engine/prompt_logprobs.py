@@ -1,0 +1,204 @@
+"""Prompt logprobs (SamplingParams.prompt_logprobs), served from the cache.
+
+Entry t of a prompt is the log-probability of token t given tokens [0, t) (and
+the `num_top` most likely tokens there): `token_logprobs` of the logits row of
+position t - 1. Entry 0 has no context and is None, as in vLLM.
+
+A full prompt block's entries (those of its own tokens, the first from the
+previous block's last position) are a function of its digest alone: the digest
+fixes every token before and in the block (and the namespace, the extra ids and
+the model), and each row is bit-identical however its prefix was computed
+(DESIGN §4). So `PromptLogprobStore` keeps them by digest, top-`max_top` (the
+engine's `max_prompt_logprobs`), and a request asking for n <= max_top takes a
+prefix of the top list (`ranked` orders like a stable sort, so the top n of a
+row are the first n of its top max_top).
+
+Admission (kvmanager) takes the stored entries of the prompt's leading full
+blocks (the last one's too, which the KV match leaves out to compute the last
+token), and matches, for a request still missing entries, only leading blocks whose
+entries it has. If it matched m > 0 blocks and
+entry m * bs is unknown, the row of position m * bs - 1 must be computed here:
+it backs off one token (the last matched block's first bs - 1 tokens are copied
+into a block of its own, as partial reuse does), so that row comes out of this
+request's own forward. No hidden state is stored.
+
+The store is an LRU bounded by the number of blocks the device pool and the host
+tier hold together, so every block the pool can keep may keep its entries; it
+does not follow the pool's evictions, since an entry whose block is gone is
+never wrong, only unused until the block is computed again. The disk tier does
+not carry entries: after a restart a block found on disk is matched for a
+request with prompt logprobs only once its entries are computed again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...blockpool.hashing import BlockHash
+from ...cuda.dtypes import F32
+from .sampling.logprobs import TokenLogprobs, token_logprobs
+
+
+@dataclass(slots=True)
+class EntryRows:
+    """Entries of consecutive prompt tokens as arrays (compact: a stored block of 32
+    tokens with top 20 takes 5 KiB, not the 70 KiB of TokenLogprobs objects)."""
+
+    logprobs: np.ndarray  # [n] fp32: each token's own logprob
+    top_ids: np.ndarray  # [n, max_top] int32, most likely first
+    top_logprobs: np.ndarray  # [n, max_top] fp32
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray, token_ids: Sequence[int], max_top: int) -> EntryRows:
+        """Entries of `token_ids` from their logits rows ([n, vocab] fp32, row i the
+        distribution token_ids[i] was drawn from), through `token_logprobs`."""
+        num = len(token_ids)
+        out = cls.empty(num, max_top)
+        for idx in range(num):
+            entry = token_logprobs(rows[idx], token_ids[idx], max_top)
+            out.logprobs[idx] = entry.logprob
+            if max_top:
+                out.top_ids[idx] = [t for t, _ in entry.top]
+                out.top_logprobs[idx] = [v for _, v in entry.top]
+        return out
+
+    @classmethod
+    def empty(cls, num: int, max_top: int) -> EntryRows:
+        return cls(
+            np.zeros(num, dtype=F32),
+            np.zeros((num, max_top), dtype=np.int32),
+            np.zeros((num, max_top), dtype=F32),
+        )
+
+    def __len__(self) -> int:
+        return int(self.logprobs.shape[0])
+
+
+class PromptLogprobStore:
+    """Block digest -> the EntryRows of its `block_size` tokens, least recently used
+    dropped past `max_blocks`."""
+
+    def __init__(self, max_blocks: int, max_top: int) -> None:
+        assert max_blocks >= 1, max_blocks
+        self.max_blocks = max_blocks
+        self.max_top = max_top
+        self._entries: OrderedDict[BlockHash, EntryRows] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._entries
+
+    def get(self, block_hash: BlockHash) -> EntryRows | None:
+        rows = self._entries.get(block_hash)
+        if rows is not None:
+            self._entries.move_to_end(block_hash)
+        return rows
+
+    def put(self, block_hash: BlockHash, rows: EntryRows) -> None:
+        self._entries[block_hash] = rows
+        self._entries.move_to_end(block_hash)
+        while len(self._entries) > self.max_blocks:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+@dataclass(slots=True)
+class PromptLogprobs:
+    """One request's prompt entries as they become known, stored or computed.
+
+    NOTE: entries [0, num_known) are known (entry 0, None, always is); computed rows
+    extend them in order, and while some are unknown the request's computed tokens
+    stay below num_known, so the row of position num_known - 1 is still to come."""
+
+    num_top: int  # what the request asked for (<= the rows' max_top)
+    token_ids: list[int]  # the prompt's
+    block_size: int
+    rows: EntryRows  # [num_prompt], entry 0 unused
+    num_known: int = 1
+    num_stored_blocks: int = 0  # leading blocks whose entries are in the store
+
+    @classmethod
+    def build(
+        cls, num_top: int, token_ids: list[int], block_size: int, max_top: int
+    ) -> PromptLogprobs:
+        return cls(num_top, token_ids, block_size, EntryRows.empty(len(token_ids), max_top))
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.rows)
+
+    @property
+    def complete(self) -> bool:
+        return self.num_known == self.num_prompt
+
+    def row_positions(self, start: int, end: int) -> range:
+        """Positions in [start, end) whose logits rows give still unknown entries."""
+        return range(max(start, self.num_known - 1), min(end, self.num_prompt - 1))
+
+    def add(self, first: int, rows: EntryRows) -> None:
+        """Record computed entries of tokens [first, first + len(rows))."""
+        assert first <= self.num_known, (first, self.num_known)
+        end = first + len(rows)
+        self._put(first, rows)
+        self.num_known = max(self.num_known, end)
+
+    def take_stored(self, hashes: Sequence[BlockHash], store: PromptLogprobStore) -> None:
+        """Fill the entries of the leading blocks of `hashes` (the prompt's full blocks'
+        keys) that are stored, up to the first neither known nor stored. Blocks past
+        the KV match count too: an entry needs its block's key, not its KV."""
+        bs = self.block_size
+        for idx, block_hash in enumerate(hashes):
+            if (idx + 1) * bs <= self.num_known:
+                continue
+            rows = store.get(block_hash)
+            if rows is None:
+                break
+            self._put(idx * bs, rows)
+            self.num_known = (idx + 1) * bs
+            self.num_stored_blocks = max(self.num_stored_blocks, idx + 1)
+
+    def store_new(self, hashes: Sequence[BlockHash], store: PromptLogprobStore) -> None:
+        """Put the entries of every full block now known into the store (`hashes`: the
+        keys of the leading `num_known // block_size` blocks)."""
+        bs = self.block_size
+        num_full = self.num_known // bs
+        for idx in range(self.num_stored_blocks, num_full):
+            span = slice(idx * bs, (idx + 1) * bs)
+            rows = self.rows
+            store.put(
+                hashes[idx],
+                EntryRows(
+                    rows.logprobs[span].copy(),
+                    rows.top_ids[span].copy(),
+                    rows.top_logprobs[span].copy(),
+                ),
+            )
+        self.num_stored_blocks = max(self.num_stored_blocks, num_full)
+
+    def entries(self) -> list[TokenLogprobs | None]:
+        """One per prompt token, the first None; top lists cut to `num_top`."""
+        assert self.complete, (self.num_known, self.num_prompt)
+        rows, num_top = self.rows, self.num_top
+        token_ids = self.token_ids
+        logprobs = rows.logprobs.tolist()
+        top_ids = rows.top_ids[:, :num_top].tolist()
+        top_logprobs = rows.top_logprobs[:, :num_top].tolist()
+        out: list[TokenLogprobs | None] = [None]
+        for idx in range(1, self.num_prompt):
+            top = tuple(zip(top_ids[idx], top_logprobs[idx], strict=True))
+            out.append(TokenLogprobs(token_ids[idx], logprobs[idx], top))
+        return out
+
+    def _put(self, first: int, rows: EntryRows) -> None:
+        end = first + len(rows)
+        self.rows.logprobs[first:end] = rows.logprobs
+        self.rows.top_ids[first:end] = rows.top_ids
+        self.rows.top_logprobs[first:end] = rows.top_logprobs
