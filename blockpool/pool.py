@@ -386,6 +386,10 @@ class BlockPool:
         self._counters.partial_hits += 1
         return block.block_id, num_tokens
 
+    def is_disk_partial(self, block_id: BlockId) -> bool:
+        """Whether `block_id` is a disk partial's handle (find_partial), not a device block."""
+        return block_id in self._disk_partials
+
     def is_arriving(self, block_id: BlockId) -> bool:
         """Whether a host-tier copy into this device block is planned and not completed."""
         return self.host_tier is not None and self.host_tier.is_arriving(block_id)

@@ -195,6 +195,7 @@ class KVCacheManager:
     ) -> None:
         """Copy held block `source`, whose first `num_shared` tokens are the request's
         next ones, into a fresh block of the request's, and let go of `source`."""
+        from_disk = from_disk or self.pool.is_disk_partial(source)
         from_host = self.pool.is_arriving(source) and not from_disk
         fresh = self.pool.allocate(1) if num_shared else None
         if fresh is not None:
