@@ -5,18 +5,24 @@ then copies the first tokens of a partially matching block into a fresh
 block of its own; growth allocates blocks as tokens are added; after each
 step every block that became full is registered, prompt and generated tokens
 alike, so another request can reuse it at once. The last token of a request
-is always computed into a block the request owns: a cached block is never
-written.
+is always computed into a block the request owns (an exact repeat's next
+one): a cached block is never written.
 
 Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
 and registration, so blocks whose fake ids select different embeddings never
 meet.
+
+Exact repeats (logits_cache.py): a prompt whose last logits row is stored is
+admitted with every prompt token's KV, the last one's too (`whole_prompt`); its
+tail comes as a partial copy into a block of its own, so the first token it
+generates is still written into a block the request owns.
 """
 
 from __future__ import annotations
 
 from ...blockpool.hashing import BlockHash, hash_block
 from ...blockpool.pool import BlockPool
+from .logits_cache import PromptKey, prompt_key
 from .params import Retention
 from .sequence import Sequence
 
@@ -27,15 +33,17 @@ class KVCacheManager:
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
 
-    def admit(self, seq: Sequence) -> int:
+    def admit(self, seq: Sequence, *, whole_prompt: bool = False) -> int:
         """Give a request with no blocks its cached prefix; returns the tokens it skips.
 
         Matches at most the full blocks before its last token, then tries a
-        partial match of the next block (its tokens up to the last one).
+        partial match of the next block (its tokens up to the last one). With
+        `whole_prompt` (an exact repeat), the last token is matched too.
         """
         assert not seq.block_ids and seq.num_computed_tokens == 0, seq.request_id
         bs = self.block_size
-        num_matchable = (seq.num_tokens - 1) // bs
+        num_wanted = seq.num_tokens if whole_prompt else seq.num_tokens - 1
+        num_matchable = num_wanted // bs
         hashes = self.hash_chain(seq, num_matchable)
         spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
         retention = seq.retention
@@ -52,8 +60,23 @@ class KVCacheManager:
         seq.num_computed_tokens = match.num_blocks * bs
         seq.num_host_hit_tokens = match.num_host_hits * bs
         seq.num_disk_hit_tokens = match.num_disk_hits * bs
-        self._reuse_partial(seq)
+        self._reuse_partial(seq, num_wanted)
         return seq.num_computed_tokens
+
+    def prompt_key(self, seq: Sequence) -> PromptKey:
+        """The key of `seq`'s whole prompt, for its stored last logits row: the tail
+        (tokens past the last full block, maybe none) chained to the full blocks' keys."""
+        bs, num_prompt = self.block_size, len(seq.prompt_token_ids)
+        chain = self.hash_chain(seq, num_prompt // bs)
+        start = len(chain) * bs
+        tail = hash_block(
+            chain[-1] if chain else None,
+            seq.prompt_token_ids[start:],
+            extra_ids=seq.extra_ids(start, num_prompt),
+            namespace=seq.namespace,
+            model_fingerprint=self.model_fingerprint,
+        )
+        return prompt_key(tail)
 
     def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:
@@ -121,11 +144,12 @@ class KVCacheManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def _reuse_partial(self, seq: Sequence) -> None:
-        """Copy the leading tokens a cached block shares with the request's next block."""
+    def _reuse_partial(self, seq: Sequence, num_wanted: int) -> None:
+        """Copy the leading tokens a cached block shares with the request's next block
+        (of its first `num_wanted` tokens)."""
         bs = self.block_size
         start = seq.num_computed_tokens
-        end = min(start + bs, seq.num_tokens - 1)
+        end = min(start + bs, num_wanted)
         wanted = seq.token_ids(start, end)
         if not wanted:
             return
