@@ -216,6 +216,21 @@ def test_the_cache_off_or_reuse_off_stores_nothing(tiny: Path) -> None:
         assert stats["logits_cache_entries"] == stats["logits_cache_max_bytes"] == 0
 
 
+def test_prompt_keys_cover_every_token_and_never_equal_a_block_key(tiny: Path) -> None:
+    eng = engine(tiny)
+    base = prompt(2 * BS + 1, seed=71)
+    variants = [base[: 2 * BS - 1], base[: 2 * BS], base, [*base[:-1], base[-1] + 1]]
+    variants += [[*base[:3], base[3] + 1, *base[4:]], base[:1]]
+    for ids in variants:
+        eng.add_request(ids, GREEDY)
+    seqs = eng.scheduler.waiting
+    keys = [eng.kv.prompt_key(seq) for seq in seqs]
+    assert len(set(keys)) == len(variants)
+    block_keys = {h for seq in seqs for h in eng.kv.hash_chain(seq, seq.num_tokens // BS)}
+    assert not block_keys & set(keys)
+    assert eng.kv.prompt_key(seqs[0]) == keys[0]  # a function of the prompt alone
+
+
 def test_the_lru_holds_its_bound_in_bytes() -> None:
     row = np.arange(100, dtype=np.float32)  # 400 bytes
 
