@@ -61,6 +61,7 @@ def main() -> None:
     def prompt(seed: int) -> list[int]:
         return np.random.default_rng(seed).integers(100, vocab, size=n).tolist()
 
+    fill = SamplingParams(max_tokens=bs, temperature=0, ignore_eos=True)
     fresh, cached, repeat = [], [], []
     for rep in range(args.repeats):
         p = prompt(1000 + rep)
@@ -70,13 +71,13 @@ def main() -> None:
         # the prompt's tail block fills (and is found again) only once it is full: a
         # prompt of a multiple of the block size needs no more than this first token
         if n % bs:
-            with_rows.generate(p, SamplingParams(max_tokens=bs, temperature=0, ignore_eos=True))
+            with_rows.generate(p, fill)
         before = with_rows.stats()["exact_repeats"]
         t, out = timed(with_rows, p)
         repeat.append(t)
         assert with_rows.stats()["exact_repeats"] == before + 1 and out.cached_tokens == n
         assert out.token_ids == first.token_ids
-        without_rows.generate(p, FIRST_TOKEN)
+        without_rows.generate(p, fill if n % bs else FIRST_TOKEN)
         t, out = timed(without_rows, p)
         cached.append(t)
         assert out.cached_tokens == n - 1 and out.token_ids == first.token_ids
