@@ -94,6 +94,7 @@ def null_engine(path: Path, *, num_device_blocks: int, max_num_batched_tokens: i
         num_device_blocks=num_device_blocks,
         max_num_batched_tokens=max_num_batched_tokens,
         cuda_graphs=False,
+        logits_cache_mb=0,  # a cached prompt's step computes its last token, as measured here
     )
     engine.runner.model.ops = NullBackend()
     return engine

@@ -330,6 +330,7 @@ STATS_ROWS = [
     ("hit rate", lambda s: f"{100 * float(s.get('hit_rate', 0)):.1f} %"),
     ("prefill tokens computed", lambda s: s.get("prefill_tokens_computed")),
     ("prefill tokens skipped", lambda s: s.get("prefill_tokens_skipped")),
+    ("exact repeats (no forward)", lambda s: s.get("exact_repeats")),
     (
         "requests (running / total)",
         lambda s: f"{s.get('num_requests')} / {s.get('num_requests_total')}",

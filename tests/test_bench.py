@@ -40,7 +40,8 @@ def test_every_scenario_in_process(tiny: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     results = json.loads(out.read_text())
     assert results["meta"]["backend"] == "numpy" and results["meta"]["target"] == "in-process"
-    assert results["repeat"]["cached_tokens_repeat"] == 63  # all but the last prompt token
+    # every prompt token: an exact repeat (its first token from the stored logits row)
+    assert results["repeat"]["cached_tokens_repeat"] == 64
     assert [p["cached_tokens"] for p in results["prefix"]["points"]] == [0, 32, 64]
     shared = results["shared"]
     assert shared["on"]["prefill_tokens_computed"] == 48 + 4 * 8  # the prompt once, then questions
@@ -78,7 +79,7 @@ def test_against_a_daemon(tiny: Path, tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         results = json.loads(out.read_text())
         assert results["meta"]["target"] == "daemon"
-        assert results["repeat"]["cached_tokens_repeat"] == 63
+        assert results["repeat"]["cached_tokens_repeat"] == 64  # an exact repeat
         assert results["shared"]["on"]["prefill_tokens_computed"] == 48 + 4 * 8
         assert "hosttier" in results["skipped"]
         assert "skipped hosttier: needs two in-process engines" in done.stderr  # said, not silent

@@ -211,7 +211,13 @@ def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
 
 def test_reused_and_partly_reused_prefixes(engines: Engines, reference) -> None:
     engine = engines(cuda_graphs=True)
-    for run in range(3):
+    for run in range(3):  # from the second run on, exact repeats: every prompt token cached
+        outs = run_both(engine)  # and the first token from the stored (uploaded) logits row
+        assert [o.cached_tokens for o in outs] == [0 if run == 0 else PROMPT_LEN] * 2
+        assert_identical(outs, reference)
+    assert engine.stats()["exact_repeats"] == 4
+    engine = engines(cuda_graphs=True, logits_cache_mb=0)  # the last prompt token computed
+    for run in range(2):
         outs = run_both(engine)
         assert [o.cached_tokens for o in outs] == [0 if run == 0 else PROMPT_LEN - 1] * 2
         assert_identical(outs, reference)

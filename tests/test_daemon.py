@@ -211,6 +211,23 @@ def test_repeat_prompt_is_cached_and_events_agree(daemon: Daemon) -> None:
     assert len(findable) == after["cached_blocks"] > 0
 
 
+def test_exact_repeat_serves_every_prompt_token_from_the_cache(daemon: Daemon) -> None:
+    """A prompt of two full blocks sent again: every token cached, the first token from
+    the stored logits row (test_exact_repeat.py has the bit-identity checks)."""
+    prompt = list(range(1000, 1000 + 2 * BLOCK_SIZE))
+    with daemon.client() as client:
+        first = client.generate(prompt, max_tokens=2, temperature=0, cache_salt="exact")
+        before = wait_idle(client)
+        second = client.generate(prompt, max_tokens=2, temperature=0, cache_salt="exact")
+        after = wait_idle(client)
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == second.prompt_tokens == len(prompt)
+    assert second.token_ids == first.token_ids
+    assert after["exact_repeats"] == before["exact_repeats"] + 1
+    assert after["prefill_tokens_computed"] == before["prefill_tokens_computed"]
+    assert after["logits_cache_entries"] >= 1
+
+
 def test_sockets_are_private_to_the_user(daemon: Daemon) -> None:
     for address in (daemon.address, daemon.events_address):
         path = Path(address.removeprefix("ipc://"))

@@ -125,14 +125,20 @@ def run_both(engine: Engine) -> list[Completion]:
     return outs
 
 
-def test_the_same_prompt_six_times_with_reuse(engines: Engines, reference) -> None:
-    engine = engines()
+@pytest.mark.parametrize("logits_cache_mb", [64, 0], ids=["exact-repeat", "no-stored-row"])
+def test_the_same_prompt_six_times_with_reuse(
+    engines: Engines, reference, logits_cache_mb: int
+) -> None:
+    engine = engines(logits_cache_mb=logits_cache_mb)
+    # the first run's generated tokens filled the prompt's last block: from then on it
+    # is partly reused too; with its stored logits row every prompt token is cached and
+    # the first token comes from the row (an exact repeat), else the last one is computed
+    num_cached = PROMPT_LEN if logits_cache_mb else PROMPT_LEN - 1
     for run in range(6):
         outs = run_both(engine)
-        # the first run's generated tokens filled the prompt's last block: from then on
-        # it is partly reused too, and only the last prompt token is computed
-        assert [o.cached_tokens for o in outs] == [0 if run == 0 else PROMPT_LEN - 1] * 2
+        assert [o.cached_tokens for o in outs] == [0 if run == 0 else num_cached] * 2
         assert_identical(outs, reference)
+    assert engine.stats()["exact_repeats"] == (10 if logits_cache_mb else 0)
     engine.pool.check_integrity()
 
 

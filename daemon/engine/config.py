@@ -23,6 +23,9 @@ GPU_STEP_TOKENS, NUMPY_STEP_TOKENS = 2048, 256
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_DISK_CACHE_GB = 16.0
 DEFAULT_MAX_PROMPT_LOGPROBS, MAX_PROMPT_LOGPROBS = 20, 1000  # vLLM's max_logprobs default is 20
+# 64 MiB: 340 rows of the default model's 49152-entry vocabulary, 130 of a 128k one; a
+# row costs 4 bytes per vocabulary entry, a trifle beside the KV blocks it stands for.
+DEFAULT_LOGITS_CACHE_MB = 64
 
 
 class SettingError(ValueError):
@@ -65,6 +68,12 @@ class EngineConfig:
     enable_reuse: bool = _setting(
         True, "--reuse/--no-reuse", "Find cached KV blocks again across requests."
     )
+    logits_cache_mb: int = _setting(
+        DEFAULT_LOGITS_CACHE_MB, "--logits-cache-mb",
+        "MiB of prompts' last logits rows kept (least recently used go first), so that an "
+        "exact repeat (same tokens and salt, every token's KV cached) samples its first "
+        "token with no forward step; 0 turns it off. Needs --reuse.",
+    )  # fmt: skip
     max_num_batched_tokens: int | None = _setting(
         None, "--max-batched-tokens",
         f"Token budget per engine step, which bounds a step's time [default: {GPU_STEP_TOKENS} "
@@ -137,6 +146,7 @@ class EngineConfig:
             raise SettingError(
                 "enable_reuse", f"enable_reuse must be a bool; got {self.enable_reuse!r}"
             )
+        _check_int("logits_cache_mb", self.logits_cache_mb, low=0)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
         _check_int("max_model_len", self.max_model_len, low=2, optional=True)
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
@@ -157,6 +167,11 @@ class EngineConfig:
         ):
             raise SettingError("disk_cache_gb", f"disk_cache_gb must be > 0; got {gb!r}")
         _check_disk_cache(self.disk_cache)
+
+    @property
+    def logits_cache_bytes(self) -> int:
+        """The exact-repeat logits cache's bound; 0 when it is off (or reuse is)."""
+        return self.logits_cache_mb << 20 if self.enable_reuse else 0
 
     @property
     def disk_cache_bytes(self) -> int:

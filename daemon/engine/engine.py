@@ -35,6 +35,7 @@ from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .config import EngineConfig, SettingError
 from .kvmanager import KVCacheManager
+from .logits_cache import LogitsCache
 from .params import Completion, Retention, SamplingParams, StepOutput, TokenLogprobs
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
@@ -98,6 +99,7 @@ class Engine:
             decode_graphs=cuda_graphs,
             max_model_len=self.max_model_len,
             disk_tier=self.disk_tier,
+            keep_prompt_logits=settings.logits_cache_bytes > 0,
         )
         self.events = EventQueue()
         self.pool = BlockPool(
@@ -113,7 +115,10 @@ class Engine:
             num_device_blocks + num_host_blocks, settings.max_prompt_logprobs
         )
         self.kv = KVCacheManager(self.pool, model_fingerprint, self.logprob_store)
-        self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu))
+        self.logits_cache = (
+            LogitsCache(settings.logits_cache_bytes) if settings.logits_cache_bytes else None
+        )
+        self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu), self.logits_cache)
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
@@ -250,6 +255,7 @@ class Engine:
             self.kv.register_full_blocks(item.seq)
         outputs = []
         for seq, token, logits in out.sampled:
+            self._keep_prompt_logits(seq, logits)
             if self._append_token(seq, token, logits):
                 self._retire(seq)
             outputs.append(self._step_output(seq, token, logits))
@@ -316,6 +322,8 @@ class Engine:
             "prefill_tokens_skipped": self.scheduler.prefill_tokens_skipped,
             "preemptions": self.scheduler.num_preemptions,
             "prefix_waits": self.scheduler.num_prefix_waits,
+            "exact_repeats": self.scheduler.num_exact_repeats,
+            **(LogitsCache(0) if self.logits_cache is None else self.logits_cache).stats(),
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
         }
@@ -371,6 +379,15 @@ class Engine:
         return result
 
     # -- internals --------------------------------------------------------------------------
+
+    def _keep_prompt_logits(self, seq: Sequence, row: np.ndarray | None) -> None:
+        """Store the row a request's first token came from (its prompt's last position)
+        for exact repeats. An exact repeat's row is the cache's own read-only array,
+        stored already; the runner's rows from a forward are fresh, writable arrays."""
+        cache = self.logits_cache
+        if cache is None or seq.output_token_ids or row is None or not row.flags.writeable:
+            return
+        cache.put(self.kv.prompt_key(seq), row)
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -5,8 +5,8 @@ then copies the first tokens of a partially matching block into a fresh
 block of its own; growth allocates blocks as tokens are added; after each
 step every block that became full is registered, prompt and generated tokens
 alike, so another request can reuse it at once. The last token of a request
-is always computed into a block the request owns: a cached block is never
-written.
+is always computed into a block the request owns (an exact repeat's next
+one): a cached block is never written.
 
 Prompt logprobs (prompt_logprobs.py): a request still missing prompt entries
 matches only blocks whose entries it can take from the store, and computes the
@@ -15,12 +15,18 @@ row before its first missing entry itself.
 Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
 and registration, so blocks whose fake ids select different embeddings never
 meet.
+
+Exact repeats (logits_cache.py): a prompt whose last logits row is stored is
+admitted with every prompt token's KV, the last one's too (`whole_prompt`); its
+tail comes as a partial copy into a block of its own, so the first token it
+generates is still written into a block the request owns.
 """
 
 from __future__ import annotations
 
 from ...blockpool.hashing import BlockHash, hash_block
 from ...blockpool.pool import BlockId, BlockPool
+from .logits_cache import PromptKey, prompt_key
 from .params import Retention
 from .prompt_logprobs import PromptLogprobStore
 from .sequence import Sequence
@@ -38,15 +44,17 @@ class KVCacheManager:
         self.model_fingerprint = model_fingerprint
         self.logprob_store = logprob_store  # None: no request may ask for prompt logprobs
 
-    def admit(self, seq: Sequence) -> int:
+    def admit(self, seq: Sequence, *, whole_prompt: bool = False) -> int:
         """Give a request with no blocks its cached prefix; returns the tokens it skips.
 
         Matches at most the full blocks before its last token, then tries a
-        partial match of the next block (its tokens up to the last one).
+        partial match of the next block (its tokens up to the last one). With
+        `whole_prompt` (an exact repeat), the last token is matched too.
         """
         assert not seq.block_ids and seq.num_computed_tokens == 0, seq.request_id
         bs = self.block_size
-        num_matchable = (seq.num_tokens - 1) // bs
+        num_wanted = seq.num_tokens if whole_prompt else seq.num_tokens - 1
+        num_matchable = num_wanted // bs
         hashes = self.hash_chain(seq, num_matchable)
         wanted = seq.prompt_logprobs
         if wanted is not None and not wanted.complete:
@@ -73,7 +81,7 @@ class KVCacheManager:
         seq.num_computed_tokens = match.num_blocks * bs
         seq.num_host_hit_tokens = match.num_host_hits * bs
         seq.num_disk_hit_tokens = match.num_disk_hits * bs
-        limit = None
+        limit = num_wanted
         if wanted is not None:
             limit = wanted.num_known - 1  # that position's row gives the first missing entry
             if seq.num_computed_tokens > limit:
@@ -106,6 +114,21 @@ class KVCacheManager:
         elif host_hit:
             seq.num_host_hit_tokens -= self.block_size
         self._copy_prefix(seq, source, self.block_size - 1, from_disk=disk_hit)
+
+    def prompt_key(self, seq: Sequence) -> PromptKey:
+        """The key of `seq`'s whole prompt, for its stored last logits row: the tail
+        (tokens past the last full block, maybe none) chained to the full blocks' keys."""
+        bs, num_prompt = self.block_size, len(seq.prompt_token_ids)
+        chain = self.hash_chain(seq, num_prompt // bs)
+        start = len(chain) * bs
+        tail = hash_block(
+            chain[-1] if chain else None,
+            seq.prompt_token_ids[start:],
+            extra_ids=seq.extra_ids(start, num_prompt),
+            namespace=seq.namespace,
+            model_fingerprint=self.model_fingerprint,
+        )
+        return prompt_key(tail)
 
     def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:
@@ -173,12 +196,12 @@ class KVCacheManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def _reuse_partial(self, seq: Sequence, limit: int | None = None) -> None:
+    def _reuse_partial(self, seq: Sequence, num_wanted: int) -> None:
         """Copy the leading tokens a cached block shares with the request's next block
-        (at most up to token `limit`)."""
+        (of its first `num_wanted` tokens)."""
         bs = self.block_size
         start = seq.num_computed_tokens
-        end = min(start + bs, seq.num_tokens - 1, seq.num_tokens if limit is None else limit)
+        end = min(start + bs, num_wanted)
         wanted = seq.token_ids(start, end)
         if not wanted:
             return

@@ -60,9 +60,12 @@ class ModelRunner:
         max_model_len: int | None = None,
         decode_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         disk_tier: DiskTier | None = None,
+        keep_prompt_logits: bool = False,
     ) -> None:
         cfg: ModelConfig = model.config
         self.model = model
+        # bring back every prompt's last logits row, for the exact-repeat cache
+        self.keep_prompt_logits = keep_prompt_logits
         self.block_size = block_size
         shape = kv_cache_shape(
             num_blocks + decode_graphs, cfg.num_layers, cfg.num_kv_heads, block_size, cfg.head_dim
@@ -208,14 +211,39 @@ class ModelRunner:
         )
 
     def run(self, scheduled: list[ScheduledSeq]) -> RunOutput:
-        """Forward one step over the scheduled tokens (their blocks in place).
+        """Forward one step over the scheduled tokens (their blocks in place), and
+        sample the exact repeats from their stored rows; no forward runs when the
+        step holds nothing else.
 
         Returns (sequence, sampled token id, its logits row or None) for each
         sequence whose pending tokens all ran, in schedule order, and the prompt
         entries of the positions that give a prompt_logprobs request's missing ones.
-        Tokens are chosen on the device and read back once; a logits row comes to the
-        host only for a sequence that returns logits or logprobs, or prompt entries.
+        Tokens are chosen on the device and read back once (once more for a step that
+        also holds exact repeats); a logits row comes to the host only for a sequence
+        that returns logits or logprobs, or, with `keep_prompt_logits`, samples its
+        first token, or for prompt entries.
         """
+        computed = [item for item in scheduled if item.stored_logits is None]
+        out = self._forward(computed) if computed else RunOutput()
+        if len(computed) == len(scheduled):
+            return out
+        repeats = [item for item in scheduled if item.stored_logits is not None]
+        sampled = out.sampled + self._sample_stored(repeats)
+        position = {id(item.seq): idx for idx, item in enumerate(scheduled)}
+        sampled.sort(key=lambda result: position[id(result[0])])
+        return RunOutput(sampled, out.prompt_entries)
+
+    def _sample_stored(self, repeats: list[ScheduledSeq]) -> list[Sampled]:
+        """Exact repeats' first tokens, drawn from their stored rows as `_forward`
+        draws from the forward's: the same sampler, and the same row bits."""
+        ops = self.model.ops
+        rows = [item.stored_logits for item in repeats]
+        logits = ops.from_host(np.stack(rows))  # [R, vocab] fp32
+        seqs = [item.seq for item in repeats]
+        tokens = ops.to_host(next_tokens(ops, logits, ops.argmax(logits), seqs)).tolist()
+        return [(seq, tokens[i], rows[i]) for i, seq in enumerate(seqs)]
+
+    def _forward(self, scheduled: list[ScheduledSeq]) -> RunOutput:
         ops = self.model.ops
         spans = _prompt_spans(scheduled)
         batch = self.build_batch(scheduled, spans)
@@ -229,7 +257,12 @@ class ModelRunner:
             greedy = ops.argmax(logits[: len(logits) - _num_rows(spans)] if spans else logits)
         sampling = [item.seq for item in scheduled if item.samples]
         tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling)).tolist()  # the one read
-        wanted = [i for i, seq in enumerate(sampling) if seq.sampling.reads_row]
+        keep = self.keep_prompt_logits
+        wanted = [
+            i
+            for i, seq in enumerate(sampling)
+            if seq.sampling.reads_row or (keep and not seq.output_token_ids)
+        ]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = dict(zip(wanted, rows, strict=True))
         sampled = [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]

@@ -12,6 +12,9 @@ request that sorts last (lowest priority, youngest) is preempted: its blocks
 go back to the pool (its full blocks stay cached) and it waits to be resumed.
 The scheduler never touches arrays: what a step must do is a `StepPlan`, which
 the model runner executes (the pool's planned block copies, then the forward).
+An exact repeat (a prompt whose last logits row is stored, logits_cache.py, and
+whose every token's KV is cached) is scheduled with no token to compute: the
+plan hands the runner the stored row to sample from.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...blockpool.copies import BlockCopy
 from .kvmanager import KVCacheManager
+from .logits_cache import LogitsCache
 from .sequence import SeqStatus, Sequence
 
 
@@ -28,6 +34,9 @@ from .sequence import SeqStatus, Sequence
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens of this sequence computed in this step
+    # an exact repeat (num_tokens 0): its prompt's stored last logits row, passed on
+    # untouched for the runner to sample from
+    stored_logits: np.ndarray | None = None
 
     @property
     def samples(self) -> bool:
@@ -51,10 +60,16 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        logits_cache: LogitsCache | None = None,
+    ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
         self.kv = kv
+        self.logits_cache = logits_cache  # None: no exact repeats
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: `waiting` stays sorted by Sequence.sort_key; `running` is in admission order.
         self.waiting: list[Sequence] = []
@@ -62,6 +77,7 @@ class Scheduler:
         self.prefill_tokens_skipped = 0  # prompt tokens admissions took from the cache
         self.num_preemptions = 0
         self.num_prefix_waits = 0  # admissions put off to reuse a block being computed
+        self.num_exact_repeats = 0  # admissions that sample from a stored logits row
 
     def add(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=_sort_key)
@@ -109,8 +125,10 @@ class Scheduler:
                 self.num_prefix_waits += 1
                 idx += 1  # its prefix is being computed: later requests may go first
                 continue
-            num_cached = min(self.kv.admit(seq), len(seq.prompt_token_ids))
-            num = min(seq.num_pending_tokens, budget)
+            stored = self._stored_logits(seq)
+            num_cached = self.kv.admit(seq, whole_prompt=stored is not None)
+            num_cached = min(num_cached, len(seq.prompt_token_ids))
+            num = min(seq.num_pending_tokens, budget)  # 0: an exact repeat
             if not self.kv.grow(seq, num):
                 self.kv.release(seq)
                 break  # no room: nobody behind it jumps the queue
@@ -123,9 +141,19 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             in_flight.update(self.kv.blocks_in_flight(seq))
-            scheduled.append(ScheduledSeq(seq, num))
+            if num == 0:
+                self.num_exact_repeats += 1
+            scheduled.append(ScheduledSeq(seq, num, stored if num == 0 else None))
             budget -= num
         return scheduled
+
+    def _stored_logits(self, seq: Sequence) -> np.ndarray | None:
+        """The stored last logits row of a waiting request's prompt, if it has sampled
+        nothing yet; whether its KV is all still cached is for admission to find out
+        (short of it, the request computes the rest, the last token too)."""
+        if self.logits_cache is None or seq.output_token_ids:
+            return None
+        return self.logits_cache.get(self.kv.prompt_key(seq))
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or cancelled) request's blocks."""

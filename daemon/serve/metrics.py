@@ -75,6 +75,11 @@ class DaemonCollector(Collector):
                                        "Prompt tokens the engine computed")  # fmt: skip
         computed.add_metric([], stats.get("prefill_tokens_computed", 0))
         yield computed
+        repeats = CounterMetricFamily("reprise_exact_repeats",
+                                      "Requests whose first token came from a stored logits row, "
+                                      "with no forward step")  # fmt: skip
+        repeats.add_metric([], stats.get("exact_repeats", 0))
+        yield repeats
         preemptions = CounterMetricFamily("reprise_preemptions", "Requests preempted")
         preemptions.add_metric([], stats.get("preemptions", 0))
         yield preemptions
