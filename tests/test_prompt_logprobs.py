@@ -37,6 +37,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def engine(path: Path, **kwargs) -> Engine:
     kwargs.setdefault("num_device_blocks", 64)
     kwargs.setdefault("max_prompt_logprobs", MAX_TOP)
+    kwargs.setdefault("logits_cache_mb", 0)  # the KV paths; exact repeats: the test below
     return Engine.from_pretrained(path, backend="numpy", block_size=BS, **kwargs)
 
 
@@ -106,6 +107,23 @@ def test_partly_and_fully_cached_prompts_give_the_same_entries(
         assert whole.cached_tokens == all_cached(prompt_ids)
         assert whole.prompt_logprobs == again.prompt_logprobs
         assert whole.token_ids == again.token_ids
+
+
+@pytest.mark.parametrize("prompt_ids", [A48, A50], ids=["48", "50"])
+def test_a_prompt_with_every_entry_stored_is_an_exact_repeat(
+    tiny: Path, prompt_ids: list[int]
+) -> None:
+    """With the logits cache on, a prompt whose blocks' entries are all kept and that
+    ends on a block boundary runs no token at all (an exact repeat) and gets the same
+    entries and tokens; one ending in a partial block computes as without the cache."""
+    eng = engine(tiny, logits_cache_mb=64)
+    first = eng.generate(prompt_ids, asking())
+    again = eng.generate(prompt_ids, asking())
+    whole = len(prompt_ids) % BS == 0
+    assert again.cached_tokens == (len(prompt_ids) if whole else all_cached(prompt_ids))
+    assert eng.stats()["exact_repeats"] == int(whole)
+    assert again.prompt_logprobs == first.prompt_logprobs == fresh(tiny, prompt_ids)
+    assert again.token_ids == first.token_ids
 
 
 @pytest.mark.parametrize("budget", [1, 5, 16, 17])
