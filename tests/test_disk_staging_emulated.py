@@ -71,7 +71,8 @@ def test_a_restart_serves_blocks_staged_on_the_copy_stream(
 
     second = engines(disk_cache=str(tmp_path))
     again = second.generate(PROMPTS[0], GREEDY)
-    assert again.disk_cached_tokens == num_full * BS
+    # the full blocks, and maybe the tail's first tokens by partial reuse of a disk block
+    assert again.disk_cached_tokens == again.cached_tokens >= num_full * BS
     assert again.token_ids == fresh.token_ids
     assert again.logits.tobytes() == fresh.logits.tobytes()
     second.close()
