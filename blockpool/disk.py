@@ -37,6 +37,14 @@ Guarantees:
   so `find_partial` reads nothing until `get` confirms its choice.
 - `clear` forgets every block at once; files go on the writer thread, after the
   writes queued before it (which are dropped), so no cleared block comes back.
+- Sidecars: `put_sidecar` queues a block's extra bytes (its prompt-logprob
+  entries, known only once a request asked for them, maybe after the block was
+  written) for the writer, as `<digest>.plp` (disk_format.py; at most
+  `write_queue_blocks` queued, more dropped and counted), and `get_sidecar` reads
+  one back checked (checksum, layout, digest; a bad one is a miss, counted and
+  removed). A sidecar goes when its block's file is evicted or found bad, on
+  `clear`, and at `open` when its block has no file (its write was dropped). Not
+  counted in `max_bytes`: about 5 KiB against a block file of megabytes.
 - KV events (medium DISK), once `attach_events` names a sink: a BlockStored when
   a block's file is in place (from the writer thread), a BlockRemoved when a file
   is evicted, found bad or gone, or the tier disabled; sent under the tier's
