@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_disk_tier import Chain, make_config, store
 from test_prompt_logprobs import A48, A50, BS, MAX_TOP, all_cached, asking, engine, fresh
 
 from reprise.blockpool import disk_format as fmt
+from reprise.blockpool.disk import DiskTier
 from reprise.daemon.engine.prompt_logprobs import EntryRows
 from reprise.daemon.model.synth import synth_model
 
@@ -161,3 +163,49 @@ def test_entry_rows_round_trip_bit_identically() -> None:
         EntryRows.of_bytes(rows.to_bytes(), BS + 1, MAX_TOP)
     with pytest.raises(ValueError):
         EntryRows.of_bytes(rows.to_bytes(), BS, MAX_TOP + 1)
+
+
+# -- the tier's sidecars, without an engine -------------------------------------
+
+
+def test_a_sidecar_goes_with_its_evicted_or_bad_block(tmp_path: Path) -> None:
+    chain = Chain(4, seed=5)
+    probe = DiskTier.open(make_config(tmp_path / "probe"))
+    store(probe, chain, [1])  # a block with a parent: the larger file
+    nbytes = probe.stats()["disk_bytes"]
+    probe.close()
+    tier = DiskTier.open(make_config(tmp_path / "tier", max_bytes=2 * nbytes))
+    store(tier, chain, [0, 1])
+    for i in (0, 1):
+        assert tier.put_sidecar(chain.hashes[i], f"entries {i}".encode())
+    assert tier.flush(10)
+    assert tier.get_sidecar(chain.hashes[0]) == b"entries 0"
+    assert tier.get_sidecar(chain.hashes[2]) is None  # none written
+    assert chain.get(tier, 0) is not None  # block 0 used last
+    store(tier, chain, [2])  # evicts block 1, the least recently used
+    assert tier.lru_order() == [chain.hashes[0], chain.hashes[2]]
+    assert tier.get_sidecar(chain.hashes[1]) is None
+    assert not (tier.folder / fmt.sidecar_name(chain.hashes[1])).exists()
+
+    block_file = tier.folder / fmt.file_name(chain.hashes[0])
+    data = bytearray(block_file.read_bytes())
+    data[-1] ^= 1
+    block_file.write_bytes(bytes(data))
+    assert chain.get(tier, 0) is None  # a bad block file: its sidecar goes too
+    assert not (tier.folder / fmt.sidecar_name(chain.hashes[0])).exists()
+    stats = tier.stats()
+    assert (stats["disk_sidecar_hits"], stats["disk_sidecar_misses"]) == (1, 2)
+    tier.close()
+
+
+def test_a_sidecar_under_another_blocks_name_is_removed(tmp_path: Path) -> None:
+    chain = Chain(2, seed=6)
+    tier = DiskTier.open(make_config(tmp_path))
+    store(tier, chain)
+    assert tier.put_sidecar(chain.hashes[0], b"entries")
+    assert tier.flush(10)
+    moved = tier.folder / fmt.sidecar_name(chain.hashes[1])
+    (tier.folder / fmt.sidecar_name(chain.hashes[0])).rename(moved)
+    assert tier.get_sidecar(chain.hashes[1]) is None
+    assert not moved.exists() and tier.stats()["disk_sidecar_corrupt_removed"] == 1
+    tier.close()
