@@ -6,6 +6,7 @@ blocks are gone."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,4 +209,36 @@ def test_a_sidecar_under_another_blocks_name_is_removed(tmp_path: Path) -> None:
     (tier.folder / fmt.sidecar_name(chain.hashes[0])).rename(moved)
     assert tier.get_sidecar(chain.hashes[1]) is None
     assert not moved.exists() and tier.stats()["disk_sidecar_corrupt_removed"] == 1
+    tier.close()
+
+
+class Gated:
+    """A copy that lands once `gate` is set: holds the writer until then."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def synchronize(self) -> None:
+        assert self.gate.wait(10)
+
+
+def test_sidecars_past_the_queue_bound_are_dropped_and_counted(tmp_path: Path) -> None:
+    chain = Chain(1, seed=8)
+    tier = DiskTier.open(make_config(tmp_path, write_queue_blocks=1))
+    gate = threading.Event()
+
+    def late(buffer: np.ndarray) -> Gated:
+        np.copyto(buffer, chain.kvs[0])
+        return Gated(gate)
+
+    assert tier.put(chain.hashes[0], None, chain.tokens[0], late)  # the writer waits on it
+    assert tier.put_sidecar(chain.hashes[0], b"first")
+    assert not tier.put_sidecar(chain.hashes[0], b"second")  # one queued already
+    gate.set()
+    assert tier.flush(10)
+    assert tier.get_sidecar(chain.hashes[0]) == b"first"
+    stats = tier.stats()
+    assert (stats["disk_sidecar_writes"], stats["disk_sidecar_writes_dropped"]) == (1, 1)
+    assert tier.put_sidecar(chain.hashes[0], b"third")  # room again once written
+    assert tier.flush(10) and tier.get_sidecar(chain.hashes[0]) == b"third"
     tier.close()
