@@ -428,6 +428,8 @@ class DiskTier:
             body = None
         except (OSError, fmt.BlockFileError) as exc:
             self.drop_sidecar(block_hash, str(exc))
+            with self._lock:
+                self._side_counts["misses"] += 1
             return None
         with self._lock:
             self._side_counts["misses" if body is None else "hits"] += 1
@@ -435,12 +437,11 @@ class DiskTier:
 
     def drop_sidecar(self, block_hash: BlockHash, detail: str) -> None:
         """Remove a sidecar found bad (by `get_sidecar`, or by its caller reading the
-        body), counted as corrupt."""
+        body: e.g. fewer top entries than now asked for), counted as corrupt."""
         path = self.folder / fmt.sidecar_name(block_hash)
         with self._lock:
             first = not self._side_counts["corrupt_removed"]
             self._side_counts["corrupt_removed"] += 1
-            self._side_counts["misses"] += 1
         (log.warning if first else log.debug)("disk tier: removing %s (%s)", path, detail)
         fmt.unlink(path)
 
