@@ -37,6 +37,14 @@ Guarantees:
   so `find_partial` reads nothing until `get` confirms its choice.
 - `clear` forgets every block at once; files go on the writer thread, after the
   writes queued before it (which are dropped), so no cleared block comes back.
+- Sidecars: `put_sidecar` queues a block's extra bytes (its prompt-logprob
+  entries, known only once a request asked for them, maybe after the block was
+  written) for the writer, as `<digest>.plp` (disk_format.py; at most
+  `write_queue_blocks` queued, more dropped and counted), and `get_sidecar` reads
+  one back checked (checksum, layout, digest; a bad one is a miss, counted and
+  removed). A sidecar goes when its block's file is evicted or found bad, on
+  `clear`, and at `open` when its block has no file (its write was dropped). Not
+  counted in `max_bytes`: about 5 KiB against a block file of megabytes.
 - KV events (medium DISK), once `attach_events` names a sink: a BlockStored when
   a block's file is in place (from the writer thread), a BlockRemoved when a file
   is evicted, found bad or gone, or the tier disabled; sent under the tier's
@@ -170,6 +178,13 @@ class _Write:
 
 
 @dataclass(frozen=True, slots=True)
+class _Sidecar:
+    block_hash: BlockHash
+    parts: list[bytes]  # the whole file, encoded
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Clear:
     """Queued by `clear`: the writer removes every block file when it gets here."""
 
@@ -194,7 +209,8 @@ class DiskTier:
         self._queued: set[BlockHash] = set()
         self._generation = 0  # bumped by clear
         # Unbounded: the staging buffers bound what is queued.
-        self._queue: queue.Queue[_Write | _Clear | None] = queue.Queue()
+        self._queue: queue.Queue[_Write | _Sidecar | _Clear | None] = queue.Queue()
+        self._num_sidecars_queued = 0  # at most write_queue_blocks
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
         # Staging buffers: each queued or written block holds one until its write ends.
@@ -209,6 +225,9 @@ class DiskTier:
         self._num_tmp = 0
         self._counts = dict.fromkeys(
             ("hits", "misses", "writes", "writes_dropped", "evictions", "tmp_removed"), 0
+        )
+        self._side_counts = dict.fromkeys(
+            ("hits", "misses", "writes", "writes_dropped", "corrupt_removed"), 0
         )
         self._bad = dict.fromkeys(fmt.BAD_KINDS, 0)
 
@@ -380,6 +399,52 @@ class DiskTier:
         )
         return payload.reshape(self.config.block_shape)
 
+    def put_sidecar(self, block_hash: BlockHash, body: bytes) -> bool:
+        """Queue `body` (a block's extra data: its prompt-logprob entries) for writing as
+        the block's sidecar file, replacing any before. False when not queued: disabled,
+        or `write_queue_blocks` sidecars already queued (counted as dropped)."""
+        parts = fmt.encode_sidecar(self.layout, block_hash, body)
+        with self._lock:
+            if not self._enabled or self._closing:
+                return False
+            if self._num_sidecars_queued == self.config.write_queue_blocks:
+                self._side_counts["writes_dropped"] += 1
+                return False
+            self._num_sidecars_queued += 1
+            self._num_unwritten += 1
+            item = _Sidecar(block_hash, parts, self._generation)
+        self._queue.put_nowait(item)
+        return True
+
+    def get_sidecar(self, block_hash: BlockHash) -> bytes | None:
+        """The body of the block's sidecar if its file is sound and is this block's, else
+        None (a bad file is counted and removed). Reads on the calling thread."""
+        if not self.enabled:
+            return None
+        path = self.folder / fmt.sidecar_name(block_hash)
+        try:
+            body = fmt.decode_sidecar(fmt.read_file(path), self.layout, block_hash)
+        except FileNotFoundError:
+            body = None
+        except (OSError, fmt.BlockFileError) as exc:
+            self.drop_sidecar(block_hash, str(exc))
+            with self._lock:
+                self._side_counts["misses"] += 1
+            return None
+        with self._lock:
+            self._side_counts["misses" if body is None else "hits"] += 1
+        return body
+
+    def drop_sidecar(self, block_hash: BlockHash, detail: str) -> None:
+        """Remove a sidecar found bad (by `get_sidecar`, or by its caller reading the
+        body: e.g. fewer top entries than now asked for), counted as corrupt."""
+        path = self.folder / fmt.sidecar_name(block_hash)
+        with self._lock:
+            first = not self._side_counts["corrupt_removed"]
+            self._side_counts["corrupt_removed"] += 1
+        (log.warning if first else log.debug)("disk tier: removing %s (%s)", path, detail)
+        fmt.unlink(path)
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued write is done (or dropped); False on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -428,6 +493,7 @@ class DiskTier:
                 "disk_blocks": len(self._index),
                 "disk_bytes": self._index.num_bytes,
                 **{f"disk_{name}": n for name, n in self._counts.items()},
+                **{f"disk_sidecar_{name}": n for name, n in self._side_counts.items()},
                 "disk_corrupt_removed": sum(self._bad.values()),
             }
             out.update({f"disk_corrupt_{kind}": n for kind, n in self._bad.items()})
@@ -469,12 +535,16 @@ class DiskTier:
 
     def _scan(self) -> None:
         found: list[tuple[int, str, BlockHash, int]] = []
+        sidecars: list[str] = []
         limit = fmt.header_nbytes_max(self.config.block_size)
         with os.scandir(self.folder) as entries:
             for entry in entries:
                 if entry.name.endswith(TMP_SUFFIX):
                     fmt.unlink(entry.path)
                     self._counts["tmp_removed"] += 1
+                    continue
+                if fmt.hash_of_sidecar_name(entry.name) is not None:
+                    sidecars.append(entry.name)
                     continue
                 block_hash = fmt.hash_of_file_name(entry.name)
                 if block_hash is None or not entry.is_file(follow_symlinks=False):
@@ -495,6 +565,9 @@ class DiskTier:
                 found.append((st.st_mtime_ns, entry.name, block_hash, st.st_size, header))
         for _, _, block_hash, nbytes, header in sorted(found, key=lambda f: f[:2]):
             self._index.add(block_hash, StoredFile.of_header(header, nbytes))
+        for name in sidecars:  # a sidecar outlives its block only if the block's write failed
+            if fmt.hash_of_sidecar_name(name) not in self._index:
+                fmt.unlink(self.folder / name)
 
     # -- writer --------------------------------------------------------------
 
@@ -505,6 +578,9 @@ class DiskTier:
                 return
             if isinstance(item, _Clear):
                 self._remove_all_files()
+                continue
+            if isinstance(item, _Sidecar):
+                self._write_sidecar(item)
                 continue
             landed = False
             try:
@@ -568,6 +644,29 @@ class DiskTier:
             self._counts["writes"] += 1
         self._evict_to_bound()
 
+    def _write_sidecar(self, item: _Sidecar) -> None:
+        name = fmt.sidecar_name(item.block_hash)
+        self._num_tmp += 1
+        tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
+        try:
+            if self._enabled and not self._stopping and item.generation == self._generation:
+                self._write_file(tmp, self.folder / name, item.parts)
+                # NOTE: a clear since queued its removal behind this write; a block
+                # write not done yet (planned, queued, or dropped) may leave the
+                # sidecar alone until the next start removes it
+                with self._lock:
+                    self._side_counts["writes"] += 1
+            else:
+                with self._lock:
+                    self._side_counts["writes_dropped"] += 1
+        except OSError as exc:
+            fmt.unlink(tmp)
+            self._disable(f"writing {tmp.name} failed: {exc}")
+        finally:
+            with self._lock:
+                self._num_sidecars_queued -= 1
+                self._finish_one()
+
     def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
         """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
         fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
@@ -585,12 +684,18 @@ class DiskTier:
                 victims.append(block_hash)
         for block_hash in victims:
             fmt.unlink(self.folder / fmt.file_name(block_hash))
+            fmt.unlink(self.folder / fmt.sidecar_name(block_hash))
 
     def _remove_all_files(self) -> None:
         """The writer's part of `clear`: every block file of the folder goes."""
         try:
             with os.scandir(self.folder) as entries:
-                names = [e.name for e in entries if fmt.hash_of_file_name(e.name) is not None]
+                names = [
+                    e.name
+                    for e in entries
+                    if fmt.hash_of_file_name(e.name) is not None
+                    or fmt.hash_of_sidecar_name(e.name) is not None
+                ]
         except OSError as exc:
             self._disable(f"clearing {self.folder} failed: {exc}")
             names = []
@@ -612,6 +717,7 @@ class DiskTier:
     def _drop_bad(self, block_hash: BlockHash, path: Path, kind: str, detail: str) -> None:
         self._forget(block_hash)
         self._count_bad(path, kind, detail)
+        fmt.unlink(self.folder / fmt.sidecar_name(block_hash))
 
     def _count_bad(self, path: str | Path, kind: str, detail: str) -> None:
         with self._lock:

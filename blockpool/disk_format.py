@@ -283,3 +283,56 @@ def touch(path: Path) -> None:
 def unlink(path: str | Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+# -- sidecars ------------------------------------------------------------------
+#
+# A sidecar holds a block's extra data (its prompt-logprob entries), known only
+# after the block may already be on disk, in a file of its own beside the block's:
+#
+#     magic, format version, layout key, digest length, body length (SIDE_FIXED)
+#     block digest
+#     body           the caller's bytes
+#     file check     xxh3-128 over everything before it
+
+SIDECAR_SUFFIX = ".plp"
+SIDE_MAGIC = b"RPRSSDC\x00"
+_SIDE_FIXED = struct.Struct(f"<8sH{LAYOUT_KEY_NBYTES}sHQ")
+
+
+def sidecar_name(block_hash: BlockHash) -> str:
+    return bytes(block_hash).hex() + SIDECAR_SUFFIX
+
+
+def hash_of_sidecar_name(name: str) -> BlockHash | None:
+    """The digest a sidecar's name stands for, or None for a name no sidecar has."""
+    if not name.endswith(SIDECAR_SUFFIX):
+        return None
+    return hash_of_file_name(name[: -len(SIDECAR_SUFFIX)] + FILE_SUFFIX)
+
+
+def encode_sidecar(layout: bytes, block_hash: BlockHash, body: bytes) -> list[bytes]:
+    head = _SIDE_FIXED.pack(SIDE_MAGIC, FORMAT_VERSION, layout, len(block_hash), len(body))
+    parts = [head, bytes(block_hash), body]
+    h = xxhash.xxh3_128()
+    for part in parts:
+        h.update(part)
+    return [*parts, h.digest()]
+
+
+def decode_sidecar(data: bytes, layout: bytes, block_hash: BlockHash) -> bytes:
+    """The body of a sound sidecar of this layout and block; else BlockFileError."""
+    fixed = _SIDE_FIXED.size
+    if len(data) < fixed + _FILE_CHECK:
+        raise BlockFileError(TRUNCATED, f"{len(data)} bytes")
+    magic, version, file_layout, digest_nbytes, body_nbytes = _SIDE_FIXED.unpack_from(data)
+    if magic != SIDE_MAGIC or version != FORMAT_VERSION:
+        raise BlockFileError(BAD_HEADER, "not a sidecar of this format")
+    end = fixed + digest_nbytes + body_nbytes
+    if len(data) != end + _FILE_CHECK:
+        raise BlockFileError(TRUNCATED, f"{len(data)} bytes, {end + _FILE_CHECK} declared")
+    if xxhash.xxh3_128_digest(data[:end]) != data[end:]:
+        raise BlockFileError(CHECKSUM, "sidecar checksum")
+    if file_layout != layout or data[fixed : fixed + digest_nbytes] != bytes(block_hash):
+        raise BlockFileError(FOREIGN, "another layout's or block's sidecar")
+    return data[fixed + digest_nbytes : end]

@@ -112,7 +112,10 @@ class Engine:
         )
         # prompt entries of as many blocks as the device pool and host tier hold together
         self.logprob_store = PromptLogprobStore(
-            num_device_blocks + num_host_blocks, settings.max_prompt_logprobs
+            num_device_blocks + num_host_blocks,
+            settings.max_prompt_logprobs,
+            block_size=settings.block_size,
+            disk=self.disk_tier,  # entries kept as sidecars of the blocks' files
         )
         self.kv = KVCacheManager(self.pool, model_fingerprint, self.logprob_store)
         self.logits_cache = (

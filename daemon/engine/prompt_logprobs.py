@@ -25,16 +25,24 @@ request's own forward. No hidden state is stored.
 The store is an LRU bounded by the number of blocks the device pool and the host
 tier hold together, so every block the pool can keep may keep its entries; it
 does not follow the pool's evictions, since an entry whose block is gone is
-never wrong, only unused until the block is computed again. The disk tier does
-not carry entries: after a restart a block found on disk is matched for a
-request with prompt logprobs only once its entries are computed again.
+never wrong, only unused until the block is computed again.
+
+With a disk tier, every block's entries stored are also written as the block's
+sidecar file (disk.py `put_sidecar`: by the writer thread, dropped when its queue
+is full), and an entry missing here is looked up there (`get_sidecar`: checksummed
+and of this block's digest; a body of the wrong shape is removed too) and kept
+here again, so after a restart a prompt's entries come from disk, not a forward.
+The bytes round-trip exactly (fp32 and int32 as stored). A sidecar holds top
+`k` >= max_top (a larger k from a run with a larger max_prompt_logprobs is cut).
 """
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -77,15 +85,76 @@ class EntryRows:
     def __len__(self) -> int:
         return int(self.logprobs.shape[0])
 
+    def to_bytes(self) -> bytes:
+        """Number of entries and max_top, then the three arrays' bytes (little-endian)."""
+        num, max_top = self.top_ids.shape
+        return b"".join(
+            (
+                _SHAPE.pack(num, max_top),
+                self.logprobs.astype("<f4").tobytes(),
+                self.top_ids.astype("<i4").tobytes(),
+                self.top_logprobs.astype("<f4").tobytes(),
+            )
+        )
+
+    @classmethod
+    def of_bytes(cls, data: bytes, num: int, max_top: int) -> EntryRows:
+        """Rows written by `to_bytes`, `num` of them, cut to top `max_top`; ValueError
+        when `data` holds another number of entries, fewer than max_top or other sizes."""
+        if len(data) < _SHAPE.size:
+            raise ValueError(f"{len(data)} bytes")
+        got_num, got_top = _SHAPE.unpack_from(data)
+        if got_num != num or got_top < max_top:
+            raise ValueError(f"{got_num} entries of top {got_top}; need {num} of top {max_top}")
+        cells = num * got_top
+        if len(data) != _SHAPE.size + 4 * (num + 2 * cells):
+            raise ValueError(f"{len(data)} bytes for {num} entries of top {got_top}")
+        at = _SHAPE.size
+        logprobs = np.frombuffer(data, "<f4", num, at)
+        top_ids = np.frombuffer(data, "<i4", cells, at + 4 * num).reshape(num, got_top)
+        top_logprobs = np.frombuffer(data, "<f4", cells, at + 4 * (num + cells))
+        top_logprobs = top_logprobs.reshape(num, got_top)
+        return cls(
+            logprobs.astype(F32),
+            np.ascontiguousarray(top_ids[:, :max_top], dtype=np.int32),
+            np.ascontiguousarray(top_logprobs[:, :max_top], dtype=F32),
+        )
+
+
+_SHAPE = struct.Struct("<II")  # entries, max_top
+
+
+class SidecarStore(Protocol):
+    """Where entries persist (the disk tier's sidecars, blockpool/disk.py)."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def put_sidecar(self, block_hash: BlockHash, body: bytes) -> bool: ...
+
+    def get_sidecar(self, block_hash: BlockHash) -> bytes | None: ...
+
+    def drop_sidecar(self, block_hash: BlockHash, detail: str) -> None: ...
+
 
 class PromptLogprobStore:
     """Block digest -> the EntryRows of its `block_size` tokens, least recently used
     dropped past `max_blocks`."""
 
-    def __init__(self, max_blocks: int, max_top: int) -> None:
+    def __init__(
+        self,
+        max_blocks: int,
+        max_top: int,
+        *,
+        block_size: int = 0,
+        disk: SidecarStore | None = None,
+    ) -> None:
         assert max_blocks >= 1, max_blocks
+        assert disk is None or block_size >= 1, block_size
         self.max_blocks = max_blocks
         self.max_top = max_top
+        self.block_size = block_size
+        self.disk = disk  # None: entries live in memory only
         self._entries: OrderedDict[BlockHash, EntryRows] = OrderedDict()
 
     def __len__(self) -> int:
@@ -98,9 +167,26 @@ class PromptLogprobStore:
         rows = self._entries.get(block_hash)
         if rows is not None:
             self._entries.move_to_end(block_hash)
+            return rows
+        if self.disk is None or not self.disk.enabled:
+            return None
+        body = self.disk.get_sidecar(block_hash)
+        if body is None:
+            return None
+        try:
+            rows = EntryRows.of_bytes(body, self.block_size, self.max_top)
+        except ValueError as exc:
+            self.disk.drop_sidecar(block_hash, str(exc))
+            return None
+        self._keep(block_hash, rows)
         return rows
 
     def put(self, block_hash: BlockHash, rows: EntryRows) -> None:
+        self._keep(block_hash, rows)
+        if self.disk is not None and self.disk.enabled:
+            self.disk.put_sidecar(block_hash, rows.to_bytes())
+
+    def _keep(self, block_hash: BlockHash, rows: EntryRows) -> None:
         self._entries[block_hash] = rows
         self._entries.move_to_end(block_hash)
         while len(self._entries) > self.max_blocks:
