@@ -238,6 +238,45 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
   }
 }
 
+// Split-K's last step (gemm.cu's skinny route, gemm_sm90.cu's PARTIAL route), once every
+// thread of the CTA stored its fp32 partial of the (BM x BN) tile (n tile blockIdx.y,
+// m tile `m_tile`) into slab `split` of ws [S, M, N], S = ceil(K / split_len): the CTA
+// that counts last in the tile's counter (one zero per (n tile, m tile), at blockIdx.y *
+// m tiles + m tile) folds the S partials in ascending split order from +0.0f, writes y
+// (BF16 bits, rounded once as bf16_bits, or fp32) and leaves the counter zero.
+// NOTE: the CUDA programming guide's last-block pattern: every thread's stores,
+// __threadfence, one atomicAdd per CTA; the CTA that sees S - 1 fences again and reads
+// the partials through L2 (__ldcg, never a stale L1 line). Which CTA is last changes who
+// adds, never what is added. `flag` is a word of shared memory no thread reads any more.
+template <int BM, int BN, int THREADS, class OutT>
+__device__ __forceinline__ void fold_split_partials(const float* __restrict__ ws, OutT* __restrict__ y,
+                                                    unsigned* __restrict__ counters, int M, int N, int K,
+                                                    int split_len, int m_tile, unsigned* flag) {
+  const int num_m_tiles = (M + BM - 1) / BM, num_splits = (K + split_len - 1) / split_len;
+  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
+  __threadfence();  // this thread's partial is visible device-wide before the count below
+  __syncthreads();  // every thread's is
+  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
+  __syncthreads();
+  if (*flag == 0u) return;
+  __threadfence();
+  const int m0 = m_tile * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const long long slab = static_cast<long long>(M) * N;
+  for (int e = static_cast<int>(threadIdx.x); e < BM * BN; e += THREADS) {
+    const int row = m0 + e / BN, col = n0 + e % BN;
+    if (row >= M || col >= N) continue;
+    const long long at = static_cast<long long>(row) * N + col;
+    float sum = 0.0f;
+    for (int s = 0; s < num_splits; ++s) sum += __ldcg(ws + s * slab + at);
+    if constexpr (sizeof(OutT) == 2) {
+      y[at] = static_cast<unsigned short>(bf16_bits(sum));
+    } else {
+      y[at] = sum;
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+}
+
 }  // namespace
 
 #endif  // REPRISE_COMMON_CUH

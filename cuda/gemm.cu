@@ -284,12 +284,10 @@ using Big = Tile<128, 128, 32, 64, 32, 4>;    // prefill: 8 warps, 81,920 B shar
 static_assert(Skinny::THREADS == 128 && Mid::THREADS == 128 && Big::THREADS == 256, "launch bounds below");
 
 // The skinny split route: this CTA's partial into the workspace, then, in the CTA that
-// finishes its tile last, the fold of the tile's S partials in ascending split order.
-// `counters` holds one zero per (n tile, m tile), blockIdx.y * ceil(M / BM) + m tile, and
-// is left zero. S = ceil(K / split_len) (the launcher cuts K exactly so).
-// NOTE: the handoff is the CUDA programming guide's last-block pattern: every thread's
-// partial stores, then __threadfence, then one atomicAdd per CTA; the CTA that sees
-// S - 1 fences again and reads the partials through L2 (__ldcg, never a stale L1 line).
+// finishes its tile last, the fold of the tile's S partials in ascending split order
+// (fold_split_partials in common.cuh, shared with gemm_sm90.cu). `counters` holds one
+// zero per (n tile, m tile), blockIdx.y * ceil(M / BM) + m tile, and is left zero.
+// S = ceil(K / split_len) (the launcher cuts K exactly so).
 template <class OutT>
 __device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ x,
                                              const unsigned short* __restrict__ w, float* __restrict__ ws,
@@ -298,31 +296,10 @@ __device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ 
   using T = Skinny;
   gemm_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
   extern __shared__ __align__(16) unsigned short gemm_smem[];
-  unsigned* last = reinterpret_cast<unsigned*>(gemm_smem);  // the ring is drained: reuse it
-  const int num_m_tiles = (M + T::BM - 1) / T::BM, num_splits = (K + split_len - 1) / split_len;
-  const int m_tile = static_cast<int>(blockIdx.x) % num_m_tiles;
-  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
-  __threadfence();  // this thread's partial is visible device-wide before the count below
-  __syncthreads();  // every thread's is; and no warp still reads the ring
-  if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
-  __syncthreads();
-  if (*last == 0u) return;
-  __threadfence();
-  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
-  const long long slab = static_cast<long long>(M) * N;
-  for (int e = static_cast<int>(threadIdx.x); e < T::BM * T::BN; e += T::THREADS) {
-    const int row = m0 + e / T::BN, col = n0 + e % T::BN;
-    if (row >= M || col >= N) continue;
-    const long long at = static_cast<long long>(row) * N + col;
-    float total = 0.0f;
-    for (int s = 0; s < num_splits; ++s) total += __ldcg(ws + s * slab + at);
-    if constexpr (sizeof(OutT) == 2) {
-      y[at] = static_cast<unsigned short>(bf16_bits(total));
-    } else {
-      y[at] = total;
-    }
-  }
-  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+  const int m_tile = static_cast<int>(blockIdx.x) % ((M + T::BM - 1) / T::BM);
+  // the flag word: the ring is drained (fold_split_partials syncs before writing it)
+  fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile,
+                                                reinterpret_cast<unsigned*>(gemm_smem));
 }
 
 }  // namespace

@@ -59,7 +59,7 @@
 //     m tile) stores P_s as fp32 into slab s of a workspace [S, M, N] and counts itself
 //     in its tile's counter (an integer atomic); the CTA that counts last folds the
 //     tile's S slabs per element in ascending s from +0.0f, writes y and zeroes the
-//     counter (fold_partials). Which CTA is last changes who adds, not what is added.
+//     counter (fold_split_partials, common.cuh). Which CTA is last changes who adds, not what is added.
 //   FOLD (larger M): one CTA walks all of K; at each split boundary it waits for the
 //     split's MMAs, adds its accumulator into a running total (total += acc) and
 //     restarts the accumulator from +0.0f (fold_boundary); at the end total += acc.
@@ -260,42 +260,6 @@ __device__ __forceinline__ void fold_boundary(float (&acc)[T::N_SUB][64], float 
   }
 }
 
-// PARTIAL's second half, after every thread stored its partial into slab `split` of the
-// fp32 workspace ws [S, M, N]: the CTA that counts last in its tile's counter (one zero
-// per (n tile, m tile) at blockIdx.y * m tiles + m tile) folds the tile's S partials in
-// ascending split order from +0.0f, writes y, and leaves the counter zero. NOTE: the
-// CUDA programming guide's last-block pattern, as gemm.cu's skinny_split: stores,
-// __threadfence, one atomicAdd a CTA; the last CTA fences again and reads through L2.
-// `flag` is a word of shared memory no thread reads any more (the drained ring).
-template <class T, class OutT>
-__device__ __forceinline__ void fold_partials(const float* __restrict__ ws, OutT* __restrict__ y,
-                                              unsigned* __restrict__ counters, int M, int N, int K,
-                                              int split_len, int m_tile, unsigned* flag) {
-  const int num_m_tiles = (M + T::BM - 1) / T::BM, num_splits = (K + split_len - 1) / split_len;
-  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
-  __threadfence();  // this thread's partial is visible device-wide before the count below
-  __syncthreads();  // every thread's is
-  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
-  __syncthreads();
-  if (*flag == 0u) return;
-  __threadfence();
-  const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
-  const long long slab = static_cast<long long>(M) * N;
-  for (int e = static_cast<int>(threadIdx.x); e < T::BM * T::BN; e += T::THREADS) {
-    const int row = m0 + e / T::BN, col = n0 + e % T::BN;
-    if (row >= M || col >= N) continue;
-    const long long at = static_cast<long long>(row) * N + col;
-    float sum = 0.0f;
-    for (int s = 0; s < num_splits; ++s) sum += __ldcg(ws + s * slab + at);
-    if constexpr (sizeof(OutT) == 2) {
-      y[at] = static_cast<unsigned short>(bf16_bits(sum));
-    } else {
-      y[at] = sum;
-    }
-  }
-  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
-}
-
 // The global source of this thread's chunk i of k-tile kt, in the core-matrix layout
 // above (chunk c of the stage holds row 8 (c / 64) + c % 8, k chunk (c / 8) % 8), and
 // whether its row exists. NOTE: an invalid chunk still gets an in-bounds address;
@@ -487,7 +451,7 @@ __device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsign
 }
 
 // WHOLE, FOLD: y is the output; PARTIAL: y is the fp32 workspace [S, M, N], and the
-// tile's last CTA folds it into out (fold_partials). Launch geometry as gemm_sm90_tile.
+// tile's last CTA folds it into out (fold_split_partials, common.cuh). Launch geometry as gemm_sm90_tile.
 template <class T, Split MODE, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
@@ -621,12 +585,12 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is
   // the first stage's, which no copy or MMA touches any more.
   if constexpr (MODE == Split::PARTIAL)
-    fold_partials<T>(y, out, counters, M, N, K, split_len, range.m_tile,
+    fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
                      reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
 // PARTIAL on a cp.async tile: this CTA's partial into the workspace, then the tile's
-// last CTA folds (fold_partials). The flag word is the drained ring's first.
+// last CTA folds (fold_split_partials, common.cuh). The flag word is the drained ring's first.
 template <class T, class OutT>
 __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict__ x,
                                                 const unsigned short* __restrict__ w, float* __restrict__ ws,
@@ -635,7 +599,7 @@ __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   gemm_sm90_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
   const int m_tile = static_cast<int>(blockIdx.x) % ((M + T::BM - 1) / T::BM);
-  fold_partials<T>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
+  fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
 using Ws = Sm90WsTile<128, 6>;  // 3 warpgroups, 196,704 B shared
