@@ -385,10 +385,12 @@ class Engine:
 
     def _keep_prompt_logits(self, seq: Sequence, row: np.ndarray | None) -> None:
         """Store the row a request's first token came from (its prompt's last position)
-        for exact repeats. An exact repeat's row is the cache's own read-only array,
-        stored already; the runner's rows from a forward are fresh, writable arrays."""
+        for exact repeats. An exact repeat (every prompt token cached: an ordinary
+        admission matches all but the last) drew from a row the cache holds already."""
         cache = self.logits_cache
-        if cache is None or seq.output_token_ids or row is None or not row.flags.writeable:
+        if cache is None or seq.output_token_ids or row is None:
+            return
+        if seq.num_cached_tokens == len(seq.prompt_token_ids):
             return
         cache.put(self.kv.prompt_key(seq), row)
 
