@@ -333,6 +333,34 @@ def section_cublas(b: Bench, out: dict[str, Any]) -> None:
         _free(True)
 
 
+def section_wgmma(b: Bench, out: dict[str, Any]) -> None:
+    """The Hopper GEMM end to end: the same weights loaded by CupyBackend(gemm="wgmma")
+    (every weight gemm_family lets take it is packed), its decode steps (graphs) and
+    prefill beside the default's rows, as ratios measured in this run."""
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    hopper = LlamaModel(b.config, b.weights, CupyBackend(gemm="wgmma"))
+    try:
+        pairs: list[tuple[str, Callable[[LlamaModel], float]]] = [
+            (
+                f"decode b={batch} ctx={b.context} graphs",
+                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=True, model=m)[0],
+            )
+            for batch in b.batches
+        ]
+        pairs.append(
+            (f"prefill {b.prefill_tokens}", lambda m: b.prefill_s(b.prefill_tokens, model=m))
+        )
+        for name, measure in pairs:
+            ours, default = measure(hopper), measure(b.model)
+            out["rows"].append({"name": f"wgmma vs mma.sync GEMMs, {name}", "seconds": ours,
+                                "reference_s": default, "x_reference": ours / default,
+                                "reference": "the default GEMM family"})  # fmt: skip
+    finally:
+        del hopper
+        _free(True)
+
+
 def ttft(engine: Engine, prompt: list[int]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = engine.generate(prompt, GREEDY)
@@ -432,6 +460,7 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
     "attention_cc": section_attention_cc,
     "ttft": section_ttft,
     "cublas": section_cublas,
+    "wgmma": section_wgmma,
     "transformers": section_transformers,
 }
 

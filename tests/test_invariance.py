@@ -60,6 +60,10 @@ class Engines:
             from reprise.cuda.cupy_backend import CupyBackend
 
             ops = CupyBackend(attention="cuda-cores")
+        elif backend == "cupy-wgmma":  # the Hopper GEMM wherever gemm_family allows it
+            from reprise.cuda.cupy_backend import CupyBackend
+
+            ops = CupyBackend(gemm="wgmma")
         else:
             ops = get_backend(backend)
         self.model = LlamaModel(self.config, load_weights(path, self.config), ops)
@@ -85,7 +89,7 @@ class Engines:
                     needs_gpu,
                 ],
             )
-            for name in ("cupy", "cupy-cc")
+            for name in ("cupy", "cupy-cc", "cupy-wgmma")
         ),
     ],
 )
