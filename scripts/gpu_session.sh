@@ -18,12 +18,12 @@ part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended
   local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
 }
-part check 200 bash scripts/gpu_check.sh -m gpu --timeout=100 tests/test_gemm_sm90_gpu.py \
+part check 210 bash scripts/gpu_check.sh -m gpu --timeout=100 tests/test_gemm_sm90_gpu.py \
   tests/test_qwen2.py tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 80 bash scripts/gpu_bench.sh sm90
 cut -c1-120 "$OUT/sm90.out" | tail -32
-part kernels 130 bash scripts/gpu_bench.sh kernels
+part kernels 120 bash scripts/gpu_bench.sh kernels
 part e2e 150 bash scripts/gpu_bench.sh e2e
 grep -E "^(measurement|decode|prefill|ttft|invariant|wgmma|transformers|target)" \
   "$OUT/e2e.out" | cut -c1-110
