@@ -147,6 +147,12 @@ class PackedWeight:
     def shape(self) -> tuple[int, int]:
         return self.num_cols, self.k
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes it holds on the device, padding included (as an array's nbytes, which
+        the model's weight accounting reads)."""
+        return int(self.data.nbytes)
+
 
 PACK_ROWS = 256  # weight rows are padded to a multiple: every CTA's panels exist
 

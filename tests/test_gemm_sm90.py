@@ -236,6 +236,8 @@ def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> No
     assert isinstance(packed, PackedWeight) and packed.shape == (n, k)
     rows = -(-n // PACK_ROWS) * PACK_ROWS
     assert packed.data.shape == (rows * k,) and packed.data.dtype == np.uint16
+    # what LlamaModel.num_bytes reads of every weight, padding included
+    assert packed.nbytes == rows * k * 2 > w.nbytes
     tiles = packed.data.reshape(rows // 64, k // 64, 64 * 64)
     for row, col in [(0, 0), (7, 8), (8, 7), (63, 63), (64, 64), (299, 191), (130, 77)]:
         g, r, j, e = (row % 64) // 8, row % 8, (col % 64) // 8, col % 8
