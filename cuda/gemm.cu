@@ -122,6 +122,10 @@ enum class Split { WHOLE, PARTIAL, FOLD };  // see the split-K note at the top
 // grid = (ceil(M / BM) * S, ceil(N / BN)), blockIdx.x = s * ceil(M / BM) + m tile, and
 // y is the fp32 workspace [S, M, N]. `split_len` (PARTIAL, FOLD) is a positive multiple
 // of BK; WHOLE ignores it.
+// Accumulator elements a thread holds: FOLD's running total has one slot for each.
+template <class T>
+constexpr int kFoldSlots = T::M_FRAGS * T::N_FRAGS * 4;
+
 template <class T, Split MODE, class OutT>
 __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
                                           const unsigned short* __restrict__ w, OutT* __restrict__ y,
@@ -163,13 +167,17 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
   // FOLD's running total over finished splits (unused otherwise: the compiler drops it).
-  float total[T::M_FRAGS][T::N_FRAGS][4];
+  // NOTE: it lives in this thread's local memory (L1), not in registers: touched only
+  // at the S - 1 split boundaries and once at the end, while a second register set for
+  // it cost the big tile 165 registers instead of 113, one CTA per SM instead of two,
+  // and 1.8x the time on the H100 (bench/results/2026-11-26-h100-run1). `volatile`
+  // keeps it out of registers (every access a local load or store); the arithmetic
+  // (fp32 adds in ascending split order) is the same wherever the total is held.
+  volatile float total[kFoldSlots<T>];
+  if (MODE == Split::FOLD) {
 #pragma unroll
-  for (int i = 0; i < T::M_FRAGS; ++i)
-#pragma unroll
-    for (int j = 0; j < T::N_FRAGS; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) total[i][j][r] = 0.0f;
+    for (int e = 0; e < kFoldSlots<T>; ++e) total[e] = 0.0f;
+  }
 
   // Pipeline: before consuming the t-th k-tile, tiles up to t + STAGES - 2 are in flight.
   // One commit per tile slot (empty past the end) keeps the group count uniform.
@@ -200,7 +208,8 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
         for (int j = 0; j < T::N_FRAGS; ++j)
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            total[i][j][r] += acc[i][j][r];
+            const int e = (i * T::N_FRAGS + j) * 4 + r;
+            total[e] = total[e] + acc[i][j][r];
             acc[i][j][r] = 0.0f;
           }
     }
@@ -250,7 +259,8 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
 #pragma unroll
       for (int j = 0; j < T::N_FRAGS; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[i][j][r] = total[i][j][r] + acc[i][j][r];
+        for (int r = 0; r < 4; ++r)
+          acc[i][j][r] = total[(i * T::N_FRAGS + j) * 4 + r] + acc[i][j][r];
   }
 
   // C fragment: c[0], c[1] at row lane / 4, columns 2 * (lane % 4) and +1; c[2], c[3]
