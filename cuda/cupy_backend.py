@@ -38,23 +38,24 @@ class CupyBackend:
     invariant on its own; an engine must use one throughout, as their bits differ.
 
     `gemm` picks the GEMM family: "mma" (gemm.cu, `mma.sync` with a fixed split-K per
-    weight; every device) or "wgmma" (gemm_sm90.cu, Hopper's warpgroup MMA on a packed
-    weight, split over K by the same rule; opt-in until measured on a GPU:
-    gemm_sm90_kernel.WGMMA_BY_DEFAULT). A weight takes its family's kernel for every M,
-    chosen from the device and its (N, K) alone when it loads
-    (gemm_sm90_kernel.gemm_family), so rows stay M-independent; a weight "wgmma" cannot
-    take stays on "mma"."""
+    weight; every device), "wgmma" (gemm_sm90.cu, Hopper's warpgroup MMA on a packed
+    weight, split over K by the same rule), or None, the default: "wgmma" on sm_90 and
+    "mma" elsewhere (gemm_sm90_kernel.WGMMA_BY_DEFAULT, measured on an H100). A weight
+    takes its family's kernel for every M, chosen from the device and its (N, K) alone
+    when it loads (gemm_sm90_kernel.gemm_family), so rows stay M-independent; a weight
+    "wgmma" cannot take stays on "mma". The families' bits differ, as the attention
+    kernels' do: `kernel_choice` names both choices (the disk tier keys its files by it)."""
 
     name = "cupy"
 
-    def __init__(self, attention: str = "tensor-cores", gemm: str = "mma") -> None:
+    def __init__(self, attention: str = "tensor-cores", gemm: str | None = None) -> None:
         import cupy
 
         if attention not in ATTENTION_KERNELS:
             raise ValueError(
                 f"attention must be one of {', '.join(ATTENTION_KERNELS)}; got {attention!r}"
             )
-        if gemm not in GEMM_FAMILIES:
+        if gemm is not None and gemm not in GEMM_FAMILIES:
             raise ValueError(f"gemm must be one of {', '.join(GEMM_FAMILIES)}; got {gemm!r}")
         self.attention = attention
         self.gemm_family = gemm
@@ -67,12 +68,21 @@ class CupyBackend:
         Hopper kernel when `gemm="wgmma"` and the device and shape allow it."""
         assert w.dtype == BF16, w.dtype
         weight = to_device(w)
-        if self.gemm_family == "wgmma":
+        if self.gemm_family != "mma":
             from .gemm_sm90_kernel import device_arch, gemm_family, prepare_weight
 
-            if gemm_family(device_arch(), *w.shape, requested="wgmma") == "wgmma":
+            if gemm_family(device_arch(), *w.shape, requested=self.gemm_family) == "wgmma":
                 return prepare_weight(weight)
         return weight
+
+    @property
+    def kernel_choice(self) -> str:
+        """The kernels whose bits this backend's results carry: attention and GEMM family
+        (the default resolved), e.g. "tensor-cores/wgmma"."""
+        from .gemm_sm90_kernel import WGMMA_BY_DEFAULT
+
+        gemm = self.gemm_family or ("wgmma" if WGMMA_BY_DEFAULT else "mma")
+        return f"{self.attention}/{gemm}"
 
     def device_memory_bytes(self) -> int:
         _, total = self._cupy.cuda.runtime.memGetInfo()

@@ -188,19 +188,64 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
     cp_async_commit();
   }
 
-  for (int t = 0; t < num_k_tiles; ++t) {
-    const int kt = kt_begin + t;
-    cp_async_wait<T::STAGES - 2>();  // this thread's copies of tile t have landed
-    // Every thread's copies of tile t are visible, and every warp has finished
-    // reading tile t - 1, whose buffer the next load overwrites.
-    __syncthreads();
-    const int next = t + T::STAGES - 1;
-    if (next < num_k_tiles)
-      load_tile<T>(gemm_smem + (next % T::STAGES) * T::STAGE_HALVES, x, w, M, N, K, m0, n0,
-                   kt_begin + next, vec_in);
-    cp_async_commit();
+  // FOLD walks K one split at a time (kt_begin is 0: splits end at multiples of
+  // split_len / BK tiles), with the fold between splits, so the k-tile loop itself has
+  // no split test: per k-tile, FOLD runs exactly the WHOLE kernel's code. WHOLE and
+  // PARTIAL make one pass over their tiles.
+  const int pass_tiles = MODE == Split::FOLD ? split_len / T::BK : num_k_tiles;
+  for (int t = 0; t < num_k_tiles;) {
+    const int pass_end = min(num_k_tiles, t + pass_tiles);
+    for (; t < pass_end; ++t) {
+      const int kt = kt_begin + t;
+      cp_async_wait<T::STAGES - 2>();  // this thread's copies of tile t have landed
+      // Every thread's copies of tile t are visible, and every warp has finished
+      // reading tile t - 1, whose buffer the next load overwrites.
+      __syncthreads();
+      const int next = t + T::STAGES - 1;
+      if (next < num_k_tiles)
+        load_tile<T>(gemm_smem + (next % T::STAGES) * T::STAGE_HALVES, x, w, M, N, K, m0, n0,
+                     kt_begin + next, vec_in);
+      cp_async_commit();
 
-    if (MODE == Split::FOLD && kt > 0 && (kt * T::BK) % split_len == 0) {
+      const unsigned short* sa = gemm_smem + (t % T::STAGES) * T::STAGE_HALVES;
+      const unsigned short* sb = sa + T::BM * T::LDS;
+#pragma unroll
+      for (int ks = 0; ks < T::BK / 16; ++ks) {
+        // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the
+        // same K/16 mmas per element (K % 16 == 0: slices are whole).
+        if (kt * T::BK + ks * 16 >= k_end) break;
+        // A fragment (see mma_bf16_16816): a[0] rows 0-7 / k 0-7,
+        // a[1] rows 8-15 / k 0-7, a[2] rows 0-7 / k 8-15, a[3] rows 8-15 / k 8-15;
+        // lane l points at row l % 16, k (l / 16) * 8 of the m16 x k16 block.
+        unsigned a[T::M_FRAGS][4];
+#pragma unroll
+        for (int i = 0; i < T::M_FRAGS; ++i) {
+          const int row = warp_m * T::WM + i * 16 + (lane & 15);
+          ldmatrix_x4(a[i], shared_addr(sa + row * T::LDS + ks * 16 + (lane >> 4) * 8));
+        }
+        // B fragment (col layout, B[k][n] = w[n][k]): b0 = k 0-7, b1 = k 8-15 of column
+        // n = lane / 4, i.e. 8x8 blocks of the [n][k] tile read without transposing.
+        // One x4 covers two n8 fragments: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
+        // (n 8-15, k 0-7), (n 8-15, k 8-15); lane l points at n (l % 8) + (l / 16) * 8,
+        // k ((l / 8) % 2) * 8.
+        unsigned b[T::N_FRAGS][2];
+#pragma unroll
+        for (int p = 0; p < T::N_FRAGS / 2; ++p) {
+          const int row = warp_n * T::WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+          unsigned r[4];
+          ldmatrix_x4(r, shared_addr(sb + row * T::LDS + ks * 16 + ((lane >> 3) & 1) * 8));
+          b[2 * p][0] = r[0];
+          b[2 * p][1] = r[1];
+          b[2 * p + 1][0] = r[2];
+          b[2 * p + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < T::M_FRAGS; ++i)
+#pragma unroll
+          for (int j = 0; j < T::N_FRAGS; ++j) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+      }
+    }
+    if (MODE == Split::FOLD) {
       // A split ends here: its partial joins the total, the next one starts from +0.
 #pragma unroll
       for (int i = 0; i < T::M_FRAGS; ++i)
@@ -213,54 +258,15 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
             acc[i][j][r] = 0.0f;
           }
     }
-
-    const unsigned short* sa = gemm_smem + (t % T::STAGES) * T::STAGE_HALVES;
-    const unsigned short* sb = sa + T::BM * T::LDS;
-#pragma unroll
-    for (int ks = 0; ks < T::BK / 16; ++ks) {
-      // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the
-      // same K/16 mmas per element (K % 16 == 0: slices are whole).
-      if (kt * T::BK + ks * 16 >= k_end) break;
-      // A fragment (see mma_bf16_16816): a[0] rows 0-7 / k 0-7,
-      // a[1] rows 8-15 / k 0-7, a[2] rows 0-7 / k 8-15, a[3] rows 8-15 / k 8-15;
-      // lane l points at row l % 16, k (l / 16) * 8 of the m16 x k16 block.
-      unsigned a[T::M_FRAGS][4];
-#pragma unroll
-      for (int i = 0; i < T::M_FRAGS; ++i) {
-        const int row = warp_m * T::WM + i * 16 + (lane & 15);
-        ldmatrix_x4(a[i], shared_addr(sa + row * T::LDS + ks * 16 + (lane >> 4) * 8));
-      }
-      // B fragment (col layout, B[k][n] = w[n][k]): b0 = k 0-7, b1 = k 8-15 of column
-      // n = lane / 4, i.e. 8x8 blocks of the [n][k] tile read without transposing.
-      // One x4 covers two n8 fragments: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
-      // (n 8-15, k 0-7), (n 8-15, k 8-15); lane l points at n (l % 8) + (l / 16) * 8,
-      // k ((l / 8) % 2) * 8.
-      unsigned b[T::N_FRAGS][2];
-#pragma unroll
-      for (int p = 0; p < T::N_FRAGS / 2; ++p) {
-        const int row = warp_n * T::WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
-        unsigned r[4];
-        ldmatrix_x4(r, shared_addr(sb + row * T::LDS + ks * 16 + ((lane >> 3) & 1) * 8));
-        b[2 * p][0] = r[0];
-        b[2 * p][1] = r[1];
-        b[2 * p + 1][0] = r[2];
-        b[2 * p + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < T::M_FRAGS; ++i)
-#pragma unroll
-        for (int j = 0; j < T::N_FRAGS; ++j) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
-    }
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
-  if (MODE == Split::FOLD) {  // the last split joins the total, which is stored
+  if (MODE == Split::FOLD) {  // every split has joined the total, which is stored
 #pragma unroll
     for (int i = 0; i < T::M_FRAGS; ++i)
 #pragma unroll
       for (int j = 0; j < T::N_FRAGS; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-          acc[i][j][r] = total[(i * T::N_FRAGS + j) * 4 + r] + acc[i][j][r];
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = total[(i * T::N_FRAGS + j) * 4 + r];
   }
 
   // C fragment: c[0], c[1] at row lane / 4, columns 2 * (lane % 4) and +1; c[2], c[3]

@@ -27,7 +27,8 @@ order of slices inside a partial, the split boundaries and the fold order are th
 same on every route, because S comes from (N, K) alone. Had the skinny route split K
 while the large-M route did not, an M = 1 row would differ from the same row inside
 M = 300 (a fold of partials is not the one long chain); so the large-M route splits
-exactly as the skinny one does, at the cost of a second accumulator set in registers.
+exactly as the skinny one does, keeping its running total in local memory (touched only
+between splits, so the fold kernels take the registers and CTAs per SM of the unsplit ones).
 So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
 offset, companion rows, configuration and pointer alignment. gemm.cu states the
 argument in full. Against the NumPy twin, which rounds an exact sum once, results
@@ -93,9 +94,8 @@ SKINNY = CONFIGS[0]
 
 # Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
 # so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
-# aims the skinny grid at whole waves of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM
-# CTAs each: an H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of
-# 228 KiB). They are constants, not the device's figures, so that a weight's split, and
+# fills one wave of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM skinny CTAs each: an
+# H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of 228 KiB). They are constants, not the device's figures, so that a weight's split, and
 # so its bits, are the same on every device (tests/test_kernels_compile.py checks the
 # CTA count against the compiled kernel's registers and shared memory).
 SPLIT_GRANULE = 128
@@ -103,7 +103,6 @@ MIN_SPLIT_LENGTH = 256
 MAX_SPLITS = 32
 REFERENCE_SMS = 132
 SKINNY_CTAS_PER_SM = 2
-MIN_LAST_WAVE = 0.5  # a partial last wave at least this full (else more splits)
 
 
 def split_length(k: int, splits: int) -> int:
@@ -127,25 +126,28 @@ def skinny_waves(n: int, splits: int) -> float:
 def split_k(n: int, k: int) -> int:
     """The split count S of a [N, K] weight: a function of its shape alone (never of M).
 
-    The smallest S whose skinny grid (M <= 16: ceil(N / 64) * S CTAs) fills at least
-    one wave of the reference device, with a partial last wave at least MIN_LAST_WAVE
-    full (a thin last wave streams too few bytes to keep DRAM busy), among the counts
-    that `split_length` realises exactly; splits stay at least MIN_SPLIT_LENGTH long,
-    so a short K may get fewer (down to 1) and miss the wave.
+    The largest S whose skinny grid (M <= 16: ceil(N / 64) * S CTAs) still fits in one
+    wave of the reference device (REFERENCE_SMS * SKINNY_CTAS_PER_SM CTAs resident at
+    once), among the counts that `split_length` realises exactly, with splits at least
+    MIN_SPLIT_LENGTH long; 1 when the unsplit grid already fills a wave or K is short.
+    Measured on an H100 (bench/bench_split_sweep.py, bench/results/2026-11-26-h100-run2):
+    the fastest count at M = 1 and 16 is the one that fills a single wave, since a few
+    CTAs spilled into a second wave stream alone at the end (qkv: S = 2 26.7 us, S = 3
+    37.4, S = 5 28.7), and every split costs the large-M FOLD route time, so fewer is
+    better once the wave is full.
     """
     if n <= 0 or k <= 0:
         raise ValueError(f"N and K must be positive; got N = {n}, K = {k}")
+    tiles = -(-n // SKINNY.block_n)
     best = 1
-    for splits in range(1, MAX_SPLITS + 1):
+    for splits in range(2, MAX_SPLITS + 1):
+        if tiles * splits > REFERENCE_SMS * SKINNY_CTAS_PER_SM:
+            break
         length = split_length(k, splits)
         if length < MIN_SPLIT_LENGTH:
             break
-        if num_splits(k, length) != splits:  # rounding merged it into fewer splits
-            continue
-        best = splits
-        waves = skinny_waves(n, splits)
-        if waves >= 1 and (waves - int(waves) == 0 or waves - int(waves) >= MIN_LAST_WAVE):
-            break
+        if num_splits(k, length) == splits:  # else rounding merged it into fewer splits
+            best = splits
     return best
 
 

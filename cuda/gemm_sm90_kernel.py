@@ -46,12 +46,13 @@ here, M = 1 included.** It holds on compute capability 9.0 (H100, H200) with
 K % 64 == 0 (every Llama shape) and N within the grid limit. `m` is taken so that a
 caller can pass what it has, and is not consulted. `gemm_family(arch, N, K, requested)`
 is the one decision between the families built on it: the requested one where
-`supported` holds, mma.sync elsewhere, and for no request WGMMA_BY_DEFAULT, off until
-bench/bench_gemm_sm90.py's verdict on an H100 says the Hopper kernel wins every shape.
+`supported` holds, mma.sync elsewhere, and for no request WGMMA_BY_DEFAULT (on: the
+engine end to end on an H100 is faster with it, see its comment).
 
 Why the split: at M = 1 the grid is ceil(N / 128) CTAs without it, 32 for an 8B o or
-down projection, a quarter of an H100's 132 SMs; with S from `split_k` every 8B
-projection's M = 1 grid reaches a wave (`decode_waves`).
+down projection, a quarter of an H100's 132 SMs; with S from `split_k` (the count that
+fills one wave of gemm.cu's skinny grid) every 8B projection's M = 1 grid keeps more
+than half the SMs busy, o and down 128 of 132 (`decode_waves`).
 
 Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
 the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
@@ -303,10 +304,14 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
     return arch in ("90", "90a") and 0 < k <= INT32_MAX and k % BLOCK_K == 0 and fits_grid
 
 
-# Whether a weight `supported` takes runs here when the caller names no family. False
-# until bench/bench_gemm_sm90.py on an H100 says "wgmma may be the sm_90 default" for
-# every shape (its verdict lines): no GPU has checked this kernel's speed yet.
-WGMMA_BY_DEFAULT = False
+# Whether a weight `supported` takes runs here when the caller names no family. True
+# since the H100 runs of 2026-11-26 (bench/results/2026-11-26-h100-run2): the engine on
+# 8B shapes with every weight here against every weight on gemm.cu, in the same run:
+# decode b=64 13.6 vs 23.9 ms, prefill 2,048 134 vs 142 ms, decode b=1 8.35 vs 8.10 ms.
+# Per kernel it does not win everywhere (bench_gemm_sm90's verdict: slower at M = 1 on
+# qkv and o), but a weight takes one family for every M, and over the whole step this
+# one is faster where the batch is large and within a few percent at batch 1.
+WGMMA_BY_DEFAULT = True
 
 
 def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = None) -> str:

@@ -5,26 +5,29 @@
 # floor, and the engine end to end on Llama-3.1-8B shapes. Everything lands in
 # ${OUT:-gpu-results}/results.tgz (the parts' files, packed: a lent machine sends back
 # only a few files).
-#   bash scripts/gpu_session.sh            (about 9 minutes at most)
+#   bash scripts/gpu_session.sh            (about 6 minutes at most)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=${OUT:-gpu-results}
 mkdir -p "$top"
 export OUT=$(mktemp -d)
-part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended
+part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended, pack
   local name=$1 limit=$2 start=$SECONDS
   shift 2
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.out" 2>&1
   local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
+  tar -czf "$top/results.tgz" -C "$OUT" .  # what is done so far, should a later part be cut
 }
-part check 210 bash scripts/gpu_check.sh -m gpu --timeout=100 tests/test_gemm_sm90_gpu.py \
+# most important first: the proof, then the engine's figures, then the kernels'. The tests
+# run in four processes (pytest-xdist, in the GPU image), a file to a process.
+part check 200 bash scripts/gpu_check.sh -m gpu --timeout=100 -n 4 --dist loadfile tests/test_gemm_sm90_gpu.py \
   tests/test_qwen2.py tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
-part sm90 80 bash scripts/gpu_bench.sh sm90
-cut -c1-120 "$OUT/sm90.out" | tail -32
-part kernels 120 bash scripts/gpu_bench.sh kernels
-part e2e 150 bash scripts/gpu_bench.sh e2e
-grep -E "^(measurement|decode|prefill|ttft|invariant|wgmma|transformers|target)" \
+part e2e 110 bash scripts/gpu_bench.sh e2e
+grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target)|failed" \
   "$OUT/e2e.out" | cut -c1-110
-tar -czf "$top/results.tgz" -C "$OUT" .
+part kernels 35 bash scripts/gpu_bench.sh kernels
+grep -E "^llama-3.1-8b (qkv|o |gate|down|lm_head|paged attn tc)" "$OUT/kernels.out" | cut -c1-104
+part sm90 40 bash scripts/gpu_bench.sh sm90
+cut -c1-120 "$OUT/sm90.out" | tail -32

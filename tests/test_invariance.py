@@ -60,10 +60,11 @@ class Engines:
             from reprise.cuda.cupy_backend import CupyBackend
 
             ops = CupyBackend(attention="cuda-cores")
-        elif backend == "cupy-wgmma":  # the Hopper GEMM wherever gemm_family allows it
+        elif backend == "cupy-mma":  # every GEMM on gemm.cu (the default is the Hopper
+            # GEMM on sm_90, wherever gemm_family allows it; mma.sync elsewhere)
             from reprise.cuda.cupy_backend import CupyBackend
 
-            ops = CupyBackend(gemm="wgmma")
+            ops = CupyBackend(gemm="mma")
         else:
             ops = get_backend(backend)
         self.model = LlamaModel(self.config, load_weights(path, self.config), ops)
@@ -89,7 +90,7 @@ class Engines:
                     needs_gpu,
                 ],
             )
-            for name in ("cupy", "cupy-cc", "cupy-wgmma")
+            for name in ("cupy", "cupy-cc", "cupy-mma")
         ),
     ],
 )

@@ -508,7 +508,7 @@ def _open_disk_tier(
     if ops.name == "cupy":
         from ...cuda.gemm_sm90_kernel import device_arch
 
-        device = f"sm_{device_arch()}"
+        device = f"sm_{device_arch()}/{ops.kernel_choice}"
     try:
         version = importlib.metadata.version("reprise")
     except importlib.metadata.PackageNotFoundError:
