@@ -21,13 +21,13 @@ part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended
 }
 # most important first: the proof, then the engine's figures, then the kernels'. The tests
 # run in four processes (pytest-xdist, in the GPU image), a file to a process.
-part check 200 bash scripts/gpu_check.sh -m gpu --timeout=100 -n 4 --dist loadfile tests/test_gemm_sm90_gpu.py \
+part check 150 bash scripts/gpu_check.sh -m gpu --timeout=100 -n 4 --dist loadfile tests/test_gemm_sm90_gpu.py \
   tests/test_qwen2.py tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e 110 bash scripts/gpu_bench.sh e2e
 grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target)|failed" \
   "$OUT/e2e.out" | cut -c1-110
-part kernels 35 bash scripts/gpu_bench.sh kernels
+part kernels 30 bash scripts/gpu_bench.sh kernels
 grep -E "^llama-3.1-8b (qkv|o |gate|down|lm_head|paged attn tc)" "$OUT/kernels.out" | cut -c1-104
 part sm90 40 bash scripts/gpu_bench.sh sm90
 cut -c1-120 "$OUT/sm90.out" | tail -32
