@@ -126,7 +126,7 @@ def cublas_backend() -> Any:
                 return cupy.from_dlpack(y.float())
             return cupy.from_dlpack(y.view(torch.int16)).view(cupy.uint16)
 
-    return CublasBackend()
+    return CublasBackend(gemm="mma")  # plain weights, as torch.mm takes them
 
 
 # -- measurements ---------------------------------------------------------------------------
