@@ -12,13 +12,14 @@ relative to the largest |cuBLAS| element), so a wrong kernel cannot post a time.
 Columns: `sm90` the cp.async kernels on the plain weight and `ws` the warp-specialized
 kernel on the packed one (what CupyBackend(gemm="wgmma") runs), both split as
 gemm_kernel.split_k says; `ws S=1` the packed kernel forced unsplit (what the split buys
-at small M); `mma` gemm.cu (the default today); cuBLAS. Ratios are times measured in
-this run: ws/mma below 1 means the Hopper kernel is faster than the default.
+at small M); `mma` gemm.cu (the default off sm_90); cuBLAS. Ratios are times measured in
+this run: ws/mma below 1 means the Hopper kernel is faster than gemm.cu.
 
-The verdict (last lines) is the dispatch question of gemm_sm90_kernel's docstring: the
-Hopper kernel may become the sm_90 default for an (N, K) when ws/mma <= 1 at every M
-measured (decode and prefill alike: a weight takes one family for every M) and
-ws/cuBLAS <= 1.25 at M >= 512 (issue 18's target).
+The verdict (last lines) is the strict, per-kernel form of the dispatch question: the
+Hopper kernel wins an (N, K) outright when ws/mma <= 1 at every M measured (a weight
+takes one family for every M) and ws/cuBLAS <= 1.25 at M >= 512 (issue 18's target).
+No shape passes it yet; the default on sm_90 (gemm_sm90_kernel.WGMMA_BY_DEFAULT) was
+decided end to end instead (bench/bench_gpu_e2e.py's gemm_family section).
 """
 
 from __future__ import annotations
