@@ -310,22 +310,24 @@ def section_attention_cc(b: Bench, out: dict[str, Any]) -> None:
         ops.attention = default
 
 
+def _against(b: Bench, other: LlamaModel, *, graphs: bool) -> Iterator[tuple[str, float, float]]:
+    """(name, the default model's seconds, `other`'s) for a decode step at each batch size
+    and a prefill, the two measured one after the other."""
+    decode = [(f"decode b={n}" + (f" ctx={b.context} graphs" if graphs else ""), n)
+              for n in b.batches]  # fmt: skip
+    for name, n in decode:
+        ours, theirs = (b.decode_step_s(n, b.context, graphs=graphs, model=m)[0]
+                        for m in (b.model, other))  # fmt: skip
+        yield name, ours, theirs
+    yield (f"prefill {b.prefill_tokens}",
+           *(b.prefill_s(b.prefill_tokens, model=m) for m in (b.model, other)))  # fmt: skip
+
+
 def section_cublas(b: Bench, out: dict[str, Any]) -> None:
     """The invariant GEMM's end-to-end cost: the same eager steps with cuBLAS GEMMs."""
     cublas = LlamaModel(b.config, b.weights, cublas_backend())
     try:
-        pairs: list[tuple[str, Callable[[LlamaModel], float]]] = [
-            (
-                f"decode b={batch}",
-                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=False, model=m)[0],
-            )
-            for batch in b.batches
-        ]
-        pairs.append(
-            (f"prefill {b.prefill_tokens}", lambda m: b.prefill_s(b.prefill_tokens, model=m))
-        )
-        for name, measure in pairs:
-            ours, theirs = measure(b.model), measure(cublas)
+        for name, ours, theirs in _against(b, cublas, graphs=False):
             out["rows"].append({"name": f"invariant vs cuBLAS, {name} (eager)", "seconds": ours,
                                 "reference_s": theirs, "x_reference": ours / theirs})  # fmt: skip
     finally:
@@ -343,18 +345,7 @@ def section_gemm_family(b: Bench, out: dict[str, Any]) -> None:
     default = b.model.ops.kernel_choice
     mma = LlamaModel(b.config, b.weights, CupyBackend(gemm="mma"))
     try:
-        pairs: list[tuple[str, Callable[[LlamaModel], float]]] = [
-            (
-                f"decode b={batch} ctx={b.context} graphs",
-                lambda m, n=batch: b.decode_step_s(n, b.context, graphs=True, model=m)[0],
-            )
-            for batch in b.batches
-        ]
-        pairs.append(
-            (f"prefill {b.prefill_tokens}", lambda m: b.prefill_s(b.prefill_tokens, model=m))
-        )
-        for name, measure in pairs:
-            ours, theirs = measure(b.model), measure(mma)
+        for name, ours, theirs in _against(b, mma, graphs=True):
             out["rows"].append({"name": f"{default} vs mma.sync GEMMs, {name}", "seconds": ours,
                                 "reference_s": theirs, "x_reference": ours / theirs,
                                 "reference": "every GEMM on gemm.cu"})  # fmt: skip
