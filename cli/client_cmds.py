@@ -95,7 +95,10 @@ def waiting_notice(text: str) -> Iterator[None]:
 def connect(address: str | None, timeout: float) -> Client:
     """A client whose daemon has answered a health check. No daemon listening and a
     daemon that does not answer within `timeout` are different one-line errors."""
-    address = client_address(address)
+    try:
+        address = client_address(address)
+    except RuntimeError as e:  # the default socket's folder is not safely ours
+        raise click.ClickException(str(e)) from None
     why = probe(address)
     if why is not None:
         raise no_daemon(address, why)

@@ -35,6 +35,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "max_message_bytes": (1 << 20, int),
     "max_connections": (None, int),
     "max_logits_bytes": (64 << 20, int),
+    "max_stop_strings": (16, int),
+    "max_stop_chars": (256, int),
     "kv_events_layout": ("vllm", str),
     "drain_timeout": (5.0, float),
     "log_level": ("info", str),
@@ -102,18 +104,21 @@ def engine_options(command: Any) -> Any:
 @engine_options
 @click.option(
     "--max-queue",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Requests waiting or running; more get `busy` [default: 256].",
 )
 @click.option(
     "--max-tokens-cap",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Largest max_tokens a request may ask [default: 4096].",
 )
 @click.option(
-    "--max-message-bytes", type=int, default=None, help="Largest request message [default: 1 MiB]."
+    "--max-message-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Largest request message [default: 1 MiB].",
 )
 @click.option(
     "--max-connections",
@@ -124,9 +129,21 @@ def engine_options(command: Any) -> Any:
 )
 @click.option(
     "--max-logits-bytes",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Largest logits reply a request may ask for (max_tokens x vocab x 4) [default: 64 MiB].",
+)
+@click.option(
+    "--max-stop-strings",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop strings a request may give [default: 16].",
+)
+@click.option(
+    "--max-stop-chars",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Characters in one stop string [default: 256].",
 )
 @click.option(
     "--kv-events-layout",
@@ -136,7 +153,7 @@ def engine_options(command: Any) -> Any:
 )
 @click.option(
     "--drain-timeout",
-    type=float,
+    type=click.FloatRange(min=0),
     default=None,
     help="Seconds running requests get on SIGTERM before they are cancelled with a "
     "final error reply [default: 5].",
@@ -210,6 +227,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
             max_message_bytes=options["max_message_bytes"],
             max_connections=options["max_connections"],
             max_logits_bytes=options["max_logits_bytes"],
+            max_stop_strings=options["max_stop_strings"],
+            max_stop_chars=options["max_stop_chars"],
             kv_events_layout=options["kv_events_layout"],
             drain_timeout_s=options["drain_timeout"],
             model_name=str(options["model"] or "default"),

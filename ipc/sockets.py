@@ -48,7 +48,23 @@ def client_address(explicit: str | None = None) -> str:
     user = user_socket_path()
     if not user.exists() and SYSTEM_SOCKET.exists():
         return f"ipc://{SYSTEM_SOCKET}"
+    if user.parent.exists():
+        check_user_folder(user.parent)
     return f"ipc://{user}"
+
+
+def check_user_folder(folder: Path) -> None:
+    """Refuse (RuntimeError, one line) to talk through a per-user socket folder that
+    another user owns or may write to: whoever could put a socket there would receive
+    our prompts (the daemon refuses to serve from such a folder too)."""
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        owner = "you" if info.st_uid == os.getuid() else f"uid {info.st_uid}"
+        raise RuntimeError(
+            f"socket folder {folder} is owned by {owner} with mode {info.st_mode & 0o777:o}; "
+            f"a client sends prompts only through a folder that is yours and that no one "
+            f"else may write to (fix: remove it and restart the daemon, or choose --socket)"
+        )
 
 
 def ipc_path(address: str) -> Path | None:

@@ -66,6 +66,12 @@ SETTING_ERRORS = [
     (["serve", "--host-blocks", "4", "--host-bytes", "4096"], ["--host-bytes", "not both"]),
     (["serve", "--memory-fraction", "2"], ["--memory-fraction", "2.0", "(0, 1]"]),
     (["serve", "--memory-fraction", "0.5", "--num-device-blocks", "8"], ["--memory-fraction", "not both"]),
+    (["serve", "--max-queue", "0"], ["--max-queue", "0", "x>=1"]),
+    (["serve", "--max-message-bytes", "-1"], ["--max-message-bytes", "-1", "x>=1"]),
+    (["serve", "--max-logits-bytes", "0"], ["--max-logits-bytes", "0", "x>=1"]),
+    (["serve", "--max-stop-strings", "0"], ["--max-stop-strings", "0", "x>=1"]),
+    (["serve", "--max-stop-chars", "0"], ["--max-stop-chars", "0", "x>=1"]),
+    (["serve", "--drain-timeout", "-1"], ["--drain-timeout", "-1", "x>=0"]),
     (["bench", "--block-size", "3"], ["--block-size", "3", "power of two"]),
     (["bench", "--max-batched-tokens", "0"], ["--max-batched-tokens", "0", ">= 1"]),
 ]  # fmt: skip

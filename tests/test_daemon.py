@@ -296,6 +296,7 @@ def test_frames_past_the_size_limits(daemon: Daemon) -> None:
     conn.send(b"x" * 100_000)
     reply = recv(conn)
     assert isinstance(reply, ErrorReply) and reply.code == "too_large", reply
+    assert "(max_message_bytes)" in reply.message  # the error names its setting
     conn.send(b"")  # an empty frame is an empty message
     reply = recv(conn)
     assert isinstance(reply, ErrorReply) and reply.code == "bad_message", reply
@@ -486,6 +487,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path, default_model_dir: Path) 
                                      "stream": False, "sampling": {"max_tokens": 64, "ignore_eos": True}}))  # fmt: skip
         busy = recv(sock)
         assert isinstance(busy, ErrorReply) and (busy.code, busy.id) == ("busy", "r2")
+        assert "max_queue" in busy.message
         time.sleep(0.5)
         d.proc.send_signal(signal.SIGTERM)
         d.wait_notice("STOPPING=1")

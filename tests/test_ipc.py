@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -155,6 +156,29 @@ def test_addresses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         check_address("tcp://0.0.0.0:1")
     with pytest.raises(ValueError, match="ipc://"):
         check_address("http://x")
+
+
+def test_clients_refuse_a_user_socket_folder_others_control(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A client's default socket folder must be ours and writable by no one else, or a
+    squatter's socket there would receive our prompts (F4 on the client side)."""
+    monkeypatch.delenv("REPRISE_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = tmp_path / "reprise"
+    folder.mkdir(mode=0o700)
+    assert client_address() == f"ipc://{folder}/reprise.sock"
+    folder.chmod(0o750)  # a named group may enter, as the systemd unit's folder
+    assert client_address() == f"ipc://{folder}/reprise.sock"
+    folder.chmod(0o777)
+    with pytest.raises(RuntimeError, match=f"{folder} is owned by you with mode 777"):
+        client_address()
+    assert client_address("ipc:///elsewhere/r.sock") == "ipc:///elsewhere/r.sock"  # chosen
+    folder.chmod(0o700)
+    if os.getuid() == 0:  # only root can give a folder away
+        os.chown(folder, 65534, 65534)
+        with pytest.raises(RuntimeError, match="owned by uid 65534"):
+            client_address()
 
 
 def test_notifier_speaks_sd_notify(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

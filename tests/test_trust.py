@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -224,6 +225,21 @@ def test_stop_strings_are_bounded_in_count_and_length(daemon: Daemon) -> None:
         assert client.generate("hi", max_tokens=1, stop=["x" * 256] * 16).finish_reason
 
 
+def test_stop_string_bounds_are_settings(tmp_path: Path, tiny: Path) -> None:
+    """--max-stop-strings and --max-stop-chars set the bounds, and the refusal names them."""
+    d = Daemon(tmp_path, tiny, "--max-stop-strings", "2", "--max-stop-chars", "8")
+    try:
+        with d.client() as client:
+            with pytest.raises(RequestError, match=r"at most 2 stop strings \(max_stop_strings\)"):
+                client.generate("hi", max_tokens=1, stop=["a", "b", "c"])
+            with pytest.raises(RequestError, match=r"8 characters \(max_stop_chars\)"):
+                client.generate("hi", max_tokens=1, stop=["x" * 9])
+            assert client.generate("hi", max_tokens=1, stop=["x" * 8] * 2).finish_reason
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
+
+
 def serve_fails(*args: str) -> subprocess.CompletedProcess[str]:
     """`reprise serve` with a model folder that does not exist: a refusal that names the
     socket came before any model was loaded."""
@@ -250,6 +266,15 @@ def test_f4_a_socket_folder_others_can_enter_is_refused_before_loading(tmp_path:
     private.mkdir(mode=0o700)
     line = one_line(serve_fails("--socket", f"ipc://{private}/r.sock"))
     assert "nonexistent" in line  # the socket was fine: it got as far as the model
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a folder to another user")
+def test_f4_a_socket_folder_another_user_owns_is_refused_before_loading(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    line = one_line(serve_fails("--socket", f"ipc://{theirs}/r.sock"))
+    assert str(theirs) in line and "uid 65534" in line
 
 
 def test_a_busy_socket_is_refused_before_loading(daemon: Daemon) -> None:

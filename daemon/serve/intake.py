@@ -102,7 +102,7 @@ class RequestChecks:
         if len(ids) >= max_len:
             raise ProtocolError(
                 "prompt_too_long",
-                f"prompt has {len(ids)} tokens; the context holds {max_len}, "
+                f"prompt has {len(ids)} tokens; the context holds {max_len} (max_model_len), "
                 f"so a prompt may have at most {max_len - 1}",
             )
         return ids
@@ -147,5 +147,5 @@ class RequestChecks:
             raise ProtocolError(
                 "prompt_too_long",
                 f"prompt has {num_bytes} bytes of text, more than the context of "
-                f"{self.max_model_len} tokens can hold (at most {bound} bytes)",
+                f"{self.max_model_len} tokens (max_model_len) can hold (at most {bound} bytes)",
             )

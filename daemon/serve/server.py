@@ -401,7 +401,7 @@ class Server:
         config and live counters."""
         if isinstance(frame, Oversize):  # dropped unread by the connection's reader
             return self._refuse("too_large", f"message has {frame.num_bytes} bytes; the limit "
-                                f"is {self.config.max_message_bytes}")  # fmt: skip
+                                f"is {self.config.max_message_bytes} (max_message_bytes)")  # fmt: skip
         try:
             request = self.checks.read(frame)
         except ProtocolError as e:
@@ -436,7 +436,8 @@ class Server:
             )
         if len(self.live) + len(self.pending) >= self.config.max_queue:
             raise ProtocolError(
-                "busy", f"the queue is full ({self.config.max_queue} requests); retry later"
+                "busy", f"the queue is full ({self.config.max_queue} requests, max_queue); "
+                "retry later"
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
