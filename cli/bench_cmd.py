@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .options import engine_settings
+from .options import ENGINE_OPTIONS, engine_options, engine_settings
 from .progress import tqdm_progress
 
 
@@ -36,19 +36,7 @@ def _ints(value: str) -> tuple[int, ...]:
 @click.option(
     "--socket", default=None, help="Measure the daemon here instead of an in-process engine."
 )
-@click.option(
-    "--model", default=None, help="In process: model folder [default: the default model]."
-)
-@click.option(
-    "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True
-)
-@click.option("--block-size", type=int, default=32, show_default=True)
-@click.option(
-    "--num-device-blocks", type=int, default=None, help="In process [default: 1 GiB worth]."
-)
-@click.option("--max-batched-tokens", type=int, default=2048, show_default=True)
-@click.option("--cuda-graphs/--eager", default=None,
-              help="In process: decode as CUDA graphs [default: on with the GPU backend].")  # fmt: skip
+@engine_options  # in process: every EngineConfig setting, its flag, help and default
 @click.option("--prompt-tokens", type=click.IntRange(min=2), default=1024, show_default=True)
 @click.option("--prefix-lengths", default="0,256,512,768,1024", show_default=True)
 @click.option("--suffix-tokens", type=click.IntRange(min=1), default=32, show_default=True)
@@ -76,13 +64,12 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
             f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all",
             param_hint="--scenario",
         )
-    settings = engine_settings(  # checked before any model loads
-        model=options["model"],
-        backend=options["backend"],
-        block_size=options["block_size"],
-        num_device_blocks=options["num_device_blocks"],
-        max_num_batched_tokens=options["max_batched_tokens"],
-        cuda_graphs=options["cuda_graphs"],
+    settings = engine_settings(  # checked before any model loads; unset: the field's default
+        **{
+            field: options[name]
+            for name, field in ENGINE_OPTIONS.items()
+            if options[name] is not None
+        }
     )
     sizes = Sizes(
         prompt_tokens=options["prompt_tokens"],

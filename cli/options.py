@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from ..daemon.engine.config import setting_fields
 from ..ipc.messages import MAX_SALT_CHARS
 from ..ipc.sockets import check_address
 
@@ -316,3 +317,35 @@ def engine_settings(**fields: Any) -> Any:
         return EngineConfig(**fields)
     except SettingError as e:
         raise click.UsageError(f"Invalid value for '{e.flag}': {e}") from None
+
+
+def engine_option(f: Any) -> tuple[str, str, type, Any]:
+    """(option name, flag, type, default) of an EngineConfig field: the option name is
+    the flag's (`--host-blocks` -> host_blocks), as a config file spells it too."""
+    flag = str(f.metadata["flag"])
+    name = flag.split("/")[0].lstrip("-").replace("-", "_")
+    kind = {"bool": bool, "int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+    return name, flag, kind, f.default
+
+
+# option name -> EngineConfig field, for the engine's settings
+ENGINE_OPTIONS: dict[str, str] = {engine_option(f)[0]: f.name for f in setting_fields()}
+
+
+def engine_options(command: Any) -> Any:
+    """One click option per EngineConfig field: its flag, help text and default come
+    from the field, so `reprise serve --help` and `reprise bench --help` say what the
+    Python API does. Each option is None unless given (the field's default then)."""
+    for f in reversed(setting_fields()):
+        name, flag, kind, default = engine_option(f)
+        help_text = str(f.metadata["help"])
+        if default is not None and "[default:" not in help_text:
+            shown = ("on" if default else "off") if isinstance(default, bool) else default
+            help_text += f" [default: {shown}]"
+        if "choices" in f.metadata:
+            kind = click.Choice(f.metadata["choices"])
+        if kind is bool:
+            command = click.option(flag, name, default=None, help=help_text)(command)
+        else:
+            command = click.option(flag, name, type=kind, default=None, help=help_text)(command)
+    return command

@@ -10,24 +10,12 @@ from typing import Any
 import click
 
 from ..daemon.engine.config import setting_fields
-from .options import engine_settings
+from .options import ENGINE_OPTIONS, engine_option, engine_options, engine_settings
 from .progress import tqdm_progress
 
-
-def _engine_option(f: Any) -> tuple[str, str, type, Any]:
-    """(option name, flag, type, default) of an EngineConfig field: the option name is
-    the flag's (`--host-blocks` -> host_blocks), as a config file spells it too."""
-    flag = str(f.metadata["flag"])
-    name = flag.split("/")[0].lstrip("-").replace("-", "_")
-    kind = {"bool": bool, "int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-    return name, flag, kind, f.default
-
-
-# option name -> EngineConfig field, for the engine's settings
-ENGINE_OPTIONS: dict[str, str] = {_engine_option(f)[0]: f.name for f in setting_fields()}
 # option name -> (default, type) for the options a config file may also hold
 SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
-    **{name: (default, kind) for name, _, kind, default in map(_engine_option, setting_fields())},
+    **{name: (default, kind) for name, _, kind, default in map(engine_option, setting_fields())},
     "socket": (None, str),
     "events": (None, str),
     "max_queue": (256, int),
@@ -72,24 +60,6 @@ def load_config(path: Path) -> dict[str, Any]:
             raise click.ClickException(f"{path}: {key} must be a {kind.__name__}; got {value!r}")
         config[name] = value
     return config
-
-
-def engine_options(command: Any) -> Any:
-    """One click option per EngineConfig field: its flag, help text and default come
-    from the field, so `reprise serve --help` says what the Python API does."""
-    for f in reversed(setting_fields()):
-        name, flag, kind, default = _engine_option(f)
-        help_text = str(f.metadata["help"])
-        if default is not None and "[default:" not in help_text:
-            shown = ("on" if default else "off") if isinstance(default, bool) else default
-            help_text += f" [default: {shown}]"
-        if "choices" in f.metadata:
-            kind = click.Choice(f.metadata["choices"])
-        if kind is bool:
-            command = click.option(flag, name, default=None, help=help_text)(command)
-        else:
-            command = click.option(flag, name, type=kind, default=None, help=help_text)(command)
-    return command
 
 
 @click.command("serve")
