@@ -150,8 +150,31 @@ sampling_options = _stack(
             callback=_stop,
             help="Stop when the text contains this string; it is cut off (repeatable).",
         ),
+        click.option(
+            "--presence-penalty",
+            type=FiniteFloat(-2.0, 2.0),
+            default=None,
+            help="Subtracted once from the logit of every token already in the output "
+            "(OpenAI's) [default: 0, off].",
+        ),
+        click.option(
+            "--frequency-penalty",
+            type=FiniteFloat(-2.0, 2.0),
+            default=None,
+            help="Subtracted from a token's logit per time it is already in the output "
+            "(OpenAI's) [default: 0, off].",
+        ),
+        click.option(
+            "--repetition-penalty",
+            type=FiniteFloat(low=0.0, low_open=True),
+            default=None,
+            help="Divides positive and multiplies negative logits of tokens in the prompt or "
+            "output (vLLM's) [default: 1, off].",
+        ),
     ]
 )
+
+PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 request_options = _stack(
@@ -207,6 +230,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         "top_k": kw["top_k"],
         "seed": kw["seed"],
         "stop": list(kw["stop"]),
+        **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},
     }
 
 

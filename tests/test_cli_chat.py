@@ -309,3 +309,38 @@ def test_generate_and_run_share_defaults_and_stop(served: Served, stop: list[str
         assert len(outs[0]["token_ids"]) < 8
     else:
         assert len(outs[0]["token_ids"]) == 8
+
+
+def _cli_json(*args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_SOCKET"}
+    done = subprocess.run([sys.executable, "-m", "reprise.cli.main", *args], capture_output=True,
+                          text=True, env=env, timeout=120, check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def test_generate_logprobs_n_are_the_drawn_rows(served: Served) -> None:
+    """`generate --logprobs 3`: each greedy token comes with its raw-model logprob and
+    three alternatives, the most likely first, which is the token drawn."""
+    out = _cli_json("generate", "--socket", served.address, "--raw", "hello",
+                    "--max-tokens", "6", "--json", "--logprobs", "3")  # fmt: skip
+    assert len(out["logprobs"]) == len(out["token_ids"]) == 6
+    for token_id, lp in zip(out["token_ids"], out["logprobs"], strict=True):
+        assert lp["id"] == token_id and lp["logprob"] <= 0
+        top = lp["top"]
+        assert len(top) == 3 and [t[2] for t in top] == sorted((t[2] for t in top), reverse=True)
+        assert top[0][0] == token_id and top[0][2] == lp["logprob"]  # greedy: the argmax
+
+
+def test_penalty_flags_reach_the_sampler_alike_in_generate_and_run(served: Served) -> None:
+    """--presence/--frequency/--repetition-penalty: `generate` (daemon) and `run` (in
+    process) give the same tokens with them, and not the tokens of no penalties."""
+    common = ["--raw", "hello", "--max-tokens", "24", "--json"]
+    penalties = ["--presence-penalty", "2", "--frequency-penalty", "2",
+                 "--repetition-penalty", "1.5"]  # fmt: skip
+    daemon = ["generate", "--socket", served.address]
+    in_process = ["run", "--model", str(served.model), "--backend", "numpy"]
+    penalized = [_cli_json(*where, *common, *penalties)["token_ids"]
+                 for where in (daemon, in_process)]  # fmt: skip
+    plain = _cli_json(*daemon, *common)["token_ids"]
+    assert penalized[0] == penalized[1]
+    assert penalized[0] != plain

@@ -49,6 +49,9 @@ USAGE_ERRORS = [
     (["run", "x", "--temperature", "nan"], ["--temperature", "'nan'", ">= 0"]),
     (["run", "x", "--top-p", "2"], ["--top-p", "'2'", "(0, 1]"]),
     (["run", "x", "--raw", "--system", "Be brief."], ["--system", "--raw"]),
+    (["generate", "x", "--presence-penalty", "3"], ["--presence-penalty", "'3'", "[-2, 2]"]),
+    (["run", "x", "--frequency-penalty", "nan"], ["--frequency-penalty", "'nan'", "[-2, 2]"]),
+    (["chat", "--repetition-penalty", "0"], ["--repetition-penalty", "'0'", "> 0"]),
 ]  # fmt: skip
 
 
