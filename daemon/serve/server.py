@@ -70,6 +70,9 @@ log = logging.getLogger("reprise.server")
 # to read them. A SIGTERM is answered within drain_timeout_s + HARD_STOP_GRACE_S + this
 # (drain.py).
 CLOSE_LINGER_S = 2.0
+# A KV events subscriber sends us only its subscriptions, a topic each: longer messages
+# get its connection dropped rather than buffered.
+MAX_SUBSCRIPTION_BYTES = 4096
 # Past the drain deadline, how long a step still running may take before the drain's
 # thread answers its requests and exits the process without it.
 HARD_STOP_GRACE_S = 0.5
@@ -189,6 +192,7 @@ class Server:
         if cfg.events_address:
             self.pub = self._ctx.socket(zmq.PUB)
             self.pub.setsockopt(zmq.LINGER, 1000)
+            self.pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
             self.pub.setsockopt(zmq.IPV6, int(is_ipv6(cfg.events_address)))
             events_path = ipc_path(cfg.events_address)
             if events_path is not None:
