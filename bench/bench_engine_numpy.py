@@ -1,7 +1,7 @@
-"""Issue 22's before/after engine timing on the NumPy backend (arch_before_after.md):
+"""Issue 22's before/after engine timing on the NumPy backend (bench/results/arch_before_after.md):
 a 512-token prefill and a batch-1 decode step of the default model, median of 3.
 
-    python bench/results/arch_before_after_engine.py LABEL
+    python bench/bench_engine_numpy.py LABEL
 """
 
 from __future__ import annotations
