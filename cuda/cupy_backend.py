@@ -77,11 +77,12 @@ class CupyBackend:
 
     @property
     def kernel_choice(self) -> str:
-        """The kernels whose bits this backend's results carry: attention and GEMM family
-        (the default resolved), e.g. "tensor-cores/wgmma"."""
-        from .gemm_sm90_kernel import WGMMA_BY_DEFAULT
+        """The kernels whose bits this backend's results carry: attention and the GEMM
+        family its weights take on this device (the one gemm_family gives a shape the
+        Hopper kernel supports), e.g. "tensor-cores/wgmma"."""
+        from .gemm_sm90_kernel import BLOCK_K, device_arch, gemm_family
 
-        gemm = self.gemm_family or ("wgmma" if WGMMA_BY_DEFAULT else "mma")
+        gemm = gemm_family(device_arch(), 128, BLOCK_K, requested=self.gemm_family)
         return f"{self.attention}/{gemm}"
 
     def device_memory_bytes(self) -> int:

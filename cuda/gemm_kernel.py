@@ -95,9 +95,10 @@ SKINNY = CONFIGS[0]
 # Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
 # so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
 # fills one wave of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM skinny CTAs each: an
-# H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of 228 KiB). They are constants, not the device's figures, so that a weight's split, and
-# so its bits, are the same on every device (tests/test_kernels_compile.py checks the
-# CTA count against the compiled kernel's registers and shared memory).
+# H100's 132 SMs, 2 skinny CTAs each (its shared memory: 2 x 87,040 B of 228 KiB).
+# They are constants, not the device's figures, so that a weight's split, and so its
+# bits, are the same on every device (tests/test_kernels_compile.py checks the CTA count
+# against the compiled kernel's registers and shared memory).
 SPLIT_GRANULE = 128
 MIN_SPLIT_LENGTH = 256
 MAX_SPLITS = 32
@@ -116,11 +117,6 @@ def split_length(k: int, splits: int) -> int:
 def num_splits(k: int, length: int) -> int:
     """How many splits of `length` cover K."""
     return -(-k // length)
-
-
-def skinny_waves(n: int, splits: int) -> float:
-    """Waves of the skinny grid (ceil(N / 64) * S CTAs) on the reference device."""
-    return -(-n // SKINNY.block_n) * splits / (REFERENCE_SMS * SKINNY_CTAS_PER_SM)
 
 
 def split_k(n: int, k: int) -> int:

@@ -447,7 +447,7 @@ def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
     """CupyBackend(gemm="wgmma"), and the default on sm_90, packs a weight the Hopper
     kernel takes when it loads, and its gemm then sends every M of that weight there; a
     weight it cannot take (K not a multiple of 64), another device, or gemm="mma" stays
-    on gemm.cu. `kernel_choice` names the family asked for (the default resolved)."""
+    on gemm.cu. `kernel_choice` names the family the device gives its weights."""
     pytest.importorskip("cupy")
     from reprise.cuda import cupy_backend
     from reprise.cuda import gemm_sm90_kernel as launcher
@@ -470,7 +470,7 @@ def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
     ):
         monkeypatch.setattr(launcher, "device_arch", lambda arch=arch: arch)
         backend = cupy_backend.CupyBackend(gemm=family)
-        assert backend.kernel_choice == f"tensor-cores/{family or 'wgmma'}"
+        assert backend.kernel_choice == f"tensor-cores/{expect}"
         weight, odd = backend.linear_weight(w), backend.linear_weight(w_odd)
         assert isinstance(weight, PackedWeight) == (expect == "wgmma")
         assert not isinstance(odd, PackedWeight)
