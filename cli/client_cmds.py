@@ -212,6 +212,15 @@ def generate_request(
     "(printed under the answer, or in --json).",
 )
 @click.option(
+    "-n",
+    "num_choices",
+    type=click.IntRange(1, 16),  # SamplingParams' MAX_CHOICES
+    default=1,
+    show_default=True,
+    help="Completions of the prompt (they share its prefill; seeded, choice i uses "
+    "--seed + i). More than one: printed one after another when done, or a list in --json.",
+)
+@click.option(
     "--prompt-logprobs",
     type=click.IntRange(min=0),
     default=None,
@@ -227,6 +236,7 @@ def generate_cmd(
     as_json: bool,
     logits_out: Path | None,
     logprobs: int | None,
+    num_choices: int,
     prompt_logprobs: int | None,
     socket: str | None,
     timeout: float,
@@ -241,17 +251,25 @@ def generate_cmd(
         options["logprobs"] = logprobs
     if prompt_logprobs is not None:
         options["prompt_logprobs"] = prompt_logprobs
+    if num_choices > 1:
+        options["n"] = num_choices
+        if logits_out is not None:
+            raise click.UsageError("--logits-out saves one answer's logits; drop -n")
     with connect(socket, timeout) as client:
         try:
-            if as_json:
-                done = client.generate(request, **options)
+            if as_json or num_choices > 1:
+                dones = client.generate(request, **options)
             else:
-                done = stream_to(client, request, options, sys.stdout)
+                dones = stream_to(client, request, options, sys.stdout)
                 click.echo()
         except (RequestError, DaemonUnavailable) as e:
             if isinstance(e, RequestError) and any(f in e.message for f in USAGE_FIELDS):
                 raise click.UsageError(e.message) from e  # the daemon's check of our flags
             raise request_failed(client, e) from e
+    if isinstance(dones, list):
+        print_choices(dones, as_json)
+        return
+    done = dones
     if logits_out is not None and done.logits is not None:
         import numpy as np
 
@@ -264,15 +282,33 @@ def generate_cmd(
     if as_json:
         click.echo(json.dumps(done_json(done)))
     else:
-        if done.prompt_logprobs is not None:
-            click.echo("prompt:", err=True)
-            for lp in done.prompt_logprobs:
-                click.echo(logprob_line(lp), err=True)
-            if done.logprobs:
-                click.echo("answer:", err=True)
-        for lp in done.logprobs or ():
-            click.echo(logprob_line(lp), err=True)
+        print_logprobs(done)
         click.echo(turn_summary(done), err=True)
+
+
+def print_choices(dones: list[Done], as_json: bool) -> None:
+    """The n answers of `generate -n`: a JSON object with a list of them, or each one's
+    text (on stdout) under a header line and over its summary (on stderr)."""
+    if as_json:
+        click.echo(json.dumps({"choices": [{"index": d.index, **done_json(d)} for d in dones]}))
+        return
+    clean = terminal_safe if sys.stdout.isatty() else str
+    for done in dones:
+        click.echo(f"[choice {done.index + 1} of {len(dones)}]", err=True)
+        click.echo(clean(done.text))
+        print_logprobs(done)
+        click.echo(turn_summary(done), err=True)
+
+
+def print_logprobs(done: Done) -> None:
+    if done.prompt_logprobs is not None:
+        click.echo("prompt:", err=True)
+        for lp in done.prompt_logprobs:
+            click.echo(logprob_line(lp), err=True)
+        if done.logprobs:
+            click.echo("answer:", err=True)
+    for lp in done.logprobs or ():
+        click.echo(logprob_line(lp), err=True)
 
 
 def logprob_line(lp: dict[str, Any]) -> str:

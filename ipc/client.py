@@ -94,6 +94,11 @@ def generate_message(
     )
 
 
+def num_choices(request: Generate) -> int:
+    """How many Dones end `request` (its `sampling.n`)."""
+    return int(request.sampling.get("n", 1))
+
+
 class Client:
     def __init__(self, address: str | None = None, *, timeout_s: float = 300.0) -> None:
         """`timeout_s` bounds each wait for the daemon's next reply."""
@@ -133,22 +138,31 @@ class Client:
         """Ask the daemon to stop a request; its Done (finish "cancelled") ends its stream."""
         self._send(encode(Cancel(id=request_id)))
 
-    def generate(self, prompt: str | list[int] | list[dict[str, str]], **options: Any) -> Done:
-        """Send one request and wait for its Done (no chunks). Raises RequestError."""
+    def generate(
+        self, prompt: str | list[int] | list[dict[str, str]], **options: Any
+    ) -> Done | list[Done]:
+        """Send one request and wait for its Done (no chunks); with `n` > 1, the n
+        choices' Dones, in index order. Raises RequestError."""
         request = generate_message(prompt, stream=False, **options)
         self._send(encode(request))
-        reply = self._recv(request.id)
-        assert isinstance(reply, Done), reply
-        return reply
+        dones: list[Done] = []
+        while len(dones) < num_choices(request):
+            reply = self._recv(request.id)
+            assert isinstance(reply, Done), reply
+            dones.append(reply)
+        dones.sort(key=lambda done: done.index)
+        return dones if num_choices(request) > 1 else dones[0]
 
     def stream(
         self, prompt: str | list[int] | list[dict[str, str]], **options: Any
     ) -> Iterator[TokenChunk | Done]:
-        """Yield TokenChunks as tokens arrive, then the Done. Closing the iterator early
-        cancels the request."""
+        """Yield TokenChunks as tokens arrive, then the Done (with `n` > 1, each choice's
+        chunks and Done, told apart by `index`, until the n-th Done). Closing the
+        iterator early cancels the request."""
         request = generate_message(prompt, stream=True, **options)
         self._send(encode(request))
-        finished = False  # the daemon ended the request: a Done or an error reply came
+        finished = False  # the daemon ended the request: the Dones or an error reply came
+        num_open = num_choices(request)
         try:
             while True:
                 try:
@@ -157,9 +171,12 @@ class Client:
                     finished = True
                     raise
                 if isinstance(reply, Done):
-                    finished = True
+                    num_open -= 1
+                    finished = num_open == 0
                     yield reply
-                    return
+                    if finished:
+                        return
+                    continue
                 assert isinstance(reply, TokenChunk), reply
                 yield reply
         finally:

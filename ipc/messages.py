@@ -51,6 +51,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "logprobs": (int, type(None)),  # top alternatives per token, 0 to 20 (None: off)
     # top alternatives per prompt token, 0 to the daemon's max_prompt_logprobs (None: off)
     "prompt_logprobs": (int, type(None)),
+    "n": (int,),  # completions of the prompt, 1 to 16; each reply carries its choice's index
 }
 
 
@@ -98,7 +99,9 @@ MAX_QUEUE_PRIORITY = 1 << 31
 class Generate:
     """Complete one prompt: exactly one of `prompt` (text), `messages` (chat, the
     template is applied) or `token_ids`. With `stream`, TokenChunk replies come
-    before the Done; without, only the Done."""
+    before the Done; without, only the Done. With `sampling.n` > 1, each choice
+    has its own chunks and its own Done, told apart by `index` (0 to n - 1), and
+    the request ends at the n-th Done; an ErrorReply ends all of it."""
 
     TYPE: ClassVar[str] = "generate"
     id: str
@@ -237,6 +240,7 @@ class TokenChunk:
     token_ids: list[int]
     text: str  # new text since the last chunk
     logprobs: list[dict[str, Any]] | None = None  # one per token, when sampling.logprobs is set
+    index: int = 0  # the choice these tokens belong to (sampling.n > 1)
 
 
 @dataclass(slots=True)
@@ -265,6 +269,7 @@ class Done:
     # prompt token's logprob given those before it, and the most likely tokens there;
     # the first token's (no context) has "logprob" null and "top" [], as OpenAI's echo.
     prompt_logprobs: list[dict[str, Any]] | None = None
+    index: int = 0  # the choice this Done ends (sampling.n > 1: one Done per choice)
 
 
 @dataclass(slots=True)

@@ -253,6 +253,65 @@ def test_stream_yields_chunks_then_done(daemon: Daemon) -> None:
     assert done.logits is not None and done.logits["shape"][0] == len(done.token_ids)
 
 
+def test_n_choices_stream_apart_by_index_and_share_the_prefill(daemon: Daemon) -> None:
+    kw = {"max_tokens": 4, "temperature": 0.9, "seed": 5, "ignore_eos": True}
+    with daemon.client() as client:
+        items = list(client.stream(LONG_PROMPT, n=3, cache_salt="choices", **kw))
+        dones = client.generate(LONG_PROMPT, n=3, cache_salt="choices-again", **kw)
+        alone = client.generate(LONG_PROMPT, cache_salt="choices-alone", **{**kw, "seed": 7})
+        stats = wait_idle(client)
+    assert isinstance(items[-1], Done)
+    streamed = {item.index: item for item in items if isinstance(item, Done)}
+    assert sorted(streamed) == [0, 1, 2]
+    for index, done in streamed.items():
+        chunks = [c for c in items if isinstance(c, TokenChunk) and c.index == index]
+        assert [t for c in chunks for t in c.token_ids] == done.token_ids
+        assert "".join(c.text for c in chunks) == done.text
+    full = (streamed[0].prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert [streamed[i].cached_tokens for i in range(3)] == [0, full, full]  # one prefill
+    assert isinstance(dones, list) and [d.index for d in dones] == [0, 1, 2]
+    assert [d.token_ids for d in dones] == [streamed[i].token_ids for i in range(3)]
+    assert alone.token_ids == streamed[2].token_ids  # choice 2 draws with seed 5 + 2
+    assert len({tuple(d.token_ids) for d in dones}) > 1
+    assert stats["used_blocks"] == 0 and stats["integrity"] == "ok"
+
+
+def test_cancel_ends_every_choice_and_frees_their_blocks(daemon: Daemon) -> None:
+    conn = Raw(daemon.address)
+    try:
+        conn.send(msgpack.packb({"v": 1, "type": "generate", "id": "many", "prompt": LONG_PROMPT,
+                                 "sampling": {"max_tokens": 64, "ignore_eos": True, "n": 3}}))  # fmt: skip
+        assert isinstance(recv(conn), TokenChunk)
+        conn.send(msgpack.packb({"v": 1, "type": "cancel", "id": "many"}))
+        dones: list[Done] = []
+        while len(dones) < 3:
+            reply = recv(conn)
+            assert isinstance(reply, TokenChunk | Done), reply
+            if isinstance(reply, Done):
+                dones.append(reply)
+    finally:
+        conn.close()
+    assert sorted(d.index for d in dones) == [0, 1, 2]
+    assert {d.finish_reason for d in dones} == {"cancelled"}
+    with daemon.client() as client:
+        stats = wait_idle(client)
+    assert stats["used_blocks"] == 0 and stats["integrity"] == "ok"
+
+
+def test_cli_generate_n_prints_every_choice(daemon: Daemon) -> None:
+    import json
+
+    cmd = [REPRISE, "generate", "Hello", "--max-tokens", "3", "--temperature", "1",
+           "--seed", "4", "-n", "2", "--socket", daemon.address]  # fmt: skip
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120, check=True)
+    choices = json.loads(out.stdout)["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert all(len(c["token_ids"]) <= 3 and c["text"] for c in choices)
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    assert text.stdout == "".join(c["text"] + "\n" for c in choices)  # seeded: the same again
+    assert text.stderr.count("[choice ") == 2
+
+
 def _bad_inputs() -> list[tuple[bytes, str]]:
     def pack(**body: object) -> bytes:
         return msgpack.packb(body, use_bin_type=True)

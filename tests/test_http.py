@@ -224,6 +224,27 @@ def test_the_daemons_own_busy_reply_is_429(daemon: HttpDaemon, api) -> None:
             client.close()
 
 
+def test_each_choice_counts_against_the_daemons_queue(daemon: HttpDaemon) -> None:
+    # --max-queue 4 with two streams running: two more choices fit, three do not
+    from reprise.ipc import RequestError
+
+    clients = [Client(daemon.address, timeout_s=60) for _ in range(3)]
+    streams = [c.stream("Fill the queue", max_tokens=64, ignore_eos=True) for c in clients[:2]]
+    try:
+        for stream in streams:
+            next(stream)  # running
+        with pytest.raises(RequestError, match="each choice of n counting as one") as refused:
+            clients[2].generate("Three more", n=3, max_tokens=1)
+        assert refused.value.code == "busy"
+        dones = clients[2].generate("Two more", n=2, max_tokens=1)
+        assert [d.index for d in dones] == [0, 1]
+    finally:
+        for stream in streams:
+            stream.close()  # cancels
+        for client in clients:
+            client.close()
+
+
 def test_a_client_that_leaves_cancels_its_request(daemon: HttpDaemon) -> None:
     body = {"prompt": "Once upon a time", "max_tokens": 60, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:

@@ -183,6 +183,11 @@ class Engine:
         for text, > 0 for fake ids, equal for equal tables) keep blocks of different
         tables apart. Without them, each fake id's extra id is its row's digest."""
         params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(
+                f"add_request runs one completion; n={params.n} goes through add_choices "
+                "(or generate), which adds one request per choice"
+            )
         if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
             raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
         prompt_ids = self._prompt_ids(prompt)
@@ -230,6 +235,26 @@ class Engine:
         self.scheduler.add(seq)
         self._live[request_id] = seq
         return request_id
+
+    def add_choices(
+        self, prompt: Prompt, params: SamplingParams | None = None, **options: Any
+    ) -> list[RequestId]:
+        """Queue `params.n` completions of one prompt (`add_request`'s keywords apply to
+        each), choice i with `params.choice(i)`. They are requests of their own: the
+        first computes the prompt's full blocks, and the scheduler holds the others
+        until it has (blocks in flight), so they reuse them rather than compute them
+        again. All are checked before any is queued."""
+        params = params or SamplingParams()
+        choices = [params.choice(i) for i in range(params.n)]
+        request_ids = [self.add_request(prompt, choices[0], **options)]
+        try:
+            request_ids += [self.add_request(prompt, p, **options) for p in choices[1:]]
+        except BaseException:  # the same checks passed for the first: drop what was queued
+            for request_id in request_ids:
+                self.cancel(request_id)
+                self.take_completion(request_id)
+            raise
+        return request_ids
 
     def step(self) -> list[StepOutput]:
         """Run one engine step; returns what each request that sampled a token got."""
@@ -347,7 +372,10 @@ class Engine:
         extra_ids: Seq[int] | None = None,
     ) -> Completion | list[Completion]:
         """Complete one prompt (text or token ids) or a batch of them, run together
-        (`prompt_table` and `extra_ids`, as in `add_request`, apply to each)."""
+        (`prompt_table` and `extra_ids`, as in `add_request`, apply to each). With
+        `n` > 1 a prompt gets n completions, in choice order; the list holds every
+        prompt's choices in turn (prompt-major, as OpenAI's `choices`), and a single
+        prompt's n completions come as a list too."""
         is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
         prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
         if params is None or isinstance(params, SamplingParams):
@@ -357,7 +385,9 @@ class Engine:
             if len(param_list) != len(prompts):
                 raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
         request_ids = [
-            self.add_request(
+            request_id
+            for p, sp in zip(prompts, param_list, strict=True)
+            for request_id in self.add_choices(
                 p,
                 sp,
                 cache_salt=cache_salt,
@@ -366,20 +396,20 @@ class Engine:
                 prompt_table=prompt_table,
                 extra_ids=extra_ids,
             )
-            for p, sp in zip(prompts, param_list, strict=True)
         ]
         while not all(r in self._finished for r in request_ids):
             self.step()
         completions = [self.take_completion(r) for r in request_ids]
-        return completions if is_batch else completions[0]
+        return completions if is_batch or len(completions) > 1 else completions[0]
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Completion:
-        """Render the chat template (with the generation prompt) and complete it."""
+    def chat(
+        self, messages: list[dict], params: SamplingParams | None = None
+    ) -> Completion | list[Completion]:
+        """Render the chat template (with the generation prompt) and complete it (n > 1:
+        the list of choices, as `generate`)."""
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        result = self.generate(prompt_ids, params)
-        assert isinstance(result, Completion)
-        return result
+        return self.generate(prompt_ids, params)
 
     # -- internals --------------------------------------------------------------------------
 

@@ -25,7 +25,13 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ...ipc.client import MAX_REPLY_BYTES, DaemonUnavailable, RequestError, generate_message
+from ...ipc.client import (
+    MAX_REPLY_BYTES,
+    DaemonUnavailable,
+    RequestError,
+    generate_message,
+    num_choices,
+)
 from ...ipc.codec import decode_reply, encode
 from ...ipc.framing import FrameDecoder, FramingError, frame
 from ...ipc.messages import Cancel, Done, ErrorReply, Health, HealthReply, TokenChunk
@@ -144,11 +150,13 @@ class AsyncClient:
     async def stream(
         self, prompt: str | list[int] | list[dict[str, str]], **options: Any
     ) -> AsyncIterator[TokenChunk | Done]:
-        """TokenChunks as tokens arrive, then the Done; closing the iterator early (or
-        cancelling its task) cancels the request."""
+        """TokenChunks as tokens arrive, then the Done (with `n` > 1, each choice's chunks
+        and Done, told apart by `index`, until the n-th Done); closing the iterator
+        early (or cancelling its task) cancels the request."""
         request = generate_message(prompt, stream=True, **options)
         conn = await self._take()
-        finished, healthy = False, True  # finished: a Done or an error reply ended it
+        finished, healthy = False, True  # finished: the Dones or an error reply ended it
+        num_open = num_choices(request)
         try:
             conn.send(encode(request))
             while True:
@@ -161,9 +169,12 @@ class AsyncClient:
                     healthy = False  # the daemon stalled or went: not worth reusing
                     raise
                 if isinstance(reply, Done):
-                    finished = True
+                    num_open -= 1
+                    finished = num_open == 0
                     yield reply
-                    return
+                    if finished:
+                        return
+                    continue
                 assert isinstance(reply, TokenChunk), reply
                 yield reply
         finally:

@@ -4,9 +4,10 @@ thread (and asyncio loop) inside the daemon process.
 The app talks to the engine through the daemon's own socket, as an in-process
 client speaking the same protocol as `ipc.Client` (`async_client.AsyncClient`, on
 the HTTP thread's event loop), so both front ends share one protocol and one set of
-limits and validation. Each choice of a request streams over a pooled connection of
-its own; the daemon's replies are read by the event loop itself, with no thread
-between the socket and the response. At most `max_queue` choices are in flight
+limits and validation. Each request streams over a pooled connection of its own (its
+n choices too: the daemon runs them, and their replies carry their index); the
+daemon's replies are read by the event loop itself, with no thread between the
+socket and the response. At most `max_queue` choices are in flight
 (more get 429 here, before the daemon is asked). A client that disconnects cancels
 its request (Cancel is sent; the daemon frees the request's blocks).
 
@@ -53,7 +54,6 @@ from .openai_api import (
 )
 
 log = logging.getLogger("reprise.http")
-_END = object()  # a choice's last item on the merged queue
 T = TypeVar("T")
 SWITCH_INTERVAL_S = 0.0005
 
@@ -150,51 +150,16 @@ class Frontend:
                            "retry later", code="busy")  # fmt: skip
         self.num_in_flight += parsed.n
         try:
-            if parsed.n == 1:  # no merging: the daemon's replies go straight to the caller
-                stream = self.client.stream(parsed.prompt, **parsed.choice_options(0))
-                try:
-                    async for item in stream:
-                        yield 0, item
-                except (RequestError, DaemonUnavailable) as e:
-                    raise _api_error(e, embeds="prompt_table" in parsed.options) from None
-                finally:
-                    await stream.aclose()
-            else:
-                async for pair in self._merged(parsed):
-                    yield pair
-        finally:
-            self.num_in_flight -= parsed.n
-
-    async def _merged(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, Any]]:
-        """The n choices' streams, each on a task of its own, merged as they arrive."""
-        items: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-        async def pump(index: int) -> None:
-            stream = self.client.stream(parsed.prompt, **parsed.choice_options(index))
+            stream = self.client.stream(parsed.prompt, **parsed.options)
             try:
                 async for item in stream:
-                    items.put_nowait((index, item))
-            except Exception as e:
-                items.put_nowait((index, e))
+                    yield item.index, item
+            except (RequestError, DaemonUnavailable) as e:
+                raise _api_error(e, embeds="prompt_table" in parsed.options) from None
             finally:
                 await stream.aclose()
-                items.put_nowait((index, _END))
-
-        tasks = [asyncio.create_task(pump(index)) for index in range(parsed.n)]
-        num_open = parsed.n
-        try:
-            while num_open:
-                index, item = await items.get()
-                if item is _END:
-                    num_open -= 1
-                elif isinstance(item, BaseException):
-                    raise _api_error(item, embeds="prompt_table" in parsed.options)
-                else:
-                    yield index, item
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self.num_in_flight -= parsed.n
 
     # -- routes --------------------------------------------------------------------------
 

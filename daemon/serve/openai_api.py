@@ -20,7 +20,7 @@ import io
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -114,7 +114,7 @@ KNOWN = {
 
 @dataclass(slots=True)
 class ParsedRequest:
-    """One HTTP request: what to send the daemon (`n` times), and how to answer."""
+    """One HTTP request: what to send the daemon, and how to answer."""
 
     kind: str  # "completions" | "chat"
     model: str | None
@@ -128,7 +128,6 @@ class ParsedRequest:
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
     user: str | None = None
-    seeds: list[int | None] = field(default_factory=list)
 
     def table_prompt(self, vocab_size: int) -> None:
         """Fill in the prompt of a `prompt_embeds` request without `prompt`: the table's
@@ -136,13 +135,6 @@ class ParsedRequest:
         if self.prompt is None:
             rows = self.options["prompt_table"].shape[0]
             self.prompt = list(range(vocab_size, vocab_size + rows))
-
-    def choice_options(self, index: int) -> dict[str, Any]:
-        """Choice `index`'s options: seeds seed+i, so the n choices differ and repeat."""
-        options = dict(self.options)
-        if self.seeds:
-            options["seed"] = self.seeds[index]
-        return options
 
 
 def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> ParsedRequest:
@@ -193,8 +185,8 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if not _is(n, int) or not 1 <= n <= MAX_CHOICES:
         raise bad("n", f"must be an integer in [1, {MAX_CHOICES}]; got {n!r}")
     parsed.n = n
-    if _is(options.get("seed"), int) and n > 1:
-        parsed.seeds = [options["seed"] + i for i in range(n)]
+    if n > 1:  # the daemon runs the choices, sharing the prompt's prefill (seeds seed + i)
+        options["n"] = n
     stream = body.get("stream", False)
     if not _is(stream, bool):
         raise bad("stream", f"must be a boolean; got {stream!r}")

@@ -6,7 +6,9 @@ the connection that sent the request, and publishes the step's KV events.
 
 Guarantees:
 - every message gets exactly one reply per request: an ErrorReply, or (for a
-  generate) optional TokenChunks and then exactly one Done or ErrorReply;
+  generate) optional TokenChunks and then exactly one Done or ErrorReply; a generate
+  of n choices (`sampling.n`) runs n engine requests, each with its own chunks and
+  Done (`index`), ended early for all by one ErrorReply;
 - replies go only to the connection the request came on: the daemon names
   connections itself (`ConnId`), a client never chooses or claims one;
 - the loop never blocks on a client: sends are queued for the I/O thread, and a
@@ -86,6 +88,8 @@ class LiveRequest:
     client_id: str
     stream: bool
     t_received: float
+    index: int = 0  # which of the client request's choices (sampling.n) this is
+    num_choices: int = 1
     t_first: float | None = None
     t_first_step: float | None = None  # when the step that gave the first token began
 
@@ -112,7 +116,8 @@ class Server:
         self.notifier = notifier or Notifier()
         self.stop = stop or StopFlag()
         self.live: dict[RequestId, LiveRequest] = {}
-        self.by_client: dict[tuple[Route, str], RequestId] = {}
+        # a client request's choices still running, in choice order
+        self.by_client: dict[tuple[Route, str], list[RequestId]] = {}
         # Prompts are tokenized (and chat templates rendered) on this thread, never on the
         # loop; the tokenizer releases the GIL while it encodes.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
@@ -319,10 +324,10 @@ class Server:
         for (route, client_id), pending in list(self.pending.items()):
             pending.prompt_ids.cancel()
             self._send_error(route, code, message, client_id)
-        for live in self.live.values():  # after the chunks still queued on that thread
-            data = error_bytes(code, message, live.client_id)
-            self.text.then(functools.partial(self._send_quietly, live.route, data))
-        self.counters.num_errors_total += len(self.live)
+        for route, client_id in self.by_client:  # after the chunks still queued on that thread
+            data = error_bytes(code, message, client_id)
+            self.text.then(functools.partial(self._send_quietly, route, data))
+        self.counters.num_errors_total += len(self.by_client)
         self.text.shutdown()
         assert self.conns is not None
         self.conns.stop(linger_s=CLOSE_LINGER_S)
@@ -345,8 +350,9 @@ class Server:
             log.info("stopping: cancelling %d request(s) that cannot finish by the deadline",
                      len(hopeless))  # fmt: skip
         for request_id in hopeless:
-            self.engine.cancel(request_id)
-            self._finish(request_id, abort=SHUTTING_DOWN)
+            if request_id in self.live:  # else a choice cancelled with an earlier one
+                self.engine.cancel(request_id)
+                self._finish(request_id, abort=SHUTTING_DOWN)
         if not self.live and not self.pending:
             return True
         if now >= drain.deadline:
@@ -382,16 +388,19 @@ class Server:
             pending = self.pending.pop((route, request.id), None)
             if pending is not None:  # not admitted yet: nothing to free
                 pending.prompt_ids.cancel()
-                self._send(route, encode(Done(id=request.id, finish_reason="cancelled", text="",
-                                              token_ids=[], prompt_tokens=0, cached_tokens=0,
-                                              host_cached_tokens=0, ttft_ms=0.0,
-                                              tokens_per_s=0.0)))  # fmt: skip
+                for index in range(pending.ready.params.n):
+                    self._send(route, encode(Done(id=request.id, finish_reason="cancelled",
+                                                  text="", token_ids=[], prompt_tokens=0,
+                                                  cached_tokens=0, host_cached_tokens=0,
+                                                  ttft_ms=0.0, tokens_per_s=0.0,
+                                                  index=index)))  # fmt: skip
                 return
-            request_id = self.by_client.get((route, request.id))
-            if request_id is None:
+            request_ids = self.by_client.get((route, request.id))
+            if request_ids is None:
                 raise ProtocolError("not_found", f"no running request {request.id!r}", request.id)
-            self.engine.cancel(request_id)
-            self._finish(request_id)
+            for request_id in list(request_ids):
+                self.engine.cancel(request_id)
+                self._finish(request_id)
         elif isinstance(request, StatsRequest):
             self._send(route, encode(StatsReply(stats=self.stats(check=request.check))))
         else:
@@ -438,10 +447,11 @@ class Server:
             raise ProtocolError(
                 "shutting_down", "the daemon is shutting down; not accepting requests"
             )
-        if len(self.live) + len(self.pending) >= self.config.max_queue:
+        queued = len(self.live) + sum(p.ready.params.n for p in self.pending.values())
+        if queued + ready.params.n > self.config.max_queue:
             raise ProtocolError(
-                "busy", f"the queue is full ({self.config.max_queue} requests, max_queue); "
-                "retry later"
+                "busy", f"the queue is full ({self.config.max_queue} requests, max_queue, "
+                "each choice of n counting as one); retry later"
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
@@ -468,7 +478,7 @@ class Server:
         try:
             # Token ids alone end it in the engine; its text and stop strings are the
             # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
-            request_id = self.engine.add_request(
+            request_ids = self.engine.add_choices(
                 prompt_ids,
                 replace(params, stop=[], detokenize=False),
                 cache_salt=request.cache_salt,
@@ -483,11 +493,13 @@ class Server:
         # the detokenizer's context is the prompt's text tokens (no table ids)
         vocab = self.engine.config.vocab_size
         text_ids = [t for t in prompt_ids if t < vocab]
-        self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
-        self.live[request_id] = LiveRequest(
-            route, request.id, request.stream, pending.ready.t_received
-        )
-        self.by_client[(route, request.id)] = request_id
+        for index, request_id in enumerate(request_ids):
+            self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
+            self.live[request_id] = LiveRequest(
+                route, request.id, request.stream, pending.ready.t_received, index,
+                len(request_ids),
+            )
+        self.by_client[(route, request.id)] = list(request_ids)
 
     # -- outgoing ----------------------------------------------------------------------------
 
@@ -506,11 +518,12 @@ class Server:
         """Hand new tokens to the detokenizing thread, which streams their text (and the
         tokens up to a stop string, when one ends the request)."""
         route, client_id, token_ids = live.route, live.client_id, output.token_ids
-        logprobs = output.logprobs
+        logprobs, index = output.logprobs, live.index
 
         def send_chunk(text: str, num_tokens: int) -> None:  # on the detokenizing thread
             kept = None if logprobs is None else logprobs[:num_tokens]
-            chunk = TokenChunk(client_id, token_ids[:num_tokens], text, self._logprobs_wire(kept))
+            chunk = TokenChunk(client_id, token_ids[:num_tokens], text, self._logprobs_wire(kept),
+                               index)  # fmt: skip
             self._send_quietly(route, encode(chunk))
 
         self.text.push(
@@ -532,15 +545,24 @@ class Server:
     def _finish(self, request_id: RequestId, abort: tuple[str, str] | None = None) -> None:
         """Send the Done of a request the engine finished or cancelled (or a stop string
         ended), and forget it. With `abort` (code, message), a request no stop string
-        ended gets that error instead of a Done."""
+        ended gets that error instead of a Done; a choice of n gets it in any case, for
+        the whole client request, whose other choices still running end with it."""
         live = self.live.pop(request_id)
-        del self.by_client[(live.route, live.client_id)]
+        key = (live.route, live.client_id)
+        siblings = self.by_client.pop(key)
+        siblings.remove(request_id)
+        if abort is not None:
+            for sibling in siblings:  # their chunks already queued still go out first
+                self.engine.cancel(sibling)
+                self._forget(sibling)
+        elif siblings:
+            self.by_client[key] = siblings
         whole = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
 
         def send_done(end: TextEnd) -> None:  # on the detokenizing thread, after the chunks
-            if abort is not None and not end.stopped:
+            if abort is not None and (live.num_choices > 1 or not end.stopped):
                 self.counters.num_errors_total += 1
                 self._send_quietly(live.route, error_bytes(*abort, live.client_id))
                 return
@@ -560,6 +582,7 @@ class Server:
                 logprobs=self._logprobs_wire(completion.logprobs),
                 prompt_logprobs=self._prompt_logprobs_wire(completion),
                 queue_ms=round(((live.t_first_step or now) - live.t_received) * 1000, 3),
+                index=live.index,
             )
             self._log_done(done, (now - live.t_received) * 1000)
             self._send_quietly(live.route, encode(done))
@@ -617,15 +640,16 @@ class Server:
         self.conns.close(route)
         for key in [key for key in self.pending if key[0] == route]:
             self.pending.pop(key).prompt_ids.cancel()
-        for (r, _), request_id in list(self.by_client.items()):
-            if r == route:
-                self.counters.num_disconnect_cancels += 1
-                self._cancel_silently(request_id)
+        for key in [key for key in self.by_client if key[0] == route]:
+            self.counters.num_disconnect_cancels += 1
+            for request_id in self.by_client.pop(key):
+                self.engine.cancel(request_id)
+                self._forget(request_id)
 
-    def _cancel_silently(self, request_id: RequestId) -> None:
-        live = self.live.pop(request_id)
-        del self.by_client[(live.route, live.client_id)]
-        self.engine.cancel(request_id)
+    def _forget(self, request_id: RequestId) -> None:
+        """Drop a cancelled request with no reply (its client is gone, or is answered
+        for the whole client request by another choice's reply)."""
+        del self.live[request_id]
         self.engine.take_completion(request_id)
         self.text.discard(request_id)
 
@@ -636,8 +660,9 @@ class Server:
         self.pending.clear()
         self._cancel_stopped()
         for request_id in list(self.live):  # the error follows the chunks still queued
-            self.engine.cancel(request_id)
-            self._finish(request_id, abort=(code, message))
+            if request_id in self.live:  # else a choice cancelled with an earlier one
+                self.engine.cancel(request_id)
+                self._finish(request_id, abort=(code, message))
 
     def _send(self, route: Route, data: bytes) -> bool:
         """Non-blocking; False when the client is gone or not reading."""

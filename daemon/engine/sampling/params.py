@@ -4,13 +4,14 @@ value fails here, naming the field and the allowed range, before anything runs."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 MAX_SEED = 2**64
 MAX_LOGPROBS = 20  # top alternatives a token may return, as OpenAI's and vLLM's
 MAX_ABS_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
+MAX_CHOICES = 16  # `n`: completions one request may ask for
 
 
 @dataclass(slots=True)
@@ -39,6 +40,11 @@ class SamplingParams:
     it (the first token's is None) and that many most likely tokens there, for cached
     and computed prompt tokens alike (prompt_logprobs.py).
 
+    `n` (1 to 16) asks for that many completions of the prompt. Each is a request of
+    its own to the scheduler (`choice(i)`), so the prompt's full blocks are computed
+    once and the other choices reuse them; a seeded request's choice i draws with
+    seed + i (mod 2**64), as vLLM's, so the choices differ and each repeats.
+
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
@@ -59,6 +65,7 @@ class SamplingParams:
     logprobs: int | None = None
     detokenize: bool = True
     prompt_logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -106,10 +113,17 @@ class SamplingParams:
             check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS, hint=" or None (off)")
         if self.prompt_logprobs is not None:  # the engine checks the upper bound, its setting
             check_int("prompt_logprobs", self.prompt_logprobs, low=0, hint=" or None (off)")
+        check_int("n", self.n, low=1, high=MAX_CHOICES)
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need the text: detokenize must be on to use stop")
+
+    def choice(self, index: int) -> SamplingParams:
+        """The settings of choice `index` of `n`: one completion, seeded seed + index."""
+        check_int("choice index", index, low=0, high=self.n - 1)
+        seed = None if self.seed is None else (self.seed + index) % MAX_SEED
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:
