@@ -168,6 +168,24 @@ def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, 
         assert e.status_code == 413
 
 
+def test_an_oversized_body_is_413_declared_or_streamed(daemon: HttpDaemon) -> None:
+    body = b'{"prompt": "' + b"x" * (1 << 20) + b'"}'  # over max_body_bytes (1 MiB)
+    url = f"{daemon.url}/v1/completions"
+    declared = httpx.post(url, content=body, headers={"content-type": "application/json"},
+                          timeout=60)  # fmt: skip
+
+    def pieces() -> Iterator[bytes]:  # chunked: no content-length to refuse it by
+        for i in range(0, len(body), 1 << 16):
+            yield body[i : i + (1 << 16)]
+
+    streamed = httpx.post(url, content=pieces(), timeout=60)
+    for r in (declared, streamed):
+        assert r.status_code == 413, r.text
+        error = r.json()["error"]
+        assert "1048576" in error["message"] and error["type"]
+    assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200  # serving on
+
+
 def test_unavailable_daemon_is_503() -> None:
     from starlette.testclient import TestClient
 
@@ -196,6 +214,9 @@ def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> 
     ):
         assert after[(name, ())] == before[(name, ())] + 1
     assert after[("reprise_num_requests_running", ())] == 0
+    itl = ("reprise_inter_token_latency_seconds_count", ())
+    list(complete(api, LONG_PROMPT, max_tokens=4, stream=True, extra_body={"ignore_eos": True}))
+    assert scrape(daemon.url)[itl] == after[itl] + 3  # the gaps between four streamed tokens
     assert after[("reprise_kv_blocks", (("tier", "device"),))] == 96
 
 
