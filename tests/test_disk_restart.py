@@ -16,7 +16,7 @@ from test_daemon import BLOCK_SIZE, Daemon, wait_idle
 
 from reprise.blockpool import disk_format as fmt
 from reprise.daemon.model.synth import synth_model
-from reprise.ipc import Done
+from reprise.ipc import Client, Done
 from reprise.ipc.codec import logits_from_wire
 
 PROMPT = [(7 * i + 3) % 1000 + 10 for i in range(10 * BLOCK_SIZE + 5)]  # 10 full blocks + 5
@@ -73,6 +73,26 @@ def restart(tmp_path: Path, tiny: Path, folder: Path) -> Daemon:
 
 def block_files(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*/*{fmt.FILE_SUFFIX}"))
+
+
+def flip_a_byte_of_block(folder: Path, index: int) -> tuple[Path, bytes]:
+    """Flip one payload byte of the prompt's block `index` (found by following the
+    chain of parent digests from the first block); its path and new bytes."""
+    files = block_files(folder)
+    assert len(files) == 10
+    headers = {f: fmt.decode_block(f.read_bytes(), bytes.fromhex(f.parent.name)) for f in files}
+    chain: list[Path] = []
+    parent = None
+    for _ in range(10):
+        (nxt,) = [f for f, h in headers.items() if h.parent_hash == parent]
+        chain.append(nxt)
+        parent = headers[nxt].block_hash
+    assert set(chain) == set(files)
+    bad = chain[index]
+    data = bytearray(bad.read_bytes())
+    data[headers[bad].payload_offset + 100] ^= 0x01
+    bad.write_bytes(bytes(data))
+    return bad, bytes(data)
 
 
 @pytest.fixture(autouse=True)
@@ -136,26 +156,7 @@ def test_flipped_bytes_are_detected_counted_removed_and_not_served(
     a, folder = started
     ask(a)
     a.stop()
-    files = block_files(folder)
-    assert len(files) == 10
-    # the chain's fourth block: find it by its parent, the third's digest
-    by_hash = {fmt.hash_of_file_name(f.name): f for f in files}
-    headers = {}
-    for f in files:
-        data = f.read_bytes()
-        layout = bytes.fromhex(f.parent.name)
-        headers[f] = fmt.decode_block(data, layout)
-    chain: list[Path] = []
-    parent = None
-    for _ in range(10):
-        (nxt,) = [f for f, h in headers.items() if h.parent_hash == parent]
-        chain.append(nxt)
-        parent = headers[nxt].block_hash
-    assert set(chain) == set(by_hash.values())
-    bad = chain[3]
-    data = bytearray(bad.read_bytes())
-    data[headers[bad].payload_offset + 100] ^= 0x01
-    bad.write_bytes(bytes(data))
+    bad, data = flip_a_byte_of_block(folder, 3)
     b = restart(tmp_path, tiny, folder)
     try:
         again = ask(b)
@@ -166,3 +167,37 @@ def test_flipped_bytes_are_detected_counted_removed_and_not_served(
         assert not bad.exists() or bad.read_bytes() != bytes(data)  # removed (then rewritten)
     finally:
         b.stop()
+
+
+def test_metrics_count_disk_hits_and_corrupt_files(
+    started: tuple[Daemon, Path], tmp_path: Path, tiny: Path
+) -> None:
+    """/metrics of a restarted daemon with --http: the disk tier's hits in tokens under
+    tier="disk" (not device or host), its blocks, and the damaged file it removed."""
+    pytest.importorskip("httpx")
+    from http_support import HttpDaemon, scrape
+
+    a, folder = started
+    ask(a)
+    a.stop()
+    flip_a_byte_of_block(folder, 5)
+    b = HttpDaemon(tmp_path / "b", tiny, "--disk-cache", str(folder))
+    try:
+        before = scrape(b.url)
+        with Client(b.address, timeout_s=120) as client:
+            again = client.generate(PROMPT, max_tokens=1, temperature=0)
+            s = wait_idle(client)
+        after = scrape(b.url)
+    finally:
+        b.stop()
+    assert (again.cached_tokens, again.disk_cached_tokens) == (5 * BLOCK_SIZE, 5 * BLOCK_SIZE)
+
+    def rise(name: str, tier: str | None = None) -> float:
+        key = (name, () if tier is None else (("tier", tier),))
+        return after[key] - before.get(key, 0)
+
+    hits = "reprise_prefix_cache_hits_tokens_total"
+    assert rise(hits, "disk") == 5 * BLOCK_SIZE
+    assert rise(hits, "device") == rise(hits, "host") == 0
+    assert rise("reprise_disk_tier_corrupt_files_total") == 1 == s["disk_corrupt_removed"]
+    assert after[("reprise_kv_blocks_used", (("tier", "disk"),))] == s["disk_blocks"] >= 9
