@@ -29,7 +29,7 @@ def test_floors_count_what_llama_3_1_8b_multiplies_by() -> None:
 
 def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
-    args = ["--like", "tiny", "--backend", "numpy", "--sections", "decode,prefill,ttft",
+    args = ["--like", "tiny", "--backend", "numpy", "--sections", "decode,prefill,ttft,disk",
             "--context", "40", "--batches", "1,5", "--prefill-tokens", "64",
             "--ttft-tokens", "200", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
@@ -42,6 +42,8 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     assert names[7].startswith("ttft 200 host tier (") and not names[7].startswith(
         "ttft 200 host tier (0 "
     )
+    assert names[8] == "ttft 200 disk tier after a restart (192 tokens from disk)"
+    assert result["rows"][8]["logits_identical_to_fresh"] is True
     assert all(row["seconds"] > 0 for row in result["rows"])
     targets = {t["target"]: t for t in result["targets"]}
     host = targets["host-tier prompt's first token over computing it fresh <= 0.3"]
@@ -49,6 +51,8 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
         result["rows"][7]["seconds"] / result["rows"][5]["seconds"]
     )
     assert host["met"] == (host["value"] <= 0.3)
+    disk = targets["disk-tier prompt's first token after a restart over computing it fresh <= 0.2"]
+    assert disk["value"] == pytest.approx(result["rows"][8]["x_reference"])
     # no floors (no GPU) and no transformers here: those targets are not measured
     assert targets["decode b=1 over the weights-read floor <= 1.3"]["met"] is None
 
