@@ -54,11 +54,12 @@ def fresh(path: Path, prompt_ids: list[int], num_top: int = MAX_TOP) -> list:
 
 
 def all_cached(prompt_ids: list[int]) -> int:
-    """Cached tokens of a prompt whose entries are all stored: every token but the last,
-    or, when it ends in a partial block (whose entries are not kept), up to the last
-    full block's last token, whose row gives that block's first entry."""
+    """Cached tokens of a prompt whose entries are all stored, its tail's too (the
+    tokens past its last full block): as without prompt logprobs, every token but the
+    last, or, when it ends in a partial block (which no cached block shares here), its
+    full blocks."""
     size = len(prompt_ids)
-    return size - 1 if size % BS == 0 else size // BS * BS - 1
+    return size - 1 if size % BS == 0 else size // BS * BS
 
 
 def cut(entries: list, num_top: int) -> list:
@@ -124,6 +125,29 @@ def test_a_prompt_with_every_entry_stored_is_an_exact_repeat(
     assert eng.stats()["exact_repeats"] == int(whole)
     assert again.prompt_logprobs == first.prompt_logprobs == fresh(tiny, prompt_ids)
     assert again.token_ids == first.token_ids
+
+
+def test_a_stored_tail_costs_no_token_more_than_without_them(tiny: Path) -> None:
+    """A50's repeat finds its tail's entries (tokens 48 and 49) by the whole prompt's
+    key: it computes what the same repeat without prompt logprobs computes, where it
+    used to compute the last full block's last position too. A prompt with the same
+    full blocks but another tail finds none of that tail's entries."""
+    plain = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    with_them, without = engine(tiny), engine(tiny)
+    for eng, params in ((with_them, asking()), (without, plain)):
+        eng.generate(A50, params)
+    before = with_them.prefill_tokens_computed, without.prefill_tokens_computed
+    again = with_them.generate(A50, asking())
+    repeat = without.generate(A50, plain)
+    computed = with_them.prefill_tokens_computed - before[0]
+    assert computed == without.prefill_tokens_computed - before[1] == 50 - 48
+    assert again.cached_tokens == repeat.cached_tokens == all_cached(A50) == 48
+    assert again.prompt_logprobs == fresh(tiny, A50)
+    assert again.token_ids == repeat.token_ids
+    other_tail = A50[:48] + [7, 9]  # the same full blocks (their entries kept), not the tail
+    other = with_them.generate(other_tail, asking())
+    assert other.prompt_logprobs == fresh(tiny, other_tail)
+    assert other.cached_tokens == 47  # computes the row before its tail's first entry
 
 
 @pytest.mark.parametrize("budget", [1, 5, 16, 17])

@@ -64,8 +64,11 @@ def test_a_restart_serves_the_entries_from_disk(
     again = engine(tiny, disk_cache=str(tmp_path))
     out, warm = computed(again, prompt_ids)
     assert out.prompt_logprobs == first.prompt_logprobs == fresh(tiny, prompt_ids)
-    assert warm == warm_in_memory(tiny, prompt_ids) < cold
-    assert out.cached_tokens == out.disk_cached_tokens == all_cached(prompt_ids)
+    # a tail's entries (A50's last 2 tokens) are kept in memory only: after a restart
+    # the row before the tail is computed again, one token more than in memory
+    tail = len(prompt_ids) % BS != 0
+    assert warm == warm_in_memory(tiny, prompt_ids) + tail < cold
+    assert out.cached_tokens == out.disk_cached_tokens == all_cached(prompt_ids) - tail
     stats = again.disk_tier.stats()
     assert (stats["disk_sidecar_hits"], stats["disk_sidecar_corrupt_removed"]) == (num_full, 0)
     drained(again).close()

@@ -10,7 +10,9 @@ one): a cached block is never written.
 
 Prompt logprobs (prompt_logprobs.py): a request still missing prompt entries
 matches only blocks whose entries it can take from the store, and computes the
-row before its first missing entry itself.
+row before its first missing entry itself. The entries of a prompt's tail (past its
+last full block) are kept by the tail's key, so a repeat that finds them all is
+admitted as a request without prompt logprobs.
 
 Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
 and registration, so blocks whose fake ids select different embeddings never
@@ -28,7 +30,7 @@ from ...blockpool.hashing import BlockHash, hash_block
 from ...blockpool.pool import BlockId, BlockPool
 from .logits_cache import PromptKey, prompt_key
 from .params import Retention
-from .prompt_logprobs import PromptLogprobStore
+from .prompt_logprobs import PromptLogprobStore, tail_key
 from .sequence import Sequence
 
 
@@ -61,6 +63,7 @@ class KVCacheManager:
             store = self.logprob_store
             assert store is not None
             wanted.take_stored(self.hash_chain(seq, len(seq.prompt_token_ids) // bs), store)
+            wanted.take_stored_tail(tail_key(self.tail_hash(seq)), store)
             if not wanted.complete:  # match only blocks whose entries it has
                 num_matchable = min(num_matchable, wanted.num_known // bs)
                 hashes = hashes[:num_matchable]
@@ -97,6 +100,8 @@ class KVCacheManager:
         num_full = wanted.num_known // self.block_size
         if num_full > wanted.num_stored_blocks:
             wanted.store_new(self.hash_chain(seq, num_full), self.logprob_store)
+        if wanted.complete and not wanted.tail_stored:
+            wanted.store_tail(tail_key(self.tail_hash(seq)), self.logprob_store)
 
     def _back_off(self, seq: Sequence, host_hit: bool, disk_hit: bool) -> None:
         """Give back the last matched block but its first bs - 1 tokens (copied into a
@@ -116,19 +121,22 @@ class KVCacheManager:
         self._copy_prefix(seq, source, self.block_size - 1, from_disk=disk_hit)
 
     def prompt_key(self, seq: Sequence) -> PromptKey:
-        """The key of `seq`'s whole prompt, for its stored last logits row: the tail
-        (tokens past the last full block, maybe none) chained to the full blocks' keys."""
+        """The key of `seq`'s whole prompt, for its stored last logits row."""
+        return prompt_key(self.tail_hash(seq))
+
+    def tail_hash(self, seq: Sequence) -> BlockHash:
+        """A block-style digest of `seq`'s prompt tail (tokens past the last full block,
+        maybe none) chained to the full blocks' keys: it fixes the whole prompt."""
         bs, num_prompt = self.block_size, len(seq.prompt_token_ids)
         chain = self.hash_chain(seq, num_prompt // bs)
         start = len(chain) * bs
-        tail = hash_block(
+        return hash_block(
             chain[-1] if chain else None,
             seq.prompt_token_ids[start:],
             extra_ids=seq.extra_ids(start, num_prompt),
             namespace=seq.namespace,
             model_fingerprint=self.model_fingerprint,
         )
-        return prompt_key(tail)
 
     def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:

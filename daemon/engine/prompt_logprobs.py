@@ -13,10 +13,17 @@ engine's `max_prompt_logprobs`), and a request asking for n <= max_top takes a
 prefix of the top list (`ranked` orders like a stable sort, so the top n of a
 row are the first n of its top max_top).
 
+A prompt's tail (its tokens past the last full block, when it does not end on a
+block boundary) is no block, but its entries are a function of its tail key alone
+(`tail_key`: the tail's tokens chained to the full blocks' keys, as the exact-repeat
+key is), so the store keeps them by that key too, in memory only (a sidecar belongs to
+a block file). A repeated prompt whose full blocks' and tail's entries are all kept
+is then admitted as one without prompt logprobs: it computes no extra token.
+
 Admission (kvmanager) takes the stored entries of the prompt's leading full
 blocks (the last one's too, which the KV match leaves out to compute the last
-token), and matches, for a request still missing entries, only leading blocks whose
-entries it has. If it matched m > 0 blocks and
+token) and of its tail, and matches, for a request still missing entries, only
+leading blocks whose entries it has. If it matched m > 0 blocks and
 entry m * bs is unknown, the row of position m * bs - 1 must be computed here:
 it backs off one token (the last matched block's first bs - 1 tokens are copied
 into a block of its own, as partial reuse does), so that row comes out of this
@@ -46,7 +53,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ...blockpool.hashing import BlockHash
+from ...blockpool.hashing import BlockHash, sha256
 from ...cuda.dtypes import F32
 from .sampling.logprobs import TokenLogprobs, token_logprobs
 
@@ -122,6 +129,14 @@ class EntryRows:
 
 
 _SHAPE = struct.Struct("<II")  # entries, max_top
+# A tail's entries are kept by this tag and the tail's block-style digest: the tag keeps
+# the key apart from every block key.
+_TAIL_TAG = b"reprise/prompt-logprobs-tail\x00v1\x00"
+
+
+def tail_key(tail_digest: BlockHash) -> BlockHash:
+    """The store's key of the entries of a prompt tail that hashes to `tail_digest`."""
+    return BlockHash(sha256(_TAIL_TAG + tail_digest))
 
 
 class SidecarStore(Protocol):
@@ -186,6 +201,16 @@ class PromptLogprobStore:
         if self.disk is not None and self.disk.enabled:
             self.disk.put_sidecar(block_hash, rows.to_bytes())
 
+    def get_tail(self, key: BlockHash) -> EntryRows | None:
+        """A prompt tail's entries (`tail_key`), kept in memory only."""
+        rows = self._entries.get(key)
+        if rows is not None:
+            self._entries.move_to_end(key)
+        return rows
+
+    def put_tail(self, key: BlockHash, rows: EntryRows) -> None:
+        self._keep(key, rows)
+
     def _keep(self, block_hash: BlockHash, rows: EntryRows) -> None:
         self._entries[block_hash] = rows
         self._entries.move_to_end(block_hash)
@@ -210,6 +235,7 @@ class PromptLogprobs:
     rows: EntryRows  # [num_prompt], entry 0 unused
     num_known: int = 1
     num_stored_blocks: int = 0  # leading blocks whose entries are in the store
+    tail_stored: bool = False  # the tail's entries are in the store (or there is no tail)
 
     @classmethod
     def build(
@@ -250,6 +276,38 @@ class PromptLogprobs:
             self._put(idx * bs, rows)
             self.num_known = (idx + 1) * bs
             self.num_stored_blocks = max(self.num_stored_blocks, idx + 1)
+
+    @property
+    def tail_start(self) -> int:
+        """The first token past the prompt's last full block."""
+        return self.num_prompt // self.block_size * self.block_size
+
+    def take_stored_tail(self, key: BlockHash, store: PromptLogprobStore) -> None:
+        """Fill the tail's entries from the store, once every full block's are known."""
+        start = self.tail_start
+        if self.num_known != start or start == self.num_prompt:
+            return
+        rows = store.get_tail(key)
+        if rows is not None and len(rows) == self.num_prompt - start:
+            self._put(start, rows)
+            self.num_known = self.num_prompt
+            self.tail_stored = True
+
+    def store_tail(self, key: BlockHash, store: PromptLogprobStore) -> None:
+        """Put the tail's entries into the store once all are known (once)."""
+        start = self.tail_start
+        if self.tail_stored or not self.complete or start == self.num_prompt:
+            return
+        rows = self.rows
+        store.put_tail(
+            key,
+            EntryRows(
+                rows.logprobs[start:].copy(),
+                rows.top_ids[start:].copy(),
+                rows.top_logprobs[start:].copy(),
+            ),
+        )
+        self.tail_stored = True
 
     def store_new(self, hashes: Sequence[BlockHash], store: PromptLogprobStore) -> None:
         """Put the entries of every full block now known into the store (`hashes`: the
