@@ -144,7 +144,7 @@ def test_a_stored_tail_costs_no_token_more_than_without_them(tiny: Path) -> None
     assert again.cached_tokens == repeat.cached_tokens == all_cached(A50) == 48
     assert again.prompt_logprobs == fresh(tiny, A50)
     assert again.token_ids == repeat.token_ids
-    other_tail = A50[:48] + [7, 9]  # the same full blocks (their entries kept), not the tail
+    other_tail = [*A50[:48], 7, 9]  # the same full blocks (their entries kept), not the tail
     other = with_them.generate(other_tail, asking())
     assert other.prompt_logprobs == fresh(tiny, other_tail)
     assert other.cached_tokens == 47  # computes the row before its tail's first entry
