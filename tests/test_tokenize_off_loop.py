@@ -1,10 +1,9 @@
 """Prompts are tokenized off the engine loop (issue 19, F7): while one request's prompt
-is stuck in the tokenizer, a stream already running keeps getting its tokens. A daemon
-in process, its tokenizing step held on an event: were prompts tokenized on the loop,
-the stream would stop until that prompt's tokenizing is let go.
-
-NOTE: new requests do wait behind it (one tokenizing thread, in arrival order, token-id
-prompts included); what this bounds is the running streams' gaps."""
+is stuck in the tokenizer, a stream already running keeps getting its tokens, and a
+request that arrives after it is answered (the tokenizing threads are several). A
+daemon in process, its tokenizing step held on an event: were prompts tokenized on the
+loop, the stream would stop until that prompt's tokenizing is let go; were they
+tokenized on one thread, the later request would wait behind it."""
 
 from __future__ import annotations
 
@@ -66,6 +65,8 @@ def test_a_prompt_stuck_in_the_tokenizer_does_not_hold_the_loop(tmp_path: Path) 
                 if got >= 16:
                     break
             chunks.close()
+            later = client.generate("Arrived after the stuck one", max_tokens=2, temperature=0)
+        assert later.finish_reason in ("length", "stop") and len(later.token_ids) >= 1
         assert got >= 16 and not release.is_set() and not stuck
         release.set()
         waiting.join(30)

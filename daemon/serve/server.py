@@ -17,8 +17,9 @@ Guarantees:
 - bad input never stops the daemon: any failure handling one message becomes an
   ErrorReply ("internal" for our own bugs) and the loop goes on;
 - messages are decoded and checked off the loop, on the connections' I/O thread
-  (intake.py), which answers a bad one itself; prompts are tokenized on a thread and
-  text is made on another (detokenize.py), so the loop spends its time on engine steps;
+  (intake.py), which answers a bad one itself; prompts are tokenized on a few threads
+  (a slow one holds up no other request's) and text is made on another
+  (detokenize.py), so the loop spends its time on engine steps;
 - `health` and `stats` are answered within milliseconds even during a long engine
   step: the connections' I/O thread answers them from the `Snapshot` the loop
   publishes before and after every step. Between steps, and with `check` (the pool's
@@ -78,6 +79,7 @@ MAX_SUBSCRIPTION_BYTES = 4096
 # Past the drain deadline, how long a step still running may take before the drain's
 # thread answers its requests and exits the process without it.
 HARD_STOP_GRACE_S = 0.5
+TOKENIZING_THREADS = 4  # prompts tokenized at once, off the loop
 Route = ConnId  # the connection a request came on, the only one its replies go to
 SHUTTING_DOWN = ("shutting_down", "the daemon is shutting down")
 
@@ -118,10 +120,13 @@ class Server:
         self.live: dict[RequestId, LiveRequest] = {}
         # a client request's choices still running, in choice order
         self.by_client: dict[tuple[Route, str], list[RequestId]] = {}
-        # Prompts are tokenized (and chat templates rendered) on this thread, never on the
-        # loop; the tokenizer releases the GIL while it encodes.
+        # Prompts are tokenized (and chat templates rendered) on these threads, never on
+        # the loop; the tokenizer releases the GIL while it encodes. Several, so that one
+        # long prompt (up to the message size limit) holds up no other request's admission.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
-        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._tokenizing = ThreadPoolExecutor(
+            max_workers=TOKENIZING_THREADS, thread_name_prefix="tokenize"
+        )
         self.text = Detokenizing(engine.tokenizer)  # every request's text and stop strings
         limits = RequestLimits(config.max_tokens_cap, config.max_stop_strings,
                                config.max_stop_chars, config.max_logits_bytes)  # fmt: skip
@@ -459,7 +464,8 @@ class Server:
         self.pending[(route, request.id)] = PendingRequest(ready, future)
 
     def _admit_ready(self) -> None:
-        """Hand the engine every request whose prompt is tokenized, in arrival order."""
+        """Hand the engine every request whose prompt is tokenized, in arrival order (one
+        still tokenizing lets those behind it that are done go first)."""
         for key in [key for key, p in self.pending.items() if p.prompt_ids.done()]:
             route, pending = key[0], self.pending.pop(key)
             request = pending.ready.request
