@@ -18,7 +18,12 @@ key check), the time `open` takes to rebuild the index from N files, and the
 ratio to plain `open/write/close` and `open/read/close` of the same bytes in the
 same run. Reads come from the page cache in both (the files were just
 written), so they measure the tier's CPU overhead, not the disk. Best of
-`--repeat` runs. Also the caller's share of a write: the time `put` takes on the
+`--repeat` runs. The tier's reads hold every block until all are read, as the pool
+holds a chain's blocks until the step's copies run, so each read lands in memory not
+touched before (page faults included: about a quarter of the speed of reads into
+reused memory here); "read" reads them one by one on the caller's thread, "ahead" as
+the pool reads a chain it matched on disk (`read_ahead`: read and checked on the
+tier's reader threads, taken in order by `get` on the caller's). Also the caller's share of a write: the time `put` takes on the
 calling thread (the engine loop's; here a copy into a staging buffer, on the GPU
 only issuing the copy) over the whole write's, the staging buffers made beforehand
 (as in a running daemon: they are made once and reused).
@@ -78,7 +83,9 @@ def plain_io(folder: Path, payloads: list[bytes], fsync: bool) -> tuple[float, f
     return write_s, read_s
 
 
-def tier_io(folder: Path, blocks: list, fsync: bool) -> tuple[float, float, float, float]:
+def tier_io(
+    folder: Path, blocks: list, fsync: bool
+) -> tuple[float, float, float, float, float]:
     nbytes = len(blocks) * blocks[0][3].nbytes
     config = DiskTierConfig(
         directory=folder,
@@ -108,13 +115,23 @@ def tier_io(folder: Path, blocks: list, fsync: bool) -> tuple[float, float, floa
     tier = DiskTier.open(config)
     open_s = time.perf_counter() - start
     assert tier.stats()["disk_blocks"] == len(blocks)
+    # Every block read is held until all are, as the pool holds a chain's blocks until
+    # the step's copies run: each read lands in memory not touched before.
     start = time.perf_counter()
-    for block_hash, parent, tokens, _ in blocks:
-        assert tier.get(block_hash, parent, tokens) is not None
+    held = [tier.get(block_hash, parent, tokens) for block_hash, parent, tokens, _ in blocks]
     read_s = time.perf_counter() - start
+    assert all(kv is not None for kv in held)
+    del held
+    start = time.perf_counter()  # as the pool reads a chain: read and checked ahead
+    reads = tier.read_ahead([(block_hash, parent, tokens, None)
+                             for block_hash, parent, tokens, _ in blocks])  # fmt: skip
+    held = [tier.get(block_hash, parent, tokens, ahead=read)
+            for (block_hash, parent, tokens, _), read in zip(blocks, reads, strict=True)]  # fmt: skip
+    ahead_s = time.perf_counter() - start
+    assert all(kv is not None for kv in held)
     tier.close()
     shutil.rmtree(folder)
-    return write_s, read_s, open_s, put_s
+    return write_s, read_s, open_s, put_s, ahead_s
 
 
 def first_token(
@@ -210,12 +227,12 @@ def main() -> None:
     payloads = [kv.tobytes() for *_, kv in blocks]
     mb = sum(map(len, payloads)) / 1e6
     root = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir))
-    best = dict.fromkeys(("plain_w", "plain_r", "tier_w", "tier_r", "open", "put"), 1e9)
+    best = dict.fromkeys(("plain_w", "plain_r", "tier_w", "tier_r", "open", "put", "ahead"), 1e9)
     try:
         for r in range(args.repeat):
             pw, pr = plain_io(root / f"plain{r}", payloads, args.fsync)
-            tw, tr, to, tp = tier_io(root / f"tier{r}", blocks, args.fsync)
-            for key, value in zip(best, (pw, pr, tw, tr, to, tp), strict=True):
+            tw, tr, to, tp, ta = tier_io(root / f"tier{r}", blocks, args.fsync)
+            for key, value in zip(best, (pw, pr, tw, tr, to, tp, ta), strict=True):
                 best[key] = min(best[key], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -226,6 +243,7 @@ def main() -> None:
     for what, tier_s, plain_s in (
         ("write", best["tier_w"], best["plain_w"]),
         ("read", best["tier_r"], best["plain_r"]),
+        ("ahead", best["ahead"], best["plain_r"]),
     ):
         print(f"{what:8}{mb / tier_s:12.0f}{mb / plain_s:12.0f}{plain_s / tier_s:12.2f}")
     per_block_us = best["open"] / args.blocks * 1e6

@@ -33,6 +33,11 @@ Guarantees:
   warning and disables the tier; a disabled tier acts as an empty one.
 - One process per folder: `open` takes an exclusive `flock` on the folder; a
   second daemon on the same folder runs without the tier.
+- Chains read ahead: `read_ahead` reads and checks a run of block files (a chain the
+  pool matched on disk) on up to `read_threads` reader threads, into buffers the
+  caller's thread allocates; `get(..., ahead=)` takes one's outcome, so the counts,
+  touches and removals stay the caller's, in chain order, and a block read ahead
+  but never taken counts for nothing.
 - Partial matches without I/O: the index (disk_index.py) keeps each file's key,
   so `find_partial` reads nothing until `get` confirms its choice.
 - `clear` forgets every block at once; files go on the writer thread, after the
@@ -61,7 +66,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,6 +82,7 @@ from .hashing import BlockHash, Namespace
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
+_Checked = tuple[memoryview, "fmt.BlockHeader"]  # a block file's bytes and its checked header
 LOCK_NAME = "lock"
 
 
@@ -118,6 +125,7 @@ class DiskTierConfig:
     dtype: str = "bfloat16"
     write_queue_blocks: int = 64  # writes queued at most; staging buffers: one more
     fsync: bool = False
+    read_threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str | os.PathLike) or not os.fspath(self.directory):
@@ -136,6 +144,8 @@ class DiskTierConfig:
             )
         if not isinstance(self.producer, str) or not self.producer:
             raise ValueError(f"producer must be a non-empty string; got {self.producer!r}")
+        if not _is_count(self.read_threads):
+            raise ValueError(f"read_threads must be an integer >= 1; got {self.read_threads!r}")
         if not isinstance(self.dtype, str) or _resolve_dtype(self.dtype) is None:
             raise ValueError(f"dtype must name a NumPy or ml_dtypes dtype; got {self.dtype!r}")
         if not _is_count(self.write_queue_blocks):
@@ -230,6 +240,7 @@ class DiskTier:
             ("hits", "misses", "writes", "writes_dropped", "corrupt_removed"), 0
         )
         self._bad = dict.fromkeys(fmt.BAD_KINDS, 0)
+        self._readers: ThreadPoolExecutor | None = None  # made at the first read_ahead
 
     @classmethod
     def open(cls, config: DiskTierConfig) -> DiskTier:
@@ -363,10 +374,13 @@ class DiskTier:
         *,
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
+        ahead: Future[_Checked] | None = None,
     ) -> np.ndarray | None:
         """The block's KV (a read-only array of `block_shape`) if its file is sound and was
         stored under this very key, else None (a bad file is counted and removed). Reads
-        the file on the calling thread. A hit makes the block the most recently used."""
+        and checks the file on the calling thread, or takes the outcome of this block's
+        `read_ahead` (`ahead`, for this very key). A hit makes the block the most
+        recently used."""
         with self._lock:
             if not self._enabled:
                 return None
@@ -375,9 +389,12 @@ class DiskTier:
                 return None
         path = self.folder / fmt.file_name(block_hash)
         try:
-            data = fmt.read_file(path)
-            header = fmt.decode_block(data, self.layout)
-            self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
+            if ahead is None:
+                data = fmt.read_file(path)
+                header = self._checked(data, block_hash, parent_hash, token_ids, extra_ids,
+                                       namespace)  # fmt: skip
+            else:
+                data, header = ahead.result()
         except FileNotFoundError:
             self._forget(block_hash)
             return None
@@ -397,7 +414,62 @@ class DiskTier:
             self._payload_nbytes // self._dtype.itemsize,
             header.payload_offset,
         )
+        payload.flags.writeable = False  # a buffer read ahead is writable
         return payload.reshape(self.config.block_shape)
+
+    def read_ahead(
+        self,
+        keys: Sequence[tuple[BlockHash, BlockHash | None, Sequence[int], Sequence[int] | None]],
+        namespace: Namespace | None = None,
+    ) -> list[Future[_Checked]]:
+        """Start reading and checking these blocks' files ((digest, parent digest, token
+        ids, extra ids) each, as `get` takes them), in order, on the reader threads; pass
+        each future to `get` as `ahead` with the same key. Cancel the futures of those
+        not taken. Nothing is counted, touched or removed here.
+
+        NOTE: each buffer is allocated here, on the caller's thread: memory a reader
+        thread allocates comes from its own malloc arena, which hands freed pages back
+        to the kernel, so every read would fault them in again (reads ran 3x slower on
+        a 2-CPU machine). And a reader checks what it read (the checksums hold the GIL)
+        so the caller only waits, and never holds the GIL a finished read needs."""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self.config.read_threads, "reprise-disk-read")
+        with self._lock:
+            sizes = [self._index.nbytes_of(key[0]) for key in keys]
+        futures = []
+        for (block_hash, parent, token_ids, extra_ids), nbytes in zip(keys, sizes, strict=True):
+            buf = np.empty(nbytes + 1, np.uint8)  # one byte more: a file that grew shows it
+            futures.append(self._readers.submit(
+                self._read_checked, buf, block_hash, parent, token_ids, extra_ids, namespace
+            ))  # fmt: skip
+        return futures
+
+    def _read_checked(
+        self,
+        buf: np.ndarray,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+    ) -> _Checked:
+        """On a reader thread: the file's bytes (in `buf`) and header, checked."""
+        data = fmt.read_file_into(self.folder / fmt.file_name(block_hash), buf)
+        return data, self._checked(data, block_hash, parent_hash, token_ids, extra_ids, namespace)
+
+    def _checked(
+        self,
+        data: bytes | memoryview,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+    ) -> fmt.BlockHeader:
+        """The header of a whole block file's bytes, every check passed (BlockFileError)."""
+        header = fmt.decode_block(data, self.layout)
+        self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
+        return header
 
     def put_sidecar(self, block_hash: BlockHash, body: bytes) -> bool:
         """Queue `body` (a block's extra data: its prompt-logprob entries) for writing as
@@ -459,6 +531,9 @@ class DiskTier:
     def close(self, *, flush: bool = True, timeout_s: float = 5.0) -> None:
         """Stop the writer: finish the queued writes (`flush`) or drop them, within
         `timeout_s`, then let go of the folder. Later puts are refused."""
+        if self._readers is not None:
+            self._readers.shutdown(wait=True, cancel_futures=True)
+            self._readers = None
         writer = self._writer
         if writer is None:
             self._enabled = False

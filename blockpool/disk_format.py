@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import xxhash
 
 from .hashing import BlockHash, Namespace, hash_block
@@ -271,6 +272,20 @@ def read_file(path: str | Path, limit: int = -1) -> bytes:
     """The file's bytes (the first `limit` of them when given)."""
     with open(path, "rb", buffering=0) as f:
         return f.read(limit) if limit >= 0 else f.readall()
+
+
+def read_file_into(path: str | Path, buf: np.ndarray) -> memoryview:
+    """Read the file into `buf` (uint8; one byte longer than the file is meant to be,
+    so a file that grew shows as too long); its bytes, a view of `buf`."""
+    view = memoryview(buf).cast("B")
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while total < len(view):
+            n = f.readinto(view[total:])
+            if not n:
+                break
+            total += n
+    return view[:total]
 
 
 def touch(path: Path) -> None:

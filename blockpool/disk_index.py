@@ -128,6 +128,11 @@ class DiskIndex:
     def items(self) -> Iterator[tuple[BlockHash, StoredFile]]:
         return iter(self._files.items())
 
+    def nbytes_of(self, block_hash: BlockHash) -> int:
+        """The size of the block's file (0 when it is not indexed)."""
+        stored = self._files.get(block_hash)
+        return 0 if stored is None else stored.nbytes
+
     def add(
         self,
         block_hash: BlockHash,

@@ -547,22 +547,35 @@ class BlockPool:
             return 0
         namespace = namespace or DEFAULT_NAMESPACE
         start = len(block_ids)
-        parent_hash = block_hashes[start - 1] if start else None
-        num_hits = 0
-        for idx in range(start, len(block_hashes)):
-            block_hash = block_hashes[idx]
-            if not len(self._queue) or not disk.contains(block_hash):
-                break
-            if self._index.lookup(block_hash) is not None:
-                break  # a memory entry under this digest with another key: a collision
+        # The run of blocks the disk holds, as many as there are free blocks to take them:
+        # a run of several is read and checked ahead on the tier's reader threads, and
+        # taken here in chain order.
+        end = start
+        limit = min(len(block_hashes), start + len(self._queue))
+        while end < limit and disk.contains(block_hashes[end]):
+            end += 1
+        keys = []
+        for idx in range(start, end):
             extra_ids = None if extra_ids_per_block is None else extra_ids_per_block[idx]
             key = BlockKey.of(token_ids_per_block[idx], extra_ids)
+            keys.append((block_hashes[idx], block_hashes[idx - 1] if idx else None, key))
+        reads = (
+            disk.read_ahead([(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace)
+            if len(keys) > 1
+            else []
+        )
+        parent_hash = block_hashes[start - 1] if start else None
+        num_hits = 0
+        for offset, (block_hash, _, key) in enumerate(keys):
+            if self._index.lookup(block_hash) is not None:
+                break  # a memory entry under this digest with another key: a collision
             staged = disk.get(
                 block_hash,
                 parent_hash,
                 key.token_ids,
                 extra_ids=key.extra_ids,
                 namespace=namespace,
+                ahead=reads[offset] if reads else None,
             )
             if staged is None:  # gone, damaged (counted and removed) or another key's
                 break
@@ -574,6 +587,8 @@ class BlockPool:
             block_ids.append(block.block_id)
             parent_hash = block_hash
             num_hits += 1
+        for read in reads[num_hits:]:  # not taken: those not started never run
+            read.cancel()
         return num_hits
 
     def _find_partial_on_disk(

@@ -217,6 +217,42 @@ def test_damaged_file_is_never_served(tier: DiskTier, how: str) -> None:
     tier.check_integrity()
 
 
+@pytest.mark.parametrize("how", [None, "wrong_key", *DAMAGE_KINDS])
+def test_a_chain_read_ahead_is_checked_as_it_is_taken(tier: DiskTier, how: str | None) -> None:
+    """Blocks read and checked ahead on the reader threads give `get` the bytes and the
+    verdicts of a read on the caller's: a damaged file (or one looked up under another
+    key) in the middle is found when taken, counted and removed there, and the blocks
+    after it, read but never taken, count nothing."""
+    chain = Chain(5, seed=4)
+    store(tier, chain)
+    tokens = [list(t) for t in chain.tokens]
+    if how == "wrong_key":
+        tokens[2][0] += 1
+    elif how is not None:
+        _damage(path_of(tier, chain.hashes[2]), how)
+    keys = [(chain.hashes[i], chain.parent(i), tokens[i], None) for i in range(5)]
+    reads = tier.read_ahead(keys)
+    taken = []
+    for i, read in enumerate(reads):
+        got = tier.get(chain.hashes[i], chain.parent(i), tokens[i], ahead=read)
+        if got is None:
+            break
+        assert not got.flags.writeable
+        taken.append(got.tobytes())
+    for read in reads[len(taken) :]:
+        read.cancel()
+    num = 5 if how is None else 2
+    assert taken == [kv.tobytes() for kv in chain.kvs[:num]]
+    stats = tier.stats()
+    assert stats["disk_hits"] == num and stats["disk_misses"] == (how is not None)
+    assert stats["disk_corrupt_removed"] == (how is not None)
+    kind = fmt.MISMATCH if how == "wrong_key" else DAMAGE_KINDS.get(how or "")
+    if kind is not None:
+        assert stats[f"disk_corrupt_{kind}"] == 1
+    assert stats["disk_blocks"] == 5 - (how is not None)
+    tier.check_integrity()
+
+
 @pytest.mark.parametrize("how", ["header_tokens", "magic", "truncated", "truncated_header"])
 def test_damaged_header_or_size_is_removed_at_open(tmp_path: Path, how: str) -> None:
     chain = Chain(3)
@@ -539,6 +575,7 @@ def test_second_tier_on_the_same_folder_is_refused(tmp_path: Path, caplog) -> No
         ("write_queue_blocks", 0),
         ("fsync", "yes"),
         ("directory", ""),
+        ("read_threads", 0),
     ],
 )
 def test_config_names_the_bad_field(tmp_path: Path, field: str, value: object) -> None:
