@@ -78,7 +78,7 @@ def test_choices_of_a_batch_come_prompt_major(tiny: Path) -> None:
     assert isinstance(single, Completion) and outs[3].token_ids == single.token_ids
 
 
-def test_add_request_runs_one_choice_and_add_choices_all_or_none(tiny: Path) -> None:
+def test_add_request_runs_one_choice_and_a_refused_n_queues_nothing(tiny: Path) -> None:
     eng = engine(tiny, num_device_blocks=8)
     with pytest.raises(ValueError, match="add_choices"):
         eng.add_request([5, 6, 7], SamplingParams(n=2))

@@ -243,18 +243,10 @@ class Engine:
         each), choice i with `params.choice(i)`. They are requests of their own: the
         first computes the prompt's full blocks, and the scheduler holds the others
         until it has (blocks in flight), so they reuse them rather than compute them
-        again. All are checked before any is queued."""
+        again. The choices differ only in their seeds, so a refusal (ValueError) comes
+        from the first, before any is queued."""
         params = params or SamplingParams()
-        choices = [params.choice(i) for i in range(params.n)]
-        request_ids = [self.add_request(prompt, choices[0], **options)]
-        try:
-            request_ids += [self.add_request(prompt, p, **options) for p in choices[1:]]
-        except BaseException:  # the same checks passed for the first: drop what was queued
-            for request_id in request_ids:
-                self.cancel(request_id)
-                self.take_completion(request_id)
-            raise
-        return request_ids
+        return [self.add_request(prompt, params.choice(i), **options) for i in range(params.n)]
 
     def step(self) -> list[StepOutput]:
         """Run one engine step; returns what each request that sampled a token got."""
