@@ -47,19 +47,25 @@ import numpy as np
 from reprise.blockpool.disk import DiskTier, DiskTierConfig
 from reprise.blockpool.hashing import BlockHash, hash_block
 
-NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 32
-BLOCK_SHAPE = (NUM_LAYERS, 2, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+# [num_layers, 2, num_kv_heads, block_size, head_dim] of one block; --shape picks one
+SHAPES = {
+    "default": (30, 2, 3, 32, 64),  # SmolLM2-135M at block size 32: 720 KiB
+    "8b": (32, 2, 8, 16, 128),  # Llama-3.1-8B at block size 16 (bench_gpu_e2e's): 2 MiB
+}
+BLOCK_SIZE = SHAPES["default"][3]  # --first-token's
 FINGERPRINT = b"bench-disk-tier"
 
 
-def make_blocks(n: int) -> list[tuple[BlockHash, BlockHash | None, list[int], np.ndarray]]:
+def make_blocks(
+    n: int, shape: tuple[int, ...]
+) -> list[tuple[BlockHash, BlockHash | None, list[int], np.ndarray]]:
     rng = np.random.default_rng(0)
     blocks = []
     parent: BlockHash | None = None
     for i in range(n):
-        tokens = rng.integers(0, 49_152, BLOCK_SIZE).tolist()
+        tokens = rng.integers(0, 49_152, shape[3]).tolist()
         block_hash = hash_block(parent, tokens, model_fingerprint=FINGERPRINT)
-        bits = rng.integers(0, 1 << 16, BLOCK_SHAPE, dtype=np.uint16)
+        bits = rng.integers(0, 1 << 16, shape, dtype=np.uint16)
         blocks.append((block_hash, parent, tokens, bits.view(ml_dtypes.bfloat16)))
         parent = block_hash if i % 64 != 63 else None  # chains of 64 blocks
     return blocks
@@ -85,13 +91,13 @@ def plain_io(folder: Path, payloads: list[bytes], fsync: bool) -> tuple[float, f
 
 def tier_io(
     folder: Path, blocks: list, fsync: bool
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float, float, float]:
     nbytes = len(blocks) * blocks[0][3].nbytes
     config = DiskTierConfig(
         directory=folder,
         max_bytes=2 * nbytes,
-        block_shape=BLOCK_SHAPE,
-        block_size=BLOCK_SIZE,
+        block_shape=blocks[0][3].shape,
+        block_size=blocks[0][3].shape[3],
         model_fingerprint=FINGERPRINT,
         producer="bench",
         write_queue_blocks=len(blocks),
@@ -129,13 +135,25 @@ def tier_io(
             for (block_hash, parent, tokens, _), read in zip(blocks, reads, strict=True)]  # fmt: skip
     ahead_s = time.perf_counter() - start
     assert all(kv is not None for kv in held)
+    del held
+    # as the pool reads a chain into host-tier slots: memory touched once beforehand
+    # (pinned on the GPU), each file read apart so its payload lands in its slot
+    arena = np.ones((len(blocks), *blocks[0][3].shape), blocks[0][3].dtype)
+    start = time.perf_counter()
+    reads = tier.read_ahead([(block_hash, parent, tokens, None)
+                             for block_hash, parent, tokens, _ in blocks], into=list(arena))  # fmt: skip
+    held = [tier.get(block_hash, parent, tokens, ahead=read)
+            for (block_hash, parent, tokens, _), read in zip(blocks, reads, strict=True)]  # fmt: skip
+    into_s = time.perf_counter() - start
+    assert all(kv is not None for kv in held)
+    assert all(a.tobytes() == b[3].tobytes() for a, b in zip(arena, blocks, strict=True))
     tier.close()
     shutil.rmtree(folder)
-    return write_s, read_s, open_s, put_s, ahead_s
+    return write_s, read_s, open_s, put_s, ahead_s, into_s
 
 
 def first_token(
-    prompt_tokens: int, repeat: int, where: Path | None, out_path: Path | None
+    prompt_tokens: int, repeat: int, where: Path | None, out_path: Path | None, host_blocks: int
 ) -> None:
     from reprise.cuda.backend import get_backend
     from reprise.daemon.engine.config import EngineConfig
@@ -178,7 +196,7 @@ def first_token(
             writer = engine(disk_cache=str(kv))
             writer.generate(prompt, params)
             writer.close()
-            reader = engine(disk_cache=str(kv))
+            reader = engine(disk_cache=str(kv), num_host_blocks=host_blocks)
             s, out = timed(reader, prompt)
             reader.close()
             assert out.logits.tobytes() == fresh.logits.tobytes(), "not bit-identical"
@@ -217,33 +235,44 @@ def main() -> None:
     parser.add_argument("--first-token", action="store_true", help="time to first token")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--out", type=Path, default=None, help="--first-token: JSON here too")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="default",
+        help="the blocks' layout (not --first-token's, the default model's)",
+    )
+    parser.add_argument("--host-blocks", type=int, default=0,
+                        help="--first-token: the reading engine's host tier, in blocks (disk "
+                             "hits are then read into its slots)")  # fmt: skip
     args = parser.parse_args()
     if args.first_token:
-        first_token(args.prompt_tokens, args.repeat, args.dir, args.out)
+        first_token(args.prompt_tokens, args.repeat, args.dir, args.out, args.host_blocks)
         return
     if args.blocks < 1 or args.repeat < 1:
         parser.error(f"--blocks and --repeat must be >= 1; got {args.blocks}, {args.repeat}")
-    blocks = make_blocks(args.blocks)
+    shape = SHAPES[args.shape]
+    blocks = make_blocks(args.blocks, shape)
     payloads = [kv.tobytes() for *_, kv in blocks]
     mb = sum(map(len, payloads)) / 1e6
     root = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir))
-    best = dict.fromkeys(("plain_w", "plain_r", "tier_w", "tier_r", "open", "put", "ahead"), 1e9)
+    best = dict.fromkeys(
+        ("plain_w", "plain_r", "tier_w", "tier_r", "open", "put", "ahead", "into"), 1e9
+    )
     try:
         for r in range(args.repeat):
             pw, pr = plain_io(root / f"plain{r}", payloads, args.fsync)
-            tw, tr, to, tp, ta = tier_io(root / f"tier{r}", blocks, args.fsync)
-            for key, value in zip(best, (pw, pr, tw, tr, to, tp, ta), strict=True):
+            tw, tr, to, tp, ta, ti = tier_io(root / f"tier{r}", blocks, args.fsync)
+            for key, value in zip(best, (pw, pr, tw, tr, to, tp, ta, ti), strict=True):
                 best[key] = min(best[key], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(
-        f"{args.blocks} blocks of {BLOCK_SHAPE} BF16 = {mb:.1f} MB, fsync={args.fsync}, in {root}"
-    )
+    print(f"{args.blocks} blocks of {shape} BF16 = {mb:.1f} MB, fsync={args.fsync}, in {root}")
     print(f"{'':8}{'tier MB/s':>12}{'plain MB/s':>12}{'tier/plain':>12}")
     for what, tier_s, plain_s in (
         ("write", best["tier_w"], best["plain_w"]),
         ("read", best["tier_r"], best["plain_r"]),
         ("ahead", best["ahead"], best["plain_r"]),
+        ("into", best["into"], best["plain_r"]),
     ):
         print(f"{what:8}{mb / tier_s:12.0f}{mb / plain_s:12.0f}{plain_s / tier_s:12.2f}")
     per_block_us = best["open"] / args.blocks * 1e6

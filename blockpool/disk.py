@@ -59,6 +59,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -82,7 +83,7 @@ from .hashing import BlockHash, Namespace
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
-_Checked = tuple[memoryview, "fmt.BlockHeader"]  # a block file's bytes and its checked header
+_Checked = np.ndarray  # a block file's payload, the file checked against the key looked up
 LOCK_NAME = "lock"
 
 
@@ -375,12 +376,15 @@ class DiskTier:
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
         ahead: Future[_Checked] | None = None,
+        into: np.ndarray | None = None,
     ) -> np.ndarray | None:
-        """The block's KV (a read-only array of `block_shape`) if its file is sound and was
-        stored under this very key, else None (a bad file is counted and removed). Reads
-        and checks the file on the calling thread, or takes the outcome of this block's
-        `read_ahead` (`ahead`, for this very key). A hit makes the block the most
-        recently used."""
+        """The block's KV (an array of `block_shape`) if its file is sound and was stored
+        under this very key, else None (a bad file is counted and removed). Reads and
+        checks the file on the calling thread, or takes the outcome of this block's
+        `read_ahead` (`ahead`, for this very key). With `into` (a writable C-contiguous
+        array of the payload's size, e.g. a host-tier slot) the payload is read into it
+        and returned as a view of it; without, the array is read-only. A hit makes the
+        block the most recently used."""
         with self._lock:
             if not self._enabled:
                 return None
@@ -390,11 +394,12 @@ class DiskTier:
         path = self.folder / fmt.file_name(block_hash)
         try:
             if ahead is None:
-                data = fmt.read_file(path)
-                header = self._checked(data, block_hash, parent_hash, token_ids, extra_ids,
-                                       namespace)  # fmt: skip
+                payload = self._read_checked(
+                    into, into is not None, block_hash, parent_hash, token_ids, extra_ids,
+                    namespace,
+                )  # fmt: skip
             else:
-                data, header = ahead.result()
+                payload = ahead.result()
         except FileNotFoundError:
             self._forget(block_hash)
             return None
@@ -408,6 +413,87 @@ class DiskTier:
             self._index.touch(block_hash)
             self._counts["hits"] += 1
         fmt.touch(path)
+        return payload
+
+    def read_ahead(
+        self,
+        keys: Sequence[tuple[BlockHash, BlockHash | None, Sequence[int], Sequence[int] | None]],
+        namespace: Namespace | None = None,
+        into: Sequence[np.ndarray | None] | None = None,
+    ) -> list[Future[_Checked]]:
+        """Start reading and checking these blocks' files ((digest, parent digest, token
+        ids, extra ids) each, as `get` takes them), in order, on the reader threads; pass
+        each future to `get` as `ahead` with the same key. `into`: one destination per
+        key (or None), as `get` takes it. Nothing is counted, touched or removed here.
+
+        A future not taken must be cancelled, and, with `into`, waited for if it was
+        running (`settle`) before its destination is used again.
+
+        NOTE: without `into`, each buffer is allocated here, on the caller's thread:
+        memory a reader thread allocates comes from its own malloc arena, which hands
+        freed pages back to the kernel, so every read would fault them in again (reads
+        ran 3x slower on a 2-CPU machine). Fresh memory faults all the same (about a
+        quarter of the speed of reads into memory used before), which `into` avoids.
+        And a reader checks what it read (the checksums release the GIL) so the caller
+        only waits, and never holds the GIL a finished read needs."""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self.config.read_threads, "reprise-disk-read")
+        dests = [None] * len(keys) if into is None else into
+        if len(dests) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(dests)} destinations")
+        with self._lock:
+            sizes = [self._index.nbytes_of(key[0]) for key in keys]
+        futures = []
+        for dest, nbytes, (block_hash, parent, token_ids, extra_ids) in zip(
+            dests, sizes, keys, strict=True
+        ):
+            # +1: a file that grew shows it
+            buf = np.empty(nbytes + 1, np.uint8) if dest is None else dest
+            futures.append(self._readers.submit(
+                self._read_checked, buf, dest is not None, block_hash, parent, token_ids,
+                extra_ids, namespace,
+            ))  # fmt: skip
+        return futures
+
+    @staticmethod
+    def settle(futures: Sequence[Future[_Checked]]) -> None:
+        """Cancel reads not taken, and wait for those already running to end (their
+        destinations are free to reuse after this)."""
+        for future in futures:
+            if not future.cancel():
+                with contextlib.suppress(Exception):
+                    future.result()
+
+    def _read_checked(
+        self,
+        buf: np.ndarray | None,
+        is_dest: bool,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+    ) -> np.ndarray:
+        """The block's payload, its file read and checked against this key (on the
+        caller's or a reader thread): into `buf` if it `is_dest` (the payload's
+        destination), else the whole file into `buf` (uint8, one byte longer than the
+        file should be) or, without one, into fresh memory."""
+        path = self.folder / fmt.file_name(block_hash)
+        if is_dest:
+            assert buf is not None
+            if buf.nbytes != self._payload_nbytes or not buf.flags.c_contiguous:
+                raise ValueError(
+                    f"into must be C-contiguous and {self._payload_nbytes} bytes; "
+                    f"got {buf.nbytes} bytes"
+                )
+            flat = buf.reshape(-1)
+            header = fmt.read_block_into(
+                path, memoryview(flat.view(np.uint8)), self.layout, self.config.block_size
+            )
+            self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
+            return flat.view(self._dtype).reshape(self.config.block_shape)
+        data = fmt.read_file(path) if buf is None else fmt.read_file_into(path, buf)
+        header = self._checked(data, block_hash, parent_hash, token_ids, extra_ids, namespace)
         payload = np.frombuffer(
             data,
             self._dtype,
@@ -416,46 +502,6 @@ class DiskTier:
         )
         payload.flags.writeable = False  # a buffer read ahead is writable
         return payload.reshape(self.config.block_shape)
-
-    def read_ahead(
-        self,
-        keys: Sequence[tuple[BlockHash, BlockHash | None, Sequence[int], Sequence[int] | None]],
-        namespace: Namespace | None = None,
-    ) -> list[Future[_Checked]]:
-        """Start reading and checking these blocks' files ((digest, parent digest, token
-        ids, extra ids) each, as `get` takes them), in order, on the reader threads; pass
-        each future to `get` as `ahead` with the same key. Cancel the futures of those
-        not taken. Nothing is counted, touched or removed here.
-
-        NOTE: each buffer is allocated here, on the caller's thread: memory a reader
-        thread allocates comes from its own malloc arena, which hands freed pages back
-        to the kernel, so every read would fault them in again (reads ran 3x slower on
-        a 2-CPU machine). And a reader checks what it read (the checksums hold the GIL)
-        so the caller only waits, and never holds the GIL a finished read needs."""
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(self.config.read_threads, "reprise-disk-read")
-        with self._lock:
-            sizes = [self._index.nbytes_of(key[0]) for key in keys]
-        futures = []
-        for (block_hash, parent, token_ids, extra_ids), nbytes in zip(keys, sizes, strict=True):
-            buf = np.empty(nbytes + 1, np.uint8)  # one byte more: a file that grew shows it
-            futures.append(self._readers.submit(
-                self._read_checked, buf, block_hash, parent, token_ids, extra_ids, namespace
-            ))  # fmt: skip
-        return futures
-
-    def _read_checked(
-        self,
-        buf: np.ndarray,
-        block_hash: BlockHash,
-        parent_hash: BlockHash | None,
-        token_ids: Sequence[int],
-        extra_ids: Sequence[int] | None,
-        namespace: Namespace | None,
-    ) -> _Checked:
-        """On a reader thread: the file's bytes (in `buf`) and header, checked."""
-        data = fmt.read_file_into(self.folder / fmt.file_name(block_hash), buf)
-        return data, self._checked(data, block_hash, parent_hash, token_ids, extra_ids, namespace)
 
     def _checked(
         self,

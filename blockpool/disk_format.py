@@ -288,6 +288,69 @@ def read_file_into(path: str | Path, buf: np.ndarray) -> memoryview:
     return view[:total]
 
 
+def read_block_into(
+    path: str | Path, payload: memoryview, layout: bytes, block_size: int
+) -> BlockHeader:
+    """Read a block file with its payload landing in `payload` (writable bytes of the
+    payload's exact size, e.g. a host-tier slot: no copy, no fresh memory), header and
+    trailer apart; checked as `decode_block` checks the whole file's bytes
+    (BlockFileError unless every check passes; `payload` then holds no sound block).
+
+    A file that fails is read again whole and judged by `decode_block`, so every kind
+    of bad file is named as it is there (a bad file is rare; its second read is cheap)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            return _read_apart(fd, payload, layout, block_size)
+        except BlockFileError as exc:
+            decode_block(_read_whole(fd), layout)
+            raise exc from None  # sound whole: it changed between the reads
+    finally:
+        os.close(fd)
+
+
+def _read_apart(fd: int, payload: memoryview, layout: bytes, block_size: int) -> BlockHeader:
+    size = os.fstat(fd).st_size
+    head_nbytes = size - len(payload) - _FILE_CHECK
+    if not _FIXED.size + _HEADER_CHECK <= head_nbytes <= header_nbytes_max(block_size):
+        raise BlockFileError(TRUNCATED, f"a {size}-byte file")
+    head, trailer = bytearray(head_nbytes), bytearray(_FILE_CHECK + 1)  # +1: grown
+    nbytes = _preadv_all(fd, [memoryview(head), payload, memoryview(trailer)])
+    if nbytes != size:
+        raise BlockFileError(TRUNCATED, f"read {nbytes} bytes of a {size}-byte file")
+    header = read_header(head, layout, nbytes)
+    if header.payload_offset != head_nbytes or header.payload_nbytes != len(payload):
+        raise BlockFileError(FOREIGN, f"payload of {header.payload_nbytes} bytes")
+    if file_checksum(head, payload) != bytes(trailer[:_FILE_CHECK]):
+        raise BlockFileError(CHECKSUM, "file checksum")
+    return header
+
+
+def _preadv_all(fd: int, views: list[memoryview]) -> int:
+    """Read from offset 0 into `views` in turn until they are full or the file ends;
+    the number of bytes read."""
+    total = 0
+    while views:
+        n = os.preadv(fd, views, total)
+        if not n:
+            break
+        total += n
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+    return total
+
+
+def _read_whole(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def touch(path: Path) -> None:
     """Mark a file used now (its mtime is its place in the last-use order)."""
     now = time.time_ns()

@@ -118,6 +118,7 @@ class BlockPool:
         offload_min_priority: int = DEFAULT_PRIORITY,
         clock: Callable[[], float] = time.monotonic,
         event_sink: EventSink | None = None,
+        host_memory: Callable[[int], np.ndarray] | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
@@ -128,6 +129,9 @@ class BlockPool:
         self.enable_reuse = enable_reuse
         self.host_tier = host_tier
         self.disk_tier = disk_tier
+        # a host slot's memory (its index -> a writable array of one block), where disk
+        # hits are read when the host tier has free slots; None: into fresh memory
+        self._host_memory = host_memory if host_tier is not None else None
         self.offload_min_priority = validate_priority(offload_min_priority)
         self._clock = clock
         self.blocks = [KVBlock(block_id=BlockId(i)) for i in range(num_blocks)]
@@ -559,8 +563,13 @@ class BlockPool:
             extra_ids = None if extra_ids_per_block is None else extra_ids_per_block[idx]
             key = BlockKey.of(token_ids_per_block[idx], extra_ids)
             keys.append((block_hashes[idx], block_hashes[idx - 1] if idx else None, key))
+        slots = self._take_read_slots(len(keys), now)
+        into = [self._host_memory(slot.slot) for slot in slots] if self._host_memory else []
+        into += [None] * (len(keys) - len(into))
         reads = (
-            disk.read_ahead([(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace)
+            disk.read_ahead(
+                [(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace, into
+            )
             if len(keys) > 1
             else []
         )
@@ -576,20 +585,55 @@ class BlockPool:
                 extra_ids=key.extra_ids,
                 namespace=namespace,
                 ahead=reads[offset] if reads else None,
+                into=None if reads else into[offset],
             )
             if staged is None:  # gone, damaged (counted and removed) or another key's
                 break
             block = self._take_free_block(now)
             self._index.insert(block, block_hash, key, parent_hash, namespace)
-            block.ref_count += 1  # the copy's pin, released by complete_copies()
-            self._disk_arrivals.append(block)
-            self._copies.append(BlockCopy("disk_onboard", None, block.block_id, staged=staged))
+            if offset < len(slots):  # read into a host slot: onboarded from there
+                assert self.host_tier is not None
+                self._copies.append(self.host_tier.start_onboard(slots[offset], block))
+            else:
+                block.ref_count += 1  # the copy's pin, released by complete_copies()
+                self._disk_arrivals.append(block)
+                self._copies.append(
+                    BlockCopy("disk_onboard", None, block.block_id, staged=staged)
+                )
             block_ids.append(block.block_id)
             parent_hash = block_hash
             num_hits += 1
-        for read in reads[num_hits:]:  # not taken: those not started never run
-            read.cancel()
+        # Reads not taken: those not started never run, those running end before their
+        # slots are free again.
+        disk.settle(reads[num_hits:])
+        for slot in slots[num_hits:]:
+            assert self.host_tier is not None
+            self.host_tier.return_slot(slot, now)
         return num_hits
+
+    def _take_read_slots(self, n: int, now: float) -> list[HostBlock]:
+        """Up to `n` host slots to read disk hits into (none without `host_memory`): free
+        ones, blank or holding an entry the disk tier has (or would not keep), which is
+        forgotten. Fewer when the tier runs out, or at an entry still to be written to
+        disk (its write reads the slot after this step's reads have overwritten it)."""
+        host, disk = self.host_tier, self.disk_tier
+        slots: list[HostBlock] = []
+        if host is None or self._host_memory is None or disk is None:
+            return slots
+        while len(slots) < n:
+            slot = host.take_slot(now)  # None when every slot is pinned
+            if slot is None:
+                break
+            if slot.block_hash is not None:
+                if slot.priority >= self.offload_min_priority and not disk.knows(
+                    slot.block_hash
+                ):
+                    host.return_slot(slot, now)
+                    break
+                self._counters.host_evictions += 1
+                self._index.drop(slot, now)
+            slots.append(slot)
+        return slots
 
     def _find_partial_on_disk(
         self,

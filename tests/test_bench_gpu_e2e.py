@@ -42,7 +42,7 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     assert names[7].startswith("ttft 200 host tier (") and not names[7].startswith(
         "ttft 200 host tier (0 "
     )
-    assert names[8] == "ttft 200 disk tier after a restart (192 tokens from disk)"
+    assert names[8] == "ttft 200 disk tier after a restart (192 tokens from disk into host slots)"
     assert result["rows"][8]["logits_identical_to_fresh"] is True
     assert all(row["seconds"] > 0 for row in result["rows"])
     targets = {t["target"]: t for t in result["targets"]}

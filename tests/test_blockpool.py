@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from reprise.blockpool.block import BlockId
+from reprise.blockpool.copies import BlockCopy
 from reprise.blockpool.events import (
     MEDIUM_DEVICE as GPU,
 )
@@ -50,16 +51,20 @@ class NumpyBlockCopier:
 
     def complete(self, pool: BlockPool) -> int:
         for copy in pool.take_copies():
-            if copy.kind == "offload":
-                self.host[copy.dst] = self.device[copy.src]
-                self.log.append(("offload", copy.src, copy.dst))
-            elif copy.kind == "onboard":
-                self.device[copy.dst] = self.host[copy.src]
-                self.log.append(("onboard", copy.dst, copy.src))
-            else:
-                self.device[copy.dst] = self.device[copy.src]
-                self.log.append(("device", copy.src, copy.dst))
+            self._run(copy)
         return pool.complete_copies()
+
+    def _run(self, copy: BlockCopy) -> None:
+        if copy.kind == "offload":
+            self.host[copy.dst] = self.device[copy.src]
+            self.log.append(("offload", copy.src, copy.dst))
+        elif copy.kind == "onboard":
+            self.device[copy.dst] = self.host[copy.src]
+            self.log.append(("onboard", copy.dst, copy.src))
+        else:
+            assert copy.kind == "device", copy.kind
+            self.device[copy.dst] = self.device[copy.src]
+            self.log.append(("device", copy.src, copy.dst))
 
 
 class Request:

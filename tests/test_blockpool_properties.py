@@ -1,4 +1,4 @@
-"""Random interleavings of requests against a tiny pool with a host tier.
+"""Random interleavings of requests against a tiny pool with a host tier and a disk tier.
 
 A state machine plays the engine: requests start (match, partial reuse,
 allocate, write, register), generate more tokens, finish; other work puts
@@ -10,12 +10,17 @@ the requests hold plus copy pins, and every cached block (either tier)
 holds byte-exactly the KV of its prefix; every matched block is checked the
 same way when it is served. In half the runs the hash function has only 8
 values, so digests collide on almost every step: the pool must still never
-serve a block that is not the request's own prefix.
+serve a block that is not the request's own prefix. In half the runs a disk
+tier holds what the pool writes to it (its writes land before the next rule),
+disk hits are read into host slots (or fresh memory when none is free), and the
+pool may be restarted over it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -26,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_blockpool import NumpyBlockCopier
 
 from reprise.blockpool.block import BlockId
+from reprise.blockpool.disk import DiskTier, DiskTierConfig
 from reprise.blockpool.hashing import (
     BlockHash,
     Namespace,
@@ -97,22 +103,50 @@ class PoolMachine(RuleBasedStateMachine):
         num_host=st.integers(0, 4),
         offload_min=st.sampled_from([0, 35, 50]),
         weak_hash=st.booleans(),
+        disk=st.booleans(),
+        drop_writes=st.booleans(),
     )
     def make_pool(
-        self, num_device: int, num_host: int, offload_min: int, weak_hash: bool
+        self,
+        num_device: int,
+        num_host: int,
+        offload_min: int,
+        weak_hash: bool,
+        disk: bool,
+        drop_writes: bool,
     ) -> None:
         # The weak hasher has 8 digests: collisions on almost every step.
         self.hasher = weak_hasher if weak_hash else sha256
         self.device = np.zeros((num_device, BS, ROW), np.uint8)  # [num_blocks, block_size, row]
         self.host = np.zeros((max(num_host, 1), BS, ROW), np.uint8)
-        self.copier = NumpyBlockCopier(self.device, self.host)
-        host_tier = HostTier(num_host) if num_host else None
+        self.num_host, self.offload_min = num_host, offload_min
+        self.drop_writes = drop_writes  # every other write-through: a full write queue
+        # digest -> its block's KV, where a digest names one prefix (not the weak hasher)
+        self.kv_of_digest: dict[BlockHash, np.ndarray] | None = None if weak_hash else {}
+        self.folder = tempfile.mkdtemp(prefix="reprise-prop-disk-") if disk else None
+        self._open()
+
+    def _open(self) -> None:
+        """A new pool (and disk tier over the same folder): a start or a restart."""
+        self.tier = None
+        if self.folder is not None:
+            self.tier = DiskTier.open(DiskTierConfig(
+                self.folder, max_bytes=4 * 240, block_shape=(BS, ROW),
+                block_size=BS, model_fingerprint=FP, producer="test", dtype="uint8",
+            ))  # fmt: skip
+            assert self.tier.enabled
+        self.copier = DiskCopier(
+            self.device, self.host, self.tier, self.kv_of_digest, self.drop_writes
+        )
+        host_tier = HostTier(self.num_host) if self.num_host else None
         self.pool = BlockPool(
-            num_device,
+            len(self.device),
             BS,
             host_tier=host_tier,
-            offload_min_priority=offload_min,
+            disk_tier=self.tier,
+            offload_min_priority=self.offload_min,
             clock=lambda: self.now,
+            host_memory=self.host.__getitem__,
         )
 
     # Requests.
@@ -164,13 +198,15 @@ class PoolMachine(RuleBasedStateMachine):
         new = pool.allocate(needed)
         if new is None:  # no room: give everything back, as the scheduler would
             pool.free(block_ids + ([partial[0]] if partial else []))
+            if self.tier is not None:  # the step runs the disk hits' copies (their pins
+                self.copier.complete(pool)  # are not the host tier's, which the checks see)
+                self._check_served(block_ids, namespace, tokens)
             return
         if partial is not None:  # the KV manager's partial copy, freed before it runs
             pool.copy_block(partial[0], new[0])
             pool.free([partial[0]])
         self.copier.complete(pool)  # the runner, before the forward touches these blocks
-        for idx, block_id in enumerate(block_ids):  # every served block holds our prefix's KV
-            assert np.array_equal(self.device[block_id], kv_block(namespace, tokens, idx))
+        self._check_served(block_ids, namespace, tokens)
         block_ids += new
         computed_from = num_cached
         if partial is not None:
@@ -245,6 +281,28 @@ class PoolMachine(RuleBasedStateMachine):
     def clear(self, roll) -> None:
         if roll == 0:  # rarely, or nothing would stay cached long enough to be reused
             self.pool.clear()
+            self.copier.complete(self.pool)
+
+    @precondition(lambda self: getattr(self, "tier", None) is not None)
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        priority=st.sampled_from([None, *PRIORITIES]),
+        keep=st.booleans(),
+    )
+    def restart(self, pick, priority, keep) -> None:
+        """The daemon restarts: memory is lost, the disk tier's files are found again by
+        a prompt seen before."""
+        for req in self.requests.values():
+            self.pool.free(req.block_ids)
+        self.requests.clear()
+        self.copier.complete(self.pool)
+        assert self.tier is not None
+        self.tier.close()
+        self.expected.clear()  # serials start again
+        self._open()
+        if self.history:
+            tokens, namespace = self.history[pick % len(self.history)]
+            self._start(tokens, namespace, priority, None, False, keep)
 
     # Checks.
 
@@ -288,8 +346,22 @@ class PoolMachine(RuleBasedStateMachine):
                 "host_hits",
                 "host_evictions",
                 "partial_hits",
+                "disk_hits",
             ):
                 event(f"{name} > 0: {getattr(stats, name) > 0}")
+            event(f"disk hits read into host slots: {self.copier.slot_onboards > 0}")
+        if getattr(self, "tier", None) is not None:
+            self.tier.close()
+        if getattr(self, "folder", None) is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _check_served(self, block_ids: list[BlockId], namespace, tokens: list[int]) -> None:
+        """Every block a match served holds its prefix's KV once the copies ran."""
+        for idx, block_id in enumerate(block_ids):
+            kv = kv_block(namespace, tokens, idx)
+            assert np.array_equal(self.device[block_id], kv)
+            serial = self.pool.blocks[block_id].serial  # a disk hit's entry is new
+            assert serial is not None and np.array_equal(self.expected.setdefault(serial, kv), kv)
 
     def _compute(self, req: Req, start: int, duration: float | None) -> None:
         """Write the KV of tokens [start, end) and register every block that became full."""
@@ -315,10 +387,59 @@ class PoolMachine(RuleBasedStateMachine):
                 priority_duration_s=duration,
             )
             req.hashes.append(block_hash)
+            if self.kv_of_digest is not None:
+                self.kv_of_digest[block_hash] = kv_block(req.namespace, req.tokens, idx)
             serial = self.pool.blocks[block_id].serial
             if serial is not None:  # findable, or a duplicate of the entry with this serial
                 kv = kv_block(req.namespace, req.tokens, idx)
                 assert np.array_equal(self.expected.setdefault(serial, kv), kv)
+
+
+class DiskCopier(NumpyBlockCopier):
+    """The copier, with the disk tier's copies: writes put the block's bytes (as the
+    runner does) and land before the next rule; a disk hit's bytes come staged, or
+    in the host slot they were read into (then it is an onboard)."""
+
+    def __init__(
+        self,
+        device: np.ndarray,
+        host: np.ndarray,
+        tier: DiskTier | None,
+        kv_of_digest: dict[BlockHash, np.ndarray] | None,
+        drop_writes: bool,
+    ) -> None:
+        super().__init__(device, host)
+        self.tier, self.kv_of_digest = tier, kv_of_digest
+        self.drop_writes = drop_writes
+        self.num_writes = 0
+        self.slot_onboards = 0
+
+    def complete(self, pool: BlockPool) -> int:
+        copies = pool.take_copies()
+        for copy in copies:
+            if copy.kind in ("device_to_disk", "host_to_disk"):
+                entry = copy.entry
+                assert self.tier is not None and entry is not None and copy.src is not None
+                kv = (self.device if copy.kind == "device_to_disk" else self.host)[copy.src]
+                if self.kv_of_digest is not None:  # what is written is the block's own KV
+                    assert np.array_equal(kv, self.kv_of_digest[entry.block_hash]), copy
+                self.num_writes += 1
+                if self.drop_writes and copy.kind == "device_to_disk" and self.num_writes % 2:
+                    continue  # dropped, as by a full write queue: the tier does not know it
+                self.tier.put(
+                    entry.block_hash, entry.parent_hash, entry.token_ids, kv,
+                    extra_ids=entry.extra_ids, namespace=entry.namespace,
+                )  # fmt: skip
+            elif copy.kind == "disk_onboard":
+                assert copy.staged is not None and copy.dst is not None
+                self.device[copy.dst] = copy.staged
+            else:
+                if copy.kind == "onboard" and self.tier is not None:
+                    self.slot_onboards += 1
+                self._run(copy)
+        if self.tier is not None:
+            assert self.tier.flush(10)
+        return pool.complete_copies()
 
 
 PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)

@@ -200,13 +200,74 @@ DAMAGE_KINDS = {
 }
 
 
+def _dest(fill: int = 0x5A) -> np.ndarray:
+    """A destination slot (a host-tier slot's shape), filled with a pattern no block has."""
+    return np.full(SHAPE, fill, np.uint16).view(ml_dtypes.bfloat16)
+
+
+def test_get_into_reads_the_payload_into_the_destination(tier: DiskTier) -> None:
+    chain = Chain(2, seed=9)
+    store(tier, chain)
+    dest = _dest()
+    got = tier.get(chain.hashes[1], chain.parent(1), chain.tokens[1], into=dest)
+    assert got is not None and np.shares_memory(got, dest) and got.shape == SHAPE
+    assert dest.tobytes() == chain.kvs[1].tobytes()
+    with pytest.raises(ValueError, match="into must be C-contiguous and 256 bytes"):
+        tier.get(chain.hashes[0], None, chain.tokens[0], into=_dest()[:1])
+
+
+def test_reading_into_a_slot_judges_every_damage_as_reading_the_whole_file(
+    tier: DiskTier,
+) -> None:
+    """Random damage (a flipped bit anywhere, a cut or an extension of any length):
+    `read_block_into` (header, payload and trailer read apart) accepts exactly the files
+    `decode_block` accepts, names the same kind of damage, and what it accepts is the
+    block's payload."""
+    chain = Chain(1, seed=3)
+    store(tier, chain)
+    path = path_of(tier, chain.hashes[0])
+    sound = path.read_bytes()
+    rng = np.random.default_rng(11)
+    kinds = set()
+    for _ in range(300):
+        data = bytearray(sound)
+        what = rng.integers(3)
+        if what == 0:
+            data[rng.integers(len(data))] ^= 1 << int(rng.integers(8))
+        elif what == 1:
+            del data[int(rng.integers(len(data))) :]
+        else:
+            data += bytes(int(rng.integers(1, 600)))
+        path.write_bytes(bytes(data))
+
+        def verdict(read) -> str:
+            try:
+                read()
+            except fmt.BlockFileError as exc:
+                return exc.kind
+            return "sound"
+
+        dest = _dest()
+        whole = verdict(lambda data=data: fmt.decode_block(bytes(data), tier.layout))
+        apart = verdict(lambda dest=dest: fmt.read_block_into(
+            path, memoryview(dest.view(np.uint8).reshape(-1)), tier.layout, BLOCK_SIZE
+        ))  # fmt: skip
+        assert apart == whole, (what, len(data))
+        kinds.add(whole)
+        if whole == "sound":
+            assert dest.tobytes() == chain.kvs[0].tobytes()
+    assert {fmt.BAD_HEADER, fmt.TRUNCATED, fmt.CHECKSUM} <= kinds, kinds
+
+
+@pytest.mark.parametrize("into", [False, True], ids=["fresh", "into"])
 @pytest.mark.parametrize("how", list(DAMAGE_KINDS))
-def test_damaged_file_is_never_served(tier: DiskTier, how: str) -> None:
+def test_damaged_file_is_never_served(tier: DiskTier, how: str, into: bool) -> None:
     chain = Chain(3)
     store(tier, chain)
     path = path_of(tier, chain.hashes[1])
     _damage(path, how)
-    assert chain.get(tier, 1) is None
+    dest = _dest() if into else None
+    assert tier.get(chain.hashes[1], chain.parent(1), chain.tokens[1], into=dest) is None
     stats = tier.stats()
     assert stats[f"disk_corrupt_{DAMAGE_KINDS[how]}"] == 1 and stats["disk_corrupt_removed"] == 1
     assert not path.exists() and not tier.contains(chain.hashes[1])
@@ -217,12 +278,16 @@ def test_damaged_file_is_never_served(tier: DiskTier, how: str) -> None:
     tier.check_integrity()
 
 
+@pytest.mark.parametrize("into", [False, True], ids=["fresh", "into"])
 @pytest.mark.parametrize("how", [None, "wrong_key", *DAMAGE_KINDS])
-def test_a_chain_read_ahead_is_checked_as_it_is_taken(tier: DiskTier, how: str | None) -> None:
+def test_a_chain_read_ahead_is_checked_as_it_is_taken(
+    tier: DiskTier, how: str | None, into: bool
+) -> None:
     """Blocks read and checked ahead on the reader threads give `get` the bytes and the
     verdicts of a read on the caller's: a damaged file (or one looked up under another
     key) in the middle is found when taken, counted and removed there, and the blocks
-    after it, read but never taken, count nothing."""
+    after it, read but never taken, count nothing. Read `into` destinations (host
+    slots), each block lands in its own, and `settle` waits for reads not taken."""
     chain = Chain(5, seed=4)
     store(tier, chain)
     tokens = [list(t) for t in chain.tokens]
@@ -231,16 +296,20 @@ def test_a_chain_read_ahead_is_checked_as_it_is_taken(tier: DiskTier, how: str |
     elif how is not None:
         _damage(path_of(tier, chain.hashes[2]), how)
     keys = [(chain.hashes[i], chain.parent(i), tokens[i], None) for i in range(5)]
-    reads = tier.read_ahead(keys)
+    dests = [_dest(i) for i in range(5)] if into else None
+    reads = tier.read_ahead(keys, into=dests)
     taken = []
     for i, read in enumerate(reads):
         got = tier.get(chain.hashes[i], chain.parent(i), tokens[i], ahead=read)
         if got is None:
             break
-        assert not got.flags.writeable
+        if dests is None:
+            assert not got.flags.writeable
+        else:
+            assert np.shares_memory(got, dests[i])
         taken.append(got.tobytes())
-    for read in reads[len(taken) :]:
-        read.cancel()
+    tier.settle(reads[len(taken) :])
+    assert all(read.done() for read in reads)
     num = 5 if how is None else 2
     assert taken == [kv.tobytes() for kv in chain.kvs[:num]]
     stats = tier.stats()

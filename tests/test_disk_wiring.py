@@ -5,11 +5,13 @@ bit-identical to computing the prompt fresh."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
-from test_disk_tier import BLOCK_SIZE, Chain, make_config
+from test_disk_tier import BLOCK_SIZE, SHAPE, Chain, make_config
 
 from reprise.blockpool import disk_format as fmt
 from reprise.blockpool.copies import BlockCopy, DiskEntry
@@ -177,6 +179,149 @@ def test_leaving_the_host_tier_unwritten_plans_a_host_to_disk_write(tmp_path: Pa
     tier.close()
 
 
+def _arena(num_slots: int) -> np.ndarray:
+    """A host tier's memory, filled with a pattern no block has."""
+    return np.full((num_slots, *SHAPE), 0x5A, np.uint16).view(ml_dtypes.bfloat16)
+
+
+def _restarted(tmp_path: Path, chain: Chain, num_slots: int, num_blocks: int = 8):
+    """A pool over a disk tier holding `chain`, its host tier's memory `arena`."""
+    tier = open_tier(tmp_path)
+    for i in range(len(chain.hashes)):
+        assert chain.put(tier, i)
+    assert tier.flush(10)
+    arena = _arena(num_slots)
+    pool = BlockPool(
+        num_blocks, BLOCK_SIZE, host_tier=HostTier(num_slots), disk_tier=tier,
+        host_memory=arena.__getitem__,
+    )  # fmt: skip
+    return pool, tier, arena
+
+
+def test_disk_hits_are_read_into_host_slots_and_onboarded_from_there(tmp_path: Path) -> None:
+    """With a host tier, each disk hit's payload is read straight into a free host slot
+    (memory used before, pinned on the GPU) and moves on as a host onboard: the slot is
+    pinned until the copy ran, then free and blank (findable only on the device)."""
+    chain = Chain(3, seed=7)
+    pool, tier, arena = _restarted(tmp_path, chain, num_slots=4)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert (match.num_blocks, match.num_disk_hits, match.num_host_hits) == (3, 3, 0)
+    copies = pool.take_copies()
+    assert [(c.kind, c.dst) for c in copies] == [("onboard", b) for b in match.block_ids]
+    for copy, kv in zip(copies, chain.kvs, strict=True):
+        assert copy.staged is None and arena[copy.src].tobytes() == kv.tobytes()
+    assert len({c.src for c in copies}) == 3
+    host = pool.host_tier
+    assert host is not None and (host.num_free_blocks, host.num_cached_blocks) == (1, 0)
+    assert pool.num_pending_copies == 3
+    pool.check_integrity()
+    assert pool.complete_copies() == 3
+    assert (host.num_free_blocks, host.num_cached_blocks) == (4, 0)
+    stats = pool.stats()
+    assert (stats.disk_hits, stats.host_hits, stats.host_onboards) == (3, 0, 0)
+    pool.free(match.block_ids)
+    again = pool.match(chain.hashes, chain.tokens)
+    assert (again.num_device_hits, again.num_disk_hits) == (3, 0)
+    pool.free(again.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_a_host_tier_short_of_slots_reads_the_rest_into_fresh_memory(tmp_path: Path) -> None:
+    chain = Chain(4, seed=8)
+    pool, tier, arena = _restarted(tmp_path, chain, num_slots=2)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.num_disk_hits == 4
+    copies = pool.take_copies()
+    assert [c.kind for c in copies] == ["onboard"] * 2 + ["disk_onboard"] * 2
+    got = [arena[c.src] if c.staged is None else c.staged for c in copies]
+    assert [g.tobytes() for g in got] == [kv.tobytes() for kv in chain.kvs]
+    pool.check_integrity()
+    assert pool.complete_copies() == 4
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_host_entries_give_their_slots_only_when_the_disk_has_them(tmp_path: Path) -> None:
+    """A host slot holding an entry the disk tier has is taken (the entry forgotten:
+    counted as a host eviction); one holding an entry still to be written is not (its
+    write would read the slot after the disk read overwrote it), and stops the taking."""
+    chain = Chain(2, seed=9)
+    pool, tier, arena = _restarted(tmp_path, chain, num_slots=1, num_blocks=2)
+    other = Chain(1, seed=10)
+    (block_id,) = register_chain(pool, other)
+    pool.take_copies()  # its write-through, not run: the tier does not know it
+    pool.free([block_id])
+    assert pool.allocate(2) is not None  # evicts it to the host slot
+    assert [c.kind for c in pool.take_copies()] == ["offload"]
+    pool.complete_copies()
+    pool.free([0, 1])
+    host = pool.host_tier
+    assert host is not None and host.num_cached_blocks == 1
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.num_disk_hits == 2
+    assert [c.kind for c in pool.take_copies()] == ["disk_onboard"] * 2
+    assert host.num_cached_blocks == 1 and host.lookup(other.hashes[0]) is not None
+    pool.complete_copies()
+    pool.free(match.block_ids)
+    pool.check_integrity()
+
+    assert other.put(tier, 0) and tier.flush(10)  # now the disk has it: its slot is taken
+    later = Chain(1, seed=12)
+    assert later.put(tier, 0) and tier.flush(10)
+    before = pool.stats().host_evictions
+    match = pool.match(later.hashes, later.tokens)
+    assert match.num_disk_hits == 1
+    copies = pool.take_copies()
+    assert [(c.kind, c.src) for c in copies] == [("onboard", 0)]
+    assert arena[0].tobytes() == later.kvs[0].tobytes()
+    assert host.lookup(other.hashes[0]) is None
+    assert pool.stats().host_evictions == before + 1
+    pool.complete_copies()
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_a_damaged_file_read_into_a_slot_ends_the_match_and_frees_the_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots of blocks after the damaged one go back to the host tier, and only once
+    every read into them has ended (slow reads here, so those behind it are running)."""
+    chain = Chain(4, seed=11)
+    pool, tier, _ = _restarted(tmp_path, chain, num_slots=4)
+    path = tier.folder / fmt.file_name(chain.hashes[1])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    running = []
+    read = fmt.read_block_into
+
+    def slow_read(*args, **kwargs):
+        running.append(1)
+        try:
+            time.sleep(0.2)
+            return read(*args, **kwargs)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(fmt, "read_block_into", slow_read)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert not running, "a read into a slot given back is still running"
+    assert (match.num_blocks, match.num_disk_hits) == (1, 1)
+    assert [c.kind for c in pool.take_copies()] == ["onboard"]
+    host = pool.host_tier
+    assert host is not None and host.num_free_blocks == 3  # the unused slots are back
+    pool.check_integrity()
+    pool.complete_copies()
+    assert host.num_free_blocks == 4
+    assert pool.stats().disk_corrupt_removed == 1 and not path.exists()
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
 def test_low_retention_blocks_are_not_written(tmp_path: Path) -> None:
     chain = Chain(1, seed=6)
     tier = open_tier(tmp_path)
@@ -206,10 +351,15 @@ def test_settings_refuse_a_missing_folder_and_a_bad_size(tmp_path: Path) -> None
         EngineConfig(disk_cache=str(tmp_path), disk_cache_gb=0)
 
 
+@pytest.mark.parametrize("host_blocks", [0, 8, 3], ids=["no-host", "host", "host-short"])
 def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
-    tiny: Path, tmp_path: Path
+    tiny: Path, tmp_path: Path, host_blocks: int
 ) -> None:
-    settings = dict(backend="numpy", block_size=16, num_device_blocks=64)
+    """Without a host tier the disk hits are read into fresh memory; with one, into its
+    slots (all of them, or as many as there are)."""
+    settings = dict(
+        backend="numpy", block_size=16, num_device_blocks=64, num_host_blocks=host_blocks
+    )
     prompt = list(range(3, 3 + 16 * 5 + 7))  # 5 full blocks and a partial one
     params = SamplingParams(max_tokens=3, temperature=0, return_logits=True)
 
@@ -224,11 +374,17 @@ def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
 
     second = Engine.from_pretrained(tiny, disk_cache=str(tmp_path), **settings)
     assert second.stats()["disk_blocks"] == 5
+    ops = second.runner.model.ops
+    onboards = []
+    onboard = ops.onboard_block
+    ops.onboard_block = lambda *args: onboards.append(args[1]) or onboard(*args)
     again = second.generate(prompt, params)
+    del ops.onboard_block
+    assert len(onboards) == min(5, host_blocks)  # from the slots the reads landed in
     assert (again.cached_tokens, again.disk_cached_tokens, again.host_cached_tokens) == (80, 80, 0)
     assert again.token_ids == fresh.token_ids
     assert again.logits.tobytes() == fresh.logits.tobytes()
     stats = second.stats()
-    assert (stats["disk_hits"], stats["reused_blocks"]) == (5, 5)
+    assert (stats["disk_hits"], stats["reused_blocks"], stats["host_hits"]) == (5, 5, 0)
     assert second.prefill_tokens_computed == len(prompt) - 80
     second.close()

@@ -91,7 +91,9 @@ def test_bad_input_gets_an_error_naming_the_field(daemon: Daemon, config, change
     request = {"prompt": [1024, 1025, 1026, 1027, 9, 9], "prompt_table": table(config, 1),
                "extra_ids": [1, 1, 1, 1, 0, 0], **change}  # fmt: skip
     if isinstance(request["prompt_table"], str):
-        request["prompt_table"] = np.zeros((4, config.hidden_size + 2), dtype=table(config, 1).dtype)
+        request["prompt_table"] = np.zeros(
+            (4, config.hidden_size + 2), dtype=table(config, 1).dtype
+        )
     with pytest.raises(RequestError, match=match) as info:
         ask(daemon, request)
     assert info.value.code == "bad_request"

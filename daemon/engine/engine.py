@@ -109,6 +109,9 @@ class Engine:
             host_tier=HostTier(num_host_blocks) if num_host_blocks else None,
             disk_tier=self.disk_tier,
             event_sink=self.events,
+            # disk hits are read straight into host slots (pinned on the GPU: no page
+            # faults, and their onboard is the host tier's asynchronous copy)
+            host_memory=self.runner.host_cache.__getitem__,
         )
         # prompt entries of as many blocks as the device pool and host tier hold together
         self.logprob_store = PromptLogprobStore(
