@@ -567,9 +567,7 @@ class BlockPool:
         into = [self._host_memory(slot.slot) for slot in slots] if self._host_memory else []
         into += [None] * (len(keys) - len(into))
         reads = (
-            disk.read_ahead(
-                [(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace, into
-            )
+            disk.read_ahead([(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace, into)
             if len(keys) > 1
             else []
         )
@@ -597,9 +595,7 @@ class BlockPool:
             else:
                 block.ref_count += 1  # the copy's pin, released by complete_copies()
                 self._disk_arrivals.append(block)
-                self._copies.append(
-                    BlockCopy("disk_onboard", None, block.block_id, staged=staged)
-                )
+                self._copies.append(BlockCopy("disk_onboard", None, block.block_id, staged=staged))
             block_ids.append(block.block_id)
             parent_hash = block_hash
             num_hits += 1
@@ -625,9 +621,7 @@ class BlockPool:
             if slot is None:
                 break
             if slot.block_hash is not None:
-                if slot.priority >= self.offload_min_priority and not disk.knows(
-                    slot.block_hash
-                ):
+                if slot.priority >= self.offload_min_priority and not disk.knows(slot.block_hash):
                     host.return_slot(slot, now)
                     break
                 self._counters.host_evictions += 1

@@ -7,6 +7,7 @@
 // One thread per output element, grid-stride.
 extern "C" __global__ void silu_mul(const __nv_bfloat16* __restrict__ gate_up,
                                     __nv_bfloat16* __restrict__ out, long long tokens, int inter) {
+  pdl_enter();
   const long long total = tokens * inter;
   for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
        idx += (long long)gridDim.x * blockDim.x) {

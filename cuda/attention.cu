@@ -501,20 +501,26 @@ __device__ __forceinline__ void paged_attention(
       num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b16(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<64, 16>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b32(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<64, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b64(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<64, 64>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b16(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<128, 16>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b32(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<128, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b64(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention<128, 64>(PAGED_ATTENTION_PASS);
 }

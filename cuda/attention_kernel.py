@@ -75,7 +75,7 @@ import numpy as np
 
 from .attention import KV_CHUNK
 from .gemm_kernel import REFERENCE_SMS
-from .kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
 THREADS_PER_CTA = 128  # kNumThreads in attention.cu
@@ -286,7 +286,7 @@ def launch(
         np.int32(num_kv_heads), np.int32(cache.shape[1]), np.int32(layer),
         np.int32(grid.head_parts), np.int32(grid.kv_lanes), np.float32(scale),
     )  # fmt: skip
-    fn(grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
+    launch_kernel(fn, grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
     return out
 
 

@@ -601,20 +601,26 @@ __device__ __forceinline__ void paged_attention_tc(
       num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<64, 16>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<64, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<64, 64>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
   paged_attention_tc<128, 64>(PAGED_ATTENTION_PASS);
 }

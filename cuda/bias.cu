@@ -8,6 +8,7 @@
 extern "C" __global__ void add_bias(const float* __restrict__ y,
                                     const __nv_bfloat16* __restrict__ bias,
                                     __nv_bfloat16* __restrict__ out, long long tokens, int width) {
+  pdl_enter();
   const long long total = tokens * width;
   for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
        idx += (long long)gridDim.x * blockDim.x) {

@@ -28,6 +28,19 @@ namespace {
 // defines it, so there the wrappers below are the only definitions.
 #ifndef REPRISE_EMULATE_PTX
 
+// Programmatic dependent launch (sm_90+; issue 18): wait until the grid before this one
+// in the stream has completed and its writes are visible, then let the grid after this
+// one start launching (its CTAs wait here in turn). Every kernel calls it first, before
+// it reads or writes global memory, so a kernel launched early (kernels.launch with
+// REPRISE_PDL=1) never sees a buffer its predecessor is still writing or reading (a
+// buffer CuPy's pool handed on). Launched without the attribute, the default, the wait
+// returns at once; below sm_90 it is not emitted.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ unsigned shared_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }

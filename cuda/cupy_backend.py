@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import launchers
+from . import launchers, pdl
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
@@ -57,6 +57,7 @@ class CupyBackend:
             )
         if gemm is not None and gemm not in GEMM_FAMILIES:
             raise ValueError(f"gemm must be one of {', '.join(GEMM_FAMILIES)}; got {gemm!r}")
+        pdl.requested()  # a bad REPRISE_PDL is refused here, before any weight is read
         self.attention = attention
         self.gemm_family = gemm
         self._cupy = cupy

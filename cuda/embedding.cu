@@ -12,6 +12,7 @@
 extern "C" __global__ void embed(const __nv_bfloat16* __restrict__ table, const int* __restrict__ token_ids,
                                  const __nv_bfloat16* __restrict__ prompt_rows, float* __restrict__ out,
                                  int hidden, int vocab) {
+  pdl_enter();
   const long long token = blockIdx.x;
   const int id = token_ids[token];
   const __nv_bfloat16* row =

@@ -327,12 +327,14 @@ __device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
                  int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Skinny, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_f32_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
                 int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Skinny, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
@@ -340,6 +342,7 @@ extern "C" __global__ void __launch_bounds__(128)
 gemm_bf16_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                        float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
                        int M, int N, int K, int split_len) {
+  pdl_enter();
   skinny_split(x, w, ws, y, counters, M, N, K, split_len);
 }
 
@@ -347,53 +350,62 @@ extern "C" __global__ void __launch_bounds__(128)
 gemm_f32_skinny_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                       float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
                       int N, int K, int split_len) {
+  pdl_enter();
   skinny_split(x, w, ws, y, counters, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
               int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Mid, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_f32_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
              int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Mid, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_bf16_mid_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
                    int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Mid, Split::FOLD>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_f32_mid_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
                   int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Mid, Split::FOLD>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
               int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Big, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 gemm_f32_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
              int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Big, Split::WHOLE>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 gemm_bf16_big_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
                    int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 gemm_f32_big_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ y,
                   int M, int N, int K, int split_len) {
+  pdl_enter();
   gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
 }

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel
 
 MAX_STATIC_SMEM_BYTES = 48 * 1024  # more needs the per-kernel opt-in attribute
 MAX_GRID_Y = 65535
@@ -262,7 +262,7 @@ def gemm(
         args = (x, w, workspace, out, counters)
     else:
         args = (x, w, out)
-    fn(plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
+    launch_kernel(fn, plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
     return out
 
 

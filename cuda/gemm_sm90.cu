@@ -638,36 +638,42 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 extern "C" __global__ void __launch_bounds__(128, 1)
 gemm_sm90_bf16_wg1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                    unsigned short* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg1);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1)
 gemm_sm90_f32_wg1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                   float* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg1);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_bf16_wg2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                    unsigned short* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg2);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_f32_wg2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                   float* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg2);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_bf16_wg2wide(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                        unsigned short* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg2Wide);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_f32_wg2wide(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                       float* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_BODY(Wg2Wide);
 }
 
@@ -675,6 +681,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 gemm_sm90_bf16_wg1_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                          float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                          int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_SPLIT_BODY(Wg1);
 }
 
@@ -682,18 +689,21 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 gemm_sm90_f32_wg1_split(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                         float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                         int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_SPLIT_BODY(Wg1);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_bf16_wg2_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                         unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_FOLD_BODY(Wg2);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                        float* __restrict__ y, int M, int N, int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_FOLD_BODY(Wg2);
 }
 
@@ -701,24 +711,28 @@ gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned shor
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                   unsigned short* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_WS_BODY(Split::WHOLE, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                  float* __restrict__ y, int M, int N, int K) {
+  pdl_enter();
   GEMM_SM90_WS_BODY(Split::WHOLE, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_WS_BODY(Split::FOLD, split_len);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                       float* __restrict__ y, int M, int N, int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_WS_BODY(Split::FOLD, split_len);
 }
 
@@ -726,6 +740,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                         int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_WS_SPLIT_BODY;
 }
 
@@ -733,5 +748,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                        int K, int split_len) {
+  pdl_enter();
   GEMM_SM90_WS_SPLIT_BODY;
 }

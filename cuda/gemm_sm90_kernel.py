@@ -72,7 +72,7 @@ import numpy as np
 from . import nvrtc
 from .families import family
 from .gemm_kernel import num_splits, split_k, split_length
-from .kernels import BF16_BITS, check
+from .kernels import BF16_BITS, check, launch_kernel
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
 SOURCE = family("gemm_sm90").source
@@ -367,9 +367,8 @@ def gemm_sm90(
         args = (x, weight, out, *dims, np.int32(plan.split_len))
     else:
         args = (x, weight, out, *dims)
-    _kernel(plan.kernel, plan.smem_bytes, _device_id())(
-        plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes
-    )
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id())
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 
 

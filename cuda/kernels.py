@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import pdl
 from .dtypes import BF16
 from .families import family as family_of
 from .nvrtc import compile_options, kernel_source
@@ -37,6 +38,19 @@ def module(family: str) -> cupy.RawModule:
 
 def kernel(family: str, name: str) -> cupy.RawKernel:
     return module(family).get_function(name)
+
+
+def launch_kernel(
+    fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], *,
+    shared_mem: int = 0,
+) -> None:  # fmt: skip
+    """Launch one of our kernels on the current stream: as a programmatic dependent of
+    the kernel before it when PDL is on (pdl.py: REPRISE_PDL=1 on sm_90+), else as CuPy
+    launches it. Every launch of ours goes through here."""
+    if pdl.active():
+        pdl.launch(fn, grid, block, args, shared_mem)
+    else:
+        fn(grid, block, args, shared_mem=shared_mem)
 
 
 def to_device(x: np.ndarray) -> cupy.ndarray:

@@ -12,6 +12,7 @@ extern "C" __global__ void kv_write(const __nv_bfloat16* __restrict__ k, const _
                                     long long k_stride, long long v_stride, const long long* __restrict__ slots,
                                     __nv_bfloat16* __restrict__ cache, int layer, int num_layers,
                                     int kv_heads, int block_size, int head_dim) {
+  pdl_enter();
   const int token = blockIdx.x, head = blockIdx.y;
   const long long slot = slots[token];
   const long long block = slot / block_size, offset = slot - block * block_size;

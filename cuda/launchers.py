@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import BF16_BITS, check, kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
 ARGMAX_THREADS = 1024  # as in sampling.cu
@@ -70,7 +70,7 @@ def embed(table: Any, token_ids: Any, prompt_rows: Any = None, *, out: Any = Non
     out = _empty((num_tokens, hidden), np.float32, out)
     if num_tokens:
         args = (table, token_ids, prompt_rows, out, np.int32(hidden), np.int32(table.shape[0]))
-        kernel("embedding", "embed")((num_tokens,), (256,), args)
+        launch_kernel(kernel("embedding", "embed"), (num_tokens,), (256,), args)
     return out
 
 
@@ -82,7 +82,7 @@ def rmsnorm(x: Any, weight: Any, eps: float, *, out: Any = None) -> Any:
     out = _empty(x.shape, BF16_BITS, out)
     if x.shape[0]:
         args = (x, weight, out, np.int32(x.shape[1]), np.float32(eps))
-        kernel("rmsnorm", "rmsnorm")((x.shape[0],), (RMSNORM_THREADS,), args)
+        launch_kernel(kernel("rmsnorm", "rmsnorm"), (x.shape[0],), (RMSNORM_THREADS,), args)
     return out
 
 
@@ -100,7 +100,9 @@ def add_rmsnorm(residual: Any, delta: Any, weight: Any, eps: float) -> tuple[Any
     out = cupy.empty(residual.shape, dtype=BF16_BITS)
     if residual.shape[0]:
         args = (residual, delta, weight, summed, out, np.int32(residual.shape[1]), np.float32(eps))
-        kernel("rmsnorm", "add_rmsnorm")((residual.shape[0],), (RMSNORM_THREADS,), args)
+        launch_kernel(
+            kernel("rmsnorm", "add_rmsnorm"), (residual.shape[0],), (RMSNORM_THREADS,), args
+        )
     return summed, out
 
 
@@ -120,7 +122,7 @@ def rope(x: Any, positions: Any, cos: Any, sin: Any, *, out: Any = None) -> Any:
     out = _empty((num_tokens, heads, head_dim), BF16_BITS, out)
     if num_tokens:
         args = (x, np.int64(stride), positions, cos, sin, out, np.int32(heads), np.int32(head_dim))
-        kernel("rope", "rope")((num_tokens, heads), (head_dim // 2,), args)
+        launch_kernel(kernel("rope", "rope"), (num_tokens, heads), (head_dim // 2,), args)
     return out
 
 
@@ -142,7 +144,9 @@ def kv_write(cache: Any, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
     if k.shape[0]:
         args = (k, v, np.int64(k_stride), np.int64(v_stride), slot_mapping, cache, np.int32(layer), np.int32(num_layers),
                 np.int32(kv_heads), np.int32(block_size), np.int32(head_dim))  # fmt: skip
-        kernel("kvcache", "kv_write")((k.shape[0], kv_heads), (min(head_dim, 128),), args)
+        launch_kernel(
+            kernel("kvcache", "kv_write"), (k.shape[0], kv_heads), (min(head_dim, 128),), args
+        )
 
 
 def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
@@ -156,7 +160,7 @@ def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
     if total:
         blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
         args = (gate_up, out, np.int64(num_tokens), np.int32(width // 2))
-        kernel("activation", "silu_mul")((blocks,), (ELEMENTWISE_THREADS,), args)
+        launch_kernel(kernel("activation", "silu_mul"), (blocks,), (ELEMENTWISE_THREADS,), args)
     return out
 
 
@@ -172,7 +176,7 @@ def add_bias(y: Any, bias: Any, *, out: Any = None) -> Any:
     if total:
         blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
         args = (y, bias, out, np.int64(num_tokens), np.int32(width))
-        kernel("bias", "add_bias")((blocks,), (ELEMENTWISE_THREADS,), args)
+        launch_kernel(kernel("bias", "add_bias"), (blocks,), (ELEMENTWISE_THREADS,), args)
     return out
 
 
@@ -182,7 +186,7 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
     out = _empty((logits.shape[0],), np.int32, out)
     if logits.shape[0]:
         args = (logits, np.int64(logits.shape[1]), np.int32(logits.shape[1]), out)
-        kernel("sampling", "argmax")((logits.shape[0],), (ARGMAX_THREADS,), args)
+        launch_kernel(kernel("sampling", "argmax"), (logits.shape[0],), (ARGMAX_THREADS,), args)
     return out
 
 
@@ -228,7 +232,7 @@ def sample(
     uniforms = philox_uniform(seeds, positions)
     cum = cupy.empty_like(ranked)
     args = (ranked, ids, top_k, top_p, uniforms, cum, np.int32(vocab), out)
-    kernel("sampling", "sample_sorted")((rows,), (SAMPLE_THREADS,), args)
+    launch_kernel(kernel("sampling", "sample_sorted"), (rows,), (SAMPLE_THREADS,), args)
     return out
 
 
@@ -243,8 +247,11 @@ def philox_uniform(seeds: Any, positions: Any) -> Any:
     n = seeds.shape[0]
     out = cupy.empty((n,), dtype=np.float32)
     if n:
-        kernel("sampling", "philox_uniform")(
-            (-(-n // 256),), (256,), (seeds, positions, out, np.int32(n))
+        launch_kernel(
+            kernel("sampling", "philox_uniform"),
+            (-(-n // 256),),
+            (256,),
+            (seeds, positions, out, np.int32(n)),
         )
     return out
 

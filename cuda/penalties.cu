@@ -19,6 +19,7 @@ extern "C" __global__ void apply_penalties(float* __restrict__ logits, int vocab
                                            const float* __restrict__ repetition,
                                            const float* __restrict__ frequency,
                                            const float* __restrict__ presence) {
+  pdl_enter();
   float* row = logits + (long long)blockIdx.x * vocab;
   const float rep = repetition[blockIdx.x], freq = frequency[blockIdx.x], pres = presence[blockIdx.x];
   const int end = token_offsets[blockIdx.x + 1];

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import check, kernel
+from .kernels import check, kernel, launch_kernel
 
 PENALTY_THREADS = 128
 
@@ -44,4 +44,4 @@ def apply_penalties(
         return
     args = (logits, np.int32(vocab), token_offsets, token_ids, output_counts,
             repetition, frequency, presence)  # fmt: skip
-    kernel("penalties", "apply_penalties")((rows,), (PENALTY_THREADS,), args)
+    launch_kernel(kernel("penalties", "apply_penalties"), (rows,), (PENALTY_THREADS,), args)

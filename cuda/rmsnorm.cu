@@ -30,6 +30,7 @@ __device__ __forceinline__ void normalize_row(const float* __restrict__ x,
 extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm(const float* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
         __nv_bfloat16* __restrict__ out, int hidden, float eps) {
+  pdl_enter();
   const long long row = blockIdx.x;
   normalize_row(x + row * hidden, weight, out + row * hidden, hidden, eps);
 }
@@ -40,6 +41,7 @@ extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
 add_rmsnorm(const float* __restrict__ residual, const __nv_bfloat16* __restrict__ delta,
             const __nv_bfloat16* __restrict__ weight, float* __restrict__ summed_out,
             __nv_bfloat16* __restrict__ out, int hidden, float eps) {
+  pdl_enter();
   const long long row = blockIdx.x;
   const float* r = residual + row * hidden;
   const __nv_bfloat16* d = delta + row * hidden;

@@ -13,6 +13,7 @@ extern "C" __global__ void rope(const __nv_bfloat16* __restrict__ x, long long t
                                 const int* __restrict__ positions, const float* __restrict__ cos_table,
                                 const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ out,
                                 int heads, int head_dim) {
+  pdl_enter();
   const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
   if (i >= half) return;
   const long long pos = positions[token];

@@ -27,6 +27,7 @@ __device__ __forceinline__ void warp_argmax(float& best_v, int& best_i) {
 // grid = rows, block = ARGMAX_THREADS.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* __restrict__ out) {
+  pdl_enter();
   __shared__ float values[ARGMAX_THREADS / 32];
   __shared__ int ids[ARGMAX_THREADS / 32];
   const float* row = logits + blockIdx.x * row_stride;
@@ -53,6 +54,7 @@ argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* _
 extern "C" __global__ void philox_uniform(const unsigned long long* __restrict__ seeds,
                                           const long long* __restrict__ positions,
                                           float* __restrict__ out, int n) {
+  pdl_enter();
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= n) return;
   const unsigned long long seed = seeds[idx];
@@ -84,6 +86,7 @@ extern "C" __global__ void sample_sorted(const float* __restrict__ sorted, const
                                          const int* __restrict__ top_k, const float* __restrict__ top_p,
                                          const float* __restrict__ uniforms, float* __restrict__ cum,
                                          int vocab, int* __restrict__ out) {
+  pdl_enter();
   const long long base = (long long)blockIdx.x * vocab;
   const int kept = top_k[blockIdx.x] < vocab ? top_k[blockIdx.x] : vocab;
   const float top = sorted[base];

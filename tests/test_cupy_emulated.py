@@ -25,7 +25,7 @@ import pytest
 import test_invariance as invariance
 from kernel_emu import emucupy
 
-from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels
+from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels, pdl
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.sampling import Draws
@@ -152,6 +152,21 @@ def test_graph_replay_is_bit_identical_to_eager_decode(engines: Engines, referen
     outs = run_both(engines(cuda_graphs=True))
     assert emucupy.replays() - before >= NUM_TOKENS - 1  # a replay per decode step
     assert_identical(outs, reference)
+
+
+def test_programmatic_dependent_launch_keeps_every_bit(
+    engines: Engines, reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With PDL on (cuda/pdl.py), every kernel of a step goes through the driver launch
+    (arguments packed as cuLaunchKernelEx takes them), eager and captured in graphs, and
+    every thread of each calls pdl_enter (the emulator counts): the same bits as without."""
+    monkeypatch.setattr(pdl, "active", lambda: True)
+    monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
+    launches, dependents = emucupy.launches(), emucupy.pdl_launches()
+    outs = run_both(engines(cuda_graphs=True))
+    assert_identical(outs, reference)
+    ran = emucupy.launches() - launches
+    assert ran > 0 and emucupy.pdl_launches() - dependents == ran
 
 
 def test_penalties_and_logprobs_stay_bit_identical(engines: Engines) -> None:

@@ -306,6 +306,9 @@ template <class F> int with_dynamic_smem(unsigned short* buffer, unsigned capaci
 }  // namespace
 
 extern "C" {
+// How many threads called pdl_enter since the last call (ptx_emu.h).
+unsigned long long emu_pdl_entered() { return g_pdl_entered.exchange(0); }
+
 // 0: launched; 1: no such kernel; 2: dynamic shared memory over the emulator's buffer;
 // 3: cp.async copies left in flight; 4: arguments that do not fit the kernel (`error`
 // says which); 5: a launch shape the emulator does not run (`error` says why).

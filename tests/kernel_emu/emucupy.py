@@ -78,6 +78,7 @@ class _State:
     allocator_depth = 0  # nested `using_allocator` blocks with a private pool
     streams: ClassVar[list[Stream]] = []
     launches = 0  # kernels run, replays included
+    pdl_launches = 0  # of which launched as programmatic dependents (pdl.py)
     replays = 0  # graphs launched
     skip_kernels = False  # count launches but run none (host-side timing)
     # per host thread, the ops of each stream it has waited for
@@ -341,8 +342,8 @@ class _Launch:
     """One kernel launch, its arguments packed as the driver takes them."""
 
     def __init__(self, name: str, grid: tuple[int, ...], block: tuple[int, ...],
-                 args: tuple[Any, ...], smem: int) -> None:  # fmt: skip
-        self.name, self.smem = name, smem
+                 args: tuple[Any, ...], smem: int, pdl: bool = False) -> None:  # fmt: skip
+        self.name, self.smem, self.pdl = name, smem, pdl
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.block = tuple(block) + (1,) * (3 - len(block))
         self.keep: list[Any] = []  # the arrays and values the pointers point at
@@ -377,6 +378,8 @@ class _Launch:
             _State.launches += 1
             return
         assert _State.lib is not None, "emucupy.install(lib) first"
+        _State.lib.emu_pdl_entered.restype = ctypes.c_ulonglong
+        _State.lib.emu_pdl_entered()  # from zero
         error = ctypes.create_string_buffer(512)
         rc = _State.lib.emu_launch(
             self.name.encode(), *map(ctypes.c_uint, self.grid + self.block), ctypes.c_int(self.smem),
@@ -388,6 +391,15 @@ class _Launch:
                        3: "cp.async copies left in flight"}  # fmt: skip
             raise RuntimeError(f"launch of {self.name} failed ({rc}): "
                                f"{error.value.decode() or reasons.get(rc, '')}")  # fmt: skip
+        entered = _State.lib.emu_pdl_entered()
+        if self.pdl:  # launched as a programmatic dependent: every thread waits first
+            threads = int(np.prod(self.grid)) * int(np.prod(self.block))
+            if entered != threads:
+                raise RuntimeError(
+                    f"{self.name} launched as a dependent: {entered} of its {threads} threads "
+                    "called pdl_enter"
+                )
+            _State.pdl_launches += 1
         _State.launches += 1
 
 
@@ -405,7 +417,10 @@ class RawKernel:
         object.__setattr__(self, key, value)
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
-                 *, shared_mem: int = 0, stream: Stream | None = None) -> None:  # fmt: skip
+                 *, shared_mem: int = 0, stream: Stream | None = None,
+                 pdl: bool = False) -> None:  # fmt: skip
+        """As CuPy's; `pdl` (not CuPy's) is a launch as a programmatic dependent
+        (PdlDriver below), which every thread of the kernel must enter by pdl_enter."""
         if not isinstance(args, tuple):
             raise TypeError(f"{self.name}: args must be a tuple; got {type(args).__name__}")
         limit = max(MAX_STATIC_SMEM, self.max_dynamic_shared_size_bytes)
@@ -414,7 +429,7 @@ class RawKernel:
                 f"{self.name}: {shared_mem} bytes of dynamic shared memory over the kernel's "
                 f"limit of {limit} (set max_dynamic_shared_size_bytes)"
             )
-        launch = _Launch(self.name, grid, block, args, shared_mem)
+        launch = _Launch(self.name, grid, block, args, shared_mem, pdl)
         current = get_current_stream()
         if _State.capture is not None:
             capturing, recorded = _State.capture
@@ -425,6 +440,25 @@ class RawKernel:
         current._drain(len(current._queue))
         _use(current, launch.spans, f"kernel {self.name}")
         launch.run()
+
+
+class PdlDriver:
+    """cuda/pdl.py's Driver for the emulation (`pdl._driver`): the arguments packed as
+    the real driver's would be (pdl.pack_args), then the kernel launched as a dependent,
+    so every thread of it must call pdl_enter (checked when it runs, replays included)."""
+
+    def launch(self, fn: RawKernel, grid: tuple[int, ...], block: tuple[int, ...],
+               args: tuple[Any, ...], shared_mem: int) -> None:  # fmt: skip
+        from reprise.cuda import pdl
+
+        pdl.launch_config(grid, block, shared_mem, 0)
+        pdl.pack_args(args)
+        fn(grid, block, tuple(args), shared_mem=shared_mem, pdl=True)
+
+
+def pdl_launches() -> int:
+    """Kernels run as programmatic dependents so far (replays included)."""
+    return _State.pdl_launches
 
 
 class RawModule:

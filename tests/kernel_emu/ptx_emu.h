@@ -16,6 +16,7 @@
 #ifndef REPRISE_EMULATE_PTX
 #define REPRISE_EMULATE_PTX 1
 #endif
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,13 @@ inline unsigned char* ptx_smem_at(unsigned addr, unsigned bytes, unsigned align)
     ptx_emu_fail("shared access past the dynamic shared memory", addr);
   return g_ptx_smem + addr;
 }
+
+// ---- griddepcontrol -------------------------------------------------------------------
+// pdl_enter: the emulator runs one grid at a time, so there is nothing to wait for; it
+// counts the threads that call it (emu_pdl_entered in driver.cpp), so a test can check
+// that every thread of every kernel launched as a dependent calls it.
+inline std::atomic<unsigned long long> g_pdl_entered{0};
+inline void pdl_enter() { g_pdl_entered.fetch_add(1, std::memory_order_relaxed); }
 
 // __cvta_generic_to_shared: here, the offset into the dynamic shared window.
 inline unsigned shared_addr(const void* p) {

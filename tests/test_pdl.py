@@ -1,0 +1,142 @@
+"""Programmatic dependent launch (cuda/pdl.py), what can be checked without a GPU: every
+kernel enters through `pdl_enter()` first, the driver structures match cuda.h, the
+arguments are packed as the driver takes them, and the switch is read strictly. The
+engine's launches through it run in the kernel emulator
+(tests/test_cupy_emulated.py::test_programmatic_dependent_launch_keeps_every_bit); on a
+GPU, tests/test_invariance.py and bench_gpu_e2e.py run with REPRISE_PDL=1
+(scripts/gpu_session.sh)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.cuda import pdl
+from reprise.cuda.families import FAMILIES
+from reprise.cuda.nvrtc import include_dir, kernel_names
+
+ENTRY = re.compile(r'extern\s+"C"\s+__global__\s[^{;]*\{')  # up to the body's brace
+
+
+def test_every_kernel_enters_through_pdl_first() -> None:
+    """The first statement of every `__global__` entry point is `pdl_enter();`: a kernel
+    launched early must wait before it touches global memory."""
+    names = []
+    for family in FAMILIES:
+        source = family.source.read_text()
+        entries = list(ENTRY.finditer(source))
+        assert entries, f"no kernel found in {family.source.name}"
+        entry_names = kernel_names(source)
+        assert len(entry_names) == len(entries), family.source.name
+        for name, entry in zip(entry_names, entries, strict=True):
+            body = source[entry.end() :].lstrip()
+            assert body.startswith("pdl_enter();"), (
+                f"{family.source.name}: {name} does not call pdl_enter() first"
+            )
+            names.append(name)
+    assert len(names) == len(set(names)) >= 50, names
+
+
+def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:
+    common = (Path(pdl.__file__).parent / "common.cuh").read_text()
+    body = common[common.index("void pdl_enter()") :]
+    body = body[: body.index("\n}\n")]
+    assert "__CUDA_ARCH__ >= 900" in body
+    assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents")
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, False), ("0", False), ("1", True)], ids=["unset", "0", "1"]
+)
+def test_the_switch(value: str | None, on: bool) -> None:
+    assert pdl.requested({} if value is None else {pdl.ENV: value}) is on
+
+
+@pytest.mark.parametrize("value", ["yes", "", "2", "true"])
+def test_a_bad_switch_is_refused_in_one_line(value: str) -> None:
+    with pytest.raises(ValueError, match=r"^REPRISE_PDL must be 0 \(off, the default\) or 1"):
+        pdl.requested({pdl.ENV: value})
+
+
+class FakeDeviceArray:
+    """What pack_args reads of a CuPy array: `.data.ptr`."""
+
+    def __init__(self, ptr: int) -> None:
+        self.data = type("Pointer", (), {"ptr": ptr})()
+
+
+def test_arguments_are_packed_as_the_driver_reads_them() -> None:
+    args = (FakeDeviceArray(0xDEAD0000), np.int32(-7), np.float32(0.5), np.int64(1 << 40),
+            FakeDeviceArray(0x1000))  # fmt: skip
+    pointers, keep = pdl.pack_args(args)
+    assert len(keep) == len(args)
+
+    def at(i: int, ctype):
+        return ctypes.cast(pointers[i], ctypes.POINTER(ctype)).contents.value
+
+    assert at(0, ctypes.c_void_p) == 0xDEAD0000 and at(4, ctypes.c_void_p) == 0x1000
+    assert at(1, ctypes.c_int32) == -7 and at(2, ctypes.c_float) == 0.5
+    assert at(3, ctypes.c_int64) == 1 << 40
+
+
+@pytest.mark.parametrize("bad", [3, 0.5, np.zeros(2, np.int32)], ids=["int", "float", "host"])
+def test_a_python_number_or_host_array_is_refused(bad) -> None:
+    with pytest.raises(TypeError, match="kernel argument 1: pass a device array or a NumPy"):
+        pdl.pack_args((FakeDeviceArray(1), bad))
+
+
+def test_the_launch_config_asks_for_programmatic_serialization() -> None:
+    config, attr = pdl.launch_config((132, 2), (128,), 4096, 0x1234)
+    got = (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
+           config.blockDimY, config.blockDimZ, config.sharedMemBytes, config.hStream)  # fmt: skip
+    assert got == (132, 2, 1, 128, 1, 1, 4096, 0x1234)
+    assert config.numAttrs == 1 and ctypes.addressof(config.attrs.contents) == ctypes.addressof(
+        attr
+    )
+    assert attr.id == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert int.from_bytes(bytes(attr)[8:12], "little") == 1
+    with pytest.raises(ValueError, match="1 to 3 positive dimensions"):
+        pdl.launch_config((0,), (128,), 0, 0)
+
+
+def _cuda_header() -> Path | None:
+    for root in (include_dir(), Path("/usr/local/cuda/include")):
+        if root is not None and (root / "cuda.h").is_file():
+            return root
+    return None
+
+
+def test_the_structures_match_cuda_h(tmp_path: Path) -> None:
+    """Sizes and offsets of CUlaunchConfig and CUlaunchAttribute, and the attribute's
+    id, as the C compiler lays them out from the toolkit's own cuda.h."""
+    root, cc = _cuda_header(), shutil.which("cc") or shutil.which("gcc")
+    if root is None or cc is None:
+        pytest.skip("needs cuda.h (nvidia-cuda-runtime or a toolkit) and a C compiler")
+    src = tmp_path / "layout.c"
+    src.write_text(r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <cuda.h>
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchConfig), sizeof(CUlaunchAttribute),
+         offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
+         offsetof(CUlaunchConfig, numAttrs), offsetof(CUlaunchAttribute, value),
+         offsetof(CUlaunchConfig, sharedMemBytes),
+         (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+  return 0;
+}
+""")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", str(root), "-o", str(exe), str(src)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    want = [ctypes.sizeof(pdl.LaunchConfig), ctypes.sizeof(pdl.LaunchAttribute),
+            pdl.LaunchConfig.hStream.offset, pdl.LaunchConfig.attrs.offset,
+            pdl.LaunchConfig.numAttrs.offset, pdl.LaunchAttribute.value.offset,
+            pdl.LaunchConfig.sharedMemBytes.offset, 6]  # fmt: skip
+    assert list(map(int, got)) == want
