@@ -50,7 +50,7 @@ from reprise.blockpool.hashing import BlockHash, hash_block
 # [num_layers, 2, num_kv_heads, block_size, head_dim] of one block; --shape picks one
 SHAPES = {
     "default": (30, 2, 3, 32, 64),  # SmolLM2-135M at block size 32: 720 KiB
-    "8b": (32, 2, 8, 16, 128),  # Llama-3.1-8B at block size 16 (bench_gpu_e2e's): 2 MiB
+    "8b": (32, 2, 8, 32, 128),  # Llama-3.1-8B at block size 32 (bench_gpu_e2e.py's): 4 MiB
 }
 BLOCK_SIZE = SHAPES["default"][3]  # --first-token's
 FINGERPRINT = b"bench-disk-tier"
