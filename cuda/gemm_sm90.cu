@@ -480,6 +480,26 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   }
   __syncthreads();
 
+  // Thread 0 of the producer: expect local tile t's weight bytes on its stage's full
+  // barrier and start their bulk copies (the tile's BN / 64 panels).
+  const auto issue_weight = [&](int t) {
+    const int s = t % T::STAGES;
+    mbar_arrive_expect_tx(full0 + s * 8, T::B_BYTES);
+    const long long panel0 = n0 / 64;
+#pragma unroll
+    for (int i = 0; i < T::BN / 64; ++i)
+      bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
+                    w_packed + ((panel0 + i) * panel_tiles + kt_begin + t) * T::PANEL_BYTES,
+                    T::PANEL_BYTES, full0 + s * 8);
+  };
+  // The first stages' weight tiles go before this grid waits for the one before it
+  // (pdl_enter): the packed weight never changes and lands in this CTA's shared memory
+  // only, so a launch as a programmatic dependent (pdl.py) streams it while the
+  // previous kernel finishes. Nothing else is read or written before the wait.
+  if (tid == 0)
+    for (int t = 0; t < T::STAGES && t < num_k_tiles; ++t) issue_weight(t);
+  pdl_enter();
+
   // Local tile t (k-tile kt_begin + t) sits in stage t % STAGES.
   if (warpgroup == 0) {  // ---- producer ----
     const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
@@ -489,15 +509,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
         while (!mbar_try_wait(empty0 + s * 8, ((t / T::STAGES) + 1) & 1)) {
         }
       unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
-      if (tid == 0) {
-        mbar_arrive_expect_tx(full0 + s * 8, T::B_BYTES);
-        const long long panel0 = n0 / 64;
-#pragma unroll
-        for (int i = 0; i < T::BN / 64; ++i)
-          bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
-                        w_packed + ((panel0 + i) * panel_tiles + kt) * T::PANEL_BYTES, T::PANEL_BYTES,
-                        full0 + s * 8);
-      }
+      if (tid == 0 && t >= T::STAGES) issue_weight(t);  // the first stages' went before
       if (vec) {
 #pragma unroll
         for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
@@ -711,43 +723,37 @@ gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned shor
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                   unsigned short* __restrict__ y, int M, int N, int K) {
-  pdl_enter();
-  GEMM_SM90_WS_BODY(Split::WHOLE, 0);
+  GEMM_SM90_WS_BODY(Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                  float* __restrict__ y, int M, int N, int K) {
-  pdl_enter();
-  GEMM_SM90_WS_BODY(Split::WHOLE, 0);
+  GEMM_SM90_WS_BODY(Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
-  pdl_enter();
-  GEMM_SM90_WS_BODY(Split::FOLD, split_len);
+  GEMM_SM90_WS_BODY(Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                       float* __restrict__ y, int M, int N, int K, int split_len) {
-  pdl_enter();
-  GEMM_SM90_WS_BODY(Split::FOLD, split_len);
+  GEMM_SM90_WS_BODY(Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                         int K, int split_len) {
-  pdl_enter();
-  GEMM_SM90_WS_SPLIT_BODY;
+  GEMM_SM90_WS_SPLIT_BODY;  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                        int K, int split_len) {
-  pdl_enter();
-  GEMM_SM90_WS_SPLIT_BODY;
+  GEMM_SM90_WS_SPLIT_BODY;  // pdl_enter() inside, after the weight prologue
 }

@@ -24,8 +24,14 @@ from reprise.cuda.nvrtc import include_dir, kernel_names
 ENTRY = re.compile(r'extern\s+"C"\s+__global__\s[^{;]*\{')  # up to the body's brace
 
 
+# The warp-specialized Hopper GEMM's entry points call pdl_enter() inside the tile
+# function, after its weight prologue (WEIGHT_PROLOGUE below).
+WEIGHT_PROLOGUE_BODIES = ("GEMM_SM90_WS_BODY(", "GEMM_SM90_WS_SPLIT_BODY;")
+
+
 def test_every_kernel_enters_through_pdl_first() -> None:
-    """The first statement of every `__global__` entry point is `pdl_enter();`: a kernel
+    """The first statement of every `__global__` entry point is `pdl_enter();` (or the
+    warp-specialized GEMM's body, which calls it after its weight prologue): a kernel
     launched early must wait before it touches global memory."""
     names = []
     for family in FAMILIES:
@@ -36,11 +42,31 @@ def test_every_kernel_enters_through_pdl_first() -> None:
         assert len(entry_names) == len(entries), family.source.name
         for name, entry in zip(entry_names, entries, strict=True):
             body = source[entry.end() :].lstrip()
-            assert body.startswith("pdl_enter();"), (
+            assert body.startswith(("pdl_enter();", *WEIGHT_PROLOGUE_BODIES)), (
                 f"{family.source.name}: {name} does not call pdl_enter() first"
             )
             names.append(name)
     assert len(names) == len(set(names)) >= 50, names
+
+
+def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() -> None:
+    """Before its pdl_enter(), gemm_sm90_ws_tile initialises its barriers and starts the
+    first stages' weight copies into shared memory (the packed weight is constant): no
+    read of x, no write of y, the workspace or the counters; then every thread waits."""
+    source = (Path(pdl.__file__).parent / "gemm_sm90.cu").read_text()
+    body = source[source.index("void gemm_sm90_ws_tile(") :]
+    body = body[body.index("{") : body.index("\n}\n")]
+    assert body.count("pdl_enter();") == 1
+    before = body[: body.index("pdl_enter();")]
+    assert "issue_weight(t)" in before and "mbar_init(" in before
+    for touch in ("ws_x_source(", "cp_async_16(", "y[", "out[", "counters[", "atomic",
+                  "fold_split_partials"):  # fmt: skip
+        assert touch not in before, touch
+    call = before[before.rindex("issue_weight(t)") - 80 :]
+    assert "if (tid == 0)" in call  # one thread issues them, not a branch others skip past
+    for macro in ("GEMM_SM90_WS_BODY(MODE, SPLIT_LEN)", "GEMM_SM90_WS_SPLIT_BODY"):
+        enabled = source[source.index(f"#define {macro}") :].split("\n", 2)
+        assert "gemm_sm90_ws_tile<" in "".join(enabled[:2]), macro
 
 
 def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:
