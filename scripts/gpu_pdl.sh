@@ -7,17 +7,8 @@
 #   bash scripts/gpu_pdl.sh            (about 5 minutes at most)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-top=${OUT:-gpu-results}
-mkdir -p "$top"
-export OUT=$(mktemp -d)
-part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended, pack
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.out" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
-  tar -czf "$top/results-pdl.tgz" -C "$OUT" .
-}
+PACK=results-pdl.tgz
+source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
 extra=()

@@ -8,17 +8,8 @@
 #   bash scripts/gpu_session.sh            (about 6 minutes at most)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-top=${OUT:-gpu-results}
-mkdir -p "$top"
-export OUT=$(mktemp -d)
-part() {  # part NAME SECONDS COMMAND...: run it under a limit, say how it ended, pack
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.out" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
-  tar -czf "$top/results.tgz" -C "$OUT" .  # what is done so far, should a later part be cut
-}
+PACK=results.tgz
+source scripts/gpu_parts.sh
 # most important first: the proof, then the engine's figures, then the kernels'. The tests
 # run in four processes, a file to a process, where pytest-xdist is installed (the GPU
 # image has it), and each under pytest-timeout's limit where that is.

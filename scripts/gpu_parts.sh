@@ -1,0 +1,16 @@
+# Sourced by gpu_session.sh and gpu_pdl.sh (with PACK, the archive's name): the results
+# folder $top (${OUT:-gpu-results} as called), a fresh $OUT for the parts' files, and
+# `part NAME SECONDS COMMAND...`, which runs a part under its own time limit (a hung or
+# slow part cannot cost the others), says how it ended, and packs what is done so far
+# into $top/$PACK (a lent machine sends back only a few files).
+top=${OUT:-gpu-results}
+mkdir -p "$top"
+export OUT=$(mktemp -d)
+part() {
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.out" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
+  tar -czf "$top/$PACK" -C "$OUT" .  # should a later part be cut
+}
