@@ -63,8 +63,39 @@ class Terminal:
                     data = os.read(self.fd, 65536)
             if not data:
                 why = "timed out" if left <= 0 or not ready else "the terminal closed"
-                raise AssertionError(f"{why} waiting for {pattern!r}; screen:\n{self.text[-3000:]}")
+                raise AssertionError(
+                    f"{why} waiting for {pattern!r}; screen:\n{self.text[-3000:]}"
+                    f"{self.diagnosis() if why == 'timed out' else ''}"
+                )
             self.text += data.decode("utf-8", "replace")
+
+    def diagnosis(self) -> str:
+        """Where a command that went quiet is: its process state and wait channel, then
+        every thread's Python stack (faulthandler, on for it: SIGABRT makes it print them
+        on the terminal, and ends it)."""
+        pid = self.proc.pid
+        state = ""
+        with suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            state = next((line for line in status.splitlines() if line.startswith("State")), "")
+            state += " wchan " + Path(f"/proc/{pid}/wchan").read_text()
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+        stacks, deadline = b"", time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if not select.select([self.fd], [], [], 0.2)[0]:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            stacks += chunk
+        text = stacks.decode("utf-8", "replace")
+        return f"\n-- the command: {state}\n-- its stacks after SIGABRT:\n{text[-6000:]}"
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
@@ -127,7 +158,8 @@ def chat(daemon: str, tmp_path: Path) -> Iterator[Callable[..., Terminal]]:
     started: list[Terminal] = []
 
     def start(*args: str) -> Terminal:
-        env = {**os.environ, "REPRISE_CACHE_DIR": str(tmp_path / "cache"), "TERM": "xterm"}
+        env = {**os.environ, "REPRISE_CACHE_DIR": str(tmp_path / "cache"), "TERM": "xterm",
+               "PYTHONFAULTHANDLER": "1"}  # fmt: skip  # stacks on SIGABRT (diagnosis)
         env.pop("REPRISE_SOCKET", None)
         term = Terminal(
             [sys.executable, "-m", "reprise.cli.main", "chat", "--socket", daemon,
