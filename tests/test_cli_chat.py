@@ -41,12 +41,23 @@ class Terminal:
             stderr=slave,
             env=env,
             start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=self._as_at_a_terminal,
         )
         os.close(slave)
         self.fd = master
         self.text = ""
         self.pos = 0
+
+    @staticmethod
+    def _as_at_a_terminal() -> None:
+        """In the child before exec: the terminal becomes its controlling terminal, and
+        Ctrl-C and Ctrl-\\ act as at a shell's prompt. NOTE: a test run started in the
+        background by a non-interactive shell (`cmd &`, as CI may start it) ignores
+        SIGINT and SIGQUIT, children inherit that, and Python keeps an ignored SIGINT
+        ignored: Ctrl-C would do nothing."""
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
     def expect(self, pattern: str, timeout_s: float = 60) -> re.Match[str]:
         deadline = time.monotonic() + timeout_s
