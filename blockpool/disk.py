@@ -395,9 +395,8 @@ class DiskTier:
         try:
             if ahead is None:
                 payload = self._read_checked(
-                    into, into is not None, block_hash, parent_hash, token_ids, extra_ids,
-                    namespace,
-                )  # fmt: skip
+                    block_hash, parent_hash, token_ids, extra_ids, namespace, into=into
+                )
             else:
                 payload = ahead.result()
         except FileNotFoundError:
@@ -448,10 +447,10 @@ class DiskTier:
             dests, sizes, keys, strict=True
         ):
             # +1: a file that grew shows it
-            buf = np.empty(nbytes + 1, np.uint8) if dest is None else dest
+            buf = np.empty(nbytes + 1, np.uint8) if dest is None else None
             futures.append(self._readers.submit(
-                self._read_checked, buf, dest is not None, block_hash, parent, token_ids,
-                extra_ids, namespace,
+                self._read_checked, block_hash, parent, token_ids, extra_ids, namespace,
+                into=dest, buf=buf,
             ))  # fmt: skip
         return futures
 
@@ -466,27 +465,27 @@ class DiskTier:
 
     def _read_checked(
         self,
-        buf: np.ndarray | None,
-        is_dest: bool,
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
         extra_ids: Sequence[int] | None,
         namespace: Namespace | None,
+        *,
+        into: np.ndarray | None = None,
+        buf: np.ndarray | None = None,
     ) -> np.ndarray:
         """The block's payload, its file read and checked against this key (on the
-        caller's or a reader thread): into `buf` if it `is_dest` (the payload's
-        destination), else the whole file into `buf` (uint8, one byte longer than the
-        file should be) or, without one, into fresh memory."""
+        caller's or a reader thread): the payload into `into` (its destination), else
+        the whole file into `buf` (uint8, one byte longer than the file should be) or,
+        without one, into fresh memory."""
         path = self.folder / fmt.file_name(block_hash)
-        if is_dest:
-            assert buf is not None
-            if buf.nbytes != self._payload_nbytes or not buf.flags.c_contiguous:
+        if into is not None:
+            if into.nbytes != self._payload_nbytes or not into.flags.c_contiguous:
                 raise ValueError(
                     f"into must be C-contiguous and {self._payload_nbytes} bytes; "
-                    f"got {buf.nbytes} bytes"
+                    f"got {into.nbytes} bytes"
                 )
-            flat = buf.reshape(-1)
+            flat = into.reshape(-1)
             header = fmt.read_block_into(
                 path, memoryview(flat.view(np.uint8)), self.layout, self.config.block_size
             )

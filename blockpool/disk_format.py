@@ -303,7 +303,7 @@ def read_block_into(
         try:
             return _read_apart(fd, payload, layout, block_size)
         except BlockFileError as exc:
-            decode_block(_read_whole(fd), layout)
+            decode_block(read_file(path), layout)
             raise exc from None  # sound whole: it changed between the reads
     finally:
         os.close(fd)
@@ -340,15 +340,6 @@ def _preadv_all(fd: int, views: list[memoryview]) -> int:
         if n:
             views[0] = views[0][n:]
     return total
-
-
-def _read_whole(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def touch(path: Path) -> None:

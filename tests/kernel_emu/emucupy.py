@@ -378,7 +378,6 @@ class _Launch:
             _State.launches += 1
             return
         assert _State.lib is not None, "emucupy.install(lib) first"
-        _State.lib.emu_pdl_entered.restype = ctypes.c_ulonglong
         _State.lib.emu_pdl_entered()  # from zero
         error = ctypes.create_string_buffer(512)
         rc = _State.lib.emu_launch(
@@ -849,6 +848,7 @@ def install(lib: ctypes.CDLL, setitem: Callable[[Any, str, Any], None]) -> None:
     built as a shared library). `setitem` is monkeypatch.setitem, so the modules go
     when the test does."""
     _State.lib = lib
+    lib.emu_pdl_entered.restype = ctypes.c_ulonglong  # threads that called pdl_enter
     _State.capture = None
     _State.allocator_depth = 0
     _host_waits({stream: stream.position for stream in _State.streams})  # a clean start
