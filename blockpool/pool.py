@@ -36,6 +36,9 @@ Guarantees:
   reads and checks each file there (checksums, then the stored key as for a
   memory hit), so a damaged or foreign file ends the match as a miss, and each
   sound one becomes a fresh device entry filled by a `disk_onboard` copy.
+  With `copies_ready`, a long run of disk hits tells the engine every
+  `disk_copy_batch` hits that copies are planned, so it can take and start them
+  (in list order, as it would at the step) while the later reads go on.
   `find_partial` looks there too (read and checked the same way), and a disk
   block's bytes go straight into the request's fresh block: no device block
   is taken for the source. `clear` forgets the disk tier's blocks with the
@@ -74,6 +77,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 __all__ = ["BlockId", "BlockPool", "MatchResult"]
+
+# Disk hits planned between two calls of `copies_ready` during one match: with 4 MiB
+# blocks (Llama-3.1-8B, 32 tokens), 16 MiB, about 0.3 ms of host-to-device copy.
+DISK_COPY_BATCH = 4
 
 
 @dataclass(slots=True)
@@ -119,6 +126,8 @@ class BlockPool:
         clock: Callable[[], float] = time.monotonic,
         event_sink: EventSink | None = None,
         host_memory: Callable[[int], np.ndarray] | None = None,
+        copies_ready: Callable[[], None] | None = None,
+        disk_copy_batch: int = DISK_COPY_BATCH,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
@@ -132,6 +141,14 @@ class BlockPool:
         # a host slot's memory (its index -> a writable array of one block), where disk
         # hits are read when the host tier has free slots; None: into fresh memory
         self._host_memory = host_memory if host_tier is not None else None
+        # called inside a match reading disk hits, every `disk_copy_batch` of them, so the
+        # engine may run `take_copies()` now (in order, as at the step): the device copies
+        # of the blocks read overlap the reads still going on. It must not call the pool
+        # but for take_copies.
+        self._copies_ready = copies_ready
+        if disk_copy_batch < 1:
+            raise ValueError(f"disk_copy_batch must be >= 1; got {disk_copy_batch}")
+        self._disk_copy_batch = disk_copy_batch
         self.offload_min_priority = validate_priority(offload_min_priority)
         self._clock = clock
         self.blocks = [KVBlock(block_id=BlockId(i)) for i in range(num_blocks)]
@@ -599,6 +616,8 @@ class BlockPool:
             block_ids.append(block.block_id)
             parent_hash = block_hash
             num_hits += 1
+            if self._copies_ready is not None and num_hits % self._disk_copy_batch == 0:
+                self._copies_ready()  # these blocks' copies start while later reads go on
         # Reads not taken: those not started never run, those running end before their
         # slots are free again.
         disk.settle(reads[num_hits:])

@@ -23,6 +23,7 @@ from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
 from .penalties_kernel import apply_penalties
+from .protocol import Landed
 from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
@@ -135,6 +136,11 @@ class CupyBackend:
         """Later compute waits for the copies issued so far, on the device."""
         if self._copy_stream is not None:
             self._cupy.cuda.get_current_stream().wait_event(self._copy_stream.record())
+
+    def copies_done(self) -> Any:
+        """The block copies issued so far, to wait for on the host (`synchronize()`): the
+        event recorded after them on the copy stream."""
+        return Landed() if self._copy_stream is None else self._copy_stream.record()
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self._cupy.zeros(shape, dtype=dtype)

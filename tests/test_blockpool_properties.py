@@ -105,6 +105,7 @@ class PoolMachine(RuleBasedStateMachine):
         weak_hash=st.booleans(),
         disk=st.booleans(),
         drop_writes=st.booleans(),
+        early_copies=st.sampled_from([None, 1, 2]),
     )
     def make_pool(
         self,
@@ -114,6 +115,7 @@ class PoolMachine(RuleBasedStateMachine):
         weak_hash: bool,
         disk: bool,
         drop_writes: bool,
+        early_copies: int | None,
     ) -> None:
         # The weak hasher has 8 digests: collisions on almost every step.
         self.hasher = weak_hasher if weak_hash else sha256
@@ -121,6 +123,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.host = np.zeros((max(num_host, 1), BS, ROW), np.uint8)
         self.num_host, self.offload_min = num_host, offload_min
         self.drop_writes = drop_writes  # every other write-through: a full write queue
+        # disk hits a match plans between running the copies so far (the engine's
+        # copies_ready), or None: copies run only when complete_copies takes them
+        self.early_copies = early_copies
         # digest -> its block's KV, where a digest names one prefix (not the weak hasher)
         self.kv_of_digest: dict[BlockHash, np.ndarray] | None = None if weak_hash else {}
         self.folder = tempfile.mkdtemp(prefix="reprise-prop-disk-") if disk else None
@@ -147,7 +152,14 @@ class PoolMachine(RuleBasedStateMachine):
             offload_min_priority=self.offload_min,
             clock=lambda: self.now,
             host_memory=self.host.__getitem__,
+            copies_ready=None if self.early_copies is None else self._run_copies_early,
+            disk_copy_batch=self.early_copies or 1,
         )
+
+    def _run_copies_early(self) -> None:
+        """The engine's copies_ready: run the copies planned so far, pins kept."""
+        self.copier.early_runs += 1
+        self.copier.run(self.pool)
 
     # Requests.
 
@@ -350,6 +362,7 @@ class PoolMachine(RuleBasedStateMachine):
             ):
                 event(f"{name} > 0: {getattr(stats, name) > 0}")
             event(f"disk hits read into host slots: {self.copier.slot_onboards > 0}")
+            event(f"copies run during a match: {self.copier.early_runs > 0}")
         if getattr(self, "tier", None) is not None:
             self.tier.close()
         if getattr(self, "folder", None) is not None:
@@ -413,8 +426,14 @@ class DiskCopier(NumpyBlockCopier):
         self.drop_writes = drop_writes
         self.num_writes = 0
         self.slot_onboards = 0
+        self.early_runs = 0  # runs of copies_ready
 
     def complete(self, pool: BlockPool) -> int:
+        self.run(pool)
+        return pool.complete_copies()
+
+    def run(self, pool: BlockPool) -> None:
+        """Run the copies planned so far, in order, as the runner does."""
         copies = pool.take_copies()
         for copy in copies:
             if copy.kind in ("device_to_disk", "host_to_disk"):
@@ -439,7 +458,6 @@ class DiskCopier(NumpyBlockCopier):
                 self._run(copy)
         if self.tier is not None:
             assert self.tier.flush(10)
-        return pool.complete_copies()
 
 
 PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from kernel_emu import emucupy
 from test_cupy_emulated import BS, GREEDY, PROMPTS, Engines, emulated, model_dir, random_prompt
+from test_disk_wiring import record_copy_runs
 
 from reprise.cuda.dtypes import BF16
 from reprise.daemon import SamplingParams
@@ -41,6 +42,47 @@ def test_read_block_lands_when_waited_for(emulated: None) -> None:
     cache[1] = 0  # ordered after the read
     done.synchronize()
     assert out.tobytes() == want[1].tobytes()
+
+
+def test_copies_done_is_the_copy_streams_event(emulated: None) -> None:
+    """What the runner waits for when a step has no forward: the copies issued so far
+    (here an offload, held back by the emulation until something waits for it)."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device
+
+    ops = CupyBackend()
+    ops.copies_done().synchronize()  # no copy yet: done
+    want = np.random.default_rng(1).standard_normal((3, 2, 8)).astype(BF16)
+    cache = to_device(want)
+    host = np.full((2, 2, 8), 0xFFFF, dtype=np.uint16).view(BF16)
+    ops.offload_block(cache, 2, host, 1)
+    assert host.view(np.uint16).min() == 0xFFFF  # held back: nothing waited yet
+    ops.copies_done().synchronize()
+    assert host[1].tobytes() == want[2].tobytes()
+
+
+def test_disk_hits_copies_started_inside_the_match_land_before_the_forward(
+    engines: Engines, tmp_path: Path
+) -> None:
+    """Five disk hits read into host slots after a restart: the first four's copies are
+    issued inside the match (the pool's copies_ready), on the copy stream, ahead of the
+    step; the forward still reads the blocks only once they landed (the emulation holds
+    a copy back until something waits for it), so the logits are bit-identical."""
+    prompt = random_prompt(5 * BS + 3, seed=44)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, return_logits=True)
+    fresh = engines(enable_reuse=False).generate(prompt, params)
+    first = engines(disk_cache=str(tmp_path))
+    first.generate(prompt, params)
+    while first.has_work():
+        first.step()
+    first.close()
+    second = engines(disk_cache=str(tmp_path), num_host_blocks=8)
+    runs = record_copy_runs(second)
+    again = second.generate(prompt, params)
+    assert runs[:2] == [("match", 4), ("step", 1)]
+    assert again.disk_cached_tokens == again.cached_tokens >= 5 * BS
+    assert again.logits.tobytes() == fresh.logits.tobytes()
+    second.close()
 
 
 def test_a_restart_serves_blocks_staged_on_the_copy_stream(

@@ -198,6 +198,58 @@ def _restarted(tmp_path: Path, chain: Chain, num_slots: int, num_blocks: int = 8
     return pool, tier, arena
 
 
+@pytest.mark.parametrize("num_slots", [9, 5, 0], ids=["slots", "slots-short", "no-host"])
+def test_a_long_disk_match_hands_its_copies_out_as_the_reads_land(
+    tmp_path: Path, num_slots: int
+) -> None:
+    """Inside a match, copies_ready is called every disk_copy_batch hits; the copies
+    taken then are those of the blocks read so far, in chain order, their bytes final
+    (read and checked), so the engine can start their device copies while the later
+    reads go on. Every hit's copy is handed out once, pinned until complete_copies."""
+    chain = Chain(9, seed=13)
+    seen: list[tuple[str, int, bytes]] = []  # (kind, device block, source bytes) when taken
+    calls: list[int] = []
+
+    def take(copies: list[BlockCopy]) -> None:
+        for copy in copies:
+            kv = arena[copy.src] if copy.staged is None else copy.staged
+            seen.append((copy.kind, copy.dst, kv.tobytes()))
+
+    def copies_ready() -> None:
+        copies = pool.take_copies()
+        calls.append(len(copies))
+        take(copies)
+
+    tier = open_tier(tmp_path)
+    for i in range(len(chain.hashes)):
+        assert chain.put(tier, i)
+    assert tier.flush(10)
+    arena = _arena(max(num_slots, 1))
+    host = dict(host_tier=HostTier(num_slots), host_memory=arena.__getitem__) if num_slots else {}
+    pool = BlockPool(
+        12, BLOCK_SIZE, disk_tier=tier, copies_ready=copies_ready, disk_copy_batch=4, **host
+    )
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.num_disk_hits == 9
+    assert calls == [4, 4]  # after the 4th and the 8th hit: the 9th is the step's
+    take(pool.take_copies())
+    assert [dst for _, dst, _ in seen] == match.block_ids  # each block once, in order
+    assert [kv for _, _, kv in seen] == [kv.tobytes() for kv in chain.kvs]
+    kinds = ["onboard"] * min(num_slots, 9) + ["disk_onboard"] * (9 - min(num_slots, 9))
+    assert [kind for kind, _, _ in seen] == kinds
+    assert pool.num_pending_copies == 9  # pinned until the step's copies are complete
+    pool.check_integrity()
+    assert pool.complete_copies() == 9
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_disk_copy_batch_is_checked() -> None:
+    with pytest.raises(ValueError, match="disk_copy_batch must be >= 1; got 0"):
+        BlockPool(4, BLOCK_SIZE, disk_copy_batch=0)
+
+
 def test_disk_hits_are_read_into_host_slots_and_onboarded_from_there(tmp_path: Path) -> None:
     """With a host tier, each disk hit's payload is read straight into a free host slot
     (memory used before, pinned on the GPU) and moves on as a host onboard: the slot is
@@ -378,9 +430,12 @@ def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
     onboards = []
     onboard = ops.onboard_block
     ops.onboard_block = lambda *args: onboards.append(args[1]) or onboard(*args)
+    runs = record_copy_runs(second)
     again = second.generate(prompt, params)
     del ops.onboard_block
     assert len(onboards) == min(5, host_blocks)  # from the slots the reads landed in
+    # the first 4 hits' copies ran inside the match (DISK_COPY_BATCH), the 5th with the step
+    assert runs[:2] == [("match", 4), ("step", 1)]
     assert (again.cached_tokens, again.disk_cached_tokens, again.host_cached_tokens) == (80, 80, 0)
     assert again.token_ids == fresh.token_ids
     assert again.logits.tobytes() == fresh.logits.tobytes()
@@ -388,3 +443,77 @@ def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
     assert (stats["disk_hits"], stats["reused_blocks"], stats["host_hits"]) == (5, 5, 0)
     assert second.prefill_tokens_computed == len(prompt) - 80
     second.close()
+
+
+def record_copy_runs(engine: Engine) -> list[tuple[str, int]]:
+    """Each run of block copies from now on: ("match", n) inside the scheduler's pass
+    (the pool's copies_ready), ("step", n) when a step's plan runs them."""
+    runs: list[tuple[str, int]] = []
+    scheduling = []
+    run_copies, schedule = engine.runner.run_copies, engine.scheduler.schedule
+
+    def run(copies: list[BlockCopy]) -> None:
+        if copies:
+            runs.append(("match" if scheduling else "step", len(copies)))
+        run_copies(copies)
+
+    def plan():
+        scheduling.append(1)
+        try:
+            return schedule()
+        finally:
+            scheduling.pop()
+
+    engine.runner.run_copies, engine.scheduler.schedule = run, plan
+    return runs
+
+
+@pytest.mark.parametrize("num_blocks", [6, 8])
+@pytest.mark.parametrize("host_blocks", [0, 8], ids=["no-host", "host"])
+def test_copies_started_in_a_match_are_completed_when_nothing_is_scheduled(
+    tiny: Path, tmp_path: Path, host_blocks: int, num_blocks: int
+) -> None:
+    """A match starts its disk hits' copies, then the request finds no room and goes
+    back to waiting: the step has no forward to run (with 8 blocks, no copy either: all
+    ran in the match), yet waits for the copies on the device and releases their pins;
+    the request then runs, bit-identical to fresh."""
+    settings = dict(
+        backend="numpy", block_size=16, num_device_blocks=64, num_host_blocks=host_blocks
+    )
+    prompt = list(range(7, 7 + 16 * num_blocks + 3))
+    params = SamplingParams(max_tokens=2, temperature=0, return_logits=True)
+    fresh = Engine.from_pretrained(tiny, **settings).generate(prompt, params)
+    first = Engine.from_pretrained(tiny, disk_cache=str(tmp_path), **settings)
+    first.generate(prompt, params)
+    first.close()
+
+    engine = Engine.from_pretrained(tiny, disk_cache=str(tmp_path), **settings)
+    runs = record_copy_runs(engine)
+    grow, refused = engine.kv.grow, []
+
+    def grow_once(seq, num):  # no room, the first time
+        if refused:
+            return grow(seq, num)
+        refused.append(seq)
+        return False
+
+    engine.kv.grow = grow_once
+    ops = engine.runner.model.ops
+    waits = []
+    copies_done = ops.copies_done
+    ops.copies_done = lambda: waits.append(1) or copies_done()
+    request_id = engine.add_request(prompt, params)
+    assert engine.step() == [] and refused
+    assert runs == [("match", 4), ("match", 4)] if num_blocks == 8 else [("match", 4), ("step", 2)]
+    assert waits == [1] and engine.pool.num_pending_copies == 0  # waited for, released
+    engine.pool.check_integrity()
+    while engine.has_work():
+        engine.step()
+    out = engine.take_completion(request_id)
+    assert out.logits.tobytes() == fresh.logits.tobytes()
+    # admitted again: the blocks the early copies filled are device hits now
+    assert (out.cached_tokens, out.disk_cached_tokens) == (16 * num_blocks, 0)
+    assert engine.stats()["disk_hits"] == num_blocks
+    assert engine.pool.num_pending_copies == 0
+    engine.pool.check_integrity()
+    engine.close()

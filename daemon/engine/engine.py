@@ -112,6 +112,8 @@ class Engine:
             # disk hits are read straight into host slots (pinned on the GPU: no page
             # faults, and their onboard is the host tier's asynchronous copy)
             host_memory=self.runner.host_cache.__getitem__,
+            # a long run of disk hits: their device copies start while later reads go on
+            copies_ready=self._start_copies,
         )
         # prompt entries of as many blocks as the device pool and host tier hold together
         self.logprob_store = PromptLogprobStore(
@@ -254,10 +256,16 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Run one engine step; returns what each request that sampled a token got."""
         plan = self.scheduler.schedule()
-        if not plan:
-            return []
+        if not plan and not self.pool.num_pending_copies:  # copies started in a match
+            return []  # are waited for and their pins released, even with nothing to run
         out = self.runner.execute(plan)
         return self.postprocess(plan, out)
+
+    def _start_copies(self) -> None:
+        """Run the copies the pool planned so far, ahead of the step that would run them
+        (the pool calls this inside a match; see BlockPool's `copies_ready`). Their pins
+        are released with the step's, by `postprocess`: the step's forward waits for them."""
+        self.runner.run_copies(self.pool.take_copies())
 
     def postprocess(self, plan: StepPlan, out: RunOutput) -> list[StepOutput]:
         """After the runner executed `plan`: release the copies' pins, advance each
@@ -308,8 +316,13 @@ class Engine:
         return decode.capture(limit if max_seqs is None else min(limit, max_seqs))
 
     def has_work(self) -> bool:
-        """Requests to run, or block copies planned and not yet run (disk writes)."""
-        return self.scheduler.has_work() or self.pool.num_planned_copies > 0
+        """Requests to run, block copies planned and not yet run (disk writes), or copies
+        started and not yet known to be done (their pins to release)."""
+        return (
+            self.scheduler.has_work()
+            or self.pool.num_planned_copies > 0
+            or self.pool.num_pending_copies > 0
+        )
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Run the block copies still planned (disk writes of the last blocks), then

@@ -87,10 +87,15 @@ class ModelRunner:
             )
 
     def execute(self, plan: StepPlan) -> RunOutput:
-        """Run the plan's copies, then its forward (`run`); the copies are complete
-        when this returns."""
+        """Run the plan's copies, then its forward (`run`); the copies, those the engine
+        started ahead of the plan too, are complete when this returns."""
         self.run_copies(plan.copies)
-        return self.run(plan.scheduled) if plan.scheduled else RunOutput()
+        if plan.scheduled:  # reading its results back waits for it, and it for the copies
+            return self.run(plan.scheduled)
+        # No forward to wait behind: wait here, so that a host slot whose pin is released
+        # next is never written (a disk read into it) while a copy still reads it.
+        self.model.ops.copies_done().synchronize()
+        return RunOutput()
 
     def run_copies(self, copies: list[BlockCopy]) -> None:
         """Execute block copies in list order and wait for them.
