@@ -90,7 +90,7 @@ def plain_io(folder: Path, payloads: list[bytes], fsync: bool) -> tuple[float, f
 
 
 def tier_io(
-    folder: Path, blocks: list, fsync: bool
+    folder: Path, blocks: list, fsync: bool, read_threads: int | None
 ) -> tuple[float, float, float, float, float, float]:
     nbytes = len(blocks) * blocks[0][3].nbytes
     config = DiskTierConfig(
@@ -98,6 +98,7 @@ def tier_io(
         max_bytes=2 * nbytes,
         block_shape=blocks[0][3].shape,
         block_size=blocks[0][3].shape[3],
+        **({} if read_threads is None else {"read_threads": read_threads}),
         model_fingerprint=FINGERPRINT,
         producer="bench",
         write_queue_blocks=len(blocks),
@@ -241,6 +242,12 @@ def main() -> None:
         default="default",
         help="the blocks' layout (not --first-token's, the default model's)",
     )
+    parser.add_argument(
+        "--read-threads",
+        type=int,
+        default=None,
+        help="the tier's reader threads (default: the tier's, min(8, CPUs))",
+    )
     parser.add_argument("--host-blocks", type=int, default=0,
                         help="--first-token: the reading engine's host tier, in blocks (disk "
                              "hits are then read into its slots)")  # fmt: skip
@@ -261,12 +268,17 @@ def main() -> None:
     try:
         for r in range(args.repeat):
             pw, pr = plain_io(root / f"plain{r}", payloads, args.fsync)
-            tw, tr, to, tp, ta, ti = tier_io(root / f"tier{r}", blocks, args.fsync)
+            tw, tr, to, tp, ta, ti = tier_io(
+                root / f"tier{r}", blocks, args.fsync, args.read_threads
+            )
             for key, value in zip(best, (pw, pr, tw, tr, to, tp, ta, ti), strict=True):
                 best[key] = min(best[key], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{args.blocks} blocks of {shape} BF16 = {mb:.1f} MB, fsync={args.fsync}, in {root}")
+    print(
+        f"{args.blocks} blocks of {shape} BF16 = {mb:.1f} MB, fsync={args.fsync}, "
+        f"reader threads {args.read_threads or 'default'} of {os.cpu_count()} CPUs, in {root}"
+    )
     print(f"{'':8}{'tier MB/s':>12}{'plain MB/s':>12}{'tier/plain':>12}")
     for what, tier_s, plain_s in (
         ("write", best["tier_w"], best["plain_w"]),
