@@ -68,6 +68,7 @@ reaches a row's arithmetic.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,8 +170,10 @@ def split_grid(
     Head parts: the fewest (a divisor of group) that give `num_sms` busy CTAs at a
     context of PLANNED_CONTEXT keys (8 KV chunks), so a batch-1 decode of an 8-KV-head
     model splits its groups down to single query heads. Lanes: when the (query tile,
-    head part) CTAs are fewer than `num_sms`, enough that the grid holds
-    SPLIT_CTAS_PER_SM CTAs an SM, at most one a KV chunk the table can hold; otherwise
+    head part) CTAs are fewer than `num_sms`, as many as keep the grid within
+    SPLIT_CTAS_PER_SM CTAs an SM (so it runs in one round where the deep ring's kernels
+    hold that many: 256 CTAs for a batch-1 8-KV-head decode, not 288), at most one a KV
+    chunk the table can hold; otherwise
     (a batch of 17 or more 8-KV-head decodes, a prefill) one lane, and no workspace.
     """
     max_chunks = kv_chunks(max_blocks, block_size)
@@ -183,7 +186,7 @@ def split_grid(
     base = work * num_kv_heads * head_parts
     lanes = 1
     if 0 < base < num_sms:  # under a wave: spread the chunks
-        lanes = max(1, min(max_chunks, -(-SPLIT_CTAS_PER_SM * num_sms // base)))
+        lanes = max(1, min(max_chunks, SPLIT_CTAS_PER_SM * num_sms // base))
     return SplitGrid(work, num_kv_heads, head_parts, lanes)
 
 
@@ -237,14 +240,13 @@ def paged_attention(
     """
     args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
-    return launch(kernel("attention", kernel_name(q.shape[2], cache.shape[4])), ROWS_PER_CTA, 0,
-                  out, *args, workspace=workspace)  # fmt: skip
+    fn = kernel("attention", kernel_name(q.shape[2], cache.shape[4]))
+    return launch(lambda grid: (fn, 0), ROWS_PER_CTA, out, *args, workspace=workspace)
 
 
 def launch(
-    fn: Any,
+    kernel_for: Callable[[SplitGrid], tuple[Any, int]],
     rows_per_cta: int,
-    smem_bytes: int,
     out: Any,
     q: Any,
     cache: Any,
@@ -256,8 +258,9 @@ def launch(
     *,
     workspace: Any,
 ) -> Any:
-    """Launch either attention kernel `fn` (checked inputs) on split_grid's geometry,
-    with the split's workspace and counters when it splits. Returns out."""
+    """Launch an attention kernel (checked inputs) on split_grid's geometry, with the
+    split's workspace and counters when it splits. `kernel_for(grid)` gives the entry
+    point for that grid and the dynamic shared memory it needs. Returns out."""
     import cupy
 
     num_tokens, num_heads, head_dim = q.shape
@@ -267,6 +270,7 @@ def launch(
                       block_size, rows_per_cta)  # fmt: skip
     if grid.num_work_items == 0:
         return out
+    fn, smem_bytes = kernel_for(grid)
     device = int(cupy.cuda.runtime.getDevice())
     counters = split_counters(device, cupy.cuda.get_current_stream().ptr)
     if grid.splits:

@@ -25,7 +25,8 @@
 // CTA: 4 warps; warp w owns rows 16w .. 16w + 15, one m16 tile (rows past the
 // CTA's last are padding: zero Q, never written). Its Q fragments are loaded
 // once into registers. The pages of the sequence (the key tiles) go through a
-// ring of kStages shared buffers, K then V, [block_size, head_dim + 8] BF16 each,
+// ring of kStages shared buffers (Ring: ring_stages, or deep_ring_stages for the
+// deep ring below), K then V, [block_size, head_dim + 8] BF16 each,
 // filled by 16-byte cp.async; key slots past seq_len are zero-filled instead of
 // read. For each page t of a chunk in ascending order, up to the last page the CTA's
 // last row sees, a warp whose rows see page t:
@@ -42,11 +43,24 @@
 //      ldmatrix.trans), accumulating into acc itself.
 // Finally, after the chunks are merged, out = bf16(acc / denom).
 //
+// The deep ring (the _deep entry points): the same kernel with a deeper ring, at least
+// 128 keys and 3 pages (b16: 8 stages, b32: 4, b64: 3), which the launcher takes exactly
+// for split launches (kv_lanes > 1: fewer (query tile, head slot) CTAs than a wave).
+// There each CTA walks a few pages one after another, and the normal ring (b32, b64: one
+// page in flight while one is read) leaves it waiting on a serial chain of page-load
+// latencies, not on bandwidth: at decode batch 1, context 512, Llama-3.1-8B shapes, 26.1
+// us for 0.70 us of KV at copy bandwidth (H100, bench/results/2026-11-27-h100). The deep
+// ring keeps kStages - 1 pages in flight; its shared memory costs CTAs an SM (below),
+// which split grids (about SPLIT_CTAS_PER_SM = 2 CTAs an SM) can spare and full grids
+// could not. NOTE: the ring depth never reaches a row's bits: it changes only when
+// copies are issued and waited for (a page is read once wholly landed, whatever stage
+// holds it), not any arithmetic or its order.
+//
 // Resources (NVRTC, -ftz=true as CuPy compiles; registers and stack frame from the
 // cubin, nvrtc.kernel_resources; test_attention_split prints them with the CTAs an SM
 // holds, allows no stack frame, and holds d128_b32 to 168 registers). CTAs an SM holds,
 // of 128 threads: by registers, 65,536 a SM at 256 a warp granule; by shared memory,
-// Config::kSmemBytes + 32 B static (CtaWork) + 1 KB reserved a CTA out of 164 KB (sm_80)
+// Ring::kSmemBytes + 32 B static (CtaWork) + 1 KB reserved a CTA out of 164 KB (sm_80)
 // or 228 KB (sm_90). Before: the CTA's work item (its first token, position, rows, query
 // heads, chunks, the split counter) was held in registers through the page loop for the
 // chunk ends and the output, about ten of them; now those read it from shared memory
@@ -70,6 +84,24 @@
 // compiles without spills down to 192; at 184 sm_90 spills 12 B, at 168 both spill
 // 80-88 B). On sm_90 the head_dim 64 kernels are still held by registers (4/6, 3/6,
 // 3/4); 6 CTAs would take <= 80 registers, 4 CTAs <= 128.
+//
+// The deep ring, __launch_bounds__(128, 2) (split grids hold at most SPLIT_CTAS_PER_SM =
+// 2 CTAs an SM of 132: split_grid), no stack frame, its shared memory the ring alone:
+// split launches only (a one-lane launch traps), which merge their chunks from the
+// workspace. (At (128, 3), 168 registers, d128_b32_deep spills 8 B on sm_90; so 2.)
+//
+//   kernel         stages  smem B  | sm_80 regs  CTAs reg/smem | sm_90 regs  CTAs reg/smem
+//   d64_b16_deep      8     36,864 |    113          4/4       |    119          4/6
+//   d64_b32_deep      4     36,864 |    132          3/4       |    141          3/6
+//   d64_b64_deep      3     55,296 |    155          3/2       |    166          3/4
+//   d128_b16_deep     8     69,632 |    164          3/2       |    173          2/3
+//   d128_b32_deep     4     69,632 |    198          2/2       |    200          2/3
+//   d128_b64_deep     3    104,448 |    213          2/1       |    222          2/2
+//
+// Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
+// count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
+// Llama-3.1-8B decode's split grid is 256 CTAs (8 lanes of 32 head slots): one round on
+// an H100's 132 SMs at 2 CTAs an SM.
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
 // position, its sequence's keys and values, head_dim and block_size:
@@ -143,22 +175,26 @@ constexpr int kKvChunk = 256;
 
 // The PTX wrappers, BF16 helpers, find_work and the chunk merge come from common.cuh.
 
+// Pages in a ring (Ring's STAGES; num_stages in attention_tc_kernel.py repeats both).
+// The normal ring holds at least 64 keys' worth, so small pages still overlap their loads
+// with the mmas; the deep ring (the split launches': see "The deep ring" in the header)
+// at least 128 keys and 3 pages.
+constexpr int ring_stages(int block_size) { return block_size >= 32 ? 2 : 64 / block_size; }
+constexpr int deep_ring_stages(int block_size) { return 128 / block_size > 3 ? 128 / block_size : 3; }
+
+// A page's layout in shared memory and the fragments it is read into: what every ring
+// depth shares.
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
   static_assert(BLOCK_SIZE == 16 || BLOCK_SIZE == 32 || BLOCK_SIZE == 64,
                 "block_size must be 16, 32 or 64");
-  // Pages in the ring: at least 64 keys' worth, so small pages still overlap their
-  // loads with the mmas (num_stages in attention_tc_kernel.py repeats this).
-  static constexpr int kStages = BLOCK_SIZE >= 32 ? 2 : 64 / BLOCK_SIZE;
   // Shared rows are head_dim + 8 halves: the eight 16-byte rows an ldmatrix phase
   // reads are an odd number of 16-byte units apart, in eight different bank groups.
   static constexpr int kLds = HEAD_DIM + 8;
   static constexpr int kPageHalves = BLOCK_SIZE * kLds;  // one K or V page
   static constexpr int kStageHalves = 2 * kPageHalves;   // K, then V
   static constexpr int kTotalFloats = HEAD_DIM / 2 + 4;  // a thread's merged state: acc (4 an n8 tile), m, denom
-  // the ring, then the merged acc of every thread: smem_bytes() in the launcher
-  static constexpr int kSmemBytes = kStages * kStageHalves * 2 + kNumThreads * kTotalFloats * 4;
   static constexpr int kTilesPerChunk = kKvChunk / BLOCK_SIZE;
   static_assert(kKvChunk % BLOCK_SIZE == 0, "a KV chunk is whole pages");
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
@@ -167,6 +203,19 @@ struct Config {
   static constexpr int kKeyTiles = BLOCK_SIZE / 8;  // n8 tiles of S
   static constexpr int kKeySlices = BLOCK_SIZE / 16;  // k16 slices of P.V
   static_assert((2 * BLOCK_SIZE * kChunks) % kNumThreads == 0, "every thread copies alike");
+};
+
+// The page ring of STAGES stages and the CTA's dynamic shared memory around it. A
+// SPLIT_ONLY kernel (the deep ring's) runs split launches alone, which merge the chunks
+// from the workspace: it has no area for a thread's merged state.
+template <int HEAD_DIM, int BLOCK_SIZE, int STAGES, bool SPLIT_ONLY>
+struct Ring : Config<HEAD_DIM, BLOCK_SIZE> {
+  static_assert(STAGES >= 2, "a page in flight while one is read");
+  static constexpr int kStages = STAGES;
+  // the ring, then (one lane) the merged acc of every thread: smem_bytes() in the launcher
+  using Page = Config<HEAD_DIM, BLOCK_SIZE>;
+  static constexpr int kSmemBytes =
+      kStages * Page::kStageHalves * 2 + (SPLIT_ONLY ? 0 : kNumThreads * Page::kTotalFloats * 4);
 };
 
 // Issue the cp.async copies of one page's K and V into a ring stage; key slots at or
@@ -339,7 +388,7 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   }
 }
 
-template <int HEAD_DIM, int BLOCK_SIZE>
+template <int HEAD_DIM, int BLOCK_SIZE, int STAGES, bool SPLIT_ONLY>
 __device__ __forceinline__ void paged_attention_tc(
     unsigned short* __restrict__ out,            // [T, num_heads, head_dim] BF16
     const unsigned short* __restrict__ q,        // [T, num_heads, head_dim] BF16
@@ -351,12 +400,15 @@ __device__ __forceinline__ void paged_attention_tc(
     unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
     int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
-  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  using C = Ring<HEAD_DIM, BLOCK_SIZE, STAGES, SPLIT_ONLY>;
   // [kStages][K, V page], then the merged acc of each thread (kTotalFloats a thread)
   extern __shared__ __align__(16) unsigned short attention_tc_smem[];
   // NOTE: the launcher mirrors kNumThreads and kSmemBytes; a mismatch must fail
   // loudly, not read past the shared buffer.
-  if (blockDim.x != kNumThreads || dynamic_smem_bytes() < static_cast<unsigned>(C::kSmemBytes)) __trap();
+  // A SPLIT_ONLY kernel launched on one lane would merge into shared memory it lacks.
+  if (blockDim.x != kNumThreads || dynamic_smem_bytes() < static_cast<unsigned>(C::kSmemBytes) ||
+      (SPLIT_ONLY && kv_lanes < 2))
+    __trap();
   float* acc_total = reinterpret_cast<float*>(attention_tc_smem + C::kStages * C::kStageHalves);
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -453,7 +505,11 @@ __device__ __forceinline__ void paged_attention_tc(
   RowState<HEAD_DIM> st;
 
   // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
-  // One commit per page slot (empty past the end) keeps the group count uniform.
+  // One commit per page slot (empty past the end) keeps the group count uniform: at page
+  // k, kStages - 1 + k groups are committed, group j holding page j, so waiting for all
+  // but the kStages - 2 newest lands page k. Page k's stage is next written by page
+  // k + kStages, issued after page k + 1's barrier, which every warp reaches only when
+  // done with page k. Both hold for any depth; chunks only rename pages (page_of).
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
   auto issue = [&](int k) {
@@ -587,8 +643,9 @@ __device__ __forceinline__ void paged_attention_tc(
 
 }  // namespace
 
-// One entry point per (head_dim, block_size). grid = attention_kernel.split_grid's,
-// block = 128, dynamic shared memory = Config::kSmemBytes (attention_tc_kernel.smem_bytes).
+// Two entry points per (head_dim, block_size): the normal ring, and the deep one (_deep)
+// for split launches. grid = attention_kernel.split_grid's, block = 128, dynamic shared
+// memory = Ring::kSmemBytes (attention_tc_kernel.smem_bytes).
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
@@ -602,25 +659,53 @@ __device__ __forceinline__ void paged_attention_tc(
 
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<64, 16>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<64, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<64, 32>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<64, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<64, 64>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<64, 64, ring_stages(64), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<128, 16>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<128, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<128, 32>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<128, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
   pdl_enter();
-  paged_attention_tc<128, 64>(PAGED_ATTENTION_PASS);
+  paged_attention_tc<128, 64, ring_stages(64), false>(PAGED_ATTENTION_PASS);
+}
+
+// The deep ring: split launches only (they trap on one lane), with the normal kernels'
+// launch bounds, so that the split grid's CTAs (about SPLIT_CTAS_PER_SM = 2 an SM,
+// rounded up) fit in one round.
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b16_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<64, 16, deep_ring_stages(16), true>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b32_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<64, 32, deep_ring_stages(32), true>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b64_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<64, 64, deep_ring_stages(64), true>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b16_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<128, 16, deep_ring_stages(16), true>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b32_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<128, 32, deep_ring_stages(32), true>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64_deep(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention_tc<128, 64, deep_ring_stages(64), true>(PAGED_ATTENTION_PASS);
 }

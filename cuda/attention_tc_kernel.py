@@ -12,7 +12,9 @@ Work: one CTA per (query tile, head slot, KV lane), on `attention_kernel.split_g
 geometry and through its `launch` (the KV chunks, the split's workspace and counters),
 with 64 (query, query head) rows a CTA: four warps, each one m16 tile of rows. K and V
 pages stream through a ring of shared buffers (`num_stages`, `smem_bytes`), after
-which each thread keeps its rows' merged state over the KV chunks (one lane). Each
+which each thread keeps its rows' merged state over the KV chunks (one lane). A split
+launch (a grid under a wave) takes the deep ring, the same kernel with more pages in
+flight (`launch_variant`): its CTAs are few, each bound by its chain of page loads. Each
 CTA finds its (sequence, tile) on the device from `query_start_loc`, so the grid is
 planned from T, B and the block table's width alone: no device->host read, and the
 launch can be captured in a CUDA graph.
@@ -40,7 +42,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .attention_kernel import check_inputs, launch
+from .attention_kernel import SplitGrid, check_inputs, launch
 from .gemm_kernel import MAX_STATIC_SMEM_BYTES
 from .kernels import kernel
 
@@ -48,21 +50,33 @@ ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, g
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
 
 
-def kernel_name(head_dim: int, block_size: int) -> str:
-    return f"paged_attention_tc_d{head_dim}_b{block_size}"
+def kernel_name(head_dim: int, block_size: int, *, deep: bool = False) -> str:
+    return f"paged_attention_tc_d{head_dim}_b{block_size}" + ("_deep" if deep else "")
 
 
-def num_stages(block_size: int) -> int:
-    """Pages in the kernel's shared ring (Config::kStages): at least 64 keys' worth."""
-    return max(2, 64 // block_size)
+def num_stages(block_size: int, *, deep: bool = False) -> int:
+    """Pages in the kernel's shared ring (ring_stages and deep_ring_stages in
+    attention_tc.cu): at least 64 keys' worth; the deep ring at least 128 keys and 3 pages."""
+    return max(3, 128 // block_size) if deep else max(2, 64 // block_size)
 
 
-def smem_bytes(head_dim: int, block_size: int) -> int:
-    """Dynamic shared memory of a CTA (Config::kSmemBytes): the ring of K and V pages,
+def smem_bytes(head_dim: int, block_size: int, *, deep: bool = False) -> int:
+    """Dynamic shared memory of a CTA (Ring::kSmemBytes): the ring of K and V pages,
     rows of head_dim + 8 BF16 values, then each thread's merged state over the KV chunks
-    (head_dim / 2 acc values, and m, denom of its two rows: fp32)."""
-    ring = num_stages(block_size) * 2 * block_size * (head_dim + 8) * 2
-    return ring + THREADS_PER_CTA * (head_dim // 2 + 4) * 4
+    (head_dim / 2 acc values, and m, denom of its two rows: fp32), which the deep ring's
+    kernels (split launches only: they merge from the workspace) do not have."""
+    ring = num_stages(block_size, deep=deep) * 2 * block_size * (head_dim + 8) * 2
+    return ring + (0 if deep else THREADS_PER_CTA * (head_dim // 2 + 4) * 4)
+
+
+def launch_variant(head_dim: int, block_size: int, grid: SplitGrid) -> tuple[str, int]:
+    """The entry point for a launch on `grid`, and its dynamic shared memory: the deep
+    ring exactly when the launch splits (kv_lanes > 1, the (query tile, head slot) CTAs
+    under a wave), where a CTA walking its few pages through the normal ring waits on
+    their load latency; else the normal ring, which fits more CTAs an SM. The ring depth
+    reaches no bits (attention_tc.cu, "The deep ring")."""
+    deep = grid.splits
+    return kernel_name(head_dim, block_size, deep=deep), smem_bytes(head_dim, block_size, deep=deep)
 
 
 def paged_attention_tc(
@@ -84,21 +98,26 @@ def paged_attention_tc(
     import cupy
 
     head_dim, block_size = q.shape[2], cache.shape[4]
-    fn = _kernel(head_dim, block_size, int(cupy.cuda.runtime.getDevice()))
-    return launch(fn, ROWS_PER_CTA, smem_bytes(head_dim, block_size), out, *args,
-                  workspace=workspace)  # fmt: skip
+    device_id = int(cupy.cuda.runtime.getDevice())
+
+    def kernel_for(grid: SplitGrid) -> tuple[Any, int]:
+        name, smem = launch_variant(head_dim, block_size, grid)
+        return _kernel(name, smem, device_id), smem
+
+    return launch(kernel_for, ROWS_PER_CTA, out, *args, workspace=workspace)
 
 
 @functools.cache
-def _kernel(head_dim: int, block_size: int, device_id: int) -> Any:
-    """The compiled entry point, with its shared-memory opt-in set on this device.
+def _kernel(name: str, smem: int, device_id: int) -> Any:
+    """Entry point `name`, compiled, with its opt-in to `smem` bytes of dynamic shared
+    memory set on this device.
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     NOTE: the kernel traps when launched with other than THREADS_PER_CTA threads or
     less than `smem_bytes` of dynamic shared memory, so a drift between the two
     files fails loudly on the first launch.
     """
-    fn = kernel("attention_tc", kernel_name(head_dim, block_size))
-    if smem_bytes(head_dim, block_size) > MAX_STATIC_SMEM_BYTES:
-        fn.max_dynamic_shared_size_bytes = smem_bytes(head_dim, block_size)
+    fn = kernel("attention_tc", name)
+    if smem > MAX_STATIC_SMEM_BYTES:
+        fn.max_dynamic_shared_size_bytes = smem
     return fn

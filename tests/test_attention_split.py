@@ -24,14 +24,18 @@ from reprise.cuda import attention, nvrtc
 from reprise.cuda.attention import KV_CHUNK, paged_attention_ref
 from reprise.cuda.attention_kernel import (
     PLANNED_CONTEXT,
+    SPLIT_CTAS_PER_SM,
     SplitGrid,
     kv_chunks,
     num_work_items,
     split_grid,
     workspace_floats,
 )
+from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA as TC_ROWS_PER_CTA
 from reprise.cuda.attention_tc_kernel import THREADS_PER_CTA as TC_THREADS_PER_CTA
 from reprise.cuda.attention_tc_kernel import kernel_name as attention_tc_kernel_name
+from reprise.cuda.attention_tc_kernel import launch_variant as tc_launch_variant
+from reprise.cuda.attention_tc_kernel import num_stages as tc_num_stages
 from reprise.cuda.attention_tc_kernel import smem_bytes as tc_smem_bytes
 from reprise.cuda.gemm_kernel import REFERENCE_SMS
 
@@ -171,6 +175,53 @@ def test_the_workspace_holds_a_state_per_token_head_and_chunk() -> None:
     assert workspace_floats(3, 32, 128, 8) == 3 * 32 * 8 * 130
 
 
+def test_the_tensor_core_launcher_takes_the_deep_ring_exactly_when_the_launch_splits() -> None:
+    """launch_variant: the deep entry point and its shared memory exactly when the grid
+    has kv_lanes > 1 (small decode batches), the normal one otherwise (large batches,
+    prefills, a table of one chunk); both seen. A split grid holds at most
+    SPLIT_CTAS_PER_SM CTAs an SM of REFERENCE_SMS, so the deep kernels, which hold that
+    many, run it in one round."""
+    seen = set()
+    for num_seqs, num_tokens in [(1, 1), (2, 2), (7, 7), (16, 16), (17, 17), (64, 64), (1, 4096)]:
+        for width in (1, 8, 128, 4096):
+            for block_size in (16, 32, 64):
+                grid = split_grid(num_tokens, num_seqs, 8, 4, width, block_size, TC_ROWS_PER_CTA)
+                deep = grid.kv_lanes > 1
+                seen.add(deep)
+                if deep:
+                    assert grid.num_ctas <= SPLIT_CTAS_PER_SM * REFERENCE_SMS, grid
+                for head_dim in (64, 128):
+                    want = (attention_tc_kernel_name(head_dim, block_size, deep=deep),
+                            tc_smem_bytes(head_dim, block_size, deep=deep))  # fmt: skip
+                    assert tc_launch_variant(head_dim, block_size, grid) == want, grid
+    assert seen == {False, True}
+    # Llama-3.1-8B decoding one sequence (bench/results/2026-11-27-h100), and a batch of 17
+    batch_1 = split_grid(1, 1, 8, 4, 131072 // 32, 32, TC_ROWS_PER_CTA)
+    assert tc_launch_variant(128, 32, batch_1) == ("paged_attention_tc_d128_b32_deep", 69632)
+    assert batch_1.num_ctas == 256  # 8 lanes of 32 head slots: 2 CTAs an SM of 132, one round
+    batch_17 = split_grid(17, 17, 8, 4, 131072 // 32, 32, TC_ROWS_PER_CTA)
+    assert tc_launch_variant(128, 32, batch_17) == ("paged_attention_tc_d128_b32", 69632)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_the_deep_ring_holds_128_keys_and_3_pages_within_sm80s_shared_memory(
+    block_size: int,
+) -> None:
+    """The deep ring: at least 128 keys and 3 pages in the ring (2 or more pages in flight
+    while one is read), and its kernels' dynamic shared memory is the ring alone (split
+    launches only: no area for a thread's merged chunks), at most 160 KiB a CTA, under
+    sm_80's opt-in limit (163 KiB) as under sm_90's (227 KiB); the normal ring stays as
+    it was, with that area."""
+    stages = tc_num_stages(block_size, deep=True)
+    assert stages * block_size >= 128 and stages >= 3, stages
+    assert tc_num_stages(block_size) == {16: 4, 32: 2, 64: 2}[block_size]
+    for head_dim in (64, 128):
+        page = 2 * block_size * (head_dim + 8) * 2  # K and V, BF16 rows of head_dim + 8
+        assert tc_smem_bytes(head_dim, block_size, deep=True) == stages * page <= 160 * 1024
+        merged = TC_THREADS_PER_CTA * (head_dim // 2 + 4) * 4
+        assert tc_smem_bytes(head_dim, block_size) == tc_num_stages(block_size) * page + merged
+
+
 # --- the kernels' side of the contract ----------------------------------------------------
 
 
@@ -232,19 +283,24 @@ def _tc_registers_do_not_hold_occupancy(resources: dict[str, nvrtc.Resources], a
     """The tensor-core kernels' CTAs an SM holds, by registers and by shared memory
     (printed): d128_b32 (Llama-3.1-8B's head and page) fits 3 CTAs in registers, at most
     168 a thread, and no head_dim 128 kernel is held by its registers below what its
-    shared memory allows."""
+    shared memory allows; nor any deep-ring kernel below the split's SPLIT_CTAS_PER_SM
+    (its launches, split ones, aim at that many CTAs an SM)."""
     for head_dim in (64, 128):
         for block_size in (16, 32, 64):
-            kernel = attention_tc_kernel_name(head_dim, block_size)
-            used = resources[kernel]
-            static = used.shared_bytes - RESERVED_IN_CUBIN[arch]
-            shared = tc_smem_bytes(head_dim, block_size) + static
-            by_registers = ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
-            by_shared = ctas_by_shared_memory(shared, arch)
-            print(
-                f"{arch} {kernel}: {shared} B shared, CTAs {by_registers} by registers, {by_shared} by shared memory"
-            )
-            if head_dim == 128:
-                assert by_registers >= by_shared, (kernel, used, shared)
+            for deep in (False, True):
+                kernel = attention_tc_kernel_name(head_dim, block_size, deep=deep)
+                used = resources[kernel]
+                static = used.shared_bytes - RESERVED_IN_CUBIN[arch]
+                shared = tc_smem_bytes(head_dim, block_size, deep=deep) + static
+                by_registers = ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
+                by_shared = ctas_by_shared_memory(shared, arch)
+                print(
+                    f"{arch} {kernel}: {used.registers} registers, {shared} B shared, CTAs "
+                    f"{by_registers} by registers, {by_shared} by shared memory"
+                )
+                if deep:
+                    assert by_registers >= min(by_shared, SPLIT_CTAS_PER_SM), (kernel, used)
+                elif head_dim == 128:
+                    assert by_registers >= by_shared, (kernel, used, shared)
     d128_b32 = resources[attention_tc_kernel_name(128, 32)]
     assert d128_b32.registers <= 168, d128_b32  # 3 CTAs: 65,536 / (3 * 128), in 8s

@@ -4,7 +4,8 @@ ptx_emu.h: ldmatrix, ldmatrix.trans, mma and cp.async by the PTX ISA's layouts a
 group semantics), compared with its NumPy twin on fresh random inputs, and held to
 DESIGN §4 bit for bit: a query's output is the same whether it runs with its whole
 prompt, in a prefill chunk of any size (the slots past the chunk holding garbage
-and NaN), as a decode step, or batched with other sequences.
+and NaN), as a decode step, or batched with other sequences; and whether its launch
+takes the deep page ring (the split launches') or the normal one.
 
 This checks the kernel's fragment layouts, masking, the page ring and the
 invariance argument; not the tensor cores' arithmetic or the memory model (the
@@ -34,7 +35,7 @@ from test_kernels_emulated import (
 )
 
 from reprise.cuda.attention_kernel import SplitGrid, kv_chunks, split_grid
-from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA, smem_bytes
+from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA, kernel_name, launch_variant, smem_bytes
 from reprise.cuda.dtypes import BF16
 
 pytestmark = pytest.mark.kernels
@@ -54,28 +55,36 @@ class PagedTc(Paged):
     """Paged sequences (stale slots holding garbage and NaN) run through attention_tc.cu."""
 
     def run(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]],
-            cache: np.ndarray | None = None, grid: SplitGrid | None = None) -> np.ndarray:  # fmt: skip
+            cache: np.ndarray | None = None, grid: SplitGrid | None = None,
+            deep: bool | None = None) -> np.ndarray:  # fmt: skip
         """The kernel's output for (sequence, first, last) query spans batched in one
         launch, on `grid` (None: split_grid's, as attention_tc_kernel plans it), into a
-        poisoned buffer, with a poisoned workspace."""
+        poisoned buffer, with a poisoned workspace; the deep ring or not as `deep` says
+        (None: as the launcher picks for the grid, launch_variant)."""
         q, tables, seq_lens, starts = self.inputs(spans)
         out = poisoned(q.shape)
-        group = self.heads // self.kv_heads
-        if grid is None:
-            grid = split_grid(q.shape[0], len(spans), self.kv_heads, group, tables.shape[1],
-                              self.block_size, ROWS_PER_CTA)  # fmt: skip
+        grid = self.planned_grid(spans) if grid is None else grid
+        if deep is None:
+            name, _ = launch_variant(self.head_dim, self.block_size, grid)
+            deep = name == kernel_name(self.head_dim, self.block_size, deep=True)
         cache = self.cache if cache is None else cache
         with SplitBuffers(q.shape[0], self.heads, self.head_dim, kv_chunks(tables.shape[1],
                           self.block_size)) as (workspace, counters):  # fmt: skip
             rc = lib.run_paged_attention_tc(
-                self.head_dim, self.block_size, *grid.grid,
-                smem_bytes(self.head_dim, self.block_size), ptr(out), ptr(q), ptr(cache),
+                self.head_dim, self.block_size, int(deep), *grid.grid,
+                smem_bytes(self.head_dim, self.block_size, deep=deep), ptr(out), ptr(q), ptr(cache),
                 ptr(tables), ptr(seq_lens), ptr(starts), ptr(workspace), ptr(counters), q.shape[0],
                 len(spans), tables.shape[1], self.heads, self.kv_heads, 2, 1, grid.head_parts,
                 grid.kv_lanes, ctypes.c_float(1 / np.sqrt(self.head_dim)),
             )  # fmt: skip
         assert rc == 0, rc
         return out
+
+    def planned_grid(self, spans: list[tuple[int, int, int]]) -> SplitGrid:
+        """split_grid's geometry for the spans batched in one launch."""
+        q, tables, _, _ = self.inputs(spans)
+        return split_grid(q.shape[0], len(spans), self.kv_heads, self.heads // self.kv_heads,
+                          tables.shape[1], self.block_size, ROWS_PER_CTA)  # fmt: skip
 
 
 def shape(head_dim: int, group: int, num_kv_heads: int) -> tuple[int, int, int]:
@@ -138,21 +147,33 @@ def test_attention_tc_query_is_independent_of_its_batch(
     assert np.array_equal(batched[-(seq_len - first) :], whole[first:])
 
 
-def test_attention_tc_traps_without_its_shared_memory(lib: ctypes.CDLL) -> None:
+@pytest.mark.parametrize("deep", [False, True], ids=["normal", "deep"])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_attention_tc_needs_exactly_its_shared_memory(
+    lib: ctypes.CDLL, head_dim: int, block_size: int, deep: bool
+) -> None:
     """The kernel checks its dynamic shared memory against its page ring (a launcher
-    drift fails loudly, not by reading past the buffer); here, in a child process,
-    since __trap aborts."""
+    drift fails loudly, not by reading past the buffer): each entry point runs with
+    smem_bytes and traps with 16 bytes less, so the launcher's num_stages and smem_bytes
+    repeat the .cu's ring depths exactly; in a child process, since __trap aborts."""
+    smem = smem_bytes(head_dim, block_size, deep=deep)
+    lanes = 2 if deep else 1  # the deep ring's kernels run split launches only
     script = (
         "import ctypes, numpy as np\n"
         f"lib = ctypes.CDLL({lib._name!r})\n"
         "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
         "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
-        f"lib.run_paged_attention_tc(64, 16, 1, 1, {smem_bytes(64, 16) - 16}, p(z), p(z), p(z),"
-        " p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1, 1, 1, ctypes.c_float(0.125))\n"
+        f"run = lambda smem: lib.run_paged_attention_tc({head_dim}, {block_size}, {int(deep)}, 1,"
+        f" {lanes}, smem, p(z), p(z), p(z), p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1,"
+        f" 1, {lanes}, ctypes.c_float(0.125))\n"
+        f"print('ran', run({smem}), flush=True)\n"
+        f"run({smem - 16})\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
+    assert done.stdout == "ran 0\n", (done.stdout, done.stderr)
     assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
 
 
@@ -219,3 +240,62 @@ def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
                 assert np.array_equal(step, chunk[pos - first : pos - first + 1]), (probe, pos)
             spans = [(0, 0, 1), (2, S - 1, S), (4, first, long_len)]
             assert np.array_equal(paged.run(lib, spans, cache)[2:], chunk), probe
+
+
+# --- the deep ring (split launches): the normal ring's bits --------------------------------
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("head_dim", "group"), [(64, 3), (128, 4)])
+def test_attention_tc_deep_ring_gives_the_normal_rings_bits(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
+) -> None:
+    """The deep ring changes only when pages are copied, so it computes the normal
+    ring's fp32 values (fp32_probe: then its BF16 outputs are those too): decode steps
+    at 1, S - 1, S, S + 1 and 3S + 7 keys and two random lengths, batch 7 and each alone
+    (batch 1), on split_grid's grid (where it splits: the deep kernels run split launches
+    only) and other split ones, 2 and 3 lanes (so a lane's ring runs across its chunks'
+    ends); a prefill chunk crossing the 3S boundary (rows of several warps seeing
+    different chunk counts), split. Within BF16 rounding of the twin."""
+    seq_lens = [*SPLIT_CONTEXTS, *(int(n) for n in rng.integers(2, 2 * S, size=2))]
+    paged = PagedTc(rng, shape(head_dim, group, 2), block_size, seq_lens)
+    decode = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    prefill = [(4, 3 * S - 20, 3 * S + 7)]
+    for spans in (decode, prefill):
+        got = paged.run(lib, spans, deep=True)
+        assert max_row_ulps(got.view(BF16), paged.twin(spans)) <= 2
+        assert len(np.unique(got)) > 100
+    # the spans, and the (head parts, lanes) of the grids besides split_grid's, which
+    # splits batch 7 and the prefill chunk but not a short sequence alone (its narrow
+    # table holds one chunk); lanes past the last chunk exit at once
+    cases = [(decode, [(group, 3), (1, 2)]), (prefill, [(1, 2)])]
+    cases += [([span], [(group, 3), (1, 2)]) for span in decode]
+    with fp32_probe(lib):
+        for spans, forced in cases:
+            planned = paged.planned_grid(spans)
+            assert planned.splits or len(spans) == 1, planned
+            num_tokens = sum(last - first for _, first, last in spans)
+            others = [forced_grid(num_tokens, len(spans), 2, group, parts, lanes, ROWS_PER_CTA)
+                      for parts, lanes in forced]  # fmt: skip
+            for grid in [planned, *others] if planned.splits else others:
+                want = paged.run(lib, spans, grid=grid, deep=False)
+                got = paged.run(lib, spans, grid=grid, deep=True)
+                assert np.array_equal(got, want), (spans, grid)
+
+
+def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
+    """A deep-ring kernel has no shared memory for merging chunks itself, so a one-lane
+    launch (which would) traps instead of writing past its buffer; in a child process,
+    since __trap aborts."""
+    script = (
+        "import ctypes, numpy as np\n"
+        f"lib = ctypes.CDLL({lib._name!r})\n"
+        "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
+        "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
+        f"lib.run_paged_attention_tc(64, 16, 1, 1, 1, {smem_bytes(64, 16, deep=True)}, p(z), p(z),"
+        " p(z), p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1, 1, 1, ctypes.c_float(0.125))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr

@@ -12,7 +12,7 @@ import pytest
 from gpu_support import dev, host, needs_gpu, poisoned
 
 from reprise.cuda import attention_kernel, attention_tc_kernel
-from reprise.cuda.attention import paged_attention_ref
+from reprise.cuda.attention import KV_CHUNK, paged_attention_ref
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
 
@@ -309,3 +309,54 @@ def test_attention_long_llama_prefill(cp, rng, kernel: str, block_size: int) -> 
         assert np.array_equal(bits(np.concatenate(pieces)), bits(whole)), chunk
     batched = seqs.run([(1, 0, 300), (0, 0, seq_len)])
     assert np.array_equal(bits(batched[300:]), bits(whole))
+
+
+def tc_grid(seqs: PagedSequences, spans: list[tuple[int, int, int]]) -> attention_kernel.SplitGrid:
+    """split_grid's geometry for the spans batched in one tensor-core launch."""
+    q, block_tables, _, _ = seqs.inputs(spans)
+    return attention_kernel.split_grid(
+        q.shape[0], len(spans), seqs.num_kv_heads, seqs.num_heads // seqs.num_kv_heads,
+        block_tables.shape[1], seqs.block_size, attention_tc_kernel.ROWS_PER_CTA,
+    )  # fmt: skip
+
+
+def tc_ring(seqs: PagedSequences, spans: list[tuple[int, int, int]], *, deep: bool) -> np.ndarray:
+    """The tensor-core kernel's output for the spans on split_grid's grid, through its
+    deep ring's entry point (split grids only) or its normal one's, whichever the
+    launcher would take."""
+    import cupy
+
+    q, block_tables, seq_lens, query_start_loc = seqs.inputs(spans)
+    head_dim, block_size = seqs.head_dim, seqs.block_size
+    name = attention_tc_kernel.kernel_name(head_dim, block_size, deep=deep)
+    smem = attention_tc_kernel.smem_bytes(head_dim, block_size, deep=deep)
+    fn = attention_tc_kernel._kernel(name, smem, int(cupy.cuda.runtime.getDevice()))
+    out = poisoned(q.shape, np.uint16)
+    attention_kernel.launch(lambda grid: (fn, smem), attention_tc_kernel.ROWS_PER_CTA, out,
+                            dev(q), seqs.device_cache, LAYER, dev(block_tables), dev(seq_lens),
+                            dev(query_start_loc), 1 / np.sqrt(head_dim), workspace=None)  # fmt: skip
+    return host(out)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_attention_tc_deep_ring_gives_the_normal_rings_bits(cp, rng, block_size: int) -> None:
+    """The tensor-core kernel's deep ring (which its launcher takes for split launches,
+    the only ones it runs) against its normal ring on the same grids, on the device
+    (cp.async groups and barriers as the hardware runs them, which the emulator only
+    models): Llama-3.1-8B decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys (S =
+    KV_CHUNK) and two random lengths, batch 7 and each alone, where split_grid splits
+    them, bit for bit, the launcher's output too; within BF16 rounding of the twin."""
+    s = KV_CHUNK
+    seq_lens = [1, s - 1, s, s + 1, 3 * s + 7, *(int(n) for n in rng.integers(2, 2 * s, size=2))]
+    seqs = PagedSequences(rng, SHAPES["llama-3.1-8b"], block_size, seq_lens, "tensor-cores")
+    decode = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    split = [
+        spans for spans in (decode, *([span] for span in decode)) if tc_grid(seqs, spans).splits
+    ]
+    assert decode in split and len(split) > 1, split
+    for spans in split:
+        deep = tc_ring(seqs, spans, deep=True)
+        assert np.array_equal(bits(deep), bits(tc_ring(seqs, spans, deep=False))), spans
+        assert np.array_equal(bits(deep), bits(seqs.run(spans))), spans
+        if spans is decode:
+            bf16_close(deep, seqs.ref(decode))

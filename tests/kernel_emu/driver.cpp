@@ -38,10 +38,11 @@ alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
 }  // namespace gemm_emu
 
 // The tensor-core attention, the same way: its `extern __shared__` buffer is
-// attention_tc_smem below, sized for its largest config (head_dim 128 with 64-key
-// pages: two stages of a K and a V page, rows of 136 halves; then the merged state, 68
-// floats a thread).
-constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 64 * (128 + 8) * 2 + 128 * 68 * 4;  // 104,448 B
+// attention_tc_smem below, sized for its largest configs (head_dim 128 with 64-key
+// pages, rows of 136 halves: two stages of a K and a V page, then the merged state, 68
+// floats a thread; or the deep ring's three stages alone).
+constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 3 * 2 * 64 * (128 + 8) * 2;  // 104,448 B
+static_assert(ATTENTION_TC_SMEM_CAPACITY == 2 * 2 * 64 * (128 + 8) * 2 + 128 * 68 * 4, "both");
 namespace attention_tc_emu {
 namespace {
 alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
@@ -188,12 +189,13 @@ int run_gemm_split(const char* name, int grid_x, int grid_y, int threads, int sm
 void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
 // Nonzero: __fdiv_rn returns a hash of its operands' bits (cuda_emu.h, g_fdiv_probe).
 void set_fdiv_probe(int on) { emu::g_fdiv_probe = on != 0; }
-// Launch attention_tc.cu's entry point for (head_dim, block_size) as attention_tc_kernel
-// does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of dynamic shared memory, which
-// starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.
+// Launch attention_tc.cu's entry point for (head_dim, block_size), its deep ring if
+// `deep`, as attention_tc_kernel does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of
+// dynamic shared memory, which starts out as 0xFF bytes (BF16 NaN) so that a read of an
+// unwritten byte shows.
 // Returns 0, or 1: no such entry point, 2: smem_bytes over the emulator's capacity,
 // 3: some thread left cp.async copies uncommitted or in flight at its exit.
-int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y, int smem_bytes,
+int run_paged_attention_tc(int head_dim, int block_size, int deep, int grid_x, int grid_y, int smem_bytes,
                            unsigned short* out, const unsigned short* q, const unsigned short* cache,
                            const int* block_tables, const int* seq_lens, const int* query_start_loc,
                            float* workspace, unsigned* counters, int num_tokens, int num_seqs, int max_blocks,
@@ -202,12 +204,11 @@ int run_paged_attention_tc(int head_dim, int block_size, int grid_x, int grid_y,
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
                       const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float);
   Fn fn = nullptr;
-  if (head_dim == 64 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d64_b16;
-  if (head_dim == 64 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d64_b32;
-  if (head_dim == 64 && block_size == 64) fn = attention_tc_emu::paged_attention_tc_d64_b64;
-  if (head_dim == 128 && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d128_b16;
-  if (head_dim == 128 && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d128_b32;
-  if (head_dim == 128 && block_size == 64) fn = attention_tc_emu::paged_attention_tc_d128_b64;
+#define TC(d, b) \
+  if (head_dim == d && block_size == b) \
+    fn = deep ? attention_tc_emu::paged_attention_tc_d##d##_b##b##_deep : attention_tc_emu::paged_attention_tc_d##d##_b##b;
+  TC(64, 16) TC(64, 32) TC(64, 64) TC(128, 16) TC(128, 32) TC(128, 64)
+#undef TC
   if (fn == nullptr) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > ATTENTION_TC_SMEM_CAPACITY) return 2;
   std::memset(attention_tc_emu::attention_tc_smem, 0xFF, sizeof attention_tc_emu::attention_tc_smem);
@@ -342,6 +343,8 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
     ATTENTION_TC_SMEM_CAPACITY, smem_bytes, [&](auto* left) { return launch_checked(attention_tc_emu::fn, name, l, left); });
   TC(paged_attention_tc_d64_b16) TC(paged_attention_tc_d64_b32) TC(paged_attention_tc_d64_b64)
   TC(paged_attention_tc_d128_b16) TC(paged_attention_tc_d128_b32) TC(paged_attention_tc_d128_b64)
+  TC(paged_attention_tc_d64_b16_deep) TC(paged_attention_tc_d64_b32_deep) TC(paged_attention_tc_d64_b64_deep)
+  TC(paged_attention_tc_d128_b16_deep) TC(paged_attention_tc_d128_b32_deep) TC(paged_attention_tc_d128_b64_deep)
 #undef TC
   std::snprintf(error, error_len, "no kernel named %s", name);
   return 1;
