@@ -624,11 +624,29 @@ def sdpa_calls(model: ModelShape, num_seqs: int, q_len: int, kv_len: int) -> dic
     }
 
 
+def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
+    """The tensor-core kernel held to its normal page ring, split launches too (whose
+    launcher takes the deep ring): the deep ring's gain, measured in the same run."""
+    from reprise.cuda import attention_tc_kernel as tc
+
+    chosen = tc.launch_variant
+    tc.launch_variant = lambda hd, bs, grid: (tc.kernel_name(hd, bs), tc.smem_bytes(hd, bs))
+    try:
+        return tc.paged_attention_tc(**inputs)
+    finally:
+        tc.launch_variant = chosen
+
+
 def measure_attention(ctx: Context) -> Iterator[Row]:
-    """Both paged-attention kernels (CUDA cores, tensor cores) against the faster SDPA."""
+    """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
+    its normal page ring) against the faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
-    kernels = {"paged attn": paged_attention, "paged attn tc": paged_attention_tc}
+    kernels = {
+        "paged attn": paged_attention,
+        "paged attn tc": paged_attention_tc,
+        "paged attn tc ring2": paged_attention_tc_normal_ring,
+    }
     for model in ctx.models:
         for label, *case in attention_cases():
             where = f"attention {model.name} {label}"
@@ -650,7 +668,7 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             cost = (attention_bytes(model, *case), attention_flops(model, *case))
             for op, timed in ours.items():
                 num_seqs, q_len, kv_len = case
-                rows = {"paged attn": ROWS_PER_CTA, "paged attn tc": TC_ROWS_PER_CTA}[op]
+                rows = ROWS_PER_CTA if op == "paged attn" else TC_ROWS_PER_CTA
                 grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
                                   model.num_heads // model.num_kv_heads,
                                   -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip
