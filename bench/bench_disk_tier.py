@@ -44,7 +44,6 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from reprise.blockpool import disk_format as fmt
 from reprise.blockpool.disk import DiskTier, DiskTierConfig
 from reprise.blockpool.hashing import BlockHash, hash_block
 
@@ -247,21 +246,12 @@ def main() -> None:
         "--read-threads",
         type=int,
         default=None,
-        help="the tier's reader threads (default: the tier's, min(8, CPUs))",
-    )
-    parser.add_argument(
-        "--read-piece",
-        type=int,
-        default=None,
-        help="bytes of payload read, then hashed, at a time (default: "
-        "disk_format.READ_PIECE; 0: the whole payload, then hashed)",
+        help="the tier's reader threads (default: the tier's, min(16, CPUs))",
     )
     parser.add_argument("--host-blocks", type=int, default=0,
                         help="--first-token: the reading engine's host tier, in blocks (disk "
                              "hits are then read into its slots)")  # fmt: skip
     args = parser.parse_args()
-    if args.read_piece is not None:  # a module constant, read at every read
-        fmt.READ_PIECE = args.read_piece or 1 << 40
     if args.first_token:
         first_token(args.prompt_tokens, args.repeat, args.dir, args.out, args.host_blocks)
         return
@@ -287,8 +277,7 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     print(
         f"{args.blocks} blocks of {shape} BF16 = {mb:.1f} MB, fsync={args.fsync}, "
-        f"reader threads {args.read_threads or 'default'} of {os.cpu_count()} CPUs, "
-        f"read piece {'whole' if fmt.READ_PIECE >= 1 << 40 else fmt.READ_PIECE}, in {root}"
+        f"reader threads {args.read_threads or 'default'} of {os.cpu_count()} CPUs, in {root}"
     )
     print(f"{'':8}{'tier MB/s':>12}{'plain MB/s':>12}{'tier/plain':>12}")
     for what, tier_s, plain_s in (

@@ -309,50 +309,36 @@ def read_block_into(
         os.close(fd)
 
 
-# The payload is read and hashed a piece at a time, each piece hashed while it is still
-# in the CPU's cache: one pass over memory for the payload instead of two (reads of many
-# blocks at once are bound by memory bandwidth; an in-cache piece hashes about 3.5 times
-# as fast as one from memory on this machine). Big enough that xxhash lets go of the GIL.
-READ_PIECE = 512 << 10
-
-
 def _read_apart(fd: int, payload: memoryview, layout: bytes, block_size: int) -> BlockHeader:
     size = os.fstat(fd).st_size
     head_nbytes = size - len(payload) - _FILE_CHECK
     if not _FIXED.size + _HEADER_CHECK <= head_nbytes <= header_nbytes_max(block_size):
         raise BlockFileError(TRUNCATED, f"a {size}-byte file")
-    head = bytearray(head_nbytes)
-    if _pread_all(fd, memoryview(head), 0) != head_nbytes:
-        raise BlockFileError(TRUNCATED, f"a {size}-byte file ended in its header")
-    header = read_header(head, layout, size)
-    if header.payload_offset != head_nbytes or header.payload_nbytes != len(payload):
-        raise BlockFileError(FOREIGN, f"payload of {header.payload_nbytes} bytes")
-    check = xxhash.xxh3_128(head)  # file_checksum(head, payload), a piece at a time
-    offset = head_nbytes
-    for start in range(0, len(payload), READ_PIECE):
-        piece = payload[start : start + READ_PIECE]
-        if _pread_all(fd, piece, offset) != len(piece):
-            raise BlockFileError(TRUNCATED, f"a {size}-byte file ended in its payload")
-        check.update(piece)
-        offset += len(piece)
-    trailer = bytearray(_FILE_CHECK + 1)  # +1: grown
-    nbytes = offset + _pread_all(fd, memoryview(trailer), offset)
+    head, trailer = bytearray(head_nbytes), bytearray(_FILE_CHECK + 1)  # +1: grown
+    nbytes = _preadv_all(fd, [memoryview(head), payload, memoryview(trailer)])
     if nbytes != size:
         raise BlockFileError(TRUNCATED, f"read {nbytes} bytes of a {size}-byte file")
-    if check.digest() != bytes(trailer[:_FILE_CHECK]):
+    header = read_header(head, layout, nbytes)
+    if header.payload_offset != head_nbytes or header.payload_nbytes != len(payload):
+        raise BlockFileError(FOREIGN, f"payload of {header.payload_nbytes} bytes")
+    if file_checksum(head, payload) != bytes(trailer[:_FILE_CHECK]):
         raise BlockFileError(CHECKSUM, "file checksum")
     return header
 
 
-def _pread_all(fd: int, view: memoryview, offset: int) -> int:
-    """Read from `offset` into `view` until it is full or the file ends; the number of
-    bytes read."""
+def _preadv_all(fd: int, views: list[memoryview]) -> int:
+    """Read from offset 0 into `views` in turn until they are full or the file ends;
+    the number of bytes read."""
     total = 0
-    while total < len(view):
-        n = os.preadv(fd, [view[total:]], offset + total)
+    while views:
+        n = os.preadv(fd, views, total)
         if not n:
             break
         total += n
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
     return total
 
 
