@@ -342,7 +342,7 @@ def tc_ring(seqs: PagedSequences, spans: list[tuple[int, int, int]], *, deep: bo
 def test_attention_tc_deep_ring_gives_the_normal_rings_bits(cp, rng, block_size: int) -> None:
     """The tensor-core kernel's deep ring (which its launcher takes for split launches,
     the only ones it runs) against its normal ring on the same grids, on the device
-    (cp.async groups and barriers as the hardware runs them, which the emulator only
+    (asynchronous copy groups and barriers as the hardware runs them, which the emulator only
     models): Llama-3.1-8B decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys (S =
     KV_CHUNK) and two random lengths, batch 7 and each alone, where split_grid splits
     them, bit for bit, the launcher's output too; within BF16 rounding of the twin."""
