@@ -91,12 +91,12 @@
 // workspace. (At (128, 3), 168 registers, d128_b32_deep spills 8 B on sm_90; so 2.)
 //
 //   kernel         stages  smem B  | sm_80 regs  CTAs reg/smem | sm_90 regs  CTAs reg/smem
-//   d64_b16_deep      8     36,864 |    113          4/4       |    119          4/6
-//   d64_b32_deep      4     36,864 |    132          3/4       |    141          3/6
-//   d64_b64_deep      3     55,296 |    155          3/2       |    166          3/4
-//   d128_b16_deep     8     69,632 |    164          3/2       |    173          2/3
-//   d128_b32_deep     4     69,632 |    198          2/2       |    200          2/3
-//   d128_b64_deep     3    104,448 |    213          2/1       |    222          2/2
+//   d64_b16_deep      8     36,864 |    114          4/4       |    120          4/6
+//   d64_b32_deep      4     36,864 |    133          3/4       |    142          3/6
+//   d64_b64_deep      3     55,296 |    157          3/2       |    168          3/4
+//   d128_b16_deep     8     69,632 |    165          3/2       |    174          2/3
+//   d128_b32_deep     4     69,632 |    198          2/2       |    201          2/3
+//   d128_b64_deep     3    104,448 |    213          2/1       |    224          2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
@@ -512,9 +512,9 @@ __device__ __forceinline__ void paged_attention_tc(
   // done with page k. Both hold for any depth; chunks only rename pages (page_of).
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
-  auto issue = [&](int k) {
+  // page k's copies, from its cache block `block` (table[page_of(k)])
+  auto issue = [&](int k, long long block) {
     const int t = page_of(k);
-    const long long block = table[t];
     const unsigned short* k_page =
         cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
     const unsigned short* v_page = k_page + num_kv_heads * head_stride;
@@ -523,9 +523,14 @@ __device__ __forceinline__ void paged_attention_tc(
   };
 #pragma unroll
   for (int k = 0; k < C::kStages - 1; ++k) {
-    if (k < num_pages) issue(k);
+    if (k < num_pages) issue(k, table[page_of(k)]);
     cp_async_commit();
   }
+  // The deep ring's kernels (few CTAs an SM, little to hide latency with) read the block
+  // of the next page to issue a page ahead, so that the load's latency passes during a
+  // page's mmas rather than before the copies that need it. (The normal ring's would
+  // spill: d128_b32 on sm_90 at its 168 registers.)
+  int next_block = SPLIT_ONLY && C::kStages - 1 < num_pages ? table[page_of(C::kStages - 1)] : 0;
   for (int k = 0; k < num_pages; ++k) {
     const int t = page_of(k);
     const int c = t / kTpc;
@@ -546,8 +551,9 @@ __device__ __forceinline__ void paged_attention_tc(
     // reading page k - 1, whose buffer the next copy overwrites.
     __syncthreads();
     const int next = k + C::kStages - 1;
-    if (next < num_pages) issue(next);
+    if (next < num_pages) issue(next, SPLIT_ONLY ? next_block : table[page_of(next)]);
     cp_async_commit();
+    if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
     if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
       attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (k % C::kStages) * C::kStageHalves,
                                         pos, t * BLOCK_SIZE, scale, lane);
