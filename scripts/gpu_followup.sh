@@ -13,10 +13,7 @@ PACK=results-followup.tgz
 source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
-extra=()
-"$py" -c "import xdist" 2>/dev/null && extra+=(-n 4 --dist loadfile)
-"$py" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=100)
-part check 150 bash scripts/gpu_check.sh -m gpu "${extra[@]}" tests/test_disk_staging.py
+part check 150 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e 120 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,ttft,disk --out "$OUT/gpu_e2e.json"

@@ -2,7 +2,9 @@
 # folder $top (${OUT:-gpu-results} as called), a fresh $OUT for the parts' files, and
 # `part NAME SECONDS COMMAND...`, which runs a part under its own time limit (a hung or
 # slow part cannot cost the others), says how it ended, and packs what is done so far
-# into $top/$PACK (a lent machine sends back only a few files).
+# into $top/$PACK (a lent machine sends back only a few files); and $pytest_extra, the
+# test runs' options: four processes, a file to a process, where pytest-xdist is installed
+# (the GPU image has it), each test under pytest-timeout's limit where that is.
 top=${OUT:-gpu-results}
 mkdir -p "$top"
 export OUT=$(mktemp -d)
@@ -14,3 +16,6 @@ part() {
   echo "== $name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
   tar -czf "$top/$PACK" -C "$OUT" .  # should a later part be cut
 }
+pytest_extra=()
+"${PYTHON:-python3}" -c "import xdist" 2>/dev/null && pytest_extra+=(-n 4 --dist loadfile)
+"${PYTHON:-python3}" -c "import pytest_timeout" 2>/dev/null && pytest_extra+=(--timeout=100)

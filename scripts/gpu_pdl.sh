@@ -11,11 +11,8 @@ PACK=results-pdl.tgz
 source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
-extra=()
-"$py" -c "import xdist" 2>/dev/null && extra+=(-n 4 --dist loadfile)
-"$py" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=100)
 sections=floors,decode,prefill,ttft
-part check 160 env REPRISE_PDL=1 bash scripts/gpu_check.sh -m gpu "${extra[@]}"
+part check 160 env REPRISE_PDL=1 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e_pdl 70 env REPRISE_PDL=1 PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections "$sections" --out "$OUT/gpu_e2e_pdl.json"

@@ -11,13 +11,8 @@ cd "$(dirname "$0")/.."
 PACK=results.tgz
 source scripts/gpu_parts.sh
 # most important first: the proof, then the engine's figures, then the kernels'. The tests
-# run in four processes, a file to a process, where pytest-xdist is installed (the GPU
-# image has it), and each under pytest-timeout's limit where that is.
-py=${PYTHON:-python3}
-extra=()
-"$py" -c "import xdist" 2>/dev/null && extra+=(-n 4 --dist loadfile)
-"$py" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=100)
-part check 150 bash scripts/gpu_check.sh -m gpu "${extra[@]}" tests/test_gemm_sm90_gpu.py \
+# run with gpu_parts.sh's $pytest_extra (four processes, a time limit each).
+part check 150 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
   tests/test_qwen2.py tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e 110 bash scripts/gpu_bench.sh e2e

@@ -159,20 +159,9 @@ def test_attention_tc_needs_exactly_its_shared_memory(
     repeat the .cu's ring depths exactly; in a child process, since __trap aborts."""
     smem = smem_bytes(head_dim, block_size, deep=deep)
     lanes = 2 if deep else 1  # the deep ring's kernels run split launches only
-    script = (
-        "import ctypes, numpy as np\n"
-        f"lib = ctypes.CDLL({lib._name!r})\n"
-        "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
-        "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
-        f"run = lambda smem: lib.run_paged_attention_tc({head_dim}, {block_size}, {int(deep)}, 1,"
-        f" {lanes}, smem, p(z), p(z), p(z), p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1,"
-        f" 1, {lanes}, ctypes.c_float(0.125))\n"
-        f"print('ran', run({smem}), flush=True)\n"
-        f"run({smem - 16})\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
-    )
+    run = tc_launch_script(head_dim, block_size, deep, lanes)
+    done = run_in_child(lib, f"print('ran', {run.format(smem=smem)}, flush=True)\n"
+                             f"{run.format(smem=smem - 16)}\n")  # fmt: skip
     assert done.stdout == "ran 0\n", (done.stdout, done.stderr)
     assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
 
@@ -287,15 +276,31 @@ def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
     """A deep-ring kernel has no shared memory for merging chunks itself, so a one-lane
     launch (which would) traps instead of writing past its buffer; in a child process,
     since __trap aborts."""
+    run = tc_launch_script(64, 16, True, 1)
+    done = run_in_child(lib, run.format(smem=smem_bytes(64, 16, deep=True)) + "\n")
+    assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
+
+
+def tc_launch_script(head_dim: int, block_size: int, deep: bool, lanes: int) -> str:
+    """The source of one launch of a tensor-core entry point on a (1, lanes) grid, one
+    token of one sequence, its dynamic shared memory `{smem}` (str.format), for
+    run_in_child."""
+    return (
+        f"lib.run_paged_attention_tc({head_dim}, {block_size}, {int(deep)}, 1, {lanes}, {{smem}},"
+        " p(z), p(z), p(z), p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1, 1,"
+        f" {lanes}, ctypes.c_float(0.125))"
+    )
+
+
+def run_in_child(lib: ctypes.CDLL, body: str) -> subprocess.CompletedProcess[str]:
+    """`body` run in a child process (a __trap aborts the process) with the emulator
+    library `lib`, zeroed buffers z (uint16) and i ([0, 1], int32) and p (a pointer)."""
     script = (
         "import ctypes, numpy as np\n"
         f"lib = ctypes.CDLL({lib._name!r})\n"
         "z = np.zeros(1 << 16, np.uint16); i = np.array([0, 1], np.int32)\n"
         "p = lambda a: a.ctypes.data_as(ctypes.c_void_p)\n"
-        f"lib.run_paged_attention_tc(64, 16, 1, 1, 1, {smem_bytes(64, 16, deep=True)}, p(z), p(z),"
-        " p(z), p(i), p(i[1:]), p(i), p(z), p(z), 1, 1, 1, 1, 1, 2, 1, 1, 1, ctypes.c_float(0.125))\n"
-    )
-    done = subprocess.run(
+    ) + body
+    return subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode != 0 and "__trap()" in done.stderr, done.stderr
