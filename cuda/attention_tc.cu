@@ -47,10 +47,12 @@
 // 128 keys and 3 pages (b16: 8 stages, b32: 4, b64: 3), which the launcher takes exactly
 // for split launches (kv_lanes > 1: fewer (query tile, head slot) CTAs than a wave).
 // There each CTA walks a few pages one after another, and the normal ring (b32, b64: one
-// page in flight while one is read) leaves it waiting on a serial chain of page-load
-// latencies, not on bandwidth: at decode batch 1, context 512, Llama-3.1-8B shapes, 26.1
-// us for 0.70 us of KV at copy bandwidth (H100, bench/results/2026-11-27-h100). The deep
-// ring keeps kStages - 1 pages in flight; its shared memory costs CTAs an SM (below),
+// page in flight while one is read) keeps few loads in flight: at decode batch 1, context
+// 512, Llama-3.1-8B shapes, 26.1 us for 0.70 us of KV at copy bandwidth (H100,
+// bench/results/2026-11-27-h100). Measured against the normal ring in one run (H200,
+// bench/results/2026-11-27-h100/ab), the deep ring is 6-7 % faster where launches split:
+// the page loads' latency is a small part of that time, whose main cause is still open.
+// The deep ring keeps kStages - 1 pages in flight; its shared memory costs CTAs an SM (below),
 // which split grids (about SPLIT_CTAS_PER_SM = 2 CTAs an SM) can spare and full grids
 // could not. NOTE: the ring depth never reaches a row's bits: it changes only when
 // copies are issued and waited for (a page is read once wholly landed, whatever stage
