@@ -10,10 +10,13 @@ not sit in L2 (50 MB) from the previous call; at M = 1 the host's launch cost
 relative to the largest |cuBLAS| element), so a wrong kernel cannot post a time.
 
 Columns: `sm90` the cp.async kernels on the plain weight and `ws` the warp-specialized
-kernel on the packed one (what CupyBackend(gemm="wgmma") runs), both split as
-gemm_kernel.split_k says; `ws S=1` the packed kernel forced unsplit (what the split buys
-at small M); `mma` gemm.cu (the default off sm_90); cuBLAS. Ratios are times measured in
-this run: ws/mma below 1 means the Hopper kernel is faster than gemm.cu.
+kernel on the packed one (what CupyBackend(gemm="wgmma") runs; the wide 128 x 256 tile
+where launch_plan picks it), both split as gemm_kernel.split_k says; `ws S=1` the packed
+kernel forced unsplit (what the split buys at small M); `ws nosw` the same launch as `ws`
+on the no-swizzle stage layout (prepare_weight(swizzle=False)); `ws 128` the 128 x 128
+WS tile where `ws` runs the wide one (else the same as `ws`); `mma` gemm.cu (the default
+off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
+Hopper kernel is faster than gemm.cu.
 
 The verdict (last lines) is the strict, per-kernel form of the dispatch question: the
 Hopper kernel wins an (N, K) outright when ws/mma <= 1 at every M measured (a weight
@@ -34,8 +37,10 @@ from typing import Any
 import numpy as np
 
 from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
+from reprise.cuda import gemm_sm90_kernel
 from reprise.cuda.gemm_kernel import gemm, split_k
-from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+from reprise.cuda.gemm_sm90_kernel import WS, gemm_sm90, launch_plan, prepare_weight
+from reprise.cuda.kernels import launch_kernel
 
 # (N, K, fp32 out)
 SHAPES = {
@@ -68,6 +73,21 @@ def median_us(fn: Callable[[Any], Any], inputs: list[Any], iters: int) -> float:
     return statistics.median(means)
 
 
+def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
+    """The 128 x 128 WS tile where launch_plan would take the wide one (S = 1 weights past
+    one m tile); otherwise gemm_sm90 as it is."""
+    m, n, k = x.shape[0], packed.num_cols, packed.k
+    plan = launch_plan(m, n, k, out_f32=out_f32, packed=True)
+    if not plan.kernel.endswith("_wide"):
+        return gemm_sm90(x, packed, out_f32=out_f32, out=out)
+    device = gemm_sm90_kernel._device_id()
+    fn = gemm_sm90_kernel._kernel(WS.kernel_name(out_f32), WS.smem_bytes, device, packed.swizzled)
+    dims = (np.int32(m), np.int32(n), np.int32(k))
+    grid = gemm_sm90_kernel.grid(WS, m, n)
+    launch_kernel(fn, grid, (WS.num_threads,), (x, packed.data, out, *dims), shared_mem=WS.smem_bytes)
+    return out
+
+
 def timings(m: int, n: int, k: int, out_f32: bool, iters: int) -> tuple[dict[str, float], float]:
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -78,19 +98,22 @@ def timings(m: int, n: int, k: int, out_f32: bool, iters: int) -> tuple[dict[str
     pairs = [
         (random_bf16((m, k), 1.0, s), random_bf16((n, k), 0.02, 100 + s)) for s in range(copies)
     ]
-    pairs = [(x, w, prepare_weight(w)) for x, w in pairs]  # and the packed weight
+    # and the packed weight, in both stage layouts
+    pairs = [(x, w, prepare_weight(w), prepare_weight(w, swizzle=False)) for x, w in pairs]
     out = cupy.empty((m, n), np.float32 if out_f32 else np.uint16)
     torch_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     fns: dict[str, Callable[[Any], Any]] = {
         "sm90": lambda p: gemm_sm90(p[0], p[1], out_f32=out_f32, out=out),
         "ws": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out),
         "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
+        "ws_noswizzle": lambda p: gemm_sm90(p[0], p[3], out_f32=out_f32, out=out),
+        "ws_128": lambda p: ws_narrow(p[0], p[2], out, out_f32),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
     }
     ref = fns["cublas"](pairs[0]).float()
     errs = []
-    for key in ("sm90", "ws", "ws_unsplit", "mma"):
+    for key in ("sm90", "ws", "ws_unsplit", "ws_noswizzle", "ws_128", "mma"):
         got = fns[key](pairs[0])
         got = torch.as_tensor(got, device="cuda") if out_f32 else as_torch(got)
         errs.append(float((got.float() - ref).abs().max() / ref.abs().max()))
@@ -111,8 +134,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':14} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} {'S gain':>7} {'err':>7}")  # fmt: skip
+    print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
         n, k, out_f32 = SHAPES[name]
@@ -124,9 +148,10 @@ def main() -> None:
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
             gain = t["ws_unsplit"] / t["ws"]
             flip &= ws_mma <= 1 and (m < 512 or ws_cublas <= CUBLAS_TARGET)
-            print(f"{name:8} {m:5d} {split_k(n, k):2d} {route:14} {t['sm90']:8.1f} {t['ws']:8.1f} "
-                  f"{t['ws_unsplit']:8.1f} {t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} "
-                  f"{ws_cublas:9.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
+            print(f"{name:8} {m:5d} {split_k(n, k):2d} {route:16} {t['sm90']:8.1f} {t['ws']:8.1f} "
+                  f"{t['ws_unsplit']:8.1f} {t['ws_noswizzle']:8.1f} {t['ws_128']:8.1f} "
+                  f"{t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
+                  f"{gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),
                             "ws_route": route, "us": t, "ws_over_mma": ws_mma,
                             "ws_over_cublas": ws_cublas, "split_gain": gain,

@@ -433,19 +433,57 @@ struct Sm90WsTile {
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int BARRIER_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
   static constexpr int SMEM_BYTES = BARRIER_OFFSET + 2 * STAGES * 8;
-  static constexpr unsigned LEAD_BYTES = 128, STRIDE_BYTES = 1024;
+  static constexpr unsigned ROW_BYTES = BK * 2;  // 128: one row of a k-tile
 
   static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
   static_assert(STAGES >= 2, "a ring");
+  static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "every operand tile on a swizzle atom");
 };
 
-// The global source of x chunk c of k-tile kt (the stage layout above), and whether its
-// row exists; an invalid chunk still gets an in-bounds address.
+// The stage layout of the warp-specialized kernel (REPRISE_WS_SWIZZLE, set by the
+// launcher to match the packed weight's layout, gemm_sm90_kernel.prepare_weight):
+//   1 (the default): the 128-byte swizzle. Row r of a tile (64 k, 128 bytes) at byte
+//     r * 128, its 16-byte chunk j (k 8j .. 8j + 7) at position j ^ (r % 8) of the row;
+//     8 rows make a 1,024-byte atom, every tile starts on one (the kernel traps
+//     otherwise). Descriptor: swizzle mode 1, stride byte offset 1,024 (next 8 rows),
+//     leading byte offset unused (16); K slice ks starts 32 ks bytes into the row (the
+//     hardware applies the XOR of address bits 4-6 with bits 7-9 to every address).
+//   0: gemm_sm90_tile's no-swizzle core-matrix layout (the header): chunk (r, j) at byte
+//     (r / 8) * 1,024 + j * 128 + (r % 8) * 16; K slice ks at 256 ks.
+// Either way a row group of 8 rows is 1,024 bytes, so consumer c's 64 rows of x start at
+// c * 8,192 and N-subtile j's 128 rows of w at j * 16,384. Only addresses differ: every
+// wgmma reads the same operand values, so the layout never reaches a result's bits.
+#ifndef REPRISE_WS_SWIZZLE
+#define REPRISE_WS_SWIZZLE 1
+#endif
+
+// Byte offset, within a tile, of row r's 16-byte chunk j.
+__device__ __forceinline__ unsigned ws_chunk_offset(int r, int j) {
+#if REPRISE_WS_SWIZZLE
+  return static_cast<unsigned>(r * 128 + ((j ^ (r & 7)) << 4));
+#else
+  return static_cast<unsigned>((r / 8) * 1024 + j * 128 + (r % 8) * 16);
+#endif
+}
+
+// The descriptor of a 64- or 128-row operand starting at row group `tile` (1,024-byte
+// aligned), K slice ks (16 k) of the k-tile.
+__device__ __forceinline__ unsigned long long ws_desc(unsigned tile, int ks) {
+#if REPRISE_WS_SWIZZLE
+  return smem_desc(tile + ks * 32, 16, 1024) | (1ull << 62);
+#else
+  return smem_desc(tile + ks * 256, 128, 1024);
+#endif
+}
+
+// The global source of x chunk c of k-tile kt, and whether its row exists: row c / 8,
+// 16-byte chunk c % 8 (a warp reads 4 whole rows of 128 bytes); it lands at
+// ws_chunk_offset(row, chunk). An invalid chunk still gets an in-bounds address.
 template <class T>
 __device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsigned short* __restrict__ x, int M,
                                                             int K, int m0, int kt, bool& valid) {
-  const int row = 8 * (c / (8 * T::CHUNKS_PER_ROW)) + c % 8;
-  const int k = kt * T::BK + ((c / 8) % T::CHUNKS_PER_ROW) * 8;
+  const int row = c / T::CHUNKS_PER_ROW;
+  const int k = kt * T::BK + (c % T::CHUNKS_PER_ROW) * 8;
   valid = m0 + row < M;
   return x + (valid ? static_cast<long long>(m0 + row) * K + k : 0LL);
 }
@@ -469,6 +507,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   const int kt_begin = range.kt_begin, num_k_tiles = range.kt_end - range.kt_begin;
   const int panel_tiles = K / T::BK;  // k-tiles of one packed panel
   const unsigned smem_base = shared_addr(gemm_sm90_smem);
+  if (smem_base % 1024 != 0) __trap();  // the swizzle atoms (ws_chunk_offset) need it
   const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
 
   if (tid == 0) {
@@ -514,21 +553,25 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 #pragma unroll
         for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
           bool valid;
-          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
-          cp_async_16(shared_addr(stage + (tid + i * 128) * 16), src, valid);
+          const int c = tid + i * 128;
+          const unsigned short* src = ws_x_source<T>(c, x, M, K, m0, kt, valid);
+          cp_async_16(shared_addr(stage + ws_chunk_offset(c / T::CHUNKS_PER_ROW, c % T::CHUNKS_PER_ROW)), src,
+                      valid);
         }
       } else {
 #pragma unroll
         for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
           bool valid;
-          const unsigned short* src = ws_x_source<T>(tid + i * 128, x, M, K, m0, kt, valid);
+          const int c = tid + i * 128;
+          const unsigned short* src = ws_x_source<T>(c, x, M, K, m0, kt, valid);
           unsigned v[4] = {0u, 0u, 0u, 0u};
           if (valid) {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
               v[j] = static_cast<unsigned>(src[2 * j]) | (static_cast<unsigned>(src[2 * j + 1]) << 16);
           }
-          *reinterpret_cast<uint4*>(stage + (tid + i * 128) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+          *reinterpret_cast<uint4*>(stage + ws_chunk_offset(c / T::CHUNKS_PER_ROW, c % T::CHUNKS_PER_ROW)) =
+              make_uint4(v[0], v[1], v[2], v[3]);
         }
         fence_proxy_async();  // plain stores, read by wgmma
       }
@@ -552,7 +595,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
       while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
       }
       fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
-      const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 8 * T::STRIDE_BYTES;
+      const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
       const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
       if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
 #pragma unroll
@@ -560,14 +603,9 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < T::BK / 16; ++ks) {
-        const unsigned long long desc_a =
-            smem_desc(a_base + ks * 2 * T::LEAD_BYTES, T::LEAD_BYTES, T::STRIDE_BYTES);
 #pragma unroll
-        for (int j = 0; j < T::N_SUB; ++j) {
-          const unsigned long long desc_b = smem_desc(b_base + j * 16 * T::STRIDE_BYTES + ks * 2 * T::LEAD_BYTES,
-                                                      T::LEAD_BYTES, T::STRIDE_BYTES);
-          wgmma_m64n128k16(acc[j], desc_a, desc_b);
-        }
+        for (int j = 0; j < T::N_SUB; ++j)
+          wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
       }
       wgmma_commit();
       wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
@@ -614,8 +652,9 @@ __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict
   fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
-using Ws = Sm90WsTile<128, 6>;  // 3 warpgroups, 196,704 B shared
-static_assert(Ws::THREADS == 384, "launch bounds below");
+using Ws = Sm90WsTile<128, 6>;      // 3 warpgroups, 196,704 B shared
+using WsWide = Sm90WsTile<256, 4>;  // 128 accumulators a consumer thread, WHOLE only: 196,672 B
+static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
 
 // Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
 using Wg1 = Sm90Tile<64, 128, 8>;    // M <= 64 (decode): 1 warpgroup, 196,608 B shared
@@ -635,15 +674,15 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_BODY(TILE) gemm_sm90_tile<TILE, Split::WHOLE>(x, w, y, M, N, K, 0)
 #define GEMM_SM90_FOLD_BODY(TILE) gemm_sm90_tile<TILE, Split::FOLD>(x, w, y, M, N, K, split_len)
 #define GEMM_SM90_SPLIT_BODY(TILE) gemm_sm90_split<TILE>(x, w, ws, y, counters, M, N, K, split_len)
-#define GEMM_SM90_WS_BODY(MODE, SPLIT_LEN) \
-  gemm_sm90_ws_tile<Ws, MODE>(x, w_packed, y, y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
+#define GEMM_SM90_WS_BODY(TILE, MODE, SPLIT_LEN) \
+  gemm_sm90_ws_tile<TILE, MODE>(x, w_packed, y, y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #define GEMM_SM90_WS_SPLIT_BODY \
   gemm_sm90_ws_tile<Ws, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
 #define GEMM_SM90_SPLIT_BODY(TILE) __trap()
-#define GEMM_SM90_WS_BODY(MODE, SPLIT_LEN) __trap()
+#define GEMM_SM90_WS_BODY(TILE, MODE, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_SPLIT_BODY __trap()
 #endif
 
@@ -723,25 +762,39 @@ gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned shor
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                   unsigned short* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                  float* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+// The wide tile (BN = 256; S = 1 weights only: no FOLD, whose second accumulator set
+// would not fit), for launches whose grid fills the device.
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_wide(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                       unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_wide(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
-  GEMM_SM90_WS_BODY(Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                       float* __restrict__ y, int M, int N, int K, int split_len) {
-  GEMM_SM90_WS_BODY(Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)

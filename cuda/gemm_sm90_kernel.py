@@ -131,7 +131,8 @@ class Sm90WsConfig:
         )
 
     def kernel_name(self, out_f32: bool) -> str:
-        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}"
+        wide = "_wide" if self.name == "ws_wide" else ""
+        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}{wide}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,7 @@ class PackedWeight:
     data: Any
     num_cols: int  # N: the weight's rows before padding
     k: int
+    swizzled: bool = True  # the 128-byte swizzle (prepare_weight); the kernel is built to match
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -162,13 +164,20 @@ WG2 = Sm90Config("wg2", 128, 128, num_stages=6)
 WG2_WIDE = Sm90Config("wg2wide", 128, 256, num_stages=4)  # when its grid fills the device
 CONFIGS: tuple[Sm90Config, ...] = (WG1, WG2, WG2_WIDE)
 WS = Sm90WsConfig("ws", 128, 128, num_stages=6)  # any M, on a PackedWeight
+# S = 1 weights whose grid fills the device: two consumers of 64 x 256 (128 accumulators a
+# thread, so no FOLD), half the x tile's loads and barrier waits per product of WS.
+WS_WIDE = Sm90WsConfig("ws_wide", 128, 256, num_stages=4)
 
 
-def prepare_weight(w: Any) -> PackedWeight:
+def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
     """[N, K] uint16 BF16 bits (CuPy on a device, NumPy for the emulation) -> the packed
-    layout the warp-specialized kernel copies from: element (n, k) of panel p = n // 64,
-    k-tile t = k // 64 sits at 16-byte chunk 64 g + 8 j + r of tile (p, t), element e,
-    with n % 64 = 8 g + r and k % 64 = 8 j + e. Done once per weight, at load."""
+    layout the warp-specialized kernel copies from: 64-row panels (rows padded with zeros
+    to a multiple of PACK_ROWS), each 64 x 64 tile (panel p = n // 64, k-tile t = k // 64)
+    8,192 contiguous bytes at ((p * (K / 64)) + t) * 8,192 in the kernel's stage layout:
+    with `swizzle` (the default, gemm_sm90.cu's REPRISE_WS_SWIZZLE) row n % 64 at byte
+    128 (n % 64), its 16-byte chunk j = (k % 64) // 8 at position j ^ (n % 8), element
+    k % 8 within; without, the no-swizzle core-matrix layout (chunk j of row r = n % 64 at
+    byte 1,024 (r // 8) + 128 j + 16 (r % 8)). Done once per weight, at load."""
     xp = _array_module(w)
     num_cols, k = w.shape
     if w.dtype != BF16_BITS or w.ndim != 2 or k <= 0 or k % BLOCK_K:
@@ -178,8 +187,13 @@ def prepare_weight(w: Any) -> PackedWeight:
     rows = -(-num_cols // PACK_ROWS) * PACK_ROWS
     padded = xp.zeros((rows, k), dtype=w.dtype)
     padded[:num_cols] = w
-    tiles = padded.reshape(rows // 64, 8, 8, k // 64, 8, 8).transpose(0, 3, 1, 4, 2, 5)
-    return PackedWeight(xp.ascontiguousarray(tiles).reshape(-1), num_cols, k)
+    if swizzle:  # [panel, row, t, chunk, element] -> [panel, t, row, chunk ^ row % 8, element]
+        tiles = padded.reshape(rows // 64, 64, k // 64, 8, 8).transpose(0, 2, 1, 3, 4)
+        row = xp.arange(64).reshape(64, 1)
+        tiles = tiles[:, :, row, xp.arange(8).reshape(1, 8) ^ (row % 8), :]
+    else:  # [panel, row group, row, t, chunk, element] -> [panel, t, row group, chunk, row, element]
+        tiles = padded.reshape(rows // 64, 8, 8, k // 64, 8, 8).transpose(0, 3, 1, 4, 2, 5)
+    return PackedWeight(xp.ascontiguousarray(tiles).reshape(-1), num_cols, k, swizzle)
 
 
 def _array_module(a: Any) -> Any:
@@ -209,6 +223,15 @@ def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Co
     if num_rows <= WG1.block_m:
         return WG1
     return WG2_WIDE if waves(WG2_WIDE, num_rows, num_cols, num_sms) >= 1 else WG2
+
+
+def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsConfig:
+    """The warp-specialized tile of an S = 1 product: the wide one past one m tile when
+    its grid fills the device (a prefill), else WS (a decode keeps its CTAs). As for
+    `tile_config`, the choice changes speed only: both issue the same wgmma per element."""
+    if num_rows > WS.block_m and waves(WS_WIDE, num_rows, num_cols, num_sms) >= 1:
+        return WS_WIDE
+    return WS
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +277,9 @@ def launch_plan(
             f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
         )
     if splits == 1 and route is None:
-        config: Sm90Config | Sm90WsConfig = WS if packed else tile_config(m, n, num_sms)
+        config: Sm90Config | Sm90WsConfig = (
+            ws_config(m, n, num_sms) if packed else tile_config(m, n, num_sms)
+        )
         return Sm90Launch(
             config.kernel_name(out_f32), grid(config, m, n), config.num_threads,
             config.smem_bytes, 1, 0, False,
@@ -367,7 +392,7 @@ def gemm_sm90(
         args = (x, weight, out, *dims, np.int32(plan.split_len))
     else:
         args = (x, weight, out, *dims)
-    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id())
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), w.swizzled if packed else True)
     launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 
@@ -429,26 +454,29 @@ def _num_sms() -> int:
 
 
 @functools.cache
-def _cubin_path() -> Path:
-    """gemm_sm90.cu compiled for sm_90a, once per process, in a file CuPy can load."""
-    compiled = nvrtc.compile_source(nvrtc.kernel_source(SOURCE), SOURCE.name, ARCH)
+def _cubin_path(swizzle: bool = True) -> Path:
+    """gemm_sm90.cu compiled for sm_90a, once per process and layout (REPRISE_WS_SWIZZLE,
+    which the packed weight's layout must match), in a file CuPy can load."""
+    source = f"#define REPRISE_WS_SWIZZLE {int(swizzle)}\n" + nvrtc.kernel_source(SOURCE)
+    compiled = nvrtc.compile_source(source, SOURCE.name, ARCH)
     path = Path(tempfile.mkdtemp(prefix="reprise-sm90-")) / "gemm_sm90.cubin"
     path.write_bytes(compiled.cubin)
     return path
 
 
 @functools.cache
-def _module(device_id: int) -> Any:
+def _module(device_id: int, swizzle: bool = True) -> Any:
     import cupy
 
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(path=str(_cubin_path()))
+        return cupy.RawModule(path=str(_cubin_path(swizzle)))
 
 
 @functools.cache
-def _kernel(name: str, smem_bytes: int, device_id: int) -> Any:
+def _kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool = True) -> Any:
     """The entry point, with its shared-memory opt-in set on this device (all configs
-    need more than the default 48 KB)."""
-    fn = _module(device_id).get_function(name)
+    need more than the default 48 KB); `swizzle` the ws kernels' stage layout (that of
+    the packed weight they take)."""
+    fn = _module(device_id, swizzle).get_function(name)
     fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

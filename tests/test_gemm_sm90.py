@@ -30,6 +30,7 @@ from reprise.cuda.gemm_sm90_kernel import (
     WG2,
     WG2_WIDE,
     WS,
+    WS_WIDE,
     PackedWeight,
     Sm90Config,
     Sm90Launch,
@@ -50,19 +51,31 @@ LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "d
 LM_HEAD_8B = (128256, 4096)
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """driver_sm90.cpp built by g++ into a library of its own."""
+def build_driver(tmp_path_factory: pytest.TempPathFactory, *defines: str) -> ctypes.CDLL:
+    """driver_sm90.cpp built by g++ into a library of its own (`defines`: -D options)."""
     if shutil.which("g++") is None:
         if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
             pytest.fail("the kernel emulation needs g++")
         pytest.skip("needs g++")
     out = tmp_path_factory.mktemp("emu_sm90") / "libgemm_sm90.so"
-    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU / 'include'}",
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU / 'include'}", *defines,
            "-o", str(out), str(EMU / "driver_sm90.cpp")]  # fmt: skip
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     return ctypes.CDLL(str(out))
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation as the launcher builds the kernel: the 128-byte swizzle."""
+    return build_driver(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def lib_interleave(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with the ws kernels on the no-swizzle layout (REPRISE_WS_SWIZZLE=0,
+    prepare_weight(swizzle=False))."""
+    return build_driver(tmp_path_factory, "-DREPRISE_WS_SWIZZLE=0")
 
 
 def ptr(a: np.ndarray) -> ctypes.c_void_p:
@@ -104,18 +117,21 @@ def emulated(
 
 
 def emulated_ws(
-    lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0
-) -> np.ndarray:
-    """The warp-specialized entry point on `prepare_weight(w)`, launched as gemm_sm90
-    launches it; the output poisoned, with a guard past its end."""
+    lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0,
+    wide: bool = False, swizzle: bool = True,
+) -> np.ndarray:  # fmt: skip
+    """A warp-specialized WHOLE entry point (WS, or WS_WIDE with `wide`) on
+    `prepare_weight(w, swizzle=swizzle)`, launched as gemm_sm90 launches it; the output
+    poisoned, with a guard past its end."""
     (m, k), n = x.shape, w.shape[0]
-    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
+    config = WS_WIDE if wide else WS
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16), swizzle=swizzle)
     x_buf = np.empty(m * k + x_shift, np.uint16)
     x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
     dtype = np.float32 if out_f32 else np.uint16
     y_buf = poisoned((m * n + GUARD,), dtype)
     rc = lib.run_gemm_sm90_ws(
-        int(out_f32), *grid(WS, m, n), WS.num_threads, WS.smem_bytes,
+        int(out_f32), int(wide), *grid(config, m, n), config.num_threads, config.smem_bytes,
         ptr(x_buf[x_shift:]), ptr(packed.data), ptr(y_buf), m, n, k,
     )  # fmt: skip
     assert rc == 0, rc
@@ -213,8 +229,28 @@ def test_warp_specialized_matches_its_twin_and_the_others(
         got = emulated_ws(lib, x, w, out_f32=out_f32)
         check_twin(got, x, w, out_f32=out_f32)
         assert np.array_equal(bits(got), bits(emulated(lib, WG2, x, w, out_f32=out_f32)))
+        wide = emulated_ws(lib, x, w, out_f32=out_f32, wide=True)
+        assert np.array_equal(bits(wide), bits(got))
     shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1)  # the plain-store route
     assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
+    shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1, wide=True)
+    assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
+
+
+def test_warp_specialized_layouts_give_the_same_bits(
+    lib: ctypes.CDLL, lib_interleave: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """The no-swizzle stage layout (the kernel built with REPRISE_WS_SWIZZLE=0 on a weight
+    packed without the swizzle) gives the swizzled kernel's bits, WS and WS_WIDE; a weight
+    packed in the other layout than the kernel's does not (the layouts really differ)."""
+    x, w = operands(rng, 70, 300, 192)
+    want = emulated_ws(lib, x, w, out_f32=True)
+    check_twin(want, x, w, out_f32=True)
+    for wide in (False, True):
+        got = emulated_ws(lib_interleave, x, w, out_f32=True, wide=wide, swizzle=False)
+        assert np.array_equal(bits(got), bits(want)), wide
+    mixed = emulated_ws(lib, x, w, out_f32=True, swizzle=False)
+    assert not np.array_equal(bits(mixed), bits(want))
 
 
 def test_warp_specialized_rows_do_not_depend_on_m(
@@ -225,6 +261,8 @@ def test_warp_specialized_rows_do_not_depend_on_m(
     for m, start in ((1, 0), (1, 199), (7, 100), (64, 3), (129, 41)):
         part = emulated_ws(lib, x[start : start + m], w, out_f32=True)
         assert np.array_equal(bits(part), bits(full[start : start + m])), (m, start)
+        wide = emulated_ws(lib, x[start : start + m], w, out_f32=True, wide=True)
+        assert np.array_equal(bits(wide), bits(full[start : start + m])), (m, start)
 
 
 def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> None:
@@ -238,14 +276,26 @@ def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> No
     assert packed.data.shape == (rows * k,) and packed.data.dtype == np.uint16
     # what LlamaModel.num_bytes reads of every weight, padding included
     assert packed.nbytes == rows * k * 2 > w.nbytes
+    assert packed.swizzled
+    places = [(0, 0), (7, 8), (8, 7), (63, 63), (64, 64), (299, 191), (130, 77), (13, 20)]
     tiles = packed.data.reshape(rows // 64, k // 64, 64 * 64)
-    for row, col in [(0, 0), (7, 8), (8, 7), (63, 63), (64, 64), (299, 191), (130, 77)]:
-        g, r, j, e = (row % 64) // 8, row % 8, (col % 64) // 8, col % 8
-        assert tiles[row // 64, col // 64, (64 * g + 8 * j + r) * 8 + e] == w[row, col]
+    for row, col in places:  # row r at 64 r, its chunk j at position j ^ (r % 8)
+        r, j, e = row % 64, (col % 64) // 8, col % 8
+        assert tiles[row // 64, col // 64, 64 * r + 8 * (j ^ (r % 8)) + e] == w[row, col]
     # every element once: the layout's inverse gives w back over zero rows
-    unpacked = tiles.reshape(rows // 64, k // 64, 8, 8, 8, 8).transpose(0, 2, 4, 1, 3, 5)
+    unpacked = tiles.reshape(rows // 64, k // 64, 64, 8, 8)
+    r = np.arange(64).reshape(64, 1)
+    unpacked = unpacked[:, :, r, np.arange(8).reshape(1, 8) ^ (r % 8), :].transpose(0, 2, 1, 3, 4)
     assert np.array_equal(unpacked.reshape(rows, k)[:n], w)
     assert not unpacked.reshape(rows, k)[n:].any()
+    plain = prepare_weight(w, swizzle=False)  # the no-swizzle core-matrix layout
+    assert not plain.swizzled and plain.data.shape == packed.data.shape
+    tiles = plain.data.reshape(rows // 64, k // 64, 64 * 64)
+    for row, col in places:
+        g, r8, j, e = (row % 64) // 8, row % 8, (col % 64) // 8, col % 8
+        assert tiles[row // 64, col // 64, (64 * g + 8 * j + r8) * 8 + e] == w[row, col]
+    unpacked = tiles.reshape(rows // 64, k // 64, 8, 8, 8, 8).transpose(0, 2, 4, 1, 3, 5)
+    assert np.array_equal(unpacked.reshape(rows, k)[:n], w)
     with pytest.raises(ValueError, match="K a positive multiple of 64"):
         prepare_weight(w[:, :100].copy())
 
@@ -357,7 +407,9 @@ def test_the_launcher_launches_what_the_kernels_take(
 
     launches: list[str] = []
 
-    def fake_kernel(name: str, smem_bytes: int, device_id: int) -> Any:
+    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool) -> Any:
+        assert swizzle, "prepare_weight's default layout, which the emulation is built for"
+
         def launch(
             grid_xy: tuple[int, int], block: tuple[int], args: tuple, *, shared_mem: int
         ) -> None:
@@ -377,7 +429,7 @@ def test_the_launcher_launches_what_the_kernels_take(
                     int(k),
                 )
                 if name.startswith("gemm_sm90_ws_"):
-                    rc = lib.run_gemm_sm90_ws(int("f32" in name), *call)
+                    rc = lib.run_gemm_sm90_ws(int("f32" in name), int(name.endswith("_wide")), *call)
                 else:
                     rc = lib.run_gemm_sm90(name.encode(), *call)
             else:
@@ -403,7 +455,8 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
     monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
     monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
-    for m in (1, 70, 130):
+    for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide ws tile
+        monkeypatch.setattr(launcher, "_num_sms", lambda sms=sms: sms)
         x, w = operands(rng, m, 200, 128)
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
         for out_f32 in (False, True):
@@ -414,7 +467,9 @@ def test_the_launcher_launches_what_the_kernels_take(
                 x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 200), dtype)
             )
             assert np.array_equal(bits(packed), bits(plain))
-    assert set(launches) == {c.kernel_name(f) for c in (WG1, WG2, WS) for f in (False, True)}
+    names = {c.kernel_name(f) for c in (WG1, WG2, WS, WS_WIDE) for f in (False, True)}
+    assert set(launches) == names | {WG2_WIDE.kernel_name(f) for f in (False, True)}
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
     launches.clear()
     for m in (1, 70, 130):

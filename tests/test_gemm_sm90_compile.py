@@ -15,11 +15,11 @@ import pytest
 
 from reprise.cuda import nvrtc
 from reprise.cuda.gemm_kernel import ctas_per_sm
-from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE, SPLIT_ROUTES, WS
+from reprise.cuda.gemm_sm90_kernel import ARCH, CONFIGS, SOURCE, SPLIT_ROUTES, WS, WS_WIDE
 
 # Every entry point: the WHOLE kernels, then the split-K routes (gemm_sm90_kernel.launch_plan).
 ENTRY_POINTS = [
-    *(c.kernel_name(f32) for c in (*CONFIGS, WS) for f32 in (False, True)),
+    *(c.kernel_name(f32) for c in (*CONFIGS, WS, WS_WIDE) for f32 in (False, True)),
     *(f"{c.kernel_name(f32)}_{kind}" for c, kind in SPLIT_ROUTES.values() for f32 in (False, True)),
 ]
 
@@ -52,7 +52,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
     """No stack frame (nothing spilled: the FOLD routes' second accumulator set fits), and
     one CTA of each (its launch bounds' threads, its tile's shared memory) resident an SM."""
     resources = nvrtc.kernel_resources(cubin)
-    configs = {c.kernel_name(f32): c for c in (*CONFIGS, WS) for f32 in (False, True)}
+    configs = {c.kernel_name(f32): c for c in (*CONFIGS, WS, WS_WIDE) for f32 in (False, True)}
     configs.update(
         {
             f"{c.kernel_name(f32)}_{kind}": c
@@ -101,3 +101,21 @@ def test_the_sass_runs_on_warpgroup_mma(cubin: bytes, tmp_path: Path) -> None:
         if name.startswith("gemm_sm90_ws_"):
             assert "UBLKCP" in text, name  # the bulk copies of the packed weight
             assert "SYNCS.PHASECHK" in text and "ARRIVES.LDGSTSBAR" in text, name  # mbarriers
+
+
+def test_the_no_swizzle_layout_builds_too() -> None:
+    """The ws kernels on the no-swizzle stage layout (REPRISE_WS_SWIZZLE 0, which a weight
+    packed with swizzle=False runs on; the launcher builds it on demand) build without a
+    warning or a spill."""
+    try:
+        nvrtc._library()
+    except nvrtc.NvrtcUnavailable as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+    source = "#define REPRISE_WS_SWIZZLE 0\n" + nvrtc.kernel_source(SOURCE)
+    compiled = nvrtc.compile_source(source, SOURCE.name, ARCH)
+    assert "warning" not in compiled.log.lower(), compiled.log
+    resources = nvrtc.kernel_resources(compiled.cubin)
+    assert sorted(resources) == sorted(ENTRY_POINTS)
+    assert all(used.local_bytes == 0 for used in resources.values()), resources

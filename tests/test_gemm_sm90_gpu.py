@@ -149,3 +149,30 @@ def test_split_is_the_fold_of_its_partials(hopper, rng, k: int, n: int, packed: 
         )
     assert any(r.endswith("_split") for r in routes) and any(r.endswith("_fold") for r in routes)
     cp.cuda.Device().synchronize()
+
+
+def test_wide_tile_and_both_layouts_give_the_rows_computed_alone(hopper, rng) -> None:
+    """An S = 1 weight (gate+up) at prefill sizes runs the wide warp-specialized tile
+    (128 x 256); its rows, and those of the no-swizzle stage layout (a weight packed with
+    swizzle=False, the kernel built to match), bit-equal the same rows computed alone on
+    the default kernel (M = 1: the WS tile), on real tensor cores."""
+    from reprise.cuda.gemm_kernel import split_k
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+
+    cp = hopper
+    k, n = 4096, 28672
+    assert split_k(n, k) == 1
+    w = dev(weights(rng, n, k))
+    swizzled, interleaved = prepare_weight(w), prepare_weight(w, swizzle=False)
+    pool = dev(activations(rng, 2048, k))
+    for out_f32 in (False, True):
+        picks = [launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel for m in (1, 300, 2048)]
+        assert picks[0].endswith(("_bf16", "_f32")) and picks[2].endswith("_wide"), picks
+        alone = bits(cp, cp.concatenate(
+            [gemm_sm90(pool[i : i + 1], swizzled, out_f32=out_f32) for i in range(0, 2048, 37)]
+        ))  # fmt: skip
+        for weight, kind in ((swizzled, "swizzled"), (interleaved, "interleaved")):
+            for m in (1, 300, 2048):
+                y = bits(cp, gemm_sm90(pool[:m], weight, out_f32=out_f32))
+                want = alone[: len(range(0, m, 37))]
+                assert bool(cp.array_equal(y[::37], want)), (kind, m, out_f32)

@@ -21,7 +21,7 @@
 constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 196704;  // Ws: 6 stages and 12 mbarriers
 namespace gemm_sm90_emu {
 namespace {
-alignas(128) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];
+alignas(1024) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];  // the swizzle atoms
 }  // namespace
 #pragma push_macro("__shared__")
 #undef __shared__
@@ -66,19 +66,25 @@ int run_gemm_sm90(const char* name, int grid_x, int grid_y, int threads, int sme
   return left_behind == 0 ? 0 : 3;
 }
 
-// The warp-specialized entry point (gemm_sm90_ws_bf16 / _f32) on a packed weight, as
-// run_gemm_sm90 launches the others; the same return codes.
-int run_gemm_sm90_ws(int out_f32, int grid_x, int grid_y, int threads, int smem_bytes, const unsigned short* x,
-                     const unsigned char* w_packed, void* y, int M, int N, int K) {
+// The warp-specialized WHOLE entry points on a packed weight, as run_gemm_sm90 launches
+// the others: gemm_sm90_ws_{bf16,f32} (wide = 0) and gemm_sm90_ws_{bf16,f32}_wide
+// (wide = 1); the same return codes.
+int run_gemm_sm90_ws(int out_f32, int wide, int grid_x, int grid_y, int threads, int smem_bytes,
+                     const unsigned short* x, const unsigned char* w_packed, void* y, int M, int N, int K) {
+  namespace e = gemm_sm90_emu;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
-  std::memset(gemm_sm90_emu::gemm_sm90_smem, 0xFF, sizeof gemm_sm90_emu::gemm_sm90_smem);
-  g_ptx_smem = gemm_sm90_emu::gemm_sm90_smem;
+  std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
+  g_ptx_smem = e::gemm_sm90_smem;
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  auto* y16 = static_cast<unsigned short*>(y);
+  auto* y32 = static_cast<float*>(y);
   int left_behind = 0;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
     if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
-    if (out_f32) gemm_sm90_emu::gemm_sm90_ws_f32(x, w_packed, static_cast<float*>(y), M, N, K);
-    else gemm_sm90_emu::gemm_sm90_ws_bf16(x, w_packed, static_cast<unsigned short*>(y), M, N, K);
+    if (wide && out_f32) e::gemm_sm90_ws_f32_wide(x, w_packed, y32, M, N, K);
+    else if (wide) e::gemm_sm90_ws_bf16_wide(x, w_packed, y16, M, N, K);
+    else if (out_f32) e::gemm_sm90_ws_f32(x, w_packed, y32, M, N, K);
+    else e::gemm_sm90_ws_bf16(x, w_packed, y16, M, N, K);
     const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
     if (!copies || !mmas) ++left_behind;
   });

@@ -18,7 +18,8 @@
 //     and its retirement: the values each thread's elements need are captured at
 //     issue and compared at retirement, and a cp.async of the retiring thread still
 //     in flight into them aborts (a slot refilled while its MMAs may still run);
-//   - only the no-swizzle layout with base offset 0 is emulated; any other
+//   - the no-swizzle layout and the 128-byte swizzle are emulated, with base offset 0
+//     (a swizzled operand's rows must start on a 1,024-byte atom); any other
 //     descriptor bits abort.
 #pragma once
 #include <cstdio>
@@ -37,27 +38,43 @@ inline void wgmma_fence_operands(float (&)[64]) {}
 
 struct WgmmaLayout {  // a decoded matrix descriptor, byte addresses
   unsigned start, lead, stride;
+  bool swizzle128;
 };
 
 // PTX ISA, "Matrix Descriptor Format": bits 0-13 start address >> 4, 16-29 leading
 // dimension byte offset >> 4, 32-45 stride dimension byte offset >> 4, 49-51 base
-// offset, 62-63 swizzle mode (0: none); every other bit is 0.
+// offset, 62-63 swizzle mode (0: none, 1: 128-byte); every other bit is 0.
 inline WgmmaLayout wgmma_decode(unsigned long long desc) {
   constexpr unsigned long long FIELDS = 0x3FFFull | (0x3FFFull << 16) | (0x3FFFull << 32);
-  if ((desc >> 62) != 0) ptx_emu_fail("wgmma descriptor: only the no-swizzle layout is emulated", desc);
+  const unsigned mode = static_cast<unsigned>(desc >> 62);
+  if (mode > 1) ptx_emu_fail("wgmma descriptor: only no swizzle and the 128-byte swizzle are emulated", desc);
   if (((desc >> 49) & 7ull) != 0) ptx_emu_fail("wgmma descriptor: base offset must be 0", desc);
-  if ((desc & ~FIELDS) != 0) ptx_emu_fail("wgmma descriptor: reserved bits set", desc);
-  return {static_cast<unsigned>(desc & 0x3FFFull) << 4, static_cast<unsigned>((desc >> 16) & 0x3FFFull) << 4,
-          static_cast<unsigned>((desc >> 32) & 0x3FFFull) << 4};
+  if ((desc & ~FIELDS & ~(3ull << 62)) != 0) ptx_emu_fail("wgmma descriptor: reserved bits set", desc);
+  const WgmmaLayout l{static_cast<unsigned>(desc & 0x3FFFull) << 4, static_cast<unsigned>((desc >> 16) & 0x3FFFull) << 4,
+                      static_cast<unsigned>((desc >> 32) & 0x3FFFull) << 4, mode == 1};
+  // Base offset 0 asserts that the pattern starts at the operand's rows: row 0 at the
+  // start of an atom (address bits 7-9 zero), the next 8 rows a whole atom further.
+  if (l.swizzle128 && ((l.start & 0x380u) != 0 || l.stride % 1024 != 0))
+    ptx_emu_fail("wgmma descriptor: a 128-byte swizzled operand off its 1,024-byte atom", desc);
+  return l;
 }
 
-// Element (row r, k) of a K-major operand in the no-swizzle canonical layout (PTX ISA,
-// "Shared Memory Matrix Layout"): 8 x 16-byte core matrices of 128 contiguous bytes,
-// the next along K at the leading byte offset, the next 8 rows at the stride byte offset.
+// Byte address of element (row r, k) of a K-major operand (PTX ISA, "Shared Memory
+// Matrix Layout"). No swizzle: 8 x 16-byte core matrices of 128 contiguous bytes, the
+// next along K at the leading byte offset, the next 8 rows at the stride byte offset.
+// 128-byte swizzle: row r % 8 of a row group 128 bytes after the previous one, k at
+// 2 k bytes from the start (k < 16 stays inside the row's 128 bytes), the next 8 rows
+// at the stride byte offset; then the address's 16-byte chunk bits (4-6) XOR its row
+// bits (7-9), as the hardware does to every address of the pattern.
+inline unsigned wgmma_address(const WgmmaLayout& l, int r, int k) {
+  if (!l.swizzle128) return l.start + (r / 8) * l.stride + (k / 8) * l.lead + (r % 8) * 16 + (k % 8) * 2;
+  const unsigned addr = l.start + (r / 8) * l.stride + (r % 8) * 128 + k * 2;
+  return addr ^ (((addr >> 7) & 7u) << 4);
+}
+
 inline unsigned short wgmma_element(const WgmmaLayout& l, int r, int k) {
-  const unsigned addr = l.start + (r / 8) * l.stride + (k / 8) * l.lead + (r % 8) * 16 + (k % 8) * 2;
   unsigned short v;
-  std::memcpy(&v, ptx_smem_at(addr, 2, 2), 2);
+  std::memcpy(&v, ptx_smem_at(wgmma_address(l, r, k), 2, 2), 2);
   return v;
 }
 
@@ -112,15 +129,15 @@ inline void wgmma_commit() {
 
 inline float wgmma_bf16(unsigned short bits) { return __bfloat162float(__nv_bfloat16{bits}); }
 
-// Whether 16 bytes at `dst` fall in a core matrix the op reads: A's 8 row groups and
-// B's 16, two core matrices (k 0-7, 8-15) each.
+// Whether 16 bytes at `dst` hold an element the op reads: A's 64 rows and B's 128, the
+// 8-element runs k 0-7 and 8-15 of each (16 contiguous bytes in either layout).
 inline bool wgmma_reads(const WgmmaOp& op, unsigned dst) {
-  for (int g = 0; g < 16; ++g)
+  for (int r = 0; r < 128; ++r)
     for (int j = 0; j < 2; ++j) {
-      const unsigned b = op.b.start + g * op.b.stride + j * op.b.lead;
-      if (dst + 16 > b && dst < b + 128) return true;
-      const unsigned a = op.a.start + g * op.a.stride + j * op.a.lead;
-      if (g < 8 && dst + 16 > a && dst < a + 128) return true;
+      const unsigned b = wgmma_address(op.b, r, 8 * j);
+      if (dst + 16 > b && dst < b + 16) return true;
+      const unsigned a = wgmma_address(op.a, r, 8 * j);
+      if (r < 64 && dst + 16 > a && dst < a + 16) return true;
     }
   return false;
 }
