@@ -14,7 +14,7 @@ kernel on the packed one (what CupyBackend(gemm="wgmma") runs; the wide 128 x 25
 where launch_plan picks it), both split as gemm_kernel.split_k says; `ws S=1` the packed
 kernel forced unsplit (what the split buys at small M); `ws nosw` the same launch as `ws`
 on the no-swizzle stage layout (prepare_weight(swizzle=False)); `ws 128` the 128 x 128
-WS tile where `ws` runs the wide one (else the same as `ws`); `mma` gemm.cu (the default
+WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); `mma` gemm.cu (the default
 off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
 Hopper kernel is faster than gemm.cu.
 
@@ -74,17 +74,24 @@ def median_us(fn: Callable[[Any], Any], inputs: list[Any], iters: int) -> float:
 
 
 def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
-    """The 128 x 128 WS tile where launch_plan would take the wide one (S = 1 weights past
-    one m tile); otherwise gemm_sm90 as it is."""
+    """The 128 x 128 WS tile where launch_plan would take the wide one (WHOLE, or FOLD
+    through its workspace, past one m tile): the same bits; otherwise gemm_sm90 as it is."""
     m, n, k = x.shape[0], packed.num_cols, packed.k
     plan = launch_plan(m, n, k, out_f32=out_f32, packed=True)
-    if not plan.kernel.endswith("_wide"):
+    if "_wide" not in plan.kernel:
         return gemm_sm90(x, packed, out_f32=out_f32, out=out)
-    device = gemm_sm90_kernel._device_id()
-    fn = gemm_sm90_kernel._kernel(WS.kernel_name(out_f32), WS.smem_bytes, device, packed.swizzled)
     dims = (np.int32(m), np.int32(n), np.int32(k))
-    grid = gemm_sm90_kernel.grid(WS, m, n)
-    launch_kernel(fn, grid, (WS.num_threads,), (x, packed.data, out, *dims), shared_mem=WS.smem_bytes)
+    if plan.splits > 1:
+        plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route="ws_fold")
+        args: tuple[Any, ...] = (x, packed.data, out, *dims, np.int32(plan.split_len))
+    else:
+        plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route=None, splits=1)
+        grid = gemm_sm90_kernel.grid(WS, m, n)
+        plan = type(plan)(WS.kernel_name(out_f32), grid, WS.num_threads, WS.smem_bytes, 1, 0, False)
+        args = (x, packed.data, out, *dims)
+    device = gemm_sm90_kernel._device_id()
+    fn = gemm_sm90_kernel._kernel(plan.kernel, plan.smem_bytes, device, packed.swizzled)
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 
 

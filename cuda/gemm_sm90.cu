@@ -4,12 +4,14 @@
 // x and w are BF16 bit patterns, row-major, w in the Hugging Face [out, in] layout as
 // is (no packing); y is BF16 (round to nearest even of the fp32 accumulator) or fp32.
 //
-// Two kernels share the stage layout, the MMAs and the epilogue below:
-// gemm_sm90_tile (all threads load by cp.async, then all issue MMAs; w as is) and
-// gemm_sm90_ws_tile (a producer warpgroup feeds two consumer warpgroups through an
-// mbarrier ring; w pre-packed once so its tiles come by 1-D bulk copies: no tensor
-// maps). The first, instantiated for a few tile shapes (gemm_sm90_kernel.py's CONFIGS
-// mirror the instantiations at the end of this file):
+// Two kernels share the MMAs and the invariance argument below:
+// gemm_sm90_tile (all threads load by cp.async, then all issue MMAs; w as is; the
+// no-swizzle stage layout below) and gemm_sm90_ws_tile (a producer warpgroup feeds two
+// consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles come by
+// 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout, see
+// ws_chunk_offset; tiles 128 x 128 and 128 x 256). The first, instantiated for a few
+// tile shapes (gemm_sm90_kernel.py's CONFIGS mirror the instantiations at the end of
+// this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
 //   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
 //   K walked in tiles of BK = 64 through a STAGES-deep ring of shared buffers filled by
@@ -141,6 +143,18 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
       : "memory");
 }
 
+// setmaxnreg: this warpgroup's registers a thread move to N (a multiple of 8, 24-256),
+// given back to or taken from the CTA's pool. Takes effect only in a kernel with a
+// register cap at entry (__launch_bounds__(threads, 1)), each warpgroup role one branch.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ---- mbarriers and bulk copies (the warp-specialized kernel) ----
 __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
@@ -222,7 +236,9 @@ struct Sm90Tile {
   static_assert(STAGES >= 3, "the slot refilled is two tiles behind the one consumed");
 };
 
-enum class Split { WHOLE, PARTIAL, FOLD };  // see the split-K note at the top
+// See the split-K note at the top; FOLD_WS is FOLD with the running total in an fp32
+// workspace instead of registers (the wide ws tile, whose second register set would not fit).
+enum class Split { WHOLE, PARTIAL, FOLD, FOLD_WS };
 
 // A CTA's place in the launch: its m tile, its k-tiles [kt_begin, kt_end) and (PARTIAL)
 // the offset of its split's slab in the workspace. WHOLE and FOLD: grid.x = m tiles,
@@ -416,9 +432,14 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
 // those of tile kt - 1 are retired (wgmma.wait_group 1) release its stage. The stage
 // layout and the MMAs are those of gemm_sm90_tile: the invariance argument is unchanged.
 //
-// The packed weight (gemm_sm90_kernel.pack_weight): w rows padded with zeros to a
+// The packed weight (gemm_sm90_kernel.prepare_weight): w rows padded with zeros to a
 // multiple of 256, cut into 64-row panels; panel p's k-tile kt is the 8,192 bytes at
-// ((p * (K / 64)) + kt) * 8,192, in the core-matrix layout of a 64 x 64 stage tile.
+// ((p * (K / 64)) + kt) * 8,192, in the stage layout of a 64 x 64 tile (ws_chunk_offset).
+//
+// Measured (H200, bench/results/2026-11-27-h200, bench_gemm_sm90 at M = 2,048, same
+// run): the 128-byte swizzle against the no-swizzle layout, same tiles: qkv 240 vs 398 us,
+// o 161 vs 272, down 584 vs 885, gate_up 902 vs 1,098; the wide tile against 128 x 128
+// (S = 1 weights): gate_up 902 vs 1,222, lm_head 4,028 vs 5,252.
 template <int BN_, int STAGES_>
 struct Sm90WsTile {
   static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_;
@@ -438,6 +459,12 @@ struct Sm90WsTile {
   static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
   static_assert(STAGES >= 2, "a ring");
   static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "every operand tile on a swizzle atom");
+  // The wide tile's consumers hold 128 accumulators (and FOLD_WS's addressing) where the
+  // entry cap is 168 registers (65,536 / 384): the producer gives registers back
+  // (PRODUCER_REGS) and the consumers take them (CONSUMER_REGS); 128 * 40 + 256 * 232 =
+  // 64,512 <= 65,536. 0: every warpgroup keeps the entry cap (the 128-wide tile fits it).
+  static constexpr int PRODUCER_REGS = N_SUB == 2 ? 48 : 0, CONSUMER_REGS = N_SUB == 2 ? 232 : 0;
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
 };
 
 // The stage layout of the warp-specialized kernel (REPRISE_WS_SWIZZLE, set by the
@@ -488,8 +515,72 @@ __device__ __forceinline__ const unsigned short* ws_x_source(int c, const unsign
   return x + (valid ? static_cast<long long>(m0 + row) * K + k : 0LL);
 }
 
+// Element i of N-subtile j of this thread's accumulators (the D fragment of
+// wgmma_m64n128k16): row row0 + lane / 4 + 8 ((i / 2) % 2), column col0 + 128 j + 8 (i / 4)
+// + 2 (lane % 4) + i % 2, with row0 the warp's first row and col0 the tile's first column.
+__device__ __forceinline__ int ws_row(int row0, int lane, int i) { return row0 + lane / 4 + 8 * ((i / 2) % 2); }
+__device__ __forceinline__ int ws_col(int col0, int lane, int j, int i) {
+  return col0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+}
+
+// The most splits FOLD_WS takes (gemm_sm90_kernel.WIDE_FOLD_MAX_SPLITS repeats it; more
+// trap): its split loop is unrolled (gemm_sm90_ws_tile). Llama-3.1-8B's weights split 4
+// ways at most.
+constexpr int FOLD_WS_MAX_SPLITS = 4;
+
+// FOLD_WS, at a split boundary (last: false) or after the last split (last: true): wait
+// for the split's MMAs, then for each of this thread's elements inside M x N, sum =
+// (first ? +0.0f : total[row, col]) + acc, one fp32 add in ascending split order (the
+// register FOLD's total = total + acc, fold_boundary, with total from +0.0f); at a
+// boundary the sum goes back to the workspace and acc restarts from +0.0f, at the end it
+// stays in acc for the epilogue. Each element's workspace word is written and read by
+// this thread alone, in program order: no barrier, no atomics.
+template <class T>
+__device__ __forceinline__ void fold_to_workspace(float (&acc)[T::N_SUB][64], float* __restrict__ total, int row0,
+                                                  int col0, int lane, int M, int N, bool first, bool last) {
+  // Few live registers beside the 128 accumulators: one base word and the bounds as
+  // counts left, every element's offset from them a compile-time constant or N * 8.
+  const int row = ws_row(row0, lane, 0), col = ws_col(col0, lane, 0, 0);
+  float* base = total + static_cast<long long>(row) * N + col;
+  const int rows_left = M - row, cols_left = N - col;
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) {
+    wgmma_fence_operands(acc[j]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int dr = 8 * ((i / 2) % 2), dc = ws_col(0, 0, j, i);  // ws_row / ws_col less row, col
+      if (dr < rows_left && dc < cols_left) {
+        float* word = base + (dr ? static_cast<long long>(N) * 8 : 0LL) + dc;
+        const float sum = (first ? 0.0f : *word) + acc[j][i];
+        if (last) acc[j][i] = sum;
+        else *word = sum;
+      }
+      if (!last) acc[j][i] = 0.0f;
+    }
+  }
+}
+
+// The epilogue: this thread's elements d inside M x N into dst (BF16, rounded once, or
+// fp32), as pairs of columns where the alignment allows.
+template <class T, class DstT>
+__device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d)[T::N_SUB][64], int row0,
+                                         int col0, int lane, int M, int N) {
+  const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(dst) % (2 * sizeof(DstT)) == 0;
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int row = ws_row(row0, lane, i), col = ws_col(col0, lane, j, i);
+      if (row < M && col < N)
+        store_pair(dst, static_cast<long long>(row) * N + col, d[j][i], d[j][i + 1], col + 1 < N, vec_out);
+    }
+  }
+}
+
 // WHOLE, FOLD: y is the output; PARTIAL: y is the fp32 workspace [S, M, N], and the
-// tile's last CTA folds it into out (fold_split_partials, common.cuh). Launch geometry as gemm_sm90_tile.
+// tile's last CTA folds it into out (fold_split_partials, common.cuh); FOLD_WS: y is the
+// fp32 workspace [M, N] of the running totals, out the output. Launch geometry as gemm_sm90_tile.
 template <class T, Split MODE, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
@@ -499,6 +590,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
   if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
+  if (MODE == Split::FOLD_WS && (K + split_len - 1) / split_len > FOLD_WS_MAX_SPLITS) __trap();
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128;
@@ -541,6 +633,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 
   // Local tile t (k-tile kt_begin + t) sits in stage t % STAGES.
   if (warpgroup == 0) {  // ---- producer ----
+    if constexpr (T::PRODUCER_REGS > 0) setmaxnreg_dec<T::PRODUCER_REGS>();
     const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
     for (int t = 0; t < num_k_tiles; ++t) {
       const int s = t % T::STAGES, kt = kt_begin + t;
@@ -581,8 +674,10 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     cp_async_wait<0>();
     if (MODE != Split::PARTIAL) return;
   } else {  // ---- consumers ----
+    if constexpr (T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
     const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
     float acc[T::N_SUB][64];
     float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
 #pragma unroll
@@ -590,46 +685,53 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
 
-    for (int t = 0; t < num_k_tiles; ++t) {
-      const int s = t % T::STAGES;
-      while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
+    // FOLD_WS walks K one split at a time, the pipeline drained between them, in a loop
+    // unrolled to FOLD_WS_MAX_SPLITS runs: ptxas serializes every wgmma of a function
+    // whose wgmma loop carries the accumulators through memory accesses (C7515), as a
+    // loop over the splits would. Every other mode: one run of all its tiles.
+    constexpr int RUNS = MODE == Split::FOLD_WS ? FOLD_WS_MAX_SPLITS : 1;
+    const int run_tiles = MODE == Split::FOLD_WS ? split_len / T::BK : num_k_tiles;
+#pragma unroll
+    for (int run = 0; run < RUNS; ++run) {
+      const int t0 = run * run_tiles;
+      if (t0 >= num_k_tiles) break;
+      if (MODE == Split::FOLD_WS && run > 0)
+        fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, run == 1, false);
+      const int t1 = min(num_k_tiles, t0 + run_tiles);
+      for (int t = t0; t < t1; ++t) {
+        const int s = t % T::STAGES;
+        while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
+        }
+        fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+        const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
+        const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+        if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
+#pragma unroll
+        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < T::BK / 16; ++ks) {
+#pragma unroll
+          for (int j = 0; j < T::N_SUB; ++j)
+            wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
+#pragma unroll
+        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+        if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
       }
-      fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
-      const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
-      const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
-      if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
-#pragma unroll
-      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < T::BK / 16; ++ks) {
-#pragma unroll
-        for (int j = 0; j < T::N_SUB; ++j)
-          wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
-#pragma unroll
-      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-      if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
     if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
-
-    OutT* dst = MODE == Split::PARTIAL ? y + range.slab : y;
-    const bool vec_out = N % 2 == 0 && reinterpret_cast<unsigned long long>(dst) % (2 * sizeof(OutT)) == 0;
-#pragma unroll
-    for (int j = 0; j < T::N_SUB; ++j) {
-#pragma unroll
-      for (int i = 0; i < 64; i += 2) {
-        const int row = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
-        const int col = n0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4);
-        const float* d = MODE == Split::FOLD ? total[j] : acc[j];
-        if (row < M && col < N)
-          store_pair(dst, static_cast<long long>(row) * N + col, d[i], d[i + 1], col + 1 < N, vec_out);
-      }
+    if constexpr (MODE == Split::FOLD_WS) {
+      fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
+      ws_store<T>(out, acc, row0, n0, lane, M, N);
+    } else {
+      ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
+                  M, N);
     }
   }
   // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is
@@ -653,7 +755,7 @@ __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict
 }
 
 using Ws = Sm90WsTile<128, 6>;      // 3 warpgroups, 196,704 B shared
-using WsWide = Sm90WsTile<256, 4>;  // 128 accumulators a consumer thread, WHOLE only: 196,672 B
+using WsWide = Sm90WsTile<256, 4>;  // 128 accumulators a consumer thread (no FOLD; FOLD_WS): 196,672 B
 static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
 
 // Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
@@ -674,15 +776,15 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_BODY(TILE) gemm_sm90_tile<TILE, Split::WHOLE>(x, w, y, M, N, K, 0)
 #define GEMM_SM90_FOLD_BODY(TILE) gemm_sm90_tile<TILE, Split::FOLD>(x, w, y, M, N, K, split_len)
 #define GEMM_SM90_SPLIT_BODY(TILE) gemm_sm90_split<TILE>(x, w, ws, y, counters, M, N, K, split_len)
-#define GEMM_SM90_WS_BODY(TILE, MODE, SPLIT_LEN) \
-  gemm_sm90_ws_tile<TILE, MODE>(x, w_packed, y, y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
+#define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) \
+  gemm_sm90_ws_tile<TILE, MODE>(x, w_packed, Y, OUT, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #define GEMM_SM90_WS_SPLIT_BODY \
   gemm_sm90_ws_tile<Ws, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
 #define GEMM_SM90_SPLIT_BODY(TILE) __trap()
-#define GEMM_SM90_WS_BODY(TILE, MODE, SPLIT_LEN) __trap()
+#define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_SPLIT_BODY __trap()
 #endif
 
@@ -762,39 +864,52 @@ gemm_sm90_f32_wg2_fold(const unsigned short* __restrict__ x, const unsigned shor
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                   unsigned short* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                  float* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
 }
 
-// The wide tile (BN = 256; S = 1 weights only: no FOLD, whose second accumulator set
-// would not fit), for launches whose grid fills the device.
+// The wide tile (BN = 256) on S = 1 weights, for launches whose grid fills the device.
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_wide(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_wide(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                       float* __restrict__ y, int M, int N, int K) {
-  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, 0);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+// The wide tile on S > 1 weights past one m tile: FOLD_WS, the running totals in ws [M, N].
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_wide_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            float* __restrict__ ws, unsigned short* __restrict__ y, int M, int N, int K,
+                            int split_len) {
+  GEMM_SM90_WS_BODY(WsWide, Split::FOLD_WS, ws, y, split_len);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_wide_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                           float* __restrict__ ws, float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(WsWide, Split::FOLD_WS, ws, y, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
-  GEMM_SM90_WS_BODY(Ws, Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::FOLD, y, y, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                       float* __restrict__ y, int M, int N, int K, int split_len) {
-  GEMM_SM90_WS_BODY(Ws, Split::FOLD, split_len);  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_BODY(Ws, Split::FOLD, y, y, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)

@@ -27,15 +27,17 @@ fixed order that depends on the weight's shape (N, K) and nothing else, gemm.cu'
   M <= the tile's BM: one CTA per (split, tile) writes P_s to an fp32 workspace
   [S, M, N]; the tile's last CTA, counted with an integer atomic, folds in ascending
   split order) and FOLD (S > 1 at larger M: one CTA walks all of K and adds each
-  finished partial into a running total in registers at the split boundary).
-  No float atomics; rows past M and columns past N are zero padding that never enters
+  finished partial into a running total at the split boundary: in registers, or, on
+  the wide ws tile, in an [M, N] fp32 workspace word that only its own thread reads
+  and writes). No float atomics; rows past M and columns past N are zero padding that never enters
   another element's sum and is never written.
 
 So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
 offset, companion rows, configuration, route or kernel (`launch_plan` picks one by M
-and N for occupancy; that only regroups the sequence). The wide tile (128 accumulators
-a thread) has no FOLD (a second set would not fit in 255 registers), so it runs only
-weights with S = 1. gemm_sm90.cu states the argument in full.
+and N for occupancy; that only regroups the sequence). The wide cp.async tile (128
+accumulators a thread) has no FOLD (a second set would not fit in 255 registers), so it
+runs only weights with S = 1; the wide ws tile folds through the workspace instead.
+gemm_sm90.cu states the argument in full.
 
 The dispatch rule. This kernel's rows need NOT bit-equal gemm.cu's (mma.sync
 m16n8k16 is another instruction; the ISA does not tie their in-slice summation), so
@@ -55,7 +57,8 @@ fills one wave of gemm.cu's skinny grid) every 8B projection's M = 1 grid keeps 
 than half the SMs busy, o and down 128 of 132 (`decode_waves`).
 
 Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
-the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
+the [S, M, N] fp32 workspace, plus once per stream its tile counters; on the wide FOLD,
+the [M, N] fp32 totals). CuPy is imported
 lazily.
 """
 
@@ -164,8 +167,9 @@ WG2 = Sm90Config("wg2", 128, 128, num_stages=6)
 WG2_WIDE = Sm90Config("wg2wide", 128, 256, num_stages=4)  # when its grid fills the device
 CONFIGS: tuple[Sm90Config, ...] = (WG1, WG2, WG2_WIDE)
 WS = Sm90WsConfig("ws", 128, 128, num_stages=6)  # any M, on a PackedWeight
-# S = 1 weights whose grid fills the device: two consumers of 64 x 256 (128 accumulators a
-# thread, so no FOLD), half the x tile's loads and barrier waits per product of WS.
+# Past one m tile where its grid fills the device: two consumers of 64 x 256 (128
+# accumulators a thread: a FOLD keeps its totals in a workspace, not registers), half the
+# x tile's loads and barrier waits per product of WS.
 WS_WIDE = Sm90WsConfig("ws_wide", 128, 256, num_stages=4)
 
 
@@ -226,7 +230,7 @@ def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Co
 
 
 def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsConfig:
-    """The warp-specialized tile of an S = 1 product: the wide one past one m tile when
+    """The warp-specialized tile of a product: the wide one past one m tile when
     its grid fills the device (a prefill), else WS (a decode keeps its CTAs). As for
     `tile_config`, the choice changes speed only: both issue the same wgmma per element."""
     if num_rows > WS.block_m and waves(WS_WIDE, num_rows, num_cols, num_sms) >= 1:
@@ -246,7 +250,8 @@ class Sm90Launch:
     smem_bytes: int
     splits: int
     split_len: int
-    workspace: bool
+    workspace: bool  # PARTIAL: the [S, M, N] fp32 partials and the tile counters
+    totals: bool = False  # the wide FOLD: the [M, N] fp32 running totals
 
 
 # The split routes (S > 1) by the kernel they run: (config, route).
@@ -255,7 +260,9 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "wg2_fold": (WG2, "fold"),
     "ws_split": (WS, "split"),
     "ws_fold": (WS, "fold"),
+    "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
 }
+WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -286,19 +293,31 @@ def launch_plan(
         )  # fmt: skip
     if route is None:
         small = m <= (WS.block_m if packed else WG1.block_m)
-        route = ("ws_" if packed else "wg1_" if small else "wg2_") + ("split" if small else "fold")
+        if not packed:
+            route = "wg1_split" if small else "wg2_fold"
+        elif small:
+            route = "ws_split"
+        else:
+            wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
+            route = "wide_fold" if wide else "ws_fold"
     if route not in SPLIT_ROUTES:
         raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
     config, kind = SPLIT_ROUTES[route]
-    if route.startswith("ws_") != packed:
-        raise ValueError(
-            f"route {route} needs a {'packed' if route.startswith('ws_') else 'plain'} weight"
-        )
+    if isinstance(config, Sm90WsConfig) != packed:
+        needs = "packed" if isinstance(config, Sm90WsConfig) else "plain"
+        raise ValueError(f"route {route} needs a {needs} weight")
+    if route == "wide_fold" and splits > WIDE_FOLD_MAX_SPLITS:
+        raise ValueError(f"route wide_fold takes at most {WIDE_FOLD_MAX_SPLITS} splits; got {splits}")
     length = split_length(k, splits)
     tiles = grid(config, m, n)
-    name = f"{config.kernel_name(out_f32)}_{route.split('_')[1]}"
+    name = f"{config.kernel_name(out_f32)}_{kind}"
     if kind == "fold":
-        return Sm90Launch(name, tiles, config.num_threads, config.smem_bytes, splits, length, False)
+        wide = config is WS_WIDE
+        if wide and m * n > INT32_MAX:
+            raise ValueError(f"M * N must fit in int32; got {m} * {n}")
+        return Sm90Launch(
+            name, tiles, config.num_threads, config.smem_bytes, splits, length, False, wide
+        )
     if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
         raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
     if tiles[0] * tiles[1] > MAX_COUNTERS:
@@ -388,6 +407,11 @@ def gemm_sm90(
         counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
         workspace = cupy.empty((plan.splits, num_rows, num_cols), dtype=np.float32)
         args = (x, weight, workspace, out, counters, *dims, np.int32(plan.split_len))
+    elif plan.totals:
+        import cupy
+
+        totals = cupy.empty((num_rows, num_cols), dtype=np.float32)
+        args = (x, weight, totals, out, *dims, np.int32(plan.split_len))
     elif plan.split_len:
         args = (x, weight, out, *dims, np.int32(plan.split_len))
     else:

@@ -34,6 +34,7 @@ from reprise.cuda.gemm_sm90_kernel import (
     PackedWeight,
     Sm90Config,
     Sm90Launch,
+    Sm90WsConfig,
     decode_waves,
     gemm_sm90,
     grid,
@@ -436,6 +437,10 @@ def test_the_launcher_launches_what_the_kernels_take(
                 if len(args) == 9:  # PARTIAL: x, w, ws, y, counters, M, N, K, split_len
                     x, w, ws, y, counters, *dims = args
                     ws.view(np.uint8).fill(0xFF)
+                elif len(args) == 8:  # the wide FOLD: x, w, totals, y, M, N, K, split_len
+                    x, w, ws, y, *dims = args
+                    ws.view(np.uint8).fill(0xFF)
+                    counters = None
                 else:  # FOLD: x, w, y, M, N, K, split_len
                     (x, w, y, *dims), ws, counters = args, None, None
                 rc = lib.run_gemm_sm90_split(
@@ -471,8 +476,10 @@ def test_the_launcher_launches_what_the_kernels_take(
     assert set(launches) == names | {WG2_WIDE.kernel_name(f) for f in (False, True)}
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
+    routes_run = [(WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"), (WS_WIDE, "fold")]
     launches.clear()
-    for m in (1, 70, 130):
+    for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide FOLD
+        monkeypatch.setattr(launcher, "_num_sms", lambda sms=sms: sms)
         x, w = operands(rng, m, 272, 1024)
         assert split_k(272, 1024) == 4
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
@@ -486,7 +493,7 @@ def test_the_launcher_launches_what_the_kernels_take(
             assert np.array_equal(bits(packed), bits(plain))
     assert set(launches) == {
         f"{c.kernel_name(f)}_{route}"
-        for c, route in ((WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"))
+        for c, route in routes_run
         for f in (False, True)
     }
     monkeypatch.setattr(launcher, "device_arch", lambda: "80")
@@ -569,6 +576,11 @@ class _NumpyAsCupy:
 SPLIT_SHAPES = [(300, 272, 1024), (300, 200, 640)]
 
 
+def packed_route(route: str) -> bool:
+    """Whether a SPLIT_ROUTES route runs a warp-specialized kernel (on a packed weight)."""
+    return isinstance(SPLIT_ROUTES[route][0], Sm90WsConfig)
+
+
 def emulated_plan(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, *, out_f32: bool,
     order: np.ndarray | None = None, x_shift: int = 0,
@@ -603,6 +615,8 @@ def emulated_plan(
     assert np.array_equal(bits(y_buf[m * n :]), bits(poisoned((GUARD,), dtype)))
     if plan.workspace:  # nothing past the [S, M, N] workspace
         assert np.array_equal(bits(ws[-GUARD:]), bits(poisoned((GUARD,), np.float32)))
+    if plan.totals:  # the wide FOLD's running totals: [M, N], nothing past them
+        assert np.array_equal(bits(ws[m * n :]), bits(poisoned((ws.size - m * n,), np.float32)))
     return y_buf[: m * n].reshape(m, n).view(F32 if out_f32 else BF16)
 
 
@@ -638,10 +652,10 @@ def test_split_routes_fold_the_partials_of_fixed_k_ranges(
         rows = slice(start, start + m)
         xs = np.ascontiguousarray(x[rows])
         for route in SPLIT_ROUTES:
-            plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+            plan = launch_plan(m, n, k, out_f32=True, packed=packed_route(route), route=route)
             got = emulated_plan(lib, plan, xs, w, out_f32=True)
             assert np.array_equal(bits(got), bits(want[rows])), (route, m, start)
-            plan = launch_plan(m, n, k, out_f32=False, packed=route.startswith("ws_"), route=route)
+            plan = launch_plan(m, n, k, out_f32=False, packed=packed_route(route), route=route)
             got16 = emulated_plan(lib, plan, xs, w, out_f32=False)
             assert np.array_equal(bits(got16), bits(to_bf16(want[rows]))), (route, m, start)
         check_twin(got, xs, w, out_f32=True)
@@ -656,7 +670,7 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
     m, n, k = 7, 272, 1024
     x, w = operands(rng, m, n, k)
     for route in ("wg1_split", "ws_split"):
-        plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+        plan = launch_plan(m, n, k, out_f32=True, packed=packed_route(route), route=route)
         count = plan.grid[0] * plan.grid[1]
         first = emulated_plan(lib, plan, x, w, out_f32=True)
         for order in (np.arange(count)[::-1], rng.permutation(count), rng.permutation(count)):
@@ -674,7 +688,7 @@ def test_split_routes_take_unaligned_operands_and_odd_slabs(
     x, w = operands(rng, m, n, k)
     want = fold_reference(lib, x, w)
     for route in SPLIT_ROUTES:
-        plan = launch_plan(m, n, k, out_f32=True, packed=route.startswith("ws_"), route=route)
+        plan = launch_plan(m, n, k, out_f32=True, packed=packed_route(route), route=route)
         for x_shift in (0, 1):
             got = emulated_plan(lib, plan, x, w, out_f32=True, x_shift=x_shift)
             assert np.array_equal(bits(got), bits(want)), (route, x_shift)
@@ -682,7 +696,8 @@ def test_split_routes_take_unaligned_operands_and_odd_slabs(
 
 def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     """S = 1: WHOLE on the tile config (or the warp-specialized kernel). S > 1: PARTIAL up
-    to the tile's rows, FOLD past them; never the wide tile (no FOLD registers)."""
+    to the tile's rows, FOLD past them: never the wide cp.async tile (no FOLD registers),
+    the wide ws tile where its grid fills the device (its totals in a workspace)."""
     assert split_k(28672, 4096) == 1
     whole = launch_plan(300, 28672, 4096, out_f32=False, packed=False)
     assert (whole.splits, whole.split_len, whole.workspace) == (1, 0, False)
@@ -692,16 +707,19 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     assert s > 1
     for m, plain, packed in ((1, "wg1_split", "ws_split"), (64, "wg1_split", "ws_split"),
                              (65, "wg2_fold", "ws_split"), (128, "wg2_fold", "ws_split"),
-                             (129, "wg2_fold", "ws_fold"), (4096, "wg2_fold", "ws_fold")):  # fmt: skip
+                             (129, "wg2_fold", "ws_fold"), (4096, "wg2_fold", "wide_fold")):  # fmt: skip
         for is_packed, route in ((False, plain), (True, packed)):
             plan = launch_plan(m, 4096, 4096, out_f32=False, packed=is_packed)
             config, kind = SPLIT_ROUTES[route]
             assert plan.kernel == f"{config.kernel_name(False)}_{kind}", (m, is_packed)
             assert plan.splits == s and plan.split_len == split_length(4096, s)
             assert plan.split_len % 64 == 0 and plan.workspace == (kind == "split")
+            assert plan.totals == (route == "wide_fold")
             gx, gy = grid(config, m, 4096)
             assert plan.grid == ((gx * s if kind == "split" else gx), gy)
     with pytest.raises(ValueError, match="route must be one of wg1_split, wg2_fold"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_split")
+    with pytest.raises(ValueError, match="route wide_fold needs a packed weight"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_fold")
     with pytest.raises(ValueError, match="route ws_fold needs a packed weight"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="ws_fold")

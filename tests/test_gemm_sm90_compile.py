@@ -119,3 +119,22 @@ def test_the_no_swizzle_layout_builds_too() -> None:
     resources = nvrtc.kernel_resources(compiled.cubin)
     assert sorted(resources) == sorted(ENTRY_POINTS)
     assert all(used.local_bytes == 0 for used in resources.values()), resources
+
+
+def test_ptxas_keeps_every_wgmma_pipelined(tmp_path: Path) -> None:
+    """ptxas (nvcc -Xptxas -v, where nvcc is on PATH) serializes a function's wgmma when
+    non-wgmma code defines their accumulators inside the pipeline (C7515), e.g. a wgmma
+    loop that carries them through memory: a silent slowdown. None of ours may."""
+    nvcc = cuda_tool("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    source = tmp_path / "gemm_sm90.cu"
+    source.write_text(nvrtc.kernel_source(SOURCE))
+    cmd = [str(nvcc), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+           "-ftz=true", "-o", str(tmp_path / "gemm_sm90.cubin"), str(source)]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert "C7515" not in built.stderr and "C7517" not in built.stderr, built.stderr
+    assert "spill stores" in built.stderr and " 0 bytes spill stores" in built.stderr
+    spills = [line for line in built.stderr.splitlines() if "spill stores" in line]
+    assert all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in spills)

@@ -97,7 +97,8 @@ int run_gemm_sm90_ws(int out_f32, int wide, int grid_x, int grid_y, int threads,
 // gemm_sm90_{bf16,f32}_wg1_split and gemm_sm90_ws_{bf16,f32}_split (partials through the
 // fp32 workspace ws [S, M, N], folded by each tile's last CTA, which counts in
 // `counters`), gemm_sm90_{bf16,f32}_wg2_fold and gemm_sm90_ws_{bf16,f32}_fold (each CTA
-// walks all of K; ws and counters unused). w is the packed weight for gemm_sm90_ws_*.
+// walks all of K; ws and counters unused), gemm_sm90_ws_{bf16,f32}_wide_fold (the same,
+// its running totals in ws [M, N]). w is the packed weight for gemm_sm90_ws_*.
 // Returns as run_gemm_sm90.
 int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
                         const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
@@ -123,6 +124,10 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_f32_fold(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_bf16_split")
     body = [&] { e::gemm_sm90_ws_bf16_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_wide_fold")  // ws holds the [M, N] running totals
+    body = [&] { e::gemm_sm90_ws_bf16_wide_fold(x, static_cast<Packed>(w), ws, y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_wide_fold")
+    body = [&] { e::gemm_sm90_ws_f32_wide_fold(x, static_cast<Packed>(w), ws, y32, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_split")
     body = [&] { e::gemm_sm90_ws_f32_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (!body) return 1;

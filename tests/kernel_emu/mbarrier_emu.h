@@ -111,3 +111,14 @@ inline void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigne
 
 // Forget every mbarrier (a CTA's shared memory does not outlive it).
 inline void mbar_emu_reset() { g_mbarriers.clear(); }
+
+// setmaxnreg.{dec,inc}.sync.aligned.u32 N: a register budget, nothing to do on the host
+// beyond the ISA's operand rule (a multiple of 8 in 24-256).
+template <int N>
+inline void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg takes a multiple of 8 in 24-256");
+}
+template <int N>
+inline void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg takes a multiple of 8 in 24-256");
+}
