@@ -14,7 +14,9 @@ kernel on the packed one (what CupyBackend(gemm="wgmma") runs; the wide 128 x 25
 where launch_plan picks it), both split as gemm_kernel.split_k says; `ws S=1` the packed
 kernel forced unsplit (what the split buys at small M); `ws nosw` the same launch as `ws`
 on the no-swizzle stage layout (prepare_weight(swizzle=False)); `ws 128` the 128 x 128
-WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); `mma` gemm.cu (the default
+WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); with
+`--wide-fold`, `wfold` the wide FOLD forced on split weights past one m tile (route
+"wide_fold", not yet a default: gemm_sm90_kernel.WIDE_FOLD_BY_DEFAULT; else `ws`); `mma` gemm.cu (the default
 off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
 Hopper kernel is faster than gemm.cu.
 
@@ -95,7 +97,17 @@ def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     return out
 
 
-def timings(m: int, n: int, k: int, out_f32: bool, iters: int) -> tuple[dict[str, float], float]:
+def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
+    """The wide FOLD forced where a split weight's product passes one m tile; otherwise
+    gemm_sm90 as it is."""
+    m, n, k = x.shape[0], packed.num_cols, packed.k
+    route = "wide_fold" if split_k(n, k) > 1 and m > WS.block_m else None
+    return gemm_sm90(x, packed, out_f32=out_f32, out=out, route=route)
+
+
+def timings(
+    m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False
+) -> tuple[dict[str, float], float]:
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
     import torch
@@ -115,12 +127,15 @@ def timings(m: int, n: int, k: int, out_f32: bool, iters: int) -> tuple[dict[str
         "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
         "ws_noswizzle": lambda p: gemm_sm90(p[0], p[3], out_f32=out_f32, out=out),
         "ws_128": lambda p: ws_narrow(p[0], p[2], out, out_f32),
+        "ws_wide_fold": lambda p: ws_wide_fold(p[0], p[2], out, out_f32),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
     }
+    if not wide_fold:
+        del fns["ws_wide_fold"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
-    for key in ("sm90", "ws", "ws_unsplit", "ws_noswizzle", "ws_128", "mma"):
+    for key in [key for key in fns if key != "cublas"]:
         got = fns[key](pairs[0])
         got = torch.as_tensor(got, device="cuda") if out_f32 else as_torch(got)
         errs.append(float((got.float() - ref).abs().max() / ref.abs().max()))
@@ -138,18 +153,19 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--wide-fold", action="store_true", help="time the wide FOLD too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'wfold':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
         n, k, out_f32 = SHAPES[name]
         flip = True
         for m in rows:
-            t, err = timings(m, n, k, out_f32, args.iters)
+            t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold)
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -157,6 +173,7 @@ def main() -> None:
             flip &= ws_mma <= 1 and (m < 512 or ws_cublas <= CUBLAS_TARGET)
             print(f"{name:8} {m:5d} {split_k(n, k):2d} {route:16} {t['sm90']:8.1f} {t['ws']:8.1f} "
                   f"{t['ws_unsplit']:8.1f} {t['ws_noswizzle']:8.1f} {t['ws_128']:8.1f} "
+                  f"{t.get('ws_wide_fold', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),

@@ -459,12 +459,18 @@ struct Sm90WsTile {
   static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
   static_assert(STAGES >= 2, "a ring");
   static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "every operand tile on a swizzle atom");
-  // The wide tile's consumers hold 128 accumulators (and FOLD_WS's addressing) where the
-  // entry cap is 168 registers (65,536 / 384): the producer gives registers back
-  // (PRODUCER_REGS) and the consumers take them (CONSUMER_REGS); 128 * 40 + 256 * 232 =
-  // 64,512 <= 65,536. 0: every warpgroup keeps the entry cap (the 128-wide tile fits it).
-  static constexpr int PRODUCER_REGS = N_SUB == 2 ? 48 : 0, CONSUMER_REGS = N_SUB == 2 ? 232 : 0;
-  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
+  // FOLD_WS on the wide tile: its consumers hold 128 accumulators and the fold's
+  // addressing where the entry cap is ENTRY_REGS (65,536 / 384 to a multiple of 8: 168)
+  // and spill there, so the producer gives registers back (PRODUCER_REGS) and the
+  // consumers take them (CONSUMER_REGS). NOTE: setmaxnreg.inc waits until the CTA's own
+  // pool, the ENTRY_REGS * THREADS it was launched with, has the registers: a budget
+  // over that pool never returns (so it hung every wide launch on an H200, 2026-11-27,
+  // at 48 / 232: 65,536 > 64,512). 56 / 224 is the pool exactly. Other modes and tiles
+  // keep the entry cap (the wide WHOLE fits it in 154 registers, measured on the H200).
+  static constexpr int ENTRY_REGS = 65536 / THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGS = N_SUB == 2 ? 56 : 0, CONSUMER_REGS = N_SUB == 2 ? 224 : 0;
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= ENTRY_REGS * THREADS,
+                "setmaxnreg within the CTA's pool, or .inc waits forever");
 };
 
 // The stage layout of the warp-specialized kernel (REPRISE_WS_SWIZZLE, set by the
@@ -633,7 +639,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 
   // Local tile t (k-tile kt_begin + t) sits in stage t % STAGES.
   if (warpgroup == 0) {  // ---- producer ----
-    if constexpr (T::PRODUCER_REGS > 0) setmaxnreg_dec<T::PRODUCER_REGS>();
+    if constexpr (MODE == Split::FOLD_WS && T::PRODUCER_REGS > 0) setmaxnreg_dec<T::PRODUCER_REGS>();
     const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
     for (int t = 0; t < num_k_tiles; ++t) {
       const int s = t % T::STAGES, kt = kt_begin + t;
@@ -674,7 +680,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     cp_async_wait<0>();
     if (MODE != Split::PARTIAL) return;
   } else {  // ---- consumers ----
-    if constexpr (T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
+    if constexpr (MODE == Split::FOLD_WS && T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row

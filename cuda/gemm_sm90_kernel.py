@@ -263,6 +263,12 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
 }
 WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
+# Whether launch_plan takes the wide FOLD (route "wide_fold") for split weights past one m
+# tile. Off until a GPU has run it: its first run (H200, 2026-11-27) hung every wide
+# launch on a setmaxnreg budget over the CTA's register pool, since fixed (gemm_sm90.cu,
+# Sm90WsTile) and held by a static_assert, but not yet run. `route="wide_fold"` forces it
+# (tests/test_gemm_sm90_wide_fold_gpu.py, bench_gemm_sm90 --wide-fold).
+WIDE_FOLD_BY_DEFAULT = False
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -299,7 +305,7 @@ def launch_plan(
             route = "ws_split"
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
-            route = "wide_fold" if wide else "ws_fold"
+            route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT else "ws_fold"
     if route not in SPLIT_ROUTES:
         raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
     config, kind = SPLIT_ROUTES[route]
@@ -371,14 +377,15 @@ def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = 
 
 
 def gemm_sm90(
-    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None
-) -> Any:
+    x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None,
+    route: str | None = None,
+) -> Any:  # fmt: skip
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
     takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
     warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
-    `out_f32`. `out`, when given, is written and returned. `splits` as `launch_plan`'s
-    (leave it None but to measure or test a split count). Needs a device `supported`
-    accepts."""
+    `out_f32`. `out`, when given, is written and returned. `splits` and `route` as
+    `launch_plan`'s (leave them None but to measure or test a split count or route).
+    Needs a device `supported` accepts."""
     num_rows, num_cols, k = check_operands(x, w)
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
     if out is None:
@@ -396,8 +403,9 @@ def gemm_sm90(
         raise ValueError(f"gemm_sm90 needs compute capability 9.0 (sm_90a); this device is {arch}")
     packed = isinstance(w, PackedWeight)
     plan = launch_plan(
-        num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), splits=splits
-    )
+        num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), route=route,
+        splits=splits,
+    )  # fmt: skip
     weight = w.data if packed else w
     dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))
     args: tuple[Any, ...]

@@ -478,8 +478,7 @@ def test_the_launcher_launches_what_the_kernels_take(
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
     routes_run = [(WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"), (WS_WIDE, "fold")]
     launches.clear()
-    for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide FOLD
-        monkeypatch.setattr(launcher, "_num_sms", lambda sms=sms: sms)
+    for m, route in ((1, None), (70, None), (130, None), (130, "wide_fold")):
         x, w = operands(rng, m, 272, 1024)
         assert split_k(272, 1024) == 4
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
@@ -488,8 +487,9 @@ def test_the_launcher_launches_what_the_kernels_take(
             plain = gemm_sm90(x_bits, w_bits, out_f32=out_f32, out=poisoned((m, 272), dtype))
             check_twin(plain.view(F32 if out_f32 else BF16), x, w, out_f32=out_f32)
             packed = gemm_sm90(
-                x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 272), dtype)
-            )
+                x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 272), dtype),
+                route=route,
+            )  # fmt: skip
             assert np.array_equal(bits(packed), bits(plain))
     assert set(launches) == {
         f"{c.kernel_name(f)}_{route}"
@@ -707,7 +707,7 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     assert s > 1
     for m, plain, packed in ((1, "wg1_split", "ws_split"), (64, "wg1_split", "ws_split"),
                              (65, "wg2_fold", "ws_split"), (128, "wg2_fold", "ws_split"),
-                             (129, "wg2_fold", "ws_fold"), (4096, "wg2_fold", "wide_fold")):  # fmt: skip
+                             (129, "wg2_fold", "ws_fold"), (4096, "wg2_fold", "ws_fold")):  # fmt: skip
         for is_packed, route in ((False, plain), (True, packed)):
             plan = launch_plan(m, 4096, 4096, out_f32=False, packed=is_packed)
             config, kind = SPLIT_ROUTES[route]
@@ -717,6 +717,9 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
             assert plan.totals == (route == "wide_fold")
             gx, gy = grid(config, m, 4096)
             assert plan.grid == ((gx * s if kind == "split" else gx), gy)
+    wide = launch_plan(4096, 4096, 4096, out_f32=False, packed=True, route="wide_fold")
+    assert (wide.kernel, wide.totals, wide.workspace) == ("gemm_sm90_ws_bf16_wide_fold", True, False)
+    assert wide.grid == grid(WS_WIDE, 4096, 4096) and wide.split_len == split_length(4096, s)
     with pytest.raises(ValueError, match="route must be one of wg1_split, wg2_fold"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_split")
     with pytest.raises(ValueError, match="route wide_fold needs a packed weight"):

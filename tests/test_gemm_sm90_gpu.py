@@ -177,33 +177,3 @@ def test_wide_tile_and_both_layouts_give_the_rows_computed_alone(hopper, rng) ->
                 want = alone[: len(range(0, m, 37))]
                 assert bool(cp.array_equal(y[::37], want)), (kind, m, out_f32)
 
-
-@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096)])
-def test_wide_fold_is_the_fold_of_its_partials(hopper, rng, k: int, n: int) -> None:
-    """The wide FOLD (split weights at prefill sizes: running totals in an fp32
-    workspace): fp32 out of M = 2,048 bit-equals the NumPy fold of the unsplit kernel's
-    partials on each split's K range, BF16 out its one rounding, and its rows the same
-    rows computed alone (M = 1: the PARTIAL route), on real tensor cores."""
-    from reprise.cuda.dtypes import to_bf16
-    from reprise.cuda.gemm import fold_partials, split_bounds
-    from reprise.cuda.gemm_kernel import split_k, split_length
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
-
-    del hopper  # on its device
-    m, splits = 2048, split_k(n, k)
-    assert splits > 1 and launch_plan(m, n, k, out_f32=True, packed=True).totals
-    w, pool = weights(rng, n, k), activations(rng, m, k)
-    partials = []
-    for a, b in split_bounds(k, split_length(k, splits)):
-        w_part = dev(np.ascontiguousarray(w[:, a:b]))
-        part = gemm_sm90(dev(np.ascontiguousarray(pool[:, a:b])), w_part, out_f32=True, splits=1)
-        partials.append(host(part))
-    want = fold_partials(np.stack(partials).view(F32))
-    packed, x = prepare_weight(dev(w)), dev(pool)
-    got = host(gemm_sm90(x, packed, out_f32=True, out=poisoned((m, n), np.float32)))
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    got16 = host(gemm_sm90(x, packed, out=poisoned((m, n), np.uint16)))
-    assert np.array_equal(got16.view(np.uint16), to_bf16(want).view(np.uint16))
-    for i in range(0, m, 211):
-        alone = host(gemm_sm90(x[i : i + 1], packed, out_f32=True))
-        assert np.array_equal(alone.view(np.uint32), got[i : i + 1].view(np.uint32)), i
