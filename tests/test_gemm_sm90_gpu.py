@@ -111,6 +111,22 @@ def test_mma_sync_agreement_is_recorded(hopper, rng, record_property) -> None:
     print(f"gemm_sm90 vs gemm.cu, fp32 out, 256 x 4096 x 4096: {differ} of {ours.size} differ")
 
 
+def fold_of_partials(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The split rule computed another way, for x @ w.T on the device: the unsplit kernel
+    (splits=1) on each of split_k(N, K)'s K ranges gives that split's partial, folded
+    (((0 + P_0) + P_1) + ...) in NumPy (gemm.fold_partials); fp32."""
+    from reprise.cuda.gemm import fold_partials, split_bounds
+    from reprise.cuda.gemm_kernel import split_k, split_length
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90
+
+    (n, k), partials = w.shape, []
+    for a, b in split_bounds(k, split_length(k, split_k(n, k))):
+        w_part = dev(np.ascontiguousarray(w[:, a:b]))
+        part = gemm_sm90(dev(np.ascontiguousarray(x[:, a:b])), w_part, out_f32=True, splits=1)
+        partials.append(host(part))
+    return fold_partials(np.stack(partials).view(F32))
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["cp-async", "warp-specialized"])
 @pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096), (1024, 272)])
 def test_split_is_the_fold_of_its_partials(hopper, rng, k: int, n: int, packed: bool) -> None:
@@ -118,21 +134,14 @@ def test_split_is_the_fold_of_its_partials(hopper, rng, k: int, n: int, packed: 
     folded in NumPy from the unsplit kernel (splits=1) on each split's K range; BF16
     out its one rounding. The same on every M, so the route never reaches a bit."""
     from reprise.cuda.dtypes import to_bf16
-    from reprise.cuda.gemm import fold_partials, split_bounds
-    from reprise.cuda.gemm_kernel import split_k, split_length
+    from reprise.cuda.gemm_kernel import split_k
     from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
 
     cp = hopper
-    splits = split_k(n, k)
-    assert splits > 1
+    assert split_k(n, k) > 1
     w = weights(rng, n, k)
     pool = activations(rng, 300, k)
-    partials = []
-    for a, b in split_bounds(k, split_length(k, splits)):
-        w_part = dev(np.ascontiguousarray(w[:, a:b]))
-        part = gemm_sm90(dev(np.ascontiguousarray(pool[:, a:b])), w_part, out_f32=True, splits=1)
-        partials.append(host(part))
-    want = fold_partials(np.stack(partials).view(F32))
+    want = fold_of_partials(w, pool)
     w_dev = prepare_weight(dev(w)) if packed else dev(w)
     routes = set()
     for m, start in ((1, 0), (1, 299), (7, 50), (64, 3), (65, 100), (129, 0), (300, 0)):

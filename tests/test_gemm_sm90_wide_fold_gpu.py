@@ -11,10 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpu_support import dev, host, needs_gpu, poisoned
-from test_gemm_sm90_gpu import hopper  # noqa: F401 (the fixture)
+from test_gemm_sm90_gpu import fold_of_partials, hopper  # noqa: F401 (hopper: the fixture)
 from test_gpu_gemm import activations, weights
-
-from reprise.cuda.dtypes import F32
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 ROUTE = "wide_fold"
@@ -28,19 +26,13 @@ def test_wide_fold_is_the_fold_of_its_partials(rng, k: int, n: int) -> None:
     partials on each split's K range, BF16 out its one rounding, and its rows the same
     rows computed alone (M = 1: the PARTIAL route), on real tensor cores."""
     from reprise.cuda.dtypes import to_bf16
-    from reprise.cuda.gemm import fold_partials, split_bounds
-    from reprise.cuda.gemm_kernel import split_k, split_length
+    from reprise.cuda.gemm_kernel import split_k
     from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
 
-    m, splits = 2048, split_k(n, k)
-    assert splits > 1 and launch_plan(m, n, k, out_f32=True, packed=True, route=ROUTE).totals
+    m = 2048
+    assert split_k(n, k) > 1 and launch_plan(m, n, k, out_f32=True, packed=True, route=ROUTE).totals
     w, pool = weights(rng, n, k), activations(rng, m, k)
-    partials = []
-    for a, b in split_bounds(k, split_length(k, splits)):
-        w_part = dev(np.ascontiguousarray(w[:, a:b]))
-        part = gemm_sm90(dev(np.ascontiguousarray(pool[:, a:b])), w_part, out_f32=True, splits=1)
-        partials.append(host(part))
-    want = fold_partials(np.stack(partials).view(F32))
+    want = fold_of_partials(w, pool)
     packed, x = prepare_weight(dev(w)), dev(pool)
     got = host(gemm_sm90(x, packed, out_f32=True, out=poisoned((m, n), np.float32), route=ROUTE))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
