@@ -6,12 +6,12 @@
 //
 // Two kernels share the MMAs and the invariance argument below:
 // gemm_sm90_tile (all threads load by cp.async, then all issue MMAs; w as is; the
-// no-swizzle stage layout below) and gemm_sm90_ws_tile (a producer warpgroup feeds two
-// consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles come by
-// 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout, see
-// ws_chunk_offset; tiles 128 x 128 and 128 x 256). The first, instantiated for a few
-// tile shapes (gemm_sm90_kernel.py's CONFIGS mirror the instantiations at the end of
-// this file):
+// no-swizzle stage layout below) and gemm_sm90_ws_tile (a producer warpgroup feeds one
+// or two consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles
+// come by 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout,
+// see ws_chunk_offset; tiles 128 x 128, 128 x 256 and, for decodes, 64 x 64). The first,
+// instantiated for a few tile shapes (gemm_sm90_kernel.py's CONFIGS mirror the
+// instantiations at the end of this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
 //   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
 //   K walked in tiles of BK = 64 through a STAGES-deep ring of shared buffers filled by
@@ -440,23 +440,32 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
 // run): the 128-byte swizzle against the no-swizzle layout, same tiles: qkv 240 vs 398 us,
 // o 161 vs 272, down 584 vs 885, gate_up 902 vs 1,098; the wide tile against 128 x 128
 // (S = 1 weights): gate_up 902 vs 1,222, lm_head 4,028 vs 5,252.
-template <int BN_, int STAGES_>
+//
+// BN is the columns a CTA owns and loads (BN / 64 panels a k-tile); the stage's w tile
+// holds B_ROWS = max(BN, 128) rows, whole m64n128 instructions: with BN = 64 (the decode
+// tile) its rows 64-127 are zeros written once at the start, never loaded or stored, so
+// a CTA computes 64 padding columns to own 64 (at M <= 64 the product is bound by the
+// weight stream, and twice the CTAs fill the device: WsDecode below).
+template <int BM_, int BN_, int STAGES_>
 struct Sm90WsTile {
-  static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
   static constexpr int CONSUMERS = BM / 64;
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
-  static constexpr int N_SUB = BN / 128;
+  static constexpr int B_ROWS = BN < 128 ? 128 : BN;
+  static constexpr int N_SUB = B_ROWS / 128;
   static constexpr int CHUNKS_PER_ROW = BK / 8;
   static constexpr int A_CHUNKS = BM * CHUNKS_PER_ROW;
   static constexpr int A_BYTES = A_CHUNKS * 16;
   static constexpr int PANEL_BYTES = 64 * BK * 2;
-  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int LOAD_BYTES = BN * BK * 2;  // the w bytes a k-tile brings
+  static constexpr int B_BYTES = B_ROWS * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int BARRIER_OFFSET = STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
   static constexpr int SMEM_BYTES = BARRIER_OFFSET + 2 * STAGES * 8;
   static constexpr unsigned ROW_BYTES = BK * 2;  // 128: one row of a k-tile
 
-  static_assert(BN % 128 == 0 && A_CHUNKS % 128 == 0, "whole instructions, every producer copies alike");
+  static_assert((BN == 64 || BN % 128 == 0) && BM % 64 == 0 && A_CHUNKS % 128 == 0,
+                "whole instructions, every producer copies alike");
   static_assert(STAGES >= 2, "a ring");
   static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "every operand tile on a swizzle atom");
   // FOLD_WS on the wide tile: its consumers hold 128 accumulators and the fold's
@@ -577,6 +586,7 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
   for (int j = 0; j < T::N_SUB; ++j) {
 #pragma unroll
     for (int i = 0; i < 64; i += 2) {
+      if (j * 128 + 8 * (i / 4) >= T::BN) continue;  // padding columns (the decode tile)
       const int row = ws_row(row0, lane, i), col = ws_col(col0, lane, j, i);
       if (row < M && col < N)
         store_pair(dst, static_cast<long long>(row) * N + col, d[j][i], d[j][i + 1], col + 1 < N, vec_out);
@@ -615,13 +625,21 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     mbar_init_fence();
   }
+  if constexpr (T::B_ROWS > T::BN) {  // the w tiles' padding rows: zeros, once
+    for (int c = tid; c < T::STAGES * (T::B_ROWS - T::BN) * 8; c += T::THREADS) {
+      const int stage = c / ((T::B_ROWS - T::BN) * 8), chunk = c % ((T::B_ROWS - T::BN) * 8);
+      *reinterpret_cast<uint4*>(gemm_sm90_smem + stage * T::STAGE_BYTES + T::A_BYTES + T::BN * T::ROW_BYTES +
+                                chunk * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    fence_proxy_async();  // plain stores, read by wgmma
+  }
   __syncthreads();
 
   // Thread 0 of the producer: expect local tile t's weight bytes on its stage's full
   // barrier and start their bulk copies (the tile's BN / 64 panels).
   const auto issue_weight = [&](int t) {
     const int s = t % T::STAGES;
-    mbar_arrive_expect_tx(full0 + s * 8, T::B_BYTES);
+    mbar_arrive_expect_tx(full0 + s * 8, T::LOAD_BYTES);
     const long long panel0 = n0 / 64;
 #pragma unroll
     for (int i = 0; i < T::BN / 64; ++i)
@@ -760,8 +778,12 @@ __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict
   fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
-using Ws = Sm90WsTile<128, 6>;      // 3 warpgroups, 196,704 B shared
-using WsWide = Sm90WsTile<256, 4>;  // 128 accumulators a consumer thread (no FOLD; FOLD_WS): 196,672 B
+using Ws = Sm90WsTile<128, 128, 6>;      // 3 warpgroups, 196,704 B shared
+using WsWide = Sm90WsTile<128, 256, 4>;  // 128 accumulators a consumer thread (no FOLD; FOLD_WS): 196,672 B
+// M <= 64 (decode): one consumer, 64 columns owned, 98,368 B shared: 2 CTAs an SM, twice
+// WS's CTAs (o and down at M = 1: 256, one round on 132 SMs; WS: 128, one a SM).
+using WsDecode = Sm90WsTile<64, 64, 4>;
+static_assert(WsDecode::THREADS == 256 && 2 * (WsDecode::SMEM_BYTES + 1024) <= 232448, "2 CTAs an SM");
 static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
 
 // Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
@@ -784,14 +806,14 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_SPLIT_BODY(TILE) gemm_sm90_split<TILE>(x, w, ws, y, counters, M, N, K, split_len)
 #define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) \
   gemm_sm90_ws_tile<TILE, MODE>(x, w_packed, Y, OUT, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
-#define GEMM_SM90_WS_SPLIT_BODY \
-  gemm_sm90_ws_tile<Ws, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
+#define GEMM_SM90_WS_SPLIT_BODY(TILE) \
+  gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
 #define GEMM_SM90_SPLIT_BODY(TILE) __trap()
 #define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) __trap()
-#define GEMM_SM90_WS_SPLIT_BODY __trap()
+#define GEMM_SM90_WS_SPLIT_BODY(TILE) __trap()
 #endif
 
 extern "C" __global__ void __launch_bounds__(128, 1)
@@ -892,6 +914,33 @@ gemm_sm90_ws_f32_wide(const unsigned short* __restrict__ x, const unsigned char*
   GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
 }
 
+// The decode tile (M <= 64): WHOLE and PARTIAL, as gemm_sm90_ws_* and *_split.
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsDecode, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                        float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsDecode, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_decode_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                               float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
+                               int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_decode_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                              float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
+                              int N, int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
 // The wide tile on S > 1 weights past one m tile: FOLD_WS, the running totals in ws [M, N].
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_wide_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
@@ -922,12 +971,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                         int K, int split_len) {
-  GEMM_SM90_WS_SPLIT_BODY;  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_SPLIT_BODY(Ws);  // pdl_enter() inside, after the weight prologue
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_f32_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                        int K, int split_len) {
-  GEMM_SM90_WS_SPLIT_BODY;  // pdl_enter() inside, after the weight prologue
+  GEMM_SM90_WS_SPLIT_BODY(Ws);  // pdl_enter() inside, after the weight prologue
 }

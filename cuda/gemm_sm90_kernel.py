@@ -129,13 +129,14 @@ class Sm90WsConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return (
-            self.num_stages * (self.block_m + self.block_n) * BLOCK_K * 2 + 2 * 8 * self.num_stages
-        )
+        """The ring (x tile, then a w tile of max(block_n, 128) rows: whole m64n128
+        instructions), then its mbarriers."""
+        rows = self.block_m + max(self.block_n, 128)
+        return self.num_stages * rows * BLOCK_K * 2 + 2 * 8 * self.num_stages
 
     def kernel_name(self, out_f32: bool) -> str:
-        wide = "_wide" if self.name == "ws_wide" else ""
-        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}{wide}"
+        tile = self.name.removeprefix("ws")  # "", "_wide", "_decode"
+        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}{tile}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,10 @@ WS = Sm90WsConfig("ws", 128, 128, num_stages=6)  # any M, on a PackedWeight
 # accumulators a thread: a FOLD keeps its totals in a workspace, not registers), half the
 # x tile's loads and barrier waits per product of WS.
 WS_WIDE = Sm90WsConfig("ws_wide", 128, 256, num_stages=4)
+# M <= 64 (decode): one consumer, 64 columns owned of the m64n128 instruction's 128 (the
+# rest padding), 2 CTAs an SM: twice WS's CTAs, where WS's decode grid is under a wave
+# (o and down at M = 1: 128 CTAs on 132 SMs, 1 an SM; this: 256, one round).
+WS_DECODE = Sm90WsConfig("ws_decode", 64, 64, num_stages=4)
 
 
 def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
@@ -230,12 +235,25 @@ def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Co
 
 
 def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsConfig:
-    """The warp-specialized tile of a product: the wide one past one m tile when
-    its grid fills the device (a prefill), else WS (a decode keeps its CTAs). As for
-    `tile_config`, the choice changes speed only: both issue the same wgmma per element."""
+    """The warp-specialized tile of an unsplit product: the wide one past one m tile when
+    its grid fills the device (a prefill); at M <= 64 the decode tile where WS's grid is
+    under a wave (with DECODE_TILE_BY_DEFAULT); else WS. As for `tile_config`, the choice
+    changes speed only: every tile issues the same wgmma per element."""
     if num_rows > WS.block_m and waves(WS_WIDE, num_rows, num_cols, num_sms) >= 1:
         return WS_WIDE
+    if decode_tile(num_rows, num_cols, 1, num_sms):
+        return WS_DECODE
     return WS
+
+
+def decode_tile(num_rows: int, num_cols: int, splits: int, num_sms: int = H100_SMS) -> bool:
+    """Whether a product of M <= 64 rows takes WS_DECODE (WHOLE or PARTIAL): where WS's
+    grid (`splits` CTAs a tile) is under a wave, so twice the CTAs help, with
+    DECODE_TILE_BY_DEFAULT on and its grid within the launch limit."""
+    if not DECODE_TILE_BY_DEFAULT or num_rows > WS_DECODE.block_m:
+        return False
+    gx, gy = grid(WS, num_rows, num_cols)
+    return gx * gy * splits < num_sms and grid(WS_DECODE, num_rows, num_cols)[1] <= MAX_GRID_Y
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,14 +279,20 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "ws_split": (WS, "split"),
     "ws_fold": (WS, "fold"),
     "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
+    "decode_split": (WS_DECODE, "split"),  # M <= 64
 }
 WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
 # Whether launch_plan takes the wide FOLD (route "wide_fold") for split weights past one m
 # tile. Off until a GPU has run it: its first run (H200, 2026-11-27) hung every wide
 # launch on a setmaxnreg budget over the CTA's register pool, since fixed (gemm_sm90.cu,
 # Sm90WsTile) and held by a static_assert, but not yet run. `route="wide_fold"` forces it
-# (tests/test_gemm_sm90_wide_fold_gpu.py, bench_gemm_sm90 --wide-fold).
+# (tests/test_gemm_sm90_pending_gpu.py, bench_gemm_sm90 --wide-fold).
 WIDE_FOLD_BY_DEFAULT = False
+# Whether launch_plan takes the decode tile (WS_DECODE, routes "decode_split" and WHOLE)
+# at M <= 64 where WS's grid is under a wave (`decode_tile`). Off until a GPU has run it
+# (built 2026-11-27 with no device time left): forced by `route="decode_split"` (tests,
+# bench_gemm_sm90 --decode-tile). The same bits as WS either way.
+DECODE_TILE_BY_DEFAULT = False
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -302,7 +326,7 @@ def launch_plan(
         if not packed:
             route = "wg1_split" if small else "wg2_fold"
         elif small:
-            route = "ws_split"
+            route = "decode_split" if decode_tile(m, n, splits, num_sms) else "ws_split"
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
             route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT else "ws_fold"

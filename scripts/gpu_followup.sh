@@ -6,8 +6,9 @@
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS); the attention kernels against their
-# floors; the disk tier's read speed with 16 reader threads; last, the wide FOLD forced
-# (its GPU test and timings), which hung in its first version. Everything lands in
+# floors; the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles
+# not yet a default, forced (the wide FOLD, which hung in its first version, and the decode
+# tile): their GPU tests and timings. Everything lands in
 # ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -31,9 +32,11 @@ grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16
 grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
-# last, since its first version hung: the wide FOLD forced (not a default until this passes)
-part wide_fold_test 100 bash scripts/gpu_check.sh -m gpu tests/test_gemm_sm90_wide_fold_gpu.py
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/wide_fold_test.out" | tail -5
-part wide_fold_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 512,2048 \
-  --shapes qkv,o,down --wide-fold --out "$OUT/gemm_sm90_wide_fold.json"
-cut -c1-160 "$OUT/wide_fold_bench.out" | tail -8
+# last, since the wide FOLD's first version hung: the tiles not yet a default, forced (the
+# wide FOLD, the decode tile), their tests and their timings
+part pending_test 100 env PYTHONUNBUFFERED=1 "$py" -m pytest -m gpu -p no:cacheprovider -ra \
+  tests/test_gemm_sm90_pending_gpu.py
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
+part pending_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
+  --shapes qkv,o,down --wide-fold --decode-tile --out "$OUT/gemm_sm90_pending.json"
+cut -c1-170 "$OUT/pending_bench.out" | tail -14

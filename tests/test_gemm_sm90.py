@@ -30,6 +30,7 @@ from reprise.cuda.gemm_sm90_kernel import (
     WG2,
     WG2_WIDE,
     WS,
+    WS_DECODE,
     WS_WIDE,
     PackedWeight,
     Sm90Config,
@@ -119,20 +120,21 @@ def emulated(
 
 def emulated_ws(
     lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0,
-    wide: bool = False, swizzle: bool = True,
+    wide: bool = False, swizzle: bool = True, decode: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """A warp-specialized WHOLE entry point (WS, or WS_WIDE with `wide`) on
-    `prepare_weight(w, swizzle=swizzle)`, launched as gemm_sm90 launches it; the output
-    poisoned, with a guard past its end."""
+    """A warp-specialized WHOLE entry point (WS, WS_WIDE with `wide`, WS_DECODE with
+    `decode`) on `prepare_weight(w, swizzle=swizzle)`, launched as gemm_sm90 launches it;
+    the output poisoned, with a guard past its end."""
     (m, k), n = x.shape, w.shape[0]
-    config = WS_WIDE if wide else WS
+    config = WS_WIDE if wide else WS_DECODE if decode else WS
     packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16), swizzle=swizzle)
     x_buf = np.empty(m * k + x_shift, np.uint16)
     x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
     dtype = np.float32 if out_f32 else np.uint16
     y_buf = poisoned((m * n + GUARD,), dtype)
     rc = lib.run_gemm_sm90_ws(
-        int(out_f32), int(wide), *grid(config, m, n), config.num_threads, config.smem_bytes,
+        int(out_f32), 1 if wide else 2 if decode else 0, *grid(config, m, n), config.num_threads,
+        config.smem_bytes,
         ptr(x_buf[x_shift:]), ptr(packed.data), ptr(y_buf), m, n, k,
     )  # fmt: skip
     assert rc == 0, rc
@@ -232,6 +234,8 @@ def test_warp_specialized_matches_its_twin_and_the_others(
         assert np.array_equal(bits(got), bits(emulated(lib, WG2, x, w, out_f32=out_f32)))
         wide = emulated_ws(lib, x, w, out_f32=out_f32, wide=True)
         assert np.array_equal(bits(wide), bits(got))
+        decode = emulated_ws(lib, x, w, out_f32=out_f32, decode=True)
+        assert np.array_equal(bits(decode), bits(got))
     shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1)  # the plain-store route
     assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
     shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1, wide=True)
@@ -264,6 +268,8 @@ def test_warp_specialized_rows_do_not_depend_on_m(
         assert np.array_equal(bits(part), bits(full[start : start + m])), (m, start)
         wide = emulated_ws(lib, x[start : start + m], w, out_f32=True, wide=True)
         assert np.array_equal(bits(wide), bits(full[start : start + m])), (m, start)
+        decode = emulated_ws(lib, x[start : start + m], w, out_f32=True, decode=True)
+        assert np.array_equal(bits(decode), bits(full[start : start + m])), (m, start)
 
 
 def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> None:
@@ -379,8 +385,13 @@ def test_configs_mirror_the_source() -> None:
         assert config.smem_bytes <= 227 * 1024  # an H100's per-block opt-in limit
         for out_f32 in (False, True):
             assert f"\n{config.kernel_name(out_f32)}(" in source
-    assert f"using Ws = Sm90WsTile<{WS.block_n}, {WS.num_stages}>;" in source and WS.block_m == 128
-    assert WS.smem_bytes <= 227 * 1024 and WS.num_threads == 384
+    for config, tile in ((WS, "Ws"), (WS_WIDE, "WsWide"), (WS_DECODE, "WsDecode")):
+        numbers = f"{config.block_m}, {config.block_n}, {config.num_stages}"
+        assert f"using {tile} = Sm90WsTile<{numbers}>;" in source, tile
+        assert config.smem_bytes <= 227 * 1024 and config.num_threads == 128 * (1 + config.block_m // 64)
+        for out_f32 in (False, True):
+            assert f"\n{config.kernel_name(out_f32)}(" in source
+    assert 2 * (WS_DECODE.smem_bytes + 1024) <= 227 * 1024  # 2 CTAs an SM
 
 
 @pytest.mark.parametrize("layer", sorted(LLAMA_8B))
@@ -430,7 +441,8 @@ def test_the_launcher_launches_what_the_kernels_take(
                     int(k),
                 )
                 if name.startswith("gemm_sm90_ws_"):
-                    rc = lib.run_gemm_sm90_ws(int("f32" in name), int(name.endswith("_wide")), *call)
+                    tile = 1 if name.endswith("_wide") else 2 if name.endswith("_decode") else 0
+                    rc = lib.run_gemm_sm90_ws(int("f32" in name), tile, *call)
                 else:
                     rc = lib.run_gemm_sm90(name.encode(), *call)
             else:
@@ -476,9 +488,10 @@ def test_the_launcher_launches_what_the_kernels_take(
     assert set(launches) == names | {WG2_WIDE.kernel_name(f) for f in (False, True)}
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
-    routes_run = [(WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"), (WS_WIDE, "fold")]
+    routes_run = [(WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"), (WS_WIDE, "fold"),
+                  (WS_DECODE, "split")]  # fmt: skip
     launches.clear()
-    for m, route in ((1, None), (70, None), (130, None), (130, "wide_fold")):
+    for m, route in ((1, None), (70, None), (130, None), (130, "wide_fold"), (7, "decode_split")):
         x, w = operands(rng, m, 272, 1024)
         assert split_k(272, 1024) == 4
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
@@ -500,7 +513,7 @@ def test_the_launcher_launches_what_the_kernels_take(
     with pytest.raises(
         ValueError, match=r"needs compute capability 9\.0 \(sm_90a\); this device is 80"
     ):
-        gemm_sm90(x_bits, w_bits, out=poisoned((130, 272), np.uint16))
+        gemm_sm90(x_bits, w_bits, out=poisoned((x_bits.shape[0], 272), np.uint16))
 
 
 def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
@@ -669,7 +682,7 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
     launch order, backwards and shuffled orders give the same bits."""
     m, n, k = 7, 272, 1024
     x, w = operands(rng, m, n, k)
-    for route in ("wg1_split", "ws_split"):
+    for route in ("wg1_split", "ws_split", "decode_split"):
         plan = launch_plan(m, n, k, out_f32=True, packed=packed_route(route), route=route)
         count = plan.grid[0] * plan.grid[1]
         first = emulated_plan(lib, plan, x, w, out_f32=True)
@@ -722,6 +735,8 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     assert wide.grid == grid(WS_WIDE, 4096, 4096) and wide.split_len == split_length(4096, s)
     with pytest.raises(ValueError, match="route must be one of wg1_split, wg2_fold"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_split")
+    with pytest.raises(ValueError, match="route decode_split needs a packed weight"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="decode_split")
     with pytest.raises(ValueError, match="route wide_fold needs a packed weight"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_fold")
     with pytest.raises(ValueError, match="route ws_fold needs a packed weight"):
@@ -730,6 +745,38 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, splits=0)
     forced = launch_plan(1, 4096, 4096, out_f32=False, packed=True, splits=1)
     assert (forced.kernel, forced.splits, forced.workspace) == ("gemm_sm90_ws_bf16", 1, False)
+
+
+def test_the_decode_tile_takes_decodes_whose_grid_is_under_a_wave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With DECODE_TILE_BY_DEFAULT, M <= 64 runs WS_DECODE where WS's grid (S CTAs a tile)
+    is under a wave: PARTIAL for Llama-3.1-8B's qkv, o and down (twice the CTAs: 192, 256,
+    256, which hold 2 an SM: one round on 132 SMs), WHOLE for an unsplit weight that
+    small; gate_up and lm_head keep WS (a wave or more), M > 64 keeps WS. Without the
+    setting nothing changes."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    plans = {
+        name: launch_plan(1, n, k, out_f32=False, packed=True) for name, (n, k) in LLAMA_8B.items()
+    }
+    assert not any("_decode" in plan.kernel for plan in plans.values())
+    monkeypatch.setattr(launcher, "DECODE_TILE_BY_DEFAULT", True)
+    for name, (n, k) in LLAMA_8B.items():
+        plan = launch_plan(1, n, k, out_f32=False, packed=True)
+        small = name in ("qkv", "o", "down")
+        assert plan.kernel.endswith("_decode_split") == small, (name, plan.kernel)
+        if small:
+            ctas, before = plan.grid[0] * plan.grid[1], plans[name].grid[0] * plans[name].grid[1]
+            assert plan.grid == (split_k(n, k), -(-n // 64)) and plan.threads == 256
+            assert ctas == 2 * before and before < 132 and ctas <= 2 * 132, (name, ctas)
+        assert "_decode" not in launch_plan(65, n, k, out_f32=False, packed=True).kernel
+    head = launch_plan(64, *LM_HEAD_8B, out_f32=True, packed=True)
+    assert head.kernel == "gemm_sm90_ws_f32"
+    small = launch_plan(7, 2048, 128, out_f32=False, packed=True)  # S = 1, 16 CTAs of WS
+    assert split_k(2048, 128) == 1 and small.kernel == "gemm_sm90_ws_bf16_decode"
+    assert small.grid == (1, 32) and small.splits == 1
+    assert small.smem_bytes == WS_DECODE.smem_bytes == 4 * (64 + 128) * 64 * 2 + 64
 
 
 def test_split_routes_trap_on_a_split_length_off_the_k_tile(lib: ctypes.CDLL) -> None:

@@ -26,7 +26,7 @@ ENTRY = re.compile(r'extern\s+"C"\s+__global__\s[^{;]*\{')  # up to the body's b
 
 # The warp-specialized Hopper GEMM's entry points call pdl_enter() inside the tile
 # function, after its weight prologue (WEIGHT_PROLOGUE below).
-WEIGHT_PROLOGUE_BODIES = ("GEMM_SM90_WS_BODY(", "GEMM_SM90_WS_SPLIT_BODY;")
+WEIGHT_PROLOGUE_BODIES = ("GEMM_SM90_WS_BODY(", "GEMM_SM90_WS_SPLIT_BODY(")
 
 
 def test_every_kernel_enters_through_pdl_first() -> None:
@@ -64,7 +64,7 @@ def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() ->
         assert touch not in before, touch
     call = before[before.rindex("issue_weight(t)") - 80 :]
     assert "if (tid == 0)" in call  # one thread issues them, not a branch others skip past
-    for macro in ("GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN)", "GEMM_SM90_WS_SPLIT_BODY"):
+    for macro in ("GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN)", "GEMM_SM90_WS_SPLIT_BODY(TILE)"):
         enabled = source[source.index(f"#define {macro}") :].split("\n", 2)
         assert "gemm_sm90_ws_tile<" in "".join(enabled[:2]), macro
 

@@ -67,9 +67,9 @@ int run_gemm_sm90(const char* name, int grid_x, int grid_y, int threads, int sme
 }
 
 // The warp-specialized WHOLE entry points on a packed weight, as run_gemm_sm90 launches
-// the others: gemm_sm90_ws_{bf16,f32} (wide = 0) and gemm_sm90_ws_{bf16,f32}_wide
-// (wide = 1); the same return codes.
-int run_gemm_sm90_ws(int out_f32, int wide, int grid_x, int grid_y, int threads, int smem_bytes,
+// the others: gemm_sm90_ws_{bf16,f32} (tile 0), gemm_sm90_ws_{bf16,f32}_wide (tile 1)
+// and gemm_sm90_ws_{bf16,f32}_decode (tile 2); the same return codes.
+int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads, int smem_bytes,
                      const unsigned short* x, const unsigned char* w_packed, void* y, int M, int N, int K) {
   namespace e = gemm_sm90_emu;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
@@ -81,8 +81,10 @@ int run_gemm_sm90_ws(int out_f32, int wide, int grid_x, int grid_y, int threads,
   int left_behind = 0;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
     if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
-    if (wide && out_f32) e::gemm_sm90_ws_f32_wide(x, w_packed, y32, M, N, K);
-    else if (wide) e::gemm_sm90_ws_bf16_wide(x, w_packed, y16, M, N, K);
+    if (tile == 1 && out_f32) e::gemm_sm90_ws_f32_wide(x, w_packed, y32, M, N, K);
+    else if (tile == 1) e::gemm_sm90_ws_bf16_wide(x, w_packed, y16, M, N, K);
+    else if (tile == 2 && out_f32) e::gemm_sm90_ws_f32_decode(x, w_packed, y32, M, N, K);
+    else if (tile == 2) e::gemm_sm90_ws_bf16_decode(x, w_packed, y16, M, N, K);
     else if (out_f32) e::gemm_sm90_ws_f32(x, w_packed, y32, M, N, K);
     else e::gemm_sm90_ws_bf16(x, w_packed, y16, M, N, K);
     const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
@@ -98,7 +100,8 @@ int run_gemm_sm90_ws(int out_f32, int wide, int grid_x, int grid_y, int threads,
 // fp32 workspace ws [S, M, N], folded by each tile's last CTA, which counts in
 // `counters`), gemm_sm90_{bf16,f32}_wg2_fold and gemm_sm90_ws_{bf16,f32}_fold (each CTA
 // walks all of K; ws and counters unused), gemm_sm90_ws_{bf16,f32}_wide_fold (the same,
-// its running totals in ws [M, N]). w is the packed weight for gemm_sm90_ws_*.
+// its running totals in ws [M, N]), gemm_sm90_ws_{bf16,f32}_decode_split (PARTIAL on the
+// decode tile). w is the packed weight for gemm_sm90_ws_*.
 // Returns as run_gemm_sm90.
 int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
                         const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
@@ -128,6 +131,10 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_bf16_wide_fold(x, static_cast<Packed>(w), ws, y16, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_wide_fold")
     body = [&] { e::gemm_sm90_ws_f32_wide_fold(x, static_cast<Packed>(w), ws, y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_decode_split")
+    body = [&] { e::gemm_sm90_ws_bf16_decode_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_decode_split")
+    body = [&] { e::gemm_sm90_ws_f32_decode_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_split")
     body = [&] { e::gemm_sm90_ws_f32_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (!body) return 1;

@@ -1,0 +1,69 @@
+"""The Hopper GEMM's tiles built but not yet a default, forced, on an sm_90 GPU: the wide
+FOLD (route "wide_fold": the 128 x 256 warp-specialized tile on split weights, its running
+totals in an fp32 workspace, setmaxnreg 56 / 224; gemm_sm90_kernel.WIDE_FOLD_BY_DEFAULT)
+and the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
+"decode_split", DECODE_TILE_BY_DEFAULT). Neither is taken by default until this passes on
+a GPU. A file of its own, run last by scripts/gpu_followup.sh: the wide FOLD's first
+version hung (a setmaxnreg budget over the CTA's register pool), and a hang must not cost
+the other tests. Skipped without a CUDA device of compute capability 9.0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_support import dev, host, needs_gpu, poisoned
+from test_gemm_sm90_gpu import fold_of_partials, hopper  # noqa: F401 (hopper: the fixture)
+from test_gpu_gemm import activations, weights
+
+from reprise.cuda.gemm_kernel import split_k
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+ROUTE = "wide_fold"
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096)])
+def test_wide_fold_is_the_fold_of_its_partials(rng, k: int, n: int) -> None:
+    """The wide FOLD (split weights at prefill sizes: running totals in an fp32
+    workspace): fp32 out of M = 2,048 bit-equals the NumPy fold of the unsplit kernel's
+    partials on each split's K range, BF16 out its one rounding, and its rows the same
+    rows computed alone (M = 1: the PARTIAL route), on real tensor cores."""
+    from reprise.cuda.dtypes import to_bf16
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+
+    m = 2048
+    assert split_k(n, k) > 1 and launch_plan(m, n, k, out_f32=True, packed=True, route=ROUTE).totals
+    w, pool = weights(rng, n, k), activations(rng, m, k)
+    want = fold_of_partials(w, pool)
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    got = host(gemm_sm90(x, packed, out_f32=True, out=poisoned((m, n), np.float32), route=ROUTE))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    got16 = host(gemm_sm90(x, packed, out=poisoned((m, n), np.uint16), route=ROUTE))
+    assert np.array_equal(got16.view(np.uint16), to_bf16(want).view(np.uint16))
+    for i in range(0, m, 211):
+        alone = host(gemm_sm90(x[i : i + 1], packed, out_f32=True))
+        assert np.array_equal(alone.view(np.uint32), got[i : i + 1].view(np.uint32)), i
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096), (128, 2048)])
+def test_decode_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch) -> None:
+    """The decode tile at M = 1, 7 and 64 (PARTIAL on the split weights, WHOLE on the
+    unsplit one): rows bit-equal to the default tile's (WS) and, split, to the NumPy fold
+    of the unsplit kernel's partials; every output element written."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+
+    w, pool = weights(rng, n, k), activations(rng, 64, k)
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    want = host(gemm_sm90(x, packed, out_f32=True))  # WS, the default
+    want16 = host(gemm_sm90(x, packed))
+    monkeypatch.setattr(launcher, "DECODE_TILE_BY_DEFAULT", True)
+    for m in (1, 7, 64):
+        assert "_decode" in launch_plan(m, n, k, out_f32=True, packed=True).kernel, m
+        got = host(gemm_sm90(x[:m], packed, out_f32=True, out=poisoned((m, n), np.float32)))
+        assert np.array_equal(got.view(np.uint32), want[:m].view(np.uint32)), m
+        got16 = host(gemm_sm90(x[:m], packed, out=poisoned((m, n), np.uint16)))
+        assert np.array_equal(got16.view(np.uint16), want16[:m].view(np.uint16)), m
+    if split_k(n, k) > 1:
+        assert np.array_equal(want.view(np.uint32), fold_of_partials(w, pool).view(np.uint32))
