@@ -16,7 +16,7 @@ kernel forced unsplit (what the split buys at small M); `ws nosw` the same launc
 on the no-swizzle stage layout (prepare_weight(swizzle=False)); `ws 128` the 128 x 128
 WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); with
 `--wide-fold`, `wfold` the wide FOLD forced on split weights past one m tile (route
-"wide_fold", not yet a default: gemm_sm90_kernel.WIDE_FOLD_BY_DEFAULT; else `ws`); with
+"wide_fold", not yet a default: gemm_sm90_plan.WIDE_FOLD_BY_DEFAULT; else `ws`); with
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
 M <= 64 where WS's grid is under a wave; else the same as `ws`); `mma` gemm.cu (the default
 off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
-from reprise.cuda import gemm_sm90_kernel
+from reprise.cuda import gemm_sm90_kernel, gemm_sm90_plan
 from reprise.cuda.gemm_kernel import gemm, split_k
-from reprise.cuda.gemm_sm90_kernel import WS, gemm_sm90, launch_plan, prepare_weight
+from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+from reprise.cuda.gemm_sm90_plan import WS, launch_plan
 from reprise.cuda.kernels import launch_kernel
 
 # (N, K, fp32 out)
@@ -90,7 +91,7 @@ def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
         args: tuple[Any, ...] = (x, packed.data, out, *dims, np.int32(plan.split_len))
     else:
         plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route=None, splits=1)
-        grid = gemm_sm90_kernel.grid(WS, m, n)
+        grid = gemm_sm90_plan.grid(WS, m, n)
         plan = type(plan)(WS.kernel_name(out_f32), grid, WS.num_threads, WS.smem_bytes, 1, 0, False)
         args = (x, packed.data, out, *dims)
     device = gemm_sm90_kernel._device_id()
@@ -109,11 +110,11 @@ def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
 
 def ws_decode_tile(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     """gemm_sm90 with the decode tile on (DECODE_TILE_BY_DEFAULT), as a later default."""
-    gemm_sm90_kernel.DECODE_TILE_BY_DEFAULT = True
+    gemm_sm90_plan.DECODE_TILE_BY_DEFAULT = True
     try:
         return gemm_sm90(x, packed, out_f32=out_f32, out=out)
     finally:
-        gemm_sm90_kernel.DECODE_TILE_BY_DEFAULT = False
+        gemm_sm90_plan.DECODE_TILE_BY_DEFAULT = False
 
 
 def timings(

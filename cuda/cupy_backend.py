@@ -82,7 +82,8 @@ class CupyBackend:
         """The kernels whose bits this backend's results carry: attention and the GEMM
         family its weights take on this device (the one gemm_family gives a shape the
         Hopper kernel supports), e.g. "tensor-cores/wgmma"."""
-        from .gemm_sm90_kernel import BLOCK_K, device_arch, gemm_family
+        from .gemm_sm90_kernel import device_arch, gemm_family
+        from .gemm_sm90_plan import BLOCK_K
 
         gemm = gemm_family(device_arch(), 128, BLOCK_K, requested=self.gemm_family)
         return f"{self.attention}/{gemm}"

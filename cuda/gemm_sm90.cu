@@ -1,5 +1,6 @@
 // Linear layers on Hopper: y[M, N] = x[M, K] @ w[N, K]^T with warpgroup MMA
-// (wgmma.mma_async, sm_90a). Launcher: gemm_sm90_kernel.py; twin: gemm.py's gemm_ref.
+// (wgmma.mma_async, sm_90a). Launcher: gemm_sm90_kernel.py (its geometry: gemm_sm90_plan.py);
+// twin: gemm.py's gemm_ref.
 //
 // x and w are BF16 bit patterns, row-major, w in the Hugging Face [out, in] layout as
 // is (no packing); y is BF16 (round to nearest even of the fp32 accumulator) or fp32.
@@ -10,7 +11,7 @@
 // or two consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles
 // come by 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout,
 // see ws_chunk_offset; tiles 128 x 128, 128 x 256 and, for decodes, 64 x 64). The first,
-// instantiated for a few tile shapes (gemm_sm90_kernel.py's CONFIGS mirror the
+// instantiated for a few tile shapes (gemm_sm90_plan.py's CONFIGS mirror the
 // instantiations at the end of this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
 //   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
@@ -538,7 +539,7 @@ __device__ __forceinline__ int ws_col(int col0, int lane, int j, int i) {
   return col0 + j * 128 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
 }
 
-// The most splits FOLD_WS takes (gemm_sm90_kernel.WIDE_FOLD_MAX_SPLITS repeats it; more
+// The most splits FOLD_WS takes (gemm_sm90_plan.WIDE_FOLD_MAX_SPLITS repeats it; more
 // trap): its split loop is unrolled (gemm_sm90_ws_tile). Llama-3.1-8B's weights split 4
 // ways at most.
 constexpr int FOLD_WS_MAX_SPLITS = 4;
@@ -786,7 +787,7 @@ using WsDecode = Sm90WsTile<64, 64, 4>;
 static_assert(WsDecode::THREADS == 256 && 2 * (WsDecode::SMEM_BYTES + 1024) <= 232448, "2 CTAs an SM");
 static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
 
-// Tile shapes; gemm_sm90_kernel.py's CONFIGS repeat these numbers (BM, BN, stages).
+// Tile shapes; gemm_sm90_plan.py's CONFIGS repeat these numbers (BM, BN, stages).
 using Wg1 = Sm90Tile<64, 128, 8>;    // M <= 64 (decode): 1 warpgroup, 196,608 B shared
 using Wg2 = Sm90Tile<128, 128, 6>;   // 2 warpgroups, 196,608 B shared
 using Wg2Wide = Sm90Tile<128, 256, 4>;  // 2 warpgroups, 128 fp32 accumulators a thread, 196,608 B

@@ -33,8 +33,8 @@ fixed order that depends on the weight's shape (N, K) and nothing else, gemm.cu'
   another element's sum and is never written.
 
 So y[m, n] depends on x[m, :], w[n, :] and (N, K) alone: bit-identical for any M, row
-offset, companion rows, configuration, route or kernel (`launch_plan` picks one by M
-and N for occupancy; that only regroups the sequence). The wide cp.async tile (128
+offset, companion rows, configuration, route or kernel (gemm_sm90_plan.launch_plan
+picks one by M and N for occupancy; that only regroups the sequence). The wide cp.async tile (128
 accumulators a thread) has no FOLD (a second set would not fit in 255 registers), so it
 runs only weights with S = 1; the wide ws tile folds through the workspace instead.
 gemm_sm90.cu states the argument in full.
@@ -54,7 +54,7 @@ engine end to end on an H100 is faster with it, see its comment).
 Why the split: at M = 1 the grid is ceil(N / 128) CTAs without it, 32 for an 8B o or
 down projection, a quarter of an H100's 132 SMs; with S from `split_k` (the count that
 fills one wave of gemm.cu's skinny grid) every 8B projection's M = 1 grid keeps more
-than half the SMs busy, o and down 128 of 132 (`decode_waves`).
+than half the SMs busy, o and down 128 of 132 (gemm_sm90_plan.decode_waves).
 
 Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
 the [S, M, N] fp32 workspace, plus once per stream its tile counters; on the wide FOLD,
@@ -74,69 +74,11 @@ import numpy as np
 
 from . import nvrtc
 from .families import family
-from .gemm_kernel import num_splits, split_k, split_length
+from .gemm_sm90_plan import BLOCK_K, INT32_MAX, MAX_COUNTERS, MAX_GRID_Y, WG1, launch_plan
 from .kernels import BF16_BITS, check, launch_kernel
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
 SOURCE = family("gemm_sm90").source
-BLOCK_K = 64  # K must be a multiple: no K tail, no branch among a k-tile's MMAs
-MAX_GRID_Y = 65535
-INT32_MAX = 2**31 - 1
-H100_SMS = 132  # multiprocessors of an H100 SXM (the geometry functions' default)
-
-
-@dataclass(frozen=True, slots=True)
-class Sm90Config:
-    """One instantiation of gemm_sm90.cu's kernel; the numbers repeat its `Sm90Tile<...>`.
-
-    NOTE: the kernel traps when launched with other than `num_threads` threads or
-    less than `smem_bytes` of dynamic shared memory, so a drift between the two
-    files fails loudly on the first launch.
-    """
-
-    name: str
-    block_m: int  # 64 rows per warpgroup
-    block_n: int  # 128 columns per wgmma.m64n128k16
-    num_stages: int
-
-    @property
-    def num_threads(self) -> int:
-        return 128 * (self.block_m // 64)
-
-    @property
-    def smem_bytes(self) -> int:
-        """The x and w tile ring: BLOCK_K BF16 values per row, no padding."""
-        return self.num_stages * (self.block_m + self.block_n) * BLOCK_K * 2
-
-    def kernel_name(self, out_f32: bool) -> str:
-        return f"gemm_sm90_{'f32' if out_f32 else 'bf16'}_{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class Sm90WsConfig:
-    """gemm_sm90.cu's warp-specialized kernel (`Sm90WsTile<BN, STAGES>`, BM = 128): one
-    producer warpgroup and two consumers, the ring's stages guarded by mbarriers (2 a
-    stage, 8 bytes each, after the tiles)."""
-
-    name: str
-    block_m: int
-    block_n: int
-    num_stages: int
-
-    @property
-    def num_threads(self) -> int:
-        return 128 * (1 + self.block_m // 64)
-
-    @property
-    def smem_bytes(self) -> int:
-        """The ring (x tile, then a w tile of max(block_n, 128) rows: whole m64n128
-        instructions), then its mbarriers."""
-        rows = self.block_m + max(self.block_n, 128)
-        return self.num_stages * rows * BLOCK_K * 2 + 2 * 8 * self.num_stages
-
-    def kernel_name(self, out_f32: bool) -> str:
-        tile = self.name.removeprefix("ws")  # "", "_wide", "_decode"
-        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}{tile}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,20 +104,6 @@ class PackedWeight:
 
 
 PACK_ROWS = 256  # weight rows are padded to a multiple: every CTA's panels exist
-
-WG1 = Sm90Config("wg1", 64, 128, num_stages=8)  # M <= 64: one warpgroup, deep ring
-WG2 = Sm90Config("wg2", 128, 128, num_stages=6)
-WG2_WIDE = Sm90Config("wg2wide", 128, 256, num_stages=4)  # when its grid fills the device
-CONFIGS: tuple[Sm90Config, ...] = (WG1, WG2, WG2_WIDE)
-WS = Sm90WsConfig("ws", 128, 128, num_stages=6)  # any M, on a PackedWeight
-# Past one m tile where its grid fills the device: two consumers of 64 x 256 (128
-# accumulators a thread: a FOLD keeps its totals in a workspace, not registers), half the
-# x tile's loads and barrier waits per product of WS.
-WS_WIDE = Sm90WsConfig("ws_wide", 128, 256, num_stages=4)
-# M <= 64 (decode): one consumer, 64 columns owned of the m64n128 instruction's 128 (the
-# rest padding), 2 CTAs an SM: twice WS's CTAs, where WS's decode grid is under a wave
-# (o and down at M = 1: 128 CTAs on 132 SMs, 1 an SM; this: 256, one round).
-WS_DECODE = Sm90WsConfig("ws_decode", 64, 64, num_stages=4)
 
 
 def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
@@ -211,160 +139,6 @@ def _array_module(a: Any) -> Any:
     import cupy
 
     return cupy
-
-
-def grid(config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int) -> tuple[int, int]:
-    """(CTAs along M, CTAs along N) of a launch."""
-    return -(-num_rows // config.block_m), -(-num_cols // config.block_n)
-
-
-def waves(
-    config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int, num_sms: int = H100_SMS
-) -> float:
-    """CTAs over multiprocessors: each CTA's ~192 KB of shared memory fits one a multiprocessor."""
-    gx, gy = grid(config, num_rows, num_cols)
-    return gx * gy / num_sms
-
-
-def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Config:
-    """The configuration `gemm_sm90` runs: every one issues the same instruction per
-    element, so choosing by M changes speed only, never a bit of the result."""
-    if num_rows <= WG1.block_m:
-        return WG1
-    return WG2_WIDE if waves(WG2_WIDE, num_rows, num_cols, num_sms) >= 1 else WG2
-
-
-def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsConfig:
-    """The warp-specialized tile of an unsplit product: the wide one past one m tile when
-    its grid fills the device (a prefill); at M <= 64 the decode tile where WS's grid is
-    under a wave (with DECODE_TILE_BY_DEFAULT); else WS. As for `tile_config`, the choice
-    changes speed only: every tile issues the same wgmma per element."""
-    if num_rows > WS.block_m and waves(WS_WIDE, num_rows, num_cols, num_sms) >= 1:
-        return WS_WIDE
-    if decode_tile(num_rows, num_cols, 1, num_sms):
-        return WS_DECODE
-    return WS
-
-
-def decode_tile(num_rows: int, num_cols: int, splits: int, num_sms: int = H100_SMS) -> bool:
-    """Whether a product of M <= 64 rows takes WS_DECODE (WHOLE or PARTIAL): where WS's
-    grid (`splits` CTAs a tile) is under a wave, so twice the CTAs help, with
-    DECODE_TILE_BY_DEFAULT on and its grid within the launch limit."""
-    if not DECODE_TILE_BY_DEFAULT or num_rows > WS_DECODE.block_m:
-        return False
-    gx, gy = grid(WS, num_rows, num_cols)
-    return gx * gy * splits < num_sms and grid(WS_DECODE, num_rows, num_cols)[1] <= MAX_GRID_Y
-
-
-@dataclass(frozen=True, slots=True)
-class Sm90Launch:
-    """The one kernel launch of a product: entry point, grid, threads, dynamic shared
-    memory, the split length it is passed (0: WHOLE, no split) and whether it takes the
-    fp32 workspace and tile counters (PARTIAL)."""
-
-    kernel: str
-    grid: tuple[int, int]
-    threads: int
-    smem_bytes: int
-    splits: int
-    split_len: int
-    workspace: bool  # PARTIAL: the [S, M, N] fp32 partials and the tile counters
-    totals: bool = False  # the wide FOLD: the [M, N] fp32 running totals
-
-
-# The split routes (S > 1) by the kernel they run: (config, route).
-SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
-    "wg1_split": (WG1, "split"),
-    "wg2_fold": (WG2, "fold"),
-    "ws_split": (WS, "split"),
-    "ws_fold": (WS, "fold"),
-    "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
-    "decode_split": (WS_DECODE, "split"),  # M <= 64
-}
-WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
-# Whether launch_plan takes the wide FOLD (route "wide_fold") for split weights past one m
-# tile. Off until a GPU has run it: its first run (H200, 2026-11-27) hung every wide
-# launch on a setmaxnreg budget over the CTA's register pool, since fixed (gemm_sm90.cu,
-# Sm90WsTile) and held by a static_assert, but not yet run. `route="wide_fold"` forces it
-# (tests/test_gemm_sm90_pending_gpu.py, bench_gemm_sm90 --wide-fold).
-WIDE_FOLD_BY_DEFAULT = False
-# Whether launch_plan takes the decode tile (WS_DECODE, routes "decode_split" and WHOLE)
-# at M <= 64 where WS's grid is under a wave (`decode_tile`). Off until a GPU has run it
-# (built 2026-11-27 with no device time left): forced by `route="decode_split"` (tests,
-# bench_gemm_sm90 --decode-tile). The same bits as WS either way.
-DECODE_TILE_BY_DEFAULT = False
-MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
-
-
-def launch_plan(
-    m: int, n: int, k: int, *, out_f32: bool, packed: bool, num_sms: int = H100_SMS,
-    route: str | None = None, splits: int | None = None,
-) -> Sm90Launch:  # fmt: skip
-    """The launch `gemm_sm90` makes for an [M, K] x [N, K] product, M, N > 0: with
-    S = split_k(N, K) = 1, WHOLE on `tile_config` (or the warp-specialized kernel for a
-    packed weight); with S > 1, PARTIAL up to the tile's BM rows (one m tile: the
-    decode grid S * ceil(N / 128)) and FOLD past it. `route` (a SPLIT_ROUTES key)
-    forces a split route at any M, for tests: every route gives every M the same bits.
-    `splits` (default split_k(N, K), what every caller should use: a weight's rows are
-    only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE."""
-    if splits is None:
-        splits = split_k(n, k)
-    elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
-        raise ValueError(
-            f"splits must be a count that split_length cuts K = {k} into exactly; got {splits}"
-        )
-    if splits == 1 and route is None:
-        config: Sm90Config | Sm90WsConfig = (
-            ws_config(m, n, num_sms) if packed else tile_config(m, n, num_sms)
-        )
-        return Sm90Launch(
-            config.kernel_name(out_f32), grid(config, m, n), config.num_threads,
-            config.smem_bytes, 1, 0, False,
-        )  # fmt: skip
-    if route is None:
-        small = m <= (WS.block_m if packed else WG1.block_m)
-        if not packed:
-            route = "wg1_split" if small else "wg2_fold"
-        elif small:
-            route = "decode_split" if decode_tile(m, n, splits, num_sms) else "ws_split"
-        else:
-            wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
-            route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT else "ws_fold"
-    if route not in SPLIT_ROUTES:
-        raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
-    config, kind = SPLIT_ROUTES[route]
-    if isinstance(config, Sm90WsConfig) != packed:
-        needs = "packed" if isinstance(config, Sm90WsConfig) else "plain"
-        raise ValueError(f"route {route} needs a {needs} weight")
-    if route == "wide_fold" and splits > WIDE_FOLD_MAX_SPLITS:
-        raise ValueError(f"route wide_fold takes at most {WIDE_FOLD_MAX_SPLITS} splits; got {splits}")
-    length = split_length(k, splits)
-    tiles = grid(config, m, n)
-    name = f"{config.kernel_name(out_f32)}_{kind}"
-    if kind == "fold":
-        wide = config is WS_WIDE
-        if wide and m * n > INT32_MAX:
-            raise ValueError(f"M * N must fit in int32; got {m} * {n}")
-        return Sm90Launch(
-            name, tiles, config.num_threads, config.smem_bytes, splits, length, False, wide
-        )
-    if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
-        raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
-    if tiles[0] * tiles[1] > MAX_COUNTERS:
-        raise ValueError(
-            f"the split route takes at most {MAX_COUNTERS} tiles; got {tiles[0] * tiles[1]}"
-        )
-    return Sm90Launch(
-        name, (tiles[0] * splits, tiles[1]), config.num_threads, config.smem_bytes, splits,
-        length, True,
-    )  # fmt: skip
-
-
-def decode_waves(n: int, k: int, *, packed: bool, num_sms: int = H100_SMS) -> float:
-    """CTAs of the M = 1 launch of an (N, K) weight over multiprocessors (each CTA's
-    ~192 KB of shared memory fits one a multiprocessor)."""
-    plan = launch_plan(1, n, k, out_f32=False, packed=packed)
-    return plan.grid[0] * plan.grid[1] / num_sms
 
 
 def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:

@@ -23,8 +23,14 @@ from reprise.cuda.dtypes import BF16, F32, to_bf16
 from reprise.cuda.gemm import fold_partials, gemm_ref, split_bounds
 from reprise.cuda.gemm_kernel import split_k, split_length
 from reprise.cuda.gemm_sm90_kernel import (
-    CONFIGS,
     PACK_ROWS,
+    PackedWeight,
+    gemm_sm90,
+    prepare_weight,
+    supported,
+)
+from reprise.cuda.gemm_sm90_plan import (
+    CONFIGS,
     SPLIT_ROUTES,
     WG1,
     WG2,
@@ -32,16 +38,12 @@ from reprise.cuda.gemm_sm90_kernel import (
     WS,
     WS_DECODE,
     WS_WIDE,
-    PackedWeight,
     Sm90Config,
     Sm90Launch,
     Sm90WsConfig,
     decode_waves,
-    gemm_sm90,
     grid,
     launch_plan,
-    prepare_weight,
-    supported,
     tile_config,
     waves,
 )
@@ -388,7 +390,9 @@ def test_configs_mirror_the_source() -> None:
     for config, tile in ((WS, "Ws"), (WS_WIDE, "WsWide"), (WS_DECODE, "WsDecode")):
         numbers = f"{config.block_m}, {config.block_n}, {config.num_stages}"
         assert f"using {tile} = Sm90WsTile<{numbers}>;" in source, tile
-        assert config.smem_bytes <= 227 * 1024 and config.num_threads == 128 * (1 + config.block_m // 64)
+        assert config.smem_bytes <= 227 * 1024 and config.num_threads == 128 * (
+            1 + config.block_m // 64
+        )
         for out_f32 in (False, True):
             assert f"\n{config.kernel_name(out_f32)}(" in source
     assert 2 * (WS_DECODE.smem_bytes + 1024) <= 227 * 1024  # 2 CTAs an SM
@@ -505,9 +509,7 @@ def test_the_launcher_launches_what_the_kernels_take(
             )  # fmt: skip
             assert np.array_equal(bits(packed), bits(plain))
     assert set(launches) == {
-        f"{c.kernel_name(f)}_{route}"
-        for c, route in routes_run
-        for f in (False, True)
+        f"{c.kernel_name(f)}_{route}" for c, route in routes_run for f in (False, True)
     }
     monkeypatch.setattr(launcher, "device_arch", lambda: "80")
     with pytest.raises(
@@ -731,7 +733,11 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
             gx, gy = grid(config, m, 4096)
             assert plan.grid == ((gx * s if kind == "split" else gx), gy)
     wide = launch_plan(4096, 4096, 4096, out_f32=False, packed=True, route="wide_fold")
-    assert (wide.kernel, wide.totals, wide.workspace) == ("gemm_sm90_ws_bf16_wide_fold", True, False)
+    assert (wide.kernel, wide.totals, wide.workspace) == (
+        "gemm_sm90_ws_bf16_wide_fold",
+        True,
+        False,
+    )
     assert wide.grid == grid(WS_WIDE, 4096, 4096) and wide.split_len == split_length(4096, s)
     with pytest.raises(ValueError, match="route must be one of wg1_split, wg2_fold"):
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, route="wide_split")
@@ -755,13 +761,13 @@ def test_the_decode_tile_takes_decodes_whose_grid_is_under_a_wave(
     256, which hold 2 an SM: one round on 132 SMs), WHOLE for an unsplit weight that
     small; gate_up and lm_head keep WS (a wave or more), M > 64 keeps WS. Without the
     setting nothing changes."""
-    from reprise.cuda import gemm_sm90_kernel as launcher
+    from reprise.cuda import gemm_sm90_plan as geometry
 
     plans = {
         name: launch_plan(1, n, k, out_f32=False, packed=True) for name, (n, k) in LLAMA_8B.items()
     }
     assert not any("_decode" in plan.kernel for plan in plans.values())
-    monkeypatch.setattr(launcher, "DECODE_TILE_BY_DEFAULT", True)
+    monkeypatch.setattr(geometry, "DECODE_TILE_BY_DEFAULT", True)
     for name, (n, k) in LLAMA_8B.items():
         plan = launch_plan(1, n, k, out_f32=False, packed=True)
         small = name in ("qkv", "o", "down")

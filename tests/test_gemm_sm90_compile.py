@@ -15,15 +15,8 @@ import pytest
 
 from reprise.cuda import nvrtc
 from reprise.cuda.gemm_kernel import ctas_per_sm
-from reprise.cuda.gemm_sm90_kernel import (
-    ARCH,
-    CONFIGS,
-    SOURCE,
-    SPLIT_ROUTES,
-    WS,
-    WS_DECODE,
-    WS_WIDE,
-)
+from reprise.cuda.gemm_sm90_kernel import ARCH, SOURCE
+from reprise.cuda.gemm_sm90_plan import CONFIGS, SPLIT_ROUTES, WS, WS_DECODE, WS_WIDE
 
 # Every entry point: the WHOLE kernels, then the split-K routes (gemm_sm90_kernel.launch_plan).
 ENTRY_POINTS = [

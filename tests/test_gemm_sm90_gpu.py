@@ -73,7 +73,8 @@ def test_row_is_independent_of_its_batch(hopper, rng, k: int, n: int) -> None:
     """Rows of calls of many M (each tile configuration, and the warp-specialized kernel
     on the packed weight), at random offsets and with random companions, bit-equal the
     rows computed alone (M = 1)."""
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight, tile_config
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import tile_config
 
     cp = hopper
     pool_rows = 2048
@@ -135,7 +136,8 @@ def test_split_is_the_fold_of_its_partials(hopper, rng, k: int, n: int, packed: 
     out its one rounding. The same on every M, so the route never reaches a bit."""
     from reprise.cuda.dtypes import to_bf16
     from reprise.cuda.gemm_kernel import split_k
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
 
     cp = hopper
     assert split_k(n, k) > 1
@@ -166,7 +168,8 @@ def test_wide_tile_and_both_layouts_give_the_rows_computed_alone(hopper, rng) ->
     swizzle=False, the kernel built to match), bit-equal the same rows computed alone on
     the default kernel (M = 1: the WS tile), on real tensor cores."""
     from reprise.cuda.gemm_kernel import split_k
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
 
     cp = hopper
     k, n = 4096, 28672

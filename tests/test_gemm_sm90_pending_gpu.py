@@ -1,6 +1,6 @@
 """The Hopper GEMM's tiles built but not yet a default, forced, on an sm_90 GPU: the wide
 FOLD (route "wide_fold": the 128 x 256 warp-specialized tile on split weights, its running
-totals in an fp32 workspace, setmaxnreg 56 / 224; gemm_sm90_kernel.WIDE_FOLD_BY_DEFAULT)
+totals in an fp32 workspace, setmaxnreg 56 / 224; gemm_sm90_plan.WIDE_FOLD_BY_DEFAULT)
 and the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
 "decode_split", DECODE_TILE_BY_DEFAULT). Neither is taken by default until this passes on
 a GPU. A file of its own, run last by scripts/gpu_followup.sh: the wide FOLD's first
@@ -29,7 +29,8 @@ def test_wide_fold_is_the_fold_of_its_partials(rng, k: int, n: int) -> None:
     partials on each split's K range, BF16 out its one rounding, and its rows the same
     rows computed alone (M = 1: the PARTIAL route), on real tensor cores."""
     from reprise.cuda.dtypes import to_bf16
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
 
     m = 2048
     assert split_k(n, k) > 1 and launch_plan(m, n, k, out_f32=True, packed=True, route=ROUTE).totals
@@ -51,14 +52,15 @@ def test_decode_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch) ->
     """The decode tile at M = 1, 7 and 64 (PARTIAL on the split weights, WHOLE on the
     unsplit one): rows bit-equal to the default tile's (WS) and, split, to the NumPy fold
     of the unsplit kernel's partials; every output element written."""
-    from reprise.cuda import gemm_sm90_kernel as launcher
-    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, launch_plan, prepare_weight
+    from reprise.cuda import gemm_sm90_plan as geometry
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
 
     w, pool = weights(rng, n, k), activations(rng, 64, k)
     packed, x = prepare_weight(dev(w)), dev(pool)
     want = host(gemm_sm90(x, packed, out_f32=True))  # WS, the default
     want16 = host(gemm_sm90(x, packed))
-    monkeypatch.setattr(launcher, "DECODE_TILE_BY_DEFAULT", True)
+    monkeypatch.setattr(geometry, "DECODE_TILE_BY_DEFAULT", True)
     for m in (1, 7, 64):
         assert "_decode" in launch_plan(m, n, k, out_f32=True, packed=True).kernel, m
         got = host(gemm_sm90(x[:m], packed, out_f32=True, out=poisoned((m, n), np.float32)))
