@@ -25,8 +25,9 @@ Hopper kernel is faster than gemm.cu.
 The verdict (last lines) is the strict, per-kernel form of the dispatch question: the
 Hopper kernel wins an (N, K) outright when ws/mma <= 1 at every M measured (a weight
 takes one family for every M) and ws/cuBLAS <= 1.25 at M >= 512 (issue 18's target).
-No shape passes it yet; the default on sm_90 (gemm_sm90_kernel.WGMMA_BY_DEFAULT) was
-decided end to end instead (bench/bench_gpu_e2e.py's gemm_family section).
+lm_head first passed it on 2026-11-27 (H200, bench/results/2026-11-27-h200), no other
+shape yet; the default on sm_90 (gemm_sm90_kernel.WGMMA_BY_DEFAULT) was decided end to
+end instead (bench/bench_gpu_e2e.py's gemm_family section).
 """
 
 from __future__ import annotations

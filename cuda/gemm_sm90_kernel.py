@@ -6,7 +6,7 @@ of the fp32 accumulator) or fp32. The weight comes either as is, [N, K] (Hugging
 layout): the cp.async kernels, every thread loading and then issuing MMAs; or packed
 once by `prepare_weight` (a PackedWeight): the warp-specialized kernel, whose
 producer warpgroup brings the weight's tiles by 1-D bulk copies and x by cp.async
-through an mbarrier ring to two consumer warpgroups. Packing replaces TMA tensor maps
+through an mbarrier ring to one or two consumer warpgroups. Packing replaces TMA tensor maps
 (which need a driver call and a 128-byte by-value kernel argument CuPy cannot be shown
 to pass without a GPU): the bulk copy engine still moves the weight, and the only host
 work is one reshape at load. Compiled for sm_90a (wgmma exists on no other target) by

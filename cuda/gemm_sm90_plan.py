@@ -49,13 +49,13 @@ class Sm90Config:
 
 @dataclass(frozen=True, slots=True)
 class Sm90WsConfig:
-    """gemm_sm90.cu's warp-specialized kernel (`Sm90WsTile<BN, STAGES>`, BM = 128): one
-    producer warpgroup and two consumers, the ring's stages guarded by mbarriers (2 a
+    """gemm_sm90.cu's warp-specialized kernel (`Sm90WsTile<BM, BN, STAGES>`): one producer
+    warpgroup and a consumer a 64 rows, the ring's stages guarded by mbarriers (2 a
     stage, 8 bytes each, after the tiles)."""
 
     name: str
-    block_m: int
-    block_n: int
+    block_m: int  # 64 rows a consumer warpgroup
+    block_n: int  # the columns a CTA owns (64: half of the instruction's 128, the rest padding)
     num_stages: int
 
     @property
