@@ -20,5 +20,5 @@ grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target)
   "$OUT/e2e.out" | cut -c1-110
 part kernels 30 bash scripts/gpu_bench.sh kernels
 grep -E "^llama-3.1-8b (qkv|o |gate|down|lm_head|paged attn tc)" "$OUT/kernels.out" | cut -c1-104
-part sm90 40 bash scripts/gpu_bench.sh sm90
-cut -c1-120 "$OUT/sm90.out" | tail -32
+part sm90 60 bash scripts/gpu_bench.sh sm90
+cut -c1-160 "$OUT/sm90.out" | tail -32
