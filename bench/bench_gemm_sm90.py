@@ -45,7 +45,7 @@ from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
 from reprise.cuda import gemm_sm90_kernel, gemm_sm90_plan
 from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
-from reprise.cuda.gemm_sm90_plan import WS, launch_plan
+from reprise.cuda.gemm_sm90_plan import WS, Sm90Launch, launch_plan
 from reprise.cuda.kernels import launch_kernel
 
 # (N, K, fp32 out)
@@ -86,15 +86,12 @@ def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     plan = launch_plan(m, n, k, out_f32=out_f32, packed=True)
     if "_wide" not in plan.kernel:
         return gemm_sm90(x, packed, out_f32=out_f32, out=out)
-    dims = (np.int32(m), np.int32(n), np.int32(k))
-    if plan.splits > 1:
-        plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route="ws_fold")
-        args: tuple[Any, ...] = (x, packed.data, out, *dims, np.int32(plan.split_len))
-    else:
-        plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route=None, splits=1)
-        grid = gemm_sm90_plan.grid(WS, m, n)
-        plan = type(plan)(WS.kernel_name(out_f32), grid, WS.num_threads, WS.smem_bytes, 1, 0, False)
-        args = (x, packed.data, out, *dims)
+    if plan.splits > 1:  # the narrow FOLD is a route of its own
+        return gemm_sm90(x, packed, out_f32=out_f32, out=out, route="ws_fold")
+    # WHOLE on WS: no route names it past one m tile, so launched here
+    args = (x, packed.data, out, np.int32(m), np.int32(n), np.int32(k))
+    grid = gemm_sm90_plan.grid(WS, m, n)
+    plan = Sm90Launch(WS.kernel_name(out_f32), grid, WS.num_threads, WS.smem_bytes, 1, 0, False)
     device = gemm_sm90_kernel._device_id()
     fn = gemm_sm90_kernel._kernel(plan.kernel, plan.smem_bytes, device, packed.swizzled)
     launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
