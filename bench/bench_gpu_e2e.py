@@ -384,7 +384,9 @@ def section_ttft(b: Bench, out: dict[str, Any]) -> None:
     ttft(engine, warm)
     ttft(engine, warm)
     fresh, _ = ttft(engine, first)
-    cached, result = ttft(engine, first)
+    # the median of 3: one sample of ~10 ms moves with whatever else the host does
+    repeats = [ttft(engine, first) for _ in range(3)]
+    cached, result = statistics.median(t for t, _ in repeats), repeats[-1][1]
     assert result.cached_tokens >= n - b.block_size, result.cached_tokens
     for _ in range(2):  # other prompts push the first one's blocks to the host tier
         ttft(engine, b.prompt(n))
@@ -530,8 +532,11 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
 }
 
 
-def targets(out: dict[str, Any], batches: tuple[int, ...], context: int) -> list[dict[str, Any]]:
-    """Issue 7's end-to-end targets, each from the rows measured (absent if a row is)."""
+def targets(
+    out: dict[str, Any], batches: tuple[int, ...], context: int, like: str = "llama-3.1-8b"
+) -> list[dict[str, Any]]:
+    """Issue 7's end-to-end targets, each from the rows measured (absent if a row is); on
+    the default model's shapes (`--like smollm2-135m`), issue 18's two for it instead."""
     rows = {row["name"]: row for row in out["rows"]}
     low, high = min(batches), max(batches)
 
@@ -550,6 +555,15 @@ def targets(out: dict[str, Any], batches: tuple[int, ...], context: int) -> list
     ttft = [name for name in rows if name.startswith("ttft ")]
     host = next((name for name in ttft if "host tier" in name), "")
     disk = next((name for name in ttft if "disk tier" in name), "")
+    cached = next((get(name, "x_reference") for name in ttft if "cached" in name), None)
+    if like.startswith("smollm2"):  # a 135M model's step is host time and launches
+        checks = [
+            (f"default model: decode b={low} tokens/s (issue 18)", get(decode, "tokens_per_s"),
+             ">=", 1500),
+            ("default model: cached prompt's first token over one decode step (issue 18)",
+             cached, "<=", 2.0),
+        ]  # fmt: skip
+        return _verdicts(checks)
     checks = [
         (f"decode b={low} over the weights-read floor", get(decode, "x_floor"), "<=", 1.3),
         (f"decode b={high} tokens/s over transformers'",
@@ -560,15 +574,17 @@ def targets(out: dict[str, Any], batches: tuple[int, ...], context: int) -> list
            get(name, "x_reference"), "<=", 1.25 if "prefill" in name else 1.10)
           for name in rows if name.startswith("invariant vs cuBLAS")),
         (f"decode b={high} tokens/s (issue 18)", ours_high, ">=", 5000),
-        ("cached prompt's first token over one decode step",
-         next((get(name, "x_reference") for name in ttft if "cached" in name), None), "<=", 1.5),
-        ("cached prompt's first token over one decode step (issue 18)",
-         next((get(name, "x_reference") for name in ttft if "cached" in name), None), "<=", 1.1),
+        ("cached prompt's first token over one decode step", cached, "<=", 1.5),
+        ("cached prompt's first token over one decode step (issue 18)", cached, "<=", 1.1),
         ("host-tier prompt's first token over computing it fresh",
          get(host, "x_reference"), "<=", 0.3),
         ("disk-tier prompt's first token after a restart over computing it fresh",
          get(disk, "x_reference"), "<=", 0.2),
     ]  # fmt: skip
+    return _verdicts(checks)
+
+
+def _verdicts(checks: list[tuple[str, float | None, str, float]]) -> list[dict[str, Any]]:
     result = []
     for name, value, op, limit in checks:
         met = None if value is None else (value <= limit if op == "<=" else value >= limit)
@@ -654,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"section {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")  # what is done so far survives
-    out["targets"] = targets(out, args.batches, args.context)
+    out["targets"] = targets(out, args.batches, args.context, args.like)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(table(out))
     for target in out["targets"]:

@@ -113,6 +113,48 @@ def _namespace_fields(namespace: Namespace) -> bytes:
     return out + _field(_TAG_ADAPTER, namespace.adapter_id.encode("utf-8", "surrogatepass"))
 
 
+_DOMAIN_FIELD = _field(_TAG_DOMAIN, DOMAIN_TAG + struct.pack(">H", FORMAT_VERSION))
+_NO_PARENT_FIELD = _field(_TAG_NO_PARENT)
+_NO_EXTRA_FIELD = _field(_TAG_NO_EXTRA)
+
+
+def encode_ids(token_ids: Sequence[int], name: str = "token ids") -> bytes:
+    """Ids as the key encodes each one (8 bytes, big-endian), in one C call; ValueError
+    naming the first id outside [0, 2**64)."""
+    return _ids(name, token_ids)
+
+
+def _encode(
+    model_field: bytes,
+    parent: BlockHash | None,
+    tokens_field: bytes,
+    extra_field: bytes,
+    namespace: Namespace | None,
+) -> bytes:
+    """A block's key bytes from its fields (the token and extra-id fields encoded by
+    the caller, so that a chain encodes its ids once)."""
+    if parent is None:
+        namespace_fields = _namespace_fields(namespace or DEFAULT_NAMESPACE)
+        return b"".join(
+            (
+                _DOMAIN_FIELD,
+                model_field,
+                _NO_PARENT_FIELD,
+                tokens_field,
+                extra_field,
+                namespace_fields,
+            )
+        )
+    parent_field = _field(_TAG_PARENT, bytes(parent))
+    return b"".join((_DOMAIN_FIELD, model_field, parent_field, tokens_field, extra_field))
+
+
+def _extra_field(extra_ids: Sequence[int] | None) -> bytes:
+    return (
+        _NO_EXTRA_FIELD if extra_ids is None else _field(_TAG_EXTRA, _ids("extra ids", extra_ids))
+    )
+
+
 def encode_block(
     parent: BlockHash | None,
     token_ids: Sequence[int],
@@ -130,18 +172,9 @@ def encode_block(
         raise ValueError(
             f"extra_ids must have one id per token: {len(extra_ids)} for {len(token_ids)} tokens"
         )
-    parts = [
-        _field(_TAG_DOMAIN, DOMAIN_TAG + struct.pack(">H", FORMAT_VERSION)),
-        _field(_TAG_MODEL, bytes(model_fingerprint)),
-        _field(_TAG_NO_PARENT) if parent is None else _field(_TAG_PARENT, bytes(parent)),
-        _field(_TAG_TOKENS, _ids("token ids", token_ids)),
-        _field(_TAG_NO_EXTRA)
-        if extra_ids is None
-        else _field(_TAG_EXTRA, _ids("extra ids", extra_ids)),
-    ]
-    if parent is None:
-        parts.append(_namespace_fields(namespace or DEFAULT_NAMESPACE))
-    return b"".join(parts)
+    model_field = _field(_TAG_MODEL, bytes(model_fingerprint))
+    tokens_field = _field(_TAG_TOKENS, _ids("token ids", token_ids))
+    return _encode(model_field, parent, tokens_field, _extra_field(extra_ids), namespace)
 
 
 def hash_block(
@@ -164,6 +197,43 @@ def hash_block(
     return BlockHash(hasher(data))
 
 
+def hash_encoded_blocks(
+    parent: BlockHash | None,
+    token_bytes: bytes,
+    block_size: int,
+    *,
+    extra_ids_per_block: Sequence[Sequence[int] | None] | None = None,
+    namespace: Namespace | None = None,
+    model_fingerprint: bytes,
+    hasher: Hasher = sha256,
+) -> list[BlockHash]:
+    """Chained keys of consecutive full blocks whose ids are already encoded
+    (`encode_ids`; a whole number of blocks), the first one's parent `parent`: bit for
+    bit `hash_block` of each, with the ids converted once rather than per block."""
+    width = 8 * block_size
+    num_blocks, rest = divmod(len(token_bytes), width)
+    if block_size < 1 or rest:
+        raise ValueError(
+            f"{len(token_bytes)} encoded bytes are no whole number of {block_size}-token blocks"
+        )
+    if extra_ids_per_block is not None and len(extra_ids_per_block) != num_blocks:
+        raise ValueError(f"{len(extra_ids_per_block)} extra-id blocks for {num_blocks} blocks")
+    model_field = _field(_TAG_MODEL, bytes(model_fingerprint))
+    tokens_head = _TAG_TOKENS + struct.pack(">Q", width)
+    hashes: list[BlockHash] = []
+    for idx in range(num_blocks):
+        extra = None if extra_ids_per_block is None else extra_ids_per_block[idx]
+        if extra is not None and len(extra) != block_size:
+            raise ValueError(
+                f"extra_ids must have one id per token: {len(extra)} for {block_size} tokens"
+            )
+        tokens_field = tokens_head + token_bytes[idx * width : (idx + 1) * width]
+        data = _encode(model_field, parent, tokens_field, _extra_field(extra), namespace)
+        parent = BlockHash(hasher(data))
+        hashes.append(parent)
+    return hashes
+
+
 def hash_token_blocks(
     token_ids: Sequence[int],
     block_size: int,
@@ -180,17 +250,16 @@ def hash_token_blocks(
         raise ValueError(
             f"extra_ids must have one id per token: {len(extra_ids)} for {len(token_ids)} tokens"
         )
-    hashes: list[BlockHash] = []
-    parent: BlockHash | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        end = start + block_size
-        parent = hash_block(
-            parent,
-            token_ids[start:end],
-            extra_ids=None if extra_ids is None else extra_ids[start:end],
-            namespace=namespace,
-            model_fingerprint=model_fingerprint,
-            hasher=hasher,
-        )
-        hashes.append(parent)
-    return hashes
+    num_full = len(token_ids) // block_size * block_size
+    extra = None
+    if extra_ids is not None:
+        extra = [extra_ids[i : i + block_size] for i in range(0, num_full, block_size)]
+    return hash_encoded_blocks(
+        None,
+        encode_ids(token_ids[:num_full]),
+        block_size,
+        extra_ids_per_block=extra,
+        namespace=namespace,
+        model_fingerprint=model_fingerprint,
+        hasher=hasher,
+    )

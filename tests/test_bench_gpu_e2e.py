@@ -70,3 +70,22 @@ def test_without_a_device_it_says_so(capsys: pytest.CaptureFixture[str]) -> None
         pytest.skip("a device is present")
     assert main(["--sections", "floors"]) == 2
     assert "needs CuPy and a CUDA device" in capsys.readouterr().err
+
+
+def test_the_default_models_shapes_are_judged_by_issue_18s_two_targets() -> None:
+    from reprise.bench.bench_gpu_e2e import targets
+
+    rows = [{"name": "decode b=1 ctx=512 graphs", "tokens_per_s": 1600.0, "x_floor": 9.0},
+            {"name": "ttft 4096 cached", "x_reference": 2.5}]  # fmt: skip
+    got = {t["target"]: t for t in targets({"rows": rows}, (1, 64), 512, "smollm2-135m")}
+    assert got == {
+        "default model: decode b=1 tokens/s (issue 18) >= 1500":
+            {"target": "default model: decode b=1 tokens/s (issue 18) >= 1500", "value": 1600.0,
+             "met": True},
+        "default model: cached prompt's first token over one decode step (issue 18) <= 2.0":
+            {"target": "default model: cached prompt's first token over one decode step "
+             "(issue 18) <= 2.0", "value": 2.5, "met": False},
+    }  # fmt: skip
+    eight_b = {t["target"]: t["met"] for t in targets({"rows": rows}, (1, 64), 512)}
+    assert eight_b["decode b=1 over the weights-read floor <= 1.3"] is False
+    assert eight_b["cached prompt's first token over one decode step (issue 18) <= 1.1"] is False

@@ -13,9 +13,13 @@ from hypothesis import strategies as st
 from reprise.blockpool.hashing import (
     Namespace,
     encode_block,
+    encode_ids,
     hash_block,
+    hash_encoded_blocks,
     hash_token_blocks,
 )
+from reprise.daemon.engine.params import SamplingParams
+from reprise.daemon.engine.sequence import RequestId, Sequence
 
 FP = b"test-model"
 BS = 4
@@ -200,3 +204,84 @@ def test_distinct_small_inputs_have_distinct_encodings() -> None:
                 data = encode_block(None, tokens, extra_ids=extra, model_fingerprint=FP)
                 assert data not in seen, (tokens, extra, seen.get(data))
                 seen[data] = (tokens, extra)
+
+
+def _chain_one_by_one(parent, tokens, bs, extra, namespace):
+    """The reference: hash_block per block, each block's ids packed on their own."""
+    out = []
+    for idx in range(len(tokens) // bs):
+        block_extra = None if extra is None else extra[idx]
+        parent = hash_block(parent, tokens[idx * bs : (idx + 1) * bs], extra_ids=block_extra,
+                            namespace=namespace, model_fingerprint=FP)  # fmt: skip
+        out.append(parent)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_encoded_chain_is_hash_block_bit_for_bit(seed) -> None:
+    """The engine's chain (ids encoded once, sliced per block) against hash_block per
+    block, on fresh random ids, parents, extra ids and namespaces."""
+    rng = np.random.default_rng(seed)
+    bs = int(rng.choice([1, 3, 16, 32]))
+    num_blocks = int(rng.integers(1, 12))
+    tokens = rng.integers(0, 2**63, size=num_blocks * bs, dtype=np.int64).tolist()
+    parent = None if seed % 2 else bytes(rng.integers(0, 256, 32, dtype=np.uint8))
+    namespace = [None, Namespace("salt"), Namespace(b"salt", "lora")][seed % 3]
+    extra = None
+    if seed % 3 == 1:  # some blocks with extra ids, some without
+        extra = [rng.integers(0, 5, bs).tolist() if rng.random() < 0.5 else None
+                 for _ in range(num_blocks)]  # fmt: skip
+    got = hash_encoded_blocks(parent, encode_ids(tokens), bs, extra_ids_per_block=extra,
+                              namespace=namespace, model_fingerprint=FP)  # fmt: skip
+    assert got == _chain_one_by_one(parent, tokens, bs, extra, namespace)
+    if extra is None and parent is None:
+        assert got == hash_token_blocks(tokens, bs, namespace=namespace, model_fingerprint=FP)
+
+
+def test_encoded_chain_refuses_a_partial_block_and_bad_extra_ids() -> None:
+    with pytest.raises(ValueError, match="no whole number"):
+        hash_encoded_blocks(None, encode_ids([1, 2, 3]), 2, model_fingerprint=FP)
+    with pytest.raises(ValueError, match="extra-id blocks"):
+        hash_encoded_blocks(None, encode_ids([1, 2]), 2, extra_ids_per_block=[], model_fingerprint=FP)
+    with pytest.raises(ValueError, match="one id per token"):
+        hash_encoded_blocks(None, encode_ids([1, 2]), 2, extra_ids_per_block=[[1]], model_fingerprint=FP)
+    with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 2\*\*64\); got -1"):
+        encode_ids([1, -1])
+
+
+def test_sequence_encodes_prompt_and_generated_ids_as_keys_do() -> None:
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, 50_000, 37).tolist()
+    seq = Sequence(RequestId(1), prompt, SamplingParams(), seed=0)
+    seq.output_token_ids = rng.integers(0, 50_000, 11).tolist()
+    for start, end in [(0, 37), (5, 30), (30, 45), (37, 48), (40, 44), (0, 48), (36, 37)]:
+        assert seq.encoded_ids(start, end) == encode_ids(seq.token_ids(start, end)), (start, end)
+
+
+@pytest.mark.parametrize("with_extra", [False, True])
+def test_engine_chain_grows_in_steps_as_hash_block_per_block(with_extra) -> None:
+    """KVCacheManager.hash_chain, grown a few blocks at a time over prompt and generated
+    tokens, against hash_block per block with the sequence's own extra ids."""
+    from reprise.blockpool.pool import BlockPool
+    from reprise.daemon.engine.kvmanager import KVCacheManager
+
+    bs, rng = 4, np.random.default_rng(3)
+    prompt = rng.integers(0, 1000, 26).tolist()
+    extra = None
+    if with_extra:  # a prompt-table stretch in the middle: blocks 2-3 carry extra ids
+        extra = [0] * 26
+        extra[9:14] = rng.integers(1, 2**63, 5).tolist()
+    seq = Sequence(RequestId(1), prompt, SamplingParams(), seed=0,
+                   namespace=Namespace("tenant"), prompt_extra_ids=extra)  # fmt: skip
+    seq.output_token_ids = rng.integers(0, 1000, 10).tolist()
+    kv = KVCacheManager(BlockPool(16, bs), FP)
+    for num_blocks in (1, 3, 6, 9):
+        kv.hash_chain(seq, num_blocks)
+    want, parent = [], None
+    for idx in range(9):
+        parent = hash_block(parent, seq.token_ids(idx * bs, (idx + 1) * bs),
+                            extra_ids=seq.extra_ids(idx * bs, (idx + 1) * bs),
+                            namespace=seq.namespace, model_fingerprint=FP)  # fmt: skip
+        want.append(parent)
+    assert seq.hash_chain == want
+    assert (seq.extra_ids(8, 12) is not None) == with_extra

@@ -195,7 +195,7 @@ class Engine:
             )
         if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
             raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
-        prompt_ids = self._prompt_ids(prompt)
+        prompt_ids, prompt_array = self._prompt_ids(prompt)
         self._check_prompt_logprobs(params, prompt_table, extra_ids)
         table = check_prompt_table(
             prompt_ids,
@@ -224,6 +224,7 @@ class Engine:
             priority=int(priority),
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
+            prompt_id_bytes=prompt_array.astype(">u8").tobytes(),  # as block keys encode them
         )
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = PromptLogprobs.build(
@@ -470,9 +471,11 @@ class Engine:
                 "prompt-table id is no vocabulary token to take a logprob of"
             )
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], np.ndarray]:
+        """The prompt's ids, as a list and as an int64 array (checked in one NumPy call)."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
+            array = np.asarray(ids, dtype=np.int64)
         elif _is_token_ids(prompt):
             vocab = self.config.vocab_size
             try:
@@ -498,7 +501,7 @@ class Engine:
                 f"prompt has {len(ids)} tokens; the context holds {self.max_model_len}, "
                 f"so a prompt may have at most {self.max_model_len - 1}"
             )
-        return ids
+        return ids, array
 
     def _append_token(self, seq: Sequence, token: int, logits: np.ndarray | None) -> bool:
         """Record a sampled token; returns True when the request is finished."""

@@ -26,7 +26,7 @@ generates is still written into a block the request owns.
 
 from __future__ import annotations
 
-from ...blockpool.hashing import BlockHash, hash_block
+from ...blockpool.hashing import BlockHash, hash_block, hash_encoded_blocks
 from ...blockpool.pool import BlockId, BlockPool
 from .logits_cache import PromptKey, prompt_key
 from .params import Retention
@@ -140,11 +140,23 @@ class KVCacheManager:
 
     def hash_chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Keys of the first `num_blocks` full blocks of `seq`'s tokens (memoized:
-        a token never changes once the sequence has it)."""
+        a token never changes once the sequence has it). The missing ones are hashed
+        in one call, from the ids encoded once."""
         bs, chain = self.block_size, seq.hash_chain
         assert num_blocks * bs <= seq.num_tokens, (num_blocks, seq.num_tokens)
-        for idx in range(len(chain), num_blocks):
-            chain.append(self._hash(chain[-1] if chain else None, idx * bs, seq))
+        first = len(chain)
+        if first < num_blocks:
+            extra = None
+            if seq.prompt_extra_ids is not None:
+                extra = [seq.extra_ids(i * bs, (i + 1) * bs) for i in range(first, num_blocks)]
+            chain += hash_encoded_blocks(
+                chain[-1] if chain else None,
+                seq.encoded_ids(first * bs, num_blocks * bs),
+                bs,
+                extra_ids_per_block=extra,
+                namespace=seq.namespace,
+                model_fingerprint=self.model_fingerprint,
+            )
         return chain[:num_blocks]
 
     def blocks_in_flight(self, seq: Sequence) -> list[BlockHash]:
@@ -241,15 +253,3 @@ class KVCacheManager:
             elif from_disk:
                 seq.num_disk_hit_tokens += num_shared
         self.pool.free([source])
-
-    def _hash(self, parent: BlockHash | None, start: int, seq: Sequence) -> BlockHash:
-        """The key of `seq`'s full block beginning at token `start`."""
-        end = start + self.block_size
-        # the namespace enters the first block's key only; later ones inherit it
-        return hash_block(
-            parent,
-            seq.token_ids(start, end),
-            extra_ids=seq.extra_ids(start, end),
-            namespace=seq.namespace,
-            model_fingerprint=self.model_fingerprint,
-        )

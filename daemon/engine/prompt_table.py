@@ -49,9 +49,8 @@ def check_prompt_table(
     """Check a request's table and extra ids against its prompt (ids already known to
     be in [0, vocab_size + num_virtual)). Returns None when the request uses neither."""
     if prompt_table is None and extra_ids is None:
-        fake = next((t for t in prompt_ids if t >= vocab_size), None)
-        if fake is not None:
-            raise _no_table(fake, vocab_size)
+        if prompt_ids and max(prompt_ids) >= vocab_size:  # in C: no per-token Python
+            raise _no_table(next(t for t in prompt_ids if t >= vocab_size), vocab_size)
         return None
     table = None if prompt_table is None else _check_table(prompt_table, hidden_size)
     num_virtual = 0 if table is None else table.shape[0]

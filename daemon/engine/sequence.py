@@ -8,7 +8,7 @@ from typing import NewType
 
 import numpy as np
 
-from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, encode_ids
 from ...blockpool.pool import BlockId
 from .params import FinishReason, Retention, SamplingParams
 from .prompt_logprobs import PromptLogprobs
@@ -46,6 +46,8 @@ class Sequence:
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
     hash_chain: list[BlockHash] = field(default_factory=list)  # keys of its first full blocks, memo
+    # the prompt's ids as block keys encode them (encode_ids), memo: converted once, not per block
+    prompt_id_bytes: bytes | None = field(default=None, repr=False)
     num_computed_tokens: int = 0
     num_host_hit_tokens: int = 0  # of the tokens matched at the last admission
     num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
@@ -94,6 +96,20 @@ class Sequence:
         if start >= num_prompt:  # the decode case: no copy of the whole sequence
             return self.output_token_ids[start - num_prompt : end - num_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+    def encoded_ids(self, start: int, end: int) -> bytes:
+        """Tokens [start, end) as block keys encode them (8 bytes each, big-endian)."""
+        num_prompt = len(self.prompt_token_ids)
+        if self.prompt_id_bytes is None and start < num_prompt:
+            self.prompt_id_bytes = encode_ids(self.prompt_token_ids)
+        if end <= num_prompt:
+            assert self.prompt_id_bytes is not None
+            return self.prompt_id_bytes[8 * start : 8 * end]
+        generated = encode_ids(self.output_token_ids[max(start - num_prompt, 0) : end - num_prompt])
+        if start >= num_prompt:
+            return generated
+        assert self.prompt_id_bytes is not None
+        return self.prompt_id_bytes[8 * start :] + generated
 
     def text_prompt_ids(self) -> list[int]:
         """The prompt's text tokens (prompt-table ids left out)."""
