@@ -44,7 +44,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from reprise.blockpool.disk import DiskTier, DiskTierConfig
+from reprise.blockpool.disk import DiskTier
+from reprise.blockpool.disk_config import DiskTierConfig
 from reprise.blockpool.hashing import BlockHash, hash_block
 
 # [num_layers, 2, num_kv_heads, block_size, head_dim] of one block; --shape picks one

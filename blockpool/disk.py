@@ -2,8 +2,10 @@
 
 One folder per layout (`<directory>/<layout key hex>/`, see disk_format.py), one
 file per block named by its digest, and an in-memory index of those files in
-least-recently-used order. The pool calls `put` when a block leaves the host
-tier and `contains` / `get` on a device and host miss.
+least-recently-used order (disk_index.py). The pool calls `put` when a block leaves
+the host tier and `contains` / `get` on a device and host miss. This module keeps
+the index, the counts and the writer thread; reading a file back and confirming it
+is disk_reader.py's, the settings disk_config.py's.
 
 Guarantees:
 - Never serves wrong or damaged bytes: `get` returns a block only if its file's
@@ -59,123 +61,30 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
-import ml_dtypes
 import numpy as np
 
 from . import disk_format as fmt
+from .disk_config import Allocate, CopyDone, DiskTierConfig, ReadBlock
 from .disk_index import DiskIndex, PartialMatch, StoredFile, parent_of
+from .disk_reader import BlockKeyOnDisk, BlockReader, Checked
 from .events import EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
-_Checked = np.ndarray  # a block file's payload, the file checked against the key looked up
 LOCK_NAME = "lock"
-
-
-class CopyDone(Protocol):
-    """A copy into a staging buffer, maybe still under way: `synchronize()` returns once
-    the buffer holds the bytes (the GPU backend's event, recorded after the copy)."""
-
-    def synchronize(self) -> None: ...
-
-
-# Issues a copy of one block into the staging buffer it is given (`block_shape`,
-# `dtype`), and returns what the writer waits on before reading the buffer.
-ReadBlock = Callable[[np.ndarray], CopyDone]
-# Makes a staging buffer: (shape, dtype) -> host array (pinned memory on the GPU).
-Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
-
-
-def _resolve_dtype(name: str) -> np.dtype | None:
-    try:
-        return np.dtype(getattr(ml_dtypes, name, name))
-    except TypeError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class DiskTierConfig:
-    """Where the disk tier lives, how large it may grow, and the layout of its blocks."""
-
-    directory: str | os.PathLike[str]
-    max_bytes: int
-    block_shape: tuple[
-        int, ...
-    ]  # one block, e.g. [num_layers, 2, num_kv_heads, block_size, head_dim]
-    block_size: int
-    model_fingerprint: bytes
-    # What computed the KV bytes: backend, device and code version (e.g.
-    # "cupy/sm_90/reprise 0.1.0"). Bit-identity holds per backend and device
-    # (DESIGN §4), so KV of another producer never matches.
-    producer: str
-    dtype: str = "bfloat16"
-    write_queue_blocks: int = 64  # writes queued at most; staging buffers: one more
-    fsync: bool = False
-    # reads into host memory are bound by its bandwidth on the GPU hosts measured: 16
-    # threads read 9-10 % faster than 8 there (bench/results/2026-11-27-h100/ab)
-    read_threads: int = field(default_factory=lambda: min(16, os.cpu_count() or 1))
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.directory, str | os.PathLike) or not os.fspath(self.directory):
-            raise ValueError(f"directory must be a non-empty path; got {self.directory!r}")
-        shape = tuple(self.block_shape) if isinstance(self.block_shape, list | tuple) else None
-        if not shape or not all(_is_count(d) for d in shape):
-            raise ValueError(
-                f"block_shape must be a non-empty tuple of positive integers; got {self.block_shape!r}"
-            )
-        object.__setattr__(self, "block_shape", tuple(int(d) for d in shape))
-        if not _is_count(self.block_size) or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 1; got {self.block_size!r}")
-        if not isinstance(self.model_fingerprint, bytes) or not self.model_fingerprint:
-            raise ValueError(
-                f"model_fingerprint must be non-empty bytes; got {self.model_fingerprint!r}"
-            )
-        if not isinstance(self.producer, str) or not self.producer:
-            raise ValueError(f"producer must be a non-empty string; got {self.producer!r}")
-        if not _is_count(self.read_threads):
-            raise ValueError(f"read_threads must be an integer >= 1; got {self.read_threads!r}")
-        if not isinstance(self.dtype, str) or _resolve_dtype(self.dtype) is None:
-            raise ValueError(f"dtype must name a NumPy or ml_dtypes dtype; got {self.dtype!r}")
-        if not _is_count(self.write_queue_blocks):
-            raise ValueError(
-                f"write_queue_blocks must be an integer >= 1; got {self.write_queue_blocks!r}"
-            )
-        if not _is_count(self.max_bytes) or self.max_bytes < self.payload_nbytes:
-            raise ValueError(
-                f"max_bytes must be an integer >= one block ({self.payload_nbytes} bytes); "
-                f"got {self.max_bytes!r}"
-            )
-        if not isinstance(self.fsync, bool):
-            raise ValueError(f"fsync must be a bool; got {self.fsync!r}")
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        dtype = _resolve_dtype(self.dtype)
-        assert dtype is not None
-        return dtype
-
-    @property
-    def payload_nbytes(self) -> int:
-        return int(np.prod(self.block_shape)) * self.np_dtype.itemsize
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +152,7 @@ class DiskTier:
             ("hits", "misses", "writes", "writes_dropped", "corrupt_removed"), 0
         )
         self._bad = dict.fromkeys(fmt.BAD_KINDS, 0)
-        self._readers: ThreadPoolExecutor | None = None  # made at the first read_ahead
+        self._reader = BlockReader(self.folder, self.layout, config)
 
     @classmethod
     def open(cls, config: DiskTierConfig) -> DiskTier:
@@ -377,7 +286,7 @@ class DiskTier:
         *,
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
-        ahead: Future[_Checked] | None = None,
+        ahead: Future[Checked] | None = None,
         into: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """The block's KV (an array of `block_shape`) if its file is sound and was stored
@@ -396,7 +305,7 @@ class DiskTier:
         path = self.folder / fmt.file_name(block_hash)
         try:
             if ahead is None:
-                payload = self._read_checked(
+                payload = self._reader.read_checked(
                     block_hash, parent_hash, token_ids, extra_ids, namespace, into=into
                 )
             else:
@@ -418,105 +327,22 @@ class DiskTier:
 
     def read_ahead(
         self,
-        keys: Sequence[tuple[BlockHash, BlockHash | None, Sequence[int], Sequence[int] | None]],
+        keys: Sequence[BlockKeyOnDisk],
         namespace: Namespace | None = None,
         into: Sequence[np.ndarray | None] | None = None,
-    ) -> list[Future[_Checked]]:
-        """Start reading and checking these blocks' files ((digest, parent digest, token
-        ids, extra ids) each, as `get` takes them), in order, on the reader threads; pass
-        each future to `get` as `ahead` with the same key. `into`: one destination per
-        key (or None), as `get` takes it. Nothing is counted, touched or removed here.
-
-        A future not taken must be cancelled, and, with `into`, waited for if it was
-        running (`settle`) before its destination is used again.
-
-        NOTE: without `into`, each buffer is allocated here, on the caller's thread:
-        memory a reader thread allocates comes from its own malloc arena, which hands
-        freed pages back to the kernel, so every read would fault them in again (reads
-        ran 3x slower on a 2-CPU machine). Fresh memory faults all the same (about a
-        quarter of the speed of reads into memory used before), which `into` avoids.
-        And a reader checks what it read (the checksums release the GIL) so the caller
-        only waits, and never holds the GIL a finished read needs."""
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(self.config.read_threads, "reprise-disk-read")
-        dests = [None] * len(keys) if into is None else into
-        if len(dests) != len(keys):
-            raise ValueError(f"{len(keys)} keys but {len(dests)} destinations")
+    ) -> list[Future[Checked]]:
+        """Start reading and checking these blocks' files on the reader threads, in order
+        (BlockReader.read_ahead); pass each future to `get` as `ahead` with the same key.
+        Nothing is counted, touched or removed here."""
         with self._lock:
             sizes = [self._index.nbytes_of(key[0]) for key in keys]
-        futures = []
-        for dest, nbytes, (block_hash, parent, token_ids, extra_ids) in zip(
-            dests, sizes, keys, strict=True
-        ):
-            # +1: a file that grew shows it
-            buf = np.empty(nbytes + 1, np.uint8) if dest is None else None
-            futures.append(self._readers.submit(
-                self._read_checked, block_hash, parent, token_ids, extra_ids, namespace,
-                into=dest, buf=buf,
-            ))  # fmt: skip
-        return futures
+        return self._reader.read_ahead(keys, sizes, namespace, into)
 
     @staticmethod
-    def settle(futures: Sequence[Future[_Checked]]) -> None:
+    def settle(futures: Sequence[Future[Checked]]) -> None:
         """Cancel reads not taken, and wait for those already running to end (their
         destinations are free to reuse after this)."""
-        for future in futures:
-            if not future.cancel():
-                with contextlib.suppress(Exception):
-                    future.result()
-
-    def _read_checked(
-        self,
-        block_hash: BlockHash,
-        parent_hash: BlockHash | None,
-        token_ids: Sequence[int],
-        extra_ids: Sequence[int] | None,
-        namespace: Namespace | None,
-        *,
-        into: np.ndarray | None = None,
-        buf: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """The block's payload, its file read and checked against this key (on the
-        caller's or a reader thread): the payload into `into` (its destination), else
-        the whole file into `buf` (uint8, one byte longer than the file should be) or,
-        without one, into fresh memory."""
-        path = self.folder / fmt.file_name(block_hash)
-        if into is not None:
-            if into.nbytes != self._payload_nbytes or not into.flags.c_contiguous:
-                raise ValueError(
-                    f"into must be C-contiguous and {self._payload_nbytes} bytes; "
-                    f"got {into.nbytes} bytes"
-                )
-            flat = into.reshape(-1)
-            header = fmt.read_block_into(
-                path, memoryview(flat.view(np.uint8)), self.layout, self.config.block_size
-            )
-            self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
-            return flat.view(self._dtype).reshape(self.config.block_shape)
-        data = fmt.read_file(path) if buf is None else fmt.read_file_into(path, buf)
-        header = self._checked(data, block_hash, parent_hash, token_ids, extra_ids, namespace)
-        payload = np.frombuffer(
-            data,
-            self._dtype,
-            self._payload_nbytes // self._dtype.itemsize,
-            header.payload_offset,
-        )
-        payload.flags.writeable = False  # a buffer read ahead is writable
-        return payload.reshape(self.config.block_shape)
-
-    def _checked(
-        self,
-        data: bytes | memoryview,
-        block_hash: BlockHash,
-        parent_hash: BlockHash | None,
-        token_ids: Sequence[int],
-        extra_ids: Sequence[int] | None,
-        namespace: Namespace | None,
-    ) -> fmt.BlockHeader:
-        """The header of a whole block file's bytes, every check passed (BlockFileError)."""
-        header = fmt.decode_block(data, self.layout)
-        self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
-        return header
+        BlockReader.settle(futures)
 
     def put_sidecar(self, block_hash: BlockHash, body: bytes) -> bool:
         """Queue `body` (a block's extra data: its prompt-logprob entries) for writing as
@@ -578,9 +404,7 @@ class DiskTier:
     def close(self, *, flush: bool = True, timeout_s: float = 5.0) -> None:
         """Stop the writer: finish the queued writes (`flush`) or drop them, within
         `timeout_s`, then let go of the folder. Later puts are refused."""
-        if self._readers is not None:
-            self._readers.shutdown(wait=True, cancel_futures=True)
-            self._readers = None
+        self._reader.close()
         writer = self._writer
         if writer is None:
             self._enabled = False
@@ -675,7 +499,7 @@ class DiskTier:
                     st = entry.stat(follow_symlinks=False)
                     head = fmt.read_file(entry.path, limit)
                     header = fmt.read_header(head, self.layout, st.st_size)
-                    self._check_shape(header, block_hash)
+                    self._reader.check_shape(header, block_hash)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -871,30 +695,3 @@ class DiskTier:
             raise ValueError(
                 f"kv must be a {cfg.block_shape} {cfg.dtype} ndarray or a ReadBlock; got {got}"
             )
-
-    def _check_shape(self, header: fmt.BlockHeader, block_hash: BlockHash) -> None:
-        if header.block_hash != block_hash:
-            raise fmt.BlockFileError(fmt.FOREIGN, "the file holds another block")
-        if len(header.token_ids) != self.config.block_size:
-            raise fmt.BlockFileError(fmt.FOREIGN, f"{len(header.token_ids)} tokens")
-        if header.payload_nbytes != self._payload_nbytes:
-            raise fmt.BlockFileError(fmt.FOREIGN, f"payload of {header.payload_nbytes} bytes")
-
-    def _confirm(
-        self,
-        header: fmt.BlockHeader,
-        block_hash: BlockHash,
-        parent_hash: BlockHash | None,
-        token_ids: Sequence[int],
-        extra_ids: Sequence[int] | None,
-        namespace: Namespace | None,
-    ) -> None:
-        self._check_shape(header, block_hash)
-        extra = None if extra_ids is None else tuple(map(int, extra_ids))
-        if (
-            header.parent_hash != parent_hash
-            or header.token_ids != tuple(map(int, token_ids))
-            or header.extra_ids != extra
-            or header.namespace_digest != fmt.namespace_digest(namespace)
-        ):
-            raise fmt.BlockFileError(fmt.MISMATCH, "stored key differs from the one looked up")

@@ -31,7 +31,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_blockpool import NumpyBlockCopier
 
 from reprise.blockpool.block import BlockId
-from reprise.blockpool.disk import DiskTier, DiskTierConfig
+from reprise.blockpool.disk import DiskTier
+from reprise.blockpool.disk_config import DiskTierConfig
 from reprise.blockpool.hashing import (
     BlockHash,
     Namespace,

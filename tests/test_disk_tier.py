@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from reprise.blockpool import disk_format as fmt
-from reprise.blockpool.disk import DiskTier, DiskTierConfig
+from reprise.blockpool.disk import DiskTier
+from reprise.blockpool.disk_config import DiskTierConfig
 from reprise.blockpool.hashing import BlockHash, Namespace, hash_block
 
 SHAPE = (2, 2, 1, 4, 8)  # [num_layers, 2, num_kv_heads, block_size, head_dim]

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ...blockpool.disk import DiskTier, DiskTierConfig
+from ...blockpool.disk import DiskTier
+from ...blockpool.disk_config import DiskTierConfig
 from ...blockpool.events import EventQueue, KVEvent
 from ...blockpool.hashing import Namespace
 from ...blockpool.host import HostTier

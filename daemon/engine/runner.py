@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...blockpool.copies import BlockCopy
-from ...blockpool.disk import DiskTier, ReadBlock
+from ...blockpool.disk import DiskTier
+from ...blockpool.disk_config import ReadBlock
 from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
