@@ -4,8 +4,8 @@ One folder per layout (`<directory>/<layout key hex>/`, see disk_format.py), one
 file per block named by its digest, and an in-memory index of those files in
 least-recently-used order (disk_index.py). The pool calls `put` when a block leaves
 the host tier and `contains` / `get` on a device and host miss. This module keeps
-the index, the counts and the writer thread; reading a file back and confirming it
-is disk_reader.py's, the settings disk_config.py's.
+the index, the counts and the public calls; the writer thread is disk_writer.py's,
+reading a file back and confirming it disk_reader.py's, the settings disk_config.py's.
 
 Guarantees:
 - Never serves wrong or damaged bytes: `get` returns a block only if its file's
@@ -69,49 +69,24 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import disk_format as fmt
-from .disk_config import Allocate, CopyDone, DiskTierConfig, ReadBlock
+from .disk_config import Allocate, DiskTierConfig, ReadBlock
 from .disk_index import DiskIndex, PartialMatch, StoredFile, parent_of
 from .disk_reader import BlockKeyOnDisk, BlockReader, Checked
+from .disk_writer import TMP_SUFFIX, QueuedClear, QueuedSidecar, QueuedWrite, Writer
 from .events import EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
 
-TMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
 
 
-@dataclass(frozen=True, slots=True)
-class _Write:
-    block_hash: BlockHash
-    parent_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    extra_ids: tuple[int, ...] | None
-    namespace: Namespace | None
-    buffer: np.ndarray  # [payload_nbytes] uint8, a staging buffer
-    done: CopyDone | None  # the copy into `buffer`, when it may still be under way
-    generation: int  # the tier's at `put`: a `clear` since drops the write
-
-
-@dataclass(frozen=True, slots=True)
-class _Sidecar:
-    block_hash: BlockHash
-    parts: list[bytes]  # the whole file, encoded
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Clear:
-    """Queued by `clear`: the writer removes every block file when it gets here."""
-
-
-class DiskTier:
+class DiskTier(Writer):
     """Block files under one layout folder; build with `DiskTier.open(config)`."""
 
     def __init__(self, config: DiskTierConfig) -> None:
@@ -131,7 +106,7 @@ class DiskTier:
         self._queued: set[BlockHash] = set()
         self._generation = 0  # bumped by clear
         # Unbounded: the staging buffers bound what is queued.
-        self._queue: queue.Queue[_Write | _Sidecar | _Clear | None] = queue.Queue()
+        self._queue: queue.Queue[QueuedWrite | QueuedSidecar | QueuedClear | None] = queue.Queue()
         self._num_sidecars_queued = 0  # at most write_queue_blocks
         self._idle = threading.Condition(self._lock)
         self._num_unwritten = 0  # queued or being written
@@ -209,7 +184,7 @@ class DiskTier:
             self._index.clear(emit=False)
             self._queued.clear()
             self._num_unwritten += 1  # flush waits for the files to go
-        self._queue.put(_Clear())
+        self._queue.put(QueuedClear())
 
     def attach_events(self, sink: EventSink, *, announce: bool = True) -> None:
         """Send the tier's KV events (medium DISK) to `sink` from now on, from whichever
@@ -269,7 +244,7 @@ class DiskTier:
                 self._finish_one()
             raise
         extra = None if extra_ids is None else tuple(map(int, extra_ids))
-        item = _Write(
+        item = QueuedWrite(
             block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done,
             self._generation,
         )  # fmt: skip
@@ -357,7 +332,7 @@ class DiskTier:
                 return False
             self._num_sidecars_queued += 1
             self._num_unwritten += 1
-            item = _Sidecar(block_hash, parts, self._generation)
+            item = QueuedSidecar(block_hash, parts, self._generation)
         self._queue.put_nowait(item)
         return True
 
@@ -515,145 +490,7 @@ class DiskTier:
             if fmt.hash_of_sidecar_name(name) not in self._index:
                 fmt.unlink(self.folder / name)
 
-    # -- writer --------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, _Clear):
-                self._remove_all_files()
-                continue
-            if isinstance(item, _Sidecar):
-                self._write_sidecar(item)
-                continue
-            landed = False
-            try:
-                # Even a write to drop waits: the buffer is reused only once its copy landed.
-                if item.done is not None:
-                    item.done.synchronize()
-                landed = True
-                if self._enabled and not self._stopping and item.generation == self._generation:
-                    self._write(item)
-                else:
-                    with self._lock:
-                        self._counts["writes_dropped"] += 1
-            except Exception as exc:  # the writer must outlive any one block
-                self._disable(f"writing a block failed: {exc!r}")
-            finally:
-                with self._lock:
-                    if landed:  # else a copy may still land in it: never reuse it
-                        self._free_buffers.append(item.buffer)
-                    self._queued.discard(item.block_hash)
-                    self._finish_one()
-
-    def _write(self, item: _Write) -> None:
-        header = fmt.encode_header(
-            self.layout,
-            item.block_hash,
-            item.parent_hash,
-            item.token_ids,
-            item.extra_ids,
-            item.namespace,
-            item.buffer.nbytes,
-        )
-        payload = memoryview(item.buffer)
-        parts = [header, payload, fmt.file_checksum(header, payload)]
-        name = fmt.file_name(item.block_hash)
-        self._num_tmp += 1
-        tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
-        try:
-            self._write_file(tmp, self.folder / name, parts)
-        except OSError as exc:
-            fmt.unlink(tmp)
-            self._disable(f"writing {tmp.name} failed: {exc}")
-            return
-        stored = StoredFile.of_write(
-            sum(len(p) for p in parts),
-            item.parent_hash,
-            item.token_ids,
-            item.extra_ids,
-            item.namespace,
-        )
-        namespace = item.namespace or Namespace()
-        with self._lock:
-            if not self._enabled or item.generation != self._generation:
-                return  # cleared meanwhile: the clear queued behind this removes the file
-            self._index.remove([item.block_hash])
-            self._index.add(
-                item.block_hash,
-                stored,
-                lora_name=namespace.adapter_id,
-                with_tokens=namespace.cache_salt is None,
-            )
-            self._counts["writes"] += 1
-        self._evict_to_bound()
-
-    def _write_sidecar(self, item: _Sidecar) -> None:
-        name = fmt.sidecar_name(item.block_hash)
-        self._num_tmp += 1
-        tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
-        try:
-            if self._enabled and not self._stopping and item.generation == self._generation:
-                self._write_file(tmp, self.folder / name, item.parts)
-                # NOTE: a clear since queued its removal behind this write; a block
-                # write not done yet (planned, queued, or dropped) may leave the
-                # sidecar alone until the next start removes it
-                with self._lock:
-                    self._side_counts["writes"] += 1
-            else:
-                with self._lock:
-                    self._side_counts["writes_dropped"] += 1
-        except OSError as exc:
-            fmt.unlink(tmp)
-            self._disable(f"writing {tmp.name} failed: {exc}")
-        finally:
-            with self._lock:
-                self._num_sidecars_queued -= 1
-                self._finish_one()
-
-    def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
-        """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
-        fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
-
     # -- bookkeeping ---------------------------------------------------------
-
-    def _evict_to_bound(self) -> None:
-        victims: list[BlockHash] = []
-        with self._lock:
-            while self._index.num_bytes > self.config.max_bytes:
-                block_hash = self._index.least_recent()
-                assert block_hash is not None
-                self._index.remove([block_hash])  # one event each: each a file gone now
-                self._counts["evictions"] += 1
-                victims.append(block_hash)
-        for block_hash in victims:
-            fmt.unlink(self.folder / fmt.file_name(block_hash))
-            fmt.unlink(self.folder / fmt.sidecar_name(block_hash))
-
-    def _remove_all_files(self) -> None:
-        """The writer's part of `clear`: every block file of the folder goes."""
-        try:
-            with os.scandir(self.folder) as entries:
-                names = [
-                    e.name
-                    for e in entries
-                    if fmt.hash_of_file_name(e.name) is not None
-                    or fmt.hash_of_sidecar_name(e.name) is not None
-                ]
-        except OSError as exc:
-            self._disable(f"clearing {self.folder} failed: {exc}")
-            names = []
-        for name in names:
-            fmt.unlink(self.folder / name)
-        with self._lock:
-            self._finish_one()
-
-    def _finish_one(self) -> None:
-        self._num_unwritten -= 1
-        if not self._num_unwritten:
-            self._idle.notify_all()
 
     def _forget(self, block_hash: BlockHash) -> None:
         with self._lock:
