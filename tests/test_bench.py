@@ -120,3 +120,13 @@ def test_host_step_bench_runs_with_a_backend_that_does_no_math(tiny: Path, tmp_p
         total = case.get("total_ms", case.get("step_ms"))
         assert 0 < case["forward_ms"] < total  # the forward ran inside the step, timed apart
     assert "host time" in done.stdout
+
+
+def test_block_keys_bench_checks_both_chains_agree_and_prints_the_ratio() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_block_keys.py", "--prompt-tokens", "320", "--block-size", "16",
+         "--rounds", "1"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "320-token prompt, 20 blocks of 16: hash_block per block" in done.stdout
