@@ -204,6 +204,8 @@ def small_kernel_bytes(model: ModelShape, num_tokens: int) -> dict[str, int]:
         "add_rmsnorm": (4 + 2) * t * h + 2 * h + (4 + 2) * t * h,  # + fp32 sum, BF16 norm
         "rope q+k": rope(model.num_heads) + rope(model.num_kv_heads),
         "kv_write": 2 * 2 * 2 * t * model.kv_size + 8 * t,  # k, v read and written; slots
+        # the model's one launch for the three above: q, k, v in once, q out, k and v to the cache
+        "rope_kv_write": 2 * 2 * t * (model.q_size + 2 * model.kv_size) + 8 * t + 4 * t + 4 * t * d,
         "silu_mul": 2 * 2 * t * inter + 2 * t * inter,
         "argmax": 4 * t * model.vocab + 4 * t,
     }
@@ -723,6 +725,17 @@ def small_kernel_calls(
         "add_rmsnorm": partial(launchers.add_rmsnorm, residual, delta, weight, 1e-5),
         "rope q+k": rope_qk,
         "kv_write": partial(launchers.kv_write, cache, 0, k, v, slots),
+        "rope_kv_write": partial(
+            launchers.rope_kv_write,
+            qkv.reshape(t, model.num_heads + 2 * kv_heads, head_dim),
+            positions,
+            cos,
+            sin,
+            cache,
+            0,
+            slots,
+            model.num_heads,
+        ),
         "silu_mul": partial(launchers.silu_mul, gate_up, out=act),
     }
     if t <= DECODE_ROWS[-1]:

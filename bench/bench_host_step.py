@@ -82,6 +82,11 @@ class NullBackend(NumpyBackend):
         return None
 
     @staticmethod
+    def rope_kv_write(qkv: np.ndarray, *args: Any) -> np.ndarray:
+        num_heads = args[-1]
+        return np.zeros((qkv.shape[0], num_heads, qkv.shape[2]), dtype=BF16)
+
+    @staticmethod
     def paged_attention(q: np.ndarray, *args: Any) -> np.ndarray:
         return np.zeros(q.shape, dtype=BF16)
 

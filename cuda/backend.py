@@ -20,7 +20,7 @@ from .bias import add_bias_ref
 from .dtypes import BF16
 from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
-from .kvcache import kv_write_ref
+from .kvcache import kv_write_ref, rope_kv_write_ref
 from .penalties import Penalties, penalize_ref
 from .protocol import Backend, CopyDone, Landed
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
@@ -138,6 +138,7 @@ class NumpyBackend:
     add_bias = staticmethod(add_bias_ref)
     rope = staticmethod(rope_ref)
     kv_write = staticmethod(kv_write_ref)
+    rope_kv_write = staticmethod(rope_kv_write_ref)
     paged_attention = staticmethod(paged_attention_ref)
     silu_mul = staticmethod(silu_mul_ref)
 

@@ -223,6 +223,7 @@ class CupyBackend:
     add_rmsnorm = staticmethod(launchers.add_rmsnorm)
     rope = staticmethod(launchers.rope)
     kv_write = staticmethod(launchers.kv_write)
+    rope_kv_write = staticmethod(launchers.rope_kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
     add_bias = staticmethod(launchers.add_bias)
     argmax = staticmethod(launchers.argmax)

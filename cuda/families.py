@@ -41,7 +41,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("embedding", ("launchers:embed",), ("embedding:embed_ref",)),
     Family("gemm", ("gemm_kernel:gemm",), ("gemm:gemm_ref",)),
     Family("gemm_sm90", ("gemm_sm90_kernel:gemm_sm90",), ("gemm:gemm_ref",)),
-    Family("kvcache", ("launchers:kv_write",), ("kvcache:kv_write_ref",)),
+    Family(
+        "kvcache",
+        ("launchers:kv_write", "launchers:rope_kv_write"),
+        ("kvcache:kv_write_ref", "kvcache:rope_kv_write_ref"),
+    ),
     Family(
         "rmsnorm",
         ("launchers:rmsnorm", "launchers:add_rmsnorm"),

@@ -5,6 +5,14 @@
 // A token's slot is block_id * block_size + offset_in_block.
 #include "common.cuh"
 
+// Where KV head `head`'s key row for cache slot `slot` starts (its value row is
+// kv_heads * block_size * head_dim elements later).
+__device__ __forceinline__ long long key_row(long long slot, int layer, int num_layers, int head, int kv_heads,
+                                             int block_size, int head_dim) {
+  const long long block = slot / block_size, offset = slot - block * block_size;
+  return ((block * num_layers + layer) * 2 * kv_heads + head) * (long long)block_size * head_dim + offset * head_dim;
+}
+
 // k, v: [tokens, kv_heads, head_dim] BF16 with `k_stride` / `v_stride` elements between
 // tokens (v is a slice of the fused QKV output); slots: [tokens] int64.
 // grid = (tokens, kv_heads), threads stride over head_dim.
@@ -14,15 +22,42 @@ extern "C" __global__ void kv_write(const __nv_bfloat16* __restrict__ k, const _
                                     int kv_heads, int block_size, int head_dim) {
   pdl_enter();
   const int token = blockIdx.x, head = blockIdx.y;
-  const long long slot = slots[token];
-  const long long block = slot / block_size, offset = slot - block * block_size;
-  const long long head_stride = (long long)block_size * head_dim;
-  const long long k_base = ((block * num_layers + layer) * 2 * kv_heads + head) * head_stride + offset * head_dim;
-  const long long v_base = k_base + (long long)kv_heads * head_stride;
+  const long long k_base = key_row(slots[token], layer, num_layers, head, kv_heads, block_size, head_dim);
+  const long long v_base = k_base + (long long)kv_heads * block_size * head_dim;
   const __nv_bfloat16* k_row = k + token * k_stride + (long long)head * head_dim;
   const __nv_bfloat16* v_row = v + token * v_stride + (long long)head * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     cache[k_base + d] = k_row[d];
     cache[v_base + d] = v_row[d];
   }
+}
+
+// rope then kv_write in one launch (twin: kvcache.py's rope_kv_write_ref), bit for bit the two
+// kernels': qkv [tokens, heads + 2 * kv_heads, head_dim] BF16 with `token_stride` elements
+// between tokens (the fused QKV output); q_out [tokens, heads, head_dim] BF16, contiguous.
+// grid = (tokens, heads + kv_heads), block = head_dim / 2 threads (one pair each): a block
+// y < heads rotates query head y into q_out; a block y >= heads rotates key head y - heads
+// into its cache slot and copies the value head beside it.
+extern "C" __global__ void rope_kv_write(const __nv_bfloat16* __restrict__ qkv, long long token_stride,
+                                         const int* __restrict__ positions, const float* __restrict__ cos_table,
+                                         const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ q_out,
+                                         const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache,
+                                         int layer, int num_layers, int heads, int kv_heads, int block_size,
+                                         int head_dim) {
+  pdl_enter();
+  const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
+  if (i >= half) return;
+  const long long pos = positions[token];
+  const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
+  const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * head_dim;
+  if (head < heads) {
+    rope_pair(row, q_out + ((long long)token * heads + head) * head_dim, i, half, c, s);
+    return;
+  }
+  const long long k_base = key_row(slots[token], layer, num_layers, head - heads, kv_heads, block_size, head_dim);
+  rope_pair(row, cache + k_base, i, half, c, s);
+  const __nv_bfloat16* v_row = row + (long long)kv_heads * head_dim;  // value head head - heads
+  __nv_bfloat16* v_dst = cache + k_base + (long long)kv_heads * block_size * head_dim;
+  v_dst[i] = v_row[i];
+  v_dst[i + half] = v_row[i + half];
 }

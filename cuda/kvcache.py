@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import BF16
+from .rope import rope_ref
 
 
 def kv_cache_shape(
@@ -33,3 +34,24 @@ def kv_write_ref(
     # Advanced indices separated by slices put the token axis first: [T, kv_heads, head_dim].
     cache[blocks, layer, 0, :, offsets, :] = k
     cache[blocks, layer, 1, :, offsets, :] = v
+
+
+def rope_kv_write_ref(
+    qkv: np.ndarray,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    cache: np.ndarray,
+    layer: int,
+    slot_mapping: np.ndarray,
+    num_heads: int,
+) -> np.ndarray:
+    """rope of the query and key heads of qkv ([T, num_heads + 2 * num_kv_heads, head_dim]
+    BF16), the keys and values written into their slots (kv_write_ref), in place; returns
+    the rotated queries [T, num_heads, head_dim]. One step of the two ops, fused on the GPU."""
+    num_kv_heads = (qkv.shape[1] - num_heads) // 2
+    assert qkv.shape[1] == num_heads + 2 * num_kv_heads, qkv.shape
+    k_end = num_heads + num_kv_heads
+    kv_write_ref(cache, layer, rope_ref(qkv[:, num_heads:k_end], positions, cos, sin),
+                 qkv[:, k_end:], slot_mapping)  # fmt: skip
+    return rope_ref(qkv[:, :num_heads], positions, cos, sin)

@@ -126,6 +126,56 @@ def rope(x: Any, positions: Any, cos: Any, sin: Any, *, out: Any = None) -> Any:
     return out
 
 
+def rope_kv_write(
+    qkv: Any,
+    positions: Any,
+    cos: Any,
+    sin: Any,
+    cache: Any,
+    layer: int,
+    slot_mapping: Any,
+    num_heads: int,
+) -> Any:
+    """Twin: rope_kv_write_ref. rope then kv_write in one launch: qkv [T, num_heads + 2 *
+    kv_heads, head_dim] BF16 (rows may be strided); the keys, rotated, and the values go
+    into the cache slots [T] int64, in place; returns the rotated queries [T, num_heads,
+    head_dim], contiguous."""
+    stride = _row_stride("qkv", qkv, 3)
+    check("positions", positions, np.int32, 1)
+    check("cos", cos, np.float32, 2)
+    check("sin", sin, np.float32, 2)
+    check("cache", cache, BF16_BITS, 6)
+    check("slot_mapping", slot_mapping, np.int64, 1)
+    num_tokens, width, head_dim = qkv.shape
+    _, num_layers, _, kv_heads, block_size, cache_head_dim = cache.shape
+    if width != num_heads + 2 * kv_heads or cache_head_dim != head_dim or head_dim % 2:
+        raise ValueError(
+            f"qkv must be [T, {num_heads} + 2 * {kv_heads}, {cache_head_dim}] (the cache's KV "
+            f"heads and even head_dim); got {qkv.shape}"
+        )
+    if positions.shape[0] != num_tokens or slot_mapping.shape[0] != num_tokens:
+        raise ValueError(
+            f"positions and slot_mapping need {num_tokens} entries; got {positions.shape}, "
+            f"{slot_mapping.shape}"
+        )
+    if cos.shape[1] != head_dim // 2 or sin.shape != cos.shape:
+        raise ValueError(f"rope tables must be [*, {head_dim // 2}]; got {cos.shape}, {sin.shape}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
+    q = _empty((num_tokens, num_heads, head_dim), BF16_BITS, None)
+    if num_tokens:
+        args = (qkv, np.int64(stride), positions, cos, sin, q, slot_mapping, cache,
+                np.int32(layer), np.int32(num_layers), np.int32(num_heads), np.int32(kv_heads),
+                np.int32(block_size), np.int32(head_dim))  # fmt: skip
+        launch_kernel(
+            kernel("kvcache", "rope_kv_write"),
+            (num_tokens, num_heads + kv_heads),
+            (head_dim // 2,),
+            args,
+        )
+    return q
+
+
 def kv_write(cache: Any, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
     """Twin: kv_write_ref. Writes k, v [T, kv_heads, head_dim] BF16 (rows may be strided,
     as slices of the fused QKV output) into the cache slots [T] int64, in place."""

@@ -65,6 +65,7 @@ class Backend(Protocol):
     add_bias: Callable[..., Any]
     rope: Callable[..., Any]
     kv_write: Callable[..., None]
+    rope_kv_write: Callable[..., Any]  # rope of q and k, then kv_write, as one op
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
     argmax: Callable[..., Any]

@@ -2,8 +2,8 @@
 //
 // cos/sin come from one fp32 table [max_positions, head_dim / 2] indexed by the
 // token's absolute position, so a token's rotation depends on its position alone.
-// The products and sums round as the twin's fp32 numpy expressions do (no fused
-// multiply-add): out1 = x1 * c - x2 * s, out2 = x2 * c + x1 * s, then BF16.
+// The products and sums round as the twin's fp32 numpy expressions do (rope_pair in
+// common.cuh, which kvcache.cu's fused rope_kv_write shares).
 #include "common.cuh"
 
 // x: [tokens, heads, head_dim] BF16 with row stride `token_stride` elements between
@@ -19,8 +19,5 @@ extern "C" __global__ void rope(const __nv_bfloat16* __restrict__ x, long long t
   const long long pos = positions[token];
   const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
   const __nv_bfloat16* row = x + token * token_stride + (long long)head * head_dim;
-  const float x1 = __bfloat162float(row[i]), x2 = __bfloat162float(row[i + half]);
-  __nv_bfloat16* dst = out + ((long long)token * heads + head) * head_dim;
-  dst[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-  dst[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+  rope_pair(row, out + ((long long)token * heads + head) * head_dim, i, half, c, s);
 }

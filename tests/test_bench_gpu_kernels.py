@@ -125,6 +125,8 @@ def test_small_kernel_bytes_by_hand() -> None:
     assert got["silu_mul"] == (2 * 2 + 2) * t * 14336
     assert got["kv_write"] == 2 * 2 * (t * 8 * 128 * 2) + 8 * t
     assert got["rope q+k"] == 4 * t * (32 + 8) * 128 + 2 * (4 * t + 4 * t * 128)
+    # one launch for the three: q, k, v read once, q and k (rotated) and v written once
+    assert got["rope_kv_write"] == 2 * 2 * t * (32 + 16) * 128 + 8 * t + 4 * t + 4 * t * 128
     assert bench.small_kernel_bytes(LLAMA_8B, 1)["argmax"] == 4 * 128256 + 4
 
 

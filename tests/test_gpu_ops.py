@@ -14,7 +14,7 @@ from gpu_support import dev, host, is_synthetic, needs_gpu, poisoned
 from reprise.cuda.activation import silu_mul_ref
 from reprise.cuda.dtypes import BF16, F32, to_bf16
 from reprise.cuda.embedding import embed_ref
-from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref, rope_kv_write_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
 from reprise.cuda.sampling import uniform
@@ -116,6 +116,31 @@ def test_kv_write_fills_exactly_its_slots(cp, rng, shape: str) -> None:
     kv_write(got, 1, dev(k), v_dev, dev(slots))
     want = cache.copy()
     kv_write_ref(want, 1, k, qkv[:, k_end:].reshape(21, kv_heads, head_dim), slots)
+    assert np.array_equal(host(got).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rope_kv_write_is_its_twin_bit_for_bit(cp, rng, shape: str) -> None:
+    """The fused rope + KV write (what the model runs) against rope_kv_write_ref: the
+    queries and every cache byte equal, on strided rows, other slots untouched."""
+    from reprise.cuda.launchers import rope_kv_write
+
+    _, heads, kv_heads, head_dim, _, _ = SHAPES[shape]
+    block_size, num_blocks, layers = 16, 9, 3
+    cache = rng.standard_normal(kv_cache_shape(num_blocks, layers, kv_heads, block_size, head_dim))
+    cache = cache.astype(BF16)
+    slots = rng.choice(num_blocks * block_size, size=21, replace=False).astype(np.int64)
+    width = (heads + 2 * kv_heads) * head_dim
+    wide = rows(rng, 21, width + 64).astype(BF16)  # rows strided, as slices are
+    positions = rng.integers(0, 8192, 21).astype(np.int32)
+    cos, sin = rope_table(head_dim, 8192, 500000.0)
+    qkv = dev(wide)[:, :width].reshape(21, heads + 2 * kv_heads, head_dim)
+    got = dev(cache)
+    q = rope_kv_write(qkv, dev(positions), dev(cos), dev(sin), got, 2, dev(slots), heads)
+    want = cache.copy()
+    want_q = rope_kv_write_ref(wide[:, :width].reshape(21, heads + 2 * kv_heads, head_dim),
+                               positions, cos, sin, want, 2, slots, heads)  # fmt: skip
+    assert np.array_equal(host(q).view(np.uint16), want_q.view(np.uint16))
     assert np.array_equal(host(got).view(np.uint16), want.view(np.uint16))
 
 

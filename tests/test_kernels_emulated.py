@@ -42,7 +42,7 @@ from reprise.cuda.gemm_kernel import (
     split_length,
     tile_config,
 )
-from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref
+from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref, rope_kv_write_ref
 from reprise.cuda.penalties import Penalties, penalize_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
@@ -115,6 +115,54 @@ def test_rope_on_strided_rows(lib: ctypes.CDLL, rng: np.random.Generator) -> Non
                  ptr(sin), ptr(out), head_dim)  # fmt: skip
     want = rope_ref(qkv[:, : heads * head_dim].reshape(7, heads, head_dim), positions, cos, sin)
     assert np.array_equal(out, bits(want))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (32, 8, 128), (4, 4, 128)])
+def test_rope_kv_write_is_rope_then_kv_write(
+    lib: ctypes.CDLL, rng: np.random.Generator, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """The fused kernel against its twin (rope_kv_write_ref) and against the two kernels it
+    replaces, run here too: the same queries and the same cache bytes, bit for bit, on
+    strided rows, slots spread over blocks, and every other slot left as it was."""
+    tokens, layers, layer, block_size, num_blocks = 11, 3, 1, 16, 5
+    cos, sin = rope_table(head_dim, 4096, 500000.0)
+    width = (heads + 2 * kv_heads) * head_dim
+    rows = rng.standard_normal((tokens, width + 40)).astype(BF16)  # 40 columns past each row
+    qkv = rows[:, :width].reshape(tokens, heads + 2 * kv_heads, head_dim)
+    positions = rng.integers(0, 4096, tokens).astype(np.int32)
+    slots = rng.choice(num_blocks * block_size, tokens, replace=False).astype(np.int64)
+    shape = kv_cache_shape(num_blocks, layers, kv_heads, block_size, head_dim)
+    start = rng.standard_normal(shape).astype(BF16)
+    fused_cache, q_out = start.copy(), poisoned((tokens, heads, head_dim))
+    lib.run_rope_kv_write(tokens, heads, kv_heads, ptr(rows), ctypes.c_longlong(rows.shape[1]),
+                          ptr(positions), ptr(cos), ptr(sin), ptr(q_out), ptr(slots),
+                          ptr(fused_cache), layer, layers, block_size, head_dim)  # fmt: skip
+    want_cache = start.copy()
+    want_q = rope_kv_write_ref(qkv, positions, cos, sin, want_cache, layer, slots, heads)
+    assert np.array_equal(q_out, bits(want_q))
+    assert np.array_equal(bits(fused_cache), bits(want_cache))
+    # the two kernels it replaces, on the same inputs: the same bits
+    apart_cache, q_apart = start.copy(), poisoned((tokens, heads, head_dim))
+    k_rot = poisoned((tokens, kv_heads, head_dim))
+    stride = ctypes.c_longlong(rows.shape[1])
+    lib.run_rope(tokens, heads, ptr(rows), stride, ptr(positions), ptr(cos), ptr(sin), ptr(q_apart),
+                 head_dim)  # fmt: skip
+    k_view = rows[:, heads * head_dim :]
+    lib.run_rope(tokens, kv_heads, ptr(k_view), stride, ptr(positions), ptr(cos), ptr(sin),
+                 ptr(k_rot), head_dim)  # fmt: skip
+    v_view = rows[:, (heads + kv_heads) * head_dim :]
+    lib.run_kv_write(tokens, kv_heads, ptr(k_rot), ptr(v_view), ctypes.c_longlong(kv_heads * head_dim),
+                     stride, ptr(slots), ptr(apart_cache), layer, layers, block_size, head_dim)  # fmt: skip
+    assert np.array_equal(q_apart, q_out)
+    assert np.array_equal(bits(apart_cache), bits(fused_cache))
+    untouched = np.ones(num_blocks * block_size, bool)
+    untouched[slots] = False
+    per_slot = bits(fused_cache)[:, layer].transpose(0, 3, 1, 2, 4)  # [blocks, bs, 2, kv, hd]
+    per_slot_start = bits(start)[:, layer].transpose(0, 3, 1, 2, 4)
+    flat = per_slot.reshape(num_blocks * block_size, -1)
+    assert np.array_equal(flat[untouched], per_slot_start.reshape(num_blocks * block_size, -1)[untouched])
+    other_layers = [i for i in range(layers) if i != layer]
+    assert np.array_equal(bits(fused_cache)[:, other_layers], bits(start)[:, other_layers])
 
 
 def test_silu_mul_embed_and_kv_write(lib: ctypes.CDLL, rng: np.random.Generator) -> None:

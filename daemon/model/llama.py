@@ -103,7 +103,6 @@ class LlamaModel:
         host, so the GPU backend can capture it in a CUDA graph (daemon/engine/graphs.py)."""
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
-        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
         # [T, hidden] fp32; fake ids read the step's prompt-table rows
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, cfg.rms_norm_eps)  # [T, hidden] BF16
@@ -112,12 +111,11 @@ class LlamaModel:
                 qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
             else:
                 qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
-            q = qkv[:, :q_end].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, q_end:k_end].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            v = qkv[:, k_end:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            q = ops.rope(q, batch.positions, self.rope_cos, self.rope_sin)
-            k = ops.rope(k, batch.positions, self.rope_cos, self.rope_sin)
-            ops.kv_write(kv_cache, idx, k, v, batch.slot_mapping)
+            # [T, heads + 2 * kv_heads, head_dim]: the queries come back rotated, the keys
+            # (rotated) and values go into their cache slots, in one launch on the GPU
+            heads = qkv.reshape(num_tokens, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
+            q = ops.rope_kv_write(heads, batch.positions, self.rope_cos, self.rope_sin, kv_cache,
+                                  idx, batch.slot_mapping, cfg.num_heads)  # fmt: skip
             attn = ops.paged_attention(
                 q,
                 kv_cache,

@@ -88,6 +88,13 @@ void run_kv_write(int tokens, int kv_heads, const __nv_bfloat16* k, const __nv_b
     kv_write(k, v, k_stride, v_stride, slots, cache, layer, layers, kv_heads, block_size, head_dim);
   });
 }
+void run_rope_kv_write(int tokens, int heads, int kv_heads, const __nv_bfloat16* qkv, long long stride,
+                       const int* pos, const float* c, const float* s, __nv_bfloat16* q_out, const long long* slots,
+                       __nv_bfloat16* cache, int layer, int layers, int block_size, int head_dim) {
+  launch({(unsigned)tokens, (unsigned)(heads + kv_heads), 1}, head_dim / 2, [&] {
+    rope_kv_write(qkv, stride, pos, c, s, q_out, slots, cache, layer, layers, heads, kv_heads, block_size, head_dim);
+  });
+}
 void run_argmax(int rows, const float* logits, long long stride, int vocab, int* out) {
   launch({(unsigned)rows, 1, 1}, ARGMAX_THREADS, [&] { argmax(logits, stride, vocab, out); });
 }
@@ -327,6 +334,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
+  PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
 #undef PLAIN
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
