@@ -24,13 +24,13 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --out "$OUT/gemm_sm90.json"
 cut -c1-150 "$OUT/sm90.out" | tail -26
-part e2e 80 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
+part e2e 75 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -E "^(decode|prefill|ttft|invariant|target)|failed|Error" "$OUT/e2e.out" | cut -c1-120
-part e2e_default 20 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
+part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
   --sections decode,ttft --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -E "^(decode|ttft|target)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
-part attention 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
+part attention 25 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \

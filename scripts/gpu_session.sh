@@ -18,7 +18,7 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e 110 bash scripts/gpu_bench.sh e2e
 grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target)|failed" \
   "$OUT/e2e.out" | cut -c1-110
-part e2e_default 20 bash scripts/gpu_bench.sh e2e_default
+part e2e_default 30 bash scripts/gpu_bench.sh e2e_default
 grep -E "^(decode|ttft|target)" "$OUT/e2e_default.out" | cut -c1-110
 part kernels 30 bash scripts/gpu_bench.sh kernels
 grep -E "^llama-3.1-8b (qkv|o |gate|down|lm_head|paged attn tc)" "$OUT/kernels.out" | cut -c1-104
