@@ -104,6 +104,16 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 
 // ---- BF16 -------------------------------------------------------------------------
 
+// The cosine and sine that rotate pair i of `token`'s heads: the fp32 tables' row of its
+// absolute position [max_positions, half], so a rotation depends on the position alone.
+__device__ __forceinline__ void rope_angle(const int* __restrict__ positions, const float* __restrict__ cos_table,
+                                           const float* __restrict__ sin_table, int token, int i, int half,
+                                           float& c, float& s) {
+  const long long pos = positions[token];
+  c = cos_table[pos * half + i];
+  s = sin_table[pos * half + i];
+}
+
 // Rotary position embedding of one pair (x[i], x[i + half]) of a head's row into dst, Hugging
 // Face's half-split layout: products and sums round as the twin's fp32 numpy expressions do (no
 // fused multiply-add), out1 = x1 * c - x2 * s, out2 = x2 * c + x1 * s, then BF16 (twin: rope.py).

@@ -16,8 +16,8 @@ extern "C" __global__ void rope(const __nv_bfloat16* __restrict__ x, long long t
   pdl_enter();
   const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
   if (i >= half) return;
-  const long long pos = positions[token];
-  const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
+  float c, s;
+  rope_angle(positions, cos_table, sin_table, token, i, half, c, s);
   const __nv_bfloat16* row = x + token * token_stride + (long long)head * head_dim;
   rope_pair(row, out + ((long long)token * heads + head) * head_dim, i, half, c, s);
 }
