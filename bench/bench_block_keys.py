@@ -49,7 +49,7 @@ def main() -> None:
 
     def fresh() -> Sequence:  # as the engine builds it: the ids' encoding comes along
         return Sequence(RequestId(1), prompt, SamplingParams(), seed=0,
-                        prompt_id_bytes=ids.astype(">u8").tobytes())  # fmt: skip
+                        prompt_id_bytes=encode_ids(ids))  # fmt: skip
 
     seq = fresh()
     assert kv.hash_chain(seq, n // bs) == per_block(fresh(), bs, n // bs)

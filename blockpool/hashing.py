@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
+import numpy as np
+
 BlockHash = NewType("BlockHash", bytes)
 Hasher = Callable[[bytes], bytes]
 
@@ -92,7 +94,13 @@ def _is_id(value: object) -> bool:
         return False
 
 
-def _ids(name: str, ids: Sequence[int]) -> bytes:
+def encode_ids(ids: Sequence[int] | np.ndarray, name: str = "token ids") -> bytes:
+    """Ids as the key encodes each one (8 bytes, big-endian), in one C call (an integer
+    array: one NumPy cast); ValueError naming the first id outside [0, 2**64)."""
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and ids.ndim == 1:
+        if ids.size and ids.min() < 0:
+            raise ValueError(f"{name} must be integers in [0, 2**64); got {int(ids.min())}")
+        return ids.astype(">u8").tobytes()
     try:
         return struct.pack(f">{len(ids)}Q", *ids)
     except (struct.error, TypeError):
@@ -116,12 +124,6 @@ def _namespace_fields(namespace: Namespace) -> bytes:
 _DOMAIN_FIELD = _field(_TAG_DOMAIN, DOMAIN_TAG + struct.pack(">H", FORMAT_VERSION))
 _NO_PARENT_FIELD = _field(_TAG_NO_PARENT)
 _NO_EXTRA_FIELD = _field(_TAG_NO_EXTRA)
-
-
-def encode_ids(token_ids: Sequence[int], name: str = "token ids") -> bytes:
-    """Ids as the key encodes each one (8 bytes, big-endian), in one C call; ValueError
-    naming the first id outside [0, 2**64)."""
-    return _ids(name, token_ids)
 
 
 def _encode(
@@ -151,7 +153,9 @@ def _encode(
 
 def _extra_field(extra_ids: Sequence[int] | None) -> bytes:
     return (
-        _NO_EXTRA_FIELD if extra_ids is None else _field(_TAG_EXTRA, _ids("extra ids", extra_ids))
+        _NO_EXTRA_FIELD
+        if extra_ids is None
+        else _field(_TAG_EXTRA, encode_ids(extra_ids, "extra ids"))
     )
 
 
@@ -173,7 +177,7 @@ def encode_block(
             f"extra_ids must have one id per token: {len(extra_ids)} for {len(token_ids)} tokens"
         )
     model_field = _field(_TAG_MODEL, bytes(model_fingerprint))
-    tokens_field = _field(_TAG_TOKENS, _ids("token ids", token_ids))
+    tokens_field = _field(_TAG_TOKENS, encode_ids(token_ids))
     return _encode(model_field, parent, tokens_field, _extra_field(extra_ids), namespace)
 
 
@@ -210,16 +214,17 @@ def hash_encoded_blocks(
     """Chained keys of consecutive full blocks whose ids are already encoded
     (`encode_ids`; a whole number of blocks), the first one's parent `parent`: bit for
     bit `hash_block` of each, with the ids converted once rather than per block."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1; got {block_size}")
     width = 8 * block_size
     num_blocks, rest = divmod(len(token_bytes), width)
-    if block_size < 1 or rest:
+    if rest:
         raise ValueError(
             f"{len(token_bytes)} encoded bytes are no whole number of {block_size}-token blocks"
         )
     if extra_ids_per_block is not None and len(extra_ids_per_block) != num_blocks:
         raise ValueError(f"{len(extra_ids_per_block)} extra-id blocks for {num_blocks} blocks")
     model_field = _field(_TAG_MODEL, bytes(model_fingerprint))
-    tokens_head = _TAG_TOKENS + struct.pack(">Q", width)
     hashes: list[BlockHash] = []
     for idx in range(num_blocks):
         extra = None if extra_ids_per_block is None else extra_ids_per_block[idx]
@@ -227,7 +232,7 @@ def hash_encoded_blocks(
             raise ValueError(
                 f"extra_ids must have one id per token: {len(extra)} for {block_size} tokens"
             )
-        tokens_field = tokens_head + token_bytes[idx * width : (idx + 1) * width]
+        tokens_field = _field(_TAG_TOKENS, token_bytes[idx * width : (idx + 1) * width])
         data = _encode(model_field, parent, tokens_field, _extra_field(extra), namespace)
         parent = BlockHash(hasher(data))
         hashes.append(parent)

@@ -285,3 +285,11 @@ def test_engine_chain_grows_in_steps_as_hash_block_per_block(with_extra) -> None
         want.append(parent)
     assert seq.hash_chain == want
     assert (seq.extra_ids(8, 12) is not None) == with_extra
+
+
+def test_an_id_array_encodes_as_its_list_does() -> None:
+    """The engine hands its checked int64 array over: the same bytes as the list."""
+    ids = np.random.default_rng(11).integers(0, 2**62, 50)
+    assert encode_ids(ids) == encode_ids(ids.tolist()) == encode_ids(ids.astype(np.uint64))
+    with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 2\*\*64\); got -3"):
+        encode_ids(np.array([4, -3, 5]))

@@ -24,7 +24,7 @@ import numpy as np
 from ...blockpool.disk import DiskTier
 from ...blockpool.disk_config import DiskTierConfig
 from ...blockpool.events import EventQueue, KVEvent
-from ...blockpool.hashing import Namespace
+from ...blockpool.hashing import Namespace, encode_ids
 from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
@@ -225,7 +225,7 @@ class Engine:
             priority=int(priority),
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
-            prompt_id_bytes=prompt_array.astype(">u8").tobytes(),  # as block keys encode them
+            prompt_id_bytes=encode_ids(prompt_array),  # as block keys encode them
         )
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = PromptLogprobs.build(
