@@ -94,6 +94,12 @@ class NullBackend(NumpyBackend):
     def silu_mul(x: np.ndarray) -> np.ndarray:
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 
+    @staticmethod
+    def copy_block(cache: np.ndarray, src: int, dst: int) -> None:
+        """A device block's bytes copied on the device (a cached prompt's last block,
+        copied to compute its last token): device work, one launch on the GPU."""
+        return None
+
 
 def null_engine(path: Path, *, num_device_blocks: int, max_num_batched_tokens: int) -> Engine:
     engine = Engine.from_pretrained(

@@ -116,6 +116,24 @@ class CachedBlock:
         namespace is the parent's, so it can only differ there.)"""
         return self.key == key and self.parent_hash == parent_hash and self.namespace == namespace
 
+    def confirms_ids(
+        self,
+        token_ids: tuple[int, ...],
+        extra_ids: tuple[int, ...] | None,
+        parent_hash: BlockHash | None,
+        namespace: Namespace,
+    ) -> bool:
+        """`confirms` for the key these ids would make (ints compare equal whatever
+        their type), without making it: a chain's lookup confirms every block."""
+        key = self.key
+        return (
+            key is not None
+            and key.token_ids == token_ids
+            and key.extra_ids == extra_ids
+            and self.parent_hash == parent_hash
+            and (self.namespace is namespace or self.namespace == namespace)
+        )
+
     def set_retention(self, priority: int, duration_s: float | None) -> None:
         self.priority = priority
         self.priority_duration_s = None if priority == DEFAULT_PRIORITY else duration_s

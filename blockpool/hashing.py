@@ -225,15 +225,31 @@ def hash_encoded_blocks(
     if extra_ids_per_block is not None and len(extra_ids_per_block) != num_blocks:
         raise ValueError(f"{len(extra_ids_per_block)} extra-id blocks for {num_blocks} blocks")
     model_field = _field(_TAG_MODEL, bytes(model_fingerprint))
+    # A block below the first is _encode's parent case, its constant fields joined once:
+    # (domain, model), (parent tag, length, parent), (tokens tag, length), ids, extra ids.
+    head = _DOMAIN_FIELD + model_field
+    tokens_head = _TAG_TOKENS + struct.pack(">Q", width)
+    pack_length = struct.Struct(">Q").pack
     hashes: list[BlockHash] = []
     for idx in range(num_blocks):
         extra = None if extra_ids_per_block is None else extra_ids_per_block[idx]
-        if extra is not None and len(extra) != block_size:
+        if extra is None:
+            extra_field = _NO_EXTRA_FIELD
+        elif len(extra) != block_size:
             raise ValueError(
                 f"extra_ids must have one id per token: {len(extra)} for {block_size} tokens"
             )
-        tokens_field = _field(_TAG_TOKENS, token_bytes[idx * width : (idx + 1) * width])
-        data = _encode(model_field, parent, tokens_field, _extra_field(extra), namespace)
+        else:
+            extra_field = _extra_field(extra)
+        ids = token_bytes[idx * width : (idx + 1) * width]
+        if parent is None:
+            data = _encode(model_field, None, tokens_head + ids, extra_field, namespace)
+        else:
+            parent_bytes = bytes(parent)
+            data = b"".join(
+                (head, _TAG_PARENT, pack_length(len(parent_bytes)), parent_bytes,
+                 tokens_head, ids, extra_field)
+            )  # fmt: skip
         parent = BlockHash(hasher(data))
         hashes.append(parent)
     return hashes

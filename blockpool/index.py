@@ -85,15 +85,31 @@ class CacheIndex:
         return entry is not None and entry.serial == block.serial
 
     def find_prefix(
-        self, block_hashes: Sequence[BlockHash], keys: Sequence[BlockKey], namespace: Namespace
+        self,
+        block_hashes: Sequence[BlockHash],
+        token_ids_per_block: Sequence[Sequence[int]],
+        extra_ids_per_block: Sequence[Sequence[int] | None] | None,
+        namespace: Namespace,
     ) -> list[CachedBlock]:
         """The entries of the longest findable prefix of a chain, either tier, each
-        confirmed by its stored key, parent digest and namespace."""
+        confirmed by its stored key (token ids and extra ids, compared as `BlockKey.of`
+        would make them, without making one), parent digest and namespace."""
         entries: list[CachedBlock] = []
         parent_hash: BlockHash | None = None
-        for block_hash, key in zip(block_hashes, keys, strict=True):
-            entry = self.lookup(block_hash)
-            if entry is None or not entry.confirms(key, parent_hash, namespace):
+        device_get = self.device.get
+        for idx, block_hash in enumerate(block_hashes):
+            entry = device_get(block_hash)
+            if entry is None and self._host_tier is not None:
+                entry = self._host_tier.lookup(block_hash)
+            if entry is None:
+                break
+            extra = None if extra_ids_per_block is None else extra_ids_per_block[idx]
+            if not entry.confirms_ids(
+                tuple(token_ids_per_block[idx]),
+                None if extra is None else tuple(extra),
+                parent_hash,
+                namespace,
+            ):
                 break
             entries.append(entry)
             parent_hash = block_hash

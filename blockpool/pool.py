@@ -255,11 +255,9 @@ class BlockPool(DiskSide):
         duration_s = validate_duration(priority_duration_s)
         hits: list[CachedBlock] = []
         if self.enable_reuse:
-            keys = [
-                BlockKey.of(tokens, None if extra_ids_per_block is None else extra_ids_per_block[i])
-                for i, tokens in enumerate(token_ids_per_block)
-            ]
-            hits = self._index.find_prefix(block_hashes, keys, namespace or DEFAULT_NAMESPACE)
+            hits = self._index.find_prefix(
+                block_hashes, token_ids_per_block, extra_ids_per_block, namespace or DEFAULT_NAMESPACE
+            )
         for entry in hits:
             if isinstance(entry, KVBlock):
                 self._hold(entry)

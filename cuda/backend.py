@@ -75,6 +75,10 @@ class NumpyBackend:
     ) -> None:
         cache[block_id] = host_cache[slot]
 
+    def copy_block(self, cache: np.ndarray, src: int, dst: int) -> None:
+        """Copy one device block over another, exactly."""
+        cache[dst] = cache[src]
+
     def read_block(self, cache: np.ndarray, block_id: int, out: np.ndarray) -> CopyDone:
         """Copy one whole device block into a host array of its shape (a disk write's
         staging buffer), exactly; done when this returns, as the GPU's is once waited for."""

@@ -122,6 +122,11 @@ class CupyBackend:
         stream = self._stream_after_compute()
         cache[block_id].set(host_cache[slot].view(BF16_BITS), stream=stream)
 
+    def copy_block(self, cache: Any, src: int, dst: int) -> None:
+        """Copy one device block over another on the compute stream, in order with the
+        forward queued before and after it (one device-to-device copy)."""
+        cache[dst] = cache[src]
+
     def read_block(self, cache: Any, block_id: int, out: np.ndarray) -> Any:
         """Copy one device block into a pinned host buffer of its shape (BF16 or its
         bits), asynchronously on the copy stream, after the compute already queued (which

@@ -195,6 +195,45 @@ def test_match_stops_at_the_first_miss_and_when_stored_tokens_differ() -> None:
     pool.check_integrity()
 
 
+def test_a_hit_is_confirmed_by_id_values_whatever_their_integer_type() -> None:
+    """match confirms stored keys against the ids as given (lists, tuples, NumPy arrays
+    of any integer dtype), as the keys BlockKey.of would make of them: every equal id
+    sequence hits, and one id, extra id or namespace off by anything ends the prefix."""
+    rng = np.random.default_rng()
+    tokens = rng.integers(0, 50_000, size=3 * BS).tolist()
+    extra = [0] * BS + rng.integers(1, 9, size=2 * BS).tolist()
+    salt = f"s{rng.integers(1 << 30)}"
+    req = Request(tokens, Namespace(cache_salt=salt), extra_ids=extra)
+    pool, _, _ = make_pool()
+    pool.free(req.run(pool))
+    assert req.extra_blocks is not None
+    same_namespace = Namespace(cache_salt=salt)  # equal, not the same object
+    for convert in (tuple, np.asarray, lambda ids: np.asarray(ids, np.uint32)):
+        found = pool.match(
+            req.hashes,
+            [convert(block) for block in req.blocks],
+            extra_ids_per_block=[convert(block) for block in req.extra_blocks],
+            namespace=same_namespace,
+        ).block_ids
+        assert found == [0, 1, 2]
+        pool.free(found)
+    for block in range(3):
+        pos = int(rng.integers(BS))
+        for field in ("tokens", "extra"):
+            blocks = [list(b) for b in req.blocks]
+            extra_blocks = [list(b) for b in req.extra_blocks]
+            changed = blocks if field == "tokens" else extra_blocks
+            changed[block][pos] += int(rng.integers(1, 5))
+            found = pool.match(
+                req.hashes, blocks, extra_ids_per_block=extra_blocks, namespace=same_namespace
+            ).block_ids
+            assert found == list(range(block)), (block, field)
+            pool.free(found)
+    other = pool.match(req.hashes, req.blocks, extra_ids_per_block=req.extra_blocks).block_ids
+    assert other == []  # the default namespace: the first block's stored one differs
+    pool.check_integrity()
+
+
 def test_eviction_order_is_blank_then_priority_then_lru_tail_first() -> None:
     pool, events, _ = make_pool()
     a, b, c = Request(toks(0, 2 * BS)), Request(toks(100, 2 * BS)), Request(toks(200, 2 * BS))

@@ -477,7 +477,7 @@ class Engine:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
             array = np.asarray(ids, dtype=np.int64)
-        elif _is_token_ids(prompt):
+        elif (kinds := _token_id_types(prompt)) is not None:
             vocab = self.config.vocab_size
             try:
                 array = np.asarray(prompt, dtype=np.int64)
@@ -490,7 +490,8 @@ class Engine:
                     f"prompt token ids must be in [0, {vocab}), or from {vocab} up to select "
                     f"prompt_table rows; got {bad[:5]}"
                 )
-            ids = array.tolist()
+            # plain ints are kept as they are (the array's tolist() would make them again)
+            ids = list(prompt) if kinds <= {int} else array.tolist()
         else:
             raise ValueError(
                 f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
@@ -582,11 +583,20 @@ def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
 
 
 def _is_token_ids(prompt: object) -> bool:
-    """A list or tuple of ints (NumPy integers too, bools not). The element types are
-    collected in C (set(map(type, ...))): a 4k-token prompt costs microseconds."""
-    return isinstance(prompt, list | tuple) and all(
-        kind is int or issubclass(kind, np.integer) for kind in set(map(type, prompt))
-    )
+    """A list or tuple of ints (NumPy integers too, bools not)."""
+    return _token_id_types(prompt) is not None
+
+
+def _token_id_types(prompt: object) -> set[type] | None:
+    """The element types of a list or tuple of ints (NumPy integers too, bools not),
+    else None. They are collected in C (set(map(type, ...))): a 4k-token prompt costs
+    microseconds."""
+    if not isinstance(prompt, list | tuple):
+        return None
+    kinds = set(map(type, prompt))
+    if all(kind is int or issubclass(kind, np.integer) for kind in kinds):
+        return kinds
+    return None
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:

@@ -123,7 +123,7 @@ class ModelRunner:
                     ops.wait_copies()
                     tier_copies_in_flight = False
                 if copy.kind == "device":
-                    self.kv_cache[copy.dst] = self.kv_cache[copy.src]
+                    ops.copy_block(self.kv_cache, copy.src, copy.dst)
                 else:
                     self._disk_copy(copy)
         if tier_copies_in_flight:
