@@ -230,7 +230,10 @@ def hash_encoded_blocks(
     head = _DOMAIN_FIELD + model_field
     tokens_head = _TAG_TOKENS + struct.pack(">Q", width)
     pack_length = struct.Struct(">Q").pack
+    # the default hasher called as hashlib's C function (a digest is a BlockHash's bytes)
+    digest = (lambda data: hashlib.sha256(data).digest()) if hasher is sha256 else hasher
     hashes: list[BlockHash] = []
+    append = hashes.append
     for idx in range(num_blocks):
         extra = None if extra_ids_per_block is None else extra_ids_per_block[idx]
         if extra is None:
@@ -245,13 +248,11 @@ def hash_encoded_blocks(
         if parent is None:
             data = _encode(model_field, None, tokens_head + ids, extra_field, namespace)
         else:
-            parent_bytes = bytes(parent)
             data = b"".join(
-                (head, _TAG_PARENT, pack_length(len(parent_bytes)), parent_bytes,
-                 tokens_head, ids, extra_field)
-            )  # fmt: skip
-        parent = BlockHash(hasher(data))
-        hashes.append(parent)
+                (head, _TAG_PARENT, pack_length(len(parent)), parent, tokens_head, ids, extra_field)
+            )
+        parent = digest(data)  # type: ignore[assignment]
+        append(parent)
     return hashes
 
 

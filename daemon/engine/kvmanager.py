@@ -70,11 +70,14 @@ class KVCacheManager:
         if wanted is not None and wanted.complete:
             wanted = None  # it has all its prompt entries: an ordinary admission
         spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
+        extra = None  # no prompt table: no block has extra ids
+        if seq.prompt_extra_ids is not None:
+            extra = [seq.extra_ids(*span) for span in spans]
         retention = seq.retention
         match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
             hashes,
             [seq.token_ids(*span) for span in spans],
-            extra_ids_per_block=[seq.extra_ids(*span) for span in spans],
+            extra_ids_per_block=extra,
             namespace=seq.namespace,
             priority=None if retention is None else retention.priority,
             priority_duration_s=None if retention is None else retention.duration_s,
