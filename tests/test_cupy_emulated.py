@@ -373,6 +373,26 @@ def test_a_captured_step_may_not_allocate_from_the_default_pool(emulated: None) 
         stream.end_capture()
 
 
+def test_copy_block_copies_one_block_exactly_on_both_backends(emulated: None, rng) -> None:
+    """The runner's device block copy (a cached prompt's last block, copied to compute
+    its last token): the source block's bytes over the destination's, NaN payloads and
+    signed zeros included, every other block untouched, on NumPy and on the GPU backend."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device
+
+    bits = rng.integers(0, 1 << 16, size=(5, 2, 3, 4, 8), dtype=np.uint16)
+    src, dst = (int(b) for b in rng.choice(5, size=2, replace=False))
+    want = bits.copy()
+    want[dst] = bits[src]
+    host = bits.copy().view(BF16)
+    NumpyBackend().copy_block(host, src, dst)
+    assert host.view(np.uint16).tobytes() == want.tobytes()
+    ops = CupyBackend()
+    device = to_device(bits.view(BF16))
+    ops.copy_block(device, src, dst)
+    assert ops.to_host(device).view(np.uint16).tobytes() == want.tobytes()
+
+
 def test_a_copy_on_another_stream_lands_only_once_waited_for(emulated: None) -> None:
     import cupy
 
