@@ -95,6 +95,13 @@ class NullBackend(NumpyBackend):
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 
     @staticmethod
+    def argmax(logits: np.ndarray) -> np.ndarray:
+        """Token 0 for every row, what NumPy's argmax gives on the all-zero logits above,
+        without scanning them: the greedy choice is a kernel on the GPU (inside a decode
+        step's graph), and at batch 64 NumPy's scan of 64 x 49,152 logits was 1.6 ms."""
+        return np.zeros(logits.shape[0], dtype=np.int32)
+
+    @staticmethod
     def copy_block(cache: np.ndarray, src: int, dst: int) -> None:
         """A device block's bytes copied on the device (a cached prompt's last block,
         copied to compute its last token): device work, one launch on the GPU."""

@@ -199,7 +199,7 @@ class Engine:
         prompt_ids, prompt_array = self._prompt_ids(prompt)
         self._check_prompt_logprobs(params, prompt_table, extra_ids)
         table = check_prompt_table(
-            prompt_ids,
+            prompt_array,
             prompt_table,
             extra_ids,
             vocab_size=self.config.vocab_size,

@@ -39,7 +39,7 @@ def row_extra_id(row: np.ndarray) -> int:
 
 
 def check_prompt_table(
-    prompt_ids: Sequence[int],
+    prompt_ids: Sequence[int] | np.ndarray,
     prompt_table: np.ndarray | None,
     extra_ids: Sequence[int] | None,
     *,
@@ -47,10 +47,11 @@ def check_prompt_table(
     hidden_size: int,
 ) -> PromptTable | None:
     """Check a request's table and extra ids against its prompt (ids already known to
-    be in [0, vocab_size + num_virtual)). Returns None when the request uses neither."""
+    be in [0, vocab_size + num_virtual); a list, or the engine's int64 array, whose
+    maximum is one NumPy call). Returns None when the request uses neither."""
     if prompt_table is None and extra_ids is None:
-        if prompt_ids and max(prompt_ids) >= vocab_size:  # in C: no per-token Python
-            raise _no_table(next(t for t in prompt_ids if t >= vocab_size), vocab_size)
+        if len(prompt_ids) and int(np.max(prompt_ids)) >= vocab_size:  # no per-token Python
+            raise _no_table(next(int(t) for t in prompt_ids if t >= vocab_size), vocab_size)
         return None
     table = None if prompt_table is None else _check_table(prompt_table, hidden_size)
     num_virtual = 0 if table is None else table.shape[0]
