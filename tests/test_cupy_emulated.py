@@ -224,6 +224,50 @@ def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
     assert_identical(outs, reference)
 
 
+def test_a_cached_prompts_first_token_runs_as_a_decode_step_does(engines: Engines) -> None:
+    """The first token of a fully cached prompt (no stored logits row) costs the device
+    what a batch-1 decode step does: one replay of the batch-1 graph, its kernels and no
+    other, beside one block copy (the last block's shared tokens, so that the last one is
+    computed in a block of the request's own). An eager forward there would be several
+    times the step on a GPU (bench_gpu_e2e's cached row)."""
+    engine = engines(cuda_graphs=True, logits_cache_mb=0)
+    assert engine.capture_decode_graphs(max_seqs=1) == [1]  # not inside what is counted
+    ops, model = engine.runner.model.ops, engine.runner.model
+    events: list[str] = []
+
+    def record(name: str, fn):
+        def call(*args, **kwargs):
+            events.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    model.forward = record("eager forward", model.forward)  # instance attributes shadow
+    ops.copy_block = record("copy_block", ops.copy_block)  # the methods
+    try:
+        prompt = random_prompt(6 * BS, seed=31)
+        once = SamplingParams(max_tokens=1, temperature=0)
+        assert engine.generate(prompt, once).cached_tokens == 0
+        del events[:]
+        launches, replays = emucupy.launches(), emucupy.replays()
+        assert engine.generate(prompt, once).cached_tokens == len(prompt) - 1
+        cached = emucupy.launches() - launches
+        assert emucupy.replays() - replays == 1
+        assert events == ["copy_block"], events
+        other = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        engine.add_request(random_prompt(2 * BS + 5, seed=32), other)
+        engine.step()  # the prompt (eager), then its first decode step, replayed
+        del events[:]
+        launches, replays = emucupy.launches(), emucupy.replays()
+        engine.step()
+        assert emucupy.replays() - replays == 1 and events == []
+        assert cached == emucupy.launches() - launches  # the same kernels
+        while engine.has_work():
+            engine.step()
+    finally:
+        del model.forward, ops.copy_block
+
+
 def test_reused_and_partly_reused_prefixes(engines: Engines, reference) -> None:
     engine = engines(cuda_graphs=True)
     for run in range(3):  # from the second run on, exact repeats: every prompt token cached
