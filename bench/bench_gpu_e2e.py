@@ -9,7 +9,9 @@ weights (`synth_in_memory`), every figure a ratio to something measured in the s
 - the invariant path's cost: the same steps with every GEMM done by cuBLAS (torch.mm
   on the same buffers; CuPy has no BF16 matmul), eager on both sides;
 - time to first token of a 4,096-token prompt: fresh, fully cached (over one decode
-  step at that context) and from the host tier (over fresh);
+  step at that context; with its device time, and where its host time goes: a cProfile
+  of three more cached calls, `cached_profile`, the top lines printed at the end) and
+  from the host tier (over fresh);
 - the same prompt's first token in a new engine over the disk tier an earlier engine
   wrote it to, a warm restart (over fresh; issue 23's target <= 0.2), logits checked
   bit-identical to fresh. The block files are in the page cache (just written): it
@@ -25,9 +27,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import functools
 import gc
 import hashlib
 import json
+import pstats
 import statistics
 import sys
 import tempfile
@@ -401,6 +406,7 @@ def section_ttft(b: Bench, out: dict[str, Any]) -> None:
     cached, result = statistics.median(t for t, _ in repeats), repeats[-1][1]
     assert result.cached_tokens >= n - b.block_size, result.cached_tokens
     cached_device = _median_elapsed_s(graph_events or eager_events)
+    out["cached_profile"] = _host_profile(functools.partial(ttft, engine, first), calls=3)
     for _ in range(2):  # other prompts push the first one's blocks to the host tier
         ttft(engine, b.prompt(n))
     host, result = ttft(engine, first)
@@ -420,6 +426,25 @@ def section_ttft(b: Bench, out: dict[str, Any]) -> None:
         {"name": f"ttft {n} host tier ({host_tokens} tokens onboarded)", "seconds": host,
          "reference_s": fresh, "x_reference": host / fresh, "reference": "fresh"},
     ]  # fmt: skip
+
+
+def _host_profile(call: Callable[[], Any], calls: int, top: int = 25) -> list[dict[str, Any]]:
+    """Where the host's time goes in `calls` runs of `call` (cProfile, which slows Python
+    code, so read the shares, not the times): the `top` functions by their own time, a
+    call's worth each (ms), heaviest first."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = [
+        {"function": f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line}({name})",
+         "calls": round(ncalls / calls, 1), "own_ms": own * 1e3 / calls,
+         "cumulative_ms": cum * 1e3 / calls}
+        for (path, line, name), (_, ncalls, own, cum, _) in stats.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda row: -row["own_ms"])[:top]
 
 
 def section_disk(b: Bench, out: dict[str, Any]) -> None:
@@ -694,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
         value = "not measured" if target["value"] is None else f"{target['value']:.3f}"
         verdict = {True: "met", False: "NOT met", None: "-"}[target["met"]]
         print(f"target: {target['target']}: {value} ({verdict})")
+    for row in out.get("cached_profile", [])[:12]:  # the cached first token's host time
+        print(f"profile cached: {row['own_ms']:7.3f} ms own {row['cumulative_ms']:8.3f} ms "
+              f"cumulative {row['calls']:8.1f} calls  {row['function']}")  # fmt: skip
     return 1 if out["errors"] else 0
 
 

@@ -26,10 +26,10 @@ part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,5
 cut -c1-150 "$OUT/sm90.out" | tail -26
 part e2e 75 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,disk,cublas --out "$OUT/gpu_e2e.json"
-grep -E "^(decode|prefill|ttft|invariant|target)|failed|Error" "$OUT/e2e.out" | cut -c1-120
+grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
 part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
   --sections decode,ttft --batches 1 --out "$OUT/gpu_e2e_default.json"
-grep -E "^(decode|ttft|target)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
+grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
 part attention 25 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110

@@ -16,10 +16,10 @@ part check 150 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
   tests/test_qwen2.py tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part e2e 110 bash scripts/gpu_bench.sh e2e
-grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target)|failed" \
+grep -E "^(measurement|decode|prefill|ttft|invariant|tensor|transformers|target|profile)|failed" \
   "$OUT/e2e.out" | cut -c1-110
 part e2e_default 30 bash scripts/gpu_bench.sh e2e_default
-grep -E "^(decode|ttft|target)" "$OUT/e2e_default.out" | cut -c1-110
+grep -E "^(decode|ttft|target|profile)" "$OUT/e2e_default.out" | cut -c1-120
 part kernels 30 bash scripts/gpu_bench.sh kernels
 grep -E "^llama-3.1-8b (qkv|o |gate|down|lm_head|paged attn tc)" "$OUT/kernels.out" | cut -c1-104
 part sm90 60 bash scripts/gpu_bench.sh sm90

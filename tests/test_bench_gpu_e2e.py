@@ -4,6 +4,7 @@ the NumPy backend and a tiny random model (the GPU-only sections need a device).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,14 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     assert disk["value"] == pytest.approx(result["rows"][8]["x_reference"])
     # no floors (no GPU) and no transformers here: those targets are not measured
     assert targets["decode b=1 over the weights-read floor <= 1.3"]["met"] is None
+    # where the cached first token's host time goes: functions by their own time, a
+    # call's worth each, heaviest first (here the NumPy forward's)
+    profile = result["cached_profile"]
+    assert 0 < len(profile) <= 25
+    own = [row["own_ms"] for row in profile]
+    assert own == sorted(own, reverse=True) and own[0] > 0
+    assert all(re.fullmatch(r".+:\d+\(.+\)", row["function"]) for row in profile), profile
+    assert all(row["cumulative_ms"] >= row["own_ms"] for row in profile)
 
 
 def test_without_a_device_it_says_so(capsys: pytest.CaptureFixture[str]) -> None:
