@@ -103,32 +103,30 @@ class LlamaModel:
         host, so the GPU backend can capture it in a CUDA graph (daemon/engine/graphs.py)."""
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
+        eps = cfg.rms_norm_eps
+        # [T, heads + 2 * kv_heads, head_dim] and [T, q_size]: each layer's views, built once
+        heads_shape = (num_tokens, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
+        attn_shape = (num_tokens, cfg.q_size)
+        positions, slots, num_heads = batch.positions, batch.slot_mapping, cfg.num_heads
+        tables, seq_lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
+        cos, sin, scale = self.rope_cos, self.rope_sin, self.scale
         # [T, hidden] fp32; fake ids read the step's prompt-table rows
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
-        x = ops.rmsnorm(residual, self.layers[0].attn_norm, cfg.rms_norm_eps)  # [T, hidden] BF16
+        x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
         for idx, layer in enumerate(self.layers):
             if layer.qkv_bias is None:
                 qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
             else:
                 qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
-            # [T, heads + 2 * kv_heads, head_dim]: the queries come back rotated, the keys
-            # (rotated) and values go into their cache slots, in one launch on the GPU
-            heads = qkv.reshape(num_tokens, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
-            q = ops.rope_kv_write(heads, batch.positions, self.rope_cos, self.rope_sin, kv_cache,
-                                  idx, batch.slot_mapping, cfg.num_heads)  # fmt: skip
-            attn = ops.paged_attention(
-                q,
-                kv_cache,
-                idx,
-                batch.block_tables,
-                batch.seq_lens,
-                batch.query_start_loc,
-                self.scale,
-            )  # [T, heads, head_dim]
-            o = ops.gemm(attn.reshape(num_tokens, cfg.q_size), layer.o_proj)
-            residual, x = ops.add_rmsnorm(residual, o, layer.mlp_norm, cfg.rms_norm_eps)
+            # the queries come back rotated, the keys (rotated) and values go into their
+            # cache slots, in one launch on the GPU
+            q = ops.rope_kv_write(qkv.reshape(heads_shape), positions, cos, sin, kv_cache, idx,
+                                  slots, num_heads)  # fmt: skip
+            attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
+            o = ops.gemm(attn.reshape(attn_shape), layer.o_proj)  # attn: [T, heads, head_dim]
+            residual, x = ops.add_rmsnorm(residual, o, layer.mlp_norm, eps)
             mlp = ops.gemm(ops.silu_mul(ops.gemm(x, layer.gate_up_proj)), layer.down_proj)
-            residual, x = ops.add_rmsnorm(residual, mlp, self._next_norm[idx], cfg.rms_norm_eps)
+            residual, x = ops.add_rmsnorm(residual, mlp, self._next_norm[idx], eps)
         # x is now the final norm's output; only the rows that sample need the lm_head.
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
