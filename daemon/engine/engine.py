@@ -24,7 +24,7 @@ import numpy as np
 from ...blockpool.disk import DiskTier
 from ...blockpool.disk_config import DiskTierConfig
 from ...blockpool.events import EventQueue, KVEvent
-from ...blockpool.hashing import Namespace, encode_ids
+from ...blockpool.hashing import BlockHash, Namespace, encode_ids
 from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
@@ -40,12 +40,10 @@ from .logits_cache import LogitsCache
 from .params import Completion, Retention, SamplingParams, StepOutput, TokenLogprobs
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
+from .prompts import PreparedPrompt, Prompt, is_token_ids, prompt_ids
 from .runner import ModelRunner, RunOutput
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
-
-Prompt = str | list[int]
-MAX_TOKEN_ID = 1 << 31  # token ids, prompt-table ids too, are int32 on the device
 
 
 class Engine:
@@ -168,9 +166,26 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------
 
+    def prepare_prompt(
+        self, prompt: Prompt, *, cache_salt: str | bytes | None = None
+    ) -> PreparedPrompt:
+        """`prompt` checked as `add_request` checks it (ValueError), with its ids encoded
+        as block keys and, when it has no prompt-table ids, its full blocks' keys under
+        `cache_salt`: the admission work that depends on the prompt alone. Safe on any
+        thread (it reads the engine's fixed settings only), so a server runs it off its
+        loop; `add_request` takes the result in place of the prompt (prompts.py)."""
+        ids, array = self._prompt_ids(prompt)
+        array.flags.writeable = False
+        id_bytes = encode_ids(array)  # as block keys encode them
+        namespace = Namespace(cache_salt=cache_salt)
+        keys: tuple[BlockHash, ...] = ()
+        if self.pool.enable_reuse and int(array.max()) < self.config.vocab_size:
+            keys = tuple(self.kv.prompt_keys(id_bytes, namespace))
+        return PreparedPrompt(tuple(ids), array, id_bytes, namespace, keys, owner=self)
+
     def add_request(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PreparedPrompt,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | bytes | None = None,
@@ -187,7 +202,10 @@ class Engine:
         p-tuning (prompt_table.py): prompt ids >= the vocabulary size select rows of
         `prompt_table` ([num_virtual, hidden] BF16); `extra_ids` (one per prompt id, 0
         for text, > 0 for fake ids, equal for equal tables) keep blocks of different
-        tables apart. Without them, each fake id's extra id is its row's digest."""
+        tables apart. Without them, each fake id's extra id is its row's digest.
+
+        `prompt` may be this engine's `prepare_prompt` of it: the same request, its
+        checks and keys computed before."""
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError(
@@ -196,7 +214,13 @@ class Engine:
             )
         if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
             raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
-        prompt_ids, prompt_array = self._prompt_ids(prompt)
+        prepared = prompt.checked_by(self) if isinstance(prompt, PreparedPrompt) else None
+        if prepared is None:
+            prompt_ids, prompt_array = self._prompt_ids(prompt)
+            id_bytes = encode_ids(prompt_array)  # as block keys encode them
+        else:
+            prompt_ids, prompt_array = list(prepared.ids), prepared.array
+            id_bytes = prepared.id_bytes
         self._check_prompt_logprobs(params, prompt_table, extra_ids)
         table = check_prompt_table(
             prompt_array,
@@ -215,18 +239,21 @@ class Engine:
             )
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
+        namespace = Namespace(cache_salt=cache_salt)
         seq = Sequence(
             request_id,
             prompt_ids,
             params,
             seed,
-            namespace=Namespace(cache_salt=cache_salt),
+            namespace=namespace,
             retention=retention,
             priority=int(priority),
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
-            prompt_id_bytes=encode_ids(prompt_array),  # as block keys encode them
+            prompt_id_bytes=id_bytes,
         )
+        if prepared is not None:  # its keys, when they are this request's
+            seq.hash_chain = prepared.keys_for(namespace, table is not None)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = PromptLogprobs.build(
                 params.prompt_logprobs,
@@ -244,7 +271,7 @@ class Engine:
         return request_id
 
     def add_choices(
-        self, prompt: Prompt, params: SamplingParams | None = None, **options: Any
+        self, prompt: Prompt | PreparedPrompt, params: SamplingParams | None = None, **options: Any
     ) -> list[RequestId]:
         """Queue `params.n` completions of one prompt (`add_request`'s keywords apply to
         each), choice i with `params.choice(i)`. They are requests of their own: the
@@ -386,7 +413,7 @@ class Engine:
         `n` > 1 a prompt gets n completions, in choice order; the list holds every
         prompt's choices in turn (prompt-major, as OpenAI's `choices`), and a single
         prompt's n completions come as a list too."""
-        is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not _is_token_ids(prompt)
+        is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not is_token_ids(prompt)
         prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(prompts)
@@ -473,37 +500,13 @@ class Engine:
             )
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], np.ndarray]:
-        """The prompt's ids, as a list and as an int64 array (checked in one NumPy call)."""
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-            array = np.asarray(ids, dtype=np.int64)
-        elif (kinds := _token_id_types(prompt)) is not None:
-            vocab = self.config.vocab_size
-            try:
-                array = np.asarray(prompt, dtype=np.int64)
-            except OverflowError:
-                array = None
-            # ids >= vocab are prompt-table ids, checked by check_prompt_table
-            if array is None or ((array < 0) | (array >= MAX_TOKEN_ID)).any():
-                bad = [int(t) for t in prompt if not 0 <= t < MAX_TOKEN_ID]
-                raise ValueError(
-                    f"prompt token ids must be in [0, {vocab}), or from {vocab} up to select "
-                    f"prompt_table rows; got {bad[:5]}"
-                )
-            # plain ints are kept as they are (the array's tolist() would make them again)
-            ids = list(prompt) if kinds <= {int} else array.tolist()
-        else:
-            raise ValueError(
-                f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
-            )
-        if not ids:
-            raise ValueError("prompt is empty; it must hold at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; the context holds {self.max_model_len}, "
-                f"so a prompt may have at most {self.max_model_len - 1}"
-            )
-        return ids, array
+        """The prompt's ids, as a list and as an int64 array (prompts.prompt_ids)."""
+        return prompt_ids(
+            prompt,
+            self.tokenizer,
+            vocab_size=self.config.vocab_size,
+            max_model_len=self.max_model_len,
+        )
 
     def _append_token(self, seq: Sequence, token: int, logits: np.ndarray | None) -> bool:
         """Record a sampled token; returns True when the request is finished."""
@@ -580,23 +583,6 @@ def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
     request cancelled during its prefill has not)."""
     wanted = seq.prompt_logprobs
     return wanted.entries() if wanted is not None and wanted.complete else None
-
-
-def _is_token_ids(prompt: object) -> bool:
-    """A list or tuple of ints (NumPy integers too, bools not)."""
-    return _token_id_types(prompt) is not None
-
-
-def _token_id_types(prompt: object) -> set[type] | None:
-    """The element types of a list or tuple of ints (NumPy integers too, bools not),
-    else None. They are collected in C (set(map(type, ...))): a 4k-token prompt costs
-    microseconds."""
-    if not isinstance(prompt, list | tuple):
-        return None
-    kinds = set(map(type, prompt))
-    if all(kind is int or issubclass(kind, np.integer) for kind in kinds):
-        return kinds
-    return None
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:

@@ -26,7 +26,7 @@ generates is still written into a block the request owns.
 
 from __future__ import annotations
 
-from ...blockpool.hashing import BlockHash, hash_block, hash_encoded_blocks
+from ...blockpool.hashing import BlockHash, Namespace, hash_block, hash_encoded_blocks
 from ...blockpool.pool import BlockId, BlockPool
 from .logits_cache import PromptKey, prompt_key
 from .params import Retention
@@ -161,6 +161,19 @@ class KVCacheManager:
                 model_fingerprint=self.model_fingerprint,
             )
         return chain[:num_blocks]
+
+    def prompt_keys(self, id_bytes: bytes, namespace: Namespace) -> list[BlockHash]:
+        """Keys of the full blocks of a prompt without extra ids (its ids encoded as keys
+        encode them), under `namespace`: what `hash_chain` computes for such a request's
+        prompt blocks (Engine.prepare_prompt computes them ahead)."""
+        width = 8 * self.block_size
+        return hash_encoded_blocks(
+            None,
+            id_bytes[: len(id_bytes) // width * width],
+            self.block_size,
+            namespace=namespace,
+            model_fingerprint=self.model_fingerprint,
+        )
 
     def blocks_in_flight(self, seq: Sequence) -> list[BlockHash]:
         """Keys of the full blocks a running `seq` has yet to compute from tokens it

@@ -56,6 +56,7 @@ from ...ipc.messages import (
 from ...ipc.sockets import ipc_path, is_ipv6, prepare_ipc_path
 from ..engine.engine import Engine
 from ..engine.params import Completion, Retention, SamplingParams, StepOutput
+from ..engine.prompts import PreparedPrompt
 from ..engine.sampling.logprobs import TokenLogprobs
 from ..engine.sequence import RequestId
 from .connections import Answer, Arrival, Connections, ConnId, Limits
@@ -97,11 +98,19 @@ class LiveRequest:
 
 
 @dataclass(slots=True)
+class PreparedRequest:
+    """What a tokenizing thread makes of a generate's prompt (Server._prepare)."""
+
+    prompt: PreparedPrompt | list[int]  # the ids, checked and keyed by the engine if it could
+    text_ids: list[int]  # its text tokens (no prompt-table ids): the detokenizer's context
+
+
+@dataclass(slots=True)
 class PendingRequest:
     """A generate whose prompt is being tokenized off the loop (Server._admit_ready)."""
 
     ready: Ready
-    prompt_ids: Future[list[int]]
+    prepared: Future[PreparedRequest]
 
 
 class Server:
@@ -327,7 +336,7 @@ class Server:
                     len(self.live) + len(self.pending))  # fmt: skip
         code, message = SHUTTING_DOWN
         for (route, client_id), pending in list(self.pending.items()):
-            pending.prompt_ids.cancel()
+            pending.prepared.cancel()
             self._send_error(route, code, message, client_id)
         for route, client_id in self.by_client:  # after the chunks still queued on that thread
             data = error_bytes(code, message, client_id)
@@ -392,7 +401,7 @@ class Server:
         elif isinstance(request, Cancel):
             pending = self.pending.pop((route, request.id), None)
             if pending is not None:  # not admitted yet: nothing to free
-                pending.prompt_ids.cancel()
+                pending.prepared.cancel()
                 for index in range(pending.ready.params.n):
                     self._send(route, encode(Done(id=request.id, finish_reason="cancelled",
                                                   text="", token_ids=[], prompt_tokens=0,
@@ -460,13 +469,28 @@ class Server:
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
-        future = self._tokenizing.submit(self.checks.prompt_ids, request)
+        future = self._tokenizing.submit(self._prepare, request)
         self.pending[(route, request.id)] = PendingRequest(ready, future)
+
+    def _prepare(self, request: Request) -> PreparedRequest:
+        """On a tokenizing thread: the prompt's ids (ProtocolError for a bad one), then
+        what of its admission depends on them alone (Engine.prepare_prompt: the checks,
+        the blocks' keys) and its text tokens, so the loop does none of it. A prompt the
+        engine refuses goes on as ids, for `add_choices` to refuse on the loop."""
+        ids = self.checks.prompt_ids(request)
+        vocab = self.engine.config.vocab_size
+        text_ids = [t for t in ids if t < vocab]
+        try:
+            return PreparedRequest(
+                self.engine.prepare_prompt(ids, cache_salt=request.cache_salt), text_ids
+            )
+        except (TypeError, ValueError):
+            return PreparedRequest(ids, text_ids)
 
     def _admit_ready(self) -> None:
         """Hand the engine every request whose prompt is tokenized, in arrival order (one
         still tokenizing lets those behind it that are done go first)."""
-        for key in [key for key, p in self.pending.items() if p.prompt_ids.done()]:
+        for key in [key for key, p in self.pending.items() if p.prepared.done()]:
             route, pending = key[0], self.pending.pop(key)
             request = pending.ready.request
             try:
@@ -479,13 +503,13 @@ class Server:
 
     def _admit(self, route: Route, pending: PendingRequest) -> None:
         request, params = pending.ready.request, pending.ready.params
-        prompt_ids = pending.prompt_ids.result()  # a ProtocolError raised there comes here
+        prepared = pending.prepared.result()  # a ProtocolError raised there comes here
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
             # Token ids alone end it in the engine; its text and stop strings are the
             # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
             request_ids = self.engine.add_choices(
-                prompt_ids,
+                prepared.prompt,
                 replace(params, stop=[], detokenize=False),
                 cache_salt=request.cache_salt,
                 retention=retention,
@@ -496,11 +520,10 @@ class Server:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        # the detokenizer's context is the prompt's text tokens (no table ids)
-        vocab = self.engine.config.vocab_size
-        text_ids = [t for t in prompt_ids if t < vocab]
         for index, request_id in enumerate(request_ids):
-            self.text.open(request_id, text_ids, params.skip_special_tokens, params.stop)
+            self.text.open(
+                request_id, prepared.text_ids, params.skip_special_tokens, params.stop
+            )
             self.live[request_id] = LiveRequest(
                 route, request.id, request.stream, pending.ready.t_received, index,
                 len(request_ids),
@@ -645,7 +668,7 @@ class Server:
         assert self.conns is not None
         self.conns.close(route)
         for key in [key for key in self.pending if key[0] == route]:
-            self.pending.pop(key).prompt_ids.cancel()
+            self.pending.pop(key).prepared.cancel()
         for key in [key for key in self.by_client if key[0] == route]:
             self.counters.num_disconnect_cancels += 1
             for request_id in self.by_client.pop(key):
@@ -661,7 +684,7 @@ class Server:
 
     def _abort_all(self, code: str, message: str) -> None:
         for (route, client_id), pending in list(self.pending.items()):
-            pending.prompt_ids.cancel()
+            pending.prepared.cancel()
             self._send_error(route, code, message, client_id)
         self.pending.clear()
         self._cancel_stopped()

@@ -1,0 +1,107 @@
+"""A request's prompt, checked: its token ids (from text by the tokenizer, or given),
+each one the model or a prompt table can take, in a length the context holds; and the
+same check done ahead of the engine loop (`PreparedPrompt`).
+
+Guarantees:
+- `prompt_ids` takes a string or a list or tuple of ints (NumPy integers too, bools
+  not) and returns the ids as plain ints, as a list and as an int64 array, or raises
+  ValueError with one line saying what was wrong and what is allowed.
+- A `PreparedPrompt` (`Engine.prepare_prompt`, safe on any thread) holds that check's
+  result, the ids as block keys encode them, and, for a prompt without prompt-table
+  ids, the keys of its full blocks under one namespace. An engine takes it only from
+  itself (`checked_by`), and takes its keys only for a request of that namespace and no
+  prompt table (`keys_for`); otherwise it computes them as for any prompt. So a
+  prepared prompt gets the same keys, blocks and bits as the prompt itself: what moves
+  off the loop is only work, never a decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...blockpool.hashing import BlockHash, Namespace
+from ..model.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+MAX_TOKEN_ID = 1 << 31  # token ids, prompt-table ids too, are int32 on the device
+
+
+def prompt_ids(
+    prompt: Prompt, tokenizer: Tokenizer, *, vocab_size: int, max_model_len: int
+) -> tuple[list[int], np.ndarray]:
+    """The prompt's ids, as a list and as an int64 array (checked in one NumPy call)."""
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+        array = np.asarray(ids, dtype=np.int64)
+    elif (kinds := _token_id_types(prompt)) is not None:
+        try:
+            array = np.asarray(prompt, dtype=np.int64)
+        except OverflowError:
+            array = None
+        # ids >= vocab are prompt-table ids, checked by check_prompt_table
+        if array is None or ((array < 0) | (array >= MAX_TOKEN_ID)).any():
+            bad = [int(t) for t in prompt if not 0 <= t < MAX_TOKEN_ID]
+            raise ValueError(
+                f"prompt token ids must be in [0, {vocab_size}), or from {vocab_size} up to "
+                f"select prompt_table rows; got {bad[:5]}"
+            )
+        # plain ints are kept as they are (the array's tolist() would make them again)
+        ids = list(prompt) if kinds <= {int} else array.tolist()
+    else:
+        raise ValueError(
+            f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
+        )
+    if not ids:
+        raise ValueError("prompt is empty; it must hold at least one token")
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(ids)} tokens; the context holds {max_model_len}, "
+            f"so a prompt may have at most {max_model_len - 1}"
+        )
+    return ids, array
+
+
+def is_token_ids(prompt: object) -> bool:
+    """A list or tuple of ints (NumPy integers too, bools not)."""
+    return _token_id_types(prompt) is not None
+
+
+def _token_id_types(prompt: object) -> set[type] | None:
+    """The element types of a list or tuple of ints (NumPy integers too, bools not),
+    else None. They are collected in C (set(map(type, ...))): a 4k-token prompt costs
+    microseconds."""
+    if not isinstance(prompt, list | tuple):
+        return None
+    kinds = set(map(type, prompt))
+    if all(kind is int or issubclass(kind, np.integer) for kind in kinds):
+        return kinds
+    return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedPrompt:
+    """A prompt checked by one engine ahead of `add_request` (module docstring)."""
+
+    ids: tuple[int, ...]
+    array: np.ndarray  # int64, read-only
+    id_bytes: bytes  # the ids as block keys encode them (hashing.encode_ids)
+    namespace: Namespace  # the namespace `keys` were computed under
+    keys: tuple[BlockHash, ...]  # of the prompt's full blocks; () with prompt-table ids
+    owner: object  # the engine that checked it
+
+    def checked_by(self, engine: object) -> PreparedPrompt:
+        """This prompt, if `engine` prepared it (another engine's vocabulary, context or
+        model may differ); ValueError otherwise."""
+        if self.owner is not engine:
+            raise ValueError("a prepared prompt is taken only by the engine that prepared it")
+        return self
+
+    def keys_for(self, namespace: Namespace, has_prompt_table: bool) -> list[BlockHash]:
+        """The full blocks' keys for a request of `namespace` (a fresh list, which the
+        request's own key memo extends); none for another namespace or with a prompt
+        table, whose extra ids enter the keys."""
+        if has_prompt_table or namespace != self.namespace:
+            return []
+        return list(self.keys)
