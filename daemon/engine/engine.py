@@ -278,8 +278,11 @@ class Engine:
         first computes the prompt's full blocks, and the scheduler holds the others
         until it has (blocks in flight), so they reuse them rather than compute them
         again. The choices differ only in their seeds, so a refusal (ValueError) comes
-        from the first, before any is queued."""
+        from the first, before any is queued. The prompt is checked and keyed once for
+        all of them (`prepare_prompt`)."""
         params = params or SamplingParams()
+        if params.n > 1 and not isinstance(prompt, PreparedPrompt):
+            prompt = self.prepare_prompt(prompt, cache_salt=options.get("cache_salt"))
         return [self.add_request(prompt, params.choice(i), **options) for i in range(params.n)]
 
     def step(self) -> list[StepOutput]:
