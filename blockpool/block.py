@@ -114,7 +114,7 @@ class CachedBlock:
         """Whether this entry was registered from this key, parent and namespace: a
         digest match is a hit only if this holds too. (Below the first block the
         namespace is the parent's, so it can only differ there.)"""
-        return self.key == key and self.parent_hash == parent_hash and self.namespace == namespace
+        return self.confirms_ids(key.token_ids, key.extra_ids, parent_hash, namespace)
 
     def confirms_ids(
         self,
@@ -124,7 +124,7 @@ class CachedBlock:
         namespace: Namespace,
     ) -> bool:
         """`confirms` for the key these ids would make (ints compare equal whatever
-        their type), without making it: a chain's lookup confirms every block."""
+        their type), without making one: a chain's lookup confirms every block."""
         key = self.key
         return (
             key is not None
