@@ -12,6 +12,9 @@ weights (`synth_in_memory`), every figure a ratio to something measured in the s
   step at that context; with its device time, and where its host time goes: a cProfile
   of three more cached calls, `cached_profile`, the top lines printed at the end) and
   from the host tier (over fresh);
+- where the device's time goes, kernel by kernel (`kernels`: CUPTI's trace through
+  torch.profiler, bench/kernel_trace.py): a batch-1 decode step at both contexts and the
+  cached first token, each call's span on the device, its idle time and its top kernels;
 - the same prompt's first token in a new engine over the disk tier an earlier engine
   wrote it to, a warm restart (over fresh; issue 23's target <= 0.2), logits checked
   bit-identical to fresh. The block files are in the page cache (just written): it
@@ -45,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from reprise.bench.kernel_trace import summary_lines
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.config import ModelConfig
 from reprise.daemon.model.llama import LlamaModel
@@ -183,16 +187,8 @@ class Bench:
         of the device's part of it (from the inputs' upload to the logits, by CUDA
         events; None on the NumPy backend): the rest is the CPU's."""
         warm = 3
-        total = context + warm + steps + 64
-        engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
-                             cuda_graphs=graphs, enable_reuse=False)  # fmt: skip
-        # sequences prefilled in an early step decode during the later prefill steps:
-        # enough tokens that none finishes before the timed steps are over
-        params = SamplingParams(max_tokens=warm + steps + 64, temperature=0, ignore_eos=True)
-        for _ in range(batch):
-            engine.add_request(self.prompt(context), params)
-        while engine.prefill_tokens_computed < batch * context:  # the prefill steps
-            engine.step()
+        engine = self.decoding_engine(batch, context, graphs=graphs, model=model,
+                                      steps=warm + steps)  # fmt: skip
         times: list[float] = []
         events: list[tuple[Any, Any]] = []
         # the device's part: the static decode's upload + replay, or the eager forward
@@ -207,6 +203,24 @@ class Bench:
         del engine
         _free(self.backend.name == "cupy")
         return statistics.median(times), _median_elapsed_s(events[warm:])
+
+    def decoding_engine(
+        self, batch: int, context: int, *, graphs: bool, model: LlamaModel | None = None,
+        steps: int = 19,
+    ) -> Engine:  # fmt: skip
+        """An engine whose `batch` sequences of `context` prompt tokens are prefilled, each
+        with tokens left for `steps` more steps in which all of them decode."""
+        total = context + steps + 64
+        engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
+                             cuda_graphs=graphs, enable_reuse=False)  # fmt: skip
+        # sequences prefilled in an early step decode during the later prefill steps:
+        # enough tokens that none finishes before the timed steps are over
+        params = SamplingParams(max_tokens=steps + 64, temperature=0, ignore_eos=True)
+        for _ in range(batch):
+            engine.add_request(self.prompt(context), params)
+        while engine.prefill_tokens_computed < batch * context:  # the prefill steps
+            engine.step()
+        return engine
 
     def prefill_s(self, tokens: int, model: LlamaModel | None = None, repeats: int = 3) -> float:
         engine = self.engine(model, num_device_blocks=self.blocks(tokens) + 4,
@@ -447,6 +461,40 @@ def _host_profile(call: Callable[[], Any], calls: int, top: int = 25) -> list[di
     return sorted(rows, key=lambda row: -row["own_ms"])[:top]
 
 
+KERNEL_TRACE_CALLS = 3  # profiled calls a case (bench/kernel_trace.py)
+
+
+def section_kernels(b: Bench, out: dict[str, Any]) -> None:
+    """Where the device's time goes, kernel by kernel (bench/kernel_trace.py, CUPTI through
+    torch.profiler): a batch-1 decode step at the decode context and at the first-token
+    prompt's length (graphs), and that prompt's cached first token; each after warm
+    calls, so the graphs are captured and the kernels loaded."""
+    if b.backend.name != "cupy":
+        raise RuntimeError("the kernels section traces the GPU backend's kernels; run it on cupy")
+    from reprise.bench.kernel_trace import profile_calls
+
+    result: dict[str, Any] = {}
+    n = b.ttft_tokens
+    for context in dict.fromkeys((b.context, n)):
+        engine = b.decoding_engine(1, context, graphs=True, steps=2 * KERNEL_TRACE_CALLS + 3)
+        for _ in range(3):
+            engine.step()
+        result[f"decode b=1 ctx={context} graphs"] = profile_calls(engine.step, KERNEL_TRACE_CALLS)
+        del engine
+        _free(True)
+    per_prompt = b.blocks(n + 1) + 1
+    engine = b.engine(num_device_blocks=per_prompt + 2, max_num_batched_tokens=n,
+                      logits_cache_mb=0)  # fmt: skip
+    prompt = b.prompt(n)
+    ttft(engine, prompt)  # computed, then its cached repeat captures the batch-1 graph
+    ttft(engine, prompt)
+    call = functools.partial(ttft, engine, prompt)
+    result[f"ttft {n} cached"] = profile_calls(call, KERNEL_TRACE_CALLS)
+    del engine
+    _free(True)
+    out["kernel_breakdown"] = result
+
+
 def section_disk(b: Bench, out: dict[str, Any]) -> None:
     """A 4,096-token prompt's first token from the disk tier after a restart, over fresh:
     the median of DISK_RUNS restarts (a new engine over the folder each) and of as many
@@ -567,6 +615,7 @@ SECTIONS: dict[str, Callable[[Bench, dict[str, Any]], None]] = {
     "prefill": section_prefill,
     "attention_cc": section_attention_cc,
     "ttft": section_ttft,
+    "kernels": section_kernels,
     "disk": section_disk,
     "cublas": section_cublas,
     "gemm_family": section_gemm_family,
@@ -722,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in out.get("cached_profile", [])[:12]:  # the cached first token's host time
         print(f"profile cached: {row['own_ms']:7.3f} ms own {row['cumulative_ms']:8.3f} ms "
               f"cumulative {row['calls']:8.1f} calls  {row['function']}")  # fmt: skip
+    for label, result in out.get("kernel_breakdown", {}).items():  # the device's time
+        print("\n".join(summary_lines(label, result)))
     return 1 if out["errors"] else 0
 
 

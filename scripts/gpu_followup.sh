@@ -6,7 +6,8 @@
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
-# batch 1, the cached first token: issue 18's two targets for it); the attention kernels
+# batch 1, the cached first token: issue 18's two targets for it), with where the device's
+# time goes kernel by kernel (a decode step, the cached first token); the attention kernels
 # against their floors; the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles
 # not yet a default, forced (the wide FOLD, which hung in its first version, and the decode
 # tile): their GPU tests and timings. Everything lands in
@@ -25,11 +26,13 @@ part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,5
   --out "$OUT/gemm_sm90.json"
 cut -c1-150 "$OUT/sm90.out" | tail -26
 part e2e 75 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
-  --sections floors,decode,prefill,ttft,disk,cublas --out "$OUT/gpu_e2e.json"
+  --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
+grep -E "^kernels" "$OUT/e2e.out" | cut -c1-160
 part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
-  --sections decode,ttft --batches 1 --out "$OUT/gpu_e2e_default.json"
+  --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
+grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
 part attention 25 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110
