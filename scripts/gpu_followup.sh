@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # After a change to the Hopper GEMM, decode attention or the disk tier's read path, on a
-# lent GPU as one call of about 5 minutes (9 at most), most important first: every GPU
+# lent GPU as one call of about 6 minutes (10 at most), most important first: every GPU
 # test (the kernels against their twins and across batch shapes, the Hopper GEMM's
 # included, the engine's invariance suite: 0 logits may differ) and the disk staging
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
-# batch 1, the cached first token: issue 18's two targets for it), with where the device's
-# time goes kernel by kernel (a decode step, the cached first token); the attention kernels
-# against their floors; the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles
-# not yet a default, forced (the wide FOLD, which hung in its first version, and the decode
-# tile): their GPU tests and timings. Everything lands in
-# ${OUT:-gpu-results}/results-followup.tgz.
+# batch 1, the cached first token: issue 18's two targets for it), each with where the
+# device's time goes kernel by kernel (a decode step, the cached first token); the
+# attention kernels against their floors; one decode step's kernels under Nsight Compute;
+# the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles not yet
+# a default, forced (the wide FOLD, which hung in its first version, and the decode tile):
+# their GPU tests and timings. Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --out "$OUT/gemm_sm90.json"
 cut -c1-150 "$OUT/sm90.out" | tail -26
-part e2e 75 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
+part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
 grep -E "^kernels" "$OUT/e2e.out" | cut -c1-160
@@ -36,6 +36,18 @@ grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
 part attention 25 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110
+# Nsight Compute over one batch-1 decode step's first 24 kernels (the embedding and the
+# first layers: every kernel a layer runs), each alone: DRAM and SM throughput, waves,
+# occupancy (bench/ncu_step.py; where the machine lets ncu read its counters)
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+if [ -n "$ncu_bin" ]; then
+  part ncu_decode 90 env PYTHONUNBUFFERED=1 "$ncu_bin" --profile-from-start off \
+    --clock-control none --launch-count 24 --csv --log-file "$OUT/ncu_decode.csv" \
+    --section SpeedOfLight --section LaunchStats --section Occupancy \
+    "$py" bench/ncu_step.py run --case decode
+  "$py" bench/ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
+  cut -c1-170 "$OUT/ncu_decode.txt"
+fi
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16
 grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
