@@ -14,7 +14,10 @@ kernel on the packed one (what CupyBackend(gemm="wgmma") runs; the wide 128 x 25
 where launch_plan picks it), both split as gemm_kernel.split_k says; `ws S=1` the packed
 kernel forced unsplit (what the split buys at small M); `ws nosw` the same launch as `ws`
 on the no-swizzle stage layout (prepare_weight(swizzle=False)); `ws 128` the 128 x 128
-WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); with
+WS tile (WHOLE or FOLD) where `ws` runs the wide one (else the same as `ws`); `ws pad`
+(M <= 256) the same launch as `ws` on the kernels built as before 2026-11-27, the rows
+past M zero-filled every k-tile and every consumer computing (gemm_sm90_kernel.PAD_ONCE
+off: what writing them once and idling a consumer with no row buys at decode); with
 `--wide-fold`, `wfold` the wide FOLD forced on split weights past one m tile (route
 "wide_fold", not yet a default: gemm_sm90_plan.WIDE_FOLD_BY_DEFAULT; else `ws`); with
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
@@ -115,6 +118,16 @@ def ws_decode_tile(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
         gemm_sm90_plan.DECODE_TILE_BY_DEFAULT = False
 
 
+def ws_pad_every_tile(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
+    """gemm_sm90 on the ws kernels built as before 2026-11-27 (PAD_ONCE off: the rows past
+    M zero-filled every k-tile, every consumer computing): the same bits."""
+    gemm_sm90_kernel.PAD_ONCE = False
+    try:
+        return gemm_sm90(x, packed, out_f32=out_f32, out=out)
+    finally:
+        gemm_sm90_kernel.PAD_ONCE = True
+
+
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
     decode_tile: bool = False,
@@ -138,11 +151,14 @@ def timings(
         "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
         "ws_noswizzle": lambda p: gemm_sm90(p[0], p[3], out_f32=out_f32, out=out),
         "ws_128": lambda p: ws_narrow(p[0], p[2], out, out_f32),
+        "ws_pad": lambda p: ws_pad_every_tile(p[0], p[2], out, out_f32),
         "ws_wide_fold": lambda p: ws_wide_fold(p[0], p[2], out, out_f32),
         "ws_decode_tile": lambda p: ws_decode_tile(p[0], p[2], out, out_f32),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
     }
+    if m > 2 * WS.block_m:  # past two m tiles only the last one's padding differs
+        del fns["ws_pad"]
     if not wide_fold:
         del fns["ws_wide_fold"]
     if not decode_tile:
@@ -173,7 +189,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'wfold':>8} {'dec':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
@@ -188,6 +204,7 @@ def main() -> None:
             flip &= ws_mma <= 1 and (m < 512 or ws_cublas <= CUBLAS_TARGET)
             print(f"{name:8} {m:5d} {split_k(n, k):2d} {route:16} {t['sm90']:8.1f} {t['ws']:8.1f} "
                   f"{t['ws_unsplit']:8.1f} {t['ws_noswizzle']:8.1f} {t['ws_128']:8.1f} "
+                  f"{t.get('ws_pad', float('nan')):8.1f} "
                   f"{t.get('ws_wide_fold', float('nan')):8.1f} "
                   f"{t.get('ws_decode_tile', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "

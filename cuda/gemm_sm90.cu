@@ -447,6 +447,13 @@ __device__ __forceinline__ void gemm_sm90_tile(const unsigned short* __restrict_
 // tile) its rows 64-127 are zeros written once at the start, never loaded or stored, so
 // a CTA computes 64 padding columns to own 64 (at M <= 64 the product is bound by the
 // weight stream, and twice the CTAs fill the device: WsDecode below).
+//
+// Rows past M: this m tile's x rows past M are zeros written once at the start, in every
+// stage (no copy writes them afterwards), and a consumer whose 64 rows all lie past M
+// (M <= 64 on a two-consumer tile) issues no MMA and releases no stage. So at a decode's
+// M = 1 the producer copies one row of x a k-tile instead of zero-filling 127, and one
+// warpgroup, not two, takes the tensor cores and reads the stage. Rows past M never
+// enter another element's sum and are never stored: neither change reaches a bit.
 template <int BM_, int BN_, int STAGES_>
 struct Sm90WsTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
@@ -498,6 +505,13 @@ struct Sm90WsTile {
 // wgmma reads the same operand values, so the layout never reaches a result's bits.
 #ifndef REPRISE_WS_SWIZZLE
 #define REPRISE_WS_SWIZZLE 1
+#endif
+// Rows past M (the note above Sm90WsTile): 1, the default, zeros written once and idle
+// consumers; 0 the producer zero-fills them every k-tile and every consumer computes,
+// as before 2026-11-27 (built by the launcher for bench_gemm_sm90's same-run baseline
+// only, gemm_sm90_kernel.PAD_ONCE). The same bits either way.
+#ifndef REPRISE_WS_PAD_ONCE
+#define REPRISE_WS_PAD_ONCE 1
 #endif
 
 // Byte offset, within a tile, of row r's 16-byte chunk j.
@@ -618,19 +632,30 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   const unsigned smem_base = shared_addr(gemm_sm90_smem);
   if (smem_base % 1024 != 0) __trap();  // the swizzle atoms (ws_chunk_offset) need it
   const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
+  // The x rows of this m tile that exist (rows_here, at least 1) and the consumers that
+  // own any of them (active); see "Rows past M" above.
+  const int rows_here = REPRISE_WS_PAD_ONCE ? min(T::BM, M - m0) : T::BM;
+  const int active = (rows_here + 63) / 64;
 
   if (tid == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
-      mbar_init(full0 + s * 8, 128 + 1);              // the producers' copies, thread 0's expect_tx
-      mbar_init(empty0 + s * 8, 128 * T::CONSUMERS);  // every consumer thread
+      mbar_init(full0 + s * 8, 128 + 1);    // the producers' copies, thread 0's expect_tx
+      mbar_init(empty0 + s * 8, 128 * active);  // every thread of an active consumer
     }
     mbar_init_fence();
   }
-  if constexpr (T::B_ROWS > T::BN) {  // the w tiles' padding rows: zeros, once
-    for (int c = tid; c < T::STAGES * (T::B_ROWS - T::BN) * 8; c += T::THREADS) {
-      const int stage = c / ((T::B_ROWS - T::BN) * 8), chunk = c % ((T::B_ROWS - T::BN) * 8);
-      *reinterpret_cast<uint4*>(gemm_sm90_smem + stage * T::STAGE_BYTES + T::A_BYTES + T::BN * T::ROW_BYTES +
-                                chunk * 16) = make_uint4(0u, 0u, 0u, 0u);
+  // Zeros written once: the w tiles' padding rows (the decode tile) and the x tiles' rows
+  // past M, in every stage; no copy writes either afterwards.
+  const int pad_x = (T::BM - rows_here) * T::CHUNKS_PER_ROW;  // x chunks a stage
+  constexpr int PAD_W = (T::B_ROWS - T::BN) * T::CHUNKS_PER_ROW;  // w chunks a stage
+  if (pad_x + PAD_W > 0) {
+    for (int c = tid; c < T::STAGES * (pad_x + PAD_W); c += T::THREADS) {
+      const int stage = c / (pad_x + PAD_W), chunk = c % (pad_x + PAD_W);
+      const unsigned offset =
+          chunk < pad_x
+              ? ws_chunk_offset(rows_here + chunk / T::CHUNKS_PER_ROW, chunk % T::CHUNKS_PER_ROW)
+              : T::A_BYTES + T::BN * T::ROW_BYTES + (chunk - pad_x) * 16;
+      *reinterpret_cast<uint4*>(gemm_sm90_smem + stage * T::STAGE_BYTES + offset) = make_uint4(0u, 0u, 0u, 0u);
     }
     fence_proxy_async();  // plain stores, read by wgmma
   }
@@ -667,14 +692,16 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
         }
       unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
       if (tid == 0 && t >= T::STAGES) issue_weight(t);  // the first stages' went before
+      // The x tile's rows that exist (the rest stay the zeros written at the start).
       if (vec) {
 #pragma unroll
         for (int i = 0; i < T::A_CHUNKS / 128; ++i) {
           bool valid;
           const int c = tid + i * 128;
           const unsigned short* src = ws_x_source<T>(c, x, M, K, m0, kt, valid);
-          cp_async_16(shared_addr(stage + ws_chunk_offset(c / T::CHUNKS_PER_ROW, c % T::CHUNKS_PER_ROW)), src,
-                      valid);
+          if (valid || !REPRISE_WS_PAD_ONCE)
+            cp_async_16(shared_addr(stage + ws_chunk_offset(c / T::CHUNKS_PER_ROW, c % T::CHUNKS_PER_ROW)), src,
+                        valid);
         }
       } else {
 #pragma unroll
@@ -682,6 +709,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
           bool valid;
           const int c = tid + i * 128;
           const unsigned short* src = ws_x_source<T>(c, x, M, K, m0, kt, valid);
+          if (!valid && REPRISE_WS_PAD_ONCE) continue;
           unsigned v[4] = {0u, 0u, 0u, 0u};
           if (valid) {
 #pragma unroll
@@ -701,62 +729,67 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   } else {  // ---- consumers ----
     if constexpr (MODE == Split::FOLD_WS && T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
-    const int warp = (tid / 32) % 4, lane = tid % 32;
-    const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
-    float acc[T::N_SUB][64];
-    float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
+    // A consumer whose 64 rows are all past M (M <= 64 on a two-consumer tile) has
+    // nothing to compute or store: it neither waits for stages nor releases them (empty[s]
+    // counts the active consumers' threads only).
+    if (consumer < active) {
+      const int warp = (tid / 32) % 4, lane = tid % 32;
+      const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
+      float acc[T::N_SUB][64];
+      float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
 #pragma unroll
-    for (int s = 0; s < T::N_SUB; ++s)
+      for (int s = 0; s < T::N_SUB; ++s)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
+        for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
 
-    // FOLD_WS walks K one split at a time, the pipeline drained between them, in a loop
-    // unrolled to FOLD_WS_MAX_SPLITS runs: ptxas serializes every wgmma of a function
-    // whose wgmma loop carries the accumulators through memory accesses (C7515), as a
-    // loop over the splits would. Every other mode: one run of all its tiles.
-    constexpr int RUNS = MODE == Split::FOLD_WS ? FOLD_WS_MAX_SPLITS : 1;
-    const int run_tiles = MODE == Split::FOLD_WS ? split_len / T::BK : num_k_tiles;
+      // FOLD_WS walks K one split at a time, the pipeline drained between them, in a loop
+      // unrolled to FOLD_WS_MAX_SPLITS runs: ptxas serializes every wgmma of a function
+      // whose wgmma loop carries the accumulators through memory accesses (C7515), as a
+      // loop over the splits would. Every other mode: one run of all its tiles.
+      constexpr int RUNS = MODE == Split::FOLD_WS ? FOLD_WS_MAX_SPLITS : 1;
+      const int run_tiles = MODE == Split::FOLD_WS ? split_len / T::BK : num_k_tiles;
 #pragma unroll
-    for (int run = 0; run < RUNS; ++run) {
-      const int t0 = run * run_tiles;
-      if (t0 >= num_k_tiles) break;
-      if (MODE == Split::FOLD_WS && run > 0)
-        fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, run == 1, false);
-      const int t1 = min(num_k_tiles, t0 + run_tiles);
-      for (int t = t0; t < t1; ++t) {
-        const int s = t % T::STAGES;
-        while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
+      for (int run = 0; run < RUNS; ++run) {
+        const int t0 = run * run_tiles;
+        if (t0 >= num_k_tiles) break;
+        if (MODE == Split::FOLD_WS && run > 0)
+          fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, run == 1, false);
+        const int t1 = min(num_k_tiles, t0 + run_tiles);
+        for (int t = t0; t < t1; ++t) {
+          const int s = t % T::STAGES;
+          while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
+          }
+          fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+          const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
+          const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+          if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
+#pragma unroll
+          for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < T::BK / 16; ++ks) {
+#pragma unroll
+            for (int j = 0; j < T::N_SUB; ++j)
+              wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
+          }
+          wgmma_commit();
+          wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
+#pragma unroll
+          for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+          if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
         }
-        fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
-        const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
-        const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
-        if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
-#pragma unroll
-        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < T::BK / 16; ++ks) {
-#pragma unroll
-          for (int j = 0; j < T::N_SUB; ++j)
-            wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
-        }
-        wgmma_commit();
-        wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
-#pragma unroll
-        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-        if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
       }
-    }
-    wgmma_wait<0>();
+      wgmma_wait<0>();
 #pragma unroll
-    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-    if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
-    if constexpr (MODE == Split::FOLD_WS) {
-      fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
-      ws_store<T>(out, acc, row0, n0, lane, M, N);
-    } else {
-      ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
-                  M, N);
+      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+      if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
+      if constexpr (MODE == Split::FOLD_WS) {
+        fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
+        ws_store<T>(out, acc, row0, n0, lane, M, N);
+      } else {
+        ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
+                    M, N);
+      }
     }
   }
   // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is

@@ -160,6 +160,11 @@ def supported(device_arch: str | int, m: int, n: int, k: int) -> bool:
 # qkv and o), but a weight takes one family for every M, and over the whole step this
 # one is faster where the batch is large and within a few percent at batch 1.
 WGMMA_BY_DEFAULT = True
+# The warp-specialized kernel's rows past M (gemm_sm90.cu, "Rows past M"): zeros written
+# once and consumers without a row idle (True), or, built apart for bench_gemm_sm90's
+# same-run baseline, zero-filled every k-tile by the producer and computed by every
+# consumer (False). The same bits either way (tests/test_gemm_sm90.py).
+PAD_ONCE = True
 
 
 def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = None) -> str:
@@ -222,7 +227,8 @@ def gemm_sm90(
         args = (x, weight, out, *dims, np.int32(plan.split_len))
     else:
         args = (x, weight, out, *dims)
-    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), w.swizzled if packed else True)
+    swizzled = w.swizzled if packed else True
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), swizzled, PAD_ONCE)
     launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 
@@ -284,10 +290,14 @@ def _num_sms() -> int:
 
 
 @functools.cache
-def _cubin_path(swizzle: bool = True) -> Path:
-    """gemm_sm90.cu compiled for sm_90a, once per process and layout (REPRISE_WS_SWIZZLE,
-    which the packed weight's layout must match), in a file CuPy can load."""
-    source = f"#define REPRISE_WS_SWIZZLE {int(swizzle)}\n" + nvrtc.kernel_source(SOURCE)
+def _cubin_path(swizzle: bool = True, pad_once: bool = True) -> Path:
+    """gemm_sm90.cu compiled for sm_90a, once per process, layout (REPRISE_WS_SWIZZLE,
+    which the packed weight's layout must match) and padding (REPRISE_WS_PAD_ONCE), in a
+    file CuPy can load."""
+    source = (
+        f"#define REPRISE_WS_SWIZZLE {int(swizzle)}\n#define REPRISE_WS_PAD_ONCE {int(pad_once)}\n"
+        + nvrtc.kernel_source(SOURCE)
+    )
     compiled = nvrtc.compile_source(source, SOURCE.name, ARCH)
     path = Path(tempfile.mkdtemp(prefix="reprise-sm90-")) / "gemm_sm90.cubin"
     path.write_bytes(compiled.cubin)
@@ -295,18 +305,20 @@ def _cubin_path(swizzle: bool = True) -> Path:
 
 
 @functools.cache
-def _module(device_id: int, swizzle: bool = True) -> Any:
+def _module(device_id: int, swizzle: bool = True, pad_once: bool = True) -> Any:
     import cupy
 
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(path=str(_cubin_path(swizzle)))
+        return cupy.RawModule(path=str(_cubin_path(swizzle, pad_once)))
 
 
 @functools.cache
-def _kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool = True) -> Any:
+def _kernel(
+    name: str, smem_bytes: int, device_id: int, swizzle: bool = True, pad_once: bool = True
+) -> Any:
     """The entry point, with its shared-memory opt-in set on this device (all configs
     need more than the default 48 KB); `swizzle` the ws kernels' stage layout (that of
-    the packed weight they take)."""
-    fn = _module(device_id, swizzle).get_function(name)
+    the packed weight they take), `pad_once` their rows past M (PAD_ONCE)."""
+    fn = _module(device_id, swizzle, pad_once).get_function(name)
     fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

@@ -24,7 +24,7 @@ part check 180 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --out "$OUT/gemm_sm90.json"
-cut -c1-150 "$OUT/sm90.out" | tail -26
+cut -c1-175 "$OUT/sm90.out" | tail -26
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
@@ -58,4 +58,4 @@ part pending_test 100 env PYTHONUNBUFFERED=1 "$py" -m pytest -m gpu -p no:cachep
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
 part pending_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --shapes qkv,o,down --wide-fold --decode-tile --out "$OUT/gemm_sm90_pending.json"
-cut -c1-170 "$OUT/pending_bench.out" | tail -14
+cut -c1-180 "$OUT/pending_bench.out" | tail -14

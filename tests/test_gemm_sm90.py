@@ -82,6 +82,13 @@ def lib_interleave(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return build_driver(tmp_path_factory, "-DREPRISE_WS_SWIZZLE=0")
 
 
+@pytest.fixture(scope="module")
+def lib_pad_every_tile(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with the ws kernels' rows past M zero-filled every k-tile and every
+    consumer computing (REPRISE_WS_PAD_ONCE=0: bench_gemm_sm90's same-run baseline)."""
+    return build_driver(tmp_path_factory, "-DREPRISE_WS_PAD_ONCE=0")
+
+
 def ptr(a: np.ndarray) -> ctypes.c_void_p:
     return a.ctypes.data_as(ctypes.c_void_p)
 
@@ -272,6 +279,34 @@ def test_warp_specialized_rows_do_not_depend_on_m(
         assert np.array_equal(bits(wide), bits(full[start : start + m])), (m, start)
         decode = emulated_ws(lib, x[start : start + m], w, out_f32=True, decode=True)
         assert np.array_equal(bits(decode), bits(full[start : start + m])), (m, start)
+
+
+def test_rows_past_m_padded_once_or_every_tile_give_the_same_bits(
+    lib: ctypes.CDLL, lib_pad_every_tile: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """The default (rows past M zeroed once, a consumer with no row idle) and the
+    baseline build (zero-filled every k-tile, every consumer computing) give the same
+    bits on every ws tile and route, at M where a consumer idles (1, 7, 64), where none
+    does (65), and past one m tile (130: the second m tile's consumer 1 idles). K of
+    12 k-tiles refills every ring slot, so the zeros written once must last; x off 16-byte
+    alignment takes the plain-store route."""
+    x, w = operands(rng, 130, 272, 768)
+    for m in (1, 7, 64, 65, 130):
+        xs = np.ascontiguousarray(x[:m])
+        for route in (None, "ws_split", "ws_fold", "decode_split", "wide_fold"):
+            if route == "decode_split" and m > 64:
+                continue
+            plan = launch_plan(m, 272, 768, out_f32=True, packed=True, route=route)
+            got = emulated_plan(lib, plan, xs, w, out_f32=True)
+            want = emulated_plan(lib_pad_every_tile, plan, xs, w, out_f32=True)
+            assert np.array_equal(bits(got), bits(want)), (m, route)
+        for kwargs in ({}, {"decode": True}, {"wide": True}, {"x_shift": 1}):
+            if kwargs.get("decode") and m > 64:
+                continue
+            got = emulated_ws(lib, xs, w, out_f32=False, **kwargs)
+            want = emulated_ws(lib_pad_every_tile, xs, w, out_f32=False, **kwargs)
+            assert np.array_equal(bits(got), bits(want)), (m, kwargs)
+        check_twin(got, xs, w, out_f32=False)
 
 
 def test_prepare_weight_lays_out_the_stage_tiles(rng: np.random.Generator) -> None:
