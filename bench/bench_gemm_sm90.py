@@ -21,7 +21,9 @@ off: what writing them once and idling a consumer with no row buys at decode); w
 `--wide-fold`, `wfold` the wide FOLD forced on split weights past one m tile (route
 "wide_fold", not yet a default: gemm_sm90_plan.WIDE_FOLD_BY_DEFAULT; else `ws`); with
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
-M <= 64 where WS's grid is under a wave; else the same as `ws`); `mma` gemm.cu (the default
+M <= 64 where WS's grid is under a wave; else the same as `ws`); with `--m64-tile`, `m64`
+what `ws` runs with M64_TILE_BY_DEFAULT on (the 64 x 128 tile, 2 CTAs an SM, at M <= 64;
+else the same as `ws`); `mma` gemm.cu (the default
 off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
 Hopper kernel is faster than gemm.cu.
 
@@ -109,28 +111,23 @@ def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     return gemm_sm90(x, packed, out_f32=out_f32, out=out, route=route)
 
 
-def ws_decode_tile(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
-    """gemm_sm90 with the decode tile on (DECODE_TILE_BY_DEFAULT), as a later default."""
-    gemm_sm90_plan.DECODE_TILE_BY_DEFAULT = True
+def ws_with(module: Any, setting: str, value: bool, x: Any, packed: Any, out: Any,
+            out_f32: bool) -> Any:  # fmt: skip
+    """gemm_sm90 with `module.setting` = value for the call: a tile not yet a default
+    forced on (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT, M64_TILE_BY_DEFAULT), or the ws
+    kernels built as before 2026-11-27 (gemm_sm90_kernel.PAD_ONCE off: rows past M
+    zero-filled every k-tile, every consumer computing). The same bits either way."""
+    before = getattr(module, setting)
+    setattr(module, setting, value)
     try:
         return gemm_sm90(x, packed, out_f32=out_f32, out=out)
     finally:
-        gemm_sm90_plan.DECODE_TILE_BY_DEFAULT = False
-
-
-def ws_pad_every_tile(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
-    """gemm_sm90 on the ws kernels built as before 2026-11-27 (PAD_ONCE off: the rows past
-    M zero-filled every k-tile, every consumer computing): the same bits."""
-    gemm_sm90_kernel.PAD_ONCE = False
-    try:
-        return gemm_sm90(x, packed, out_f32=out_f32, out=out)
-    finally:
-        gemm_sm90_kernel.PAD_ONCE = True
+        setattr(module, setting, before)
 
 
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
-    decode_tile: bool = False,
+    decode_tile: bool = False, m64_tile: bool = False,
 ) -> tuple[dict[str, float], float]:  # fmt: skip
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -151,9 +148,14 @@ def timings(
         "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
         "ws_noswizzle": lambda p: gemm_sm90(p[0], p[3], out_f32=out_f32, out=out),
         "ws_128": lambda p: ws_narrow(p[0], p[2], out, out_f32),
-        "ws_pad": lambda p: ws_pad_every_tile(p[0], p[2], out, out_f32),
+        "ws_pad": lambda p: ws_with(gemm_sm90_kernel, "PAD_ONCE", False, p[0], p[2], out, out_f32),
         "ws_wide_fold": lambda p: ws_wide_fold(p[0], p[2], out, out_f32),
-        "ws_decode_tile": lambda p: ws_decode_tile(p[0], p[2], out, out_f32),
+        "ws_decode_tile": lambda p: ws_with(
+            gemm_sm90_plan, "DECODE_TILE_BY_DEFAULT", True, p[0], p[2], out, out_f32
+        ),
+        "ws_m64_tile": lambda p: ws_with(
+            gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, p[0], p[2], out, out_f32
+        ),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
     }
@@ -163,6 +165,8 @@ def timings(
         del fns["ws_wide_fold"]
     if not decode_tile:
         del fns["ws_decode_tile"]
+    if not m64_tile:
+        del fns["ws_m64_tile"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
     for key in [key for key in fns if key != "cublas"]:
@@ -185,18 +189,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--wide-fold", action="store_true", help="time the wide FOLD too")
     parser.add_argument("--decode-tile", action="store_true", help="time the decode tile too")
+    parser.add_argument("--m64-tile", action="store_true", help="time the 64 x 128 tile too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
         n, k, out_f32 = SHAPES[name]
         flip = True
         for m in rows:
-            t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile)
+            t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile,
+                             args.m64_tile)  # fmt: skip
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -207,6 +213,7 @@ def main() -> None:
                   f"{t.get('ws_pad', float('nan')):8.1f} "
                   f"{t.get('ws_wide_fold', float('nan')):8.1f} "
                   f"{t.get('ws_decode_tile', float('nan')):8.1f} "
+                  f"{t.get('ws_m64_tile', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),

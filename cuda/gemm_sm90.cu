@@ -10,7 +10,8 @@
 // no-swizzle stage layout below) and gemm_sm90_ws_tile (a producer warpgroup feeds one
 // or two consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles
 // come by 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout,
-// see ws_chunk_offset; tiles 128 x 128, 128 x 256 and, for decodes, 64 x 64). The first,
+// see ws_chunk_offset; tiles 128 x 128, 128 x 256 and, for decodes, 64 x 64 and 64 x 128).
+// The first,
 // instantiated for a few tile shapes (gemm_sm90_plan.py's CONFIGS mirror the
 // instantiations at the end of this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
@@ -818,6 +819,13 @@ using WsWide = Sm90WsTile<128, 256, 4>;  // 128 accumulators a consumer thread (
 // WS's CTAs (o and down at M = 1: 256, one round on 132 SMs; WS: 128, one a SM).
 using WsDecode = Sm90WsTile<64, 64, 4>;
 static_assert(WsDecode::THREADS == 256 && 2 * (WsDecode::SMEM_BYTES + 1024) <= 232448, "2 CTAs an SM");
+// M <= 64 where WS's grid passes a wave (gate_up, lm_head at decode): one consumer, all
+// 128 columns owned, 98,368 B shared: 2 CTAs an SM, so WS's CTAs run in half the rounds
+// (gate_up at M = 1: 224 CTAs in one round on 132 SMs, not 132 then 92) with a stage of
+// 16 KB of weight each, where WS at M <= 64 holds a 128-row x tile whose second half and
+// second consumer have nothing to do.
+using WsM64 = Sm90WsTile<64, 128, 4>;
+static_assert(WsM64::THREADS == 256 && 2 * (WsM64::SMEM_BYTES + 1024) <= 232448, "2 CTAs an SM");
 static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
 
 // Tile shapes; gemm_sm90_plan.py's CONFIGS repeat these numbers (BM, BN, stages).
@@ -973,6 +981,33 @@ gemm_sm90_ws_f32_decode_split(const unsigned short* __restrict__ x, const unsign
                               float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
                               int N, int K, int split_len) {
   GEMM_SM90_WS_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+// The 64 x 128 tile (M <= 64): WHOLE and PARTIAL, as gemm_sm90_ws_* and *_split.
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_m64(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsM64, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_m64(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                     float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsM64, Split::WHOLE, y, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_m64_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
+                            int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_m64_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                           float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M,
+                           int N, int K, int split_len) {
+  GEMM_SM90_WS_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
 }
 
 // The wide tile on S > 1 weights past one m tile: FOLD_WS, the running totals in ws [M, N].

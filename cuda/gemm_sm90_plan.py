@@ -87,6 +87,11 @@ WS_WIDE = Sm90WsConfig("ws_wide", 128, 256, num_stages=4)
 # rest padding), 2 CTAs an SM: twice WS's CTAs, where WS's decode grid is under a wave
 # (o and down at M = 1: 128 CTAs on 132 SMs, 1 an SM; this: 256, one round).
 WS_DECODE = Sm90WsConfig("ws_decode", 64, 64, num_stages=4)
+# M <= 64 where WS's grid is a wave or more (gate_up, lm_head at decode): one consumer, all
+# 128 columns owned, 2 CTAs an SM: WS's CTAs in half the rounds (gate_up at M = 1: 224
+# CTAs, one round on 132 SMs instead of two), without WS's 128-row x tile and second
+# consumer, idle at M <= 64.
+WS_M64 = Sm90WsConfig("ws_m64", 64, 128, num_stages=4)
 
 
 def grid(config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int) -> tuple[int, int]:
@@ -113,13 +118,22 @@ def tile_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90Co
 def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsConfig:
     """The warp-specialized tile of an unsplit product: the wide one past one m tile when
     its grid fills the device (a prefill); at M <= 64 the decode tile where WS's grid is
-    under a wave (with DECODE_TILE_BY_DEFAULT); else WS. As for `tile_config`, the choice
-    changes speed only: every tile issues the same wgmma per element."""
+    under a wave (with DECODE_TILE_BY_DEFAULT), else the 64 x 128 tile (with
+    M64_TILE_BY_DEFAULT); else WS. As for `tile_config`, the choice changes speed only:
+    every tile issues the same wgmma per element."""
     if num_rows > WS.block_m and waves(WS_WIDE, num_rows, num_cols, num_sms) >= 1:
         return WS_WIDE
     if decode_tile(num_rows, num_cols, 1, num_sms):
         return WS_DECODE
+    if m64_tile(num_rows):
+        return WS_M64
     return WS
+
+
+def m64_tile(num_rows: int) -> bool:
+    """Whether a product of M <= 64 rows the decode tile does not take runs on WS_M64
+    (WHOLE or PARTIAL), with M64_TILE_BY_DEFAULT on."""
+    return M64_TILE_BY_DEFAULT and num_rows <= WS_M64.block_m
 
 
 def decode_tile(num_rows: int, num_cols: int, splits: int, num_sms: int = H100_SMS) -> bool:
@@ -156,6 +170,7 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "ws_fold": (WS, "fold"),
     "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
     "decode_split": (WS_DECODE, "split"),  # M <= 64
+    "m64_split": (WS_M64, "split"),  # M <= 64
 }
 WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
 # Whether launch_plan takes the wide FOLD (route "wide_fold") for split weights past one m
@@ -169,6 +184,11 @@ WIDE_FOLD_BY_DEFAULT = False
 # (built 2026-11-27 with no device time left): forced by `route="decode_split"` (tests,
 # bench_gemm_sm90 --decode-tile). The same bits as WS either way.
 DECODE_TILE_BY_DEFAULT = False
+# Whether launch_plan takes the 64 x 128 tile (WS_M64, routes "m64_split" and WHOLE) at
+# M <= 64 where the decode tile is not taken (`m64_tile`). Off until a GPU has run it
+# (built 2026-11-27 without a device): forced by `route="m64_split"` (tests,
+# bench_gemm_sm90 --m64-tile). The same bits as WS either way.
+M64_TILE_BY_DEFAULT = False
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -202,7 +222,11 @@ def launch_plan(
         if not packed:
             route = "wg1_split" if small else "wg2_fold"
         elif small:
-            route = "decode_split" if decode_tile(m, n, splits, num_sms) else "ws_split"
+            route = (
+                "decode_split" if decode_tile(m, n, splits, num_sms)
+                else "m64_split" if m64_tile(m)
+                else "ws_split"
+            )  # fmt: skip
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
             route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT else "ws_fold"

@@ -10,8 +10,8 @@
 # device's time goes kernel by kernel (a decode step, the cached first token); the
 # attention kernels against their floors; one decode step's kernels under Nsight Compute;
 # the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles not yet
-# a default, forced (the wide FOLD, which hung in its first version, and the decode tile):
-# their GPU tests and timings. Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
+# a default, forced (the wide FOLD, which hung in its first version, the decode tile and
+# the 64 x 128 tile): their GPU tests and timings. Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,3 +59,6 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
 part pending_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --shapes qkv,o,down --wide-fold --decode-tile --out "$OUT/gemm_sm90_pending.json"
 cut -c1-180 "$OUT/pending_bench.out" | tail -14
+part pending_m64 40 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,16,64 \
+  --decode-tile --m64-tile --out "$OUT/gemm_sm90_m64.json"
+cut -c1-180 "$OUT/pending_m64.out" | tail -18

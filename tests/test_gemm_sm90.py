@@ -37,6 +37,7 @@ from reprise.cuda.gemm_sm90_plan import (
     WG2_WIDE,
     WS,
     WS_DECODE,
+    WS_M64,
     WS_WIDE,
     Sm90Config,
     Sm90Launch,
@@ -129,20 +130,21 @@ def emulated(
 
 def emulated_ws(
     lib: ctypes.CDLL, x: np.ndarray, w: np.ndarray, *, out_f32: bool, x_shift: int = 0,
-    wide: bool = False, swizzle: bool = True, decode: bool = False,
+    wide: bool = False, swizzle: bool = True, decode: bool = False, m64: bool = False,
 ) -> np.ndarray:  # fmt: skip
     """A warp-specialized WHOLE entry point (WS, WS_WIDE with `wide`, WS_DECODE with
-    `decode`) on `prepare_weight(w, swizzle=swizzle)`, launched as gemm_sm90 launches it;
-    the output poisoned, with a guard past its end."""
+    `decode`, WS_M64 with `m64`) on `prepare_weight(w, swizzle=swizzle)`, launched as
+    gemm_sm90 launches it; the output poisoned, with a guard past its end."""
     (m, k), n = x.shape, w.shape[0]
-    config = WS_WIDE if wide else WS_DECODE if decode else WS
+    config = WS_WIDE if wide else WS_DECODE if decode else WS_M64 if m64 else WS
     packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16), swizzle=swizzle)
     x_buf = np.empty(m * k + x_shift, np.uint16)
     x_buf[x_shift:] = x.view(np.uint16).reshape(-1)
     dtype = np.float32 if out_f32 else np.uint16
     y_buf = poisoned((m * n + GUARD,), dtype)
     rc = lib.run_gemm_sm90_ws(
-        int(out_f32), 1 if wide else 2 if decode else 0, *grid(config, m, n), config.num_threads,
+        int(out_f32), 1 if wide else 2 if decode else 3 if m64 else 0, *grid(config, m, n),
+        config.num_threads,
         config.smem_bytes,
         ptr(x_buf[x_shift:]), ptr(packed.data), ptr(y_buf), m, n, k,
     )  # fmt: skip
@@ -245,6 +247,8 @@ def test_warp_specialized_matches_its_twin_and_the_others(
         assert np.array_equal(bits(wide), bits(got))
         decode = emulated_ws(lib, x, w, out_f32=out_f32, decode=True)
         assert np.array_equal(bits(decode), bits(got))
+        m64 = emulated_ws(lib, x, w, out_f32=out_f32, m64=True)
+        assert np.array_equal(bits(m64), bits(got))
     shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1)  # the plain-store route
     assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
     shifted = emulated_ws(lib, x, w, out_f32=False, x_shift=1, wide=True)
@@ -279,6 +283,8 @@ def test_warp_specialized_rows_do_not_depend_on_m(
         assert np.array_equal(bits(wide), bits(full[start : start + m])), (m, start)
         decode = emulated_ws(lib, x[start : start + m], w, out_f32=True, decode=True)
         assert np.array_equal(bits(decode), bits(full[start : start + m])), (m, start)
+        m64 = emulated_ws(lib, x[start : start + m], w, out_f32=True, m64=True)
+        assert np.array_equal(bits(m64), bits(full[start : start + m])), (m, start)
 
 
 def test_rows_past_m_padded_once_or_every_tile_give_the_same_bits(
@@ -293,15 +299,15 @@ def test_rows_past_m_padded_once_or_every_tile_give_the_same_bits(
     x, w = operands(rng, 130, 272, 768)
     for m in (1, 7, 64, 65, 130):
         xs = np.ascontiguousarray(x[:m])
-        for route in (None, "ws_split", "ws_fold", "decode_split", "wide_fold"):
-            if route == "decode_split" and m > 64:
+        for route in (None, "ws_split", "ws_fold", "decode_split", "m64_split", "wide_fold"):
+            if route in ("decode_split", "m64_split") and m > 64:
                 continue
             plan = launch_plan(m, 272, 768, out_f32=True, packed=True, route=route)
             got = emulated_plan(lib, plan, xs, w, out_f32=True)
             want = emulated_plan(lib_pad_every_tile, plan, xs, w, out_f32=True)
             assert np.array_equal(bits(got), bits(want)), (m, route)
-        for kwargs in ({}, {"decode": True}, {"wide": True}, {"x_shift": 1}):
-            if kwargs.get("decode") and m > 64:
+        for kwargs in ({}, {"decode": True}, {"m64": True}, {"wide": True}, {"x_shift": 1}):
+            if (kwargs.get("decode") or kwargs.get("m64")) and m > 64:
                 continue
             got = emulated_ws(lib, xs, w, out_f32=False, **kwargs)
             want = emulated_ws(lib_pad_every_tile, xs, w, out_f32=False, **kwargs)
@@ -719,7 +725,7 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
     launch order, backwards and shuffled orders give the same bits."""
     m, n, k = 7, 272, 1024
     x, w = operands(rng, m, n, k)
-    for route in ("wg1_split", "ws_split", "decode_split"):
+    for route in ("wg1_split", "ws_split", "decode_split", "m64_split"):
         plan = launch_plan(m, n, k, out_f32=True, packed=packed_route(route), route=route)
         count = plan.grid[0] * plan.grid[1]
         first = emulated_plan(lib, plan, x, w, out_f32=True)
@@ -818,6 +824,38 @@ def test_the_decode_tile_takes_decodes_whose_grid_is_under_a_wave(
     assert split_k(2048, 128) == 1 and small.kernel == "gemm_sm90_ws_bf16_decode"
     assert small.grid == (1, 32) and small.splits == 1
     assert small.smem_bytes == WS_DECODE.smem_bytes == 4 * (64 + 128) * 64 * 2 + 64
+
+
+def test_the_m64_tile_takes_the_other_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With M64_TILE_BY_DEFAULT, M <= 64 runs WS_M64 wherever the decode tile does not:
+    WHOLE for Llama-3.1-8B's gate_up and lm_head (their WS grids pass a wave: 224 and 1,002
+    CTAs, 2 an SM on this tile: gate_up's in one round on 132 SMs), PARTIAL for qkv, o and
+    down unless DECODE_TILE_BY_DEFAULT gives them the decode tile; the same grid as WS
+    (the 128 columns a CTA), half its threads; M > 64 keeps WS. Without the setting
+    nothing changes."""
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    plans = {name: launch_plan(1, n, k, out_f32=False, packed=True)
+             for name, (n, k) in {**LLAMA_8B, "lm_head": LM_HEAD_8B}.items()}  # fmt: skip
+    assert not any("_m64" in plan.kernel for plan in plans.values())
+    monkeypatch.setattr(geometry, "M64_TILE_BY_DEFAULT", True)
+    for decode in (False, True):
+        monkeypatch.setattr(geometry, "DECODE_TILE_BY_DEFAULT", decode)
+        for name, (n, k) in {**LLAMA_8B, "lm_head": LM_HEAD_8B}.items():
+            out_f32 = name == "lm_head"
+            split = split_k(n, k) > 1
+            for m in (1, 64):
+                plan = launch_plan(m, n, k, out_f32=out_f32, packed=True)
+                if decode and name in ("qkv", "o", "down"):
+                    assert plan.kernel.endswith("_decode_split"), (name, plan.kernel)
+                    continue
+                want = WS_M64.kernel_name(out_f32) + ("_split" if split else "")
+                assert plan.kernel == want, (name, m, plan.kernel)
+                assert plan.grid == plans[name].grid and plan.threads == 256
+                assert plan.smem_bytes == WS_M64.smem_bytes == 4 * (64 + 128) * 64 * 2 + 64
+            assert "_m64" not in launch_plan(65, n, k, out_f32=out_f32, packed=True).kernel
+    gate_up = plans["gate_up"].grid[0] * plans["gate_up"].grid[1]
+    assert 132 < gate_up <= 2 * 132  # one round at 2 CTAs an SM, two at one
 
 
 def test_split_routes_trap_on_a_split_length_off_the_k_tile(lib: ctypes.CDLL) -> None:

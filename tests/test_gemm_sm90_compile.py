@@ -16,11 +16,15 @@ import pytest
 from reprise.cuda import nvrtc
 from reprise.cuda.gemm_kernel import ctas_per_sm
 from reprise.cuda.gemm_sm90_kernel import ARCH, SOURCE
-from reprise.cuda.gemm_sm90_plan import CONFIGS, SPLIT_ROUTES, WS, WS_DECODE, WS_WIDE
+from reprise.cuda.gemm_sm90_plan import CONFIGS, SPLIT_ROUTES, WS, WS_DECODE, WS_M64, WS_WIDE
 
 # Every entry point: the WHOLE kernels, then the split-K routes (gemm_sm90_kernel.launch_plan).
 ENTRY_POINTS = [
-    *(c.kernel_name(f32) for c in (*CONFIGS, WS, WS_WIDE, WS_DECODE) for f32 in (False, True)),
+    *(
+        c.kernel_name(f32)
+        for c in (*CONFIGS, WS, WS_WIDE, WS_DECODE, WS_M64)
+        for f32 in (False, True)
+    ),
     *(f"{c.kernel_name(f32)}_{kind}" for c, kind in SPLIT_ROUTES.values() for f32 in (False, True)),
 ]
 
@@ -54,7 +58,9 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
     one CTA of each (its launch bounds' threads, its tile's shared memory) resident an SM."""
     resources = nvrtc.kernel_resources(cubin)
     configs = {
-        c.kernel_name(f32): c for c in (*CONFIGS, WS, WS_WIDE, WS_DECODE) for f32 in (False, True)
+        c.kernel_name(f32): c
+        for c in (*CONFIGS, WS, WS_WIDE, WS_DECODE, WS_M64)
+        for f32 in (False, True)
     }
     configs.update(
         {
@@ -70,7 +76,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
         assert used.local_bytes == 0, (name, used)
         assert used.registers <= 65536 // config.num_threads, (name, used)
         shared = used.shared_bytes + config.smem_bytes
-        least = 2 if config is WS_DECODE else 1  # the decode tile's point: 2 CTAs an SM
+        least = 2 if config in (WS_DECODE, WS_M64) else 1  # the decode tiles' point: 2 an SM
         assert ctas_per_sm(config.num_threads, used.registers, shared) >= least, (name, used)
 
 

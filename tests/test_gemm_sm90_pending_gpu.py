@@ -1,8 +1,9 @@
 """The Hopper GEMM's tiles built but not yet a default, forced, on an sm_90 GPU: the wide
 FOLD (route "wide_fold": the 128 x 256 warp-specialized tile on split weights, its running
 totals in an fp32 workspace, setmaxnreg 56 / 224; gemm_sm90_plan.WIDE_FOLD_BY_DEFAULT)
-and the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
-"decode_split", DECODE_TILE_BY_DEFAULT). Neither is taken by default until this passes on
+the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
+"decode_split", DECODE_TILE_BY_DEFAULT) and the 64 x 128 tile (WS_M64: M <= 64, 2 CTAs an
+SM; route "m64_split", M64_TILE_BY_DEFAULT). None is taken by default until this passes on
 a GPU. A file of its own, run last by scripts/gpu_followup.sh: the wide FOLD's first
 version hung (a setmaxnreg budget over the CTA's register pool), and a hang must not cost
 the other tests. Skipped without a CUDA device of compute capability 9.0."""
@@ -52,6 +53,22 @@ def test_decode_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch) ->
     """The decode tile at M = 1, 7 and 64 (PARTIAL on the split weights, WHOLE on the
     unsplit one): rows bit-equal to the default tile's (WS) and, split, to the NumPy fold
     of the unsplit kernel's partials; every output element written."""
+    assert_tile_gives_the_default_rows(rng, k, n, monkeypatch, "DECODE_TILE_BY_DEFAULT", "_decode")
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 28672), (14336, 4096), (128, 2048)])
+def test_m64_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch) -> None:
+    """The 64 x 128 tile (WS_M64, 2 CTAs an SM) at M = 1, 7 and 64, PARTIAL on the split
+    weights and WHOLE on the unsplit ones (gate_up's shape among them): the same."""
+    assert_tile_gives_the_default_rows(rng, k, n, monkeypatch, "M64_TILE_BY_DEFAULT", "_m64")
+
+
+def assert_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch, flag: str,
+                                       marker: str) -> None:  # fmt: skip
+    """With gemm_sm90_plan's `flag` on, M = 1, 7 and 64 launch a kernel named with
+    `marker`, whose rows bit-equal WS's (fp32 and BF16 out, into poisoned outputs) and,
+    for a split weight, the NumPy fold of the unsplit kernel's partials."""
     from reprise.cuda import gemm_sm90_plan as geometry
     from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
     from reprise.cuda.gemm_sm90_plan import launch_plan
@@ -60,9 +77,9 @@ def test_decode_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch) ->
     packed, x = prepare_weight(dev(w)), dev(pool)
     want = host(gemm_sm90(x, packed, out_f32=True))  # WS, the default
     want16 = host(gemm_sm90(x, packed))
-    monkeypatch.setattr(geometry, "DECODE_TILE_BY_DEFAULT", True)
+    monkeypatch.setattr(geometry, flag, True)
     for m in (1, 7, 64):
-        assert "_decode" in launch_plan(m, n, k, out_f32=True, packed=True).kernel, m
+        assert marker in launch_plan(m, n, k, out_f32=True, packed=True).kernel, m
         got = host(gemm_sm90(x[:m], packed, out_f32=True, out=poisoned((m, n), np.float32)))
         assert np.array_equal(got.view(np.uint32), want[:m].view(np.uint32)), m
         got16 = host(gemm_sm90(x[:m], packed, out=poisoned((m, n), np.uint16)))

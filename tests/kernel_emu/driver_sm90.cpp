@@ -68,7 +68,8 @@ int run_gemm_sm90(const char* name, int grid_x, int grid_y, int threads, int sme
 
 // The warp-specialized WHOLE entry points on a packed weight, as run_gemm_sm90 launches
 // the others: gemm_sm90_ws_{bf16,f32} (tile 0), gemm_sm90_ws_{bf16,f32}_wide (tile 1)
-// and gemm_sm90_ws_{bf16,f32}_decode (tile 2); the same return codes.
+// gemm_sm90_ws_{bf16,f32}_decode (tile 2) and gemm_sm90_ws_{bf16,f32}_m64 (tile 3); the
+// same return codes.
 int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads, int smem_bytes,
                      const unsigned short* x, const unsigned char* w_packed, void* y, int M, int N, int K) {
   namespace e = gemm_sm90_emu;
@@ -85,6 +86,8 @@ int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads,
     else if (tile == 1) e::gemm_sm90_ws_bf16_wide(x, w_packed, y16, M, N, K);
     else if (tile == 2 && out_f32) e::gemm_sm90_ws_f32_decode(x, w_packed, y32, M, N, K);
     else if (tile == 2) e::gemm_sm90_ws_bf16_decode(x, w_packed, y16, M, N, K);
+    else if (tile == 3 && out_f32) e::gemm_sm90_ws_f32_m64(x, w_packed, y32, M, N, K);
+    else if (tile == 3) e::gemm_sm90_ws_bf16_m64(x, w_packed, y16, M, N, K);
     else if (out_f32) e::gemm_sm90_ws_f32(x, w_packed, y32, M, N, K);
     else e::gemm_sm90_ws_bf16(x, w_packed, y16, M, N, K);
     const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
@@ -101,7 +104,8 @@ int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads,
 // `counters`), gemm_sm90_{bf16,f32}_wg2_fold and gemm_sm90_ws_{bf16,f32}_fold (each CTA
 // walks all of K; ws and counters unused), gemm_sm90_ws_{bf16,f32}_wide_fold (the same,
 // its running totals in ws [M, N]), gemm_sm90_ws_{bf16,f32}_decode_split (PARTIAL on the
-// decode tile). w is the packed weight for gemm_sm90_ws_*.
+// decode tile), gemm_sm90_ws_{bf16,f32}_m64_split (PARTIAL on the 64 x 128 tile). w is the
+// packed weight for gemm_sm90_ws_*.
 // Returns as run_gemm_sm90.
 int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
                         const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
@@ -135,6 +139,10 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_bf16_decode_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_decode_split")
     body = [&] { e::gemm_sm90_ws_f32_decode_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_m64_split")
+    body = [&] { e::gemm_sm90_ws_bf16_m64_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_m64_split")
+    body = [&] { e::gemm_sm90_ws_f32_m64_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_split")
     body = [&] { e::gemm_sm90_ws_f32_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (!body) return 1;
