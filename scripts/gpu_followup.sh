@@ -62,3 +62,14 @@ cut -c1-180 "$OUT/pending_bench.out" | tail -14
 part pending_m64 40 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,16,64 \
   --decode-tile --m64-tile --out "$OUT/gemm_sm90_m64.json"
 cut -c1-180 "$OUT/pending_m64.out" | tail -18
+# the engine's batch-1 decode with both decode tiles on (gemm_sm90_plan's flags set in the
+# process), beside the e2e part's default row above: what flipping them would give
+part pending_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.DECODE_TILE_BY_DEFAULT = plan.M64_TILE_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--sections', 'floors,decode,kernels', '--batches', '1,64',
+               '--out', '$OUT/gpu_e2e_pending.json']))"
+grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512|failed|Error" "$OUT/pending_e2e.out" \
+  | cut -c1-150 | head -24
