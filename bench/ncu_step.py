@@ -2,6 +2,7 @@
 
     ncu --profile-from-start off --clock-control none --csv --log-file step.csv \\
         --section SpeedOfLight --section LaunchStats --section Occupancy \\
+        --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python bench/ncu_step.py run [--like llama-3.1-8b] [--case decode|cached]
     python bench/ncu_step.py summary step.csv
 
@@ -13,9 +14,10 @@ graph's kernel nodes is profiled on its own), or a fully cached prompt's first t
 `--launch-count N` on ncu keeps the first N of them (one layer's are enough).
 
 `summary` reads ncu's CSV (one row per kernel and metric) and prints a line per kernel:
-duration, DRAM and SM throughput (% of peak), registers, waves, achieved occupancy.
-Kernels bound by memory show DRAM near its peak; one far under it with little SM
-throughput either is waiting (latency, a tail, too few CTAs).
+duration, DRAM and SM throughput (% of peak), registers, waves, achieved occupancy, warp
+cycles per issued instruction and the L2 hit rate. Kernels bound by memory show DRAM
+near its peak; one far under it with little SM throughput either is waiting (latency, a
+tail, too few CTAs): many cycles per issued instruction say its warps stall.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ COLUMNS = (
     ("regs", "Registers Per Thread"),
     ("waves", "Waves Per SM"),
     ("occ%", "Achieved Occupancy"),
+    ("cyc/iss", "Warp Cycles Per Issued Instruction"),
+    ("L2hit%", "L2 Hit Rate"),
 )
 
 

@@ -43,10 +43,10 @@ ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | ta
 if [ -n "$ncu_bin" ]; then
   part ncu_decode 90 env PYTHONUNBUFFERED=1 "$ncu_bin" --profile-from-start off \
     --clock-control none --launch-count 24 --csv --log-file "$OUT/ncu_decode.csv" \
-    --section SpeedOfLight --section LaunchStats --section Occupancy \
-    "$py" bench/ncu_step.py run --case decode
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis "$py" bench/ncu_step.py run --case decode
   "$py" bench/ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
-  cut -c1-170 "$OUT/ncu_decode.txt"
+  cut -c1-190 "$OUT/ncu_decode.txt"
 fi
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16

@@ -43,7 +43,7 @@ def test_a_line_per_kernel_in_launch_order_with_durations_in_us(tmp_path) -> Non
     lines = summary(got)
     assert len(lines) == 1 + 3 + 1
     assert "paged_attention_tc_d128_b32_deep" in lines[3] and "23.90" in lines[3]
-    assert lines[2].split()[-7:] == ["3.52", "0.4", "-", "-", "-", "-", "-"]
+    assert lines[2].split()[-9:] == ["3.52", "0.4", "-", "-", "-", "-", "-", "-", "-"]
     assert lines[-1] == "3 kernels, 53.3 us in all (each alone, under ncu)"
     path = tmp_path / "step.csv"
     path.write_text(text)
