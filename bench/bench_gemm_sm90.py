@@ -23,9 +23,10 @@ off: what writing them once and idling a consumer with no row buys at decode); w
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
 M <= 64 where WS's grid is under a wave; else the same as `ws`); with `--m64-tile`, `m64`
 what `ws` runs with M64_TILE_BY_DEFAULT on (the 64 x 128 tile, 2 CTAs an SM, at M <= 64;
-else the same as `ws`); `mma` gemm.cu (the default
-off sm_90); cuBLAS. Ratios are times measured in this run: ws/mma below 1 means the
-Hopper kernel is faster than gemm.cu.
+else the same as `ws`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
+the same on gemm.cu built as before 2026-11-27 (gemm_kernel.PAD_ONCE off: its x rows
+past M zero-filled every k-tile); cuBLAS. Ratios are times measured in this run: ws/mma
+below 1 means the Hopper kernel is faster than gemm.cu.
 
 The verdict (last lines) is the strict, per-kernel form of the dispatch question: the
 Hopper kernel wins an (N, K) outright when ws/mma <= 1 at every M measured (a weight
@@ -41,13 +42,14 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
-from reprise.cuda import gemm_sm90_kernel, gemm_sm90_plan
+from reprise.cuda import gemm_kernel, gemm_sm90_kernel, gemm_sm90_plan
 from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
 from reprise.cuda.gemm_sm90_plan import WS, Sm90Launch, launch_plan
@@ -111,16 +113,16 @@ def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     return gemm_sm90(x, packed, out_f32=out_f32, out=out, route=route)
 
 
-def ws_with(module: Any, setting: str, value: bool, x: Any, packed: Any, out: Any,
-            out_f32: bool) -> Any:  # fmt: skip
-    """gemm_sm90 with `module.setting` = value for the call: a tile not yet a default
-    forced on (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT, M64_TILE_BY_DEFAULT), or the ws
-    kernels built as before 2026-11-27 (gemm_sm90_kernel.PAD_ONCE off: rows past M
-    zero-filled every k-tile, every consumer computing). The same bits either way."""
+def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]) -> Any:
+    """call() with `module.setting` = value meanwhile: a tile not yet a default forced on
+    (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT, M64_TILE_BY_DEFAULT), or the kernels built
+    as before 2026-11-27 (gemm_sm90_kernel.PAD_ONCE, gemm_kernel.PAD_ONCE off: the x
+    rows past M zero-filled every k-tile, and every ws consumer computing). The same bits
+    either way."""
     before = getattr(module, setting)
     setattr(module, setting, value)
     try:
-        return gemm_sm90(x, packed, out_f32=out_f32, out=out)
+        return call()
     finally:
         setattr(module, setting, before)
 
@@ -142,25 +144,30 @@ def timings(
     pairs = [(x, w, prepare_weight(w), prepare_weight(w, swizzle=False)) for x, w in pairs]
     out = cupy.empty((m, n), np.float32 if out_f32 else np.uint16)
     torch_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def forced(module: Any, setting: str, value: bool, fn: Callable[..., Any], weight: int):
+        """fn on the pair's x and weight (index 1 plain, 2 packed) with module.setting =
+        value meanwhile (with_setting)."""
+        return lambda p: with_setting(
+            module, setting, value, partial(fn, p[0], p[weight], out_f32=out_f32, out=out)
+        )
+
     fns: dict[str, Callable[[Any], Any]] = {
         "sm90": lambda p: gemm_sm90(p[0], p[1], out_f32=out_f32, out=out),
         "ws": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out),
         "ws_unsplit": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, splits=1),
         "ws_noswizzle": lambda p: gemm_sm90(p[0], p[3], out_f32=out_f32, out=out),
         "ws_128": lambda p: ws_narrow(p[0], p[2], out, out_f32),
-        "ws_pad": lambda p: ws_with(gemm_sm90_kernel, "PAD_ONCE", False, p[0], p[2], out, out_f32),
+        "ws_pad": forced(gemm_sm90_kernel, "PAD_ONCE", False, gemm_sm90, 2),
         "ws_wide_fold": lambda p: ws_wide_fold(p[0], p[2], out, out_f32),
-        "ws_decode_tile": lambda p: ws_with(
-            gemm_sm90_plan, "DECODE_TILE_BY_DEFAULT", True, p[0], p[2], out, out_f32
-        ),
-        "ws_m64_tile": lambda p: ws_with(
-            gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, p[0], p[2], out, out_f32
-        ),
+        "ws_decode_tile": forced(gemm_sm90_plan, "DECODE_TILE_BY_DEFAULT", True, gemm_sm90, 2),
+        "ws_m64_tile": forced(gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
+        "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
     }
     if m > 2 * WS.block_m:  # past two m tiles only the last one's padding differs
-        del fns["ws_pad"]
+        del fns["ws_pad"], fns["mma_pad"]
     if not wide_fold:
         del fns["ws_wide_fold"]
     if not decode_tile:
@@ -194,7 +201,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'mma':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
@@ -214,7 +221,7 @@ def main() -> None:
                   f"{t.get('ws_wide_fold', float('nan')):8.1f} "
                   f"{t.get('ws_decode_tile', float('nan')):8.1f} "
                   f"{t.get('ws_m64_tile', float('nan')):8.1f} "
-                  f"{t['mma']:8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
+                  f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),
                             "ws_route": route, "us": t, "ws_over_mma": ws_mma,

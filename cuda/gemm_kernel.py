@@ -99,6 +99,11 @@ SKINNY = CONFIGS[0]
 # They are constants, not the device's figures, so that a weight's split, and so its
 # bits, are the same on every device (tests/test_kernels_compile.py checks the CTA count
 # against the compiled kernel's registers and shared memory).
+# x rows past M (gemm.cu, zero_rows_past_m): zeros written once (True), or, built apart for
+# bench_gemm_sm90's same-run baseline, zero-filled by every k-tile's copies (False). The
+# same bits either way (tests/test_kernels_emulated.py).
+PAD_ONCE = True
+
 SPLIT_GRANULE = 128
 MIN_SPLIT_LENGTH = 256
 MAX_SPLITS = 32
@@ -252,7 +257,7 @@ def gemm(
     plan = launch_plan(num_rows, num_cols, k, splits, out_f32=out_f32)
     dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k), np.int32(split_length(k, splits)))
     device = _device_id()
-    fn = _kernel(plan.kernel, plan.smem_bytes, device)
+    fn = _kernel(plan.kernel, plan.smem_bytes, device, PAD_ONCE)
     if plan.split_workspace:
         import cupy
 
@@ -308,12 +313,13 @@ def _device_id() -> int:
 
 
 @functools.cache
-def _kernel(name: str, smem_bytes: int, device_id: int) -> Any:
-    """The compiled entry point, with its shared-memory opt-in set on this device.
+def _kernel(name: str, smem_bytes: int, device_id: int, pad_once: bool = True) -> Any:
+    """The compiled entry point, with its shared-memory opt-in set on this device;
+    `pad_once` False: the baseline build (PAD_ONCE).
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     """
-    fn = kernel("gemm", name)
+    fn = kernel("gemm", name, () if pad_once else ("REPRISE_GEMM_PAD_ONCE=0",))
     if smem_bytes > MAX_STATIC_SMEM_BYTES:
         fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

@@ -28,16 +28,18 @@ BF16_BITS = np.dtype(np.uint16)  # how a BF16 array is held on the device
 
 
 @functools.cache
-def module(family: str) -> cupy.RawModule:
-    """The compiled module of `cuda/<family>.cu` (a family of families.FAMILIES)."""
+def module(family: str, defines: tuple[str, ...] = ()) -> cupy.RawModule:
+    """The compiled module of `cuda/<family>.cu` (a family of families.FAMILIES), with
+    `defines` ("NAME=VALUE", as -D options) where a benchmark builds a variant."""
     import cupy
 
     source = kernel_source(family_of(family).source)
-    return cupy.RawModule(code=source, options=tuple(compile_options()), backend="nvrtc")
+    options = (*compile_options(), *(f"-D{d}" for d in defines))
+    return cupy.RawModule(code=source, options=options, backend="nvrtc")
 
 
-def kernel(family: str, name: str) -> cupy.RawKernel:
-    return module(family).get_function(name)
+def kernel(family: str, name: str, defines: tuple[str, ...] = ()) -> cupy.RawKernel:
+    return module(family, defines).get_function(name)
 
 
 def launch_kernel(

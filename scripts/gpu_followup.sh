@@ -7,11 +7,13 @@
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
 # batch 1, the cached first token: issue 18's two targets for it), each with where the
-# device's time goes kernel by kernel (a decode step, the cached first token); the
-# attention kernels against their floors; one decode step's kernels under Nsight Compute;
-# the disk tier's read speed with 16 reader threads; last, the Hopper GEMM's tiles not yet
-# a default, forced (the wide FOLD, which hung in its first version, the decode tile and
-# the 64 x 128 tile): their GPU tests and timings. Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
+# device's time goes kernel by kernel (a decode step, the cached first token); the GEMM
+# (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels against their
+# floors; one decode step's kernels under Nsight Compute; the disk tier's read speed with
+# 16 reader threads; last, the Hopper GEMM's tiles not yet a default, forced (the wide
+# FOLD, which hung in its first version, the decode tile and the 64 x 128 tile): their
+# GPU tests and timings, and the engine's decode with both decode tiles on. Everything
+# lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,9 +35,10 @@ part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like s
   --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
 grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
-part attention 25 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
-  --sections floors,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
-grep -E "paged attn|Error" "$OUT/attention.out" | cut -c1-110
+part attention 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
+  --sections floors,gemm,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
+grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|Error" "$OUT/attention.out" \
+  | cut -c1-170
 # Nsight Compute over one batch-1 decode step's first 24 kernels (the embedding and the
 # first layers: every kernel a layer runs), each alone: DRAM and SM throughput, waves,
 # occupancy (bench/ncu_step.py; where the machine lets ncu read its counters)
