@@ -6,14 +6,14 @@
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
-# batch 1, the cached first token: issue 18's two targets for it), each with where the
-# device's time goes kernel by kernel (a decode step, the cached first token); the GEMM
-# (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels against their
-# floors; one decode step's kernels under Nsight Compute; the disk tier's read speed with
-# 16 reader threads; last, the Hopper GEMM's tiles not yet a default, forced (the wide
-# FOLD, which hung in its first version, the decode tile and the 64 x 128 tile): their
-# GPU tests and timings, and the engine's decode with both decode tiles on. Everything
-# lands in ${OUT:-gpu-results}/results-followup.tgz.
+# batch 1, the cached first token: issue 18's two targets for it; PDL off, then on), each
+# with where the device's time goes kernel by kernel (a decode step, the cached first
+# token); the GEMM (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels
+# against their floors; one decode step's kernels under Nsight Compute; the disk tier's
+# read speed with 16 reader threads; last, the Hopper GEMM's tiles not yet a default,
+# forced (the wide FOLD, which hung in its first version, the decode tile and the 64 x 128
+# tile): their GPU tests and timings, and the engine's decode with both decode tiles on.
+# Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,13 @@ part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like s
   --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
 grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
+# the same with every kernel a programmatic dependent launch (REPRISE_PDL=1): a 135M
+# model's step is ~270 small kernels, where launch gaps weigh most
+part e2e_default_pdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=1 "$py" bench/bench_gpu_e2e.py \
+  --like smollm2-135m --sections decode,ttft,kernels --batches 1 \
+  --out "$OUT/gpu_e2e_default_pdl.json"
+grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_pdl.out" \
+  | cut -c1-160
 part attention 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,gemm,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|Error" "$OUT/attention.out" \
