@@ -48,14 +48,14 @@ grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|Error" "$OU
   | cut -c1-170
 # Nsight Compute over one batch-1 decode step's first 24 kernels (the embedding and the
 # first layers: every kernel a layer runs), each alone: DRAM and SM throughput, waves,
-# occupancy (bench/ncu_step.py; where the machine lets ncu read its counters)
+# occupancy (bench/bench_ncu_step.py; where the machine lets ncu read its counters)
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 if [ -n "$ncu_bin" ]; then
   part ncu_decode 90 env PYTHONUNBUFFERED=1 "$ncu_bin" --profile-from-start off \
     --clock-control none --launch-count 24 --csv --log-file "$OUT/ncu_decode.csv" \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-    --section MemoryWorkloadAnalysis "$py" bench/ncu_step.py run --case decode
-  "$py" bench/ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
+    --section MemoryWorkloadAnalysis "$py" bench/bench_ncu_step.py run --case decode
+  "$py" bench/bench_ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
   cut -c1-190 "$OUT/ncu_decode.txt"
 fi
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \

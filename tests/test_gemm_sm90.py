@@ -464,8 +464,10 @@ def test_the_launcher_launches_what_the_kernels_take(
 
     launches: list[str] = []
 
-    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool) -> Any:
+    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
+                    pad_once: bool) -> Any:  # fmt: skip
         assert swizzle, "prepare_weight's default layout, which the emulation is built for"
+        assert pad_once, "the default build (PAD_ONCE), which the emulation is built for"
 
         def launch(
             grid_xy: tuple[int, int], block: tuple[int], args: tuple, *, shared_mem: int

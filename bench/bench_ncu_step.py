@@ -3,8 +3,8 @@
     ncu --profile-from-start off --clock-control none --csv --log-file step.csv \\
         --section SpeedOfLight --section LaunchStats --section Occupancy \\
         --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        python bench/ncu_step.py run [--like llama-3.1-8b] [--case decode|cached]
-    python bench/ncu_step.py summary step.csv
+        python bench/bench_ncu_step.py run [--like llama-3.1-8b] [--case decode|cached]
+    python bench/bench_ncu_step.py summary step.csv
 
 `run` builds the engine as bench_gpu_e2e does (random weights of `--like`'s shapes),
 warms it (graphs captured, kernels loaded) and brackets exactly one call with the CUDA
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> None:
     with cupyx.profiler.profile():  # cudaProfilerStart ... cudaProfilerStop
         call()
         cupy.cuda.Device().synchronize()
-    print(f"ncu_step: profiled one {args.case} call", flush=True)
+    print(f"bench_ncu_step: profiled one {args.case} call", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kernels = parse(args.csv.read_text(errors="replace"))
     if not kernels:
-        print(f"ncu_step: no kernel rows in {args.csv}", file=sys.stderr)
+        print(f"bench_ncu_step: no kernel rows in {args.csv}", file=sys.stderr)
         return 1
     print("\n".join(summary(kernels)))
     return 0

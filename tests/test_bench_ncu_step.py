@@ -1,4 +1,4 @@
-"""bench/ncu_step.py's reading of Nsight Compute's CSV (its details page: one row per
+"""bench/bench_ncu_step.py's reading of Nsight Compute's CSV (its details page: one row per
 kernel, section and metric), on a CSV made here in that layout."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from reprise.bench.ncu_step import main, parse, summary
+from reprise.bench.bench_ncu_step import main, parse, summary
 
 HEADER = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
           "Block Size", "Grid Size", "Device", "CC", "Section Name", "Metric Name",
