@@ -467,19 +467,22 @@ KERNEL_TRACE_CALLS = 3  # profiled calls a case (bench/kernel_trace.py)
 def section_kernels(b: Bench, out: dict[str, Any]) -> None:
     """Where the device's time goes, kernel by kernel (bench/kernel_trace.py, CUPTI through
     torch.profiler): a batch-1 decode step at the decode context and at the first-token
-    prompt's length (graphs), and that prompt's cached first token; each after warm
-    calls, so the graphs are captured and the kernels loaded."""
+    prompt's length (graphs), the first one eager too, and that prompt's cached first
+    token; each after warm calls, so the graphs are captured and the kernels loaded."""
     if b.backend.name != "cupy":
         raise RuntimeError("the kernels section traces the GPU backend's kernels; run it on cupy")
     from reprise.bench.kernel_trace import profile_calls
 
     result: dict[str, Any] = {}
     n = b.ttft_tokens
-    for context in dict.fromkeys((b.context, n)):
-        engine = b.decoding_engine(1, context, graphs=True, steps=2 * KERNEL_TRACE_CALLS + 3)
+    # the eager step too: the same kernels, each its own launch, which the trace sees
+    # even where it would not see a replayed graph's
+    for context, graphs in dict.fromkeys(((b.context, True), (n, True), (b.context, False))):
+        engine = b.decoding_engine(1, context, graphs=graphs, steps=2 * KERNEL_TRACE_CALLS + 3)
         for _ in range(3):
             engine.step()
-        result[f"decode b=1 ctx={context} graphs"] = profile_calls(engine.step, KERNEL_TRACE_CALLS)
+        label = f"decode b=1 ctx={context} {'graphs' if graphs else 'eager'}"
+        result[label] = profile_calls(engine.step, KERNEL_TRACE_CALLS)
         del engine
         _free(True)
     per_prompt = b.blocks(n + 1) + 1
