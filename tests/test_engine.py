@@ -109,6 +109,30 @@ def test_seeded_sampling_repeats_and_batches(engine: Engine) -> None:
     assert batch[2].prompt_token_ids == [1, 2, 3]
 
 
+def test_generate_tells_a_batch_from_a_prompt_and_a_refused_batch_leaves_nothing(
+    engine: Engine,
+) -> None:
+    """A list of ids is one prompt, a list of prompts (text, ids, prepared) a batch, as a
+    tuple too; a list mixing ids with prompts, or holding a bool, is refused with one
+    line, in either order, and a batch refused at a later prompt leaves none of its
+    earlier requests queued or finished and no block held."""
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    one = engine.generate([5, 6, 7], params)
+    assert isinstance(one, Completion) and one.prompt_token_ids == [5, 6, 7]
+    assert isinstance(engine.generate((5, 6, 7), params), Completion)
+    prepared = engine.prepare_prompt([5, 6, 7])
+    batch = engine.generate(([5, 6, 7], "Hi", prepared), params)
+    assert [c.prompt_token_ids for c in batch][::2] == [[5, 6, 7], [5, 6, 7]]
+    assert [c.token_ids for c in batch][::2] == [one.token_ids] * 2
+    free = engine.pool.num_free_blocks
+    for bad in ([5, "Hi"], ["Hi", 5], [True, 5], [5, True], [[5, 6], 7], ["Hi", [5, True]]):
+        with pytest.raises(ValueError, match="prompt") as refused:
+            engine.generate(bad, params)
+        assert "\n" not in str(refused.value), bad
+        assert not engine.has_work() and not engine._finished, bad
+        assert engine.pool.num_free_blocks == free, bad
+
+
 def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in params.__slots__}
 

@@ -40,7 +40,7 @@ from .logits_cache import LogitsCache
 from .params import Completion, Retention, SamplingParams, StepOutput, TokenLogprobs
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
-from .prompts import PreparedPrompt, Prompt, is_token_ids, prompt_ids
+from .prompts import PreparedPrompt, Prompt, prompt_ids
 from .runner import ModelRunner, RunOutput
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
@@ -416,7 +416,14 @@ class Engine:
         `n` > 1 a prompt gets n completions, in choice order; the list holds every
         prompt's choices in turn (prompt-major, as OpenAI's `choices`), and a single
         prompt's n completions come as a list too."""
-        is_batch = isinstance(prompt, list | tuple) and bool(prompt) and not is_token_ids(prompt)
+        # a batch's items are prompts, a prompt's are ids: the first item says which (a
+        # scan of every item, as the prompt's own check makes, would cost a 4k-token
+        # prompt a second pass); a list mixing the two is refused either way
+        is_batch = (
+            isinstance(prompt, list | tuple)
+            and bool(prompt)
+            and isinstance(prompt[0], str | list | tuple | PreparedPrompt)
+        )
         prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(prompts)
@@ -424,19 +431,23 @@ class Engine:
             param_list = list(params)
             if len(param_list) != len(prompts):
                 raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
-        request_ids = [
-            request_id
-            for p, sp in zip(prompts, param_list, strict=True)
-            for request_id in self.add_choices(
-                p,
-                sp,
-                cache_salt=cache_salt,
-                retention=retention,
-                priority=priority,
-                prompt_table=prompt_table,
-                extra_ids=extra_ids,
-            )
-        ]
+        request_ids: list[RequestId] = []
+        try:
+            for p, sp in zip(prompts, param_list, strict=True):
+                request_ids += self.add_choices(
+                    p,
+                    sp,
+                    cache_salt=cache_salt,
+                    retention=retention,
+                    priority=priority,
+                    prompt_table=prompt_table,
+                    extra_ids=extra_ids,
+                )
+        except Exception:  # a batch refused at its k-th prompt leaves nothing queued
+            for request_id in request_ids:
+                self.cancel(request_id)
+                self.take_completion(request_id)
+            raise
         while not all(r in self._finished for r in request_ids):
             self.step()
         completions = [self.take_completion(r) for r in request_ids]

@@ -63,11 +63,6 @@ def prompt_ids(
     return ids, array
 
 
-def is_token_ids(prompt: object) -> bool:
-    """A list or tuple of ints (NumPy integers too, bools not)."""
-    return _token_id_types(prompt) is not None
-
-
 def _token_id_types(prompt: object) -> set[type] | None:
     """The element types of a list or tuple of ints (NumPy integers too, bools not),
     else None. They are collected in C (set(map(type, ...))): a 4k-token prompt costs
