@@ -415,7 +415,8 @@ class Engine:
         (`prompt_table` and `extra_ids`, as in `add_request`, apply to each). With
         `n` > 1 a prompt gets n completions, in choice order; the list holds every
         prompt's choices in turn (prompt-major, as OpenAI's `choices`), and a single
-        prompt's n completions come as a list too."""
+        prompt's n completions come as a list too. A batch with a prompt refused
+        (ValueError) leaves none of its prompts queued."""
         # a batch's items are prompts, a prompt's are ids: the first item says which (a
         # scan of every item, as the prompt's own check makes, would cost a 4k-token
         # prompt a second pass); a list mixing the two is refused either way
