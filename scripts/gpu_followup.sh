@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # After a change to the Hopper GEMM, decode attention or the disk tier's read path, on a
-# lent GPU as one call of about 6 minutes (10 at most), most important first: every GPU
+# lent GPU as one call of about 8-9 minutes (timeout_s=600; what is done is packed after
+# each part, so a cut run keeps its first parts), most important first: every GPU
 # test (the kernels against their twins and across batch shapes, the Hopper GEMM's
 # included, the engine's invariance suite: 0 logits may differ) and the disk staging
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
@@ -24,7 +25,7 @@ py=$python
 part check 180 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
   tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
-part sm90 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
+part sm90 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --out "$OUT/gemm_sm90.json"
 cut -c1-175 "$OUT/sm90.out" | tail -26
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
