@@ -13,8 +13,9 @@ weights (`synth_in_memory`), every figure a ratio to something measured in the s
   of three more cached calls, `cached_profile`, the top lines printed at the end) and
   from the host tier (over fresh);
 - where the device's time goes, kernel by kernel (`kernels`: CUPTI's trace through
-  torch.profiler, bench/kernel_trace.py): a batch-1 decode step at both contexts and the
-  cached first token, each call's span on the device, its idle time and its top kernels;
+  torch.profiler, bench/kernel_trace.py): a batch-1 decode step at both contexts (and
+  eager) and the cached first token, each call's span on the device, its idle time and
+  its top kernels;
 - the same prompt's first token in a new engine over the disk tier an earlier engine
   wrote it to, a warm restart (over fresh; issue 23's target <= 0.2), logits checked
   bit-identical to fresh. The block files are in the page cache (just written): it
@@ -48,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.bench.kernel_trace import summary_lines
+from reprise.bench.kernel_trace import profile_calls, summary_lines
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.config import ModelConfig
 from reprise.daemon.model.llama import LlamaModel
@@ -205,8 +206,8 @@ class Bench:
         return statistics.median(times), _median_elapsed_s(events[warm:])
 
     def decoding_engine(
-        self, batch: int, context: int, *, graphs: bool, model: LlamaModel | None = None,
-        steps: int = 19,
+        self, batch: int, context: int, *, graphs: bool, steps: int,
+        model: LlamaModel | None = None,
     ) -> Engine:  # fmt: skip
         """An engine whose `batch` sequences of `context` prompt tokens are prefilled, each
         with tokens left for `steps` more steps in which all of them decode."""
@@ -471,8 +472,6 @@ def section_kernels(b: Bench, out: dict[str, Any]) -> None:
     token; each after warm calls, so the graphs are captured and the kernels loaded."""
     if b.backend.name != "cupy":
         raise RuntimeError("the kernels section traces the GPU backend's kernels; run it on cupy")
-    from reprise.bench.kernel_trace import profile_calls
-
     result: dict[str, Any] = {}
     n = b.ttft_tokens
     # the eager step too: the same kernels, each its own launch, which the trace sees

@@ -92,6 +92,11 @@ CONFIGS: tuple[TileConfig, ...] = (
 )
 SKINNY = CONFIGS[0]
 
+# x rows past M (gemm.cu, zero_rows_past_m): zeros written once (True), or, built apart for
+# bench_gemm_sm90's same-run baseline, zero-filled by every k-tile's copies (False). The
+# same bits either way (tests/test_kernels_emulated.py).
+PAD_ONCE = True
+
 # Split-K: split lengths are multiples of SPLIT_GRANULE (every config's BK divides it,
 # so no k-tile straddles a split), at least MIN_SPLIT_LENGTH long. The split count
 # fills one wave of REFERENCE_SMS SMs running SKINNY_CTAS_PER_SM skinny CTAs each: an
@@ -99,11 +104,6 @@ SKINNY = CONFIGS[0]
 # They are constants, not the device's figures, so that a weight's split, and so its
 # bits, are the same on every device (tests/test_kernels_compile.py checks the CTA count
 # against the compiled kernel's registers and shared memory).
-# x rows past M (gemm.cu, zero_rows_past_m): zeros written once (True), or, built apart for
-# bench_gemm_sm90's same-run baseline, zero-filled by every k-tile's copies (False). The
-# same bits either way (tests/test_kernels_emulated.py).
-PAD_ONCE = True
-
 SPLIT_GRANULE = 128
 MIN_SPLIT_LENGTH = 256
 MAX_SPLITS = 32

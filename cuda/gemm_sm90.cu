@@ -11,8 +11,7 @@
 // or two consumer warpgroups through an mbarrier ring; w pre-packed once so its tiles
 // come by 1-D bulk copies: no tensor maps; by default the 128-byte swizzle stage layout,
 // see ws_chunk_offset; tiles 128 x 128, 128 x 256 and, for decodes, 64 x 64 and 64 x 128).
-// The first,
-// instantiated for a few tile shapes (gemm_sm90_plan.py's CONFIGS mirror the
+// The first, instantiated for a few tile shapes (gemm_sm90_plan.py's CONFIGS mirror the
 // instantiations at the end of this file):
 //   CTA tile BM x BN, one warpgroup (4 warps, 128 threads) per 64 rows, each issuing
 //   BN / 128 wgmma.m64n128k16 per 16-wide K slice with both operands in shared memory;
@@ -727,70 +726,68 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
     if (MODE != Split::PARTIAL) return;
-  } else {  // ---- consumers ----
+  } else if (warpgroup - 1 < active) {  // ---- consumers owning a row below M ----
+    // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
+    // neither branch: it waits for no stage and releases none, empty[s] counting the
+    // active consumers' threads only, and goes on to PARTIAL's fold.)
     if constexpr (MODE == Split::FOLD_WS && T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
-    // A consumer whose 64 rows are all past M (M <= 64 on a two-consumer tile) has
-    // nothing to compute or store: it neither waits for stages nor releases them (empty[s]
-    // counts the active consumers' threads only).
-    if (consumer < active) {
-      const int warp = (tid / 32) % 4, lane = tid % 32;
-      const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
-      float acc[T::N_SUB][64];
-      float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
+    float acc[T::N_SUB][64];
+    float total[T::N_SUB][64];  // FOLD's running total of finished splits (dropped otherwise)
 #pragma unroll
-      for (int s = 0; s < T::N_SUB; ++s)
+    for (int s = 0; s < T::N_SUB; ++s)
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
+      for (int i = 0; i < 64; ++i) acc[s][i] = total[s][i] = 0.0f;
 
-      // FOLD_WS walks K one split at a time, the pipeline drained between them, in a loop
-      // unrolled to FOLD_WS_MAX_SPLITS runs: ptxas serializes every wgmma of a function
-      // whose wgmma loop carries the accumulators through memory accesses (C7515), as a
-      // loop over the splits would. Every other mode: one run of all its tiles.
-      constexpr int RUNS = MODE == Split::FOLD_WS ? FOLD_WS_MAX_SPLITS : 1;
-      const int run_tiles = MODE == Split::FOLD_WS ? split_len / T::BK : num_k_tiles;
+    // FOLD_WS walks K one split at a time, the pipeline drained between them, in a loop
+    // unrolled to FOLD_WS_MAX_SPLITS runs: ptxas serializes every wgmma of a function
+    // whose wgmma loop carries the accumulators through memory accesses (C7515), as a
+    // loop over the splits would. Every other mode: one run of all its tiles.
+    constexpr int RUNS = MODE == Split::FOLD_WS ? FOLD_WS_MAX_SPLITS : 1;
+    const int run_tiles = MODE == Split::FOLD_WS ? split_len / T::BK : num_k_tiles;
 #pragma unroll
-      for (int run = 0; run < RUNS; ++run) {
-        const int t0 = run * run_tiles;
-        if (t0 >= num_k_tiles) break;
-        if (MODE == Split::FOLD_WS && run > 0)
-          fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, run == 1, false);
-        const int t1 = min(num_k_tiles, t0 + run_tiles);
-        for (int t = t0; t < t1; ++t) {
-          const int s = t % T::STAGES;
-          while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
-          }
-          fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
-          const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
-          const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
-          if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
-#pragma unroll
-          for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-          wgmma_fence();
-#pragma unroll
-          for (int ks = 0; ks < T::BK / 16; ++ks) {
-#pragma unroll
-            for (int j = 0; j < T::N_SUB; ++j)
-              wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
-          }
-          wgmma_commit();
-          wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
-#pragma unroll
-          for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-          if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
+    for (int run = 0; run < RUNS; ++run) {
+      const int t0 = run * run_tiles;
+      if (t0 >= num_k_tiles) break;
+      if (MODE == Split::FOLD_WS && run > 0)
+        fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, run == 1, false);
+      const int t1 = min(num_k_tiles, t0 + run_tiles);
+      for (int t = t0; t < t1; ++t) {
+        const int s = t % T::STAGES;
+        while (!mbar_try_wait(full0 + s * 8, (t / T::STAGES) & 1)) {
         }
-      }
-      wgmma_wait<0>();
+        fence_proxy_async();  // the x tile came through the generic proxy (cp.async)
+        const unsigned a_base = smem_base + s * T::STAGE_BYTES + consumer * 64 * T::ROW_BYTES;
+        const unsigned b_base = smem_base + s * T::STAGE_BYTES + T::A_BYTES;
+        if (MODE == Split::FOLD && t > 0 && (t * T::BK) % split_len == 0) fold_boundary<T>(acc, total);
 #pragma unroll
-      for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-      if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
-      if constexpr (MODE == Split::FOLD_WS) {
-        fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
-        ws_store<T>(out, acc, row0, n0, lane, M, N);
-      } else {
-        ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
-                    M, N);
+        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < T::BK / 16; ++ks) {
+#pragma unroll
+          for (int j = 0; j < T::N_SUB; ++j)
+            wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
+#pragma unroll
+        for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+        if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
       }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
+    if (MODE == Split::FOLD) fold_boundary<T>(acc, total);  // the last split joins the total
+    if constexpr (MODE == Split::FOLD_WS) {
+      fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
+      ws_store<T>(out, acc, row0, n0, lane, M, N);
+    } else {
+      ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
+                  M, N);
     }
   }
   // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is
