@@ -318,12 +318,12 @@ __device__ __forceinline__ void paged_attention(
           const bool sees = visible[ii] > 0;
           const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
           const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
+          // NOTE: no select around expf (attention_tc.cu's softmax step says why): a
+          // masked key's s is -inf against a finite max, so its p is expf(-inf) = +0.
+          const float m_sub = sees ? m_new : 0.0f;  // a row that sees none: every s is -inf
           float p[C::kKeysPerLane];
 #pragma unroll
-          for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
-            const int j = key_lane + C::kLanesPerRow * kk;
-            p[kk] = j < visible[ii] ? expf(__fsub_rn(s[kk], m_new)) : 0.0f;
-          }
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) p[kk] = expf(__fsub_rn(s[kk], m_sub));
           float p_sum = p[0];
 #pragma unroll
           for (int kk = 1; kk < C::kKeysPerLane; ++kk) p_sum = __fadd_rn(p_sum, p[kk]);

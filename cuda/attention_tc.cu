@@ -69,15 +69,19 @@
 // (CtaWork), and the loop keeps in registers only what each page uses. Earlier still
 // (__launch_bounds__(128, 1) everywhere, a select holding the old acc through P.V, a
 // per-copy address table for the page copies): 145-255 registers, d128_b64 spilling.
+// Then (2026-11-27) the softmax step's expf without a select around it and the one-lane
+// chunk end's merge as selects (see there): the page loop of d128_b32 on sm_90 went from
+// 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9, and the
+// registers to the "now" column, at the same CTAs an SM.
 //
-//   kernel     smem B  | sm_80 regs (bounds)      CTAs reg/smem | sm_90 regs   CTAs reg/smem
-//                      | before -> after          before->after | before->after before->after
-//   d64_b16     36,864 | 122 -> 113 (128, 4)        4/4 -> 4/4  | 115 -> 110     4/6 -> 4/6
-//   d64_b32     36,864 | 137 -> 127 (128, 3)        3/4 -> 4/4  | 142 -> 132     3/6 -> 3/6
-//   d64_b64     55,296 | 165 -> 149 (128, 3)        3/2 -> 3/2  | 167 -> 165     3/4 -> 3/4
-//   d128_b16    69,632 | 168 -> 162 (128, 3)        3/2 -> 3/2  | 167 -> 156     3/3 -> 3/3
-//   d128_b32    69,632 | 202 -> 168 (128, 2 -> 3)   2/2 -> 3/2  | 202 -> 168     2/3 -> 3/3
-//   d128_b64   104,448 | 219 -> 205 (128, 2)        2/1 -> 2/1  | 225 -> 216     2/2 -> 2/2
+//   kernel     smem B  | sm_80 regs (bounds)            CTAs     | sm_90 regs         CTAs
+//                      | earlier -> before -> now       reg/smem | earlier->before->now reg/smem
+//   d64_b16     36,864 | 122 -> 113 -> 128 (128, 4)       4/4    | 115 -> 110 -> 127    4/6
+//   d64_b32     36,864 | 137 -> 127 -> 127 (128, 3)       4/4    | 142 -> 132 -> 160    3/6
+//   d64_b64     55,296 | 165 -> 149 -> 160 (128, 3)       3/2    | 167 -> 165 -> 159    3/4
+//   d128_b16    69,632 | 168 -> 162 -> 167 (128, 3)       3/2    | 167 -> 156 -> 168    3/3
+//   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)  3/2    | 202 -> 168 -> 168    3/3
+//   d128_b64   104,448 | 219 -> 205 -> 220 (128, 2)       2/1    | 225 -> 216 -> 222    2/2
 //
 // So registers hold no head_dim 128 kernel below what its shared memory allows, on either
 // architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
@@ -92,13 +96,17 @@
 // split launches only (a one-lane launch traps), which merge their chunks from the
 // workspace. (At (128, 3), 168 registers, d128_b32_deep spills 8 B on sm_90; so 2.)
 //
-//   kernel         stages  smem B  | sm_80 regs  CTAs reg/smem | sm_90 regs  CTAs reg/smem
-//   d64_b16_deep      8     36,864 |    114          4/4       |    120          4/6
-//   d64_b32_deep      4     36,864 |    133          3/4       |    142          3/6
-//   d64_b64_deep      3     55,296 |    157          3/2       |    168          3/4
-//   d128_b16_deep     8     69,632 |    165          3/2       |    174          2/3
-//   d128_b32_deep     4     69,632 |    198          2/2       |    201          2/3
-//   d128_b64_deep     3    104,448 |    213          2/1       |    224          2/2
+// Since 2026-11-27 a deep kernel compiles none of the one-lane code (its chunk-end merge
+// and output: `if constexpr`): d128_b32_deep's page loop is 877 SASS instructions, from
+// 1,570, with 8 divergence regions, from 57.
+//
+//   kernel         stages  smem B  | sm_80 regs      CTAs reg/smem | sm_90 regs      CTAs reg/smem
+//   d64_b16_deep      8     36,864 | 114 -> 111          4/4       | 120 -> 117          4/6
+//   d64_b32_deep      4     36,864 | 133 -> 130          3/4       | 142 -> 141          3/6
+//   d64_b64_deep      3     55,296 | 157 -> 158          3/2       | 168 -> 168          3/4
+//   d128_b16_deep     8     69,632 | 165 -> 162          3/2       | 174 -> 174          2/3
+//   d128_b32_deep     4     69,632 | 198 -> 195          2/2       | 201 -> 198          2/3
+//   d128_b64_deep     3    104,448 | 213 -> 213          2/1       | 224 -> 216          2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
@@ -336,14 +344,20 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     sees[h] = visible > 0;
     const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
     alpha[h] = sees[h] ? expf(__fsub_rn(st.m[h], m_new)) : 1.0f;
+    // NOTE: no select around expf: a masked key's x is -inf (above) and the max it is
+    // taken from is finite (m_new for a row that sees the page; 0 for one that sees none
+    // of it, whose every x is -inf), so its p is expf(-inf) = +0, the +0 a select gave,
+    // and a seen key's p is the same expf of the same difference. A select there made
+    // the compiler branch around each expf (BSSY/BSYNC a key), serializing the keys'
+    // exponentials, the longest chain of a page.
+    const float m_sub = sees[h] ? m_new : 0.0f;
     float p_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < C::kKeyTiles; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int key = 8 * j + 2 * quad_lane + e;
         float& x = s[j][2 * h + e];
-        x = key < visible ? expf(__fsub_rn(x, m_new)) : 0.0f;
+        x = expf(__fsub_rn(x, m_sub));
         p_sum = __fadd_rn(p_sum, x);
       }
     }
@@ -447,7 +461,7 @@ __device__ __forceinline__ void paged_attention_tc(
   const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
   constexpr int kTpc = C::kTilesPerChunk;
   const int num_chunks = (num_tiles + kTpc - 1) / kTpc;
-  const bool split = kv_lanes > 1;
+  const bool split = SPLIT_ONLY || kv_lanes > 1;  // a SPLIT_ONLY kernel has no one-lane code
   if (split && kv_lane >= num_chunks) return;  // a lane past the CTA's last chunk: not counted
   // The pages this CTA runs, in order: those of its chunks kv_lane, kv_lane + kv_lanes, ...
   // (page k is page k % kTpc of the lane's chunk k / kTpc; only the last chunk is short).
@@ -583,28 +597,32 @@ __device__ __forceinline__ void paged_attention_tc(
       }
       continue;
     }
-    float a1[2], a2[2];
+    if constexpr (!SPLIT_ONLY) {  // one lane: merged into the total in shared memory
+      float a1[2], a2[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a1[h] = 0.0f;
-      a2[h] = 1.0f;
-      if (!sees[h]) continue;
-      if (c == 0) {  // every row's first chunk: taken as it is
-        total(kM + h) = st.m[h];
-        total(kDenom + h) = st.denom[h];
-      } else {
-        total(kM + h) = merge_factors(total(kM + h), st.m[h], a1[h], a2[h]);
-        total(kDenom + h) = merged(total(kDenom + h), a1[h], st.denom[h], a2[h]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < C::kDimTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
+      for (int h = 0; h < 2; ++h) {
+        a1[h] = 0.0f;
+        a2[h] = 1.0f;
         if (!sees[h]) continue;
-        float& x = total(n * 4 + e);
-        x = c == 0 ? st.acc[n][e] : merged(x, a1[h], st.acc[n][e], a2[h]);
+        if (c == 0) {  // every row's first chunk: taken as it is
+          total(kM + h) = st.m[h];
+          total(kDenom + h) = st.denom[h];
+        } else {
+          total(kM + h) = merge_factors(total(kM + h), st.m[h], a1[h], a2[h]);
+          total(kDenom + h) = merged(total(kDenom + h), a1[h], st.denom[h], a2[h]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < C::kDimTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          // a select, not a branch an element: a row that does not see the chunk (padding)
+          // keeps its total as it was
+          float& x = total(n * 4 + e);
+          const float next = c == 0 ? st.acc[n][e] : merged(x, a1[h], st.acc[n][e], a2[h]);
+          x = sees[h] ? next : x;
+        }
       }
     }
   }
@@ -629,22 +647,24 @@ __device__ __forceinline__ void paged_attention_tc(
     return;
   }
 
-  // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
+  if constexpr (!SPLIT_ONLY) {  // a SPLIT_ONLY kernel has returned above
+    // --- out = bf16(acc / denom); thread holds columns 8n + 2 * (lane % 4), +1 ---
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (pos[h] < 0) continue;  // padding
-    unsigned short* dst = out + cta.row_at(row0 + 8 * h, num_heads) * HEAD_DIM;
+    for (int h = 0; h < 2; ++h) {
+      if (pos[h] < 0) continue;  // padding
+      unsigned short* dst = out + cta.row_at(row0 + 8 * h, num_heads) * HEAD_DIM;
 #pragma unroll
-    for (int n = 0; n < C::kDimTiles; ++n) {
-      float v[2];
+      for (int n = 0; n < C::kDimTiles; ++n) {
+        float v[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // NOTE: -0 -> +0: the sign of an exactly zero acc is the one thing a masked
-        // key's zero P.V term could reach (see the header).
-        const float a = total(n * 4 + 2 * h + e);
-        v[e] = __fdiv_rn(a == 0.0f ? 0.0f : a, total(kDenom + h));
+        for (int e = 0; e < 2; ++e) {
+          // NOTE: -0 -> +0: the sign of an exactly zero acc is the one thing a masked
+          // key's zero P.V term could reach (see the header).
+          const float a = total(n * 4 + 2 * h + e);
+          v[e] = __fdiv_rn(a == 0.0f ? 0.0f : a, total(kDenom + h));
+        }
+        *reinterpret_cast<unsigned*>(dst + 8 * n + col) = bf16_pair(v[0], v[1]);
       }
-      *reinterpret_cast<unsigned*>(dst + 8 * n + col) = bf16_pair(v[0], v[1]);
     }
   }
 }

@@ -204,9 +204,11 @@ def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
     lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
 ) -> None:
     """A prompt's rows from a prefill (whole over S + 1 keys, or the chunk crossing the 3S
-    boundary with garbage past it: one lane merging in shared memory, rows of one warp
-    seeing different chunk counts) bit-equal the same positions as decode steps (split
-    through the workspace), and match the twin; the chunk batched behind decode steps too."""
+    boundary with garbage past it; rows of one warp seeing different chunk counts) bit-equal
+    the same positions as decode steps (split through the workspace), and match the twin;
+    the chunk batched behind decode steps too. The prefills run on split_grid's grid
+    (split: merged from the workspace) and on one lane (merged in shared memory, as a
+    long prefill's grid is), to the same bits."""
     paged = PagedTc(rng, shape(head_dim, group, 1), block_size, SPLIT_CONTEXTS)
     whole_len, long_len = S + 1, 3 * S + 7
     first = 3 * S - 20
@@ -218,6 +220,11 @@ def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
     for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
         with fp32_probe(lib, probe):
             whole = paged.run(lib, [(3, 0, whole_len)])
+            for span, with_cache in (((3, 0, whole_len), None), ((4, first, long_len), cache)):
+                one_lane = forced_grid(span[2] - span[1], 1, 1, group, 1, 1, ROWS_PER_CTA)
+                assert paged.planned_grid([span]).splits  # so the two grids merge apart
+                got = paged.run(lib, [span], with_cache, grid=one_lane)
+                assert np.array_equal(got, paged.run(lib, [span], with_cache)), (probe, span)
             for pos in (0, S - 2, S - 1, S):
                 step = paged.run(lib, [(3, pos, pos + 1)])
                 assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)

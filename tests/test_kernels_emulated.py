@@ -494,9 +494,10 @@ def test_attention_split_prefill_rows_equal_their_decode_steps(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
 ) -> None:
     """A prompt's rows computed in a prefill (whole, or the chunk crossing the 3S
-    boundary, garbage past it; one CTA merging its rows' chunks in registers, rows of one
-    CTA seeing different chunk counts) bit-equal the same positions as decode steps
-    (split through the workspace), and the prefill's rows match the twin."""
+    boundary, garbage past it; rows of one CTA seeing different chunk counts) bit-equal
+    the same positions as decode steps (split through the workspace), and the prefill's
+    rows match the twin. The prefills run on split_grid's grid and on one lane (one CTA
+    merging its rows' chunks in registers, as a long prefill's grid does), to the same bits."""
     paged = split_case(rng, shape, block_size)
     whole_len, long_len = S + 1, 3 * S + 7
     first = 3 * S - 20
@@ -508,6 +509,11 @@ def test_attention_split_prefill_rows_equal_their_decode_steps(
     for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
         with fp32_probe(lib, probe):
             whole = paged.emulated(lib, [(3, 0, whole_len)])
+            heads, kv_heads, _ = shape
+            for span, with_cache in (((3, 0, whole_len), None), ((4, first, long_len), cache)):
+                one_lane = forced_grid(span[2] - span[1], 1, kv_heads, heads // kv_heads, 1, 1)
+                got = paged.emulated(lib, [span], with_cache, grid=one_lane)
+                assert np.array_equal(got, paged.emulated(lib, [span], with_cache)), (probe, span)
             for pos in (0, S - 2, S - 1, S):
                 step = paged.emulated(lib, [(3, pos, pos + 1)])
                 assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
