@@ -27,7 +27,10 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   scaled_dot_product_attention on contiguous BF16 tensors of the same shapes, run
   with enable_gqa and with K/V repeated to every head; the faster is the reference.
   Each row records the KV split's geometry (head_parts, kv_lanes, busy_ctas: CTAs
-  with work at that context); a split launch gets its workspace preallocated.
+  with work at that context); a split launch gets its workspace preallocated. Two
+  same-run baselines of the tensor-core kernel: `tc ring2` held to its normal page ring
+  (split launches take the deep one), `tc sel` built with the select around each key's
+  expf it had before 2026-11-27 (the same bits).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
   Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
@@ -285,7 +288,7 @@ def make_row(
 
 
 # (row key, heading, width); the first three left-aligned
-COLUMNS = (("model", "model", 13), ("op", "op", 14), ("shape", "shape", 25),
+COLUMNS = (("model", "model", 13), ("op", "op", 20), ("shape", "shape", 25),
            ("time_us", "time µs", 11), ("floor_us", "floor µs", 10), ("bound", "bound", 6),
            ("x_floor", "×floor", 8), ("ref_us", "ref µs", 10), ("x_ref", "×ref", 7))  # fmt: skip
 
@@ -639,15 +642,30 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
         tc.launch_variant = chosen
 
 
+def paged_attention_tc_exp_select(**inputs: Any) -> Any:
+    """The tensor-core kernel built with a select around each key's expf, as before
+    2026-11-27 (attention_tc_kernel.EXP_SELECT): what dropping it gained, in the same run.
+    The same bits."""
+    from reprise.cuda import attention_tc_kernel as tc
+
+    before, tc.EXP_SELECT = tc.EXP_SELECT, True
+    try:
+        return tc.paged_attention_tc(**inputs)
+    finally:
+        tc.EXP_SELECT = before
+
+
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
-    its normal page ring) against the faster SDPA."""
+    its normal page ring, and built with the select around expf it had before
+    2026-11-27) against the faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
     kernels = {
         "paged attn": paged_attention,
         "paged attn tc": paged_attention_tc,
         "paged attn tc ring2": paged_attention_tc_normal_ring,
+        "paged attn tc sel": paged_attention_tc_exp_select,
     }
     for model in ctx.models:
         for label, *case in attention_cases():

@@ -173,6 +173,14 @@
 // so a prompt's last token equals its decode step.
 #include "common.cuh"
 
+// The softmax step's p: 0, the default, expf of every key's difference (a masked key's is
+// -inf: +0); 1 a select around each expf, as before 2026-11-27 (built by the launcher for
+// bench_gpu_kernels' same-run baseline only, attention_tc_kernel.EXP_SELECT). The same
+// bits either way (tests/test_attention_tc_emulated.py).
+#ifndef REPRISE_ATTN_EXP_SELECT
+#define REPRISE_ATTN_EXP_SELECT 0
+#endif
+
 namespace {
 
 constexpr int kNumWarps = 4;
@@ -357,7 +365,11 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[j][2 * h + e];
-        x = expf(__fsub_rn(x, m_sub));
+        if (REPRISE_ATTN_EXP_SELECT) {
+          x = 8 * j + 2 * quad_lane + e < visible ? expf(__fsub_rn(x, m_new)) : 0.0f;
+        } else {
+          x = expf(__fsub_rn(x, m_sub));
+        }
         p_sum = __fadd_rn(p_sum, x);
       }
     }

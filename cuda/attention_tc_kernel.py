@@ -49,6 +49,10 @@ from .kernels import kernel
 
 ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, group member) rows
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
+# The softmax step's p (attention_tc.cu, REPRISE_ATTN_EXP_SELECT): expf of every key's
+# difference (False), or, built apart for bench_gpu_kernels' same-run baseline, a select
+# around each expf as before 2026-11-27 (True). The same bits either way.
+EXP_SELECT = False
 
 
 def kernel_name(head_dim: int, block_size: int, *, deep: bool = False) -> str:
@@ -103,22 +107,22 @@ def paged_attention_tc(
 
     def kernel_for(grid: SplitGrid) -> tuple[Any, int]:
         name, smem = launch_variant(head_dim, block_size, grid)
-        return _kernel(name, smem, device_id), smem
+        return _kernel(name, smem, device_id, EXP_SELECT), smem
 
     return launch(kernel_for, ROWS_PER_CTA, out, *args, workspace=workspace)
 
 
 @functools.cache
-def _kernel(name: str, smem: int, device_id: int) -> Any:
+def _kernel(name: str, smem: int, device_id: int, exp_select: bool = False) -> Any:
     """Entry point `name`, compiled, with its opt-in to `smem` bytes of dynamic shared
-    memory set on this device.
+    memory set on this device; `exp_select` True: the baseline build (EXP_SELECT).
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     NOTE: the kernel traps when launched with other than THREADS_PER_CTA threads or
     less than `smem_bytes` of dynamic shared memory, so a drift between the two
     files fails loudly on the first launch.
     """
-    fn = kernel("attention_tc", name)
+    fn = kernel("attention_tc", name, ("REPRISE_ATTN_EXP_SELECT=1",) if exp_select else ())
     if smem > MAX_STATIC_SMEM_BYTES:
         fn.max_dynamic_shared_size_bytes = smem
     return fn

@@ -53,26 +53,33 @@ def cp():
 EMU_DIR = Path(__file__).parent / "kernel_emu"
 
 
-def build_emulation(out_dir: Path) -> ctypes.CDLL:
+def build_emulation(out_dir: Path, *defines: str) -> ctypes.CDLL:
     """Every `.cu` kernel compiled by g++ against the host emulation of CUDA
-    (tests/kernel_emu/driver.cpp) into a shared library in `out_dir`."""
+    (tests/kernel_emu/driver.cpp) into a shared library in `out_dir` (`defines`: -D
+    options, for a benchmark's baseline build)."""
     out = out_dir / "libkernels.so"
     cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{EMU_DIR / 'include'}",
-           "-o", str(out), str(EMU_DIR / "driver.cpp")]  # fmt: skip
+           *defines, "-o", str(out), str(EMU_DIR / "driver.cpp")]  # fmt: skip
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if built.returncode:
         raise RuntimeError(f"building the kernel emulation failed:\n{built.stderr}")
     return ctypes.CDLL(str(out))
 
 
-@pytest.fixture(scope="session")
-def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The kernel emulation (build_emulation), built once per run."""
+def emulation_or_skip(out_dir: Path, *defines: str) -> ctypes.CDLL:
+    """build_emulation, or the test skipped where g++ is missing (failed on CI, which
+    installs it)."""
     if shutil.which("g++") is None:
         if os.environ.get("CI"):  # CI installs it: missing there is a failure, not a skip
             pytest.fail("the kernel emulation needs g++")
         pytest.skip("needs g++")
-    return build_emulation(tmp_path_factory.mktemp("emu"))
+    return build_emulation(out_dir, *defines)
+
+
+@pytest.fixture(scope="session")
+def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The kernel emulation (build_emulation), built once per run."""
+    return emulation_or_skip(tmp_path_factory.mktemp("emu"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

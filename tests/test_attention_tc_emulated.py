@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import emulation_or_skip
 from test_kernels_emulated import (
     SPLIT_CONTEXTS,
     Paged,
@@ -277,6 +278,49 @@ def test_attention_tc_deep_ring_gives_the_normal_rings_bits(
                 want = paged.run(lib, spans, grid=grid, deep=False)
                 got = paged.run(lib, spans, grid=grid, deep=True)
                 assert np.array_equal(got, want), (spans, grid)
+
+
+# --- the softmax step's expf with no select around it: the old select's bits ---------------
+
+
+@pytest.fixture(scope="module")
+def lib_exp_select(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with a select around each key's expf, as before 2026-11-27
+    (REPRISE_ATTN_EXP_SELECT=1: bench_gpu_kernels' same-run baseline)."""
+    return emulation_or_skip(
+        tmp_path_factory.mktemp("emu_exp_select"), "-DREPRISE_ATTN_EXP_SELECT=1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "group", "block_size"), [(64, 3, 16), (128, 4, 32), (64, 1, 64)]
+)
+def test_attention_tc_expf_without_a_select_gives_the_selects_bits(
+    lib: ctypes.CDLL, lib_exp_select: ctypes.CDLL, rng: np.random.Generator,
+    head_dim: int, group: int, block_size: int,
+) -> None:  # fmt: skip
+    """A masked key's p is expf(-inf) = +0, the +0 the select gave, and a seen key's the
+    same expf: so both builds compute the same fp32 values (fp32_probe), on decode steps
+    at 1, S - 1, S, S + 1 and 3S + 7 keys batched (split, deep ring) and each alone, and
+    on prefills, whole and a chunk crossing the 3S boundary with garbage and NaN past it,
+    on split_grid's grid and on one lane (the normal ring, rows of one warp seeing
+    different keys of a page and different chunks)."""
+    seq_lens = [*SPLIT_CONTEXTS, *(int(n) for n in rng.integers(2, 2 * S, size=2))]
+    paged = PagedTc(rng, shape(head_dim, group, 2), block_size, seq_lens)
+    cache = paged.with_garbage_after(rng, 4, 3 * S + 7)
+    decode = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    cases = [(decode, None), *(([span], None) for span in decode)]
+    for span in [(3, 0, S + 1), (4, 3 * S - 20, 3 * S + 7)]:
+        one_lane = forced_grid(span[2] - span[1], 1, 2, group, 1, 1, ROWS_PER_CTA)
+        cases += [([span], None), ([span], one_lane)]
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        for spans, grid in cases:
+            with fp32_probe(lib, probe), fp32_probe(lib_exp_select, probe):
+                got = paged.run(lib, spans, cache, grid=grid)
+                want = paged.run(lib_exp_select, spans, cache, grid=grid)
+            assert np.array_equal(got, want), (probe, spans, grid)
+            if not probe:
+                assert max_row_ulps(got.view(BF16), paged.twin(spans)) <= 2
 
 
 def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
