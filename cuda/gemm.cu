@@ -86,30 +86,36 @@ struct Tile {
                 "16-byte aligned rows an odd number of 16-byte units apart: conflict-free ldmatrix");
 };
 
-// Copy k-tile `kt` of x rows [m0, m0 + BM) and w rows [n0, n0 + BN) into one stage.
-// Chunks past N or K are zero-filled; x rows past M are not touched: they hold the zeros
-// zero_rows_past_m wrote once (at a decode's M = 1, 15 of the skinny tile's 16 rows).
-template <class T>
-__device__ __forceinline__ void load_tile(unsigned short* stage, const unsigned short* __restrict__ x,
-                                          const unsigned short* __restrict__ w, int M, int N, int K,
-                                          int m0, int n0, int kt, bool vec) {
-  const int k0 = kt * T::BK;
+// One operand's rows of k-tile `k0` (x: rows [m0, m0 + BM) into the stage's first BM rows;
+// w: rows [n0, n0 + BN) after them), `ROWS` of them, NUM rows in the operand. Chunks past
+// NUM or K are zero-filled; with skip_past (x), rows past NUM are not touched: they hold
+// the zeros zero_rows_past_m wrote once (at a decode's M = 1, 15 of the skinny tile's 16).
+// Thread t copies the 16-byte column t % CHUNKS_PER_ROW of rows t / CHUNKS_PER_ROW + i *
+// (THREADS / CHUNKS_PER_ROW): the chunks t + i * THREADS of the row-major chunk order, as
+// before 2026-11-27, each found now by one add, in unsigned arithmetic, on a route (`vec`:
+// cp.async, or plain loads and a 16-byte store for operands off 16-byte alignment) taken
+// once for all the tile's copies, not per copy.
+template <class T, int ROWS, bool VEC>
+__device__ __forceinline__ void load_rows(unsigned short* dst0, const unsigned short* __restrict__ src0,
+                                          int NUM, int K, int r0, int k0, bool skip_past) {
+  constexpr int kRowStep = T::THREADS / T::CHUNKS_PER_ROW;  // rows a round of copies covers
+  static_assert(T::THREADS % T::CHUNKS_PER_ROW == 0 && ROWS % kRowStep == 0, "whole rounds");
+  const unsigned tid = threadIdx.x;
+  const int col = static_cast<int>(tid % T::CHUNKS_PER_ROW) * 8;
+  const int row0 = static_cast<int>(tid / T::CHUNKS_PER_ROW);
+  const int k = k0 + col;
+  const bool k_ok = k < K;
 #pragma unroll
-  for (int i = 0; i < (T::A_CHUNKS + T::B_CHUNKS) / T::THREADS; ++i) {
-    const int chunk = static_cast<int>(threadIdx.x) + i * T::THREADS;
-    const bool is_a = chunk < T::A_CHUNKS;  // uniform per i: A_CHUNKS % THREADS == 0
-    const int c = is_a ? chunk : chunk - T::A_CHUNKS;
-    const int row = c / T::CHUNKS_PER_ROW, k = k0 + (c % T::CHUNKS_PER_ROW) * 8;
-    const int g_row = (is_a ? m0 : n0) + row;
-    if (REPRISE_GEMM_PAD_ONCE && is_a && g_row >= M) continue;
-    const bool valid = g_row < (is_a ? M : N) && k < K;
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const int g_row = r0 + row;
+    if (skip_past && g_row >= NUM) continue;
+    const bool valid = g_row < NUM && k_ok;
     // NOTE: an invalid chunk still gets an in-bounds address (the operand's first
     // element); cp.async with src-size 0 reads none of it.
-    const unsigned short* src =
-        (is_a ? x : w) + (valid ? static_cast<long long>(g_row) * K + k : 0LL);
-    unsigned short* dst =
-        stage + (is_a ? 0 : T::BM * T::LDS) + row * T::LDS + (c % T::CHUNKS_PER_ROW) * 8;
-    if (vec) {
+    const unsigned short* src = src0 + (valid ? static_cast<long long>(g_row) * K + k : 0LL);
+    unsigned short* dst = dst0 + row * T::LDS + col;
+    if (VEC) {
       cp_async_16(shared_addr(dst), src, valid);
     } else {
       unsigned v[4] = {0u, 0u, 0u, 0u};
@@ -120,6 +126,23 @@ __device__ __forceinline__ void load_tile(unsigned short* stage, const unsigned 
       }
       *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
     }
+  }
+}
+
+// Copy k-tile `kt` of x rows [m0, m0 + BM) and w rows [n0, n0 + BN) into one stage
+// (load_rows: x rows past M are the zeros written once, unless REPRISE_GEMM_PAD_ONCE is 0).
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned short* stage, const unsigned short* __restrict__ x,
+                                          const unsigned short* __restrict__ w, int M, int N, int K,
+                                          int m0, int n0, int kt, bool vec) {
+  const int k0 = kt * T::BK;
+  const bool skip_past = REPRISE_GEMM_PAD_ONCE;
+  if (vec) {
+    load_rows<T, T::BM, true>(stage, x, M, K, m0, k0, skip_past);
+    load_rows<T, T::BN, true>(stage + T::BM * T::LDS, w, N, K, n0, k0, false);
+  } else {
+    load_rows<T, T::BM, false>(stage, x, M, K, m0, k0, skip_past);
+    load_rows<T, T::BN, false>(stage + T::BM * T::LDS, w, N, K, n0, k0, false);
   }
 }
 
@@ -236,11 +259,8 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
 
       const unsigned short* sa = gemm_smem + (t % T::STAGES) * T::STAGE_HALVES;
       const unsigned short* sb = sa + T::BM * T::LDS;
-#pragma unroll
-      for (int ks = 0; ks < T::BK / 16; ++ks) {
-        // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the
-        // same K/16 mmas per element (K % 16 == 0: slices are whole).
-        if (kt * T::BK + ks * 16 >= k_end) break;
+      // k16 slice ks of the tile: its fragments, then its mmas
+      auto slice = [&](int ks) {
         // A fragment (see mma_bf16_16816): a[0] rows 0-7 / k 0-7,
         // a[1] rows 8-15 / k 0-7, a[2] rows 0-7 / k 8-15, a[3] rows 8-15 / k 8-15;
         // lane l points at row l % 16, k (l / 16) * 8 of the m16 x k16 block.
@@ -270,6 +290,16 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
         for (int i = 0; i < T::M_FRAGS; ++i)
 #pragma unroll
           for (int j = 0; j < T::N_FRAGS; ++j) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+      };
+      // NOTE: the K tail is skipped, not zero-padded, so every tile shape runs the same
+      // K/16 mmas per element (K % 16 == 0: slices are whole). A whole tile runs its
+      // slices with no test between them, so one slice's fragment loads can be issued
+      // ahead of the previous one's mmas; the same mmas in the same order either way.
+      if (kt * T::BK + T::BK <= k_end) {
+#pragma unroll
+        for (int ks = 0; ks < T::BK / 16; ++ks) slice(ks);
+      } else {
+        for (int ks = 0; ks < T::BK / 16 && kt * T::BK + ks * 16 < k_end; ++ks) slice(ks);
       }
     }
     if (MODE == Split::FOLD) {
