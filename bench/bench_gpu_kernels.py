@@ -30,7 +30,8 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   with work at that context); a split launch gets its workspace preallocated. Two
   same-run baselines of the tensor-core kernel: `tc ring2` held to its normal page ring
   (split launches take the deep one), `tc sel` built with the select around each key's
-  expf it had before 2026-11-27 (the same bits).
+  expf it had before 2026-11-27 (the same bits); and `tc plan4k`, the head split planned
+  for a 4,096-token context instead of 2,048 (fewer pages a CTA at long contexts).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
   Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
@@ -288,7 +289,7 @@ def make_row(
 
 
 # (row key, heading, width); the first three left-aligned
-COLUMNS = (("model", "model", 13), ("op", "op", 20), ("shape", "shape", 25),
+COLUMNS = (("model", "model", 13), ("op", "op", 22), ("shape", "shape", 25),
            ("time_us", "time µs", 11), ("floor_us", "floor µs", 10), ("bound", "bound", 6),
            ("x_floor", "×floor", 8), ("ref_us", "ref µs", 10), ("x_ref", "×ref", 7))  # fmt: skip
 
@@ -655,6 +656,34 @@ def paged_attention_tc_exp_select(**inputs: Any) -> Any:
         tc.EXP_SELECT = before
 
 
+@contextlib.contextmanager
+def planned_context(keys: int | None) -> Iterator[None]:
+    """attention_kernel.PLANNED_CONTEXT = keys meanwhile (None: as it is): the context
+    split_grid plans its head split for, so how many lanes share a sequence's chunks."""
+    from reprise.cuda import attention_kernel
+
+    before = attention_kernel.PLANNED_CONTEXT
+    attention_kernel.PLANNED_CONTEXT = before if keys is None else keys
+    try:
+        yield
+    finally:
+        attention_kernel.PLANNED_CONTEXT = before
+
+
+# `paged attn tc plan4k`: the head split planned for 4,096 keys, not 2,048 (speed only:
+# no geometry reaches a bit). At batch 1 on 8 KV heads: 2 head parts and 16 lanes, so a
+# 4,096-token context is one chunk (8 pages) a CTA instead of two (16 pages), each KV page
+# read by 2 CTAs instead of 4; a 512-token one runs 32 busy CTAs instead of 64.
+PLAN_4K = 4096
+
+
+def paged_attention_tc_plan_4k(**inputs: Any) -> Any:
+    from reprise.cuda.attention_tc_kernel import paged_attention_tc
+
+    with planned_context(PLAN_4K):
+        return paged_attention_tc(**inputs)
+
+
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
     its normal page ring, and built with the select around expf it had before
@@ -666,6 +695,7 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
         "paged attn tc": paged_attention_tc,
         "paged attn tc ring2": paged_attention_tc_normal_ring,
         "paged attn tc sel": paged_attention_tc_exp_select,
+        "paged attn tc plan4k": paged_attention_tc_plan_4k,
     }
     for model in ctx.models:
         for label, *case in attention_cases():
@@ -689,9 +719,10 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             for op, timed in ours.items():
                 num_seqs, q_len, kv_len = case
                 rows = ROWS_PER_CTA if op == "paged attn" else TC_ROWS_PER_CTA
-                grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
-                                  model.num_heads // model.num_kv_heads,
-                                  -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip
+                with planned_context(PLAN_4K if op.endswith("plan4k") else None):
+                    grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
+                                      model.num_heads // model.num_kv_heads,
+                                      -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip
                 yield make_row(
                     ("attention", model.name, op, label),
                     timed,

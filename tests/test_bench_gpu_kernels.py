@@ -116,6 +116,32 @@ def test_attention_cases() -> None:
     assert cases[-1] == ("prefill 2048 causal", 1, 2048, 2048)
 
 
+def test_the_4k_plan_halves_a_batch_1_decodes_pages_a_cta_at_4k_keys() -> None:
+    """`paged attn tc plan4k`'s geometry, against the default's, at batch 1 on Llama-3.1-8B's
+    8 KV heads of 4 query heads (a table 128k keys wide, 32-key pages): the CTAs and the
+    16 chunks of a 4,096-key context, 8 of them busy at 512 keys; batch 16 and 64 alike.
+    The planned context is put back afterwards, even when the block raises."""
+    from reprise.cuda import attention_kernel as ak
+    from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA as TC_ROWS
+
+    def grid(batch: int, plan: int | None) -> ak.SplitGrid:
+        with bench.planned_context(plan):
+            return ak.split_grid(batch, batch, 8, 4, 131072 // 32, 32, TC_ROWS)
+
+    default, plan = grid(1, None), grid(1, bench.PLAN_4K)
+    assert (default.head_parts, default.kv_lanes) == (4, 8)
+    assert (plan.head_parts, plan.kv_lanes) == (2, 16)
+    chunks = 4096 // ak.KV_CHUNK
+    assert -(-chunks // default.kv_lanes) == 2 and -(-chunks // plan.kv_lanes) == 1
+    assert (default.busy_ctas(4096), plan.busy_ctas(4096)) == (256, 256)
+    assert (default.busy_ctas(512), plan.busy_ctas(512)) == (64, 32)
+    assert all(grid(b, None) == grid(b, bench.PLAN_4K) for b in (16, 64))
+    before = ak.PLANNED_CONTEXT
+    with pytest.raises(RuntimeError), bench.planned_context(bench.PLAN_4K):
+        raise RuntimeError
+    assert before == ak.PLANNED_CONTEXT
+
+
 def test_small_kernel_bytes_by_hand() -> None:
     t, h = 64, 4096
     got = bench.small_kernel_bytes(LLAMA_8B, t)
