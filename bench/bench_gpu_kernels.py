@@ -30,8 +30,9 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   with work at that context); a split launch gets its workspace preallocated. Two
   same-run baselines of the tensor-core kernel: `tc ring2` held to its normal page ring
   (split launches take the deep one), `tc sel` built with the select around each key's
-  expf it had before 2026-11-27 (the same bits); and `tc plan4k`, the head split planned
-  for a 4,096-token context instead of 2,048 (fewer pages a CTA at long contexts).
+  expf it had before 2026-11-27 (the same bits); and `tc plan4k` / `tc plan8k`, the head
+  split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
+  at long contexts).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
   Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
@@ -670,17 +671,18 @@ def planned_context(keys: int | None) -> Iterator[None]:
         attention_kernel.PLANNED_CONTEXT = before
 
 
-# `paged attn tc plan4k`: the head split planned for 4,096 keys, not 2,048 (speed only:
-# no geometry reaches a bit). At batch 1 on 8 KV heads: 2 head parts and 16 lanes, so a
-# 4,096-token context is one chunk (8 pages) a CTA instead of two (16 pages), each KV page
-# read by 2 CTAs instead of 4; a 512-token one runs 32 busy CTAs instead of 64.
-PLAN_4K = 4096
+# `paged attn tc plan4k` / `plan8k`: the head split planned for 4,096 or 8,192 keys, not
+# 2,048 (speed only: no geometry reaches a bit). At batch 1 on 8 KV heads of 4: 2 head
+# parts and 16 lanes, or 1 and 33, instead of 4 and 8; so at 4,096 keys one chunk (8
+# pages) a CTA instead of two (16), each KV page read by 2 or 1 CTAs instead of 4; at 512
+# keys 32 or 16 busy CTAs instead of 64.
+PLANS = {"plan4k": 4096, "plan8k": 8192}
 
 
-def paged_attention_tc_plan_4k(**inputs: Any) -> Any:
+def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
-    with planned_context(PLAN_4K):
+    with planned_context(keys):
         return paged_attention_tc(**inputs)
 
 
@@ -695,7 +697,10 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
         "paged attn tc": paged_attention_tc,
         "paged attn tc ring2": paged_attention_tc_normal_ring,
         "paged attn tc sel": paged_attention_tc_exp_select,
-        "paged attn tc plan4k": paged_attention_tc_plan_4k,
+        **{
+            f"paged attn tc {name}": partial(paged_attention_tc_planned, keys)
+            for name, keys in PLANS.items()
+        },
     }
     for model in ctx.models:
         for label, *case in attention_cases():
@@ -719,7 +724,7 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             for op, timed in ours.items():
                 num_seqs, q_len, kv_len = case
                 rows = ROWS_PER_CTA if op == "paged attn" else TC_ROWS_PER_CTA
-                with planned_context(PLAN_4K if op.endswith("plan4k") else None):
+                with planned_context(PLANS.get(op.rsplit(" ", 1)[-1])):
                     grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
                                       model.num_heads // model.num_kv_heads,
                                       -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip

@@ -116,11 +116,11 @@ def test_attention_cases() -> None:
     assert cases[-1] == ("prefill 2048 causal", 1, 2048, 2048)
 
 
-def test_the_4k_plan_halves_a_batch_1_decodes_pages_a_cta_at_4k_keys() -> None:
-    """`paged attn tc plan4k`'s geometry, against the default's, at batch 1 on Llama-3.1-8B's
-    8 KV heads of 4 query heads (a table 128k keys wide, 32-key pages): the CTAs and the
-    16 chunks of a 4,096-key context, 8 of them busy at 512 keys; batch 16 and 64 alike.
-    The planned context is put back afterwards, even when the block raises."""
+def test_the_longer_plans_walk_fewer_pages_a_cta_at_4k_keys() -> None:
+    """`paged attn tc plan4k` and `plan8k`'s geometry, against the default's, at batch 1
+    on Llama-3.1-8B's 8 KV heads of 4 query heads (a table 128k keys wide, 32-key pages):
+    the CTAs and the chunks of a 4,096-key context each walks; batch 16 and 64 alike. The
+    planned context is put back afterwards, even when the block raises."""
     from reprise.cuda import attention_kernel as ak
     from reprise.cuda.attention_tc_kernel import ROWS_PER_CTA as TC_ROWS
 
@@ -128,16 +128,18 @@ def test_the_4k_plan_halves_a_batch_1_decodes_pages_a_cta_at_4k_keys() -> None:
         with bench.planned_context(plan):
             return ak.split_grid(batch, batch, 8, 4, 131072 // 32, 32, TC_ROWS)
 
-    default, plan = grid(1, None), grid(1, bench.PLAN_4K)
-    assert (default.head_parts, default.kv_lanes) == (4, 8)
-    assert (plan.head_parts, plan.kv_lanes) == (2, 16)
     chunks = 4096 // ak.KV_CHUNK
-    assert -(-chunks // default.kv_lanes) == 2 and -(-chunks // plan.kv_lanes) == 1
-    assert (default.busy_ctas(4096), plan.busy_ctas(4096)) == (256, 256)
-    assert (default.busy_ctas(512), plan.busy_ctas(512)) == (64, 32)
-    assert all(grid(b, None) == grid(b, bench.PLAN_4K) for b in (16, 64))
+    cases = [(None, 4, 8, 2, 64), (bench.PLANS["plan4k"], 2, 16, 1, 32),
+             (bench.PLANS["plan8k"], 1, 33, 1, 16)]  # fmt: skip
+    for plan, parts, lanes, chunks_a_cta, busy_at_512 in cases:
+        got = grid(1, plan)
+        assert (got.head_parts, got.kv_lanes) == (parts, lanes), plan
+        assert -(-chunks // got.kv_lanes) == chunks_a_cta, plan
+        assert got.busy_ctas(512) == busy_at_512, plan
+        assert all(grid(b, plan) == grid(b, None) for b in (16, 64)), plan
+    assert grid(1, bench.PLANS["plan8k"]).busy_ctas(4096) == 128
     before = ak.PLANNED_CONTEXT
-    with pytest.raises(RuntimeError), bench.planned_context(bench.PLAN_4K):
+    with pytest.raises(RuntimeError), bench.planned_context(bench.PLANS["plan4k"]):
         raise RuntimeError
     assert before == ak.PLANNED_CONTEXT
 
