@@ -297,8 +297,8 @@ __device__ __forceinline__ void paged_attention(
           const int i = i0 + ii;
           if (i >= C::kSlotsPerLane) break;  // compile-time
           const int slot = sub + C::kRowsPerPass * i;
-          // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
-          // whatever its K held (stale data, NaN) never enters a row's state.
+          // NOTE: a masked key's score is replaced by -inf by a select, so its p is
+          // expf(-inf) = +0: whatever its K held (stale data, NaN) never enters a row's state.
           float s[C::kKeysPerLane];
           float tile_max = negative_infinity();
 #pragma unroll

@@ -129,8 +129,9 @@
 //     element's arithmetic is the same at every row position of the fragment, so
 //     the row's slot in the CTA does not matter; key j always sits at the same
 //     column (n8 tile j / 8, column j % 8).
-//   - Masking is by select, never arithmetic: a key past the row's position
-//     (causal) or past seq_len gets s = -inf and p = +0 whatever S held. Every
+//   - Masking is by select, never arithmetic on what S held: a key past the row's
+//     position (causal) or past seq_len gets s = -inf (a select), so p = expf(-inf
+//     - a finite max) = +0, whatever S held (not even a NaN there gets in). Every
 //     other step of the softmax is elementwise on the row's own values with
 //     explicitly rounded intrinsics (__fmul_rn, __fsub_rn, __fadd_rn, __fdiv_rn)
 //     and the accurate expf (no fast math): nothing is contracted or reordered.
@@ -145,7 +146,7 @@
 //     exactly as it was, whatever the other rows of its m16 tile do: the warp
 //     skips a page none of its rows sees (warp-uniform), and when the page is run
 //     for the row's neighbours, the row's m and denom are kept by select, its a
-//     is 1 and its p are +0 (selects), so its acc takes acc * 1 (exact) and then
+//     is 1 and its p are +0 (its s are -inf), so its acc takes acc * 1 (exact) and then
 //     only exact zero terms in the P.V mmas: by the property the next point
 //     relies on, a nonzero acc comes out exactly as it went in, and a zero acc
 //     at most changes its sign, which never reaches an output (see there). So a
