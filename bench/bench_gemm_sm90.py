@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from reprise.bench.bench_gpu_kernels import as_torch, random_bf16
+from reprise.bench.bench_gpu_kernels import as_torch, patched, random_bf16
 from reprise.cuda import gemm_kernel, gemm_sm90_kernel, gemm_sm90_plan
 from reprise.cuda.gemm_kernel import gemm, split_k
 from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
@@ -119,12 +119,8 @@ def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]
     as before 2026-11-27 (gemm_sm90_kernel.PAD_ONCE, gemm_kernel.PAD_ONCE off: the x
     rows past M zero-filled every k-tile, and every ws consumer computing). The same bits
     either way."""
-    before = getattr(module, setting)
-    setattr(module, setting, value)
-    try:
+    with patched(module, setting, value):
         return call()
-    finally:
-        setattr(module, setting, before)
 
 
 def timings(

@@ -631,17 +631,28 @@ def sdpa_calls(model: ModelShape, num_seqs: int, q_len: int, kv_len: int) -> dic
     }
 
 
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """owner.name = value meanwhile, put back even when the block raises: a benchmark's
+    variant of a module's setting or function (a same-run baseline, a geometry to try)."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
 def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
     """The tensor-core kernel held to its normal page ring, split launches too (whose
     launcher takes the deep ring): the deep ring's gain, measured in the same run."""
     from reprise.cuda import attention_tc_kernel as tc
 
-    chosen = tc.launch_variant
-    tc.launch_variant = lambda hd, bs, grid: (tc.kernel_name(hd, bs), tc.smem_bytes(hd, bs))
-    try:
+    def normal(head_dim: int, block_size: int, grid: Any) -> tuple[str, int]:
+        return tc.kernel_name(head_dim, block_size), tc.smem_bytes(head_dim, block_size)
+
+    with patched(tc, "launch_variant", normal):
         return tc.paged_attention_tc(**inputs)
-    finally:
-        tc.launch_variant = chosen
 
 
 def paged_attention_tc_exp_select(**inputs: Any) -> Any:
@@ -650,25 +661,16 @@ def paged_attention_tc_exp_select(**inputs: Any) -> Any:
     The same bits."""
     from reprise.cuda import attention_tc_kernel as tc
 
-    before, tc.EXP_SELECT = tc.EXP_SELECT, True
-    try:
+    with patched(tc, "EXP_SELECT", True):
         return tc.paged_attention_tc(**inputs)
-    finally:
-        tc.EXP_SELECT = before
 
 
-@contextlib.contextmanager
-def planned_context(keys: int | None) -> Iterator[None]:
+def planned_context(keys: int | None) -> contextlib.AbstractContextManager[None]:
     """attention_kernel.PLANNED_CONTEXT = keys meanwhile (None: as it is): the context
     split_grid plans its head split for, so how many lanes share a sequence's chunks."""
     from reprise.cuda import attention_kernel
 
-    before = attention_kernel.PLANNED_CONTEXT
-    attention_kernel.PLANNED_CONTEXT = before if keys is None else keys
-    try:
-        yield
-    finally:
-        attention_kernel.PLANNED_CONTEXT = before
+    return patched(attention_kernel, "PLANNED_CONTEXT", keys or attention_kernel.PLANNED_CONTEXT)
 
 
 # `paged attn tc plan4k` / `plan8k`: the head split planned for 4,096 or 8,192 keys, not

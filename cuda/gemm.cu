@@ -87,17 +87,17 @@ struct Tile {
 };
 
 // One operand's rows of k-tile `k0` (x: rows [m0, m0 + BM) into the stage's first BM rows;
-// w: rows [n0, n0 + BN) after them), `ROWS` of them, NUM rows in the operand. Chunks past
-// NUM or K are zero-filled; with skip_past (x), rows past NUM are not touched: they hold
-// the zeros zero_rows_past_m wrote once (at a decode's M = 1, 15 of the skinny tile's 16).
-// Thread t copies the 16-byte column t % CHUNKS_PER_ROW of rows t / CHUNKS_PER_ROW + i *
-// (THREADS / CHUNKS_PER_ROW): the chunks t + i * THREADS of the row-major chunk order, as
-// before 2026-11-27, each found now by one add, in unsigned arithmetic, on a route (`vec`:
-// cp.async, or plain loads and a 16-byte store for operands off 16-byte alignment) taken
-// once for all the tile's copies, not per copy.
+// w: rows [n0, n0 + BN) after them), `ROWS` of them, of the operand's `num_rows`. Chunks
+// past num_rows or K are zero-filled; with skip_past (x), rows past num_rows are not
+// touched: they hold the zeros zero_rows_past_m wrote once (at a decode's M = 1, 15 of the
+// skinny tile's 16). Thread t copies the 16-byte column t % CHUNKS_PER_ROW of rows
+// t / CHUNKS_PER_ROW + i * (THREADS / CHUNKS_PER_ROW): the chunks t + i * THREADS of the
+// row-major chunk order, as before 2026-11-27, each found now by one add, in unsigned
+// arithmetic, on a route (`VEC`: cp.async, or plain loads and a 16-byte store for operands
+// off 16-byte alignment) taken once for all the tile's copies, not per copy.
 template <class T, int ROWS, bool VEC>
 __device__ __forceinline__ void load_rows(unsigned short* dst0, const unsigned short* __restrict__ src0,
-                                          int NUM, int K, int r0, int k0, bool skip_past) {
+                                          int num_rows, int K, int r0, int k0, bool skip_past) {
   constexpr int kRowStep = T::THREADS / T::CHUNKS_PER_ROW;  // rows a round of copies covers
   static_assert(T::THREADS % T::CHUNKS_PER_ROW == 0 && ROWS % kRowStep == 0, "whole rounds");
   const unsigned tid = threadIdx.x;
@@ -109,8 +109,8 @@ __device__ __forceinline__ void load_rows(unsigned short* dst0, const unsigned s
   for (int i = 0; i < ROWS / kRowStep; ++i) {
     const int row = row0 + i * kRowStep;
     const int g_row = r0 + row;
-    if (skip_past && g_row >= NUM) continue;
-    const bool valid = g_row < NUM && k_ok;
+    if (skip_past && g_row >= num_rows) continue;
+    const bool valid = g_row < num_rows && k_ok;
     // NOTE: an invalid chunk still gets an in-bounds address (the operand's first
     // element); cp.async with src-size 0 reads none of it.
     const unsigned short* src = src0 + (valid ? static_cast<long long>(g_row) * K + k : 0LL);
