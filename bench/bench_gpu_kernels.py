@@ -27,10 +27,11 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   scaled_dot_product_attention on contiguous BF16 tensors of the same shapes, run
   with enable_gqa and with K/V repeated to every head; the faster is the reference.
   Each row records the KV split's geometry (head_parts, kv_lanes, busy_ctas: CTAs
-  with work at that context); a split launch gets its workspace preallocated. Two
-  same-run baselines of the tensor-core kernel: `tc ring2` held to its normal page ring
-  (split launches take the deep one), `tc sel` built with the select around each key's
-  expf it had before 2026-11-27 (the same bits); and `tc plan4k` / `tc plan8k`, the head
+  with work at that context); a split launch gets its workspace preallocated. Same-run
+  baselines of the tensor-core kernel: `tc ring2` held to its normal page ring (split
+  launches take the deep one); `tc expf`, its softmax as before 2026-11-28 (the accurate
+  expf, a rescale every page); `tc sel`, that with the select around each key's expf it
+  had before 2026-11-27 (BUILDS); and `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
   at long contexts).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
@@ -655,13 +656,21 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
         return tc.paged_attention_tc(**inputs)
 
 
-def paged_attention_tc_exp_select(**inputs: Any) -> Any:
-    """The tensor-core kernel built with a select around each key's expf, as before
-    2026-11-27 (attention_tc_kernel.EXP_SELECT): what dropping it gained, in the same run.
-    The same bits."""
+# Earlier builds of the tensor-core kernel (attention_tc_kernel.BUILD), timed beside it:
+# `tc expf` the accurate expf of natural-unit scores, as before 2026-11-28 (what base 2,
+# the skipped rescale and the reset kept a branch gained); `tc sel` that with a select
+# around each expf too, as before 2026-11-27 (the kernel the H200 timed on 2026-11-27).
+BUILDS = {
+    "expf": ("REPRISE_ATTN_EXPF=1",),
+    "sel": ("REPRISE_ATTN_EXPF=1", "REPRISE_ATTN_EXP_SELECT=1"),
+}
+
+
+def paged_attention_tc_built(build: tuple[str, ...], **inputs: Any) -> Any:
+    """The tensor-core kernel compiled with the defines `build`, in the same run."""
     from reprise.cuda import attention_tc_kernel as tc
 
-    with patched(tc, "EXP_SELECT", True):
+    with patched(tc, "BUILD", build):
         return tc.paged_attention_tc(**inputs)
 
 
@@ -690,15 +699,18 @@ def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
 
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
-    its normal page ring, and built with the select around expf it had before
-    2026-11-27) against the faster SDPA."""
+    its normal page ring, built as before 2026-11-28 and 2026-11-27 (BUILDS), and with
+    its head split planned for longer contexts) against the faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
     kernels = {
         "paged attn": paged_attention,
         "paged attn tc": paged_attention_tc,
         "paged attn tc ring2": paged_attention_tc_normal_ring,
-        "paged attn tc sel": paged_attention_tc_exp_select,
+        **{
+            f"paged attn tc {name}": partial(paged_attention_tc_built, build)
+            for name, build in BUILDS.items()
+        },
         **{
             f"paged attn tc {name}": partial(paged_attention_tc_planned, keys)
             for name, keys in PLANS.items()

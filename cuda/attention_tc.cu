@@ -33,11 +33,13 @@
 //   1. S = Q.K^T: for each n8 tile of keys, one mma per 16-wide head_dim slice,
 //      slices ascending, from +0 (K fragments by ldmatrix, rows = keys);
 //   2. the softmax step per row, in the accumulator layout (thread t of a quad
-//      holds keys 8j + 2t, +1 of rows g and g + 8): masked scores -> -inf, tile
-//      max (exact), m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') or +0,
+//      holds keys 8j + 2t, +1 of rows g and g + 8), in log2 units (u = scale *
+//      log2(e)): masked scores -> -inf, tile max (exact), m' = max(m, tile max * u),
+//      a = exp2(m - m') (1 where m' = m), p = exp2(s * u - m') (one fma) or +0,
 //      the row sum of p (per thread over its values, n8 tiles then pair order,
 //      then the quad butterfly xor 1, xor 2), denom = denom * a + sum;
-//   3. acc = acc * a in place, then P.V: p rounded to BF16 is the A operand,
+//   3. acc = acc * a in place (skipped where every a of the warp's rows is 1), then
+//      P.V: p rounded to BF16 is the A operand,
 //      straight from the S registers (FA2 register reuse), one mma per 16-key
 //      slice, slices ascending, per n8 tile of head_dim (V fragments by
 //      ldmatrix.trans), accumulating into acc itself.
@@ -71,17 +73,25 @@
 // per-copy address table for the page copies): 145-255 registers, d128_b64 spilling.
 // Then (2026-11-27) the softmax step's expf without a select around it and the one-lane
 // chunk end's merge as selects (see there): the page loop of d128_b32 on sm_90 went from
-// 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9, and the
-// registers to the "now" column, at the same CTAs an SM.
+// 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9.
 //
-//   kernel     smem B  | sm_80 regs (bounds)            CTAs     | sm_90 regs         CTAs
-//                      | earlier -> before -> now       reg/smem | earlier->before->now reg/smem
-//   d64_b16     36,864 | 122 -> 113 -> 128 (128, 4)       4/4    | 115 -> 110 -> 127    4/6
-//   d64_b32     36,864 | 137 -> 127 -> 127 (128, 3)       4/4    | 142 -> 132 -> 160    3/6
-//   d64_b64     55,296 | 165 -> 149 -> 160 (128, 3)       3/2    | 167 -> 165 -> 159    3/4
-//   d128_b16    69,632 | 168 -> 162 -> 167 (128, 3)       3/2    | 167 -> 156 -> 168    3/3
-//   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)  3/2    | 202 -> 168 -> 168    3/3
-//   d128_b64   104,448 | 219 -> 205 -> 220 (128, 2)       2/1    | 225 -> 216 -> 222    2/2
+// Then (2026-11-28) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a skipped by
+// a warp whose rows' maxima all stayed put, and a chunk's fresh state reset in a branch,
+// not by selects on every page (see each there). The path a page takes through the loop
+// (no chunk end, the rescale skipped; counted in the SASS of d128_b32 on sm_90) went
+// from about 715 instructions to about 390 (the deep kernel's from about 700 to 390):
+// each key's p was about eleven instructions and is two; the registers are the "now"
+// column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
+// an SM on sm_90 instead of 3; d64_b64 spills at (128, 4).
+//
+//   kernel     smem B  | sm_80 regs (bounds)              CTAs     | sm_90 regs        CTAs
+//                      | earlier -> 11-27 -> now          reg/smem | earlier->11-27->now reg/smem
+//   d64_b16     36,864 | 122 -> 128 -> 128 (128, 4)         4/4    | 115 -> 127 -> 127   4/6
+//   d64_b32     36,864 | 137 -> 127 -> 128 (128, 3 -> 4)    4/4    | 142 -> 160 -> 128   4/6
+//   d64_b64     55,296 | 165 -> 160 -> 168 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
+//   d128_b16    69,632 | 168 -> 167 -> 168 (128, 3)         3/2    | 167 -> 168 -> 168   3/3
+//   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)    3/2    | 202 -> 168 -> 168   3/3
+//   d128_b64   104,448 | 219 -> 220 -> 224 (128, 2)         2/1    | 225 -> 222 -> 223   2/2
 //
 // So registers hold no head_dim 128 kernel below what its shared memory allows, on either
 // architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
@@ -98,15 +108,16 @@
 //
 // Since 2026-11-27 a deep kernel compiles none of the one-lane code (its chunk-end merge
 // and output: `if constexpr`): d128_b32_deep's page loop is 877 SASS instructions, from
-// 1,570, with 8 divergence regions, from 57.
+// 1,570, with 8 divergence regions, from 57. The "now" column: since 2026-11-28 (above);
+// two kernels hold fewer CTAs an SM by registers than before, at or above the split's 2.
 //
-//   kernel         stages  smem B  | sm_80 regs      CTAs reg/smem | sm_90 regs      CTAs reg/smem
-//   d64_b16_deep      8     36,864 | 114 -> 111          4/4       | 120 -> 117          4/6
-//   d64_b32_deep      4     36,864 | 133 -> 130          3/4       | 142 -> 141          3/6
-//   d64_b64_deep      3     55,296 | 157 -> 158          3/2       | 168 -> 168          3/4
-//   d128_b16_deep     8     69,632 | 165 -> 162          3/2       | 174 -> 174          2/3
-//   d128_b32_deep     4     69,632 | 198 -> 195          2/2       | 201 -> 198          2/3
-//   d128_b64_deep     3    104,448 | 213 -> 213          2/1       | 224 -> 216          2/2
+//   kernel         stages  smem B  | sm_80 regs            CTAs reg/smem | sm_90 regs            CTAs reg/smem
+//   d64_b16_deep      8     36,864 | 114 -> 111 -> 121         4/4       | 120 -> 117 -> 124         4/6
+//   d64_b32_deep      4     36,864 | 133 -> 130 -> 145         3/4       | 142 -> 141 -> 151         3/6
+//   d64_b64_deep      3     55,296 | 157 -> 158 -> 168         3/2       | 168 -> 168 -> 179    3 -> 2/4
+//   d128_b16_deep     8     69,632 | 165 -> 162 -> 185    3 -> 2/2       | 174 -> 174 -> 189         2/3
+//   d128_b32_deep     4     69,632 | 198 -> 195 -> 206         2/2       | 201 -> 198 -> 216         2/3
+//   d128_b64_deep     3    104,448 | 213 -> 213 -> 222         2/1       | 224 -> 216 -> 228         2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
@@ -130,23 +141,28 @@
 //     the row's slot in the CTA does not matter; key j always sits at the same
 //     column (n8 tile j / 8, column j % 8).
 //   - Masking is by select, never arithmetic on what S held: a key past the row's
-//     position (causal) or past seq_len gets s = -inf (a select), so p = expf(-inf
+//     position (causal) or past seq_len gets s = -inf (a select), so p = exp2(-inf
 //     - a finite max) = +0, whatever S held (not even a NaN there gets in). Every
 //     other step of the softmax is elementwise on the row's own values with
-//     explicitly rounded intrinsics (__fmul_rn, __fsub_rn, __fadd_rn, __fdiv_rn)
-//     and the accurate expf (no fast math): nothing is contracted or reordered.
+//     explicitly rounded intrinsics (__fmul_rn, __fmaf_rn, __fsub_rn, __fadd_rn,
+//     __fdiv_rn) and one exponential, ex2.approx (a function of its input alone on
+//     a device, if not correctly rounded; the REPRISE_ATTN_EXPF build: the accurate
+//     expf): nothing is contracted or reordered.
 //     The tile max is exact in any order (a +-0 tie changes nothing: s - m and
 //     m - m' come out the same for either zero). The row sum has a shape fixed
 //     by block_size: key j is always summed by thread (j % 8) / 2 of the quad, at
 //     the same place of its sequence; masked keys add +0 to a sum of p >= 0,
 //     which changes nothing.
 //   - Every row sees key 0, so its first page has a finite tile max, m' is finite
-//     and a = exp(-inf - m') = +0: no (-inf) - (-inf). The denominator ends >= 1.
+//     and a = exp2(-inf - m') = +0: no (-inf) - (-inf). The denominator ends about
+//     1 or above (the largest score's p is 2^e, e the rounding error of its s * u,
+//     which the fma keeps: 1 within a few millionths).
 //   - A page wholly in a row's future leaves the row's state (m, denom, acc)
 //     exactly as it was, whatever the other rows of its m16 tile do: the warp
 //     skips a page none of its rows sees (warp-uniform), and when the page is run
 //     for the row's neighbours, the row's m and denom are kept by select, its a
-//     is 1 and its p are +0 (its s are -inf), so its acc takes acc * 1 (exact) and then
+//     is 1 and its p are +0 (its s are -inf), so its acc takes acc * 1 (exact, or
+//     skipped: the same) and then
 //     only exact zero terms in the P.V mmas: by the property the next point
 //     relies on, a nonzero acc comes out exactly as it went in, and a zero acc
 //     at most changes its sign, which never reaches an output (see there). So a
@@ -174,12 +190,20 @@
 // so a prompt's last token equals its decode step.
 #include "common.cuh"
 
-// The softmax step's p: 0, the default, expf of every key's difference (a masked key's is
-// -inf: +0); 1 a select around each expf, as before 2026-11-27 (built by the launcher for
-// bench_gpu_kernels' same-run baseline only, attention_tc_kernel.EXP_SELECT). The same
-// bits either way (tests/test_attention_tc_emulated.py).
+// The softmax step's p: 0, the default, the exponential of every key's difference (a
+// masked key's is -inf: +0); 1 a select around each, as before 2026-11-27 (built by the
+// launcher for bench_gpu_kernels' same-run baseline only, attention_tc_kernel.BUILD).
+// The same bits either way (tests/test_attention_tc_emulated.py).
 #ifndef REPRISE_ATTN_EXP_SELECT
 #define REPRISE_ATTN_EXP_SELECT 0
+#endif
+// The softmax's exponentials: 0, the default, in base 2 (scores and maxima in log2 units,
+// s * scale * log2(e), each p one FFMA and one ex2.approx); 1 the accurate expf of
+// scores in natural units (s * scale), about nine instructions each, as before
+// 2026-11-28 (built by the launcher for bench_gpu_kernels' same-run baseline only,
+// attention_tc_kernel.BUILD). Other bits, the same invariance either way.
+#ifndef REPRISE_ATTN_EXPF
+#define REPRISE_ATTN_EXPF 0
 #endif
 
 namespace {
@@ -191,6 +215,11 @@ constexpr int kRowsPerCta = kNumWarps * kRowsPerWarp;  // ROWS_PER_CTA in attent
 constexpr unsigned int kFullMask = 0xffffffffu;
 // Keys of a KV chunk (KV_CHUNK in attention.py): the key range is cut at multiples of it.
 constexpr int kKvChunk = 256;
+constexpr bool kBase2 = !REPRISE_ATTN_EXPF;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// e^(x / log2(e)) for x in the softmax's units: 2^x (kBase2), else e^x.
+__device__ __forceinline__ float softmax_exp(float x) { return kBase2 ? exp2_approx(x) : expf(x); }
 
 // The PTX wrappers, BF16 helpers, find_work and the chunk merge come from common.cuh.
 
@@ -292,12 +321,13 @@ struct RowState {
 
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
-// nothing); `stage` holds the page's K and V.
+// nothing); `stage` holds the page's K and V; `units` the factor from a score to the
+// softmax's units: scale * log2(e) (kBase2), else scale.
 template <int HEAD_DIM, int BLOCK_SIZE>
 __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
                                             const unsigned (&qf)[HEAD_DIM / 16][4],
                                             const unsigned short* stage, const int (&pos)[2],
-                                            int tile_start, float scale, int lane) {
+                                            int tile_start, float units, int lane) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   const unsigned short* k_tile = stage;
   const unsigned short* v_tile = stage + C::kPageHalves;
@@ -327,7 +357,11 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   }
 
   // --- the softmax step, per row h (fragment rows g, g + 8; s[j][2h + e] is key
-  // 8j + 2 * quad_lane + e) ---
+  // 8j + 2 * quad_lane + e), in the softmax's units: scores times `units`, so that each
+  // p is softmax_exp of a difference. Base 2 (kBase2): x stays the raw score, the tile
+  // max is scaled once (rounding is monotonic: the max of the rounded products is the
+  // rounded max), and p = exp2(fma(x, units, -m')), one FFMA and one MUFU.EX2 a key, as
+  // FlashAttention does; natural units: x = s * scale rounded, p = expf(x - m'). ---
   float alpha[2];
   bool sees[2];
 #pragma unroll
@@ -342,23 +376,27 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
       for (int e = 0; e < 2; ++e) {
         const int key = 8 * j + 2 * quad_lane + e;
         float& x = s[j][2 * h + e];
-        x = key < visible ? __fmul_rn(x, scale) : negative_infinity();
+        x = key < visible ? (kBase2 ? x : __fmul_rn(x, units)) : negative_infinity();
         tile_max = fmaxf(tile_max, x);
       }
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+    if (kBase2) tile_max = __fmul_rn(tile_max, units);
     // NOTE: a row that sees the page sees its first key, so tile_max and m' are
     // finite. A row that sees none of it keeps m and denom, and gets a = 1.
     sees[h] = visible > 0;
     const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
-    alpha[h] = sees[h] ? expf(__fsub_rn(st.m[h], m_new)) : 1.0f;
-    // NOTE: no select around expf: a masked key's x is -inf (above) and the max it is
-    // taken from is finite (m_new for a row that sees the page; 0 for one that sees none
-    // of it, whose every x is -inf), so its p is expf(-inf) = +0, the +0 a select gave,
-    // and a seen key's p is the same expf of the same difference. A select there made
-    // the compiler branch around each expf (BSSY/BSYNC a key), serializing the keys'
-    // exponentials, the longest chain of a page.
+    // a = 1 exactly where the max did not move (exp(0), which ex2.approx need not give
+    // exactly), so that acc * a can be skipped there (below); a row's first page in a
+    // chunk gives exp(-inf - m') = +0
+    alpha[h] = m_new != st.m[h] ? softmax_exp(__fsub_rn(st.m[h], m_new)) : 1.0f;
+    // NOTE: no select around the exponential: a masked key's x is -inf (above) and the
+    // max it is taken from is finite (m_new for a row that sees the page; 0 for one that
+    // sees none of it, whose every x is -inf), so its p is exp(-inf) = +0, the +0 a
+    // select gave, and a seen key's p is the same exponential of the same difference. A
+    // select there made the compiler branch around each expf (BSSY/BSYNC a key),
+    // serializing the keys' exponentials, the longest chain of a page.
     const float m_sub = sees[h] ? m_new : 0.0f;
     float p_sum = 0.0f;
 #pragma unroll
@@ -366,10 +404,11 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[j][2 * h + e];
+        const float d = kBase2 ? __fmaf_rn(x, units, -m_sub) : __fsub_rn(x, m_sub);
         if (REPRISE_ATTN_EXP_SELECT) {
-          x = 8 * j + 2 * quad_lane + e < visible ? expf(__fsub_rn(x, m_new)) : 0.0f;
+          x = 8 * j + 2 * quad_lane + e < visible ? softmax_exp(d) : 0.0f;
         } else {
-          x = expf(__fsub_rn(x, m_sub));
+          x = softmax_exp(d);
         }
         p_sum = __fadd_rn(p_sum, x);
       }
@@ -391,14 +430,19 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     pa[i][2] = bf16_pair(s[2 * i + 1][0], s[2 * i + 1][1]);
     pa[i][3] = bf16_pair(s[2 * i + 1][2], s[2 * i + 1][3]);
   }
+  // acc * a in place, skipped by the warp when every a of its rows is 1 (a row whose max
+  // did not move, or that does not see the page): x * 1 is x exactly, so the skip reaches
+  // no bit. After the first pages of a chunk a row's max seldom moves, and each skip saves
+  // 64 multiplies a thread.
+  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < C::kDimTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.acc[n][e] = __fmul_rn(st.acc[n][e], alpha[e / 2]);
+    }
+  }
 #pragma unroll
   for (int dp = 0; dp < C::kDimTiles / 2; ++dp) {  // two n8 tiles of head_dim at a time
-    // acc * a in place (a = 1 exactly for a row that does not see the page)
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st.acc[2 * dp + n][e] = __fmul_rn(st.acc[2 * dp + n][e], alpha[e / 2]);
-    }
 #pragma unroll
     for (int i = 0; i < C::kKeySlices; ++i) {
       // B fragment (col layout, B[key][d] = V[key][d], read transposed): matrices
@@ -532,6 +576,7 @@ __device__ __forceinline__ void paged_attention_tc(
   const int max_chunks = (max_blocks * BLOCK_SIZE + kKvChunk - 1) / kKvChunk;
   auto ws_ml = [&]() { return workspace + static_cast<long long>(num_tokens) * num_heads * max_chunks * HEAD_DIM; };
   RowState<HEAD_DIM> st;
+  const float units = kBase2 ? __fmul_rn(scale, kLog2e) : scale;  // attend_page's
 
   // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
   // One commit per page slot (empty past the end) keeps the group count uniform: at page
@@ -564,6 +609,10 @@ __device__ __forceinline__ void paged_attention_tc(
     const int t = page_of(k);
     const int c = t / kTpc;
     if (k % kTpc == 0) {  // the chunk's first page: a fresh state
+      // NOTE: the __syncwarp (every lane is here: k is the CTA's) keeps this a branch.
+      // Without it ptxas predicated the reset, 66 selects on every page, the chunk's
+      // first or not; moved to a chunk's end instead, or into attend_page, it spilled.
+      __syncwarp();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         st.m[h] = negative_infinity();
@@ -585,7 +634,7 @@ __device__ __forceinline__ void paged_attention_tc(
     if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
     if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
       attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (k % C::kStages) * C::kStageHalves,
-                                        pos, t * BLOCK_SIZE, scale, lane);
+                                        pos, t * BLOCK_SIZE, units, lane);
     }
     if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
     // --- the chunk's end: merge its state into the total, or store it for the last
@@ -621,7 +670,7 @@ __device__ __forceinline__ void paged_attention_tc(
           total(kM + h) = st.m[h];
           total(kDenom + h) = st.denom[h];
         } else {
-          total(kM + h) = merge_factors(total(kM + h), st.m[h], a1[h], a2[h]);
+          total(kM + h) = merge_factors<kBase2>(total(kM + h), st.m[h], a1[h], a2[h]);
           total(kDenom + h) = merged(total(kDenom + h), a1[h], st.denom[h], a2[h]);
         }
       }
@@ -654,7 +703,7 @@ __device__ __forceinline__ void paged_attention_tc(
     __syncthreads();
     if (*last == 0u) return;
     __threadfence();
-    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
+    merge_chunks<HEAD_DIM, kKvChunk, kBase2>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
                                      cta.first_pos, num_heads, cta.head0, max_chunks, /*zero_sign=*/true);
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
@@ -702,7 +751,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(
   pdl_enter();
   paged_attention_tc<64, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
   pdl_enter();
   paged_attention_tc<64, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
 }

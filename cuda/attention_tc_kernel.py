@@ -30,7 +30,9 @@ tiles are the cache pages, walked in ascending order within a chunk; each score 
 one accumulator register taking one mma per 16-wide slice in ascending order,
 and an mma has no cross-row interaction; masking is by select (masked scores
 -inf, their p +0), the softmax runs on the row's own values with explicitly
-rounded intrinsics and its sums have a shape fixed by block_size; a page wholly
+rounded intrinsics and one exponential (in base 2: ex2.approx, a function of its
+input alone on a device; the rescale skipped only where it multiplies by exactly 1)
+and its sums have a shape fixed by block_size; a page wholly
 in a row's future leaves the row's state exactly as it was (selects for m and
 denom; acc takes only exact zero terms), so a row runs exactly the pages up to
 its own last key whatever its neighbours do; key
@@ -49,10 +51,12 @@ from .kernels import kernel
 
 ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, group member) rows
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
-# The softmax step's p (attention_tc.cu, REPRISE_ATTN_EXP_SELECT): expf of every key's
-# difference (False), or, built apart for bench_gpu_kernels' same-run baseline, a select
-# around each expf as before 2026-11-27 (True). The same bits either way.
-EXP_SELECT = False
+# The build the launcher compiles: attention_tc.cu's defines ("NAME=VALUE"), none by
+# default. bench_gpu_kernels builds its same-run baselines with them:
+# REPRISE_ATTN_EXPF=1, the softmax's exponentials as the accurate expf of natural-unit
+# scores, as before 2026-11-28 (other bits); with REPRISE_ATTN_EXP_SELECT=1 too, a select
+# around each of them, as before 2026-11-27 (the same bits as without it).
+BUILD: tuple[str, ...] = ()
 
 
 def kernel_name(head_dim: int, block_size: int, *, deep: bool = False) -> str:
@@ -107,22 +111,22 @@ def paged_attention_tc(
 
     def kernel_for(grid: SplitGrid) -> tuple[Any, int]:
         name, smem = launch_variant(head_dim, block_size, grid)
-        return _kernel(name, smem, device_id, EXP_SELECT), smem
+        return _kernel(name, smem, device_id, BUILD), smem
 
     return launch(kernel_for, ROWS_PER_CTA, out, *args, workspace=workspace)
 
 
 @functools.cache
-def _kernel(name: str, smem: int, device_id: int, exp_select: bool = False) -> Any:
-    """Entry point `name`, compiled, with its opt-in to `smem` bytes of dynamic shared
-    memory set on this device; `exp_select` True: the baseline build (EXP_SELECT).
+def _kernel(name: str, smem: int, device_id: int, build: tuple[str, ...] = ()) -> Any:
+    """Entry point `name`, compiled with the defines `build` (BUILD), with its opt-in to
+    `smem` bytes of dynamic shared memory set on this device.
 
     `device_id` keys the cache: the opt-in is a per-device function attribute.
     NOTE: the kernel traps when launched with other than THREADS_PER_CTA threads or
     less than `smem_bytes` of dynamic shared memory, so a drift between the two
     files fails loudly on the first launch.
     """
-    fn = kernel("attention_tc", name, ("REPRISE_ATTN_EXP_SELECT=1",) if exp_select else ())
+    fn = kernel("attention_tc", name, build)
     if smem > MAX_STATIC_SMEM_BYTES:
         fn.max_dynamic_shared_size_bytes = smem
     return fn

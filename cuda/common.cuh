@@ -93,6 +93,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x by the special function unit (PTX ISA "ex2": ex2.approx.ftz.f32, one MUFU.EX2 on
+// sm_80 and sm_90; subnormal input and output flushed to zero, ex2(-inf) = +0). Not
+// correctly rounded (at most about 2 ulp off), but a function of x alone on a given
+// device: attention_tc.cu's softmax steps take it where expf (about nine instructions)
+// was, and every path of theirs takes the same one.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The launch's dynamic shared memory in bytes; kernels check it against what they need.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   unsigned bytes;
@@ -189,11 +200,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // Split attention (attention.cu, attention_tc.cu): the merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
 // chunks before it (m1, denom1, acc1), paged_attention_ref's _RowState.merge op for op:
 // m' = max(m1, m2), a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes
-// merged(x1, a1, x2, a2) = x1 * a1 + x2 * a2, every op rounded on its own.
+// merged(x1, a1, x2, a2) = x1 * a1 + x2 * a2, every op rounded on its own. BASE2: the
+// maxima are in log2 units (attention_tc.cu's scores times scale * log2(e)), and the
+// factors are exp2_approx of the differences.
+template <bool BASE2 = false>
 __device__ __forceinline__ float merge_factors(float m1, float m2, float& a1, float& a2) {
   const float m = fmaxf(m1, m2);
-  a1 = expf(__fsub_rn(m1, m));
-  a2 = expf(__fsub_rn(m2, m));
+  if constexpr (BASE2) {
+    a1 = exp2_approx(__fsub_rn(m1, m));
+    a2 = exp2_approx(__fsub_rn(m2, m));
+  } else {
+    a1 = expf(__fsub_rn(m1, m));
+    a2 = expf(__fsub_rn(m2, m));
+  }
   return m;
 }
 
@@ -246,8 +265,8 @@ __device__ __forceinline__ bool find_work(const int* __restrict__ query_start_lo
 // position first_pos + r / group_rows), the chunk states 0 .. position / KV_CHUNK from the
 // workspace merged in ascending order (merge_factors / merged), then out = bf16(acc /
 // denom) (zero_sign: -0 as +0). Thread i takes elements i, i + blockDim.x, ... of the
-// rows' [rows, head_dim] outputs.
-template <int HEAD_DIM, int KV_CHUNK>
+// rows' [rows, head_dim] outputs. BASE2: as merge_factors.
+template <int HEAD_DIM, int KV_CHUNK, bool BASE2 = false>
 __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
                                              const float* __restrict__ ws_ml, int num_rows, int group_rows,
                                              long long token0, int first_pos, int num_heads, int head0,
@@ -262,7 +281,7 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
     float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
     for (int c = 1; c < num_chunks; ++c) {
       float a1, a2;
-      m = merge_factors(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
+      m = merge_factors<BASE2>(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
       denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
       acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
     }

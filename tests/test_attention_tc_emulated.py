@@ -200,16 +200,28 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
                 assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
 
 
+@pytest.fixture(scope="module")
+def lib_expf(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with the softmax's exponentials as the accurate expf of natural-unit
+    scores, as before 2026-11-28 (REPRISE_ATTN_EXPF=1: bench_gpu_kernels' `tc expf`)."""
+    return emulation_or_skip(tmp_path_factory.mktemp("emu_expf"), "-DREPRISE_ATTN_EXPF=1")
+
+
+@pytest.mark.parametrize("build", ["base2", "expf"])
 @pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 1, 64)])
 def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
-    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
-) -> None:
+    request: pytest.FixtureRequest, lib: ctypes.CDLL, rng: np.random.Generator,
+    head_dim: int, group: int, block_size: int, build: str,
+) -> None:  # fmt: skip
     """A prompt's rows from a prefill (whole over S + 1 keys, or the chunk crossing the 3S
     boundary with garbage past it; rows of one warp seeing different chunk counts) bit-equal
     the same positions as decode steps (split through the workspace), and match the twin;
     the chunk batched behind decode steps too. The prefills run on split_grid's grid
     (split: merged from the workspace) and on one lane (merged in shared memory, as a
-    long prefill's grid is), to the same bits."""
+    long prefill's grid is), to the same bits. In the default build (base 2) and in the
+    natural-expf one the benchmark times beside it."""
+    if build == "expf":
+        lib = request.getfixturevalue("lib_expf")
     paged = PagedTc(rng, shape(head_dim, group, 1), block_size, SPLIT_CONTEXTS)
     whole_len, long_len = S + 1, 3 * S + 7
     first = 3 * S - 20
@@ -280,13 +292,39 @@ def test_attention_tc_deep_ring_gives_the_normal_rings_bits(
                 assert np.array_equal(got, want), (spans, grid)
 
 
-# --- the softmax step's expf with no select around it: the old select's bits ---------------
+# --- the builds the benchmark times beside the kernel -------------------------------------
+
+
+@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 3, 16), (128, 4, 32)])
+def test_attention_tc_base2_and_expf_builds_both_match_the_twin_but_not_each_other(
+    lib: ctypes.CDLL, lib_expf: ctypes.CDLL, rng: np.random.Generator,
+    head_dim: int, group: int, block_size: int,
+) -> None:  # fmt: skip
+    """The two arithmetics of the softmax (base 2 with ex2.approx, the default; natural
+    units with the accurate expf, REPRISE_ATTN_EXPF=1) each give BF16 outputs within
+    BF16 rounding of the twin, on decode steps (split) and a prefill (one lane), and
+    different fp32 values behind them (fp32_probe): the define reaches the arithmetic."""
+    seq_lens = [*SPLIT_CONTEXTS, *(int(n) for n in rng.integers(2, 2 * S, size=2))]
+    paged = PagedTc(rng, shape(head_dim, group, 2), block_size, seq_lens)
+    decode = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    prefill = [(4, 0, 3 * S + 7)]
+    one_lane = forced_grid(3 * S + 7, 1, 2, group, 1, 1, ROWS_PER_CTA)
+    differ = 0
+    for spans, grid in ((decode, None), (prefill, one_lane)):
+        outs = [paged.run(build, spans, grid=grid) for build in (lib, lib_expf)]
+        for out in outs:
+            assert max_row_ulps(out.view(BF16), paged.twin(spans)) <= 2
+        with fp32_probe(lib), fp32_probe(lib_expf):
+            base2, expf = (paged.run(build, spans, grid=grid) for build in (lib, lib_expf))
+        differ += int(np.count_nonzero(base2 != expf))
+    assert differ > 0
 
 
 @pytest.fixture(scope="module")
 def lib_exp_select(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The emulation with a select around each key's expf, as before 2026-11-27
-    (REPRISE_ATTN_EXP_SELECT=1: bench_gpu_kernels' same-run baseline)."""
+    """The emulation with a select around each key's exponential, as before 2026-11-27
+    (REPRISE_ATTN_EXP_SELECT=1; bench_gpu_kernels' `tc sel` takes it with the natural
+    expf)."""
     return emulation_or_skip(
         tmp_path_factory.mktemp("emu_exp_select"), "-DREPRISE_ATTN_EXP_SELECT=1"
     )
@@ -295,12 +333,12 @@ def lib_exp_select(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 @pytest.mark.parametrize(
     ("head_dim", "group", "block_size"), [(64, 3, 16), (128, 4, 32), (64, 1, 64)]
 )
-def test_attention_tc_expf_without_a_select_gives_the_selects_bits(
+def test_attention_tc_exp_without_a_select_gives_the_selects_bits(
     lib: ctypes.CDLL, lib_exp_select: ctypes.CDLL, rng: np.random.Generator,
     head_dim: int, group: int, block_size: int,
 ) -> None:  # fmt: skip
-    """A masked key's p is expf(-inf) = +0, the +0 the select gave, and a seen key's the
-    same expf: so both builds compute the same fp32 values (fp32_probe), on decode steps
+    """A masked key's p is exp(-inf) = +0, the +0 the select gave, and a seen key's the
+    same exponential: so both builds compute the same fp32 values (fp32_probe), on decode steps
     at 1, S - 1, S, S + 1 and 3S + 7 keys batched (split, deep ring) and each alone, and
     on prefills, whole and a chunk crossing the 3S boundary with garbage and NaN past it,
     on split_grid's grid and on one lane (the normal ring, rows of one warp seeing

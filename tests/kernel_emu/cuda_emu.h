@@ -283,6 +283,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   __syncwarp();
   return r;
 }
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
 
 // Run `kernel()` for every CTA of `grid` with `threads` threads (at most 1024).
 template <class F> void launch(dim3 grid, int threads, F kernel) {

@@ -62,6 +62,16 @@ inline unsigned shared_addr(const void* p) {
 // %dynamic_smem_size
 inline unsigned dynamic_smem_bytes() { return g_ptx_smem_bytes; }
 
+// ex2.approx.ftz.f32: the hardware's approximation is not specified to the bit, so this
+// is 2^x rounded once to fp32, with ftz's flushes (a subnormal input counts as zero, a
+// subnormal result is +0). Like the device's, a function of x alone, which is all the
+// kernels' bit-identity arguments use.
+inline float exp2_approx(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float y = static_cast<float>(std::exp2(static_cast<double>(x)));
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
+
 // ---- cp.async -------------------------------------------------------------------------
 // Each thread's copies are queued: commit_group closes the open group, wait_group N
 // completes every committed group but the N most recent, oldest first. A copy lands
