@@ -76,22 +76,23 @@
 // 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9.
 //
 // Then (2026-11-28) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a skipped by
-// a warp whose rows' maxima all stayed put, and a chunk's fresh state reset in a branch,
-// not by selects on every page (see each there). The path a page takes through the loop
-// (no chunk end, the rescale skipped; counted in the SASS of d128_b32 on sm_90) went
-// from about 715 instructions to about 390 (the deep kernel's from about 700 to 390):
-// each key's p was about eleven instructions and is two; the registers are the "now"
-// column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
+// a warp whose rows' maxima all stayed put, a chunk's fresh state reset in a branch,
+// not by selects on every page, and a page's copies addressed from the thread's first
+// copy in block 0 (one multiply-add a page, not the page's address found anew: 74
+// instructions to 50) (see each there). The path a page takes through the loop (no chunk
+// end, the rescale skipped; counted in the SASS of d128_b32 on sm_90) went from about
+// 715 instructions to about 360 (the deep kernel's from about 700 to 360): each key's p
+// was about eleven instructions and is two; the registers are the "now" column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
 // an SM on sm_90 instead of 3; d64_b64 spills at (128, 4).
 //
 //   kernel     smem B  | sm_80 regs (bounds)              CTAs     | sm_90 regs        CTAs
 //                      | earlier -> 11-27 -> now          reg/smem | earlier->11-27->now reg/smem
 //   d64_b16     36,864 | 122 -> 128 -> 128 (128, 4)         4/4    | 115 -> 127 -> 127   4/6
 //   d64_b32     36,864 | 137 -> 127 -> 128 (128, 3 -> 4)    4/4    | 142 -> 160 -> 128   4/6
-//   d64_b64     55,296 | 165 -> 160 -> 168 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
+//   d64_b64     55,296 | 165 -> 160 -> 166 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
 //   d128_b16    69,632 | 168 -> 167 -> 168 (128, 3)         3/2    | 167 -> 168 -> 168   3/3
 //   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)    3/2    | 202 -> 168 -> 168   3/3
-//   d128_b64   104,448 | 219 -> 220 -> 224 (128, 2)         2/1    | 225 -> 222 -> 223   2/2
+//   d128_b64   104,448 | 219 -> 220 -> 220 (128, 2)         2/1    | 225 -> 222 -> 224   2/2
 //
 // So registers hold no head_dim 128 kernel below what its shared memory allows, on either
 // architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
@@ -109,15 +110,16 @@
 // Since 2026-11-27 a deep kernel compiles none of the one-lane code (its chunk-end merge
 // and output: `if constexpr`): d128_b32_deep's page loop is 877 SASS instructions, from
 // 1,570, with 8 divergence regions, from 57. The "now" column: since 2026-11-28 (above);
-// two kernels hold fewer CTAs an SM by registers than before, at or above the split's 2.
+// d128_b16_deep holds 2 CTAs an SM by registers on sm_80, not 3: the split's 2, and
+// what its shared memory holds there.
 //
 //   kernel         stages  smem B  | sm_80 regs            CTAs reg/smem | sm_90 regs            CTAs reg/smem
-//   d64_b16_deep      8     36,864 | 114 -> 111 -> 121         4/4       | 120 -> 117 -> 124         4/6
-//   d64_b32_deep      4     36,864 | 133 -> 130 -> 145         3/4       | 142 -> 141 -> 151         3/6
-//   d64_b64_deep      3     55,296 | 157 -> 158 -> 168         3/2       | 168 -> 168 -> 179    3 -> 2/4
-//   d128_b16_deep     8     69,632 | 165 -> 162 -> 185    3 -> 2/2       | 174 -> 174 -> 189         2/3
-//   d128_b32_deep     4     69,632 | 198 -> 195 -> 206         2/2       | 201 -> 198 -> 216         2/3
-//   d128_b64_deep     3    104,448 | 213 -> 213 -> 222         2/1       | 224 -> 216 -> 228         2/2
+//   d64_b16_deep      8     36,864 | 114 -> 111 -> 117         4/4       | 120 -> 117 -> 120         4/6
+//   d64_b32_deep      4     36,864 | 133 -> 130 -> 140         3/4       | 142 -> 141 -> 144         3/6
+//   d64_b64_deep      3     55,296 | 157 -> 158 -> 167         3/2       | 168 -> 168 -> 168         3/4
+//   d128_b16_deep     8     69,632 | 165 -> 162 -> 178    3 -> 2/2       | 174 -> 174 -> 181         2/3
+//   d128_b32_deep     4     69,632 | 198 -> 195 -> 202         2/2       | 201 -> 198 -> 208         2/3
+//   d128_b64_deep     3    104,448 | 213 -> 213 -> 216         2/1       | 224 -> 216 -> 222         2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
@@ -269,21 +271,20 @@ struct Ring : Config<HEAD_DIM, BLOCK_SIZE> {
 // Issue the cp.async copies of one page's K and V into a ring stage; key slots at or
 // past `num_valid` (seq_len) are zero-filled, their (stale, maybe NaN) bytes unread.
 // Thread x copies 16-byte chunk x % kChunks of keys x / kChunks + i * kKeyStep, of K and
-// of V: one shared and one global base address, every copy at a constant offset from
-// them (registers: no per-copy address survives between pages).
+// of V (`v_offset` elements after K): `dst` and `k_src` are the addresses of its first
+// copy (key x / kChunks, columns from x % kChunks * 8), every other copy at a constant
+// offset from them. (Found once by the kernel, not for every page: the block's page is
+// one multiply-add from the thread's first copy in block 0.)
 template <int HEAD_DIM, int BLOCK_SIZE>
-__device__ __forceinline__ void load_page(unsigned short* stage, const unsigned short* k_page,
-                                          const unsigned short* v_page, int num_valid) {
+__device__ __forceinline__ void load_page(unsigned dst, const unsigned short* k_src, long long v_offset,
+                                          int num_valid) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   constexpr int kKeyStep = kNumThreads / C::kChunks;  // keys a round of copies covers
   static_assert(kNumThreads % C::kChunks == 0 && BLOCK_SIZE % kKeyStep == 0, "whole rounds");
   const int key0 = static_cast<int>(threadIdx.x) / C::kChunks;
-  const int at = static_cast<int>(threadIdx.x) % C::kChunks * 8;  // the chunk's first column
-  const unsigned dst = shared_addr(stage + key0 * C::kLds + at);
   // NOTE: an invalid slot's address is still in the page (a page holds BLOCK_SIZE
   // slots); cp.async with src-size 0 reads none of it.
-  const unsigned short* k_src = k_page + key0 * HEAD_DIM + at;
-  const unsigned short* v_src = v_page + key0 * HEAD_DIM + at;
+  const unsigned short* v_src = k_src + v_offset;
 #pragma unroll
   for (int i = 0; i < BLOCK_SIZE / kKeyStep; ++i) {
     const bool valid = key0 + i * kKeyStep < num_valid;
@@ -587,13 +588,17 @@ __device__ __forceinline__ void paged_attention_tc(
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
   // page k's copies, from its cache block `block` (table[page_of(k)])
+  // the thread's first copy of a page (load_page): in the ring's first stage, and in
+  // block 0's page of the layer's KV head; a block's pages are block_stride elements apart
+  const int copy_key = static_cast<int>(threadIdx.x) / C::kChunks;
+  const int copy_col = static_cast<int>(threadIdx.x) % C::kChunks * 8;
+  const unsigned dst0 = shared_addr(attention_tc_smem + copy_key * C::kLds + copy_col);
+  const unsigned short* src0 = cache + (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride +
+                               copy_key * HEAD_DIM + copy_col;
+  const long long block_stride = static_cast<long long>(num_layers) * 2 * num_kv_heads * head_stride;
   auto issue = [&](int k, long long block) {
-    const int t = page_of(k);
-    const unsigned short* k_page =
-        cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
-    const unsigned short* v_page = k_page + num_kv_heads * head_stride;
-    load_page<HEAD_DIM, BLOCK_SIZE>(attention_tc_smem + (k % C::kStages) * C::kStageHalves, k_page,
-                                    v_page, seq_len - t * BLOCK_SIZE);
+    load_page<HEAD_DIM, BLOCK_SIZE>(dst0 + (k % C::kStages) * C::kStageHalves * 2, src0 + block * block_stride,
+                                    num_kv_heads * head_stride, seq_len - page_of(k) * BLOCK_SIZE);
   };
 #pragma unroll
   for (int k = 0; k < C::kStages - 1; ++k) {
