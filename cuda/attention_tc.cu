@@ -79,20 +79,22 @@
 // a warp whose rows' maxima all stayed put, a chunk's fresh state reset in a branch,
 // not by selects on every page, and a page's copies addressed from the thread's first
 // copy in block 0 (one multiply-add a page, not the page's address found anew: 74
-// instructions to 50) (see each there). The path a page takes through the loop (no chunk
-// end, the rescale skipped; counted in the SASS of d128_b32 on sm_90) went from about
-// 715 instructions to about 360 (the deep kernel's from about 700 to 360): each key's p
-// was about eleven instructions and is two; the registers are the "now" column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
+// instructions to 50), and the masks' selects skipped on a page each real row of the warp
+// sees whole (the kernel takes attend_page twice, WHOLE or not) (see each there). The
+// path a page takes through the loop (no chunk end, seen whole, the rescale skipped;
+// counted in the SASS of d128_b32 on sm_90) went from about 715 instructions to about
+// 310 (the deep kernel's from about 700 to 310): each key's p was about eleven
+// instructions and is two; the registers are the "now" column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
 // an SM on sm_90 instead of 3; d64_b64 spills at (128, 4).
 //
 //   kernel     smem B  | sm_80 regs (bounds)              CTAs     | sm_90 regs        CTAs
 //                      | earlier -> 11-27 -> now          reg/smem | earlier->11-27->now reg/smem
-//   d64_b16     36,864 | 122 -> 128 -> 128 (128, 4)         4/4    | 115 -> 127 -> 127   4/6
+//   d64_b16     36,864 | 122 -> 128 -> 128 (128, 4)         4/4    | 115 -> 127 -> 128   4/6
 //   d64_b32     36,864 | 137 -> 127 -> 128 (128, 3 -> 4)    4/4    | 142 -> 160 -> 128   4/6
-//   d64_b64     55,296 | 165 -> 160 -> 166 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
+//   d64_b64     55,296 | 165 -> 160 -> 167 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
 //   d128_b16    69,632 | 168 -> 167 -> 168 (128, 3)         3/2    | 167 -> 168 -> 168   3/3
 //   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)    3/2    | 202 -> 168 -> 168   3/3
-//   d128_b64   104,448 | 219 -> 220 -> 220 (128, 2)         2/1    | 225 -> 222 -> 224   2/2
+//   d128_b64   104,448 | 219 -> 220 -> 225 (128, 2)         2/1    | 225 -> 222 -> 230   2/2
 //
 // So registers hold no head_dim 128 kernel below what its shared memory allows, on either
 // architecture; d128_b32 (Llama-3.1-8B's head and page) now runs 3 CTAs an SM on sm_90.
@@ -114,12 +116,12 @@
 // what its shared memory holds there.
 //
 //   kernel         stages  smem B  | sm_80 regs            CTAs reg/smem | sm_90 regs            CTAs reg/smem
-//   d64_b16_deep      8     36,864 | 114 -> 111 -> 117         4/4       | 120 -> 117 -> 120         4/6
-//   d64_b32_deep      4     36,864 | 133 -> 130 -> 140         3/4       | 142 -> 141 -> 144         3/6
+//   d64_b16_deep      8     36,864 | 114 -> 111 -> 117         4/4       | 120 -> 117 -> 124         4/6
+//   d64_b32_deep      4     36,864 | 133 -> 130 -> 140         3/4       | 142 -> 141 -> 146         3/6
 //   d64_b64_deep      3     55,296 | 157 -> 158 -> 167         3/2       | 168 -> 168 -> 168         3/4
-//   d128_b16_deep     8     69,632 | 165 -> 162 -> 178    3 -> 2/2       | 174 -> 174 -> 181         2/3
-//   d128_b32_deep     4     69,632 | 198 -> 195 -> 202         2/2       | 201 -> 198 -> 208         2/3
-//   d128_b64_deep     3    104,448 | 213 -> 213 -> 216         2/1       | 224 -> 216 -> 222         2/2
+//   d128_b16_deep     8     69,632 | 165 -> 162 -> 180    3 -> 2/2       | 174 -> 174 -> 186         2/3
+//   d128_b32_deep     4     69,632 | 198 -> 195 -> 204         2/2       | 201 -> 198 -> 212         2/3
+//   d128_b64_deep     3    104,448 | 213 -> 213 -> 214         2/1       | 224 -> 216 -> 222         2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
@@ -142,7 +144,8 @@
 //     element's arithmetic is the same at every row position of the fragment, so
 //     the row's slot in the CTA does not matter; key j always sits at the same
 //     column (n8 tile j / 8, column j % 8).
-//   - Masking is by select, never arithmetic on what S held: a key past the row's
+//   - Masking is by select, never arithmetic on what S held (a page every real row of
+//     the warp sees whole skips the selects: they would keep every score): a key past the row's
 //     position (causal) or past seq_len gets s = -inf (a select), so p = exp2(-inf
 //     - a finite max) = +0, whatever S held (not even a NaN there gets in). Every
 //     other step of the softmax is elementwise on the row's own values with
@@ -323,8 +326,12 @@ struct RowState {
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
 // nothing); `stage` holds the page's K and V; `units` the factor from a score to the
-// softmax's units: scale * log2(e) (kBase2), else scale.
-template <int HEAD_DIM, int BLOCK_SIZE>
+// softmax's units: scale * log2(e) (kBase2), else scale. WHOLE: every real row of the
+// warp sees every key of the page (the page ends at or before the warp's first row's
+// position), so no score is masked: for those rows the masks would keep every score, the
+// same values either way; the warp's padding rows (zero q) then take the page into a
+// state no one reads (never stored, merged or written: their position is -1).
+template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
 __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
                                             const unsigned (&qf)[HEAD_DIM / 16][4],
                                             const unsigned short* stage, const int (&pos)[2],
@@ -367,7 +374,8 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   bool sees[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int visible = min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);  // keys the row sees
+    // keys the row sees: WHOLE, every key of the page for each real row of the warp
+    const int visible = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
     // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
     // whatever S holds there never enters the row's state.
     float tile_max = negative_infinity();
@@ -553,6 +561,7 @@ __device__ __forceinline__ void paged_attention_tc(
   const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
   const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
   const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
+  const int warp_first_pos = first_pos + warp * kRowsPerWarp / sub_group;
 
   // Q as A fragments of each 16-wide head_dim slice (layout: see mma_bf16_16816), from
   // global memory once; padding rows are zero.
@@ -638,8 +647,14 @@ __device__ __forceinline__ void paged_attention_tc(
     cp_async_commit();
     if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
     if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
-      attend_page<HEAD_DIM, BLOCK_SIZE>(st, qf, attention_tc_smem + (k % C::kStages) * C::kStageHalves,
-                                        pos, t * BLOCK_SIZE, units, lane);
+      const unsigned short* stage = attention_tc_smem + (k % C::kStages) * C::kStageHalves;
+      // warp-uniform: the page's last key is at or before the warp's first (lowest) row's
+      // position, so every real row of the warp sees the page whole (attend_page's WHOLE)
+      if ((t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
+        attend_page<HEAD_DIM, BLOCK_SIZE, true>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);
+      } else {
+        attend_page<HEAD_DIM, BLOCK_SIZE, false>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);
+      }
     }
     if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
     // --- the chunk's end: merge its state into the total, or store it for the last
