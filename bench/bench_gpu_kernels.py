@@ -29,7 +29,7 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   Each row records the KV split's geometry (head_parts, kv_lanes, busy_ctas: CTAs
   with work at that context); a split launch gets its workspace preallocated. Same-run
   baselines of the tensor-core kernel: `tc ring2` held to its normal page ring (split
-  launches take the deep one); `tc expf`, its softmax as before 2026-11-28 (the accurate
+  launches take the deep one); `tc expf`, its softmax before base 2 (the accurate
   expf, a rescale every page); `tc sel`, that with the select around each key's expf it
   had before 2026-11-27 (BUILDS); and `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
@@ -657,7 +657,7 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
 
 
 # Earlier builds of the tensor-core kernel (attention_tc_kernel.BUILD), timed beside it:
-# `tc expf` the accurate expf of natural-unit scores, as before 2026-11-28 (what base 2,
+# `tc expf` the accurate expf of natural-unit scores, the softmax before base 2 (what base 2,
 # the skipped rescale and the reset kept a branch gained); `tc sel` that with a select
 # around each expf too, as before 2026-11-27 (the kernel the H200 timed on 2026-11-27).
 BUILDS = {
@@ -699,7 +699,7 @@ def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
 
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
-    its normal page ring, built as before 2026-11-28 and 2026-11-27 (BUILDS), and with
+    its normal page ring, built with its softmax before base 2 and with the select it had before (BUILDS), and with
     its head split planned for longer contexts) against the faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 

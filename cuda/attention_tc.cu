@@ -75,7 +75,7 @@
 // chunk end's merge as selects (see there): the page loop of d128_b32 on sm_90 went from
 // 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9.
 //
-// Then (2026-11-28) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a skipped by
+// Then (later on 2026-11-27) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a skipped by
 // a warp whose rows' maxima all stayed put, a chunk's fresh state reset in a branch,
 // not by selects on every page, and a page's copies addressed from the thread's first
 // copy in block 0 (one multiply-add a page, not the page's address found anew: 74
@@ -111,7 +111,7 @@
 //
 // Since 2026-11-27 a deep kernel compiles none of the one-lane code (its chunk-end merge
 // and output: `if constexpr`): d128_b32_deep's page loop is 877 SASS instructions, from
-// 1,570, with 8 divergence regions, from 57. The "now" column: since 2026-11-28 (above);
+// 1,570, with 8 divergence regions, from 57. The "now" column: since base 2 (above);
 // d128_b16_deep holds 2 CTAs an SM by registers on sm_80, not 3: the split's 2, and
 // what its shared memory holds there.
 //
@@ -205,7 +205,7 @@
 // The softmax's exponentials: 0, the default, in base 2 (scores and maxima in log2 units,
 // s * scale * log2(e), each p one FFMA and one ex2.approx); 1 the accurate expf of
 // scores in natural units (s * scale), about nine instructions each, as before
-// 2026-11-28 (built by the launcher for bench_gpu_kernels' same-run baseline only,
+// base 2 (built by the launcher for bench_gpu_kernels' same-run baseline only,
 // attention_tc_kernel.BUILD). Other bits, the same invariance either way.
 #ifndef REPRISE_ATTN_EXPF
 #define REPRISE_ATTN_EXPF 0

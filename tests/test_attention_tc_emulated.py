@@ -203,7 +203,7 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
 @pytest.fixture(scope="module")
 def lib_expf(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The emulation with the softmax's exponentials as the accurate expf of natural-unit
-    scores, as before 2026-11-28 (REPRISE_ATTN_EXPF=1: bench_gpu_kernels' `tc expf`)."""
+    scores, the kernel's softmax before base 2 (REPRISE_ATTN_EXPF=1: bench_gpu_kernels' `tc expf`)."""
     return emulation_or_skip(tmp_path_factory.mktemp("emu_expf"), "-DREPRISE_ATTN_EXPF=1")
 
 
