@@ -29,9 +29,9 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   Each row records the KV split's geometry (head_parts, kv_lanes, busy_ctas: CTAs
   with work at that context); a split launch gets its workspace preallocated. Same-run
   baselines of the tensor-core kernel: `tc ring2` held to its normal page ring (split
-  launches take the deep one); `tc expf`, its softmax before base 2 (the accurate
-  expf, a rescale every page); `tc sel`, that with the select around each key's expf it
-  had before 2026-11-27 (BUILDS); and `tc plan4k` / `tc plan8k`, the head
+  launches take the deep one); `tc expf`, its page step before base 2 (the accurate
+  expf, a rescale and the masks on every page); `tc sel`, that with the select around
+  each key's expf it had before 2026-11-27 (BUILDS); and `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
   at long contexts).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
@@ -657,9 +657,10 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
 
 
 # Earlier builds of the tensor-core kernel (attention_tc_kernel.BUILD), timed beside it:
-# `tc expf` the accurate expf of natural-unit scores, the softmax before base 2 (what base 2,
-# the skipped rescale and the reset kept a branch gained); `tc sel` that with a select
-# around each expf too, as before 2026-11-27 (the kernel the H200 timed on 2026-11-27).
+# `tc expf` its page step before base 2 (the accurate expf of natural-unit scores, acc
+# rescaled and every page masked: what those three gained); `tc sel` that with a select
+# around each expf too, as the H200 timed it on 2026-11-27 (but for the chunk's reset kept
+# a branch and the copies' addressing, which both builds share with the default).
 BUILDS = {
     "expf": ("REPRISE_ATTN_EXPF=1",),
     "sel": ("REPRISE_ATTN_EXPF=1", "REPRISE_ATTN_EXP_SELECT=1"),

@@ -202,11 +202,13 @@
 #ifndef REPRISE_ATTN_EXP_SELECT
 #define REPRISE_ATTN_EXP_SELECT 0
 #endif
-// The softmax's exponentials: 0, the default, in base 2 (scores and maxima in log2 units,
-// s * scale * log2(e), each p one FFMA and one ex2.approx); 1 the accurate expf of
-// scores in natural units (s * scale), about nine instructions each, as before
-// base 2 (built by the launcher for bench_gpu_kernels' same-run baseline only,
-// attention_tc_kernel.BUILD). Other bits, the same invariance either way.
+// The page step: 0, the default, the softmax in base 2 (scores and maxima in log2 units,
+// s * scale * log2(e), each p one FFMA and one ex2.approx), acc * a skipped where every a
+// of the warp's rows is 1, the masks skipped on a page the warp sees whole; 1 the step as
+// it was before those (built by the launcher for bench_gpu_kernels' same-run baseline
+// only, attention_tc_kernel.BUILD): the accurate expf of scores in natural units
+// (s * scale), about nine instructions each, acc * a and the masks on every page. Other
+// bits, the same invariance either way.
 #ifndef REPRISE_ATTN_EXPF
 #define REPRISE_ATTN_EXPF 0
 #endif
@@ -443,7 +445,7 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   // did not move, or that does not see the page): x * 1 is x exactly, so the skip reaches
   // no bit. After the first pages of a chunk a row's max seldom moves, and each skip saves
   // 64 multiplies a thread.
-  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+  if (REPRISE_ATTN_EXPF || __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
     for (int n = 0; n < C::kDimTiles; ++n) {
 #pragma unroll
@@ -650,7 +652,7 @@ __device__ __forceinline__ void paged_attention_tc(
       const unsigned short* stage = attention_tc_smem + (k % C::kStages) * C::kStageHalves;
       // warp-uniform: the page's last key is at or before the warp's first (lowest) row's
       // position, so every real row of the warp sees the page whole (attend_page's WHOLE)
-      if ((t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
+      if (!REPRISE_ATTN_EXPF && (t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
         attend_page<HEAD_DIM, BLOCK_SIZE, true>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);
       } else {
         attend_page<HEAD_DIM, BLOCK_SIZE, false>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);

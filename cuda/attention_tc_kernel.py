@@ -53,9 +53,10 @@ ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, g
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
 # The build the launcher compiles: attention_tc.cu's defines ("NAME=VALUE"), none by
 # default. bench_gpu_kernels builds its same-run baselines with them:
-# REPRISE_ATTN_EXPF=1, the softmax's exponentials as the accurate expf of natural-unit
-# scores, the kernel's softmax before base 2 (other bits); with REPRISE_ATTN_EXP_SELECT=1 too, a select
-# around each of them, as before 2026-11-27 (the same bits as without it).
+# REPRISE_ATTN_EXPF=1, the page step before base 2 (the accurate expf of natural-unit
+# scores, acc rescaled and the masks applied on every page: other bits); with
+# REPRISE_ATTN_EXP_SELECT=1 too, a select around each expf, as before 2026-11-27 (the
+# same bits as without it).
 BUILD: tuple[str, ...] = ()
 
 

@@ -43,9 +43,9 @@ part e2e_default_pdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=1 "$py" bench/bench_g
   --out "$OUT/gpu_e2e_default_pdl.json"
 grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_pdl.out" \
   | cut -c1-160
-# the attention part also compiles attention_tc.cu twice more: its softmax before base 2
-# (`paged attn tc expf`: natural-unit expf, a rescale every page), and that with a select
-# around each expf too (`tc sel`: the kernel the H200 timed on 2026-11-27)
+# the attention part also compiles attention_tc.cu twice more: its page step before base 2
+# (`paged attn tc expf`: natural-unit expf, a rescale and the masks on every page), and
+# that with a select around each expf too (`tc sel`: as the H200 timed it on 2026-11-27)
 part attention 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,gemm,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|Error" "$OUT/attention.out" \
