@@ -56,3 +56,25 @@ def test_a_log_without_kernel_rows_says_so(tmp_path, capsys) -> None:
     assert parse(path.read_text()) == []
     assert main(["summary", str(path)]) == 1
     assert "no kernel rows" in capsys.readouterr().err
+
+
+def test_stall_reasons_print_under_their_kernel_largest_first() -> None:
+    """Where the CSV holds the stall metrics (`--metrics` STALL_METRICS), a line under the
+    kernel names its largest TOP_STALLS reasons, largest first; a kernel without them has
+    no such line."""
+    from reprise.bench.bench_ncu_step import STALL_METRICS, STALL_REASONS, TOP_STALLS
+
+    values = {reason: float(i) / 4 for i, reason in enumerate(STALL_REASONS)}
+    values["barrier"] = 9.5
+    stalls = {metric: ("", f"{values[reason]:,.2f}")
+              for reason, metric in zip(STALL_REASONS, STALL_METRICS, strict=True)}  # fmt: skip
+    kernels = [
+        ("paged_attention_tc_d128_b32", "(128, 8, 1)", {"Duration": ("usecond", "349.41"), **stalls}),
+        ("rmsnorm_bf16", "(1, 1, 1)", {"Duration": ("usecond", "3.52")}),
+    ]  # fmt: skip
+    lines = summary(parse(ncu_csv(kernels)))
+    assert lines[1].split()[1] == "paged_attention_tc_d128_b32"
+    want = sorted(values.items(), key=lambda rv: -rv[1])[:TOP_STALLS]
+    assert want[0] == ("barrier", 9.5)
+    assert lines[2] == "     stalls: " + ", ".join(f"{r} {v:.2f}" for r, v in want)
+    assert lines[3].split()[1] == "rmsnorm_bf16" and len(lines) == 1 + 3 + 1
