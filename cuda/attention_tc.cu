@@ -75,8 +75,8 @@
 // chunk end's merge as selects (see there): the page loop of d128_b32 on sm_90 went from
 // 1,601 SASS instructions with 56 divergence regions (BSSY) to 1,428 with 9.
 //
-// Then (later on 2026-11-27) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a skipped by
-// a warp whose rows' maxima all stayed put, a chunk's fresh state reset in a branch,
+// Then (later on 2026-11-27) the softmax in base 2 (REPRISE_ATTN_EXPF above), acc * a
+// skipped by a warp whose rows' maxima all stayed put, a chunk's fresh state reset in a branch,
 // not by selects on every page, and a page's copies addressed from the thread's first
 // copy in block 0 (one multiply-add a page, not the page's address found anew: 74
 // instructions to 50), and the masks' selects skipped on a page each real row of the warp
@@ -84,8 +84,9 @@
 // path a page takes through the loop (no chunk end, seen whole, the rescale skipped;
 // counted in the SASS of d128_b32 on sm_90) went from about 715 instructions to about
 // 310 (the deep kernel's from about 700 to 310): each key's p was about eleven
-// instructions and is two; the registers are the "now" column. d64_b32 is bounded at (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs
-// an SM on sm_90 instead of 3; d64_b64 spills at (128, 4).
+// instructions and is two; the registers are the "now" column. d64_b32 is bounded at
+// (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs an SM on sm_90 instead of 3;
+// d64_b64 spills at (128, 4).
 //
 //   kernel     smem B  | sm_80 regs (bounds)              CTAs     | sm_90 regs        CTAs
 //                      | earlier -> 11-27 -> now          reg/smem | earlier->11-27->now reg/smem
@@ -144,9 +145,9 @@
 //     element's arithmetic is the same at every row position of the fragment, so
 //     the row's slot in the CTA does not matter; key j always sits at the same
 //     column (n8 tile j / 8, column j % 8).
-//   - Masking is by select, never arithmetic on what S held (a page every real row of
-//     the warp sees whole skips the selects: they would keep every score): a key past the row's
-//     position (causal) or past seq_len gets s = -inf (a select), so p = exp2(-inf
+//   - Masking is by select, never arithmetic on what S held (a page every real row
+//     of the warp sees whole skips the selects: they would keep every score): a key
+//     past the row's position (causal) or past seq_len gets s = -inf (a select), so p = exp2(-inf
 //     - a finite max) = +0, whatever S held (not even a NaN there gets in). Every
 //     other step of the softmax is elementwise on the row's own values with
 //     explicitly rounded intrinsics (__fmul_rn, __fmaf_rn, __fsub_rn, __fadd_rn,
@@ -604,8 +605,8 @@ __device__ __forceinline__ void paged_attention_tc(
   const int copy_key = static_cast<int>(threadIdx.x) / C::kChunks;
   const int copy_col = static_cast<int>(threadIdx.x) % C::kChunks * 8;
   const unsigned dst0 = shared_addr(attention_tc_smem + copy_key * C::kLds + copy_col);
-  const unsigned short* src0 = cache + (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride +
-                               copy_key * HEAD_DIM + copy_col;
+  const long long head_page = (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride;
+  const unsigned short* src0 = cache + head_page + copy_key * HEAD_DIM + copy_col;
   const long long block_stride = static_cast<long long>(num_layers) * 2 * num_kv_heads * head_stride;
   auto issue = [&](int k, long long block) {
     load_page<HEAD_DIM, BLOCK_SIZE>(dst0 + (k % C::kStages) * C::kStageHalves * 2, src0 + block * block_stride,
