@@ -144,6 +144,36 @@ def test_the_longer_plans_walk_fewer_pages_a_cta_at_4k_keys() -> None:
     assert before == ak.PLANNED_CONTEXT
 
 
+def test_the_baseline_builds_name_the_kernels_defines_and_are_put_back(monkeypatch) -> None:
+    """`paged attn tc expf` and `tc sel` (BUILDS) compile attention_tc.cu with defines it
+    declares (an unknown name would build the default silently), each a different build;
+    the launcher's BUILD is theirs during the call and () again after it, even when the
+    call raises."""
+    from reprise.cuda import attention_tc_kernel as tc
+
+    source = (Path(__file__).parents[1] / "cuda" / "attention_tc.cu").read_text()
+    for build in bench.BUILDS.values():
+        for define in build:
+            name, _, value = define.partition("=")
+            assert f"#ifndef {name}\n#define {name} 0\n" in source and value == "1", define
+    assert len(set(bench.BUILDS.values())) == len(bench.BUILDS) and () not in bench.BUILDS.values()
+    seen = []
+
+    def launcher(**inputs):
+        seen.append((tc.BUILD, inputs))
+        if inputs.get("fail"):
+            raise RuntimeError
+
+    monkeypatch.setattr(tc, "paged_attention_tc", launcher)
+    for build in bench.BUILDS.values():
+        bench.paged_attention_tc_built(build, q="q")
+        with pytest.raises(RuntimeError):
+            bench.paged_attention_tc_built(build, fail=True)
+        assert tc.BUILD == ()
+    assert [b for b, _ in seen] == [b for b in bench.BUILDS.values() for _ in range(2)]
+    assert seen[0][1] == {"q": "q"}
+
+
 def test_small_kernel_bytes_by_hand() -> None:
     t, h = 64, 4096
     got = bench.small_kernel_bytes(LLAMA_8B, t)
