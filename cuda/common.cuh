@@ -266,6 +266,13 @@ __device__ __forceinline__ bool find_work(const int* __restrict__ query_start_lo
 // workspace merged in ascending order (merge_factors / merged), then out = bf16(acc /
 // denom) (zero_sign: -0 as +0). Thread i takes elements i, i + blockDim.x, ... of the
 // rows' [rows, head_dim] outputs. BASE2: as merge_factors.
+// NOTE: the states are read kMergeBatch chunks at a time, all loads of a batch before its
+// merges, so a row's chunks cost one L2 round trip a batch, not one a chunk (a chunk's
+// loads do not depend on the merge before it; the merges stay in ascending order, so the
+// batching reaches no bit). One a chunk was about 1 us a chunk on the H200 (the crude
+// fit in README.md: 16 chunks at 4,096 keys).
+constexpr int kMergeBatch = 4;
+
 template <int HEAD_DIM, int KV_CHUNK, bool BASE2 = false>
 __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
                                              const float* __restrict__ ws_ml, int num_rows, int group_rows,
@@ -276,14 +283,31 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
     const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
     const int num_chunks = (first_pos + r / group_rows) / KV_CHUNK + 1;
     const long long slot = at * max_chunks;  // the row's chunk 0
-    float m = __ldcg(ws_ml + slot * 2);
-    float denom = __ldcg(ws_ml + slot * 2 + 1);
-    float acc = __ldcg(ws_acc + slot * HEAD_DIM + d);
-    for (int c = 1; c < num_chunks; ++c) {
-      float a1, a2;
-      m = merge_factors<BASE2>(m, __ldcg(ws_ml + (slot + c) * 2), a1, a2);
-      denom = merged(denom, a1, __ldcg(ws_ml + (slot + c) * 2 + 1), a2);
-      acc = merged(acc, a1, __ldcg(ws_acc + (slot + c) * HEAD_DIM + d), a2);
+    float m = 0.0f, denom = 0.0f, acc = 0.0f;
+    for (int c0 = 0; c0 < num_chunks; c0 += kMergeBatch) {
+      float ms[kMergeBatch], denoms[kMergeBatch], accs[kMergeBatch];
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (c0 + i < num_chunks) {
+          ms[i] = __ldcg(ws_ml + (slot + c0 + i) * 2);
+          denoms[i] = __ldcg(ws_ml + (slot + c0 + i) * 2 + 1);
+          accs[i] = __ldcg(ws_acc + (slot + c0 + i) * HEAD_DIM + d);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (c0 + i >= num_chunks) break;
+        if (c0 + i == 0) {  // chunk 0: taken as it is
+          m = ms[i];
+          denom = denoms[i];
+          acc = accs[i];
+          continue;
+        }
+        float a1, a2;
+        m = merge_factors<BASE2>(m, ms[i], a1, a2);
+        denom = merged(denom, a1, denoms[i], a2);
+        acc = merged(acc, a1, accs[i], a2);
+      }
     }
     if (zero_sign && acc == 0.0f) acc = 0.0f;
     out[at * HEAD_DIM + d] = static_cast<unsigned short>(bf16_bits(__fdiv_rn(acc, denom)));

@@ -200,6 +200,27 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
                 assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
 
 
+@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 3, 32), (128, 4, 64)])
+def test_attention_tc_long_decode_merges_across_load_batches_to_the_one_lane_bits(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
+) -> None:
+    """The workspace merge reads a row's chunk states kMergeBatch (4) at a time, all loads
+    of a batch before its merges (common.cuh, merge_chunks): decode steps at 4S + 1, 6S + 3
+    and 9S + 5 keys (5, 7 and 10 chunks: a batch and a part, two and a part) split over 2
+    and 3 lanes give the bits of the one-lane launch, which merges each chunk in shared
+    memory as its pages end (fp32_probe), and the twin's within BF16 rounding."""
+    seq_lens = [4 * S + 1, 6 * S + 3, 9 * S + 5]
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, seq_lens)
+    spans = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    assert max_row_ulps(paged.run(lib, spans).view(BF16), paged.twin(spans)) <= 2
+    with fp32_probe(lib):
+        want = paged.run(lib, spans, grid=forced_grid(3, 3, 1, group, 1, 1, ROWS_PER_CTA))
+        for lanes in (2, 3):
+            grid = forced_grid(3, 3, 1, group, 1, lanes, ROWS_PER_CTA)
+            assert np.array_equal(paged.run(lib, spans, grid=grid), want), lanes
+        assert np.array_equal(paged.run(lib, spans), want), "split_grid's grid"
+
+
 @pytest.fixture(scope="module")
 def lib_expf(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The emulation with the softmax's exponentials as the accurate expf of natural-unit
