@@ -342,8 +342,20 @@ __device__ __forceinline__ void fold_split_partials(const float* __restrict__ ws
     const int row = m0 + e / BN, col = n0 + e % BN;
     if (row >= M || col >= N) continue;
     const long long at = static_cast<long long>(row) * N + col;
+    // from +0, in ascending split order; read kMergeBatch partials at a time, every load
+    // of a batch before its adds (one L2 round trip a batch, as merge_chunks)
     float sum = 0.0f;
-    for (int s = 0; s < num_splits; ++s) sum += __ldcg(ws + s * slab + at);
+    for (int s0 = 0; s0 < num_splits; s0 += kMergeBatch) {
+      float part[kMergeBatch];
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (s0 + i < num_splits) part[i] = __ldcg(ws + (s0 + i) * slab + at);
+      }
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (s0 + i < num_splits) sum = __fadd_rn(sum, part[i]);
+      }
+    }
     if constexpr (sizeof(OutT) == 2) {
       y[at] = static_cast<unsigned short>(bf16_bits(sum));
     } else {

@@ -654,11 +654,12 @@ SPLIT_K = 520
 
 
 def test_the_split_counts_the_tests_use_cut_k_exactly() -> None:
-    assert [split_length(SPLIT_K, s) for s in (1, 2, 3)] == [640, 384, 256]
-    assert [-(-SPLIT_K // split_length(SPLIT_K, s)) for s in (1, 2, 3)] == [1, 2, 3]
+    assert [split_length(SPLIT_K, s) for s in (1, 2, 3, 5)] == [640, 384, 256, 128]
+    assert [-(-SPLIT_K // split_length(SPLIT_K, s)) for s in (1, 2, 3, 5)] == [1, 2, 3, 5]
 
 
-@pytest.mark.parametrize("splits", [2, 3])
+# 5: past one batch of the last CTA's fold (common.cuh's kMergeBatch = 4)
+@pytest.mark.parametrize("splits", [2, 3, 5])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 def test_split_gemm_matches_its_twin(
     lib: ctypes.CDLL, rng: np.random.Generator, config: TileConfig, splits: int
