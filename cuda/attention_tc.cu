@@ -36,8 +36,9 @@
 //      holds keys 8j + 2t, +1 of rows g and g + 8), in log2 units (u = scale *
 //      log2(e)): masked scores -> -inf, tile max (exact), m' = max(m, tile max * u),
 //      a = exp2(m - m') (1 where m' = m), p = exp2(s * u - m') (one fma) or +0,
-//      the row sum of p (per thread over its values, n8 tiles then pair order,
-//      then the quad butterfly xor 1, xor 2), denom = denom * a + sum;
+//      the row sum of p (per thread over its values as a balanced tree, row_reduce:
+//      each n8 tile's pair, then adjacent tiles; then the quad butterfly xor 1,
+//      xor 2), denom = denom * a + sum;
 //   3. acc = acc * a in place (skipped where every a of the warp's rows is 1), then
 //      P.V: p rounded to BF16 is the A operand,
 //      straight from the S registers (FA2 register reuse), one mma per 16-key
@@ -157,7 +158,7 @@
 //     The tile max is exact in any order (a +-0 tie changes nothing: s - m and
 //     m - m' come out the same for either zero). The row sum has a shape fixed
 //     by block_size: key j is always summed by thread (j % 8) / 2 of the quad, at
-//     the same place of its sequence; masked keys add +0 to a sum of p >= 0,
+//     the same leaf of its tree (row_reduce); masked keys add +0 to a sum of p >= 0,
 //     which changes nothing.
 //   - Every row sees key 0, so its first page has a finite tile max, m' is finite
 //     and a = exp2(-inf - m') = +0: no (-inf) - (-inf). The denominator ends about
@@ -326,6 +327,23 @@ struct RowState {
   float acc[HEAD_DIM / 8][4];  // n8 tiles of head_dim, in the mma's accumulator layout
 };
 
+// A thread's 2 * KEY_TILES values of row h (s[j][2h + e]) reduced by `op` as a balanced
+// tree: pairs (j, e = 0, 1), then adjacent n8 tiles, ..., so a page's max and sum are
+// log2 chains of dependent ops, not one chain through every key. The tree's shape is
+// fixed by block_size (KEY_TILES = block_size / 8), so every path sums alike.
+template <int KEY_TILES, class Op>
+__device__ __forceinline__ float row_reduce(const float (&s)[KEY_TILES][4], int h, Op op) {
+  float v[KEY_TILES];
+#pragma unroll
+  for (int j = 0; j < KEY_TILES; ++j) v[j] = op(s[j][2 * h], s[j][2 * h + 1]);
+#pragma unroll
+  for (int width = 1; width < KEY_TILES; width *= 2) {
+#pragma unroll
+    for (int j = 0; j + width < KEY_TILES; j += 2 * width) v[j] = op(v[j], v[j + width]);
+  }
+  return v[0];
+}
+
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
 // nothing); `stage` holds the page's K and V; `units` the factor from a score to the
@@ -381,7 +399,6 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     const int visible = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
     // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
     // whatever S holds there never enters the row's state.
-    float tile_max = negative_infinity();
 #pragma unroll
     for (int j = 0; j < C::kKeyTiles; ++j) {
 #pragma unroll
@@ -389,9 +406,9 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
         const int key = 8 * j + 2 * quad_lane + e;
         float& x = s[j][2 * h + e];
         x = key < visible ? (kBase2 ? x : __fmul_rn(x, units)) : negative_infinity();
-        tile_max = fmaxf(tile_max, x);
       }
     }
+    float tile_max = row_reduce<C::kKeyTiles>(s, h, [](float a, float b) { return fmaxf(a, b); });
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
     if (kBase2) tile_max = __fmul_rn(tile_max, units);
@@ -410,7 +427,6 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     // select there made the compiler branch around each expf (BSSY/BSYNC a key),
     // serializing the keys' exponentials, the longest chain of a page.
     const float m_sub = sees[h] ? m_new : 0.0f;
-    float p_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < C::kKeyTiles; ++j) {
 #pragma unroll
@@ -422,9 +438,9 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
         } else {
           x = softmax_exp(d);
         }
-        p_sum = __fadd_rn(p_sum, x);
       }
     }
+    float p_sum = row_reduce<C::kKeyTiles>(s, h, [](float a, float b) { return __fadd_rn(a, b); });
     p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 1));
     p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 2));
     st.denom[h] = sees[h] ? __fadd_rn(__fmul_rn(st.denom[h], alpha[h]), p_sum) : st.denom[h];
