@@ -81,10 +81,11 @@
 // not by selects on every page, and a page's copies addressed from the thread's first
 // copy in block 0 (one multiply-add a page, not the page's address found anew: 74
 // instructions to 50), and the masks' selects skipped on a page each real row of the warp
-// sees whole (the kernel takes attend_page twice, WHOLE or not) (see each there). The
-// path a page takes through the loop (no chunk end, seen whole, the rescale skipped;
-// counted in the SASS of d128_b32 on sm_90) went from about 715 instructions to about
-// 310 (the deep kernel's from about 700 to 310): each key's p was about eleven
+// sees whole (the kernel takes attend_page twice, WHOLE or not), and a page's row max and
+// row sum as balanced trees (row_reduce), not one chain through every key (see each
+// there). The path a page takes through the loop (no chunk end, seen whole, the rescale
+// skipped; counted in the SASS of d128_b32 on sm_90) went from about 715 instructions to
+// about 310 (the deep kernel's from about 700 to 310): each key's p was about eleven
 // instructions and is two; the registers are the "now" column. d64_b32 is bounded at
 // (128, 4) since: 128 registers (160 at (128, 3)), 4 CTAs an SM on sm_90 instead of 3;
 // d64_b64 spills at (128, 4).
@@ -93,7 +94,7 @@
 //                      | earlier -> 11-27 -> now          reg/smem | earlier->11-27->now reg/smem
 //   d64_b16     36,864 | 122 -> 128 -> 128 (128, 4)         4/4    | 115 -> 127 -> 128   4/6
 //   d64_b32     36,864 | 137 -> 127 -> 128 (128, 3 -> 4)    4/4    | 142 -> 160 -> 128   4/6
-//   d64_b64     55,296 | 165 -> 160 -> 167 (128, 3)         3/2    | 167 -> 159 -> 168   3/4
+//   d64_b64     55,296 | 165 -> 160 -> 160 (128, 3)         3/2    | 167 -> 159 -> 162   3/4
 //   d128_b16    69,632 | 168 -> 167 -> 168 (128, 3)         3/2    | 167 -> 168 -> 168   3/3
 //   d128_b32    69,632 | 202 -> 168 -> 168 (128, 2 -> 3)    3/2    | 202 -> 168 -> 168   3/3
 //   d128_b64   104,448 | 219 -> 220 -> 225 (128, 2)         2/1    | 225 -> 222 -> 230   2/2
@@ -119,11 +120,11 @@
 //
 //   kernel         stages  smem B  | sm_80 regs            CTAs reg/smem | sm_90 regs            CTAs reg/smem
 //   d64_b16_deep      8     36,864 | 114 -> 111 -> 117         4/4       | 120 -> 117 -> 124         4/6
-//   d64_b32_deep      4     36,864 | 133 -> 130 -> 140         3/4       | 142 -> 141 -> 146         3/6
-//   d64_b64_deep      3     55,296 | 157 -> 158 -> 167         3/2       | 168 -> 168 -> 168         3/4
-//   d128_b16_deep     8     69,632 | 165 -> 162 -> 180    3 -> 2/2       | 174 -> 174 -> 186         2/3
-//   d128_b32_deep     4     69,632 | 198 -> 195 -> 204         2/2       | 201 -> 198 -> 212         2/3
-//   d128_b64_deep     3    104,448 | 213 -> 213 -> 214         2/1       | 224 -> 216 -> 222         2/2
+//   d64_b32_deep      4     36,864 | 133 -> 130 -> 145         3/4       | 142 -> 141 -> 148         3/6
+//   d64_b64_deep      3     55,296 | 157 -> 158 -> 162         3/2       | 168 -> 168 -> 162         3/4
+//   d128_b16_deep     8     69,632 | 165 -> 162 -> 179    3 -> 2/2       | 174 -> 174 -> 186         2/3
+//   d128_b32_deep     4     69,632 | 198 -> 195 -> 208         2/2       | 201 -> 198 -> 214         2/3
+//   d128_b64_deep     3    104,448 | 213 -> 213 -> 213         2/1       | 224 -> 216 -> 222         2/2
 //
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
