@@ -700,8 +700,9 @@ def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
 
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
-    its normal page ring, built with its softmax before base 2 and with the select it had before (BUILDS), and with
-    its head split planned for longer contexts) against the faster SDPA."""
+    its normal page ring, built with its page step before base 2 and with the select it
+    had before (BUILDS), and with its head split planned for longer contexts) against the
+    faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
     kernels = {

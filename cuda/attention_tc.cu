@@ -616,7 +616,6 @@ __device__ __forceinline__ void paged_attention_tc(
   // done with page k. Both hold for any depth; chunks only rename pages (page_of).
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
-  // page k's copies, from its cache block `block` (table[page_of(k)])
   // the thread's first copy of a page (load_page): in the ring's first stage, and in
   // block 0's page of the layer's KV head; a block's pages are block_stride elements apart
   const int copy_key = static_cast<int>(threadIdx.x) / C::kChunks;
@@ -625,6 +624,7 @@ __device__ __forceinline__ void paged_attention_tc(
   const long long head_page = (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride;
   const unsigned short* src0 = cache + head_page + copy_key * HEAD_DIM + copy_col;
   const long long block_stride = static_cast<long long>(num_layers) * 2 * num_kv_heads * head_stride;
+  // page k's copies, from its cache block `block` (table[page_of(k)])
   auto issue = [&](int k, long long block) {
     load_page<HEAD_DIM, BLOCK_SIZE>(dst0 + (k % C::kStages) * C::kStageHalves * 2, src0 + block * block_stride,
                                     num_kv_heads * head_stride, seq_len - page_of(k) * BLOCK_SIZE);

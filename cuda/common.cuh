@@ -269,8 +269,8 @@ __device__ __forceinline__ bool find_work(const int* __restrict__ query_start_lo
 // NOTE: the states are read kMergeBatch chunks at a time, all loads of a batch before its
 // merges, so a row's chunks cost one L2 round trip a batch, not one a chunk (a chunk's
 // loads do not depend on the merge before it; the merges stay in ascending order, so the
-// batching reaches no bit). One a chunk was about 1 us a chunk on the H200 (the crude
-// fit in README.md: 16 chunks at 4,096 keys).
+// batching reaches no bit). A round trip a chunk is what the H200's figures suggest: their
+// crude fit in README.md charges about 1 us a chunk merged (not yet timed since).
 constexpr int kMergeBatch = 4;
 
 template <int HEAD_DIM, int KV_CHUNK, bool BASE2 = false>
