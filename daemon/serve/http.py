@@ -43,15 +43,8 @@ from ...ipc.client import Client, DaemonUnavailable, RequestError
 from ...ipc.messages import Done, TokenChunk
 from .async_client import AsyncClient
 from .metrics import Metrics
-from .openai_api import (
-    STATUS_OF_CODE,
-    ApiError,
-    ParsedRequest,
-    StreamBuilder,
-    new_id,
-    parse_request,
-    response,
-)
+from .openai_api import STATUS_OF_CODE, ApiError, ParsedRequest, parse_request
+from .openai_responses import StreamBuilder, new_id, response
 
 log = logging.getLogger("reprise.http")
 T = TypeVar("T")

@@ -1,0 +1,143 @@
+"""OpenAI's response shapes, built from what the daemon sent (TokenChunk, Done).
+
+The builders only reshape: every value in a response is one the daemon computed, so a
+streamed answer and a whole one carry the same tokens, text and logprobs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ...ipc.messages import Done, TokenChunk
+from .openai_api import ParsedRequest
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(dones: list[Done]) -> dict[str, Any]:
+    """Token counts of a request's choices: the prompt once (as OpenAI counts it), cached
+    tokens as the first choice found them."""
+    prompt = dones[0].prompt_tokens
+    completion = sum(len(d.token_ids) for d in dones)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": dones[0].cached_tokens}}  # fmt: skip
+
+
+def finish_reason(done: Done) -> str:
+    return "abort" if done.finish_reason == "cancelled" else done.finish_reason
+
+
+class LogprobsBuilder:
+    """One choice's logprobs in the shape its endpoint answers with; `text_offset`
+    (completions) counts characters of the tokens' texts from the completion's start."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.offset = 0
+
+    def build(self, wire: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        if wire is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [self._chat_entry(lp) for lp in wire]}
+        offsets = []
+        for lp in wire:
+            offsets.append(self.offset)
+            self.offset += len(lp["token"])
+        return {
+            "tokens": [lp["token"] for lp in wire],
+            "token_logprobs": [lp["logprob"] for lp in wire],
+            # an echoed prompt's first token has no logprob: null, as OpenAI's
+            "top_logprobs": [
+                None if lp["logprob"] is None else {t: v for _, t, v in lp["top"]} for lp in wire
+            ],
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def _chat_entry(lp: dict[str, Any]) -> dict[str, Any]:
+        def one(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {**one(lp["token"], lp["logprob"]),
+                "top_logprobs": [one(t, v) for _, t, v in lp["top"]]}  # fmt: skip
+
+
+def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Done]) -> dict:
+    """The whole (non-streaming) answer."""
+    choices = []
+    for index, done in enumerate(dones):
+        logprobs = LogprobsBuilder(parsed.kind).build(done.logprobs)
+        text = done.text
+        if parsed.echo:
+            text, logprobs = _echoed(parsed, done)
+        if parsed.kind == "chat":
+            choice = {"index": index, "message": {"role": "assistant", "content": done.text},
+                      "logprobs": logprobs, "finish_reason": finish_reason(done)}  # fmt: skip
+        else:
+            choice = {"index": index, "text": text, "logprobs": logprobs,
+                      "finish_reason": finish_reason(done)}  # fmt: skip
+        choices.append(choice)
+    obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
+    return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage(dones)}  # fmt: skip
+
+
+def _echoed(parsed: ParsedRequest, done: Done) -> tuple[str, dict[str, Any] | None]:
+    """An echo's text and logprobs: the prompt's, then the completion's. A text prompt
+    echoes as sent; token ids as their tokens' texts joined."""
+    prompt = done.prompt_logprobs
+    if isinstance(parsed.prompt, str):
+        text = parsed.prompt
+    else:
+        assert prompt is not None, "an echo of token ids asks for the prompt's tokens"
+        text = "".join(lp["token"] for lp in prompt)
+    if parsed.num_logprobs is None:
+        return text + done.text, None
+    assert prompt is not None and done.logprobs is not None
+    return text + done.text, LogprobsBuilder(parsed.kind).build(prompt + done.logprobs)
+
+
+class StreamBuilder:
+    """The server-sent event payloads of one streamed answer, chunk by chunk."""
+
+    def __init__(self, parsed: ParsedRequest, request_id: str, model: str) -> None:
+        self.parsed = parsed
+        self.head = {"id": request_id, "object": self._object, "created": int(time.time()),
+                     "model": model}  # fmt: skip
+        self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.n)]
+        self.started = [False] * parsed.n
+
+    @property
+    def _object(self) -> str:
+        return "chat.completion.chunk" if self.parsed.kind == "chat" else "text_completion"
+
+    def _event(self, choices: list[dict[str, Any]], usage_: Any = None) -> dict[str, Any]:
+        event = {**self.head, "choices": choices}
+        if self.parsed.include_usage:
+            event["usage"] = usage_
+        return event
+
+    def _choice(self, index: int, text: str, logprobs: Any, reason: str | None) -> dict:
+        if self.parsed.kind == "chat":
+            delta: dict[str, Any] = {} if reason is not None and not text else {"content": text}
+            if not self.started[index]:
+                delta = {"role": "assistant", **delta}
+                self.started[index] = True
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
+        logprobs = self.logprobs[index].build(chunk.logprobs)
+        return self._event([self._choice(index, chunk.text, logprobs, None)])
+
+    def done(self, index: int, done: Done) -> dict[str, Any]:
+        return self._event([self._choice(index, "", None, finish_reason(done))])
+
+    def usage(self, dones: list[Done]) -> dict[str, Any]:
+        return self._event([], usage(dones))
