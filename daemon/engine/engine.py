@@ -4,12 +4,16 @@
 blocks (the pool's lookups and allocations, and the block copies they need),
 `out = runner.execute(plan)` runs the copies and then the forward and samples,
 and `postprocess(plan, out)` registers the blocks that became full, records the
-new tokens, detokenizes them and finishes the requests that are done.
+new tokens, detokenizes them and finishes the requests that are done (by the rules
+of outputs.py, which also builds what a step and a finished request hand back).
+
+A request is checked at `add_request` (checks.py, with prompts.py and
+prompt_table.py) before anything is queued; disk_tier.py opens the disk tier the
+settings name.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import secrets
 import weakref
@@ -21,26 +25,26 @@ from typing import Any
 
 import numpy as np
 
-from ...blockpool.disk import DiskTier
-from ...blockpool.disk_config import DiskTierConfig
 from ...blockpool.events import EventQueue, KVEvent
 from ...blockpool.hashing import BlockHash, Namespace, encode_ids
 from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
-from ...cuda.kvcache import kv_cache_shape
 from ..model.config import ModelConfig
 from ..model.fingerprint import model_fingerprint
 from ..model.llama import LlamaModel
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
-from .config import EngineConfig, SettingError
+from .checks import check_fits, check_prompt_logprobs, check_request, check_settings
+from .config import EngineConfig
+from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
 from .logits_cache import LogitsCache
-from .params import Completion, Retention, SamplingParams, StepOutput, TokenLogprobs
+from .outputs import completion, new_detokenizer, record_token, step_output
+from .params import Completion, Retention, SamplingParams, StepOutput
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
-from .prompts import PreparedPrompt, Prompt, prompt_ids
+from .prompts import PreparedPrompt, Prompt, prompt_ids, split_batch
 from .runner import ModelRunner, RunOutput
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
@@ -67,19 +71,7 @@ class Engine:
         self.settings = settings
         self.config = config
         self.tokenizer = tokenizer
-        self.max_model_len = settings.max_model_len or config.max_position_embeddings
-        if self.max_model_len > config.max_position_embeddings:
-            raise SettingError(
-                "max_model_len",
-                f"max_model_len must be in [2, {config.max_position_embeddings}] for this model; "
-                f"got {settings.max_model_len}",
-            )
-        if settings.max_prompt_logprobs > config.vocab_size:
-            raise SettingError(
-                "max_prompt_logprobs",
-                f"max_prompt_logprobs must be at most the vocabulary size {config.vocab_size} "
-                f"for this model; got {settings.max_prompt_logprobs}",
-            )
+        self.max_model_len = check_settings(settings, config)
         block_bytes = config.kv_bytes_per_token() * settings.block_size
         num_device_blocks = settings.device_blocks(
             block_bytes, model.ops.device_memory_bytes(), model.num_bytes()
@@ -87,7 +79,7 @@ class Engine:
         num_host_blocks = settings.host_blocks(block_bytes)
         on_gpu = model.ops.name == "cupy"
         cuda_graphs = on_gpu if settings.cuda_graphs is None else settings.cuda_graphs
-        self.disk_tier = _open_disk_tier(settings, config, model, model_fingerprint)
+        self.disk_tier = open_disk_tier(settings, config, model, model_fingerprint)
         if self.disk_tier is not None:  # queued writes finish at exit at the latest
             weakref.finalize(self, self.disk_tier.close)
         self.runner = ModelRunner(
@@ -207,13 +199,7 @@ class Engine:
         `prompt` may be this engine's `prepare_prompt` of it: the same request, its
         checks and keys computed before."""
         params = params or SamplingParams()
-        if params.n != 1:
-            raise ValueError(
-                f"add_request runs one completion; n={params.n} goes through add_choices "
-                "(or generate), which adds one request per choice"
-            )
-        if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
-            raise ValueError(f"priority must be an integer (lower runs first); got {priority!r}")
+        check_request(params, priority)
         prepared = prompt.checked_by(self) if isinstance(prompt, PreparedPrompt) else None
         if prepared is None:
             prompt_ids, prompt_array = self._prompt_ids(prompt)
@@ -221,7 +207,7 @@ class Engine:
         else:
             prompt_ids, prompt_array = list(prepared.ids), prepared.array
             id_bytes = prepared.id_bytes
-        self._check_prompt_logprobs(params, prompt_table, extra_ids)
+        check_prompt_logprobs(params, prompt_table, extra_ids, self.settings.max_prompt_logprobs)
         table = check_prompt_table(
             prompt_array,
             prompt_table,
@@ -229,14 +215,7 @@ class Engine:
             vocab_size=self.config.vocab_size,
             hidden_size=self.config.hidden_size,
         )
-        num_blocks_needed = -(
-            -min(len(prompt_ids) + params.max_tokens, self.max_model_len) // self.pool.block_size
-        )
-        if num_blocks_needed > self.pool.num_blocks:
-            raise ValueError(
-                f"request needs {num_blocks_needed} KV blocks (prompt {len(prompt_ids)} + max_tokens "
-                f"{params.max_tokens} tokens) but the pool has {self.pool.num_blocks}"
-            )
+        check_fits(len(prompt_ids), params, self.max_model_len, self.pool)
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         namespace = Namespace(cache_salt=cache_salt)
@@ -261,11 +240,8 @@ class Engine:
                 self.pool.block_size,
                 self.settings.max_prompt_logprobs,
             )
-        if params.detokenize:
-            text_ids = prompt_ids if table is None else seq.text_prompt_ids()
-            self._detokenizers[request_id] = IncrementalDetokenizer(
-                self.tokenizer, text_ids, skip_special_tokens=params.skip_special_tokens
-            )
+        if (detok := new_detokenizer(seq, self.tokenizer)) is not None:
+            self._detokenizers[request_id] = detok
         self.scheduler.add(seq)
         self._live[request_id] = seq
         return request_id
@@ -319,9 +295,10 @@ class Engine:
         outputs = []
         for seq, token, logits in out.sampled:
             self._keep_prompt_logits(seq, logits)
-            if self._append_token(seq, token, logits):
+            detok = self._detokenizers.get(seq.request_id)
+            if record_token(seq, token, logits, detok, self.stop_token_ids, self.max_model_len):
                 self._retire(seq)
-            outputs.append(self._step_output(seq, token, logits))
+            outputs.append(step_output(seq, token, logits))
         return outputs
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -367,20 +344,9 @@ class Engine:
             self.disk_tier.close(flush=True, timeout_s=timeout_s)
 
     def take_completion(self, request_id: RequestId) -> Completion:
-        seq = self._finished.pop(request_id)
-        assert seq.finish_reason is not None
-        return Completion(
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.output_token_ids,
-            text=seq.text,
-            finish_reason=seq.finish_reason,
-            cached_tokens=seq.num_cached_tokens or 0,
-            host_cached_tokens=seq.num_cached_host_tokens,
-            disk_cached_tokens=seq.num_cached_disk_tokens,
-            logits=np.stack(seq.logits) if seq.params.return_logits else None,
-            logprobs=seq.logprobs if seq.params.logprobs is not None else None,
-            prompt_logprobs=_prompt_entries(seq),
-        )
+        """The result of a finished or cancelled request, handed out once (KeyError for
+        one that is unknown, still running or already taken)."""
+        return completion(self._finished.pop(request_id))
 
     def stats(self) -> dict[str, int | float]:
         """The pool's KV cache statistics plus the engine's prefill counters, one flat dict."""
@@ -417,21 +383,7 @@ class Engine:
         prompt's choices in turn (prompt-major, as OpenAI's `choices`), and a single
         prompt's n completions come as a list too. A batch with a prompt refused
         (ValueError) leaves none of its prompts queued."""
-        # a batch's items are prompts, a prompt's are ids: the first item says which (a
-        # scan of every item, as the prompt's own check makes, would cost a 4k-token
-        # prompt a second pass); a list mixing the two is refused either way
-        is_batch = (
-            isinstance(prompt, list | tuple)
-            and bool(prompt)
-            and isinstance(prompt[0], str | list | tuple | PreparedPrompt)
-        )
-        prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
-        if params is None or isinstance(params, SamplingParams):
-            param_list = [params or SamplingParams()] * len(prompts)
-        else:
-            param_list = list(params)
-            if len(param_list) != len(prompts):
-                raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+        prompts, param_list, is_batch = split_batch(prompt, params)
         request_ids: list[RequestId] = []
         try:
             for p, sp in zip(prompts, param_list, strict=True):
@@ -482,38 +434,6 @@ class Engine:
         del self._live[seq.request_id]
         self._finished[seq.request_id] = seq
 
-    def _step_output(self, seq: Sequence, token: int, logits: np.ndarray | None) -> StepOutput:
-        # While running, hold back the text that could still be the start of a stop string.
-        hold = 0 if seq.finish_reason else max(map(len, seq.params.stop), default=1) - 1
-        end = max(len(seq.text) - hold, seq.num_text_emitted)
-        delta = seq.text[seq.num_text_emitted : end]
-        seq.num_text_emitted = end
-        return StepOutput(
-            seq.request_id,
-            [token],
-            delta,
-            seq.finish_reason,
-            logits[None].copy() if seq.params.return_logits else None,
-            seq.logprobs[-1:] if seq.params.logprobs is not None else None,
-        )
-
-    def _check_prompt_logprobs(
-        self, params: SamplingParams, prompt_table: object, extra_ids: object
-    ) -> None:
-        num_top, limit = params.prompt_logprobs, self.settings.max_prompt_logprobs
-        if num_top is None:
-            return
-        if num_top > limit:
-            raise ValueError(
-                f"prompt_logprobs must be an integer in [0, {limit}] (the engine's "
-                f"max_prompt_logprobs) or None (off); got {num_top!r}"
-            )
-        if prompt_table is not None or extra_ids is not None:
-            raise ValueError(
-                "prompt_logprobs is not available with prompt_table or extra_ids: a "
-                "prompt-table id is no vocabulary token to take a logprob of"
-            )
-
     def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], np.ndarray]:
         """The prompt's ids, as a list and as an int64 array (prompts.prompt_ids)."""
         return prompt_ids(
@@ -522,88 +442,6 @@ class Engine:
             vocab_size=self.config.vocab_size,
             max_model_len=self.max_model_len,
         )
-
-    def _append_token(self, seq: Sequence, token: int, logits: np.ndarray | None) -> bool:
-        """Record a sampled token; returns True when the request is finished."""
-        params = seq.params
-        seq.output_token_ids.append(token)
-        if (logprobs := seq.sampling.record(token, logits)) is not None:
-            seq.logprobs.append(logprobs)
-        if params.return_logits:  # the runner brings the row back: it is returned
-            seq.logits.append(np.array(logits, dtype=np.float32))
-        # Without detokenize (no stop strings; the daemon detokenizes on its own thread)
-        # only token ids decide the end: eos, stop_token_ids, length.
-        detok = self._detokenizers.get(seq.request_id)
-        searched = max(len(seq.text) - max(map(len, params.stop), default=0), 0)
-        if detok is not None:
-            seq.text += detok.push(token)
-        if (
-            token in self.stop_token_ids and not params.ignore_eos
-        ) or token in params.stop_token_ids:
-            seq.finish_reason = "stop"
-        elif params.stop and (cut := _find_stop(seq.text, params.stop, searched)) is not None:
-            seq.text = seq.text[:cut]
-            seq.finish_reason = "stop"
-            return True
-        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = "length"
-        if seq.finish_reason is None:
-            return False
-        if detok is not None:
-            seq.text += detok.flush()
-        return True
-
-
-def _open_disk_tier(
-    settings: EngineConfig, config: ModelConfig, model: LlamaModel, fingerprint: bytes
-) -> DiskTier | None:
-    """The disk tier `settings.disk_cache` names, its index rebuilt from its files; a
-    folder that turns out unusable (locked by another daemon, a read-only mount) gives
-    a disabled tier and one warning."""
-    if settings.disk_cache is None:
-        return None
-    if not fingerprint:
-        raise ValueError("a disk cache needs the model fingerprint (model_fingerprint=...)")
-    ops = model.ops
-    device = "cpu"
-    if ops.name == "cupy":
-        from ...cuda.gemm_sm90_kernel import device_arch
-
-        device = f"sm_{device_arch()}/{ops.kernel_choice}"
-    try:
-        version = importlib.metadata.version("reprise")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    shape = kv_cache_shape(
-        1, config.num_layers, config.num_kv_heads, settings.block_size, config.head_dim
-    )
-    try:
-        disk_config = DiskTierConfig(
-            directory=settings.disk_cache,
-            max_bytes=settings.disk_cache_bytes,
-            block_shape=shape[1:],
-            block_size=settings.block_size,
-            model_fingerprint=fingerprint,
-            # KV bytes are bit-identical per backend and device (DESIGN §4), and code
-            # changes may change them: files of another producer never match.
-            producer=f"{ops.name}/{device}/reprise {version}",
-        )
-    except ValueError as e:
-        raise SettingError("disk_cache_gb", f"disk_cache_gb: {e}") from e
-    return DiskTier.open(disk_config)
-
-
-def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
-    """A finished request's prompt entries; None unless it asked and got them all (a
-    request cancelled during its prefill has not)."""
-    wanted = seq.prompt_logprobs
-    return wanted.entries() if wanted is not None and wanted.complete else None
-
-
-def _find_stop(text: str, stops: list[str], start: int) -> int | None:
-    """Index where the earliest stop string begins at or after `start`, if any."""
-    hits = [i for s in stops if (i := text.find(s, start)) != -1]
-    return min(hits) if hits else None
 
 
 def _settings(settings: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:

@@ -13,16 +13,20 @@ Guarantees:
   prompt table (`keys_for`); otherwise it computes them as for any prompt. So a
   prepared prompt gets the same keys, blocks and bits as the prompt itself: what moves
   off the loop is only work, never a decision.
+- `split_batch` tells a batch of prompts from one prompt of ids, and pairs each
+  prompt with its SamplingParams.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...blockpool.hashing import BlockHash, Namespace
 from ..model.tokenizer import Tokenizer
+from .params import SamplingParams
 
 Prompt = str | list[int]
 MAX_TOKEN_ID = 1 << 31  # token ids, prompt-table ids too, are int32 on the device
@@ -100,3 +104,27 @@ class PreparedPrompt:
         if has_prompt_table or namespace != self.namespace:
             return []
         return list(self.keys)
+
+
+def split_batch(
+    prompt: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
+) -> tuple[list[Prompt], list[SamplingParams], bool]:
+    """`generate`'s prompts, the SamplingParams of each (one for all, the defaults for
+    None, else one per prompt: ValueError when the counts differ), and whether
+    `prompt` was a batch."""
+    # a batch's items are prompts, a prompt's are ids: the first item says which (a
+    # scan of every item, as the prompt's own check makes, would cost a 4k-token
+    # prompt a second pass); a list mixing the two is refused either way
+    is_batch = (
+        isinstance(prompt, list | tuple)
+        and bool(prompt)
+        and isinstance(prompt[0], str | list | tuple | PreparedPrompt)
+    )
+    prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
+    if params is None or isinstance(params, SamplingParams):
+        param_list = [params or SamplingParams()] * len(prompts)
+    else:
+        param_list = list(params)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+    return prompts, param_list, is_batch

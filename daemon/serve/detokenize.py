@@ -6,7 +6,7 @@ stop_token_ids, max_tokens, the context). The serving loop hands each step's new
 ids here, and one thread turns them into text with the same incremental detokenizer
 the engine would have used (same window, same held-back partial characters, same
 final flush) and applies the request's stop strings with the rules of
-`Engine._append_token`, token by token and in its precedence:
+`extend_text` (daemon/engine/outputs.py), token by token and in its precedence:
 
 1. the engine ended the request on this token with "stop" (eos or a stop token id):
    the held characters are flushed, no stop string is looked for;
@@ -17,7 +17,7 @@ final flush) and applies the request's stop strings with the rules of
 3. else the engine ended it with "length": flushed.
 
 While a request runs, its deltas hold back the characters that could still begin a
-stop string (as `Engine._step_output`), so the text, the deltas and the token lists
+stop string (as the engine's `step_output`), so the text, the deltas and the token lists
 sent are those the engine gives in process with the same stop strings.
 
 Guarantees: tasks run one at a time in submission order, so a request's replies
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..engine.engine import _find_stop
+from ..engine.outputs import extend_text
 from ..engine.params import FinishReason
 from ..engine.sequence import RequestId
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -61,7 +61,7 @@ class _Text:
 
     detok: IncrementalDetokenizer
     stop: list[str]
-    max_stop_chars: int  # the longest stop string's length (0 without any)
+    max_stop_chars: int  # the longest stop string's length (0 without any): the hold-back
     text: str = ""
     num_emitted: int = 0  # characters of `text` already sent as deltas
     num_tokens: int = 0
@@ -157,23 +157,15 @@ class Detokenizing:
 
 
 def _advance(state: _Text, token_ids: list[int], finish_reason: FinishReason | None) -> int:
-    """Add tokens to `state` as `Engine._append_token` does; returns how many of them
-    the request keeps (all, unless a stop string ends it before the last)."""
+    """Add tokens to `state` by the engine's rule (`extend_text`); returns how many of
+    them the request keeps (all, unless a stop string ends it before the last)."""
     for num_kept, token in enumerate(token_ids, 1):
-        searched = max(len(state.text) - state.max_stop_chars, 0)
-        state.text += state.detok.push(token)
+        by_ids = finish_reason if num_kept == len(token_ids) else None  # the engine's end
+        step = extend_text(state.text, state.detok, token, state.stop, by_ids)
+        state.text = step.text
         state.num_tokens += 1
-        engine_end = finish_reason if num_kept == len(token_ids) else None
-        if engine_end == "stop":  # eos or a stop token id: before any stop string
-            state.text += state.detok.flush()
-            state.finished = True
-        elif state.stop and (cut := _find_stop(state.text, state.stop, searched)) is not None:
-            state.text = state.text[:cut]
-            state.finished = state.stopped = True
-        elif engine_end is not None:  # length
-            state.text += state.detok.flush()
-            state.finished = True
-        if state.finished:
+        if step.finish_reason is not None:
+            state.finished, state.stopped = True, step.stopped
             return num_kept
     return len(token_ids)
 

@@ -1,0 +1,146 @@
+"""What a sampled token does to its request, and what the request hands back.
+
+`record_token` adds a token to a Sequence and decides whether the request ends
+there; `step_output` is what one step gives a request's stream; `completion` is
+what a finished request gives its caller.
+
+Guarantees:
+- A request ends on the first of, in this precedence: a stop token (eos unless
+  `ignore_eos`, or one of `stop_token_ids`): finish "stop", held characters flushed;
+  a stop string beginning in the text this token could have completed: "stop", the
+  text cut where the earliest one begins, nothing flushed; `max_tokens` or the
+  context full: "length", flushed (`extend_text`, which daemon/serve/detokenize.py
+  applies off the engine loop too).
+- Deltas joined give the text; while a request runs they hold back the characters
+  that could still begin a stop string, so no delta is ever taken back.
+- Without a detokenizer (`detokenize=False`) text stays empty and only token ids
+  decide the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
+from .params import Completion, FinishReason, StepOutput, TokenLogprobs
+from .sequence import Sequence
+
+
+def new_detokenizer(seq: Sequence, tokenizer: Tokenizer) -> IncrementalDetokenizer | None:
+    """The detokenizer of a request that asked for text, None for one that did not
+    (the daemon detokenizes on its own thread). It starts from the prompt's text
+    tokens: prompt-table ids are no vocabulary entries."""
+    params = seq.params
+    if not params.detokenize:
+        return None
+    return IncrementalDetokenizer(
+        tokenizer, seq.text_prompt_ids(), skip_special_tokens=params.skip_special_tokens
+    )
+
+
+def record_token(
+    seq: Sequence,
+    token: int,
+    logits: np.ndarray | None,
+    detok: IncrementalDetokenizer | None,
+    stop_token_ids: Collection[int],
+    max_model_len: int,
+) -> bool:
+    """Record a sampled token (with its logprobs, logits and text); returns True when
+    the request is finished, its `finish_reason` set (module docstring)."""
+    params = seq.params
+    seq.output_token_ids.append(token)
+    if (logprobs := seq.sampling.record(token, logits)) is not None:
+        seq.logprobs.append(logprobs)
+    if params.return_logits:  # the runner brings the row back: it is returned
+        seq.logits.append(np.array(logits, dtype=np.float32))
+    if (token in stop_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        by_ids: FinishReason | None = "stop"
+    elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= max_model_len:
+        by_ids = "length"
+    else:
+        by_ids = None
+    text = extend_text(seq.text, detok, token, params.stop, by_ids)
+    seq.text, seq.finish_reason = text.text, text.finish_reason
+    return text.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TextStep:
+    text: str  # the request's text after the token
+    finish_reason: FinishReason | None  # its end, if this token ended it
+    stopped: bool  # a stop string ended it (the text cut where the earliest one begins)
+
+
+def extend_text(
+    text: str,
+    detok: IncrementalDetokenizer | None,
+    token: int,
+    stop: list[str],
+    by_ids: FinishReason | None,
+) -> TextStep:
+    """A request's text after one more token, and whether the token ends it: `by_ids`
+    is the end its token ids give ("stop": eos or a stop token id; "length"), a stop
+    string comes between the two (module docstring). The engine's rule, and the
+    daemon's detokenizing thread's (daemon/serve/detokenize.py)."""
+    # a stop string this token completes begins no earlier than the longest one's length
+    # before the text it extends
+    searched = max(len(text) - max(map(len, stop), default=0), 0)
+    if detok is not None:
+        text += detok.push(token)
+    if by_ids != "stop" and stop and (cut := find_stop(text, stop, searched)) is not None:
+        return TextStep(text[:cut], "stop", True)  # nothing flushed: the cut ends it
+    if by_ids is not None and detok is not None:
+        text += detok.flush()
+    return TextStep(text, by_ids, False)
+
+
+def step_output(seq: Sequence, token: int, logits: np.ndarray | None) -> StepOutput:
+    """What this step gave the request: its token, the text not handed out before
+    (less what could still begin a stop string, while it runs), and its end if it
+    ended. Advances `seq.num_text_emitted`."""
+    hold = 0 if seq.finish_reason else max(map(len, seq.params.stop), default=1) - 1
+    end = max(len(seq.text) - hold, seq.num_text_emitted)
+    delta = seq.text[seq.num_text_emitted : end]
+    seq.num_text_emitted = end
+    return StepOutput(
+        seq.request_id,
+        [token],
+        delta,
+        seq.finish_reason,
+        logits[None].copy() if seq.params.return_logits else None,
+        seq.logprobs[-1:] if seq.params.logprobs is not None else None,
+    )
+
+
+def completion(seq: Sequence) -> Completion:
+    """The result of a finished (or cancelled) request."""
+    assert seq.finish_reason is not None
+    return Completion(
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=seq.output_token_ids,
+        text=seq.text,
+        finish_reason=seq.finish_reason,
+        cached_tokens=seq.num_cached_tokens or 0,
+        host_cached_tokens=seq.num_cached_host_tokens,
+        disk_cached_tokens=seq.num_cached_disk_tokens,
+        logits=np.stack(seq.logits) if seq.params.return_logits else None,
+        logprobs=seq.logprobs if seq.params.logprobs is not None else None,
+        prompt_logprobs=_prompt_entries(seq),
+    )
+
+
+def find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Index where the earliest stop string begins at or after `start`, if any."""
+    hits = [i for s in stops if (i := text.find(s, start)) != -1]
+    return min(hits) if hits else None
+
+
+def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
+    """A finished request's prompt entries; None unless it asked and got them all (a
+    request cancelled during its prefill has not)."""
+    wanted = seq.prompt_logprobs
+    return wanted.entries() if wanted is not None and wanted.complete else None
