@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ...ipc.codec import encode, error_bytes, logits_to_wire, logprobs_to_wire
-from ...ipc.messages import Done
+from ...ipc.messages import Done, ProtocolError
 from ..engine.params import Completion
 from ..engine.sampling.logprobs import TokenLogprobs
 from .connections import Connections, ConnId
@@ -51,6 +51,20 @@ class Outbox:
     ) -> None:
         self.counters.num_errors_total += 1
         self.send(route, error_bytes(code, message, request_id))
+
+    def answering(
+        self, route: Route, what: str, fn: Callable[[], None], request_id: str | None = None
+    ) -> None:
+        """Run `fn` (on the loop), answering a failure: a ProtocolError with its error
+        reply, anything else (our bug) with an "internal" one, logged. The loop goes on."""
+        try:
+            fn()
+        except ProtocolError as e:
+            rid = e.request_id if e.request_id is not None else request_id
+            self.send_error(route, e.code, e.message, rid)
+        except Exception as e:
+            log.exception("internal error %s", what)
+            self.send_error(route, "internal", f"{type(e).__name__}: {e}", request_id)
 
 
 def cancelled_done(client_id: str, index: int) -> bytes:

@@ -143,14 +143,8 @@ class Requests:
         still tokenizing lets those behind it that are done go first)."""
         for key in [key for key, p in self.pending.items() if p.prepared.done()]:
             route, pending = key[0], self.pending.pop(key)
-            request = pending.ready.request
-            try:
-                self._admit(route, pending)
-            except ProtocolError as e:
-                self.outbox.send_error(route, e.code, e.message, request.id)
-            except Exception as e:  # our bug: answer it, log it, keep serving
-                log.exception("internal error admitting a request")
-                self.outbox.send_error(route, "internal", f"{type(e).__name__}: {e}", request.id)
+            admit = functools.partial(self._admit, route, pending)
+            self.outbox.answering(route, "admitting a request", admit, pending.ready.request.id)
 
     def _admit(self, route: Route, pending: PendingRequest) -> None:
         request, params = pending.ready.request, pending.ready.params

@@ -31,6 +31,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -275,13 +276,8 @@ class Server:
                 self.conns.close(route)
                 self.requests.drop_client(route)
             else:
-                try:
-                    self._handle(route, payload)
-                except ProtocolError as e:
-                    self.outbox.send_error(route, e.code, e.message, e.request_id)
-                except Exception as e:  # our bug: answer it, log it, keep serving
-                    log.exception("internal error handling a message")
-                    self.outbox.send_error(route, "internal", f"{type(e).__name__}: {e}")
+                handle = functools.partial(self._handle, route, payload)
+                self.outbox.answering(route, "handling a message", handle)
 
     def _handle(self, route: Route, request: Ready | Request) -> None:
         """A message `_intake` read and checked (a generate as `Ready`)."""
