@@ -23,14 +23,8 @@ from typing import Any
 import click
 
 from ..ipc.client import Client, DaemonUnavailable, RequestError
-from .client_cmds import (
-    connect,
-    request_failed,
-    separator,
-    stats_table,
-    stream_to,
-    turn_summary,
-)
+from .connect import connect, request_failed
+from .display import separator, stats_table, stream_to, turn_summary
 from .options import client_options, request_from, request_options, sampling_options
 
 HISTORY_LENGTH = 1000

@@ -15,7 +15,8 @@ import click
 
 from .bench_cmd import bench_cmd
 from .chat import chat_cmd
-from .client_cmds import chat_request, generate_cmd, stats_cmd, terminal_safe
+from .client_cmds import chat_request, generate_cmd, stats_cmd
+from .display import terminal_safe
 from .options import sampling_from, sampling_options
 from .progress import complete_with_progress, tqdm_progress
 from .serve import serve_cmd

@@ -207,7 +207,7 @@ def test_an_unexpected_failure_is_one_line_unless_debugging(
     def broken(address: str) -> str | None:
         raise OSError("the disk\nis on fire")
 
-    monkeypatch.setattr("reprise.cli.client_cmds.probe", broken)
+    monkeypatch.setattr("reprise.cli.connect.probe", broken)
     result = run("stats")
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
