@@ -23,7 +23,6 @@ from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
 from .penalties_kernel import apply_penalties
-from .protocol import Landed
 from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
@@ -62,7 +61,13 @@ class CupyBackend:
         self.attention = attention
         self.gemm_family = gemm
         self._cupy = cupy
-        self._copy_stream: Any = None  # block copies to and from the host tier, created on use
+        # Block copies to and from host memory, created on use: device to host (offloads,
+        # disk writes' reads) on one stream, host to device (onboards) on another, so the
+        # two directions share the bus at once (it is full duplex). Where a copy touches
+        # bytes a copy of the other direction touched since the last `wait_copies`, it
+        # waits for that copy's event (`_issue`).
+        self._streams: dict[str, Any] = {}
+        self._touched: dict[str, dict[tuple[str, int], Any]] = {"d2h": {}, "h2d": {}}
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
 
     def linear_weight(self, w: np.ndarray) -> Any:
@@ -110,17 +115,20 @@ class CupyBackend:
         return to_device(np.asarray(x))
 
     def offload_block(self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int) -> None:
-        """Copy one device block into a pinned host slot, asynchronously on the copy
-        stream, after the compute already queued (which may still be writing it)."""
-        stream = self._stream_after_compute()
-        out = host_cache[slot].view(BF16_BITS)
-        self._cupy.asnumpy(cache[block_id], stream=stream, out=out, blocking=False)
+        """Copy one device block into a pinned host slot, asynchronously on the
+        device-to-host stream, after the compute already queued (which may still be
+        writing it)."""
+        self._read(cache[block_id], host_cache[slot].view(BF16_BITS))
 
     def onboard_block(self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int) -> None:
-        """Copy a pinned host slot into a device block, asynchronously on the copy
-        stream, after the compute already queued (which may still read its old bytes)."""
-        stream = self._stream_after_compute()
-        cache[block_id].set(host_cache[slot].view(BF16_BITS), stream=stream)
+        """Copy a pinned host slot into a device block, asynchronously on the
+        host-to-device stream, after the compute already queued (which may still read
+        its old bytes) and after any copy since the last `wait_copies` that read the
+        block (an evicted block's offload) or wrote the slot."""
+        src, dst = host_cache[slot].view(BF16_BITS), cache[block_id]
+        stream = self._issue("h2d", device=dst, host=src)
+        dst.set(src, stream=stream)
+        self._touched["h2d"].update(dict.fromkeys(_keys(dst, src), stream.record()))
 
     def copy_block(self, cache: Any, src: int, dst: int) -> None:
         """Copy one device block over another on the compute stream, in order with the
@@ -129,24 +137,34 @@ class CupyBackend:
 
     def read_block(self, cache: Any, block_id: int, out: np.ndarray) -> Any:
         """Copy one device block into a pinned host buffer of its shape (BF16 or its
-        bits), asynchronously on the copy stream, after the compute already queued (which
-        may still be writing it). Returns the event recorded after the copy: `out` holds
-        the block once `synchronize()` returns. Compute that later writes the block must
-        be ordered after the copy by `wait_copies`, as after an offload."""
-        stream = self._stream_after_compute()
-        bits = out.view(BF16_BITS)
-        self._cupy.asnumpy(cache[block_id], stream=stream, out=bits, blocking=False)
-        return stream.record()
+        bits), asynchronously on the device-to-host stream, after the compute already
+        queued (which may still be writing it). Returns the event recorded after the copy:
+        `out` holds the block once `synchronize()` returns. Compute that later writes the
+        block must be ordered after the copy by `wait_copies`, as after an offload."""
+        return self._read(cache[block_id], out.view(BF16_BITS))
+
+    def _read(self, src: Any, out: np.ndarray) -> Any:
+        """A device-to-host copy after the compute queued and after any onboard since the
+        last `wait_copies` that wrote `src` or read `out`; returns its event."""
+        stream = self._issue("d2h", device=src, host=out)
+        self._cupy.asnumpy(src, stream=stream, out=out, blocking=False)
+        done = stream.record()
+        self._touched["d2h"].update(dict.fromkeys(_keys(src, out), done))
+        return done
 
     def wait_copies(self) -> None:
-        """Later compute waits for the copies issued so far, on the device."""
-        if self._copy_stream is not None:
-            self._cupy.cuda.get_current_stream().wait_event(self._copy_stream.record())
+        """Later compute waits for the copies issued so far, on the device. Every later
+        copy waits for that compute, so it is ordered after these copies too."""
+        compute = self._cupy.cuda.get_current_stream()
+        for stream in self._streams.values():
+            compute.wait_event(stream.record())
+        for touched in self._touched.values():
+            touched.clear()
 
     def copies_done(self) -> Any:
         """The block copies issued so far, to wait for on the host (`synchronize()`): the
-        event recorded after them on the copy stream."""
-        return Landed() if self._copy_stream is None else self._copy_stream.record()
+        events recorded after them on each copy stream."""
+        return _AllLanded([stream.record() for stream in self._streams.values()])
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self._cupy.zeros(shape, dtype=dtype)
@@ -215,13 +233,23 @@ class CupyBackend:
 
         return replay
 
-    def _stream_after_compute(self) -> Any:
-        # NOTE: copies run in issue order on one stream; each waits for the compute queued
-        # before it, so it reads a block only once written and overwrites one only once read.
-        if self._copy_stream is None:
-            self._copy_stream = self._cupy.cuda.Stream(non_blocking=True)
-        self._copy_stream.wait_event(self._cupy.cuda.get_current_stream().record())
-        return self._copy_stream
+    def _issue(self, direction: str, *, device: Any, host: np.ndarray) -> Any:
+        """The stream of `direction` ("d2h" or "h2d"), made to wait for the compute queued
+        so far and for the copies of the other direction that touched `device` or `host`.
+        NOTE: copies of one direction run in issue order on their stream; each waits for
+        the compute queued before it (so it reads a block only once written and
+        overwrites one only once read) and, across the two streams, for the copies
+        touching its bytes: so every pair of copies touching the same bytes runs in
+        issue order, while copies of different blocks in the two directions overlap."""
+        stream = self._streams.get(direction)
+        if stream is None:
+            stream = self._streams[direction] = self._cupy.cuda.Stream(non_blocking=True)
+        stream.wait_event(self._cupy.cuda.get_current_stream().record())
+        other = self._touched["h2d" if direction == "d2h" else "d2h"]
+        waits = {id(e): e for key in _keys(device, host) if (e := other.get(key)) is not None}
+        for event in waits.values():
+            stream.wait_event(event)
+        return stream
 
     embed = staticmethod(launchers.embed)
     rmsnorm = staticmethod(launchers.rmsnorm)
@@ -283,3 +311,20 @@ class CupyBackend:
         else:
             from .attention_kernel import paged_attention as kernel
         return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
+
+
+def _keys(device: Any, host: np.ndarray) -> tuple[tuple[str, int], tuple[str, int]]:
+    """A copy's two ends, by where they start: block copies always move whole blocks,
+    so two copies touch the same bytes exactly when an end starts at the same address."""
+    return ("device", int(device.data.ptr)), ("host", int(host.ctypes.data))
+
+
+class _AllLanded:
+    """Copies on several streams, landed when each stream's event has."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        for event in self.events:
+            event.synchronize()

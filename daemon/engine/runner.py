@@ -116,7 +116,7 @@ class ModelRunner:
                 ops.onboard_block(self.host_cache, copy.src, self.kv_cache, copy.dst)
                 tier_copies_in_flight = True
             elif copy.kind == "device_to_disk":
-                self._disk_copy(copy)  # a read of the block on the copy stream, as an offload
+                self._disk_copy(copy)  # a read of the block, as an offload
                 tier_copies_in_flight = True
             else:
                 if tier_copies_in_flight:
@@ -133,11 +133,12 @@ class ModelRunner:
         """Move a disk hit's checked bytes into its device block, or queue a block's
         bytes for writing (into a staging buffer of the disk tier; none free drops it).
 
-        NOTE: a device block's bytes are read on the copy stream after the compute
-        queued so far (which wrote them), and `run_copies` orders every later write of
-        that block after the read: a device or disk-onboard copy into it waits for the
-        copy stream first, an onboard into it runs behind the read on the same stream,
-        and the forward waits for the copy stream before it starts. So the staged bytes
+        NOTE: a device block's bytes are read on the backend's device-to-host copy
+        stream after the compute queued so far (which wrote them), and every later write
+        of that block is ordered after the read: a device or disk-onboard copy into it
+        waits for the copy streams first (`wait_copies`), an onboard into it waits for
+        the read's event (the backend's cross-stream waits), and the forward waits for
+        the copy streams before it starts. So the staged bytes
         are the block's as planned, even when its device block has a new owner already.
         The engine loop never waits for the read: the writer thread does."""
         ops = self.model.ops

@@ -27,9 +27,9 @@ where CuPy raises:
 - streams are ordered as CUDA orders them (vector clocks: an op follows the ops of
   its own stream, those of a recorded event it waited on, and those the host waited
   for by a synchronize or a blocking read), and a kernel launch or graph replay, a
-  copy or an indexed write that touches device memory which an op of another
-  stream, not ordered before it, also touched raises RaceError: the two may run in
-  either order, or at once, on a GPU. (Kernels are taken to use all of every array
+  copy or an indexed write that touches device memory (or a copy the host memory)
+  which an op of another stream, not ordered before it, also touched raises
+  RaceError: the two may run in either order, or at once, on a GPU. (Kernels are taken to use all of every array
   they are passed; CuPy's own elementwise ops are not tracked.)
 
 Another host thread may wait for an event (the disk tier's writer does): each host
@@ -274,7 +274,7 @@ class ndarray(NDArrayOperatorsMixin):
         if not self._a.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         dst = self._a
-        _use(stream or get_current_stream(), [_span(dst)], "a host-to-device copy")
+        _use(stream or get_current_stream(), [_span(dst), _span(arr)], "a host-to-device copy")
         _on(stream, lambda: np.copyto(dst, arr))
 
 
@@ -304,7 +304,7 @@ def asnumpy(x: Any, stream: Stream | None = None, order: str = "C", out: np.ndar
         raise ValueError(f"out must be a C-contiguous host array of {x.shape} {x.dtype}")
     src = x._a
     on = stream or get_current_stream()
-    _use(on, [_span(src)], "a device-to-host copy")
+    _use(on, [_span(src), _span(out)], "a device-to-host copy")
     _on(stream, lambda: np.copyto(out, src))
     if blocking:
         on.synchronize()

@@ -1,0 +1,115 @@
+"""The GPU backend's block copies on two streams, in the emulated CuPy: offloads and disk
+reads (device to host) on one, onboards (host to device) on the other, so the two
+directions can share the bus at once, and an event wherever a copy touches bytes a copy
+of the other direction touched since the last `wait_copies`.
+
+The emulation holds a copy on a stream back until something waits for it, and raises
+RaceError when two streams touch the same device or host bytes with nothing ordering
+them; so the copies' results equal running them one by one in issue order only if every
+dependency is there, and a missing one is an error, not luck."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_emu import emucupy
+from test_cupy_emulated import emulated
+
+from reprise.cuda.dtypes import BF16
+
+pytestmark = pytest.mark.kernels
+__all__ = ["emulated"]  # a fixture, used by name
+
+BLOCK = (2, 3, 4)  # a block's shape: small, the copies are what is tested
+UNWRITTEN = 0xFFFF
+
+
+def _backend_and_arrays(num_blocks: int, num_slots: int, seed: int):  # type: ignore[no-untyped-def]
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device
+
+    rng = np.random.default_rng(seed)
+    device = rng.standard_normal((num_blocks, *BLOCK)).astype(BF16)
+    host = rng.standard_normal((num_slots, *BLOCK)).astype(BF16)
+    return CupyBackend(), to_device(device), host, device.copy(), host.copy()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_copies_land_as_if_run_one_by_one_in_issue_order(emulated: None, seed: int) -> None:
+    """Random offloads, onboards and disk reads over 3 device blocks and 3 host slots
+    (so most copies share bytes with an earlier one), in batches each ended by
+    `wait_copies` and followed by compute writing a block, as the runner runs them:
+    every block, slot and read buffer ends as the sequential model says."""
+    from reprise.cuda.kernels import to_device, to_host
+
+    ops, cache, host, want_device, want_host = _backend_and_arrays(3, 3, seed)
+    rng = np.random.default_rng(100 + seed)
+    reads: list[tuple[np.ndarray, np.ndarray, object]] = []
+    for _ in range(6):
+        for _ in range(int(rng.integers(1, 9))):
+            kind, block, slot = rng.choice(3), int(rng.integers(3)), int(rng.integers(3))
+            if kind == 0:
+                ops.offload_block(cache, block, host, slot)
+                want_host[slot] = want_device[block]
+            elif kind == 1:
+                ops.onboard_block(host, slot, cache, block)
+                want_device[block] = want_host[slot]
+            else:
+                out = np.full(BLOCK, UNWRITTEN, dtype=np.uint16).view(BF16)
+                reads.append((out, want_device[block].copy(), ops.read_block(cache, block, out)))
+        ops.wait_copies()
+        block = int(rng.integers(3))  # the step's compute writes a block
+        value = rng.standard_normal(BLOCK).astype(BF16)
+        cache[block] = to_device(value)
+        want_device[block] = value
+    ops.copies_done().synchronize()
+    assert to_host(cache).tobytes() == want_device.tobytes()
+    assert host.tobytes() == want_host.tobytes()
+    for out, want, done in reads:
+        done.synchronize()
+        assert out.tobytes() == want.tobytes()
+
+
+def test_an_onboard_waits_for_the_offload_of_its_block_and_for_nothing_else(
+    emulated: None,
+) -> None:
+    """An evicted block's offload, then an onboard into it: the onboard waits for that
+    offload (the emulation runs a held-back copy when it is waited for), not for the
+    offload of another block, which may still be on the bus while it runs."""
+    ops, cache, host, device, _ = _backend_and_arrays(4, 4, seed=7)
+    host[:] = np.full((4, *BLOCK), UNWRITTEN, dtype=np.uint16).view(BF16)
+    host[3] = np.ones(BLOCK, dtype=BF16)
+    ops.offload_block(cache, 0, host, 0)  # block 0 evicted to slot 0
+    ops.offload_block(cache, 1, host, 1)  # block 1 evicted to slot 1
+    ops.onboard_block(host, 3, cache, 0)  # slot 3 onboarded into block 0
+    assert host[0].tobytes() == device[0].tobytes()  # waited for: run
+    assert host[1].view(np.uint16).min() == UNWRITTEN  # not waited for: still held back
+    ops.copies_done().synchronize()
+    assert host[1].tobytes() == device[1].tobytes()
+
+
+def test_an_onboard_from_a_slot_waits_for_the_offload_into_it(emulated: None) -> None:
+    """A slot offloaded into and onboarded from before any wait (a block evicted and
+    asked for again in one match): the onboard reads the offload's bytes."""
+    from reprise.cuda.kernels import to_host
+
+    ops, cache, host, device, _ = _backend_and_arrays(3, 2, seed=8)
+    ops.offload_block(cache, 0, host, 1)
+    ops.onboard_block(host, 1, cache, 2)
+    ops.wait_copies()
+    ops.copies_done().synchronize()
+    assert to_host(cache)[2].tobytes() == device[0].tobytes()
+
+
+def test_without_the_cross_stream_waits_the_emulation_sees_the_race(
+    emulated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above can fail: with the copies of the other direction forgotten, an
+    onboard into a block whose offload is in flight is a race."""
+    from reprise.cuda import cupy_backend
+
+    ops, cache, host, _, _ = _backend_and_arrays(2, 2, seed=9)
+    monkeypatch.setattr(cupy_backend, "_keys", lambda device, host: ())
+    ops.offload_block(cache, 0, host, 0)
+    with pytest.raises(emucupy.RaceError):
+        ops.onboard_block(host, 1, cache, 0)
