@@ -36,9 +36,10 @@ Guarantees:
   reads and checks each file there (checksums, then the stored key as for a
   memory hit), so a damaged or foreign file ends the match as a miss, and each
   sound one becomes a fresh device entry filled by a `disk_onboard` copy.
-  With `copies_ready`, a long run of disk hits tells the engine every
-  `disk_copy_batch` hits that copies are planned, so it can take and start them
-  (in list order, as it would at the step) while the later reads go on.
+  With `copies_ready`, a long run of host or disk hits tells the engine every
+  `copy_batch` hits that copies are planned, so it can take and start them
+  (in list order, as it would at the step) while the match goes on (the later
+  reads, or the later host hits' bookkeeping).
   `find_partial` looks there too (read and checked the same way), and a disk
   block's bytes go straight into the request's fresh block: no device block
   is taken for the source. `clear` forgets the disk tier's blocks with the
@@ -80,9 +81,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["BlockId", "BlockPool", "MatchResult"]
 
-# Disk hits planned between two calls of `copies_ready` during one match: with 4 MiB
-# blocks (Llama-3.1-8B, 32 tokens), 16 MiB, about 0.3 ms of host-to-device copy.
-DISK_COPY_BATCH = 4
+# Host or disk hits planned between two calls of `copies_ready` during one match: with
+# 4 MiB blocks (Llama-3.1-8B, 32 tokens), 16 MiB, about 0.3 ms of host-to-device copy.
+COPY_BATCH = 4
 
 
 @dataclass(slots=True)
@@ -129,7 +130,7 @@ class BlockPool(DiskSide):
         event_sink: EventSink | None = None,
         host_memory: Callable[[int], np.ndarray] | None = None,
         copies_ready: Callable[[], None] | None = None,
-        disk_copy_batch: int = DISK_COPY_BATCH,
+        copy_batch: int = COPY_BATCH,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
@@ -143,14 +144,14 @@ class BlockPool(DiskSide):
         # a host slot's memory (its index -> a writable array of one block), where disk
         # hits are read when the host tier has free slots; None: into fresh memory
         self._host_memory = host_memory if host_tier is not None else None
-        # called inside a match reading disk hits, every `disk_copy_batch` of them, so the
-        # engine may run `take_copies()` now (in order, as at the step): the device copies
-        # of the blocks read overlap the reads still going on. It must not call the pool
-        # but for take_copies.
+        # called inside a match, every `copy_batch` host hits and every `copy_batch` disk
+        # hits, so the engine may run `take_copies()` now (in order, as at the step): the
+        # device copies of the blocks matched so far overlap the rest of the match (disk
+        # reads still going on). It must not call the pool but for take_copies.
         self._copies_ready = copies_ready
-        if disk_copy_batch < 1:
-            raise ValueError(f"disk_copy_batch must be >= 1; got {disk_copy_batch}")
-        self._disk_copy_batch = disk_copy_batch
+        if copy_batch < 1:
+            raise ValueError(f"copy_batch must be >= 1; got {copy_batch}")
+        self._copy_batch = copy_batch
         self.offload_min_priority = validate_priority(offload_min_priority)
         self._clock = clock
         self.blocks = [KVBlock(block_id=BlockId(i)) for i in range(num_blocks)]
@@ -281,6 +282,8 @@ class BlockPool(DiskSide):
             self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
             block_ids.append(device_block.block_id)
             num_host_hits += 1
+            if self._copies_ready is not None and num_host_hits % self._copy_batch == 0:
+                self._copies_ready()  # these onboards (and offloads) start while we go on
         num_disk_hits = 0
         if self.enable_reuse and len(block_ids) == len(hits) < len(block_hashes):
             num_disk_hits = self._match_disk(

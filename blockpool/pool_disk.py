@@ -40,7 +40,7 @@ class DiskSide:
     offload_min_priority: int
     _host_memory: Callable[[int], np.ndarray] | None
     _copies_ready: Callable[[], None] | None
-    _disk_copy_batch: int
+    _copy_batch: int
     _queue: EvictionQueue[KVBlock]
     _index: CacheIndex
     _counters: PoolCounters
@@ -118,7 +118,7 @@ class DiskSide:
             block_ids.append(block.block_id)
             parent_hash = block_hash
             num_hits += 1
-            if self._copies_ready is not None and num_hits % self._disk_copy_batch == 0:
+            if self._copies_ready is not None and num_hits % self._copy_batch == 0:
                 self._copies_ready()  # these blocks' copies start while later reads go on
         # Reads not taken: those not started never run, those running end before their
         # slots are free again.

@@ -614,6 +614,42 @@ def test_a_host_hit_without_a_free_device_block_ends_the_match() -> None:
     pool.check_integrity()
 
 
+def test_a_long_host_match_hands_its_copies_out_every_copy_batch_hits() -> None:
+    """Inside a match, copies_ready is called every copy_batch host hits; the copies
+    taken then are those planned so far, in order (each evicted block's offload before
+    the onboard into it), so the engine can start them while the match goes on. They
+    stay pinned until complete_copies, and the bytes land as if run at the step."""
+    taken: list[list[tuple[str, int, int]]] = []
+
+    def copies_ready() -> None:
+        copies = pool.take_copies()
+        for copy in copies:
+            copier._run(copy)
+        taken.append(copier.log[len(copier.log) - len(copies) :])
+
+    pool, _, _, copier = make_host_pool(16, copies_ready=copies_ready, copy_batch=2)
+    req = Request(toks(0, 5 * BS))
+    pool.free(req.run(pool))
+    held = pool.allocate(NUM_BLOCKS)  # evicts and offloads all five
+    assert held is not None and copier.complete(pool) == 5
+    original = copier.host[[4, 3, 2, 1, 0]].copy()  # offloaded tail first
+    copier.device[:] = 0xAB
+    pool.free(held)
+    other = Request(toks(1000, NUM_BLOCKS * BS))
+    pool.free(other.run(pool))  # every device block now cached: each host hit evicts one
+    result = pool.match(req.hashes, req.blocks)
+    assert result.num_host_hits == 5 and len(taken) == 2  # after the 2nd and the 4th hit
+    for batch in taken:
+        assert [kind for kind, _, _ in batch] == ["offload", "onboard"] * 2
+        offloaded, onboarded = batch[0::2], batch[1::2]
+        assert [b for _, b, _ in offloaded] == [b for _, b, _ in onboarded]  # into the victim
+    assert [b for batch in taken for _, b, _ in batch[1::2]] == result.block_ids[:4]
+    assert pool.num_pending_copies == 8 + 2  # taken early, still pinned; the 5th's two left
+    assert copier.complete(pool) == 10
+    assert np.array_equal(copier.device[result.block_ids], original)
+    pool.check_integrity()
+
+
 def test_evicting_a_child_whose_parent_holds_the_last_host_slot_drops_both() -> None:
     pool, events, _, copier = make_host_pool(1)
     req = Request(toks(0, 2 * BS))

@@ -154,7 +154,7 @@ class PoolMachine(RuleBasedStateMachine):
             clock=lambda: self.now,
             host_memory=self.host.__getitem__,
             copies_ready=None if self.early_copies is None else self._run_copies_early,
-            disk_copy_batch=self.early_copies or 1,
+            copy_batch=self.early_copies or 1,
         )
 
     def _run_copies_early(self) -> None:

@@ -10,15 +10,19 @@ dependency is there, and a missing one is an error, not luck."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from kernel_emu import emucupy
-from test_cupy_emulated import emulated
+from test_cupy_emulated import BS, Engines, emulated, model_dir, random_prompt
+from test_disk_wiring import record_copy_runs
 
 from reprise.cuda.dtypes import BF16
+from reprise.daemon import SamplingParams
 
 pytestmark = pytest.mark.kernels
-__all__ = ["emulated"]  # a fixture, used by name
+__all__ = ["emulated", "model_dir"]  # fixtures, used by name
 
 BLOCK = (2, 3, 4)  # a block's shape: small, the copies are what is tested
 UNWRITTEN = 0xFFFF
@@ -113,3 +117,48 @@ def test_without_the_cross_stream_waits_the_emulation_sees_the_race(
     ops.offload_block(cache, 0, host, 0)
     with pytest.raises(emucupy.RaceError):
         ops.onboard_block(host, 1, cache, 0)
+
+
+def test_a_long_host_tier_match_starts_its_copies_inside_the_match(
+    emulated: None, model_dir: Path
+) -> None:
+    """Full blocks from the host tier: their onboards (and the offloads of the device
+    blocks they evict) start inside the scheduler's pass every 4 hits, without the
+    compute waiting for them there; the step's forward still reads the blocks only
+    once landed (the emulation holds a copy back until something waits for it, and
+    raises on a read no wait orders), so the logits equal computing the prompt fresh."""
+    engines = Engines(model_dir, "tensor-cores")
+    num_full = 10
+    prompt = random_prompt(num_full * BS + 1, seed=61)  # the one token past them computed
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, return_logits=True)
+    fresh = engines(enable_reuse=False).generate(prompt, params)
+    engine = engines(num_device_blocks=14, num_host_blocks=40)
+    engine.generate(prompt, params)
+    for seed in range(2):  # other prompts push its blocks to the host tier
+        other = random_prompt(num_full * BS + 1, seed=70 + seed)
+        engine.generate(other, SamplingParams(max_tokens=1))
+    runs = record_copy_runs(engine)
+    again = engine.generate(prompt, params)
+    assert again.host_cached_tokens == num_full * BS, again.host_cached_tokens
+    assert [kind for kind, _ in runs] == ["match", "match", "step"], runs
+    assert again.token_ids == fresh.token_ids
+    assert again.logits.tobytes() == fresh.logits.tobytes()
+    engine.pool.check_integrity()
+
+
+def test_copies_started_ahead_are_waited_for_by_a_step_with_none_of_its_own(
+    emulated: None, model_dir: Path
+) -> None:
+    """The runner's contract for copies started inside a match (`wait=False`): the
+    step's `run_copies` orders the compute after them even when its own plan has no
+    tier copy, so the forward never reads a block still being onboarded."""
+    from reprise.blockpool.copies import BlockCopy
+    from reprise.cuda.kernels import to_host
+
+    engine = Engines(model_dir, "tensor-cores")(num_device_blocks=8, num_host_blocks=4)
+    runner = engine.runner
+    want = np.random.default_rng(3).standard_normal(runner.host_cache[0].shape).astype(BF16)
+    runner.host_cache[2] = want
+    runner.run_copies([BlockCopy("onboard", 2, 5)], wait=False)  # inside a match
+    runner.run_copies([])  # the step: no copy of its own
+    assert to_host(runner.kv_cache[5]).tobytes() == want.view(np.uint16).tobytes()

@@ -202,7 +202,7 @@ def _restarted(tmp_path: Path, chain: Chain, num_slots: int, num_blocks: int = 8
 def test_a_long_disk_match_hands_its_copies_out_as_the_reads_land(
     tmp_path: Path, num_slots: int
 ) -> None:
-    """Inside a match, copies_ready is called every disk_copy_batch hits; the copies
+    """Inside a match, copies_ready is called every copy_batch hits; the copies
     taken then are those of the blocks read so far, in chain order, their bytes final
     (read and checked), so the engine can start their device copies while the later
     reads go on. Every hit's copy is handed out once, pinned until complete_copies."""
@@ -227,7 +227,7 @@ def test_a_long_disk_match_hands_its_copies_out_as_the_reads_land(
     arena = _arena(max(num_slots, 1))
     host = dict(host_tier=HostTier(num_slots), host_memory=arena.__getitem__) if num_slots else {}
     pool = BlockPool(
-        12, BLOCK_SIZE, disk_tier=tier, copies_ready=copies_ready, disk_copy_batch=4, **host
+        12, BLOCK_SIZE, disk_tier=tier, copies_ready=copies_ready, copy_batch=4, **host
     )
     match = pool.match(chain.hashes, chain.tokens)
     assert match.num_disk_hits == 9
@@ -245,9 +245,9 @@ def test_a_long_disk_match_hands_its_copies_out_as_the_reads_land(
     tier.close()
 
 
-def test_disk_copy_batch_is_checked() -> None:
-    with pytest.raises(ValueError, match="disk_copy_batch must be >= 1; got 0"):
-        BlockPool(4, BLOCK_SIZE, disk_copy_batch=0)
+def test_copy_batch_is_checked() -> None:
+    with pytest.raises(ValueError, match="copy_batch must be >= 1; got 0"):
+        BlockPool(4, BLOCK_SIZE, copy_batch=0)
 
 
 def test_disk_hits_are_read_into_host_slots_and_onboarded_from_there(tmp_path: Path) -> None:
@@ -434,7 +434,7 @@ def test_engine_restart_serves_the_prompt_from_disk_bit_identically(
     again = second.generate(prompt, params)
     del ops.onboard_block
     assert len(onboards) == min(5, host_blocks)  # from the slots the reads landed in
-    # the first 4 hits' copies ran inside the match (DISK_COPY_BATCH), the 5th with the step
+    # the first 4 hits' copies ran inside the match (COPY_BATCH), the 5th with the step
     assert runs[:2] == [("match", 4), ("step", 1)]
     assert (again.cached_tokens, again.disk_cached_tokens, again.host_cached_tokens) == (80, 80, 0)
     assert again.token_ids == fresh.token_ids
@@ -452,10 +452,10 @@ def record_copy_runs(engine: Engine) -> list[tuple[str, int]]:
     scheduling = []
     run_copies, schedule = engine.runner.run_copies, engine.scheduler.schedule
 
-    def run(copies: list[BlockCopy]) -> None:
+    def run(copies: list[BlockCopy], **options: bool) -> None:
         if copies:
             runs.append(("match" if scheduling else "step", len(copies)))
-        run_copies(copies)
+        run_copies(copies, **options)
 
     def plan():
         scheduling.append(1)

@@ -103,7 +103,7 @@ class Engine:
             # disk hits are read straight into host slots (pinned on the GPU: no page
             # faults, and their onboard is the host tier's asynchronous copy)
             host_memory=self.runner.host_cache.__getitem__,
-            # a long run of disk hits: their device copies start while later reads go on
+            # a long run of host or disk hits: their device copies start while the match goes on
             copies_ready=self._start_copies,
         )
         # prompt entries of as many blocks as the device pool and host tier hold together
@@ -273,7 +273,7 @@ class Engine:
         """Run the copies the pool planned so far, ahead of the step that would run them
         (the pool calls this inside a match; see BlockPool's `copies_ready`). Their pins
         are released with the step's, by `postprocess`: the step's forward waits for them."""
-        self.runner.run_copies(self.pool.take_copies())
+        self.runner.run_copies(self.pool.take_copies(), wait=False)
 
     def postprocess(self, plan: StepPlan, out: RunOutput) -> list[StepOutput]:
         """After the runner executed `plan`: release the copies' pins, advance each

@@ -75,6 +75,7 @@ class ModelRunner:
         # [num_host_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] on the host
         self.host_cache = model.ops.host_kv_cache((num_host_blocks, *shape[1:]))
         self.disk_tier = disk_tier
+        self._tier_copies_in_flight = False  # issued, and the compute not yet after them
         self.decode: StaticDecode | None = None
         if decode_graphs:
             max_len = max_model_len or cfg.max_position_embeddings
@@ -98,36 +99,41 @@ class ModelRunner:
         self.model.ops.copies_done().synchronize()
         return RunOutput()
 
-    def run_copies(self, copies: list[BlockCopy]) -> None:
-        """Execute block copies in list order and wait for them.
+    def run_copies(self, copies: list[BlockCopy], *, wait: bool = True) -> None:
+        """Execute block copies in list order and, with `wait`, order the compute to come
+        after every tier copy issued so far (those of earlier calls without it too).
 
         Tier copies go through the backend's copy engine (asynchronous on the GPU:
-        its own stream, waited for in `wait_copies`); a device copy is ordered after
+        its own streams, waited for in `wait_copies`); a device copy is ordered after
         every tier copy before it, since it may read a block being onboarded or
-        write one whose old bytes are being offloaded.
+        write one whose old bytes are being offloaded. Without `wait` (copies started
+        inside a match, ahead of the step: the engine's `_start_copies`), the next
+        call's tier copies are not held behind these: the step's `execute` waits for all.
         """
         ops = self.model.ops
-        tier_copies_in_flight = False
         for copy in copies:
             if copy.kind == "offload":
                 ops.offload_block(self.kv_cache, copy.src, self.host_cache, copy.dst)
-                tier_copies_in_flight = True
+                self._tier_copies_in_flight = True
             elif copy.kind == "onboard":
                 ops.onboard_block(self.host_cache, copy.src, self.kv_cache, copy.dst)
-                tier_copies_in_flight = True
+                self._tier_copies_in_flight = True
             elif copy.kind == "device_to_disk":
                 self._disk_copy(copy)  # a read of the block, as an offload
-                tier_copies_in_flight = True
+                self._tier_copies_in_flight = True
             else:
-                if tier_copies_in_flight:
-                    ops.wait_copies()
-                    tier_copies_in_flight = False
+                self._wait_tier_copies()
                 if copy.kind == "device":
                     ops.copy_block(self.kv_cache, copy.src, copy.dst)
                 else:
                     self._disk_copy(copy)
-        if tier_copies_in_flight:
-            ops.wait_copies()  # the forward reads onboarded blocks and writes offloaded ones
+        if wait:
+            self._wait_tier_copies()  # the forward reads onboarded blocks, writes offloaded ones
+
+    def _wait_tier_copies(self) -> None:
+        if self._tier_copies_in_flight:
+            self.model.ops.wait_copies()
+            self._tier_copies_in_flight = False
 
     def _disk_copy(self, copy: BlockCopy) -> None:
         """Move a disk hit's checked bytes into its device block, or queue a block's
