@@ -12,12 +12,15 @@ registering blocks and retiring the request. On the GPU the same work runs while
 the device waits (the cached prompt's one computed token) or between graph replays
 (decode), so it is the floor of a step there.
 
-Two cases, each the median of `--repeats` runs:
+Three cases, each the median of `--repeats` runs (the host tier's of a quarter of them):
 - a fully cached prompt of `--prompt-tokens` tokens: `generate(max_tokens=1)`, of
   which all but the last token is reused (the target: <= 2 ms on a 4,096-token
   prompt), split into admission and the step; and the same prompt given as
   `Engine.prepare_prompt` made it off the loop, as the daemon gives it (what the loop
   then spends: the checks and the block keys were done on a tokenizing thread);
+- the same prompt from the host tier, pushed there by two other prompts: its blocks'
+  onboards, each into a device block whose entry it evicts and offloads (the copies,
+  bus time on the GPU, cost nothing here: what is timed is the engine's work for them);
 - a decode step of 1 and of `--batch` sequences at `--context` tokens each: one
   `engine.step()` once every sequence is decoding.
 Each also says how much of it was the model's forward: its per-layer op calls, which
@@ -109,12 +112,25 @@ class NullBackend(NumpyBackend):
         copied to compute its last token): device work, one launch on the GPU."""
         return None
 
+    @staticmethod
+    def offload_block(cache: np.ndarray, block_id: int, host: np.ndarray, slot: int) -> None:
+        """A block to the host tier: an asynchronous copy on the GPU, bus time."""
+        return None
 
-def null_engine(path: Path, *, num_device_blocks: int, max_num_batched_tokens: int) -> Engine:
+    @staticmethod
+    def onboard_block(host: np.ndarray, slot: int, cache: np.ndarray, block_id: int) -> None:
+        """A block from the host tier: an asynchronous copy on the GPU, bus time."""
+        return None
+
+
+def null_engine(
+    path: Path, *, num_device_blocks: int, max_num_batched_tokens: int, num_host_blocks: int = 0
+) -> Engine:
     engine = Engine.from_pretrained(
         path,
         backend="numpy",
         num_device_blocks=num_device_blocks,
+        num_host_blocks=num_host_blocks,
         max_num_batched_tokens=max_num_batched_tokens,
         cuda_graphs=False,
         logits_cache_mb=0,  # a cached prompt's step computes its last token, as measured here
@@ -181,6 +197,33 @@ def cached_prompt_ms(
              ("forward_ms", forward))}  # fmt: skip
 
 
+def host_tier_prompt_ms(engine: Engine, prompt: list[int], repeats: int) -> dict[str, float]:
+    """A prompt whose full blocks were pushed to the host tier by two other prompts
+    (the device pool holds 1.5 prompts, as in bench_gpu_e2e's ttft section): its first
+    token onboards them, each into a device block whose cached entry it evicts and
+    offloads. The copies cost nothing here (NullBackend): what is timed is the engine's
+    own work for them, the match's bookkeeping included."""
+    params = SamplingParams(max_tokens=1, temperature=0, detokenize=False)
+    rng = np.random.default_rng(7)
+    vocab = engine.config.vocab_size
+    total, forward, onboarded = [], [], 0
+    clock = ForwardClock(engine)
+    for _ in range(repeats):
+        engine.generate(prompt, params)
+        for _ in range(2):  # other prompts push its blocks to the host tier
+            engine.generate(rng.integers(100, vocab, size=len(prompt)).tolist(), params)
+        clock.take()
+        t0 = time.perf_counter()
+        completion = engine.generate(prompt, params)
+        total.append(time.perf_counter() - t0)
+        forward.append(clock.take())
+        onboarded = completion.host_cached_tokens
+        assert onboarded > 0, "the other prompts were meant to push it to the host tier"
+    return {"total_ms": statistics.median(total) * 1e3,
+            "forward_ms": statistics.median(forward) * 1e3,
+            "host_cached_tokens": onboarded}  # fmt: skip
+
+
 def decode_step_ms(
     engine: Engine, batch: int, context: int, repeats: int, detokenize: bool = True
 ) -> dict[str, float]:
@@ -229,6 +272,11 @@ def main() -> None:
     prompt = np.random.default_rng(0).integers(100, engine.config.vocab_size, size=n).tolist()
     cached = cached_prompt_ms(engine, prompt, args.repeats, args.detokenize)
     on_loop = cached_prompt_ms(engine, prompt, args.repeats, args.detokenize, prepared=True)
+    per_prompt = -(-(n + 1) // engine.pool.block_size) + 1  # the prompt, its new token, one more
+    tiered = null_engine(path, num_device_blocks=per_prompt + per_prompt // 2,
+                         max_num_batched_tokens=max(n, 2048), num_host_blocks=4 * per_prompt)  # fmt: skip
+    host_tier = host_tier_prompt_ms(tiered, prompt, max(args.repeats // 4, 3))
+    del tiered
     decodes = []
     for batch in sorted({1, args.batch}):
         fresh = null_engine(path, num_device_blocks=blocks, max_num_batched_tokens=max(n, 2048))
@@ -242,6 +290,7 @@ def main() -> None:
         "detokenize": args.detokenize,
         "cached_prompt": cached,
         "cached_prompt_prepared": on_loop,  # prepared off the loop, as the daemon does
+        "host_tier_prompt": host_tier,
         "decode": decodes[-1],  # the --batch one
         "decode_steps": decodes,
         "target_cached_ms": TARGET_CACHED_MS,
@@ -254,6 +303,9 @@ def main() -> None:
     print(f"the same, prepared off the loop as the daemon does (Engine.prepare_prompt): "
           f"{on_loop['total_ms']:.2f} ms on the engine loop (admission "
           f"{on_loop['admit_ms']:.2f} ms)")  # fmt: skip
+    print(f"the same from the host tier ({host_tier['host_cached_tokens']} tokens onboarded, "
+          f"each into a block whose entry it evicts and offloads): {host_tier['total_ms']:.2f} ms "
+          f"of host time beside the copies")  # fmt: skip
     where = "detokenized on the engine loop" if args.detokenize else "not detokenized here"
     for d in decodes:
         print(f"decode step, batch {d['batch']} at context {d['context']}: {d['step_ms']:.2f} ms "

@@ -118,8 +118,9 @@ def test_host_step_bench_runs_with_a_backend_that_does_no_math(tiny: Path, tmp_p
     # the prepared prompt was served from the cache too (the bench asserts its hits)
     assert result["cached_prompt_prepared"]["total_ms"] > 0
     assert [d["batch"] for d in result["decode_steps"]] == [1, 4]
+    assert result["host_tier_prompt"]["host_cached_tokens"] > 0  # the bench asserts it too
     for case in [result["cached_prompt"], result["cached_prompt_prepared"],
-                 *result["decode_steps"]]:  # fmt: skip
+                 result["host_tier_prompt"], *result["decode_steps"]]:  # fmt: skip
         total = case.get("total_ms", case.get("step_ms"))
         assert 0 < case["forward_ms"] < total  # the forward ran inside the step, timed apart
     assert "host time" in done.stdout
