@@ -102,10 +102,10 @@ def step_output(seq: Sequence, token: int, logits: np.ndarray | None) -> StepOut
     """What this step gave the request: its token, the text not handed out before
     (less what could still begin a stop string, while it runs), and its end if it
     ended. Advances `seq.num_text_emitted`."""
-    hold = 0 if seq.finish_reason else max(map(len, seq.params.stop), default=1) - 1
-    end = max(len(seq.text) - hold, seq.num_text_emitted)
-    delta = seq.text[seq.num_text_emitted : end]
-    seq.num_text_emitted = end
+    max_stop_chars = max(map(len, seq.params.stop), default=0)
+    delta, seq.num_text_emitted = next_delta(
+        seq.text, seq.num_text_emitted, max_stop_chars, finished=seq.finish_reason is not None
+    )
     return StepOutput(
         seq.request_id,
         [token],
@@ -114,6 +114,17 @@ def step_output(seq: Sequence, token: int, logits: np.ndarray | None) -> StepOut
         logits[None].copy() if seq.params.return_logits else None,
         seq.logprobs[-1:] if seq.params.logprobs is not None else None,
     )
+
+
+def next_delta(
+    text: str, num_emitted: int, max_stop_chars: int, *, finished: bool
+) -> tuple[str, int]:
+    """The text not handed out yet, and how much of `text` is handed out after it: while
+    the request runs, less the characters that could still begin a stop string (the
+    longest one's length less one), so no delta is ever taken back."""
+    hold = 0 if finished else max(max_stop_chars - 1, 0)
+    end = max(len(text) - hold, num_emitted)
+    return text[num_emitted:end], end
 
 
 def completion(seq: Sequence) -> Completion:

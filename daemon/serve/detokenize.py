@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..engine.outputs import extend_text
+from ..engine.outputs import extend_text, next_delta
 from ..engine.params import FinishReason
 from ..engine.sequence import RequestId
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -113,11 +113,9 @@ class Detokenizing:
             num_kept = _advance(state, token_ids, finish_reason)
             if state.stopped:
                 self.stopped.put(request_id)
-            # While running, hold back the text that could still begin a stop string.
-            hold = 0 if state.finished else max(state.max_stop_chars - 1, 0)
-            end = max(len(state.text) - hold, state.num_emitted)
-            delta = state.text[state.num_emitted : end]
-            state.num_emitted = end
+            delta, state.num_emitted = next_delta(
+                state.text, state.num_emitted, state.max_stop_chars, finished=state.finished
+            )
             if then is not None:
                 then(delta, num_kept)
 
