@@ -282,11 +282,11 @@ class Server:
     def _handle(self, route: Route, request: Ready | Request) -> None:
         """A message `_intake` read and checked (a generate as `Ready`)."""
         if isinstance(request, Ready):
-            if self.draining:
-                raise ProtocolError("shutting_down",
-                                    "the daemon is shutting down; not accepting requests",
-                                    request.request.id)  # fmt: skip
             try:
+                if self.draining:
+                    raise ProtocolError(
+                        "shutting_down", "the daemon is shutting down; not accepting requests"
+                    )
                 self.requests.start(route, request)
             except ProtocolError as e:
                 e.request_id = request.request.id
