@@ -480,7 +480,8 @@ def section_kernels(b: Bench, out: dict[str, Any]) -> None:
     """Where the device's time goes, kernel by kernel (bench/kernel_trace.py, CUPTI through
     torch.profiler): a batch-1 decode step at the decode context and at the first-token
     prompt's length (graphs), the first one eager too, and that prompt's cached first
-    token; each after warm calls, so the graphs are captured and the kernels loaded."""
+    token and its first token from the host tier (`_host_tier_trace`); each after warm
+    calls, so the graphs are captured and the kernels loaded."""
     if b.backend.name != "cupy":
         raise RuntimeError("the kernels section traces the GPU backend's kernels; run it on cupy")
     result: dict[str, Any] = {}
@@ -505,7 +506,32 @@ def section_kernels(b: Bench, out: dict[str, Any]) -> None:
     result[f"ttft {n} cached"] = profile_calls(call, KERNEL_TRACE_CALLS)
     del engine
     _free(True)
+    result[f"ttft {n} host tier"] = _host_tier_trace(b, n)
     out["kernel_breakdown"] = result
+
+
+def _host_tier_trace(b: Bench, n: int) -> dict[str, Any]:
+    """The kernels and copies of one first token of an n-token prompt from the host tier,
+    as `section_ttft` times it (a device pool of 1.5 prompts: each onboard evicts, and
+    so offloads, a cached block): are the offloads (device to host) and the onboards
+    (host to device) overlapping, and is the device idle between them? Once unprofiled
+    (the copy streams made), then once traced; other prompts push it out before each."""
+    per_prompt = b.blocks(n + 1) + 1
+    engine = b.engine(num_device_blocks=per_prompt + per_prompt // 2, num_host_blocks=4 * per_prompt,
+                      max_num_batched_tokens=n, logits_cache_mb=0)  # fmt: skip
+    prompt = b.prompt(n)
+    ttft(engine, prompt)
+    ttft(engine, prompt)  # captures the batch-1 graph
+    for traced in (False, True):
+        for _ in range(2):
+            ttft(engine, b.prompt(n))
+        if traced:  # a long pause: a gap inside the call must not split it in two
+            trace = profile_calls(functools.partial(_host_tier_ttft, engine, prompt), 1, gap_s=0.2)
+        else:
+            _host_tier_ttft(engine, prompt)
+    del engine
+    _free(True)
+    return trace
 
 
 def section_disk(b: Bench, out: dict[str, Any]) -> None:

@@ -180,15 +180,17 @@ WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is
 # (tests/test_gemm_sm90_pending_gpu.py, bench_gemm_sm90 --wide-fold).
 WIDE_FOLD_BY_DEFAULT = False
 # Whether launch_plan takes the decode tile (WS_DECODE, routes "decode_split" and WHOLE)
-# at M <= 64 where WS's grid is under a wave (`decode_tile`). Off until a GPU has run it
-# (built 2026-11-27 with no device time left): forced by `route="decode_split"` (tests,
-# bench_gemm_sm90 --decode-tile). The same bits as WS either way.
-DECODE_TILE_BY_DEFAULT = False
+# at M <= 64 where WS's grid is under a wave (`decode_tile`). On since the H200 run of
+# 2026-11-28 (bench/results/2026-11-28-h200): its rows bit-equal WS's on the GPU
+# (tests/test_gemm_sm90_pending_gpu.py), and with the 64 x 128 tile it took an 8B batch-1
+# decode step's kernels from 5,741 to 5,407 µs (qkv, o and down's split launches 5-6 %
+# faster inside the graph). Off: WS at every M.
+DECODE_TILE_BY_DEFAULT = True
 # Whether launch_plan takes the 64 x 128 tile (WS_M64, routes "m64_split" and WHOLE) at
-# M <= 64 where the decode tile is not taken (`m64_tile`). Off until a GPU has run it
-# (built 2026-11-27 without a device): forced by `route="m64_split"` (tests,
-# bench_gemm_sm90 --m64-tile). The same bits as WS either way.
-M64_TILE_BY_DEFAULT = False
+# M <= 64 where the decode tile is not taken (`m64_tile`). On since the same run: the
+# same bits as WS on the GPU, gate_up and lm_head at M = 1 8-10 % faster (64 vs 57 µs,
+# 256 vs 235 µs alone; 1,989 vs 1,791 µs for 32 gate_ups in the decode graph).
+M64_TILE_BY_DEFAULT = True
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 

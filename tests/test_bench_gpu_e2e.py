@@ -101,3 +101,35 @@ def test_the_default_models_shapes_are_judged_by_issue_18s_two_targets() -> None
     eight_b = {t["target"]: t["met"] for t in targets({"rows": rows}, (1, 64), 512)}
     assert eight_b["decode b=1 over the weights-read floor <= 1.3"] is False
     assert eight_b["cached prompt's first token over one decode step (issue 18) <= 1.1"] is False
+
+
+def test_the_host_tier_trace_traces_one_call_from_the_host_tier(monkeypatch) -> None:
+    """The kernels section's host-tier case (`_host_tier_trace`), on the NumPy backend with
+    the trace stubbed: the one traced call's prompt comes from the host tier, and only that
+    call is traced."""
+    import argparse
+
+    from reprise.bench import bench_gpu_e2e as e2e
+
+    traced: list[int] = []
+
+    def profile_calls(call, calls, *, gap_s):
+        traced.append(calls)
+        call()  # _host_tier_ttft asserts its prompt came from the host tier
+        return {"span_us": 1.0}
+
+    monkeypatch.setattr(e2e, "profile_calls", profile_calls)
+    monkeypatch.setattr(e2e, "_free", lambda on_device: None)
+    args = argparse.Namespace(like="tiny", block_size=32, backend="numpy", context=40,
+                              batches=(1,), prefill_tokens=64, ttft_tokens=200, disk_dir=None)  # fmt: skip
+    bench = e2e.Bench(args)
+    seen: list[int] = []
+    real = e2e._host_tier_ttft
+
+    def host_tier_ttft(engine, prompt):
+        real(engine, prompt)
+        seen.append(len(prompt))
+
+    monkeypatch.setattr(e2e, "_host_tier_ttft", host_tier_ttft)
+    assert e2e._host_tier_trace(bench, 200) == {"span_us": 1.0}
+    assert traced == [1] and seen == [200, 200]

@@ -70,6 +70,17 @@ def build_driver(tmp_path_factory: pytest.TempPathFactory, *defines: str) -> cty
     return ctypes.CDLL(str(out))
 
 
+@pytest.fixture
+def ws_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WS at every M <= 64 (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT and
+    M64_TILE_BY_DEFAULT off): the tests of WS's own grid, and the baseline the two decode
+    tiles are compared with."""
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    monkeypatch.setattr(geometry, "DECODE_TILE_BY_DEFAULT", False)
+    monkeypatch.setattr(geometry, "M64_TILE_BY_DEFAULT", False)
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The emulation as the launcher builds the kernel: the 128-byte swizzle."""
@@ -531,7 +542,9 @@ def test_the_launcher_launches_what_the_kernels_take(
                 x_bits, prepare_weight(w_bits), out_f32=out_f32, out=poisoned((m, 200), dtype)
             )
             assert np.array_equal(bits(packed), bits(plain))
-    names = {c.kernel_name(f) for c in (WG1, WG2, WS, WS_WIDE) for f in (False, True)}
+    # M = 1: the decode tile (DECODE_TILE_BY_DEFAULT; WS's grid of 2 CTAs under a wave)
+    tiles = (WG1, WG2, WS, WS_WIDE, WS_DECODE)
+    names = {c.kernel_name(f) for c in tiles for f in (False, True)}
     assert set(launches) == names | {WG2_WIDE.kernel_name(f) for f in (False, True)}
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
@@ -752,6 +765,7 @@ def test_split_routes_take_unaligned_operands_and_odd_slabs(
             assert np.array_equal(bits(got), bits(want)), (route, x_shift)
 
 
+@pytest.mark.usefixtures("ws_decodes")
 def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     """S = 1: WHOLE on the tile config (or the warp-specialized kernel). S > 1: PARTIAL up
     to the tile's rows, FOLD past them: never the wide cp.async tile (no FOLD registers),
@@ -796,6 +810,7 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
     assert (forced.kernel, forced.splits, forced.workspace) == ("gemm_sm90_ws_bf16", 1, False)
 
 
+@pytest.mark.usefixtures("ws_decodes")
 def test_the_decode_tile_takes_decodes_whose_grid_is_under_a_wave(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -828,6 +843,7 @@ def test_the_decode_tile_takes_decodes_whose_grid_is_under_a_wave(
     assert small.smem_bytes == WS_DECODE.smem_bytes == 4 * (64 + 128) * 64 * 2 + 64
 
 
+@pytest.mark.usefixtures("ws_decodes")
 def test_the_m64_tile_takes_the_other_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """With M64_TILE_BY_DEFAULT, M <= 64 runs WS_M64 wherever the decode tile does not:
     WHOLE for Llama-3.1-8B's gate_up and lm_head (their WS grids pass a wave: 224 and 1,002
@@ -879,6 +895,7 @@ def test_split_routes_trap_on_a_split_length_off_the_k_tile(lib: ctypes.CDLL) ->
         assert done.returncode != 0 and "__trap()" in done.stderr, (name, done.stderr)
 
 
+@pytest.mark.usefixtures("ws_decodes")
 @pytest.mark.parametrize("layer", [*sorted(LLAMA_8B), "lm_head"])
 def test_decode_grid_keeps_most_of_an_h100_busy_on_llama_8b(layer: str) -> None:
     """At M = 1 every 8B projection's launch, plain or packed, keeps more than half of an
