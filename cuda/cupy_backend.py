@@ -220,7 +220,8 @@ class CupyBackend:
             fn()
             stream.begin_capture()
             try:
-                out = fn()
+                with pdl.capturing():
+                    out = fn()
             except BaseException:
                 stream.end_capture()
                 raise

@@ -47,9 +47,10 @@ def launch_kernel(
     shared_mem: int = 0,
 ) -> None:  # fmt: skip
     """Launch one of our kernels on the current stream: as a programmatic dependent of
-    the kernel before it when PDL is on (pdl.py: REPRISE_PDL=1 on sm_90+), else as CuPy
-    launches it. Every launch of ours goes through here."""
-    if pdl.active():
+    the kernel before it where PDL takes it (pdl.py: on sm_90+, a launch captured in a
+    CUDA graph by default, every launch with REPRISE_PDL=1), else as CuPy launches it.
+    Every launch of ours goes through here."""
+    if pdl.dependent():
         pdl.launch(fn, grid, block, args, shared_mem)
     else:
         fn(grid, block, args, shared_mem=shared_mem)

@@ -1,13 +1,24 @@
 """Programmatic dependent launch (PDL, sm_90+; issue 18): our kernels launched so that
-each may start while the one before it in the stream finishes, behind a flag.
+each may start while the one before it in the stream finishes.
 
-`REPRISE_PDL=1` in the environment turns it on for a process, on devices of compute
-capability 9.0 or more; off (unset or `0`), the default, every kernel is launched by
-CuPy as before. On, `kernels.launch_kernel` launches each of our kernels through the
-driver's `cuLaunchKernelEx` (ctypes over libcuda: CuPy cannot set launch attributes,
-and `cuda.bindings` is not one of our dependencies) with
-CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, inside CUDA graph capture too
-(a captured launch keeps its programmatic edge).
+`REPRISE_PDL` in the environment chooses, for a process on a device of compute
+capability 9.0 or more:
+- `graphs` (the default): the launches captured into a CUDA graph (the decode steps'
+  graphs, `CupyBackend.capture`) are programmatic dependents; eager launches are CuPy's;
+- `1`: every launch of ours, eager ones too;
+- `0`: none, every kernel launched by CuPy.
+A dependent launch goes through the driver's `cuLaunchKernelEx` (ctypes over libcuda:
+CuPy cannot set launch attributes, and `cuda.bindings` is not one of our dependencies)
+with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; a captured launch keeps its
+programmatic edge in the graph.
+
+Why `graphs` is the default (H200, 2026-11-28, `bench/results/2026-11-28-h200/`): on the
+default model's shapes a batch-1 decode step replayed as a graph took 1.65 ms with every
+launch dependent against 2.03 ms without (the step's kernels busy 1,469 against 1,726 µs:
+the Hopper GEMM streams its first weight tiles before its wait, while the kernel before
+it finishes), while eager launches through ctypes cost about twice CuPy's (an eager
+decode step 28.6 against 18.4 ms, a fresh 4,096-token prompt 37.2 against 25.5 ms). On
+the H100 at 8B shapes (2026-11-27) graphs gained 0 % at batch 1 and 5 % at batch 64.
 
 Why this is safe: every kernel of ours calls `pdl_enter()` (common.cuh) first, before
 it reads or writes global memory: `griddepcontrol.wait` holds it until the previous
@@ -16,18 +27,17 @@ lets the next grid launch. So what starts early is only the launch itself and ea
 CTA's setup, never an access; tests/test_pdl.py checks that every `__global__` entry
 point calls it first, and (in the kernel emulator) that every thread of every kernel
 launched this way does. CuPy's own kernels (elementwise, copies) and cuBLAS's are
-launched as before and wait for all work before them.
-
-NOTE: not measured yet. A session with a GPU runs `REPRISE_PDL=1` beside the default in
-`scripts/gpu_session.sh` (the invariance suite and the end-to-end decode).
+launched as before and wait for all work before them. The whole GPU suite passed with
+every launch dependent (H100, 2026-11-27: 0 logits differ).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,23 +70,53 @@ class LaunchConfig(ctypes.Structure):
     ]
 
 
-def requested(environ: dict[str, str] | None = None) -> bool:
-    """Whether `REPRISE_PDL` asks for PDL; ValueError naming it and what is allowed
-    when it is neither unset, `0` nor `1`."""
-    value = (os.environ if environ is None else environ).get(ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 (off, the default) or 1 (on); got {value!r}")
-    return value == "1"
+MODES = ("0", "1", "graphs")
+DEFAULT_MODE = "graphs"
+
+
+def requested(environ: dict[str, str] | None = None) -> str:
+    """The mode `REPRISE_PDL` asks for (`graphs` when unset); ValueError naming it and
+    what is allowed for any other value."""
+    value = (os.environ if environ is None else environ).get(ENV, DEFAULT_MODE)
+    if value not in MODES:
+        raise ValueError(
+            f"{ENV} must be graphs (launches captured in CUDA graphs, the default), 1 (every "
+            f"launch) or 0 (off); got {value!r}"
+        )
+    return value
 
 
 @functools.cache
-def active() -> bool:
-    """PDL requested and the current device takes it (checked once per process)."""
-    if not requested():
-        return False
+def active() -> str:
+    """The mode in effect: the requested one where the current device takes PDL, else
+    `0` (checked once per process)."""
+    mode = requested()
+    if mode == "0":
+        return mode
     import cupy
 
-    return int(cupy.cuda.Device().compute_capability) >= MIN_COMPUTE_CAPABILITY
+    return mode if int(cupy.cuda.Device().compute_capability) >= MIN_COMPUTE_CAPABILITY else "0"
+
+
+_capturing = False  # inside `capturing()`: the launches go into a CUDA graph
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Marks the launches made inside as captured into a CUDA graph (`dependent`)."""
+    global _capturing
+    before, _capturing = _capturing, True
+    try:
+        yield
+    finally:
+        _capturing = before
+
+
+def dependent() -> bool:
+    """Whether the launch made now is a programmatic dependent: every launch in mode
+    `1`, a captured one in mode `graphs`."""
+    mode = active()
+    return mode == "1" or (mode == "graphs" and _capturing)
 
 
 def dim3(dims: Sequence[int]) -> tuple[int, int, int]:

@@ -7,7 +7,7 @@
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
-# batch 1, the cached first token: issue 18's two targets for it; PDL off, then on), each
+# batch 1, the cached first token: issue 18's two targets for it; PDL as default, then off), each
 # with where the device's time goes kernel by kernel (a decode step, the cached first
 # token); the GEMM (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels
 # against their floors; one decode step's kernels and one prefill attention kernel under
@@ -37,12 +37,13 @@ part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like s
   --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
 grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
-# the same with every kernel a programmatic dependent launch (REPRISE_PDL=1): a 135M
-# model's step is ~270 small kernels, where launch gaps weigh most
-part e2e_default_pdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=1 "$py" bench/bench_gpu_e2e.py \
+# the same with PDL off (REPRISE_PDL=0), beside the default above (`graphs`: the kernels
+# captured in the decode graphs launched as programmatic dependents): a 135M model's step
+# is ~270 small kernels, where launch gaps weigh most
+part e2e_default_nopdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=0 "$py" bench/bench_gpu_e2e.py \
   --like smollm2-135m --sections decode,ttft,kernels --batches 1 \
-  --out "$OUT/gpu_e2e_default_pdl.json"
-grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_pdl.out" \
+  --out "$OUT/gpu_e2e_default_nopdl.json"
+grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_nopdl.out" \
   | cut -c1-160
 # the attention part also compiles attention_tc.cu twice more: its page step before base 2
 # (`paged attn tc expf`: natural-unit expf, a rescale and the masks on every page), and

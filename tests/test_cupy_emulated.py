@@ -160,13 +160,28 @@ def test_programmatic_dependent_launch_keeps_every_bit(
     """With PDL on (cuda/pdl.py), every kernel of a step goes through the driver launch
     (arguments packed as cuLaunchKernelEx takes them), eager and captured in graphs, and
     every thread of each calls pdl_enter (the emulator counts): the same bits as without."""
-    monkeypatch.setattr(pdl, "active", lambda: True)
+    monkeypatch.setattr(pdl, "active", lambda: "1")
     monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
     launches, dependents = emucupy.launches(), emucupy.pdl_launches()
     outs = run_both(engines(cuda_graphs=True))
     assert_identical(outs, reference)
     ran = emucupy.launches() - launches
     assert ran > 0 and emucupy.pdl_launches() - dependents == ran
+
+
+def test_dependent_launches_in_graphs_only_keep_every_bit(
+    engines: Engines, reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PDL's default mode on sm_90+ (`graphs`): the kernels captured into the decode
+    graphs go through the driver launch as dependents, the eager ones (prefill, the
+    capture's warm-up run) as CuPy launches them: the same bits as without PDL."""
+    monkeypatch.setattr(pdl, "active", lambda: "graphs")
+    monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
+    launches, dependents = emucupy.launches(), emucupy.pdl_launches()
+    outs = run_both(engines(cuda_graphs=True))
+    assert_identical(outs, reference)
+    ran, captured = emucupy.launches() - launches, emucupy.pdl_launches() - dependents
+    assert 0 < captured < ran
 
 
 def test_penalties_and_logprobs_stay_bit_identical(engines: Engines) -> None:

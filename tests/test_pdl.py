@@ -4,7 +4,7 @@ arguments are packed as the driver takes them, and the switch is read strictly. 
 engine's launches through it run in the kernel emulator
 (tests/test_cupy_emulated.py::test_programmatic_dependent_launch_keeps_every_bit); on a
 GPU, tests/test_invariance.py and bench_gpu_e2e.py run with REPRISE_PDL=1
-(scripts/gpu_session.sh)."""
+(scripts/gpu_pdl.sh) and with the default, `graphs`."""
 
 from __future__ import annotations
 
@@ -78,16 +78,36 @@ def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "on"), [(None, False), ("0", False), ("1", True)], ids=["unset", "0", "1"]
+    ("value", "mode"), [(None, "graphs"), ("graphs", "graphs"), ("0", "0"), ("1", "1")],
+    ids=["unset", "graphs", "0", "1"],
 )
-def test_the_switch(value: str | None, on: bool) -> None:
-    assert pdl.requested({} if value is None else {pdl.ENV: value}) is on
+def test_the_switch(value: str | None, mode: str) -> None:
+    assert pdl.requested({} if value is None else {pdl.ENV: value}) == mode
 
 
-@pytest.mark.parametrize("value", ["yes", "", "2", "true"])
+@pytest.mark.parametrize("value", ["yes", "", "2", "true", "Graphs"])
 def test_a_bad_switch_is_refused_in_one_line(value: str) -> None:
-    with pytest.raises(ValueError, match=r"^REPRISE_PDL must be 0 \(off, the default\) or 1"):
+    with pytest.raises(ValueError, match=r"^REPRISE_PDL must be graphs \(launches captured"):
         pdl.requested({pdl.ENV: value})
+
+
+@pytest.mark.parametrize(
+    ("mode", "eager", "captured"),
+    [("graphs", False, True), ("1", True, True), ("0", False, False)],
+)
+def test_which_launches_are_dependents(monkeypatch: pytest.MonkeyPatch, mode: str, eager: bool,
+                                       captured: bool) -> None:  # fmt: skip
+    """Mode `graphs`: only launches inside `capturing()` (CupyBackend.capture's captured
+    run); `1`: every launch; `0`: none. Leaving `capturing()`, even by an exception,
+    ends it."""
+    monkeypatch.setattr(pdl, "active", lambda: mode)
+    assert pdl.dependent() is eager
+    with pdl.capturing():
+        assert pdl.dependent() is captured
+    assert pdl.dependent() is eager
+    with pytest.raises(RuntimeError), pdl.capturing():
+        raise RuntimeError("a failed capture")
+    assert pdl.dependent() is eager
 
 
 class FakeDeviceArray:
