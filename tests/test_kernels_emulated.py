@@ -89,7 +89,9 @@ def poisoned(shape: tuple[int, ...], dtype: type = np.uint16) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("hidden", [576, 4096])
+# 576 and 4,096: a row held in registers (3 and 16 elements a thread); 100: threads with
+# no element; 4,097 and 8,448: past what the registers hold, the looping path
+@pytest.mark.parametrize("hidden", [100, 576, 4096, 4097, 8448])
 def test_rmsnorm(lib: ctypes.CDLL, rng: np.random.Generator, hidden: int) -> None:
     x = (rng.standard_normal((5, hidden)) * np.exp2(rng.integers(-4, 5, (5, 1)))).astype(F32)
     weight = rng.standard_normal(hidden).astype(BF16)
