@@ -23,7 +23,9 @@ off: what writing them once and idling a consumer with no row buys at decode); w
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
 M <= 64 where WS's grid is under a wave; else the same as `ws`); with `--m64-tile`, `m64`
 what `ws` runs with M64_TILE_BY_DEFAULT on (the 64 x 128 tile, 2 CTAs an SM, at M <= 64;
-else the same as `ws`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
+else the same as `ws`). Both flags are on by default since 2026-11-28, so at M <= 64 `ws`
+is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
+times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
 the same on gemm.cu built as before 2026-11-27 (gemm_kernel.PAD_ONCE off: its x rows
 past M zero-filled every k-tile); cuBLAS. Ratios are times measured in this run: ws/mma
 below 1 means the Hopper kernel is faster than gemm.cu.

@@ -13,8 +13,9 @@
 # against their floors; one decode step's kernels and one prefill attention kernel under
 # Nsight Compute (why warps stall); the disk tier's read speed with 16 reader threads;
 # last, the Hopper GEMM's tiles not yet a default,
-# forced (the wide FOLD, which hung in its first version, the decode tile and the 64 x 128
-# tile): their GPU tests and timings, and the engine's decode with both decode tiles on.
+# forced (the wide FOLD, which hung in its first version; the decode tile and the 64 x 128
+# tile against WS): their GPU tests and timings, and the engine's decode with both decode
+# tiles off (WS), beside the default.
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -76,25 +77,23 @@ fi
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16
 grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
-# last, since the wide FOLD's first version hung: the tiles not yet a default, forced (the
-# wide FOLD, the decode tile), their tests and their timings
+# last, since the wide FOLD's first version hung: the forced-tile tests (the wide FOLD; the
+# decode and 64 x 128 tiles against WS) and the wide FOLD's timings
 part pending_test 100 env PYTHONUNBUFFERED=1 "$py" -m pytest -m gpu -p no:cacheprovider -ra \
   tests/test_gemm_sm90_pending_gpu.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
 part pending_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
-  --shapes qkv,o,down --wide-fold --decode-tile --out "$OUT/gemm_sm90_pending.json"
+  --shapes qkv,o,down --wide-fold --out "$OUT/gemm_sm90_pending.json"
 cut -c1-180 "$OUT/pending_bench.out" | tail -14
-part pending_m64 40 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,16,64 \
-  --decode-tile --m64-tile --out "$OUT/gemm_sm90_m64.json"
-cut -c1-180 "$OUT/pending_m64.out" | tail -18
-# the engine's batch-1 decode with both decode tiles on (gemm_sm90_plan's flags set in the
-# process), beside the e2e part's default row above: what flipping them would give
-part pending_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
+# the engine's decode with both decode tiles off (WS at every M, as before 2026-11-28;
+# gemm_sm90_plan's flags set in the process), beside the e2e part's default rows above:
+# what the decode tile and the 64 x 128 tile give, in one call
+part ws_only_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
 import sys
 from reprise.cuda import gemm_sm90_plan as plan
-plan.DECODE_TILE_BY_DEFAULT = plan.M64_TILE_BY_DEFAULT = True
+plan.DECODE_TILE_BY_DEFAULT = plan.M64_TILE_BY_DEFAULT = False
 from reprise.bench.bench_gpu_e2e import main
 sys.exit(main(['--sections', 'floors,decode,kernels', '--batches', '1,64',
-               '--out', '$OUT/gpu_e2e_pending.json']))"
-grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512|failed|Error" "$OUT/pending_e2e.out" \
+               '--out', '$OUT/gpu_e2e_ws_only.json']))"
+grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512|failed|Error" "$OUT/ws_only_e2e.out" \
   | cut -c1-150 | head -24
