@@ -54,7 +54,8 @@ engine end to end on an H100 is faster with it, see its comment).
 Why the split: at M = 1 the grid is ceil(N / 128) CTAs without it, 32 for an 8B o or
 down projection, a quarter of an H100's 132 SMs; with S from `split_k` (the count that
 fills one wave of gemm.cu's skinny grid) every 8B projection's M = 1 grid keeps more
-than half the SMs busy, o and down 128 of 132 (gemm_sm90_plan.decode_waves).
+than half the SMs busy, o and down 128 of 132 on WS (gemm_sm90_plan.decode_waves); the
+decode tile, the default there since 2026-11-28, doubles those CTAs at 2 an SM.
 
 Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
 the [S, M, N] fp32 workspace, plus once per stream its tile counters; on the wide FOLD,

@@ -183,7 +183,7 @@ WIDE_FOLD_BY_DEFAULT = False
 # at M <= 64 where WS's grid is under a wave (`decode_tile`). On since the H200 run of
 # 2026-11-28 (bench/results/2026-11-28-h200): its rows bit-equal WS's on the GPU
 # (tests/test_gemm_sm90_pending_gpu.py), and with the 64 x 128 tile it took an 8B batch-1
-# decode step's kernels from 5,741 to 5,407 µs (qkv, o and down's split launches 5-6 %
+# decode step's kernels from 5,741 to 5,407 µs (qkv, o and down's split launches 4-5 %
 # faster inside the graph). Off: WS at every M.
 DECODE_TILE_BY_DEFAULT = True
 # Whether launch_plan takes the 64 x 128 tile (WS_M64, routes "m64_split" and WHOLE) at
@@ -265,7 +265,9 @@ def launch_plan(
 
 
 def decode_waves(n: int, k: int, *, packed: bool, num_sms: int = H100_SMS) -> float:
-    """CTAs of the M = 1 launch of an (N, K) weight over multiprocessors (each CTA's
-    ~192 KB of shared memory fits one a multiprocessor)."""
+    """CTAs of the M = 1 launch of an (N, K) weight over multiprocessors, for the tile the
+    settings choose: one WS CTA (~192 KB of shared memory) fits a multiprocessor, the
+    decode tiles' two, so with DECODE_TILE_BY_DEFAULT or M64_TILE_BY_DEFAULT on a figure
+    up to 2 is still one round."""
     plan = launch_plan(1, n, k, out_f32=False, packed=packed)
     return plan.grid[0] * plan.grid[1] / num_sms

@@ -14,9 +14,9 @@ programmatic edge in the graph.
 
 Why `graphs` is the default (H200, 2026-11-28, `bench/results/2026-11-28-h200/`): on the
 default model's shapes a batch-1 decode step replayed as a graph took 1.65 ms with every
-launch dependent against 2.03 ms without (the step's kernels busy 1,469 against 1,726 µs:
-the Hopper GEMM streams its first weight tiles before its wait, while the kernel before
-it finishes), while eager launches through ctypes cost about twice CuPy's (an eager
+launch dependent against 2.03 ms without (the step's kernels busy 1,469 against 1,726 µs;
+likely the Hopper GEMM streaming its first weight tiles before its wait, while the kernel
+before it finishes, though no run has separated that from the launch overlap), while eager launches through ctypes cost about twice CuPy's (an eager
 decode step 28.6 against 18.4 ms, a fresh 4,096-token prompt 37.2 against 25.5 ms). On
 the H100 at 8B shapes (2026-11-27) graphs gained 0 % at batch 1 and 5 % at batch 64.
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from reprise.cuda import pdl
 from reprise.cuda.dtypes import BF16, F32, to_bf16
 from reprise.cuda.gemm import fold_partials, gemm_ref, split_bounds
 from reprise.cuda.gemm_kernel import split_k, split_length
@@ -530,6 +531,7 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
     monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
     monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
+    monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
     for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide ws tile
         monkeypatch.setattr(launcher, "_num_sms", lambda sms=sms: sms)
         x, w = operands(rng, m, 200, 128)
