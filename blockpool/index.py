@@ -27,7 +27,6 @@ from .events import (
     BlockRemoved,
     BlockStored,
     EventSink,
-    KVEvent,
 )
 from .free_queue import EvictionQueue
 from .hashing import BlockHash, Namespace
@@ -48,7 +47,8 @@ def medium_of(block: CachedBlock) -> str:
 
 
 class CacheIndex:
-    """Findable entries of both tiers, their parent -> children tree, and their events."""
+    """Findable entries of both tiers, their parent -> children tree, and their events
+    (made only when there is a sink: without one, a move or a drop builds none)."""
 
     def __init__(
         self,
@@ -143,7 +143,8 @@ class CacheIndex:
         block.namespace, block.serial = namespace, next(self._serials)
         self.device[block_hash] = block
         self._children.setdefault(parent_key(block), {})[block_hash] = None
-        self._emit(self._stored_event(block))
+        if self._event_sink is not None:  # an event is made only for a sink that keeps it
+            self._event_sink(self._stored_event(block))
 
     def move(self, src: CachedBlock, dst: CachedBlock) -> None:
         """Move an entry to a blank block of the other tier (neither queued)."""
@@ -159,8 +160,9 @@ class CacheIndex:
             self._host_tier.unstore(src)
             dst.take_entry(src)
             self.device[block_hash] = dst
-        self._emit(self._stored_event(dst))
-        self._emit(BlockRemoved([block_hash], src_medium))
+        if self._event_sink is not None:
+            self._event_sink(self._stored_event(dst))
+            self._event_sink(BlockRemoved([block_hash], src_medium))
 
     def drop(self, block: CachedBlock, now: float) -> None:
         """Forget a findable entry and every findable descendant, in either tier.
@@ -189,7 +191,8 @@ class CacheIndex:
             self._host_tier.clear(now)
         self.device.clear()
         self._children.clear()
-        self._emit(AllBlocksCleared())
+        if self._event_sink is not None:
+            self._event_sink(AllBlocksCleared())
 
     def check(self) -> None:
         """Assert the tiers' maps, the children tree and the serials agree (no holes)."""
@@ -229,7 +232,8 @@ class CacheIndex:
         else:
             assert isinstance(block, HostBlock) and self._host_tier is not None
             self._host_tier.forget(block, now)
-        self._emit(BlockRemoved([block_hash], medium))
+        if self._event_sink is not None:
+            self._event_sink(BlockRemoved([block_hash], medium))
 
     def _stored_event(self, block: CachedBlock) -> BlockStored:
         assert block.block_hash is not None and block.key is not None
@@ -250,6 +254,3 @@ class CacheIndex:
             extra_keys=None if salted or extra is None else [tuple(extra)],
         )
 
-    def _emit(self, event: KVEvent) -> None:
-        if self._event_sink is not None:
-            self._event_sink(event)

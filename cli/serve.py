@@ -182,7 +182,10 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
     from ..daemon.serve.logs import configure
 
     # refused before the model loads, as a usage error (exit 2)
-    settings = engine_settings(**{field: options[name] for name, field in ENGINE_OPTIONS.items()})
+    engine_fields = {field: options[name] for name, field in ENGINE_OPTIONS.items()}
+    if options["events"] is not None:  # published: the engine keeps its KV events
+        engine_fields["kv_events"] = True
+    settings = engine_settings(**engine_fields)
     http_config = _http_config(options, api_key)  # a bad --http is refused before anything
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())

@@ -217,7 +217,7 @@ def run_both_with(engine: Engine, params: list[SamplingParams]) -> list[Completi
 def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
     """Captured before any request (the daemon's warm-up), on padding rows alone: no pool
     block changes, no step captures again, and the steps that replay them keep their bits."""
-    engine = engines(cuda_graphs=True)
+    engine = engines(cuda_graphs=True, kv_events=True)
     ops, captures = engine.runner.model.ops, []
 
     def counting(fn):

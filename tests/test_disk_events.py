@@ -20,7 +20,7 @@ from reprise.daemon.engine.engine import Engine
 from reprise.daemon.engine.params import SamplingParams
 from reprise.daemon.model.synth import synth_model
 
-SETTINGS = dict(backend="numpy", block_size=16, num_device_blocks=64)
+SETTINGS = dict(backend="numpy", block_size=16, num_device_blocks=64, kv_events=True)
 PROMPT = list(range(3, 3 + 16 * 5 + 7))  # 5 full blocks and 7 tokens
 ONE = SamplingParams(max_tokens=1, temperature=0)
 

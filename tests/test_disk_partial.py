@@ -122,7 +122,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synth_model("tiny", tmp_path_factory.mktemp("disk-partial") / "tiny")
 
 
-SETTINGS = dict(backend="numpy", block_size=16, num_device_blocks=64)
+SETTINGS = dict(backend="numpy", block_size=16, num_device_blocks=64, kv_events=True)
 PARAMS = SamplingParams(max_tokens=3, temperature=0, return_logits=True)
 PROMPT = list(range(3, 3 + 16 * 5 + 7))  # 5 full blocks and 7 tokens
 

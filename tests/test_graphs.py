@@ -168,7 +168,7 @@ def test_capturing_every_bucket_ahead_of_time(
     touching no pool block; later steps capture nothing and their bits are unchanged."""
     prompts, params = traffic(rng, 6)
     want = engine(tiny, backend, graphs=False).generate(prompts, params)
-    eng = engine(tiny, backend, graphs=True, num_device_blocks=40)
+    eng = engine(tiny, backend, graphs=True, num_device_blocks=40, kv_events=True)
     captured: list[int] = []
     original = eng.runner.model.ops.capture
 

@@ -168,7 +168,9 @@ def test_prompt_table_blocks_carry_their_extra_ids_and_text_blocks_none(tiny, la
     v = config.vocab_size
     rng = np.random.default_rng(5)
     table = rng.standard_normal((3, config.hidden_size)).astype(BF16)
-    engine = Engine.from_pretrained(tiny, backend="numpy", block_size=BS, num_device_blocks=64)
+    engine = Engine.from_pretrained(
+        tiny, backend="numpy", block_size=BS, num_device_blocks=64, kv_events=True
+    )
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     engine.take_events()
 
@@ -229,7 +231,10 @@ def test_disk_events_decode_with_vllms_schema(tiny, layout, tmp_path: Path) -> N
     config = ModelConfig.from_dir(tiny)
     v = config.vocab_size
     table = np.random.default_rng(6).standard_normal((2, config.hidden_size)).astype(BF16)
-    settings = dict(backend="numpy", block_size=BS, num_device_blocks=64, disk_cache=str(tmp_path))
+    settings = dict(
+        backend="numpy", block_size=BS, num_device_blocks=64, disk_cache=str(tmp_path),
+        kv_events=True,
+    )  # fmt: skip
     engine = Engine.from_pretrained(tiny, **settings)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     prompt = [v, v + 1, 7, 8, 1, 2, 3, 4, 5]

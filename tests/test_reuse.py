@@ -98,7 +98,7 @@ def test_generated_blocks_are_reusable(make_engine) -> None:
 
 
 def test_reuse_off_computes_everything(make_engine) -> None:
-    engine = make_engine(num_device_blocks=64, enable_reuse=False)
+    engine = make_engine(num_device_blocks=64, enable_reuse=False, kv_events=True)
     prompt = random_prompt(70, seed=7)
     engine.generate(prompt, GREEDY)
     assert engine.generate(prompt, GREEDY).cached_tokens == 0
@@ -130,7 +130,7 @@ def test_host_tier_round_trip_is_byte_exact(make_engine) -> None:
 
 
 def test_events_mirror_registered_blocks(make_engine) -> None:
-    engine = make_engine(num_device_blocks=64)
+    engine = make_engine(num_device_blocks=64, kv_events=True)
     prompt = random_prompt(50, seed=13)
     engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     stored = [e for e in engine.take_events() if isinstance(e, BlockStored)]
@@ -167,7 +167,7 @@ def test_retention_priority_keeps_a_prompt_cached(make_engine) -> None:
 def test_events_of_a_salted_request_carry_hashes_only(make_engine) -> None:
     """DESIGN §7: a KV event subscriber learns nothing of a salted tenant's tokens; the
     same prompt unsalted publishes its tokens, and the salted blocks' hashes differ."""
-    engine = make_engine(num_device_blocks=64)
+    engine = make_engine(num_device_blocks=64, kv_events=True)
     prompt = random_prompt(50, seed=21)
     engine.generate(prompt, GREEDY, cache_salt="tenant-a")
     salted = [e for e in engine.take_events() if isinstance(e, BlockStored)]

@@ -88,6 +88,12 @@ class EngineConfig:
         "Replay decode steps as CUDA graphs, one per batch-size bucket, captured at start-up "
         "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
     )  # fmt: skip
+    kv_events: bool = _setting(
+        False, "--kv-events/--no-kv-events",
+        "Keep KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) for "
+        "Engine.take_events(), as vLLM's enable_kv_cache_events; serve turns it on with --events "
+        "[default: off: no event is made].",
+    )  # fmt: skip
     max_prompt_logprobs: int = _setting(
         DEFAULT_MAX_PROMPT_LOGPROBS, "--max-prompt-logprobs",
         "Most top alternatives a request's prompt_logprobs may ask for per prompt token; "
@@ -146,6 +152,8 @@ class EngineConfig:
             raise SettingError(
                 "enable_reuse", f"enable_reuse must be a bool; got {self.enable_reuse!r}"
             )
+        if not isinstance(self.kv_events, bool):
+            raise SettingError("kv_events", f"kv_events must be a bool; got {self.kv_events!r}")
         _check_int("logits_cache_mb", self.logits_cache_mb, low=0)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
         _check_int("max_model_len", self.max_model_len, low=2, optional=True)

@@ -92,7 +92,9 @@ class Engine:
             disk_tier=self.disk_tier,
             keep_prompt_logits=settings.logits_cache_bytes > 0,
         )
-        self.events = EventQueue()
+        # kept only when asked for: nothing takes them otherwise, and a list nobody drains
+        # grows with every block stored or moved
+        self.events = EventQueue() if settings.kv_events else None
         self.pool = BlockPool(
             num_device_blocks,
             settings.block_size,
@@ -363,8 +365,9 @@ class Engine:
         }
 
     def take_events(self) -> list[KVEvent]:
-        """KV cache events (BlockStored / BlockRemoved / AllBlocksCleared) since the last call."""
-        return self.events.take()
+        """KV cache events (BlockStored / BlockRemoved / AllBlocksCleared) since the last call;
+        none unless the engine was built with `kv_events=True`."""
+        return [] if self.events is None else self.events.take()
 
     def generate(
         self,

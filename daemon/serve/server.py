@@ -76,6 +76,11 @@ class Server:
         notifier: Notifier | None = None,
         stop: StopFlag | None = None,
     ) -> None:
+        if config.events_address is not None and not engine.settings.kv_events:
+            raise ValueError(
+                "events_address publishes KV events: the engine must keep them "
+                "(EngineConfig kv_events=True; `reprise serve --events` sets it)"
+            )
         self.engine = engine
         self.config = config
         self.notifier = notifier or Notifier()
