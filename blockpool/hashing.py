@@ -60,6 +60,9 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+_SHA256_BYTES = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Who may share a sequence's blocks: a cache salt and a LoRA adapter id.
@@ -230,8 +233,12 @@ def hash_encoded_blocks(
     head = _DOMAIN_FIELD + model_field
     tokens_head = _TAG_TOKENS + struct.pack(">Q", width)
     pack_length = struct.Struct(">Q").pack
-    # the default hasher called as hashlib's C function (a digest is a BlockHash's bytes)
-    digest = (lambda data: hashlib.sha256(data).digest()) if hasher is sha256 else hasher
+    # The default hasher: every block below the first starts with the same bytes up to
+    # its parent's digest (32 bytes), so a SHA-256 state fed them once is copied for each
+    # block and fed the rest, in C (hashlib), without joining the block's bytes first.
+    below_first = None
+    if hasher is sha256:
+        below_first = hashlib.sha256(head + _TAG_PARENT + pack_length(_SHA256_BYTES)).copy
     hashes: list[BlockHash] = []
     append = hashes.append
     for idx in range(num_blocks):
@@ -247,11 +254,19 @@ def hash_encoded_blocks(
         ids = token_bytes[idx * width : (idx + 1) * width]
         if parent is None:
             data = _encode(model_field, None, tokens_head + ids, extra_field, namespace)
+            parent = BlockHash(hasher(data))
+        elif below_first is not None and len(parent) == _SHA256_BYTES:
+            state = below_first()
+            state.update(parent)
+            state.update(tokens_head)
+            state.update(ids)
+            state.update(extra_field)
+            parent = state.digest()  # type: ignore[assignment]
         else:
             data = b"".join(
                 (head, _TAG_PARENT, pack_length(len(parent)), parent, tokens_head, ids, extra_field)
             )
-        parent = digest(data)  # type: ignore[assignment]
+            parent = BlockHash(hasher(data))
         append(parent)
     return hashes
 

@@ -253,4 +253,3 @@ class CacheIndex:
             lora_name=block.namespace.adapter_id,
             extra_keys=None if salted or extra is None else [tuple(extra)],
         )
-

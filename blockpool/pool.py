@@ -212,11 +212,20 @@ class BlockPool(DiskSide):
         head blocks and a cached chain is consumed from its end.
         """
         now = self._clock()
+        freed: list[KVBlock] = []  # at zero references, in the order they join the queue
+        findable = self._index.device.get  # a device block is findable iff the index maps to it
         for block_id in reversed(block_ids):
             if block_id >= self.num_blocks:  # a disk partial's handle (find_partial)
                 del self._disk_partials[block_id]
                 continue
-            self._release(self.blocks[block_id], now)
+            block = self.blocks[block_id]  # _release's steps, the queue's part batched
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is not None and findable(block.block_hash) is not block:
+                    block.clear_entry()  # a duplicate: its entry lives in another block
+                freed.append(block)
+        self._queue.append_all(freed, now)
 
     def touch(self, block_ids: Sequence[BlockId]) -> None:
         """Take one more reference to each held or cached block (e.g. to share a prefix)."""
@@ -257,14 +266,21 @@ class BlockPool(DiskSide):
         hits: list[CachedBlock] = []
         if self.enable_reuse:
             hits = self._index.find_prefix(
-                block_hashes, token_ids_per_block, extra_ids_per_block, namespace or DEFAULT_NAMESPACE
+                block_hashes,
+                token_ids_per_block,
+                extra_ids_per_block,
+                namespace or DEFAULT_NAMESPACE,
             )
+        queued: list[KVBlock] = []  # device hits at zero references: they leave the queue
         for entry in hits:
-            if isinstance(entry, KVBlock):
-                self._hold(entry)
+            if isinstance(entry, KVBlock):  # _hold's steps, the queue's part batched
+                if entry.ref_count == 0:
+                    queued.append(entry)
+                entry.ref_count += 1
             else:  # pinned, so that onboarding the earlier hits cannot evict it
                 assert isinstance(entry, HostBlock) and self.host_tier is not None
                 self.host_tier.pin(entry)
+        self._queue.remove_all(queued)
         now = self._clock()
         block_ids: list[BlockId] = []
         num_host_hits = 0

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...blockpool.events import EventQueue, KVEvent
-from ...blockpool.hashing import BlockHash, Namespace, encode_ids
+from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, encode_ids
 from ...blockpool.host import HostTier
 from ...blockpool.pool import BlockPool
 from ...cuda.backend import get_backend
@@ -171,7 +171,7 @@ class Engine:
         ids, array = self._prompt_ids(prompt)
         array.flags.writeable = False
         id_bytes = encode_ids(array)  # as block keys encode them
-        namespace = Namespace(cache_salt=cache_salt)
+        namespace = _namespace(cache_salt)
         keys: tuple[BlockHash, ...] = ()
         if self.pool.enable_reuse and int(array.max()) < self.config.vocab_size:
             keys = tuple(self.kv.prompt_keys(id_bytes, namespace))
@@ -220,7 +220,7 @@ class Engine:
         check_fits(len(prompt_ids), params, self.max_model_len, self.pool)
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
-        namespace = Namespace(cache_salt=cache_salt)
+        namespace = _namespace(cache_salt)
         seq = Sequence(
             request_id,
             prompt_ids,
@@ -445,6 +445,12 @@ class Engine:
             vocab_size=self.config.vocab_size,
             max_model_len=self.max_model_len,
         )
+
+
+def _namespace(cache_salt: str | bytes | None) -> Namespace:
+    """A request's namespace; the unsalted one is the shared DEFAULT_NAMESPACE object, so
+    the pool's per-block namespace check is an identity test, not a dataclass compare."""
+    return DEFAULT_NAMESPACE if cache_salt is None else Namespace(cache_salt=cache_salt)
 
 
 def _settings(settings: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:

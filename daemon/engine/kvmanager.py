@@ -74,9 +74,10 @@ class KVCacheManager:
         if seq.prompt_extra_ids is not None:
             extra = [seq.extra_ids(*span) for span in spans]
         retention = seq.retention
+        ids = tuple(seq.token_ids(0, num_matchable * bs))  # sliced per block, tuples as keys hold
         match = self.pool.match(  # a request that names a retention re-ranks the prefix it reuses
             hashes,
-            [seq.token_ids(*span) for span in spans],
+            [ids[start:end] for start, end in spans],
             extra_ids_per_block=extra,
             namespace=seq.namespace,
             priority=None if retention is None else retention.priority,
