@@ -764,7 +764,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-dir", type=Path, default=None,
                         help="where the disk section writes its block files (default: a temp "
                         "dir)")  # fmt: skip
+    parser.add_argument("--max-splits", type=int, default=None,
+                        help="cap every weight's split count for this run (gemm_kernel's "
+                        "MAX_SPLITS; 1: no split-K): a rule to compare, never to serve, since "
+                        "rows of other split counts are other bits (DESIGN §4)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.max_splits is not None and args.max_splits < 1:
+        parser.error(f"--max-splits must be >= 1; got {args.max_splits}")
+    from reprise.cuda import gemm_kernel
+
+    rule = gemm_kernel.MAX_SPLITS
+    if args.max_splits is not None:  # read when each weight is loaded: before the model is built
+        gemm_kernel.MAX_SPLITS = args.max_splits
+    try:
+        return _run(parser, args, argv)
+    finally:
+        gemm_kernel.MAX_SPLITS = rule
+
+
+def projection_splits(config: Any) -> dict[str, int]:
+    """The split count each of a layer's projections gets (gemm_kernel.split_k, under the
+    rule in force), by name."""
+    from reprise.cuda.gemm_kernel import split_k
+
+    h, i = config.hidden_size, config.intermediate_size
+    shapes = {"qkv": (config.q_size + 2 * config.kv_size, h), "o": (h, config.q_size),
+              "gate_up": (2 * i, h), "down": (h, i)}  # fmt: skip
+    return {name: split_k(n, k) for name, (n, k) in shapes.items()}
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
     names = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
@@ -790,7 +819,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     bench = Bench(args)
     out["load_s"] = bench.load_s
+    out["max_splits"] = args.max_splits
+    out["splits"] = projection_splits(bench.config)
     print(f"model built and uploaded in {bench.load_s:.1f} s", flush=True)
+    print("split counts: " + ", ".join(f"{k} {v}" for k, v in out["splits"].items()), flush=True)
     for name in names:
         start = time.perf_counter()
         try:

@@ -7,7 +7,8 @@
 # tests; the Hopper GEMM against gemm.cu and cuBLAS (its tiles and stage layouts side by
 # side); the engine end to end (decode, prefill, first tokens cached, from the host tier
 # and from disk after a restart, against cuBLAS) and on the default model's shapes (decode
-# batch 1, the cached first token: issue 18's two targets for it; PDL as default, then off), each
+# batch 1, the cached first token: issue 18's two targets for it; PDL as default, then off;
+# then its projections unsplit), each
 # with where the device's time goes kernel by kernel (a decode step, the cached first
 # token); the GEMM (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels
 # against their floors; one decode step's kernels and one prefill attention kernel under
@@ -45,6 +46,14 @@ part e2e_default_nopdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=0 "$py" bench/bench
   --like smollm2-135m --sections decode,ttft,kernels --batches 1 \
   --out "$OUT/gpu_e2e_default_nopdl.json"
 grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_nopdl.out" \
+  | cut -c1-160
+# the default model's projections unsplit (--max-splits 1), beside e2e_default (same call):
+# its K of 576 splits 3 ways and 1,536 six, and each of its 120 GEMMs a step took ~9 us at
+# M = 1 on 1-3.5 MB weights, latency rather than bandwidth, where a split adds a
+# partials round trip; a rule to compare (other split counts are other bits), not to serve
+part e2e_default_s1 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
+  --sections decode,kernels --batches 1 --max-splits 1 --out "$OUT/gpu_e2e_default_s1.json"
+grep -E "^(decode|split)|^kernels .*(span|idle|gemm)|failed|Error" "$OUT/e2e_default_s1.out" \
   | cut -c1-160
 # the attention part also compiles attention_tc.cu twice more: its page step before base 2
 # (`paged attn tc expf`: natural-unit expf, a rescale and the masks on every page), and

@@ -133,3 +133,41 @@ def test_the_host_tier_trace_traces_one_call_from_the_host_tier(monkeypatch) -> 
     monkeypatch.setattr(e2e, "_host_tier_ttft", host_tier_ttft)
     assert e2e._host_tier_trace(bench, 200) == {"span_us": 1.0}
     assert traced == [1] and seen == [200, 200]
+
+
+
+def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) -> None:
+    """`--max-splits 1` runs every projection unsplit (the rule gpu_followup compares on
+    the default model's shapes), says so, and leaves the rule as it was afterwards."""
+    from reprise.bench.bench_gpu_e2e import projection_splits
+    from reprise.cuda import gemm_kernel
+    from reprise.daemon.model.synth import synth_config
+
+    config = synth_config("llama-3.1-8b")  # shapes that split under the rule
+    h, i = config.hidden_size, config.intermediate_size
+    shapes = {"qkv": (config.q_size + 2 * config.kv_size, h), "o": (h, config.q_size),
+              "gate_up": (2 * i, h), "down": (h, i)}  # fmt: skip
+    default = {name: gemm_kernel.split_k(n, k) for name, (n, k) in shapes.items()}
+    assert projection_splits(config) == default and max(default.values()) > 1
+    rule = gemm_kernel.MAX_SPLITS
+    with monkeypatch.context() as patch:
+        patch.setattr(gemm_kernel, "MAX_SPLITS", 1)
+        assert projection_splits(config) == dict.fromkeys(shapes, 1)
+    base = ["--like", "tiny", "--backend", "numpy", "--sections", ""]
+    seen = []
+    real = projection_splits.__globals__["projection_splits"]
+
+    def spy(cfg):  # type: ignore[no-untyped-def]
+        seen.append(gemm_kernel.MAX_SPLITS)  # the rule in force while the run builds
+        return real(cfg)
+
+    monkeypatch.setitem(real.__globals__, "projection_splits", spy)
+    for cap in (None, 1, 3):
+        out = tmp_path / f"e2e-{cap}.json"
+        extra = [] if cap is None else ["--max-splits", str(cap)]
+        assert main([*base, "--out", str(out), *extra]) == 0
+        assert json.loads(out.read_text())["max_splits"] == cap
+        assert gemm_kernel.MAX_SPLITS == rule  # restored
+    assert seen == [rule, 1, 3]
+    with pytest.raises(SystemExit):
+        main([*base, "--max-splits", "0"])
