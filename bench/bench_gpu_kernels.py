@@ -31,9 +31,10 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   baselines of the tensor-core kernel: `tc ring2` held to its normal page ring (split
   launches take the deep one); `tc expf`, its page step before base 2 (the accurate
   expf, a rescale and the masks on every page); `tc sel`, that with the select around
-  each key's expf it had before 2026-11-27 (BUILDS); and `tc plan4k` / `tc plan8k`, the head
+  each key's expf it had before 2026-11-27 (BUILDS); `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
-  at long contexts).
+  at long contexts); and `tc chunk64` / `tc chunk128`, built with KV chunks of 64 or 128
+  keys instead of 256 (CHUNKS: fewer pages a CTA walks in a row; other bits).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
   Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
@@ -698,11 +699,47 @@ def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
         return paged_attention_tc(**inputs)
 
 
+# `paged attn tc chunk64` / `chunk128`: the tensor-core kernel built with KV chunks of 64 or
+# 128 keys (REPRISE_KV_CHUNK), its launch planned for them (attention_kernel.KV_CHUNK): at
+# 256, a batch-1 decode at 512 keys has 2 busy chunks a head, each a CTA walking 8 pages
+# one after another (one warp's rows, at 17.7 % occupancy with wait and barrier stalls
+# leading: 2026-11-28-h200); at 64, 8 chunks of 2 pages each and 8 states merged. Other
+# bits than the default's (speed only here; tests/test_attention_tc_emulated.py checks the
+# build against its twin cut alike, and DESIGN §4 within it).
+CHUNKS = {"chunk64": 64, "chunk128": 128}
+
+
+@contextlib.contextmanager
+def kv_chunk(keys: int | None) -> Iterator[None]:
+    """The tensor-core kernel built with KV chunks of `keys` and its launches planned for
+    them, meanwhile (None: as it is)."""
+    from reprise.cuda import attention_kernel
+    from reprise.cuda import attention_tc_kernel as tc
+
+    if keys is None:
+        yield
+        return
+    with (
+        patched(tc, "BUILD", (*tc.BUILD, f"REPRISE_KV_CHUNK={keys}")),
+        patched(attention_kernel, "KV_CHUNK", keys),
+    ):
+        yield
+
+
+def paged_attention_tc_chunked(keys: int, **inputs: Any) -> Any:
+    """The preallocated workspace holds 256-key chunks' states: shorter chunks take one
+    of their own from CuPy's pool (host work, outside the timed stream's events)."""
+    from reprise.cuda.attention_tc_kernel import paged_attention_tc
+
+    with kv_chunk(keys):
+        return paged_attention_tc(**{**inputs, "workspace": None})
+
+
 def measure_attention(ctx: Context) -> Iterator[Row]:
     """Both paged-attention kernels (CUDA cores, tensor cores; the latter also held to
     its normal page ring, built with its page step before base 2 and with the select it
-    had before (BUILDS), and with its head split planned for longer contexts) against the
-    faster SDPA."""
+    had before (BUILDS), with its head split planned for longer contexts, and built with
+    shorter KV chunks) against the faster SDPA."""
     from reprise.cuda.attention_tc_kernel import paged_attention_tc
 
     kernels = {
@@ -716,6 +753,10 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
         **{
             f"paged attn tc {name}": partial(paged_attention_tc_planned, keys)
             for name, keys in PLANS.items()
+        },
+        **{
+            f"paged attn tc {name}": partial(paged_attention_tc_chunked, keys)
+            for name, keys in CHUNKS.items()
         },
     }
     for model in ctx.models:
@@ -740,7 +781,8 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
             for op, timed in ours.items():
                 num_seqs, q_len, kv_len = case
                 rows = ROWS_PER_CTA if op == "paged attn" else TC_ROWS_PER_CTA
-                with planned_context(PLANS.get(op.rsplit(" ", 1)[-1])):
+                variant = op.rsplit(" ", 1)[-1]
+                with planned_context(PLANS.get(variant)), kv_chunk(CHUNKS.get(variant)):
                     grid = split_grid(num_seqs * q_len, num_seqs, model.num_kv_heads,
                                       model.num_heads // model.num_kv_heads,
                                       -(-kv_len // BLOCK_SIZE), BLOCK_SIZE, rows)  # fmt: skip

@@ -382,6 +382,58 @@ def test_attention_tc_exp_without_a_select_gives_the_selects_bits(
                 assert max_row_ulps(got.view(BF16), paged.twin(spans)) <= 2
 
 
+
+@pytest.fixture(scope="module")
+def lib_chunk64(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with KV chunks of 64 keys (REPRISE_KV_CHUNK=64: bench_gpu_kernels'
+    `tc chunk64`)."""
+    return emulation_or_skip(tmp_path_factory.mktemp("emu_chunk64"), "-DREPRISE_KV_CHUNK=64")
+
+
+@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 3, 16), (128, 4, 32)])
+def test_attention_tc_shorter_chunks_match_their_twin_and_keep_design_4(
+    lib: ctypes.CDLL, lib_chunk64: ctypes.CDLL, rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch, head_dim: int, group: int, block_size: int,
+) -> None:  # fmt: skip
+    """The build the benchmark times as `tc chunk64`, its launches planned and the twin
+    cut at 64 keys (attention.KV_CHUNK and attention_kernel.KV_CHUNK patched): decode
+    steps at 1, C - 1, C, C + 1 and 3C + 7 keys (C = 64; split through the workspace)
+    within BF16 rounding of the twin, and bit for bit on one lane and on other grids; a
+    prefill's rows (crossing 3 chunk boundaries; split and one lane) bit-equal the same
+    positions' decode steps; and, past one chunk, other fp32 values than the default
+    build under its own 256-key plan (the define reaches the arithmetic)."""
+    from reprise.cuda import attention, attention_kernel
+
+    c = 64
+    contexts = [1, c - 1, c, c + 1, 3 * c + 7]
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, contexts)
+    decode = [(b, n - 1, n) for b, n in enumerate(contexts)]
+    with fp32_probe(lib):
+        default = paged.run(lib, decode)
+    monkeypatch.setattr(attention, "KV_CHUNK", c)
+    monkeypatch.setattr(attention_kernel, "KV_CHUNK", c)
+    got = paged.run(lib_chunk64, decode)
+    assert max_row_ulps(got.view(BF16), paged.twin(decode)) <= 2
+    prefill = (4, 0, 3 * c + 7)
+    whole = paged.run(lib_chunk64, [prefill])
+    assert max_row_ulps(whole.view(BF16), paged.twin([prefill])) <= 2
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        with fp32_probe(lib_chunk64, probe):
+            want = paged.run(lib_chunk64, decode)
+            for parts, lanes in [(1, 1), (1, 2), (group, 3)]:
+                grid = forced_grid(5, 5, 1, group, parts, lanes, ROWS_PER_CTA)
+                assert np.array_equal(paged.run(lib_chunk64, decode, grid=grid), want), (parts, lanes)
+            whole = paged.run(lib_chunk64, [prefill])
+            one_lane = forced_grid(prefill[2], 1, 1, group, 1, 1, ROWS_PER_CTA)
+            assert np.array_equal(paged.run(lib_chunk64, [prefill], grid=one_lane), whole), probe
+            for pos in (0, c - 1, c, 2 * c + 1, 3 * c + 6):
+                step = paged.run(lib_chunk64, [(4, pos, pos + 1)])
+                assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)
+            if probe:
+                # 1, c - 1 and c keys are one chunk in either build; c + 1 and 3c + 7 are not
+                assert np.array_equal(want[:3], default[:3])
+                assert (want[3] != default[3]).any() and (want[4] != default[4]).any()
+
 def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
     """A deep-ring kernel has no shared memory for merging chunks itself, so a one-lane
     launch (which would) traps instead of writing past its buffer; in a child process,

@@ -174,6 +174,44 @@ def test_the_baseline_builds_name_the_kernels_defines_and_are_put_back(monkeypat
     assert seen[0][1] == {"q": "q"}
 
 
+
+def test_the_shorter_chunks_split_a_short_decode_finer_and_are_put_back(monkeypatch) -> None:
+    """`paged attn tc chunk64` / `chunk128` (CHUNKS) build attention_tc.cu with a chunk it
+    declares (REPRISE_KV_CHUNK, 256 by default) and plan the launch for it: at batch 1 on
+    Llama-3.1-8B's 8 KV heads of 4 (32-key pages, a 128k-key table) a 512-key decode has
+    64 busy CTAs in each, walking 8 pages one after another for 1 query head at 256 keys a
+    chunk, 4 pages for 2 heads at 128 and 2 for all 4 at 64 (the head split, planned for
+    2,048 keys, needs fewer parts when there are more chunks); the workspace is the
+    launcher's own (sized for the chunks), and the build and the chunk are put back after
+    the call, even when it raises."""
+    from reprise.cuda import attention_kernel as ak
+    from reprise.cuda import attention_tc_kernel as tc
+
+    source = (Path(__file__).parents[1] / "cuda" / "attention_tc.cu").read_text()
+    assert "#ifndef REPRISE_KV_CHUNK\n#define REPRISE_KV_CHUNK 256\n" in source
+    assert ak.KV_CHUNK == 256
+    cases = [(None, 4, 8), (bench.CHUNKS["chunk128"], 2, 4), (bench.CHUNKS["chunk64"], 1, 2)]
+    for keys, parts, pages in cases:
+        with bench.kv_chunk(keys):
+            grid = ak.split_grid(1, 1, 8, 4, 131072 // 32, 32, tc.ROWS_PER_CTA)
+            assert (grid.busy_ctas(512), grid.head_parts, ak.KV_CHUNK // 32) == (64, parts, pages)
+    seen = []
+
+    def launcher(**inputs):
+        seen.append((tc.BUILD, ak.KV_CHUNK, inputs))
+        if inputs.get("fail"):
+            raise RuntimeError
+
+    monkeypatch.setattr(tc, "paged_attention_tc", launcher)
+    for keys in bench.CHUNKS.values():
+        bench.paged_attention_tc_chunked(keys, q="q", workspace="preallocated")
+        with pytest.raises(RuntimeError):
+            bench.paged_attention_tc_chunked(keys, fail=True)
+        assert (tc.BUILD, ak.KV_CHUNK) == ((), 256)
+    want = [((f"REPRISE_KV_CHUNK={k}",), k) for k in bench.CHUNKS.values() for _ in range(2)]
+    assert [(b, k) for b, k, _ in seen] == want
+    assert seen[0][2] == {"q": "q", "workspace": None}
+
 def test_small_kernel_bytes_by_hand() -> None:
     t, h = 64, 4096
     got = bench.small_kernel_bytes(LLAMA_8B, t)
