@@ -14,7 +14,6 @@ extern "C" __global__ void silu_mul(const __nv_bfloat16* __restrict__ gate_up,
     const long long token = idx / inter, i = idx - token * inter;
     const float gate = __bfloat162float(gate_up[token * 2 * inter + i]);
     const float up = __bfloat162float(gate_up[token * 2 * inter + inter + i]);
-    const float silu = __fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate)));
-    out[idx] = __float2bfloat16_rn(__fmul_rn(silu, up));
+    out[idx] = __float2bfloat16_rn(silu_mul_value(gate, up));  // common.cuh, as the gated GEMM
   }
 }

@@ -167,6 +167,47 @@ __device__ __forceinline__ void store_pair(float* __restrict__ y, long long idx,
   }
 }
 
+// ---- SwiGLU -------------------------------------------------------------------------
+// silu(gate) * up = gate / (1 + e^-gate) * up in fp32, of a (gate, up) pair as the
+// fused gate/up projection's BF16 outputs hold them; the caller rounds it once to BF16.
+// The one formula activation.cu's silu_mul and the Hopper GEMM's gated epilogue share,
+// so a fused product gives the bits of the two kernels it replaces (twin:
+// activation.silu_mul_ref).
+__device__ __forceinline__ float silu_mul_value(float gate, float up) {
+  const float silu = __fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate)));
+  return __fmul_rn(silu, up);
+}
+
+// v as its BF16 value (rounded to nearest even, as bf16_bits), back in fp32.
+__device__ __forceinline__ float bf16_value(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// An element of a gated output: a GEMM whose weight rows interleave the gate and up
+// projections (row 2j gate j, row 2j + 1 up j: gemm_sm90_kernel.prepare_weight's
+// `gated`) stores, for output columns 2j and 2j + 1 of a row, one BF16 value
+// silu(gate) * up at column j of an [M, N / 2] output: each of gate and up rounded to
+// BF16 first, as the plain product stores them and silu_mul reads them. BF16 bits.
+struct GatedBf16 {
+  unsigned short bits;
+};
+
+// y is the [M, N / 2] output: columns idx and idx + 1 of the [M, N] product (idx even,
+// N even: the launcher checks) land at idx / 2.
+__device__ __forceinline__ void store_pair(GatedBf16* __restrict__ y, long long idx, float gate, float up,
+                                           bool has_second, bool vec) {
+  (void)has_second;
+  (void)vec;
+  y[idx / 2].bits = static_cast<unsigned short>(bf16_bits(silu_mul_value(bf16_value(gate), bf16_value(up))));
+}
+
+template <class OutT>
+struct IsGated {
+  static constexpr bool value = false;
+};
+template <>
+struct IsGated<GatedBf16> {
+  static constexpr bool value = true;
+};
+
 // ---- reductions -------------------------------------------------------------------
 
 // The sum of v over the 32 lanes of a full warp, in every lane: a butterfly over lane
@@ -319,7 +360,8 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
 // m tile `m_tile`) into slab `split` of ws [S, M, N], S = ceil(K / split_len): the CTA
 // that counts last in the tile's counter (one zero per (n tile, m tile), at blockIdx.y *
 // m tiles + m tile) folds the S partials in ascending split order from +0.0f, writes y
-// (BF16 bits, rounded once as bf16_bits, or fp32) and leaves the counter zero.
+// (BF16 bits, rounded once as bf16_bits, or fp32, or GatedBf16: silu(gate) * up of each
+// column pair, [M, N / 2]) and leaves the counter zero.
 // NOTE: the CUDA programming guide's last-block pattern: every thread's stores,
 // __threadfence, one atomicAdd per CTA; the CTA that sees S - 1 fences again and reads
 // the partials through L2 (__ldcg, never a stale L1 line). Which CTA is last changes who
@@ -338,28 +380,37 @@ __device__ __forceinline__ void fold_split_partials(const float* __restrict__ ws
   __threadfence();
   const int m0 = m_tile * BM, n0 = static_cast<int>(blockIdx.y) * BN;
   const long long slab = static_cast<long long>(M) * N;
-  for (int e = static_cast<int>(threadIdx.x); e < BM * BN; e += THREADS) {
-    const int row = m0 + e / BN, col = n0 + e % BN;
+  // a gated output folds a (gate, up) pair of columns an iteration, each as any column
+  constexpr int kCols = IsGated<OutT>::value ? 2 : 1;
+  for (int e = static_cast<int>(threadIdx.x); e < BM * BN / kCols; e += THREADS) {
+    const int row = m0 + e / (BN / kCols), col = n0 + e % (BN / kCols) * kCols;
     if (row >= M || col >= N) continue;
     const long long at = static_cast<long long>(row) * N + col;
     // from +0, in ascending split order; read kMergeBatch partials at a time, every load
     // of a batch before its adds (one L2 round trip a batch, as merge_chunks)
-    float sum = 0.0f;
-    for (int s0 = 0; s0 < num_splits; s0 += kMergeBatch) {
-      float part[kMergeBatch];
+    float sums[kCols];
 #pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {
-        if (s0 + i < num_splits) part[i] = __ldcg(ws + (s0 + i) * slab + at);
-      }
+    for (int c = 0; c < kCols; ++c) {
+      float sum = 0.0f;
+      for (int s0 = 0; s0 < num_splits; s0 += kMergeBatch) {
+        float part[kMergeBatch];
 #pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {
-        if (s0 + i < num_splits) sum = __fadd_rn(sum, part[i]);
+        for (int i = 0; i < kMergeBatch; ++i) {
+          if (s0 + i < num_splits) part[i] = __ldcg(ws + (s0 + i) * slab + at + c);
+        }
+#pragma unroll
+        for (int i = 0; i < kMergeBatch; ++i) {
+          if (s0 + i < num_splits) sum = __fadd_rn(sum, part[i]);
+        }
       }
+      sums[c] = sum;
     }
-    if constexpr (sizeof(OutT) == 2) {
-      y[at] = static_cast<unsigned short>(bf16_bits(sum));
+    if constexpr (IsGated<OutT>::value) {
+      store_pair(y, at, sums[0], sums[kCols - 1], true, false);
+    } else if constexpr (sizeof(OutT) == 2) {
+      y[at] = static_cast<unsigned short>(bf16_bits(sums[0]));
     } else {
-      y[at] = sum;
+      y[at] = sums[0];
     }
   }
   if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0

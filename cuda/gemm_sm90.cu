@@ -847,13 +847,19 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
   gemm_sm90_ws_tile<TILE, MODE>(x, w_packed, Y, OUT, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #define GEMM_SM90_WS_SPLIT_BODY(TILE) \
   gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
+#define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) \
+  gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, gated(y), counters, M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
 #define GEMM_SM90_SPLIT_BODY(TILE) __trap()
 #define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_SPLIT_BODY(TILE) __trap()
+#define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) __trap()
 #endif
+
+// The gated entry points' output, [M, N / 2] BF16 bits, as the epilogues take it.
+__device__ __forceinline__ GatedBf16* gated(unsigned short* y) { return reinterpret_cast<GatedBf16*>(y); }
 
 extern "C" __global__ void __launch_bounds__(128, 1)
 gemm_sm90_bf16_wg1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
@@ -1045,4 +1051,63 @@ gemm_sm90_ws_f32_split(const unsigned short* __restrict__ x, const unsigned char
                        float* __restrict__ ws, float* __restrict__ y, unsigned* __restrict__ counters, int M, int N,
                        int K, int split_len) {
   GEMM_SM90_WS_SPLIT_BODY(Ws);  // pdl_enter() inside, after the weight prologue
+}
+
+// The gated entry points (gemm_sm90_ws_gated*): the weight's rows interleave the gate and
+// up projections (row 2j gate j, row 2j + 1 up j; prepare_weight's `gated`), and y is
+// [M, N / 2]: y[m, j] = bf16(silu(gate) * up) of the product's columns 2j and 2j + 1,
+// each rounded to BF16 first (store_pair for GatedBf16, common.cuh), so the bits of the
+// plain product followed by activation.cu's silu_mul, in one kernel and without the
+// [M, N] product in memory. Every column's sum is the plain product's, on every tile and
+// route (the epilogue changes only what is stored): WHOLE on each tile, PARTIAL on each
+// M <= 64 tile, FOLD on WS. No wide FOLD (off by default, and its totals live in [M, N]).
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_gated(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                   unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(Ws, Split::WHOLE, gated(y), gated(y), 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_wide(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                        unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsWide, Split::WHOLE, gated(y), gated(y), 0);  // pdl_enter() inside
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                          unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsDecode, Split::WHOLE, gated(y), gated(y), 0);  // pdl_enter() inside
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_m64(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                       unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_BODY(WsM64, Split::WHOLE, gated(y), gated(y), 0);  // pdl_enter() inside
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters,
+                         int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_GATED_SPLIT_BODY(Ws);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_decode_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                                float* __restrict__ ws, unsigned short* __restrict__ y,
+                                unsigned* __restrict__ counters, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_GATED_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_m64_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                             float* __restrict__ ws, unsigned short* __restrict__ y,
+                             unsigned* __restrict__ counters, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_GATED_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(Ws, Split::FOLD, gated(y), gated(y), split_len);  // pdl_enter() inside
 }

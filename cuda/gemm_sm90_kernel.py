@@ -92,6 +92,9 @@ class PackedWeight:
     num_cols: int  # N: the weight's rows before padding
     k: int
     swizzled: bool = True  # the 128-byte swizzle (prepare_weight); the kernel is built to match
+    # rows interleaved gate, up, gate, up (prepare_weight's `gated`): only the gated
+    # epilogue takes it, whose [M, N / 2] output is silu(gate) * up
+    gated: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -107,7 +110,7 @@ class PackedWeight:
 PACK_ROWS = 256  # weight rows are padded to a multiple: every CTA's panels exist
 
 
-def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
+def prepare_weight(w: Any, *, swizzle: bool = True, gated: bool = False) -> PackedWeight:
     """[N, K] uint16 BF16 bits (CuPy on a device, NumPy for the emulation) -> the packed
     layout the warp-specialized kernel copies from: 64-row panels (rows padded with zeros
     to a multiple of PACK_ROWS), each 64 x 64 tile (panel p = n // 64, k-tile t = k // 64)
@@ -115,13 +118,23 @@ def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
     with `swizzle` (the default, gemm_sm90.cu's REPRISE_WS_SWIZZLE) row n % 64 at byte
     128 (n % 64), its 16-byte chunk j = (k % 64) // 8 at position j ^ (n % 8), element
     k % 8 within; without, the no-swizzle core-matrix layout (chunk j of row r = n % 64 at
-    byte 1,024 (r // 8) + 128 j + 16 (r % 8)). Done once per weight, at load."""
+    byte 1,024 (r // 8) + 128 j + 16 (r % 8)). Done once per weight, at load.
+
+    `gated`: w is a fused gate/up projection, [2I, K] with the gate's I rows first (as the
+    model loads it and silu_mul reads its output); its rows are interleaved first (row 2j
+    gate j, row 2j + 1 up j), for the gated epilogue (`gemm_sm90(..., gated=True)`), which
+    pairs the two columns of each thread's accumulators into silu(gate) * up."""
     xp = _array_module(w)
     num_cols, k = w.shape
     if w.dtype != BF16_BITS or w.ndim != 2 or k <= 0 or k % BLOCK_K:
         raise ValueError(
             f"w must be [N, K] uint16 with K a positive multiple of {BLOCK_K}; got {w.dtype} {w.shape}"
         )
+    if gated:
+        if num_cols % 2:
+            raise ValueError(f"a gated weight has 2 x I rows (gate, then up); got N = {num_cols}")
+        half = num_cols // 2
+        w = xp.stack([w[:half], w[half:]], axis=1).reshape(num_cols, k)  # gate j, up j, ...
     rows = -(-num_cols // PACK_ROWS) * PACK_ROWS
     padded = xp.zeros((rows, k), dtype=w.dtype)
     padded[:num_cols] = w
@@ -131,7 +144,7 @@ def prepare_weight(w: Any, *, swizzle: bool = True) -> PackedWeight:
         tiles = tiles[:, :, row, xp.arange(8).reshape(1, 8) ^ (row % 8), :]
     else:  # [panel, row group, row, t, chunk, element] -> [panel, t, row group, chunk, row, element]
         tiles = padded.reshape(rows // 64, 8, 8, k // 64, 8, 8).transpose(0, 3, 1, 4, 2, 5)
-    return PackedWeight(xp.ascontiguousarray(tiles).reshape(-1), num_cols, k, swizzle)
+    return PackedWeight(xp.ascontiguousarray(tiles).reshape(-1), num_cols, k, swizzle, gated)
 
 
 def _array_module(a: Any) -> Any:
@@ -182,24 +195,36 @@ def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = 
 
 def gemm_sm90(
     x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None,
-    route: str | None = None,
+    route: str | None = None, gated: bool = False,
 ) -> Any:  # fmt: skip
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
     takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
     warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
     `out_f32`. `out`, when given, is written and returned. `splits` and `route` as
     `launch_plan`'s (leave them None but to measure or test a split count or route).
+    `gated` (a weight `prepare_weight` packed with `gated`, and only such a weight):
+    -> [M, N / 2] BF16, silu(gate) * up, the bits of `activation.silu_mul_ref` (the
+    silu_mul kernel) of the plain product of the un-interleaved weight.
     Needs a device `supported` accepts."""
     num_rows, num_cols, k = check_operands(x, w)
+    if gated != (isinstance(w, PackedWeight) and w.gated):
+        raise ValueError(
+            "gated=True takes a weight packed with prepare_weight(..., gated=True), and such a "
+            f"weight only gated=True; got gated={gated} and a weight of gated="
+            f"{isinstance(w, PackedWeight) and w.gated}"
+        )
+    if gated and out_f32:
+        raise ValueError("the gated epilogue writes BF16: out_f32 must be False")
     out_dtype = np.dtype(np.float32) if out_f32 else BF16_BITS
+    out_cols = num_cols // 2 if gated else num_cols
     if out is None:
         import cupy
 
-        out = cupy.empty((num_rows, num_cols), dtype=out_dtype)
+        out = cupy.empty((num_rows, out_cols), dtype=out_dtype)
     else:
         check("out", out, out_dtype, 2)
-        if out.shape != (num_rows, num_cols):
-            raise ValueError(f"out must have shape {(num_rows, num_cols)}; got {out.shape}")
+        if out.shape != (num_rows, out_cols):
+            raise ValueError(f"out must have shape {(num_rows, out_cols)}; got {out.shape}")
     if num_rows == 0 or num_cols == 0:
         return out
     arch = device_arch()
@@ -208,7 +233,7 @@ def gemm_sm90(
     packed = isinstance(w, PackedWeight)
     plan = launch_plan(
         num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), route=route,
-        splits=splits,
+        splits=splits, gated=gated,
     )  # fmt: skip
     weight = w.data if packed else w
     dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))

@@ -69,9 +69,11 @@ class Sm90WsConfig:
         rows = self.block_m + max(self.block_n, 128)
         return self.num_stages * rows * BLOCK_K * 2 + 2 * 8 * self.num_stages
 
-    def kernel_name(self, out_f32: bool) -> str:
-        tile = self.name.removeprefix("ws")  # "", "_wide", "_decode"
-        return f"gemm_sm90_ws_{'f32' if out_f32 else 'bf16'}{tile}"
+    def kernel_name(self, out_f32: bool, gated: bool = False) -> str:
+        """The entry point: `gated` the SwiGLU epilogue's (BF16 out, [M, N / 2])."""
+        tile = self.name.removeprefix("ws")  # "", "_wide", "_decode", "_m64"
+        out = "gated" if gated else "f32" if out_f32 else "bf16"
+        return f"gemm_sm90_ws_{out}{tile}"
 
 
 WG1 = Sm90Config("wg1", 64, 128, num_stages=8)  # M <= 64: one warpgroup, deep ring
@@ -160,6 +162,7 @@ class Sm90Launch:
     split_len: int
     workspace: bool  # PARTIAL: the [S, M, N] fp32 partials and the tile counters
     totals: bool = False  # the wide FOLD: the [M, N] fp32 running totals
+    gated: bool = False  # the SwiGLU epilogue: y is [M, N / 2] (gemm_sm90.cu's gated entry points)
 
 
 # The split routes (S > 1) by the kernel they run: (config, route).
@@ -196,7 +199,7 @@ MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, 
 
 def launch_plan(
     m: int, n: int, k: int, *, out_f32: bool, packed: bool, num_sms: int = H100_SMS,
-    route: str | None = None, splits: int | None = None,
+    route: str | None = None, splits: int | None = None, gated: bool = False,
 ) -> Sm90Launch:  # fmt: skip
     """The launch `gemm_sm90` makes for an [M, K] x [N, K] product, M, N > 0: with
     S = split_k(N, K) = 1, WHOLE on `tile_config` (or the warp-specialized kernel for a
@@ -204,7 +207,20 @@ def launch_plan(
     decode grid S * ceil(N / 128)) and FOLD past it. `route` (a SPLIT_ROUTES key)
     forces a split route at any M, for tests: every route gives every M the same bits.
     `splits` (default split_k(N, K), what every caller should use: a weight's rows are
-    only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE."""
+    only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE.
+    `gated`: the SwiGLU epilogue's entry point of the same tile and route (a packed
+    weight, BF16 out, N even; not the wide FOLD), the same geometry: it changes what a
+    CTA stores, never what it sums."""
+    if gated:
+        if not packed or out_f32 or n % 2:
+            raise ValueError(
+                "the gated epilogue takes a packed weight of even N and BF16 out; got "
+                f"packed={packed}, out_f32={out_f32}, N = {n}"
+            )
+        if route == "wide_fold":
+            raise ValueError(
+                "the gated epilogue has no wide FOLD (its totals are the [M, N] product)"
+            )
     if splits is None:
         splits = split_k(n, k)
     elif splits < 1 or num_splits(k, split_length(k, splits)) != splits:
@@ -215,9 +231,13 @@ def launch_plan(
         config: Sm90Config | Sm90WsConfig = (
             ws_config(m, n, num_sms) if packed else tile_config(m, n, num_sms)
         )
+        name = (
+            config.kernel_name(out_f32, gated) if isinstance(config, Sm90WsConfig)
+            else config.kernel_name(out_f32)
+        )  # fmt: skip
         return Sm90Launch(
-            config.kernel_name(out_f32), grid(config, m, n), config.num_threads,
-            config.smem_bytes, 1, 0, False,
+            name, grid(config, m, n), config.num_threads, config.smem_bytes, 1, 0, False,
+            gated=gated,
         )  # fmt: skip
     if route is None:
         small = m <= (WS.block_m if packed else WG1.block_m)
@@ -231,7 +251,7 @@ def launch_plan(
             )  # fmt: skip
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
-            route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT else "ws_fold"
+            route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT and not gated else "ws_fold"
     if route not in SPLIT_ROUTES:
         raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
     config, kind = SPLIT_ROUTES[route]
@@ -244,14 +264,16 @@ def launch_plan(
         )
     length = split_length(k, splits)
     tiles = grid(config, m, n)
-    name = f"{config.kernel_name(out_f32)}_{kind}"
+    base = config.kernel_name(out_f32, gated) if gated else config.kernel_name(out_f32)
+    name = f"{base}_{kind}"
     if kind == "fold":
         wide = config is WS_WIDE
         if wide and m * n > INT32_MAX:
             raise ValueError(f"M * N must fit in int32; got {m} * {n}")
         return Sm90Launch(
-            name, tiles, config.num_threads, config.smem_bytes, splits, length, False, wide
-        )
+            name, tiles, config.num_threads, config.smem_bytes, splits, length, False, wide,
+            gated=gated,
+        )  # fmt: skip
     if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
         raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
     if tiles[0] * tiles[1] > MAX_COUNTERS:
@@ -260,7 +282,7 @@ def launch_plan(
         )
     return Sm90Launch(
         name, (tiles[0] * splits, tiles[1]), config.num_threads, config.smem_bytes, splits,
-        length, True,
+        length, True, gated=gated,
     )  # fmt: skip
 
 

@@ -167,7 +167,7 @@ def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) 
         extra = [] if cap is None else ["--max-splits", str(cap)]
         assert main([*base, "--out", str(out), *extra]) == 0
         assert json.loads(out.read_text())["max_splits"] == cap
-        assert gemm_kernel.MAX_SPLITS == rule  # restored
+        assert rule == gemm_kernel.MAX_SPLITS  # restored
     assert seen == [rule, 1, 3]
     with pytest.raises(SystemExit):
         main([*base, "--max-splits", "0"])

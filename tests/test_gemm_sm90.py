@@ -947,3 +947,130 @@ def test_gemm_family_decides_by_device_and_weight_shape_only(
     assert launcher.gemm_family("89", 4096, 4096) == "mma"
     with pytest.raises(ValueError, match="gemm must be one of mma, wgmma; got 'cublas'"):
         launcher.gemm_family("90", 4096, 4096, "cublas")
+
+
+# --- the gated epilogue (SwiGLU): silu(gate) * up of the fused gate/up product ------------
+
+
+def interleaved(w: np.ndarray) -> np.ndarray:
+    """A fused [2I, K] gate/up weight's rows as the gated weight orders them: gate j, up j."""
+    half = w.shape[0] // 2
+    return np.stack([w[:half], w[half:]], axis=1).reshape(w.shape)
+
+
+def emulated_gated(lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A gated launch on the emulation: the weight packed with `gated`, the [M, N / 2]
+    output and the fp32 workspace poisoned, counters zero and checked zero after."""
+    (m, k), n = x.shape, w.shape[0]
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16), gated=True)
+    assert packed.gated
+    y_buf = poisoned((m * (n // 2) + GUARD,), np.uint16)
+    ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
+    counters = np.zeros(plan.grid[0] * plan.grid[1] + GUARD, np.uint32)
+    rc = lib.run_gemm_sm90_split(
+        plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+        ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), ptr(ws), ptr(y_buf),
+        ptr(counters), m, n, k, plan.split_len,
+    )  # fmt: skip
+    assert rc == 0, (plan.kernel, rc)
+    assert not counters.any(), "every tile counter left zero for the next launch"
+    assert np.array_equal(bits(y_buf[m * (n // 2) :]), bits(poisoned((GUARD,), np.uint16)))
+    return y_buf[: m * (n // 2)].reshape(m, n // 2).view(BF16)
+
+
+def whole_plan(config: Sm90WsConfig, m: int, n: int, *, gated: bool) -> Sm90Launch:
+    """A WHOLE launch on a given ws tile (launch_plan picks one by M and N)."""
+    name = config.kernel_name(False, gated) if gated else config.kernel_name(False)
+    return Sm90Launch(name, grid(config, m, n), config.num_threads, config.smem_bytes, 1, 0,
+                      False, gated=gated)  # fmt: skip
+
+
+def test_the_gated_weight_interleaves_gate_and_up_rows(rng: np.random.Generator) -> None:
+    w = (rng.standard_normal((2 * 136, 128)) * 0.5).astype(BF16).view(np.uint16)
+    got = prepare_weight(w, gated=True)
+    want = prepare_weight(np.ascontiguousarray(interleaved(w)))
+    assert got.gated and not want.gated and np.array_equal(got.data, want.data)
+    assert np.array_equal(interleaved(w)[1::2], w[136:])  # up j at row 2j + 1
+    with pytest.raises(ValueError, match="2 x I rows"):
+        prepare_weight(w[:-1], gated=True)
+
+
+@pytest.mark.parametrize("shape", [(272, 192), (272, 1024)], ids=["S1", "split"])
+def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product_on_every_route(
+    lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int]
+) -> None:
+    """Every gated entry point (WHOLE on each ws tile, PARTIAL on each M <= 64 tile and
+    WS, FOLD on WS), at M = 1, 7, 64, 100 and 300 where its tile takes that M: the bits of
+    the same route's plain product on the un-interleaved weight followed by the silu_mul
+    kernel (both emulated), and within one BF16 rounding of the NumPy twins. So the fused
+    MLP changes no bit of a row, and no row depends on M."""
+    from test_kernels_emulated import max_ulps
+
+    from reprise.cuda.activation import silu_mul_ref
+
+    n, k = shape
+    x_all, w = operands(rng, 300, n, k)
+    splits = split_k(n, k)
+    assert (splits > 1) == (k == 1024)
+    for m, start in ((1, 0), (1, 299), (7, 100), (64, 3), (100, 50), (300, 0)):
+        x = np.ascontiguousarray(x_all[start : start + m])
+        plans: list[tuple[Sm90Launch, Sm90Launch]] = []
+        if splits == 1:
+            tiles = [WS, WS_WIDE, *((WS_DECODE, WS_M64) if m <= 64 else ())]
+            plans = [(whole_plan(c, m, n, gated=True), whole_plan(c, m, n, gated=False)) for c in tiles]
+        else:
+            routes = ["ws_fold"] + (["ws_split"] if m <= WS.block_m else [])
+            routes += ["decode_split", "m64_split"] if m <= 64 else []
+            for route in routes:
+                pair = [launch_plan(m, n, k, out_f32=False, packed=True, route=route, gated=g)
+                        for g in (True, False)]  # fmt: skip
+                plans.append((pair[0], pair[1]))
+        assert plans
+        for gated_plan, plain_plan in plans:
+            assert gated_plan.kernel == plain_plan.kernel.replace("_bf16", "_gated")
+            assert (gated_plan.grid, gated_plan.splits) == (plain_plan.grid, plain_plan.splits)
+            if plain_plan.splits == 1:  # the WHOLE ws entry points: run_gemm_sm90_ws's tiles
+                tile = {"": {}, "_wide": {"wide": True}, "_decode": {"decode": True},
+                        "_m64": {"m64": True}}[plain_plan.kernel.removeprefix("gemm_sm90_ws_bf16")]  # fmt: skip
+                plain = emulated_ws(lib, x, w, out_f32=False, **tile)
+            else:
+                plain = emulated_plan(lib, plain_plan, x, w, out_f32=False)
+            want = poisoned((m, n // 2), np.uint16)
+            emu_lib.run_silu_mul(ptr(np.ascontiguousarray(plain)), ptr(want), ctypes.c_longlong(m),
+                                 n // 2, 3)  # fmt: skip
+            got = emulated_gated(lib, gated_plan, x, w)
+            assert np.array_equal(bits(got), want), (gated_plan.kernel, m, start)
+            assert max_ulps(got, silu_mul_ref(plain)) <= 1
+
+
+def test_gated_plans_refuse_what_the_epilogue_cannot_take() -> None:
+    """A gated launch is the plain one's tile, grid and route, named apart; it needs a
+    packed weight, BF16 out and an even N, and has no wide FOLD."""
+    for m in (1, 64, 65, 2048):
+        for n, k in ((28672, 4096), (3072, 576), (6144, 4096), (2 * 1536, 576)):
+            plain = launch_plan(m, n, k, out_f32=False, packed=True)
+            gated = launch_plan(m, n, k, out_f32=False, packed=True, gated=True)
+            assert gated.kernel == plain.kernel.replace("_bf16", "_gated") != plain.kernel
+            assert (gated.grid, gated.splits, gated.split_len, gated.workspace, gated.gated) == (
+                plain.grid, plain.splits, plain.split_len, plain.workspace, True)  # fmt: skip
+    with pytest.raises(ValueError, match="packed weight of even N"):
+        launch_plan(1, 4096, 4096, out_f32=False, packed=False, gated=True)
+    with pytest.raises(ValueError, match="packed weight of even N"):
+        launch_plan(1, 4096, 4096, out_f32=True, packed=True, gated=True)
+    with pytest.raises(ValueError, match="packed weight of even N"):
+        launch_plan(1, 4097, 4096, out_f32=False, packed=True, gated=True)
+    with pytest.raises(ValueError, match="no wide FOLD"):
+        launch_plan(4096, 4096, 4096, out_f32=False, packed=True, route="wide_fold", gated=True)
+
+
+def test_the_source_declares_every_gated_entry_point() -> None:
+    """Each gated launch launch_plan can name is an entry point of gemm_sm90.cu and of
+    the emulation's driver."""
+    source = (Path(__file__).parents[1] / "cuda" / "gemm_sm90.cu").read_text()
+    driver = (EMU / "driver_sm90.cpp").read_text()
+    names = {whole_plan(c, 1, 256, gated=True).kernel for c in (WS, WS_WIDE, WS_DECODE, WS_M64)}
+    names |= {launch_plan(m, 272, 1024, out_f32=False, packed=True, route=r, gated=True).kernel
+              for m, r in ((1, "ws_split"), (1, "decode_split"), (1, "m64_split"), (300, "ws_fold"))}  # fmt: skip
+    assert len(names) == 8
+    for name in names:
+        assert f"\n{name}(" in source and f'"{name}"' in driver, name

@@ -16,7 +16,15 @@ import pytest
 from reprise.cuda import nvrtc
 from reprise.cuda.gemm_kernel import ctas_per_sm
 from reprise.cuda.gemm_sm90_kernel import ARCH, SOURCE
-from reprise.cuda.gemm_sm90_plan import CONFIGS, SPLIT_ROUTES, WS, WS_DECODE, WS_M64, WS_WIDE
+from reprise.cuda.gemm_sm90_plan import (
+    CONFIGS,
+    SPLIT_ROUTES,
+    WS,
+    WS_DECODE,
+    WS_M64,
+    WS_WIDE,
+    Sm90WsConfig,
+)
 
 # Every entry point: the WHOLE kernels, then the split-K routes (gemm_sm90_kernel.launch_plan).
 ENTRY_POINTS = [
@@ -27,6 +35,17 @@ ENTRY_POINTS = [
     ),
     *(f"{c.kernel_name(f32)}_{kind}" for c, kind in SPLIT_ROUTES.values() for f32 in (False, True)),
 ]
+# The gated (SwiGLU) epilogue's: WHOLE on each ws tile and every ws split route but the
+# wide FOLD, by tile.
+GATED = {
+    **{c.kernel_name(False, gated=True): c for c in (WS, WS_WIDE, WS_DECODE, WS_M64)},
+    **{
+        f"{c.kernel_name(False, gated=True)}_{kind}": c
+        for route, (c, kind) in SPLIT_ROUTES.items()
+        if isinstance(c, Sm90WsConfig) and route != "wide_fold"
+    },
+}
+ENTRY_POINTS += list(GATED)
 
 pytestmark = pytest.mark.kernels
 
@@ -69,6 +88,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
             for f32 in (False, True)
         }
     )
+    configs.update(GATED)
     assert sorted(resources) == sorted(ENTRY_POINTS)
     for name, used in resources.items():
         config = configs[name]

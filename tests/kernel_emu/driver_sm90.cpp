@@ -145,6 +145,24 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_f32_m64_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_split")
     body = [&] { e::gemm_sm90_ws_f32_split(x, static_cast<Packed>(w), ws, y32, counters, M, N, K, split_len); };
+  // The gated entry points (y: [M, N / 2] BF16), WHOLE ones ignoring ws, counters and split_len.
+  if (n == "gemm_sm90_ws_gated") body = [&] { e::gemm_sm90_ws_gated(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_wide")
+    body = [&] { e::gemm_sm90_ws_gated_wide(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_decode")
+    body = [&] { e::gemm_sm90_ws_gated_decode(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_m64")
+    body = [&] { e::gemm_sm90_ws_gated_m64(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_split")
+    body = [&] { e::gemm_sm90_ws_gated_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_decode_split")
+    body = [&] {
+      e::gemm_sm90_ws_gated_decode_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len);
+    };
+  if (n == "gemm_sm90_ws_gated_m64_split")
+    body = [&] { e::gemm_sm90_ws_gated_m64_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_fold")
+    body = [&] { e::gemm_sm90_ws_gated_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
   if (!body) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
   const bool warp_specialized = n.rfind("gemm_sm90_ws_", 0) == 0;
