@@ -44,6 +44,15 @@ class NumpyBackend:
         assert w.dtype == BF16, w.dtype
         return prepare_weight(w)
 
+    def gate_up_weight(self, w: np.ndarray) -> np.ndarray:
+        """The fused [2I, K] gate/up projection (gate rows first), as `swiglu` takes it."""
+        return self.linear_weight(w)
+
+    def swiglu(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """silu(gate) * up of the fused gate/up product: [T, I] BF16. Here the two twins
+        in turn (the GPU backend may run them as one kernel, to the same bits)."""
+        return self.silu_mul(self.gemm(x, w))
+
     def device_memory_bytes(self) -> int:
         """Memory of the device the model runs on: for this backend, the host's RAM."""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

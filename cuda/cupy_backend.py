@@ -82,6 +82,30 @@ class CupyBackend:
                 return prepare_weight(weight)
         return weight
 
+    def gate_up_weight(self, w: np.ndarray) -> Any:
+        """The fused [2I, K] gate/up projection (gate rows first): as `linear_weight`
+        makes any weight, or, where it takes the Hopper kernel and GATED_BY_DEFAULT is on,
+        packed with its rows interleaved for the gated epilogue (`swiglu`: one kernel)."""
+        from . import gemm_sm90_plan
+
+        if gemm_sm90_plan.GATED_BY_DEFAULT and w.shape[0] % 2 == 0 and self.gemm_family != "mma":
+            from .gemm_sm90_kernel import device_arch, gemm_family, prepare_weight
+
+            if gemm_family(device_arch(), *w.shape, requested=self.gemm_family) == "wgmma":
+                assert w.dtype == BF16, w.dtype
+                return prepare_weight(to_device(w), gated=True)
+        return self.linear_weight(w)
+
+    def swiglu(self, x: Any, w: Any) -> Any:
+        """silu(gate) * up of the fused gate/up product, [T, I] BF16: one kernel on a weight
+        `gate_up_weight` packed for the gated epilogue, else the product then silu_mul
+        (through `gemm`, which a subclass may replace). The same bits either way."""
+        from .gemm_sm90_kernel import PackedWeight, gemm_sm90
+
+        if isinstance(w, PackedWeight) and w.gated:
+            return gemm_sm90(x, w, gated=True)
+        return self.silu_mul(self.gemm(x, w))
+
     @property
     def kernel_choice(self) -> str:
         """The kernels whose bits this backend's results carry: attention and the GEMM

@@ -13,10 +13,11 @@
 # token); the GEMM (M = 1: issue 18's 85 % of the copy bandwidth) and attention kernels
 # against their floors; one decode step's kernels and one prefill attention kernel under
 # Nsight Compute (why warps stall); the disk tier's read speed with 16 reader threads;
-# last, the Hopper GEMM's tiles not yet a default,
-# forced (the wide FOLD, which hung in its first version; the decode tile and the 64 x 128
-# tile against WS): their GPU tests and timings, and the engine's decode with both decode
-# tiles off (WS), beside the default.
+# last, the Hopper GEMM's tiles and epilogue not yet a default, forced (the wide FOLD,
+# which hung in its first version; the decode tile and the 64 x 128 tile against WS; the
+# gated SwiGLU epilogue): their GPU tests, the engine with the gated epilogue on (8B and
+# the default model), and the engine's decode with both decode tiles off (WS), beside the
+# default.
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -87,13 +88,36 @@ part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16
 grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
 # last, since the wide FOLD's first version hung: the forced-tile tests (the wide FOLD; the
-# decode and 64 x 128 tiles against WS) and the wide FOLD's timings
-part pending_test 100 env PYTHONUNBUFFERED=1 "$py" -m pytest -m gpu -p no:cacheprovider -ra \
-  tests/test_gemm_sm90_pending_gpu.py
+# decode and 64 x 128 tiles against WS) and the gated (SwiGLU) epilogue's, kernel and engine
+# (the engine test's model: the synthetic stand-in gpu_check.sh makes where the default
+# model cannot be fetched; that script's export does not reach this one)
+model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
+[ -f "$model/config.json" ] || "$py" -c "from reprise.daemon.model.synth import synth_model
+synth_model('smollm2-135m', '$model')"
+part pending_test 100 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
+  -m gpu -p no:cacheprovider -ra tests/test_gemm_sm90_pending_gpu.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
-part pending_bench 50 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
-  --shapes qkv,o,down --wide-fold --out "$OUT/gemm_sm90_pending.json"
-cut -c1-180 "$OUT/pending_bench.out" | tail -14
+# the engine with its MLPs in the gate/up GEMM's gated epilogue (GATED_BY_DEFAULT on in the
+# process), beside the e2e part's default rows: 8B decode and prefill, and against the
+# cuBLAS engine (issue 18's invariant / cuBLAS prefill, 1.28 on 2026-11-28); then the
+# default model's decode beside e2e_default
+part gated_e2e 90 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.GATED_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--sections', 'floors,decode,prefill,kernels,cublas', '--batches', '1,64',
+               '--out', '$OUT/gpu_e2e_gated.json']))"
+grep -E "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|Error" \
+  "$OUT/gated_e2e.out" | cut -c1-150 | head -24
+part gated_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.GATED_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--like', 'smollm2-135m', '--sections', 'decode,kernels', '--batches', '1',
+               '--out', '$OUT/gpu_e2e_gated_default.json']))"
+grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150
 # the engine's decode with both decode tiles off (WS at every M, as before 2026-11-28;
 # gemm_sm90_plan's flags set in the process), beside the e2e part's default rows above:
 # what the decode tile and the 64 x 128 tile give, in one call

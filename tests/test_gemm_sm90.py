@@ -625,6 +625,48 @@ def test_the_backend_picks_the_hopper_kernel_per_weight_never_per_m(
         cupy_backend.CupyBackend(gemm="cublas")
 
 
+
+def test_the_backend_runs_the_mlp_in_the_gated_epilogue_where_the_flag_and_device_allow(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """With GATED_BY_DEFAULT on, a fused gate/up weight the Hopper kernel takes loads packed
+    with its rows interleaved, and `swiglu` is one gated launch; off, on another device, on
+    gemm="mma" or with an odd row count, it loads as any weight and `swiglu` is the
+    product then silu_mul (through `gemm`, which the cuBLAS benchmark's subclass replaces)."""
+    pytest.importorskip("cupy")
+    from reprise.cuda import cupy_backend, gemm_kernel, gemm_sm90_plan
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    calls: list[tuple[str, bool]] = []
+    monkeypatch.setattr(cupy_backend, "to_device", lambda a: a.view(np.uint16))
+    monkeypatch.setattr(launcher, "gemm_sm90", lambda x, w, **kw: calls.append(("wgmma", kw.get("gated", False))) or "y")
+    monkeypatch.setattr(gemm_kernel, "gemm", lambda x, w, **kw: calls.append(("mma", False)) or "y")
+    monkeypatch.setattr(cupy_backend.CupyBackend, "silu_mul",
+                        staticmethod(lambda h: calls.append(("silu_mul", h == "y")) or "a"))  # fmt: skip
+    _, w = operands(rng, 1, 2 * 136, 128)
+    _, odd = operands(rng, 1, 2 * 136 + 1, 128)
+    for flag, arch, family, weight, gated in (
+        (True, "90", None, w, True),
+        (True, "90", "wgmma", w, True),
+        (True, "90", "mma", w, False),
+        (True, "80", None, w, False),
+        (True, "90", None, odd, False),
+        (False, "90", None, w, False),
+    ):
+        monkeypatch.setattr(gemm_sm90_plan, "GATED_BY_DEFAULT", flag)
+        monkeypatch.setattr(launcher, "device_arch", lambda arch=arch: arch)
+        backend = cupy_backend.CupyBackend(gemm=family)
+        loaded = backend.gate_up_weight(weight)
+        packed = isinstance(loaded, PackedWeight)
+        assert (packed and loaded.gated) == gated, (flag, arch, family)
+        if gated:
+            want = prepare_weight(np.ascontiguousarray(interleaved(weight.view(np.uint16))))
+            assert np.array_equal(loaded.data, want.data)
+        calls.clear()
+        assert backend.swiglu(np.zeros((3, 128), np.uint16), loaded) == ("y" if gated else "a")
+        kind = "wgmma" if packed else "mma"
+        assert calls == ([("wgmma", True)] if gated else [(kind, False), ("silu_mul", True)])
+
 # ---- split-K ---------------------------------------------------------------------------
 
 COUNTERS = np.zeros(65536, np.uint32)

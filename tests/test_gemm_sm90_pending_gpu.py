@@ -4,7 +4,9 @@ totals in an fp32 workspace, setmaxnreg 56 / 224; gemm_sm90_plan.WIDE_FOLD_BY_DE
 the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
 "decode_split", DECODE_TILE_BY_DEFAULT) and the 64 x 128 tile (WS_M64: M <= 64, 2 CTAs an
 SM; route "m64_split", M64_TILE_BY_DEFAULT). The two M <= 64 tiles are defaults since they
-passed here on an H200 (2026-11-28); the wide FOLD is not (slower there). A file of its
+passed here on an H200 (2026-11-28); the wide FOLD is not (slower there). And the gated
+(SwiGLU) epilogue (GATED_BY_DEFAULT, built 2026-11-28, not yet run on a GPU): its rows
+against the plain product and silu_mul, and an engine with it against one without. A file of its
 own, run last by scripts/gpu_followup.sh: the wide FOLD's first version hung (a
 setmaxnreg budget over the CTA's register pool), and a hang must not cost the other tests. Skipped without a CUDA device of compute capability 9.0."""
 
@@ -88,3 +90,47 @@ def assert_tile_gives_the_default_rows(rng, k: int, n: int, monkeypatch, flag: s
         assert np.array_equal(got16.view(np.uint16), want16[:m].view(np.uint16)), m
     if split_k(n, k) > 1:
         assert np.array_equal(want.view(np.uint32), fold_of_partials(w, pool).view(np.uint32))
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 28672), (576, 3072), (4096, 2 * 4096)])
+def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product(rng, k: int, n: int) -> None:
+    """The gated (SwiGLU) epilogue (gemm_sm90_plan.GATED_BY_DEFAULT, off until this runs):
+    on Llama-3.1-8B's gate/up shape (S = 1: the 64 x 128, WS and wide tiles), the default
+    model's (S = 3: PARTIAL and FOLD) and a split 8B-like one, at M = 1, 7, 64, 100 and
+    2,048, its [M, N / 2] output bit-equals the plain product followed by the silu_mul
+    kernel, into a poisoned output."""
+    from reprise.cuda import launchers
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+
+    w, pool = weights(rng, n, k), activations(rng, 2048, k)
+    plain, gated = prepare_weight(dev(w)), prepare_weight(dev(w), gated=True)
+    x = dev(pool)
+    for m in (1, 7, 64, 100, 2048):
+        want = host(launchers.silu_mul(gemm_sm90(x[:m], plain)))
+        got = host(gemm_sm90(x[:m], gated, gated=True, out=poisoned((m, n // 2), np.uint16)))
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (k, n, m)
+
+
+@pytest.mark.usefixtures("hopper")
+def test_the_gated_mlp_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model with its MLPs in the gated epilogue (the weights loaded with
+    GATED_BY_DEFAULT on) against the default engine: the same tokens and logits bits,
+    a prompt's prefill, its cached repeat and decode steps replayed as CUDA graphs."""
+    from reprise.cuda import gemm_sm90_plan
+    from reprise.cuda.gemm_sm90_kernel import PackedWeight
+    from reprise.daemon import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, return_logits=True)
+    prompt = np.random.default_rng(3).integers(100, 49000, size=150).tolist()
+    outs = []
+    for flag in (False, True):
+        monkeypatch.setattr(gemm_sm90_plan, "GATED_BY_DEFAULT", flag)
+        engine = Engine.from_pretrained(default_model_dir, backend="cupy", num_device_blocks=64)
+        weight = engine.runner.model.layers[0].gate_up_proj
+        assert (isinstance(weight, PackedWeight) and weight.gated) == flag
+        outs.append([engine.generate(prompt, params) for _ in range(2)])
+        del engine
+    for got, want in zip(outs[1], outs[0], strict=True):
+        assert got.token_ids == want.token_ids
+        assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))

@@ -65,7 +65,7 @@ class LlamaModel:
                 qkv_proj=linear(w.qkv_proj),
                 o_proj=linear(w.o_proj),
                 mlp_norm=backend.from_host(w.mlp_norm),
-                gate_up_proj=linear(w.gate_up_proj),
+                gate_up_proj=backend.gate_up_weight(w.gate_up_proj),
                 down_proj=linear(w.down_proj),
                 qkv_bias=None if w.qkv_bias is None else backend.from_host(w.qkv_bias),
             )
@@ -125,7 +125,7 @@ class LlamaModel:
             attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
             o = ops.gemm(attn.reshape(attn_shape), layer.o_proj)  # attn: [T, heads, head_dim]
             residual, x = ops.add_rmsnorm(residual, o, layer.mlp_norm, eps)
-            mlp = ops.gemm(ops.silu_mul(ops.gemm(x, layer.gate_up_proj)), layer.down_proj)
+            mlp = ops.gemm(ops.swiglu(x, layer.gate_up_proj), layer.down_proj)
             residual, x = ops.add_rmsnorm(residual, mlp, self._next_norm[idx], eps)
         # x is now the final norm's output; only the rows that sample need the lm_head.
         if batch.logit_rows is not None:
