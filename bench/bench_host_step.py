@@ -100,6 +100,11 @@ class NullBackend(NumpyBackend):
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 
     @staticmethod
+    def swiglu(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The gate/up product and silu_mul (one kernel on the GPU with the gated epilogue)."""
+        return np.zeros((x.shape[0], w.shape[0] // 2), dtype=BF16)
+
+    @staticmethod
     def argmax(logits: np.ndarray) -> np.ndarray:
         """Token 0 for every row, what NumPy's argmax gives on the all-zero logits above,
         without scanning them: the greedy choice is a kernel on the GPU (inside a decode
