@@ -62,3 +62,18 @@ def test_integers_of_any_type_become_plain_ints(rng: np.random.Generator) -> Non
         ids, array = ids_of(given)
         assert ids == [int(t) for t in prompt] and {type(t) for t in ids} == {int}
         assert array.dtype == np.int64 and array.tolist() == ids
+
+
+def test_integer_subclasses_are_ids_too() -> None:
+    """What Python takes as an index is an id (an IntEnum member, a 0-d NumPy integer
+    array), as a plain int; a bool is not, whatever it subclasses."""
+    import enum
+
+    class Token(enum.IntEnum):
+        BOS = 1
+        FIVE = 5
+
+    ids, array = ids_of([Token.FIVE, np.array(7), 9])
+    assert ids == [5, 7, 9] and {type(t) for t in ids} == {int} and array.tolist() == ids
+    with pytest.raises(ValueError, match="list of token ids"):
+        ids_of([Token.BOS, True])

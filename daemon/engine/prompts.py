@@ -3,9 +3,10 @@ each one the model or a prompt table can take, in a length the context holds; an
 same check done ahead of the engine loop (`PreparedPrompt`).
 
 Guarantees:
-- `prompt_ids` takes a string or a list or tuple of ints (NumPy integers too, bools
-  not) and returns the ids as plain ints, as a list and as an int64 array, or raises
-  ValueError with one line saying what was wrong and what is allowed.
+- `prompt_ids` takes a string or a list or tuple of integers (what Python takes as an
+  index: ints and their subclasses, NumPy integers; bools not) and returns the ids as
+  plain ints, as a list and as an int64 array, or raises ValueError with one line
+  saying what was wrong and what is allowed.
 - A `PreparedPrompt` (`Engine.prepare_prompt`, safe on any thread) holds that check's
   result, the ids as block keys encode them, and, for a prompt without prompt-table
   ids, the keys of its full blocks under one namespace. An engine takes it only from
