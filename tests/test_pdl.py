@@ -26,7 +26,23 @@ ENTRY = re.compile(r'extern\s+"C"\s+__global__\s[^{;]*\{')  # up to the body's b
 
 # The warp-specialized Hopper GEMM's entry points call pdl_enter() inside the tile
 # function, after its weight prologue (WEIGHT_PROLOGUE below).
-WEIGHT_PROLOGUE_BODIES = ("GEMM_SM90_WS_BODY(", "GEMM_SM90_WS_SPLIT_BODY(")
+WEIGHT_PROLOGUE_BODIES = (
+    "GEMM_SM90_WS_BODY(",
+    "GEMM_SM90_WS_SPLIT_BODY(",
+    "GEMM_SM90_WS_GATED_SPLIT_BODY(",
+)
+
+
+def test_the_weight_prologue_bodies_are_the_warp_specialized_tile() -> None:
+    """Each body the check below lets stand for pdl_enter() expands to gemm_sm90_ws_tile
+    (which waits after its weight prologue) where the kernels are built, and traps elsewhere."""
+    source = (Path(pdl.__file__).parent / "gemm_sm90.cu").read_text()
+    for body in WEIGHT_PROLOGUE_BODIES:
+        macro = body.removesuffix("(")
+        definitions = re.findall(rf"#define {macro}\([^)]*\)\s*\\?\s*\n?\s*(.+)", source)
+        assert len(definitions) == 2, (macro, definitions)  # built, and the __trap() stand-in
+        assert definitions[0].startswith("gemm_sm90_ws_tile<"), (macro, definitions[0])
+        assert definitions[1].startswith("__trap()"), (macro, definitions[1])
 
 
 def test_every_kernel_enters_through_pdl_first() -> None:
