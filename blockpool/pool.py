@@ -213,17 +213,12 @@ class BlockPool(DiskSide):
         """
         now = self._clock()
         freed: list[KVBlock] = []  # at zero references, in the order they join the queue
-        findable = self._index.device.get  # a device block is findable iff the index maps to it
         for block_id in reversed(block_ids):
             if block_id >= self.num_blocks:  # a disk partial's handle (find_partial)
                 del self._disk_partials[block_id]
                 continue
-            block = self.blocks[block_id]  # _release's steps, the queue's part batched
-            assert block.ref_count > 0, f"block {block_id} freed twice"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.block_hash is not None and findable(block.block_hash) is not block:
-                    block.clear_entry()  # a duplicate: its entry lives in another block
+            block = self.blocks[block_id]
+            if self._unref(block):
                 freed.append(block)
         self._queue.append_all(freed, now)
 
@@ -271,16 +266,14 @@ class BlockPool(DiskSide):
                 extra_ids_per_block,
                 namespace or DEFAULT_NAMESPACE,
             )
-        queued: list[KVBlock] = []  # device hits at zero references: they leave the queue
+        device_hits = []
         for entry in hits:
-            if isinstance(entry, KVBlock):  # _hold's steps, the queue's part batched
-                if entry.ref_count == 0:
-                    queued.append(entry)
-                entry.ref_count += 1
+            if isinstance(entry, KVBlock):
+                device_hits.append(entry)
             else:  # pinned, so that onboarding the earlier hits cannot evict it
                 assert isinstance(entry, HostBlock) and self.host_tier is not None
                 self.host_tier.pin(entry)
-        self._queue.remove_all(queued)
+        self._hold_all(device_hits)
         now = self._clock()
         block_ids: list[BlockId] = []
         num_host_hits = 0
@@ -516,17 +509,27 @@ class BlockPool(DiskSide):
         self._index.check()
 
     def _hold(self, block: KVBlock) -> None:
-        if block.ref_count == 0:
-            self._queue.remove(block)
-        block.ref_count += 1
+        self._hold_all((block,))
+
+    def _hold_all(self, blocks: Sequence[KVBlock]) -> None:
+        """One more reference to each block; those at zero leave the queue together."""
+        self._queue.remove_all([block for block in blocks if block.ref_count == 0])
+        for block in blocks:
+            block.ref_count += 1
 
     def _release(self, block: KVBlock, now: float) -> None:
+        if self._unref(block):
+            self._queue.append(block, now)
+
+    def _unref(self, block: KVBlock) -> bool:
+        """Drop one reference; True when none is left (the block is then to be queued)."""
         assert block.ref_count > 0, f"block {block.block_id} freed twice"
         block.ref_count -= 1
-        if block.ref_count == 0:
-            if block.block_hash is not None and not self._index.is_findable(block):
-                block.clear_entry()  # a duplicate: its entry lives in another block
-            self._queue.append(block, now)
+        if block.ref_count:
+            return False
+        if block.block_hash is not None and not self._index.is_findable(block):
+            block.clear_entry()  # a duplicate: its entry lives in another block
+        return True
 
     def _unhold(self, entries: Sequence[CachedBlock], now: float) -> None:
         for entry in reversed(entries):

@@ -139,6 +139,7 @@ def test_the_host_tier_trace_traces_one_call_from_the_host_tier(monkeypatch) -> 
 def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) -> None:
     """`--max-splits 1` runs every projection unsplit (the rule gpu_followup compares on
     the default model's shapes), says so, and leaves the rule as it was afterwards."""
+    from reprise.bench import bench_gpu_e2e
     from reprise.bench.bench_gpu_e2e import projection_splits
     from reprise.cuda import gemm_kernel
     from reprise.daemon.model.synth import synth_config
@@ -155,13 +156,12 @@ def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) 
         assert projection_splits(config) == dict.fromkeys(shapes, 1)
     base = ["--like", "tiny", "--backend", "numpy", "--sections", ""]
     seen = []
-    real = projection_splits.__globals__["projection_splits"]
 
     def spy(cfg):  # type: ignore[no-untyped-def]
         seen.append(gemm_kernel.MAX_SPLITS)  # the rule in force while the run builds
-        return real(cfg)
+        return projection_splits(cfg)
 
-    monkeypatch.setitem(real.__globals__, "projection_splits", spy)
+    monkeypatch.setattr(bench_gpu_e2e, "projection_splits", spy)
     for cap in (None, 1, 3):
         out = tmp_path / f"e2e-{cap}.json"
         extra = [] if cap is None else ["--max-splits", str(cap)]
