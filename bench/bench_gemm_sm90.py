@@ -23,7 +23,10 @@ off: what writing them once and idling a consumer with no row buys at decode); w
 `--decode-tile`, `dec` what `ws` runs with DECODE_TILE_BY_DEFAULT on (the decode tile at
 M <= 64 where WS's grid is under a wave; else the same as `ws`); with `--m64-tile`, `m64`
 what `ws` runs with M64_TILE_BY_DEFAULT on (the 64 x 128 tile, 2 CTAs an SM, at M <= 64;
-else the same as `ws`). Both flags are on by default since 2026-11-28, so at M <= 64 `ws`
+else the same as `ws`); with `--cluster`, `c2` what `ws` runs on its cluster entry point
+(two CTAs along M sharing each weight tile by multicast: gemm_sm90_plan.CLUSTER_BY_DEFAULT,
+not yet a default; NaN where launch_plan pairs no m tiles) and `c2/cuBLAS` its ratio.
+The decode and 64 x 128 tile flags are on by default since 2026-11-28, so at M <= 64 `ws`
 is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
 times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
 the same on gemm.cu built as before 2026-11-27 (gemm_kernel.PAD_ONCE off: its x rows
@@ -127,7 +130,7 @@ def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]
 
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
-    decode_tile: bool = False, m64_tile: bool = False,
+    decode_tile: bool = False, m64_tile: bool = False, cluster: bool = False,
 ) -> tuple[dict[str, float], float]:  # fmt: skip
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -160,6 +163,7 @@ def timings(
         "ws_wide_fold": lambda p: ws_wide_fold(p[0], p[2], out, out_f32),
         "ws_decode_tile": forced(gemm_sm90_plan, "DECODE_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_m64_tile": forced(gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, gemm_sm90, 2),
+        "ws_cluster": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, cluster=True),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
@@ -172,6 +176,8 @@ def timings(
         del fns["ws_decode_tile"]
     if not m64_tile:
         del fns["ws_m64_tile"]
+    if not cluster or launch_plan(m, n, k, out_f32=out_f32, packed=True, cluster=True).cluster == 1:
+        del fns["ws_cluster"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
     for key in [key for key in fns if key != "cublas"]:
@@ -195,19 +201,20 @@ def main() -> None:
     parser.add_argument("--wide-fold", action="store_true", help="time the wide FOLD too")
     parser.add_argument("--decode-tile", action="store_true", help="time the decode tile too")
     parser.add_argument("--m64-tile", action="store_true", help="time the 64 x 128 tile too")
+    parser.add_argument("--cluster", action="store_true", help="time the cluster entry points too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
-          f"{'S gain':>7} {'err':>7}")  # fmt: skip
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'c2/cuBLAS':>9} {'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
         n, k, out_f32 = SHAPES[name]
         flip = True
         for m in rows:
             t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile,
-                             args.m64_tile)  # fmt: skip
+                             args.m64_tile, args.cluster)  # fmt: skip
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -219,8 +226,9 @@ def main() -> None:
                   f"{t.get('ws_wide_fold', float('nan')):8.1f} "
                   f"{t.get('ws_decode_tile', float('nan')):8.1f} "
                   f"{t.get('ws_m64_tile', float('nan')):8.1f} "
+                  f"{t.get('ws_cluster', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
-                  f"{gain:7.2f} {err:7.1e}")  # fmt: skip
+                  f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),
                             "ws_route": route, "us": t, "ws_over_mma": ws_mma,
                             "ws_over_cublas": ws_cublas, "split_gain": gain,

@@ -201,6 +201,41 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
       : "memory");
 }
 
+// ---- clusters (the _c2 entry points: two CTAs along M share each weight tile) ----
+// The same copy, landing at offset `dst` of every CTA of the cluster in `mask` and
+// completing there on the barrier at offset `mbar` (sm_90a).
+__device__ __forceinline__ void bulk_copy_g2s_multicast(unsigned dst, const void* src, unsigned bytes,
+                                                        unsigned mbar, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(mbar), "h"(mask)
+      : "memory");
+}
+
+// An arrival on the barrier at the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_peer(unsigned addr, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(addr),
+      "r"(rank)
+      : "memory");
+}
+
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster (release, then acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The CTA's dynamic shared memory (the emulator gives each CTA of a cluster its own).
+__device__ __forceinline__ unsigned char* cta_smem(unsigned char* smem) { return smem; }
+
 #endif  // GEMM_SM90_ENABLED && !REPRISE_EMULATE_PTX
 
 #ifdef GEMM_SM90_ENABLED
@@ -612,13 +647,33 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
 // WHOLE, FOLD: y is the output; PARTIAL: y is the fp32 workspace [S, M, N], and the
 // tile's last CTA folds it into out (fold_split_partials, common.cuh); FOLD_WS: y is the
 // fp32 workspace [M, N] of the running totals, out the output. Launch geometry as gemm_sm90_tile.
-template <class T, Split MODE, class OutT, class FinalT>
+//
+// CLUSTER = 2 (the _c2 entry points, launched in clusters of two CTAs along x: m tiles
+// 2c and 2c + 1 of the same n tile, WHOLE or FOLD on a two-consumer tile): the two CTAs
+// take the same weight tiles, so each brings half of every k-tile's panels and the bulk
+// copy engine multicasts them into both CTAs' stages (each stage's full barrier still
+// expects the tile's LOAD_BYTES: half from its own producer, half from the peer's). So a
+// stage is refilled only when the consumers of both CTAs are done with it: each
+// consumer thread releases it on its own CTA's empty barrier and on the peer's, which
+// count both CTAs' active consumers. A cluster barrier after the barriers' init (no
+// multicast or remote arrival before the peer's barriers exist) and one before exit (none
+// into a CTA that has left). Why: the tiles' loads come from L2, and at M = 2,048 every
+// large-M launch (128 x 128 FOLD, wide WHOLE) ran at 6.1-6.9 TB/s of it, the same rate
+// whatever the tile (bench/results/2026-11-28-h200): sharing the weight tile halves its
+// L2 reads. The x tile (cp.async, the CTA's own rows) and every MMA are unchanged, so
+// the element's bits are (the invariance argument above). The launcher pairs m tiles
+// that both hold rows (an even number of m tiles), which the kernel checks.
+template <class T, Split MODE, int CLUSTER = 1, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
                                                   OutT* __restrict__ y, FinalT* __restrict__ out,
                                                   unsigned* __restrict__ counters, int M, int N, int K,
                                                   int split_len) {
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && (MODE == Split::WHOLE || MODE == Split::FOLD) &&
+                                  T::CONSUMERS == 2 && (T::BN / 64) % CLUSTER == 0),
+                "clusters of two m tiles, WHOLE or FOLD, each CTA bringing whole panels");
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
+  unsigned char* const smem = cta_smem(gemm_sm90_smem);
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
   if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
   if (MODE == Split::FOLD_WS && (K + split_len - 1) / split_len > FOLD_WS_MAX_SPLITS) __trap();
@@ -629,18 +684,27 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   const int m0 = range.m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
   const int kt_begin = range.kt_begin, num_k_tiles = range.kt_end - range.kt_begin;
   const int panel_tiles = K / T::BK;  // k-tiles of one packed panel
-  const unsigned smem_base = shared_addr(gemm_sm90_smem);
+  const unsigned smem_base = shared_addr(smem);
   if (smem_base % 1024 != 0) __trap();  // the swizzle atoms (ws_chunk_offset) need it
   const unsigned full0 = smem_base + T::BARRIER_OFFSET, empty0 = full0 + T::STAGES * 8;
   // The x rows of this m tile that exist (rows_here, at least 1) and the consumers that
   // own any of them (active); see "Rows past M" above.
   const int rows_here = REPRISE_WS_PAD_ONCE ? min(T::BM, M - m0) : T::BM;
   const int active = (rows_here + 63) / 64;
+  // A cluster: this CTA's rank, and the consumers of the peer (m tile m_tile ^ 1) that
+  // release its stages too. Both m tiles must hold rows (the launcher pairs only such).
+  const unsigned rank = CLUSTER > 1 ? cluster_ctarank() : 0u;
+  int peer_active = 0;
+  if constexpr (CLUSTER > 1) {
+    const int peer_rows = REPRISE_WS_PAD_ONCE ? min(T::BM, M - (range.m_tile ^ 1) * T::BM) : T::BM;
+    if (rows_here < 1 || peer_rows < 1 || gridDim.x % CLUSTER != 0) __trap();
+    peer_active = (peer_rows + 63) / 64;
+  }
 
   if (tid == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
       mbar_init(full0 + s * 8, 128 + 1);    // the producers' copies, thread 0's expect_tx
-      mbar_init(empty0 + s * 8, 128 * active);  // every thread of an active consumer
+      mbar_init(empty0 + s * 8, 128 * (active + peer_active));  // every thread of an active consumer
     }
     mbar_init_fence();
   }
@@ -655,23 +719,31 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
           chunk < pad_x
               ? ws_chunk_offset(rows_here + chunk / T::CHUNKS_PER_ROW, chunk % T::CHUNKS_PER_ROW)
               : T::A_BYTES + T::BN * T::ROW_BYTES + (chunk - pad_x) * 16;
-      *reinterpret_cast<uint4*>(gemm_sm90_smem + stage * T::STAGE_BYTES + offset) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(smem + stage * T::STAGE_BYTES + offset) = make_uint4(0u, 0u, 0u, 0u);
     }
     fence_proxy_async();  // plain stores, read by wgmma
   }
   __syncthreads();
+  if constexpr (CLUSTER > 1) cluster_sync();  // the peer's barriers exist before any copy or arrival reaches them
 
   // Thread 0 of the producer: expect local tile t's weight bytes on its stage's full
-  // barrier and start their bulk copies (the tile's BN / 64 panels).
+  // barrier and start their bulk copies (the tile's BN / 64 panels; in a cluster, the
+  // panels of this CTA's rank, multicast to both CTAs).
   const auto issue_weight = [&](int t) {
     const int s = t % T::STAGES;
     mbar_arrive_expect_tx(full0 + s * 8, T::LOAD_BYTES);
     const long long panel0 = n0 / 64;
 #pragma unroll
-    for (int i = 0; i < T::BN / 64; ++i)
-      bulk_copy_g2s(smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES,
-                    w_packed + ((panel0 + i) * panel_tiles + kt_begin + t) * T::PANEL_BYTES,
-                    T::PANEL_BYTES, full0 + s * 8);
+    for (int i = 0; i < T::BN / 64; ++i) {
+      const unsigned dst = smem_base + s * T::STAGE_BYTES + T::A_BYTES + i * T::PANEL_BYTES;
+      const unsigned char* src = w_packed + ((panel0 + i) * panel_tiles + kt_begin + t) * T::PANEL_BYTES;
+      if constexpr (CLUSTER > 1) {
+        if (i % CLUSTER == static_cast<int>(rank))
+          bulk_copy_g2s_multicast(dst, src, T::PANEL_BYTES, full0 + s * 8, static_cast<unsigned short>((1u << CLUSTER) - 1));
+      } else {
+        bulk_copy_g2s(dst, src, T::PANEL_BYTES, full0 + s * 8);
+      }
+    }
   };
   // The first stages' weight tiles go before this grid waits for the one before it
   // (pdl_enter): the packed weight never changes and lands in this CTA's shared memory
@@ -690,7 +762,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
       if (t >= T::STAGES)  // the consumers released the stage's previous tile, t - STAGES
         while (!mbar_try_wait(empty0 + s * 8, ((t / T::STAGES) + 1) & 1)) {
         }
-      unsigned char* stage = gemm_sm90_smem + s * T::STAGE_BYTES;
+      unsigned char* stage = smem + s * T::STAGE_BYTES;
       if (tid == 0 && t >= T::STAGES) issue_weight(t);  // the first stages' went before
       // The x tile's rows that exist (the rest stay the zeros written at the start).
       if (vec) {
@@ -725,7 +797,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
-    if (MODE != Split::PARTIAL) return;
+    if (MODE != Split::PARTIAL && CLUSTER == 1) return;  // (a cluster's waits below)
   } else if (warpgroup - 1 < active) {  // ---- consumers owning a row below M ----
     // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
     // neither branch: it waits for no stage and releases none, empty[s] counting the
@@ -775,7 +847,10 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
         wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
 #pragma unroll
         for (int j = 0; j < T::N_SUB; ++j) wgmma_fence_operands(acc[j]);
-        if (t > 0) mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
+        if (t > 0) {
+          mbar_arrive(empty0 + ((t - 1) % T::STAGES) * 8);
+          if constexpr (CLUSTER > 1) mbar_arrive_peer(empty0 + ((t - 1) % T::STAGES) * 8, rank ^ 1u);
+        }
       }
     }
     wgmma_wait<0>();
@@ -794,7 +869,10 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   // the first stage's, which no copy or MMA touches any more.
   if constexpr (MODE == Split::PARTIAL)
     fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
-                     reinterpret_cast<unsigned*>(gemm_sm90_smem));
+                     reinterpret_cast<unsigned*>(smem));
+  // A cluster: no CTA leaves while the peer may still multicast into it or arrive on its
+  // barriers (every thread of both: the producers did not return above).
+  if constexpr (CLUSTER > 1) cluster_sync();
 }
 
 // PARTIAL on a cp.async tile: this CTA's partial into the workspace, then the tile's
@@ -849,12 +927,15 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
   gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, y, counters, M, N, K, split_len)
 #define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) \
   gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, gated(y), counters, M, N, K, split_len)
+#define GEMM_SM90_WS_C2_BODY(TILE, MODE, Y, SPLIT_LEN) \
+  gemm_sm90_ws_tile<TILE, MODE, 2>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
 #define GEMM_SM90_SPLIT_BODY(TILE) __trap()
 #define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_SPLIT_BODY(TILE) __trap()
+#define GEMM_SM90_WS_C2_BODY(TILE, MODE, Y, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) __trap()
 #endif
 
@@ -1110,4 +1191,68 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_gated_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
   GEMM_SM90_WS_BODY(Ws, Split::FOLD, gated(y), gated(y), split_len);  // pdl_enter() inside
+}
+
+// Clusters of two CTAs along M sharing each weight tile (gemm_sm90_ws_tile's CLUSTER = 2;
+// gemm_sm90_plan's CLUSTER_BY_DEFAULT): WHOLE on WS and the wide tile, FOLD on WS, each
+// with BF16, fp32 and gated (SwiGLU) output. grid.x (the m tiles) even. Only sm_90a has
+// clusters here (elsewhere the bodies trap and no cluster is declared).
+#if defined(GEMM_SM90_ENABLED) && !defined(REPRISE_EMULATE_PTX)
+#define GEMM_SM90_CLUSTER_OF_2 __cluster_dims__(2, 1, 1)
+#else
+#define GEMM_SM90_CLUSTER_OF_2
+#endif
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                     unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::WHOLE, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                    float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::WHOLE, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::WHOLE, gated(y), 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_wide_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                          unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(WsWide, Split::WHOLE, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_wide_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         float* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(WsWide, Split::WHOLE, y, 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_wide_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                           unsigned short* __restrict__ y, int M, int N, int K) {
+  GEMM_SM90_WS_C2_BODY(WsWide, Split::WHOLE, gated(y), 0);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_fold_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                          unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::FOLD, y, split_len);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_fold_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::FOLD, y, split_len);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_fold_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                           unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_C2_BODY(Ws, Split::FOLD, gated(y), split_len);  // pdl_enter() inside, after the weight prologue
 }

@@ -195,13 +195,14 @@ def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = 
 
 def gemm_sm90(
     x: Any, w: Any, *, out_f32: bool = False, out: Any = None, splits: int | None = None,
-    route: str | None = None, gated: bool = False,
+    route: str | None = None, gated: bool = False, cluster: bool | None = None,
 ) -> Any:  # fmt: skip
     """x: [M, K] uint16 CuPy array holding BF16 bits; w: the [N, K] weight as gemm.gemm
     takes it (the cp.async kernels) or a PackedWeight from `prepare_weight` (the
     warp-specialized kernel; the same bits); -> [M, N] uint16 (BF16) or float32 with
     `out_f32`. `out`, when given, is written and returned. `splits` and `route` as
-    `launch_plan`'s (leave them None but to measure or test a split count or route).
+    `launch_plan`'s (leave them None but to measure or test a split count or route), and
+    `cluster` (None: gemm_sm90_plan.CLUSTER_BY_DEFAULT) too.
     `gated` (a weight `prepare_weight` packed with `gated`, and only such a weight):
     -> [M, N / 2] BF16, silu(gate) * up, the bits of `activation.silu_mul_ref` (the
     silu_mul kernel) of the plain product of the un-interleaved weight.
@@ -233,7 +234,7 @@ def gemm_sm90(
     packed = isinstance(w, PackedWeight)
     plan = launch_plan(
         num_rows, num_cols, k, out_f32=out_f32, packed=packed, num_sms=_num_sms(), route=route,
-        splits=splits, gated=gated,
+        splits=splits, gated=gated, cluster=cluster,
     )  # fmt: skip
     weight = w.data if packed else w
     dims = (np.int32(num_rows), np.int32(num_cols), np.int32(k))

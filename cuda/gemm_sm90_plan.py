@@ -10,7 +10,7 @@ element in the same order, and folds a split weight's partials in the same order
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .gemm_kernel import num_splits, split_k, split_length
 
@@ -163,6 +163,7 @@ class Sm90Launch:
     workspace: bool  # PARTIAL: the [S, M, N] fp32 partials and the tile counters
     totals: bool = False  # the wide FOLD: the [M, N] fp32 running totals
     gated: bool = False  # the SwiGLU epilogue: y is [M, N / 2] (gemm_sm90.cu's gated entry points)
+    cluster: int = 1  # CTAs a cluster along M sharing each weight tile (2: a `_c2` entry point)
 
 
 # The split routes (S > 1) by the kernel they run: (config, route).
@@ -201,12 +202,43 @@ M64_TILE_BY_DEFAULT = True
 # test_gemm_sm90.py); off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
 # gpu_followup's `gated_e2e`).
 GATED_BY_DEFAULT = False
+# Whether launch_plan takes the cluster entry points (`_c2`: two CTAs along M, m tiles 2c
+# and 2c + 1 of one n tile, each bringing half of every weight tile and multicasting it to
+# both; gemm_sm90.cu's CLUSTER = 2) for WHOLE on WS and the wide tile and for FOLD on WS,
+# where the m tiles are even in number (`cluster_pairs`). Why: at M = 2,048 on an H200
+# (2026-11-28) the 128 x 128 FOLD and the wide WHOLE both ran at 6.1-6.9 TB/s of shared
+# tiles read from L2, whatever the tile, which suggests L2 bandwidth is their bound;
+# sharing the weight tile cuts a CTA's L2 reads by a quarter (128 x 128: 32 to 24 KB a
+# k-tile) or a third (wide: 48 to 32). The same wgmma per element in the same order, so
+# the same bits (emulated: tests/test_gemm_sm90.py). Off until a GPU has run it
+# (tests/test_gemm_sm90_pending_gpu.py, gpu_followup's `cluster` parts).
+CLUSTER_BY_DEFAULT = False
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
+
+
+def cluster_pairs(config: Sm90Config | Sm90WsConfig, kind: str, m: int, n: int) -> bool:
+    """Whether a launch of `config` (route kind "whole" or "fold") has a cluster entry point
+    to take: a two-consumer warp-specialized tile (WS, or the wide one WHOLE) on an even
+    number of m tiles (so each cluster's two m tiles both hold rows)."""
+    tiles = grid(config, m, n)[0]
+    two_consumers = config is WS or (config is WS_WIDE and kind == "whole")
+    return two_consumers and tiles % 2 == 0
+
+
+def _clustered(launch: Sm90Launch, config: Sm90Config | Sm90WsConfig, kind: str, m: int, n: int,
+               cluster: bool | None) -> Sm90Launch:  # fmt: skip
+    """`launch` on its cluster entry point where `cluster` (None: CLUSTER_BY_DEFAULT)
+    asks for one and `cluster_pairs` allows it; else `launch` as it is."""
+    wanted = CLUSTER_BY_DEFAULT if cluster is None else cluster
+    if not wanted or not cluster_pairs(config, kind, m, n):
+        return launch
+    return replace(launch, kernel=f"{launch.kernel}_c2", cluster=2)
 
 
 def launch_plan(
     m: int, n: int, k: int, *, out_f32: bool, packed: bool, num_sms: int = H100_SMS,
     route: str | None = None, splits: int | None = None, gated: bool = False,
+    cluster: bool | None = None,
 ) -> Sm90Launch:  # fmt: skip
     """The launch `gemm_sm90` makes for an [M, K] x [N, K] product, M, N > 0: with
     S = split_k(N, K) = 1, WHOLE on `tile_config` (or the warp-specialized kernel for a
@@ -217,7 +249,9 @@ def launch_plan(
     only comparable across calls that split it alike) must cut K exactly; 1 forces WHOLE.
     `gated`: the SwiGLU epilogue's entry point of the same tile and route (a packed
     weight, BF16 out, N even; not the wide FOLD), the same geometry: it changes what a
-    CTA stores, never what it sums."""
+    CTA stores, never what it sums. `cluster` (None: CLUSTER_BY_DEFAULT): the same launch
+    on its cluster entry point where `cluster_pairs` allows one (`Sm90Launch.cluster`
+    says which ran); the same geometry and bits."""
     if gated:
         if not packed or out_f32 or n % 2:
             raise ValueError(
@@ -242,10 +276,11 @@ def launch_plan(
             config.kernel_name(out_f32, gated) if isinstance(config, Sm90WsConfig)
             else config.kernel_name(out_f32)
         )  # fmt: skip
-        return Sm90Launch(
+        whole = Sm90Launch(
             name, grid(config, m, n), config.num_threads, config.smem_bytes, 1, 0, False,
             gated=gated,
         )  # fmt: skip
+        return _clustered(whole, config, "whole", m, n, cluster)
     if route is None:
         small = m <= (WS.block_m if packed else WG1.block_m)
         if not packed:
@@ -277,10 +312,11 @@ def launch_plan(
         wide = config is WS_WIDE
         if wide and m * n > INT32_MAX:
             raise ValueError(f"M * N must fit in int32; got {m} * {n}")
-        return Sm90Launch(
+        fold = Sm90Launch(
             name, tiles, config.num_threads, config.smem_bytes, splits, length, False, wide,
             gated=gated,
         )  # fmt: skip
+        return _clustered(fold, config, "fold", m, n, cluster)
     if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
         raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
     if tiles[0] * tiles[1] > MAX_COUNTERS:

@@ -152,8 +152,9 @@ def _expand(path: Path, expanded: set[str]) -> str:
 
 
 def kernel_names(source: str) -> list[str]:
-    """The `extern "C" __global__` entry points a source declares."""
-    bounds = r"(?:__launch_bounds__\([^)]*\)\s*)?"
+    """The `extern "C" __global__` entry points a source declares (after `void`, launch
+    bounds and attribute macros such as gemm_sm90.cu's GEMM_SM90_CLUSTER_OF_2 may stand)."""
+    bounds = r"(?:(?:__launch_bounds__\([^)]*\)|[A-Z][A-Z0-9_]+)\s*)*"
     return re.findall(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}(\w+)\s*\(', source)
 
 

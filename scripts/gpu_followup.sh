@@ -15,9 +15,9 @@
 # Nsight Compute (why warps stall); the disk tier's read speed with 16 reader threads;
 # last, the Hopper GEMM's tiles and epilogue not yet a default, forced (the wide FOLD,
 # which hung in its first version; the decode tile and the 64 x 128 tile against WS; the
-# gated SwiGLU epilogue): their GPU tests, the engine with the gated epilogue on (8B and
-# the default model), and the engine's decode with both decode tiles off (WS), beside the
-# default.
+# gated SwiGLU epilogue; the cluster entry points): their GPU tests, the engine with the
+# gated epilogue on (8B and the default model) and with the clusters on (8B prefill), and
+# the engine's decode with both decode tiles off (WS), beside the default.
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -29,9 +29,9 @@ py=$python
 part check 180 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
   tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
-part sm90 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
-  --out "$OUT/gemm_sm90.json"
-cut -c1-175 "$OUT/sm90.out" | tail -26
+part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
+  --cluster --out "$OUT/gemm_sm90.json"
+cut -c1-190 "$OUT/sm90.out" | tail -26
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
@@ -105,6 +105,19 @@ sys.exit(main(['--sections', 'floors,decode,prefill,kernels,cublas', '--batches'
                '--out', '$OUT/gpu_e2e_gated.json']))"
 grep -E "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|Error" \
   "$OUT/gated_e2e.out" | cut -c1-150 | head -24
+# the engine with the cluster entry points on (CLUSTER_BY_DEFAULT in the process: two CTAs
+# along M multicasting each weight tile, for every prefill product of an even count of m
+# tiles), beside the e2e part's rows: 8B prefill and against the cuBLAS engine (issue 18's
+# invariant / cuBLAS prefill, and the sm90 part's c2 column for the GEMMs alone)
+part cluster_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.CLUSTER_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--sections', 'floors,prefill,cublas', '--batches', '1',
+               '--out', '$OUT/gpu_e2e_cluster.json']))"
+grep -E "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
+  "$OUT/cluster_e2e.out" | cut -c1-150 | head -24
 part gated_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
 import sys
 from reprise.cuda import gemm_sm90_plan as plan

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -1116,3 +1117,113 @@ def test_the_source_declares_every_gated_entry_point() -> None:
     assert len(names) == 8
     for name in names:
         assert f"\n{name}(" in source and f'"{name}"' in driver, name
+
+
+# ---- clusters: two CTAs along M sharing each weight tile (the _c2 entry points) ----------
+
+
+def cluster_cases() -> list[tuple[int, int, int, int]]:
+    """(M, N, K, SMs) whose launch_plan (cluster=True) takes a cluster entry point: WS
+    WHOLE (S = 1, the wide tile's grid under a wave), the wide WHOLE (2 SMs: its grid
+    fills them), and WS FOLD (a split weight); at M = 130 the second m tile holds 2 rows
+    (one active consumer of two), at 256 two whole tiles, at 512 two clusters along M."""
+    return [(130, 200, 128, 132), (256, 272, 192, 132), (130, 272, 192, 2), (512, 200, 128, 2),
+            (130, 272, 1024, 132), (256, 200, 640, 132), (512, 272, 1024, 132)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cluster_cases(), ids=lambda c: "x".join(map(str, c)))
+def test_cluster_entry_points_give_the_bits_of_the_single_cta_launch(
+    lib: ctypes.CDLL, rng: np.random.Generator, case: tuple[int, int, int, int]
+) -> None:
+    """Each cluster entry point (BF16, fp32 and gated out; WHOLE on WS and the wide tile,
+    FOLD on WS) bit-equals the same launch without the cluster, emulated with the second
+    CTA of each cluster started and run as late as a GPU may (kernel_emu's run_cta: so a
+    missing cluster barrier or a release left out deadlocks or reads a CTA that left)."""
+    m, n, k, sms = case
+    x, w = operands(rng, m, n, k)
+    for out_f32, gated in ((False, False), (True, False), (False, True)):
+        single = launch_plan(m, n, k, out_f32=out_f32, packed=True, num_sms=sms, gated=gated,
+                             cluster=False)  # fmt: skip
+        paired = launch_plan(m, n, k, out_f32=out_f32, packed=True, num_sms=sms, gated=gated,
+                             cluster=True)  # fmt: skip
+        assert (single.cluster, paired.cluster) == (1, 2)
+        assert paired.kernel == f"{single.kernel}_c2"
+        assert (paired.grid, paired.threads, paired.smem_bytes, paired.split_len) == (
+            single.grid, single.threads, single.smem_bytes, single.split_len)  # fmt: skip
+        if gated:
+            want = emulated_gated(lib, single, x, w)
+            got = emulated_gated(lib, paired, x, w)
+        else:
+            if single.splits == 1:
+                wide = single.kernel.endswith("_wide")
+                want = emulated_ws(lib, x, w, out_f32=out_f32, wide=wide)
+            else:
+                want = emulated_plan(lib, single, x, w, out_f32=out_f32)
+            got = emulated_plan(lib, paired, x, w, out_f32=out_f32)
+            check_twin(got, x, w, out_f32=out_f32)
+        assert np.array_equal(bits(got), bits(want)), (paired.kernel, m, n, k)
+
+
+def test_a_cluster_launch_of_an_odd_grid_is_refused(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    """The emulation's driver refuses a cluster entry point on an odd grid.x (return 4), as
+    a GPU refuses a grid that is not whole clusters; launch_plan never makes one."""
+    x, w = operands(rng, 300, 200, 128)
+    single = launch_plan(300, 200, 128, out_f32=False, packed=True, cluster=True)
+    assert single.grid[0] == 3 and single.cluster == 1  # three m tiles: no pairs
+    plan = replace(single, kernel=f"{single.kernel}_c2", cluster=2)
+    packed = prepare_weight(w.view(np.uint16))
+    y = poisoned((300 * 200,), np.uint16)
+    rc = lib.run_gemm_sm90_split(
+        plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+        ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), None, ptr(y), None,
+        300, 200, 128, 0,
+    )  # fmt: skip
+    assert rc == 4
+    assert np.array_equal(bits(y), bits(poisoned((300 * 200,), np.uint16)))  # nothing ran
+
+
+def test_launch_plan_takes_a_cluster_only_where_two_m_tiles_share_a_weight_tile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off by default (CLUSTER_BY_DEFAULT); asked for, or with the flag on, a cluster runs
+    exactly where the launch is WS (WHOLE or FOLD) or the wide WHOLE on an even number of
+    m tiles: never at M <= 128 (one m tile), on the decode tiles, the wide FOLD, the
+    cp.async kernels or an odd count of m tiles; the launch is otherwise the same."""
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    for name, (n, k) in {**LLAMA_8B, "lm_head": LM_HEAD_8B}.items():
+        for m in (1, 64, 65, 128, 129, 300, 512, 2048):
+            base = launch_plan(m, n, k, out_f32=False, packed=True)
+            assert base.cluster == 1 and not base.kernel.endswith("_c2")  # the default: off
+            asked = launch_plan(m, n, k, out_f32=False, packed=True, cluster=True)
+            suffix = base.kernel.removeprefix("gemm_sm90_ws_bf16")
+            pairs = suffix in ("", "_wide", "_fold") and base.grid[0] % 2 == 0
+            assert not pairs or m > 128, (name, m, base.kernel)
+            assert asked.cluster == (2 if pairs else 1), (name, m, base.kernel)
+            assert asked.kernel == base.kernel + ("_c2" if asked.cluster == 2 else "")
+            assert replace(asked, kernel=base.kernel, cluster=1) == base
+            plain = launch_plan(m, n, k, out_f32=False, packed=False, cluster=True)
+            assert plain.cluster == 1  # the cp.async kernels have no cluster
+    wide_fold = launch_plan(2048, 4096, 4096, out_f32=False, packed=True, route="wide_fold",
+                            cluster=True)  # fmt: skip
+    assert wide_fold.cluster == 1
+    monkeypatch.setattr(geometry, "CLUSTER_BY_DEFAULT", True)
+    assert launch_plan(2048, 6144, 4096, out_f32=False, packed=True).kernel.endswith("_fold_c2")
+    assert launch_plan(2048, 6144, 4096, out_f32=False, packed=True, cluster=False).cluster == 1
+
+
+def test_the_source_and_the_driver_declare_every_cluster_entry_point() -> None:
+    """Each cluster launch launch_plan can name is an entry point of gemm_sm90.cu, declared
+    in clusters of two, and of the emulation's driver."""
+    source = (Path(__file__).parents[1] / "cuda" / "gemm_sm90.cu").read_text()
+    driver = (EMU / "driver_sm90.cpp").read_text()
+    names = set()
+    for m, n, k, sms in cluster_cases():
+        for out_f32, gated in ((False, False), (True, False), (False, True)):
+            names.add(launch_plan(m, n, k, out_f32=out_f32, packed=True, num_sms=sms,
+                                  gated=gated, cluster=True).kernel)  # fmt: skip
+    assert len(names) == 9
+    for name in names:
+        assert f"GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)\n{name}(" in source, name
+        assert f'"{name}"' in driver, name
+    assert "#define GEMM_SM90_CLUSTER_OF_2 __cluster_dims__(2, 1, 1)" in source

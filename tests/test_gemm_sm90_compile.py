@@ -46,6 +46,17 @@ GATED = {
     },
 }
 ENTRY_POINTS += list(GATED)
+# The cluster entry points (two CTAs along M sharing each weight tile): WHOLE on WS and the
+# wide tile, FOLD on WS, with BF16, fp32 and gated output.
+CLUSTER = {
+    f"{name}_c2": c
+    for c in (WS, WS_WIDE)
+    for name in (c.kernel_name(False), c.kernel_name(True), c.kernel_name(False, gated=True))
+} | {
+    f"{name}_fold_c2": WS
+    for name in (WS.kernel_name(False), WS.kernel_name(True), WS.kernel_name(False, gated=True))
+}
+ENTRY_POINTS += list(CLUSTER)
 
 pytestmark = pytest.mark.kernels
 
@@ -89,6 +100,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
         }
     )
     configs.update(GATED)
+    configs.update(CLUSTER)
     assert sorted(resources) == sorted(ENTRY_POINTS)
     for name, used in resources.items():
         config = configs[name]
@@ -131,6 +143,10 @@ def test_the_sass_runs_on_warpgroup_mma(cubin: bytes, tmp_path: Path) -> None:
         if name.startswith("gemm_sm90_ws_"):
             assert "UBLKCP" in text, name  # the bulk copies of the packed weight
             assert "SYNCS.PHASECHK" in text and "ARRIVES.LDGSTSBAR" in text, name  # mbarriers
+        # the cluster entry points multicast their weight panels and wait at cluster
+        # barriers; no other does either
+        clustered = "UBLKCP.S.G.MULTICAST" in text and "UCGABAR_WAIT" in text
+        assert clustered == (name in CLUSTER), name
 
 
 def test_the_no_swizzle_layout_builds_too() -> None:

@@ -6,7 +6,10 @@ the decode tile (WS_DECODE: M <= 64, 64 columns a CTA, 2 CTAs an SM; route
 SM; route "m64_split", M64_TILE_BY_DEFAULT). The two M <= 64 tiles are defaults since they
 passed here on an H200 (2026-11-28); the wide FOLD is not (slower there). And the gated
 (SwiGLU) epilogue (GATED_BY_DEFAULT, built 2026-11-28, not yet run on a GPU): its rows
-against the plain product and silu_mul, and an engine with it against one without. A file of its
+against the plain product and silu_mul, and an engine with it against one without. And the
+cluster entry points (CLUSTER_BY_DEFAULT, built 2026-11-28, not yet run on a GPU: two CTAs
+along M multicasting each weight tile to both): their rows against the single-CTA launch's,
+and an engine with them against one without. A file of its
 own, run last by scripts/gpu_followup.sh: the wide FOLD's first version hung (a
 setmaxnreg budget over the CTA's register pool), and a hang must not cost the other tests. Skipped without a CUDA device of compute capability 9.0."""
 
@@ -130,6 +133,56 @@ def test_the_gated_mlp_changes_no_logit(default_model_dir, monkeypatch) -> None:
         weight = engine.runner.model.layers[0].gate_up_proj
         assert (isinstance(weight, PackedWeight) and weight.gated) == flag
         outs.append([engine.generate(prompt, params) for _ in range(2)])
+        del engine
+    for got, want in zip(outs[1], outs[0], strict=True):
+        assert got.token_ids == want.token_ids
+        assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096),
+                                  (576, 3072)])  # fmt: skip
+def test_cluster_entry_points_give_the_single_cta_rows(rng, k: int, n: int) -> None:
+    """The cluster entry points (two CTAs along M sharing each weight tile by multicast;
+    gemm_sm90_plan.CLUSTER_BY_DEFAULT, off until this runs) on Llama-3.1-8B's shapes (FOLD on
+    the split qkv, o and down; the wide WHOLE on gate_up) and the default model's gate/up
+    (FOLD, S = 3), at M = 256, 512 and 2,048, BF16 and fp32 out: bit-equal to the same
+    launch without the cluster, every element written (into a poisoned output); and a
+    row of M = 2,048 equal to the same row computed alone (M = 1)."""
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
+
+    w, pool = weights(rng, n, k), activations(rng, 2048, k)
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    for m in (256, 512, 2048):
+        assert launch_plan(m, n, k, out_f32=False, packed=True, cluster=True).cluster == 2
+        for out_f32, dtype in ((False, np.uint16), (True, np.float32)):
+            want = host(gemm_sm90(x[:m], packed, out_f32=out_f32, cluster=False))
+            got = host(gemm_sm90(x[:m], packed, out_f32=out_f32, cluster=True,
+                                 out=poisoned((m, n), dtype)))  # fmt: skip
+            assert np.array_equal(got.view(dtype), want.view(dtype)), (k, n, m, out_f32)
+    alone = host(gemm_sm90(x[2047:2048], packed, out_f32=True))
+    assert np.array_equal(alone.view(np.uint32), got[2047:2048].view(np.uint32))
+
+
+@pytest.mark.usefixtures("hopper")
+def test_the_clustered_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model with CLUSTER_BY_DEFAULT on against the default engine: the same
+    tokens and logits bits for a prompt long enough that its prefill's projections run
+    clustered (M = 300: three m tiles, so unpaired; 600: five; 1,024: eight, paired), its
+    cached repeat and decode steps (never clustered: one m tile)."""
+    from reprise.cuda import gemm_sm90_plan
+    from reprise.daemon import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, return_logits=True)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(100, 49000, size=size).tolist() for size in (300, 600, 1024)]
+    outs = []
+    for flag in (False, True):
+        monkeypatch.setattr(gemm_sm90_plan, "CLUSTER_BY_DEFAULT", flag)
+        engine = Engine.from_pretrained(default_model_dir, backend="cupy", num_device_blocks=256,
+                                        max_num_batched_tokens=1024)  # fmt: skip
+        outs.append([engine.generate(p, params) for p in prompts for _ in range(2)])
         del engine
     for got, want in zip(outs[1], outs[0], strict=True):
         assert got.token_ids == want.token_ids

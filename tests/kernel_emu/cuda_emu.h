@@ -1,6 +1,7 @@
 // Host emulation of the CUDA our kernels use, for tests/test_kernels_emulated.py.
 //
-// A launch runs one CTA at a time on the calling thread, its threads as fibers
+// A launch runs one CTA at a time (or, for a kernel launched in clusters, one cluster's
+// CTAs together: g_cluster_x) on the calling thread, its threads as fibers
 // (coroutines with stacks of their own): each runs until it reaches a barrier or returns, then the next; a
 // __syncthreads releases once every thread still running waits at one, a __syncwarp
 // once every such lane of its warp does (a thread that returned waits for nothing, as
@@ -80,7 +81,17 @@ inline bool g_reversed_ctas = false;
 inline const unsigned* g_cta_order = nullptr;
 constexpr int kMaxThreads = 1024;
 constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
-enum class Wait : unsigned char { kRunning, kWarp, kBlock, kDone };
+enum class Wait : unsigned char { kRunning, kWarp, kBlock, kCluster, kDone };
+// Clusters (a kernel with __cluster_dims__(g_cluster_x, 1, 1)): that many CTAs along x run
+// together, their threads fibers of one scheduler, fiber t being thread t % blockDim.x of
+// the cluster's CTA t / blockDim.x (its rank). g_thread and g_rank are the running fiber's:
+// per-thread emulator state is indexed by g_thread, not threadIdx.x, so the CTAs of a
+// cluster never share it; g_on_switch (if set) is told the rank at every switch (the
+// driver points the shared-memory window at that CTA's own).
+inline unsigned g_cluster_x = 1;
+inline unsigned g_thread = 0;
+inline unsigned g_rank = 0;
+inline void (*g_on_switch)(unsigned rank) = nullptr;
 
 // Switching between a CTA's threads: on x86-64 a stack switch that saves only the
 // callee-saved registers (a function call's contract; ~10 ns), elsewhere ucontext
@@ -137,11 +148,13 @@ inline void start_context(Context& c, char* stack, void (*entry)(), Context& bac
 #endif
 
 struct Cta {
-  int threads = 0;
+  int threads = 0;  // a CTA's (blockDim.x)
+  int ctas = 1;     // CTAs running together (a cluster's)
+  unsigned base_x = 0;  // the first CTA's blockIdx.x
   Context scheduler;
   Context context[kMaxThreads];
   Wait wait[kMaxThreads];
-  unsigned int slots[32][32];  // a warp's shuffle and ballot exchange, [warp][lane]
+  unsigned int slots[32][32];  // a warp's shuffle and ballot exchange, [fiber / 32][lane]
   void (*run)(void*) = nullptr;
   void* kernel = nullptr;
 };
@@ -149,7 +162,7 @@ inline Cta g_cta;
 inline char* g_stacks[kMaxThreads];  // allocated on first use, kept for later launches
 
 inline void arrive(Wait at) {
-  const unsigned t = threadIdx.x;
+  const unsigned t = g_thread;
   g_cta.wait[t] = at;
   switch_to(g_cta.context[t], g_cta.scheduler);
 }
@@ -160,23 +173,33 @@ inline void thread_main() {
   std::abort();
 }
 
-// Release the barrier every waiting thread can pass; false when none can (a deadlock).
-inline bool release() {
-  const int n = g_cta.threads;
-  bool all_block = true, any_block = false;
-  for (int t = 0; t < n; ++t) {
+// Release the waiters of barrier `at` among fibers [first, last) if every fiber there
+// still running waits at it; true if it released any.
+inline bool release_group(int first, int last, Wait at) {
+  bool all = true, any = false;
+  for (int t = first; t < last; ++t) {
     if (g_cta.wait[t] == Wait::kDone) continue;
-    any_block |= g_cta.wait[t] == Wait::kBlock;
-    all_block &= g_cta.wait[t] == Wait::kBlock;
+    any |= g_cta.wait[t] == at;
+    all &= g_cta.wait[t] == at;
   }
-  if (any_block && all_block) {
-    for (int t = 0; t < n; ++t)
-      if (g_cta.wait[t] == Wait::kBlock) g_cta.wait[t] = Wait::kRunning;
-    return true;
-  }
+  if (!any || !all) return false;
+  for (int t = first; t < last; ++t)
+    if (g_cta.wait[t] == at) g_cta.wait[t] = Wait::kRunning;
+  return true;
+}
+
+// Release the barrier every waiting thread can pass; false when none can (a deadlock).
+// A __syncthreads is its CTA's, a barrier.cluster the cluster's (every CTA's threads).
+inline bool release() {
+  const int n = g_cta.threads * g_cta.ctas;
+  if (release_group(0, n, Wait::kCluster)) return true;
   bool released = false;
-  for (int w = 0; 32 * w < n; ++w) {
-    const int first = 32 * w, last = min(n, first + 32);
+  for (int c = 0; c < g_cta.ctas; ++c)
+    released |= release_group(c * g_cta.threads, (c + 1) * g_cta.threads, Wait::kBlock);
+  if (released) return true;
+  for (int c = 0; c < g_cta.ctas; ++c)
+    for (int w = 0; 32 * w < g_cta.threads; ++w) {
+    const int first = c * g_cta.threads + 32 * w, last = min((c + 1) * g_cta.threads, first + 32);
     bool all_warp = true, any_warp = false;
     for (int t = first; t < last; ++t) {
       if (g_cta.wait[t] == Wait::kDone) continue;
@@ -188,7 +211,7 @@ inline bool release() {
         if (g_cta.wait[t] == Wait::kWarp) g_cta.wait[t] = Wait::kRunning;
       released = true;
     }
-  }
+    }
   return released;
 }
 
@@ -197,55 +220,100 @@ inline bool release() {
 inline bool g_progress = false;
 inline int g_idle_rounds = 0;
 inline void yield() {
-  const unsigned t = threadIdx.x;
+  const unsigned t = g_thread;
   g_cta.wait[t] = Wait::kRunning;
   switch_to(g_cta.context[t], g_cta.scheduler);
 }
 inline void progress() { g_progress = true; }
 
-// Run the current CTA's threads until every one has returned.
+// Whether CTA `rank` of the running cluster has a thread that has not returned (its
+// shared memory and barriers still exist: nothing may copy or arrive into them after).
+inline bool cta_live(unsigned rank) {
+  for (int t = static_cast<int>(rank) * g_cta.threads; t < static_cast<int>(rank + 1) * g_cta.threads; ++t)
+    if (g_cta.wait[t] != Wait::kDone) return true;
+  return false;
+}
+
+// Make fiber t the running thread: its threadIdx, blockIdx and rank.
+inline void enter(int t) {
+  g_thread = static_cast<unsigned>(t);
+  g_rank = static_cast<unsigned>(t / g_cta.threads);
+  threadIdx = {static_cast<unsigned>(t % g_cta.threads), 0, 0};
+  blockIdx.x = g_cta.base_x + g_rank;
+  if (g_on_switch != nullptr) g_on_switch(g_rank);
+}
+
+// Run the current CTA's (or cluster's) threads until every one has returned.
+//
+// A cluster's CTAs run one at a time, each as far as it can go: CTA r's threads until
+// they can go no further without another CTA (a barrier or a spin-wait only another can
+// release, seen as 50 rounds without progress), then the next CTA's that can run. So the
+// first CTA runs ahead of the second as far as the kernel lets it: a kernel that reaches
+// a CTA before that CTA has set itself up (a copy or an arrival on barriers it has not
+// initialised), or that leaves while its peer still copies or arrives into it
+// (cluster_smem_at), fails here, as it might on a GPU whose CTAs start and run apart.
 inline void run_cta() {
-  const int n = g_cta.threads;
+  const int n = g_cta.threads * g_cta.ctas;
   for (int t = 0; t < n; ++t) {
     if (g_stacks[t] == nullptr) g_stacks[t] = new char[kStackBytes];
     start_context(g_cta.context[t], g_stacks[t], thread_main, g_cta.scheduler);
     g_cta.wait[t] = Wait::kRunning;
   }
+  const int patience = g_cta.ctas > 1 ? 50 : 1000;  // idle rounds before a CTA counts as stuck
+  int active = 0;  // the CTA whose threads run (a cluster's: one at a time)
+  int stuck = 0;   // CTAs in a row found stuck since the last progress
   for (;;) {
     bool done = true;
-    for (int t = 0; t < n; ++t) {
+    const int first = active * g_cta.threads, last = first + g_cta.threads;
+    for (int t = first; t < last; ++t) {
       if (g_cta.wait[t] != Wait::kRunning) continue;
-      threadIdx = {(unsigned)t, 0, 0};
+      enter(t);
       switch_to(g_cta.scheduler, g_cta.context[t]);
     }
     for (int t = 0; t < n; ++t) done &= g_cta.wait[t] == Wait::kDone;
     if (done) return;
     // Threads that yielded (spin-waits: yield() below) run again next round, as long
-    // as some thread made progress (`g_progress`) within the last 1000 rounds.
+    // as some thread made progress (`g_progress`) within the last `patience` rounds.
     bool yielded = false;
-    for (int t = 0; t < n; ++t) yielded |= g_cta.wait[t] == Wait::kRunning;
+    for (int t = first; t < last; ++t) yielded |= g_cta.wait[t] == Wait::kRunning;
     if (yielded && g_progress) {
       g_progress = false;
       g_idle_rounds = 0;
+      stuck = 0;
       continue;
     }
-    if (yielded && ++g_idle_rounds < 1000) continue;
+    if (yielded && ++g_idle_rounds < patience) continue;
     g_idle_rounds = 0;
-    if (!release()) {
-      std::fprintf(stderr, "deadlock in block (%u, %u): threads wait at barriers no other thread reaches:",
-                   blockIdx.x, blockIdx.y);
-      for (int t = 0; t < n; ++t)
-        if (g_cta.wait[t] != Wait::kDone)
-          std::fprintf(stderr, " %d:%s", t, g_cta.wait[t] == Wait::kWarp ? "syncwarp" : "syncthreads");
-      std::fprintf(stderr, "\n");
-      std::abort();
+    if (release()) {
+      stuck = 0;
+      continue;
     }
+    // This CTA can go no further alone: run the next one that has a thread to run.
+    if (g_cta.ctas > 1 && ++stuck < 2 * 1000 / patience * g_cta.ctas) {
+      do active = (active + 1) % g_cta.ctas;
+      while (!cta_live(static_cast<unsigned>(active)));
+      g_progress = false;
+      continue;
+    }
+    std::fprintf(stderr, "deadlock in block (%u, %u): threads wait at barriers no other thread reaches:",
+                 blockIdx.x, blockIdx.y);
+    for (int t = 0; t < n; ++t)
+      if (g_cta.wait[t] != Wait::kDone)
+        std::fprintf(stderr, " %d:%s", t,
+                     g_cta.wait[t] == Wait::kWarp    ? "syncwarp"
+                     : g_cta.wait[t] == Wait::kBlock ? "syncthreads"
+                     : g_cta.wait[t] == Wait::kCluster ? "barrier.cluster"
+                                                       : "spin");
+    std::fprintf(stderr, "\n");
+    std::abort();
   }
 }
 }  // namespace emu
 
 inline void __syncthreads() { emu::arrive(emu::Wait::kBlock); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::arrive(emu::Wait::kWarp); }
+// barrier.cluster.arrive + barrier.cluster.wait: every thread of every CTA of the cluster.
+inline void emu_cluster_barrier() { emu::arrive(emu::Wait::kCluster); }
 // One CTA runs at a time, on one host thread: a fence orders nothing more, an atomic is a
 // plain read-modify-write, and a load that bypasses L1 is a load.
 inline void __threadfence() {}
@@ -257,7 +325,7 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
 inline float __ldcg(const float* p) { return *p; }
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = emu::g_thread / 32, lane = threadIdx.x % 32;
   unsigned u;
   std::memcpy(&u, &v, 4);
   emu::g_cta.slots[w][lane] = u;
@@ -275,7 +343,7 @@ template <class T> inline T __shfl_up_sync(unsigned, T v, int off) {
   return exchange(v, lane >= off ? lane - off : lane);
 }
 inline unsigned __ballot_sync(unsigned, int pred) {
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = emu::g_thread / 32, lane = threadIdx.x % 32;
   emu::g_cta.slots[w][lane] = pred ? 1u : 0u;
   __syncwarp();
   unsigned r = 0;
@@ -285,23 +353,35 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
 
-// Run `kernel()` for every CTA of `grid` with `threads` threads (at most 1024).
+// Run `kernel()` for every CTA of `grid` with `threads` threads (at most 1024 a
+// cluster's CTAs together), the CTAs of a cluster (emu::g_cluster_x along x, which must
+// divide grid.x) together.
 template <class F> void launch(dim3 grid, int threads, F kernel) {
-  if (threads < 1 || threads > emu::kMaxThreads) {
-    std::fprintf(stderr, "launch with %d threads: a block has 1 to %d\n", threads, emu::kMaxThreads);
+  const unsigned cluster = emu::g_cluster_x;
+  if (threads < 1 || threads * static_cast<int>(cluster) > emu::kMaxThreads) {
+    std::fprintf(stderr, "launch with %d threads in clusters of %u: a cluster has 1 to %d\n", threads, cluster,
+                 emu::kMaxThreads);
+    std::abort();
+  }
+  if (cluster < 1 || grid.x % cluster != 0) {
+    std::fprintf(stderr, "launch of grid.x = %u in clusters of %u: the grid must be whole clusters\n", grid.x,
+                 cluster);
     std::abort();
   }
   blockDim = {(unsigned)threads, 1, 1};
   gridDim = grid;
   emu::g_cta.threads = threads;
+  emu::g_cta.ctas = static_cast<int>(cluster);
   emu::g_cta.kernel = &kernel;
   emu::g_cta.run = [](void* k) { (*static_cast<F*>(k))(); };
-  const unsigned count = grid.x * grid.y;
+  const unsigned across = grid.x / cluster;  // clusters along x
+  const unsigned count = across * grid.y;
   for (unsigned i = 0; i < count; ++i) {  // launch order, or backwards, or g_cta_order's
     const unsigned at = emu::g_cta_order != nullptr ? emu::g_cta_order[i]
                         : emu::g_reversed_ctas     ? count - 1 - i
                                                    : i;
-    blockIdx = {at % grid.x, at / grid.x, 0};
+    emu::g_cta.base_x = at % across * cluster;
+    blockIdx = {emu::g_cta.base_x, at / across, 0};
     emu::run_cta();
   }
 }

@@ -22,6 +22,9 @@ constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 196704;  // Ws: 6 stages and 12 mba
 namespace gemm_sm90_emu {
 namespace {
 alignas(1024) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];  // the swizzle atoms
+// The second CTA's of a cluster of two (the _c2 entry points): each CTA its own window,
+// which the kernel reaches through cta_smem (mbarrier_emu.h).
+alignas(1024) unsigned char gemm_sm90_smem_peer[GEMM_SM90_SMEM_CAPACITY];
 }  // namespace
 #pragma push_macro("__shared__")
 #undef __shared__
@@ -106,7 +109,8 @@ int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads,
 // its running totals in ws [M, N]), gemm_sm90_ws_{bf16,f32}_decode_split (PARTIAL on the
 // decode tile), gemm_sm90_ws_{bf16,f32}_m64_split (PARTIAL on the 64 x 128 tile). w is the
 // packed weight for gemm_sm90_ws_*.
-// Returns as run_gemm_sm90.
+// The _c2 entry points run in clusters of two CTAs along x (emu::g_cluster_x), each with
+// its own shared memory. Returns as run_gemm_sm90, or 4: a _c2 grid.x that is odd.
 int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
                         const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
                         int N, int K, int split_len) {
@@ -163,12 +167,37 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_gated_m64_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_gated_fold")
     body = [&] { e::gemm_sm90_ws_gated_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  // Clusters of two CTAs along M (WHOLE ones ignoring ws, counters and split_len).
+  if (n == "gemm_sm90_ws_bf16_c2") body = [&] { e::gemm_sm90_ws_bf16_c2(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_f32_c2") body = [&] { e::gemm_sm90_ws_f32_c2(x, static_cast<Packed>(w), y32, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_c2") body = [&] { e::gemm_sm90_ws_gated_c2(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_bf16_wide_c2")
+    body = [&] { e::gemm_sm90_ws_bf16_wide_c2(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_f32_wide_c2")
+    body = [&] { e::gemm_sm90_ws_f32_wide_c2(x, static_cast<Packed>(w), y32, M, N, K); };
+  if (n == "gemm_sm90_ws_gated_wide_c2")
+    body = [&] { e::gemm_sm90_ws_gated_wide_c2(x, static_cast<Packed>(w), y16, M, N, K); };
+  if (n == "gemm_sm90_ws_bf16_fold_c2")
+    body = [&] { e::gemm_sm90_ws_bf16_fold_c2(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_fold_c2")
+    body = [&] { e::gemm_sm90_ws_f32_fold_c2(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_fold_c2")
+    body = [&] { e::gemm_sm90_ws_gated_fold_c2(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
   if (!body) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
   const bool warp_specialized = n.rfind("gemm_sm90_ws_", 0) == 0;
+  const bool cluster = n.size() > 3 && n.compare(n.size() - 3, 3, "_c2") == 0;
+  if (cluster && grid_x % 2 != 0) return 4;  // a cluster launch of a grid that is not whole clusters
   std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
+  std::memset(e::gemm_sm90_smem_peer, 0xFF, sizeof e::gemm_sm90_smem_peer);
   g_ptx_smem = e::gemm_sm90_smem;
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  if (cluster) {  // each CTA of the cluster its own window, the running thread's in g_ptx_smem
+    g_cluster_smem[0] = e::gemm_sm90_smem;
+    g_cluster_smem[1] = e::gemm_sm90_smem_peer;
+    emu::g_cluster_x = 2;
+    emu::g_on_switch = [](unsigned rank) { g_ptx_smem = g_cluster_smem[rank]; };
+  }
   int left_behind = 0;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
     if (warp_specialized && threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA
@@ -176,6 +205,9 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
     if (!copies || !mmas) ++left_behind;
   });
+  emu::g_cluster_x = 1;
+  emu::g_on_switch = nullptr;
+  g_cluster_smem[0] = g_cluster_smem[1] = nullptr;
   g_ptx_smem = nullptr;
   g_ptx_smem_bytes = 0;
   return left_behind == 0 ? 0 : 3;

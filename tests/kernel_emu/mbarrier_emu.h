@@ -27,16 +27,41 @@ struct Mbarrier {
   long long tx = 0;      // transaction bytes still expected in the current phase
   unsigned phase = 0;    // phases completed
 };
-inline std::map<unsigned, Mbarrier> g_mbarriers;
+// Keyed by (CTA rank in the cluster, address): each CTA of a cluster has its own.
+inline std::map<unsigned long long, Mbarrier> g_mbarriers;
+inline unsigned long long mbar_key(unsigned rank, unsigned addr) {
+  return (static_cast<unsigned long long>(rank) << 32) | addr;
+}
 
-inline Mbarrier& mbar_at(unsigned addr) {
-  ptx_smem_at(addr, 8, 8);
-  auto it = g_mbarriers.find(addr);
+// Clusters: the shared-memory window of each CTA of the running cluster (the driver's),
+// the one ptx_emu.h's g_ptx_smem points at for the running thread's CTA.
+constexpr unsigned MAX_CLUSTER = 2;
+inline unsigned char* g_cluster_smem[MAX_CLUSTER] = {nullptr, nullptr};
+
+// The host pointer behind `bytes` at shared address `addr` of CTA `rank` of the cluster.
+inline unsigned char* cluster_smem_at(unsigned rank, unsigned addr, unsigned bytes, unsigned align) {
+  if (rank >= emu::g_cluster_x) ptx_emu_fail("a CTA rank past the cluster", rank);
+  if (!emu::cta_live(rank)) ptx_emu_fail("shared memory of a CTA that has exited", rank);
+  if (emu::g_cluster_x == 1) return ptx_smem_at(addr, bytes, align);
+  if (addr % align != 0) ptx_emu_fail("misaligned shared address", addr);
+  if (static_cast<unsigned long long>(addr) + bytes > g_ptx_smem_bytes)
+    ptx_emu_fail("shared access past the dynamic shared memory", addr);
+  return g_cluster_smem[rank] + addr;
+}
+
+inline Mbarrier& mbar_at_rank(unsigned rank, unsigned addr) {
+  cluster_smem_at(rank, addr, 8, 8);
+  auto it = g_mbarriers.find(mbar_key(rank, addr));
   if (it == g_mbarriers.end()) ptx_emu_fail("mbarrier used before mbarrier.init", addr);
   return it->second;
 }
 
+inline Mbarrier& mbar_at(unsigned addr) { return mbar_at_rank(emu::g_rank, addr); }
+
 inline void mbar_complete_if_done(Mbarrier& b) {
+  // (a phase's bytes may land before its expect_tx, a peer's multicast: the count goes
+  // below zero only while an arrival is pending)
+  if (b.pending == 0 && b.tx < 0) ptx_emu_fail("more transaction bytes than the phase expected", b.tx);
   if (b.pending == 0 && b.tx == 0) {
     ++b.phase;
     b.pending = b.count;
@@ -48,7 +73,7 @@ inline void mbar_complete_if_done(Mbarrier& b) {
 inline void mbar_init(unsigned addr, unsigned count) {
   ptx_smem_at(addr, 8, 8);
   if (count == 0) ptx_emu_fail("mbarrier.init with a count of 0", addr);
-  g_mbarriers[addr] = Mbarrier{count, count, 0, 0};
+  g_mbarriers[mbar_key(emu::g_rank, addr)] = Mbarrier{count, count, 0, 0};
 }
 
 // fence.mbarrier_init.release.cluster: one view of shared memory here.
@@ -109,8 +134,53 @@ inline void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigne
   mbar_complete_if_done(b);
 }
 
-// Forget every mbarrier (a CTA's shared memory does not outlive it).
-inline void mbar_emu_reset() { g_mbarriers.clear(); }
+// Forget every mbarrier of the running thread's CTA (a CTA's shared memory does not
+// outlive it; the other CTAs of its cluster keep theirs).
+inline void mbar_emu_reset() {
+  std::erase_if(g_mbarriers, [](const auto& kv) { return kv.first >> 32 == emu::g_rank; });
+}
+
+// ---- clusters (gemm_sm90.cu's cluster entry points) --------------------------------------
+
+// %cluster_ctarank
+inline unsigned cluster_ctarank() { return emu::g_rank; }
+
+// barrier.cluster.arrive.release + barrier.cluster.wait.acquire: every thread of the
+// cluster (cuda_emu.h's emu_cluster_barrier).
+inline void cluster_sync() { emu_cluster_barrier(); }
+
+// The CTA's dynamic shared memory: its own window (a cluster's CTAs each have one).
+inline unsigned char* cta_smem(unsigned char*) { return g_ptx_smem; }
+
+// mapa.shared::cluster + mbarrier.arrive.release.cluster.shared::cluster.b64: an arrival on
+// the barrier at the same offset in CTA `rank` of the cluster. The arriving thread then
+// yields, as mbar_arrive does.
+inline void mbar_arrive_peer(unsigned addr, unsigned rank) {
+  Mbarrier& b = mbar_at_rank(rank, addr);
+  if (b.pending == 0) ptx_emu_fail("mbarrier arrival past its count", addr);
+  --b.pending;
+  mbar_complete_if_done(b);
+  emu::yield();
+}
+
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster
+// [dst], [src], bytes, [mbar], mask: the bytes land at offset `dst` of every CTA of the
+// cluster whose rank's bit is set in `mask`, each completing them on its own barrier at
+// offset `mbar` (as the unicast copy, at issue).
+inline void bulk_copy_g2s_multicast(unsigned dst, const void* src, unsigned bytes, unsigned mbar,
+                                    unsigned short mask) {
+  if (bytes == 0 || bytes % 16 != 0) ptx_emu_fail("bulk copy size must be a positive multiple of 16", bytes);
+  if (reinterpret_cast<unsigned long long>(src) % 16 != 0)
+    ptx_emu_fail("misaligned bulk copy source", reinterpret_cast<unsigned long long>(src));
+  if (mask == 0 || mask >> emu::g_cluster_x != 0) ptx_emu_fail("multicast mask off the cluster", mask);
+  for (unsigned rank = 0; rank < emu::g_cluster_x; ++rank) {
+    if (!(mask >> rank & 1u)) continue;
+    std::memcpy(cluster_smem_at(rank, dst, bytes, 16), src, bytes);
+    Mbarrier& b = mbar_at_rank(rank, mbar);
+    b.tx -= bytes;
+    mbar_complete_if_done(b);
+  }
+}
 
 // setmaxnreg.{dec,inc}.sync.aligned.u32 N: a register budget, nothing to do on the host
 // beyond the ISA's operand rule (a multiple of 8 in 24-256).

@@ -89,7 +89,7 @@ struct PtxThread {  // a thread's own state (threads are fibers: no thread_local
   unsigned phase = 0;                        // the staging buffer of its next collective
 };
 inline PtxThread g_ptx_threads[emu::kMaxThreads];
-inline PtxThread& ptx_thread() { return g_ptx_threads[threadIdx.x]; }
+inline PtxThread& ptx_thread() { return g_ptx_threads[emu::g_thread]; }  // the fiber's (cuda_emu.h)
 
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes = valid ? 16 : 0).
 inline void cp_async_16(unsigned dst, const void* src, bool valid) {
@@ -141,7 +141,7 @@ inline unsigned g_ptx_stage[2][32][32][PTX_STAGE_WORDS];  // [phase][warp][lane]
 
 // Publish this lane's `n` words; returns the warp's rows: lane L's word i at [L][i].
 inline const unsigned (*ptx_warp_gather(const unsigned* mine, int n))[PTX_STAGE_WORDS] {
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned warp = emu::g_thread / 32, lane = threadIdx.x % 32;  // a cluster's warps apart
   unsigned& phase = ptx_thread().phase;
   auto& rows = g_ptx_stage[phase][warp];
   phase ^= 1u;

@@ -90,7 +90,7 @@ struct WgmmaThread {
   bool fenced = false;
 };
 inline WgmmaThread g_wgmma_threads[emu::kMaxThreads];
-inline WgmmaThread& wgmma_thread() { return g_wgmma_threads[threadIdx.x]; }
+inline WgmmaThread& wgmma_thread() { return g_wgmma_threads[emu::g_thread]; }  // the fiber's
 
 // D fragment of .m64nNk16 with an fp32 accumulator (PTX ISA, "Register Fragments and
 // Shared Memory Matrix Layouts", wgmma .m64nNk16 D): warp w of the warpgroup, lane l,
