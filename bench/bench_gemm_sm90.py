@@ -25,7 +25,10 @@ M <= 64 where WS's grid is under a wave; else the same as `ws`); with `--m64-til
 what `ws` runs with M64_TILE_BY_DEFAULT on (the 64 x 128 tile, 2 CTAs an SM, at M <= 64;
 else the same as `ws`); with `--cluster`, `c2` what `ws` runs on its cluster entry point
 (two CTAs along M sharing each weight tile by multicast: gemm_sm90_plan.CLUSTER_BY_DEFAULT,
-not yet a default; NaN where launch_plan pairs no m tiles) and `c2/cuBLAS` its ratio.
+not yet a default; NaN where launch_plan pairs no m tiles) and `c2/cuBLAS` its ratio;
+with `--csplit`, `csplit` what `ws` runs with CSPLIT_BY_DEFAULT on (the cluster split: a
+tile's splits one cluster, folded through its shared memory; NaN where `ws` runs no
+PARTIAL route).
 The decode and 64 x 128 tile flags are on by default since 2026-11-28, so at M <= 64 `ws`
 is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
 times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
@@ -131,6 +134,7 @@ def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
     decode_tile: bool = False, m64_tile: bool = False, cluster: bool = False,
+    csplit: bool = False,
 ) -> tuple[dict[str, float], float]:  # fmt: skip
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -164,6 +168,7 @@ def timings(
         "ws_decode_tile": forced(gemm_sm90_plan, "DECODE_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_m64_tile": forced(gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_cluster": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, cluster=True),
+        "ws_csplit": forced(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True, gemm_sm90, 2),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
@@ -178,6 +183,8 @@ def timings(
         del fns["ws_m64_tile"]
     if not cluster or launch_plan(m, n, k, out_f32=out_f32, packed=True, cluster=True).cluster == 1:
         del fns["ws_cluster"]
+    if not csplit or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
+        del fns["ws_csplit"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
     for key in [key for key in fns if key != "cublas"]:
@@ -202,11 +209,12 @@ def main() -> None:
     parser.add_argument("--decode-tile", action="store_true", help="time the decode tile too")
     parser.add_argument("--m64-tile", action="store_true", help="time the 64 x 128 tile too")
     parser.add_argument("--cluster", action="store_true", help="time the cluster entry points too")
+    parser.add_argument("--csplit", action="store_true", help="time the cluster split too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'c2/cuBLAS':>9} {'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
@@ -214,7 +222,7 @@ def main() -> None:
         flip = True
         for m in rows:
             t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile,
-                             args.m64_tile, args.cluster)  # fmt: skip
+                             args.m64_tile, args.cluster, args.csplit)  # fmt: skip
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -227,6 +235,7 @@ def main() -> None:
                   f"{t.get('ws_decode_tile', float('nan')):8.1f} "
                   f"{t.get('ws_m64_tile', float('nan')):8.1f} "
                   f"{t.get('ws_cluster', float('nan')):8.1f} "
+                  f"{t.get('ws_csplit', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),

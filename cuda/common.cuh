@@ -362,6 +362,51 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
 // m tiles + m tile) folds the S partials in ascending split order from +0.0f, writes y
 // (BF16 bits, rounded once as bf16_bits, or fp32, or GatedBf16: silu(gate) * up of each
 // column pair, [M, N / 2]) and leaves the counter zero.
+// One output element's split partials folded (kCols = 2: a gated output's (gate, up)
+// column pair, each folded as any column): from +0, in ascending split order, each
+// partial(s, c) an fp32 read; kMergeBatch reads at a time, every read of a batch before
+// its adds (one round trip a batch, as merge_chunks). Every split route's fold (the
+// PARTIAL route's through the workspace, the cluster split's through its CTAs' shared
+// memory) is this one, so they add the same values in the same order.
+template <int kCols>
+struct Folded {
+  float sums[kCols];
+};
+template <int kCols, class Partial>
+__device__ __forceinline__ Folded<kCols> fold_partials_of(int num_splits, Partial partial) {
+  Folded<kCols> folded;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    float sum = 0.0f;
+    for (int s0 = 0; s0 < num_splits; s0 += kMergeBatch) {
+      float part[kMergeBatch];
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (s0 + i < num_splits) part[i] = partial(s0 + i, c);
+      }
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (s0 + i < num_splits) sum = __fadd_rn(sum, part[i]);
+      }
+    }
+    folded.sums[c] = sum;
+  }
+  return folded;
+}
+
+// A folded element into y[at]: BF16 rounded once, fp32 as is, or (gated) the pair's
+// silu(gate) * up.
+template <class OutT, int kCols>
+__device__ __forceinline__ void store_folded(OutT* __restrict__ y, long long at, const Folded<kCols>& f) {
+  if constexpr (IsGated<OutT>::value) {
+    store_pair(y, at, f.sums[0], f.sums[kCols - 1], true, false);
+  } else if constexpr (sizeof(OutT) == 2) {
+    y[at] = static_cast<unsigned short>(bf16_bits(f.sums[0]));
+  } else {
+    y[at] = f.sums[0];
+  }
+}
+
 // NOTE: the CUDA programming guide's last-block pattern: every thread's stores,
 // __threadfence, one atomicAdd per CTA; the CTA that sees S - 1 fences again and reads
 // the partials through L2 (__ldcg, never a stale L1 line). Which CTA is last changes who
@@ -386,32 +431,9 @@ __device__ __forceinline__ void fold_split_partials(const float* __restrict__ ws
     const int row = m0 + e / (BN / kCols), col = n0 + e % (BN / kCols) * kCols;
     if (row >= M || col >= N) continue;
     const long long at = static_cast<long long>(row) * N + col;
-    // from +0, in ascending split order; read kMergeBatch partials at a time, every load
-    // of a batch before its adds (one L2 round trip a batch, as merge_chunks)
-    float sums[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float sum = 0.0f;
-      for (int s0 = 0; s0 < num_splits; s0 += kMergeBatch) {
-        float part[kMergeBatch];
-#pragma unroll
-        for (int i = 0; i < kMergeBatch; ++i) {
-          if (s0 + i < num_splits) part[i] = __ldcg(ws + (s0 + i) * slab + at + c);
-        }
-#pragma unroll
-        for (int i = 0; i < kMergeBatch; ++i) {
-          if (s0 + i < num_splits) sum = __fadd_rn(sum, part[i]);
-        }
-      }
-      sums[c] = sum;
-    }
-    if constexpr (IsGated<OutT>::value) {
-      store_pair(y, at, sums[0], sums[kCols - 1], true, false);
-    } else if constexpr (sizeof(OutT) == 2) {
-      y[at] = static_cast<unsigned short>(bf16_bits(sums[0]));
-    } else {
-      y[at] = sums[0];
-    }
+    store_folded(y, at, fold_partials_of<kCols>(num_splits, [&](int s, int c) {
+                   return __ldcg(ws + s * slab + at + c);
+                 }));
   }
   if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
 }

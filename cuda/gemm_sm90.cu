@@ -236,6 +236,31 @@ __device__ __forceinline__ void cluster_sync() {
 // The CTA's dynamic shared memory (the emulator gives each CTA of a cluster its own).
 __device__ __forceinline__ unsigned char* cta_smem(unsigned char* smem) { return smem; }
 
+// Named barrier ID (1-15; 0 is __syncthreads'), for `count` threads of the CTA (an
+// immediate id, so ptxas reserves only the barriers used).
+template <unsigned ID>
+__device__ __forceinline__ void named_barrier_sync(unsigned count) {
+  static_assert(ID >= 1 && ID <= 15, "bar.sync ids 1-15");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
+// The fp32 word at shared offset `addr` of CTA `rank` of the cluster.
+__device__ __forceinline__ float ld_peer_f32(unsigned addr, unsigned rank) {
+  float v;
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %1, %2;\nld.shared::cluster.f32 %0, [remote];\n}\n"
+      : "=f"(v)
+      : "r"(addr), "r"(rank)
+      : "memory");
+  return v;
+}
+
 #endif  // GEMM_SM90_ENABLED && !REPRISE_EMULATE_PTX
 
 #ifdef GEMM_SM90_ENABLED
@@ -274,7 +299,9 @@ struct Sm90Tile {
 
 // See the split-K note at the top; FOLD_WS is FOLD with the running total in an fp32
 // workspace instead of registers (the wide ws tile, whose second register set would not fit).
-enum class Split { WHOLE, PARTIAL, FOLD, FOLD_WS };
+// CSPLIT is PARTIAL with the partials folded through the shared memory of a cluster of
+// the S CTAs of one tile (gemm_sm90_ws_tile's note), not through a workspace.
+enum class Split { WHOLE, PARTIAL, FOLD, FOLD_WS, CSPLIT };
 
 // A CTA's place in the launch: its m tile, its k-tiles [kt_begin, kt_end) and (PARTIAL)
 // the offset of its split's slab in the workspace. WHOLE and FOLD: grid.x = m tiles,
@@ -287,6 +314,12 @@ struct KRange {
 
 template <class T, Split MODE>
 __device__ __forceinline__ KRange k_range(int M, int N, int K, int split_len) {
+  if constexpr (MODE == Split::CSPLIT) {  // grid.x = m tiles * S, blockIdx.x = m tile * S + split
+    const int num_splits = (K + split_len - 1) / split_len;
+    const int split = static_cast<int>(blockIdx.x) % num_splits;
+    return {static_cast<int>(blockIdx.x) / num_splits, split * (split_len / T::BK),
+            min(K, (split + 1) * split_len) / T::BK, 0LL};
+  }
   if (MODE != Split::PARTIAL) return {static_cast<int>(blockIdx.x), 0, K / T::BK, 0LL};
   const int num_m_tiles = (M + T::BM - 1) / T::BM;
   const int split = static_cast<int>(blockIdx.x) / num_m_tiles;
@@ -626,6 +659,38 @@ __device__ __forceinline__ void fold_to_workspace(float (&acc)[T::N_SUB][64], fl
   }
 }
 
+// CSPLIT: where element (r, c) of a consumer's 64 rows (r < 64, c < BN) keeps its fp32
+// partial, row-major through the consumer's own x rows of the ring's stages (8,192 bytes a
+// stage: 64 rows of 128 bytes), which no other warpgroup reads and no copy writes once
+// the consumer has taken its last tile.
+template <class T>
+__device__ __forceinline__ unsigned stash_offset(int consumer, int r, int c) {
+  constexpr unsigned kChunk = 64 * T::ROW_BYTES;  // a consumer's x rows in one stage
+  static_assert(64 * T::BN * 4 <= T::STAGES * kChunk, "a consumer's partial fits its x rows of the ring");
+  const unsigned byte = static_cast<unsigned>(r * T::BN + c) * 4u;
+  return (byte / kChunk) * T::STAGE_BYTES + consumer * kChunk + byte % kChunk;
+}
+
+// CSPLIT: this thread's elements of the consumer's partial into its stash (stash_offset),
+// as column pairs (BN even: 8-byte aligned, never across a stage's chunk), in the rows that
+// exist (`rows_left` of the consumer's 64: those the fold reads). NOTE: the row test also
+// keeps the MMAs pipelined: with every element stored unconditionally, ptxas serialized
+// every wgmma of these entry points (C7515), as it did not for ws_store's.
+template <class T>
+__device__ __forceinline__ void ws_stash(unsigned char* smem, const float (&d)[T::N_SUB][64], int consumer,
+                                         int warp, int lane, int rows_left) {
+#pragma unroll
+  for (int j = 0; j < T::N_SUB; ++j) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      if (j * 128 + 8 * (i / 4) >= T::BN) continue;  // padding columns (the decode tile)
+      const int r = ws_row(warp * 16, lane, i), c = ws_col(0, lane, j, i);
+      if (r < rows_left)
+        *reinterpret_cast<float2*>(smem + stash_offset<T>(consumer, r, c)) = make_float2(d[j][i], d[j][i + 1]);
+    }
+  }
+}
+
 // The epilogue: this thread's elements d inside M x N into dst (BF16, rounded once, or
 // fp32), as pairs of columns where the alignment allows.
 template <class T, class DstT>
@@ -677,6 +742,10 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
   if (MODE != Split::WHOLE && (split_len <= 0 || split_len % T::BK != 0)) __trap();
   if (MODE == Split::FOLD_WS && (K + split_len - 1) / split_len > FOLD_WS_MAX_SPLITS) __trap();
+  // CSPLIT: launched in clusters of the tile's S splits along x, rank = split
+  if (MODE == Split::CSPLIT && (cluster_size() != static_cast<unsigned>((K + split_len - 1) / split_len) ||
+                                cluster_ctarank() != blockIdx.x % cluster_size()))
+    __trap();
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128;
@@ -797,7 +866,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
-    if (MODE != Split::PARTIAL && CLUSTER == 1) return;  // (a cluster's waits below)
+    if (MODE != Split::PARTIAL && MODE != Split::CSPLIT && CLUSTER == 1) return;  // (the clusters' waits below)
   } else if (warpgroup - 1 < active) {  // ---- consumers owning a row below M ----
     // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
     // neither branch: it waits for no stage and releases none, empty[s] counting the
@@ -860,6 +929,12 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     if constexpr (MODE == Split::FOLD_WS) {
       fold_to_workspace<T>(acc, reinterpret_cast<float*>(y), row0, n0, lane, M, N, K <= split_len, true);
       ws_store<T>(out, acc, row0, n0, lane, M, N);
+    } else if constexpr (MODE == Split::CSPLIT) {
+      // every warp of the consumer past its last MMA before any overwrites the x rows
+      // they read (the stash spans the warpgroup's rows)
+      if (consumer == 0) named_barrier_sync<1>(128);
+      else named_barrier_sync<2>(128);
+      ws_stash<T>(smem, acc, consumer, warp, lane, M - m0 - consumer * 64);
     } else {
       ws_store<T>(MODE == Split::PARTIAL ? y + range.slab : y, MODE == Split::FOLD ? total : acc, row0, n0, lane,
                   M, N);
@@ -873,6 +948,26 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   // A cluster: no CTA leaves while the peer may still multicast into it or arrive on its
   // barriers (every thread of both: the producers did not return above).
   if constexpr (CLUSTER > 1) cluster_sync();
+  // CSPLIT: once every CTA of the cluster (the tile's S splits) has stashed its partial,
+  // each folds a share of the tile's elements from all S stashes (fold_partials_of: the
+  // PARTIAL route's arithmetic) into y; then none leaves while another still reads it.
+  if constexpr (MODE == Split::CSPLIT) {
+    cluster_sync();
+    const int num_splits = (K + split_len - 1) / split_len;
+    const int rank = static_cast<int>(blockIdx.x) % num_splits;
+    constexpr int kCols = IsGated<OutT>::value ? 2 : 1;  // a gated output's (gate, up) pairs
+    constexpr int kPerRow = T::BN / kCols;
+    for (int e = rank * T::THREADS + tid; e < rows_here * kPerRow; e += num_splits * T::THREADS) {
+      const int r = e / kPerRow, c = e % kPerRow * kCols;
+      if (m0 + r >= M || n0 + c >= N) continue;
+      const unsigned at = smem_base + stash_offset<T>(r / 64, r % 64, c);
+      store_folded(y, static_cast<long long>(m0 + r) * N + n0 + c,
+                   fold_partials_of<kCols>(num_splits, [&](int split, int col) {
+                     return ld_peer_f32(at + col * 4, static_cast<unsigned>(split));
+                   }));
+    }
+    cluster_sync();
+  }
 }
 
 // PARTIAL on a cp.async tile: this CTA's partial into the workspace, then the tile's
@@ -929,6 +1024,8 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
   gemm_sm90_ws_tile<TILE, Split::PARTIAL>(x, w_packed, ws, gated(y), counters, M, N, K, split_len)
 #define GEMM_SM90_WS_C2_BODY(TILE, MODE, Y, SPLIT_LEN) \
   gemm_sm90_ws_tile<TILE, MODE, 2>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
+#define GEMM_SM90_WS_CSPLIT_BODY(TILE, Y) \
+  gemm_sm90_ws_tile<TILE, Split::CSPLIT>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, split_len)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
@@ -936,6 +1033,7 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_SPLIT_BODY(TILE) __trap()
 #define GEMM_SM90_WS_C2_BODY(TILE, MODE, Y, SPLIT_LEN) __trap()
+#define GEMM_SM90_WS_CSPLIT_BODY(TILE, Y) __trap()
 #define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) __trap()
 #endif
 
@@ -1255,4 +1353,64 @@ extern "C" __global__ void GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)
 gemm_sm90_ws_gated_fold_c2(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                            unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
   GEMM_SM90_WS_C2_BODY(Ws, Split::FOLD, gated(y), split_len);  // pdl_enter() inside, after the weight prologue
+}
+
+// The cluster split (CSPLIT; S > 1, M <= BM: one m tile): launched in clusters of the
+// tile's S splits along x (a launch attribute: gemm_sm90_kernel launches it through
+// pdl.launch), grid.x = S * m tiles with blockIdx.x = m tile * S + split; each CTA's
+// partial folded from the cluster's shared memory, no workspace, no counters. (x, w_packed,
+// y, M, N, K, split_len), y BF16, fp32 or gated [M, N / 2].
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_bf16_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(Ws, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_f32_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                        float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(Ws, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_sm90_ws_gated_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                          unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(Ws, gated(y));  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_decode_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                                unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsDecode, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_decode_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                               float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsDecode, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_decode_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                                 unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsDecode, gated(y));  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_bf16_m64_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                             unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsM64, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_f32_m64_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsM64, y);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_gated_m64_csplit(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                              unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_CSPLIT_BODY(WsM64, gated(y));  // pdl_enter() inside, after the weight prologue
 }

@@ -175,7 +175,13 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
     "decode_split": (WS_DECODE, "split"),  # M <= 64
     "m64_split": (WS_M64, "split"),  # M <= 64
+    # the cluster split: PARTIAL's CTAs, each tile's S splits a cluster, the partials folded
+    # through the cluster's shared memory (no workspace, no counters; S <= MAX_CLUSTER)
+    "ws_csplit": (WS, "csplit"),
+    "decode_csplit": (WS_DECODE, "csplit"),  # M <= 64
+    "m64_csplit": (WS_M64, "csplit"),  # M <= 64
 }
+MAX_CLUSTER = 8  # CTAs a cluster may hold on every sm_90 device (the portable size)
 WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is unrolled
 # Whether launch_plan takes the wide FOLD (route "wide_fold") for split weights past one m
 # tile. Off until a GPU has run it: its first run (H200, 2026-11-27) hung every wide
@@ -213,6 +219,18 @@ GATED_BY_DEFAULT = False
 # the same bits (emulated: tests/test_gemm_sm90.py). Off until a GPU has run it
 # (tests/test_gemm_sm90_pending_gpu.py, gpu_followup's `cluster` parts).
 CLUSTER_BY_DEFAULT = False
+# Whether launch_plan takes the cluster split (routes "*_csplit") where it would take
+# PARTIAL (M up to the tile's rows) and the split count fits a cluster: the tile's S
+# splits launched as one cluster (a launch attribute), each CTA stashing its fp32 partial
+# in its own shared memory and folding a share of the tile's elements from all S stashes
+# (the same fold, common.cuh's fold_partials_of), where PARTIAL goes through a global
+# workspace, a device-wide fence and an atomic counter, and its last CTA folds alone. Why:
+# on the H200 (2026-11-28, ncu_decode.txt) the split launches of a decode step stalled
+# on barriers and memory fences ahead of their loads, and 96 of them a step (120 on the
+# default model, ~9 µs each) spend that tail serially. The same bits (emulated:
+# tests/test_gemm_sm90.py). Off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
+# gpu_followup's `csplit` parts).
+CSPLIT_BY_DEFAULT = False
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -291,6 +309,8 @@ def launch_plan(
                 else "m64_split" if m64_tile(m)
                 else "ws_split"
             )  # fmt: skip
+            if CSPLIT_BY_DEFAULT and splits <= MAX_CLUSTER:
+                route = route.replace("_split", "_csplit")
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
             route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT and not gated else "ws_fold"
@@ -304,6 +324,8 @@ def launch_plan(
         raise ValueError(
             f"route wide_fold takes at most {WIDE_FOLD_MAX_SPLITS} splits; got {splits}"
         )
+    if kind == "csplit" and splits > MAX_CLUSTER:
+        raise ValueError(f"route {route} takes at most {MAX_CLUSTER} splits (a cluster); got {splits}")
     length = split_length(k, splits)
     tiles = grid(config, m, n)
     base = config.kernel_name(out_f32, gated) if gated else config.kernel_name(out_f32)
@@ -317,6 +339,13 @@ def launch_plan(
             gated=gated,
         )  # fmt: skip
         return _clustered(fold, config, "fold", m, n, cluster)
+    if kind == "csplit":  # PARTIAL's grid (blockIdx.x = m tile * S + split), one cluster a tile
+        if tiles[0] * splits > INT32_MAX:
+            raise ValueError(f"the split grid must fit in int32; got {tiles[0]} * {splits}")
+        return Sm90Launch(
+            name, (tiles[0] * splits, tiles[1]), config.num_threads, config.smem_bytes, splits,
+            length, False, gated=gated, cluster=splits,
+        )  # fmt: skip
     if splits * m * n > INT32_MAX or tiles[0] * splits > INT32_MAX:
         raise ValueError(f"S * M * N must fit in int32; got {splits} * {m} * {n}")
     if tiles[0] * tiles[1] > MAX_COUNTERS:

@@ -45,6 +45,7 @@ import numpy as np
 ENV = "REPRISE_PDL"
 MIN_COMPUTE_CAPABILITY = 90
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
+_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID: the value's first 12 bytes are x, y, z (uint32)
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -152,17 +153,35 @@ def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list[Any]]:
 
 
 def launch_config(
-    grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int
-) -> tuple[LaunchConfig, LaunchAttribute]:
-    """The launch configuration with the programmatic-serialization attribute set."""
-    attr = LaunchAttribute()
-    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed
+    grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int, *,
+    programmatic: bool = True, cluster: int = 1,
+) -> tuple[LaunchConfig, ctypes.Array]:  # fmt: skip
+    """The launch configuration and its attributes (which must outlive the launch call):
+    programmatic serialization (`programmatic`), and clusters of `cluster` CTAs along x
+    where `cluster` > 1 (grid.x a multiple of it: gemm_sm90.cu's cluster split)."""
+    if cluster < 1 or dim3(grid)[0] % cluster:
+        raise ValueError(f"grid.x must be whole clusters of {cluster}; got a grid of {tuple(grid)}")
+    attrs = (LaunchAttribute * 2)()
+    count = 0
+    if programmatic:  # programmaticStreamSerializationAllowed = 1
+        _set_attribute(attrs[count], _PROGRAMMATIC_STREAM_SERIALIZATION, (1,))
+        count += 1
+    if cluster > 1:  # clusterDim = (cluster, 1, 1)
+        _set_attribute(attrs[count], _CLUSTER_DIMENSION, (cluster, 1, 1))
+        count += 1
     gx, gy, gz = dim3(grid)
     bx, by, bz = dim3(block)
     config = LaunchConfig(gx, gy, gz, bx, by, bz, int(shared_mem), ctypes.c_void_p(stream or None),
-                          ctypes.pointer(attr), 1)  # fmt: skip
-    return config, attr
+                          ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), count)  # fmt: skip
+    return config, attrs
+
+
+def _set_attribute(attr: LaunchAttribute, attr_id: int, words: Sequence[int]) -> None:
+    """`attr` set to `attr_id` with its value's first words (uint32) `words`. NOTE: written
+    through memmove: assigning bytes to the c_char array would stop at their first zero."""
+    attr.id = attr_id
+    data = b"".join(int(w).to_bytes(4, "little") for w in words)
+    ctypes.memmove(ctypes.addressof(attr) + LaunchAttribute.value.offset, data, len(data))
 
 
 class Driver:
@@ -179,13 +198,15 @@ class Driver:
 
     def launch(
         self, fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
-        shared_mem: int,
+        shared_mem: int, *, programmatic: bool = True, cluster: int = 1,
     ) -> None:  # fmt: skip
         """Launch CuPy kernel `fn` (a RawKernel, its shared-memory opt-in already set)
-        on the current stream as a programmatic dependent of the grid before it."""
+        on the current stream: as a programmatic dependent of the grid before it
+        (`programmatic`), in clusters of `cluster` CTAs along x."""
         import cupy
 
-        config, attr = launch_config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr)
+        config, attr = launch_config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr,
+                                     programmatic=programmatic, cluster=cluster)  # fmt: skip
         pointers, keep = pack_args(args)
         rc = self._launch(ctypes.byref(config), ctypes.c_void_p(fn.kernel.ptr), pointers, None)
         del keep, attr  # alive until here: the driver has copied the arguments
@@ -199,8 +220,8 @@ _driver: Driver | None = None  # made at the first PDL launch; tests put the emu
 
 
 def launch(fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
-           shared_mem: int) -> None:  # fmt: skip
+           shared_mem: int, *, programmatic: bool = True, cluster: int = 1) -> None:  # fmt: skip
     global _driver
     if _driver is None:
         _driver = Driver()
-    _driver.launch(fn, grid, block, args, shared_mem)
+    _driver.launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster)

@@ -15,9 +15,10 @@
 # Nsight Compute (why warps stall); the disk tier's read speed with 16 reader threads;
 # last, the Hopper GEMM's tiles and epilogue not yet a default, forced (the wide FOLD,
 # which hung in its first version; the decode tile and the 64 x 128 tile against WS; the
-# gated SwiGLU epilogue; the cluster entry points): their GPU tests, the engine with the
-# gated epilogue on (8B and the default model) and with the clusters on (8B prefill), and
-# the engine's decode with both decode tiles off (WS), beside the default.
+# gated SwiGLU epilogue; the cluster entry points; the cluster split): their GPU tests,
+# the engine with the gated epilogue on (8B and the default model), with the clusters on
+# (8B prefill) and with the cluster split on (8B and the default model's decode), beside
+# the default. (2026-11-28's end-to-end comparison of the decode tiles with WS is left out.)
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -30,7 +31,7 @@ part check 180 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
   tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
-  --cluster --out "$OUT/gemm_sm90.json"
+  --cluster --csplit --out "$OUT/gemm_sm90.json"
 cut -c1-190 "$OUT/sm90.out" | tail -26
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
@@ -118,6 +119,28 @@ sys.exit(main(['--sections', 'floors,prefill,cublas', '--batches', '1',
                '--out', '$OUT/gpu_e2e_cluster.json']))"
 grep -E "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
   "$OUT/cluster_e2e.out" | cut -c1-150 | head -24
+# the engine with the cluster split on (CSPLIT_BY_DEFAULT in the process: each split
+# projection of a decode step one cluster of its splits, folded through their shared
+# memory, not a workspace, a fence and a counter), beside the e2e and e2e_default parts'
+# rows: 8B decode b=1 (issue 18's 1.3x the weights-read floor) and the default model's
+# decode b=1 (issue 18's 1,500 tokens/s), each with where its step's time goes
+part csplit_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.CSPLIT_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--sections', 'floors,decode,kernels', '--batches', '1',
+               '--out', '$OUT/gpu_e2e_csplit.json']))"
+grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
+  "$OUT/csplit_e2e.out" | cut -c1-150 | head -24
+part csplit_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.CSPLIT_BY_DEFAULT = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main(['--like', 'smollm2-135m', '--sections', 'decode,kernels', '--batches', '1',
+               '--out', '$OUT/gpu_e2e_csplit_default.json']))"
+grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/csplit_default.out" | cut -c1-150
 part gated_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
 import sys
 from reprise.cuda import gemm_sm90_plan as plan
@@ -126,15 +149,3 @@ from reprise.bench.bench_gpu_e2e import main
 sys.exit(main(['--like', 'smollm2-135m', '--sections', 'decode,kernels', '--batches', '1',
                '--out', '$OUT/gpu_e2e_gated_default.json']))"
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150
-# the engine's decode with both decode tiles off (WS at every M, as before 2026-11-28;
-# gemm_sm90_plan's flags set in the process), beside the e2e part's default rows above:
-# what the decode tile and the 64 x 128 tile give, in one call
-part ws_only_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.DECODE_TILE_BY_DEFAULT = plan.M64_TILE_BY_DEFAULT = False
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--sections', 'floors,decode,kernels', '--batches', '1,64',
-               '--out', '$OUT/gpu_e2e_ws_only.json']))"
-grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512|failed|Error" "$OUT/ws_only_e2e.out" \
-  | cut -c1-150 | head -24

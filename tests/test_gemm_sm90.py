@@ -1042,8 +1042,9 @@ def test_the_gated_weight_interleaves_gate_and_up_rows(rng: np.random.Generator)
 def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product_on_every_route(
     lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int]
 ) -> None:
-    """Every gated entry point (WHOLE on each ws tile, PARTIAL on each M <= 64 tile and
-    WS, FOLD on WS), at M = 1, 7, 64, 100 and 300 where its tile takes that M: the bits of
+    """Every gated entry point (WHOLE on each ws tile, PARTIAL and the cluster split on each
+    M <= 64 tile and WS, FOLD on WS), at M = 1, 7, 64, 100 and 300 where its tile takes
+    that M: the bits of
     the same route's plain product on the un-interleaved weight followed by the silu_mul
     kernel (both emulated), and within one BF16 rounding of the NumPy twins. So the fused
     MLP changes no bit of a row, and no row depends on M."""
@@ -1062,8 +1063,8 @@ def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product_on_every_route(
             tiles = [WS, WS_WIDE, *((WS_DECODE, WS_M64) if m <= 64 else ())]
             plans = [(whole_plan(c, m, n, gated=True), whole_plan(c, m, n, gated=False)) for c in tiles]
         else:
-            routes = ["ws_fold"] + (["ws_split"] if m <= WS.block_m else [])
-            routes += ["decode_split", "m64_split"] if m <= 64 else []
+            routes = ["ws_fold"] + (["ws_split", "ws_csplit"] if m <= WS.block_m else [])
+            routes += ["decode_split", "m64_split", "decode_csplit", "m64_csplit"] if m <= 64 else []
             for route in routes:
                 pair = [launch_plan(m, n, k, out_f32=False, packed=True, route=route, gated=g)
                         for g in (True, False)]  # fmt: skip
@@ -1227,3 +1228,87 @@ def test_the_source_and_the_driver_declare_every_cluster_entry_point() -> None:
         assert f"GEMM_SM90_CLUSTER_OF_2 __launch_bounds__(384, 1)\n{name}(" in source, name
         assert f'"{name}"' in driver, name
     assert "#define GEMM_SM90_CLUSTER_OF_2 __cluster_dims__(2, 1, 1)" in source
+
+
+
+# ---- the cluster split: a tile's S splits one cluster, folded through its shared memory ----
+
+
+def test_launch_plan_takes_the_cluster_split_where_partial_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default (CSPLIT_BY_DEFAULT): PARTIAL. With the flag on, every launch that took
+    a PARTIAL route takes the same tile's cluster split (S <= 8 CTAs a cluster: a weight
+    split more ways keeps PARTIAL): PARTIAL's grid, blockIdx.x = m tile * S + split, no
+    workspace, `cluster` = S; FOLD and WHOLE launches are unchanged."""
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    shapes = [*LLAMA_8B.values(), (960, 576), (576, 576), (3072, 576), (576, 1536), (272, 1024)]
+    before = {(m, n, k): launch_plan(m, n, k, out_f32=False, packed=True)
+              for n, k in shapes for m in (1, 7, 64, 100, 128, 129, 2048)}  # fmt: skip
+    monkeypatch.setattr(geometry, "CSPLIT_BY_DEFAULT", True)
+    taken = 0
+    for (m, n, k), plain in before.items():
+        plan = launch_plan(m, n, k, out_f32=False, packed=True)
+        if not plain.workspace:
+            assert plan == plain, (m, n, k)
+            continue
+        taken += 1
+        assert plan.kernel == plain.kernel.replace("_split", "_csplit") != plain.kernel
+        assert (plan.grid, plan.splits, plan.split_len, plan.threads, plan.smem_bytes) == (
+            plain.grid, plain.splits, plain.split_len, plain.threads, plain.smem_bytes)  # fmt: skip
+        assert (plan.workspace, plan.cluster) == (False, plan.splits)
+        assert plan.grid[0] % plan.cluster == 0
+    assert taken >= 20
+    wide = 16 * 1024  # K split past 8 ways (S = 16 at N = 64: 1 tile) keeps PARTIAL
+    many = launch_plan(1, 64, wide, out_f32=False, packed=True)
+    assert many.splits > geometry.MAX_CLUSTER and many.workspace and many.cluster == 1
+    with pytest.raises(ValueError, match="at most 8 splits"):
+        launch_plan(1, 64, wide, out_f32=False, packed=True, route="decode_csplit")
+
+
+def test_gemm_sm90_launches_the_cluster_split_in_clusters_of_its_splits(
+    lib: ctypes.CDLL, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gemm_sm90 on a cluster-split route launches through the driver's launch (pdl.launch)
+    with clusters of S CTAs along x, programmatic only where PDL takes the launch; the
+    emulation run from that launch gives PARTIAL's bits."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    seen: list[tuple[str, int, bool]] = []
+
+    class FakeDriver:
+        def launch(self, fn: Any, grid_xy: Any, block: Any, args: Any, shared_mem: int, *,
+                   programmatic: bool = True, cluster: int = 1) -> None:  # fmt: skip
+            seen.append((fn.name, cluster, programmatic))
+            pdl.launch_config(grid_xy, block, shared_mem, 0, programmatic=programmatic,
+                              cluster=cluster)  # fmt: skip
+            x, w, y, *dims = args
+            rc = lib.run_gemm_sm90_split(
+                fn.name.encode(), *grid_xy, block[0], shared_mem, ptr(x), ptr(w), None, ptr(y),
+                None, *map(int, dims),
+            )  # fmt: skip
+            assert rc == 0, rc
+
+    class FakeKernel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("a cluster launch must not go through CuPy's launch")
+
+    monkeypatch.setattr(launcher, "_kernel", lambda name, *rest: FakeKernel(name))
+    monkeypatch.setattr(launcher, "device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
+    monkeypatch.setattr(pdl, "_driver", FakeDriver())
+    m, n, k = 7, 272, 1024
+    x, w = operands(rng, m, n, k)
+    x_bits, packed = x.view(np.uint16), prepare_weight(w.view(np.uint16))
+    want = emulated_plan(lib, launch_plan(m, n, k, out_f32=False, packed=True, route="decode_split"), x, w,
+                         out_f32=False)  # fmt: skip
+    for mode in ("0", "1"):
+        monkeypatch.setattr(pdl, "active", lambda mode=mode: mode)
+        got = gemm_sm90(x_bits, packed, route="decode_csplit", out=poisoned((m, n), np.uint16))
+        assert np.array_equal(bits(got), bits(want))
+    assert seen == [("gemm_sm90_ws_bf16_decode_csplit", 4, False),
+                    ("gemm_sm90_ws_bf16_decode_csplit", 4, True)]  # fmt: skip

@@ -9,7 +9,10 @@ passed here on an H200 (2026-11-28); the wide FOLD is not (slower there). And th
 against the plain product and silu_mul, and an engine with it against one without. And the
 cluster entry points (CLUSTER_BY_DEFAULT, built 2026-11-28, not yet run on a GPU: two CTAs
 along M multicasting each weight tile to both): their rows against the single-CTA launch's,
-and an engine with them against one without. A file of its
+and an engine with them against one without. And the cluster split (CSPLIT_BY_DEFAULT,
+built 2026-11-28, not yet run on a GPU: a tile's S splits one cluster launched with a
+cluster attribute, their partials folded through its shared memory): its rows against
+PARTIAL's, and an engine with it against one without. A file of its
 own, run last by scripts/gpu_followup.sh: the wide FOLD's first version hung (a
 setmaxnreg budget over the CTA's register pool), and a hang must not cost the other tests. Skipped without a CUDA device of compute capability 9.0."""
 
@@ -171,19 +174,70 @@ def test_the_clustered_engine_changes_no_logit(default_model_dir, monkeypatch) -
     tokens and logits bits for a prompt long enough that its prefill's projections run
     clustered (M = 300: three m tiles, so unpaired; 600: five; 1,024: eight, paired), its
     cached repeat and decode steps (never clustered: one m tile)."""
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(100, 49000, size=size).tolist() for size in (300, 600, 1024)]
+    assert_flag_changes_no_logit(default_model_dir, monkeypatch, "CLUSTER_BY_DEFAULT", prompts,
+                                 max_tokens=8, num_device_blocks=256,
+                                 max_num_batched_tokens=1024)  # fmt: skip
+
+
+def assert_flag_changes_no_logit(default_model_dir, monkeypatch, flag: str, prompts: list,
+                                 *, max_tokens: int, **engine_settings) -> None:  # fmt: skip
+    """The default model's engine with gemm_sm90_plan's `flag` on against one with it off:
+    the same tokens and logits bits for each prompt and its cached repeat, decode steps
+    replayed as CUDA graphs."""
     from reprise.cuda import gemm_sm90_plan
     from reprise.daemon import Engine, SamplingParams
 
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, return_logits=True)
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(100, 49000, size=size).tolist() for size in (300, 600, 1024)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                            return_logits=True)  # fmt: skip
     outs = []
-    for flag in (False, True):
-        monkeypatch.setattr(gemm_sm90_plan, "CLUSTER_BY_DEFAULT", flag)
-        engine = Engine.from_pretrained(default_model_dir, backend="cupy", num_device_blocks=256,
-                                        max_num_batched_tokens=1024)  # fmt: skip
+    for on in (False, True):
+        monkeypatch.setattr(gemm_sm90_plan, flag, on)
+        engine = Engine.from_pretrained(default_model_dir, backend="cupy", **engine_settings)
         outs.append([engine.generate(p, params) for p in prompts for _ in range(2)])
         del engine
     for got, want in zip(outs[1], outs[0], strict=True):
         assert got.token_ids == want.token_ids
         assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096), (576, 960),
+                                  (1536, 576), (576, 3072)])  # fmt: skip
+def test_the_cluster_split_gives_the_partial_rows(rng, k: int, n: int) -> None:
+    """The cluster split (routes *_csplit; gemm_sm90_plan.CSPLIT_BY_DEFAULT, off until this
+    runs) on Llama-3.1-8B's split weights and the default model's (S = 2, 3, 4, 6), on each
+    tile that takes M <= 64 (the decode tile, 64 x 128, WS) at M = 1, 7 and 64: BF16 and fp32
+    rows bit-equal to the same tile's PARTIAL route, and the gated output on the gate/up
+    shape, every element written (into a poisoned output)."""
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
+
+    assert split_k(n, k) > 1
+    w, pool = weights(rng, n, k), activations(rng, 64, k)
+    packed, gated, x = prepare_weight(dev(w)), prepare_weight(dev(w), gated=True), dev(pool)
+    for m in (1, 7, 64):
+        for tile in ("decode", "m64", "ws"):
+            plan = launch_plan(m, n, k, out_f32=False, packed=True, route=f"{tile}_csplit")
+            assert plan.cluster == split_k(n, k) and not plan.workspace
+            for out_f32, dtype in ((False, np.uint16), (True, np.float32)):
+                want = host(gemm_sm90(x[:m], packed, out_f32=out_f32, route=f"{tile}_split"))
+                got = host(gemm_sm90(x[:m], packed, out_f32=out_f32, route=f"{tile}_csplit",
+                                     out=poisoned((m, n), dtype)))  # fmt: skip
+                assert np.array_equal(got.view(dtype), want.view(dtype)), (k, n, m, tile, out_f32)
+            if n == 3072:
+                want = host(gemm_sm90(x[:m], gated, gated=True, route=f"{tile}_split"))
+                got = host(gemm_sm90(x[:m], gated, gated=True, route=f"{tile}_csplit",
+                                     out=poisoned((m, n // 2), np.uint16)))  # fmt: skip
+                assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (m, tile)
+
+
+@pytest.mark.usefixtures("hopper")
+def test_the_cluster_split_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model (every projection split: S = 3 and 6) with CSPLIT_BY_DEFAULT on
+    against the default engine: the same tokens and logits bits for a prompt, its cached
+    repeat and decode steps replayed as CUDA graphs (the cluster launches captured)."""
+    prompt = np.random.default_rng(5).integers(100, 49000, size=150).tolist()
+    assert_flag_changes_no_logit(default_model_dir, monkeypatch, "CSPLIT_BY_DEFAULT", [prompt],
+                                 max_tokens=24, num_device_blocks=64)  # fmt: skip

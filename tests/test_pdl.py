@@ -31,6 +31,7 @@ WEIGHT_PROLOGUE_BODIES = (
     "GEMM_SM90_WS_SPLIT_BODY(",
     "GEMM_SM90_WS_GATED_SPLIT_BODY(",
     "GEMM_SM90_WS_C2_BODY(",
+    "GEMM_SM90_WS_CSPLIT_BODY(",
 )
 
 
@@ -155,17 +156,36 @@ def test_a_python_number_or_host_array_is_refused(bad) -> None:
 
 
 def test_the_launch_config_asks_for_programmatic_serialization() -> None:
-    config, attr = pdl.launch_config((132, 2), (128,), 4096, 0x1234)
+    config, attrs = pdl.launch_config((132, 2), (128,), 4096, 0x1234)
     got = (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
            config.blockDimY, config.blockDimZ, config.sharedMemBytes, config.hStream)  # fmt: skip
     assert got == (132, 2, 1, 128, 1, 1, 4096, 0x1234)
     assert config.numAttrs == 1 and ctypes.addressof(config.attrs.contents) == ctypes.addressof(
-        attr
+        attrs
     )
-    assert attr.id == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    assert int.from_bytes(bytes(attr)[8:12], "little") == 1
+    assert attrs[0].id == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert int.from_bytes(bytes(attrs[0])[8:12], "little") == 1
     with pytest.raises(ValueError, match="1 to 3 positive dimensions"):
         pdl.launch_config((0,), (128,), 0, 0)
+
+
+def test_the_launch_config_asks_for_clusters_when_told() -> None:
+    """A cluster launch (gemm_sm90.cu's cluster split) carries the cluster-dimension
+    attribute, x = the CTAs a cluster, with or without programmatic serialization; a grid
+    that is not whole clusters is refused."""
+    for programmatic in (True, False):
+        config, attrs = pdl.launch_config((12, 5), (256,), 0, 0, programmatic=programmatic,
+                                          cluster=4)  # fmt: skip
+        assert config.numAttrs == 1 + programmatic
+        cluster = attrs[int(programmatic)]
+        assert cluster.id == 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        dims = bytes(cluster)[8:20]
+        assert [int.from_bytes(dims[i : i + 4], "little") for i in (0, 4, 8)] == [4, 1, 1]
+        assert ctypes.addressof(config.attrs.contents) == ctypes.addressof(attrs)
+    config, _ = pdl.launch_config((12, 5), (256,), 0, 0, programmatic=False)
+    assert config.numAttrs == 0
+    with pytest.raises(ValueError, match="whole clusters of 4"):
+        pdl.launch_config((10, 5), (256,), 0, 0, cluster=4)
 
 
 def _cuda_header() -> Path | None:
@@ -176,8 +196,9 @@ def _cuda_header() -> Path | None:
 
 
 def test_the_structures_match_cuda_h(tmp_path: Path) -> None:
-    """Sizes and offsets of CUlaunchConfig and CUlaunchAttribute, and the attribute's
-    id, as the C compiler lays them out from the toolkit's own cuda.h."""
+    """Sizes and offsets of CUlaunchConfig and CUlaunchAttribute, and the attributes' ids
+    (programmatic serialization, cluster dimension: x, y, z at the value's start), as the
+    C compiler lays them out from the toolkit's own cuda.h."""
     root, cc = _cuda_header(), shutil.which("cc") or shutil.which("gcc")
     if root is None or cc is None:
         pytest.skip("needs cuda.h (nvidia-cuda-runtime or a toolkit) and a C compiler")
@@ -187,11 +208,16 @@ def test_the_structures_match_cuda_h(tmp_path: Path) -> None:
 #include <stdio.h>
 #include <cuda.h>
 int main(void) {
-  printf("%zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchConfig), sizeof(CUlaunchAttribute),
-         offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
+  CUlaunchAttribute a;
+  printf("%zu %zu %zu %zu %zu %zu %zu %d %d %zu %zu %zu\n", sizeof(CUlaunchConfig),
+         sizeof(CUlaunchAttribute), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
          offsetof(CUlaunchConfig, numAttrs), offsetof(CUlaunchAttribute, value),
          offsetof(CUlaunchConfig, sharedMemBytes),
-         (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+         (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+         (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+         (size_t)((char*)&a.value.clusterDim.x - (char*)&a.value),
+         (size_t)((char*)&a.value.clusterDim.y - (char*)&a.value),
+         (size_t)((char*)&a.value.clusterDim.z - (char*)&a.value));
   return 0;
 }
 """)
@@ -201,5 +227,5 @@ int main(void) {
     want = [ctypes.sizeof(pdl.LaunchConfig), ctypes.sizeof(pdl.LaunchAttribute),
             pdl.LaunchConfig.hStream.offset, pdl.LaunchConfig.attrs.offset,
             pdl.LaunchConfig.numAttrs.offset, pdl.LaunchAttribute.value.offset,
-            pdl.LaunchConfig.sharedMemBytes.offset, 6]  # fmt: skip
+            pdl.LaunchConfig.sharedMemBytes.offset, 6, 4, 0, 4, 8]  # fmt: skip
     assert list(map(int, got)) == want

@@ -79,9 +79,10 @@ inline bool g_reversed_ctas = false;
 // When set (a permutation of the grid's CTA indices, y * grid.x + x), launch() runs the
 // CTAs in this order instead; the caller keeps it alive and as long as the grid.
 inline const unsigned* g_cta_order = nullptr;
-constexpr int kMaxThreads = 1024;
+constexpr int kMaxThreads = 1024;  // a CTA's
+constexpr int kMaxFibers = 4096;   // a cluster's threads together (8 CTAs of 384, 4 of 1,024)
 constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
-enum class Wait : unsigned char { kRunning, kWarp, kBlock, kCluster, kDone };
+enum class Wait : unsigned char { kRunning, kWarp, kBlock, kNamed, kCluster, kDone };
 // Clusters (a kernel with __cluster_dims__(g_cluster_x, 1, 1)): that many CTAs along x run
 // together, their threads fibers of one scheduler, fiber t being thread t % blockDim.x of
 // the cluster's CTA t / blockDim.x (its rank). g_thread and g_rank are the running fiber's:
@@ -152,14 +153,16 @@ struct Cta {
   int ctas = 1;     // CTAs running together (a cluster's)
   unsigned base_x = 0;  // the first CTA's blockIdx.x
   Context scheduler;
-  Context context[kMaxThreads];
-  Wait wait[kMaxThreads];
-  unsigned int slots[32][32];  // a warp's shuffle and ballot exchange, [fiber / 32][lane]
+  Context context[kMaxFibers];
+  Wait wait[kMaxFibers];
+  unsigned named[kMaxFibers];  // a fiber waiting at a named barrier (kNamed): its id
+  unsigned named_count[kMaxFibers];  // and the threads that barrier takes
+  unsigned int slots[kMaxFibers / 32][32];  // a warp's shuffle and ballot exchange, [fiber / 32][lane]
   void (*run)(void*) = nullptr;
   void* kernel = nullptr;
 };
 inline Cta g_cta;
-inline char* g_stacks[kMaxThreads];  // allocated on first use, kept for later launches
+inline char* g_stacks[kMaxFibers];  // allocated on first use, kept for later launches
 
 inline void arrive(Wait at) {
   const unsigned t = g_thread;
@@ -196,6 +199,21 @@ inline bool release() {
   bool released = false;
   for (int c = 0; c < g_cta.ctas; ++c)
     released |= release_group(c * g_cta.threads, (c + 1) * g_cta.threads, Wait::kBlock);
+  if (released) return true;
+  // a named barrier (bar.sync id, count): once `count` threads of the CTA wait at it
+  for (int c = 0; c < g_cta.ctas; ++c) {
+    const int first = c * g_cta.threads, last = first + g_cta.threads;
+    for (int t = first; t < last; ++t) {
+      if (g_cta.wait[t] != Wait::kNamed) continue;
+      unsigned waiting = 0;
+      for (int u = first; u < last; ++u) waiting += g_cta.wait[u] == Wait::kNamed && g_cta.named[u] == g_cta.named[t];
+      if (waiting != g_cta.named_count[t]) continue;
+      const unsigned id = g_cta.named[t];
+      for (int u = first; u < last; ++u)
+        if (g_cta.wait[u] == Wait::kNamed && g_cta.named[u] == id) g_cta.wait[u] = Wait::kRunning;
+      released = true;
+    }
+  }
   if (released) return true;
   for (int c = 0; c < g_cta.ctas; ++c)
     for (int w = 0; 32 * w < g_cta.threads; ++w) {
@@ -303,6 +321,7 @@ inline void run_cta() {
                      g_cta.wait[t] == Wait::kWarp    ? "syncwarp"
                      : g_cta.wait[t] == Wait::kBlock ? "syncthreads"
                      : g_cta.wait[t] == Wait::kCluster ? "barrier.cluster"
+                     : g_cta.wait[t] == Wait::kNamed   ? "bar.sync"
                                                        : "spin");
     std::fprintf(stderr, "\n");
     std::abort();
@@ -314,6 +333,18 @@ inline void __syncthreads() { emu::arrive(emu::Wait::kBlock); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::arrive(emu::Wait::kWarp); }
 // barrier.cluster.arrive + barrier.cluster.wait: every thread of every CTA of the cluster.
 inline void emu_cluster_barrier() { emu::arrive(emu::Wait::kCluster); }
+// bar.sync ID, count (ID 1-15): released once `count` threads of the CTA wait at it.
+template <unsigned ID>
+inline void named_barrier_sync(unsigned count) {
+  const unsigned id = ID;
+  if (id == 0 || id > 15 || count == 0 || count % 32 != 0 || count > blockDim.x) {
+    std::fprintf(stderr, "bar.sync %u, %u: the id must be 1-15 and the count whole warps of the block\n", id, count);
+    std::abort();
+  }
+  emu::g_cta.named[emu::g_thread] = id;
+  emu::g_cta.named_count[emu::g_thread] = count;
+  emu::arrive(emu::Wait::kNamed);
+}
 // One CTA runs at a time, on one host thread: a fence orders nothing more, an atomic is a
 // plain read-modify-write, and a load that bypasses L1 is a load.
 inline void __threadfence() {}
@@ -358,9 +389,9 @@ inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 // divide grid.x) together.
 template <class F> void launch(dim3 grid, int threads, F kernel) {
   const unsigned cluster = emu::g_cluster_x;
-  if (threads < 1 || threads * static_cast<int>(cluster) > emu::kMaxThreads) {
-    std::fprintf(stderr, "launch with %d threads in clusters of %u: a cluster has 1 to %d\n", threads, cluster,
-                 emu::kMaxThreads);
+  if (threads < 1 || threads > emu::kMaxThreads || threads * static_cast<int>(cluster) > emu::kMaxFibers) {
+    std::fprintf(stderr, "launch with %d threads in clusters of %u: a block has 1 to %d, a cluster at most %d\n",
+                 threads, cluster, emu::kMaxThreads, emu::kMaxFibers);
     std::abort();
   }
   if (cluster < 1 || grid.x % cluster != 0) {

@@ -22,9 +22,9 @@ constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 196704;  // Ws: 6 stages and 12 mba
 namespace gemm_sm90_emu {
 namespace {
 alignas(1024) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];  // the swizzle atoms
-// The second CTA's of a cluster of two (the _c2 entry points): each CTA its own window,
-// which the kernel reaches through cta_smem (mbarrier_emu.h).
-alignas(1024) unsigned char gemm_sm90_smem_peer[GEMM_SM90_SMEM_CAPACITY];
+// The other CTAs' of a cluster (the _c2 entry points: 2; the _csplit ones: S, up to
+// MAX_CLUSTER): each CTA its own window, which the kernel reaches through cta_smem.
+alignas(1024) unsigned char gemm_sm90_smem_peers[MAX_CLUSTER - 1][GEMM_SM90_SMEM_CAPACITY];
 }  // namespace
 #pragma push_macro("__shared__")
 #undef __shared__
@@ -109,8 +109,9 @@ int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads,
 // its running totals in ws [M, N]), gemm_sm90_ws_{bf16,f32}_decode_split (PARTIAL on the
 // decode tile), gemm_sm90_ws_{bf16,f32}_m64_split (PARTIAL on the 64 x 128 tile). w is the
 // packed weight for gemm_sm90_ws_*.
-// The _c2 entry points run in clusters of two CTAs along x (emu::g_cluster_x), each with
-// its own shared memory. Returns as run_gemm_sm90, or 4: a _c2 grid.x that is odd.
+// The _c2 entry points run in clusters of two CTAs along x (emu::g_cluster_x), the _csplit
+// ones in clusters of the split count S, each CTA with its own shared memory. Returns as
+// run_gemm_sm90, or 4: a grid.x that is not whole clusters (or a cluster past 8).
 int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
                         const unsigned short* x, const void* w, float* ws, void* y, unsigned* counters, int M,
                         int N, int K, int split_len) {
@@ -183,19 +184,47 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_f32_fold_c2(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_gated_fold_c2")
     body = [&] { e::gemm_sm90_ws_gated_fold_c2(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  // The cluster split (S CTAs a cluster; ws and counters unused).
+  if (n == "gemm_sm90_ws_bf16_csplit")
+    body = [&] { e::gemm_sm90_ws_bf16_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_csplit")
+    body = [&] { e::gemm_sm90_ws_f32_csplit(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_csplit")
+    body = [&] { e::gemm_sm90_ws_gated_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_decode_csplit")
+    body = [&] { e::gemm_sm90_ws_bf16_decode_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_decode_csplit")
+    body = [&] { e::gemm_sm90_ws_f32_decode_csplit(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_decode_csplit")
+    body = [&] { e::gemm_sm90_ws_gated_decode_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_m64_csplit")
+    body = [&] { e::gemm_sm90_ws_bf16_m64_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_m64_csplit")
+    body = [&] { e::gemm_sm90_ws_f32_m64_csplit(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_m64_csplit")
+    body = [&] { e::gemm_sm90_ws_gated_m64_csplit(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
   if (!body) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
   const bool warp_specialized = n.rfind("gemm_sm90_ws_", 0) == 0;
-  const bool cluster = n.size() > 3 && n.compare(n.size() - 3, 3, "_c2") == 0;
-  if (cluster && grid_x % 2 != 0) return 4;  // a cluster launch of a grid that is not whole clusters
+  const auto ends_with = [&](const char* tail) {
+    const std::string t = tail;
+    return n.size() > t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
+  };
+  // CTAs a cluster: 2 (_c2), the split count (_csplit: the tile's S splits), else 1
+  const unsigned cluster = ends_with("_c2") ? 2u
+                           : ends_with("_csplit") && split_len > 0 ? static_cast<unsigned>((K + split_len - 1) / split_len)
+                                                                   : 1u;
+  if (cluster > MAX_CLUSTER || grid_x % cluster != 0) return 4;  // a grid that is not whole clusters
   std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
-  std::memset(e::gemm_sm90_smem_peer, 0xFF, sizeof e::gemm_sm90_smem_peer);
   g_ptx_smem = e::gemm_sm90_smem;
   g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
-  if (cluster) {  // each CTA of the cluster its own window, the running thread's in g_ptx_smem
+  if (cluster > 1) {  // each CTA of the cluster its own window, the running thread's in g_ptx_smem
     g_cluster_smem[0] = e::gemm_sm90_smem;
-    g_cluster_smem[1] = e::gemm_sm90_smem_peer;
-    emu::g_cluster_x = 2;
+    for (unsigned r = 1; r < cluster; ++r) {
+      std::memset(e::gemm_sm90_smem_peers[r - 1], 0xFF, GEMM_SM90_SMEM_CAPACITY);
+      g_cluster_smem[r] = e::gemm_sm90_smem_peers[r - 1];
+    }
+    emu::g_cluster_x = cluster;
     emu::g_on_switch = [](unsigned rank) { g_ptx_smem = g_cluster_smem[rank]; };
   }
   int left_behind = 0;
@@ -207,7 +236,7 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
   });
   emu::g_cluster_x = 1;
   emu::g_on_switch = nullptr;
-  g_cluster_smem[0] = g_cluster_smem[1] = nullptr;
+  for (auto& window : g_cluster_smem) window = nullptr;
   g_ptx_smem = nullptr;
   g_ptx_smem_bytes = 0;
   return left_behind == 0 ? 0 : 3;

@@ -447,9 +447,12 @@ class PdlDriver:
     so every thread of it must call pdl_enter (checked when it runs, replays included)."""
 
     def launch(self, fn: RawKernel, grid: tuple[int, ...], block: tuple[int, ...],
-               args: tuple[Any, ...], shared_mem: int) -> None:  # fmt: skip
+               args: tuple[Any, ...], shared_mem: int, *, programmatic: bool = True,
+               cluster: int = 1) -> None:  # fmt: skip
         from reprise.cuda import pdl
 
+        if cluster != 1 or not programmatic:
+            raise NotImplementedError("the emulation launches no cluster (it runs gemm.cu)")
         pdl.launch_config(grid, block, shared_mem, 0)
         pdl.pack_args(args)
         fn(grid, block, tuple(args), shared_mem=shared_mem, pdl=True)

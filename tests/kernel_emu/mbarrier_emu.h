@@ -35,8 +35,8 @@ inline unsigned long long mbar_key(unsigned rank, unsigned addr) {
 
 // Clusters: the shared-memory window of each CTA of the running cluster (the driver's),
 // the one ptx_emu.h's g_ptx_smem points at for the running thread's CTA.
-constexpr unsigned MAX_CLUSTER = 2;
-inline unsigned char* g_cluster_smem[MAX_CLUSTER] = {nullptr, nullptr};
+constexpr unsigned MAX_CLUSTER = 8;  // the portable cluster size
+inline unsigned char* g_cluster_smem[MAX_CLUSTER] = {};
 
 // The host pointer behind `bytes` at shared address `addr` of CTA `rank` of the cluster.
 inline unsigned char* cluster_smem_at(unsigned rank, unsigned addr, unsigned bytes, unsigned align) {
@@ -142,8 +142,16 @@ inline void mbar_emu_reset() {
 
 // ---- clusters (gemm_sm90.cu's cluster entry points) --------------------------------------
 
-// %cluster_ctarank
+// %cluster_ctarank, %cluster_nctarank
 inline unsigned cluster_ctarank() { return emu::g_rank; }
+inline unsigned cluster_size() { return emu::g_cluster_x; }
+
+// mapa.shared::cluster + ld.shared::cluster.f32: the word at offset `addr` of CTA `rank`.
+inline float ld_peer_f32(unsigned addr, unsigned rank) {
+  float v;
+  std::memcpy(&v, cluster_smem_at(rank, addr, 4, 4), 4);
+  return v;
+}
 
 // barrier.cluster.arrive.release + barrier.cluster.wait.acquire: every thread of the
 // cluster (cuda_emu.h's emu_cluster_barrier).

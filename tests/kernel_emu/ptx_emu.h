@@ -88,7 +88,7 @@ struct PtxThread {  // a thread's own state (threads are fibers: no thread_local
   std::vector<std::vector<PtxCopy>> groups;  // committed, oldest first
   unsigned phase = 0;                        // the staging buffer of its next collective
 };
-inline PtxThread g_ptx_threads[emu::kMaxThreads];
+inline PtxThread g_ptx_threads[emu::kMaxFibers];
 inline PtxThread& ptx_thread() { return g_ptx_threads[emu::g_thread]; }  // the fiber's (cuda_emu.h)
 
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes = valid ? 16 : 0).
@@ -137,7 +137,7 @@ inline bool ptx_emu_cp_async_drained() {
 // next barrier also orders this collective's reads before the buffer's next writes.
 
 constexpr int PTX_STAGE_WORDS = 8;
-inline unsigned g_ptx_stage[2][32][32][PTX_STAGE_WORDS];  // [phase][warp][lane][word]
+inline unsigned g_ptx_stage[2][emu::kMaxFibers / 32][32][PTX_STAGE_WORDS];  // [phase][fiber / 32][lane][word]
 
 // Publish this lane's `n` words; returns the warp's rows: lane L's word i at [L][i].
 inline const unsigned (*ptx_warp_gather(const unsigned* mine, int n))[PTX_STAGE_WORDS] {

@@ -89,7 +89,7 @@ struct WgmmaThread {
   std::vector<std::vector<WgmmaOp>> groups;  // committed, oldest first
   bool fenced = false;
 };
-inline WgmmaThread g_wgmma_threads[emu::kMaxThreads];
+inline WgmmaThread g_wgmma_threads[emu::kMaxFibers];
 inline WgmmaThread& wgmma_thread() { return g_wgmma_threads[emu::g_thread]; }  // the fiber's
 
 // D fragment of .m64nNk16 with an fp32 accumulator (PTX ISA, "Register Fragments and
