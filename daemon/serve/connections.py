@@ -110,7 +110,12 @@ class Connections:
         self._next_id = 1
         self._lock = threading.Lock()  # guards _conns, each _Conn's queues, _dirty
         self._dirty: set[ConnId] = set()  # connections whose interest or fate changed
-        self._arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()
+        # NOTE: a Queue, not a SimpleQueue: on CPython 3.11 a signal that interrupts
+        # SimpleQueue.get(timeout) near its deadline can leave the call blocked for good,
+        # with the signal's Python handler never run (its C loop retries the lock with the
+        # remaining time gone negative, which means forever), so the loop's timed wait here
+        # made a SIGTERM hang the daemon (seen in CI, 2026-11-28; tests/test_server_signals.py).
+        self._arrivals: queue.Queue[Arrival] = queue.Queue()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
