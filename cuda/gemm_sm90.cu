@@ -722,10 +722,10 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
 // consumer thread releases it on its own CTA's empty barrier and on the peer's, which
 // count both CTAs' active consumers. A cluster barrier after the barriers' init (no
 // multicast or remote arrival before the peer's barriers exist) and one before exit (none
-// into a CTA that has left). Why: the tiles' loads come from L2, and at M = 2,048 every
-// large-M launch (128 x 128 FOLD, wide WHOLE) ran at 6.1-6.9 TB/s of it, the same rate
-// whatever the tile (bench/results/2026-11-28-h200): sharing the weight tile halves its
-// L2 reads. The x tile (cp.async, the CTA's own rows) and every MMA are unchanged, so
+// into a CTA that has left). Why: the tiles' loads come from L2, and the large-M launches
+// of bench/results/2026-11-28-h200 (128 x 128 FOLD, wide WHOLE) imply 6.1-6.9 TB/s of
+// them (tile bytes over the measured time, not a counter), the same rate whatever the
+// tile: sharing the weight tile halves the weight's L2 reads. The x tile (cp.async, the CTA's own rows) and every MMA are unchanged, so
 // the element's bits are (the invariance argument above). The launcher pairs m tiles
 // that both hold rows (an even number of m tiles), which the kernel checks.
 template <class T, Split MODE, int CLUSTER = 1, class OutT, class FinalT>

@@ -256,11 +256,11 @@ def gemm_sm90(
         args = (x, weight, out, *dims)
     swizzled = w.swizzled if packed else True
     fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), swizzled, PAD_ONCE)
-    if plan.kernel.endswith("_csplit"):  # clusters of the tile's splits: a launch attribute
-        launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes,
-                      cluster=plan.cluster)  # fmt: skip
-    else:  # the _c2 entry points declare their clusters themselves (__cluster_dims__)
-        launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
+    # the cluster split's clusters are a launch attribute; the _c2 entry points declare
+    # theirs themselves (__cluster_dims__), so they launch as any kernel
+    attribute = plan.cluster if plan.kernel.endswith("_csplit") else 1
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes,
+                  cluster=attribute)  # fmt: skip
     return out
 
 

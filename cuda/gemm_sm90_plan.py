@@ -212,8 +212,9 @@ GATED_BY_DEFAULT = False
 # and 2c + 1 of one n tile, each bringing half of every weight tile and multicasting it to
 # both; gemm_sm90.cu's CLUSTER = 2) for WHOLE on WS and the wide tile and for FOLD on WS,
 # where the m tiles are even in number (`cluster_pairs`). Why: at M = 2,048 on an H200
-# (2026-11-28) the 128 x 128 FOLD and the wide WHOLE both ran at 6.1-6.9 TB/s of shared
-# tiles read from L2, whatever the tile, which suggests L2 bandwidth is their bound;
+# (2026-11-28) the 128 x 128 FOLD and the wide WHOLE both imply 6.1-6.9 TB/s of tiles
+# read from L2 (tile bytes over the measured times; no counter read it), whatever the
+# tile, which suggests L2 bandwidth is their bound;
 # sharing the weight tile cuts a CTA's L2 reads by a quarter (128 x 128: 32 to 24 KB a
 # k-tile) or a third (wide: 48 to 32). The same wgmma per element in the same order, so
 # the same bits (emulated: tests/test_gemm_sm90.py). Off until a GPU has run it

@@ -27,6 +27,20 @@ PACK=results-followup.tgz
 source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
+# part NAME LIMIT with gemm_sm90_plan.FLAG set True in the process, running bench_gpu_e2e
+# with the arguments that follow (a path not yet a default, beside the default's rows)
+flag_part() {
+  local name=$1 limit=$2 flag=$3
+  shift 3
+  local args
+  args=$(printf "'%s', " "$@")
+  part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import gemm_sm90_plan as plan
+plan.$flag = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main([$args]))"
+}
 part check 180 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
   tests/test_disk_staging.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
@@ -97,26 +111,14 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
 # process), beside the e2e part's default rows: 8B decode and prefill, and against the
 # cuBLAS engine (issue 18's invariant / cuBLAS prefill, 1.28 on 2026-11-28); then the
 # default model's decode beside e2e_default
-part gated_e2e 90 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.GATED_BY_DEFAULT = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--sections', 'floors,decode,prefill,kernels,cublas', '--batches', '1,64',
-               '--out', '$OUT/gpu_e2e_gated.json']))"
+flag_part gated_e2e 90 GATED_BY_DEFAULT --sections floors,decode,prefill,kernels,cublas --batches 1,64 --out "$OUT/gpu_e2e_gated.json"
 grep -E "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|Error" \
   "$OUT/gated_e2e.out" | cut -c1-150 | head -24
 # the engine with the cluster entry points on (CLUSTER_BY_DEFAULT in the process: two CTAs
 # along M multicasting each weight tile, for every prefill product of an even count of m
 # tiles), beside the e2e part's rows: 8B prefill and against the cuBLAS engine (issue 18's
 # invariant / cuBLAS prefill, and the sm90 part's c2 column for the GEMMs alone)
-part cluster_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.CLUSTER_BY_DEFAULT = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--sections', 'floors,prefill,cublas', '--batches', '1',
-               '--out', '$OUT/gpu_e2e_cluster.json']))"
+flag_part cluster_e2e 60 CLUSTER_BY_DEFAULT --sections floors,prefill,cublas --batches 1 --out "$OUT/gpu_e2e_cluster.json"
 grep -E "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
   "$OUT/cluster_e2e.out" | cut -c1-150 | head -24
 # the engine with the cluster split on (CSPLIT_BY_DEFAULT in the process: each split
@@ -124,28 +126,10 @@ grep -E "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
 # memory, not a workspace, a fence and a counter), beside the e2e and e2e_default parts'
 # rows: 8B decode b=1 (issue 18's 1.3x the weights-read floor) and the default model's
 # decode b=1 (issue 18's 1,500 tokens/s), each with where its step's time goes
-part csplit_e2e 60 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.CSPLIT_BY_DEFAULT = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--sections', 'floors,decode,kernels', '--batches', '1',
-               '--out', '$OUT/gpu_e2e_csplit.json']))"
+flag_part csplit_e2e 60 CSPLIT_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_csplit.json"
 grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
   "$OUT/csplit_e2e.out" | cut -c1-150 | head -24
-part csplit_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.CSPLIT_BY_DEFAULT = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--like', 'smollm2-135m', '--sections', 'decode,kernels', '--batches', '1',
-               '--out', '$OUT/gpu_e2e_csplit_default.json']))"
+flag_part csplit_default 30 CSPLIT_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_csplit_default.json"
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/csplit_default.out" | cut -c1-150
-part gated_default 30 env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import gemm_sm90_plan as plan
-plan.GATED_BY_DEFAULT = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main(['--like', 'smollm2-135m', '--sections', 'decode,kernels', '--batches', '1',
-               '--out', '$OUT/gpu_e2e_gated_default.json']))"
+flag_part gated_default 30 GATED_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_gated_default.json"
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150

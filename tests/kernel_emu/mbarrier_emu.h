@@ -41,8 +41,9 @@ inline unsigned char* g_cluster_smem[MAX_CLUSTER] = {};
 // The host pointer behind `bytes` at shared address `addr` of CTA `rank` of the cluster.
 inline unsigned char* cluster_smem_at(unsigned rank, unsigned addr, unsigned bytes, unsigned align) {
   if (rank >= emu::g_cluster_x) ptx_emu_fail("a CTA rank past the cluster", rank);
-  if (!emu::cta_live(rank)) ptx_emu_fail("shared memory of a CTA that has exited", rank);
   if (emu::g_cluster_x == 1) return ptx_smem_at(addr, bytes, align);
+  // another CTA's memory (the running thread's own CTA is live): only while it is there
+  if (rank != emu::g_rank && !emu::cta_live(rank)) ptx_emu_fail("shared memory of a CTA that has exited", rank);
   if (addr % align != 0) ptx_emu_fail("misaligned shared address", addr);
   if (static_cast<unsigned long long>(addr) + bytes > g_ptx_smem_bytes)
     ptx_emu_fail("shared access past the dynamic shared memory", addr);
