@@ -111,6 +111,12 @@ def encode_ids(ids: Sequence[int] | np.ndarray, name: str = "token ids") -> byte
         raise ValueError(f"{name} must be integers in [0, 2**64); got {bad!r}") from None
 
 
+def decode_blocks(id_bytes: bytes, block_size: int) -> list[tuple[int, ...]]:
+    """`encode_ids`' bytes of whole blocks back to each block's ids."""
+    unpack = struct.Struct(f">{block_size}Q").unpack_from
+    return [unpack(id_bytes, start) for start in range(0, len(id_bytes), 8 * block_size)]
+
+
 def _namespace_fields(namespace: Namespace) -> bytes:
     salt = namespace.cache_salt
     if salt is None:

@@ -12,6 +12,11 @@ Guarantees:
   block's parent is findable, and a cached chain never has a hole.
 - Every change reaches the event sink; a tier move is stored in the new
   medium before it is removed from the old one.
+- A findable entry without extra ids is also found by what it holds: its parent key
+  and its token ids as keys encode them (`chain_of_ids`). A digest is a function of
+  exactly that (and the model, fixed per pool), so a chain found this way has the
+  digests hashing its ids would give, without hashing them (a cached prompt's
+  admission: a dict lookup a block instead of a SHA-256).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from .events import (
     EventSink,
 )
 from .free_queue import EvictionQueue
-from .hashing import BlockHash, Namespace
+from .hashing import BlockHash, Namespace, encode_ids
 from .host import HostTier
 
 ParentKey = BlockHash | Namespace  # a first block's parent is its namespace's root
+ContentKey = tuple[ParentKey, bytes]  # (parent key, the block's ids as keys encode them)
 
 
 def parent_key(block: CachedBlock) -> ParentKey:
@@ -40,6 +46,14 @@ def parent_key(block: CachedBlock) -> ParentKey:
         return block.parent_hash
     assert block.namespace is not None, block
     return block.namespace
+
+
+def content_key(block: CachedBlock) -> ContentKey | None:
+    """What an entry without extra ids is found by in `chain_of_ids`; None with them."""
+    assert block.key is not None, block
+    if block.key.extra_ids is not None:
+        return None
+    return parent_key(block), encode_ids(block.key.token_ids)
 
 
 def medium_of(block: CachedBlock) -> str:
@@ -64,6 +78,8 @@ class CacheIndex:
         self._event_sink = event_sink
         # Dicts as insertion-ordered sets, so every walk is deterministic.
         self._children: dict[ParentKey, dict[BlockHash, None]] = {}
+        # The digest of the findable entry holding each content (entries without extra ids)
+        self._by_content: dict[ContentKey, BlockHash] = {}
         self._serials = itertools.count(1)
 
     def lookup(self, block_hash: BlockHash) -> CachedBlock | None:
@@ -115,6 +131,43 @@ class CacheIndex:
             parent_hash = block_hash
         return entries
 
+    def chain_of_ids(self, namespace: Namespace, id_bytes: bytes) -> list[BlockHash]:
+        """The digests of the longest chain of findable entries, either tier, holding
+        `id_bytes` block by block (ids as keys encode them, a whole number of blocks)
+        from `namespace`'s root: those hashing the blocks gives. Entries with extra
+        ids are never found this way."""
+        width = 8 * self.block_size
+        get = self._by_content.get
+        chain: list[BlockHash] = []
+        parent: ParentKey = namespace
+        for start in range(0, len(id_bytes) - width + 1, width):
+            block_hash = get((parent, id_bytes[start : start + width]))
+            if block_hash is None:
+                break
+            chain.append(block_hash)
+            parent = block_hash
+        return chain
+
+    def find_prefix_by_ids(
+        self, block_hashes: Sequence[BlockHash], id_bytes: bytes, namespace: Namespace
+    ) -> list[CachedBlock]:
+        """`find_prefix` for blocks without extra ids given as their ids encoded as keys
+        encode them: each entry is confirmed by the content map (its parent key and
+        ids hold exactly under its digest), with no tuple of ids made or compared."""
+        width = 8 * self.block_size
+        get, lookup = self._by_content.get, self.lookup
+        entries: list[CachedBlock] = []
+        parent: ParentKey = namespace
+        for idx, block_hash in enumerate(block_hashes):
+            start = idx * width
+            if get((parent, id_bytes[start : start + width])) != block_hash:
+                break
+            entry = lookup(block_hash)
+            assert entry is not None, "the content map names an entry that is gone"
+            entries.append(entry)
+            parent = block_hash
+        return entries
+
     def find_partial(
         self, parent: ParentKey, token_ids: Sequence[int], extra_ids: Sequence[int] | None
     ) -> tuple[CachedBlock, int] | None:
@@ -143,6 +196,10 @@ class CacheIndex:
         block.namespace, block.serial = namespace, next(self._serials)
         self.device[block_hash] = block
         self._children.setdefault(parent_key(block), {})[block_hash] = None
+        if (content := content_key(block)) is not None:
+            # a digest is a function of its content: only made-up digests (tests) can
+            # give one content two, and the first entry keeps it then
+            self._by_content.setdefault(content, block_hash)
         if self._event_sink is not None:  # an event is made only for a sink that keeps it
             self._event_sink(self._stored_event(block))
 
@@ -191,6 +248,7 @@ class CacheIndex:
             self._host_tier.clear(now)
         self.device.clear()
         self._children.clear()
+        self._by_content.clear()
         if self._event_sink is not None:
             self._event_sink(AllBlocksCleared())
 
@@ -222,10 +280,19 @@ class CacheIndex:
                 assert child is not None and parent_key(child) == key, child_hash
                 num_children += 1
         assert num_children == len(entries), (num_children, len(entries))
+        for content, block_hash in self._by_content.items():
+            entry = self.lookup(block_hash)
+            assert entry is not None and content_key(entry) == content, block_hash
+        # every mapping names an entry holding it; an entry no mapping names shares its
+        # content with another's made-up digest (tests), as insert's note says
+        assert len(self._by_content) <= sum(content_key(e) is not None for e in entries)
 
     def _forget(self, block: CachedBlock, now: float) -> None:
         assert block.block_hash is not None
         block_hash, medium = block.block_hash, medium_of(block)
+        content = content_key(block)
+        if content is not None and self._by_content.get(content) == block_hash:
+            del self._by_content[content]
         if isinstance(block, KVBlock):
             del self.device[block_hash]
             self._device_queue.make_blank(block, now)

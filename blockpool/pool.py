@@ -70,7 +70,7 @@ from .copies import DISK_WRITE_KINDS, PINNED_KINDS, BlockCopy
 from .disk import DiskTier
 from .events import EventSink
 from .free_queue import EvictionQueue
-from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
+from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, decode_blocks
 from .host import HostTier
 from .index import CacheIndex, ParentKey
 from .pool_disk import DiskSide
@@ -229,10 +229,19 @@ class BlockPool(DiskSide):
             assert block.ref_count > 0 or block.block_hash is not None, f"block {block_id} is blank"
             self._hold(block)
 
+    def chain_of_ids(self, id_bytes: bytes, namespace: Namespace | None = None) -> list[BlockHash]:
+        """The keys of the longest cached chain (device or host) holding `id_bytes` (ids
+        as keys encode them, `hashing.encode_ids`, a whole number of blocks, no extra
+        ids) under `namespace`: those `hash_encoded_blocks` gives its blocks, found
+        by content instead of hashed. Takes nothing; [] with reuse off."""
+        if not self.enable_reuse:
+            return []
+        return self._index.chain_of_ids(namespace or DEFAULT_NAMESPACE, id_bytes)
+
     def match(
         self,
         block_hashes: Sequence[BlockHash],
-        token_ids_per_block: Sequence[Sequence[int]],
+        token_ids_per_block: Sequence[Sequence[int]] | bytes,
         *,
         extra_ids_per_block: Sequence[Sequence[int] | None] | None = None,
         namespace: Namespace | None = None,
@@ -246,8 +255,21 @@ class BlockPool(DiskSide):
         device blocks; if none is free, the match ends before that block. With
         `priority`, the matched blocks take this request's retention (the
         latest request's retention wins, as in TensorRT-LLM).
+
+        The blocks' ids may come as one `bytes`, every block's ids as keys encode them
+        (`hashing.encode_ids`), for blocks without extra ids: each hit is then confirmed
+        by the index's content map instead of a tuple of ids (the same hits).
         """
-        if len(token_ids_per_block) != len(block_hashes):
+        if isinstance(token_ids_per_block, bytes):
+            width = 8 * self.block_size
+            if len(token_ids_per_block) != width * len(block_hashes):
+                raise ValueError(
+                    f"{len(block_hashes)} hashes but {len(token_ids_per_block)} bytes of ids "
+                    f"({width} a block)"
+                )
+            if extra_ids_per_block is not None:
+                raise ValueError("ids given as bytes hold no extra ids: give them per block")
+        elif len(token_ids_per_block) != len(block_hashes):
             raise ValueError(
                 f"{len(block_hashes)} hashes but {len(token_ids_per_block)} token blocks"
             )
@@ -259,7 +281,11 @@ class BlockPool(DiskSide):
             priority = validate_priority(priority)
         duration_s = validate_duration(priority_duration_s)
         hits: list[CachedBlock] = []
-        if self.enable_reuse:
+        if self.enable_reuse and isinstance(token_ids_per_block, bytes):
+            hits = self._index.find_prefix_by_ids(
+                block_hashes, token_ids_per_block, namespace or DEFAULT_NAMESPACE
+            )
+        elif self.enable_reuse:
             hits = self._index.find_prefix(
                 block_hashes,
                 token_ids_per_block,
@@ -295,6 +321,8 @@ class BlockPool(DiskSide):
                 self._copies_ready()  # these onboards (and offloads) start while we go on
         num_disk_hits = 0
         if self.enable_reuse and len(block_ids) == len(hits) < len(block_hashes):
+            if isinstance(token_ids_per_block, bytes):
+                token_ids_per_block = decode_blocks(token_ids_per_block, self.block_size)
             num_disk_hits = self._match_disk(
                 block_hashes, token_ids_per_block, extra_ids_per_block, namespace, block_ids, now
             )

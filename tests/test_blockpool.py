@@ -23,7 +23,7 @@ from reprise.blockpool.events import (
     BlockStored,
     EventQueue,
 )
-from reprise.blockpool.hashing import Hasher, Namespace, hash_token_blocks, sha256
+from reprise.blockpool.hashing import Hasher, Namespace, encode_ids, hash_token_blocks, sha256
 from reprise.blockpool.host import HostTier
 from reprise.blockpool.pool import BlockPool
 
@@ -192,6 +192,48 @@ def test_match_stops_at_the_first_miss_and_when_stored_tokens_differ() -> None:
     # The right digests with other tokens: a miss, never a hit on the digest alone.
     assert pool.match(req.hashes, [toks(1000)] * 3).block_ids == []
     assert pool.match(req.hashes[1:], req.blocks[1:]).block_ids == []  # no parent: no hit
+    pool.check_integrity()
+
+
+def test_ids_as_bytes_find_the_chain_by_content_and_match_as_tuples_do() -> None:
+    """The engine's way (ids as keys encode them): `chain_of_ids` gives the keys hashing
+    gives for the cached prefix, a match confirms by the content map the hits tuples
+    of ids confirm (the same misses: other tokens under the right digests, another
+    namespace, no parent), and the disk-less tail of a chain is simply not found."""
+    pool, _, _ = make_pool()
+    req = Request(toks(0, 3 * BS))
+    pool.free(req.run(pool))
+    given = encode_ids(req.tokens)
+    assert pool.chain_of_ids(given) == req.hashes
+    assert pool.chain_of_ids(given[: 2 * 8 * BS]) == req.hashes[:2]
+    assert pool.chain_of_ids(given, Namespace("salt")) == []
+    other = Request([*toks(0, BS), *toks(500, 2 * BS)])
+    assert pool.chain_of_ids(encode_ids(other.tokens)) == req.hashes[:1] == other.hashes[:1]
+    assert pool.match(other.hashes, encode_ids(other.tokens)).block_ids == [0]
+    assert pool.match(req.hashes, encode_ids(toks(1000, 3 * BS))).block_ids == []
+    assert pool.match(req.hashes[1:], given[8 * BS :]).block_ids == []  # no parent: no hit
+    assert pool.match(req.hashes, given, namespace=Namespace("salt")).block_ids == []
+    assert pool.match(req.hashes, given).block_ids == [0, 1, 2]
+    with pytest.raises(ValueError, match="3 hashes but 256 bytes of ids"):
+        pool.match(req.hashes, given[:256])
+    with pytest.raises(ValueError, match="no extra ids"):
+        pool.match(req.hashes, given, extra_ids_per_block=[[1] * BS] * 3)
+    pool.free([0, 0, 1, 2])  # the two matches that hit
+    pool.check_integrity()
+    # forgotten entries leave the content map: nothing found, nothing stale
+    pool.clear()
+    assert pool.chain_of_ids(given) == [] and pool.match(req.hashes, given).block_ids == []
+    pool.check_integrity()
+
+
+def test_blocks_with_extra_ids_are_never_found_by_content() -> None:
+    pool, _, _ = make_pool()
+    tokens = toks(0, 2 * BS)
+    with_extra = Request(tokens, extra_ids=[1] * (2 * BS))
+    pool.free(with_extra.run(pool))
+    assert pool.chain_of_ids(encode_ids(tokens)) == []
+    assert pool.match(Request(tokens).hashes, encode_ids(tokens)).block_ids == []
+    assert with_extra.match(pool) == [0, 1]  # found as before, by its ids and extra ids
     pool.check_integrity()
 
 

@@ -36,6 +36,7 @@ from reprise.blockpool.disk_config import DiskTierConfig
 from reprise.blockpool.hashing import (
     BlockHash,
     Namespace,
+    encode_ids,
     hash_block,
     hash_token_blocks,
     sha256,
@@ -171,10 +172,11 @@ class PoolMachine(RuleBasedStateMachine):
         duration=st.sampled_from([None, 1.0, 5.0]),
         use_partial=st.booleans(),
         keep=st.booleans(),
+        by_ids=st.booleans(),
     )
-    def start_request(self, tokens, ns_idx, priority, duration, use_partial, keep) -> None:
+    def start_request(self, tokens, ns_idx, priority, duration, use_partial, keep, by_ids) -> None:
         self.history.append((tokens, NAMESPACES[ns_idx]))
-        self._start(tokens, NAMESPACES[ns_idx], priority, duration, use_partial, keep)
+        self._start(tokens, NAMESPACES[ns_idx], priority, duration, use_partial, keep, by_ids)
 
     @precondition(lambda self: self.history)
     @rule(
@@ -182,13 +184,16 @@ class PoolMachine(RuleBasedStateMachine):
         priority=st.sampled_from([None, *PRIORITIES]),
         use_partial=st.booleans(),
         keep=st.booleans(),
+        by_ids=st.booleans(),
     )
-    def repeat_request(self, pick, priority, use_partial, keep) -> None:
+    def repeat_request(self, pick, priority, use_partial, keep, by_ids) -> None:
         """A prompt seen before: a device hit, a host hit, or a miss after eviction."""
         tokens, namespace = self.history[pick % len(self.history)]
-        self._start(tokens, namespace, priority, None, use_partial, keep)
+        self._start(tokens, namespace, priority, None, use_partial, keep, by_ids)
 
-    def _start(self, tokens, namespace, priority, duration, use_partial, keep) -> None:
+    def _start(
+        self, tokens, namespace, priority, duration, use_partial, keep, by_ids=False
+    ) -> None:
         """Admit a request; unless `keep`, it finishes at once (a one-step request)."""
         pool = self.pool
         hashes = hash_token_blocks(
@@ -197,8 +202,19 @@ class PoolMachine(RuleBasedStateMachine):
         # The last prompt token is always computed, into a block of the request's own.
         hashes = hashes[: (len(tokens) - 1) // BS]
         blocks = [tokens[i * BS : (i + 1) * BS] for i in range(len(hashes))]
+        given: list[list[int]] | bytes = blocks
+        if by_ids:  # as the engine gives them: the keys of its cached blocks found by content
+            given = encode_ids(tokens[: len(hashes) * BS])
+            ns = namespace or Namespace()
+            found = pool.chain_of_ids(given, namespace)
+            assert found == hashes[: len(found)], "a chain found by content has other keys"
+            # the same prefix whether confirmed by tuples of ids or by the content map
+            by_tuples = pool._index.find_prefix(hashes, blocks, None, ns)
+            assert pool._index.find_prefix_by_ids(hashes, given, ns) == by_tuples
+            assert len(found) == len(by_tuples)
+            event(f"found by content: {len(found)} of {len(hashes)}")
         result = pool.match(
-            hashes, blocks, namespace=namespace, priority=priority, priority_duration_s=duration
+            hashes, given, namespace=namespace, priority=priority, priority_duration_s=duration
         )
         block_ids = list(result.block_ids)
         num_cached = len(block_ids) * BS

@@ -179,3 +179,40 @@ def test_events_of_a_salted_request_carry_hashes_only(make_engine) -> None:
     assert {h for e in salted for h in e.block_hashes}.isdisjoint(
         h for e in plain for h in e.block_hashes
     )
+
+
+def test_admission_hashes_no_block_it_finds_cached(make_engine, monkeypatch) -> None:
+    """A prompt's cached blocks are found by their ids (the index's content map), with
+    the keys hashing them gives: only blocks the pool does not hold are hashed, and the
+    blocks, tokens and bits are those of hashing everything (reuse tests above)."""
+    from reprise.blockpool.hashing import hash_encoded_blocks
+    from reprise.daemon.engine import kvmanager
+
+    hashed: list[int] = []
+
+    def counting(parent, token_bytes, block_size, **kwargs):
+        hashed.append(len(token_bytes) // (8 * block_size))
+        return hash_encoded_blocks(parent, token_bytes, block_size, **kwargs)
+
+    monkeypatch.setattr(kvmanager, "hash_encoded_blocks", counting)
+    engine = make_engine(num_device_blocks=64, logits_cache_mb=0)
+    one = SamplingParams(max_tokens=1, temperature=0)
+    prompt = random_prompt(6 * BS + 5, seed=7)  # 6 full blocks, all cached once computed
+    first = engine.generate(prompt, one)
+    assert sum(hashed) == 6
+    hashed.clear()
+    again = engine.generate(prompt, one)
+    assert again.cached_tokens == 6 * BS and sum(hashed) == 0
+    assert again.token_ids == first.token_ids
+    # a shared head of 4 blocks and a new tail of 3: only the tail's blocks are hashed
+    hashed.clear()
+    other = prompt[: 4 * BS] + random_prompt(3 * BS + 2, seed=8)
+    out = engine.generate(other, one)
+    assert out.cached_tokens == 4 * BS and sum(hashed) == 3
+    # a salted request shares nothing with the unsalted chain: all its blocks are hashed
+    hashed.clear()
+    engine.add_request(prompt, one, cache_salt="tenant")
+    while engine.has_work():
+        engine.step()
+    assert sum(hashed) == 6
+    engine.pool.check_integrity()
