@@ -155,14 +155,14 @@ class CacheIndex:
         encode them: each entry is confirmed by the content map (its parent key and
         ids hold exactly under its digest), with no tuple of ids made or compared."""
         width = 8 * self.block_size
-        get, lookup = self._by_content.get, self.lookup
+        get, device_get = self._by_content.get, self.device.get
         entries: list[CachedBlock] = []
         parent: ParentKey = namespace
         for idx, block_hash in enumerate(block_hashes):
             start = idx * width
             if get((parent, id_bytes[start : start + width])) != block_hash:
                 break
-            entry = lookup(block_hash)
+            entry = device_get(block_hash) or self.lookup(block_hash)
             assert entry is not None, "the content map names an entry that is gone"
             entries.append(entry)
             parent = block_hash

@@ -292,33 +292,13 @@ class BlockPool(DiskSide):
                 extra_ids_per_block,
                 namespace or DEFAULT_NAMESPACE,
             )
-        device_hits = []
-        for entry in hits:
-            if isinstance(entry, KVBlock):
-                device_hits.append(entry)
-            else:  # pinned, so that onboarding the earlier hits cannot evict it
-                assert isinstance(entry, HostBlock) and self.host_tier is not None
-                self.host_tier.pin(entry)
-        self._hold_all(device_hits)
+        device_hits = [entry for entry in hits if type(entry) is KVBlock]
         now = self._clock()
-        block_ids: list[BlockId] = []
-        num_host_hits = 0
-        for idx, entry in enumerate(hits):
-            if isinstance(entry, KVBlock):
-                block_ids.append(entry.block_id)
-                continue
-            assert isinstance(entry, HostBlock) and self.host_tier is not None
-            if not len(self._queue):
-                self._unhold(hits[idx:], now)
-                break
-            device_block = self._take_free_block(now)
-            self._index.move(entry, device_block)
-            self._copies.append(self.host_tier.start_onboard(entry, device_block))
-            self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
-            block_ids.append(device_block.block_id)
-            num_host_hits += 1
-            if self._copies_ready is not None and num_host_hits % self._copy_batch == 0:
-                self._copies_ready()  # these onboards (and offloads) start while we go on
+        if len(device_hits) == len(hits):  # all in device memory: nothing to onboard
+            self._hold_all(device_hits)
+            block_ids, num_host_hits = [entry.block_id for entry in device_hits], 0
+        else:
+            block_ids, num_host_hits = self._take_hits(hits, device_hits, now)
         num_disk_hits = 0
         if self.enable_reuse and len(block_ids) == len(hits) < len(block_hashes):
             if isinstance(token_ids_per_block, bytes):
@@ -335,6 +315,37 @@ class BlockPool(DiskSide):
         self._counters.host_onboards += num_host_hits
         self._counters.disk_hits += num_disk_hits
         return MatchResult(block_ids, num_host_hits, num_disk_hits)
+
+    def _take_hits(
+        self, hits: list[CachedBlock], device_hits: list[KVBlock], now: float
+    ) -> tuple[list[BlockId], int]:
+        """Hold a match's device hits and onboard its host hits, in chain order, each
+        into a free device block; stops at the first host hit with none left. Returns
+        the device blocks and how many of them were onboarded."""
+        assert self.host_tier is not None
+        for entry in hits:  # pinned, so that onboarding the earlier hits cannot evict it
+            if isinstance(entry, HostBlock):
+                self.host_tier.pin(entry)
+        self._hold_all(device_hits)
+        block_ids: list[BlockId] = []
+        num_host_hits = 0
+        for idx, entry in enumerate(hits):
+            if isinstance(entry, KVBlock):
+                block_ids.append(entry.block_id)
+                continue
+            assert isinstance(entry, HostBlock)
+            if not len(self._queue):
+                self._unhold(hits[idx:], now)
+                break
+            device_block = self._take_free_block(now)
+            self._index.move(entry, device_block)
+            self._copies.append(self.host_tier.start_onboard(entry, device_block))
+            self.host_tier.unpin(entry, now)  # match's own pin; the copy's pin stays
+            block_ids.append(device_block.block_id)
+            num_host_hits += 1
+            if self._copies_ready is not None and num_host_hits % self._copy_batch == 0:
+                self._copies_ready()  # these onboards (and offloads) start while we go on
+        return block_ids, num_host_hits
 
     def register(
         self,
@@ -555,7 +566,9 @@ class BlockPool(DiskSide):
         block.ref_count -= 1
         if block.ref_count:
             return False
-        if block.block_hash is not None and not self._index.is_findable(block):
+        # a device block is findable where the device map holds it (is_findable, inlined:
+        # a request's release runs this for each of its blocks)
+        if block.block_hash is not None and self._index.device.get(block.block_hash) is not block:
             block.clear_entry()  # a duplicate: its entry lives in another block
         return True
 
