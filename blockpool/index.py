@@ -13,7 +13,7 @@ Guarantees:
 - Every change reaches the event sink; a tier move is stored in the new
   medium before it is removed from the old one.
 - A findable entry without extra ids is also found by what it holds: its parent key
-  and its token ids as keys encode them (`chain_of_ids`). A digest is a function of
+  and its token ids as keys encode them (`find_prefix_by_ids`). A digest is a function of
   exactly that (and the model, fixed per pool), so a chain found this way has the
   digests hashing its ids would give, without hashing them (a cached prompt's
   admission: a dict lookup a block instead of a SHA-256).
@@ -49,7 +49,7 @@ def parent_key(block: CachedBlock) -> ParentKey:
 
 
 def content_key(block: CachedBlock) -> ContentKey | None:
-    """What an entry without extra ids is found by in `chain_of_ids`; None with them."""
+    """What an entry without extra ids is found by in `find_prefix_by_ids`; None with them."""
     assert block.key is not None, block
     if block.key.extra_ids is not None:
         return None
@@ -131,36 +131,23 @@ class CacheIndex:
             parent_hash = block_hash
         return entries
 
-    def chain_of_ids(self, namespace: Namespace, id_bytes: bytes) -> list[BlockHash]:
-        """The digests of the longest chain of findable entries, either tier, holding
-        `id_bytes` block by block (ids as keys encode them, a whole number of blocks)
-        from `namespace`'s root: those hashing the blocks gives. Entries with extra
-        ids are never found this way."""
-        width = 8 * self.block_size
-        get = self._by_content.get
-        chain: list[BlockHash] = []
-        parent: ParentKey = namespace
-        for start in range(0, len(id_bytes) - width + 1, width):
-            block_hash = get((parent, id_bytes[start : start + width]))
-            if block_hash is None:
-                break
-            chain.append(block_hash)
-            parent = block_hash
-        return chain
-
     def find_prefix_by_ids(
         self, block_hashes: Sequence[BlockHash], id_bytes: bytes, namespace: Namespace
     ) -> list[CachedBlock]:
-        """`find_prefix` for blocks without extra ids given as their ids encoded as keys
-        encode them: each entry is confirmed by the content map (its parent key and
-        ids hold exactly under its digest), with no tuple of ids made or compared."""
+        """The entries of the longest findable chain, either tier, holding `id_bytes`
+        block by block (ids as keys encode them, a whole number of blocks) from
+        `namespace`'s root, each found and confirmed by the content map (its parent key
+        and ids hold exactly under its digest) rather than by a tuple of ids; where
+        `block_hashes` gives a block's key, the entry must have it. Past the keys given,
+        the entries' digests are those hashing their blocks gives (a digest is a
+        function of that content). Entries with extra ids are never found this way."""
         width = 8 * self.block_size
         get, device_get = self._by_content.get, self.device.get
         entries: list[CachedBlock] = []
         parent: ParentKey = namespace
-        for idx, block_hash in enumerate(block_hashes):
-            start = idx * width
-            if get((parent, id_bytes[start : start + width])) != block_hash:
+        for idx, start in enumerate(range(0, len(id_bytes) - width + 1, width)):
+            block_hash = get((parent, id_bytes[start : start + width]))
+            if block_hash is None or (idx < len(block_hashes) and block_hash != block_hashes[idx]):
                 break
             entry = device_get(block_hash) or self.lookup(block_hash)
             assert entry is not None, "the content map names an entry that is gone"

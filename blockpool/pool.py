@@ -53,7 +53,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .block import (
@@ -99,6 +99,7 @@ class MatchResult:
     block_ids: list[BlockId]
     num_host_hits: int = 0
     num_disk_hits: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)  # the matched blocks' keys
 
     @property
     def num_blocks(self) -> int:
@@ -236,7 +237,14 @@ class BlockPool(DiskSide):
         by content instead of hashed. Takes nothing; [] with reuse off."""
         if not self.enable_reuse:
             return []
-        return self._index.chain_of_ids(namespace or DEFAULT_NAMESPACE, id_bytes)
+        entries = self._index.find_prefix_by_ids((), id_bytes, namespace or DEFAULT_NAMESPACE)
+        return [entry.block_hash for entry in entries]  # type: ignore[misc]
+
+    @property
+    def searches_disk(self) -> bool:
+        """Whether a match goes on to the disk tier past its memory hits (which it finds
+        by key: a match by ids needs the keys of the blocks past them)."""
+        return self.enable_reuse and self.disk_tier is not None and self.disk_tier.enabled
 
     def match(
         self,
@@ -257,12 +265,16 @@ class BlockPool(DiskSide):
         latest request's retention wins, as in TensorRT-LLM).
 
         The blocks' ids may come as one `bytes`, every block's ids as keys encode them
-        (`hashing.encode_ids`), for blocks without extra ids: each hit is then confirmed
-        by the index's content map instead of a tuple of ids (the same hits).
+        (`hashing.encode_ids`), for blocks without extra ids: each hit is then found and
+        confirmed by the index's content map instead of a tuple of ids (the same hits),
+        and `block_hashes` may stop short of the blocks: past it, a hit's key is the one
+        its entry holds (the key hashing gives), and the disk tier is not searched.
+        `MatchResult.block_hashes` has every matched block's key.
         """
         if isinstance(token_ids_per_block, bytes):
             width = 8 * self.block_size
-            if len(token_ids_per_block) != width * len(block_hashes):
+            num_blocks, rest = divmod(len(token_ids_per_block), width)
+            if rest or num_blocks < len(block_hashes):
                 raise ValueError(
                     f"{len(block_hashes)} hashes but {len(token_ids_per_block)} bytes of ids "
                     f"({width} a block)"
@@ -292,6 +304,8 @@ class BlockPool(DiskSide):
                 extra_ids_per_block,
                 namespace or DEFAULT_NAMESPACE,
             )
+        # the hits' keys, read before any moves to the device tier
+        keys: list[BlockHash] = [entry.block_hash for entry in hits]  # type: ignore[misc]
         device_hits = [entry for entry in hits if type(entry) is KVBlock]
         now = self._clock()
         if len(device_hits) == len(hits):  # all in device memory: nothing to onboard
@@ -306,6 +320,9 @@ class BlockPool(DiskSide):
             num_disk_hits = self._match_disk(
                 block_hashes, token_ids_per_block, extra_ids_per_block, namespace, block_ids, now
             )
+        keys = keys[: len(block_ids) - num_disk_hits] + list(
+            block_hashes[len(block_ids) - num_disk_hits : len(block_ids)]
+        )
         if priority is not None:
             for block_id in block_ids:
                 self.blocks[block_id].set_retention(priority, duration_s)
@@ -314,7 +331,7 @@ class BlockPool(DiskSide):
         self._counters.host_hits += num_host_hits
         self._counters.host_onboards += num_host_hits
         self._counters.disk_hits += num_disk_hits
-        return MatchResult(block_ids, num_host_hits, num_disk_hits)
+        return MatchResult(block_ids, num_host_hits, num_disk_hits, keys)
 
     def _take_hits(
         self, hits: list[CachedBlock], device_hits: list[KVBlock], now: float

@@ -214,11 +214,17 @@ def test_ids_as_bytes_find_the_chain_by_content_and_match_as_tuples_do() -> None
     assert pool.match(req.hashes[1:], given[8 * BS :]).block_ids == []  # no parent: no hit
     assert pool.match(req.hashes, given, namespace=Namespace("salt")).block_ids == []
     assert pool.match(req.hashes, given).block_ids == [0, 1, 2]
+    # keys may stop short of the ids: past them, the entries' own (those hashing gives)
+    for num_keys in (0, 1):
+        got = pool.match(req.hashes[:num_keys], given)
+        assert got.block_ids == [0, 1, 2] and got.block_hashes == req.hashes
+    assert pool.match([], encode_ids(other.tokens)).block_hashes == req.hashes[:1]
+    assert pool.match(other.hashes[:2], given).block_ids == [0]  # a given key must agree
     with pytest.raises(ValueError, match="3 hashes but 256 bytes of ids"):
         pool.match(req.hashes, given[:256])
     with pytest.raises(ValueError, match="no extra ids"):
         pool.match(req.hashes, given, extra_ids_per_block=[[1] * BS] * 3)
-    pool.free([0, 0, 1, 2])  # the two matches that hit
+    pool.free([0] * 6 + [1, 1, 1, 2, 2, 2])  # the matches that hit
     pool.check_integrity()
     # forgotten entries leave the content map: nothing found, nothing stale
     pool.clear()

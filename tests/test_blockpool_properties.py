@@ -172,7 +172,7 @@ class PoolMachine(RuleBasedStateMachine):
         duration=st.sampled_from([None, 1.0, 5.0]),
         use_partial=st.booleans(),
         keep=st.booleans(),
-        by_ids=st.booleans(),
+        by_ids=st.sampled_from([None, 0, 1, 99]),  # None: ids per block; else keys given
     )
     def start_request(self, tokens, ns_idx, priority, duration, use_partial, keep, by_ids) -> None:
         self.history.append((tokens, NAMESPACES[ns_idx]))
@@ -184,7 +184,7 @@ class PoolMachine(RuleBasedStateMachine):
         priority=st.sampled_from([None, *PRIORITIES]),
         use_partial=st.booleans(),
         keep=st.booleans(),
-        by_ids=st.booleans(),
+        by_ids=st.sampled_from([None, 0, 1, 99]),
     )
     def repeat_request(self, pick, priority, use_partial, keep, by_ids) -> None:
         """A prompt seen before: a device hit, a host hit, or a miss after eviction."""
@@ -203,7 +203,8 @@ class PoolMachine(RuleBasedStateMachine):
         hashes = hashes[: (len(tokens) - 1) // BS]
         blocks = [tokens[i * BS : (i + 1) * BS] for i in range(len(hashes))]
         given: list[list[int]] | bytes = blocks
-        if by_ids:  # as the engine gives them: the keys of its cached blocks found by content
+        keys = hashes
+        if by_ids is not None:  # as the engine gives them: ids as bytes, keys known so far
             given = encode_ids(tokens[: len(hashes) * BS])
             ns = namespace or Namespace()
             found = pool.chain_of_ids(given, namespace)
@@ -212,10 +213,14 @@ class PoolMachine(RuleBasedStateMachine):
             by_tuples = pool._index.find_prefix(hashes, blocks, None, ns)
             assert pool._index.find_prefix_by_ids(hashes, given, ns) == by_tuples
             assert len(found) == len(by_tuples)
-            event(f"found by content: {len(found)} of {len(hashes)}")
+            # the engine gives the keys it knows (none, or a prepared prompt's), and past
+            # them the pool's entries give theirs (the disk tier searched only with keys)
+            keys = hashes[: min(by_ids, len(hashes))]
+            event(f"found by content: {len(found)} of {len(hashes)}, {len(keys)} keys given")
         result = pool.match(
-            hashes, given, namespace=namespace, priority=priority, priority_duration_s=duration
+            keys, given, namespace=namespace, priority=priority, priority_duration_s=duration
         )
+        assert result.block_hashes == hashes[: result.num_blocks], "a match's keys"
         block_ids = list(result.block_ids)
         num_cached = len(block_ids) * BS
         partial = None

@@ -60,9 +60,13 @@ class KVCacheManager:
         bs = self.block_size
         num_wanted = seq.num_tokens if whole_prompt else seq.num_tokens - 1
         num_matchable = num_wanted // bs
-        if seq.prompt_extra_ids is None and len(seq.hash_chain) < num_matchable:
-            self._take_cached_keys(seq, num_matchable)
-        hashes = self.hash_chain(seq, num_matchable)
+        by_ids = seq.prompt_extra_ids is None  # the pool finds the blocks by their ids
+        if by_ids and not self.pool.searches_disk:
+            hashes = seq.hash_chain[:num_matchable]  # the keys known; the pool has the rest
+        else:
+            if by_ids and len(seq.hash_chain) < num_matchable:
+                self._take_cached_keys(seq, num_matchable)
+            hashes = self.hash_chain(seq, num_matchable)
         wanted = seq.prompt_logprobs
         if wanted is not None and not wanted.complete:
             store = self.logprob_store
@@ -76,7 +80,7 @@ class KVCacheManager:
             wanted = None  # it has all its prompt entries: an ordinary admission
         extra = None  # no prompt table: no block has extra ids
         blocks: bytes | list[tuple[int, ...]] = seq.encoded_ids(0, num_matchable * bs)
-        if seq.prompt_extra_ids is not None:  # ids and extra ids per block, tuples as keys hold
+        if not by_ids:  # ids and extra ids per block, tuples as keys hold
             spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
             extra = [seq.extra_ids(*span) for span in spans]
             ids = tuple(seq.token_ids(0, num_matchable * bs))
@@ -91,7 +95,9 @@ class KVCacheManager:
             priority_duration_s=None if retention is None else retention.duration_s,
         )
         seq.block_ids = list(match.block_ids)
-        seq.block_hashes = hashes[: match.num_blocks]
+        seq.block_hashes = match.block_hashes
+        if len(match.block_hashes) > len(seq.hash_chain):  # keys the pool found by ids
+            seq.hash_chain += match.block_hashes[len(seq.hash_chain) :]
         seq.num_computed_tokens = match.num_blocks * bs
         seq.num_host_hit_tokens = match.num_host_hits * bs
         seq.num_disk_hit_tokens = match.num_disk_hits * bs
@@ -174,7 +180,8 @@ class KVCacheManager:
         """Extend `seq`'s key memo with the keys of its first `num_blocks` blocks that the
         pool holds, found by their ids (`BlockPool.chain_of_ids`): the digests hashing
         would give, at a dict lookup a block instead of a SHA-256 (a cached prompt's
-        admission hashed 4k tokens in ~0.15 ms)."""
+        admission hashed 4k tokens in ~0.15 ms). For a pool that searches the disk tier
+        past them, by key; otherwise the match itself finds them."""
         chain = seq.hash_chain
         found = self.pool.chain_of_ids(
             seq.encoded_ids(0, num_blocks * self.block_size), seq.namespace
