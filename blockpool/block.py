@@ -95,6 +95,10 @@ class CachedBlock:
     parent_hash: BlockHash | None = None
     namespace: Namespace | None = None
     serial: int | None = None
+    # Random, drawn when the entry is made (or its disk file's, when read from disk),
+    # and kept through tier moves: the disk tier serves a file as a block's child only
+    # under the parent entry of the lineage it was written under (disk_format.py).
+    lineage: bytes | None = None
     # Retention: `priority` until `priority_expiry` (set while queued, when a
     # duration is given), then DEFAULT_PRIORITY.
     priority: int = DEFAULT_PRIORITY
@@ -142,7 +146,7 @@ class CachedBlock:
         """Move `other`'s cache entry and retention here (a tier move); `other` becomes blank."""
         assert self.is_blank and not other.is_blank
         self.block_hash, self.key, self.parent_hash = other.block_hash, other.key, other.parent_hash
-        self.namespace, self.serial = other.namespace, other.serial
+        self.namespace, self.serial, self.lineage = other.namespace, other.serial, other.lineage
         self.set_retention(other.priority, other.priority_duration_s)
         other.clear_entry()
 
@@ -150,10 +154,11 @@ class CachedBlock:
         """Record that this block holds the same bytes as `other`'s entry (a duplicate)."""
         assert self.is_blank and not other.is_blank
         self.block_hash, self.key, self.parent_hash = other.block_hash, other.key, other.parent_hash
-        self.namespace, self.serial = other.namespace, other.serial
+        self.namespace, self.serial, self.lineage = other.namespace, other.serial, other.lineage
 
     def clear_entry(self) -> None:
         self.block_hash = self.key = self.parent_hash = self.namespace = self.serial = None
+        self.lineage = None
         self.set_retention(DEFAULT_PRIORITY, None)
 
 

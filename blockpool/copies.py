@@ -46,6 +46,8 @@ class DiskEntry:
     token_ids: tuple[int, ...]
     extra_ids: tuple[int, ...] | None
     namespace: Namespace
+    lineage: bytes  # the entry's, and its parent's (disk_format.py: lineage)
+    parent_lineage: bytes
 
 
 @dataclass(frozen=True, slots=True)

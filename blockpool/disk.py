@@ -10,8 +10,11 @@ reading a file back and confirming it disk_reader.py's, the settings disk_config
 Guarantees:
 - Never serves wrong or damaged bytes: `get` returns a block only if its file's
   checksums, layout, digest, parent digest, token ids, extra ids and namespace
-  all agree with the caller's (the pool's hit confirmation, DESIGN §3). A file
-  failing any check is counted by kind, removed, and reported as a miss.
+  all agree with the caller's (the pool's hit confirmation, DESIGN §3), and, when
+  the caller names it, the lineage of the parent entry the file was written under
+  (disk_format.py: a file outlives its entry, so under a digest collision a later
+  entry of the same digest must not find the old one's children). A file failing
+  any check is counted by kind, removed, and reported as a miss.
 - Never blocks the caller on a write: `put` copies the bytes into one of at most
   `write_queue_blocks + 1` staging buffers (a full queue and the block being
   written) and hands it to one writer thread; when none is free the write is
@@ -149,6 +152,37 @@ class DiskTier(Writer):
         with self._lock:
             return self._enabled and block_hash in self._index
 
+    def lineages(self, block_hash: BlockHash) -> tuple[bytes, bytes] | None:
+        """The indexed file's lineage and its parent's (disk_format.py), None when no file
+        for this digest is indexed (no I/O)."""
+        with self._lock:
+            stored = self._index.get(block_hash) if self._enabled else None
+            return None if stored is None else (stored.lineage, stored.parent_lineage)
+
+    def twin_lineage(
+        self,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        namespace: Namespace | None,
+        parent_lineage: bytes | None,
+    ) -> bytes | None:
+        """The lineage of the indexed file of this very key written under the parent entry
+        of `parent_lineage` (None: a first block), if there is one (no I/O): an entry
+        computed anew of the same prefix takes it, so the file's children on disk stay
+        its children."""
+        with self._lock:
+            stored = self._index.get(block_hash) if self._enabled else None
+            if stored is None or stored.parent_lineage != (parent_lineage or fmt.NO_LINEAGE):
+                return None
+            same = (
+                stored.parent == parent_of(parent_hash, fmt.namespace_digest(namespace))
+                and stored.common_prefix(token_ids, extra_ids) == len(stored.token_ids)
+                and len(token_ids) == len(stored.token_ids)
+            )
+            return stored.lineage if same else None
+
     def knows(self, block_hash: BlockHash) -> bool:
         """Whether a file for this digest is indexed or queued for writing (no I/O)."""
         with self._lock:
@@ -161,16 +195,18 @@ class DiskTier(Writer):
         *,
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
+        parent_lineage: bytes | None = None,
     ) -> PartialMatch | None:
         """The indexed child of `parent_hash` (None: of the namespace's root) sharing the
         longest nonzero prefix with `token_ids` (and `extra_ids`), from the index alone
         (no I/O; `get` with the match's key then reads and confirms the file). Ties go to
-        the child indexed first."""
+        the child indexed first. With `parent_lineage`, only a child written under the
+        parent entry of that lineage."""
         parent = parent_of(parent_hash, fmt.namespace_digest(namespace))
         with self._lock:
             if not self._enabled:
                 return None
-            return self._index.find_partial(parent, token_ids, extra_ids)
+            return self._index.find_partial(parent, token_ids, extra_ids, parent_lineage)
 
     def clear(self) -> None:
         """Forget every block: the index empties now (later lookups miss, later puts are
@@ -204,6 +240,8 @@ class DiskTier(Writer):
         extra_ids: Sequence[int] | None = None,
         namespace: Namespace | None = None,
         allocate: Allocate | None = None,
+        lineage: bytes = fmt.NO_LINEAGE,
+        parent_lineage: bytes = fmt.NO_LINEAGE,
     ) -> bool:
         """Queue one block for writing: its KV (`block_shape`, `dtype`), copied into a
         staging buffer now, or a `ReadBlock` that issues that copy and returns what the
@@ -245,8 +283,8 @@ class DiskTier(Writer):
             raise
         extra = None if extra_ids is None else tuple(map(int, extra_ids))
         item = QueuedWrite(
-            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, buffer, done,
-            self._generation,
+            block_hash, parent_hash, tuple(map(int, token_ids)), extra, namespace, lineage,
+            parent_lineage, buffer, done, self._generation,
         )  # fmt: skip
         # NOTE: every queued item holds a staging buffer and there is one buffer more
         # than queue places (the writer's), so the queue always has room here.
@@ -263,6 +301,7 @@ class DiskTier(Writer):
         namespace: Namespace | None = None,
         ahead: Future[Checked] | None = None,
         into: np.ndarray | None = None,
+        parent_lineage: bytes | None = None,
     ) -> np.ndarray | None:
         """The block's KV (an array of `block_shape`) if its file is sound and was stored
         under this very key, else None (a bad file is counted and removed). Reads and
@@ -270,7 +309,9 @@ class DiskTier(Writer):
         `read_ahead` (`ahead`, for this very key). With `into` (a writable C-contiguous
         array of the payload's size, e.g. a host-tier slot) the payload is read into it
         and returned as a view of it; without, the array is read-only. A hit makes the
-        block the most recently used."""
+        block the most recently used. With `parent_lineage`, the file must have been
+        written under the parent entry of that lineage (else a miss, the file removed);
+        `ahead` must then have been read with it too."""
         with self._lock:
             if not self._enabled:
                 return None
@@ -281,8 +322,9 @@ class DiskTier(Writer):
         try:
             if ahead is None:
                 payload = self._reader.read_checked(
-                    block_hash, parent_hash, token_ids, extra_ids, namespace, into=into
-                )
+                    block_hash, parent_hash, token_ids, extra_ids, namespace, into=into,
+                    parent_lineage=parent_lineage,
+                )  # fmt: skip
             else:
                 payload = ahead.result()
         except FileNotFoundError:
@@ -305,13 +347,14 @@ class DiskTier(Writer):
         keys: Sequence[BlockKeyOnDisk],
         namespace: Namespace | None = None,
         into: Sequence[np.ndarray | None] | None = None,
+        parent_lineages: Sequence[bytes | None] | None = None,
     ) -> list[Future[Checked]]:
         """Start reading and checking these blocks' files on the reader threads, in order
         (BlockReader.read_ahead); pass each future to `get` as `ahead` with the same key.
         Nothing is counted, touched or removed here."""
         with self._lock:
             sizes = [self._index.nbytes_of(key[0]) for key in keys]
-        return self._reader.read_ahead(keys, sizes, namespace, into)
+        return self._reader.read_ahead(keys, sizes, namespace, into, parent_lineages)
 
     @staticmethod
     def settle(futures: Sequence[Future[Checked]]) -> None:

@@ -4,7 +4,8 @@ and the few calls that write, read, touch and remove such a file.
 A block file is
 
     fixed header   FIXED (struct below): magic, format version, flags, layout key,
-                   number of tokens, digest lengths, payload size, namespace digest
+                   number of tokens, digest lengths, payload size, namespace digest,
+                   the block's lineage and its parent's (zeros for a first block)
     variable part  block digest, parent digest (when there is one),
                    token ids and extra ids (unsigned 64-bit little-endian)
     header check   xxh3-64 over the fixed header and the variable part
@@ -23,6 +24,12 @@ Guarantees:
 - The layout key is a digest of everything that decides the meaning of the
   payload bytes (format version, model fingerprint, producer, block size,
   dtype, block shape, byte order), so files of another model or setting never match.
+- Lineage (format 2): a block's KV is that of its whole prefix, which its own key
+  (tokens, parent digest) fixes only while digests never collide. So each file also
+  names the entry it was written from (`lineage`, random, drawn when the entry was
+  made or taken from the file it was read from) and its parent's; the tier serves a
+  file as a block's child only under the parent entry of that lineage. A file left by
+  another entry of a colliding digest is then never served below the new one.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ import xxhash
 from .hashing import BlockHash, Namespace, hash_block
 
 MAGIC = b"RPRSKVB\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: lineages in the fixed header
 LAYOUT_KEY_NBYTES = 16
+LINEAGE_NBYTES = 16
+NO_LINEAGE = bytes(LINEAGE_NBYTES)  # a first block's parent lineage
 FILE_SUFFIX = ".kvb"
 
 _FLAG_PARENT = 1
@@ -54,8 +63,8 @@ _FLAG_EXTRA = 2
 # KV events (a file without the flag is announced by its digests alone).
 _FLAG_PUBLIC = 4
 # magic, version, flags, layout key, num tokens, digest length, parent digest length,
-# payload bytes, namespace digest
-_FIXED = struct.Struct(f"<8sHH{LAYOUT_KEY_NBYTES}sIHHQ32s")
+# payload bytes, namespace digest, lineage, parent lineage
+_FIXED = struct.Struct(f"<8sHH{LAYOUT_KEY_NBYTES}sIHHQ32s{LINEAGE_NBYTES}s{LINEAGE_NBYTES}s")
 _HEADER_CHECK = 8  # xxh3-64
 _FILE_CHECK = 16  # xxh3-128
 _MAX_DIGEST_NBYTES = 64
@@ -141,6 +150,8 @@ class BlockHeader:
     payload_offset: int
     payload_nbytes: int
     public: bool = False  # written for the default namespace (no salt, no adapter)
+    lineage: bytes = NO_LINEAGE  # the entry the file was written from
+    parent_lineage: bytes = NO_LINEAGE  # its parent entry's (NO_LINEAGE: a first block)
 
     @property
     def file_nbytes(self) -> int:
@@ -160,8 +171,14 @@ def encode_header(
     extra_ids: Sequence[int] | None,
     namespace: Namespace | None,
     payload_nbytes: int,
+    lineage: bytes = NO_LINEAGE,
+    parent_lineage: bytes = NO_LINEAGE,
 ) -> bytes:
     """The bytes before the payload, header checksum included."""
+    if len(lineage) != LINEAGE_NBYTES or len(parent_lineage) != LINEAGE_NBYTES:
+        raise ValueError(
+            f"lineages are {LINEAGE_NBYTES} bytes; got {lineage!r}, {parent_lineage!r}"
+        )
     parent = b"" if parent_hash is None else bytes(parent_hash)
     flags = (_FLAG_PARENT if parent_hash is not None else 0) | (
         _FLAG_EXTRA if extra_ids is not None else 0
@@ -179,6 +196,8 @@ def encode_header(
         len(parent),
         payload_nbytes,
         namespace_digest(namespace),
+        lineage,
+        parent_lineage,
     )
     ids = struct.pack(f"<{n}Q", *token_ids)
     if extra_ids is not None:
@@ -198,9 +217,19 @@ def read_header(data: bytes | memoryview, layout: bytes, file_nbytes: int) -> Bl
     """Parse and check the header at the start of `data`; BlockFileError if it must not be used."""
     if len(data) < _FIXED.size:
         raise BlockFileError(TRUNCATED if file_nbytes < _FIXED.size else BAD_HEADER, "short header")
-    magic, version, flags, file_layout, n, hash_len, parent_len, payload_nbytes, ns = (
-        _FIXED.unpack_from(data, 0)
-    )
+    (
+        magic,
+        version,
+        flags,
+        file_layout,
+        n,
+        hash_len,
+        parent_len,
+        payload_nbytes,
+        ns,
+        lineage,
+        parent_lineage,
+    ) = _FIXED.unpack_from(data, 0)
     if magic != MAGIC or version != FORMAT_VERSION:
         raise BlockFileError(BAD_HEADER, f"magic {magic!r}, version {version}")
     ids_nbytes = 8 * n * (2 if flags & _FLAG_EXTRA else 1)
@@ -229,6 +258,8 @@ def read_header(data: bytes | memoryview, layout: bytes, file_nbytes: int) -> Bl
         payload_offset=body_nbytes + _HEADER_CHECK,
         payload_nbytes=payload_nbytes,
         public=bool(flags & _FLAG_PUBLIC),
+        lineage=lineage,
+        parent_lineage=parent_lineage,
     )
     if header.file_nbytes != file_nbytes:
         raise BlockFileError(TRUNCATED, f"{file_nbytes} bytes; header says {header.file_nbytes}")

@@ -44,6 +44,8 @@ class StoredFile:
     token_ids: array  # unsigned 64-bit, as in the file
     extra_ids: array | None
     public: bool  # the default namespace: its tokens may appear in events
+    lineage: bytes  # disk_format.py: lineage
+    parent_lineage: bytes
 
     @classmethod
     def of_header(cls, header: fmt.BlockHeader, nbytes: int) -> StoredFile:
@@ -56,6 +58,8 @@ class StoredFile:
             array("Q", header.token_ids),
             None if extra is None else array("Q", extra),
             header.public,
+            header.lineage,
+            header.parent_lineage,
         )
 
     @classmethod
@@ -66,6 +70,8 @@ class StoredFile:
         token_ids: Sequence[int],
         extra_ids: Sequence[int] | None,
         namespace: Namespace | None,
+        lineage: bytes = fmt.NO_LINEAGE,
+        parent_lineage: bytes = fmt.NO_LINEAGE,
     ) -> StoredFile:
         """A file just written for this key."""
         return cls(
@@ -75,6 +81,8 @@ class StoredFile:
             array("Q", token_ids),
             None if extra_ids is None else array("Q", extra_ids),
             namespace is None or namespace == Namespace(),
+            lineage,
+            parent_lineage,
         )
 
     @property
@@ -128,6 +136,9 @@ class DiskIndex:
     def items(self) -> Iterator[tuple[BlockHash, StoredFile]]:
         return iter(self._files.items())
 
+    def get(self, block_hash: BlockHash) -> StoredFile | None:
+        return self._files.get(block_hash)
+
     def nbytes_of(self, block_hash: BlockHash) -> int:
         """The size of the block's file (0 when it is not indexed)."""
         stored = self._files.get(block_hash)
@@ -174,15 +185,22 @@ class DiskIndex:
         return next(iter(self._files), None)
 
     def find_partial(
-        self, parent: DiskParent, token_ids: Sequence[int], extra_ids: Sequence[int] | None
+        self,
+        parent: DiskParent,
+        token_ids: Sequence[int],
+        extra_ids: Sequence[int] | None,
+        parent_lineage: bytes | None = None,
     ) -> PartialMatch | None:
-        """The child of `parent` sharing the longest nonzero prefix with `token_ids`;
-        ties go to the child indexed first."""
+        """The child of `parent` (written under the parent entry of `parent_lineage`, when
+        given) sharing the longest nonzero prefix with `token_ids`; ties go to the child
+        indexed first."""
         if not token_ids:
             return None
         best: PartialMatch | None = None
         for block_hash in self._children.get((parent, token_ids[0]), ()):
             stored = self._files[block_hash]
+            if parent_lineage is not None and stored.parent_lineage != parent_lineage:
+                continue
             length = stored.common_prefix(token_ids, extra_ids)
             if length > (0 if best is None else best.num_tokens):
                 extra = None if stored.extra_ids is None else tuple(stored.extra_ids)

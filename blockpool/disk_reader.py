@@ -45,12 +45,14 @@ class BlockReader:
         sizes: Sequence[int],
         namespace: Namespace | None = None,
         into: Sequence[np.ndarray | None] | None = None,
+        parent_lineages: Sequence[bytes | None] | None = None,
     ) -> list[Future[Checked]]:
         """Start reading and checking these blocks' files ((digest, parent digest, token
         ids, extra ids) each, as `DiskTier.get` takes them; `sizes`: each file's bytes, as
         indexed), in order, on the reader threads; pass each future to `DiskTier.get` as
         `ahead` with the same key. `into`: one destination per key (or None), as `get`
-        takes it. Nothing is counted, touched or removed here.
+        takes it; `parent_lineages`: one per key (or None), as `get` takes it. Nothing is
+        counted, touched or removed here.
 
         A future not taken must be cancelled, and, with `into`, waited for if it was
         running (`settle`) before its destination is used again.
@@ -67,15 +69,16 @@ class BlockReader:
         dests = [None] * len(keys) if into is None else into
         if len(dests) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(dests)} destinations")
+        lineages = [None] * len(keys) if parent_lineages is None else parent_lineages
         futures = []
-        for dest, nbytes, (block_hash, parent, token_ids, extra_ids) in zip(
-            dests, sizes, keys, strict=True
+        for dest, nbytes, lineage, (block_hash, parent, token_ids, extra_ids) in zip(
+            dests, sizes, lineages, keys, strict=True
         ):
             # +1: a file that grew shows it
             buf = np.empty(nbytes + 1, np.uint8) if dest is None else None
             futures.append(self._threads.submit(
                 self.read_checked, block_hash, parent, token_ids, extra_ids, namespace,
-                into=dest, buf=buf,
+                into=dest, buf=buf, parent_lineage=lineage,
             ))  # fmt: skip
         return futures
 
@@ -98,6 +101,7 @@ class BlockReader:
         *,
         into: np.ndarray | None = None,
         buf: np.ndarray | None = None,
+        parent_lineage: bytes | None = None,
     ) -> np.ndarray:
         """The block's payload, its file read and checked against this key (on the
         caller's or a reader thread): the payload into `into` (its destination), else
@@ -115,9 +119,11 @@ class BlockReader:
                 path, memoryview(flat.view(np.uint8)), self.layout, self.config.block_size
             )
             self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
+            _confirm_lineage(header, parent_lineage)
             return flat.view(self._dtype).reshape(self.config.block_shape)
         data = fmt.read_file(path) if buf is None else fmt.read_file_into(path, buf)
         header = self._checked(data, block_hash, parent_hash, token_ids, extra_ids, namespace)
+        _confirm_lineage(header, parent_lineage)
         payload = np.frombuffer(
             data,
             self._dtype,
@@ -175,3 +181,10 @@ class BlockReader:
         if self._threads is not None:
             self._threads.shutdown(wait=True, cancel_futures=True)
             self._threads = None
+
+
+def _confirm_lineage(header: fmt.BlockHeader, parent_lineage: bytes | None) -> None:
+    """That the file was written under the parent entry of `parent_lineage` (None: not
+    checked); BlockFileError of kind MISMATCH if not."""
+    if parent_lineage is not None and header.parent_lineage != parent_lineage:
+        raise fmt.BlockFileError(fmt.MISMATCH, "written under another parent entry")

@@ -37,6 +37,8 @@ class QueuedWrite:
     token_ids: tuple[int, ...]
     extra_ids: tuple[int, ...] | None
     namespace: Namespace | None
+    lineage: bytes  # disk_format.py: lineage
+    parent_lineage: bytes
     buffer: np.ndarray  # [payload_nbytes] uint8, a staging buffer
     done: CopyDone | None  # the copy into `buffer`, when it may still be under way
     generation: int  # the tier's at `put`: a `clear` since drops the write
@@ -117,6 +119,8 @@ class Writer:
             item.extra_ids,
             item.namespace,
             item.buffer.nbytes,
+            item.lineage,
+            item.parent_lineage,
         )
         payload = memoryview(item.buffer)
         parts = [header, payload, fmt.file_checksum(header, payload)]
@@ -135,6 +139,8 @@ class Writer:
             item.token_ids,
             item.extra_ids,
             item.namespace,
+            item.lineage,
+            item.parent_lineage,
         )
         namespace = item.namespace or Namespace()
         with self._lock:

@@ -22,9 +22,11 @@ Guarantees:
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 from .block import BlockKey, CachedBlock, HostBlock, KVBlock
+from .disk_format import LINEAGE_NBYTES
 from .events import (
     MEDIUM_DEVICE,
     MEDIUM_HOST,
@@ -176,11 +178,14 @@ class CacheIndex:
         key: BlockKey,
         parent_hash: BlockHash | None,
         namespace: Namespace,
+        lineage: bytes | None = None,
     ) -> None:
-        """Make a blank device block findable as a new entry."""
+        """Make a blank device block findable as a new entry, of `lineage` (a disk file's,
+        read into it) or a fresh random one."""
         assert block.block_hash is None and block_hash not in self.device
         block.block_hash, block.key, block.parent_hash = block_hash, key, parent_hash
         block.namespace, block.serial = namespace, next(self._serials)
+        block.lineage = lineage if lineage is not None else os.urandom(LINEAGE_NBYTES)
         self.device[block_hash] = block
         self._children.setdefault(parent_key(block), {})[block_hash] = None
         if (content := content_key(block)) is not None:

@@ -413,7 +413,8 @@ class BlockPool(DiskSide):
         existing = self._index.lookup(block_hash)
         if existing is None:
             block.set_retention(priority, duration_s)
-            self._index.insert(block, block_hash, key, parent_hash, namespace)
+            lineage = self._twin_lineage(block_hash, key, parent_hash, namespace)
+            self._index.insert(block, block_hash, key, parent_hash, namespace, lineage)
             self._plan_disk_write(block, "device_to_disk", block.block_id)
             return True
         if not existing.confirms(key, parent_hash, namespace):

@@ -4,8 +4,12 @@ source found on disk, and planning a findable entry's write to disk.
 
 Guarantees (as pool.py states them for the disk tier):
 - A disk hit is served only once the tier read and checked its file against the
-  request's key (checksums, digest, parent digest, tokens, extra ids, namespace);
-  a digest already in memory under another key ends the match (a collision).
+  request's key (checksums, digest, parent digest, tokens, extra ids, namespace)
+  and against its parent entry's lineage (a first block's parent is the root); a
+  digest already in memory under another key ends the match (a collision). An
+  entry read from disk takes its file's lineage, and an entry computed anew the
+  lineage of a file of the very same block under the same parent entry (its twin),
+  so the files below stay its children.
 - The blocks matched so far are held, so taking free blocks for disk hits evicts
   none of them, and each new entry's parent is findable when it is inserted.
 - Only entries of priority >= `offload_min_priority` are written, once each (the
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING
 from .block import BlockId, BlockKey, CachedBlock, HostBlock, KVBlock
 from .copies import BlockCopy, CopyKind, DiskEntry
 from .disk import DiskTier
+from .disk_format import NO_LINEAGE
 from .free_queue import EvictionQueue
 from .hashing import DEFAULT_NAMESPACE, BlockHash, Namespace
 from .host import HostTier
@@ -73,9 +78,18 @@ class DiskSide:
         # The run of blocks the disk holds, as many as there are free blocks to take them:
         # a run of several is read and checked ahead on the tier's reader threads, and
         # taken here in chain order.
+        # ... each written under the entry before it: a file outlives the entry it was
+        # written under, and a later entry of a colliding digest is no parent of its
+        # children (disk_format.py: lineage). The first's parent is the match's last.
         end = start
         limit = min(len(block_hashes), start + len(self._queue))
-        while end < limit and disk.contains(block_hashes[end]):
+        lineage = self._parent_lineage(block_hashes[start - 1] if start else None)
+        lineages: list[bytes | None] = []  # the parent entry's, for each block of the run
+        while end < limit and (stored := disk.lineages(block_hashes[end])) is not None:
+            if lineage is not None and stored[1] != lineage:
+                break
+            lineages.append(lineage)
+            lineage = stored[0]
             end += 1
         keys = []
         for idx in range(start, end):
@@ -86,7 +100,9 @@ class DiskSide:
         into = [self._host_memory(slot.slot) for slot in slots] if self._host_memory else []
         into += [None] * (len(keys) - len(into))
         reads = (
-            disk.read_ahead([(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace, into)
+            disk.read_ahead(
+                [(h, p, k.token_ids, k.extra_ids) for h, p, k in keys], namespace, into, lineages
+            )
             if len(keys) > 1
             else []
         )
@@ -103,11 +119,15 @@ class DiskSide:
                 namespace=namespace,
                 ahead=reads[offset] if reads else None,
                 into=None if reads else into[offset],
+                parent_lineage=lineages[offset],
             )
-            if staged is None:  # gone, damaged (counted and removed) or another key's
+            stored = disk.lineages(block_hash)
+            if (
+                staged is None or stored is None
+            ):  # gone, damaged (counted and removed), another key's
                 break
             block = self._take_free_block(now)
-            self._index.insert(block, block_hash, key, parent_hash, namespace)
+            self._index.insert(block, block_hash, key, parent_hash, namespace, lineage=stored[0])
             if offset < len(slots):  # read into a host slot: onboarded from there
                 assert self.host_tier is not None
                 self._copies.append(self.host_tier.start_onboard(slots[offset], block))
@@ -164,7 +184,11 @@ class DiskSide:
         if disk is None or not disk.enabled:
             return None
         namespace = namespace or DEFAULT_NAMESPACE
-        found = disk.find_partial(parent_hash, token_ids, extra_ids=extra_ids, namespace=namespace)
+        parent_lineage = self._parent_lineage(parent_hash)
+        found = disk.find_partial(
+            parent_hash, token_ids, extra_ids=extra_ids, namespace=namespace,
+            parent_lineage=parent_lineage,
+        )  # fmt: skip
         if found is None or found.num_tokens <= num_in_memory:
             return None
         if self._index.lookup(found.block_hash) is not None:
@@ -175,6 +199,7 @@ class DiskSide:
             found.token_ids,
             extra_ids=found.extra_ids,
             namespace=namespace,
+            parent_lineage=parent_lineage,
         )
         if staged is None:  # gone, damaged (counted and removed) or another key's
             return None
@@ -194,8 +219,38 @@ class DiskSide:
         assert entry.namespace is not None
         if disk.knows(entry.block_hash):
             return
+        parent_lineage = self._parent_lineage(entry.parent_hash)
+        assert entry.lineage is not None and (parent_lineage is not None) == (
+            entry.parent_hash is not None
+        ), "a findable entry's parent is findable"
         disk_entry = DiskEntry(
             entry.block_hash, entry.parent_hash, entry.key.token_ids, entry.key.extra_ids,
-            entry.namespace,
+            entry.namespace, entry.lineage, parent_lineage or NO_LINEAGE,
         )  # fmt: skip
         self._copies.append(BlockCopy(kind, src, None, entry=disk_entry))
+
+    def _twin_lineage(
+        self,
+        block_hash: BlockHash,
+        key: BlockKey,
+        parent_hash: BlockHash | None,
+        namespace: Namespace,
+    ) -> bytes | None:
+        """The lineage of a disk file of this very block (its key, under the parent entry
+        the new entry has), for the entry computed anew to take; None: a fresh one."""
+        disk = self.disk_tier
+        if disk is None or not disk.enabled:
+            return None
+        return disk.twin_lineage(
+            block_hash, parent_hash, key.token_ids, key.extra_ids, namespace,
+            self._parent_lineage(parent_hash),
+        )  # fmt: skip
+
+    def _parent_lineage(self, parent_hash: BlockHash | None) -> bytes | None:
+        """The lineage of the findable entry `parent_hash` names (None for a first block:
+        its parent is the namespace's root, which every lineage shares)."""
+        if parent_hash is None:
+            return None
+        parent = self._index.lookup(parent_hash)
+        assert parent is not None and parent.lineage is not None, "no findable parent"
+        return parent.lineage

@@ -25,7 +25,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -485,23 +484,16 @@ PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=5
 TestPool = PoolMachine.TestCase
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known defect: under a digest collision the disk tier can serve a child of "
-    "another prefix (its files confirm their own tokens and parent digest, not the "
-    "parent's lineage); SHA-256 makes the collision practically impossible",
-)
 def test_a_disk_child_of_a_colliding_parent_digest_is_not_served() -> None:
     """Found by the machine above at 3,000 examples (the weak hasher, a disk tier, a
     restart): [2]*8 writes blocks A0 and A1 (A1's parent digest P); after a restart,
     [0, 1, 2, 2, 2, 0] computes C0, which the weak hasher also names P; its repeat's
-    partial match then finds A1 on disk as a child of P and serves A1's first token,
-    whose KV is that of [2, 2, 2, 2, 2], not [0, 1, 2, 2, 2]. In memory the same
-    collision is harmless (one entry a digest, children only under the live one);
-    on disk a file outlives the entry it was written under. The fix is for each file
-    to carry its entry's lineage and its parent's (random ids) and for a disk hit to
-    need its parent's: strict, so this test fails once that lands."""
+    partial match found A1 on disk as a child of P and served A1's first token, whose
+    KV is that of [2, 2, 2, 2, 2], not [0, 1, 2, 2, 2]. In memory the same collision
+    is harmless (one entry a digest, children only under the live one); on disk a file
+    outlives the entry it was written under. Now each file names its entry's lineage
+    and its parent's, and a disk hit needs its parent entry's (disk_format.py): the
+    partial match finds no child of C0 on disk, and the machine's checks pass."""
     state = PoolMachine()
     try:
         state.make_pool(num_device=4, num_host=0, offload_min=0, weak_hash=True, disk=True,

@@ -88,6 +88,51 @@ def tier(tmp_path: Path):
     t.close()
 
 
+def test_a_file_names_its_lineage_and_is_served_only_under_its_parents(tier: DiskTier) -> None:
+    """Each file keeps the lineage of the entry it was written from and of its parent
+    entry (disk_format.py); `lineages` reads them from the index, `find_partial` and
+    `get` given a parent lineage pass over a file written under another (`get` counts
+    and removes it, as any file of another key), and without one do not check it."""
+    chain = Chain(2, seed=9)
+    own, parent, other = (bytes([i]) * fmt.LINEAGE_NBYTES for i in (7, 8, 9))
+    assert tier.put(chain.hashes[1], chain.parent(1), chain.tokens[1], chain.kvs[1],
+                    lineage=own, parent_lineage=parent)  # fmt: skip
+    assert tier.flush(10)
+    assert tier.lineages(chain.hashes[1]) == (own, parent)
+    assert tier.lineages(chain.hashes[0]) is None
+    head = chain.tokens[1][:3]
+    assert tier.find_partial(chain.hashes[0], head, parent_lineage=other) is None
+    found = tier.find_partial(chain.hashes[0], head, parent_lineage=parent)
+    assert found is not None and found.block_hash == chain.hashes[1]
+    assert tier.find_partial(chain.hashes[0], head) is not None
+    key = (chain.hashes[1], chain.hashes[0], chain.tokens[1])
+    got = tier.get(*key, parent_lineage=parent)
+    assert got is not None and got.tobytes() == chain.kvs[1].tobytes()
+    assert tier.get(*key, parent_lineage=other) is None
+    assert tier.stats()["disk_corrupt_mismatch"] == 1 and not tier.contains(chain.hashes[1])
+    with pytest.raises(ValueError, match="lineages are 16 bytes"):
+        fmt.encode_header(tier.layout, chain.hashes[0], None, chain.tokens[0], None, None, 8,
+                          lineage=b"short")  # fmt: skip
+
+
+def test_lineages_survive_a_restart(tmp_path: Path) -> None:
+    """Read back from each file's header at open, as the writer indexed them."""
+    chain = Chain(2, seed=10)
+    lineages = [(bytes([3 + i]) * fmt.LINEAGE_NBYTES, bytes([9 - i]) * fmt.LINEAGE_NBYTES)
+                for i in range(2)]  # fmt: skip
+    tier = DiskTier.open(make_config(tmp_path))
+    for i, (own, parent) in enumerate(lineages):
+        assert tier.put(chain.hashes[i], chain.parent(i), chain.tokens[i], chain.kvs[i],
+                        lineage=own, parent_lineage=parent)  # fmt: skip
+    assert tier.flush(10)
+    tier.close()
+    tier = DiskTier.open(make_config(tmp_path))
+    try:
+        assert [tier.lineages(h) for h in chain.hashes] == lineages
+    finally:
+        tier.close()
+
+
 def test_round_trip_is_bytes_exact(tier: DiskTier) -> None:
     chain = Chain(3)
     store(tier, chain)
@@ -451,8 +496,8 @@ def test_open_reads_headers_only(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_lru_eviction_by_last_use(tmp_path: Path) -> None:
-    # a first block's file is 420 bytes, a later block's 452: room for three, not four
-    tier = DiskTier.open(make_config(tmp_path, max_bytes=3 * 452 + 100))
+    # a first block's file is 452 bytes, a later block's 484: room for three, not four
+    tier = DiskTier.open(make_config(tmp_path, max_bytes=3 * 484 + 100))
     try:
         chain = Chain(6)
         store(tier, chain, [0, 1, 2])
@@ -475,7 +520,7 @@ def test_open_evicts_down_to_a_smaller_bound(tmp_path: Path) -> None:
     first = DiskTier.open(make_config(tmp_path))
     store(first, chain)
     first.close()
-    second = DiskTier.open(make_config(tmp_path, max_bytes=2 * 452))
+    second = DiskTier.open(make_config(tmp_path, max_bytes=2 * 484))
     try:
         assert second.lru_order() == [chain.hashes[2], chain.hashes[3]]
         assert not path_of(second, chain.hashes[0]).exists()

@@ -38,7 +38,8 @@ def run_writes(pool: BlockPool, tier: DiskTier, kvs: dict[int, np.ndarray]) -> l
         if copy.kind == "device_to_disk":
             e = copy.entry
             assert e is not None and copy.src is not None
-            tier.put(e.block_hash, e.parent_hash, e.token_ids, kvs[copy.src], namespace=e.namespace)
+            tier.put(e.block_hash, e.parent_hash, e.token_ids, kvs[copy.src], namespace=e.namespace,
+                     lineage=e.lineage, parent_lineage=e.parent_lineage)  # fmt: skip
     pool.complete_copies()
     assert tier.flush(10)
     return copies
@@ -58,6 +59,8 @@ def test_register_writes_through_and_a_new_pool_onboards_from_disk(tmp_path: Pat
     tier = open_tier(tmp_path)
     pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
     block_ids = register_chain(pool, chain)
+    lineages = [pool.blocks[b].lineage for b in block_ids]  # random, one each
+    assert len(set(lineages)) == 3 and all(len(x) == fmt.LINEAGE_NBYTES for x in lineages)
     copies = run_writes(pool, tier, dict(zip(block_ids, chain.kvs, strict=True)))
     assert copies == [
         BlockCopy(
@@ -65,7 +68,13 @@ def test_register_writes_through_and_a_new_pool_onboards_from_disk(tmp_path: Pat
             block_ids[i],
             None,
             entry=DiskEntry(
-                chain.hashes[i], chain.parent(i), tuple(chain.tokens[i]), None, DEFAULT_NAMESPACE
+                chain.hashes[i],
+                chain.parent(i),
+                tuple(chain.tokens[i]),
+                None,
+                DEFAULT_NAMESPACE,
+                lineages[i],
+                lineages[i - 1] if i else fmt.NO_LINEAGE,
             ),
         )
         for i in range(3)
@@ -118,6 +127,73 @@ def test_a_memory_prefix_continues_on_disk(tmp_path: Path) -> None:
     pool.complete_copies()
     pool.free(match.block_ids)
     pool.free(head)
+    pool.check_integrity()
+    tier.close()
+
+
+def put_with_lineages(tier: DiskTier, chain: Chain, lineages: list[tuple[bytes, bytes]]) -> None:
+    """Block i's file written by entry lineages[i][0] under the parent entry lineages[i][1]."""
+    for i, (lineage, parent_lineage) in enumerate(lineages):
+        assert tier.put(chain.hashes[i], chain.parent(i), chain.tokens[i], chain.kvs[i],
+                        lineage=lineage, parent_lineage=parent_lineage)  # fmt: skip
+    assert tier.flush(10)
+
+
+@pytest.mark.parametrize("consistent", [True, False])
+def test_a_file_written_under_another_parent_entry_is_no_child(
+    tmp_path: Path, consistent: bool
+) -> None:
+    """A file names the entry it was written from and its parent's (disk_format.py:
+    lineage). Files whose lineages chain are a chain on disk; a file written under a
+    parent entry of another lineage (what a digest collision leaves: a file outlives
+    its entry, and a later entry of the same digest is no parent of its children) is
+    neither matched, nor a partial match's source, nor a twin a recomputed entry takes
+    the lineage of, and so nothing below it is found either."""
+    a, b, c = (bytes([i]) * fmt.LINEAGE_NBYTES for i in (1, 2, 3))
+    chain = Chain(3, seed=4)
+    tier = open_tier(tmp_path)
+    put_with_lineages(tier, chain, [(a, fmt.NO_LINEAGE), (b, a if consistent else c), (c, b)])
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.num_disk_hits == (3 if consistent else 1)
+    assert [pool.blocks[i].lineage for i in match.block_ids] == [a, b, c][: match.num_blocks]
+    pool.take_copies()
+    pool.complete_copies()
+    if not consistent:  # block 1's file: no partial source under block 0's entry either
+        assert pool.find_partial(chain.hashes[0], chain.tokens[1][:5]) is None
+        # computed anew under block 0's entry, it takes no lineage of a file: block 2's
+        # file, a child of block 1's file, is no child of it
+        fresh = pool.allocate(1)
+        assert fresh is not None
+        assert pool.register(fresh[0], chain.hashes[1], chain.tokens[1], match.block_ids[0])
+        assert pool.blocks[fresh[0]].lineage not in (a, b, c)
+        pool.take_copies()
+        again = pool.match(chain.hashes, chain.tokens)
+        assert again.block_ids == [match.block_ids[0], fresh[0]] and again.num_disk_hits == 0
+        pool.free(again.block_ids + fresh)
+    pool.free(match.block_ids)
+    pool.check_integrity()
+    tier.close()
+
+
+def test_an_entry_computed_anew_takes_its_twin_files_lineage(tmp_path: Path) -> None:
+    """A block computed in memory while the disk holds its file, written under the same
+    parent entry (here: the first block, under the root), takes that file's lineage, so
+    the files below it on disk stay its children."""
+    a, b = (bytes([i]) * fmt.LINEAGE_NBYTES for i in (5, 6))
+    chain = Chain(2, seed=5)
+    tier = open_tier(tmp_path)
+    put_with_lineages(tier, chain, [(a, fmt.NO_LINEAGE), (b, a)])
+    pool = BlockPool(8, BLOCK_SIZE, disk_tier=tier)
+    head = pool.allocate(1)
+    assert head is not None and pool.register(head[0], chain.hashes[0], chain.tokens[0], None)
+    assert pool.blocks[head[0]].lineage == a
+    pool.take_copies()  # the tier has it: no write
+    match = pool.match(chain.hashes, chain.tokens)
+    assert match.block_ids[0] == head[0] and match.num_disk_hits == 1
+    pool.take_copies()
+    pool.complete_copies()
+    pool.free(match.block_ids + head)
     pool.check_integrity()
     tier.close()
 

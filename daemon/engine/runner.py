@@ -172,6 +172,8 @@ class ModelRunner:
             extra_ids=entry.extra_ids,
             namespace=entry.namespace,
             allocate=ops.staging_buffer,
+            lineage=entry.lineage,
+            parent_lineage=entry.parent_lineage,
         )
 
     def build_batch(
