@@ -75,12 +75,12 @@ class DiskSide:
             return 0
         namespace = namespace or DEFAULT_NAMESPACE
         start = len(block_ids)
-        # The run of blocks the disk holds, as many as there are free blocks to take them:
-        # a run of several is read and checked ahead on the tier's reader threads, and
-        # taken here in chain order.
-        # ... each written under the entry before it: a file outlives the entry it was
-        # written under, and a later entry of a colliding digest is no parent of its
-        # children (disk_format.py: lineage). The first's parent is the match's last.
+        # The run of blocks the disk holds, as many as there are free blocks to take them,
+        # each written under the entry before it (the first: under the match's last): a
+        # file outlives the entry it was written under, and a later entry of a colliding
+        # digest is no parent of its children (disk_format.py: lineage). A run of several
+        # is read and checked ahead on the tier's reader threads, and taken here in chain
+        # order.
         end = start
         limit = min(len(block_hashes), start + len(self._queue))
         lineage = self._parent_lineage(block_hashes[start - 1] if start else None)
@@ -122,9 +122,8 @@ class DiskSide:
                 parent_lineage=lineages[offset],
             )
             stored = disk.lineages(block_hash)
-            if (
-                staged is None or stored is None
-            ):  # gone, damaged (counted and removed), another key's
+            # gone, damaged (counted and removed), another key's or another parent's
+            if staged is None or stored is None:
                 break
             block = self._take_free_block(now)
             self._index.insert(block, block_hash, key, parent_hash, namespace, lineage=stored[0])
