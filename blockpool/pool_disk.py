@@ -218,10 +218,8 @@ class DiskSide:
         assert entry.namespace is not None
         if disk.knows(entry.block_hash):
             return
-        parent_lineage = self._parent_lineage(entry.parent_hash)
-        assert entry.lineage is not None and (parent_lineage is not None) == (
-            entry.parent_hash is not None
-        ), "a findable entry's parent is findable"
+        assert entry.lineage is not None
+        parent_lineage = self._parent_lineage(entry.parent_hash)  # its parent is findable
         disk_entry = DiskEntry(
             entry.block_hash, entry.parent_hash, entry.key.token_ids, entry.key.extra_ids,
             entry.namespace, entry.lineage, parent_lineage or NO_LINEAGE,

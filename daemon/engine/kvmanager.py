@@ -2,9 +2,10 @@
 
 Admission matches a request's longest cached prefix (device or host tier),
 then copies the first tokens of a partially matching block into a fresh
-block of its own. The keys of a cached prefix without extra ids are taken from
-the pool, which finds its blocks by their ids (`BlockPool.chain_of_ids`): only
-the blocks past it are hashed (for the disk tier, and to register them later).
+block of its own. A prefix without extra ids is matched by its ids: the pool
+finds its blocks by content and gives their keys (`MatchResult.block_hashes`),
+so only the blocks past it are hashed, to register them once computed (with a
+disk tier, ahead: the disk is searched by key, `BlockPool.chain_of_ids`).
 Growth allocates blocks as tokens are added; after each step every block
 that became full is registered, prompt and generated tokens alike, so another
 request can reuse it at once. The last token of a request
@@ -79,8 +80,10 @@ class KVCacheManager:
         if wanted is not None and wanted.complete:
             wanted = None  # it has all its prompt entries: an ordinary admission
         extra = None  # no prompt table: no block has extra ids
-        blocks: bytes | list[tuple[int, ...]] = seq.encoded_ids(0, num_matchable * bs)
-        if not by_ids:  # ids and extra ids per block, tuples as keys hold
+        blocks: bytes | list[tuple[int, ...]]
+        if by_ids:
+            blocks = seq.encoded_ids(0, num_matchable * bs)
+        else:  # ids and extra ids per block, tuples as keys hold
             spans = [(idx * bs, (idx + 1) * bs) for idx in range(num_matchable)]
             extra = [seq.extra_ids(*span) for span in spans]
             ids = tuple(seq.token_ids(0, num_matchable * bs))
