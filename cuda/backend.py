@@ -53,6 +53,14 @@ class NumpyBackend:
         in turn (the GPU backend may run them as one kernel, to the same bits)."""
         return self.silu_mul(self.gemm(x, w))
 
+    def gemm_add_rmsnorm(
+        self, x: np.ndarray, w: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """add_rmsnorm(residual, gemm(x, w), weight, eps): a projection that feeds the
+        residual add and the next norm. Here the two twins in turn (the GPU backend may run
+        them as one kernel, to the same bits)."""
+        return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
+
     def device_memory_bytes(self) -> int:
         """Memory of the device the model runs on: for this backend, the host's RAM."""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

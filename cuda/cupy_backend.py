@@ -106,6 +106,19 @@ class CupyBackend:
             return gemm_sm90(x, w, gated=True)
         return self.silu_mul(self.gemm(x, w))
 
+    def gemm_add_rmsnorm(
+        self, x: Any, w: Any, residual: Any, weight: Any, eps: float
+    ) -> tuple[Any, Any]:
+        """add_rmsnorm(residual, gemm(x, w), weight, eps) -> (summed, normed): on a weight
+        the Hopper kernel takes, its norm epilogue where the plan allows
+        (gemm_sm90_add_rmsnorm: one kernel), else the product (through `gemm`, which a
+        subclass may replace) then add_rmsnorm. The same bits either way."""
+        from .gemm_sm90_kernel import PackedWeight, gemm_sm90_add_rmsnorm
+
+        if isinstance(w, PackedWeight) and not w.gated:
+            return gemm_sm90_add_rmsnorm(x, w, residual, weight, eps)
+        return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
+
     @property
     def kernel_choice(self) -> str:
         """The kernels whose bits this backend's results carry: attention and the GEMM

@@ -76,6 +76,7 @@
 // summation the ISA does not tie to this one), which is why the launcher's dispatch rule
 // picks between the two by (device, N, K) only, never by M.
 #include "common.cuh"  // cp.async, shared_addr, dynamic_smem_bytes, bf16_bits, store_pair
+#include "rmsnorm.cuh"  // add_rmsnorm_row: the norm epilogue's rows (the _norm entry points)
 
 // wgmma exists only on sm_90a (the arch-specific target); every other target (CI
 // compiles every source for sm_80 and sm_90) builds entry points that trap.
@@ -709,6 +710,53 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
   }
 }
 
+// ---- the norm epilogue (the _norm entry points) ----------------------------------------
+// A decode's o and down projections feed add_rmsnorm (the residual add, then the next
+// norm) and nothing else. With NORM, the product's own launch runs it: every CTA that
+// completes a tile of y (WHOLE: each; PARTIAL: the tile's folding CTA) counts itself in
+// its m tile's norm counter, and the one that counts last (every n tile of the m tile
+// written) runs rmsnorm.cuh's add_rmsnorm_row over the m tile's rows with all its 256
+// threads: the add_rmsnorm kernel's own function and thread count, so its tree and its
+// bits (DESIGN §4), one kernel launch a layer fewer twice. The y tiles are written and
+// fenced before the count, as the split's partials are (fold_split_partials), and read
+// through L2. Rows run one after another: the launcher takes this only up to
+// gemm_sm90_plan.NORM_EPILOGUE_MAX_ROWS rows, where one CTA's rows cost less than a
+// launch. The counter sits past the fold counters (gridDim.y * m tiles of them) and is
+// left zero.
+struct NormArgs {
+  const float* residual;        // [M, N] fp32, the residual stream before the add
+  const __nv_bfloat16* weight;  // [N], the next RMSNorm's
+  float* summed;                // [M, N] fp32: residual + y
+  __nv_bfloat16* normed;        // [M, N]: rmsnorm(summed)
+  float eps;
+};
+
+template <class T>
+__device__ __forceinline__ void norm_epilogue(const unsigned short* __restrict__ y, const NormArgs& norm,
+                                              unsigned* __restrict__ counters, int M, int N, int m_tile,
+                                              bool tile_done, unsigned char* smem) {
+  static_assert(T::THREADS == RMSNORM_THREADS, "add_rmsnorm's tree: its thread count");
+  unsigned* const flag = reinterpret_cast<unsigned*>(smem);  // the drained ring's first words
+  float* const scratch = reinterpret_cast<float*>(smem + 128);
+  const int num_m_tiles = (M + T::BM - 1) / T::BM;
+  unsigned* const counter = counters + static_cast<long long>(gridDim.y) * num_m_tiles + m_tile;
+  __threadfence();  // this thread's y stores are visible device-wide before the count below
+  __syncthreads();  // every thread's are (and every thread has read tile_done's flag)
+  if (threadIdx.x == 0)
+    *flag = tile_done && atomicAdd(counter, 1u) == gridDim.y - 1 ? 1u : 0u;
+  __syncthreads();
+  if (*flag == 0u) return;
+  __threadfence();
+  const int m0 = m_tile * T::BM, rows = min(T::BM, M - m0);
+  for (int r = 0; r < rows; ++r) {
+    const long long at = static_cast<long long>(m0 + r) * N;
+    add_rmsnorm_row(norm.residual + at, reinterpret_cast<const __nv_bfloat16*>(y) + at, norm.weight,
+                    norm.summed + at, norm.normed + at, N, norm.eps, scratch);
+    __syncthreads();  // every thread has read this row's sum before the next row's writes scratch
+  }
+  if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
+}
+
 // WHOLE, FOLD: y is the output; PARTIAL: y is the fp32 workspace [S, M, N], and the
 // tile's last CTA folds it into out (fold_split_partials, common.cuh); FOLD_WS: y is the
 // fp32 workspace [M, N] of the running totals, out the output. Launch geometry as gemm_sm90_tile.
@@ -728,15 +776,17 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
 // tile: sharing the weight tile halves the weight's L2 reads. The x tile (cp.async, the CTA's own rows) and every MMA are unchanged, so
 // the element's bits are (the invariance argument above). The launcher pairs m tiles
 // that both hold rows (an even number of m tiles), which the kernel checks.
-template <class T, Split MODE, int CLUSTER = 1, class OutT, class FinalT>
+template <class T, Split MODE, int CLUSTER = 1, bool NORM = false, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
                                                   OutT* __restrict__ y, FinalT* __restrict__ out,
                                                   unsigned* __restrict__ counters, int M, int N, int K,
-                                                  int split_len) {
+                                                  int split_len, const NormArgs& norm = NormArgs{}) {
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && (MODE == Split::WHOLE || MODE == Split::FOLD) &&
                                   T::CONSUMERS == 2 && (T::BN / 64) % CLUSTER == 0),
                 "clusters of two m tiles, WHOLE or FOLD, each CTA bringing whole panels");
+  static_assert(!NORM || (CLUSTER == 1 && (MODE == Split::WHOLE || MODE == Split::PARTIAL)),
+                "the norm epilogue: one CTA a tile, WHOLE or PARTIAL");
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   unsigned char* const smem = cta_smem(gemm_sm90_smem);
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
@@ -866,7 +916,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
-    if (MODE != Split::PARTIAL && MODE != Split::CSPLIT && CLUSTER == 1) return;  // (the clusters' waits below)
+    if (MODE != Split::PARTIAL && MODE != Split::CSPLIT && CLUSTER == 1 && !NORM) return;  // (the waits below)
   } else if (warpgroup - 1 < active) {  // ---- consumers owning a row below M ----
     // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
     // neither branch: it waits for no stage and releases none, empty[s] counting the
@@ -945,6 +995,13 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   if constexpr (MODE == Split::PARTIAL)
     fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
                      reinterpret_cast<unsigned*>(smem));
+  // NORM: every CTA that wrote a tile of the output (WHOLE: each; PARTIAL: the tile's
+  // folding CTA, whose flag word is still set) counts in; the last runs add_rmsnorm.
+  if constexpr (NORM) {
+    const bool tile_done = MODE == Split::WHOLE || *reinterpret_cast<volatile unsigned*>(smem) != 0u;
+    norm_epilogue<T>(reinterpret_cast<const unsigned short*>(out), norm, counters, M, N, range.m_tile, tile_done,
+                     smem);
+  }
   // A cluster: no CTA leaves while the peer may still multicast into it or arrive on its
   // barriers (every thread of both: the producers did not return above).
   if constexpr (CLUSTER > 1) cluster_sync();
@@ -1026,6 +1083,12 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
   gemm_sm90_ws_tile<TILE, MODE, 2>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #define GEMM_SM90_WS_CSPLIT_BODY(TILE, Y) \
   gemm_sm90_ws_tile<TILE, Split::CSPLIT>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, split_len)
+#define GEMM_SM90_WS_NORM_BODY(TILE) \
+  gemm_sm90_ws_tile<TILE, Split::WHOLE, 1, true>(x, w_packed, y, y, counters, M, N, K, 0, \
+                                                 NormArgs{residual, norm_weight, summed, normed, eps})
+#define GEMM_SM90_WS_NORM_SPLIT_BODY(TILE) \
+  gemm_sm90_ws_tile<TILE, Split::PARTIAL, 1, true>(x, w_packed, ws, y, counters, M, N, K, split_len, \
+                                                   NormArgs{residual, norm_weight, summed, normed, eps})
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
@@ -1035,6 +1098,8 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_WS_C2_BODY(TILE, MODE, Y, SPLIT_LEN) __trap()
 #define GEMM_SM90_WS_CSPLIT_BODY(TILE, Y) __trap()
 #define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) __trap()
+#define GEMM_SM90_WS_NORM_BODY(TILE) __trap()
+#define GEMM_SM90_WS_NORM_SPLIT_BODY(TILE) __trap()
 #endif
 
 // The gated entry points' output, [M, N / 2] BF16 bits, as the epilogues take it.
@@ -1289,6 +1354,48 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_gated_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
   GEMM_SM90_WS_BODY(Ws, Split::FOLD, gated(y), gated(y), split_len);  // pdl_enter() inside
+}
+
+// The norm epilogue's entry points (gemm_sm90_ws_norm_*; gemm_sm90_plan's
+// NORM_EPILOGUE_BY_DEFAULT): the BF16 product y of the decode tile or the 64 x 128 tile,
+// WHOLE or PARTIAL as gemm_sm90_ws_bf16_{decode,m64}[_split], then (norm_epilogue)
+// summed = residual + y (fp32) and normed = rmsnorm(summed) * norm_weight (BF16), the bits of
+// the add_rmsnorm kernel after the plain product. Each takes ws and split_len (WHOLE: unused)
+// and the tile counters (one past the fold's for each m tile).
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_norm_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                         int N, int K, int split_len, const float* __restrict__ residual,
+                         const __nv_bfloat16* __restrict__ norm_weight, float* __restrict__ summed,
+                         __nv_bfloat16* __restrict__ normed, float eps) {
+  GEMM_SM90_WS_NORM_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_norm_decode_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                               float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                               int N, int K, int split_len, const float* __restrict__ residual,
+                               const __nv_bfloat16* __restrict__ norm_weight, float* __restrict__ summed,
+                               __nv_bfloat16* __restrict__ normed, float eps) {
+  GEMM_SM90_WS_NORM_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_norm_m64(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                      int N, int K, int split_len, const float* __restrict__ residual,
+                      const __nv_bfloat16* __restrict__ norm_weight, float* __restrict__ summed,
+                      __nv_bfloat16* __restrict__ normed, float eps) {
+  GEMM_SM90_WS_NORM_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_norm_m64_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                            int N, int K, int split_len, const float* __restrict__ residual,
+                            const __nv_bfloat16* __restrict__ norm_weight, float* __restrict__ summed,
+                            __nv_bfloat16* __restrict__ normed, float eps) {
+  GEMM_SM90_WS_NORM_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
 }
 
 // Clusters of two CTAs along M sharing each weight tile (gemm_sm90_ws_tile's CLUSTER = 2;

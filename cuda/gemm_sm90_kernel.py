@@ -73,9 +73,17 @@ from typing import Any
 
 import numpy as np
 
-from . import nvrtc
+from . import gemm_sm90_plan, nvrtc
 from .families import family
-from .gemm_sm90_plan import BLOCK_K, INT32_MAX, MAX_COUNTERS, MAX_GRID_Y, WG1, launch_plan
+from .gemm_sm90_plan import (
+    BLOCK_K,
+    INT32_MAX,
+    MAX_COUNTERS,
+    MAX_GRID_Y,
+    WG1,
+    launch_plan,
+    norm_launch,
+)
 from .kernels import BF16_BITS, check, launch_kernel
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
@@ -262,6 +270,57 @@ def gemm_sm90(
     launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes,
                   cluster=attribute)  # fmt: skip
     return out
+
+
+def gemm_sm90_add_rmsnorm(
+    x: Any, w: PackedWeight, residual: Any, weight: Any, eps: float, *,
+    splits: int | None = None, route: str | None = None, fused: bool | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """add_rmsnorm(residual, gemm_sm90(x, w), weight, eps) -> (summed fp32, normed BF16),
+    both [M, N]: a projection whose output only feeds the residual add and the next norm
+    (a layer's o and down). Where `norm_launch` has an entry point and `fused` (None:
+    gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT) asks for it, one launch (gemm_sm90.cu's norm
+    epilogue); else the product and the add_rmsnorm kernel. The same bits either way.
+    `splits` and `route` as `gemm_sm90`'s."""
+    from .launchers import add_rmsnorm
+
+    if not isinstance(w, PackedWeight) or w.gated:
+        raise ValueError(
+            "gemm_sm90_add_rmsnorm takes a plain PackedWeight (prepare_weight, not gated)"
+        )
+    num_rows, num_cols, k = check_operands(x, w)
+    check("residual", residual, np.float32, 2)
+    check("weight", weight, BF16_BITS, 1)
+    if residual.shape != (num_rows, num_cols) or weight.shape != (num_cols,):
+        raise ValueError(
+            f"residual must be [M, N] = {[num_rows, num_cols]} and weight [N]; got "
+            f"{list(residual.shape)} and {list(weight.shape)}"
+        )
+    wanted = gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT if fused is None else fused
+    plan = None
+    if wanted and num_rows and supported(device_arch(), num_rows, num_cols, k):
+        plain = launch_plan(
+            num_rows, num_cols, k, out_f32=False, packed=True, num_sms=_num_sms(), route=route,
+            splits=splits,
+        )  # fmt: skip
+        plan = norm_launch(plain, num_rows)
+    if plan is None:
+        return add_rmsnorm(residual, gemm_sm90(x, w, splits=splits, route=route), weight, eps)
+    import cupy
+
+    y = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
+    summed = cupy.empty_like(residual)
+    normed = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
+    counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
+    # PARTIAL's fp32 partials; WHOLE reads none (any fp32 pointer stands in)
+    ws = cupy.empty((plan.splits, num_rows, num_cols), np.float32) if plan.workspace else summed
+    args = (
+        x, w.data, ws, y, counters, np.int32(num_rows), np.int32(num_cols), np.int32(k),
+        np.int32(plan.split_len), residual, weight, summed, normed, np.float32(eps),
+    )  # fmt: skip
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), w.swizzled, PAD_ONCE)
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
+    return summed, normed
 
 
 @functools.cache

@@ -64,6 +64,7 @@ class Backend(Protocol):
     rmsnorm: Callable[..., Any]
     add_rmsnorm: Callable[..., Any]
     gemm: Callable[..., Any]
+    gemm_add_rmsnorm: Callable[..., Any]  # add_rmsnorm(residual, gemm(x, w)), maybe one kernel
     add_bias: Callable[..., Any]
     rope: Callable[..., Any]
     kv_write: Callable[..., None]

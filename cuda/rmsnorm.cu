@@ -1,103 +1,21 @@
 // RMSNorm, alone and fused with the residual add (twin: rmsnorm.py).
 //
-// One row per block of RMSNORM_THREADS threads. Thread t sums the squares of
-// elements t, t + RMSNORM_THREADS, ... in ascending order; the partial sums meet
-// in a fixed tree (common.cuh's block_sum: shuffles within each warp, then warp 0
-// over the warps' sums).
-// NOTE: the tree depends only on the row length, never on the number of rows or
-// the row's index, so a row's result is independent of its batch.
+// One row per block of RMSNORM_THREADS threads, through rmsnorm.cuh's row functions
+// (their reduction tree and its NOTE are there).
 #include "common.cuh"
-
-#define RMSNORM_THREADS 256
-// A row of up to RMSNORM_THREADS * RMSNORM_MAX_PER_THREAD elements is held in registers,
-// each thread's elements loaded at once (one round trip to memory, not one a pass).
-#define RMSNORM_MAX_PER_THREAD 16
-
-// inv_rms of a row from each thread's sum of squares.
-__device__ __forceinline__ float inverse_rms(float sum_sq, int hidden, float eps) {
-  __shared__ float scratch[RMSNORM_THREADS / 32];
-  const float mean_sq = __fdiv_rn(block_sum<RMSNORM_THREADS>(sum_sq, scratch), (float)hidden);
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-}
-
-// out[row] = bf16(x * (1 / sqrt(mean(x^2) + eps)) * weight), x in fp32, for a row longer
-// than the register path takes: each pass reads its row again.
-__device__ __forceinline__ void normalize_row(const float* __restrict__ x,
-                                              const __nv_bfloat16* __restrict__ weight,
-                                              __nv_bfloat16* __restrict__ out, int hidden,
-                                              float eps) {
-  float sum_sq = 0.0f;
-  for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) sum_sq = __fmaf_rn(x[i], x[i], sum_sq);
-  const float inv_rms = inverse_rms(sum_sq, hidden, eps);
-  for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) {
-    const float w = __bfloat162float(weight[i]);
-    out[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(x[i], inv_rms), w));
-  }
-}
-
-// The same row held in registers: thread t's elements t, t + RMSNORM_THREADS, ... (PER
-// of them at most), loaded together with their weights before any arithmetic. The same
-// elements a thread, squared and summed in the same ascending order, through the same
-// tree: the same bits as normalize_row. With `delta`, x = residual + delta (fp32), also
-// written to `summed`.
-template <int PER, bool ADD>
-__device__ __forceinline__ void normalize_row_in_registers(
-    const float* __restrict__ x, const __nv_bfloat16* __restrict__ delta,
-    const __nv_bfloat16* __restrict__ weight, float* __restrict__ summed,
-    __nv_bfloat16* __restrict__ out, int hidden, float eps) {
-  float v[PER], w[PER];
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = threadIdx.x + k * RMSNORM_THREADS;
-    if (i < hidden) {
-      v[k] = ADD ? __fadd_rn(x[i], __bfloat162float(delta[i])) : x[i];
-      w[k] = __bfloat162float(weight[i]);
-    }
-  }
-  float sum_sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = threadIdx.x + k * RMSNORM_THREADS;
-    if (i < hidden) {
-      if (ADD) summed[i] = v[k];
-      sum_sq = __fmaf_rn(v[k], v[k], sum_sq);
-    }
-  }
-  const float inv_rms = inverse_rms(sum_sq, hidden, eps);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = threadIdx.x + k * RMSNORM_THREADS;
-    if (i < hidden) out[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(v[k], inv_rms), w[k]));
-  }
-}
-
-// The register path for the smallest PER (a power of two) that holds the row; false for
-// a row past RMSNORM_THREADS * RMSNORM_MAX_PER_THREAD elements (the caller loops).
-template <bool ADD>
-__device__ __forceinline__ bool normalize_held_row(const float* x, const __nv_bfloat16* delta,
-                                                   const __nv_bfloat16* weight, float* summed,
-                                                   __nv_bfloat16* out, int hidden, float eps) {
-  const int per = (hidden + RMSNORM_THREADS - 1) / RMSNORM_THREADS;
-  if (per <= 1) normalize_row_in_registers<1, ADD>(x, delta, weight, summed, out, hidden, eps);
-  else if (per <= 2) normalize_row_in_registers<2, ADD>(x, delta, weight, summed, out, hidden, eps);
-  else if (per <= 4) normalize_row_in_registers<4, ADD>(x, delta, weight, summed, out, hidden, eps);
-  else if (per <= 8) normalize_row_in_registers<8, ADD>(x, delta, weight, summed, out, hidden, eps);
-  else if (per <= RMSNORM_MAX_PER_THREAD)
-    normalize_row_in_registers<RMSNORM_MAX_PER_THREAD, ADD>(x, delta, weight, summed, out, hidden, eps);
-  else return false;
-  return true;
-}
+#include "rmsnorm.cuh"  // the row functions, shared with gemm_sm90.cu's norm epilogue
 
 // x: [rows, hidden] fp32; weight: [hidden] BF16; out: [rows, hidden] BF16. grid = rows.
 extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm(const float* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
         __nv_bfloat16* __restrict__ out, int hidden, float eps) {
   pdl_enter();
+  __shared__ float scratch[RMSNORM_THREADS / 32];  // block_sum's
   const long long row = blockIdx.x;
   const float* xr = x + row * hidden;
   __nv_bfloat16* o = out + row * hidden;
-  if (!normalize_held_row<false>(xr, nullptr, weight, nullptr, o, hidden, eps))
-    normalize_row(xr, weight, o, hidden, eps);
+  if (!normalize_held_row<false>(xr, nullptr, weight, nullptr, o, hidden, eps, scratch))
+    normalize_row(xr, weight, o, hidden, eps, scratch);
 }
 
 // residual: [rows, hidden] fp32, delta: [rows, hidden] BF16.
@@ -107,13 +25,8 @@ add_rmsnorm(const float* __restrict__ residual, const __nv_bfloat16* __restrict_
             const __nv_bfloat16* __restrict__ weight, float* __restrict__ summed_out,
             __nv_bfloat16* __restrict__ out, int hidden, float eps) {
   pdl_enter();
+  __shared__ float scratch[RMSNORM_THREADS / 32];  // block_sum's
   const long long row = blockIdx.x;
-  const float* r = residual + row * hidden;
-  const __nv_bfloat16* d = delta + row * hidden;
-  float* s = summed_out + row * hidden;
-  __nv_bfloat16* o = out + row * hidden;
-  if (normalize_held_row<true>(r, d, weight, s, o, hidden, eps)) return;
-  for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) s[i] = __fadd_rn(r[i], __bfloat162float(d[i]));
-  __syncthreads();  // NOTE: each thread reads back only what it wrote, but keep the row complete
-  normalize_row(s, weight, o, hidden, eps);
+  add_rmsnorm_row(residual + row * hidden, delta + row * hidden, weight, summed_out + row * hidden,
+                  out + row * hidden, hidden, eps, scratch);
 }

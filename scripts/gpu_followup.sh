@@ -18,7 +18,9 @@
 # gated SwiGLU epilogue; the cluster entry points; the cluster split): their GPU tests,
 # the engine with the gated epilogue on (8B and the default model), with the clusters on
 # (8B prefill) and with the cluster split on (8B and the default model's decode), beside
-# the default. (2026-11-28's end-to-end comparison of the decode tiles with WS is left out.)
+# the default; the norm epilogue's GPU tests, and the default model with it on, then with
+# every default-model fusion on together. (2026-11-28's end-to-end comparison of the
+# decode tiles with WS is left out.)
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
@@ -27,17 +29,19 @@ PACK=results-followup.tgz
 source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
-# part NAME LIMIT with gemm_sm90_plan.FLAG set True in the process, running bench_gpu_e2e
-# with the arguments that follow (a path not yet a default, beside the default's rows)
+# part NAME LIMIT with gemm_sm90_plan's FLAGS (one, or several joined by commas) set True
+# in the process, running bench_gpu_e2e with the arguments that follow (a path not yet a
+# default, beside the default's rows)
 flag_part() {
-  local name=$1 limit=$2 flag=$3
+  local name=$1 limit=$2 flags=$3
   shift 3
-  local args
+  local args sets
   args=$(printf "'%s', " "$@")
+  sets=$(printf "plan.%s = True; " ${flags//,/ })
   part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
 import sys
 from reprise.cuda import gemm_sm90_plan as plan
-plan.$flag = True
+$sets
 from reprise.bench.bench_gpu_e2e import main
 sys.exit(main([$args]))"
 }
@@ -133,3 +137,11 @@ flag_part csplit_default 30 CSPLIT_BY_DEFAULT --like smollm2-135m --sections dec
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/csplit_default.out" | cut -c1-150
 flag_part gated_default 30 GATED_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_gated_default.json"
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150
+# the default model with the norm epilogue on (NORM_EPILOGUE_BY_DEFAULT: each layer's o and
+# down launches run the add_rmsnorm after them at decode, 60 launches a step fewer), then
+# with every default-model fusion not yet a default on together (the gated MLP, the
+# cluster split, the norm epilogue), beside e2e_default: issue 18's 1,500 tokens/s
+flag_part norm_default 30 NORM_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_norm_default.json"
+grep -E "^decode|^kernels .*(span|idle|norm)|failed|Error" "$OUT/norm_default.out" | cut -c1-150
+flag_part fused_default 30 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
+grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150

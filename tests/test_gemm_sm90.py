@@ -47,6 +47,7 @@ from reprise.cuda.gemm_sm90_plan import (
     decode_waves,
     grid,
     launch_plan,
+    norm_launch,
     tile_config,
     waves,
 )
@@ -668,6 +669,35 @@ def test_the_backend_runs_the_mlp_in_the_gated_epilogue_where_the_flag_and_devic
         kind = "wgmma" if packed else "mma"
         assert calls == ([("wgmma", True)] if gated else [(kind, False), ("silu_mul", True)])
 
+
+def test_the_backend_sends_a_packed_projection_and_its_norm_to_the_hopper_launcher(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """CupyBackend.gemm_add_rmsnorm: on a plain packed weight, gemm_sm90_add_rmsnorm (which
+    takes the norm epilogue where it may); on a plain weight (gemm.cu, or the cuBLAS
+    benchmark's subclass) or a gated one, the product through `gemm`, then add_rmsnorm."""
+    pytest.importorskip("cupy")
+    from reprise.cuda import cupy_backend
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    calls: list[str] = []
+    monkeypatch.setattr(launcher, "gemm_sm90_add_rmsnorm",
+                        lambda x, w, r, g, eps: calls.append("fused") or ("s", "n"))  # fmt: skip
+    monkeypatch.setattr(cupy_backend.CupyBackend, "gemm",
+                        staticmethod(lambda x, w, **kw: calls.append("gemm") or "y"))  # fmt: skip
+    monkeypatch.setattr(cupy_backend.CupyBackend, "add_rmsnorm",
+                        staticmethod(lambda r, d, g, eps: calls.append(f"add_rmsnorm {d}") or ("S", "N")))  # fmt: skip
+    _, w = operands(rng, 1, 2 * 136, 128)
+    bits_w = np.ascontiguousarray(w).view(np.uint16)
+    backend = cupy_backend.CupyBackend.__new__(cupy_backend.CupyBackend)
+    x, residual, norm = np.zeros((1, 128), np.uint16), np.zeros((1, 272), F32), np.zeros(272, np.uint16)
+    for weight, want in ((prepare_weight(bits_w), ["fused"]),
+                         (bits_w, ["gemm", "add_rmsnorm y"]),
+                         (prepare_weight(bits_w, gated=True), ["gemm", "add_rmsnorm y"])):  # fmt: skip
+        calls.clear()
+        out = backend.gemm_add_rmsnorm(x, weight, residual, norm, 1e-5)
+        assert calls == want and out == (("s", "n") if want == ["fused"] else ("S", "N"))
+
 # ---- split-K ---------------------------------------------------------------------------
 
 COUNTERS = np.zeros(65536, np.uint32)
@@ -677,6 +707,7 @@ class _NumpyAsCupy:
     """What gemm_sm90 asks of CuPy on the split route, from NumPy (the emulation's arrays)."""
 
     empty = staticmethod(np.empty)
+    empty_like = staticmethod(np.empty_like)
 
     class cuda:  # CuPy's name
         @staticmethod
@@ -1085,6 +1116,206 @@ def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product_on_every_route(
             got = emulated_gated(lib, gated_plan, x, w)
             assert np.array_equal(bits(got), want), (gated_plan.kernel, m, start)
             assert max_ulps(got, silu_mul_ref(plain)) <= 1
+
+
+def emulated_norm(
+    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, residual: np.ndarray,
+    norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """A norm epilogue's launch on the emulation, as gemm_sm90_add_rmsnorm makes it:
+    (y, summed, normed), each poisoned first with a guard past its end; the counters zero
+    and checked zero after; `order` the order the CTAs run and finish in."""
+    (m, k), n = x.shape, w.shape[0]
+    assert plan.norm and residual.shape == (m, n)
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
+    y = poisoned((m * n + GUARD,), np.uint16)
+    summed = poisoned((m * n + GUARD,), np.float32)
+    normed = poisoned((m * n + GUARD,), np.uint16)
+    ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
+    counters = np.zeros(plan.grid[0] * plan.grid[1] + plan.grid[0] + GUARD, np.uint32)
+    if order is not None:
+        order = np.ascontiguousarray(order, dtype=np.uint32)
+        lib.set_cta_order(ptr(order))
+    try:
+        rc = lib.run_gemm_sm90_norm(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), ptr(ws), ptr(y),
+            ptr(counters), m, n, k, plan.split_len, ptr(np.ascontiguousarray(residual)),
+            ptr(np.ascontiguousarray(norm_weight)), ptr(summed), ptr(normed), ctypes.c_float(eps),
+        )  # fmt: skip
+    finally:
+        lib.set_cta_order(None)
+    assert rc == 0, (plan.kernel, rc)
+    assert not counters.any(), "every counter left zero for the next launch"
+    for out in (y, summed, normed):
+        assert np.array_equal(bits(out[m * n :]), bits(poisoned((GUARD,), out.dtype)))
+    return (y[: m * n].reshape(m, n).view(BF16), summed[: m * n].reshape(m, n),
+            normed[: m * n].reshape(m, n).view(BF16))  # fmt: skip
+
+
+# (N, K): the default model's o (S = 3) and down (S = 6); one k-tile (S = 1: WHOLE); a
+# row of 4,160 elements, past what add_rmsnorm's registers hold (its looping path), S = 1
+@pytest.mark.parametrize("shape", [(576, 576), (576, 1536), (200, 64), (4160, 64)],
+                         ids=["o", "down", "S1", "long_row"])  # fmt: skip
+def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
+    lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int]
+) -> None:
+    """Every norm entry point (the decode tile and the 64 x 128 tile, WHOLE or PARTIAL as
+    the weight splits), at every M it takes (1 to NORM_EPILOGUE_MAX_ROWS), CTAs finishing
+    in launch order, reversed and shuffled: y the plain entry point's bits, and (summed,
+    normed) the bits of the add_rmsnorm kernel on that y (both emulated), within one BF16
+    rounding of the NumPy twin. So the fused norm changes no bit, whichever CTA is last."""
+    from test_kernels_emulated import max_ulps
+
+    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+    from reprise.cuda.rmsnorm import add_rmsnorm_ref
+
+    n, k = shape
+    splits = split_k(n, k)
+    assert (splits > 1) == (k > 64), splits
+    x_all, w = operands(rng, NORM_EPILOGUE_MAX_ROWS, n, k)
+    residual_all = (rng.standard_normal((NORM_EPILOGUE_MAX_ROWS, n)) * 4).astype(F32)
+    norm_weight = (1 + 0.25 * rng.standard_normal(n)).astype(BF16)
+    eps = 1e-5
+    for m in range(1, NORM_EPILOGUE_MAX_ROWS + 1):
+        x, residual = np.ascontiguousarray(x_all[:m]), np.ascontiguousarray(residual_all[:m])
+        for config in (WS_DECODE, WS_M64):
+            if splits == 1:
+                plain_plan = whole_plan(config, m, n, gated=False)
+                plain = emulated_ws(lib, x, w, out_f32=False, decode=config is WS_DECODE,
+                                    m64=config is WS_M64)  # fmt: skip
+            else:
+                route = "decode_split" if config is WS_DECODE else "m64_split"
+                plain_plan = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
+                plain = emulated_plan(lib, plain_plan, x, w, out_f32=False)
+            plan = norm_launch(plain_plan, m)
+            assert plan is not None and plan.kernel == plain_plan.kernel.replace("_bf16", "_norm")
+            want_summed, want_normed = np.empty_like(residual), poisoned((m, n), np.uint16)
+            emu_lib.run_add_rmsnorm(m, ptr(residual), ptr(np.ascontiguousarray(plain)),
+                                    ptr(norm_weight), ptr(want_summed), ptr(want_normed), n,
+                                    ctypes.c_float(eps))  # fmt: skip
+            ctas = plan.grid[0] * plan.grid[1]
+            orders = [None, np.arange(ctas)[::-1], rng.permutation(ctas)]
+            for order in orders if m in (1, NORM_EPILOGUE_MAX_ROWS) else orders[:1]:
+                y, summed, normed = emulated_norm(lib, plan, x, w, residual, norm_weight, eps,
+                                                  order=order)  # fmt: skip
+                where = (plan.kernel, m, None if order is None else order[:4])
+                assert np.array_equal(bits(y), bits(plain)), where
+                assert np.array_equal(bits(summed), bits(want_summed)), where
+                assert np.array_equal(bits(normed), bits(want_normed)), where
+            ref_summed, ref_normed = add_rmsnorm_ref(residual, plain, norm_weight, eps)
+            assert np.array_equal(summed, ref_summed)
+            assert max_ulps(normed, ref_normed) <= 1
+
+
+def test_norm_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
+    """The norm epilogue extends the BF16 WHOLE and PARTIAL launches of the decode tile and
+    the 64 x 128 tile up to NORM_EPILOGUE_MAX_ROWS rows, the same geometry; nothing else
+    (WS's 384 threads, fp32 or gated output, a cluster split, more rows) has one."""
+    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+
+    for n, k in ((576, 576), (576, 1536), (4096, 4096), (4096, 14336)):
+        for m in range(1, 70):
+            for route in (None, "decode_split", "m64_split", "ws_split", "decode_csplit"):
+                if route is not None and split_k(n, k) == 1:
+                    continue
+                plain = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
+                got = norm_launch(plain, m)
+                takes = plain.kernel.startswith(("gemm_sm90_ws_bf16_decode", "gemm_sm90_ws_bf16_m64"))
+                takes = takes and not plain.kernel.endswith("_csplit")
+                if not takes or m > NORM_EPILOGUE_MAX_ROWS:
+                    assert got is None, (plain.kernel, m)
+                    continue
+                assert got is not None and got.norm and not plain.norm
+                assert got.kernel == plain.kernel.replace("_bf16_", "_norm_")
+                assert (got.grid, got.threads, got.smem_bytes, got.splits, got.split_len,
+                        got.workspace) == (plain.grid, plain.threads, plain.smem_bytes,
+                                           plain.splits, plain.split_len, plain.workspace)  # fmt: skip
+    for out_f32, gated in ((True, False), (False, True)):
+        plain = launch_plan(1, 576, 576, out_f32=out_f32, packed=True, gated=gated)
+        assert norm_launch(plain, 1) is None
+
+
+def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planned(
+    lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """gemm_sm90_add_rmsnorm itself, its device calls replaced by the emulation: asked
+    (`fused`, or NORM_EPILOGUE_BY_DEFAULT) and planned (M <= NORM_EPILOGUE_MAX_ROWS), one
+    norm launch whose arguments run it to the bits of the product then add_rmsnorm, which
+    it runs otherwise; a weight it cannot take, or operands of other shapes, refused."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+    from reprise.cuda import gemm_sm90_plan, launchers
+
+    launches: list[str] = []
+
+    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
+                    pad_once: bool) -> Any:  # fmt: skip
+        def launch(grid_xy: tuple[int, int], block: tuple[int], args: tuple, *,
+                   shared_mem: int) -> None:  # fmt: skip
+            launches.append(name)
+            if name.startswith("gemm_sm90_ws_norm_"):
+                x, w, ws, y, counters, m, n, k, split_len, residual, weight, summed, normed, eps = args
+                rc = lib.run_gemm_sm90_norm(
+                    name.encode(), *grid_xy, block[0], shared_mem, ptr(x), ptr(w), ptr(ws),
+                    ptr(y), ptr(counters), int(m), int(n), int(k), int(split_len), ptr(residual),
+                    ptr(weight), ptr(summed), ptr(normed), ctypes.c_float(float(eps)),
+                )  # fmt: skip
+            elif len(args) == 6:  # WHOLE
+                x, w, y, m, n, k = args
+                tile = 2 if name.endswith("_decode") else 3 if name.endswith("_m64") else 0
+                rc = lib.run_gemm_sm90_ws(0, tile, *grid_xy, block[0], shared_mem, ptr(x), ptr(w),
+                                          ptr(y), int(m), int(n), int(k))  # fmt: skip
+            else:  # PARTIAL
+                x, w, ws, y, counters, *dims = args
+                rc = lib.run_gemm_sm90_split(name.encode(), *grid_xy, block[0], shared_mem, ptr(x),
+                                             ptr(w), ptr(ws), ptr(y), ptr(counters), *map(int, dims))  # fmt: skip
+            assert rc == 0, (name, rc)
+            assert not COUNTERS.any(), "every launch leaves its counters zero"
+
+        return launch
+
+    def fake_add_rmsnorm(residual: np.ndarray, delta: np.ndarray, weight: np.ndarray,
+                         eps: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        launches.append("add_rmsnorm")
+        summed, normed = np.empty_like(residual), poisoned(residual.shape, np.uint16)
+        emu_lib.run_add_rmsnorm(residual.shape[0], ptr(residual), ptr(delta), ptr(weight),
+                                ptr(summed), ptr(normed), residual.shape[1], ctypes.c_float(eps))  # fmt: skip
+        return summed, normed
+
+    monkeypatch.setattr(launcher, "_kernel", fake_kernel)
+    monkeypatch.setattr(launcher, "device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
+    monkeypatch.setattr(launchers, "add_rmsnorm", fake_add_rmsnorm)
+    monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
+    monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
+    n, k = 576, 576  # the default model's o: S = 3
+    x_all, w = operands(rng, 5, n, k)
+    packed = prepare_weight(w.view(np.uint16))
+    residual_all = (rng.standard_normal((5, n)) * 4).astype(F32)
+    norm_weight = (1 + 0.25 * rng.standard_normal(n)).astype(BF16).view(np.uint16)
+    for m, fused, flag, one_launch in ((1, True, False, True), (4, None, True, True),
+                                       (3, None, False, False), (5, True, True, False),
+                                       (2, False, True, False)):  # fmt: skip
+        monkeypatch.setattr(gemm_sm90_plan, "NORM_EPILOGUE_BY_DEFAULT", flag)
+        x = np.ascontiguousarray(x_all[:m]).view(np.uint16)
+        residual = np.ascontiguousarray(residual_all[:m])
+        launches.clear()
+        got = launcher.gemm_sm90_add_rmsnorm(x, packed, residual, norm_weight, 1e-5, fused=fused)
+        assert launches == (["gemm_sm90_ws_norm_decode_split"] if one_launch
+                            else ["gemm_sm90_ws_bf16_decode_split", "add_rmsnorm"]), (m, fused, flag)  # fmt: skip
+        want = fake_add_rmsnorm(residual, gemm_sm90(x, packed), norm_weight, 1e-5)
+        for g, wnt in zip(got, want, strict=True):
+            assert np.array_equal(bits(g), bits(wnt)), (m, fused, flag)
+    x, residual = x_all[:1].view(np.uint16), residual_all[:1]
+    with pytest.raises(ValueError, match="takes a plain PackedWeight"):
+        launcher.gemm_sm90_add_rmsnorm(x, w.view(np.uint16), residual, norm_weight, 1e-5)
+    with pytest.raises(ValueError, match=r"residual must be \[M, N\] = \[1, 576\] and weight \[N\]"):
+        launcher.gemm_sm90_add_rmsnorm(x, packed, residual_all[:2], norm_weight, 1e-5)
+    with pytest.raises(ValueError, match=r"residual must be \[M, N\]"):
+        launcher.gemm_sm90_add_rmsnorm(x, packed, residual, norm_weight[:-1], 1e-5)
 
 
 def test_gated_plans_refuse_what_the_epilogue_cannot_take() -> None:

@@ -18,6 +18,7 @@ from reprise.cuda.gemm_kernel import ctas_per_sm
 from reprise.cuda.gemm_sm90_kernel import ARCH, SOURCE
 from reprise.cuda.gemm_sm90_plan import (
     CONFIGS,
+    NORM_ENTRY_POINTS,
     SPLIT_ROUTES,
     WS,
     WS_DECODE,
@@ -56,7 +57,13 @@ CLUSTER = {
     f"{name}_fold_c2": WS
     for name in (WS.kernel_name(False), WS.kernel_name(True), WS.kernel_name(False, gated=True))
 }
+# The norm epilogue's (the add_rmsnorm after the product): WHOLE and PARTIAL on the two
+# 256-thread tiles, each named after the plain entry point it extends.
+NORM = {
+    norm: WS_DECODE if "_decode" in norm else WS_M64 for norm in NORM_ENTRY_POINTS.values()
+}
 ENTRY_POINTS += list(CLUSTER)
+ENTRY_POINTS += list(NORM)
 
 pytestmark = pytest.mark.kernels
 
@@ -101,6 +108,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
     )
     configs.update(GATED)
     configs.update(CLUSTER)
+    configs.update(NORM)
     assert sorted(resources) == sorted(ENTRY_POINTS)
     for name, used in resources.items():
         config = configs[name]

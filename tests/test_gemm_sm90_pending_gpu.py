@@ -12,7 +12,10 @@ along M multicasting each weight tile to both): their rows against the single-CT
 and an engine with them against one without. And the cluster split (CSPLIT_BY_DEFAULT,
 built 2026-11-28, not yet run on a GPU: a tile's S splits one cluster launched with a
 cluster attribute, their partials folded through its shared memory): its rows against
-PARTIAL's, and an engine with it against one without. A file of its
+PARTIAL's, and an engine with it against one without. And the norm epilogue
+(NORM_EPILOGUE_BY_DEFAULT, built 2026-11-28, not yet run on a GPU: a decode's o and down
+projection launches running the add_rmsnorm after them): its outputs against the two
+kernels', and an engine with it against one without. A file of its
 own, run last by scripts/gpu_followup.sh: the wide FOLD's first version hung (a
 setmaxnreg budget over the CTA's register pool), and a hang must not cost the other tests. Skipped without a CUDA device of compute capability 9.0."""
 
@@ -241,3 +244,44 @@ def test_the_cluster_split_engine_changes_no_logit(default_model_dir, monkeypatc
     prompt = np.random.default_rng(5).integers(100, 49000, size=150).tolist()
     assert_flag_changes_no_logit(default_model_dir, monkeypatch, "CSPLIT_BY_DEFAULT", [prompt],
                                  max_tokens=24, num_device_blocks=64)  # fmt: skip
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(576, 576), (1536, 576), (4096, 4096), (14336, 4096),
+                                  (128, 576)])  # fmt: skip
+def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(rng, k: int, n: int) -> None:
+    """The norm epilogue (gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT, off until this runs) on
+    the default model's o and down (S = 3, 6), Llama-3.1-8B's (split) and an unsplit weight
+    (WHOLE), on the decode tile and the 64 x 128 tile, at M = 1 to NORM_EPILOGUE_MAX_ROWS:
+    (summed, normed) bit-equal to the plain product followed by the add_rmsnorm kernel,
+    then again (its counters left zero: a second launch on the same stream normalizes)."""
+    from reprise.cuda import launchers
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, gemm_sm90_add_rmsnorm, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+
+    w, pool = weights(rng, n, k), activations(rng, NORM_EPILOGUE_MAX_ROWS, k)
+    residual = dev((rng.standard_normal((NORM_EPILOGUE_MAX_ROWS, n)) * 4).astype(np.float32))
+    norm_weight = dev((1 + 0.25 * rng.standard_normal(n)).astype(np.float32).astype(w.dtype))
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    routes = [None] if split_k(n, k) == 1 else ["decode_split", "m64_split"]
+    for m in range(1, NORM_EPILOGUE_MAX_ROWS + 1):
+        for route in routes:
+            y = gemm_sm90(x[:m], packed, route=route)
+            want = [host(a) for a in launchers.add_rmsnorm(residual[:m], y, norm_weight, 1e-5)]
+            for _ in range(2):
+                got = gemm_sm90_add_rmsnorm(x[:m], packed, residual[:m], norm_weight, 1e-5,
+                                            route=route, fused=True)  # fmt: skip
+                for g, wnt in zip((host(a) for a in got), want, strict=True):
+                    dtype = np.uint32 if wnt.dtype == np.float32 else np.uint16
+                    assert np.array_equal(g.view(dtype), wnt.view(dtype)), (k, n, m, route)
+
+
+@pytest.mark.usefixtures("hopper")
+def test_the_norm_epilogue_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model with NORM_EPILOGUE_BY_DEFAULT on (its o and down projections each
+    one launch with the add_rmsnorm after it, at decode) against the default engine: the
+    same tokens and logits bits for a prompt, its cached repeat and decode steps replayed
+    as CUDA graphs (the fused launches captured)."""
+    prompt = np.random.default_rng(7).integers(100, 49000, size=150).tolist()
+    assert_flag_changes_no_logit(default_model_dir, monkeypatch, "NORM_EPILOGUE_BY_DEFAULT",
+                                 [prompt], max_tokens=24, num_device_blocks=64)  # fmt: skip

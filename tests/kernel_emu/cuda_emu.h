@@ -354,6 +354,7 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   return old;
 }
 inline float __ldcg(const float* p) { return *p; }
+inline unsigned short __ldcg(const unsigned short* p) { return *p; }
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);
   const int w = emu::g_thread / 32, lane = threadIdx.x % 32;

@@ -11,6 +11,7 @@
 #include "wgmma_emu.h"
 #include "mbarrier_emu.h"
 #include "../../cuda/common.cuh"  // at file scope, before the source (as driver.cpp does)
+#include "../../cuda/rmsnorm.cuh"  // the norm epilogue's rows, likewise
 
 #include <functional>
 #include <string>
@@ -237,6 +238,40 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
   emu::g_cluster_x = 1;
   emu::g_on_switch = nullptr;
   for (auto& window : g_cluster_smem) window = nullptr;
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind == 0 ? 0 : 3;
+}
+
+// The norm epilogue's entry points (gemm_sm90_ws_norm_{decode,m64}[_split]): the BF16
+// product into y (PARTIAL: through ws, counted in `counters`), then add_rmsnorm of its rows
+// into summed and normed, by the CTA that completes the m tile's last n tile (counted in
+// the counter past the fold's). The same return codes as run_gemm_sm90.
+int run_gemm_sm90_norm(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
+                       const unsigned short* x, const unsigned char* w_packed, float* ws, unsigned short* y,
+                       unsigned* counters, int M, int N, int K, int split_len, const float* residual,
+                       const __nv_bfloat16* norm_weight, float* summed, __nv_bfloat16* normed, float eps) {
+  namespace e = gemm_sm90_emu;
+  using Fn = void (*)(const unsigned short*, const unsigned char*, float*, unsigned short*, unsigned*, int, int,
+                      int, int, const float*, const __nv_bfloat16*, float*, __nv_bfloat16*, float);
+  const std::string n = name;
+  Fn fn = nullptr;
+  if (n == "gemm_sm90_ws_norm_decode") fn = e::gemm_sm90_ws_norm_decode;
+  if (n == "gemm_sm90_ws_norm_decode_split") fn = e::gemm_sm90_ws_norm_decode_split;
+  if (n == "gemm_sm90_ws_norm_m64") fn = e::gemm_sm90_ws_norm_m64;
+  if (n == "gemm_sm90_ws_norm_m64_split") fn = e::gemm_sm90_ws_norm_m64_split;
+  if (fn == nullptr) return 1;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
+  std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
+  g_ptx_smem = e::gemm_sm90_smem;
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  int left_behind = 0;
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
+    fn(x, w_packed, ws, y, counters, M, N, K, split_len, residual, norm_weight, summed, normed, eps);
+    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
+    if (!copies || !mmas) ++left_behind;
+  });
   g_ptx_smem = nullptr;
   g_ptx_smem_bytes = 0;
   return left_behind == 0 ? 0 : 3;
