@@ -94,6 +94,12 @@ class NullBackend(NumpyBackend):
         return None
 
     @staticmethod
+    def gemm_rope_kv_write(x: np.ndarray, w: np.ndarray, *args: Any) -> np.ndarray:
+        """The qkv projection and rope_kv_write (one kernel on the GPU with the rope epilogue)."""
+        cache, num_heads = args[3], args[-1]
+        return np.zeros((x.shape[0], num_heads, cache.shape[-1]), dtype=BF16)
+
+    @staticmethod
     def rope_kv_write(qkv: np.ndarray, *args: Any) -> np.ndarray:
         num_heads = args[-1]
         return np.zeros((qkv.shape[0], num_heads, qkv.shape[2]), dtype=BF16)

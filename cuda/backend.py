@@ -61,6 +61,19 @@ class NumpyBackend:
         them as one kernel, to the same bits)."""
         return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
 
+    def gemm_rope_kv_write(
+        self, x: np.ndarray, w: np.ndarray, positions: np.ndarray, cos: np.ndarray,
+        sin: np.ndarray, cache: np.ndarray, layer: int, slot_mapping: np.ndarray,
+        num_heads: int,
+    ) -> np.ndarray:  # fmt: skip
+        """rope_kv_write of a bias-free qkv projection's product ([T, heads + 2 * kv_heads,
+        head_dim], head_dim the cache's): the rotated queries; keys and values into the
+        cache. Here the two twins in turn (the GPU backend may run them as one kernel, to
+        the same bits)."""
+        qkv = self.gemm(x, w)
+        qkv = qkv.reshape(qkv.shape[0], -1, cache.shape[-1])
+        return self.rope_kv_write(qkv, positions, cos, sin, cache, layer, slot_mapping, num_heads)
+
     def device_memory_bytes(self) -> int:
         """Memory of the device the model runs on: for this backend, the host's RAM."""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

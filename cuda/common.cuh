@@ -128,11 +128,16 @@ __device__ __forceinline__ void rope_angle(const int* __restrict__ positions, co
 // Rotary position embedding of one pair (x[i], x[i + half]) of a head's row into dst, Hugging
 // Face's half-split layout: products and sums round as the twin's fp32 numpy expressions do (no
 // fused multiply-add), out1 = x1 * c - x2 * s, out2 = x2 * c + x1 * s, then BF16 (twin: rope.py).
-__device__ __forceinline__ void rope_pair(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ dst,
-                                          int i, int half, float c, float s) {
-  const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
+// rope_store: the same of the pair's values (x1, x2) already read.
+__device__ __forceinline__ void rope_store(__nv_bfloat16* __restrict__ dst, int i, int half, float x1, float x2,
+                                           float c, float s) {
   dst[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
   dst[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
+__device__ __forceinline__ void rope_pair(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ dst,
+                                          int i, int half, float c, float s) {
+  rope_store(dst, i, half, __bfloat162float(x[i]), __bfloat162float(x[i + half]), c, s);
 }
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }

@@ -119,6 +119,22 @@ class CupyBackend:
             return gemm_sm90_add_rmsnorm(x, w, residual, weight, eps)
         return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
 
+    def gemm_rope_kv_write(
+        self, x: Any, w: Any, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,
+        slot_mapping: Any, num_heads: int,
+    ) -> Any:  # fmt: skip
+        """rope_kv_write of a bias-free qkv projection's product -> the rotated queries: on a
+        weight the Hopper kernel takes, its rope epilogue where the plan allows
+        (gemm_sm90_rope_kv_write: one kernel), else the product (through `gemm`) then
+        rope_kv_write. The same bits either way."""
+        from .gemm_sm90_kernel import PackedWeight, gemm_sm90_rope_kv_write
+
+        args = (positions, cos, sin, cache, layer, slot_mapping, num_heads)
+        if isinstance(w, PackedWeight) and not w.gated:
+            return gemm_sm90_rope_kv_write(x, w, *args)
+        qkv = self.gemm(x, w)
+        return self.rope_kv_write(qkv.reshape(qkv.shape[0], -1, cache.shape[-1]), *args)
+
     @property
     def kernel_choice(self) -> str:
         """The kernels whose bits this backend's results carry: attention and the GEMM

@@ -77,6 +77,7 @@
 // picks between the two by (device, N, K) only, never by M.
 #include "common.cuh"  // cp.async, shared_addr, dynamic_smem_bytes, bf16_bits, store_pair
 #include "rmsnorm.cuh"  // add_rmsnorm_row: the norm epilogue's rows (the _norm entry points)
+#include "kvcache.cuh"  // rope_kv_write_pair: the rope epilogue's items (the _rope entry points)
 
 // wgmma exists only on sm_90a (the arch-specific target); every other target (CI
 // compiles every source for sm_80 and sm_90) builds entry points that trap.
@@ -710,19 +711,25 @@ __device__ __forceinline__ void ws_store(DstT* __restrict__ dst, const float (&d
   }
 }
 
-// ---- the norm epilogue (the _norm entry points) ----------------------------------------
+// ---- row epilogues (the _norm and _rope entry points) -----------------------------------
 // A decode's o and down projections feed add_rmsnorm (the residual add, then the next
-// norm) and nothing else. With NORM, the product's own launch runs it: every CTA that
+// norm) and nothing else, and its bias-free qkv projection feeds rope_kv_write (the
+// queries and keys rotated, the keys and values into their cache slots) and nothing else.
+// With a row epilogue the product's own launch runs that kernel's work: every CTA that
 // completes a tile of y (WHOLE: each; PARTIAL: the tile's folding CTA) counts itself in
-// its m tile's norm counter, and the one that counts last (every n tile of the m tile
-// written) runs rmsnorm.cuh's add_rmsnorm_row over the m tile's rows with all its 256
-// threads: the add_rmsnorm kernel's own function and thread count, so its tree and its
-// bits (DESIGN §4), one kernel launch a layer fewer twice. The y tiles are written and
+// its m tile's epilogue counter, and the one that counts last (every n tile of the m tile
+// written) runs it over the m tile's rows:
+//   NORM: rmsnorm.cuh's add_rmsnorm_row a row, with all its 256 threads: the add_rmsnorm
+//     kernel's own function and thread count, so its tree and its bits (DESIGN §4);
+//   ROPE: kvcache.cuh's rope_kv_write_pair for every (row, head, pair), the
+//     rope_kv_write kernel's own work item (elementwise: any thread may take any item).
+// One kernel launch a layer fewer for each (three a layer). The y tiles are written and
 // fenced before the count, as the split's partials are (fold_split_partials), and read
-// through L2. Rows run one after another: the launcher takes this only up to
-// gemm_sm90_plan.NORM_EPILOGUE_MAX_ROWS rows, where one CTA's rows cost less than a
-// launch. The counter sits past the fold counters (gridDim.y * m tiles of them) and is
-// left zero.
+// through L2. One CTA does the rows: the launcher takes a row epilogue only up to
+// gemm_sm90_plan.EPILOGUE_MAX_ROWS rows, where they cost less than a launch. The counter
+// sits past the fold counters (gridDim.y * m tiles of them) and is left zero.
+enum class RowEpi { NONE, NORM, ROPE };
+
 struct NormArgs {
   const float* residual;        // [M, N] fp32, the residual stream before the add
   const __nv_bfloat16* weight;  // [N], the next RMSNorm's
@@ -731,11 +738,18 @@ struct NormArgs {
   float eps;
 };
 
-template <class T>
-__device__ __forceinline__ void norm_epilogue(const unsigned short* __restrict__ y, const NormArgs& norm,
-                                              unsigned* __restrict__ counters, int M, int N, int m_tile,
-                                              bool tile_done, unsigned char* smem) {
-  static_assert(T::THREADS == RMSNORM_THREADS, "add_rmsnorm's tree: its thread count");
+// What a row epilogue needs besides y: NORM's arguments or ROPE's (kvcache.cuh's; y is
+// then [M, heads + 2 * kv_heads, head_dim]).
+struct TailArgs {
+  NormArgs norm;
+  RopeKvArgs rope;
+};
+
+template <class T, RowEpi EPI>
+__device__ __forceinline__ void row_epilogue(const unsigned short* __restrict__ y, const TailArgs& tail,
+                                             unsigned* __restrict__ counters, int M, int N, int m_tile,
+                                             bool tile_done, unsigned char* smem) {
+  static_assert(EPI != RowEpi::NORM || T::THREADS == RMSNORM_THREADS, "add_rmsnorm's tree: its thread count");
   unsigned* const flag = reinterpret_cast<unsigned*>(smem);  // the drained ring's first words
   float* const scratch = reinterpret_cast<float*>(smem + 128);
   const int num_m_tiles = (M + T::BM - 1) / T::BM;
@@ -748,11 +762,22 @@ __device__ __forceinline__ void norm_epilogue(const unsigned short* __restrict__
   if (*flag == 0u) return;
   __threadfence();
   const int m0 = m_tile * T::BM, rows = min(T::BM, M - m0);
-  for (int r = 0; r < rows; ++r) {
-    const long long at = static_cast<long long>(m0 + r) * N;
-    add_rmsnorm_row(norm.residual + at, reinterpret_cast<const __nv_bfloat16*>(y) + at, norm.weight,
-                    norm.summed + at, norm.normed + at, N, norm.eps, scratch);
-    __syncthreads();  // every thread has read this row's sum before the next row's writes scratch
+  const __nv_bfloat16* const rows_of_y = reinterpret_cast<const __nv_bfloat16*>(y);
+  if constexpr (EPI == RowEpi::NORM) {
+    const NormArgs& norm = tail.norm;
+    for (int r = 0; r < rows; ++r) {
+      const long long at = static_cast<long long>(m0 + r) * N;
+      add_rmsnorm_row(norm.residual + at, rows_of_y + at, norm.weight, norm.summed + at, norm.normed + at, N,
+                      norm.eps, scratch);
+      __syncthreads();  // every thread has read this row's sum before the next row's writes scratch
+    }
+  } else if constexpr (EPI == RowEpi::ROPE) {
+    const RopeKvArgs& rope = tail.rope;
+    const int half = rope.head_dim >> 1, per_row = (rope.heads + rope.kv_heads) * half;
+    for (int item = static_cast<int>(threadIdx.x); item < rows * per_row; item += T::THREADS) {
+      const int r = item / per_row, pair = item % per_row;
+      rope_kv_write_pair<true>(rows_of_y, N, rope, m0 + r, pair / half, pair % half);
+    }
   }
   if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
 }
@@ -776,17 +801,17 @@ __device__ __forceinline__ void norm_epilogue(const unsigned short* __restrict__
 // tile: sharing the weight tile halves the weight's L2 reads. The x tile (cp.async, the CTA's own rows) and every MMA are unchanged, so
 // the element's bits are (the invariance argument above). The launcher pairs m tiles
 // that both hold rows (an even number of m tiles), which the kernel checks.
-template <class T, Split MODE, int CLUSTER = 1, bool NORM = false, class OutT, class FinalT>
+template <class T, Split MODE, int CLUSTER = 1, RowEpi EPI = RowEpi::NONE, class OutT, class FinalT>
 __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restrict__ x,
                                                   const unsigned char* __restrict__ w_packed,
                                                   OutT* __restrict__ y, FinalT* __restrict__ out,
                                                   unsigned* __restrict__ counters, int M, int N, int K,
-                                                  int split_len, const NormArgs& norm = NormArgs{}) {
+                                                  int split_len, const TailArgs& tail = TailArgs{}) {
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && (MODE == Split::WHOLE || MODE == Split::FOLD) &&
                                   T::CONSUMERS == 2 && (T::BN / 64) % CLUSTER == 0),
                 "clusters of two m tiles, WHOLE or FOLD, each CTA bringing whole panels");
-  static_assert(!NORM || (CLUSTER == 1 && (MODE == Split::WHOLE || MODE == Split::PARTIAL)),
-                "the norm epilogue: one CTA a tile, WHOLE or PARTIAL");
+  static_assert(EPI == RowEpi::NONE || (CLUSTER == 1 && (MODE == Split::WHOLE || MODE == Split::PARTIAL)),
+                "a row epilogue: one CTA a tile, WHOLE or PARTIAL");
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   unsigned char* const smem = cta_smem(gemm_sm90_smem);
   if (blockDim.x != T::THREADS || dynamic_smem_bytes() < static_cast<unsigned>(T::SMEM_BYTES)) __trap();
@@ -916,7 +941,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     }
     cp_async_commit();  // leave no copy of this thread in flight behind its exit
     cp_async_wait<0>();
-    if (MODE != Split::PARTIAL && MODE != Split::CSPLIT && CLUSTER == 1 && !NORM) return;  // (the waits below)
+    if (MODE != Split::PARTIAL && MODE != Split::CSPLIT && CLUSTER == 1 && EPI == RowEpi::NONE) return;
   } else if (warpgroup - 1 < active) {  // ---- consumers owning a row below M ----
     // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
     // neither branch: it waits for no stage and releases none, empty[s] counting the
@@ -995,12 +1020,12 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   if constexpr (MODE == Split::PARTIAL)
     fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
                      reinterpret_cast<unsigned*>(smem));
-  // NORM: every CTA that wrote a tile of the output (WHOLE: each; PARTIAL: the tile's
-  // folding CTA, whose flag word is still set) counts in; the last runs add_rmsnorm.
-  if constexpr (NORM) {
+  // A row epilogue: every CTA that wrote a tile of the output (WHOLE: each; PARTIAL: the
+  // tile's folding CTA, whose flag word is still set) counts in; the last runs it.
+  if constexpr (EPI != RowEpi::NONE) {
     const bool tile_done = MODE == Split::WHOLE || *reinterpret_cast<volatile unsigned*>(smem) != 0u;
-    norm_epilogue<T>(reinterpret_cast<const unsigned short*>(out), norm, counters, M, N, range.m_tile, tile_done,
-                     smem);
+    row_epilogue<T, EPI>(reinterpret_cast<const unsigned short*>(out), tail, counters, M, N, range.m_tile,
+                         tile_done, smem);
   }
   // A cluster: no CTA leaves while the peer may still multicast into it or arrive on its
   // barriers (every thread of both: the producers did not return above).
@@ -1083,12 +1108,22 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
   gemm_sm90_ws_tile<TILE, MODE, 2>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, SPLIT_LEN)
 #define GEMM_SM90_WS_CSPLIT_BODY(TILE, Y) \
   gemm_sm90_ws_tile<TILE, Split::CSPLIT>(x, w_packed, Y, Y, static_cast<unsigned*>(nullptr), M, N, K, split_len)
-#define GEMM_SM90_WS_NORM_BODY(TILE) \
-  gemm_sm90_ws_tile<TILE, Split::WHOLE, 1, true>(x, w_packed, y, y, counters, M, N, K, 0, \
-                                                 NormArgs{residual, norm_weight, summed, normed, eps})
-#define GEMM_SM90_WS_NORM_SPLIT_BODY(TILE) \
-  gemm_sm90_ws_tile<TILE, Split::PARTIAL, 1, true>(x, w_packed, ws, y, counters, M, N, K, split_len, \
-                                                   NormArgs{residual, norm_weight, summed, normed, eps})
+#define GEMM_SM90_NORM_ARGS TailArgs{NormArgs{residual, norm_weight, summed, normed, eps}, RopeKvArgs{}}
+#define GEMM_SM90_ROPE_ARGS                                                                              \
+  TailArgs{NormArgs{}, RopeKvArgs{positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, \
+                                  heads, kv_heads, block_size, head_dim}}
+#define GEMM_SM90_WS_NORM_BODY(TILE)                                                                 \
+  gemm_sm90_ws_tile<TILE, Split::WHOLE, 1, RowEpi::NORM>(x, w_packed, y, y, counters, M, N, K, 0, \
+                                                         GEMM_SM90_NORM_ARGS)
+#define GEMM_SM90_WS_NORM_SPLIT_BODY(TILE)                                                                     \
+  gemm_sm90_ws_tile<TILE, Split::PARTIAL, 1, RowEpi::NORM>(x, w_packed, ws, y, counters, M, N, K, split_len, \
+                                                           GEMM_SM90_NORM_ARGS)
+#define GEMM_SM90_WS_ROPE_BODY(TILE)                                                                 \
+  gemm_sm90_ws_tile<TILE, Split::WHOLE, 1, RowEpi::ROPE>(x, w_packed, y, y, counters, M, N, K, 0, \
+                                                         GEMM_SM90_ROPE_ARGS)
+#define GEMM_SM90_WS_ROPE_SPLIT_BODY(TILE)                                                                     \
+  gemm_sm90_ws_tile<TILE, Split::PARTIAL, 1, RowEpi::ROPE>(x, w_packed, ws, y, counters, M, N, K, split_len, \
+                                                           GEMM_SM90_ROPE_ARGS)
 #else
 #define GEMM_SM90_BODY(TILE) __trap()
 #define GEMM_SM90_FOLD_BODY(TILE) __trap()
@@ -1100,6 +1135,8 @@ static_assert(Wg1::THREADS == 128 && Wg2::THREADS == 256 && Wg2Wide::THREADS == 
 #define GEMM_SM90_WS_GATED_SPLIT_BODY(TILE) __trap()
 #define GEMM_SM90_WS_NORM_BODY(TILE) __trap()
 #define GEMM_SM90_WS_NORM_SPLIT_BODY(TILE) __trap()
+#define GEMM_SM90_WS_ROPE_BODY(TILE) __trap()
+#define GEMM_SM90_WS_ROPE_SPLIT_BODY(TILE) __trap()
 #endif
 
 // The gated entry points' output, [M, N / 2] BF16 bits, as the epilogues take it.
@@ -1396,6 +1433,58 @@ gemm_sm90_ws_norm_m64_split(const unsigned short* __restrict__ x, const unsigned
                             const __nv_bfloat16* __restrict__ norm_weight, float* __restrict__ summed,
                             __nv_bfloat16* __restrict__ normed, float eps) {
   GEMM_SM90_WS_NORM_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
+}
+
+// The rope epilogue's entry points (gemm_sm90_ws_rope_*; gemm_sm90_plan's
+// ROPE_EPILOGUE_BY_DEFAULT): the BF16 product y ([M, heads + 2 * kv_heads, head_dim]) of the
+// decode tile or the 64 x 128 tile, WHOLE or PARTIAL as gemm_sm90_ws_bf16_{decode,m64}[_split],
+// then (row_epilogue) rope_kv_write's work on its rows: the queries rotated into q_out, the
+// keys rotated and the values copied into their cache slots, the bits of the rope_kv_write
+// kernel after the plain product. Each takes ws and split_len (WHOLE: unused) and the tile
+// counters (one past the fold's for each m tile).
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_rope_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                         float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                         int N, int K, int split_len, const int* __restrict__ positions,
+                         const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                         __nv_bfloat16* __restrict__ q_out, const long long* __restrict__ slots,
+                         __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads, int kv_heads,
+                         int block_size, int head_dim) {
+  GEMM_SM90_WS_ROPE_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_rope_decode_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                               float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                               int N, int K, int split_len, const int* __restrict__ positions,
+                               const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                               __nv_bfloat16* __restrict__ q_out, const long long* __restrict__ slots,
+                               __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads, int kv_heads,
+                               int block_size, int head_dim) {
+  GEMM_SM90_WS_ROPE_SPLIT_BODY(WsDecode);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_rope_m64(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                      float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                      int N, int K, int split_len, const int* __restrict__ positions,
+                      const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                      __nv_bfloat16* __restrict__ q_out, const long long* __restrict__ slots,
+                      __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads, int kv_heads,
+                      int block_size, int head_dim) {
+  GEMM_SM90_WS_ROPE_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_sm90_ws_rope_m64_split(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,
+                            int N, int K, int split_len, const int* __restrict__ positions,
+                            const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                            __nv_bfloat16* __restrict__ q_out, const long long* __restrict__ slots,
+                            __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads, int kv_heads,
+                            int block_size, int head_dim) {
+  GEMM_SM90_WS_ROPE_SPLIT_BODY(WsM64);  // pdl_enter() inside, after the weight prologue
 }
 
 // Clusters of two CTAs along M sharing each weight tile (gemm_sm90_ws_tile's CLUSTER = 2;

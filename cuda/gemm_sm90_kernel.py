@@ -81,8 +81,9 @@ from .gemm_sm90_plan import (
     MAX_COUNTERS,
     MAX_GRID_Y,
     WG1,
+    Sm90Launch,
+    epilogue_launch,
     launch_plan,
-    norm_launch,
 )
 from .kernels import BF16_BITS, check, launch_kernel
 
@@ -272,23 +273,57 @@ def gemm_sm90(
     return out
 
 
+def _plain_packed(x: Any, w: Any, caller: str) -> tuple[int, int, int]:
+    """(M, N, K) of a row epilogue's product: a plain (not gated) PackedWeight only."""
+    if not isinstance(w, PackedWeight) or w.gated:
+        raise ValueError(f"{caller} takes a plain PackedWeight (prepare_weight, not gated)")
+    return check_operands(x, w)
+
+
+def _epilogue_plan(
+    epilogue: str, wanted: bool, m: int, n: int, k: int, splits: int | None, route: str | None
+) -> Sm90Launch | None:
+    """The row epilogue's launch of an [M, K] x [N, K] product where it is `wanted`, M is
+    within EPILOGUE_MAX_ROWS, the device takes the kernel and the plan has one; else None
+    (the caller runs the product and the epilogue's kernel apart)."""
+    if not (wanted and 0 < m <= gemm_sm90_plan.EPILOGUE_MAX_ROWS):
+        return None
+    if not supported(device_arch(), m, n, k):
+        return None
+    plain = launch_plan(m, n, k, out_f32=False, packed=True, num_sms=_num_sms(), route=route,
+                        splits=splits)  # fmt: skip
+    return epilogue_launch(plain, m, epilogue)
+
+
+def _launch_epilogue(plan: Sm90Launch, x: Any, w: PackedWeight, tail: tuple[Any, ...]) -> None:
+    """`plan`'s launch: the product into a BF16 [M, N] y (PARTIAL: through its fp32
+    partials) on the stream's tile counters, then the epilogue on `tail`, its arguments."""
+    import cupy
+
+    (m, k), n = x.shape, w.num_cols
+    y = cupy.empty((m, n), dtype=BF16_BITS)
+    counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
+    # PARTIAL's fp32 partials; WHOLE reads none (any fp32 pointer stands in)
+    ws = cupy.empty((plan.splits, m, n) if plan.workspace else 1, np.float32)
+    args = (x, w.data, ws, y, counters, np.int32(m), np.int32(n), np.int32(k),
+            np.int32(plan.split_len), *tail)  # fmt: skip
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), w.swizzled, PAD_ONCE)
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
+
+
 def gemm_sm90_add_rmsnorm(
     x: Any, w: PackedWeight, residual: Any, weight: Any, eps: float, *,
     splits: int | None = None, route: str | None = None, fused: bool | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """add_rmsnorm(residual, gemm_sm90(x, w), weight, eps) -> (summed fp32, normed BF16),
     both [M, N]: a projection whose output only feeds the residual add and the next norm
-    (a layer's o and down). Where `norm_launch` has an entry point and `fused` (None:
+    (a layer's o and down). Where `epilogue_launch` has a norm entry point and `fused` (None:
     gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT) asks for it, one launch (gemm_sm90.cu's norm
     epilogue); else the product and the add_rmsnorm kernel. The same bits either way.
     `splits` and `route` as `gemm_sm90`'s."""
     from .launchers import add_rmsnorm
 
-    if not isinstance(w, PackedWeight) or w.gated:
-        raise ValueError(
-            "gemm_sm90_add_rmsnorm takes a plain PackedWeight (prepare_weight, not gated)"
-        )
-    num_rows, num_cols, k = check_operands(x, w)
+    num_rows, num_cols, k = _plain_packed(x, w, "gemm_sm90_add_rmsnorm")
     check("residual", residual, np.float32, 2)
     check("weight", weight, BF16_BITS, 1)
     if residual.shape != (num_rows, num_cols) or weight.shape != (num_cols,):
@@ -297,30 +332,54 @@ def gemm_sm90_add_rmsnorm(
             f"{list(residual.shape)} and {list(weight.shape)}"
         )
     wanted = gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT if fused is None else fused
-    plan = None
-    if wanted and num_rows and supported(device_arch(), num_rows, num_cols, k):
-        plain = launch_plan(
-            num_rows, num_cols, k, out_f32=False, packed=True, num_sms=_num_sms(), route=route,
-            splits=splits,
-        )  # fmt: skip
-        plan = norm_launch(plain, num_rows)
+    plan = _epilogue_plan("norm", wanted, num_rows, num_cols, k, splits, route)
     if plan is None:
         return add_rmsnorm(residual, gemm_sm90(x, w, splits=splits, route=route), weight, eps)
     import cupy
 
-    y = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
     summed = cupy.empty_like(residual)
     normed = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
-    counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
-    # PARTIAL's fp32 partials; WHOLE reads none (any fp32 pointer stands in)
-    ws = cupy.empty((plan.splits, num_rows, num_cols), np.float32) if plan.workspace else summed
-    args = (
-        x, w.data, ws, y, counters, np.int32(num_rows), np.int32(num_cols), np.int32(k),
-        np.int32(plan.split_len), residual, weight, summed, normed, np.float32(eps),
-    )  # fmt: skip
-    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), w.swizzled, PAD_ONCE)
-    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
+    _launch_epilogue(plan, x, w, (residual, weight, summed, normed, np.float32(eps)))
     return summed, normed
+
+
+def gemm_sm90_rope_kv_write(
+    x: Any, w: PackedWeight, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,
+    slot_mapping: Any, num_heads: int, *, splits: int | None = None, route: str | None = None,
+    fused: bool | None = None,
+) -> Any:  # fmt: skip
+    """rope_kv_write(gemm_sm90(x, w) as [M, num_heads + 2 * kv_heads, head_dim], positions,
+    cos, sin, cache, layer, slot_mapping, num_heads) -> the rotated queries [M, num_heads,
+    head_dim]; the keys (rotated) and values into their cache slots: a bias-free qkv
+    projection. Where `epilogue_launch` has a rope entry point and `fused` (None:
+    gemm_sm90_plan.ROPE_EPILOGUE_BY_DEFAULT) asks for it, one launch (gemm_sm90.cu's rope
+    epilogue); else the product and the rope_kv_write kernel. The same bits either way.
+    `splits` and `route` as `gemm_sm90`'s."""
+    from .launchers import check_rope_kv_write, rope_kv_write
+
+    num_rows, num_cols, k = _plain_packed(x, w, "gemm_sm90_rope_kv_write")
+    head_dim = cache.shape[-1] if getattr(cache, "ndim", 0) == 6 else 0
+    if head_dim <= 0 or num_cols % head_dim:
+        raise ValueError(
+            f"the product's {num_cols} columns must be whole heads of the cache's head_dim; got "
+            f"a cache of shape {tuple(getattr(cache, 'shape', ()))}"
+        )
+    heads_shape = (num_rows, num_cols // head_dim, head_dim)
+    num_layers, kv_heads, block_size = check_rope_kv_write(
+        heads_shape, positions, cos, sin, cache, layer, slot_mapping, num_heads
+    )
+    wanted = gemm_sm90_plan.ROPE_EPILOGUE_BY_DEFAULT if fused is None else fused
+    plan = _epilogue_plan("rope", wanted, num_rows, num_cols, k, splits, route)
+    if plan is None:
+        qkv = gemm_sm90(x, w, splits=splits, route=route).reshape(heads_shape)
+        return rope_kv_write(qkv, positions, cos, sin, cache, layer, slot_mapping, num_heads)
+    import cupy
+
+    q = cupy.empty((num_rows, num_heads, head_dim), dtype=BF16_BITS)
+    tail = (positions, cos, sin, q, slot_mapping, cache, np.int32(layer), np.int32(num_layers),
+            np.int32(num_heads), np.int32(kv_heads), np.int32(block_size), np.int32(head_dim))  # fmt: skip
+    _launch_epilogue(plan, x, w, tail)
+    return q
 
 
 @functools.cache

@@ -164,7 +164,7 @@ class Sm90Launch:
     totals: bool = False  # the wide FOLD: the [M, N] fp32 running totals
     gated: bool = False  # the SwiGLU epilogue: y is [M, N / 2] (gemm_sm90.cu's gated entry points)
     cluster: int = 1  # CTAs a cluster along M sharing each weight tile (2: a `_c2` entry point)
-    norm: bool = False  # the norm epilogue's entry point (`norm_launch`): add_rmsnorm of the rows too
+    epilogue: str = ""  # a row epilogue's entry point (`epilogue_launch`): "norm" or "rope"
 
 
 # The split routes (S > 1) by the kernel they run: (config, route).
@@ -234,25 +234,32 @@ CLUSTER_BY_DEFAULT = False
 # gpu_followup's `csplit` parts).
 CSPLIT_BY_DEFAULT = False
 # Whether CupyBackend's gemm_add_rmsnorm (a decode's o and down projections, each then
-# add_rmsnorm) takes the norm epilogue (`norm_launch`): the product's own launch, once its
-# last tile is written, runs the add_rmsnorm kernel's row function on its rows with the
-# same 256 threads (gemm_sm90.cu's norm_epilogue), so the same bits and one launch a
-# projection fewer (60 a step on the default model, whose step is ~270 small kernels). Off
-# until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py, gpu_followup's `norm`
-# parts): emulated, bit-identical to the two kernels (tests/test_gemm_sm90.py).
+# add_rmsnorm) takes the norm epilogue (`epilogue_launch`, "norm"): the product's own
+# launch, once its last tile is written, runs the add_rmsnorm kernel's row function on its
+# rows with the same 256 threads (gemm_sm90.cu's row_epilogue), so the same bits and one
+# launch a projection fewer (60 a step on the default model, whose step is ~270 small
+# kernels). Off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
+# gpu_followup's `epilogues_default` and `fused_default` parts): emulated, bit-identical to
+# the two kernels (tests/test_gemm_sm90.py).
 NORM_EPILOGUE_BY_DEFAULT = False
-# The most rows the norm epilogue takes: its one CTA normalizes them one after another,
-# where the add_rmsnorm kernel runs a CTA a row; past a few rows the second launch costs
-# less than the serial rows (a batch-64 decode keeps the two kernels).
-NORM_EPILOGUE_MAX_ROWS = 4
-# The plain BF16 entry points the norm epilogue extends (the 256-thread tiles, WHOLE and
-# PARTIAL: add_rmsnorm's thread count), and its entry point for each.
-NORM_ENTRY_POINTS = {
-    "gemm_sm90_ws_bf16_decode": "gemm_sm90_ws_norm_decode",
-    "gemm_sm90_ws_bf16_decode_split": "gemm_sm90_ws_norm_decode_split",
-    "gemm_sm90_ws_bf16_m64": "gemm_sm90_ws_norm_m64",
-    "gemm_sm90_ws_bf16_m64_split": "gemm_sm90_ws_norm_m64_split",
-}
+# The same for CupyBackend's gemm_rope_kv_write (a decode's bias-free qkv projection, then
+# rope_kv_write) and the rope epilogue ("rope"): the rope_kv_write kernel's own work item
+# on each (row, head, pair), 30 launches a step fewer on the default model.
+ROPE_EPILOGUE_BY_DEFAULT = False
+# The most rows a row epilogue takes: its one CTA does all of them, where the kernels it
+# replaces spread them over CTAs; past a few rows the second launch costs less (a
+# batch-64 decode keeps the two kernels).
+EPILOGUE_MAX_ROWS = 4
+ROW_EPILOGUES = ("norm", "rope")
+# The plain BF16 entry points the row epilogues extend (the 256-thread tiles, WHOLE and
+# PARTIAL: add_rmsnorm's thread count); each epilogue's is named with "_norm" or "_rope"
+# for "_bf16".
+EPILOGUE_TILES = (
+    "gemm_sm90_ws_bf16_decode",
+    "gemm_sm90_ws_bf16_decode_split",
+    "gemm_sm90_ws_bf16_m64",
+    "gemm_sm90_ws_bf16_m64_split",
+)
 MAX_COUNTERS = MAX_GRID_Y + 1  # tile counters a stream holds: one per (n tile, m tile)
 
 
@@ -380,19 +387,23 @@ def launch_plan(
     )  # fmt: skip
 
 
-def norm_launch(plan: Sm90Launch, m: int) -> Sm90Launch | None:
-    """`plan` (a BF16 product of `m` rows) on its norm epilogue's entry point, or None where
-    there is none (another tile or route, fp32 or gated output, a cluster) or `m` passes
-    NORM_EPILOGUE_MAX_ROWS: then the caller runs the product and add_rmsnorm apart, to the
-    same bits. The same grid, threads and shared memory; the tile counters always (one
-    past the fold's for the m tile, within MAX_COUNTERS)."""
-    name = NORM_ENTRY_POINTS.get(plan.kernel)
-    if name is None or plan.gated or plan.cluster != 1 or not 0 < m <= NORM_EPILOGUE_MAX_ROWS:
+def epilogue_launch(plan: Sm90Launch, m: int, epilogue: str) -> Sm90Launch | None:
+    """`plan` (a BF16 product of `m` rows) on its row epilogue's entry point (`epilogue`
+    "norm" or "rope"), or None where there is none (another tile or route, fp32 or gated
+    output, a cluster) or `m` passes EPILOGUE_MAX_ROWS: then the caller runs the product and
+    the epilogue's kernel apart, to the same bits. The same grid, threads and shared
+    memory; the tile counters always (one past the fold's for the m tile, within
+    MAX_COUNTERS)."""
+    if epilogue not in ROW_EPILOGUES:
+        raise ValueError(f"epilogue must be one of {', '.join(ROW_EPILOGUES)}; got {epilogue!r}")
+    if plan.kernel not in EPILOGUE_TILES or plan.gated or plan.cluster != 1:
+        return None
+    if not 0 < m <= EPILOGUE_MAX_ROWS:
         return None
     m_tiles = plan.grid[0] // plan.splits
     if (plan.grid[1] + 1) * m_tiles > MAX_COUNTERS:
         return None
-    return replace(plan, kernel=name, norm=True)
+    return replace(plan, kernel=plan.kernel.replace("_bf16", f"_{epilogue}"), epilogue=epilogue)
 
 
 def decode_waves(n: int, k: int, *, packed: bool, num_sms: int = H100_SMS) -> float:

@@ -1,17 +1,7 @@
-// KV write into the paged cache (twin: kvcache.py).
-//
-// Cache layout, block-major so a block is one contiguous copy for the host tier:
-//   [num_blocks, num_layers, 2 (K, V), num_kv_heads, block_size, head_dim] BF16
-// A token's slot is block_id * block_size + offset_in_block.
+// KV write into the paged cache (twin: kvcache.py). The layout, key_row and
+// rope_kv_write's work item are kvcache.cuh's.
 #include "common.cuh"
-
-// Where KV head `head`'s key row for cache slot `slot` starts (its value row is
-// kv_heads * block_size * head_dim elements later).
-__device__ __forceinline__ long long key_row(long long slot, int layer, int num_layers, int head, int kv_heads,
-                                             int block_size, int head_dim) {
-  const long long block = slot / block_size, offset = slot - block * block_size;
-  return ((block * num_layers + layer) * 2 * kv_heads + head) * (long long)block_size * head_dim + offset * head_dim;
-}
+#include "kvcache.cuh"  // key_row, rope_kv_write_pair: shared with gemm_sm90.cu's rope epilogue
 
 // k, v: [tokens, kv_heads, head_dim] BF16 with `k_stride` / `v_stride` elements between
 // tokens (v is a slice of the fused QKV output); slots: [tokens] int64.
@@ -45,19 +35,9 @@ extern "C" __global__ void rope_kv_write(const __nv_bfloat16* __restrict__ qkv, 
                                          int layer, int num_layers, int heads, int kv_heads, int block_size,
                                          int head_dim) {
   pdl_enter();
-  const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
-  if (i >= half) return;
-  float c, s;
-  rope_angle(positions, cos_table, sin_table, token, i, half, c, s);
-  const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * head_dim;
-  if (head < heads) {
-    rope_pair(row, q_out + ((long long)token * heads + head) * head_dim, i, half, c, s);
-    return;
-  }
-  const long long k_base = key_row(slots[token], layer, num_layers, head - heads, kv_heads, block_size, head_dim);
-  rope_pair(row, cache + k_base, i, half, c, s);
-  const __nv_bfloat16* v_row = row + (long long)kv_heads * head_dim;  // value head head - heads
-  __nv_bfloat16* v_dst = cache + k_base + (long long)kv_heads * block_size * head_dim;
-  v_dst[i] = v_row[i];
-  v_dst[i + half] = v_row[i + half];
+  const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
+  if (i >= head_dim >> 1) return;
+  const RopeKvArgs args{positions, cos_table, sin_table, q_out, slots, cache,
+                        layer, num_layers, heads, kv_heads, block_size, head_dim};
+  rope_kv_write_pair<false>(qkv, token_stride, args, token, head, i);
 }

@@ -126,6 +126,37 @@ def rope(x: Any, positions: Any, cos: Any, sin: Any, *, out: Any = None) -> Any:
     return out
 
 
+def check_rope_kv_write(
+    qkv_shape: tuple[int, ...], positions: Any, cos: Any, sin: Any, cache: Any, layer: int,
+    slot_mapping: Any, num_heads: int,
+) -> tuple[int, int, int]:  # fmt: skip
+    """rope_kv_write's checks of everything but qkv's own array (`qkv_shape`: [T, num_heads
+    + 2 * kv_heads, head_dim]): ValueError naming what is wrong; else the cache's
+    (num_layers, kv_heads, block_size)."""
+    check("positions", positions, np.int32, 1)
+    check("cos", cos, np.float32, 2)
+    check("sin", sin, np.float32, 2)
+    check("cache", cache, BF16_BITS, 6)
+    check("slot_mapping", slot_mapping, np.int64, 1)
+    num_tokens, width, head_dim = qkv_shape
+    _, num_layers, _, kv_heads, block_size, cache_head_dim = cache.shape
+    if width != num_heads + 2 * kv_heads or cache_head_dim != head_dim or head_dim % 2:
+        raise ValueError(
+            f"qkv must be [T, {num_heads} + 2 * {kv_heads}, {cache_head_dim}] (the cache's KV "
+            f"heads and even head_dim); got {tuple(qkv_shape)}"
+        )
+    if positions.shape[0] != num_tokens or slot_mapping.shape[0] != num_tokens:
+        raise ValueError(
+            f"positions and slot_mapping need {num_tokens} entries; got {positions.shape}, "
+            f"{slot_mapping.shape}"
+        )
+    if cos.shape[1] != head_dim // 2 or sin.shape != cos.shape:
+        raise ValueError(f"rope tables must be [*, {head_dim // 2}]; got {cos.shape}, {sin.shape}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
+    return num_layers, kv_heads, block_size
+
+
 def rope_kv_write(
     qkv: Any,
     positions: Any,
@@ -141,27 +172,10 @@ def rope_kv_write(
     into the cache slots [T] int64, in place; returns the rotated queries [T, num_heads,
     head_dim], contiguous."""
     stride = _row_stride("qkv", qkv, 3)
-    check("positions", positions, np.int32, 1)
-    check("cos", cos, np.float32, 2)
-    check("sin", sin, np.float32, 2)
-    check("cache", cache, BF16_BITS, 6)
-    check("slot_mapping", slot_mapping, np.int64, 1)
-    num_tokens, width, head_dim = qkv.shape
-    _, num_layers, _, kv_heads, block_size, cache_head_dim = cache.shape
-    if width != num_heads + 2 * kv_heads or cache_head_dim != head_dim or head_dim % 2:
-        raise ValueError(
-            f"qkv must be [T, {num_heads} + 2 * {kv_heads}, {cache_head_dim}] (the cache's KV "
-            f"heads and even head_dim); got {qkv.shape}"
-        )
-    if positions.shape[0] != num_tokens or slot_mapping.shape[0] != num_tokens:
-        raise ValueError(
-            f"positions and slot_mapping need {num_tokens} entries; got {positions.shape}, "
-            f"{slot_mapping.shape}"
-        )
-    if cos.shape[1] != head_dim // 2 or sin.shape != cos.shape:
-        raise ValueError(f"rope tables must be [*, {head_dim // 2}]; got {cos.shape}, {sin.shape}")
-    if not 0 <= layer < num_layers:
-        raise ValueError(f"layer must be in [0, {num_layers}); got {layer}")
+    num_tokens, _, head_dim = qkv.shape
+    num_layers, kv_heads, block_size = check_rope_kv_write(
+        qkv.shape, positions, cos, sin, cache, layer, slot_mapping, num_heads
+    )
     q = _empty((num_tokens, num_heads, head_dim), BF16_BITS, None)
     if num_tokens:
         args = (qkv, np.int64(stride), positions, cos, sin, q, slot_mapping, cache,

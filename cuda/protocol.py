@@ -69,6 +69,7 @@ class Backend(Protocol):
     rope: Callable[..., Any]
     kv_write: Callable[..., None]
     rope_kv_write: Callable[..., Any]  # rope of q and k, then kv_write, as one op
+    gemm_rope_kv_write: Callable[..., Any]  # rope_kv_write(gemm(x, w)), maybe one kernel
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel

@@ -18,7 +18,8 @@
 # gated SwiGLU epilogue; the cluster entry points; the cluster split): their GPU tests,
 # the engine with the gated epilogue on (8B and the default model), with the clusters on
 # (8B prefill) and with the cluster split on (8B and the default model's decode), beside
-# the default; the norm epilogue's GPU tests, and the default model with it on, then with
+# the default; the row epilogues' GPU tests (the add_rmsnorm in the o and down launches,
+# the rope_kv_write in the qkv launch), and the default model with them on, then with
 # every default-model fusion on together. (2026-11-28's end-to-end comparison of the
 # decode tiles with WS is left out.)
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
@@ -137,11 +138,12 @@ flag_part csplit_default 30 CSPLIT_BY_DEFAULT --like smollm2-135m --sections dec
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/csplit_default.out" | cut -c1-150
 flag_part gated_default 30 GATED_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_gated_default.json"
 grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150
-# the default model with the norm epilogue on (NORM_EPILOGUE_BY_DEFAULT: each layer's o and
-# down launches run the add_rmsnorm after them at decode, 60 launches a step fewer), then
-# with every default-model fusion not yet a default on together (the gated MLP, the
-# cluster split, the norm epilogue), beside e2e_default: issue 18's 1,500 tokens/s
-flag_part norm_default 30 NORM_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_norm_default.json"
-grep -E "^decode|^kernels .*(span|idle|norm)|failed|Error" "$OUT/norm_default.out" | cut -c1-150
-flag_part fused_default 30 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
+# the default model with the row epilogues on (NORM_EPILOGUE_BY_DEFAULT and
+# ROPE_EPILOGUE_BY_DEFAULT: each layer's o and down launches run the add_rmsnorm after them
+# and its qkv launch the rope_kv_write, 90 launches a decode step fewer), then with every
+# default-model fusion not yet a default on together (the gated MLP, the cluster split, the
+# row epilogues), beside e2e_default: issue 18's 1,500 tokens/s
+flag_part epilogues_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_epilogues_default.json"
+grep -E "^decode|^kernels .*(span|idle|_norm_|_rope_)|failed|Error" "$OUT/epilogues_default.out" | cut -c1-150
+flag_part fused_default 30 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
 grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150

@@ -45,9 +45,9 @@ from reprise.cuda.gemm_sm90_plan import (
     Sm90Launch,
     Sm90WsConfig,
     decode_waves,
+    epilogue_launch,
     grid,
     launch_plan,
-    norm_launch,
     tile_config,
     waves,
 )
@@ -670,33 +670,44 @@ def test_the_backend_runs_the_mlp_in_the_gated_epilogue_where_the_flag_and_devic
         assert calls == ([("wgmma", True)] if gated else [(kind, False), ("silu_mul", True)])
 
 
-def test_the_backend_sends_a_packed_projection_and_its_norm_to_the_hopper_launcher(
+def test_the_backend_sends_a_packed_projection_and_its_epilogue_to_the_hopper_launcher(
     monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
-    """CupyBackend.gemm_add_rmsnorm: on a plain packed weight, gemm_sm90_add_rmsnorm (which
-    takes the norm epilogue where it may); on a plain weight (gemm.cu, or the cuBLAS
-    benchmark's subclass) or a gated one, the product through `gemm`, then add_rmsnorm."""
+    """CupyBackend.gemm_add_rmsnorm and gemm_rope_kv_write: on a plain packed weight, the
+    Hopper launcher's gemm_sm90_add_rmsnorm / gemm_sm90_rope_kv_write (which take their
+    row epilogue where they may); on a plain weight (gemm.cu, or the cuBLAS benchmark's
+    subclass) or a gated one, the product through `gemm`, then the op's kernel."""
     pytest.importorskip("cupy")
     from reprise.cuda import cupy_backend
     from reprise.cuda import gemm_sm90_kernel as launcher
 
     calls: list[str] = []
+    backend_cls = cupy_backend.CupyBackend
     monkeypatch.setattr(launcher, "gemm_sm90_add_rmsnorm",
-                        lambda x, w, r, g, eps: calls.append("fused") or ("s", "n"))  # fmt: skip
-    monkeypatch.setattr(cupy_backend.CupyBackend, "gemm",
-                        staticmethod(lambda x, w, **kw: calls.append("gemm") or "y"))  # fmt: skip
-    monkeypatch.setattr(cupy_backend.CupyBackend, "add_rmsnorm",
-                        staticmethod(lambda r, d, g, eps: calls.append(f"add_rmsnorm {d}") or ("S", "N")))  # fmt: skip
+                        lambda x, w, r, g, eps: calls.append("fused norm") or ("s", "n"))  # fmt: skip
+    monkeypatch.setattr(launcher, "gemm_sm90_rope_kv_write",
+                        lambda x, w, *args: calls.append(f"fused rope {len(args)}") or "q")  # fmt: skip
+    monkeypatch.setattr(backend_cls, "gemm",
+                        staticmethod(lambda x, w, **kw: calls.append("gemm") or np.zeros((1, 256))))  # fmt: skip
+    monkeypatch.setattr(backend_cls, "add_rmsnorm",
+                        staticmethod(lambda r, d, g, eps: calls.append(f"add_rmsnorm {d.shape}") or ("S", "N")))  # fmt: skip
+    monkeypatch.setattr(backend_cls, "rope_kv_write",
+                        staticmethod(lambda qkv, *args: calls.append(f"rope_kv_write {qkv.shape}") or "Q"))  # fmt: skip
     _, w = operands(rng, 1, 2 * 136, 128)
     bits_w = np.ascontiguousarray(w).view(np.uint16)
-    backend = cupy_backend.CupyBackend.__new__(cupy_backend.CupyBackend)
+    backend = backend_cls.__new__(backend_cls)
     x, residual, norm = np.zeros((1, 128), np.uint16), np.zeros((1, 272), F32), np.zeros(272, np.uint16)
-    for weight, want in ((prepare_weight(bits_w), ["fused"]),
-                         (bits_w, ["gemm", "add_rmsnorm y"]),
-                         (prepare_weight(bits_w, gated=True), ["gemm", "add_rmsnorm y"])):  # fmt: skip
+    cache = np.zeros((2, 1, 2, 1, 16, 64), np.uint16)  # head_dim 64: the product's 256 as 4 heads
+    rope = (np.zeros(1, np.int32), None, None, cache, 0, np.zeros(1, np.int64), 2)
+    for weight, fused in ((prepare_weight(bits_w), True), (bits_w, False),
+                          (prepare_weight(bits_w, gated=True), False)):  # fmt: skip
         calls.clear()
         out = backend.gemm_add_rmsnorm(x, weight, residual, norm, 1e-5)
-        assert calls == want and out == (("s", "n") if want == ["fused"] else ("S", "N"))
+        assert out == (("s", "n") if fused else ("S", "N"))
+        assert calls == (["fused norm"] if fused else ["gemm", "add_rmsnorm (1, 256)"])
+        calls.clear()
+        assert backend.gemm_rope_kv_write(x, weight, *rope) == ("q" if fused else "Q")
+        assert calls == (["fused rope 7"] if fused else ["gemm", "rope_kv_write (1, 4, 64)"])
 
 # ---- split-K ---------------------------------------------------------------------------
 
@@ -1118,6 +1129,22 @@ def test_the_gated_epilogue_gives_silu_mul_of_the_plain_product_on_every_route(
             assert max_ulps(got, silu_mul_ref(plain)) <= 1
 
 
+def emulated_plain(
+    lib: ctypes.CDLL, config: Sm90WsConfig, x: np.ndarray, w: np.ndarray
+) -> tuple[Sm90Launch, np.ndarray]:
+    """The plain BF16 launch of a 256-thread tile (WS_DECODE or WS_M64) that a row epilogue
+    extends, WHOLE or PARTIAL as the weight splits, and its product on the emulation."""
+    (m, k), n = x.shape, w.shape[0]
+    if split_k(n, k) == 1:
+        plan = whole_plan(config, m, n, gated=False)
+        plain = emulated_ws(lib, x, w, out_f32=False, decode=config is WS_DECODE,
+                            m64=config is WS_M64)  # fmt: skip
+        return plan, plain
+    route = "decode_split" if config is WS_DECODE else "m64_split"
+    plan = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
+    return plan, emulated_plan(lib, plan, x, w, out_f32=False)
+
+
 def emulated_norm(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, residual: np.ndarray,
     norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None,
@@ -1126,7 +1153,7 @@ def emulated_norm(
     (y, summed, normed), each poisoned first with a guard past its end; the counters zero
     and checked zero after; `order` the order the CTAs run and finish in."""
     (m, k), n = x.shape, w.shape[0]
-    assert plan.norm and residual.shape == (m, n)
+    assert plan.epilogue == "norm" and residual.shape == (m, n)
     packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
     y = poisoned((m * n + GUARD,), np.uint16)
     summed = poisoned((m * n + GUARD,), np.float32)
@@ -1161,34 +1188,27 @@ def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
     lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int]
 ) -> None:
     """Every norm entry point (the decode tile and the 64 x 128 tile, WHOLE or PARTIAL as
-    the weight splits), at every M it takes (1 to NORM_EPILOGUE_MAX_ROWS), CTAs finishing
+    the weight splits), at every M it takes (1 to EPILOGUE_MAX_ROWS), CTAs finishing
     in launch order, reversed and shuffled: y the plain entry point's bits, and (summed,
     normed) the bits of the add_rmsnorm kernel on that y (both emulated), within one BF16
     rounding of the NumPy twin. So the fused norm changes no bit, whichever CTA is last."""
     from test_kernels_emulated import max_ulps
 
-    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+    from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
     from reprise.cuda.rmsnorm import add_rmsnorm_ref
 
     n, k = shape
     splits = split_k(n, k)
     assert (splits > 1) == (k > 64), splits
-    x_all, w = operands(rng, NORM_EPILOGUE_MAX_ROWS, n, k)
-    residual_all = (rng.standard_normal((NORM_EPILOGUE_MAX_ROWS, n)) * 4).astype(F32)
+    x_all, w = operands(rng, EPILOGUE_MAX_ROWS, n, k)
+    residual_all = (rng.standard_normal((EPILOGUE_MAX_ROWS, n)) * 4).astype(F32)
     norm_weight = (1 + 0.25 * rng.standard_normal(n)).astype(BF16)
     eps = 1e-5
-    for m in range(1, NORM_EPILOGUE_MAX_ROWS + 1):
+    for m in range(1, EPILOGUE_MAX_ROWS + 1):
         x, residual = np.ascontiguousarray(x_all[:m]), np.ascontiguousarray(residual_all[:m])
         for config in (WS_DECODE, WS_M64):
-            if splits == 1:
-                plain_plan = whole_plan(config, m, n, gated=False)
-                plain = emulated_ws(lib, x, w, out_f32=False, decode=config is WS_DECODE,
-                                    m64=config is WS_M64)  # fmt: skip
-            else:
-                route = "decode_split" if config is WS_DECODE else "m64_split"
-                plain_plan = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
-                plain = emulated_plan(lib, plain_plan, x, w, out_f32=False)
-            plan = norm_launch(plain_plan, m)
+            plain_plan, plain = emulated_plain(lib, config, x, w)
+            plan = epilogue_launch(plain_plan, m, "norm")
             assert plan is not None and plan.kernel == plain_plan.kernel.replace("_bf16", "_norm")
             want_summed, want_normed = np.empty_like(residual), poisoned((m, n), np.uint16)
             emu_lib.run_add_rmsnorm(m, ptr(residual), ptr(np.ascontiguousarray(plain)),
@@ -1196,7 +1216,7 @@ def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
                                     ctypes.c_float(eps))  # fmt: skip
             ctas = plan.grid[0] * plan.grid[1]
             orders = [None, np.arange(ctas)[::-1], rng.permutation(ctas)]
-            for order in orders if m in (1, NORM_EPILOGUE_MAX_ROWS) else orders[:1]:
+            for order in orders if m in (1, EPILOGUE_MAX_ROWS) else orders[:1]:
                 y, summed, normed = emulated_norm(lib, plan, x, w, residual, norm_weight, eps,
                                                   order=order)  # fmt: skip
                 where = (plan.kernel, m, None if order is None else order[:4])
@@ -1208,32 +1228,196 @@ def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
             assert max_ulps(normed, ref_normed) <= 1
 
 
-def test_norm_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
-    """The norm epilogue extends the BF16 WHOLE and PARTIAL launches of the decode tile and
-    the 64 x 128 tile up to NORM_EPILOGUE_MAX_ROWS rows, the same geometry; nothing else
-    (WS's 384 threads, fp32 or gated output, a cluster split, more rows) has one."""
-    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+class RopeCase:
+    """A rope epilogue's inputs beside the qkv product: positions, tables, slots and a
+    cache of random bytes (untouched slots must keep them)."""
 
-    for n, k in ((576, 576), (576, 1536), (4096, 4096), (4096, 14336)):
+    def __init__(self, rng: np.random.Generator, m: int, heads: int, kv_heads: int,
+                 head_dim: int) -> None:  # fmt: skip
+        from reprise.cuda.kvcache import kv_cache_shape
+        from reprise.cuda.rope import rope_table
+
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.layers, self.layer, self.block_size, blocks = 3, 1, 16, 4
+        self.cos, self.sin = rope_table(head_dim, 4096, 500000.0)
+        self.positions = rng.integers(0, 4096, m).astype(np.int32)
+        self.slots = rng.choice(blocks * self.block_size, m, replace=False).astype(np.int64)
+        shape = kv_cache_shape(blocks, self.layers, kv_heads, self.block_size, head_dim)
+        self.cache = rng.standard_normal(shape).astype(BF16)
+
+    def tail(self, q_out: np.ndarray, cache: np.ndarray) -> tuple[Any, ...]:
+        """The entry point's arguments after split_len (and run_rope_kv_write's after q_out)."""
+        return (ptr(self.positions), ptr(self.cos), ptr(self.sin), ptr(q_out), ptr(self.slots),
+                ptr(cache), self.layer, self.layers, self.heads, self.kv_heads, self.block_size,
+                self.head_dim)  # fmt: skip
+
+
+def emulated_rope(
+    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, case: RopeCase, *,
+    order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """A rope epilogue's launch on the emulation, as gemm_sm90_rope_kv_write makes it:
+    (y, q_out, cache), y and q_out poisoned first with a guard past their end, the cache a
+    copy of the case's; the counters zero and checked zero after."""
+    (m, k), n = x.shape, w.shape[0]
+    assert plan.epilogue == "rope"
+    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
+    y = poisoned((m * n + GUARD,), np.uint16)
+    q_size = m * case.heads * case.head_dim
+    q_out = poisoned((q_size + GUARD,), np.uint16)
+    cache = case.cache.copy()
+    ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
+    counters = np.zeros(plan.grid[0] * plan.grid[1] + plan.grid[0] + GUARD, np.uint32)
+    if order is not None:
+        order = np.ascontiguousarray(order, dtype=np.uint32)
+        lib.set_cta_order(ptr(order))
+    try:
+        rc = lib.run_gemm_sm90_rope(
+            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
+            ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), ptr(ws), ptr(y),
+            ptr(counters), m, n, k, plan.split_len, *case.tail(q_out, cache),
+        )  # fmt: skip
+    finally:
+        lib.set_cta_order(None)
+    assert rc == 0, (plan.kernel, rc)
+    assert not counters.any(), "every counter left zero for the next launch"
+    assert np.array_equal(y[m * n :], poisoned((GUARD,), np.uint16))
+    assert np.array_equal(q_out[q_size:], poisoned((GUARD,), np.uint16))
+    return y[: m * n].reshape(m, n).view(BF16), q_out[:q_size].view(BF16), cache
+
+
+# (heads, kv_heads, head_dim, K): the default model's qkv (N = 960, K = 576: S = 3); an
+# 8B-like head of 128 (two decode tiles a head) with one k-tile (S = 1: WHOLE)
+@pytest.mark.parametrize("layout", [(9, 3, 64, 576), (4, 2, 128, 64)], ids=["default", "d128_S1"])
+def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(
+    lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator,
+    layout: tuple[int, int, int, int],
+) -> None:  # fmt: skip
+    """Every rope entry point (the decode tile and the 64 x 128 tile, WHOLE or PARTIAL as
+    the weight splits) at M = 1 to EPILOGUE_MAX_ROWS, CTAs finishing in launch order,
+    reversed and shuffled: y the plain entry point's bits, and the queries and the whole
+    cache (the keys rotated and values copied into their slots, every other byte as it
+    was) the bits of the rope_kv_write kernel on that y (both emulated) and of its twin.
+    So the fused rope changes no bit, whichever CTA is last."""
+    from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
+    from reprise.cuda.kvcache import rope_kv_write_ref
+
+    heads, kv_heads, head_dim, k = layout
+    n = (heads + 2 * kv_heads) * head_dim
+    splits = split_k(n, k)
+    assert (splits > 1) == (k > 64), splits
+    x_all, w = operands(rng, EPILOGUE_MAX_ROWS, n, k)
+    for m in range(1, EPILOGUE_MAX_ROWS + 1):
+        x, case = np.ascontiguousarray(x_all[:m]), RopeCase(rng, m, heads, kv_heads, head_dim)
+        for config in (WS_DECODE, WS_M64):
+            plain_plan, plain = emulated_plain(lib, config, x, w)
+            plan = epilogue_launch(plain_plan, m, "rope")
+            assert plan is not None and plan.kernel == plain_plan.kernel.replace("_bf16", "_rope")
+            want_cache, want_q = case.cache.copy(), poisoned((m, heads, head_dim), np.uint16)
+            emu_lib.run_rope_kv_write(m, heads, kv_heads, ptr(np.ascontiguousarray(plain)),
+                                      ctypes.c_longlong(n), ptr(case.positions), ptr(case.cos),
+                                      ptr(case.sin), ptr(want_q), ptr(case.slots), ptr(want_cache),
+                                      case.layer, case.layers, case.block_size, head_dim)  # fmt: skip
+            ctas = plan.grid[0] * plan.grid[1]
+            orders = [None, np.arange(ctas)[::-1], rng.permutation(ctas)]
+            for order in orders if m in (1, EPILOGUE_MAX_ROWS) else orders[:1]:
+                y, q, cache = emulated_rope(lib, plan, x, w, case, order=order)
+                where = (plan.kernel, m, None if order is None else order[:4])
+                assert np.array_equal(bits(y), bits(plain)), where
+                assert np.array_equal(bits(q), want_q.reshape(-1)), where
+                assert np.array_equal(bits(cache), bits(want_cache)), where
+            ref_cache = case.cache.copy()
+            ref_q = rope_kv_write_ref(plain.reshape(m, -1, head_dim), case.positions, case.cos,
+                                      case.sin, ref_cache, case.layer, case.slots, heads)  # fmt: skip
+            assert np.array_equal(bits(q), bits(ref_q).reshape(-1))
+            assert np.array_equal(bits(cache), bits(ref_cache))
+            assert not np.array_equal(bits(cache), bits(case.cache))  # the slots were written
+
+
+def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
+    """The row epilogues extend the BF16 WHOLE and PARTIAL launches of the decode tile and
+    the 64 x 128 tile up to EPILOGUE_MAX_ROWS rows, the same geometry; nothing else (WS's
+    384 threads, fp32 or gated output, a cluster split, more rows) has one."""
+    from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
+
+    for n, k in ((576, 576), (576, 1536), (960, 576), (4096, 4096), (6144, 4096)):
         for m in range(1, 70):
             for route in (None, "decode_split", "m64_split", "ws_split", "decode_csplit"):
                 if route is not None and split_k(n, k) == 1:
                     continue
                 plain = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
-                got = norm_launch(plain, m)
                 takes = plain.kernel.startswith(("gemm_sm90_ws_bf16_decode", "gemm_sm90_ws_bf16_m64"))
-                takes = takes and not plain.kernel.endswith("_csplit")
-                if not takes or m > NORM_EPILOGUE_MAX_ROWS:
-                    assert got is None, (plain.kernel, m)
-                    continue
-                assert got is not None and got.norm and not plain.norm
-                assert got.kernel == plain.kernel.replace("_bf16_", "_norm_")
-                assert (got.grid, got.threads, got.smem_bytes, got.splits, got.split_len,
-                        got.workspace) == (plain.grid, plain.threads, plain.smem_bytes,
-                                           plain.splits, plain.split_len, plain.workspace)  # fmt: skip
+                takes = takes and not plain.kernel.endswith("_csplit") and m <= EPILOGUE_MAX_ROWS
+                for epilogue in ("norm", "rope"):
+                    got = epilogue_launch(plain, m, epilogue)
+                    if not takes:
+                        assert got is None, (plain.kernel, m)
+                        continue
+                    assert got is not None and got.epilogue == epilogue and not plain.epilogue
+                    assert got.kernel == plain.kernel.replace("_bf16_", f"_{epilogue}_")
+                    assert (got.grid, got.threads, got.smem_bytes, got.splits, got.split_len,
+                            got.workspace) == (plain.grid, plain.threads, plain.smem_bytes,
+                                               plain.splits, plain.split_len, plain.workspace)  # fmt: skip
     for out_f32, gated in ((True, False), (False, True)):
         plain = launch_plan(1, 576, 576, out_f32=out_f32, packed=True, gated=gated)
-        assert norm_launch(plain, 1) is None
+        assert epilogue_launch(plain, 1, "norm") is None
+    with pytest.raises(ValueError, match="epilogue must be one of norm, rope; got 'silu'"):
+        epilogue_launch(launch_plan(1, 576, 576, out_f32=False, packed=True), 1, "silu")
+
+
+def emulation_kernels(lib: ctypes.CDLL, launches: list[str]) -> Any:
+    """A stand-in for gemm_sm90_kernel._kernel whose launches run on the emulation (the
+    ws tiles' WHOLE, PARTIAL and row-epilogue entry points), each name recorded."""
+
+    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
+                    pad_once: bool) -> Any:  # fmt: skip
+        def launch(grid_xy: tuple[int, int], block: tuple[int], args: tuple, *,
+                   shared_mem: int) -> None:  # fmt: skip
+            launches.append(name)
+            head = (*grid_xy, block[0], shared_mem)
+            if name.startswith(("gemm_sm90_ws_norm_", "gemm_sm90_ws_rope_")):
+                # arrays by pointer, integers as ints, the norm's eps as a float
+                def as_arg(a: Any) -> Any:
+                    if isinstance(a, np.floating):
+                        return ctypes.c_float(float(a))
+                    return int(a) if isinstance(a, (np.integer, int)) else ptr(a)
+
+                run = lib.run_gemm_sm90_norm if "_norm_" in name else lib.run_gemm_sm90_rope
+                rc = run(name.encode(), *head, *map(as_arg, args))
+            elif len(args) == 6:  # WHOLE
+                x, w, y, m, n, k = args
+                tile = 2 if name.endswith("_decode") else 3 if name.endswith("_m64") else 0
+                rc = lib.run_gemm_sm90_ws(0, tile, *head, ptr(x), ptr(w), ptr(y), int(m), int(n),
+                                          int(k))  # fmt: skip
+            else:  # PARTIAL
+                x, w, ws, y, counters, *dims = args
+                rc = lib.run_gemm_sm90_split(name.encode(), *head, ptr(x), ptr(w), ptr(ws), ptr(y),
+                                             ptr(counters), *map(int, dims))  # fmt: skip
+            assert rc == 0, (name, rc)
+            assert not COUNTERS.any(), "every launch leaves its counters zero"
+
+        return launch
+
+    return fake_kernel
+
+
+def emulate_the_launcher(monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL,
+                         launches: list[str]) -> None:  # fmt: skip
+    """gemm_sm90_kernel's device calls replaced by the emulation (an H100's 132 SMs)."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+
+    monkeypatch.setattr(launcher, "_kernel", emulation_kernels(lib, launches))
+    monkeypatch.setattr(launcher, "device_arch", lambda: "90")
+    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
+    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
+    monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
+    monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
+    monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
+
+
+# (M, fused, flag, one launch): asked by `fused` or by the flag, and planned (M <= 4)
+EPILOGUE_CHOICES = [(1, True, False, True), (4, None, True, True), (3, None, False, False),
+                    (5, True, True, False), (2, False, True, False)]  # fmt: skip
 
 
 def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planned(
@@ -1241,39 +1425,13 @@ def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planne
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """gemm_sm90_add_rmsnorm itself, its device calls replaced by the emulation: asked
-    (`fused`, or NORM_EPILOGUE_BY_DEFAULT) and planned (M <= NORM_EPILOGUE_MAX_ROWS), one
+    (`fused`, or NORM_EPILOGUE_BY_DEFAULT) and planned (M <= EPILOGUE_MAX_ROWS), one
     norm launch whose arguments run it to the bits of the product then add_rmsnorm, which
     it runs otherwise; a weight it cannot take, or operands of other shapes, refused."""
     from reprise.cuda import gemm_sm90_kernel as launcher
     from reprise.cuda import gemm_sm90_plan, launchers
 
     launches: list[str] = []
-
-    def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
-                    pad_once: bool) -> Any:  # fmt: skip
-        def launch(grid_xy: tuple[int, int], block: tuple[int], args: tuple, *,
-                   shared_mem: int) -> None:  # fmt: skip
-            launches.append(name)
-            if name.startswith("gemm_sm90_ws_norm_"):
-                x, w, ws, y, counters, m, n, k, split_len, residual, weight, summed, normed, eps = args
-                rc = lib.run_gemm_sm90_norm(
-                    name.encode(), *grid_xy, block[0], shared_mem, ptr(x), ptr(w), ptr(ws),
-                    ptr(y), ptr(counters), int(m), int(n), int(k), int(split_len), ptr(residual),
-                    ptr(weight), ptr(summed), ptr(normed), ctypes.c_float(float(eps)),
-                )  # fmt: skip
-            elif len(args) == 6:  # WHOLE
-                x, w, y, m, n, k = args
-                tile = 2 if name.endswith("_decode") else 3 if name.endswith("_m64") else 0
-                rc = lib.run_gemm_sm90_ws(0, tile, *grid_xy, block[0], shared_mem, ptr(x), ptr(w),
-                                          ptr(y), int(m), int(n), int(k))  # fmt: skip
-            else:  # PARTIAL
-                x, w, ws, y, counters, *dims = args
-                rc = lib.run_gemm_sm90_split(name.encode(), *grid_xy, block[0], shared_mem, ptr(x),
-                                             ptr(w), ptr(ws), ptr(y), ptr(counters), *map(int, dims))  # fmt: skip
-            assert rc == 0, (name, rc)
-            assert not COUNTERS.any(), "every launch leaves its counters zero"
-
-        return launch
 
     def fake_add_rmsnorm(residual: np.ndarray, delta: np.ndarray, weight: np.ndarray,
                          eps: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
@@ -1283,22 +1441,14 @@ def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planne
                                 ptr(summed), ptr(normed), residual.shape[1], ctypes.c_float(eps))  # fmt: skip
         return summed, normed
 
-    monkeypatch.setattr(launcher, "_kernel", fake_kernel)
-    monkeypatch.setattr(launcher, "device_arch", lambda: "90")
-    monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
-    monkeypatch.setattr(launcher, "_device_id", lambda: 0)
-    monkeypatch.setattr(launcher, "_tile_counters", lambda device, stream: COUNTERS)
+    emulate_the_launcher(monkeypatch, lib, launches)
     monkeypatch.setattr(launchers, "add_rmsnorm", fake_add_rmsnorm)
-    monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
-    monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
     n, k = 576, 576  # the default model's o: S = 3
     x_all, w = operands(rng, 5, n, k)
     packed = prepare_weight(w.view(np.uint16))
     residual_all = (rng.standard_normal((5, n)) * 4).astype(F32)
     norm_weight = (1 + 0.25 * rng.standard_normal(n)).astype(BF16).view(np.uint16)
-    for m, fused, flag, one_launch in ((1, True, False, True), (4, None, True, True),
-                                       (3, None, False, False), (5, True, True, False),
-                                       (2, False, True, False)):  # fmt: skip
+    for m, fused, flag, one_launch in EPILOGUE_CHOICES:
         monkeypatch.setattr(gemm_sm90_plan, "NORM_EPILOGUE_BY_DEFAULT", flag)
         x = np.ascontiguousarray(x_all[:m]).view(np.uint16)
         residual = np.ascontiguousarray(residual_all[:m])
@@ -1316,6 +1466,64 @@ def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planne
         launcher.gemm_sm90_add_rmsnorm(x, packed, residual_all[:2], norm_weight, 1e-5)
     with pytest.raises(ValueError, match=r"residual must be \[M, N\]"):
         launcher.gemm_sm90_add_rmsnorm(x, packed, residual, norm_weight[:-1], 1e-5)
+
+
+def test_gemm_sm90_rope_kv_write_launches_the_rope_epilogue_where_asked_and_planned(
+    lib: ctypes.CDLL, emu_lib: ctypes.CDLL, rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """gemm_sm90_rope_kv_write itself, its device calls replaced by the emulation: asked
+    (`fused`, or ROPE_EPILOGUE_BY_DEFAULT) and planned, one rope launch whose arguments run
+    it to the bits of the product then rope_kv_write (queries and cache), which it runs
+    otherwise; a weight it cannot take, or a product that is not whole heads, refused."""
+    from reprise.cuda import gemm_sm90_kernel as launcher
+    from reprise.cuda import gemm_sm90_plan, launchers
+
+    launches: list[str] = []
+
+    def fake_rope_kv_write(qkv: np.ndarray, positions: np.ndarray, cos: np.ndarray,
+                           sin: np.ndarray, cache: np.ndarray, layer: int, slots: np.ndarray,
+                           heads: int) -> np.ndarray:  # fmt: skip
+        launches.append("rope_kv_write")
+        tokens, width, head_dim = qkv.shape
+        kv_heads = (width - heads) // 2
+        q = poisoned((tokens, heads, head_dim), np.uint16)
+        emu_lib.run_rope_kv_write(tokens, heads, kv_heads, ptr(np.ascontiguousarray(qkv)),
+                                  ctypes.c_longlong(width * head_dim), ptr(positions), ptr(cos),
+                                  ptr(sin), ptr(q), ptr(slots), ptr(cache), layer, cache.shape[1],
+                                  cache.shape[4], head_dim)  # fmt: skip
+        return q
+
+    emulate_the_launcher(monkeypatch, lib, launches)
+    monkeypatch.setattr(launchers, "rope_kv_write", fake_rope_kv_write)
+    heads, kv_heads, head_dim, k = 9, 3, 64, 576  # the default model's qkv: S = 3
+    n = (heads + 2 * kv_heads) * head_dim
+    x_all, w = operands(rng, 5, n, k)
+    packed = prepare_weight(w.view(np.uint16))
+    for m, fused, flag, one_launch in EPILOGUE_CHOICES:
+        monkeypatch.setattr(gemm_sm90_plan, "ROPE_EPILOGUE_BY_DEFAULT", flag)
+        x = np.ascontiguousarray(x_all[:m]).view(np.uint16)
+        case = RopeCase(rng, m, heads, kv_heads, head_dim)
+        rope = (case.positions, case.cos, case.sin)
+        got_cache, want_cache = case.cache.view(np.uint16).copy(), case.cache.view(np.uint16).copy()
+        launches.clear()
+        got = launcher.gemm_sm90_rope_kv_write(x, packed, *rope, got_cache, case.layer, case.slots,
+                                               heads, fused=fused)  # fmt: skip
+        assert launches == (["gemm_sm90_ws_rope_decode_split"] if one_launch
+                            else ["gemm_sm90_ws_bf16_decode_split", "rope_kv_write"]), (m, fused, flag)  # fmt: skip
+        qkv = gemm_sm90(x, packed).reshape(m, -1, head_dim)
+        want = fake_rope_kv_write(qkv, *rope, want_cache, case.layer, case.slots, heads)
+        assert np.array_equal(bits(got), bits(want)), (m, fused, flag)
+        assert np.array_equal(got_cache, want_cache), (m, fused, flag)
+    x, case = x_all[:1].view(np.uint16), RopeCase(rng, 1, heads, kv_heads, head_dim)
+    args = (case.positions, case.cos, case.sin, case.cache.view(np.uint16), case.layer, case.slots,
+            heads)  # fmt: skip
+    with pytest.raises(ValueError, match="takes a plain PackedWeight"):
+        launcher.gemm_sm90_rope_kv_write(x, w.view(np.uint16), *args)
+    with pytest.raises(ValueError, match="must be whole heads of the cache's head_dim"):
+        launcher.gemm_sm90_rope_kv_write(x, prepare_weight(w[:-8].view(np.uint16)), *args)
+    with pytest.raises(ValueError, match=r"qkv must be \[T, 8 \+ 2 \* 3, 64\]"):
+        launcher.gemm_sm90_rope_kv_write(x, packed, *args[:-1], 8)
 
 
 def test_gated_plans_refuse_what_the_epilogue_cannot_take() -> None:

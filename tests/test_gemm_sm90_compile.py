@@ -18,7 +18,8 @@ from reprise.cuda.gemm_kernel import ctas_per_sm
 from reprise.cuda.gemm_sm90_kernel import ARCH, SOURCE
 from reprise.cuda.gemm_sm90_plan import (
     CONFIGS,
-    NORM_ENTRY_POINTS,
+    EPILOGUE_TILES,
+    ROW_EPILOGUES,
     SPLIT_ROUTES,
     WS,
     WS_DECODE,
@@ -57,13 +58,15 @@ CLUSTER = {
     f"{name}_fold_c2": WS
     for name in (WS.kernel_name(False), WS.kernel_name(True), WS.kernel_name(False, gated=True))
 }
-# The norm epilogue's (the add_rmsnorm after the product): WHOLE and PARTIAL on the two
-# 256-thread tiles, each named after the plain entry point it extends.
-NORM = {
-    norm: WS_DECODE if "_decode" in norm else WS_M64 for norm in NORM_ENTRY_POINTS.values()
+# The row epilogues' (the add_rmsnorm, or the rope_kv_write, after the product): WHOLE and
+# PARTIAL on the two 256-thread tiles, each named after the plain entry point it extends.
+ROW_EPILOGUE = {
+    plain.replace("_bf16", f"_{epilogue}"): WS_DECODE if "_decode" in plain else WS_M64
+    for plain in EPILOGUE_TILES
+    for epilogue in ROW_EPILOGUES
 }
 ENTRY_POINTS += list(CLUSTER)
-ENTRY_POINTS += list(NORM)
+ENTRY_POINTS += list(ROW_EPILOGUE)
 
 pytestmark = pytest.mark.kernels
 
@@ -108,7 +111,7 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
     )
     configs.update(GATED)
     configs.update(CLUSTER)
-    configs.update(NORM)
+    configs.update(ROW_EPILOGUE)
     assert sorted(resources) == sorted(ENTRY_POINTS)
     for name, used in resources.items():
         config = configs[name]

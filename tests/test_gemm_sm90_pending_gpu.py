@@ -12,10 +12,11 @@ along M multicasting each weight tile to both): their rows against the single-CT
 and an engine with them against one without. And the cluster split (CSPLIT_BY_DEFAULT,
 built 2026-11-28, not yet run on a GPU: a tile's S splits one cluster launched with a
 cluster attribute, their partials folded through its shared memory): its rows against
-PARTIAL's, and an engine with it against one without. And the norm epilogue
-(NORM_EPILOGUE_BY_DEFAULT, built 2026-11-28, not yet run on a GPU: a decode's o and down
-projection launches running the add_rmsnorm after them): its outputs against the two
-kernels', and an engine with it against one without. A file of its
+PARTIAL's, and an engine with it against one without. And the row epilogues
+(NORM_EPILOGUE_BY_DEFAULT and ROPE_EPILOGUE_BY_DEFAULT, built 2026-11-28, not yet run on a
+GPU: a decode's o and down projection launches running the add_rmsnorm after them, its qkv
+launches the rope_kv_write): their outputs against the two kernels', and an engine with
+each against one without. A file of its
 own, run last by scripts/gpu_followup.sh: the wide FOLD's first version hung (a
 setmaxnreg budget over the CTA's register pool), and a hang must not cost the other tests. Skipped without a CUDA device of compute capability 9.0."""
 
@@ -252,19 +253,19 @@ def test_the_cluster_split_engine_changes_no_logit(default_model_dir, monkeypatc
 def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(rng, k: int, n: int) -> None:
     """The norm epilogue (gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT, off until this runs) on
     the default model's o and down (S = 3, 6), Llama-3.1-8B's (split) and an unsplit weight
-    (WHOLE), on the decode tile and the 64 x 128 tile, at M = 1 to NORM_EPILOGUE_MAX_ROWS:
+    (WHOLE), on the decode tile and the 64 x 128 tile, at M = 1 to EPILOGUE_MAX_ROWS:
     (summed, normed) bit-equal to the plain product followed by the add_rmsnorm kernel,
     then again (its counters left zero: a second launch on the same stream normalizes)."""
     from reprise.cuda import launchers
     from reprise.cuda.gemm_sm90_kernel import gemm_sm90, gemm_sm90_add_rmsnorm, prepare_weight
-    from reprise.cuda.gemm_sm90_plan import NORM_EPILOGUE_MAX_ROWS
+    from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
 
-    w, pool = weights(rng, n, k), activations(rng, NORM_EPILOGUE_MAX_ROWS, k)
-    residual = dev((rng.standard_normal((NORM_EPILOGUE_MAX_ROWS, n)) * 4).astype(np.float32))
+    w, pool = weights(rng, n, k), activations(rng, EPILOGUE_MAX_ROWS, k)
+    residual = dev((rng.standard_normal((EPILOGUE_MAX_ROWS, n)) * 4).astype(np.float32))
     norm_weight = dev((1 + 0.25 * rng.standard_normal(n)).astype(np.float32).astype(w.dtype))
     packed, x = prepare_weight(dev(w)), dev(pool)
     routes = [None] if split_k(n, k) == 1 else ["decode_split", "m64_split"]
-    for m in range(1, NORM_EPILOGUE_MAX_ROWS + 1):
+    for m in range(1, EPILOGUE_MAX_ROWS + 1):
         for route in routes:
             y = gemm_sm90(x[:m], packed, route=route)
             want = [host(a) for a in launchers.add_rmsnorm(residual[:m], y, norm_weight, 1e-5)]
@@ -284,4 +285,52 @@ def test_the_norm_epilogue_engine_changes_no_logit(default_model_dir, monkeypatc
     as CUDA graphs (the fused launches captured)."""
     prompt = np.random.default_rng(7).integers(100, 49000, size=150).tolist()
     assert_flag_changes_no_logit(default_model_dir, monkeypatch, "NORM_EPILOGUE_BY_DEFAULT",
+                                 [prompt], max_tokens=24, num_device_blocks=64)  # fmt: skip
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("layout", [(9, 3, 64, 576), (32, 8, 128, 4096), (4, 2, 128, 128)],
+                         ids=["default", "8b", "d128_S1"])  # fmt: skip
+def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(rng, layout) -> None:
+    """The rope epilogue (gemm_sm90_plan.ROPE_EPILOGUE_BY_DEFAULT, off until this runs) on
+    the default model's qkv (S = 3), Llama-3.1-8B's (split) and an unsplit one (WHOLE), on
+    the decode tile and the 64 x 128 tile, at M = 1 to EPILOGUE_MAX_ROWS: the queries and
+    every byte of the cache bit-equal to the plain product followed by the rope_kv_write
+    kernel, then again (its counters left zero)."""
+    from reprise.cuda import launchers
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, gemm_sm90_rope_kv_write, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
+    from reprise.cuda.kvcache import kv_cache_shape
+    from reprise.cuda.rope import rope_table
+
+    heads, kv_heads, head_dim, k = layout
+    n = (heads + 2 * kv_heads) * head_dim
+    w, pool = weights(rng, n, k), activations(rng, EPILOGUE_MAX_ROWS, k)
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    cos, sin = (dev(t) for t in rope_table(head_dim, 4096, 500000.0))
+    shape = kv_cache_shape(4, 3, kv_heads, 16, head_dim)
+    start = rng.integers(0, 2**16, shape, dtype=np.uint16)
+    routes = [None] if split_k(n, k) == 1 else ["decode_split", "m64_split"]
+    for m in range(1, EPILOGUE_MAX_ROWS + 1):
+        positions = dev(rng.integers(0, 4096, m).astype(np.int32))
+        slots = dev(rng.choice(64, m, replace=False).astype(np.int64))
+        for route in routes:
+            want_cache = dev(start)
+            qkv = gemm_sm90(x[:m], packed, route=route).reshape(m, -1, head_dim)
+            want = host(launchers.rope_kv_write(qkv, positions, cos, sin, want_cache, 1, slots, heads))
+            for _ in range(2):
+                got_cache = dev(start)
+                got = gemm_sm90_rope_kv_write(x[:m], packed, positions, cos, sin, got_cache, 1,
+                                              slots, heads, route=route, fused=True)  # fmt: skip
+                assert np.array_equal(host(got).view(np.uint16), want.view(np.uint16)), (m, route)
+                assert np.array_equal(host(got_cache).view(np.uint16), host(want_cache).view(np.uint16))
+
+
+@pytest.mark.usefixtures("hopper")
+def test_the_rope_epilogue_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model with ROPE_EPILOGUE_BY_DEFAULT on (its qkv projections writing the
+    cache in their own launch at decode) against the default engine: the same tokens and
+    logits bits for a prompt, its cached repeat and decode steps replayed as CUDA graphs."""
+    prompt = np.random.default_rng(9).integers(100, 49000, size=150).tolist()
+    assert_flag_changes_no_logit(default_model_dir, monkeypatch, "ROPE_EPILOGUE_BY_DEFAULT",
                                  [prompt], max_tokens=24, num_device_blocks=64)  # fmt: skip

@@ -114,14 +114,14 @@ class LlamaModel:
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
         for idx, layer in enumerate(self.layers):
-            if layer.qkv_bias is None:
-                qkv = ops.gemm(x, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
+            # the queries come back rotated, the keys (rotated) and values go into their
+            # cache slots: one launch on the GPU, or two with the projection's
+            rope_args = (positions, cos, sin, kv_cache, idx, slots, num_heads)
+            if layer.qkv_bias is None:  # maybe in the projection's launch: gemm_rope_kv_write
+                q = ops.gemm_rope_kv_write(x, layer.qkv_proj, *rope_args)
             else:
                 qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
-            # the queries come back rotated, the keys (rotated) and values go into their
-            # cache slots, in one launch on the GPU
-            q = ops.rope_kv_write(qkv.reshape(heads_shape), positions, cos, sin, kv_cache, idx,
-                                  slots, num_heads)  # fmt: skip
+                q = ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args)
             attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
             # attn: [T, heads, head_dim]; o_proj's and down_proj's outputs go only into the
             # residual add and the next norm (maybe one kernel each: gemm_add_rmsnorm)

@@ -11,7 +11,8 @@
 #include "wgmma_emu.h"
 #include "mbarrier_emu.h"
 #include "../../cuda/common.cuh"  // at file scope, before the source (as driver.cpp does)
-#include "../../cuda/rmsnorm.cuh"  // the norm epilogue's rows, likewise
+#include "../../cuda/rmsnorm.cuh"  // the row epilogues' functions, likewise
+#include "../../cuda/kvcache.cuh"
 
 #include <functional>
 #include <string>
@@ -243,6 +244,30 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
   return left_behind == 0 ? 0 : 3;
 }
 
+}  // extern "C"
+
+// One launch of a ws entry point's `body` on cuda_emu.h's threads, as run_gemm_sm90_ws
+// makes it: shared memory poisoned, each CTA's mbarriers reset before its first thread
+// runs; the same return codes (2: smem_bytes over capacity, 3: work left in flight).
+static int run_ws_grid(int grid_x, int grid_y, int threads, int smem_bytes, const std::function<void()>& body) {
+  namespace e = gemm_sm90_emu;
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
+  std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
+  g_ptx_smem = e::gemm_sm90_smem;
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  int left_behind = 0;
+  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
+    if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
+    body();
+    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
+    if (!copies || !mmas) ++left_behind;
+  });
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
+  return left_behind == 0 ? 0 : 3;
+}
+
+extern "C" {
 // The norm epilogue's entry points (gemm_sm90_ws_norm_{decode,m64}[_split]): the BF16
 // product into y (PARTIAL: through ws, counted in `counters`), then add_rmsnorm of its rows
 // into summed and normed, by the CTA that completes the m tile's last n tile (counted in
@@ -261,20 +286,35 @@ int run_gemm_sm90_norm(const char* name, int grid_x, int grid_y, int threads, in
   if (n == "gemm_sm90_ws_norm_m64") fn = e::gemm_sm90_ws_norm_m64;
   if (n == "gemm_sm90_ws_norm_m64_split") fn = e::gemm_sm90_ws_norm_m64_split;
   if (fn == nullptr) return 1;
-  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > GEMM_SM90_SMEM_CAPACITY) return 2;
-  std::memset(e::gemm_sm90_smem, 0xFF, sizeof e::gemm_sm90_smem);
-  g_ptx_smem = e::gemm_sm90_smem;
-  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
-  int left_behind = 0;
-  launch({(unsigned)grid_x, (unsigned)grid_y, 1}, threads, [&] {
-    if (threadIdx.x == 0) mbar_emu_reset();  // runs first in its CTA: before any init
+  return run_ws_grid(grid_x, grid_y, threads, smem_bytes, [&] {
     fn(x, w_packed, ws, y, counters, M, N, K, split_len, residual, norm_weight, summed, normed, eps);
-    const bool copies = ptx_emu_cp_async_drained(), mmas = wgmma_emu_drained();
-    if (!copies || !mmas) ++left_behind;
   });
-  g_ptx_smem = nullptr;
-  g_ptx_smem_bytes = 0;
-  return left_behind == 0 ? 0 : 3;
+}
+
+// The rope epilogue's entry points (gemm_sm90_ws_rope_{decode,m64}[_split]): the BF16
+// product into y (PARTIAL: through ws), then rope_kv_write's work on its rows (q_out, the
+// cache), by the CTA that completes the m tile's last n tile. The same return codes.
+int run_gemm_sm90_rope(const char* name, int grid_x, int grid_y, int threads, int smem_bytes,
+                       const unsigned short* x, const unsigned char* w_packed, float* ws, unsigned short* y,
+                       unsigned* counters, int M, int N, int K, int split_len, const int* positions,
+                       const float* cos_table, const float* sin_table, __nv_bfloat16* q_out,
+                       const long long* slots, __nv_bfloat16* cache, int layer, int num_layers, int heads,
+                       int kv_heads, int block_size, int head_dim) {
+  namespace e = gemm_sm90_emu;
+  using Fn = void (*)(const unsigned short*, const unsigned char*, float*, unsigned short*, unsigned*, int, int,
+                      int, int, const int*, const float*, const float*, __nv_bfloat16*, const long long*,
+                      __nv_bfloat16*, int, int, int, int, int, int);
+  const std::string n = name;
+  Fn fn = nullptr;
+  if (n == "gemm_sm90_ws_rope_decode") fn = e::gemm_sm90_ws_rope_decode;
+  if (n == "gemm_sm90_ws_rope_decode_split") fn = e::gemm_sm90_ws_rope_decode_split;
+  if (n == "gemm_sm90_ws_rope_m64") fn = e::gemm_sm90_ws_rope_m64;
+  if (n == "gemm_sm90_ws_rope_m64_split") fn = e::gemm_sm90_ws_rope_m64_split;
+  if (fn == nullptr) return 1;
+  return run_ws_grid(grid_x, grid_y, threads, smem_bytes, [&] {
+    fn(x, w_packed, ws, y, counters, M, N, K, split_len, positions, cos_table, sin_table, q_out, slots, cache,
+       layer, num_layers, heads, kv_heads, block_size, head_dim);
+  });
 }
 
 // Nonzero: launch() runs a grid's CTAs last to first (the split's counters then see

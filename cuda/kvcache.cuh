@@ -1,0 +1,73 @@
+// The paged KV cache's layout and rope_kv_write's work item: the device functions of
+// kvcache.cu's kernels, which gemm_sm90.cu's rope epilogue (a decode's qkv projection's
+// last CTA rotating its rows and writing their keys and values) runs too, so both do the
+// one computation per element (DESIGN §4: the same bits).
+//
+// Cache layout, block-major so a block is one contiguous copy for the host tier:
+//   [num_blocks, num_layers, 2 (K, V), num_kv_heads, block_size, head_dim] BF16
+// A token's slot is block_id * block_size + offset_in_block.
+#ifndef REPRISE_KVCACHE_CUH
+#define REPRISE_KVCACHE_CUH
+
+#include "common.cuh"
+
+namespace {
+
+// Where KV head `head`'s key row for cache slot `slot` starts (its value row is
+// kv_heads * block_size * head_dim elements later).
+__device__ __forceinline__ long long key_row(long long slot, int layer, int num_layers, int head, int kv_heads,
+                                             int block_size, int head_dim) {
+  const long long block = slot / block_size, offset = slot - block * block_size;
+  return ((block * num_layers + layer) * 2 * kv_heads + head) * (long long)block_size * head_dim + offset * head_dim;
+}
+
+// What rope_kv_write needs besides the rows: the rope tables and positions, the queries'
+// output, the cache and where each token's keys and values go.
+struct RopeKvArgs {
+  const int* positions;    // [tokens] int32
+  const float* cos_table;  // [max_positions, head_dim / 2]
+  const float* sin_table;
+  __nv_bfloat16* q_out;    // [tokens, heads, head_dim]
+  const long long* slots;  // [tokens] int64
+  __nv_bfloat16* cache;
+  int layer, num_layers, heads, kv_heads, block_size, head_dim;
+};
+
+// A BF16 element as fp32 (the exact widening): THROUGH_L2 reads it through L2 (rows other
+// CTAs of the grid wrote: gemm_sm90.cu's rope epilogue), else as any load.
+template <bool THROUGH_L2>
+__device__ __forceinline__ unsigned short bf16_at(const __nv_bfloat16* p, int i) {
+  const unsigned short* bits = reinterpret_cast<const unsigned short*>(p) + i;
+  if constexpr (THROUGH_L2) return __ldcg(bits);
+  else return *bits;
+}
+
+// rope_kv_write's pair i of head `head` of token `token` (qkv: [tokens, heads + 2 *
+// kv_heads, head_dim] with `token_stride` elements between tokens): a query head (head <
+// heads) rotated into q_out; a key head (heads <= head < heads + kv_heads) rotated into
+// its cache slot, with the same pair of its value head copied beside it.
+template <bool THROUGH_L2>
+__device__ __forceinline__ void rope_kv_write_pair(const __nv_bfloat16* qkv, long long token_stride,
+                                                   const RopeKvArgs& a, int token, int head, int i) {
+  const int half = a.head_dim >> 1;
+  float c, s;
+  rope_angle(a.positions, a.cos_table, a.sin_table, token, i, half, c, s);
+  const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * a.head_dim;
+  const float x1 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i)) << 16);
+  const float x2 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i + half)) << 16);
+  if (head < a.heads) {
+    rope_store(a.q_out + ((long long)token * a.heads + head) * a.head_dim, i, half, x1, x2, c, s);
+    return;
+  }
+  const long long k_base =
+      key_row(a.slots[token], a.layer, a.num_layers, head - a.heads, a.kv_heads, a.block_size, a.head_dim);
+  rope_store(a.cache + k_base, i, half, x1, x2, c, s);
+  const __nv_bfloat16* v_row = row + (long long)a.kv_heads * a.head_dim;  // value head head - heads
+  unsigned short* v_dst = reinterpret_cast<unsigned short*>(a.cache + k_base + (long long)a.kv_heads * a.block_size * a.head_dim);
+  v_dst[i] = bf16_at<THROUGH_L2>(v_row, i);
+  v_dst[i + half] = bf16_at<THROUGH_L2>(v_row, i + half);
+}
+
+}  // namespace
+
+#endif  // REPRISE_KVCACHE_CUH
