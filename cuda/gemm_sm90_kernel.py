@@ -57,9 +57,16 @@ fills one wave of gemm.cu's skinny grid) every 8B projection's M = 1 grid keeps 
 than half the SMs busy, o and down 128 of 132 on WS (gemm_sm90_plan.decode_waves); the
 decode tile, the default there since 2026-11-28, doubles those CTAs at 2 an SM.
 
+Row epilogues (`gemm_sm90_add_rmsnorm`, `gemm_sm90_rope_kv_write`): a decode's o and
+down products feed add_rmsnorm and nothing else, its bias-free qkv product rope_kv_write.
+Where the flag or the caller asks and `gemm_sm90_plan.epilogue_launch` has an entry point
+(M <= EPILOGUE_MAX_ROWS on the two 256-thread tiles), the product's launch runs that
+kernel's own device function after its last tile (gemm_sm90.cu's row_epilogue): one
+launch, the same bits as the two; elsewhere the two launches.
+
 Nothing is allocated except the output when `out` is None (and, on the PARTIAL route,
 the [S, M, N] fp32 workspace, plus once per stream its tile counters; on the wide FOLD,
-the [M, N] fp32 totals). CuPy is imported
+the [M, N] fp32 totals; a row epilogue's product y and its outputs). CuPy is imported
 lazily.
 """
 

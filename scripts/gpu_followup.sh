@@ -109,7 +109,7 @@ grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
 model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
 [ -f "$model/config.json" ] || "$py" -c "from reprise.daemon.model.synth import synth_model
 synth_model('smollm2-135m', '$model')"
-part pending_test 100 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
+part pending_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_gemm_sm90_pending_gpu.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
 # the engine with its MLPs in the gate/up GEMM's gated epilogue (GATED_BY_DEFAULT on in the
