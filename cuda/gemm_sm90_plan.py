@@ -389,13 +389,19 @@ def launch_plan(
 
 def epilogue_launch(plan: Sm90Launch, m: int, epilogue: str) -> Sm90Launch | None:
     """`plan` (a BF16 product of `m` rows) on its row epilogue's entry point (`epilogue`
-    "norm" or "rope"), or None where there is none (another tile or route, fp32 or gated
-    output, a cluster) or `m` passes EPILOGUE_MAX_ROWS: then the caller runs the product and
+    "norm" or "rope"; a cluster split's on its tile's PARTIAL route), or None where there is
+    none (another tile or route, fp32 or gated output, a two-CTA cluster) or `m` passes
+    EPILOGUE_MAX_ROWS: then the caller runs the product and
     the epilogue's kernel apart, to the same bits. The same grid, threads and shared
     memory; the tile counters always (one past the fold's for the m tile, within
     MAX_COUNTERS)."""
     if epilogue not in ROW_EPILOGUES:
         raise ValueError(f"epilogue must be one of {', '.join(ROW_EPILOGUES)}; got {epilogue!r}")
+    if plan.kernel.endswith("_csplit") and not plan.gated:
+        # the cluster split's tile as PARTIAL (the same grid and bits): the epilogue counts
+        # the tiles PARTIAL's folding CTAs finish, so it takes that route, not the cluster's
+        kernel = plan.kernel.removesuffix("_csplit") + "_split"
+        plan = replace(plan, kernel=kernel, workspace=True, cluster=1)
     if plan.kernel not in EPILOGUE_TILES or plan.gated or plan.cluster != 1:
         return None
     if not 0 < m <= EPILOGUE_MAX_ROWS:

@@ -1336,8 +1336,9 @@ def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(
 
 def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
     """The row epilogues extend the BF16 WHOLE and PARTIAL launches of the decode tile and
-    the 64 x 128 tile up to EPILOGUE_MAX_ROWS rows, the same geometry; nothing else (WS's
-    384 threads, fp32 or gated output, a cluster split, more rows) has one."""
+    the 64 x 128 tile up to EPILOGUE_MAX_ROWS rows, the same geometry (a cluster split of
+    those tiles: its tile's PARTIAL launch); nothing else (WS's 384 threads, fp32 or gated
+    output, more rows) has one."""
     from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
 
     for n, k in ((576, 576), (576, 1536), (960, 576), (4096, 4096), (6144, 4096)):
@@ -1347,17 +1348,23 @@ def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
                     continue
                 plain = launch_plan(m, n, k, out_f32=False, packed=True, route=route)
                 takes = plain.kernel.startswith(("gemm_sm90_ws_bf16_decode", "gemm_sm90_ws_bf16_m64"))
-                takes = takes and not plain.kernel.endswith("_csplit") and m <= EPILOGUE_MAX_ROWS
+                takes = takes and m <= EPILOGUE_MAX_ROWS
+                # a cluster split's tile takes its epilogue on PARTIAL (the same grid and bits)
+                partial = plain
+                if plain.kernel.endswith("_csplit"):
+                    partial = launch_plan(m, n, k, out_f32=False, packed=True,
+                                          route=route.replace("_csplit", "_split"))  # fmt: skip
                 for epilogue in ("norm", "rope"):
                     got = epilogue_launch(plain, m, epilogue)
                     if not takes:
                         assert got is None, (plain.kernel, m)
                         continue
                     assert got is not None and got.epilogue == epilogue and not plain.epilogue
-                    assert got.kernel == plain.kernel.replace("_bf16_", f"_{epilogue}_")
+                    assert got.kernel == partial.kernel.replace("_bf16_", f"_{epilogue}_")
+                    assert got.cluster == 1 and "_csplit" not in got.kernel
                     assert (got.grid, got.threads, got.smem_bytes, got.splits, got.split_len,
-                            got.workspace) == (plain.grid, plain.threads, plain.smem_bytes,
-                                               plain.splits, plain.split_len, plain.workspace)  # fmt: skip
+                            got.workspace) == (partial.grid, partial.threads, partial.smem_bytes,
+                                               partial.splits, partial.split_len, partial.workspace)  # fmt: skip
     for out_f32, gated in ((True, False), (False, True)):
         plain = launch_plan(1, 576, 576, out_f32=out_f32, packed=True, gated=gated)
         assert epilogue_launch(plain, 1, "norm") is None
@@ -1459,7 +1466,12 @@ def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planne
         want = fake_add_rmsnorm(residual, gemm_sm90(x, packed), norm_weight, 1e-5)
         for g, wnt in zip(got, want, strict=True):
             assert np.array_equal(bits(g), bits(wnt)), (m, fused, flag)
+    # with the cluster split the default, the epilogue still runs (on the tile's PARTIAL)
+    monkeypatch.setattr(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True)
     x, residual = x_all[:1].view(np.uint16), residual_all[:1]
+    launches.clear()
+    launcher.gemm_sm90_add_rmsnorm(x, packed, residual, norm_weight, 1e-5, fused=True)
+    assert launches == ["gemm_sm90_ws_norm_decode_split"]
     with pytest.raises(ValueError, match="takes a plain PackedWeight"):
         launcher.gemm_sm90_add_rmsnorm(x, w.view(np.uint16), residual, norm_weight, 1e-5)
     with pytest.raises(ValueError, match=r"residual must be \[M, N\] = \[1, 576\] and weight \[N\]"):
