@@ -287,14 +287,20 @@ def _plain_packed(x: Any, w: Any, caller: str) -> tuple[int, int, int]:
     return check_operands(x, w)
 
 
+def _epilogue_wanted(flag: bool, fused: bool | None, x: Any) -> bool:
+    """Whether a row epilogue is asked for (`fused`, None: the flag) on a product of x's
+    rows, at most EPILOGUE_MAX_ROWS of them. Checked first and cheaply: where it is not,
+    the wrapper goes straight to the two launches, whose launchers check everything."""
+    rows = x.shape[0] if getattr(x, "ndim", 0) == 2 else 0
+    return (flag if fused is None else fused) and 0 < rows <= gemm_sm90_plan.EPILOGUE_MAX_ROWS
+
+
 def _epilogue_plan(
-    epilogue: str, wanted: bool, m: int, n: int, k: int, splits: int | None, route: str | None
+    epilogue: str, m: int, n: int, k: int, splits: int | None, route: str | None
 ) -> Sm90Launch | None:
-    """The row epilogue's launch of an [M, K] x [N, K] product where it is `wanted`, M is
-    within EPILOGUE_MAX_ROWS, the device takes the kernel and the plan has one; else None
-    (the caller runs the product and the epilogue's kernel apart)."""
-    if not (wanted and 0 < m <= gemm_sm90_plan.EPILOGUE_MAX_ROWS):
-        return None
+    """The row epilogue's launch of an [M, K] x [N, K] product where the device takes the
+    kernel and the plan has one; else None (the caller runs the product and the epilogue's
+    kernel apart)."""
     if not supported(device_arch(), m, n, k):
         return None
     plain = launch_plan(m, n, k, out_f32=False, packed=True, num_sms=_num_sms(), route=route,
@@ -330,6 +336,8 @@ def gemm_sm90_add_rmsnorm(
     `splits` and `route` as `gemm_sm90`'s."""
     from .launchers import add_rmsnorm
 
+    if not _epilogue_wanted(gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT, fused, x):
+        return add_rmsnorm(residual, gemm_sm90(x, w, splits=splits, route=route), weight, eps)
     num_rows, num_cols, k = _plain_packed(x, w, "gemm_sm90_add_rmsnorm")
     check("residual", residual, np.float32, 2)
     check("weight", weight, BF16_BITS, 1)
@@ -338,8 +346,7 @@ def gemm_sm90_add_rmsnorm(
             f"residual must be [M, N] = {[num_rows, num_cols]} and weight [N]; got "
             f"{list(residual.shape)} and {list(weight.shape)}"
         )
-    wanted = gemm_sm90_plan.NORM_EPILOGUE_BY_DEFAULT if fused is None else fused
-    plan = _epilogue_plan("norm", wanted, num_rows, num_cols, k, splits, route)
+    plan = _epilogue_plan("norm", num_rows, num_cols, k, splits, route)
     if plan is None:
         return add_rmsnorm(residual, gemm_sm90(x, w, splits=splits, route=route), weight, eps)
     import cupy
@@ -364,6 +371,10 @@ def gemm_sm90_rope_kv_write(
     `splits` and `route` as `gemm_sm90`'s."""
     from .launchers import check_rope_kv_write, rope_kv_write
 
+    rope = (positions, cos, sin, cache, layer, slot_mapping, num_heads)
+    if not _epilogue_wanted(gemm_sm90_plan.ROPE_EPILOGUE_BY_DEFAULT, fused, x):
+        qkv = gemm_sm90(x, w, splits=splits, route=route)
+        return rope_kv_write(qkv.reshape(qkv.shape[0], -1, cache.shape[-1]), *rope)
     num_rows, num_cols, k = _plain_packed(x, w, "gemm_sm90_rope_kv_write")
     head_dim = cache.shape[-1] if getattr(cache, "ndim", 0) == 6 else 0
     if head_dim <= 0 or num_cols % head_dim:
@@ -375,11 +386,11 @@ def gemm_sm90_rope_kv_write(
     num_layers, kv_heads, block_size = check_rope_kv_write(
         heads_shape, positions, cos, sin, cache, layer, slot_mapping, num_heads
     )
-    wanted = gemm_sm90_plan.ROPE_EPILOGUE_BY_DEFAULT if fused is None else fused
-    plan = _epilogue_plan("rope", wanted, num_rows, num_cols, k, splits, route)
+    plan = _epilogue_plan("rope", num_rows, num_cols, k, splits, route)
     if plan is None:
-        qkv = gemm_sm90(x, w, splits=splits, route=route).reshape(heads_shape)
-        return rope_kv_write(qkv, positions, cos, sin, cache, layer, slot_mapping, num_heads)
+        return rope_kv_write(
+            gemm_sm90(x, w, splits=splits, route=route).reshape(heads_shape), *rope
+        )
     import cupy
 
     q = cupy.empty((num_rows, num_heads, head_dim), dtype=BF16_BITS)
