@@ -1395,7 +1395,7 @@ gemm_sm90_ws_gated_fold(const unsigned short* __restrict__ x, const unsigned cha
 
 // The norm epilogue's entry points (gemm_sm90_ws_norm_*; gemm_sm90_plan's
 // NORM_EPILOGUE_BY_DEFAULT): the BF16 product y of the decode tile or the 64 x 128 tile,
-// WHOLE or PARTIAL as gemm_sm90_ws_bf16_{decode,m64}[_split], then (norm_epilogue)
+// WHOLE or PARTIAL as gemm_sm90_ws_bf16_{decode,m64}[_split], then (row_epilogue's NORM)
 // summed = residual + y (fp32) and normed = rmsnorm(summed) * norm_weight (BF16), the bits of
 // the add_rmsnorm kernel after the plain product. Each takes ws and split_len (WHOLE: unused)
 // and the tile counters (one past the fold's for each m tile).
@@ -1442,7 +1442,6 @@ gemm_sm90_ws_norm_m64_split(const unsigned short* __restrict__ x, const unsigned
 // keys rotated and the values copied into their cache slots, the bits of the rope_kv_write
 // kernel after the plain product. Each takes ws and split_len (WHOLE: unused) and the tile
 // counters (one past the fold's for each m tile).
-
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemm_sm90_ws_rope_decode(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                          float* __restrict__ ws, unsigned short* __restrict__ y, unsigned* __restrict__ counters, int M,

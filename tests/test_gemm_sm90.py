@@ -1145,39 +1145,52 @@ def emulated_plain(
     return plan, emulated_plan(lib, plan, x, w, out_f32=False)
 
 
-def emulated_norm(
-    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, residual: np.ndarray,
-    norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """A norm epilogue's launch on the emulation, as gemm_sm90_add_rmsnorm makes it:
-    (y, summed, normed), each poisoned first with a guard past its end; the counters zero
-    and checked zero after; `order` the order the CTAs run and finish in."""
+def emulated_epilogue(
+    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, run: Any,
+    tail: tuple[Any, ...], order: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
+    """A row epilogue's launch on the emulation through `run` (run_gemm_sm90_norm or
+    run_gemm_sm90_rope), `tail` its arguments after split_len, as the launcher makes it:
+    y and the workspace poisoned, y with a guard past its end; the counters zero and checked
+    zero after; `order` the order the CTAs run and finish in. Returns y."""
     (m, k), n = x.shape, w.shape[0]
-    assert plan.epilogue == "norm" and residual.shape == (m, n)
     packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
     y = poisoned((m * n + GUARD,), np.uint16)
-    summed = poisoned((m * n + GUARD,), np.float32)
-    normed = poisoned((m * n + GUARD,), np.uint16)
     ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
     counters = np.zeros(plan.grid[0] * plan.grid[1] + plan.grid[0] + GUARD, np.uint32)
     if order is not None:
         order = np.ascontiguousarray(order, dtype=np.uint32)
         lib.set_cta_order(ptr(order))
     try:
-        rc = lib.run_gemm_sm90_norm(
+        rc = run(
             plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
             ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), ptr(ws), ptr(y),
-            ptr(counters), m, n, k, plan.split_len, ptr(np.ascontiguousarray(residual)),
-            ptr(np.ascontiguousarray(norm_weight)), ptr(summed), ptr(normed), ctypes.c_float(eps),
+            ptr(counters), m, n, k, plan.split_len, *tail,
         )  # fmt: skip
     finally:
         lib.set_cta_order(None)
     assert rc == 0, (plan.kernel, rc)
     assert not counters.any(), "every counter left zero for the next launch"
-    for out in (y, summed, normed):
+    assert np.array_equal(y[m * n :], poisoned((GUARD,), np.uint16))
+    return y[: m * n].reshape(m, n).view(BF16)
+
+
+def emulated_norm(
+    lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, residual: np.ndarray,
+    norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """A norm epilogue's launch on the emulation (`emulated_epilogue`): (y, summed, normed),
+    the outputs poisoned first with a guard past their end."""
+    m, n = x.shape[0], w.shape[0]
+    assert plan.epilogue == "norm" and residual.shape == (m, n)
+    summed = poisoned((m * n + GUARD,), np.float32)
+    normed = poisoned((m * n + GUARD,), np.uint16)
+    tail = (ptr(np.ascontiguousarray(residual)), ptr(np.ascontiguousarray(norm_weight)),
+            ptr(summed), ptr(normed), ctypes.c_float(eps))  # fmt: skip
+    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_norm, tail, order)
+    for out in (summed, normed):
         assert np.array_equal(bits(out[m * n :]), bits(poisoned((GUARD,), out.dtype)))
-    return (y[: m * n].reshape(m, n).view(BF16), summed[: m * n].reshape(m, n),
-            normed[: m * n].reshape(m, n).view(BF16))  # fmt: skip
+    return y, summed[: m * n].reshape(m, n), normed[: m * n].reshape(m, n).view(BF16)
 
 
 # (N, K): the default model's o (S = 3) and down (S = 6); one k-tile (S = 1: WHOLE); a
@@ -1256,34 +1269,15 @@ def emulated_rope(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, case: RopeCase, *,
     order: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """A rope epilogue's launch on the emulation, as gemm_sm90_rope_kv_write makes it:
-    (y, q_out, cache), y and q_out poisoned first with a guard past their end, the cache a
-    copy of the case's; the counters zero and checked zero after."""
-    (m, k), n = x.shape, w.shape[0]
+    """A rope epilogue's launch on the emulation (`emulated_epilogue`): (y, q_out, cache),
+    q_out poisoned first with a guard past its end, the cache a copy of the case's."""
     assert plan.epilogue == "rope"
-    packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
-    y = poisoned((m * n + GUARD,), np.uint16)
-    q_size = m * case.heads * case.head_dim
+    q_size = x.shape[0] * case.heads * case.head_dim
     q_out = poisoned((q_size + GUARD,), np.uint16)
     cache = case.cache.copy()
-    ws = poisoned((plan.splits * m * n + GUARD,), np.float32)
-    counters = np.zeros(plan.grid[0] * plan.grid[1] + plan.grid[0] + GUARD, np.uint32)
-    if order is not None:
-        order = np.ascontiguousarray(order, dtype=np.uint32)
-        lib.set_cta_order(ptr(order))
-    try:
-        rc = lib.run_gemm_sm90_rope(
-            plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
-            ptr(np.ascontiguousarray(x).view(np.uint16)), ptr(packed.data), ptr(ws), ptr(y),
-            ptr(counters), m, n, k, plan.split_len, *case.tail(q_out, cache),
-        )  # fmt: skip
-    finally:
-        lib.set_cta_order(None)
-    assert rc == 0, (plan.kernel, rc)
-    assert not counters.any(), "every counter left zero for the next launch"
-    assert np.array_equal(y[m * n :], poisoned((GUARD,), np.uint16))
+    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_rope, case.tail(q_out, cache), order)
     assert np.array_equal(q_out[q_size:], poisoned((GUARD,), np.uint16))
-    return y[: m * n].reshape(m, n).view(BF16), q_out[:q_size].view(BF16), cache
+    return y, q_out[:q_size].view(BF16), cache
 
 
 # (heads, kv_heads, head_dim, K): the default model's qkv (N = 960, K = 576: S = 3); an
