@@ -27,9 +27,12 @@ Guarantees:
   (SIGTERM or SIGKILL) every named file is complete. Without `fsync` (the
   default; one fsync per block costs more than the write) a power loss may
   leave a named file damaged; the checksum then keeps it from being served.
-- Bounded size: the folder holds at most `max_bytes` of block files once the
-  writer has caught up; the least recently used (written or hit) go first.
-  Last use is kept as the file's mtime, so the order survives a restart.
+- Bounded size: the directory holds at most `max_bytes` of block files once the
+  writer has caught up: the tier's own, least recently used (written or hit) first,
+  and the files of other layouts no running daemon holds (another model, an older
+  reprise or file format), which count toward the bound and go before any of its
+  own, oldest first (disk_stale.py). Last use is kept as the file's mtime, so the
+  order survives a restart. A folder a running daemon holds is left to its bound.
 - Bounded start: `open` lists the folder once and reads at most
   `header_nbytes_max(block_size)` bytes (about 0.7 KiB at 32 tokens) of each
   block file, never a payload; temporary files of a killed writer are removed.
@@ -37,7 +40,9 @@ Guarantees:
   `open`, and any write error later (a full disk, a read-only remount), logs ONE
   warning and disables the tier; a disabled tier acts as an empty one.
 - One process per folder: `open` takes an exclusive `flock` on the folder; a
-  second daemon on the same folder runs without the tier.
+  second daemon on the same folder runs without the tier. (A tier looking whether
+  another layout's folder is held takes its lock for an instant: `open` retries its
+  lock for about 50 ms before it gives up.)
 - Chains read ahead: `read_ahead` reads and checks a run of block files (a chain the
   pool matched on disk) on up to `read_threads` reader threads, into buffers the
   caller's thread allocates; `get(..., ahead=)` takes one's outcome, so the counts,
@@ -80,13 +85,15 @@ from . import disk_format as fmt
 from .disk_config import Allocate, DiskTierConfig, ReadBlock
 from .disk_index import DiskIndex, PartialMatch, StoredFile, parent_of
 from .disk_reader import BlockKeyOnDisk, BlockReader, Checked
+from .disk_stale import LOCK_NAME, StaleFiles
 from .disk_writer import TMP_SUFFIX, QueuedClear, QueuedSidecar, QueuedWrite, Writer
 from .events import EventSink
 from .hashing import BlockHash, Namespace
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "lock"
+LOCK_TRIES = 6  # `open`'s tries at the folder's lock, LOCK_RETRY_S apart
+LOCK_RETRY_S = 0.01
 
 
 class DiskTier(Writer):
@@ -131,6 +138,7 @@ class DiskTier(Writer):
         )
         self._bad = dict.fromkeys(fmt.BAD_KINDS, 0)
         self._reader = BlockReader(self.folder, self.layout, config)
+        self._stale = StaleFiles([])  # other layouts' files, found by `open`
 
     @classmethod
     def open(cls, config: DiskTierConfig) -> DiskTier:
@@ -459,6 +467,8 @@ class DiskTier(Writer):
                 **{f"disk_{name}": n for name, n in self._counts.items()},
                 **{f"disk_sidecar_{name}": n for name, n in self._side_counts.items()},
                 "disk_corrupt_removed": sum(self._bad.values()),
+                "disk_stale_bytes": self._stale.nbytes,
+                "disk_stale_removed": self._stale.files_removed,
             }
             out.update({f"disk_corrupt_{kind}": n for kind, n in self._bad.items()})
         return out
@@ -480,22 +490,51 @@ class DiskTier(Writer):
     # -- start ---------------------------------------------------------------
 
     def _start(self) -> None:
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise OSError(exc.errno, "the folder is in use by another process") from exc
-        self._lock_fd = fd
+        self._lock_fd = self._take_folder()
         probe = self.folder / f".probe.{os.getpid()}{TMP_SUFFIX}"
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
         os.unlink(probe)
         self._scan()
+        self._stale = StaleFiles.scan(Path(self.config.directory), self.folder)
+        if self._stale.nbytes:
+            log.info(
+                "disk tier: %.1f MiB of other layouts' files in %s count toward its bound "
+                "(removed oldest first when it needs the room): %s",
+                self._stale.nbytes / (1 << 20),
+                self.config.directory,
+                ", ".join(f.name for f in self._stale.folders),
+            )
         self._enabled = True
         self._evict_to_bound()
         self._writer = threading.Thread(target=self._write_loop, name="disk-tier", daemon=True)
         self._writer.start()
+
+    def _take_folder(self) -> int:
+        """Make the folder and hold its lock; returns the lock's descriptor. Retried a
+        few times: another tier may hold it for an instant (disk_stale.py), or be
+        removing the folder, emptied, under its lock."""
+        for attempt in range(LOCK_TRIES):
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            path = self.folder / LOCK_NAME
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the folder went meanwhile
+                time.sleep(LOCK_RETRY_S)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = os.fstat(fd)
+                now = os.stat(path)
+            except OSError as exc:
+                os.close(fd)
+                if isinstance(exc, FileNotFoundError) or attempt + 1 < LOCK_TRIES:
+                    time.sleep(LOCK_RETRY_S)
+                    continue
+                raise OSError(exc.errno, "the folder is in use by another process") from exc
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+            os.close(fd)  # a lock file removed after we opened it: take the new one
+        raise OSError(f"could not hold {self.folder / LOCK_NAME} in {LOCK_TRIES} tries")
 
     def _scan(self) -> None:
         found: list[tuple[int, str, BlockHash, int]] = []

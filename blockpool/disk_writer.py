@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from . import disk_format as fmt
 from .disk_config import CopyDone, DiskTierConfig
 from .disk_index import DiskIndex, StoredFile
 from .hashing import BlockHash, Namespace
+
+if TYPE_CHECKING:
+    from .disk_stale import StaleFiles
 
 TMP_SUFFIX = ".tmp"
 
@@ -66,6 +70,7 @@ class Writer:
     _lock: threading.Lock
     _idle: threading.Condition
     _index: DiskIndex
+    _stale: StaleFiles
     _queue: queue.Queue[QueuedWrite | QueuedSidecar | QueuedClear | None]
     _queued: set[BlockHash]
     _free_buffers: list[np.ndarray]
@@ -184,9 +189,16 @@ class Writer:
         fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
 
     def _evict_to_bound(self) -> None:
+        """Remove files until the directory is within `max_bytes`: other layouts'
+        stale files first (disk_stale.py), then the tier's own, least recently used
+        first."""
+        with self._lock:
+            over = self._index.num_bytes + self._stale.nbytes - self.config.max_bytes
+        if over > 0 and len(self._stale):
+            self._stale.remove_oldest(over)  # unlinks: outside the lock
         victims: list[BlockHash] = []
         with self._lock:
-            while self._index.num_bytes > self.config.max_bytes:
+            while self._index.num_bytes + self._stale.nbytes > self.config.max_bytes:
                 block_hash = self._index.least_recent()
                 assert block_hash is not None
                 self._index.remove([block_hash])  # one event each: each a file gone now

@@ -57,6 +57,8 @@ class KVCacheStats:
     disk_writes_dropped: int = 0  # writes not done: the writer's queue was full, or closing
     disk_evictions: int = 0  # files removed to keep the size bound
     disk_corrupt_removed: int = 0  # damaged, truncated or foreign files found, never served
+    disk_stale_bytes: int = 0  # other layouts' files in the directory, counted in its bound
+    disk_stale_removed: int = 0  # of those, files removed to keep the bound
 
     @classmethod
     def from_counters(
@@ -99,4 +101,6 @@ _DISK_FIELDS = (
     "disk_writes_dropped",
     "disk_evictions",
     "disk_corrupt_removed",
+    "disk_stale_bytes",
+    "disk_stale_removed",
 )

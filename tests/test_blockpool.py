@@ -913,4 +913,6 @@ def test_stats_and_events_agree_with_what_happened() -> None:
         ),
         "disk_evictions": 0,
         "disk_corrupt_removed": 0,
+        "disk_stale_bytes": 0,
+        "disk_stale_removed": 0,
     }
