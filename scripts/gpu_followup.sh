@@ -20,7 +20,8 @@
 # (8B prefill) and with the cluster split on (8B and the default model's decode), beside
 # the default; the row epilogues' GPU tests (the add_rmsnorm in the o and down launches,
 # the rope_kv_write in the qkv launch), and the default model with them on, then with
-# every default-model fusion on together. (2026-11-28's end-to-end comparison of the
+# every default-model fusion on together, then every decode fusion on together at 8B
+# (issue 18's 1.3x the weights-read floor). (2026-11-28's end-to-end comparison of the
 # decode tiles with WS is left out.)
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
@@ -147,3 +148,9 @@ flag_part epilogues_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT
 grep -E "^decode|^kernels .*(span|idle|_norm_|_rope_)|failed|Error" "$OUT/epilogues_default.out" | cut -c1-150
 flag_part fused_default 30 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
 grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150
+# every decode fusion not yet a default on together at 8B shapes (the gated MLP, the
+# cluster split, the row epilogues), beside the e2e part's rows: issue 18's decode b=1 at
+# 1.3x the weights-read floor, which no one of them reaches alone
+flag_part fused_e2e 60 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
+grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
+  "$OUT/fused_e2e.out" | cut -c1-150 | head -24
