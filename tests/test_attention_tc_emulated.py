@@ -33,6 +33,7 @@ from test_kernels_emulated import (
     poisoned,
     ptr,
     reversed_ctas,
+    warp_schedule,
 )
 
 from reprise.cuda.attention_kernel import SplitGrid, kv_chunks, split_grid
@@ -179,8 +180,8 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
     """Decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys and two random lengths in one
     launch (split_grid's geometry: through the workspace), within BF16 rounding of the
     twin, and bit for bit the same on every other grid (one lane merging in shared
-    memory, other lane and head-part counts), with the CTAs run last to first, and
-    each row alone (batch 1 against batch 7)."""
+    memory, other lane and head-part counts), with the CTAs run last to first or one warp
+    at a time ahead of the rest, and each row alone (batch 1 against batch 7)."""
     others = [int(n) for n in rng.integers(2, 2 * S, size=2)]
     paged = PagedTc(rng, shape(head_dim, group, 1), block_size, [*SPLIT_CONTEXTS, *others])
     spans = [(b, n - 1, n) for b, n in enumerate([*SPLIT_CONTEXTS, *others])]
@@ -196,6 +197,9 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
                 assert np.array_equal(paged.run(lib, spans, grid=grid), want), (probe, parts, lanes)
             with reversed_ctas(lib):
                 assert np.array_equal(paged.run(lib, spans), want), (probe, "reversed")
+            for order in (1, 2):  # one warp at a time ahead of the rest (shared merge state)
+                with warp_schedule(lib, order):
+                    assert np.array_equal(paged.run(lib, spans), want), (probe, "warps", order)
             for i, span in enumerate(spans):
                 assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
 
@@ -259,6 +263,9 @@ def test_attention_tc_split_prefill_rows_equal_their_decode_steps(
                 assert paged.planned_grid([span]).splits  # so the two grids merge apart
                 got = paged.run(lib, [span], with_cache, grid=one_lane)
                 assert np.array_equal(got, paged.run(lib, [span], with_cache)), (probe, span)
+            for order in (1, 2):  # one warp at a time ahead of the rest
+                with warp_schedule(lib, order):
+                    assert np.array_equal(paged.run(lib, [(3, 0, whole_len)]), whole), order
             for pos in (0, S - 2, S - 1, S):
                 step = paged.run(lib, [(3, pos, pos + 1)])
                 assert np.array_equal(step, whole[pos : pos + 1]), (probe, pos)

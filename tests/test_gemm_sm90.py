@@ -1147,12 +1147,15 @@ def emulated_plain(
 
 def emulated_epilogue(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, run: Any,
-    tail: tuple[Any, ...], order: np.ndarray | None,
+    tail: tuple[Any, ...], order: np.ndarray | None, schedule: int = 0,
 ) -> np.ndarray:  # fmt: skip
     """A row epilogue's launch on the emulation through `run` (run_gemm_sm90_norm or
     run_gemm_sm90_rope), `tail` its arguments after split_len, as the launcher makes it:
     y and the workspace poisoned, y with a guard past its end; the counters zero and checked
-    zero after; `order` the order the CTAs run and finish in. Returns y."""
+    zero after; `order` the order the CTAs run and finish in; `schedule` how a CTA's
+    threads take turns (cuda_emu.h's g_warp_major: 1 and 2 run one warp at a time as far as
+    it goes alone, so a warp overwriting shared memory another has still to read shows).
+    Returns y."""
     (m, k), n = x.shape, w.shape[0]
     packed = prepare_weight(np.ascontiguousarray(w).view(np.uint16))
     y = poisoned((m * n + GUARD,), np.uint16)
@@ -1161,6 +1164,7 @@ def emulated_epilogue(
     if order is not None:
         order = np.ascontiguousarray(order, dtype=np.uint32)
         lib.set_cta_order(ptr(order))
+    lib.set_warp_major(schedule)
     try:
         rc = run(
             plan.kernel.encode(), *plan.grid, plan.threads, plan.smem_bytes,
@@ -1169,15 +1173,28 @@ def emulated_epilogue(
         )  # fmt: skip
     finally:
         lib.set_cta_order(None)
+        lib.set_warp_major(0)
     assert rc == 0, (plan.kernel, rc)
     assert not counters.any(), "every counter left zero for the next launch"
     assert np.array_equal(y[m * n :], poisoned((GUARD,), np.uint16))
     return y[: m * n].reshape(m, n).view(BF16)
 
 
+def schedules(
+    plan: Sm90Launch, rng: np.random.Generator, *, every: bool
+) -> list[tuple[np.ndarray | None, int]]:
+    """The (CTA order, thread schedule) pairs a row epilogue is run under: launch order,
+    reversed and shuffled CTAs, then launch order with one warp at a time ahead of the
+    rest, first to last and last to first (emulated_epilogue); with `every` False, only
+    the first."""
+    ctas = plan.grid[0] * plan.grid[1]
+    runs = [(None, 0), (np.arange(ctas)[::-1], 0), (rng.permutation(ctas), 0), (None, 1), (None, 2)]
+    return runs if every else runs[:1]
+
+
 def emulated_norm(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, residual: np.ndarray,
-    norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None,
+    norm_weight: np.ndarray, eps: float, *, order: np.ndarray | None = None, schedule: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """A norm epilogue's launch on the emulation (`emulated_epilogue`): (y, summed, normed),
     the outputs poisoned first with a guard past their end."""
@@ -1187,7 +1204,7 @@ def emulated_norm(
     normed = poisoned((m * n + GUARD,), np.uint16)
     tail = (ptr(np.ascontiguousarray(residual)), ptr(np.ascontiguousarray(norm_weight)),
             ptr(summed), ptr(normed), ctypes.c_float(eps))  # fmt: skip
-    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_norm, tail, order)
+    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_norm, tail, order, schedule)
     for out in (summed, normed):
         assert np.array_equal(bits(out[m * n :]), bits(poisoned((GUARD,), out.dtype)))
     return y, summed[: m * n].reshape(m, n), normed[: m * n].reshape(m, n).view(BF16)
@@ -1202,7 +1219,9 @@ def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
 ) -> None:
     """Every norm entry point (the decode tile and the 64 x 128 tile, WHOLE or PARTIAL as
     the weight splits), at every M it takes (1 to EPILOGUE_MAX_ROWS), CTAs finishing
-    in launch order, reversed and shuffled: y the plain entry point's bits, and (summed,
+    in launch order, reversed and shuffled, and with one warp at a time running ahead
+    (its rows' reductions share one scratch: a missing barrier between rows shows as
+    other bits): y the plain entry point's bits, and (summed,
     normed) the bits of the add_rmsnorm kernel on that y (both emulated), within one BF16
     rounding of the NumPy twin. So the fused norm changes no bit, whichever CTA is last."""
     from test_kernels_emulated import max_ulps
@@ -1227,12 +1246,10 @@ def test_the_norm_epilogue_gives_add_rmsnorm_of_the_plain_product(
             emu_lib.run_add_rmsnorm(m, ptr(residual), ptr(np.ascontiguousarray(plain)),
                                     ptr(norm_weight), ptr(want_summed), ptr(want_normed), n,
                                     ctypes.c_float(eps))  # fmt: skip
-            ctas = plan.grid[0] * plan.grid[1]
-            orders = [None, np.arange(ctas)[::-1], rng.permutation(ctas)]
-            for order in orders if m in (1, EPILOGUE_MAX_ROWS) else orders[:1]:
+            for order, schedule in schedules(plan, rng, every=m in (1, EPILOGUE_MAX_ROWS)):
                 y, summed, normed = emulated_norm(lib, plan, x, w, residual, norm_weight, eps,
-                                                  order=order)  # fmt: skip
-                where = (plan.kernel, m, None if order is None else order[:4])
+                                                  order=order, schedule=schedule)  # fmt: skip
+                where = (plan.kernel, m, None if order is None else order[:4], schedule)
                 assert np.array_equal(bits(y), bits(plain)), where
                 assert np.array_equal(bits(summed), bits(want_summed)), where
                 assert np.array_equal(bits(normed), bits(want_normed)), where
@@ -1267,7 +1284,7 @@ class RopeCase:
 
 def emulated_rope(
     lib: ctypes.CDLL, plan: Sm90Launch, x: np.ndarray, w: np.ndarray, case: RopeCase, *,
-    order: np.ndarray | None = None,
+    order: np.ndarray | None = None, schedule: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """A rope epilogue's launch on the emulation (`emulated_epilogue`): (y, q_out, cache),
     q_out poisoned first with a guard past its end, the cache a copy of the case's."""
@@ -1275,7 +1292,8 @@ def emulated_rope(
     q_size = x.shape[0] * case.heads * case.head_dim
     q_out = poisoned((q_size + GUARD,), np.uint16)
     cache = case.cache.copy()
-    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_rope, case.tail(q_out, cache), order)
+    y = emulated_epilogue(lib, plan, x, w, lib.run_gemm_sm90_rope, case.tail(q_out, cache), order,
+                          schedule)  # fmt: skip
     assert np.array_equal(q_out[q_size:], poisoned((GUARD,), np.uint16))
     return y, q_out[:q_size].view(BF16), cache
 
@@ -1289,10 +1307,11 @@ def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(
 ) -> None:  # fmt: skip
     """Every rope entry point (the decode tile and the 64 x 128 tile, WHOLE or PARTIAL as
     the weight splits) at M = 1 to EPILOGUE_MAX_ROWS, CTAs finishing in launch order,
-    reversed and shuffled: y the plain entry point's bits, and the queries and the whole
-    cache (the keys rotated and values copied into their slots, every other byte as it
-    was) the bits of the rope_kv_write kernel on that y (both emulated) and of its twin.
-    So the fused rope changes no bit, whichever CTA is last."""
+    reversed and shuffled, and one warp at a time running ahead: y the plain entry
+    point's bits, and the queries and the whole cache (the keys rotated and values copied
+    into their slots, every other byte as it was) the bits of the rope_kv_write kernel on
+    that y (both emulated) and of its twin. So the fused rope changes no bit, whichever
+    CTA is last."""
     from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
     from reprise.cuda.kvcache import rope_kv_write_ref
 
@@ -1312,11 +1331,9 @@ def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(
                                       ctypes.c_longlong(n), ptr(case.positions), ptr(case.cos),
                                       ptr(case.sin), ptr(want_q), ptr(case.slots), ptr(want_cache),
                                       case.layer, case.layers, case.block_size, head_dim)  # fmt: skip
-            ctas = plan.grid[0] * plan.grid[1]
-            orders = [None, np.arange(ctas)[::-1], rng.permutation(ctas)]
-            for order in orders if m in (1, EPILOGUE_MAX_ROWS) else orders[:1]:
-                y, q, cache = emulated_rope(lib, plan, x, w, case, order=order)
-                where = (plan.kernel, m, None if order is None else order[:4])
+            for order, schedule in schedules(plan, rng, every=m in (1, EPILOGUE_MAX_ROWS)):
+                y, q, cache = emulated_rope(lib, plan, x, w, case, order=order, schedule=schedule)
+                where = (plan.kernel, m, None if order is None else order[:4], schedule)
                 assert np.array_equal(bits(y), bits(plain)), where
                 assert np.array_equal(bits(q), want_q.reshape(-1)), where
                 assert np.array_equal(bits(cache), bits(want_cache)), where

@@ -52,9 +52,20 @@ pytestmark = pytest.mark.kernels
 EMU = Path(__file__).parent / "kernel_emu"
 
 
-@pytest.fixture(scope="module")
-def lib(emu_lib: ctypes.CDLL) -> ctypes.CDLL:
-    return emu_lib
+# How a CTA's threads take turns in the emulation (cuda_emu.h's g_warp_major): every
+# thread in turn, or one warp at a time as far as it goes alone, first to last or last to
+# first. Every kernel here runs under each: a kernel whose warps reuse shared memory
+# (a reduction's scratch) without a barrier between gives other bits under one of them.
+SCHEDULES = {"threads": 0, "warps": 1, "warps_reversed": 2}
+
+
+@pytest.fixture(scope="module", params=list(SCHEDULES.values()), ids=list(SCHEDULES))
+def lib(emu_lib: ctypes.CDLL, request: pytest.FixtureRequest) -> Iterator[ctypes.CDLL]:
+    emu_lib.set_warp_major(request.param)
+    try:
+        yield emu_lib
+    finally:
+        emu_lib.set_warp_major(0)
 
 
 def ptr(a: np.ndarray) -> ctypes.c_void_p:
@@ -330,6 +341,17 @@ def reversed_ctas(lib: ctypes.CDLL) -> Iterator[None]:
         yield
     finally:
         lib.set_reversed_ctas(0)
+
+
+@contextlib.contextmanager
+def warp_schedule(lib: ctypes.CDLL, order: int) -> Iterator[None]:
+    """Launches under SCHEDULES' `order` (one warp at a time: 1 first to last, 2 last to
+    first), then back to the module's."""
+    lib.set_warp_major(order)
+    try:
+        yield
+    finally:
+        lib.set_warp_major(0)
 
 
 def forced_grid(num_tokens: int, num_seqs: int, kv_heads: int, group: int, head_parts: int,

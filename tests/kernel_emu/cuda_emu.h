@@ -2,7 +2,8 @@
 //
 // A launch runs one CTA at a time (or, for a kernel launched in clusters, one cluster's
 // CTAs together: g_cluster_x) on the calling thread, its threads as fibers
-// (coroutines with stacks of their own): each runs until it reaches a barrier or returns, then the next; a
+// (coroutines with stacks of their own): each runs until it reaches a barrier or returns,
+// then the next (or one warp at a time as far as it goes alone: g_warp_major); a
 // __syncthreads releases once every thread still running waits at one, a __syncwarp
 // once every such lane of its warp does (a thread that returned waits for nothing, as
 // on a GPU), and anything else is a deadlock that aborts with a message. Warp shuffles
@@ -79,6 +80,19 @@ inline bool g_reversed_ctas = false;
 // When set (a permutation of the grid's CTA indices, y * grid.x + x), launch() runs the
 // CTAs in this order instead; the caller keeps it alive and as long as the grid.
 inline const unsigned* g_cta_order = nullptr;
+// How a CTA's threads take turns (set_warp_major in the drivers). 0, the default: each
+// round every running thread in index order, each until it waits. 1 (2): one warp at a
+// time, first to last (last to first), each run alone as far as it can go, its own
+// __syncwarp and shuffles released as it reaches them, before the next warp starts: a
+// schedule a GPU may run, one warp ahead of the others up to the next CTA barrier. A
+// kernel that lets a warp overwrite shared memory another warp has still to read (a
+// reduction's scratch reused without a barrier between) gives other results under it.
+// REPRISE_EMU_WARP_MAJOR=1 (or 2) in the environment makes it a process's default, to
+// run a whole test suite so.
+inline int g_warp_major = [] {
+  const char* order = std::getenv("REPRISE_EMU_WARP_MAJOR");
+  return order != nullptr ? std::atoi(order) : 0;
+}();
 constexpr int kMaxThreads = 1024;  // a CTA's
 constexpr int kMaxFibers = 4096;   // a cluster's threads together (8 CTAs of 384, 4 of 1,024)
 constexpr std::size_t kStackBytes = 256 * 1024;  // a thread's stack (its registers and locals)
@@ -217,18 +231,8 @@ inline bool release() {
   if (released) return true;
   for (int c = 0; c < g_cta.ctas; ++c)
     for (int w = 0; 32 * w < g_cta.threads; ++w) {
-    const int first = c * g_cta.threads + 32 * w, last = min((c + 1) * g_cta.threads, first + 32);
-    bool all_warp = true, any_warp = false;
-    for (int t = first; t < last; ++t) {
-      if (g_cta.wait[t] == Wait::kDone) continue;
-      any_warp |= g_cta.wait[t] == Wait::kWarp;
-      all_warp &= g_cta.wait[t] == Wait::kWarp;
-    }
-    if (any_warp && all_warp) {
-      for (int t = first; t < last; ++t)
-        if (g_cta.wait[t] == Wait::kWarp) g_cta.wait[t] = Wait::kRunning;
-      released = true;
-    }
+      const int first = c * g_cta.threads + 32 * w;
+      released |= release_group(first, min((c + 1) * g_cta.threads, first + 32), Wait::kWarp);
     }
   return released;
 }
@@ -261,6 +265,29 @@ inline void enter(int t) {
   if (g_on_switch != nullptr) g_on_switch(g_rank);
 }
 
+// g_warp_major's turns over threads [first, last): each warp runs alone, its warp-level
+// waits released as it reaches them, until it waits at a CTA-level barrier, returns, or
+// spins (a spin-wait is another warp's to end: the next warp runs).
+inline void run_warps_alone(int first, int last) {
+  const int warps = (last - first + 31) / 32;
+  for (int i = 0; i < warps; ++i) {
+    const int w = g_warp_major == 1 ? i : warps - 1 - i;
+    const int wf = first + 32 * w, wl = min(last, wf + 32);
+    for (;;) {
+      bool ran = false;
+      for (int t = wf; t < wl; ++t) {
+        if (g_cta.wait[t] != Wait::kRunning) continue;
+        enter(t);
+        switch_to(g_cta.scheduler, g_cta.context[t]);
+        ran = true;
+      }
+      bool spinning = false;
+      for (int t = wf; t < wl; ++t) spinning |= g_cta.wait[t] == Wait::kRunning;
+      if (!ran || spinning || !release_group(wf, wl, Wait::kWarp)) break;
+    }
+  }
+}
+
 // Run the current CTA's (or cluster's) threads until every one has returned.
 //
 // A cluster's CTAs run one at a time, each as far as it can go: CTA r's threads until
@@ -283,10 +310,14 @@ inline void run_cta() {
   for (;;) {
     bool done = true;
     const int first = active * g_cta.threads, last = first + g_cta.threads;
-    for (int t = first; t < last; ++t) {
-      if (g_cta.wait[t] != Wait::kRunning) continue;
-      enter(t);
-      switch_to(g_cta.scheduler, g_cta.context[t]);
+    if (g_warp_major == 0) {
+      for (int t = first; t < last; ++t) {
+        if (g_cta.wait[t] != Wait::kRunning) continue;
+        enter(t);
+        switch_to(g_cta.scheduler, g_cta.context[t]);
+      }
+    } else {
+      run_warps_alone(first, last);
     }
     for (int t = 0; t < n; ++t) done &= g_cta.wait[t] == Wait::kDone;
     if (done) return;

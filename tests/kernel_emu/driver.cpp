@@ -194,6 +194,9 @@ int run_gemm_split(const char* name, int grid_x, int grid_y, int threads, int sm
 
 // Later launches run their CTAs last to first (nonzero) or first to last (0).
 void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
+// Later launches' thread schedule (cuda_emu.h, g_warp_major): 0 every thread in turn, 1
+// (2) one warp at a time as far as it goes alone, first to last (last to first).
+void set_warp_major(int order) { emu::g_warp_major = order; }
 // Nonzero: __fdiv_rn returns a hash of its operands' bits (cuda_emu.h, g_fdiv_probe).
 void set_fdiv_probe(int on) { emu::g_fdiv_probe = on != 0; }
 // Launch attention_tc.cu's entry point for (head_dim, block_size), its deep ring if

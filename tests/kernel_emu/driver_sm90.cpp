@@ -320,6 +320,9 @@ int run_gemm_sm90_rope(const char* name, int grid_x, int grid_y, int threads, in
 // Nonzero: launch() runs a grid's CTAs last to first (the split's counters then see
 // every other finishing order than launch order's).
 void set_reversed_ctas(int reversed) { emu::g_reversed_ctas = reversed != 0; }
+// Later launches' thread schedule (cuda_emu.h, g_warp_major): 0 every thread in turn, 1
+// (2) one warp at a time as far as it goes alone, first to last (last to first).
+void set_warp_major(int order) { emu::g_warp_major = order; }
 // A permutation of the grid's CTAs to run them in (the caller keeps it alive), or null.
 void set_cta_order(const unsigned* order) { emu::g_cta_order = order; }
 }
