@@ -11,6 +11,7 @@ attention_kernel.py.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,11 @@ from .kernels import BF16_BITS, check, kernel, launch_kernel
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
 ARGMAX_THREADS = 1024  # as in sampling.cu
+ARGMAX_SPLIT_THREADS = 256  # as in sampling.cu
+# argmax_split: launches of at most this many rows spread each row over CTAs of
+# ARGMAX_SLICE ids (a decode step's few rows; more rows fill the GPU a CTA a row)
+ARGMAX_SPLIT_MAX_ROWS = 8
+ARGMAX_SLICE = 4096
 ELEMENTWISE_THREADS = 256
 SAMPLE_THREADS = 256
 
@@ -245,13 +251,47 @@ def add_bias(y: Any, bias: Any, *, out: Any = None) -> Any:
 
 
 def argmax(logits: Any, *, out: Any = None) -> Any:
-    """Twin: argmax_ref per row. logits [R, vocab] fp32 -> [R] int32, ties to the lowest id."""
+    """Twin: argmax_ref per row. logits [R, vocab] fp32 -> [R] int32, ties to the lowest id.
+
+    Up to ARGMAX_SPLIT_MAX_ROWS rows (a decode step's) go to argmax_split, each row over
+    ceil(vocab / ARGMAX_SLICE) CTAs whose bests the last one combines: the same ids as
+    argmax's CTA a row, by construction (sampling.cu)."""
     check("logits", logits, np.float32, 2)
-    out = _empty((logits.shape[0],), np.int32, out)
-    if logits.shape[0]:
-        args = (logits, np.int64(logits.shape[1]), np.int32(logits.shape[1]), out)
-        launch_kernel(kernel("sampling", "argmax"), (logits.shape[0],), (ARGMAX_THREADS,), args)
+    rows, vocab = logits.shape
+    out = _empty((rows,), np.int32, out)
+    if rows and argmax_slices(rows, vocab) > 1:
+        import cupy
+
+        slices = argmax_slices(rows, vocab)
+        part_v = cupy.empty(rows * slices, dtype=np.float32)
+        part_i = cupy.empty(rows * slices, dtype=np.int32)
+        counters = _argmax_counters(int(cupy.cuda.runtime.getDevice()),
+                                    cupy.cuda.get_current_stream().ptr)  # fmt: skip
+        args = (logits, np.int64(vocab), np.int32(vocab), np.int32(ARGMAX_SLICE), part_v, part_i,
+                counters, out)  # fmt: skip
+        launch_kernel(kernel("sampling", "argmax_split"), (rows, slices), (ARGMAX_SPLIT_THREADS,),
+                      args)  # fmt: skip
+    elif rows:
+        args = (logits, np.int64(vocab), np.int32(vocab), out)
+        launch_kernel(kernel("sampling", "argmax"), (rows,), (ARGMAX_THREADS,), args)
     return out
+
+
+def argmax_slices(rows: int, vocab: int) -> int:
+    """CTAs a row of `argmax`'s launch: 1 (argmax, a CTA a row) past ARGMAX_SPLIT_MAX_ROWS
+    rows or for a vocabulary of one slice."""
+    return -(-vocab // ARGMAX_SLICE) if rows <= ARGMAX_SPLIT_MAX_ROWS else 1
+
+
+@functools.cache
+def _argmax_counters(device_id: int, stream_ptr: int) -> Any:
+    """argmax_split's row counters for launches on one stream: ARGMAX_SPLIT_MAX_ROWS zeros,
+    which every launch leaves zero. NOTE: as the GEMMs' tile counters, one array per
+    (device, stream), never freed, so launches that may overlap never share one and a
+    captured CUDA graph keeps it valid."""
+    import cupy
+
+    return cupy.zeros(ARGMAX_SPLIT_MAX_ROWS, dtype=np.uint32)
 
 
 def sample(

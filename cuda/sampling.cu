@@ -23,17 +23,18 @@ __device__ __forceinline__ void warp_argmax(float& best_v, int& best_i) {
   }
 }
 
-// logits: [rows, vocab] fp32 with `row_stride` elements between rows; out: [rows] int32.
-// grid = rows, block = ARGMAX_THREADS.
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* __restrict__ out) {
-  pdl_enter();
-  __shared__ float values[ARGMAX_THREADS / 32];
-  __shared__ int ids[ARGMAX_THREADS / 32];
-  const float* row = logits + blockIdx.x * row_stride;
-  float best_v = negative_infinity();
-  int best_i = vocab;  // loses to any real id
-  for (int i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
+// The best (value, id) of row[begin, end) by a block of THREADS threads: each thread
+// walks its ids, then the warps' bests and the warps' meet in warp_argmax's butterfly.
+// Thread 0 returns with the block's best (the others with their warp's or less).
+// `no_id`: the id of no element, which loses to any real one.
+template <int THREADS>
+__device__ __forceinline__ void block_argmax(const float* __restrict__ row, int begin, int end, int no_id,
+                                             float& best_v, int& best_i) {
+  __shared__ float values[THREADS / 32];
+  __shared__ int ids[THREADS / 32];
+  best_v = negative_infinity();
+  best_i = no_id;
+  for (int i = begin + threadIdx.x; i < end; i += THREADS) {
     if (beats(row[i], i, best_v, best_i)) { best_v = row[i]; best_i = i; }
   }
   warp_argmax(best_v, best_i);
@@ -41,13 +42,65 @@ argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* _
   if (lane == 0) { values[warp] = best_v; ids[warp] = best_i; }
   __syncthreads();
   if (warp == 0) {
-    best_v = values[lane];
-    best_i = ids[lane];
+    best_v = lane < THREADS / 32 ? values[lane] : negative_infinity();
+    best_i = lane < THREADS / 32 ? ids[lane] : no_id;
     warp_argmax(best_v, best_i);
-    // NOTE: a row of only NaN or -inf leaves best_i == vocab; fall back to id 0 as np.argmax
-    // would not, but such a row means the model already failed.
-    if (lane == 0) out[blockIdx.x] = best_i < vocab ? best_i : 0;
   }
+}
+
+// logits: [rows, vocab] fp32 with `row_stride` elements between rows; out: [rows] int32.
+// grid = rows, block = ARGMAX_THREADS.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax(const float* __restrict__ logits, long long row_stride, int vocab, int* __restrict__ out) {
+  pdl_enter();
+  float best_v;
+  int best_i;
+  block_argmax<ARGMAX_THREADS>(logits + blockIdx.x * row_stride, 0, vocab, vocab, best_v, best_i);
+  // NOTE: a row of only NaN leaves best_i == vocab; fall back to id 0 as np.argmax would
+  // not, but such a row means the model already failed.
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i < vocab ? best_i : 0;
+}
+
+#define ARGMAX_SPLIT_THREADS 256
+
+// argmax of a decode step's few rows, each spread over gridDim.y CTAs (a row's one CTA
+// reads the whole vocabulary alone: 10 µs at 49,152 ids inside an H200 decode graph).
+// CTA (r, s) finds the best of ids [s * slice, (s + 1) * slice) as argmax finds a row's,
+// leaves it in part_v / part_i[r * gridDim.y + s], and the CTA that counts last for row
+// r (counters[r], left zero) takes the gridDim.y bests in ascending s by `beats`.
+// The same id as argmax, by construction: `beats` orders (value, id) pairs strictly (the
+// larger value, then the lower id) and a NaN never beats anything, so the best of the
+// slices' bests is the row's best however the ids are cut, ties to the lowest id.
+// grid = (rows, ceil(vocab / slice)), block = ARGMAX_SPLIT_THREADS.
+extern "C" __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
+argmax_split(const float* __restrict__ logits, long long row_stride, int vocab, int slice,
+             float* __restrict__ part_v, int* __restrict__ part_i, unsigned* __restrict__ counters,
+             int* __restrict__ out) {
+  pdl_enter();
+  __shared__ unsigned last;
+  const int begin = blockIdx.y * slice, end = min(vocab, begin + slice);
+  float best_v;
+  int best_i;
+  block_argmax<ARGMAX_SPLIT_THREADS>(logits + blockIdx.x * row_stride, begin, end, vocab, best_v, best_i);
+  const long long at = static_cast<long long>(blockIdx.x) * gridDim.y;
+  if (threadIdx.x == 0) {
+    part_v[at + blockIdx.y] = best_v;
+    part_i[at + blockIdx.y] = best_i;
+    __threadfence();  // the best is visible device-wide before it is counted
+    last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1 ? 1u : 0u;
+  }
+  __syncthreads();
+  if (last == 0u || threadIdx.x != 0) return;
+  __threadfence();
+  best_v = negative_infinity();
+  best_i = vocab;
+  for (unsigned s = 0; s < gridDim.y; ++s) {
+    const float v = __ldcg(part_v + at + s);  // through L2: other CTAs wrote them
+    const int i = __ldcg(part_i + at + s);
+    if (beats(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+  }
+  out[blockIdx.x] = best_i < vocab ? best_i : 0;
+  counters[blockIdx.x] = 0u;  // the next launch, after this one in stream order, sees 0
 }
 
 // seeds: [n] uint64, positions: [n] int64 -> out: [n] fp32 uniforms in [0, 1) with 24 bits.

@@ -355,6 +355,37 @@ def test_batched_with_traffic_that_joins_leaves_and_preempts(engines: Engines, r
     engine.pool.check_integrity()
 
 
+def test_argmax_of_a_decode_steps_rows_spreads_each_row_and_gives_the_same_ids(
+    emulated: None, rng
+) -> None:
+    """The backend's argmax: a decode step's rows (at most ARGMAX_SPLIT_MAX_ROWS) through
+    argmax_split, more rows a CTA each, both np.argmax's ids; eager, twice on one stream
+    (its counters left zero), and replayed from a captured graph."""
+    from reprise.cuda import launchers
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+
+    gpu = CupyBackend()
+    vocab = 3 * launchers.ARGMAX_SLICE + 17
+    rows = launchers.ARGMAX_SPLIT_MAX_ROWS + 1
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    logits[1, [3, vocab - 1]] = 30.0  # a tie across slices: the lower id
+    launched: list[str] = []
+    real = launchers.launch_kernel
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launchers, "launch_kernel",
+                   lambda fn, *a, **k: launched.append(fn.name) or real(fn, *a, **k))  # fmt: skip
+        for rows in (1, launchers.ARGMAX_SPLIT_MAX_ROWS, launchers.ARGMAX_SPLIT_MAX_ROWS + 1):
+            x = to_device(np.ascontiguousarray(logits[:rows]))
+            for _ in range(2):
+                assert to_host(gpu.argmax(x)).tolist() == np.argmax(logits[:rows], axis=1).tolist()
+    assert launched == ["argmax_split"] * 4 + ["argmax"] * 2
+    x = to_device(np.ascontiguousarray(logits[:2]))
+    replay = gpu.capture(lambda: gpu.argmax(x))
+    for _ in range(2):
+        assert to_host(replay()).tolist() == np.argmax(logits[:2], axis=1).tolist()
+
+
 def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
     """Device sampling (sort keys, ranks and Philox draws on the device) picks what the
     NumPy backend picks from the same logits, rows and draws, through the sampler."""

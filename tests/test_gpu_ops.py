@@ -155,15 +155,20 @@ def test_silu_mul_matches_its_twin(cp, rng, shape: str) -> None:
 
 
 def test_argmax_takes_the_lowest_id_on_ties(cp, rng) -> None:
-    from reprise.cuda.launchers import argmax
+    """Six rows (argmax_split: each over 32 CTAs) and twelve (a CTA a row), each twice on
+    the stream (the split's counters left zero): np.argmax's ids, ties to the lowest."""
+    from reprise.cuda.launchers import ARGMAX_SPLIT_MAX_ROWS, argmax
 
-    logits = rows(rng, 6, 128256, 3.0)
+    logits = rows(rng, 12, 128256, 3.0)
     logits[1, [5, 70000, 128255]] = 100.0  # ties
     logits[2, :] = 0.0
     logits[3, -1] = np.inf
-    got = host(argmax(dev(logits), out=poisoned((6,), np.int32)))
-    assert got.tolist() == np.argmax(logits, axis=1).tolist()
-    assert got[1] == 5 and got[2] == 0
+    for n in (6, 12):
+        assert (n <= ARGMAX_SPLIT_MAX_ROWS) == (n == 6)
+        for _ in range(2):
+            got = host(argmax(dev(logits[:n]), out=poisoned((n,), np.int32)))
+            assert got.tolist() == np.argmax(logits[:n], axis=1).tolist()
+            assert got[1] == 5 and got[2] == 0
 
 
 def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -> None:

@@ -229,6 +229,46 @@ def test_argmax_and_philox(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     assert np.array_equal(draws, np.array(want, F32))
 
 
+@pytest.mark.parametrize("vocab", [4097, 3 * 4096, 49152 + 5])
+def test_argmax_split_gives_argmax_ids(lib: ctypes.CDLL, rng: np.random.Generator, vocab: int) -> None:
+    """argmax_split (a row over ceil(vocab / slice) CTAs, the last combining their bests)
+    gives argmax's ids, CTAs in launch order or last to first, on rows whose best sits
+    in the last, partial slice, ties across slices (the lowest id), a tie of -0.0 and
+    +0.0, NaNs beside the best, and rows of only NaN or only -inf; and np.argmax's where
+    no NaN is. Its counters are left zero."""
+    from reprise.cuda.launchers import ARGMAX_SLICE, ARGMAX_SPLIT_MAX_ROWS, argmax_slices
+
+    rows = ARGMAX_SPLIT_MAX_ROWS
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(F32)
+    logits[0, vocab - 1] = 40.0  # the last slice's last id
+    logits[1, [vocab - 1, 5, ARGMAX_SLICE - 1]] = 50.0  # a tie across slices: id 5
+    logits[2] = -1.0
+    logits[2, [vocab - 1, 9]] = [0.0, -0.0]  # equal, in two slices: the lower id, 9
+    logits[3, rng.integers(0, vocab, 50)] = np.nan
+    logits[3, 77] = 60.0
+    logits[4] = np.nan
+    logits[5] = -np.inf
+    logits[6, :ARGMAX_SLICE] = np.nan  # a whole slice of NaN
+    slices = argmax_slices(rows, vocab)
+    assert slices == -(-vocab // ARGMAX_SLICE) > 1 and argmax_slices(rows + 1, vocab) == 1
+    want = np.full(rows, -1, np.int32)
+    lib.run_argmax(rows, ptr(logits), ctypes.c_longlong(vocab), vocab, ptr(want))
+    for m in (1, rows):
+        for reverse in (False, True):
+            part_v = np.full(m * slices, np.nan, F32)
+            part_i = np.full(m * slices, -7, np.int32)
+            counters = np.zeros(m, np.uint32)
+            out = np.full(m, -1, np.int32)
+            with reversed_ctas(lib) if reverse else contextlib.nullcontext():
+                lib.run_argmax_split(m, ptr(logits), ctypes.c_longlong(vocab), vocab, ARGMAX_SLICE,
+                                     ptr(part_v), ptr(part_i), ptr(counters), ptr(out))  # fmt: skip
+            assert out.tolist() == want[:m].tolist(), (m, reverse)
+            assert not counters.any()
+    no_nan = [r for r in range(rows) if not np.isnan(logits[r]).any()]
+    assert want[no_nan].tolist() == np.argmax(logits[no_nan], axis=1).tolist()
+    assert want[:7].tolist()[:6] == [vocab - 1, 5, 9, 77, 0, 0]
+
+
 def test_apply_penalties_is_the_twin_bit_for_bit(
     lib: ctypes.CDLL, rng: np.random.Generator
 ) -> None:

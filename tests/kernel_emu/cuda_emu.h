@@ -385,6 +385,7 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   return old;
 }
 inline float __ldcg(const float* p) { return *p; }
+inline int __ldcg(const int* p) { return *p; }
 inline unsigned short __ldcg(const unsigned short* p) { return *p; }
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);

@@ -98,6 +98,14 @@ void run_rope_kv_write(int tokens, int heads, int kv_heads, const __nv_bfloat16*
 void run_argmax(int rows, const float* logits, long long stride, int vocab, int* out) {
   launch({(unsigned)rows, 1, 1}, ARGMAX_THREADS, [&] { argmax(logits, stride, vocab, out); });
 }
+// argmax_split: grid (rows, ceil(vocab / slice)) of ARGMAX_SPLIT_THREADS, the slices'
+// bests in part_v / part_i ([rows * slices]), counters ([rows], zero, left zero).
+void run_argmax_split(int rows, const float* logits, long long stride, int vocab, int slice, float* part_v,
+                      int* part_i, unsigned* counters, int* out) {
+  const unsigned slices = static_cast<unsigned>((vocab + slice - 1) / slice);
+  launch({(unsigned)rows, slices, 1}, ARGMAX_SPLIT_THREADS,
+         [&] { argmax_split(logits, stride, vocab, slice, part_v, part_i, counters, out); });
+}
 void run_sample_sorted(int rows, const float* sorted, const int* ids, const int* top_k, const float* top_p,
                        const float* uniforms, float* cum, int vocab, int* out) {
   launch({(unsigned)rows, 1, 1}, 128, [&] { sample_sorted(sorted, ids, top_k, top_p, uniforms, cum, vocab, out); });
@@ -338,7 +346,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
-  PLAIN(argmax) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
+  PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
 #undef PLAIN
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
   ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)
