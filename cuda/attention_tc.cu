@@ -196,6 +196,20 @@
 // launch geometry and the other sequences of the batch never reach a row's bits:
 // prefill rows (one lane) and decode rows (split) run this same code and merge alike,
 // so a prompt's last token equals its decode step.
+//
+// Before the wait (programmatic dependent launch, cuda/pdl.py): unlike the other small
+// kernels, this one reads before its pdl_enter() what no grid still running can be
+// writing: query_start_loc, seq_lens and the block table (uploaded by copies before
+// the step's first kernel), and the ring's first pages when they lie wholly before the
+// sequence's first query position, seq_len - q_len (keys an earlier step or an earlier
+// chunk wrote, never a shared block that anything writes: new keys go into a
+// sequence's own last blocks). A dependent grid starts only once the grid before it
+// has passed its own wait, so every grid but the one just before has completed; the
+// one just before (rope_kv_write, or the qkv launch's rope epilogue) writes the queries
+// and the keys at or past seq_len - q_len, which are read after the wait, as the
+// output, workspace and counters are written after it. Every thread takes the wait,
+// an early return too. The pages' copies and bits are the same: only when they start
+// moves (a decode's first pages while the qkv projection still runs).
 #include "common.cuh"
 
 // The softmax step's p: 0, the default, the exponential of every key's difference (a
@@ -537,7 +551,10 @@ __device__ __forceinline__ void paged_attention_tc(
   // fill the tail. Which CTA runs a tile never reaches its rows' bits.
   const int work = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   int seq = 0, q_tile = 0;
+  // NOTE: every return before this grid's wait (pdl_enter, below) waits first, so every
+  // thread of every CTA takes the wait, as the emulator checks of a dependent launch.
   if (!find_work(query_start_loc, num_seqs, tokens_per_cta, work, lane, seq, q_tile)) {
+    pdl_enter();
     return;  // the whole CTA: every warp found the same
   }
   const int q_start = query_start_loc[seq];
@@ -548,7 +565,10 @@ __device__ __forceinline__ void paged_attention_tc(
   const int num_cta_tokens =
       max(0, min(min(tokens_per_cta, q_len - tok0), num_tokens - (q_start + tok0)));
   const int num_rows = num_cta_tokens * sub_group;
-  if (num_rows == 0) return;
+  if (num_rows == 0) {
+    pdl_enter();
+    return;
+  }
   // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
   // seq_len - q_len + i and sees keys 0..that position.
   const int first_pos = seq_len - q_len + tok0;
@@ -557,7 +577,10 @@ __device__ __forceinline__ void paged_attention_tc(
   constexpr int kTpc = C::kTilesPerChunk;
   const int num_chunks = (num_tiles + kTpc - 1) / kTpc;
   const bool split = SPLIT_ONLY || kv_lanes > 1;  // a SPLIT_ONLY kernel has no one-lane code
-  if (split && kv_lane >= num_chunks) return;  // a lane past the CTA's last chunk: not counted
+  if (split && kv_lane >= num_chunks) {  // a lane past the CTA's last chunk: not counted
+    pdl_enter();
+    return;
+  }
   // The pages this CTA runs, in order: those of its chunks kv_lane, kv_lane + kv_lanes, ...
   // (page k is page k % kTpc of the lane's chunk k / kTpc; only the last chunk is short).
   const int lane_chunks = num_chunks > kv_lane ? (num_chunks - 1 - kv_lane) / kv_lanes + 1 : 0;
@@ -592,6 +615,40 @@ __device__ __forceinline__ void paged_attention_tc(
   const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
   const int warp_first_pos = first_pos + warp * kRowsPerWarp / sub_group;
 
+  // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
+  // One commit per page slot (empty past the end) keeps the group count uniform: at page
+  // k, kStages - 1 + k groups are committed, group j holding page j, so waiting for all
+  // but the kStages - 2 newest lands page k. Page k's stage is next written by page
+  // k + kStages, issued after page k + 1's barrier, which every warp reaches only when
+  // done with page k. Both hold for any depth; chunks only rename pages (page_of).
+  const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
+  const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
+  // the thread's first copy of a page (load_page): in the ring's first stage, and in
+  // block 0's page of the layer's KV head; a block's pages are block_stride elements apart
+  const int copy_key = static_cast<int>(threadIdx.x) / C::kChunks;
+  const int copy_col = static_cast<int>(threadIdx.x) % C::kChunks * 8;
+  const unsigned dst0 = shared_addr(attention_tc_smem + copy_key * C::kLds + copy_col);
+  const long long head_page = (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride;
+  const unsigned short* src0 = cache + head_page + copy_key * HEAD_DIM + copy_col;
+  const long long block_stride = static_cast<long long>(num_layers) * 2 * num_kv_heads * head_stride;
+  // page k's copies, from its cache block `block` (table[page_of(k)])
+  auto issue = [&](int k, long long block) {
+    load_page<HEAD_DIM, BLOCK_SIZE>(dst0 + (k % C::kStages) * C::kStageHalves * 2, src0 + block * block_stride,
+                                    num_kv_heads * head_stride, seq_len - page_of(k) * BLOCK_SIZE);
+  };
+  // Before the wait: the ring's first pages that lie wholly before the sequence's first
+  // query position (see "Before the wait" in the header), in their own commit groups, as
+  // the rest of the prologue's after it. They, the metadata read above and the block
+  // table are what this grid reads while the one before it finishes.
+  const int first_query_pos = seq_len - q_len;
+  int early = 0;
+  for (; early < C::kStages - 1; ++early) {
+    if (early >= num_pages || (page_of(early) + 1) * BLOCK_SIZE > first_query_pos) break;
+    issue(early, table[page_of(early)]);
+    cp_async_commit();
+  }
+  pdl_enter();
+
   // Q as A fragments of each 16-wide head_dim slice (layout: see mma_bf16_16816), from
   // global memory once; padding rows are zero.
   unsigned qf[C::kDimSlices][4];
@@ -617,29 +674,8 @@ __device__ __forceinline__ void paged_attention_tc(
   RowState<HEAD_DIM> st;
   const float units = kBase2 ? __fmul_rn(scale, kLog2e) : scale;  // attend_page's
 
-  // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
-  // One commit per page slot (empty past the end) keeps the group count uniform: at page
-  // k, kStages - 1 + k groups are committed, group j holding page j, so waiting for all
-  // but the kStages - 2 newest lands page k. Page k's stage is next written by page
-  // k + kStages, issued after page k + 1's barrier, which every warp reaches only when
-  // done with page k. Both hold for any depth; chunks only rename pages (page_of).
-  const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
-  const int* table = block_tables + static_cast<long long>(seq) * max_blocks;
-  // the thread's first copy of a page (load_page): in the ring's first stage, and in
-  // block 0's page of the layer's KV head; a block's pages are block_stride elements apart
-  const int copy_key = static_cast<int>(threadIdx.x) / C::kChunks;
-  const int copy_col = static_cast<int>(threadIdx.x) % C::kChunks * 8;
-  const unsigned dst0 = shared_addr(attention_tc_smem + copy_key * C::kLds + copy_col);
-  const long long head_page = (static_cast<long long>(layer) * 2 * num_kv_heads + kv_head) * head_stride;
-  const unsigned short* src0 = cache + head_page + copy_key * HEAD_DIM + copy_col;
-  const long long block_stride = static_cast<long long>(num_layers) * 2 * num_kv_heads * head_stride;
-  // page k's copies, from its cache block `block` (table[page_of(k)])
-  auto issue = [&](int k, long long block) {
-    load_page<HEAD_DIM, BLOCK_SIZE>(dst0 + (k % C::kStages) * C::kStageHalves * 2, src0 + block * block_stride,
-                                    num_kv_heads * head_stride, seq_len - page_of(k) * BLOCK_SIZE);
-  };
-#pragma unroll
-  for (int k = 0; k < C::kStages - 1; ++k) {
+  // the rest of the ring's first pages (at or past the first query position), after it
+  for (int k = early; k < C::kStages - 1; ++k) {
     if (k < num_pages) issue(k, table[page_of(k)]);
     cp_async_commit();
   }
@@ -797,27 +833,21 @@ __device__ __forceinline__ void paged_attention_tc(
       num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
 
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b32(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d64_b64(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 64, ring_stages(64), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b16(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) paged_attention_tc_d128_b32(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 64, ring_stages(64), false>(PAGED_ATTENTION_PASS);
 }
 
@@ -825,26 +855,20 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64
 // launch bounds, so that the split grid's CTAs (about SPLIT_CTAS_PER_SM = 2 an SM,
 // rounded up) fit in one round.
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b16_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 16, deep_ring_stages(16), true>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b32_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 32, deep_ring_stages(32), true>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d64_b64_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<64, 64, deep_ring_stages(64), true>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b16_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 16, deep_ring_stages(16), true>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b32_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 32, deep_ring_stages(32), true>(PAGED_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64_deep(PAGED_ATTENTION_ARGS) {
-  pdl_enter();
   paged_attention_tc<128, 64, deep_ring_stages(64), true>(PAGED_ATTENTION_PASS);
 }

@@ -58,11 +58,14 @@ class PagedTc(Paged):
 
     def run(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]],
             cache: np.ndarray | None = None, grid: SplitGrid | None = None,
-            deep: bool | None = None) -> np.ndarray:  # fmt: skip
+            deep: bool | None = None, reads: list[int] | None = None) -> np.ndarray:  # fmt: skip
         """The kernel's output for (sequence, first, last) query spans batched in one
         launch, on `grid` (None: split_grid's, as attention_tc_kernel plans it), into a
         poisoned buffer, with a poisoned workspace; the deep ring or not as `deep` says
-        (None: as the launcher picks for the grid, launch_variant)."""
+        (None: as the launcher picks for the grid, launch_variant). With `reads` (a list),
+        the queries and the spans' own keys and values (positions first .. last - 1: what
+        the kernels just before write) are named unready to the emulation, and `reads`
+        gets its counts of reads before the wait: [of those, of other bytes]."""
         q, tables, seq_lens, starts = self.inputs(spans)
         out = poisoned(q.shape)
         grid = self.planned_grid(spans) if grid is None else grid
@@ -70,6 +73,8 @@ class PagedTc(Paged):
             name, _ = launch_variant(self.head_dim, self.block_size, grid)
             deep = name == kernel_name(self.head_dim, self.block_size, deep=True)
         cache = self.cache if cache is None else cache
+        if reads is not None:
+            self.name_unready(lib, spans, q, cache)
         with SplitBuffers(q.shape[0], self.heads, self.head_dim, kv_chunks(tables.shape[1],
                           self.block_size)) as (workspace, counters):  # fmt: skip
             rc = lib.run_paged_attention_tc(
@@ -80,7 +85,27 @@ class PagedTc(Paged):
                 grid.kv_lanes, ctypes.c_float(1 / np.sqrt(self.head_dim)),
             )  # fmt: skip
         assert rc == 0, rc
+        if reads is not None:
+            counts = np.zeros(2, np.uint64)
+            lib.emu_unready_reads(ptr(counts))
+            lib.set_unready(None, ctypes.c_ulonglong(0))
+            reads[:] = counts.tolist()
         return out
+
+    def name_unready(self, lib: ctypes.CDLL, spans: list[tuple[int, int, int]], q: np.ndarray,
+                     cache: np.ndarray) -> None:  # fmt: skip
+        """Name to the emulation (set_unready) the bytes the grid before a decode or
+        prefill launch writes: the queries, and each span's keys and values at its own
+        positions (layer 1 of the cache: the launches' layer)."""
+        lib.set_unready(ptr(q), ctypes.c_ulonglong(q.nbytes))
+        row = self.head_dim * cache.itemsize
+        for b, first, last in spans:
+            for pos in range(first, last):
+                block, slot = self.tables[b][pos // self.block_size], pos % self.block_size
+                for kv in (0, 1):
+                    for head in range(self.kv_heads):
+                        at = cache[block, 1, kv, head, slot].ctypes.data
+                        lib.set_unready(ctypes.c_void_p(at), ctypes.c_ulonglong(row))
 
     def planned_grid(self, spans: list[tuple[int, int, int]]) -> SplitGrid:
         """split_grid's geometry for the spans batched in one launch."""
@@ -202,6 +227,33 @@ def test_attention_tc_split_decode_matches_its_twin_on_every_grid(
                     assert np.array_equal(paged.run(lib, spans), want), (probe, "warps", order)
             for i, span in enumerate(spans):
                 assert np.array_equal(paged.run(lib, [span]), want[i : i + 1]), (probe, span)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("head_dim", "group"), [(64, 3), (128, 4)])
+def test_attention_tc_reads_before_its_wait_only_what_no_running_grid_writes(
+    lib: ctypes.CDLL, rng: np.random.Generator, head_dim: int, group: int, block_size: int
+) -> None:
+    """Launched as a programmatic dependent, the kernel starts its first pages' copies
+    before its wait (pdl_enter): never the queries, nor the keys and values at a span's
+    own positions (what rope_kv_write, the kernel before it, writes), even where a page
+    starts exactly at a query; decode steps (split launches, the deep ring) and prefill
+    chunks (one lane, the normal ring), on split_grid's grid and on one lane. The bits
+    are those of the same launch with nothing named."""
+    lens = [2 * block_size + 1, 5 * block_size, 3 * S + 7, S + 1, block_size]
+    paged = PagedTc(rng, shape(head_dim, group, 1), block_size, lens)
+    decode = [(b, n - 1, n) for b, n in enumerate(lens)]
+    chunk = [(2, 2 * S - 5, 3 * S + 7), (3, block_size, S + 1)]  # prefill chunks
+    early = 0
+    for spans in (decode, chunk, decode[:1], decode[1:2]):
+        for grid in (None, forced_grid(sum(e - f for _, f, e in spans), len(spans), 1, group, 1,
+                                       1, ROWS_PER_CTA)):  # fmt: skip
+            reads = [0, 0]
+            got = paged.run(lib, spans, grid=grid, reads=reads)
+            assert reads[0] == 0, (spans, grid, reads)
+            assert np.array_equal(got, paged.run(lib, spans, grid=grid)), (spans, grid)
+            early += reads[1]
+    assert early > 0  # the copies before the wait happen
 
 
 @pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 3, 32), (128, 4, 64)])

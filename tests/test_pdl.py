@@ -39,6 +39,11 @@ WEIGHT_PROLOGUE_BODIES = (
 )
 
 
+# The tensor-core attention kernel's entry points call pdl_enter() inside the kernel, after
+# its metadata and the KV pages no running grid writes (test_only_old_pages_...).
+ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
+
+
 def test_the_weight_prologue_bodies_are_the_warp_specialized_tile() -> None:
     """Each body the check below lets stand for pdl_enter() expands to gemm_sm90_ws_tile
     (which waits after its weight prologue) where the kernels are built, and traps elsewhere."""
@@ -64,7 +69,9 @@ def test_every_kernel_enters_through_pdl_first() -> None:
         assert len(entry_names) == len(entries), family.source.name
         for name, entry in zip(entry_names, entries, strict=True):
             body = source[entry.end() :].lstrip()
-            assert body.startswith(("pdl_enter();", *WEIGHT_PROLOGUE_BODIES)), (
+            assert body.startswith(
+                ("pdl_enter();", *WEIGHT_PROLOGUE_BODIES, *ATTENTION_PROLOGUE_BODIES)
+            ), (
                 f"{family.source.name}: {name} does not call pdl_enter() first"
             )
             names.append(name)
@@ -89,6 +96,30 @@ def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() ->
     for macro in ("GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN)", "GEMM_SM90_WS_SPLIT_BODY(TILE)"):
         enabled = source[source.index(f"#define {macro}") :].split("\n", 2)
         assert "gemm_sm90_ws_tile<" in "".join(enabled[:2]), macro
+
+
+def test_only_metadata_and_old_pages_come_before_the_wait_in_tensor_core_attention() -> None:
+    """Before paged_attention_tc's pdl_enter(): the metadata, the block table and the
+    ring's first pages, each only while it lies wholly before the sequence's first query
+    position; no read of q, no write of out, the workspace or the counters. Every return
+    before the wait waits first, and the rest of the ring's prologue comes after it."""
+    source = (Path(pdl.__file__).parent / "attention_tc.cu").read_text()
+    body = source[source.index("void paged_attention_tc(") :]
+    body = body[body.index("{") : body.index("\n}\n")]
+    waits = [i for i in range(len(body)) if body.startswith("pdl_enter();", i)]
+    assert len(waits) == 4, len(waits)  # three early returns, then the wait
+    for at in waits[:3]:
+        assert body[at:].split("\n", 2)[1].strip().startswith("return;")
+    before, after = body[: waits[-1]], body[waits[-1] :]
+    assert before.count("return;") == 3
+    guard = "(page_of(early) + 1) * BLOCK_SIZE > first_query_pos) break;"
+    assert before.index(guard) < before.index("issue(early, ")
+    assert "const int first_query_pos = seq_len - q_len;" in before
+    code = re.sub(r"//[^\n]*", "", before)  # what the comments name does not count
+    for touch in (r"\bq\s*[+\[]", r"\bout\b", r"\bworkspace\b", r"\bws_ml\b", r"\bcounters?\b",
+                  r"\batomic", r"\btotal\("):  # fmt: skip
+        assert not re.search(touch, code), touch
+    assert "qf[ds][e] = " in after and "for (int k = early; k < C::kStages - 1; ++k)" in after
 
 
 def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:

@@ -66,7 +66,13 @@ inline float __fdiv_rn(float a, float b) {
 }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
-template <class T> inline T __ldg(const T* p) { return *p; }
+namespace emu {
+inline void check_ready(const void* p, std::size_t bytes);  // below: reads before a grid's wait
+}
+template <class T> inline T __ldg(const T* p) {
+  emu::check_ready(p, sizeof(T));
+  return *p;
+}
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 [[noreturn]] inline void __trap() {  // a device trap: abort the whole process, loudly
   std::fprintf(stderr, "__trap() in thread %u of block (%u, %u)\n", threadIdx.x, blockIdx.x, blockIdx.y);
@@ -107,6 +113,28 @@ inline unsigned g_cluster_x = 1;
 inline unsigned g_thread = 0;
 inline unsigned g_rank = 0;
 inline void (*g_on_switch)(unsigned rank) = nullptr;
+
+// Reads before a grid's wait. A kernel launched as a programmatic dependent may read,
+// before its pdl_enter, only what no grid still running writes. A test names the bytes
+// the grid before it writes (set_unready in the drivers: "unready"); a thread that,
+// in a launch, reads them before its own pdl_enter (a cp.async source, an __ldg) is
+// counted in g_unready_reads (emu_unready_reads), and its reads before the wait of
+// other bytes in g_early_reads (so a test sees that the early reads happen at all).
+inline unsigned long long g_launch_serial = 0;  // bumped by every launch
+inline unsigned long long g_waited[kMaxFibers];  // a fiber's pdl_enter: the launch's serial
+inline std::vector<std::pair<const char*, const char*>> g_unready;  // [begin, end)
+inline unsigned long long g_unready_reads = 0, g_early_reads = 0;
+inline void mark_waited() { g_waited[g_thread] = g_launch_serial; }
+inline void check_ready(const void* p, std::size_t bytes) {
+  if (g_unready.empty() || g_waited[g_thread] == g_launch_serial) return;
+  const char* b = static_cast<const char*>(p);
+  for (const auto& [first, last] : g_unready)
+    if (b < last && b + bytes > first) {
+      ++g_unready_reads;
+      return;
+    }
+  ++g_early_reads;
+}
 
 // Switching between a CTA's threads: on x86-64 a stack switch that saves only the
 // callee-saved registers (a function call's contract; ~10 ns), elsewhere ucontext
@@ -433,6 +461,7 @@ template <class F> void launch(dim3 grid, int threads, F kernel) {
     std::abort();
   }
   blockDim = {(unsigned)threads, 1, 1};
+  ++emu::g_launch_serial;  // no thread of this launch has waited yet
   gridDim = grid;
   emu::g_cta.threads = threads;
   emu::g_cta.ctas = static_cast<int>(cluster);

@@ -327,6 +327,24 @@ template <class F> int with_dynamic_smem(unsigned short* buffer, unsigned capaci
 extern "C" {
 // How many threads called pdl_enter since the last call (ptx_emu.h).
 unsigned long long emu_pdl_entered() { return g_pdl_entered.exchange(0); }
+// Name `bytes` at `begin` as written by the grid before (cuda_emu.h, "Reads before a
+// grid's wait"); a null `begin` forgets every range named and zeroes the counts.
+void set_unready(const void* begin, unsigned long long bytes) {
+  if (begin == nullptr) {
+    emu::g_unready.clear();
+    emu::g_unready_reads = emu::g_early_reads = 0;
+    return;
+  }
+  const char* b = static_cast<const char*>(begin);
+  emu::g_unready.emplace_back(b, b + bytes);
+}
+// Reads of unready bytes before a thread's wait, and of other bytes before it, since the
+// last call (then zeroed): [unready, early].
+void emu_unready_reads(unsigned long long* out) {
+  out[0] = emu::g_unready_reads;
+  out[1] = emu::g_early_reads;
+  emu::g_unready_reads = emu::g_early_reads = 0;
+}
 
 // 0: launched; 1: no such kernel; 2: dynamic shared memory over the emulator's buffer;
 // 3: cp.async copies left in flight; 4: arguments that do not fit the kernel (`error`

@@ -49,7 +49,10 @@ inline unsigned char* ptx_smem_at(unsigned addr, unsigned bytes, unsigned align)
 // counts the threads that call it (emu_pdl_entered in driver.cpp), so a test can check
 // that every thread of every kernel launched as a dependent calls it.
 inline std::atomic<unsigned long long> g_pdl_entered{0};
-inline void pdl_enter() { g_pdl_entered.fetch_add(1, std::memory_order_relaxed); }
+inline void pdl_enter() {
+  g_pdl_entered.fetch_add(1, std::memory_order_relaxed);
+  emu::mark_waited();  // its reads from now on may see what the grid before it wrote
+}
 
 // __cvta_generic_to_shared: here, the offset into the dynamic shared window.
 inline unsigned shared_addr(const void* p) {
@@ -96,6 +99,7 @@ inline void cp_async_16(unsigned dst, const void* src, bool valid) {
   ptx_smem_at(dst, 16, 16);
   if (reinterpret_cast<unsigned long long>(src) % 16 != 0)
     ptx_emu_fail("misaligned cp.async source", reinterpret_cast<unsigned long long>(src));
+  if (valid) emu::check_ready(src, 16);  // issued before the wait, it may read before it
   ptx_thread().open.push_back({dst, src, valid ? 16u : 0u});
 }
 
