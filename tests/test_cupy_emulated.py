@@ -159,9 +159,12 @@ def test_programmatic_dependent_launch_keeps_every_bit(
 ) -> None:
     """With PDL on (cuda/pdl.py), every kernel of a step goes through the driver launch
     (arguments packed as cuLaunchKernelEx takes them), eager and captured in graphs, and
-    every thread of each calls pdl_enter (the emulator counts): the same bits as without."""
+    every thread of each calls pdl_enter (the emulator counts), reading before it none of
+    the bytes the kernel before it changed (emucupy.watch_early_reads: the attention
+    kernel's early page copies included): the same bits as without."""
     monkeypatch.setattr(pdl, "active", lambda: "1")
     monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
+    emucupy.watch_early_reads(monkeypatch)
     launches, dependents = emucupy.launches(), emucupy.pdl_launches()
     outs = run_both(engines(cuda_graphs=True))
     assert_identical(outs, reference)
@@ -174,9 +177,11 @@ def test_dependent_launches_in_graphs_only_keep_every_bit(
 ) -> None:
     """PDL's default mode on sm_90+ (`graphs`): the kernels captured into the decode
     graphs go through the driver launch as dependents, the eager ones (prefill, the
-    capture's warm-up run) as CuPy launches them: the same bits as without PDL."""
+    capture's warm-up run) as CuPy launches them: the same bits as without PDL, and no
+    dependent reads before its wait what the kernel before it changed."""
     monkeypatch.setattr(pdl, "active", lambda: "graphs")
     monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
+    emucupy.watch_early_reads(monkeypatch)
     launches, dependents = emucupy.launches(), emucupy.pdl_launches()
     outs = run_both(engines(cuda_graphs=True))
     assert_identical(outs, reference)

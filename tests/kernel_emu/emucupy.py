@@ -81,6 +81,12 @@ class _State:
     pdl_launches = 0  # of which launched as programmatic dependents (pdl.py)
     replays = 0  # graphs launched
     skip_kernels = False  # count launches but run none (host-side timing)
+    # Early reads (watch_early_reads): the bytes the last kernel run changed, [start, end)
+    # runs, which a kernel launched next as a programmatic dependent may not read before its
+    # pdl_enter; and the last kernel's name
+    track_writes = False
+    written: ClassVar[list[Span]] = []
+    written_by = ""
     # per host thread, the ops of each stream it has waited for
     host: ClassVar[dict[int, dict[Stream, int]]] = {}
     lock = threading.RLock()  # held-back copies and `host`, for waits from other threads
@@ -347,6 +353,7 @@ class _Launch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.block = tuple(block) + (1,) * (3 - len(block))
         self.keep: list[Any] = []  # the arrays and values the pointers point at
+        self.arrays: list[np.ndarray] = []  # the array arguments (as host arrays)
         self.spans: list[Span] = []  # the device memory of its array arguments
         count = len(args)
         self.pointers = (ctypes.c_void_p * max(count, 1))()
@@ -357,6 +364,7 @@ class _Launch:
             if isinstance(arg, ndarray):
                 value = ctypes.c_void_p(arg._a.ctypes.data)
                 self.keep += [arg._a, value]
+                self.arrays.append(arg._a)
                 self.spans.append(_span(arg._a))
                 self.pointers[i] = ctypes.addressof(value)
                 self.sizes[i], self.is_array[i] = arg.itemsize, 1
@@ -379,12 +387,33 @@ class _Launch:
             return
         assert _State.lib is not None, "emucupy.install(lib) first"
         _State.lib.emu_pdl_entered()  # from zero
+        lib = _State.lib
+        watched = _State.track_writes and self.pdl and bool(_State.written)
+        if watched:  # what the kernel before wrote: unready until this one's threads wait
+            for start, end in _State.written:
+                lib.set_unready(ctypes.c_void_p(start), ctypes.c_ulonglong(end - start))
+        before = [a.copy() for a in self.arrays] if _State.track_writes else []
         error = ctypes.create_string_buffer(512)
-        rc = _State.lib.emu_launch(
-            self.name.encode(), *map(ctypes.c_uint, self.grid + self.block), ctypes.c_int(self.smem),
-            self.pointers, self.sizes, self.is_array, ctypes.c_int(self.count), error,
-            ctypes.c_int(len(error)),
-        )  # fmt: skip
+        try:
+            rc = lib.emu_launch(
+                self.name.encode(), *map(ctypes.c_uint, self.grid + self.block),
+                ctypes.c_int(self.smem), self.pointers, self.sizes, self.is_array,
+                ctypes.c_int(self.count), error, ctypes.c_int(len(error)),
+            )  # fmt: skip
+        finally:
+            counts = np.zeros(2, np.uint64)
+            if watched:
+                lib.emu_unready_reads(counts.ctypes.data_as(ctypes.c_void_p))
+                lib.set_unready(None, ctypes.c_ulonglong(0))
+        if counts[0]:
+            raise RuntimeError(
+                f"{self.name}, launched as a programmatic dependent, read before its wait "
+                f"{int(counts[0])} times bytes that {_State.written_by}, the kernel before it, "
+                "wrote"
+            )
+        if _State.track_writes:
+            _State.written = _changed_runs(self.arrays, before)
+            _State.written_by = self.name
         if rc:
             reasons = {2: "more dynamic shared memory than the emulator holds",
                        3: "cp.async copies left in flight"}  # fmt: skip
@@ -439,6 +468,16 @@ class RawKernel:
         current._drain(len(current._queue))
         _use(current, launch.spans, f"kernel {self.name}")
         launch.run()
+
+
+def watch_early_reads(monkeypatch: Any) -> None:
+    """From now on (until `monkeypatch` undoes it) every kernel run is diffed for the bytes
+    it changes, and a kernel launched next as a programmatic dependent fails its launch if
+    a thread of it reads any of them before its pdl_enter (a cp.async source or an __ldg:
+    cuda_emu.h's "Reads before a grid's wait"). Conservative: a copy between the two
+    kernels (which on a GPU would end the programmatic overlap) does not clear them."""
+    monkeypatch.setattr(_State, "track_writes", True)
+    monkeypatch.setattr(_State, "written", [])
 
 
 class PdlDriver:
@@ -610,6 +649,33 @@ def _synchronize_all() -> None:
 
 
 Span = tuple[int, int]  # [start, end) bytes of device memory
+
+
+def _changed_runs(arrays: list[np.ndarray], before: list[np.ndarray]) -> list[Span]:
+    """The byte runs of `arrays` whose bits differ from `before` (their copies), merged."""
+    runs: list[Span] = []
+    for a, b in zip(arrays, before, strict=True):
+        if a.itemsize not in (1, 2, 4, 8) or a.size == 0:
+            continue
+        bits = f"u{a.itemsize}"
+        idx = np.nonzero(a.view(bits) != b.view(bits))
+        if not idx[0].size:
+            continue
+        offsets = np.zeros(idx[0].size, np.int64)
+        for i, stride in zip(idx, a.strides, strict=True):
+            offsets += i.astype(np.int64) * stride
+        starts = np.sort(a.ctypes.data + offsets)
+        breaks = np.flatnonzero(np.diff(starts) != a.itemsize) + 1  # a gap: a new run
+        firsts = starts[np.r_[0, breaks]]
+        lasts = starts[np.r_[breaks - 1, starts.size - 1]] + a.itemsize
+        runs += zip(firsts.tolist(), lasts.tolist(), strict=True)
+    merged: list[Span] = []
+    for first, last in sorted(runs):
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
 
 
 def _span(a: np.ndarray) -> Span:
