@@ -824,7 +824,8 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
     lib: ctypes.CDLL, rng: np.random.Generator
 ) -> None:
     """The PARTIAL routes' last CTA of a tile folds in split order whichever CTA it is:
-    launch order, backwards and shuffled orders give the same bits."""
+    launch order, backwards and shuffled orders give the same bits, and so does one warp
+    at a time running ahead of the rest (the fold's flag word and the drained ring)."""
     m, n, k = 7, 272, 1024
     x, w = operands(rng, m, n, k)
     for route in ("wg1_split", "ws_split", "decode_split", "m64_split"):
@@ -834,6 +835,13 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
         for order in (np.arange(count)[::-1], rng.permutation(count), rng.permutation(count)):
             got = emulated_plan(lib, plan, x, w, out_f32=True, order=order)
             assert np.array_equal(bits(got), bits(first)), route
+        for schedule in (1, 2):
+            lib.set_warp_major(schedule)
+            try:
+                got = emulated_plan(lib, plan, x, w, out_f32=True)
+            finally:
+                lib.set_warp_major(0)
+            assert np.array_equal(bits(got), bits(first)), (route, schedule)
 
 
 def test_split_routes_take_unaligned_operands_and_odd_slabs(
