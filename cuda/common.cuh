@@ -120,9 +120,9 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 __device__ __forceinline__ void rope_angle(const int* __restrict__ positions, const float* __restrict__ cos_table,
                                            const float* __restrict__ sin_table, int token, int i, int half,
                                            float& c, float& s) {
-  const long long pos = positions[token];
-  c = cos_table[pos * half + i];
-  s = sin_table[pos * half + i];
+  const long long pos = __ldg(positions + token);
+  c = __ldg(cos_table + pos * half + i);
+  s = __ldg(sin_table + pos * half + i);
 }
 
 // Rotary position embedding of one pair (x[i], x[i + half]) of a head's row into dst, Hugging

@@ -34,10 +34,17 @@ extern "C" __global__ void rope_kv_write(const __nv_bfloat16* __restrict__ qkv, 
                                          const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache,
                                          int layer, int num_layers, int heads, int kv_heads, int block_size,
                                          int head_dim) {
-  pdl_enter();
   const int token = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
-  if (i >= head_dim >> 1) return;
+  if (i >= head_dim >> 1) {
+    pdl_enter();
+    return;
+  }
   const RopeKvArgs args{positions, cos_table, sin_table, q_out, slots, cache,
                         layer, num_layers, heads, kv_heads, block_size, head_dim};
-  rope_kv_write_pair<false>(qkv, token_stride, args, token, head, i);
+  // Before this grid's wait (programmatic dependent launch): the pair's rotation and cache
+  // row, from the positions, slots and tables alone (kvcache.cuh); the rows of qkv, which
+  // the projection just before writes, after it.
+  const RopeKvPlace place = rope_kv_place(args, token, head, i);
+  pdl_enter();
+  rope_kv_write_at<false>(qkv, token_stride, args, token, head, i, place);
 }

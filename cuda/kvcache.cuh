@@ -39,19 +39,38 @@ template <bool THROUGH_L2>
 __device__ __forceinline__ unsigned short bf16_at(const __nv_bfloat16* p, int i) {
   const unsigned short* bits = reinterpret_cast<const unsigned short*>(p) + i;
   if constexpr (THROUGH_L2) return __ldcg(bits);
-  else return *bits;
+  else return __ldg(bits);  // the grid before wrote them: read only after the wait
+}
+
+// Where pair i of head `head` of `token` goes and how it turns: its position's cosine
+// and sine, and a key head's cache row. Only what the step uploaded before its first
+// kernel (positions, slots) and the constant tables, so the rope_kv_write kernel reads it
+// before its PDL wait, while the qkv projection still runs.
+struct RopeKvPlace {
+  float c, s;
+  long long k_base;  // a key head's row in the cache (0 for a query head)
+};
+
+__device__ __forceinline__ RopeKvPlace rope_kv_place(const RopeKvArgs& a, int token, int head, int i) {
+  RopeKvPlace p;
+  rope_angle(a.positions, a.cos_table, a.sin_table, token, i, a.head_dim >> 1, p.c, p.s);
+  p.k_base = head < a.heads ? 0
+                            : key_row(__ldg(a.slots + token), a.layer, a.num_layers, head - a.heads, a.kv_heads,
+                                      a.block_size, a.head_dim);
+  return p;
 }
 
 // rope_kv_write's pair i of head `head` of token `token` (qkv: [tokens, heads + 2 *
 // kv_heads, head_dim] with `token_stride` elements between tokens): a query head (head <
 // heads) rotated into q_out; a key head (heads <= head < heads + kv_heads) rotated into
 // its cache slot, with the same pair of its value head copied beside it.
+// The same, its place (rope_kv_place) read before.
 template <bool THROUGH_L2>
-__device__ __forceinline__ void rope_kv_write_pair(const __nv_bfloat16* qkv, long long token_stride,
-                                                   const RopeKvArgs& a, int token, int head, int i) {
+__device__ __forceinline__ void rope_kv_write_at(const __nv_bfloat16* qkv, long long token_stride,
+                                                 const RopeKvArgs& a, int token, int head, int i,
+                                                 const RopeKvPlace& place) {
   const int half = a.head_dim >> 1;
-  float c, s;
-  rope_angle(a.positions, a.cos_table, a.sin_table, token, i, half, c, s);
+  const float c = place.c, s = place.s;
   const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * a.head_dim;
   const float x1 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i)) << 16);
   const float x2 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i + half)) << 16);
@@ -59,13 +78,18 @@ __device__ __forceinline__ void rope_kv_write_pair(const __nv_bfloat16* qkv, lon
     rope_store(a.q_out + ((long long)token * a.heads + head) * a.head_dim, i, half, x1, x2, c, s);
     return;
   }
-  const long long k_base =
-      key_row(a.slots[token], a.layer, a.num_layers, head - a.heads, a.kv_heads, a.block_size, a.head_dim);
+  const long long k_base = place.k_base;
   rope_store(a.cache + k_base, i, half, x1, x2, c, s);
   const __nv_bfloat16* v_row = row + (long long)a.kv_heads * a.head_dim;  // value head head - heads
   unsigned short* v_dst = reinterpret_cast<unsigned short*>(a.cache + k_base + (long long)a.kv_heads * a.block_size * a.head_dim);
   v_dst[i] = bf16_at<THROUGH_L2>(v_row, i);
   v_dst[i + half] = bf16_at<THROUGH_L2>(v_row, i + half);
+}
+
+template <bool THROUGH_L2>
+__device__ __forceinline__ void rope_kv_write_pair(const __nv_bfloat16* qkv, long long token_stride,
+                                                   const RopeKvArgs& a, int token, int head, int i) {
+  rope_kv_write_at<THROUGH_L2>(qkv, token_stride, a, token, head, i, rope_kv_place(a, token, head, i));
 }
 
 }  // namespace

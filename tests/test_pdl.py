@@ -42,6 +42,9 @@ WEIGHT_PROLOGUE_BODIES = (
 # The tensor-core attention kernel's entry points call pdl_enter() inside the kernel, after
 # its metadata and the KV pages no running grid writes (test_only_old_pages_...).
 ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
+# Entry points that read their metadata before pdl_enter() in their own body (checked by
+# test_rope_kv_write_reads_only_its_place_before_the_wait).
+EARLY_METADATA_KERNELS = ("rope_kv_write",)
 
 
 def test_the_weight_prologue_bodies_are_the_warp_specialized_tile() -> None:
@@ -69,6 +72,9 @@ def test_every_kernel_enters_through_pdl_first() -> None:
         assert len(entry_names) == len(entries), family.source.name
         for name, entry in zip(entry_names, entries, strict=True):
             body = source[entry.end() :].lstrip()
+            if name in EARLY_METADATA_KERNELS:
+                names.append(name)
+                continue
             assert body.startswith(
                 ("pdl_enter();", *WEIGHT_PROLOGUE_BODIES, *ATTENTION_PROLOGUE_BODIES)
             ), (
@@ -120,6 +126,29 @@ def test_only_metadata_and_old_pages_come_before_the_wait_in_tensor_core_attenti
                   r"\batomic", r"\btotal\("):  # fmt: skip
         assert not re.search(touch, code), touch
     assert "qf[ds][e] = " in after and "for (int k = early; k < C::kStages - 1; ++k)" in after
+
+
+def test_rope_kv_write_reads_only_its_place_before_the_wait() -> None:
+    """kvcache.cu's rope_kv_write: before its pdl_enter() only rope_kv_place (the rotation
+    and cache row from positions, slots and the tables), no row of qkv and no write; a
+    thread past the pairs waits before it returns; and rope_kv_place reads nothing else."""
+    source = (Path(pdl.__file__).parent / "kvcache.cu").read_text()
+    body = source[source.index('void rope_kv_write(') :]
+    body = body[body.index("{") : body.index("\n}\n")]
+    code = re.sub(r"//[^\n]*", "", body)
+    waits = [m.start() for m in re.finditer(r"pdl_enter\(\);", code)]
+    assert len(waits) == 2 and code[waits[0] :].split("\n", 2)[1].strip() == "return;"
+    before = code[: waits[1]]
+    assert "rope_kv_place(" in before
+    before = re.sub(r"const RopeKvArgs args\{[^}]*\};", "", before)  # pointers named, not read
+    for touch in (r"\bqkv\b", r"\bq_out\b", r"\bcache\b\s*\[", r"rope_kv_write_at", r"\[.*\]\s*="):
+        assert not re.search(touch, before), touch
+    assert "rope_kv_write_at<false>(qkv" in code[waits[1] :]
+    header = (Path(pdl.__file__).parent / "kvcache.cuh").read_text()
+    place = header[header.index("RopeKvPlace rope_kv_place(") :]
+    place = place[: place.index("\n}\n")]
+    for touch in ("qkv", "q_out", "a.cache", "bf16_at"):
+        assert touch not in place, touch
 
 
 def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:

@@ -412,9 +412,18 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
-inline float __ldcg(const float* p) { return *p; }
-inline int __ldcg(const int* p) { return *p; }
-inline unsigned short __ldcg(const unsigned short* p) { return *p; }
+inline float __ldcg(const float* p) {
+  emu::check_ready(p, sizeof *p);
+  return *p;
+}
+inline int __ldcg(const int* p) {
+  emu::check_ready(p, sizeof *p);
+  return *p;
+}
+inline unsigned short __ldcg(const unsigned short* p) {
+  emu::check_ready(p, sizeof *p);
+  return *p;
+}
 template <class T> inline T exchange(T v, int src) {
   static_assert(sizeof(T) == 4);
   const int w = emu::g_thread / 32, lane = threadIdx.x % 32;
