@@ -197,8 +197,8 @@
 // prefill rows (one lane) and decode rows (split) run this same code and merge alike,
 // so a prompt's last token equals its decode step.
 //
-// Before the wait (programmatic dependent launch, cuda/pdl.py): unlike the other small
-// kernels, this one reads before its pdl_enter() what no grid still running can be
+// Before the wait (programmatic dependent launch, cuda/pdl.py): as kvcache.cu's
+// rope_kv_write, this kernel reads before its pdl_enter() what no grid still running can be
 // writing: query_start_loc, seq_lens and the block table (uploaded by copies before
 // the step's first kernel), and the ring's first pages when they lie wholly before the
 // sequence's first query position, seq_len - q_len (keys an earlier step or an earlier

@@ -30,11 +30,16 @@ namespace {
 
 // Programmatic dependent launch (sm_90+; issue 18): wait until the grid before this one
 // in the stream has completed and its writes are visible, then let the grid after this
-// one start launching (its CTAs wait here in turn). Every kernel calls it first, before
-// it reads or writes global memory, so a kernel launched early (kernels.launch with
-// REPRISE_PDL=1) never sees a buffer its predecessor is still writing or reading (a
-// buffer CuPy's pool handed on). Launched without the attribute, the default, the wait
-// returns at once; below sm_90 it is not emitted.
+// one start launching (its CTAs wait here in turn). Every kernel calls it before it
+// writes global memory and before it reads anything a grid still running may write, so
+// a kernel launched early (kernels.launch with REPRISE_PDL=1) never sees a buffer its
+// predecessor is still writing or reading (a buffer CuPy's pool handed on). Most call it
+// first; three read before it only what no running grid writes (every grid but the one
+// just before has completed): the Hopper GEMM its constant weight, attention_tc.cu and
+// kvcache.cu's rope_kv_write the step's uploaded metadata, and attention the KV pages
+// wholly before the step's positions (tests/test_pdl.py checks each at the source).
+// Launched without the attribute, the default, the wait returns at once; below sm_90 it
+// is not emitted.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");

@@ -259,10 +259,10 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
     check("logits", logits, np.float32, 2)
     rows, vocab = logits.shape
     out = _empty((rows,), np.int32, out)
-    if rows and argmax_slices(rows, vocab) > 1:
+    slices = argmax_slices(rows, vocab)
+    if rows and slices > 1:
         import cupy
 
-        slices = argmax_slices(rows, vocab)
         part_v = cupy.empty(rows * slices, dtype=np.float32)
         part_i = cupy.empty(rows * slices, dtype=np.int32)
         counters = _argmax_counters(int(cupy.cuda.runtime.getDevice()),

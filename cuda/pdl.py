@@ -20,13 +20,18 @@ before it finishes, though no run has separated that from the launch overlap), w
 decode step 28.6 against 18.4 ms, a fresh 4,096-token prompt 37.2 against 25.5 ms). On
 the H100 at 8B shapes (2026-11-27) graphs gained 0 % at batch 1 and 5 % at batch 64.
 
-Why this is safe: every kernel of ours calls `pdl_enter()` (common.cuh) first, before
-it reads or writes global memory: `griddepcontrol.wait` holds it until the previous
-grid has completed and its writes are visible, then `griddepcontrol.launch_dependents`
-lets the next grid launch. So what starts early is only the launch itself and each
-CTA's setup, never an access; tests/test_pdl.py checks that every `__global__` entry
-point calls it first, and (in the kernel emulator) that every thread of every kernel
-launched this way does. CuPy's own kernels (elementwise, copies) and cuBLAS's are
+Why this is safe: every kernel of ours calls `pdl_enter()` (common.cuh) before it
+writes global memory or reads anything a grid still running may write:
+`griddepcontrol.wait` holds it until the previous grid has completed and its writes are
+visible, then `griddepcontrol.launch_dependents` lets the next grid launch. Most call it
+first; the Hopper GEMM starts its constant weight's copies before it, and attention_tc.cu
+and rope_kv_write read the step's uploaded metadata (attention also the KV pages wholly
+before the step's positions) before it: a dependent grid starts only once the grid before
+it has passed its own wait, so every grid but that one has completed, and that one
+writes none of these. tests/test_pdl.py checks each entry point at the source, and the
+kernel emulator that every thread of every kernel launched this way waits and that none
+reads, before its wait, a byte the kernel before it changed
+(`tests/kernel_emu/emucupy.py`'s `watch_early_reads`). CuPy's own kernels (elementwise, copies) and cuBLAS's are
 launched as before and wait for all work before them. The whole GPU suite passed with
 every launch dependent (H100, 2026-11-27: 0 logits differ).
 """

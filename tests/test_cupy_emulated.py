@@ -25,7 +25,7 @@ import pytest
 import test_invariance as invariance
 from kernel_emu import emucupy
 
-from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels, pdl
+from reprise.cuda import attention_kernel, attention_tc_kernel, gemm_kernel, kernels, launchers, pdl
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.sampling import Draws
@@ -56,8 +56,11 @@ SEEDED = SamplingParams(
     return_logits=True,
 )  # fmt: skip
 PARAMS = [GREEDY, SEEDED]
+# per-process caches of device objects (kernels, per-stream counters): an emulated one
+# must never reach a real CuPy launch, nor a real one an emulated launch
 KERNEL_CACHES = [kernels.module, gemm_kernel._kernel, gemm_kernel._tile_counters,
-                 attention_tc_kernel._kernel]  # fmt: skip
+                 attention_tc_kernel._kernel, attention_kernel.split_counters,
+                 launchers._argmax_counters]  # fmt: skip
 
 
 def random_prompt(n: int, seed: int) -> list[int]:
@@ -366,21 +369,20 @@ def test_argmax_of_a_decode_steps_rows_spreads_each_row_and_gives_the_same_ids(
     """The backend's argmax: a decode step's rows (at most ARGMAX_SPLIT_MAX_ROWS) through
     argmax_split, more rows a CTA each, both np.argmax's ids; eager, twice on one stream
     (its counters left zero), and replayed from a captured graph."""
-    from reprise.cuda import launchers
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.kernels import to_device, to_host
 
     gpu = CupyBackend()
     vocab = 3 * launchers.ARGMAX_SLICE + 17
-    rows = launchers.ARGMAX_SPLIT_MAX_ROWS + 1
-    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    most = launchers.ARGMAX_SPLIT_MAX_ROWS
+    logits = (rng.standard_normal((most + 1, vocab)) * 3).astype(np.float32)
     logits[1, [3, vocab - 1]] = 30.0  # a tie across slices: the lower id
     launched: list[str] = []
     real = launchers.launch_kernel
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launchers, "launch_kernel",
                    lambda fn, *a, **k: launched.append(fn.name) or real(fn, *a, **k))  # fmt: skip
-        for rows in (1, launchers.ARGMAX_SPLIT_MAX_ROWS, launchers.ARGMAX_SPLIT_MAX_ROWS + 1):
+        for rows in (1, most, most + 1):
             x = to_device(np.ascontiguousarray(logits[:rows]))
             for _ in range(2):
                 assert to_host(gpu.argmax(x)).tolist() == np.argmax(logits[:rows], axis=1).tolist()
