@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -104,6 +104,19 @@ class NumpyBackend:
         self, host_cache: np.ndarray, slot: int, cache: np.ndarray, block_id: int
     ) -> None:
         cache[block_id] = host_cache[slot]
+
+    def tier_copies(
+        self, cache: np.ndarray, host_cache: np.ndarray, copies: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """(kind, src, dst) offloads and onboards, in list order, as `offload_block` and
+        `onboard_block` make each (the GPU's takes a run of them in one call)."""
+        for kind, src, dst in copies:
+            if kind == "offload":
+                self.offload_block(cache, src, host_cache, dst)
+            elif kind == "onboard":
+                self.onboard_block(host_cache, src, cache, dst)
+            else:
+                raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
 
     def copy_block(self, cache: np.ndarray, src: int, dst: int) -> None:
         """Copy one device block over another, exactly."""

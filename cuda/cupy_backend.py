@@ -12,7 +12,7 @@ device pool run at full bus bandwidth.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,7 @@ class CupyBackend:
         # bytes a copy of the other direction touched since the last `wait_copies`, it
         # waits for that copy's event (`_issue`).
         self._streams: dict[str, Any] = {}
-        self._touched: dict[str, dict[tuple[str, int], Any]] = {"d2h": {}, "h2d": {}}
+        self._touched: dict[str, set[tuple[str, int]]] = {"d2h": set(), "h2d": set()}
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
 
     def linear_weight(self, w: np.ndarray) -> Any:
@@ -168,20 +168,54 @@ class CupyBackend:
         return to_device(np.asarray(x))
 
     def offload_block(self, cache: Any, block_id: int, host_cache: np.ndarray, slot: int) -> None:
-        """Copy one device block into a pinned host slot, asynchronously on the
-        device-to-host stream, after the compute already queued (which may still be
-        writing it)."""
-        self._read(cache[block_id], host_cache[slot].view(BF16_BITS))
+        """Copy one device block into a pinned host slot: `tier_copies` of one offload."""
+        self.tier_copies(cache, host_cache, (("offload", block_id, slot),))
 
     def onboard_block(self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int) -> None:
-        """Copy a pinned host slot into a device block, asynchronously on the
-        host-to-device stream, after the compute already queued (which may still read
-        its old bytes) and after any copy since the last `wait_copies` that read the
-        block (an evicted block's offload) or wrote the slot."""
-        src, dst = host_cache[slot].view(BF16_BITS), cache[block_id]
-        stream = self._issue("h2d", device=dst, host=src)
-        dst.set(src, stream=stream)
-        self._touched["h2d"].update(dict.fromkeys(_keys(dst, src), stream.record()))
+        """Copy a pinned host slot into a device block: `tier_copies` of one onboard."""
+        self.tier_copies(cache, host_cache, (("onboard", slot, block_id),))
+
+    def tier_copies(
+        self, cache: Any, host_cache: np.ndarray, copies: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """(kind, src, dst) offloads (device block `src` -> pinned host slot `dst`) and
+        onboards (slot `src` -> block `dst`), in list order, each asynchronous on its
+        direction's stream, after the compute already queued (which may still write a
+        block offloaded or read one onboarded over) and after every copy of the other direction since the last
+        `wait_copies` that touched its block or slot (an evicted block's offload before
+        the onboard into it; an offload into a slot before the onboard from it).
+
+        One call for a run of copies, as the runner hands them (a long host-tier match's
+        hundreds): the compute is recorded once, each copy is one memcpyAsync between
+        addresses (no array views, no event of its own), and an event is recorded only
+        where a copy must wait for the other direction. (Before, each copy recorded the
+        compute, made two views and recorded its own event: about 60 us of host time a
+        copy on the H200's host, which paced a long match's copies rather than the bus:
+        bench/results/2026-11-28-h200, `profile host:`.)"""
+        if not copies:
+            return
+        runtime = self._cupy.cuda.runtime
+        block_bytes = cache.nbytes // cache.shape[0]
+        if not (cache.flags.c_contiguous and host_cache.flags.c_contiguous
+                and host_cache.nbytes // host_cache.shape[0] == block_bytes):  # fmt: skip
+            raise ValueError("tier copies move whole blocks between contiguous arrays of one block size")
+        device0, host0 = int(cache.data.ptr), int(host_cache.ctypes.data)
+        compute = self._cupy.cuda.get_current_stream().record()
+        waited: set[str] = set()  # the directions whose stream waits for `compute` already
+        for kind, src, dst in copies:
+            if kind == "offload":
+                direction, block, slot = "d2h", src, dst
+            elif kind == "onboard":
+                direction, block, slot = "h2d", dst, src
+            else:
+                raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
+            device, host = device0 + block * block_bytes, host0 + slot * block_bytes
+            stream = self._issue(direction, _keys(device, host), None if direction in waited else compute)
+            waited.add(direction)
+            if direction == "d2h":
+                runtime.memcpyAsync(host, device, block_bytes, runtime.memcpyDeviceToHost, stream.ptr)
+            else:
+                runtime.memcpyAsync(device, host, block_bytes, runtime.memcpyHostToDevice, stream.ptr)
 
     def copy_block(self, cache: Any, src: int, dst: int) -> None:
         """Copy one device block over another on the compute stream, in order with the
@@ -207,11 +241,14 @@ class CupyBackend:
     def _read(self, src: Any, out: np.ndarray) -> Any:
         """A device-to-host copy after the compute queued and after any onboard since the
         last `wait_copies` that wrote `src` or read `out`; returns its event."""
-        stream = self._issue("d2h", device=src, host=out)
-        self._cupy.asnumpy(src, stream=stream, out=out, blocking=False)
-        done = stream.record()
-        self._touched["d2h"].update(dict.fromkeys(_keys(src, out), done))
-        return done
+        if not (src.flags.c_contiguous and out.flags.c_contiguous and src.nbytes == out.nbytes):
+            raise ValueError("a block read copies a contiguous block into a buffer of its size")
+        device, host = int(src.data.ptr), int(out.ctypes.data)
+        compute = self._cupy.cuda.get_current_stream().record()
+        stream = self._issue("d2h", _keys(device, host), compute)
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(host, device, src.nbytes, runtime.memcpyDeviceToHost, stream.ptr)
+        return stream.record()
 
     def wait_copies(self) -> None:
         """Later compute waits for the copies issued so far, on the device. Every later
@@ -295,22 +332,30 @@ class CupyBackend:
 
         return replay
 
-    def _issue(self, direction: str, *, device: Any, host: np.ndarray) -> Any:
-        """The stream of `direction` ("d2h" or "h2d"), made to wait for the compute queued
-        so far and for the copies of the other direction that touched `device` or `host`.
+    def _issue(self, direction: str, keys: tuple[tuple[str, int], ...], compute: Any) -> Any:
+        """The stream of `direction` ("d2h" or "h2d") for a copy touching `keys`, made to
+        wait for `compute` (an event of the compute stream, or None where this stream
+        waits for it already) and, where a copy of the other direction since the last
+        `wait_copies` touched any of `keys`, for every copy of that direction so far.
         NOTE: copies of one direction run in issue order on their stream; each waits for
         the compute queued before it (so it reads a block only once written and
         overwrites one only once read) and, across the two streams, for the copies
         touching its bytes: so every pair of copies touching the same bytes runs in
-        issue order, while copies of different blocks in the two directions overlap."""
+        issue order, while copies of different blocks in the two directions overlap.
+        `_touched[d]` holds what d's copies touched that the other stream is not yet
+        ordered after: one wait for the other stream's latest event orders all of them,
+        so it empties."""
         stream = self._streams.get(direction)
         if stream is None:
             stream = self._streams[direction] = self._cupy.cuda.Stream(non_blocking=True)
-        stream.wait_event(self._cupy.cuda.get_current_stream().record())
-        other = self._touched["h2d" if direction == "d2h" else "d2h"]
-        waits = {id(e): e for key in _keys(device, host) if (e := other.get(key)) is not None}
-        for event in waits.values():
-            stream.wait_event(event)
+        if compute is not None:
+            stream.wait_event(compute)
+        other = "h2d" if direction == "d2h" else "d2h"
+        touched = self._touched[other]
+        if touched and not touched.isdisjoint(keys):
+            stream.wait_event(self._streams[other].record())
+            touched.clear()
+        self._touched[direction].update(keys)
         return stream
 
     embed = staticmethod(launchers.embed)
@@ -375,10 +420,11 @@ class CupyBackend:
         return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
 
 
-def _keys(device: Any, host: np.ndarray) -> tuple[tuple[str, int], tuple[str, int]]:
-    """A copy's two ends, by where they start: block copies always move whole blocks,
-    so two copies touch the same bytes exactly when an end starts at the same address."""
-    return ("device", int(device.data.ptr)), ("host", int(host.ctypes.data))
+def _keys(device: int, host: int) -> tuple[tuple[str, int], ...]:
+    """A copy's two ends, by the address each starts at: block copies always move whole
+    blocks, so two copies touch the same bytes exactly when an end starts at the same
+    address."""
+    return ("device", device), ("host", host)
 
 
 class _AllLanded:

@@ -8,7 +8,7 @@ nothing of backend.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -50,6 +50,9 @@ class Backend(Protocol):
     ) -> None: ...
     def onboard_block(
         self, host_cache: np.ndarray, slot: int, cache: Any, block_id: int
+    ) -> None: ...
+    def tier_copies(  # (kind, src, dst): "offload" block -> slot, "onboard" slot -> block
+        self, cache: Any, host_cache: np.ndarray, copies: Sequence[tuple[str, int, int]]
     ) -> None: ...
     def read_block(self, cache: Any, block_id: int, out: np.ndarray) -> CopyDone: ...
     def copy_block(self, cache: Any, src: int, dst: int) -> None: ...

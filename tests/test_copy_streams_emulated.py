@@ -74,22 +74,56 @@ def test_random_copies_land_as_if_run_one_by_one_in_issue_order(emulated: None, 
         assert out.tobytes() == want.tobytes()
 
 
-def test_an_onboard_waits_for_the_offload_of_its_block_and_for_nothing_else(
+def test_an_onboard_waits_for_the_offload_of_its_block_and_not_for_later_ones(
     emulated: None,
 ) -> None:
     """An evicted block's offload, then an onboard into it: the onboard waits for that
-    offload (the emulation runs a held-back copy when it is waited for), not for the
-    offload of another block, which may still be on the bus while it runs."""
+    offload (the emulation runs a held-back copy when it is waited for), and for the
+    offloads issued before it (one event of the offload stream covers them: they run in
+    issue order, so it lands after them anyway), not for an offload issued after it,
+    which may still be on the bus while it runs."""
     ops, cache, host, device, _ = _backend_and_arrays(4, 4, seed=7)
     host[:] = np.full((4, *BLOCK), UNWRITTEN, dtype=np.uint16).view(BF16)
     host[3] = np.ones(BLOCK, dtype=BF16)
     ops.offload_block(cache, 0, host, 0)  # block 0 evicted to slot 0
-    ops.offload_block(cache, 1, host, 1)  # block 1 evicted to slot 1
     ops.onboard_block(host, 3, cache, 0)  # slot 3 onboarded into block 0
+    ops.offload_block(cache, 1, host, 1)  # block 1 evicted to slot 1, later
     assert host[0].tobytes() == device[0].tobytes()  # waited for: run
     assert host[1].view(np.uint16).min() == UNWRITTEN  # not waited for: still held back
     ops.copies_done().synchronize()
     assert host[1].tobytes() == device[1].tobytes()
+
+
+def test_a_run_of_copies_records_an_event_only_where_a_copy_waits_for_the_other_stream(
+    emulated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long host-tier match's copies in one `tier_copies` call: each block evicted
+    (offloaded) and then onboarded over. One event records the compute queued before
+    them, and one a pair orders the onboard after its block's offload; each copy is one
+    memcpyAsync. (Before: four events and two array copies a pair, the host time that
+    paced a long match on the H200.) The blocks and slots end as in issue order."""
+    ops, cache, host, device, _ = _backend_and_arrays(8, 16, seed=11)
+    want_host, want_device = host.copy(), device.copy()
+    copies = []
+    for block in range(8):
+        copies += [("offload", block, block), ("onboard", 8 + block, block)]
+        want_host[block] = want_device[block]
+        want_device[block] = want_host[8 + block]
+    records, memcpys = [], []
+    record = emucupy.Stream.record
+    monkeypatch.setattr(emucupy.Stream, "record", lambda self, *a: records.append(self) or record(self, *a))
+    memcpy = emucupy._Runtime.memcpyAsync
+    monkeypatch.setattr(emucupy._Runtime, "memcpyAsync", lambda *a: memcpys.append(a) or memcpy(*a))
+    ops.tier_copies(cache, host, copies)
+    assert len(memcpys) == 16
+    assert len(records) == 1 + 8, records
+    monkeypatch.undo()
+    ops.wait_copies()
+    ops.copies_done().synchronize()
+    from reprise.cuda.kernels import to_host
+
+    assert to_host(cache).tobytes() == want_device.view(np.uint16).tobytes()
+    assert host.tobytes() == want_host.tobytes()
 
 
 def test_an_onboard_from_a_slot_waits_for_the_offload_into_it(emulated: None) -> None:

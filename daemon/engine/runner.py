@@ -111,14 +111,16 @@ class ModelRunner:
         call's tier copies are not held behind these: the step's `execute` waits for all.
         """
         ops = self.model.ops
+        tier: list[tuple[str, int, int]] = []  # a run of offloads and onboards, issued in one call
         for copy in copies:
-            if copy.kind == "offload":
-                ops.offload_block(self.kv_cache, copy.src, self.host_cache, copy.dst)
-                self._tier_copies_in_flight = True
-            elif copy.kind == "onboard":
-                ops.onboard_block(self.host_cache, copy.src, self.kv_cache, copy.dst)
-                self._tier_copies_in_flight = True
-            elif copy.kind == "device_to_disk":
+            if copy.kind in ("offload", "onboard"):
+                assert copy.src is not None and copy.dst is not None, copy
+                tier.append((copy.kind, copy.src, copy.dst))
+                continue
+            if tier:
+                ops.tier_copies(self.kv_cache, self.host_cache, tier)
+                self._tier_copies_in_flight, tier = True, []
+            if copy.kind == "device_to_disk":
                 self._disk_copy(copy)  # a read of the block, as an offload
                 self._tier_copies_in_flight = True
             else:
@@ -127,6 +129,9 @@ class ModelRunner:
                     ops.copy_block(self.kv_cache, copy.src, copy.dst)
                 else:
                     self._disk_copy(copy)
+        if tier:
+            ops.tier_copies(self.kv_cache, self.host_cache, tier)
+            self._tier_copies_in_flight = True
         if wait:
             self._wait_tier_copies()  # the forward reads onboarded blocks, writes offloaded ones
 

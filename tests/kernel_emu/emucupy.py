@@ -822,9 +822,14 @@ class _Runtime:
 
     @staticmethod
     def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        """As a copy by `set` or `asnumpy`: both ends' bytes count for the race check (host
+        memory too: the tier copies' pinned slots), and on a stream that is not current
+        the copy waits until something waits for it."""
         _no_capture("memcpyAsync")
-        _use(_stream_of(stream), _device_spans(dst, src, (size, size), kind), "memcpyAsync")
-        ctypes.memmove(dst, src, size)
+        on = _stream_of(stream)
+        what = {1: "a host-to-device copy", 2: "a device-to-host copy"}.get(kind, "a device copy")
+        _use(on, [(dst, dst + size), (src, src + size)], f"{what} (memcpyAsync)")
+        _on(on, lambda: ctypes.memmove(dst, src, size))
 
     @staticmethod
     def memcpy2DAsync(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
