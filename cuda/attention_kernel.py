@@ -22,7 +22,7 @@ once. This relies on query_start_loc[B] == T, as the model runner builds it.
 With one lane a CTA runs all its chunks and merges them in registers. With more, each
 chunk's state (m, denom, acc[head_dim], fp32) goes to a workspace of
 `workspace_floats` elements, and the lane that finishes last (an integer counter per
-CTA group, `split_counters`, left zero) merges them. The workspace comes from CuPy's
+CTA group, kernels.stream_counters, left zero) merges them. The workspace comes from CuPy's
 pool per call unless the caller passes one (under a CUDA graph capture, the graph's
 pool: the pointer is then fixed for the replays); the counters are one array per
 stream, allocated once.
@@ -76,7 +76,7 @@ import numpy as np
 
 from .attention import KV_CHUNK
 from .gemm_kernel import REFERENCE_SMS
-from .kernels import BF16_BITS, check, kernel, launch_kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
 THREADS_PER_CTA = 128  # kNumThreads in attention.cu
@@ -190,21 +190,6 @@ def split_grid(
     return SplitGrid(work, num_kv_heads, head_parts, lanes)
 
 
-@functools.cache
-def split_counters(device_id: int, stream_ptr: int) -> Any:
-    """The split launches' counters on one stream: MAX_SPLIT_COUNTERS zeros, one a
-    (query tile, head slot), which every launch leaves zero (the last lane resets its).
-
-    NOTE: one array per (device, stream), never freed, as gemm_kernel's tile counters:
-    launches that may overlap never share one, and a CUDA graph captured with it keeps
-    it valid. Both attention kernels use it; a launch is over before the next one on the
-    stream starts, and each leaves it zero.
-    """
-    import cupy
-
-    return cupy.zeros(MAX_SPLIT_COUNTERS, dtype=np.uint32)
-
-
 def workspace_floats(num_tokens: int, num_heads: int, head_dim: int, max_chunks: int) -> int:
     """fp32 elements of a split launch's workspace: a state (acc[head_dim], then m and
     denom in a second region) for every (query token, head, KV chunk)."""
@@ -272,7 +257,7 @@ def launch(
         return out
     fn, smem_bytes = kernel_for(grid)
     device = int(cupy.cuda.runtime.getDevice())
-    counters = split_counters(device, cupy.cuda.get_current_stream().ptr)
+    counters = stream_counters("attention splits", MAX_SPLIT_COUNTERS)  # a (query tile, head slot) each
     if grid.splits:
         assert grid.num_ctas // grid.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
         need = workspace_floats(num_tokens, num_heads, head_dim, kv_chunks(max_blocks, block_size))

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import BF16_BITS, check, kernel, launch_kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 MAX_STATIC_SMEM_BYTES = 48 * 1024  # more needs the per-kernel opt-in attribute
 MAX_GRID_Y = 65535
@@ -261,7 +261,7 @@ def gemm(
     if plan.split_workspace:
         import cupy
 
-        counters = _tile_counters(device, cupy.cuda.get_current_stream().ptr)
+        counters = stream_counters("gemm tiles", MAX_GRID_Y + 1)  # a tile each: M <= 16 is one m tile
         assert plan.grid[0] // splits * plan.grid[1] <= counters.size, "a counter a tile"
         workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
         args = (x, w, workspace, out, counters)
@@ -269,20 +269,6 @@ def gemm(
         args = (x, w, out)
     launch_kernel(fn, plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
     return out
-
-
-@functools.cache
-def _tile_counters(device_id: int, stream_ptr: int) -> Any:
-    """The skinny split route's tile counters for launches on one stream: MAX_GRID_Y zeros
-    (a tile each; M <= 16 is one m tile), which every launch leaves zero.
-
-    NOTE: one array per (device, stream), never freed, so that launches that may overlap
-    (other streams) never share one, and a CUDA graph captured with it keeps it valid. A
-    launch cut short (a trapped kernel) leaves counts behind; the context is lost then.
-    """
-    import cupy
-
-    return cupy.zeros(MAX_GRID_Y + 1, dtype=np.uint32)
 
 
 @functools.cache

@@ -92,7 +92,7 @@ from .gemm_sm90_plan import (
     epilogue_launch,
     launch_plan,
 )
-from .kernels import BF16_BITS, check, launch_kernel
+from .kernels import BF16_BITS, check, launch_kernel, stream_counters
 
 ARCH = "sm_90a"  # wgmma and the rest of the arch-specific Hopper instructions
 SOURCE = family("gemm_sm90").source
@@ -258,7 +258,7 @@ def gemm_sm90(
     if plan.workspace:
         import cupy
 
-        counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
+        counters = stream_counters("sm90 tiles", MAX_COUNTERS)
         workspace = cupy.empty((plan.splits, num_rows, num_cols), dtype=np.float32)
         args = (x, weight, workspace, out, counters, *dims, np.int32(plan.split_len))
     elif plan.totals:
@@ -315,7 +315,7 @@ def _launch_epilogue(plan: Sm90Launch, x: Any, w: PackedWeight, tail: tuple[Any,
 
     (m, k), n = x.shape, w.num_cols
     y = cupy.empty((m, n), dtype=BF16_BITS)
-    counters = _tile_counters(_device_id(), cupy.cuda.get_current_stream().ptr)
+    counters = stream_counters("sm90 tiles", MAX_COUNTERS)
     # PARTIAL's fp32 partials; WHOLE reads none (any fp32 pointer stands in)
     ws = cupy.empty((plan.splits, m, n) if plan.workspace else 1, np.float32)
     args = (x, w.data, ws, y, counters, np.int32(m), np.int32(n), np.int32(k),
@@ -398,17 +398,6 @@ def gemm_sm90_rope_kv_write(
             np.int32(num_heads), np.int32(kv_heads), np.int32(block_size), np.int32(head_dim))  # fmt: skip
     _launch_epilogue(plan, x, w, tail)
     return q
-
-
-@functools.cache
-def _tile_counters(device_id: int, stream_ptr: int) -> Any:
-    """The PARTIAL route's tile counters for launches on one stream: MAX_COUNTERS zeros,
-    which every launch leaves zero. NOTE: as gemm_kernel's, one array per (device,
-    stream), never freed, so launches that may overlap never share one and a captured
-    CUDA graph keeps it valid."""
-    import cupy
-
-    return cupy.zeros(MAX_COUNTERS, dtype=np.uint32)
 
 
 def check_operands(x: Any, w: Any) -> tuple[int, int, int]:

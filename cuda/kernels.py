@@ -59,6 +59,29 @@ def launch_kernel(
         fn(grid, block, args, shared_mem=shared_mem)
 
 
+def stream_counters(launches: str, size: int) -> cupy.ndarray:
+    """`size` uint32 zeros for one kind of split launch (`launches`: "gemm tiles", "sm90
+    tiles", "attention splits", "argmax rows") on the current device and stream, which
+    every such launch leaves zero: a tile's or a row's CTAs count themselves in, and the
+    last one folds the partials and resets its counter.
+
+    NOTE: one array per (kind, size, device, stream), never freed, so that launches that
+    may overlap (other streams) never share one, and a CUDA graph captured with it keeps
+    it valid. A launch cut short (a trapped kernel) leaves counts behind; the context is
+    lost then."""
+    import cupy
+
+    device, stream = int(cupy.cuda.runtime.getDevice()), cupy.cuda.get_current_stream().ptr
+    return _stream_counters(launches, size, device, stream)
+
+
+@functools.cache
+def _stream_counters(launches: str, size: int, device_id: int, stream_ptr: int) -> cupy.ndarray:
+    import cupy
+
+    return cupy.zeros(size, dtype=np.uint32)
+
+
 def to_device(x: np.ndarray) -> cupy.ndarray:
     """A host array on the device; BF16 travels as its uint16 bit patterns."""
     import cupy

@@ -11,12 +11,11 @@ attention_kernel.py.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
-from .kernels import BF16_BITS, check, kernel, launch_kernel
+from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
 ARGMAX_THREADS = 1024  # as in sampling.cu
@@ -265,8 +264,7 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
 
         part_v = cupy.empty(rows * slices, dtype=np.float32)
         part_i = cupy.empty(rows * slices, dtype=np.int32)
-        counters = _argmax_counters(int(cupy.cuda.runtime.getDevice()),
-                                    cupy.cuda.get_current_stream().ptr)  # fmt: skip
+        counters = stream_counters("argmax rows", ARGMAX_SPLIT_MAX_ROWS)
         args = (logits, np.int64(vocab), np.int32(vocab), np.int32(ARGMAX_SLICE), part_v, part_i,
                 counters, out)  # fmt: skip
         launch_kernel(kernel("sampling", "argmax_split"), (rows, slices), (ARGMAX_SPLIT_THREADS,),
@@ -281,17 +279,6 @@ def argmax_slices(rows: int, vocab: int) -> int:
     """CTAs a row of `argmax`'s launch: 1 (argmax, a CTA a row) past ARGMAX_SPLIT_MAX_ROWS
     rows or for a vocabulary of one slice."""
     return -(-vocab // ARGMAX_SLICE) if rows <= ARGMAX_SPLIT_MAX_ROWS else 1
-
-
-@functools.cache
-def _argmax_counters(device_id: int, stream_ptr: int) -> Any:
-    """argmax_split's row counters for launches on one stream: ARGMAX_SPLIT_MAX_ROWS zeros,
-    which every launch leaves zero. NOTE: as the GEMMs' tile counters, one array per
-    (device, stream), never freed, so launches that may overlap never share one and a
-    captured CUDA graph keeps it valid."""
-    import cupy
-
-    return cupy.zeros(ARGMAX_SPLIT_MAX_ROWS, dtype=np.uint32)
 
 
 def sample(

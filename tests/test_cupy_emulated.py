@@ -25,7 +25,7 @@ import pytest
 import test_invariance as invariance
 from kernel_emu import emucupy
 
-from reprise.cuda import attention_kernel, attention_tc_kernel, gemm_kernel, kernels, launchers, pdl
+from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels, launchers, pdl
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.sampling import Draws
@@ -58,9 +58,8 @@ SEEDED = SamplingParams(
 PARAMS = [GREEDY, SEEDED]
 # per-process caches of device objects (kernels, per-stream counters): an emulated one
 # must never reach a real CuPy launch, nor a real one an emulated launch
-KERNEL_CACHES = [kernels.module, gemm_kernel._kernel, gemm_kernel._tile_counters,
-                 attention_tc_kernel._kernel, attention_kernel.split_counters,
-                 launchers._argmax_counters]  # fmt: skip
+KERNEL_CACHES = [kernels.module, kernels._stream_counters, gemm_kernel._kernel,
+                 attention_tc_kernel._kernel]  # fmt: skip
 
 
 def random_prompt(n: int, seed: int) -> list[int]:
