@@ -31,7 +31,8 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   baselines of the tensor-core kernel: `tc ring2` held to its normal page ring (split
   launches take the deep one); `tc expf`, its page step before base 2 (the accurate
   expf, a rescale and the masks on every page); `tc sel`, that with the select around
-  each key's expf it had before 2026-11-27 (BUILDS); `tc plan4k` / `tc plan8k`, the head
+  each key's expf it had before 2026-11-27; `tc coop`, the shared page (a decode CTA's
+  pages on all four warps; BUILDS); `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
   at long contexts); and `tc chunk64` / `tc chunk128`, built with KV chunks of 64 or 128
   keys instead of 256 (CHUNKS: fewer pages a CTA walks in a row; other bits).
@@ -657,14 +658,17 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
         return tc.paged_attention_tc(**inputs)
 
 
-# Earlier builds of the tensor-core kernel (attention_tc_kernel.BUILD), timed beside it:
+# Other builds of the tensor-core kernel (attention_tc_kernel.BUILD), timed beside it:
 # `tc expf` its page step before base 2 (the accurate expf of natural-unit scores, acc
 # rescaled and every page masked: what those three gained); `tc sel` that with a select
 # around each expf too, as the H200 timed it on 2026-11-27 (but for the chunk's reset kept
-# a branch and the copies' addressing, which both builds share with the default).
+# a branch and the copies' addressing, which both builds share with the default); `tc
+# coop` the shared page, not yet the default (attention_tc_kernel.COOP: a split launch's
+# CTA of one m16 tile of rows runs each page on all four warps; the same bits).
 BUILDS = {
     "expf": ("REPRISE_ATTN_EXPF=1",),
     "sel": ("REPRISE_ATTN_EXPF=1", "REPRISE_ATTN_EXP_SELECT=1"),
+    "coop": ("REPRISE_ATTN_COOP=1",),
 }
 
 

@@ -126,6 +126,11 @@
 //   d128_b32_deep     4     69,632 | 198 -> 195 -> 208         2/2       | 201 -> 198 -> 214         2/3
 //   d128_b64_deep     3    104,448 | 213 -> 213 -> 213         2/1       | 224 -> 216 -> 222         2/2
 //
+// Built with REPRISE_ATTN_COOP=1 (attention_tc_kernel.COOP), a deep kernel's CTA whose rows
+// fit one m16 tile (a decode's) runs each page on all four warps ("The shared page", at
+// attend_page_coop), with the same bits; registers within 3 of the "now" column, no spills,
+// and 1.3-4.4 KB more static shared memory (the warps' exchange).
+//
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
 // Llama-3.1-8B decode's split grid is 256 CTAs (8 lanes of 32 head slots): one round on
@@ -229,6 +234,14 @@
 #ifndef REPRISE_ATTN_EXPF
 #define REPRISE_ATTN_EXPF 0
 #endif
+// The shared page: 0, the default, a deep kernel's CTA runs its pages on the warps that
+// hold its rows (at decode, one m16 tile: warp 0 alone, the others idle); 1, a CTA whose
+// rows fit one m16 tile runs each page on all four warps (attend_page_coop, "The shared
+// page" below). The same bits either way (tests/test_attention_tc_emulated.py); built
+// for bench_gpu_kernels' `tc coop` rows and the engine through attention_tc_kernel.COOP.
+#ifndef REPRISE_ATTN_COOP
+#define REPRISE_ATTN_COOP 0
+#endif
 
 namespace {
 
@@ -249,6 +262,8 @@ constexpr unsigned int kFullMask = 0xffffffffu;
 constexpr int kKvChunk = REPRISE_KV_CHUNK;
 static_assert(kKvChunk % 64 == 0, "a KV chunk is whole pages of every block size (16, 32, 64)");
 constexpr bool kBase2 = !REPRISE_ATTN_EXPF;
+constexpr bool kCoop = REPRISE_ATTN_COOP;
+static_assert(!kCoop || (kBase2 && !REPRISE_ATTN_EXP_SELECT), "the shared page is built on the default page step");
 constexpr float kLog2e = 1.4426950408889634f;
 
 // e^(x / log2(e)) for x in the softmax's units: 2^x (kBase2), else e^x.
@@ -351,21 +366,42 @@ struct RowState {
   float acc[HEAD_DIM / 8][4];  // n8 tiles of head_dim, in the mma's accumulator layout
 };
 
+// A chunk's fresh online softmax state (RowState, or a warp's CoopState): m = -inf,
+// denom = 0, acc = 0.
+template <class State>
+__device__ __forceinline__ void fresh_state(State& st) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.m[h] = negative_infinity();
+    st.denom[h] = 0.0f;
+  }
+  constexpr int kTiles = sizeof(st.acc) / sizeof(st.acc[0]);
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.acc[n][e] = 0.0f;
+  }
+}
+
 // A thread's 2 * KEY_TILES values of row h (s[j][2h + e]) reduced by `op` as a balanced
 // tree: pairs (j, e = 0, 1), then adjacent n8 tiles, ..., so a page's max and sum are
 // log2 chains of dependent ops, not one chain through every key. The tree's shape is
 // fixed by block_size (KEY_TILES = block_size / 8), so every path sums alike.
 template <int KEY_TILES, class Op>
-__device__ __forceinline__ float row_reduce(const float (&s)[KEY_TILES][4], int h, Op op) {
-  float v[KEY_TILES];
-#pragma unroll
-  for (int j = 0; j < KEY_TILES; ++j) v[j] = op(s[j][2 * h], s[j][2 * h + 1]);
+__device__ __forceinline__ float tile_tree(float (&v)[KEY_TILES], Op op) {
 #pragma unroll
   for (int width = 1; width < KEY_TILES; width *= 2) {
 #pragma unroll
     for (int j = 0; j + width < KEY_TILES; j += 2 * width) v[j] = op(v[j], v[j + width]);
   }
   return v[0];
+}
+template <int KEY_TILES, class Op>
+__device__ __forceinline__ float row_reduce(const float (&s)[KEY_TILES][4], int h, Op op) {
+  float v[KEY_TILES];
+#pragma unroll
+  for (int j = 0; j < KEY_TILES; ++j) v[j] = op(s[j][2 * h], s[j][2 * h + 1]);
+  return tile_tree<KEY_TILES>(v, op);  // the pairs, then adjacent n8 tiles, ...
 }
 
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
@@ -513,6 +549,175 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   }
 }
 
+// ---- The shared page (REPRISE_ATTN_COOP) -------------------------------------------------
+// A decode's split launch gives each CTA one query token: its rows (the token's query heads
+// of the CTA's head slot, sub_group <= 16 of them) fit one m16 tile, so in attend_page warp
+// 0 runs every page alone, a chain of dependent steps, while the other three wait at the
+// ring's barrier (2026-11-28's ncu: one active warp a CTA, 2 CTAs an SM, `wait` and
+// `barrier` stalls at the top, about 2 us a page). Here all four warps hold the same rows
+// (the same Q fragments, m and denom) and share each page:
+//   - S: warp w scores key tile w (b16: tiles 0 and 1 on warps 0 and 1; b64: tiles 2w and
+//     2w + 1), each n8 tile's accumulator the same mma per head_dim slice, ascending, from
+//     +0, as attend_page's;
+//   - the softmax step: each scoring warp's row maxima go through shared memory, and every
+//     warp takes the maximum of them (exact in any order, as the tile max), then the same
+//     m', a and m_sub from the same values; each warp's p of its keys, the same exponential
+//     of the same difference; their pair sums (the leaves of row_reduce's tree) through
+//     shared memory, and every warp sums the leaves by the same tree and quad butterfly;
+//   - P.V: p in BF16 through shared memory (the pairs attend_page packs into pa), and warp
+//     w keeps and updates the n8 tiles of head_dim w * kDimTiles / 4 ..: the same acc * a,
+//     skipped by the same test (every warp sees the same a), and the same mma per 16-key
+//     slice, ascending.
+// So every value is computed by the same operations on the same operands as attend_page's,
+// only by another warp: the same bits. Each page takes two more barriers (the maxima, then
+// the sums and p); the exchange is written only after the ring's barrier that follows the
+// previous page's last read of it.
+template <int HEAD_DIM>
+struct CoopState {  // a warp's share of the tile's online softmax state
+  float m[2];
+  float denom[2];
+  float acc[HEAD_DIM / 32][4];  // n8 tiles warp * HEAD_DIM / 32 ... of head_dim
+};
+
+template <int BLOCK_SIZE>
+struct CoopExchange {  // in shared memory, one a CTA
+  float max[kNumWarps][kRowsPerWarp];  // a scoring warp's row maxima over its key tiles
+  float sum[BLOCK_SIZE / 8][2][32];    // [key tile][row half][lane]: the pair sums of p
+  unsigned p[BLOCK_SIZE / 8][2][32];   // [key tile][row half][lane]: p's pair in BF16
+};
+
+template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
+__device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
+                                                 const unsigned (&qf)[HEAD_DIM / 16][4],
+                                                 const unsigned short* stage, const int (&pos)[2],
+                                                 int tile_start, float units, int lane, int warp,
+                                                 CoopExchange<BLOCK_SIZE>& x) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  constexpr int kMine = C::kKeyTiles > kNumWarps ? C::kKeyTiles / kNumWarps : 1;  // key tiles a warp scores
+  constexpr int kScoring = C::kKeyTiles / kMine;                                  // warps that score
+  constexpr int kMyDimTiles = C::kDimTiles / kNumWarps;                           // n8 tiles of acc a warp holds
+  static_assert(kMine <= 2 && kMyDimTiles % 2 == 0, "an x4 ldmatrix covers a warp's key tiles; pairs of dim tiles");
+  const unsigned short* k_tile = stage;
+  const unsigned short* v_tile = stage + C::kPageHalves;
+  const int quad_lane = lane % 4;
+  const bool scoring = warp < kScoring;  // warp-uniform
+  const int j0 = warp * kMine;           // the warp's first key tile
+
+  // --- S for the warp's key tiles: s[jj] is the n8 tile of keys 8 (j0 + jj) .. ---
+  float s[kMine][4];
+#pragma unroll
+  for (int jj = 0; jj < kMine; ++jj) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[jj][e] = 0.0f;
+  }
+  if (scoring) {
+#pragma unroll
+    for (int ds = 0; ds < C::kDimSlices; ++ds) {
+      // attend_page's x4 of the pair of key tiles j0 / 2 covers: b[0], b[1] its first
+      // tile, b[2], b[3] its second
+      const int key = (j0 / 2) * 16 + (lane & 7) + ((lane >> 4) << 3);
+      const int dim = ds * 16 + ((lane >> 3) & 1) * 8;
+      unsigned b[4];
+      ldmatrix_x4(b, shared_addr(k_tile + key * C::kLds + dim));
+      if constexpr (kMine == 2) {
+        mma_bf16_16816(s[0], qf[ds], b[0], b[1]);
+        mma_bf16_16816(s[1], qf[ds], b[2], b[3]);
+      } else {
+        const bool second = j0 % 2 != 0;
+        mma_bf16_16816(s[0], qf[ds], second ? b[2] : b[0], second ? b[3] : b[1]);
+      }
+    }
+  }
+
+  // --- the softmax step: the row maxima through shared memory ---
+  int visible[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    visible[h] = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
+#pragma unroll
+    for (int jj = 0; jj < kMine; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = s[jj][2 * h + e];
+        v = 8 * (j0 + jj) + 2 * quad_lane + e < visible[h] ? v : negative_infinity();
+      }
+    }
+    // the warp's key tiles' maximum, as row_reduce takes it (exact in any order)
+    float part = fmaxf(s[0][2 * h], s[0][2 * h + 1]);
+    if constexpr (kMine == 2) part = fmaxf(part, fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+    part = fmaxf(part, __shfl_xor_sync(kFullMask, part, 1));
+    part = fmaxf(part, __shfl_xor_sync(kFullMask, part, 2));
+    if (scoring && quad_lane == 0) x.max[warp][lane / 4 + 8 * h] = part;
+  }
+  __syncthreads();  // every scoring warp's maxima are in
+
+  float alpha[2];
+  bool sees[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float tile_max = x.max[0][lane / 4 + 8 * h];
+#pragma unroll
+    for (int w = 1; w < kScoring; ++w) tile_max = fmaxf(tile_max, x.max[w][lane / 4 + 8 * h]);
+    tile_max = __fmul_rn(tile_max, units);
+    sees[h] = visible[h] > 0;
+    const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
+    alpha[h] = m_new != st.m[h] ? softmax_exp(__fsub_rn(st.m[h], m_new)) : 1.0f;
+    const float m_sub = sees[h] ? m_new : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < kMine; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s[jj][2 * h + e] = softmax_exp(__fmaf_rn(s[jj][2 * h + e], units, -m_sub));
+      if (scoring) {
+        x.sum[j0 + jj][h][lane] = __fadd_rn(s[jj][2 * h], s[jj][2 * h + 1]);
+        x.p[j0 + jj][h][lane] = bf16_pair(s[jj][2 * h], s[jj][2 * h + 1]);
+      }
+    }
+    st.m[h] = m_new;
+  }
+  __syncthreads();  // every key tile's pair sums and p are in
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v[C::kKeyTiles];
+#pragma unroll
+    for (int j = 0; j < C::kKeyTiles; ++j) v[j] = x.sum[j][h][lane];
+    float p_sum = tile_tree<C::kKeyTiles>(v, [](float a, float b) { return __fadd_rn(a, b); });
+    p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 1));
+    p_sum = __fadd_rn(p_sum, __shfl_xor_sync(kFullMask, p_sum, 2));
+    st.denom[h] = sees[h] ? __fadd_rn(__fmul_rn(st.denom[h], alpha[h]), p_sum) : st.denom[h];
+  }
+
+  // --- P.V on the warp's n8 tiles of head_dim ---
+  unsigned pa[C::kKeySlices][4];
+#pragma unroll
+  for (int i = 0; i < C::kKeySlices; ++i) {
+    pa[i][0] = x.p[2 * i][0][lane];
+    pa[i][1] = x.p[2 * i][1][lane];
+    pa[i][2] = x.p[2 * i + 1][0][lane];
+    pa[i][3] = x.p[2 * i + 1][1][lane];
+  }
+  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < kMyDimTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.acc[n][e] = __fmul_rn(st.acc[n][e], alpha[e / 2]);
+    }
+  }
+#pragma unroll
+  for (int dl = 0; dl < kMyDimTiles / 2; ++dl) {
+    const int dp = warp * (kMyDimTiles / 2) + dl;  // the pair of n8 tiles of head_dim
+#pragma unroll
+    for (int i = 0; i < C::kKeySlices; ++i) {
+      const int key = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int dim = dp * 16 + (lane >> 4) * 8;
+      unsigned b[4];
+      ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
+      mma_bf16_16816(st.acc[2 * dl], pa[i], b[0], b[1]);
+      mma_bf16_16816(st.acc[2 * dl + 1], pa[i], b[2], b[3]);
+    }
+  }
+}
+
 template <int HEAD_DIM, int BLOCK_SIZE, int STAGES, bool SPLIT_ONLY>
 __device__ __forceinline__ void paged_attention_tc(
     unsigned short* __restrict__ out,            // [T, num_heads, head_dim] BF16
@@ -602,7 +807,11 @@ __device__ __forceinline__ void paged_attention_tc(
 
   // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
   // padding, which sees nothing).
-  const int row0 = warp * kRowsPerWarp + lane / 4;
+  // The shared page (kCoop): a deep kernel's CTA whose rows fit one m16 tile runs each page
+  // on all four warps, every warp holding that tile's rows (CTA-uniform).
+  const bool coop = kCoop && SPLIT_ONLY && num_rows <= kRowsPerWarp;
+  const int tile_warp = coop ? 0 : warp;  // the m16 tile of rows the warp holds
+  const int row0 = tile_warp * kRowsPerWarp + lane / 4;
   int pos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -610,10 +819,10 @@ __device__ __forceinline__ void paged_attention_tc(
     pos[h] = r < num_rows ? first_pos + r / sub_group : -1;
   }
   // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
-  const int warp_last_row = min(warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
-  const int warp_last_pos = warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
+  const int warp_last_row = min(tile_warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
+  const int warp_last_pos = tile_warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
   const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
-  const int warp_first_pos = first_pos + warp * kRowsPerWarp / sub_group;
+  const int warp_first_pos = first_pos + tile_warp * kRowsPerWarp / sub_group;
 
   // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
   // One commit per page slot (empty past the end) keeps the group count uniform: at page
@@ -684,7 +893,53 @@ __device__ __forceinline__ void paged_attention_tc(
   // page's mmas rather than before the copies that need it. (The normal ring's would
   // spill: d128_b32 on sm_90 at its 168 registers.)
   int next_block = SPLIT_ONLY && C::kStages - 1 < num_pages ? table[page_of(C::kStages - 1)] : 0;
-  for (int k = 0; k < num_pages; ++k) {
+  if constexpr (kCoop && SPLIT_ONLY) {
+    // The shared page: the loop below with attend_page_coop for attend_page and each warp's
+    // share of the state. (Split only: a chunk's end stores the state for the last lane.)
+    static __shared__ CoopExchange<BLOCK_SIZE> xchg;  // `static`: as cta's
+    constexpr int kMyDimTiles = C::kDimTiles / kNumWarps;
+    CoopState<HEAD_DIM> cs;
+    for (int k = 0; coop && k < num_pages; ++k) {
+      const int t = page_of(k);
+      const int c = t / kTpc;
+      if (k % kTpc == 0) {  // the chunk's first page: a fresh state
+        __syncwarp();
+        fresh_state(cs);
+      }
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();  // page k landed; every warp is done with page k - 1 and the exchange
+      const int next = k + C::kStages - 1;
+      if (next < num_pages) issue(next, next_block);
+      cp_async_commit();
+      if (next + 1 < num_pages) next_block = table[page_of(next + 1)];
+      if (t < warp_tiles) {  // CTA-uniform here: every warp holds the same rows
+        const unsigned short* stage = attention_tc_smem + (k % C::kStages) * C::kStageHalves;
+        if ((t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
+          attend_page_coop<HEAD_DIM, BLOCK_SIZE, true>(cs, qf, stage, pos, t * BLOCK_SIZE, units, lane, warp, xchg);
+        } else {
+          attend_page_coop<HEAD_DIM, BLOCK_SIZE, false>(cs, qf, stage, pos, t * BLOCK_SIZE, units, lane, warp, xchg);
+        }
+      }
+      if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
+      // the chunk's end: its state to the workspace, for the last lane (m and denom from
+      // warp 0, each warp its n8 tiles of acc)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (pos[h] < c * kKvChunk) continue;  // a row before the chunk's first key (padding: -1)
+        const long long slot = cta.row_at(row0 + 8 * h, num_heads) * max_chunks + c;
+        if (warp == 0 && lane % 4 == 0) {
+          ws_ml()[slot * 2] = cs.m[h];
+          ws_ml()[slot * 2 + 1] = cs.denom[h];
+        }
+#pragma unroll
+        for (int n = 0; n < kMyDimTiles; ++n) {
+          *reinterpret_cast<float2*>(workspace + slot * HEAD_DIM + 8 * (warp * kMyDimTiles + n) + col) =
+              make_float2(cs.acc[n][2 * h], cs.acc[n][2 * h + 1]);
+        }
+      }
+    }
+  }
+  for (int k = 0; !coop && k < num_pages; ++k) {
     const int t = page_of(k);
     const int c = t / kTpc;
     if (k % kTpc == 0) {  // the chunk's first page: a fresh state
@@ -692,16 +947,7 @@ __device__ __forceinline__ void paged_attention_tc(
       // Without it ptxas predicated the reset, 66 selects on every page, the chunk's
       // first or not; moved to a chunk's end instead, or into attend_page, it spilled.
       __syncwarp();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        st.m[h] = negative_infinity();
-        st.denom[h] = 0.0f;
-      }
-#pragma unroll
-      for (int n = 0; n < C::kDimTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st.acc[n][e] = 0.0f;
-      }
+      fresh_state(st);
     }
     cp_async_wait<C::kStages - 2>();  // this thread's copies of page k have landed
     // Every thread's copies of page k are visible, and every warp has finished

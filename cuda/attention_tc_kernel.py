@@ -58,6 +58,11 @@ THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
 # REPRISE_ATTN_EXP_SELECT=1 too, a select around each expf, as before 2026-11-27 (the
 # same bits as without it).
 BUILD: tuple[str, ...] = ()
+# The shared page (attention_tc.cu, REPRISE_ATTN_COOP): a split launch's CTA whose rows fit
+# one m16 tile (a decode's) runs each page on all four warps instead of warp 0 alone. The
+# same bits (tests/test_attention_tc_emulated.py); off until a GPU run shows it faster
+# (bench/results/PENDING.md).
+COOP = False
 
 
 def kernel_name(head_dim: int, block_size: int, *, deep: bool = False) -> str:
@@ -112,7 +117,9 @@ def paged_attention_tc(
 
     def kernel_for(grid: SplitGrid) -> tuple[Any, int]:
         name, smem = launch_variant(head_dim, block_size, grid)
-        return _kernel(name, smem, device_id, BUILD), smem
+        return _kernel(
+            name, smem, device_id, (*BUILD, *(("REPRISE_ATTN_COOP=1",) if COOP else ()))
+        ), smem
 
     return launch(kernel_for, ROWS_PER_CTA, out, *args, workspace=workspace)
 

@@ -21,7 +21,8 @@
 # the default; the row epilogues' GPU tests (the add_rmsnorm in the o and down launches,
 # the rope_kv_write in the qkv launch), and the default model with them on, then with
 # every default-model fusion on together, then every decode fusion on together at 8B
-# (issue 18's 1.3x the weights-read floor). (2026-11-28's end-to-end comparison of the
+# (issue 18's 1.3x the weights-read floor); last, the engine with the shared page in
+# attention (8B and the default model). (2026-11-28's end-to-end comparison of the
 # decode tiles with WS is left out.)
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
@@ -154,3 +155,24 @@ grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_
 flag_part fused_e2e 60 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
 grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
   "$OUT/fused_e2e.out" | cut -c1-150 | head -24
+# the engine with the shared page on (attention_tc_kernel.COOP: a decode's split attention
+# CTA runs each page on all four warps, not warp 0 alone; the same bits), beside the e2e and
+# e2e_default parts' rows: 8B decode b=1 and the cached 4,096-token first token (issue 18's
+# 1.3x the floor and 1.1 decode steps), then the default model's decode b=1
+coop_part() {
+  local name=$1 limit=$2
+  shift 2
+  local args
+  args=$(printf "'%s', " "$@")
+  part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
+import sys
+from reprise.cuda import attention_tc_kernel
+attention_tc_kernel.COOP = True
+from reprise.bench.bench_gpu_e2e import main
+sys.exit(main([$args]))"
+}
+coop_part coop_e2e 60 --sections floors,decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_coop.json"
+grep -E "^(decode|ttft|target)|^kernels (decode b=1 ctx=512 graphs|ttft 4096 cached).*(span|attention)|failed|Error" \
+  "$OUT/coop_e2e.out" | cut -c1-150 | head -24
+coop_part coop_default 30 --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_coop_default.json"
+grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_default.out" | cut -c1-150

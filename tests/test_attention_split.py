@@ -240,11 +240,15 @@ def test_the_kernels_cut_where_the_twin_cuts(name: str) -> None:
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("arch", nvrtc.ARCHS)
-@pytest.mark.parametrize("name", ["attention.cu", "attention_tc.cu"])
-def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "defines"),
+    [("attention.cu", ""), ("attention_tc.cu", ""), ("attention_tc.cu", "REPRISE_ATTN_COOP 1")],
+)
+def test_attention_kernels_do_not_spill(name: str, defines: str, arch: str) -> None:
     """Registers and local memory of every attention entry point, read from the cubin
     (printed for the record): no stack frame anywhere, so nothing spills; and what holds
-    the tensor-core kernels' occupancy (_tc_registers_do_not_hold_occupancy)."""
+    the tensor-core kernels' occupancy (_tc_registers_do_not_hold_occupancy); the
+    tensor-core kernel also as attention_tc_kernel.COOP builds it (the shared page)."""
     try:
         nvrtc.compile_options(arch)
         nvrtc._library()
@@ -253,6 +257,7 @@ def test_attention_kernels_do_not_spill(name: str, arch: str) -> None:
             raise
         pytest.skip(str(e))
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)  # common.cuh pasted in
+    source = (f"#define {defines}\n" if defines else "") + source
     resources = nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin)
     assert set(resources) == set(nvrtc.kernel_names(source))
     for kernel, used in sorted(resources.items()):

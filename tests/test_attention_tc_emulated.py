@@ -493,6 +493,67 @@ def test_attention_tc_shorter_chunks_match_their_twin_and_keep_design_4(
                 assert np.array_equal(want[:3], default[:3])
                 assert (want[3] != default[3]).any() and (want[4] != default[4]).any()
 
+@pytest.fixture(scope="module")
+def lib_coop(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The emulation with the shared page (REPRISE_ATTN_COOP=1: bench_gpu_kernels' `tc coop`,
+    the engine's with attention_tc_kernel.COOP)."""
+    built = emulation_or_skip(tmp_path_factory.mktemp("emu_coop"), "-DREPRISE_ATTN_COOP=1")
+    built.emu_mma_past_warp0.restype = ctypes.c_ulonglong
+    return built
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "block_size", "group"),
+    [(64, 16, 3), (64, 32, 3), (64, 64, 1), (128, 16, 4), (128, 32, 4), (128, 64, 4)],
+)
+def test_the_shared_page_gives_the_bits_of_one_warp(
+    lib: ctypes.CDLL, lib_coop: ctypes.CDLL, rng: np.random.Generator, head_dim: int,
+    block_size: int, group: int,
+) -> None:  # fmt: skip
+    """The deep kernels built with the shared page (all four warps on each page of a CTA
+    whose rows fit one m16 tile): decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys and
+    two random lengths on split grids (the deep ring) give the default build's outputs
+    bit for bit, and its fp32 values (fp32_probe), under every thread schedule and in
+    both CTA orders; the warps past the first do run mma there (none do in the default
+    build: warp 0 runs a decode's pages alone); and a launch that also holds a prefill
+    (CTAs of more than 16 rows: the default page step in this build too) equals the
+    default build's."""
+    lib.emu_mma_past_warp0.restype = ctypes.c_ulonglong
+    contexts = [*SPLIT_CONTEXTS, *(int(n) for n in rng.integers(2, 2 * S, size=2))]
+    kv_heads = 2
+    paged = PagedTc(rng, shape(head_dim, group, kv_heads), block_size, contexts)
+    decode = [(b, n - 1, n) for b, n in enumerate(contexts)]
+    mixed = [*decode[:3], (3, 0, contexts[3]), (4, contexts[4] - 5, contexts[4])]
+    grids = [
+        forced_grid(len(decode), len(decode), kv_heads, group, 1, 2, ROWS_PER_CTA),
+        forced_grid(len(decode), len(decode), kv_heads, group, group, 3, ROWS_PER_CTA),
+    ]
+    for probe in (False, True):  # the BF16 outputs, then the fp32 values behind them
+        for grid in grids:
+            with fp32_probe(lib, probe):
+                lib.emu_mma_past_warp0()
+                want = paged.run(lib, decode, grid=grid, deep=True)
+                assert lib.emu_mma_past_warp0() == 0  # warp 0 alone in the default build
+            with fp32_probe(lib_coop, probe):
+                lib_coop.emu_mma_past_warp0()
+                got = paged.run(lib_coop, decode, grid=grid, deep=True)
+                assert lib_coop.emu_mma_past_warp0() > 0  # the shared page ran
+            assert np.array_equal(got, want), (probe, grid)
+        with fp32_probe(lib_coop, probe):
+            for order in (1, 2):
+                with warp_schedule(lib_coop, order):
+                    got = paged.run(lib_coop, decode, grid=grids[0], deep=True)
+                    assert np.array_equal(got, want), order
+            with reversed_ctas(lib_coop):
+                assert np.array_equal(paged.run(lib_coop, decode, grid=grids[0], deep=True), want)
+    mixed_grid = forced_grid(sum(last - first for _, first, last in mixed), len(mixed), kv_heads,
+                             group, 1, 3, ROWS_PER_CTA)  # fmt: skip
+    with fp32_probe(lib), fp32_probe(lib_coop):
+        want = paged.run(lib, mixed, grid=mixed_grid, deep=True)
+        assert np.array_equal(paged.run(lib_coop, mixed, grid=mixed_grid, deep=True), want)
+    assert max_row_ulps(paged.run(lib_coop, decode).view(BF16), paged.twin(decode)) <= 2
+
+
 def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
     """A deep-ring kernel has no shared memory for merging chunks itself, so a one-lane
     launch (which would) traps instead of writing past its buffer; in a child process,

@@ -360,3 +360,28 @@ def test_attention_tc_deep_ring_gives_the_normal_rings_bits(cp, rng, block_size:
         assert np.array_equal(bits(deep), bits(seqs.run(spans))), spans
         if spans is decode:
             bf16_close(deep, seqs.ref(decode))
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("shape", MODEL_SHAPES)
+def test_attention_tc_shared_page_gives_the_same_bits(
+    cp, rng, monkeypatch: pytest.MonkeyPatch, shape: str, block_size: int
+) -> None:
+    """The shared page (attention_tc_kernel.COOP: a split launch's CTA of one m16 tile of
+    rows runs each page on all four warps) on the device, where the warps truly run at
+    once: decode steps at 1, S - 1, S, S + 1 and 3S + 7 keys and two random lengths,
+    batch 7 and each alone, and a launch holding a prefill too, bit for bit the default
+    build's, twice (counters left zero); within BF16 rounding of the twin."""
+    s = KV_CHUNK
+    seq_lens = [1, s - 1, s, s + 1, 3 * s + 7, *(int(n) for n in rng.integers(2, 2 * s, size=2))]
+    seqs = PagedSequences(rng, SHAPES[shape], block_size, seq_lens, "tensor-cores")
+    decode = [(b, n - 1, n) for b, n in enumerate(seq_lens)]
+    mixed = [*decode[:4], (4, 0, seq_lens[4])]
+    cases = [decode, *([span] for span in decode), mixed]
+    assert any(tc_grid(seqs, spans).splits for spans in cases)
+    want = [bits(seqs.run(spans)) for spans in cases]
+    monkeypatch.setattr(attention_tc_kernel, "COOP", True)
+    for _ in range(2):
+        for spans, expected in zip(cases, want, strict=True):
+            assert np.array_equal(bits(seqs.run(spans)), expected), spans
+    bf16_close(seqs.run(decode), seqs.ref(decode))

@@ -184,7 +184,11 @@ inline float ptx_bf16_half(unsigned word, int upper) {
 // the lower index of a pair in the lower 16 bits. So A[r][k] sits in lane
 // 4 (r % 8) + (k % 8) / 2, register (r / 8) + 2 (k / 8), half k % 2, and B[k][n] in
 // lane 4 n + (k % 8) / 2, register k / 8, half k % 2.
+// mma.sync by warps other than each CTA's first, since the last call of emu_mma_past_warp0:
+// which warps share a page's work (attention_tc.cu's shared page).
+inline std::atomic<unsigned long long> g_mma_past_warp0{0};
 inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if (threadIdx.x >= 32) g_mma_past_warp0.fetch_add(1, std::memory_order_relaxed);
   const unsigned mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
   const auto ops = ptx_warp_gather(mine, 6);
   const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
