@@ -198,7 +198,9 @@ class CupyBackend:
         block_bytes = cache.nbytes // cache.shape[0]
         if not (cache.flags.c_contiguous and host_cache.flags.c_contiguous
                 and host_cache.nbytes // host_cache.shape[0] == block_bytes):  # fmt: skip
-            raise ValueError("tier copies move whole blocks between contiguous arrays of one block size")
+            raise ValueError(
+                "tier copies move whole blocks between contiguous arrays of one block size"
+            )
         device0, host0 = int(cache.data.ptr), int(host_cache.ctypes.data)
         compute = self._cupy.cuda.get_current_stream().record()
         waited: set[str] = set()  # the directions whose stream waits for `compute` already
@@ -210,12 +212,18 @@ class CupyBackend:
             else:
                 raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
             device, host = device0 + block * block_bytes, host0 + slot * block_bytes
-            stream = self._issue(direction, _keys(device, host), None if direction in waited else compute)
+            stream = self._issue(
+                direction, _keys(device, host), None if direction in waited else compute
+            )
             waited.add(direction)
             if direction == "d2h":
-                runtime.memcpyAsync(host, device, block_bytes, runtime.memcpyDeviceToHost, stream.ptr)
+                runtime.memcpyAsync(
+                    host, device, block_bytes, runtime.memcpyDeviceToHost, stream.ptr
+                )
             else:
-                runtime.memcpyAsync(device, host, block_bytes, runtime.memcpyHostToDevice, stream.ptr)
+                runtime.memcpyAsync(
+                    device, host, block_bytes, runtime.memcpyHostToDevice, stream.ptr
+                )
 
     def copy_block(self, cache: Any, src: int, dst: int) -> None:
         """Copy one device block over another on the compute stream, in order with the

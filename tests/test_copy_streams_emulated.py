@@ -111,7 +111,9 @@ def test_a_run_of_copies_records_an_event_only_where_a_copy_waits_for_the_other_
         want_device[block] = want_host[8 + block]
     records, memcpys = [], []
     record = emucupy.Stream.record
-    monkeypatch.setattr(emucupy.Stream, "record", lambda self, *a: records.append(self) or record(self, *a))
+    monkeypatch.setattr(
+        emucupy.Stream, "record", lambda self, *a: records.append(self) or record(self, *a)
+    )
     memcpy = emucupy._Runtime.memcpyAsync
     monkeypatch.setattr(emucupy._Runtime, "memcpyAsync", lambda *a: memcpys.append(a) or memcpy(*a))
     ops.tier_copies(cache, host, copies)
