@@ -32,7 +32,8 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   launches take the deep one); `tc expf`, its page step before base 2 (the accurate
   expf, a rescale and the masks on every page); `tc sel`, that with the select around
   each key's expf it had before 2026-11-27; `tc coop`, the shared page (a decode CTA's
-  pages on all four warps; BUILDS); `tc plan4k` / `tc plan8k`, the head
+  pages on all four warps; BUILDS), and `tc coop plan4k` / `plan8k` with the head split
+  below; `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
   at long contexts); and `tc chunk64` / `tc chunk128`, built with KV chunks of 64 or 128
   keys instead of 256 (CHUNKS: fewer pages a CTA walks in a row; other bits).
@@ -703,6 +704,16 @@ def paged_attention_tc_planned(keys: int, **inputs: Any) -> Any:
         return paged_attention_tc(**inputs)
 
 
+def paged_attention_tc_coop_planned(keys: int, **inputs: Any) -> Any:
+    """`tc coop plan4k` / `plan8k`: the shared page (BUILDS' coop) with the head split
+    planned for longer contexts: a CTA's four warps then share each page among more query
+    heads (at batch 1 on 8 KV heads of 4: 2 or 4 rows a CTA, each page read by fewer CTAs)."""
+    from reprise.cuda import attention_tc_kernel as tc
+
+    with patched(tc, "BUILD", BUILDS["coop"]):
+        return paged_attention_tc_planned(keys, **inputs)
+
+
 # `paged attn tc chunk64` / `chunk128`: the tensor-core kernel built with KV chunks of 64 or
 # 128 keys (REPRISE_KV_CHUNK), its launch planned for them (attention_kernel.KV_CHUNK): at
 # 256, a batch-1 decode at 512 keys has 2 busy chunks a head, each a CTA walking 8 pages
@@ -756,6 +767,10 @@ def measure_attention(ctx: Context) -> Iterator[Row]:
         },
         **{
             f"paged attn tc {name}": partial(paged_attention_tc_planned, keys)
+            for name, keys in PLANS.items()
+        },
+        **{
+            f"paged attn tc coop {name}": partial(paged_attention_tc_coop_planned, keys)
             for name, keys in PLANS.items()
         },
         **{
