@@ -39,8 +39,10 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   keys instead of 256 (CHUNKS: fewer pages a CTA walks in a row; other bits).
 - small: embed, rmsnorm, add_rmsnorm, rope (q and k), kv_write, silu_mul, argmax.
 - hosttier: CupyBackend offloading and onboarding 64 and 256 blocks of the
-  Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, and how far the
-  copies overlap GEMMs issued with them.
+  Llama-3.1-8B cache (4 MiB a block) against the pinned bandwidth, a call a block and
+  as one run (`offload run`, `onboard run`: `tier_copies`, as the runner issues a
+  match's copies; `issue_us` is the host's time to issue them), and how far the copies
+  overlap GEMMs issued with them.
 
 A kernel's floor is max(bytes it must move / copy bandwidth, flops / matrix rate);
 the table gives its time, floor, time / floor, the reference's time and time /
@@ -897,12 +899,22 @@ def measure_small(ctx: Context) -> Iterator[Row]:
 
 
 def issue_copies(backend: Any, offload: bool, cache: Any, host: Any, block_ids: Any) -> None:
-    """Offload device blocks `block_ids` into host slots 0, 1, ..., or onboard them back."""
+    """Offload device blocks `block_ids` into host slots 0, 1, ..., or onboard them back,
+    a call a block."""
     for slot, block_id in enumerate(block_ids):
         if offload:
             backend.offload_block(cache, int(block_id), host, slot)
         else:
             backend.onboard_block(host, slot, cache, int(block_id))
+
+
+def issue_run(backend: Any, offload: bool, cache: Any, host: Any, block_ids: Any) -> None:
+    """The same copies as one run (`tier_copies`), as the runner hands a match's copies."""
+    if offload:
+        copies = [("offload", int(b), slot) for slot, b in enumerate(block_ids)]
+    else:
+        copies = [("onboard", slot, int(b)) for slot, b in enumerate(block_ids)]
+    backend.tier_copies(cache, host, copies)
 
 
 def time_issue(backend: Any, issue: Callable[[], Any]) -> tuple[float, float, float]:
@@ -948,12 +960,13 @@ def measure_host_tier(ctx: Context) -> Iterator[Row]:
     for n in HOST_TIER_COPIES:
         block_ids = rng.choice(HOST_TIER_BLOCKS, size=n, replace=False)
         num_bytes = n * kv_block_bytes(model, BLOCK_SIZE)
-        for offload in (True, False):
-            op = "offload" if offload else "onboard"
-            issue = partial(issue_copies, backend, offload, cache, host, block_ids)
+        for offload, run in ((True, False), (False, False), (True, True), (False, True)):
+            op = ("offload" if offload else "onboard") + (" run" if run else "")
+            issue = partial(issue_run if run else issue_copies, backend, offload, cache, host,
+                            block_ids)  # fmt: skip
             timed, error = ctx.attempt(f"hosttier {op} {n}", partial(time_issue, backend, issue))
             device_us, host_us, issue_us = timed or (None, None, None)
-            copy_us = device_us if offload else copy_us
+            copy_us = device_us if offload and not run else copy_us
             gb_s = device_us and round(num_bytes / device_us / 1e3, 2)
             row = make_row(
                 ("hosttier", model.name, op, f"{n} blocks ({num_bytes >> 20} MiB)"),

@@ -346,3 +346,30 @@ def test_stream_rates_by_hand() -> None:
     assert rates == {"gb_per_s": 3000.0, "of_copy_bw": 0.75, "note": "3000 GB/s = 75.0 % of copy"}
     assert bench.stream_rates(3_000_000_000, None, {bench.COPY_BW: 4e12})["of_copy_bw"] is None
     assert bench.stream_rates(3_000_000_000, 1000.0, {})["of_copy_bw"] is None
+
+
+def test_the_host_tier_rows_issue_the_same_copies_a_call_a_block_and_as_one_run() -> None:
+    """`hosttier`'s `offload` / `onboard` rows issue a call a block, its `offload run` /
+    `onboard run` rows the same copies (block b to slot i and back) in one tier_copies."""
+    calls: list[tuple] = []
+
+    class Backend:
+        def offload_block(self, cache, block_id, host, slot):
+            calls.append(("offload", block_id, slot))
+
+        def onboard_block(self, host, slot, cache, block_id):
+            calls.append(("onboard", slot, block_id))
+
+        def tier_copies(self, cache, host, copies):
+            calls.append(("run", list(copies)))
+
+    block_ids = np.array([5, 2, 7])
+    for offload in (True, False):
+        calls.clear()
+        bench.issue_copies(Backend(), offload, "cache", "host", block_ids)
+        one_by_one = list(calls)
+        calls.clear()
+        bench.issue_run(Backend(), offload, "cache", "host", block_ids)
+        assert calls == [("run", one_by_one)]
+        kind = "offload" if offload else "onboard"
+        assert [c[0] for c in one_by_one] == [kind] * 3
