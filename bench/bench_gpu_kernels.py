@@ -977,7 +977,7 @@ def measure_host_tier(ctx: Context) -> Iterator[Row]:
                 host_us=_round(host_us),
                 issue_us=_round(issue_us),
                 gb_s=gb_s,
-                note=gb_s and f"{gb_s} GB/s",
+                note=gb_s and f"{gb_s} GB/s, issued in {issue_us:.0f} µs",
             )
             row["fraction_of_pinned"] = ratio(row["floor_us"], device_us)
             yield row

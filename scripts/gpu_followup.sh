@@ -81,10 +81,12 @@ grep -E "^(decode|split)|^kernels .*(span|idle|gemm)|failed|Error" "$OUT/e2e_def
 # the attention part also compiles attention_tc.cu twice more: its page step before base 2
 # (`paged attn tc expf`: natural-unit expf, a rescale and the masks on every page), and
 # that with a select around each expf too (`tc sel`: as the H200 timed it on 2026-11-27)
+# (and the host tier's copies a call a block and as one run, `tier_copies`: the host's
+# issue time of each, the hosttier section)
 part attention 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
-  --sections floors,gemm,attention --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
-grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|Error" "$OUT/attention.out" \
-  | cut -c1-170
+  --sections floors,gemm,attention,hosttier --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
+grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|hosttier|^llama-3.1-8b +(offload|onboard|overlap)|Error" \
+  "$OUT/attention.out" | cut -c1-170
 # Nsight Compute over one batch-1 decode step's first 12 kernels (the embedding and the
 # first layer: every kernel a layer runs, the RMSNorm in registers among them), each alone:
 # DRAM and SM throughput, waves, occupancy, why warps stall (bench/bench_ncu_step.py; where
