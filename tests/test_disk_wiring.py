@@ -593,3 +593,51 @@ def test_copies_started_in_a_match_are_completed_when_nothing_is_scheduled(
     assert engine.pool.num_pending_copies == 0
     engine.pool.check_integrity()
     engine.close()
+
+
+def test_the_runner_hands_each_run_of_tier_copies_to_one_call_in_list_order(tiny: Path) -> None:
+    """run_copies gives each run of consecutive offloads and onboards to the backend's
+    tier_copies in one call, in list order, and orders a device copy after the tier
+    copies before it (wait_copies first) and the compute after all of them; the blocks
+    and slots end as the copies run one by one say."""
+    engine = Engine.from_pretrained(
+        tiny, backend="numpy", block_size=16, num_device_blocks=8, num_host_blocks=4
+    )
+    runner, ops = engine.runner, engine.runner.model.ops
+    rng = np.random.default_rng(5)
+    runner.kv_cache[...] = rng.standard_normal(runner.kv_cache.shape).astype(runner.kv_cache.dtype)
+    runner.host_cache[...] = rng.standard_normal(runner.host_cache.shape).astype(
+        runner.host_cache.dtype
+    )
+    want_device, want_host = runner.kv_cache.copy(), runner.host_cache.copy()
+    calls: list[object] = []
+    tier_copies, wait_copies, copy_block = ops.tier_copies, ops.wait_copies, ops.copy_block
+    ops.tier_copies = lambda cache, host, copies: (
+        calls.append(list(copies)) or tier_copies(cache, host, copies)
+    )
+    ops.wait_copies = lambda: calls.append("wait") or wait_copies()
+    ops.copy_block = lambda cache, src, dst: (
+        calls.append(("device", src, dst)) or copy_block(cache, src, dst)
+    )
+    copies = [
+        BlockCopy("offload", 1, 0),  # block 1 -> slot 0
+        BlockCopy("onboard", 2, 1),  # slot 2 -> block 1
+        BlockCopy("device", 1, 3),  # block 1 (slot 2's bytes now) -> block 3
+        BlockCopy("onboard", 0, 5),  # slot 0 (block 1's old bytes) -> block 5
+        BlockCopy("offload", 5, 3),  # block 5 -> slot 3
+    ]
+    runner.run_copies(copies)
+    assert calls == [
+        [("offload", 1, 0), ("onboard", 2, 1)],
+        "wait",
+        ("device", 1, 3),
+        [("onboard", 0, 5), ("offload", 5, 3)],
+        "wait",
+    ]
+    want_host[0] = want_device[1]
+    want_device[1] = want_host[2]
+    want_device[3] = want_device[1]
+    want_device[5] = want_host[0]
+    want_host[3] = want_device[5]
+    assert runner.kv_cache.tobytes() == want_device.tobytes()
+    assert runner.host_cache.tobytes() == want_host.tobytes()
