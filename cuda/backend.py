@@ -22,7 +22,7 @@ from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref, rope_kv_write_ref
 from .penalties import Penalties, penalize_ref
-from .protocol import Backend, CopyDone, Landed
+from .protocol import Backend, CopyDone, Landed, check_tier_copies
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
@@ -110,13 +110,12 @@ class NumpyBackend:
     ) -> None:
         """(kind, src, dst) offloads and onboards, in list order, as `offload_block` and
         `onboard_block` make each (the GPU's takes a run of them in one call)."""
+        check_tier_copies(copies)
         for kind, src, dst in copies:
             if kind == "offload":
                 self.offload_block(cache, src, host_cache, dst)
-            elif kind == "onboard":
-                self.onboard_block(host_cache, src, cache, dst)
             else:
-                raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
+                self.onboard_block(host_cache, src, cache, dst)
 
     def copy_block(self, cache: np.ndarray, src: int, dst: int) -> None:
         """Copy one device block over another, exactly."""

@@ -23,6 +23,7 @@ from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
 from .penalties_kernel import apply_penalties
+from .protocol import check_tier_copies
 from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
@@ -192,6 +193,7 @@ class CupyBackend:
         compute, made two views and recorded its own event: about 60 us of host time a
         copy on the H200's host, which paced a long match's copies rather than the bus:
         bench/results/2026-11-28-h200, `profile host:`.)"""
+        check_tier_copies(copies)
         if not copies:
             return
         runtime = self._cupy.cuda.runtime
@@ -207,10 +209,8 @@ class CupyBackend:
         for kind, src, dst in copies:
             if kind == "offload":
                 direction, block, slot = "d2h", src, dst
-            elif kind == "onboard":
-                direction, block, slot = "h2d", dst, src
             else:
-                raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
+                direction, block, slot = "h2d", dst, src
             device, host = device0 + block * block_bytes, host0 + slot * block_bytes
             stream = self._issue(
                 direction, _keys(device, host), None if direction in waited else compute

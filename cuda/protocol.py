@@ -33,6 +33,17 @@ class Landed:
         return None
 
 
+TIER_COPY_KINDS = ("offload", "onboard")
+
+
+def check_tier_copies(copies: Sequence[tuple[str, int, int]]) -> None:
+    """ValueError unless every (kind, src, dst) is an offload or an onboard: checked
+    before a backend issues any of them."""
+    for kind, _, _ in copies:
+        if kind not in TIER_COPY_KINDS:
+            raise ValueError(f"tier_copies runs offloads and onboards, not {kind!r}")
+
+
 class Backend(Protocol):
     """What the model runs on: weights and caches in the backend's arrays, and the ops."""
 

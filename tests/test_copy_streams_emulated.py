@@ -198,3 +198,16 @@ def test_copies_started_ahead_are_waited_for_by_a_step_with_none_of_its_own(
     runner.run_copies([BlockCopy("onboard", 2, 5)], wait=False)  # inside a match
     runner.run_copies([])  # the step: no copy of its own
     assert to_host(runner.kv_cache[5]).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_tier_copies_refuse_other_kinds_and_other_block_sizes(emulated: None) -> None:
+    """Only offloads and onboards, between arrays of one block size: a device copy or a
+    host arena of another block shape is refused before any copy is issued."""
+    ops, cache, host, _, before = _backend_and_arrays(2, 2, seed=12)
+    with pytest.raises(ValueError, match="not 'device'"):
+        ops.tier_copies(cache, host, [("offload", 0, 0), ("device", 0, 1)])
+    ops.copies_done().synchronize()
+    assert host.tobytes() == before.tobytes()  # the offload before it was not issued either
+    wider = np.zeros((2, 2, 3, 8), dtype=BF16)
+    with pytest.raises(ValueError, match="one block size"):
+        ops.tier_copies(cache, wider, [("onboard", 0, 1)])
