@@ -182,9 +182,10 @@ class CupyBackend:
         """(kind, src, dst) offloads (device block `src` -> pinned host slot `dst`) and
         onboards (slot `src` -> block `dst`), in list order, each asynchronous on its
         direction's stream, after the compute already queued (which may still write a
-        block offloaded or read one onboarded over) and after every copy of the other direction since the last
-        `wait_copies` that touched its block or slot (an evicted block's offload before
-        the onboard into it; an offload into a slot before the onboard from it).
+        block offloaded or read one onboarded over) and after every copy of the other
+        direction since the last `wait_copies` that touched its block or slot (an evicted
+        block's offload before the onboard into it; an offload into a slot before the
+        onboard from it).
 
         One call for a run of copies, as the runner hands them (a long host-tier match's
         hundreds): the compute is recorded once, each copy is one memcpyAsync between
