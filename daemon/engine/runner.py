@@ -158,7 +158,11 @@ class ModelRunner:
             assert staged is not None and copy.dst is not None
             cache_dtype = self.kv_cache.dtype  # BF16, or its bits (uint16) on the GPU
             payload = staged if staged.dtype == cache_dtype else staged.view(cache_dtype)
-            self.kv_cache[copy.dst] = ops.from_host(payload)
+            # one copy into the block, in order on the compute stream (not a device array
+            # made from it and copied over: an allocation and a copy kernel a block).
+            # NOTE: the payload is pageable memory the disk read made (a hit read into a
+            # host slot is an onboard instead), so the copy has read it when upload returns
+            ops.upload(self.kv_cache[copy.dst], payload)
             return
         disk, entry, src = self.disk_tier, copy.entry, copy.src
         assert disk is not None and entry is not None and src is not None
