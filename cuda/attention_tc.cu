@@ -262,8 +262,9 @@ constexpr unsigned int kFullMask = 0xffffffffu;
 constexpr int kKvChunk = REPRISE_KV_CHUNK;
 static_assert(kKvChunk % 64 == 0, "a KV chunk is whole pages of every block size (16, 32, 64)");
 constexpr bool kBase2 = !REPRISE_ATTN_EXPF;
-constexpr bool kCoop = REPRISE_ATTN_COOP;
-static_assert(!kCoop || (kBase2 && !REPRISE_ATTN_EXP_SELECT), "the shared page is built on the default page step");
+// the shared page is built on the default page step: the baselines' builds of the step
+// before base 2 (REPRISE_ATTN_EXPF, REPRISE_ATTN_EXP_SELECT) keep one warp on a page
+constexpr bool kCoop = REPRISE_ATTN_COOP && kBase2 && !REPRISE_ATTN_EXP_SELECT;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // e^(x / log2(e)) for x in the softmax's units: 2^x (kBase2), else e^x.
