@@ -257,7 +257,8 @@ def launch(
         return out
     fn, smem_bytes = kernel_for(grid)
     device = int(cupy.cuda.runtime.getDevice())
-    counters = stream_counters("attention splits", MAX_SPLIT_COUNTERS)  # a (query tile, head slot) each
+    # a counter a (query tile, head slot)
+    counters = stream_counters("attention splits", MAX_SPLIT_COUNTERS, device)
     if grid.splits:
         assert grid.num_ctas // grid.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
         need = workspace_floats(num_tokens, num_heads, head_dim, kv_chunks(max_blocks, block_size))

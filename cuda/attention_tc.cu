@@ -405,6 +405,46 @@ __device__ __forceinline__ float row_reduce(const float (&s)[KEY_TILES][4], int 
   return tile_tree<KEY_TILES>(v, op);  // the pairs, then adjacent n8 tiles, ...
 }
 
+// acc = acc * a, then acc += P.V for PAIRS pairs of n8 tiles of head_dim from pair `pair0`
+// (acc[2i], acc[2i + 1]: pair pair0 + i), from p in BF16 (`pa`, the A fragments of each
+// 16-key slice) and the page's V (`v_tile`). acc * a is skipped by the warp when every a
+// of its rows is 1 (a row whose max did not move, or that does not see the page), unless
+// `always`: x * 1 is x exactly, so the skip reaches no bit. After the first pages of a
+// chunk a row's max seldom moves, and each skip saves 4 multiplies a tile a thread.
+template <int HEAD_DIM, int BLOCK_SIZE, int PAIRS>
+__device__ __forceinline__ void scale_and_add_pv(float (&acc)[2 * PAIRS][4],
+                                                 const unsigned (&pa)[BLOCK_SIZE / 16][4],
+                                                 const unsigned short* v_tile, const float (&alpha)[2],
+                                                 bool always, int pair0, int lane) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  if (always || __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 2 * PAIRS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] = __fmul_rn(acc[n][e], alpha[e / 2]);
+    }
+  }
+#pragma unroll
+  for (int i2 = 0; i2 < PAIRS; ++i2) {  // two n8 tiles of head_dim at a time
+    const int dp = pair0 + i2;
+#pragma unroll
+    for (int i = 0; i < C::kKeySlices; ++i) {
+      // B fragment (col layout, B[key][d] = V[key][d], read transposed): matrices
+      // (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15);
+      // lane l points at key (l % 8) + ((l / 8) % 2) * 8, d (l / 16) * 8.
+      const int key = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int dim = dp * 16 + (lane >> 4) * 8;
+      unsigned b[4];
+      ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
+      // NOTE: a row that does not see the page has p = +0 throughout: its acc takes
+      // only exact zero terms, which leave a nonzero acc exactly as it was (see the
+      // header), with no copy of the old acc kept alive for a select.
+      mma_bf16_16816(acc[2 * i2], pa[i], b[0], b[1]);
+      mma_bf16_16816(acc[2 * i2 + 1], pa[i], b[2], b[3]);
+    }
+  }
+}
+
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
 // nothing); `stage` holds the page's K and V; `units` the factor from a score to the
@@ -519,35 +559,7 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     pa[i][2] = bf16_pair(s[2 * i + 1][0], s[2 * i + 1][1]);
     pa[i][3] = bf16_pair(s[2 * i + 1][2], s[2 * i + 1][3]);
   }
-  // acc * a in place, skipped by the warp when every a of its rows is 1 (a row whose max
-  // did not move, or that does not see the page): x * 1 is x exactly, so the skip reaches
-  // no bit. After the first pages of a chunk a row's max seldom moves, and each skip saves
-  // 64 multiplies a thread.
-  if (REPRISE_ATTN_EXPF || __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < C::kDimTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st.acc[n][e] = __fmul_rn(st.acc[n][e], alpha[e / 2]);
-    }
-  }
-#pragma unroll
-  for (int dp = 0; dp < C::kDimTiles / 2; ++dp) {  // two n8 tiles of head_dim at a time
-#pragma unroll
-    for (int i = 0; i < C::kKeySlices; ++i) {
-      // B fragment (col layout, B[key][d] = V[key][d], read transposed): matrices
-      // (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15);
-      // lane l points at key (l % 8) + ((l / 8) % 2) * 8, d (l / 16) * 8.
-      const int key = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      const int dim = dp * 16 + (lane >> 4) * 8;
-      unsigned b[4];
-      ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
-      // NOTE: a row that does not see the page has p = +0 throughout: its acc takes
-      // only exact zero terms, which leave a nonzero acc exactly as it was (see the
-      // header), with no copy of the old acc kept alive for a select.
-      mma_bf16_16816(st.acc[2 * dp], pa[i], b[0], b[1]);
-      mma_bf16_16816(st.acc[2 * dp + 1], pa[i], b[2], b[3]);
-    }
-  }
+  scale_and_add_pv<HEAD_DIM, BLOCK_SIZE, C::kDimTiles / 2>(st.acc, pa, v_tile, alpha, REPRISE_ATTN_EXPF, 0, lane);
 }
 
 // ---- The shared page (REPRISE_ATTN_COOP) -------------------------------------------------
@@ -697,26 +709,8 @@ __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
     pa[i][2] = x.p[2 * i + 1][0][lane];
     pa[i][3] = x.p[2 * i + 1][1][lane];
   }
-  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < kMyDimTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st.acc[n][e] = __fmul_rn(st.acc[n][e], alpha[e / 2]);
-    }
-  }
-#pragma unroll
-  for (int dl = 0; dl < kMyDimTiles / 2; ++dl) {
-    const int dp = warp * (kMyDimTiles / 2) + dl;  // the pair of n8 tiles of head_dim
-#pragma unroll
-    for (int i = 0; i < C::kKeySlices; ++i) {
-      const int key = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      const int dim = dp * 16 + (lane >> 4) * 8;
-      unsigned b[4];
-      ldmatrix_x4_trans(b, shared_addr(v_tile + key * C::kLds + dim));
-      mma_bf16_16816(st.acc[2 * dl], pa[i], b[0], b[1]);
-      mma_bf16_16816(st.acc[2 * dl + 1], pa[i], b[2], b[3]);
-    }
-  }
+  scale_and_add_pv<HEAD_DIM, BLOCK_SIZE, kMyDimTiles / 2>(st.acc, pa, v_tile, alpha, false,
+                                                        warp * (kMyDimTiles / 2), lane);
 }
 
 template <int HEAD_DIM, int BLOCK_SIZE, int STAGES, bool SPLIT_ONLY>

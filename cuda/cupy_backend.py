@@ -192,8 +192,8 @@ class CupyBackend:
         addresses (no array views, no event of its own), and an event is recorded only
         where a copy must wait for the other direction. (Before, each copy recorded the
         compute, made two views and recorded its own event: about 60 us of host time a
-        copy on the H200's host, which paced a long match's copies rather than the bus:
-        bench/results/2026-11-28-h200, `profile host:`.)"""
+        copy under cProfile on the H200's host, which paced a long match's copies rather
+        than the bus: bench/results/2026-11-28-h200, `profile host:`.)"""
         check_tier_copies(copies)
         if not copies:
             return

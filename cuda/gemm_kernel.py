@@ -261,7 +261,8 @@ def gemm(
     if plan.split_workspace:
         import cupy
 
-        counters = stream_counters("gemm tiles", MAX_GRID_Y + 1)  # a tile each: M <= 16 is one m tile
+        # a counter a tile (M <= 16 is one m tile)
+        counters = stream_counters("gemm tiles", MAX_GRID_Y + 1, device)
         assert plan.grid[0] // splits * plan.grid[1] <= counters.size, "a counter a tile"
         workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
         args = (x, w, workspace, out, counters)

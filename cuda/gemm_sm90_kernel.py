@@ -258,7 +258,7 @@ def gemm_sm90(
     if plan.workspace:
         import cupy
 
-        counters = stream_counters("sm90 tiles", MAX_COUNTERS)
+        counters = stream_counters("sm90 tiles", MAX_COUNTERS, _device_id())
         workspace = cupy.empty((plan.splits, num_rows, num_cols), dtype=np.float32)
         args = (x, weight, workspace, out, counters, *dims, np.int32(plan.split_len))
     elif plan.totals:
@@ -315,7 +315,7 @@ def _launch_epilogue(plan: Sm90Launch, x: Any, w: PackedWeight, tail: tuple[Any,
 
     (m, k), n = x.shape, w.num_cols
     y = cupy.empty((m, n), dtype=BF16_BITS)
-    counters = stream_counters("sm90 tiles", MAX_COUNTERS)
+    counters = stream_counters("sm90 tiles", MAX_COUNTERS, _device_id())
     # PARTIAL's fp32 partials; WHOLE reads none (any fp32 pointer stands in)
     ws = cupy.empty((plan.splits, m, n) if plan.workspace else 1, np.float32)
     args = (x, w.data, ws, y, counters, np.int32(m), np.int32(n), np.int32(k),

@@ -59,11 +59,12 @@ def launch_kernel(
         fn(grid, block, args, shared_mem=shared_mem)
 
 
-def stream_counters(launches: str, size: int) -> cupy.ndarray:
+def stream_counters(launches: str, size: int, device_id: int) -> cupy.ndarray:
     """`size` uint32 zeros for one kind of split launch (`launches`: "gemm tiles", "sm90
-    tiles", "attention splits", "argmax rows") on the current device and stream, which
-    every such launch leaves zero: a tile's or a row's CTAs count themselves in, and the
-    last one folds the partials and resets its counter.
+    tiles", "attention splits", "argmax rows") on device `device_id` (the current one,
+    which the caller has at hand) and the current stream, which every such launch leaves
+    zero: a tile's or a row's CTAs count themselves in, and the last one folds the
+    partials and resets its counter.
 
     NOTE: one array per (kind, size, device, stream), never freed, so that launches that
     may overlap (other streams) never share one, and a CUDA graph captured with it keeps
@@ -71,8 +72,7 @@ def stream_counters(launches: str, size: int) -> cupy.ndarray:
     lost then."""
     import cupy
 
-    device, stream = int(cupy.cuda.runtime.getDevice()), cupy.cuda.get_current_stream().ptr
-    return _stream_counters(launches, size, device, stream)
+    return _stream_counters(launches, size, device_id, cupy.cuda.get_current_stream().ptr)
 
 
 @functools.cache

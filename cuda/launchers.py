@@ -264,7 +264,8 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
 
         part_v = cupy.empty(rows * slices, dtype=np.float32)
         part_i = cupy.empty(rows * slices, dtype=np.int32)
-        counters = stream_counters("argmax rows", ARGMAX_SPLIT_MAX_ROWS)
+        device = cupy.cuda.runtime.getDevice()
+        counters = stream_counters("argmax rows", ARGMAX_SPLIT_MAX_ROWS, device)
         args = (logits, np.int64(vocab), np.int32(vocab), np.int32(ARGMAX_SLICE), part_v, part_i,
                 counters, out)  # fmt: skip
         launch_kernel(kernel("sampling", "argmax_split"), (rows, slices), (ARGMAX_SPLIT_THREADS,),

@@ -32,15 +32,21 @@ PACK=results-followup.tgz
 source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
-# part NAME LIMIT with gemm_sm90_plan's FLAGS (one, or several joined by commas) set True
-# in the process, running bench_gpu_e2e with the arguments that follow (a path not yet a
-# default, beside the default's rows)
+# part NAME LIMIT with FLAGS (one, or several joined by commas: gemm_sm90_plan's by name,
+# another reprise.cuda module's as MODULE.NAME) set True in the process, running
+# bench_gpu_e2e with the arguments that follow (a path not yet a default, beside the
+# default's rows)
 flag_part() {
   local name=$1 limit=$2 flags=$3
   shift 3
-  local args sets
+  local args sets="" flag
   args=$(printf "'%s', " "$@")
-  sets=$(printf "plan.%s = True; " ${flags//,/ })
+  for flag in ${flags//,/ }; do
+    case $flag in
+      *.*) sets+="import reprise.cuda.${flag%%.*} as m; m.${flag#*.} = True; " ;;
+      *) sets+="plan.$flag = True; " ;;
+    esac
+  done
   part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
 import sys
 from reprise.cuda import gemm_sm90_plan as plan
@@ -161,20 +167,8 @@ grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Erro
 # CTA runs each page on all four warps, not warp 0 alone; the same bits), beside the e2e and
 # e2e_default parts' rows: 8B decode b=1 and the cached 4,096-token first token (issue 18's
 # 1.3x the floor and 1.1 decode steps), then the default model's decode b=1
-coop_part() {
-  local name=$1 limit=$2
-  shift 2
-  local args
-  args=$(printf "'%s', " "$@")
-  part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
-import sys
-from reprise.cuda import attention_tc_kernel
-attention_tc_kernel.COOP = True
-from reprise.bench.bench_gpu_e2e import main
-sys.exit(main([$args]))"
-}
-coop_part coop_e2e 60 --sections floors,decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_coop.json"
+flag_part coop_e2e 60 attention_tc_kernel.COOP --sections floors,decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_coop.json"
 grep -E "^(decode|ttft|target)|^kernels (decode b=1 ctx=512 graphs|ttft 4096 cached).*(span|attention)|failed|Error" \
   "$OUT/coop_e2e.out" | cut -c1-150 | head -24
-coop_part coop_default 30 --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_coop_default.json"
+flag_part coop_default 30 attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_coop_default.json"
 grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_default.out" | cut -c1-150

@@ -211,31 +211,3 @@ def test_tier_copies_refuse_other_kinds_and_other_block_sizes(emulated: None) ->
     wider = np.zeros((2, 2, 3, 8), dtype=BF16)
     with pytest.raises(ValueError, match="one block size"):
         ops.tier_copies(cache, wider, [("onboard", 0, 1)])
-
-
-def test_disk_hits_without_a_host_tier_are_uploaded_into_their_blocks(
-    emulated: None, model_dir: Path, tmp_path: Path
-) -> None:
-    """No host tier: a disk hit's checked payload is uploaded into its device block on
-    the compute stream (one copy, no device array made from it), before the forward
-    reads the block: a restarted engine's logits equal computing the prompt fresh."""
-    engines = Engines(model_dir, "tensor-cores")
-    prompt = random_prompt(4 * BS + 3, seed=81)
-    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, return_logits=True)
-    fresh = engines(enable_reuse=False).generate(prompt, params)
-    first = engines(disk_cache=str(tmp_path))
-    first.generate(prompt, params)
-    while first.has_work():
-        first.step()
-    first.close()
-    second = engines(disk_cache=str(tmp_path))
-    uploads = []
-    upload = second.runner.model.ops.upload
-    second.runner.model.ops.upload = lambda dst, src: uploads.append(src.shape) or upload(dst, src)
-    again = second.generate(prompt, params)
-    del second.runner.model.ops.upload
-    assert again.disk_cached_tokens == 4 * BS, again.disk_cached_tokens
-    assert uploads.count(second.runner.kv_cache.shape[1:]) == 4
-    assert again.token_ids == fresh.token_ids
-    assert again.logits.tobytes() == fresh.logits.tobytes()
-    second.close()

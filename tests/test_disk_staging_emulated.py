@@ -15,7 +15,7 @@ from test_cupy_emulated import BS, GREEDY, PROMPTS, Engines, emulated, model_dir
 from test_disk_wiring import record_copy_runs
 
 from reprise.cuda.dtypes import BF16
-from reprise.daemon import SamplingParams
+from reprise.daemon import Completion, SamplingParams
 
 pytestmark = pytest.mark.kernels
 __all__ = ["emulated", "model_dir"]  # fixtures, used by name
@@ -61,6 +61,21 @@ def test_copies_done_is_the_copy_streams_event(emulated: None) -> None:
     assert host[1].tobytes() == want[2].tobytes()
 
 
+TRACED = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, return_logits=True)
+
+
+def written_to_disk(engines: Engines, tmp_path: Path, prompt: list[int]) -> Completion:
+    """`prompt` computed fresh (reuse off), then by an engine over the disk folder
+    `tmp_path` that writes its blocks there and closes; the fresh completion."""
+    fresh = engines(enable_reuse=False).generate(prompt, TRACED)
+    first = engines(disk_cache=str(tmp_path))
+    first.generate(prompt, TRACED)
+    while first.has_work():
+        first.step()
+    first.close()
+    return fresh
+
+
 def test_disk_hits_copies_started_inside_the_match_land_before_the_forward(
     engines: Engines, tmp_path: Path
 ) -> None:
@@ -69,16 +84,10 @@ def test_disk_hits_copies_started_inside_the_match_land_before_the_forward(
     step; the forward still reads the blocks only once they landed (the emulation holds
     a copy back until something waits for it), so the logits are bit-identical."""
     prompt = random_prompt(5 * BS + 3, seed=44)
-    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, return_logits=True)
-    fresh = engines(enable_reuse=False).generate(prompt, params)
-    first = engines(disk_cache=str(tmp_path))
-    first.generate(prompt, params)
-    while first.has_work():
-        first.step()
-    first.close()
+    fresh = written_to_disk(engines, tmp_path, prompt)
     second = engines(disk_cache=str(tmp_path), num_host_blocks=8)
     runs = record_copy_runs(second)
-    again = second.generate(prompt, params)
+    again = second.generate(prompt, TRACED)
     assert runs[:2] == [("match", 4), ("step", 1)]
     assert again.disk_cached_tokens == again.cached_tokens >= 5 * BS
     assert again.logits.tobytes() == fresh.logits.tobytes()
@@ -115,6 +124,30 @@ def test_a_restart_serves_blocks_staged_on_the_copy_stream(
     again = second.generate(PROMPTS[0], GREEDY)
     # the full blocks, and maybe the tail's first tokens by partial reuse of a disk block
     assert again.disk_cached_tokens == again.cached_tokens >= num_full * BS
+    assert again.token_ids == fresh.token_ids
+    assert again.logits.tobytes() == fresh.logits.tobytes()
+    second.close()
+
+
+def test_disk_hits_without_a_host_tier_are_uploaded_into_their_blocks(
+    engines: Engines, tmp_path: Path
+) -> None:
+    """No host tier: a disk hit's checked payload is uploaded into its device block on
+    the compute stream (one copy, no device array made from it), before the forward
+    reads the block: a restarted engine's logits equal computing the prompt fresh."""
+    prompt = random_prompt(4 * BS + 3, seed=81)
+    fresh = written_to_disk(engines, tmp_path, prompt)
+    second = engines(disk_cache=str(tmp_path))
+    ops = second.runner.model.ops
+    uploads = []
+    upload = ops.upload
+    ops.upload = lambda dst, src: uploads.append(src.shape) or upload(dst, src)
+    try:
+        again = second.generate(prompt, TRACED)
+    finally:
+        del ops.upload
+    assert again.disk_cached_tokens == 4 * BS, again.disk_cached_tokens
+    assert uploads.count(second.runner.kv_cache.shape[1:]) == 4
     assert again.token_ids == fresh.token_ids
     assert again.logits.tobytes() == fresh.logits.tobytes()
     second.close()

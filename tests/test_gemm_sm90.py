@@ -531,7 +531,7 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "device_arch", lambda: "90")
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
-    monkeypatch.setattr(launcher, "stream_counters", lambda launches, size: COUNTERS)
+    monkeypatch.setattr(launcher, "stream_counters", lambda launches, size, device_id: COUNTERS)
     monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
     monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
     for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide ws tile
@@ -1436,7 +1436,7 @@ def emulate_the_launcher(monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL,
     monkeypatch.setattr(launcher, "device_arch", lambda: "90")
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     monkeypatch.setattr(launcher, "_device_id", lambda: 0)
-    monkeypatch.setattr(launcher, "stream_counters", lambda launches, size: COUNTERS)
+    monkeypatch.setattr(launcher, "stream_counters", lambda launches, size, device_id: COUNTERS)
     monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
     monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
 
