@@ -109,6 +109,20 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// A persistent launch's grid barrier (grid_sync below): a word loaded with acquire and
+// stored with release semantics at GPU scope, and a short back-off while spinning.
+__device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release_gpu(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void spin_pause() { __nanosleep(32); }
+
 // The launch's dynamic shared memory in bytes; kernels check it against what they need.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   unsigned bytes;
@@ -248,6 +262,28 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return scratch[0];
 }
 
+// Every CTA of a persistent launch (one whose CTAs are all resident at once: decode_block.cu)
+// waits here until every other has arrived; each CTA's global stores before it are visible
+// to every CTA after it. bar[0] counts this round's arrivals (zero between rounds, left
+// zero), bar[1] the rounds: the last CTA to arrive zeroes the count, then releases the
+// next round's number, which the others wait for. Thread 0 arrives for its CTA after the
+// CTA's barrier, as cooperative groups' grid sync does; every thread must call it.
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned round = load_acquire_gpu(bar + 1);
+    __threadfence();  // the CTA's stores (ordered before this thread's by the barrier) first
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      bar[0] = 0u;
+      store_release_gpu(bar + 1, round + 1u);
+    } else {
+      while (load_acquire_gpu(bar + 1) == round) spin_pause();
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 // Split attention (attention.cu, attention_tc.cu): the merge of the next chunk's state (m2, denom2, acc2) into a row's total over the
 // chunks before it (m1, denom1, acc1), paged_attention_ref's _RowState.merge op for op:
 // m' = max(m1, m2), a1 = exp(m1 - m'), a2 = exp(m2 - m'), then each sum x becomes
@@ -366,9 +402,9 @@ __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, c
 }
 
 // Split-K's last step (gemm.cu's skinny route, gemm_sm90.cu's PARTIAL route), once every
-// thread of the CTA stored its fp32 partial of the (BM x BN) tile (n tile blockIdx.y,
+// thread of the CTA stored its fp32 partial of the (BM x BN) tile (n tile `n_tile`,
 // m tile `m_tile`) into slab `split` of ws [S, M, N], S = ceil(K / split_len): the CTA
-// that counts last in the tile's counter (one zero per (n tile, m tile), at blockIdx.y *
+// that counts last in the tile's counter (one zero per (n tile, m tile), at n_tile *
 // m tiles + m tile) folds the S partials in ascending split order from +0.0f, writes y
 // (BF16 bits, rounded once as bf16_bits, or fp32, or GatedBf16: silu(gate) * up of each
 // column pair, [M, N / 2]) and leaves the counter zero.
@@ -424,16 +460,16 @@ __device__ __forceinline__ void store_folded(OutT* __restrict__ y, long long at,
 template <int BM, int BN, int THREADS, class OutT>
 __device__ __forceinline__ void fold_split_partials(const float* __restrict__ ws, OutT* __restrict__ y,
                                                     unsigned* __restrict__ counters, int M, int N, int K,
-                                                    int split_len, int m_tile, unsigned* flag) {
+                                                    int split_len, int m_tile, int n_tile, unsigned* flag) {
   const int num_m_tiles = (M + BM - 1) / BM, num_splits = (K + split_len - 1) / split_len;
-  unsigned* counter = counters + static_cast<long long>(blockIdx.y) * num_m_tiles + m_tile;
+  unsigned* counter = counters + static_cast<long long>(n_tile) * num_m_tiles + m_tile;
   __threadfence();  // this thread's partial is visible device-wide before the count below
   __syncthreads();  // every thread's is
   if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1) ? 1u : 0u;
   __syncthreads();
   if (*flag == 0u) return;
   __threadfence();
-  const int m0 = m_tile * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int m0 = m_tile * BM, n0 = n_tile * BN;
   const long long slab = static_cast<long long>(M) * N;
   // a gated output folds a (gate, up) pair of columns an iteration, each as any column
   constexpr int kCols = IsGated<OutT>::value ? 2 : 1;

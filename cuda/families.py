@@ -38,6 +38,11 @@ FAMILIES: tuple[Family, ...] = (
         ("attention:paged_attention_ref",),
     ),
     Family("bias", ("launchers:add_bias",), ("bias:add_bias_ref",)),
+    Family(
+        "decode_block",
+        ("decode_block_kernel:decode_tail",),
+        ("decode_block:decode_tail_ref",),
+    ),
     Family("embedding", ("launchers:embed",), ("embedding:embed_ref",)),
     Family("gemm", ("gemm_kernel:gemm",), ("gemm:gemm_ref",)),
     Family("gemm_sm90", ("gemm_sm90_kernel:gemm_sm90",), ("gemm:gemm_ref",)),

@@ -372,7 +372,7 @@ __device__ __forceinline__ void skinny_split(const unsigned short* __restrict__ 
   const int m_tile = static_cast<int>(blockIdx.x) % ((M + T::BM - 1) / T::BM);
   // the flag word: the ring is drained (fold_split_partials syncs before writing it)
   fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile,
-                                                reinterpret_cast<unsigned*>(gemm_smem));
+                                                static_cast<int>(blockIdx.y), reinterpret_cast<unsigned*>(gemm_smem));
 }
 
 }  // namespace

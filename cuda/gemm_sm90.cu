@@ -1019,7 +1019,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   // the first stage's, which no copy or MMA touches any more.
   if constexpr (MODE == Split::PARTIAL)
     fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
-                     reinterpret_cast<unsigned*>(smem));
+                     static_cast<int>(blockIdx.y), reinterpret_cast<unsigned*>(smem));
   // A row epilogue: every CTA that wrote a tile of the output (WHOLE: each; PARTIAL: the
   // tile's folding CTA, whose flag word is still set) counts in; the last runs it.
   if constexpr (EPI != RowEpi::NONE) {
@@ -1062,7 +1062,8 @@ __device__ __forceinline__ void gemm_sm90_split(const unsigned short* __restrict
   extern __shared__ __align__(128) unsigned char gemm_sm90_smem[];
   gemm_sm90_tile<T, Split::PARTIAL>(x, w, ws, M, N, K, split_len);
   const int m_tile = static_cast<int>(blockIdx.x) % ((M + T::BM - 1) / T::BM);
-  fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile, reinterpret_cast<unsigned*>(gemm_sm90_smem));
+  fold_split_partials<T::BM, T::BN, T::THREADS>(ws, y, counters, M, N, K, split_len, m_tile,
+                                                static_cast<int>(blockIdx.y), reinterpret_cast<unsigned*>(gemm_sm90_smem));
 }
 
 using Ws = Sm90WsTile<128, 128, 6>;      // 3 warpgroups, 196,704 B shared

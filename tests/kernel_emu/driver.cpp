@@ -54,6 +54,21 @@ alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
 #pragma pop_macro("__shared__")
 }  // namespace attention_tc_emu
 
+// decode_block.cu's persistent launch: its CTAs are resident together and meet at grid
+// barriers (common.cuh's grid_sync), so its grid runs as one cluster here
+// (run_persistent below: every CTA's threads fibers of one scheduler, a CTA running as far
+// as it can alone before the next takes its turn), each CTA with its own window of
+// dynamic shared memory (block_smem: the running fiber's CTA's).
+constexpr unsigned DECODE_BLOCK_SMEM_CAPACITY = 128 * 1024;
+constexpr unsigned DECODE_BLOCK_MAX_CTAS = emu::kMaxFibers / 256;
+namespace decode_block_emu {
+namespace {
+alignas(16) unsigned char decode_block_windows[DECODE_BLOCK_MAX_CTAS][DECODE_BLOCK_SMEM_CAPACITY];
+unsigned char* block_smem() { return decode_block_windows[emu::g_rank]; }
+}  // namespace
+#include "../../cuda/decode_block.cu"
+}  // namespace decode_block_emu
+
 #include <atomic>
 #include <string>
 
@@ -322,6 +337,24 @@ template <class F> int with_dynamic_smem(unsigned short* buffer, unsigned capaci
   g_ptx_smem_bytes = 0;
   return rc != 0 ? rc : left_behind.load() == 0 ? 0 : 3;
 }
+
+// A persistent launch (decode_block.cu): the grid as one cluster of at most
+// DECODE_BLOCK_MAX_CTAS CTAs, each its own shared memory window (0xFF bytes first).
+template <class... A>
+int run_persistent(void (*fn)(A...), const char* name, const NamedLaunch& l, int smem_bytes) {
+  if (l.grid.y != 1 || l.grid.x > DECODE_BLOCK_MAX_CTAS) {
+    std::snprintf(l.error, l.error_len, "%s: a persistent grid of (%u, %u) CTAs; the emulator runs 1-d grids of "
+                  "at most %u", name, l.grid.x, l.grid.y, DECODE_BLOCK_MAX_CTAS);
+    return 5;
+  }
+  if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > DECODE_BLOCK_SMEM_CAPACITY) return 2;
+  std::memset(decode_block_emu::decode_block_windows, 0xFF, sizeof decode_block_emu::decode_block_windows);
+  const unsigned cluster = emu::g_cluster_x;
+  emu::g_cluster_x = l.grid.x;
+  const int rc = launch_checked(fn, name, l);
+  emu::g_cluster_x = cluster;
+  return rc;
+}
 }  // namespace
 
 extern "C" {
@@ -385,6 +418,9 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   TC(paged_attention_tc_d64_b16_deep) TC(paged_attention_tc_d64_b32_deep) TC(paged_attention_tc_d64_b64_deep)
   TC(paged_attention_tc_d128_b16_deep) TC(paged_attention_tc_d128_b32_deep) TC(paged_attention_tc_d128_b64_deep)
 #undef TC
+#define PERSISTENT(fn) if (n == #fn) return run_persistent(decode_block_emu::fn, name, l, smem_bytes);
+  PERSISTENT(decode_tail_plain) PERSISTENT(decode_tail_packed)
+#undef PERSISTENT
   std::snprintf(error, error_len, "no kernel named %s", name);
   return 1;
 }

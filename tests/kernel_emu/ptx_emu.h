@@ -62,6 +62,20 @@ inline unsigned shared_addr(const void* p) {
   return static_cast<unsigned>(c - g_ptx_smem);
 }
 
+// ld.acquire.gpu / st.release.gpu and the spin's back-off (common.cuh's grid_sync): the
+// CTAs of a persistent launch run together here (driver.cpp runs its grid as one cluster),
+// one thread at a time, so a load and a store are plain; a store is progress (it may end
+// another CTA's spin), and a spin's back-off is a turn for the other threads (emu::yield).
+inline unsigned load_acquire_gpu(const unsigned* p) {
+  emu::check_ready(p, sizeof *p);
+  return *p;
+}
+inline void store_release_gpu(unsigned* p, unsigned v) {
+  *p = v;
+  emu::progress();
+}
+inline void spin_pause() { emu::yield(); }
+
 // %dynamic_smem_size
 inline unsigned dynamic_smem_bytes() { return g_ptx_smem_bytes; }
 

@@ -1,0 +1,251 @@
+// A decode layer's tail in one persistent launch (issue 18; twin: decode_block.py): o_proj,
+// the residual add and the MLP's norm, gate_up, silu(gate) * up, down_proj, then the
+// residual add and the next norm. Five launches of the op-by-op path (or three, fused:
+// gemm_add_rmsnorm, swiglu, gemm_add_rmsnorm) become one, whose CTAs meet at grid
+// barriers between the steps instead of at launch boundaries: the default model's decode
+// step is its ~280 launches of about 8 us each (bench/results/2026-11-28-h200: 1.65 ms a
+// step), not its 270 MB of weights (0.06 ms at the H200's bandwidth).
+//
+// Rows: a decode's M <= DECODE_BLOCK_MAX_ROWS tokens. Every CTA is resident at once (the
+// launcher sizes the grid to the device, decode_block_kernel.py), PERSIST_THREADS threads
+// each. The steps, each CTA in turn:
+//   1. its share of o_proj's work items (gemv_phase below) over the attention rows, which
+//      it copies into its shared memory; grid barrier;
+//   2. every CTA: summed1 = residual + y_o, x1 = rmsnorm(summed1) for all M rows, into its
+//      shared memory (every CTA the same bits: the same function on the same values; row
+//      m's summed1 written to global memory by CTA m % grid alone), then its share of
+//      gate_up's items; grid barrier;
+//   3. h = silu(gate) * up of gate_up's product, into its shared memory, then its share of
+//      down_proj's items; grid barrier;
+//   4. CTA m % grid: row m's summed = summed1 + y_down and normed = rmsnorm(summed).
+//
+// NOTE: the invariance argument (DESIGN §4): every value is one the op-by-op path
+// computes, by the same operations in the same order.
+//   - A projection's element: gemm.cu's (and gemm_sm90.cu's, which gives its bits)
+//     sequence: one accumulator from +0.0f taking one mma.sync m16n8k16 per 16-wide K
+//     slice in ascending order over its split's K range (the split fixed per weight:
+//     gemm_kernel.split_k, the launcher passes its length), S = 1 stored as bf16 of the
+//     accumulator, S > 1 the partials folded from +0.0f in ascending split order by the
+//     tile's last CTA (common.cuh's fold_split_partials, the skinny and PARTIAL routes'
+//     own). A work item is (64-column tile, split); warp w takes the tile's columns
+//     8w .. 8w + 7, so an element sits in one accumulator register of one thread, as there.
+//     Which CTA takes an item, and the grid's size, change who computes, never what.
+//   - The norms: rmsnorm.cuh's add_rmsnorm_row with all PERSIST_THREADS (= RMSNORM_THREADS)
+//     threads, the add_rmsnorm kernel's own function and tree.
+//   - silu * up: common.cuh's silu_mul_value of the product's BF16 gate and up, rounded
+//     once, as activation.cu's silu_mul (and the gated epilogue) compute it.
+// Reads of what other CTAs wrote in this launch go through L2 (__ldcg, delta_at).
+#include "common.cuh"
+#include "rmsnorm.cuh"  // add_rmsnorm_row
+
+#define PERSIST_THREADS 256
+#define DECODE_BLOCK_MAX_ROWS 16  // one m16 fragment: decode_block_kernel.MAX_ROWS repeats it
+#define DECODE_BLOCK_TILE_N 64    // a work item's columns: 8 warps of an n8 slice each
+
+namespace {
+
+static_assert(PERSIST_THREADS == RMSNORM_THREADS, "add_rmsnorm's tree takes its own thread count");
+static_assert(PERSIST_THREADS == 32 * DECODE_BLOCK_TILE_N / 8, "a warp a column slice");
+
+#ifndef REPRISE_EMULATE_PTX
+// The launch's dynamic shared memory (the emulator's driver gives each CTA its own).
+__device__ __forceinline__ unsigned char* block_smem() {
+  extern __shared__ __align__(16) unsigned char decode_block_smem[];
+  return decode_block_smem;
+}
+#endif
+
+// W[n][k], W[n][k + 1] (k even) as one word, the lower index in the lower half: from the
+// plain [N, K] row-major weight, or (PACKED) from gemm_sm90_kernel.prepare_weight's
+// swizzled layout (64-row panels of 64 x 64 tiles, tile (panel, k-tile) at 8,192 bytes
+// each, row r's 16-byte chunk c at chunk c ^ (r % 8) of its 128 bytes).
+template <bool PACKED>
+__device__ __forceinline__ unsigned weight_pair(const unsigned short* __restrict__ w, int n, int k, int K) {
+  long long at;
+  if constexpr (PACKED) {
+    const int r = n & 63, chunk = (k & 63) >> 3;
+    const long long tile = static_cast<long long>(n >> 6) * (K >> 6) + (k >> 6);
+    at = tile * 4096 + r * 64 + ((chunk ^ (r & 7)) << 3) + (k & 7);
+  } else {
+    at = static_cast<long long>(n) * K + k;
+  }
+  return __ldg(reinterpret_cast<const unsigned*>(w + at));
+}
+
+// Two BF16 of a shared row as one word (k even).
+__device__ __forceinline__ unsigned shared_pair(const unsigned short* row, int k) {
+  return *reinterpret_cast<const unsigned*>(row + k);
+}
+
+// One projection y [M, N] = x @ W^T as the launcher describes it.
+struct Projection {
+  const unsigned short* w;  // [N, K]: plain or packed (the kernel's PACKED)
+  unsigned short* y;        // [M, N] BF16
+  int N, K, split_len;      // split_len: gemm_kernel.split_length(K, split_k(N, K))
+};
+
+// This CTA's items of one projection: item i = (tile i / S, split i % S), items
+// blockIdx.x, blockIdx.x + gridDim.x, ... . x: the CTA's shared copy of the M rows, `lda`
+// halves apart. ws: [S, M, N] fp32 partials; counters: a zero per tile, left zero; flag: a
+// shared word.
+template <bool PACKED>
+__device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
+                                           float* __restrict__ ws, unsigned* __restrict__ counters,
+                                           unsigned* flag) {
+  constexpr int kBatch = 16;  // K slices whose weight words are loaded before their mma
+  const int tiles = (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N;
+  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const unsigned short* row_lo = x + g * lda;        // A rows g and g + 8 (zero past M)
+  const unsigned short* row_hi = x + (g + 8) * lda;
+  for (int item = static_cast<int>(blockIdx.x); item < tiles * splits; item += static_cast<int>(gridDim.x)) {
+    const int tile = item / splits, split = item % splits;
+    const int k_begin = split * p.split_len, k_end = min(p.K, k_begin + p.split_len);
+    const int col0 = tile * DECODE_BLOCK_TILE_N + warp * 8;  // the warp's slice
+    const int n = col0 + g;                                    // the lane's column of B
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (col0 < p.N) {  // warp-uniform: a slice wholly past N computes nothing
+      for (int k0 = k_begin; k0 < k_end; k0 += 16 * kBatch) {
+        unsigned b[kBatch][2];
+#pragma unroll
+        for (int s = 0; s < kBatch; ++s) {
+          const int k = k0 + 16 * s + 2 * t;
+          const bool ok = n < p.N && k0 + 16 * s < k_end;
+          b[s][0] = ok ? weight_pair<PACKED>(p.w, n, k, p.K) : 0u;
+          b[s][1] = ok ? weight_pair<PACKED>(p.w, n, k + 8, p.K) : 0u;
+        }
+#pragma unroll
+        for (int s = 0; s < kBatch; ++s) {
+          const int k = k0 + 16 * s;
+          if (k >= k_end) break;
+          unsigned a[4];
+          a[0] = g < M ? shared_pair(row_lo, k + 2 * t) : 0u;
+          a[1] = g + 8 < M ? shared_pair(row_hi, k + 2 * t) : 0u;
+          a[2] = g < M ? shared_pair(row_lo, k + 8 + 2 * t) : 0u;
+          a[3] = g + 8 < M ? shared_pair(row_hi, k + 8 + 2 * t) : 0u;
+          mma_bf16_16816(d, a, b[s][0], b[s][1]);
+        }
+      }
+    }
+    // d[0], d[1]: row g, columns col0 + 2t, +1; d[2], d[3]: row g + 8.
+    const int col = col0 + 2 * t;
+    if (splits == 1) {
+      const bool vec = p.N % 2 == 0;
+      if (col < p.N) {
+        if (g < M) store_pair(p.y, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, vec);
+        if (g + 8 < M) store_pair(p.y, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, vec);
+      }
+      continue;
+    }
+    float* slab = ws + static_cast<long long>(split) * M * p.N;
+    if (col < p.N) {
+      if (g < M) store_pair(slab, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, false);
+      if (g + 8 < M) store_pair(slab, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, false);
+    }
+    fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
+        ws, p.y, counters, M, p.N, p.K, p.split_len, 0, tile, flag);
+  }
+}
+
+// The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
+// fp32; y_o, y_down [M, hidden] BF16, summed1 [M, hidden] fp32, gate_up [M, 2 inter] BF16:
+// the launch's own intermediates; summed [M, hidden] fp32 and normed [M, hidden] BF16 the
+// outputs. gate_interleaved: gate_up's rows are (gate j, up j) pairs (the gated packing),
+// else the gate rows, then the up rows. ws and counters: as gemv_phase's, for every
+// projection; bar: grid_sync's two words (zero, left zero). Dynamic shared memory: the
+// launcher's decode_block_kernel.smem_bytes.
+template <bool PACKED>
+__device__ __forceinline__ void decode_tail(
+    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
+    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
+    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
+    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
+    float* __restrict__ summed1, unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down,
+    float* __restrict__ summed, __nv_bfloat16* __restrict__ normed, float* __restrict__ ws,
+    unsigned* __restrict__ counters, unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter,
+    int split_o, int split_gate_up, int split_down, int gate_interleaved, float eps) {
+  pdl_enter();
+  if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
+  unsigned char* smem = block_smem();
+  unsigned* const flag = reinterpret_cast<unsigned*>(smem);
+  float* const scratch = reinterpret_cast<float*>(smem + 16);               // block_sum's, 8 floats
+  float* const row_sum = reinterpret_cast<float*>(smem + 64);               // a row's summed1, unused
+  const int lda = max(max(q_size, hidden), inter) + 8;                      // halves: rows 16 bytes apart more
+  unsigned short* const x = reinterpret_cast<unsigned short*>(smem + 64 + 4 * ((hidden + 3) / 4 * 4));
+  const int tid = static_cast<int>(threadIdx.x), me = static_cast<int>(blockIdx.x);
+  const int G = static_cast<int>(gridDim.x);
+
+  // 1. o_proj over the attention rows.
+  for (int i = tid; i < M * (q_size / 2); i += PERSIST_THREADS) {
+    const int m = i / (q_size / 2), k = 2 * (i % (q_size / 2));
+    *reinterpret_cast<unsigned*>(x + m * lda + k) =
+        *reinterpret_cast<const unsigned*>(attn + static_cast<long long>(m) * q_size + k);
+  }
+  __syncthreads();
+  gemv_phase<PACKED>(x, lda, M, {w_o, y_o, hidden, q_size, split_o}, ws, counters, flag);
+  grid_sync(bar);
+
+  // 2. the residual add and the MLP's norm, every CTA all rows; then gate_up.
+  for (int m = 0; m < M; ++m) {
+    const long long at = static_cast<long long>(m) * hidden;
+    add_rmsnorm_row(residual + at, reinterpret_cast<const __nv_bfloat16*>(y_o + at), mlp_norm,
+                    m % G == me ? summed1 + at : row_sum, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden,
+                    eps, scratch);
+    __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
+  }
+  gemv_phase<PACKED>(x, lda, M, {w_gate_up, gate_up, 2 * inter, hidden, split_gate_up}, ws, counters, flag);
+  grid_sync(bar);
+
+  // 3. h = silu(gate) * up, then down_proj.
+  for (int i = tid; i < M * inter; i += PERSIST_THREADS) {
+    const int m = i / inter, j = i % inter;
+    const unsigned short* row = gate_up + static_cast<long long>(m) * 2 * inter;
+    const int gate_col = gate_interleaved ? 2 * j : j, up_col = gate_interleaved ? 2 * j + 1 : inter + j;
+    const float gate = __uint_as_float(static_cast<unsigned>(__ldcg(row + gate_col)) << 16);
+    const float up = __uint_as_float(static_cast<unsigned>(__ldcg(row + up_col)) << 16);
+    x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up)));
+  }
+  __syncthreads();
+  gemv_phase<PACKED>(x, lda, M, {w_down, y_down, hidden, inter, split_down}, ws, counters, flag);
+  grid_sync(bar);
+
+  // 4. the residual add and the next norm: row m by the CTA that wrote its summed1.
+  for (int m = me; m < M; m += G) {
+    const long long at = static_cast<long long>(m) * hidden;
+    add_rmsnorm_row(summed1 + at, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm, summed + at,
+                    normed + at, hidden, eps, scratch);
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+// The weights in the plain [N, K] layout (sm_80's) and in the Hopper GEMM's packed one.
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(
+    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
+    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
+    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
+    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o, float* __restrict__ summed1,
+    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
+    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
+    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
+    int split_down, int gate_interleaved, float eps) {
+  decode_tail<false>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down,
+                     summed, normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up,
+                     split_down, gate_interleaved, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(
+    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
+    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
+    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
+    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o, float* __restrict__ summed1,
+    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
+    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
+    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
+    int split_down, int gate_interleaved, float eps) {
+  decode_tail<true>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down,
+                     summed, normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up,
+                     split_down, gate_interleaved, eps);
+}

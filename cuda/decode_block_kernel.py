@@ -1,0 +1,119 @@
+"""Launcher of decode_block.cu: a decode layer's tail (o_proj, the residual add and the
+MLP's norm, gate_up, silu * up, down_proj, the residual add and the next norm) as one
+persistent launch whose CTAs meet at grid barriers (issue 18; twin: decode_block.py).
+
+`takes` says whether a call can run it; `decode_tail` runs it. `BY_DEFAULT` (off until a
+GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail take it where
+`takes` allows; off, the backend runs the op-by-op path, to the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
+
+BY_DEFAULT = False
+MAX_ROWS = 16  # decode_block.cu's DECODE_BLOCK_MAX_ROWS: one m16 fragment
+THREADS = 256  # PERSIST_THREADS
+TILE_N = 64  # DECODE_BLOCK_TILE_N: a work item's columns
+MAX_SMEM = 200 * 1024  # what a CTA may ask (an H100 gives 227 KB; one CTA an SM)
+COUNTERS = 4096  # a zero per tile of the widest projection, then the grid barrier's two words
+
+
+def smem_bytes(rows: int, q_size: int, hidden: int, inter: int) -> int:
+    """decode_block.cu's layout: the flag and block_sum's scratch (64 bytes), a row of
+    fp32 (the norm's unused sums), then `rows` BF16 rows of the widest input, 8 halves more
+    each."""
+    lda = max(q_size, hidden, inter) + 8
+    return 64 + 4 * (-(-hidden // 4) * 4) + rows * lda * 2
+
+
+def grid_size(num_sms: int, items: int) -> int:
+    """CTAs of the launch: one an SM (every CTA resident at once, as the grid barriers
+    need), no more than the largest projection has work items."""
+    return max(1, min(num_sms, items))
+
+
+def _layout(w: Any) -> tuple[str, bool] | None:
+    """("packed" | "plain", rows interleaved gate/up) of a weight the kernel reads."""
+    from .gemm_sm90_kernel import PackedWeight
+
+    if isinstance(w, PackedWeight):
+        return ("packed", w.gated) if w.swizzled else None
+    return ("plain", False)
+
+
+def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any) -> bool:
+    """Whether decode_tail runs this call: a decode's few rows, every K a multiple of 64
+    (the packed layout's tiles; the splits' granule), even widths, one layout for all three
+    weights, and its shared memory within MAX_SMEM."""
+    layouts = [_layout(w) for w in (w_o, w_gate_up, w_down)]
+    if any(x is None for x in layouts) or len({x[0] for x in layouts}) != 1:  # type: ignore[index]
+        return False
+    if layouts[0][1] or layouts[2][1]:  # type: ignore[index]
+        return False  # only gate_up may be interleaved
+    (hidden, q_size), (two_inter, h2), (h3, inter) = w_o.shape, w_gate_up.shape, w_down.shape
+    if h2 != hidden or h3 != hidden or two_inter != 2 * inter:
+        return False
+    if any(k % 64 for k in (q_size, hidden, inter)) or hidden % 2:
+        return False
+    return 1 <= rows <= MAX_ROWS and smem_bytes(rows, q_size, hidden, inter) <= MAX_SMEM
+
+
+def decode_tail(
+    attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
+    next_norm: Any, eps: float, *, num_ctas: int | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(summed, normed) of the layer's tail: as add_rmsnorm(add_rmsnorm(residual, attn @
+    w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch.
+    `num_ctas` (tests) caps the grid; by default one CTA an SM."""
+    import cupy
+
+    from .gemm_kernel import _device_id, _split_k, split_length
+
+    check("attn", attn, BF16_BITS, 2)
+    check("residual", residual, np.float32, 2)
+    rows = attn.shape[0]
+    if not takes(rows, w_o, w_gate_up, w_down):
+        raise ValueError(
+            f"decode_tail does not take {rows} rows of these weights (decode_block_kernel.takes)"
+        )
+    (hidden, q_size), (two_inter, _) = w_o.shape, w_gate_up.shape
+    inter = two_inter // 2
+    if attn.shape[1] != q_size or residual.shape != (rows, hidden):
+        raise ValueError(
+            f"attn must be [{rows}, {q_size}] and residual [{rows}, {hidden}]; got "
+            f"{tuple(attn.shape)} and {tuple(residual.shape)}"
+        )
+    packed = _layout(w_o)[0] == "packed"  # type: ignore[index]
+    gated = _layout(w_gate_up)[1]  # type: ignore[index]
+    data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
+    shapes = [(hidden, q_size), (two_inter, hidden), (hidden, inter)]
+    splits = [_split_k(n, k) for n, k in shapes]
+    lengths = [split_length(k, s) for (_, k), s in zip(shapes, splits, strict=True)]
+    items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
+    assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
+    if num_ctas is None:
+        num_ctas = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    grid = grid_size(num_ctas, max(items))
+    bf16 = BF16_BITS
+    y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
+    gate_up = cupy.empty((rows, two_inter), bf16)
+    summed1, summed = cupy.empty((rows, hidden), np.float32), cupy.empty((rows, hidden), np.float32)
+    normed = cupy.empty((rows, hidden), bf16)
+    ws = cupy.empty(max(s * rows * n for (n, _), s in zip(shapes, splits, strict=True)), np.float32)
+    counters = stream_counters("decode tail", COUNTERS, _device_id())
+    bar = counters[COUNTERS - 2 :]
+    smem = smem_bytes(rows, q_size, hidden, inter)
+    fn = kernel("decode_block", "decode_tail_packed" if packed else "decode_tail_plain")
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    i32 = np.int32
+    args = (attn, *data, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down, summed, normed, ws,
+            counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths),
+            i32(gated), np.float32(eps))  # fmt: skip
+    launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem)
+    return summed, normed

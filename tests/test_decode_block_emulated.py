@@ -1,0 +1,176 @@
+"""decode_block.cu's persistent layer tail in the emulated CuPy (tests/kernel_emu/emucupy.py,
+its grid run as one cluster of CTAs that meet at grid barriers): the same bits as the
+op-by-op path it replaces (CupyBackend's gemm_add_rmsnorm, swiglu, gemm_add_rmsnorm, the
+emulated gemm.cu, add_rmsnorm and silu_mul kernels), whatever the grid's size, on the plain
+and the packed (and gated) weight layouts, and within BF16 rounding of the NumPy twin."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from kernel_emu import emucupy
+from test_cupy_emulated import emulated
+
+from reprise.cuda import decode_block_kernel
+from reprise.cuda.decode_block import decode_tail_ref
+from reprise.cuda.dtypes import BF16
+
+pytestmark = pytest.mark.kernels
+__all__ = ["emulated"]  # a fixture, used by name
+
+EPS = 1e-5
+# (q_size, hidden, inter): the emulated model's (o and down split in two, gate_up
+# unsplit), and one whose every projection splits, with N not a multiple of 64
+SHAPES = {"emulated": (384, 256, 512), "uneven": (512, 320, 704)}
+
+
+def operands(rng: np.random.Generator, rows: int, q_size: int, hidden: int, inter: int) -> dict:
+    def bf16(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(BF16)
+
+    return {
+        "attn": bf16(rows, q_size),
+        "w_o": bf16(hidden, q_size, scale=q_size**-0.5),
+        "w_gate_up": bf16(2 * inter, hidden, scale=hidden**-0.5),
+        "w_down": bf16(hidden, inter, scale=inter**-0.5),
+        "residual": rng.standard_normal((rows, hidden)).astype(np.float32),
+        "mlp_norm": (1 + 0.1 * rng.standard_normal(hidden)).astype(BF16),
+        "next_norm": (1 + 0.1 * rng.standard_normal(hidden)).astype(BF16),
+    }
+
+
+def op_by_op(ops, d: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The path the persistent launch replaces, on the emulated device: (summed, normed)."""
+    from reprise.cuda.kernels import to_device, to_host
+
+    dev = {k: to_device(v) for k, v in d.items()}
+    summed1, x1 = ops.gemm_add_rmsnorm(
+        dev["attn"], dev["w_o"], dev["residual"], dev["mlp_norm"], EPS
+    )
+    h = ops.swiglu(x1, dev["w_gate_up"])
+    summed, normed = ops.gemm_add_rmsnorm(h, dev["w_down"], summed1, dev["next_norm"], EPS)
+    return to_host(summed, bf16=False), to_host(normed)
+
+
+def persistent(d: dict, num_ctas: int, *, packed: bool = False, gated: bool = False):
+    from reprise.cuda.gemm_sm90_kernel import prepare_weight
+    from reprise.cuda.kernels import to_device, to_host
+
+    weights = {}
+    for name in ("w_o", "w_gate_up", "w_down"):
+        bits = d[name].view(np.uint16)
+        if packed:
+            pw = prepare_weight(bits, gated=gated and name == "w_gate_up")
+            weights[name] = type(pw)(
+                to_device(pw.data.view(BF16)), pw.num_cols, pw.k, pw.swizzled, pw.gated
+            )
+        else:
+            weights[name] = to_device(d[name])
+    summed, normed = decode_block_kernel.decode_tail(
+        to_device(d["attn"]), weights["w_o"], weights["w_gate_up"], weights["w_down"],
+        to_device(d["residual"]), to_device(d["mlp_norm"]), to_device(d["next_norm"]), EPS,
+        num_ctas=num_ctas,
+    )  # fmt: skip
+    return to_host(summed, bf16=False), to_host(normed)
+
+
+def same_bits(got: tuple, want: tuple) -> None:
+    for g, w, what in zip(got, want, ("summed", "normed"), strict=True):
+        assert g.shape == w.shape, what
+        differ = np.count_nonzero(g.view(np.uint8) != w.view(np.uint8))
+        assert differ == 0, f"{what}: {differ} bytes differ"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_the_persistent_tail_gives_the_op_by_op_bits(emulated: None, shape: str, rows: int) -> None:
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    d = operands(np.random.default_rng(rows + len(shape)), rows, *SHAPES[shape])
+    want = op_by_op(CupyBackend(), d)
+    for num_ctas in (1, 3, 7):  # fewer CTAs than items, one a tile, ...
+        same_bits(persistent(d, num_ctas), want)
+    twin = decode_tail_ref(**d, eps=EPS)
+    np.testing.assert_allclose(want[0], twin[0], rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        want[1].astype(np.float32), twin[1].astype(np.float32), rtol=5e-2, atol=5e-2
+    )
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["packed", "packed-gated"])
+def test_the_packed_layouts_give_the_plain_bits(emulated: None, gated: bool) -> None:
+    """gemm_sm90_kernel.prepare_weight's swizzled panels (and the gated packing's
+    interleaved gate/up rows) read by the kernel give the plain layout's bits."""
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    d = operands(np.random.default_rng(11), 3, *SHAPES["uneven"])
+    want = op_by_op(CupyBackend(), d)
+    same_bits(persistent(d, 5, packed=True, gated=gated), want)
+
+
+def test_counters_and_the_barrier_are_left_zero(emulated: None) -> None:
+    """Every tile's counter and the grid barrier's count end at zero (the next launch,
+    a graph's replay, starts from them); the barrier's round number advances by the
+    launch's three barriers."""
+    from reprise.cuda.gemm_kernel import _device_id
+    from reprise.cuda.kernels import stream_counters
+
+    d = operands(np.random.default_rng(5), 2, *SHAPES["emulated"])
+    persistent(d, 4)
+    counters = emucupy.asnumpy(
+        stream_counters("decode tail", decode_block_kernel.COUNTERS, _device_id())
+    )
+    rounds = int(counters[-1])
+    persistent(d, 4)
+    counters = emucupy.asnumpy(
+        stream_counters("decode tail", decode_block_kernel.COUNTERS, _device_id())
+    )
+    assert not counters[:-1].any()
+    assert int(counters[-1]) == rounds + 3
+
+
+def test_takes_refuses_what_it_cannot_run() -> None:
+    def w(n: int, k: int) -> SimpleNamespace:  # takes reads a plain weight's shape alone
+        return SimpleNamespace(shape=(n, k))
+
+    w_o, w_gu, w_down = w(256, 384), w(1024, 256), w(256, 512)
+    rows = decode_block_kernel.MAX_ROWS
+    assert decode_block_kernel.takes(1, w_o, w_gu, w_down)
+    assert decode_block_kernel.takes(rows, w_o, w_gu, w_down)
+    assert not decode_block_kernel.takes(rows + 1, w_o, w_gu, w_down)
+    assert not decode_block_kernel.takes(0, w_o, w_gu, w_down)
+    assert not decode_block_kernel.takes(1, w_o, w(1024, 320), w_down)  # gate_up's K is not hidden
+    assert not decode_block_kernel.takes(1, w_o, w_gu, w(256, 384))  # down's K is not inter
+    assert not decode_block_kernel.takes(
+        1, w(256, 352), w_gu, w_down
+    )  # K = 352: not a multiple of 64
+    # the 8B's tail fits at batch 4, not at 16 (its rows of 14,336 past the shared memory)
+    llama = w(4096, 4096), w(28672, 4096), w(4096, 14336)
+    assert decode_block_kernel.takes(4, *llama)
+    assert not decode_block_kernel.takes(16, *llama)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_persistent_kernels_do_not_spill_and_fit_an_sm(arch: str) -> None:
+    """Both entry points, from the cubin (printed for the record): no local memory, and
+    registers that let one CTA of PERSIST_THREADS sit on an SM beside its shared memory
+    (the grid barriers need every CTA resident: one an SM)."""
+    from reprise.cuda import nvrtc
+
+    try:
+        nvrtc.compile_options(arch)
+        nvrtc._library()
+    except nvrtc.NvrtcUnavailable as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+    source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "decode_block.cu")
+    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "decode_block.cu", arch).cubin)
+    assert set(resources) == {"decode_tail_plain", "decode_tail_packed"}
+    for kernel, used in sorted(resources.items()):
+        print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
+        assert used.local_bytes == 0, (kernel, used)
+        assert used.registers * decode_block_kernel.THREADS <= 65536, (kernel, used)
