@@ -61,6 +61,16 @@ class NumpyBackend:
         them as one kernel, to the same bits)."""
         return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
 
+    def decode_tail(
+        self, attn: np.ndarray, w_o: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray,
+        residual: np.ndarray, mlp_norm: np.ndarray, next_norm: np.ndarray, eps: float,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """A layer's tail after attention: o_proj, the residual add and the MLP's norm,
+        the MLP, the residual add and the next norm -> (summed, normed). Here its ops in
+        turn (the GPU backend may run it as one persistent kernel, to the same bits)."""
+        summed, x = self.gemm_add_rmsnorm(attn, w_o, residual, mlp_norm, eps)
+        return self.gemm_add_rmsnorm(self.swiglu(x, w_gate_up), w_down, summed, next_norm, eps)
+
     def gemm_rope_kv_write(
         self, x: np.ndarray, w: np.ndarray, positions: np.ndarray, cos: np.ndarray,
         sin: np.ndarray, cache: np.ndarray, layer: int, slot_mapping: np.ndarray,

@@ -120,6 +120,24 @@ class CupyBackend:
             return gemm_sm90_add_rmsnorm(x, w, residual, weight, eps)
         return self.add_rmsnorm(residual, self.gemm(x, w), weight, eps)
 
+    def decode_tail(
+        self, attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
+        next_norm: Any, eps: float,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """A layer's tail after attention (o_proj through the next norm) -> (summed,
+        normed): where decode_block_kernel.BY_DEFAULT is on and `takes` allows (a decode's
+        few rows), one persistent launch (decode_block.cu); else gemm_add_rmsnorm, swiglu,
+        gemm_add_rmsnorm. The same bits either way."""
+        from . import decode_block_kernel
+
+        weights = (w_o, w_gate_up, w_down)
+        if decode_block_kernel.BY_DEFAULT and decode_block_kernel.takes(attn.shape[0], *weights):
+            return decode_block_kernel.decode_tail(
+                attn, *weights, residual, mlp_norm, next_norm, eps
+            )
+        summed, x = self.gemm_add_rmsnorm(attn, w_o, residual, mlp_norm, eps)
+        return self.gemm_add_rmsnorm(self.swiglu(x, w_gate_up), w_down, summed, next_norm, eps)
+
     def gemm_rope_kv_write(
         self, x: Any, w: Any, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,
         slot_mapping: Any, num_heads: int,

@@ -9,6 +9,7 @@ GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail take i
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,13 @@ def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any) -> bool:
     return 1 <= rows <= MAX_ROWS and smem_bytes(rows, q_size, hidden, inter) <= MAX_SMEM
 
 
+@functools.cache
+def _num_sms(device_id: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, num_ctas: int | None = None,
@@ -96,8 +104,9 @@ def decode_tail(
     lengths = [split_length(k, s) for (_, k), s in zip(shapes, splits, strict=True)]
     items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
     assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
+    device = _device_id()
     if num_ctas is None:
-        num_ctas = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        num_ctas = _num_sms(device)
     grid = grid_size(num_ctas, max(items))
     bf16 = BF16_BITS
     y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
@@ -105,7 +114,7 @@ def decode_tail(
     summed1, summed = cupy.empty((rows, hidden), np.float32), cupy.empty((rows, hidden), np.float32)
     normed = cupy.empty((rows, hidden), bf16)
     ws = cupy.empty(max(s * rows * n for (n, _), s in zip(shapes, splits, strict=True)), np.float32)
-    counters = stream_counters("decode tail", COUNTERS, _device_id())
+    counters = stream_counters("decode tail", COUNTERS, device)
     bar = counters[COUNTERS - 2 :]
     smem = smem_bytes(rows, q_size, hidden, inter)
     fn = kernel("decode_block", "decode_tail_packed" if packed else "decode_tail_plain")

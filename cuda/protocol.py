@@ -87,6 +87,7 @@ class Backend(Protocol):
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel
+    decode_tail: Callable[..., Any]  # o_proj through the next norm, maybe one kernel
     argmax: Callable[..., Any]
 
     def penalize(self, logits: Any, penalties: Penalties) -> None: ...

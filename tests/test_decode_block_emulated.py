@@ -7,19 +7,20 @@ and the packed (and gated) weight layouts, and within BF16 rounding of the NumPy
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from kernel_emu import emucupy
-from test_cupy_emulated import emulated
+from test_cupy_emulated import PARAMS, PROMPTS, Engines, assert_identical, emulated, model_dir
 
-from reprise.cuda import decode_block_kernel
+from reprise.cuda import decode_block_kernel, pdl
 from reprise.cuda.decode_block import decode_tail_ref
 from reprise.cuda.dtypes import BF16
 
 pytestmark = pytest.mark.kernels
-__all__ = ["emulated"]  # a fixture, used by name
+__all__ = ["emulated", "model_dir"]  # fixtures, used by name
 
 EPS = 1e-5
 # (q_size, hidden, inter): the emulated model's (o and down split in two, gate_up
@@ -174,3 +175,28 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm(arch: str) -> None:
         print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
         assert used.local_bytes == 0, (kernel, used)
         assert used.registers * decode_block_kernel.THREADS <= 65536, (kernel, used)
+
+
+def test_the_engine_with_the_persistent_tail_changes_no_logit(
+    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulated engine (the tensor-core attention) with decode_block_kernel.BY_DEFAULT
+    on, its grids of 4 CTAs: every decode step's layer tails (eager and replayed from
+    CUDA graphs, PDL's default mode) are the persistent launch, and every logit of two
+    requests batched and decoded together equals the op-by-op engine's, each request
+    alone."""
+    engines = Engines(model_dir, "tensor-cores")
+    want = [engines(enable_reuse=False).generate(p, q) for p, q in zip(PROMPTS, PARAMS, strict=True)]
+    ran = []
+    launch = decode_block_kernel.decode_tail
+    monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)
+    monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 4)
+    monkeypatch.setattr(decode_block_kernel, "decode_tail",
+                        lambda *a, **k: ran.append(a[0].shape[0]) or launch(*a, **k))  # fmt: skip
+    monkeypatch.setattr(pdl, "active", lambda: "graphs")
+    monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
+    for graphs in (False, True):
+        ran.clear()
+        got = engines(cuda_graphs=graphs).generate(PROMPTS, PARAMS)
+        assert_identical(got, want)
+        assert ran and set(ran) <= {1, 2}, ran  # the decode steps' rows (prefill: 45 a prompt)

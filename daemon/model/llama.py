@@ -124,14 +124,11 @@ class LlamaModel:
                 q = ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args)
             attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
             # attn: [T, heads, head_dim]; o_proj's and down_proj's outputs go only into the
-            # residual add and the next norm (maybe one kernel each: gemm_add_rmsnorm)
-            residual, x = ops.gemm_add_rmsnorm(
-                attn.reshape(attn_shape), layer.o_proj, residual, layer.mlp_norm, eps
-            )
-            mlp = ops.swiglu(x, layer.gate_up_proj)
-            residual, x = ops.gemm_add_rmsnorm(
-                mlp, layer.down_proj, residual, self._next_norm[idx], eps
-            )
+            # residual add and the next norm: the layer's tail, maybe one kernel (decode_tail)
+            residual, x = ops.decode_tail(
+                attn.reshape(attn_shape), layer.o_proj, layer.gate_up_proj, layer.down_proj,
+                residual, layer.mlp_norm, self._next_norm[idx], eps,
+            )  # fmt: skip
         # x is now the final norm's output; only the rows that sample need the lm_head.
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
