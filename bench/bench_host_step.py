@@ -92,6 +92,13 @@ class NullBackend(NumpyBackend):
         return residual, np.zeros(residual.shape, dtype=BF16)
 
     @staticmethod
+    def decode_tail_qkv(attn: np.ndarray, *args: Any) -> tuple[np.ndarray, np.ndarray]:
+        """decode_tail and the next layer's qkv and rope_kv_write (one kernel on the GPU
+        with the persistent tail)."""
+        residual, cache, num_heads = args[3], args[-4], args[-1]
+        return residual, np.zeros((attn.shape[0], num_heads, cache.shape[-1]), dtype=BF16)
+
+    @staticmethod
     def rope(x: np.ndarray, *args: Any) -> np.ndarray:
         return x
 

@@ -71,6 +71,20 @@ class NumpyBackend:
         summed, x = self.gemm_add_rmsnorm(attn, w_o, residual, mlp_norm, eps)
         return self.gemm_add_rmsnorm(self.swiglu(x, w_gate_up), w_down, summed, next_norm, eps)
 
+    def decode_tail_qkv(
+        self, attn: np.ndarray, w_o: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray,
+        residual: np.ndarray, mlp_norm: np.ndarray, next_norm: np.ndarray, eps: float,
+        w_qkv: np.ndarray, *rope_args: Any,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """decode_tail, then the next layer's gemm_rope_kv_write of its normed rows (its
+        qkv projection bias-free; `rope_args`: gemm_rope_kv_write's after the weight) ->
+        (summed, the next layer's rotated queries). Here its ops in turn (the GPU backend
+        may run it as one persistent kernel, to the same bits)."""
+        summed, x = self.decode_tail(
+            attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, eps
+        )
+        return summed, self.gemm_rope_kv_write(x, w_qkv, *rope_args)
+
     def gemm_rope_kv_write(
         self, x: np.ndarray, w: np.ndarray, positions: np.ndarray, cos: np.ndarray,
         sin: np.ndarray, cache: np.ndarray, layer: int, slot_mapping: np.ndarray,

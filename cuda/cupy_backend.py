@@ -138,6 +138,27 @@ class CupyBackend:
         summed, x = self.gemm_add_rmsnorm(attn, w_o, residual, mlp_norm, eps)
         return self.gemm_add_rmsnorm(self.swiglu(x, w_gate_up), w_down, summed, next_norm, eps)
 
+    def decode_tail_qkv(
+        self, attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
+        next_norm: Any, eps: float, w_qkv: Any, *rope_args: Any,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """decode_tail, then the next layer's gemm_rope_kv_write (its qkv projection
+        bias-free) -> (summed, its rotated queries): one persistent launch where
+        decode_block_kernel.BY_DEFAULT is on and `takes` allows, else the two ops. The same
+        bits either way."""
+        from . import decode_block_kernel
+
+        weights = (w_o, w_gate_up, w_down)
+        if decode_block_kernel.BY_DEFAULT and decode_block_kernel.takes(
+            attn.shape[0], *weights, w_qkv
+        ):
+            head = decode_block_kernel.NextHead(w_qkv, *rope_args)
+            return decode_block_kernel.decode_tail(
+                attn, *weights, residual, mlp_norm, next_norm, eps, head=head
+            )
+        summed, x = self.decode_tail(attn, *weights, residual, mlp_norm, next_norm, eps)
+        return summed, self.gemm_rope_kv_write(x, w_qkv, *rope_args)
+
     def gemm_rope_kv_write(
         self, x: Any, w: Any, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,
         slot_mapping: Any, num_heads: int,

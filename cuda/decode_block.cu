@@ -12,12 +12,15 @@
 //   1. its share of o_proj's work items (gemv_phase below) over the attention rows, which
 //      it copies into its shared memory; grid barrier;
 //   2. every CTA: summed1 = residual + y_o, x1 = rmsnorm(summed1) for all M rows, into its
-//      shared memory (every CTA the same bits: the same function on the same values; row
-//      m's summed1 written to global memory by CTA m % grid alone), then its share of
-//      gate_up's items; grid barrier;
+//      shared memory (every CTA the same bits: the same function on the same values), then
+//      its share of gate_up's items; grid barrier;
 //   3. h = silu(gate) * up of gate_up's product, into its shared memory, then its share of
 //      down_proj's items; grid barrier;
-//   4. CTA m % grid: row m's summed = summed1 + y_down and normed = rmsnorm(summed).
+//   4. CTA m % grid: row m's summed = summed1 + y_down and normed = rmsnorm(summed); or,
+//      with the next layer's head (its qkv projection bias-free), every CTA all rows into
+//      its shared memory, row m's summed written by CTA m % grid alone, then
+//   5. its share of the next layer's qkv items; grid barrier; its share of the product's
+//      rope_kv_write (the rotated queries out, the keys and values into their cache slots).
 //
 // NOTE: the invariance argument (DESIGN §4): every value is one the op-by-op path
 // computes, by the same operations in the same order.
@@ -37,6 +40,7 @@
 // Reads of what other CTAs wrote in this launch go through L2 (__ldcg, delta_at).
 #include "common.cuh"
 #include "rmsnorm.cuh"  // add_rmsnorm_row
+#include "kvcache.cuh"  // rope_kv_write_pair
 
 #define PERSIST_THREADS 256
 #define DECODE_BLOCK_MAX_ROWS 16  // one m16 fragment: decode_block_kernel.MAX_ROWS repeats it
@@ -148,31 +152,46 @@ __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int
   }
 }
 
+// The next layer's head, run in the same launch where it is bias-free (w_qkv non-null):
+// its qkv projection of the next norm's rows, then rope_kv_write of the product (`qkv`,
+// [M, (heads + 2 kv_heads) head_dim] BF16, the launch's own).
+struct NextHead {
+  const unsigned short* w_qkv;
+  unsigned short* qkv;
+  int split_qkv;
+  RopeKvArgs rope;
+};
+
 // The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
-// fp32; y_o, y_down [M, hidden] BF16, summed1 [M, hidden] fp32, gate_up [M, 2 inter] BF16:
-// the launch's own intermediates; summed [M, hidden] fp32 and normed [M, hidden] BF16 the
-// outputs. gate_interleaved: gate_up's rows are (gate j, up j) pairs (the gated packing),
-// else the gate rows, then the up rows. ws and counters: as gemv_phase's, for every
-// projection; bar: grid_sync's two words (zero, left zero). Dynamic shared memory: the
-// launcher's decode_block_kernel.smem_bytes.
+// fp32; y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own
+// products; summed [M, hidden] fp32 and normed [M, hidden] BF16 the outputs (normed not
+// written with the next layer's head: its rows go straight into the qkv projection).
+// gate_interleaved: gate_up's rows are (gate j, up j) pairs (the gated packing), else the
+// gate rows, then the up rows. ws and counters: as gemv_phase's, for every projection;
+// bar: grid_sync's two words (zero, left zero). Dynamic shared memory
+// (decode_block_kernel.smem_bytes): the flag and block_sum's scratch, a row of fp32 sums
+// no one reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16,
+// lda halves apart).
 template <bool PACKED>
 __device__ __forceinline__ void decode_tail(
     const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
     const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
     const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
     const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
-    float* __restrict__ summed1, unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down,
-    float* __restrict__ summed, __nv_bfloat16* __restrict__ normed, float* __restrict__ ws,
-    unsigned* __restrict__ counters, unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter,
-    int split_o, int split_gate_up, int split_down, int gate_interleaved, float eps) {
+    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
+    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
+    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
+    int split_down, int gate_interleaved, float eps, const NextHead& head) {
   pdl_enter();
   if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned char* smem = block_smem();
   unsigned* const flag = reinterpret_cast<unsigned*>(smem);
-  float* const scratch = reinterpret_cast<float*>(smem + 16);               // block_sum's, 8 floats
-  float* const row_sum = reinterpret_cast<float*>(smem + 64);               // a row's summed1, unused
-  const int lda = max(max(q_size, hidden), inter) + 8;                      // halves: rows 16 bytes apart more
-  unsigned short* const x = reinterpret_cast<unsigned short*>(smem + 64 + 4 * ((hidden + 3) / 4 * 4));
+  float* const scratch = reinterpret_cast<float*>(smem + 16);  // block_sum's, 8 floats
+  const int row_floats = (hidden + 3) / 4 * 4;                 // 16-byte rows
+  float* const unread = reinterpret_cast<float*>(smem + 64);   // sums no one reads
+  float* const sums = unread + row_floats;                     // summed1's M rows
+  const int lda = max(max(q_size, hidden), inter) + 8;         // halves: rows 16 bytes apart more
+  unsigned short* const x = reinterpret_cast<unsigned short*>(sums + M * row_floats);
   const int tid = static_cast<int>(threadIdx.x), me = static_cast<int>(blockIdx.x);
   const int G = static_cast<int>(gridDim.x);
 
@@ -186,12 +205,12 @@ __device__ __forceinline__ void decode_tail(
   gemv_phase<PACKED>(x, lda, M, {w_o, y_o, hidden, q_size, split_o}, ws, counters, flag);
   grid_sync(bar);
 
-  // 2. the residual add and the MLP's norm, every CTA all rows; then gate_up.
+  // 2. the residual add and the MLP's norm, every CTA all rows (summed1 kept in its shared
+  // memory for 4.); then gate_up.
   for (int m = 0; m < M; ++m) {
     const long long at = static_cast<long long>(m) * hidden;
     add_rmsnorm_row(residual + at, reinterpret_cast<const __nv_bfloat16*>(y_o + at), mlp_norm,
-                    m % G == me ? summed1 + at : row_sum, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden,
-                    eps, scratch);
+                    sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
   gemv_phase<PACKED>(x, lda, M, {w_gate_up, gate_up, 2 * inter, hidden, split_gate_up}, ws, counters, flag);
@@ -210,42 +229,81 @@ __device__ __forceinline__ void decode_tail(
   gemv_phase<PACKED>(x, lda, M, {w_down, y_down, hidden, inter, split_down}, ws, counters, flag);
   grid_sync(bar);
 
-  // 4. the residual add and the next norm: row m by the CTA that wrote its summed1.
-  for (int m = me; m < M; m += G) {
+  // 4. the residual add and the next norm: row m's outputs by CTA m % grid; with the next
+  // layer's head, every CTA all rows into its shared memory, as in 2.
+  if (!head.w_qkv) {
+    for (int m = me; m < M; m += G) {
+      const long long at = static_cast<long long>(m) * hidden;
+      add_rmsnorm_row(sums + m * row_floats, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm,
+                      summed + at, normed + at, hidden, eps, scratch);
+      __syncthreads();
+    }
+    return;
+  }
+  for (int m = 0; m < M; ++m) {
     const long long at = static_cast<long long>(m) * hidden;
-    add_rmsnorm_row(summed1 + at, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm, summed + at,
-                    normed + at, hidden, eps, scratch);
+    add_rmsnorm_row(sums + m * row_floats, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm,
+                    m % G == me ? summed + at : unread, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps,
+                    scratch);
     __syncthreads();
+  }
+
+  // 5. the next layer's qkv projection (bias-free), then its rope_kv_write: every (row,
+  // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
+  // kernel's own), reading the product through L2.
+  const int qkv_cols = (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim;
+  gemv_phase<PACKED>(x, lda, M, {head.w_qkv, head.qkv, qkv_cols, hidden, head.split_qkv}, ws, counters, flag);
+  grid_sync(bar);
+  const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
+  const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
+  for (int item = me * PERSIST_THREADS + tid; item < M * per_row; item += G * PERSIST_THREADS) {
+    const int r = item / per_row, pair = item % per_row;
+    rope_kv_write_pair<true>(qkv, qkv_cols, head.rope, r, pair / half, pair % half);
   }
 }
 
 }  // namespace
 
 // The weights in the plain [N, K] layout (sm_80's) and in the Hopper GEMM's packed one.
+// with_head = 0: the head's arguments are unused (any arrays).
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(
     const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
     const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
     const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
-    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o, float* __restrict__ summed1,
+    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
     unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
     __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
     unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps) {
-  decode_tail<false>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down,
-                     summed, normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up,
-                     split_down, gate_interleaved, eps);
+    int split_down, int gate_interleaved, float eps, int with_head, const unsigned short* __restrict__ w_qkv,
+    unsigned short* __restrict__ qkv, int split_qkv, const int* __restrict__ positions,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ q_out,
+    const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads,
+    int kv_heads, int block_size, int head_dim) {
+  const NextHead head{with_head ? w_qkv : nullptr, qkv, split_qkv,
+                      {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads,
+                       block_size, head_dim}};
+  decode_tail<false>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed,
+                      normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down,
+                      gate_interleaved, eps, head);
 }
 
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(
     const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
     const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
     const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
-    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o, float* __restrict__ summed1,
+    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
     unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
     __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
     unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps) {
-  decode_tail<true>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down,
-                     summed, normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up,
-                     split_down, gate_interleaved, eps);
+    int split_down, int gate_interleaved, float eps, int with_head, const unsigned short* __restrict__ w_qkv,
+    unsigned short* __restrict__ qkv, int split_qkv, const int* __restrict__ positions,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ q_out,
+    const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads,
+    int kv_heads, int block_size, int head_dim) {
+  const NextHead head{with_head ? w_qkv : nullptr, qkv, split_qkv,
+                      {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads,
+                       block_size, head_dim}};
+  decode_tail<true>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed,
+                      normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down,
+                      gate_interleaved, eps, head);
 }

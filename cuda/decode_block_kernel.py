@@ -10,7 +10,7 @@ GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail take i
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,12 +24,26 @@ MAX_SMEM = 200 * 1024  # what a CTA may ask (an H100 gives 227 KB; one CTA an SM
 COUNTERS = 4096  # a zero per tile of the widest projection, then the grid barrier's two words
 
 
+class NextHead(NamedTuple):
+    """The next layer's bias-free qkv projection and its rope_kv_write, run in the same
+    launch (CupyBackend.decode_tail_qkv): rope_kv_write's arguments, the weight first."""
+
+    w_qkv: Any
+    positions: Any
+    cos: Any
+    sin: Any
+    cache: Any
+    layer: int
+    slot_mapping: Any
+    num_heads: int
+
+
 def smem_bytes(rows: int, q_size: int, hidden: int, inter: int) -> int:
     """decode_block.cu's layout: the flag and block_sum's scratch (64 bytes), a row of
-    fp32 (the norm's unused sums), then `rows` BF16 rows of the widest input, 8 halves more
-    each."""
+    fp32 no one reads and `rows` rows of fp32 (summed1), then `rows` BF16 rows of the
+    widest input, 8 halves more each."""
     lda = max(q_size, hidden, inter) + 8
-    return 64 + 4 * (-(-hidden // 4) * 4) + rows * lda * 2
+    return 64 + 4 * (-(-hidden // 4) * 4) * (rows + 1) + rows * lda * 2
 
 
 def grid_size(num_sms: int, items: int) -> int:
@@ -47,17 +61,21 @@ def _layout(w: Any) -> tuple[str, bool] | None:
     return ("plain", False)
 
 
-def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any) -> bool:
+def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any, w_qkv: Any = None) -> bool:
     """Whether decode_tail runs this call: a decode's few rows, every K a multiple of 64
-    (the packed layout's tiles; the splits' granule), even widths, one layout for all three
-    weights, and its shared memory within MAX_SMEM."""
-    layouts = [_layout(w) for w in (w_o, w_gate_up, w_down)]
+    (the packed layout's tiles; the splits' granule), even widths, one layout for all the
+    weights (w_qkv: the next layer's, if its head joins), and its shared memory within
+    MAX_SMEM."""
+    weights = [w_o, w_gate_up, w_down] + ([] if w_qkv is None else [w_qkv])
+    layouts = [_layout(w) for w in weights]
     if any(x is None for x in layouts) or len({x[0] for x in layouts}) != 1:  # type: ignore[index]
         return False
-    if layouts[0][1] or layouts[2][1]:  # type: ignore[index]
+    if any(x[1] for i, x in enumerate(layouts) if i != 1):  # type: ignore[index]
         return False  # only gate_up may be interleaved
     (hidden, q_size), (two_inter, h2), (h3, inter) = w_o.shape, w_gate_up.shape, w_down.shape
     if h2 != hidden or h3 != hidden or two_inter != 2 * inter:
+        return False
+    if w_qkv is not None and w_qkv.shape[1] != hidden:
         return False
     if any(k % 64 for k in (q_size, hidden, inter)) or hidden % 2:
         return False
@@ -73,19 +91,23 @@ def _num_sms(device_id: int) -> int:
 
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
-    next_norm: Any, eps: float, *, num_ctas: int | None = None,
+    next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """(summed, normed) of the layer's tail: as add_rmsnorm(add_rmsnorm(residual, attn @
-    w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch.
+    w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch;
+    with `head`, (summed, q): the next layer's rope_kv_write of normed @ w_qkv^T (the keys
+    and values into the cache, the rotated queries returned), in the same launch.
     `num_ctas` (tests) caps the grid; by default one CTA an SM."""
     import cupy
 
     from .gemm_kernel import _device_id, _split_k, split_length
+    from .launchers import check_rope_kv_write
 
     check("attn", attn, BF16_BITS, 2)
     check("residual", residual, np.float32, 2)
     rows = attn.shape[0]
-    if not takes(rows, w_o, w_gate_up, w_down):
+    w_qkv = None if head is None else head.w_qkv
+    if not takes(rows, w_o, w_gate_up, w_down, w_qkv):
         raise ValueError(
             f"decode_tail does not take {rows} rows of these weights (decode_block_kernel.takes)"
         )
@@ -98,31 +120,46 @@ def decode_tail(
         )
     packed = _layout(w_o)[0] == "packed"  # type: ignore[index]
     gated = _layout(w_gate_up)[1]  # type: ignore[index]
-    data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
-    shapes = [(hidden, q_size), (two_inter, hidden), (hidden, inter)]
+    weights = [w_o, w_gate_up, w_down] + ([] if w_qkv is None else [w_qkv])
+    shapes = [tuple(w.shape) for w in weights]
     splits = [_split_k(n, k) for n, k in shapes]
     lengths = [split_length(k, s) for (_, k), s in zip(shapes, splits, strict=True)]
     items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
     assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
     device = _device_id()
-    if num_ctas is None:
-        num_ctas = _num_sms(device)
-    grid = grid_size(num_ctas, max(items))
-    bf16 = BF16_BITS
+    grid = grid_size(_num_sms(device) if num_ctas is None else num_ctas, max(items))
+    bf16, f32, i32 = BF16_BITS, np.float32, np.int32
     y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
     gate_up = cupy.empty((rows, two_inter), bf16)
-    summed1, summed = cupy.empty((rows, hidden), np.float32), cupy.empty((rows, hidden), np.float32)
-    normed = cupy.empty((rows, hidden), bf16)
-    ws = cupy.empty(max(s * rows * n for (n, _), s in zip(shapes, splits, strict=True)), np.float32)
+    summed = cupy.empty((rows, hidden), f32)
+    ws = cupy.empty(max(s * rows * n for (n, _), s in zip(shapes, splits, strict=True)), f32)
     counters = stream_counters("decode tail", COUNTERS, device)
     bar = counters[COUNTERS - 2 :]
+    if head is None:
+        normed = cupy.empty((rows, hidden), bf16)
+        unused_slots = cupy.empty(1, np.int64)  # never read: the kernel runs no head
+        head_args: tuple[Any, ...] = (i32(0), y_o, y_o, i32(1), counters, residual, residual, y_o,
+                                      unused_slots, y_o, *(i32(0),) * 6)  # fmt: skip
+    else:
+        qkv_cols = shapes[3][0]
+        head_dim = head.cache.shape[-1]
+        num_layers, kv_heads, block_size = check_rope_kv_write(
+            (rows, qkv_cols // head_dim, head_dim), head.positions, head.cos, head.sin, head.cache,
+            head.layer, head.slot_mapping, head.num_heads,
+        )  # fmt: skip
+        normed = cupy.empty((rows, head.num_heads, head_dim), bf16)  # the rotated queries
+        qkv = cupy.empty((rows, qkv_cols), bf16)
+        head_args = (i32(1), w_qkv.data if packed else w_qkv, qkv, i32(lengths[3]), head.positions,
+                     head.cos, head.sin, normed, head.slot_mapping, head.cache, i32(head.layer),
+                     i32(num_layers), i32(head.num_heads), i32(kv_heads), i32(block_size),
+                     i32(head_dim))  # fmt: skip
     smem = smem_bytes(rows, q_size, hidden, inter)
     fn = kernel("decode_block", "decode_tail_packed" if packed else "decode_tail_plain")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    i32 = np.int32
-    args = (attn, *data, residual, mlp_norm, next_norm, y_o, summed1, gate_up, y_down, summed, normed, ws,
-            counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths),
-            i32(gated), np.float32(eps))  # fmt: skip
+    data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
+    args = (attn, *data, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,
+            counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]),
+            i32(gated), f32(eps), *head_args)  # fmt: skip
     launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem)
     return summed, normed

@@ -88,6 +88,7 @@ class Backend(Protocol):
     silu_mul: Callable[..., Any]
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel
     decode_tail: Callable[..., Any]  # o_proj through the next norm, maybe one kernel
+    decode_tail_qkv: Callable[..., Any]  # decode_tail, then the next gemm_rope_kv_write
     argmax: Callable[..., Any]
 
     def penalize(self, logits: Any, penalties: Penalties) -> None: ...

@@ -172,3 +172,18 @@ grep -E "^(decode|ttft|target)|^kernels (decode b=1 ctx=512 graphs|ttft 4096 cac
   "$OUT/coop_e2e.out" | cut -c1-150 | head -24
 flag_part coop_default 30 attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_coop_default.json"
 grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_default.out" | cut -c1-150
+# last of all, the persistent layer tail (decode_block_kernel.BY_DEFAULT: a decode's o_proj,
+# add_rmsnorm, gate_up, silu * up, down_proj and add_rmsnorm as one launch whose CTAs meet
+# at grid barriers; the same bits): its GPU tests first (a grid barrier whose CTAs are not
+# all resident hangs, here, within its limit, after everything else), then the default
+# model's decode with it on beside e2e_default (issue 18's 1,500 tok/s), alone and with the
+# other default-model fusions and the shared page, then 8B's decode beside e2e
+part tail_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
+  -m gpu -p no:cacheprovider -ra tests/test_decode_block_gpu.py
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tail_test.out" | tail -5
+flag_part tail_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1,4 --out "$OUT/gpu_e2e_tail_default.json"
+grep -E "^(decode|ttft)|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_default.out" | cut -c1-150 | head -24
+flag_part tail_fused_default 30 decode_block_kernel.BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT,attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_fused_default.json"
+grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
+flag_part tail_e2e 60 decode_block_kernel.BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail.json"
+grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20

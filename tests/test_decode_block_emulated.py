@@ -112,6 +112,80 @@ def test_the_packed_layouts_give_the_plain_bits(emulated: None, gated: bool) -> 
     same_bits(persistent(d, 5, packed=True, gated=gated), want)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
+    emulated: None, rows: int, packed: bool
+) -> None:
+    """With the next layer's head (decode_tail_qkv: its bias-free qkv projection of the
+    next norm's rows, then rope_kv_write) in the same launch: the rotated queries, the
+    residual stream and every byte of the cache (the keys and values written into their
+    slots, nothing else touched) equal decode_tail then gemm_rope_kv_write, op by op."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.gemm_sm90_kernel import prepare_weight
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.rope import rope_table
+
+    rng = np.random.default_rng(40 + rows)
+    q_size, hidden, inter = SHAPES["emulated"]
+    heads, kv_heads, head_dim, block_size, layers = 6, 2, 64, 16, 3
+    d = operands(rng, rows, q_size, hidden, inter)
+    w_qkv = (
+        rng.standard_normal(((heads + 2 * kv_heads) * head_dim, hidden)) * hidden**-0.5
+    ).astype(BF16)
+    cos, sin = rope_table(head_dim, 4096, 10000.0)
+    positions = rng.integers(0, 4000, rows).astype(np.int32)
+    slots = rng.choice(8 * block_size, rows, replace=False).astype(np.int64)
+    cache0 = rng.standard_normal((8, layers, 2, kv_heads, block_size, head_dim)).astype(BF16)
+
+    def run(persistent: bool) -> tuple[np.ndarray, ...]:
+        weights = []
+        for w, gated in (
+            (d["w_o"], False),
+            (d["w_gate_up"], False),
+            (d["w_down"], False),
+            (w_qkv, False),
+        ):
+            if packed:
+                pw = prepare_weight(w.view(np.uint16), gated=gated)
+                weights.append(
+                    type(pw)(
+                        to_device(pw.data.view(BF16)), pw.num_cols, pw.k, pw.swizzled, pw.gated
+                    )
+                )
+            else:
+                weights.append(to_device(w))
+        cache = to_device(cache0)
+        rope = (
+            to_device(positions),
+            to_device(cos),
+            to_device(sin),
+            cache,
+            1,
+            to_device(slots),
+            heads,
+        )
+        rest = [to_device(d[k]) for k in ("residual", "mlp_norm", "next_norm")]
+        if persistent:
+            head = decode_block_kernel.NextHead(weights[3], *rope)
+            summed, q = decode_block_kernel.decode_tail(to_device(d["attn"]), *weights[:3], *rest, EPS,
+                                                        head=head, num_ctas=5)  # fmt: skip
+        else:
+            ops = CupyBackend()
+            if packed:  # the op-by-op path on the plain weights (the emulation runs gemm.cu)
+                weights = [to_device(w) for w in (d["w_o"], d["w_gate_up"], d["w_down"], w_qkv)]
+            summed, q = ops.decode_tail_qkv(
+                to_device(d["attn"]), *weights[:3], *rest, EPS, weights[3], *rope
+            )
+        return to_host(summed, bf16=False), to_host(q), to_host(cache)
+
+    got, want = run(True), run(False)
+    for g, w, what in zip(got, want, ("summed", "q", "cache"), strict=True):
+        assert g.shape == w.shape, what
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what
+    assert not np.array_equal(want[2].view(np.uint16), cache0.view(np.uint16))  # it wrote keys
+
+
 def test_counters_and_the_barrier_are_left_zero(emulated: None) -> None:
     """Every tile's counter and the grid barrier's count end at zero (the next launch,
     a graph's replay, starts from them); the barrier's round number advances by the
@@ -186,7 +260,9 @@ def test_the_engine_with_the_persistent_tail_changes_no_logit(
     requests batched and decoded together equals the op-by-op engine's, each request
     alone."""
     engines = Engines(model_dir, "tensor-cores")
-    want = [engines(enable_reuse=False).generate(p, q) for p, q in zip(PROMPTS, PARAMS, strict=True)]
+    want = [
+        engines(enable_reuse=False).generate(p, q) for p, q in zip(PROMPTS, PARAMS, strict=True)
+    ]
     ran = []
     launch = decode_block_kernel.decode_tail
     monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)

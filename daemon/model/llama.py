@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -113,22 +114,34 @@ class LlamaModel:
         # [T, hidden] fp32; fake ids read the step's prompt-table rows
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
-        for idx, layer in enumerate(self.layers):
+
+        def rope_args(idx: int) -> tuple:
+            return (positions, cos, sin, kv_cache, idx, slots, num_heads)
+
+        def head(x: Any, idx: int) -> Any:
             # the queries come back rotated, the keys (rotated) and values go into their
             # cache slots: one launch on the GPU, or two with the projection's
-            rope_args = (positions, cos, sin, kv_cache, idx, slots, num_heads)
+            layer = self.layers[idx]
             if layer.qkv_bias is None:  # maybe in the projection's launch: gemm_rope_kv_write
-                q = ops.gemm_rope_kv_write(x, layer.qkv_proj, *rope_args)
-            else:
-                qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
-                q = ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args)
+                return ops.gemm_rope_kv_write(x, layer.qkv_proj, *rope_args(idx))
+            qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
+            return ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args(idx))
+
+        q = head(x, 0)
+        for idx, layer in enumerate(self.layers):
             attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
             # attn: [T, heads, head_dim]; o_proj's and down_proj's outputs go only into the
-            # residual add and the next norm: the layer's tail, maybe one kernel (decode_tail)
-            residual, x = ops.decode_tail(
-                attn.reshape(attn_shape), layer.o_proj, layer.gate_up_proj, layer.down_proj,
-                residual, layer.mlp_norm, self._next_norm[idx], eps,
-            )  # fmt: skip
+            # residual add and the next norm: the layer's tail, maybe one kernel (decode_tail),
+            # with the next layer's head where it is bias-free (decode_tail_qkv)
+            tail = (attn.reshape(attn_shape), layer.o_proj, layer.gate_up_proj, layer.down_proj,
+                    residual, layer.mlp_norm, self._next_norm[idx], eps)  # fmt: skip
+            following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None
+            if following is not None and following.qkv_bias is None:
+                residual, q = ops.decode_tail_qkv(*tail, following.qkv_proj, *rope_args(idx + 1))
+                continue
+            residual, x = ops.decode_tail(*tail)
+            if following is not None:
+                q = head(x, idx + 1)
         # x is now the final norm's output; only the rows that sample need the lm_head.
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]

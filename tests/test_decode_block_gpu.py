@@ -1,0 +1,83 @@
+"""The persistent layer tail (decode_block.cu; decode_block_kernel.BY_DEFAULT, off until
+this runs) on a GPU: its (summed, normed) bit-equal to the op-by-op path it replaces
+(gemm_add_rmsnorm, swiglu, gemm_add_rmsnorm: on sm_90 the Hopper GEMM's launches on the
+packed weights, gated where GATED_BY_DEFAULT packs gate_up so), at the default model's and
+Llama-3.1-8B's shapes and a decode's rows, on a full grid and on a few CTAs; and an engine
+with it on against one without. A file of its own, run last by scripts/gpu_followup.sh: a
+grid barrier whose CTAs are not all resident would hang, and a hang must not cost the other
+tests. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_support import dev, host, needs_gpu
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+EPS = 1e-5
+# (q_size, hidden, inter): SmolLM2-135M's, Llama-3.1-8B's
+SHAPES = {"default": (576, 576, 1536), "8b": (4096, 4096, 14336)}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain-gate-up", "gated-gate-up"])
+def test_the_persistent_tail_gives_the_op_by_op_bits(
+    rng, shape: str, rows: int, gated: bool, monkeypatch
+) -> None:
+    """gated: gate_up packed for the gated epilogue (GATED_BY_DEFAULT on, sm_90), its rows
+    interleaved: the op-by-op path then runs the gated epilogue (itself pending), the
+    persistent tail pairs the interleaved columns."""
+    from reprise.cuda import decode_block_kernel, gemm_sm90_plan
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.dtypes import BF16
+
+    q_size, hidden, inter = SHAPES[shape]
+    monkeypatch.setattr(gemm_sm90_plan, "GATED_BY_DEFAULT", gated)
+    ops = CupyBackend()
+
+    w_o = ops.linear_weight((rng.standard_normal((hidden, q_size)) * q_size**-0.5).astype(BF16))
+    w_gu = ops.gate_up_weight(
+        (rng.standard_normal((2 * inter, hidden)) * hidden**-0.5).astype(BF16)
+    )
+    w_down = ops.linear_weight((rng.standard_normal((hidden, inter)) * inter**-0.5).astype(BF16))
+    if not decode_block_kernel.takes(rows, w_o, w_gu, w_down):
+        pytest.skip(f"the tail does not take {rows} rows of {shape}'s weights (its shared memory)")
+    attn = dev(rng.standard_normal((rows, q_size)).astype(BF16))
+    residual = dev((rng.standard_normal((rows, hidden)) * 4).astype(np.float32))
+    norms = [dev((1 + 0.25 * rng.standard_normal(hidden)).astype(BF16)) for _ in range(2)]
+    summed1, x1 = ops.gemm_add_rmsnorm(attn, w_o, residual, norms[0], EPS)
+    want = [
+        host(a) for a in ops.gemm_add_rmsnorm(ops.swiglu(x1, w_gu), w_down, summed1, norms[1], EPS)
+    ]
+    for num_ctas in (None, 5, None):  # one CTA an SM, a few, again (counters left zero)
+        got = decode_block_kernel.decode_tail(attn, w_o, w_gu, w_down, residual, *norms, EPS,
+                                              num_ctas=num_ctas)  # fmt: skip
+        for g, w, what in zip((host(a) for a in got), want, ("summed", "normed"), strict=True):
+            dtype = np.uint32 if w.dtype == np.float32 else np.uint16
+            assert np.array_equal(g.view(dtype), w.view(dtype)), (shape, rows, num_ctas, what)
+
+
+def test_the_persistent_tail_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
+    """The default model with decode_block_kernel.BY_DEFAULT on (every decode step's layer
+    tails one persistent launch, captured in the CUDA graphs) against the default engine:
+    the same tokens and logits bits for a prompt and its cached repeat, batch 1 and 3."""
+    from reprise.cuda import decode_block_kernel
+    from reprise.daemon import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, return_logits=True)
+    prompts = [
+        np.random.default_rng(s).integers(100, 49000, size=150 + 7 * s).tolist() for s in range(3)
+    ]
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", on)
+        engine = Engine.from_pretrained(default_model_dir, backend="cupy", num_device_blocks=128)
+        outs.append(
+            [engine.generate(prompts[0], params) for _ in range(2)]
+            + engine.generate(prompts, [params] * 3)
+        )
+        del engine
+    for got, want in zip(outs[1], outs[0], strict=True):
+        assert got.token_ids == want.token_ids
+        assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
