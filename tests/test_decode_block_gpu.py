@@ -58,6 +58,55 @@ def test_the_persistent_tail_gives_the_op_by_op_bits(
             assert np.array_equal(g.view(dtype), w.view(dtype)), (shape, rows, num_ctas, what)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(rng, shape: str, rows: int) -> None:
+    """The tail with the next layer's head in its launch (decode_tail_qkv) against
+    decode_tail then gemm_rope_kv_write (on sm_90 the Hopper GEMM's launch with or without
+    its rope epilogue, as the plan takes it): the rotated queries, the residual stream and
+    every byte of the cache."""
+    from reprise.cuda import decode_block_kernel
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.dtypes import BF16
+    from reprise.cuda.rope import rope_table
+
+    q_size, hidden, inter = SHAPES[shape]
+    heads, kv_heads, head_dim = (9, 3, 64) if shape == "default" else (32, 8, 128)
+    ops = CupyBackend()
+
+    def weight(n: int, k: int) -> object:
+        return ops.linear_weight((rng.standard_normal((n, k)) * k**-0.5).astype(BF16))
+
+    w_o, w_down = weight(hidden, q_size), weight(hidden, inter)
+    w_gu = ops.gate_up_weight(
+        (rng.standard_normal((2 * inter, hidden)) * hidden**-0.5).astype(BF16)
+    )
+    w_qkv = weight((heads + 2 * kv_heads) * head_dim, hidden)
+    if not decode_block_kernel.takes(rows, w_o, w_gu, w_down, w_qkv):
+        pytest.skip(f"the tail does not take {rows} rows of {shape}'s weights")
+    cos, sin = (dev(t) for t in rope_table(head_dim, 8192, 500000.0))
+    positions = dev(rng.integers(0, 8000, rows).astype(np.int32))
+    slots = dev(rng.choice(64 * 16, rows, replace=False).astype(np.int64))
+    cache0 = rng.standard_normal((64, 3, 2, kv_heads, 16, head_dim)).astype(BF16)
+    attn = dev(rng.standard_normal((rows, q_size)).astype(BF16))
+    residual = dev((rng.standard_normal((rows, hidden)) * 4).astype(np.float32))
+    norms = [dev((1 + 0.25 * rng.standard_normal(hidden)).astype(BF16)) for _ in range(2)]
+    results = []
+    for persistent in (False, True):
+        cache = dev(cache0)
+        rope = (positions, cos, sin, cache, 2, slots, heads)
+        if persistent:
+            head = decode_block_kernel.NextHead(w_qkv, *rope)
+            summed, q = decode_block_kernel.decode_tail(attn, w_o, w_gu, w_down, residual, *norms, EPS,
+                                                        head=head)  # fmt: skip
+        else:
+            summed, x = ops.decode_tail(attn, w_o, w_gu, w_down, residual, *norms, EPS)
+            q = ops.gemm_rope_kv_write(x, w_qkv, *rope)
+        results.append([host(a) for a in (summed, q, cache)])
+    for got, want, what in zip(results[1], results[0], ("summed", "q", "cache"), strict=True):
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (shape, rows, what)
+
+
 def test_the_persistent_tail_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
     """The default model with decode_block_kernel.BY_DEFAULT on (every decode step's layer
     tails one persistent launch, captured in the CUDA graphs) against the default engine:
