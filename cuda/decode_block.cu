@@ -59,21 +59,21 @@ __device__ __forceinline__ unsigned char* block_smem() {
 }
 #endif
 
-// W[n][k], W[n][k + 1] (k even) as one word, the lower index in the lower half: from the
-// plain [N, K] row-major weight, or (PACKED) from gemm_sm90_kernel.prepare_weight's
+// Where row n of a weight starts, and where the word of W[n][k], W[n][k + 1] (k = 64 kt +
+// 16 s + 8 h + 2 t: k-tile kt, slice s of its 4, half h, the lane's t) sits from there:
+// in the plain [N, K] row-major weight, or (PACKED) in gemm_sm90_kernel.prepare_weight's
 // swizzled layout (64-row panels of 64 x 64 tiles, tile (panel, k-tile) at 8,192 bytes
 // each, row r's 16-byte chunk c at chunk c ^ (r % 8) of its 128 bytes).
 template <bool PACKED>
-__device__ __forceinline__ unsigned weight_pair(const unsigned short* __restrict__ w, int n, int k, int K) {
-  long long at;
-  if constexpr (PACKED) {
-    const int r = n & 63, chunk = (k & 63) >> 3;
-    const long long tile = static_cast<long long>(n >> 6) * (K >> 6) + (k >> 6);
-    at = tile * 4096 + r * 64 + ((chunk ^ (r & 7)) << 3) + (k & 7);
-  } else {
-    at = static_cast<long long>(n) * K + k;
-  }
-  return __ldg(reinterpret_cast<const unsigned*>(w + at));
+__device__ __forceinline__ const unsigned short* weight_row(const unsigned short* __restrict__ w, int n, int K) {
+  if constexpr (PACKED) return w + static_cast<long long>(n >> 6) * (K >> 6) * 4096 + (n & 63) * 64;
+  return w + static_cast<long long>(n) * K;
+}
+
+template <bool PACKED>
+__device__ __forceinline__ int weight_offset(int n, int kt, int s, int h, int t) {
+  if constexpr (PACKED) return kt * 4096 + (((2 * s + h) ^ (n & 7)) << 3) + 2 * t;
+  return kt * 64 + 16 * s + 8 * h + 2 * t;
 }
 
 // Two BF16 of a shared row as one word (k even).
@@ -96,39 +96,48 @@ template <bool PACKED>
 __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
                                            float* __restrict__ ws, unsigned* __restrict__ counters,
                                            unsigned* flag) {
-  constexpr int kBatch = 16;  // K slices whose weight words are loaded before their mma
+  constexpr int kTiles = 4;  // k-tiles (of 64) whose weight words are loaded before their mma
   const int tiles = (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N;
   const int splits = (p.K + p.split_len - 1) / p.split_len;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const unsigned short* row_lo = x + g * lda;        // A rows g and g + 8 (zero past M)
+  const unsigned short* row_lo = x + g * lda;  // A rows g and g + 8 (zero past M)
   const unsigned short* row_hi = x + (g + 8) * lda;
   for (int item = static_cast<int>(blockIdx.x); item < tiles * splits; item += static_cast<int>(gridDim.x)) {
     const int tile = item / splits, split = item % splits;
-    const int k_begin = split * p.split_len, k_end = min(p.K, k_begin + p.split_len);
+    // K is a multiple of 64 and split_len of 128 (the launcher's checks): whole k-tiles
+    const int kt_begin = split * p.split_len / 64, kt_end = min(p.K, (split + 1) * p.split_len) / 64;
     const int col0 = tile * DECODE_BLOCK_TILE_N + warp * 8;  // the warp's slice
     const int n = col0 + g;                                    // the lane's column of B
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (col0 < p.N) {  // warp-uniform: a slice wholly past N computes nothing
-      for (int k0 = k_begin; k0 < k_end; k0 += 16 * kBatch) {
-        unsigned b[kBatch][2];
+      const unsigned short* w_row = weight_row<PACKED>(p.w, min(n, p.N - 1), p.K);
+      for (int kt0 = kt_begin; kt0 < kt_end; kt0 += kTiles) {
+        unsigned b[kTiles][4][2];
 #pragma unroll
-        for (int s = 0; s < kBatch; ++s) {
-          const int k = k0 + 16 * s + 2 * t;
-          const bool ok = n < p.N && k0 + 16 * s < k_end;
-          b[s][0] = ok ? weight_pair<PACKED>(p.w, n, k, p.K) : 0u;
-          b[s][1] = ok ? weight_pair<PACKED>(p.w, n, k + 8, p.K) : 0u;
-        }
+        for (int i = 0; i < kTiles; ++i)
 #pragma unroll
-        for (int s = 0; s < kBatch; ++s) {
-          const int k = k0 + 16 * s;
-          if (k >= k_end) break;
-          unsigned a[4];
-          a[0] = g < M ? shared_pair(row_lo, k + 2 * t) : 0u;
-          a[1] = g + 8 < M ? shared_pair(row_hi, k + 2 * t) : 0u;
-          a[2] = g < M ? shared_pair(row_lo, k + 8 + 2 * t) : 0u;
-          a[3] = g + 8 < M ? shared_pair(row_hi, k + 8 + 2 * t) : 0u;
-          mma_bf16_16816(d, a, b[s][0], b[s][1]);
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const bool ok = n < p.N && kt0 + i < kt_end;
+              b[i][s][h] = ok ? __ldg(reinterpret_cast<const unsigned*>(
+                                    w_row + weight_offset<PACKED>(n, kt0 + i, s, h, t)))
+                              : 0u;
+            }
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          if (kt0 + i >= kt_end) break;
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const int k = (kt0 + i) * 64 + 16 * s;
+            unsigned a[4];
+            a[0] = g < M ? shared_pair(row_lo, k + 2 * t) : 0u;
+            a[1] = g + 8 < M ? shared_pair(row_hi, k + 2 * t) : 0u;
+            a[2] = g < M ? shared_pair(row_lo, k + 8 + 2 * t) : 0u;
+            a[3] = g + 8 < M ? shared_pair(row_hi, k + 8 + 2 * t) : 0u;
+            mma_bf16_16816(d, a, b[i][s][0], b[i][s][1]);
+          }
         }
       }
     }
