@@ -171,6 +171,25 @@ struct NextHead {
   RopeKvArgs rope;
 };
 
+// The weight words of this CTA's first item of `p` that its first round of loads takes
+// (gemv_phase's first kTiles k-tiles of the item's 64 rows: 32 KB), into L2 ahead of the
+// phase: before the launch's PDL wait for the first projection (a weight never changes,
+// so the kernel before may still run), and before the grid barrier ahead of each other
+// one, so a phase's first round trip finds them in L2. Bits: none (no value changes).
+template <bool PACKED>
+__device__ __forceinline__ void prefetch_first_item(const Projection& p) {
+  const int tiles = (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N;
+  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int item = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+  if (item >= tiles * splits) return;
+  const int n0 = item / splits * DECODE_BLOCK_TILE_N, kt0 = item % splits * p.split_len / 64;
+  const int kts = min(4, p.K / 64 - kt0);  // gemv_phase's kTiles, or what the weight has left
+  // thread t: line t of the 256 128-byte lines (64 rows x 4 k-tiles, each row's 128 bytes a tile)
+  const int row = tid % 64, kt = kt0 + tid / 64;
+  if (kt >= kt0 + kts || n0 + row >= p.N) return;
+  prefetch_l2(weight_row<PACKED>(p.w, n0 + row, p.K) + (PACKED ? kt * 4096 : kt * 64));
+}
+
 // The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
 // fp32; y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own
 // products; summed [M, hidden] fp32 and normed [M, hidden] BF16 the outputs (normed not
@@ -191,6 +210,11 @@ __device__ __forceinline__ void decode_tail(
     __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
     unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
     int split_down, int gate_interleaved, float eps, const NextHead& head) {
+  const Projection o{w_o, y_o, hidden, q_size, split_o}, up{w_gate_up, gate_up, 2 * inter, hidden, split_gate_up},
+      down{w_down, y_down, hidden, inter, split_down},
+      qkv_proj{head.w_qkv, head.qkv, (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden,
+               head.split_qkv};
+  prefetch_first_item<PACKED>(o);  // before the wait: the weight is constant
   pdl_enter();
   if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned char* smem = block_smem();
@@ -211,7 +235,8 @@ __device__ __forceinline__ void decode_tail(
         *reinterpret_cast<const unsigned*>(attn + static_cast<long long>(m) * q_size + k);
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, {w_o, y_o, hidden, q_size, split_o}, ws, counters, flag);
+  gemv_phase<PACKED>(x, lda, M, o, ws, counters, flag);
+  prefetch_first_item<PACKED>(up);
   grid_sync(bar);
 
   // 2. the residual add and the MLP's norm, every CTA all rows (summed1 kept in its shared
@@ -222,7 +247,8 @@ __device__ __forceinline__ void decode_tail(
                     sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
-  gemv_phase<PACKED>(x, lda, M, {w_gate_up, gate_up, 2 * inter, hidden, split_gate_up}, ws, counters, flag);
+  gemv_phase<PACKED>(x, lda, M, up, ws, counters, flag);
+  prefetch_first_item<PACKED>(down);
   grid_sync(bar);
 
   // 3. h = silu(gate) * up, then down_proj.
@@ -235,7 +261,8 @@ __device__ __forceinline__ void decode_tail(
     x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up)));
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, {w_down, y_down, hidden, inter, split_down}, ws, counters, flag);
+  gemv_phase<PACKED>(x, lda, M, down, ws, counters, flag);
+  if (head.w_qkv) prefetch_first_item<PACKED>(qkv_proj);
   grid_sync(bar);
 
   // 4. the residual add and the next norm: row m's outputs by CTA m % grid; with the next
@@ -260,14 +287,13 @@ __device__ __forceinline__ void decode_tail(
   // 5. the next layer's qkv projection (bias-free), then its rope_kv_write: every (row,
   // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
   // kernel's own), reading the product through L2.
-  const int qkv_cols = (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim;
-  gemv_phase<PACKED>(x, lda, M, {head.w_qkv, head.qkv, qkv_cols, hidden, head.split_qkv}, ws, counters, flag);
+  gemv_phase<PACKED>(x, lda, M, qkv_proj, ws, counters, flag);
   grid_sync(bar);
   const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
   for (int item = me * PERSIST_THREADS + tid; item < M * per_row; item += G * PERSIST_THREADS) {
     const int r = item / per_row, pair = item % per_row;
-    rope_kv_write_pair<true>(qkv, qkv_cols, head.rope, r, pair / half, pair % half);
+    rope_kv_write_pair<true>(qkv, qkv_proj.N, head.rope, r, pair / half, pair % half);
   }
 }
 

@@ -42,6 +42,10 @@ WEIGHT_PROLOGUE_BODIES = (
 # The tensor-core attention kernel's entry points call pdl_enter() inside the kernel, after
 # its metadata and the KV pages no running grid writes (test_only_old_pages_...).
 ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
+# The persistent layer tail's entry points (decode_block.cu) build their head's arguments,
+# then decode_tail prefetches its first weight's lines into L2 before its pdl_enter()
+# (test_the_persistent_tail_only_prefetches_its_weight_before_the_wait).
+TAIL_PROLOGUE_BODIES = ("const NextHead head{",)
 # Entry points that read their metadata before pdl_enter() in their own body (checked by
 # test_rope_kv_write_reads_only_its_place_before_the_wait).
 EARLY_METADATA_KERNELS = ("rope_kv_write",)
@@ -75,13 +79,38 @@ def test_every_kernel_enters_through_pdl_first() -> None:
             if name in EARLY_METADATA_KERNELS:
                 names.append(name)
                 continue
-            assert body.startswith(
-                ("pdl_enter();", *WEIGHT_PROLOGUE_BODIES, *ATTENTION_PROLOGUE_BODIES)
-            ), (
+            firsts = ("pdl_enter();", *WEIGHT_PROLOGUE_BODIES, *ATTENTION_PROLOGUE_BODIES)
+            assert body.startswith((*firsts, *TAIL_PROLOGUE_BODIES)), (
                 f"{family.source.name}: {name} does not call pdl_enter() first"
             )
             names.append(name)
     assert len(names) == len(set(names)) >= 50, names
+
+
+def test_the_persistent_tail_only_prefetches_its_weight_before_the_wait() -> None:
+    """decode_block.cu: each entry point's body, before decode_tail, only builds its head's
+    arguments; decode_tail, before its one pdl_enter(), only names its projections and asks
+    for its first weight's lines in L2 (prefetch_first_item: prefetch.global.L2 of a
+    constant weight, no load, no store)."""
+    source = (Path(pdl.__file__).parent / "decode_block.cu").read_text()
+    for entry in ENTRY.finditer(source):
+        body = source[entry.end() : source.index("\n}\n", entry.end())]
+        assert body.lstrip().startswith(TAIL_PROLOGUE_BODIES), body[:80]
+        before = body[: body.index("decode_tail<")]
+        assert before.count(";") == 1, before  # the head's one declaration, then the call
+    tail = source[source.index("void decode_tail(") :]
+    tail = tail[tail.index("{") : tail.index("\n}\n")]
+    assert tail.count("pdl_enter();") == 1
+    before = tail[: tail.index("pdl_enter();")]
+    assert "prefetch_first_item<PACKED>(o);" in before
+    for touch in ("x[", "attn[", "residual", "ws", "counters", "__ldg", "__ldcg", "gemv_phase",
+                  "grid_sync", "smem"):  # fmt: skip
+        assert touch not in before.replace("w_o", "").replace("y_o", ""), touch
+    prefetch = source[source.index("void prefetch_first_item(") :]
+    prefetch = prefetch[: prefetch.index("\n}\n")]
+    assert "prefetch_l2(" in prefetch
+    for touch in ("__ldg", "__ldcg", "= *", "atomic", "[tid]", "x["):
+        assert touch not in prefetch, touch
 
 
 def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() -> None:
@@ -99,7 +128,10 @@ def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() ->
         assert touch not in before, touch
     call = before[before.rindex("issue_weight(t)") - 80 :]
     assert "if (tid == 0)" in call  # one thread issues them, not a branch others skip past
-    for macro in ("GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN)", "GEMM_SM90_WS_SPLIT_BODY(TILE)"):
+    for macro in (
+        "GEMM_SM90_WS_BODY(TILE, MODE, Y, OUT, SPLIT_LEN)",
+        "GEMM_SM90_WS_SPLIT_BODY(TILE)",
+    ):
         enabled = source[source.index(f"#define {macro}") :].split("\n", 2)
         assert "gemm_sm90_ws_tile<" in "".join(enabled[:2]), macro
 
@@ -133,7 +165,7 @@ def test_rope_kv_write_reads_only_its_place_before_the_wait() -> None:
     and cache row from positions, slots and the tables), no row of qkv and no write; a
     thread past the pairs waits before it returns; and rope_kv_place reads nothing else."""
     source = (Path(pdl.__file__).parent / "kvcache.cu").read_text()
-    body = source[source.index('void rope_kv_write(') :]
+    body = source[source.index("void rope_kv_write(") :]
     body = body[body.index("{") : body.index("\n}\n")]
     code = re.sub(r"//[^\n]*", "", body)
     waits = [m.start() for m in re.finditer(r"pdl_enter\(\);", code)]
@@ -160,7 +192,8 @@ def test_pdl_enter_waits_then_lets_the_next_grid_launch_on_sm90_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "mode"), [(None, "graphs"), ("graphs", "graphs"), ("0", "0"), ("1", "1")],
+    ("value", "mode"),
+    [(None, "graphs"), ("graphs", "graphs"), ("0", "0"), ("1", "1")],
     ids=["unset", "graphs", "0", "1"],
 )
 def test_the_switch(value: str | None, mode: str) -> None:
