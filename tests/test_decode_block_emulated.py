@@ -186,6 +186,23 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
     assert not np.array_equal(want[2].view(np.uint16), cache0.view(np.uint16))  # it wrote keys
 
 
+@pytest.mark.parametrize("schedule", [1, 2], ids=["warps-first-to-last", "warps-last-to-first"])
+def test_every_thread_schedule_gives_the_same_bits(emulated: None, emu_lib, schedule: int) -> None:
+    """The emulator's other thread schedules (a warp at a time as far as it goes alone,
+    first to last or last to first, as a GPU may run them): the same bits, on a grid of
+    fewer CTAs than items."""
+    from reprise.cuda.cupy_backend import CupyBackend
+
+    d = operands(np.random.default_rng(21), 4, *SHAPES["uneven"])
+    want = op_by_op(CupyBackend(), d)
+    emu_lib.set_warp_major(schedule)
+    try:
+        got = persistent(d, 3)
+    finally:
+        emu_lib.set_warp_major(0)
+    same_bits(got, want)
+
+
 def test_counters_and_the_barrier_are_left_zero(emulated: None) -> None:
     """Every tile's counter and the grid barrier's count end at zero (the next launch,
     a graph's replay, starts from them); the barrier's round number advances by the
