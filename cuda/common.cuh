@@ -123,11 +123,6 @@ __device__ __forceinline__ void store_release_gpu(unsigned* p, unsigned v) {
 
 __device__ __forceinline__ void spin_pause() { __nanosleep(32); }
 
-// A global line fetched into L2 ahead of its loads (no register written, nothing waits).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 // The launch's dynamic shared memory in bytes; kernels check it against what they need.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   unsigned bytes;

@@ -88,56 +88,109 @@ struct Projection {
   int N, K, split_len;      // split_len: gemm_kernel.split_length(K, split_k(N, K))
 };
 
+// A round of one lane's weight words: kTiles k-tiles of its column, 4 slices of 16 each,
+// both halves of a slice (b0, b1 of mma.sync's B fragment), loaded before their mma.
+constexpr int kTiles = 4;
+struct Batch {
+  unsigned b[kTiles][4][2];
+};
+
+// Item `item` of `p`: its tile's columns, its split's k-tiles [kt_begin, kt_end).
+struct Item {
+  int tile, split, kt_begin, kt_end;
+};
+
+__device__ __forceinline__ Item item_of(const Projection& p, int item) {
+  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int tile = item / splits, split = item % splits;
+  // K is a multiple of 64 and split_len of 128 (the launcher's checks): whole k-tiles
+  return {tile, split, split * p.split_len / 64, min(p.K, (split + 1) * p.split_len) / 64};
+}
+
+__device__ __forceinline__ int num_items(const Projection& p) {
+  return (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N * ((p.K + p.split_len - 1) / p.split_len);
+}
+
+// This lane's words of k-tiles kt0 .. kt0 + kTiles - 1 (those before kt_end) of column n
+// (zeros past N or kt_end).
+template <bool PACKED>
+__device__ __forceinline__ void load_batch(const Projection& p, int n, int kt0, int kt_end, Batch& w) {
+  const int t = static_cast<int>(threadIdx.x) % 4;
+  const unsigned short* w_row = weight_row<PACKED>(p.w, min(n, p.N - 1), p.K);
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = n < p.N && kt0 + i < kt_end;
+        w.b[i][s][h] =
+            ok ? __ldg(reinterpret_cast<const unsigned*>(w_row + weight_offset<PACKED>(n, kt0 + i, s, h, t))) : 0u;
+      }
+}
+
+// The lane's column of B in a tile: warp w takes columns 8w .. 8w + 7, lane l column l / 4.
+__device__ __forceinline__ int lane_column(int tile) {
+  return tile * DECODE_BLOCK_TILE_N + static_cast<int>(threadIdx.x) / 32 * 8 + static_cast<int>(threadIdx.x) % 32 / 4;
+}
+
+// The first round of this CTA's first item of `p` (none: zeros), loaded ahead of the
+// phase, while the CTA still waits: before the launch's PDL wait for the first projection
+// (a weight never changes, so the kernel before may still run), before the grid barrier
+// ahead of each other one. So a phase's first weight round trip overlaps the wait.
+template <bool PACKED>
+__device__ __forceinline__ Batch first_batch(const Projection& p) {
+  Batch w;
+  const int item = static_cast<int>(blockIdx.x);
+  if (p.w == nullptr || item >= num_items(p)) {  // no item: nothing to load
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) w.b[i][s][0] = w.b[i][s][1] = 0u;
+    return w;
+  }
+  const Item it = item_of(p, item);
+  load_batch<PACKED>(p, lane_column(it.tile), it.kt_begin, it.kt_end, w);
+  return w;
+}
+
 // This CTA's items of one projection: item i = (tile i / S, split i % S), items
 // blockIdx.x, blockIdx.x + gridDim.x, ... . x: the CTA's shared copy of the M rows, `lda`
-// halves apart. ws: [S, M, N] fp32 partials; counters: a zero per tile, left zero; flag: a
-// shared word.
+// halves apart. first: first_batch(p), the first round of its first item. ws: [S, M, N]
+// fp32 partials; counters: a zero per tile, left zero; flag: a shared word.
 template <bool PACKED>
 __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
-                                           float* __restrict__ ws, unsigned* __restrict__ counters,
-                                           unsigned* flag) {
-  constexpr int kTiles = 4;  // k-tiles (of 64) whose weight words are loaded before their mma
-  const int tiles = (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N;
+                                           const Batch& first, float* __restrict__ ws,
+                                           unsigned* __restrict__ counters, unsigned* flag) {
   const int splits = (p.K + p.split_len - 1) / p.split_len;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const unsigned short* row_lo = x + g * lda;  // A rows g and g + 8 (zero past M)
   const unsigned short* row_hi = x + (g + 8) * lda;
-  for (int item = static_cast<int>(blockIdx.x); item < tiles * splits; item += static_cast<int>(gridDim.x)) {
-    const int tile = item / splits, split = item % splits;
-    // K is a multiple of 64 and split_len of 128 (the launcher's checks): whole k-tiles
-    const int kt_begin = split * p.split_len / 64, kt_end = min(p.K, (split + 1) * p.split_len) / 64;
-    const int col0 = tile * DECODE_BLOCK_TILE_N + warp * 8;  // the warp's slice
-    const int n = col0 + g;                                    // the lane's column of B
+  bool preloaded = true;
+  for (int item = static_cast<int>(blockIdx.x); item < num_items(p); item += static_cast<int>(gridDim.x)) {
+    const Item it = item_of(p, item);
+    const int col0 = it.tile * DECODE_BLOCK_TILE_N + warp * 8;  // the warp's slice
+    const int n = lane_column(it.tile);                           // the lane's column of B
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (col0 < p.N) {  // warp-uniform: a slice wholly past N computes nothing
-      const unsigned short* w_row = weight_row<PACKED>(p.w, min(n, p.N - 1), p.K);
-      for (int kt0 = kt_begin; kt0 < kt_end; kt0 += kTiles) {
-        unsigned b[kTiles][4][2];
+    for (int kt0 = it.kt_begin; kt0 < it.kt_end; kt0 += kTiles) {
+      Batch w;
+      if (preloaded) w = first;
+      else load_batch<PACKED>(p, n, kt0, it.kt_end, w);
+      preloaded = false;
+      if (col0 >= p.N) continue;  // warp-uniform: a slice wholly past N computes nothing
 #pragma unroll
-        for (int i = 0; i < kTiles; ++i)
+      for (int i = 0; i < kTiles; ++i) {
+        if (kt0 + i >= it.kt_end) break;
 #pragma unroll
-          for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const bool ok = n < p.N && kt0 + i < kt_end;
-              b[i][s][h] = ok ? __ldg(reinterpret_cast<const unsigned*>(
-                                    w_row + weight_offset<PACKED>(n, kt0 + i, s, h, t)))
-                              : 0u;
-            }
-#pragma unroll
-        for (int i = 0; i < kTiles; ++i) {
-          if (kt0 + i >= kt_end) break;
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int k = (kt0 + i) * 64 + 16 * s;
-            unsigned a[4];
-            a[0] = g < M ? shared_pair(row_lo, k + 2 * t) : 0u;
-            a[1] = g + 8 < M ? shared_pair(row_hi, k + 2 * t) : 0u;
-            a[2] = g < M ? shared_pair(row_lo, k + 8 + 2 * t) : 0u;
-            a[3] = g + 8 < M ? shared_pair(row_hi, k + 8 + 2 * t) : 0u;
-            mma_bf16_16816(d, a, b[i][s][0], b[i][s][1]);
-          }
+        for (int s = 0; s < 4; ++s) {
+          const int k = (kt0 + i) * 64 + 16 * s;
+          unsigned a[4];
+          a[0] = g < M ? shared_pair(row_lo, k + 2 * t) : 0u;
+          a[1] = g + 8 < M ? shared_pair(row_hi, k + 2 * t) : 0u;
+          a[2] = g < M ? shared_pair(row_lo, k + 8 + 2 * t) : 0u;
+          a[3] = g + 8 < M ? shared_pair(row_hi, k + 8 + 2 * t) : 0u;
+          mma_bf16_16816(d, a, w.b[i][s][0], w.b[i][s][1]);
         }
       }
     }
@@ -151,13 +204,13 @@ __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int
       }
       continue;
     }
-    float* slab = ws + static_cast<long long>(split) * M * p.N;
+    float* slab = ws + static_cast<long long>(it.split) * M * p.N;
     if (col < p.N) {
       if (g < M) store_pair(slab, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, false);
       if (g + 8 < M) store_pair(slab, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, false);
     }
     fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
-        ws, p.y, counters, M, p.N, p.K, p.split_len, 0, tile, flag);
+        ws, p.y, counters, M, p.N, p.K, p.split_len, 0, it.tile, flag);
   }
 }
 
@@ -170,25 +223,6 @@ struct NextHead {
   int split_qkv;
   RopeKvArgs rope;
 };
-
-// The weight words of this CTA's first item of `p` that its first round of loads takes
-// (gemv_phase's first kTiles k-tiles of the item's 64 rows: 32 KB), into L2 ahead of the
-// phase: before the launch's PDL wait for the first projection (a weight never changes,
-// so the kernel before may still run), and before the grid barrier ahead of each other
-// one, so a phase's first round trip finds them in L2. Bits: none (no value changes).
-template <bool PACKED>
-__device__ __forceinline__ void prefetch_first_item(const Projection& p) {
-  const int tiles = (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N;
-  const int splits = (p.K + p.split_len - 1) / p.split_len;
-  const int item = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
-  if (item >= tiles * splits) return;
-  const int n0 = item / splits * DECODE_BLOCK_TILE_N, kt0 = item % splits * p.split_len / 64;
-  const int kts = min(4, p.K / 64 - kt0);  // gemv_phase's kTiles, or what the weight has left
-  // thread t: line t of the 256 128-byte lines (64 rows x 4 k-tiles, each row's 128 bytes a tile)
-  const int row = tid % 64, kt = kt0 + tid / 64;
-  if (kt >= kt0 + kts || n0 + row >= p.N) return;
-  prefetch_l2(weight_row<PACKED>(p.w, n0 + row, p.K) + (PACKED ? kt * 4096 : kt * 64));
-}
 
 // The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
 // fp32; y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own
@@ -214,7 +248,7 @@ __device__ __forceinline__ void decode_tail(
       down{w_down, y_down, hidden, inter, split_down},
       qkv_proj{head.w_qkv, head.qkv, (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden,
                head.split_qkv};
-  prefetch_first_item<PACKED>(o);  // before the wait: the weight is constant
+  Batch next = first_batch<PACKED>(o);  // before the wait: the weight is constant
   pdl_enter();
   if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned char* smem = block_smem();
@@ -235,8 +269,8 @@ __device__ __forceinline__ void decode_tail(
         *reinterpret_cast<const unsigned*>(attn + static_cast<long long>(m) * q_size + k);
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, o, ws, counters, flag);
-  prefetch_first_item<PACKED>(up);
+  gemv_phase<PACKED>(x, lda, M, o, next, ws, counters, flag);
+  next = first_batch<PACKED>(up);
   grid_sync(bar);
 
   // 2. the residual add and the MLP's norm, every CTA all rows (summed1 kept in its shared
@@ -247,8 +281,8 @@ __device__ __forceinline__ void decode_tail(
                     sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
-  gemv_phase<PACKED>(x, lda, M, up, ws, counters, flag);
-  prefetch_first_item<PACKED>(down);
+  gemv_phase<PACKED>(x, lda, M, up, next, ws, counters, flag);
+  next = first_batch<PACKED>(down);
   grid_sync(bar);
 
   // 3. h = silu(gate) * up, then down_proj.
@@ -261,8 +295,8 @@ __device__ __forceinline__ void decode_tail(
     x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up)));
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, down, ws, counters, flag);
-  if (head.w_qkv) prefetch_first_item<PACKED>(qkv_proj);
+  gemv_phase<PACKED>(x, lda, M, down, next, ws, counters, flag);
+  next = first_batch<PACKED>(qkv_proj);  // zeros without the head
   grid_sync(bar);
 
   // 4. the residual add and the next norm: row m's outputs by CTA m % grid; with the next
@@ -287,7 +321,7 @@ __device__ __forceinline__ void decode_tail(
   // 5. the next layer's qkv projection (bias-free), then its rope_kv_write: every (row,
   // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
   // kernel's own), reading the product through L2.
-  gemv_phase<PACKED>(x, lda, M, qkv_proj, ws, counters, flag);
+  gemv_phase<PACKED>(x, lda, M, qkv_proj, next, ws, counters, flag);
   grid_sync(bar);
   const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);

@@ -43,8 +43,8 @@ WEIGHT_PROLOGUE_BODIES = (
 # its metadata and the KV pages no running grid writes (test_only_old_pages_...).
 ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
 # The persistent layer tail's entry points (decode_block.cu) build their head's arguments,
-# then decode_tail prefetches its first weight's lines into L2 before its pdl_enter()
-# (test_the_persistent_tail_only_prefetches_its_weight_before_the_wait).
+# then decode_tail loads its first weight words before its pdl_enter()
+# (test_the_persistent_tail_reads_only_its_weight_before_the_wait).
 TAIL_PROLOGUE_BODIES = ("const NextHead head{",)
 # Entry points that read their metadata before pdl_enter() in their own body (checked by
 # test_rope_kv_write_reads_only_its_place_before_the_wait).
@@ -87,30 +87,32 @@ def test_every_kernel_enters_through_pdl_first() -> None:
     assert len(names) == len(set(names)) >= 50, names
 
 
-def test_the_persistent_tail_only_prefetches_its_weight_before_the_wait() -> None:
+def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     """decode_block.cu: each entry point's body, before decode_tail, only builds its head's
-    arguments; decode_tail, before its one pdl_enter(), only names its projections and asks
-    for its first weight's lines in L2 (prefetch_first_item: prefetch.global.L2 of a
-    constant weight, no load, no store)."""
+    arguments; decode_tail, before its one pdl_enter(), only names its projections and
+    loads the first round of o_proj's weight words (first_batch, load_batch: __ldg of the
+    weight's rows alone, a constant no grid writes)."""
     source = (Path(pdl.__file__).parent / "decode_block.cu").read_text()
+
+    def body_of(signature: str) -> str:
+        text = source[source.index(signature) :]
+        return text[text.index("{") : text.index("\n}\n")]
+
     for entry in ENTRY.finditer(source):
         body = source[entry.end() : source.index("\n}\n", entry.end())]
         assert body.lstrip().startswith(TAIL_PROLOGUE_BODIES), body[:80]
-        before = body[: body.index("decode_tail<")]
-        assert before.count(";") == 1, before  # the head's one declaration, then the call
-    tail = source[source.index("void decode_tail(") :]
-    tail = tail[tail.index("{") : tail.index("\n}\n")]
+        assert body[: body.index("decode_tail<")].count(";") == 1  # the head, then the call
+    tail = body_of("void decode_tail(")
     assert tail.count("pdl_enter();") == 1
     before = tail[: tail.index("pdl_enter();")]
-    assert "prefetch_first_item<PACKED>(o);" in before
-    for touch in ("x[", "attn[", "residual", "ws", "counters", "__ldg", "__ldcg", "gemv_phase",
+    assert "Batch next = first_batch<PACKED>(o);" in before
+    for touch in ("x[", "attn", "residual", "ws", "counters", "__ldg", "__ldcg", "gemv_phase",
                   "grid_sync", "smem"):  # fmt: skip
-        assert touch not in before.replace("w_o", "").replace("y_o", ""), touch
-    prefetch = source[source.index("void prefetch_first_item(") :]
-    prefetch = prefetch[: prefetch.index("\n}\n")]
-    assert "prefetch_l2(" in prefetch
-    for touch in ("__ldg", "__ldcg", "= *", "atomic", "[tid]", "x["):
-        assert touch not in prefetch, touch
+        assert touch not in before, touch
+    loads = body_of("void load_batch(") + body_of("Batch first_batch(")
+    assert loads.count("__ldg(") == 1 and "weight_row<PACKED>(p.w," in loads
+    for touch in ("__ldcg", "p.y", "atomic", "x[", "= *"):
+        assert touch not in loads, touch
 
 
 def test_only_the_weight_comes_before_the_wait_in_the_warp_specialized_gemm() -> None:

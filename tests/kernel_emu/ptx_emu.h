@@ -75,8 +75,6 @@ inline void store_release_gpu(unsigned* p, unsigned v) {
   emu::progress();
 }
 inline void spin_pause() { emu::yield(); }
-// prefetch.global.L2: no cache here, so nothing to do.
-inline void prefetch_l2(const void*) {}
 
 // %dynamic_smem_size
 inline unsigned dynamic_smem_bytes() { return g_ptx_smem_bytes; }
