@@ -266,12 +266,17 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // waits here until every other has arrived; each CTA's global stores before it are visible
 // to every CTA after it. bar[0] counts this round's arrivals (zero between rounds, left
 // zero), bar[1] the rounds: the last CTA to arrive zeroes the count, then releases the
-// next round's number, which the others wait for. Thread 0 arrives for its CTA after the
+// next round's number, which the others wait for. `round`: thread 0's copy of bar[1] as
+// this round began (grid_round, once a launch, after its wait), advanced here, so an
+// arrival costs one atomic and the wait's loads. Thread 0 arrives for its CTA after the
 // CTA's barrier, as cooperative groups' grid sync does; every thread must call it.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+__device__ __forceinline__ unsigned grid_round(const unsigned* bar) {
+  return threadIdx.x == 0 ? load_acquire_gpu(bar + 1) : 0u;
+}
+
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& round) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned round = load_acquire_gpu(bar + 1);
     __threadfence();  // the CTA's stores (ordered before this thread's by the barrier) first
     if (atomicAdd(bar, 1u) == gridDim.x - 1) {
       bar[0] = 0u;
@@ -279,6 +284,7 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
     } else {
       while (load_acquire_gpu(bar + 1) == round) spin_pause();
     }
+    ++round;
     __threadfence();
   }
   __syncthreads();

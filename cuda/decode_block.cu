@@ -251,6 +251,7 @@ __device__ __forceinline__ void decode_tail(
   Batch next = first_batch<PACKED>(o);  // before the wait: the weight is constant
   pdl_enter();
   if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
+  unsigned round = grid_round(bar);  // no CTA passes the first barrier before this one arrives
   unsigned char* smem = block_smem();
   unsigned* const flag = reinterpret_cast<unsigned*>(smem);
   float* const scratch = reinterpret_cast<float*>(smem + 16);  // block_sum's, 8 floats
@@ -271,7 +272,7 @@ __device__ __forceinline__ void decode_tail(
   __syncthreads();
   gemv_phase<PACKED>(x, lda, M, o, next, ws, counters, flag);
   next = first_batch<PACKED>(up);
-  grid_sync(bar);
+  grid_sync(bar, round);
 
   // 2. the residual add and the MLP's norm, every CTA all rows (summed1 kept in its shared
   // memory for 4.); then gate_up.
@@ -283,7 +284,7 @@ __device__ __forceinline__ void decode_tail(
   }
   gemv_phase<PACKED>(x, lda, M, up, next, ws, counters, flag);
   next = first_batch<PACKED>(down);
-  grid_sync(bar);
+  grid_sync(bar, round);
 
   // 3. h = silu(gate) * up, then down_proj.
   for (int i = tid; i < M * inter; i += PERSIST_THREADS) {
@@ -297,7 +298,7 @@ __device__ __forceinline__ void decode_tail(
   __syncthreads();
   gemv_phase<PACKED>(x, lda, M, down, next, ws, counters, flag);
   next = first_batch<PACKED>(qkv_proj);  // zeros without the head
-  grid_sync(bar);
+  grid_sync(bar, round);
 
   // 4. the residual add and the next norm: row m's outputs by CTA m % grid; with the next
   // layer's head, every CTA all rows into its shared memory, as in 2.
@@ -322,7 +323,7 @@ __device__ __forceinline__ void decode_tail(
   // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
   // kernel's own), reading the product through L2.
   gemv_phase<PACKED>(x, lda, M, qkv_proj, next, ws, counters, flag);
-  grid_sync(bar);
+  grid_sync(bar, round);
   const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
   for (int item = me * PERSIST_THREADS + tid; item < M * per_row; item += G * PERSIST_THREADS) {
