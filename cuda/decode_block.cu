@@ -1,19 +1,21 @@
 // A decode layer's tail in one persistent launch (issue 18; twin: decode_block.py): o_proj,
-// the residual add and the MLP's norm, gate_up, silu(gate) * up, down_proj, then the
-// residual add and the next norm. Five launches of the op-by-op path (or three, fused:
-// gemm_add_rmsnorm, swiglu, gemm_add_rmsnorm) become one, whose CTAs meet at grid
+// the residual add and the MLP's norm, gate_up, silu(gate) * up, down_proj, the residual
+// add and the next norm, and (where it is bias-free) the next layer's qkv projection and
+// rope_kv_write. Eight launches of the op-by-op path (or four, fused: gemm_add_rmsnorm,
+// swiglu, gemm_add_rmsnorm, gemm_rope_kv_write) become one, whose CTAs meet at grid
 // barriers between the steps instead of at launch boundaries: the default model's decode
 // step is its ~280 launches of about 8 us each (bench/results/2026-11-28-h200: 1.65 ms a
-// step), not its 270 MB of weights (0.06 ms at the H200's bandwidth).
+// step), not its 270 MB of weights (0.06 ms at the H200's bandwidth). Each phase's first
+// round of weight words is loaded while the CTA still waits (first_batch).
 //
 // Rows: a decode's M <= DECODE_BLOCK_MAX_ROWS tokens. Every CTA is resident at once (the
 // launcher sizes the grid to the device, decode_block_kernel.py), PERSIST_THREADS threads
 // each. The steps, each CTA in turn:
 //   1. its share of o_proj's work items (gemv_phase below) over the attention rows, which
 //      it copies into its shared memory; grid barrier;
-//   2. every CTA: summed1 = residual + y_o, x1 = rmsnorm(summed1) for all M rows, into its
-//      shared memory (every CTA the same bits: the same function on the same values), then
-//      its share of gate_up's items; grid barrier;
+//   2. every CTA: y_o folded, summed1 = residual + y_o, x1 = rmsnorm(summed1) for all M
+//      rows, into its shared memory (every CTA the same bits: the same function on the same
+//      values), then its share of gate_up's items; grid barrier;
 //   3. h = silu(gate) * up of gate_up's product, into its shared memory, then its share of
 //      down_proj's items; grid barrier;
 //   4. CTA m % grid: row m's summed = summed1 + y_down and normed = rmsnorm(summed); or,
@@ -28,16 +30,18 @@
 //     sequence: one accumulator from +0.0f taking one mma.sync m16n8k16 per 16-wide K
 //     slice in ascending order over its split's K range (the split fixed per weight:
 //     gemm_kernel.split_k, the launcher passes its length), S = 1 stored as bf16 of the
-//     accumulator, S > 1 the partials folded from +0.0f in ascending split order by the
-//     tile's last CTA (common.cuh's fold_split_partials, the skinny and PARTIAL routes'
-//     own). A work item is (64-column tile, split); warp w takes the tile's columns
-//     8w .. 8w + 7, so an element sits in one accumulator register of one thread, as there.
-//     Which CTA takes an item, and the grid's size, change who computes, never what.
+//     accumulator, S > 1 the partials folded from +0.0f in ascending split order and
+//     rounded once (common.cuh's fold_partials_of, the skinny and PARTIAL routes' own):
+//     after the grid barrier, by every CTA that needs the element (o, gate_up, down:
+//     product_at), or by the tile's last CTA (qkv: fold_split_partials). A work item is
+//     (64-column tile, split); warp w takes the tile's columns 8w .. 8w + 7, so an
+//     element's partial sits in one accumulator register of one thread, as there. Which
+//     CTA takes an item, or folds, and the grid's size change who computes, never what.
 //   - The norms: rmsnorm.cuh's add_rmsnorm_row with all PERSIST_THREADS (= RMSNORM_THREADS)
 //     threads, the add_rmsnorm kernel's own function and tree.
 //   - silu * up: common.cuh's silu_mul_value of the product's BF16 gate and up, rounded
 //     once, as activation.cu's silu_mul (and the gated epilogue) compute it.
-// Reads of what other CTAs wrote in this launch go through L2 (__ldcg, delta_at).
+// Reads of what other CTAs wrote in this launch go through L2 (__ldcg).
 #include "common.cuh"
 #include "rmsnorm.cuh"  // add_rmsnorm_row
 #include "kvcache.cuh"  // rope_kv_write_pair
@@ -158,7 +162,7 @@ __device__ __forceinline__ Batch first_batch(const Projection& p) {
 // blockIdx.x, blockIdx.x + gridDim.x, ... . x: the CTA's shared copy of the M rows, `lda`
 // halves apart. first: first_batch(p), the first round of its first item. ws: [S, M, N]
 // fp32 partials; counters: a zero per tile, left zero; flag: a shared word.
-template <bool PACKED>
+template <bool PACKED, bool LAST_FOLDS>
 __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
                                            const Batch& first, float* __restrict__ ws,
                                            unsigned* __restrict__ counters, unsigned* flag) {
@@ -209,9 +213,29 @@ __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int
       if (g < M) store_pair(slab, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, false);
       if (g + 8 < M) store_pair(slab, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, false);
     }
-    fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
-        ws, p.y, counters, M, p.N, p.K, p.split_len, 0, it.tile, flag);
+    if constexpr (LAST_FOLDS)
+      fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
+          ws, p.y, counters, M, p.N, p.K, p.split_len, 0, it.tile, flag);
   }
+}
+
+// Element (m, c) of a projection's product as its BF16 bits, after the grid barrier that
+// follows the projection: the value its item stored (S = 1), or its S partials from ws
+// folded here (fold_partials_of, the split routes' own arithmetic: from +0 in ascending
+// split order) and rounded once, as store_folded rounds. Every CTA that needs an element
+// folds it itself, so no CTA waits for a tile's last one to fold it.
+__device__ __forceinline__ unsigned short product_at(const Projection& p, const float* ws, int M, int m, int c) {
+  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const long long at = static_cast<long long>(m) * p.N + c, slab = static_cast<long long>(M) * p.N;
+  if (splits == 1) return __ldcg(p.y + at);
+  const Folded<1> f = fold_partials_of<1>(splits, [&](int s, int) { return __ldcg(ws + s * slab + at); });
+  return static_cast<unsigned short>(bf16_bits(f.sums[0]));
+}
+
+// The partials' room in ws that gemv_phase writes: [S, M, N] fp32 (none for S = 1).
+__device__ __forceinline__ long long partial_floats(const Projection& p, int M) {
+  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  return splits == 1 ? 0LL : static_cast<long long>(splits) * M * p.N;
 }
 
 // The next layer's head, run in the same launch where it is bias-free (w_qkv non-null):
@@ -259,7 +283,14 @@ __device__ __forceinline__ void decode_tail(
   float* const unread = reinterpret_cast<float*>(smem + 64);   // sums no one reads
   float* const sums = unread + row_floats;                     // summed1's M rows
   const int lda = max(max(q_size, hidden), inter) + 8;         // halves: rows 16 bytes apart more
-  unsigned short* const x = reinterpret_cast<unsigned short*>(sums + M * row_floats);
+  const int row_halves = (hidden + 7) / 8 * 8;                  // 16-byte rows
+  unsigned short* const deltas = reinterpret_cast<unsigned short*>(sums + M * row_floats);  // y rows
+  unsigned short* const x = deltas + M * row_halves;
+  // The partials of the projections whose consumers fold them (o, gate_up, down) take two
+  // rooms of ws in turn, so a phase never writes the partials the phase before left:
+  // o and down the first, gate_up (and qkv, which its tiles' last CTAs fold) the second.
+  float* const ws_a = ws;
+  float* const ws_b = ws + max(partial_floats(o, M), partial_floats(down, M));
   const int tid = static_cast<int>(threadIdx.x), me = static_cast<int>(blockIdx.x);
   const int G = static_cast<int>(gridDim.x);
 
@@ -270,59 +301,65 @@ __device__ __forceinline__ void decode_tail(
         *reinterpret_cast<const unsigned*>(attn + static_cast<long long>(m) * q_size + k);
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, o, next, ws, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, o, next, ws_a, counters, flag);
   next = first_batch<PACKED>(up);
   grid_sync(bar, round);
 
-  // 2. the residual add and the MLP's norm, every CTA all rows (summed1 kept in its shared
-  // memory for 4.); then gate_up.
+  // 2. o_proj's rows folded into shared memory, the residual add and the MLP's norm, every
+  // CTA all rows (summed1 kept in its shared memory for 4.); then gate_up.
+  for (int i = tid; i < M * hidden; i += PERSIST_THREADS)
+    deltas[i / hidden * row_halves + i % hidden] = product_at(o, ws_a, M, i / hidden, i % hidden);
+  __syncthreads();
   for (int m = 0; m < M; ++m) {
-    const long long at = static_cast<long long>(m) * hidden;
-    add_rmsnorm_row(residual + at, reinterpret_cast<const __nv_bfloat16*>(y_o + at), mlp_norm,
+    add_rmsnorm_row(residual + static_cast<long long>(m) * hidden, SharedBf16{deltas + m * row_halves}, mlp_norm,
                     sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
-  gemv_phase<PACKED>(x, lda, M, up, next, ws, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, up, next, ws_b, counters, flag);
   next = first_batch<PACKED>(down);
   grid_sync(bar, round);
 
-  // 3. h = silu(gate) * up, then down_proj.
+  // 3. h = silu(gate) * up of gate_up's folded product, then down_proj.
   for (int i = tid; i < M * inter; i += PERSIST_THREADS) {
     const int m = i / inter, j = i % inter;
-    const unsigned short* row = gate_up + static_cast<long long>(m) * 2 * inter;
     const int gate_col = gate_interleaved ? 2 * j : j, up_col = gate_interleaved ? 2 * j + 1 : inter + j;
-    const float gate = __uint_as_float(static_cast<unsigned>(__ldcg(row + gate_col)) << 16);
-    const float up = __uint_as_float(static_cast<unsigned>(__ldcg(row + up_col)) << 16);
-    x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up)));
+    const float gate = __uint_as_float(static_cast<unsigned>(product_at(up, ws_b, M, m, gate_col)) << 16);
+    const float up_value = __uint_as_float(static_cast<unsigned>(product_at(up, ws_b, M, m, up_col)) << 16);
+    x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up_value)));
   }
   __syncthreads();
-  gemv_phase<PACKED>(x, lda, M, down, next, ws, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, down, next, ws_a, counters, flag);
   next = first_batch<PACKED>(qkv_proj);  // zeros without the head
   grid_sync(bar, round);
 
-  // 4. the residual add and the next norm: row m's outputs by CTA m % grid; with the next
-  // layer's head, every CTA all rows into its shared memory, as in 2.
+  // 4. down_proj's rows folded into shared memory, the residual add and the next norm: row
+  // m's outputs by CTA m % grid; with the next layer's head, every CTA all rows into its
+  // shared memory, as in 2.
+  for (int i = tid; i < M * hidden; i += PERSIST_THREADS)
+    deltas[i / hidden * row_halves + i % hidden] = product_at(down, ws_a, M, i / hidden, i % hidden);
+  __syncthreads();
   if (!head.w_qkv) {
     for (int m = me; m < M; m += G) {
       const long long at = static_cast<long long>(m) * hidden;
-      add_rmsnorm_row(sums + m * row_floats, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm,
-                      summed + at, normed + at, hidden, eps, scratch);
+      add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm, summed + at,
+                      normed + at, hidden, eps, scratch);
       __syncthreads();
     }
     return;
   }
   for (int m = 0; m < M; ++m) {
     const long long at = static_cast<long long>(m) * hidden;
-    add_rmsnorm_row(sums + m * row_floats, reinterpret_cast<const __nv_bfloat16*>(y_down + at), next_norm,
+    add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm,
                     m % G == me ? summed + at : unread, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps,
                     scratch);
     __syncthreads();
   }
 
-  // 5. the next layer's qkv projection (bias-free), then its rope_kv_write: every (row,
+  // 5. the next layer's qkv projection (bias-free; its tiles' last CTAs fold them, since
+  // each rope item needs only its own few elements), then its rope_kv_write: every (row,
   // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
   // kernel's own), reading the product through L2.
-  gemv_phase<PACKED>(x, lda, M, qkv_proj, next, ws, counters, flag);
+  gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, counters, flag);
   grid_sync(bar, round);
   const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);

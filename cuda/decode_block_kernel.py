@@ -40,10 +40,15 @@ class NextHead(NamedTuple):
 
 def smem_bytes(rows: int, q_size: int, hidden: int, inter: int) -> int:
     """decode_block.cu's layout: the flag and block_sum's scratch (64 bytes), a row of
-    fp32 no one reads and `rows` rows of fp32 (summed1), then `rows` BF16 rows of the
-    widest input, 8 halves more each."""
+    fp32 no one reads and `rows` rows of fp32 (summed1), `rows` BF16 rows of a folded
+    product, then `rows` BF16 rows of the widest input, 8 halves more each."""
     lda = max(q_size, hidden, inter) + 8
-    return 64 + 4 * (-(-hidden // 4) * 4) * (rows + 1) + rows * lda * 2
+    return (
+        64
+        + 4 * (-(-hidden // 4) * 4) * (rows + 1)
+        + 2 * (-(-hidden // 8) * 8) * rows
+        + rows * lda * 2
+    )
 
 
 def grid_size(num_sms: int, items: int) -> int:
@@ -132,7 +137,9 @@ def decode_tail(
     y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
     gate_up = cupy.empty((rows, two_inter), bf16)
     summed = cupy.empty((rows, hidden), f32)
-    ws = cupy.empty(max(s * rows * n for (n, _), s in zip(shapes, splits, strict=True)), f32)
+    # the partials' two rooms (decode_block.cu's ws_a: o and down; ws_b: gate_up and qkv)
+    room = [0 if s == 1 else s * rows * n for (n, _), s in zip(shapes, splits, strict=True)]
+    ws = cupy.empty(max(1, max(room[0], room[2]) + max(room[1], room[3] if head else 0)), f32)
     counters = stream_counters("decode tail", COUNTERS, device)
     bar = counters[COUNTERS - 2 :]
     if head is None:

@@ -33,6 +33,15 @@ __device__ __forceinline__ float delta_at(const __nv_bfloat16* delta, int i) {
   return __uint_as_float(static_cast<unsigned>(__ldcg(reinterpret_cast<const unsigned short*>(delta) + i)) << 16);
 }
 
+// A delta row in the CTA's own shared memory (decode_block.cu: the product's row it
+// folded itself), BF16 bits; the same widening.
+struct SharedBf16 {
+  const unsigned short* row;
+};
+__device__ __forceinline__ float delta_at(SharedBf16 delta, int i) {
+  return __uint_as_float(static_cast<unsigned>(delta.row[i]) << 16);
+}
+
 // out[row] = bf16(x * (1 / sqrt(mean(x^2) + eps)) * weight), x in fp32, for a row longer
 // than the register path takes: each pass reads its row again.
 __device__ __forceinline__ void normalize_row(const float* __restrict__ x,
@@ -53,9 +62,9 @@ __device__ __forceinline__ void normalize_row(const float* __restrict__ x,
 // elements a thread, squared and summed in the same ascending order, through the same
 // tree: the same bits as normalize_row. With `delta`, x = residual + delta (fp32), also
 // written to `summed`.
-template <int PER, bool ADD>
+template <int PER, bool ADD, class Delta>
 __device__ __forceinline__ void normalize_row_in_registers(
-    const float* __restrict__ x, const __nv_bfloat16* __restrict__ delta,
+    const float* __restrict__ x, Delta delta,
     const __nv_bfloat16* __restrict__ weight, float* __restrict__ summed,
     __nv_bfloat16* __restrict__ out, int hidden, float eps, float* scratch) {
   float v[PER], w[PER];
@@ -63,7 +72,8 @@ __device__ __forceinline__ void normalize_row_in_registers(
   for (int k = 0; k < PER; ++k) {
     const int i = threadIdx.x + k * RMSNORM_THREADS;
     if (i < hidden) {
-      v[k] = ADD ? __fadd_rn(x[i], delta_at(delta, i)) : x[i];
+      if constexpr (ADD) v[k] = __fadd_rn(x[i], delta_at(delta, i));
+      else v[k] = x[i];
       w[k] = __bfloat162float(weight[i]);
     }
   }
@@ -86,29 +96,31 @@ __device__ __forceinline__ void normalize_row_in_registers(
 
 // The register path for the smallest PER (a power of two) that holds the row; false for
 // a row past RMSNORM_THREADS * RMSNORM_MAX_PER_THREAD elements (the caller loops).
-template <bool ADD>
-__device__ __forceinline__ bool normalize_held_row(const float* x, const __nv_bfloat16* delta,
+template <bool ADD, class Delta = const __nv_bfloat16*>
+__device__ __forceinline__ bool normalize_held_row(const float* x, Delta delta,
                                                    const __nv_bfloat16* weight, float* summed,
                                                    __nv_bfloat16* out, int hidden, float eps,
                                                    float* scratch) {
   const int per = (hidden + RMSNORM_THREADS - 1) / RMSNORM_THREADS;
-  if (per <= 1) normalize_row_in_registers<1, ADD>(x, delta, weight, summed, out, hidden, eps, scratch);
-  else if (per <= 2) normalize_row_in_registers<2, ADD>(x, delta, weight, summed, out, hidden, eps, scratch);
-  else if (per <= 4) normalize_row_in_registers<4, ADD>(x, delta, weight, summed, out, hidden, eps, scratch);
-  else if (per <= 8) normalize_row_in_registers<8, ADD>(x, delta, weight, summed, out, hidden, eps, scratch);
+  if (per <= 1) normalize_row_in_registers<1, ADD, Delta>(x, delta, weight, summed, out, hidden, eps, scratch);
+  else if (per <= 2) normalize_row_in_registers<2, ADD, Delta>(x, delta, weight, summed, out, hidden, eps, scratch);
+  else if (per <= 4) normalize_row_in_registers<4, ADD, Delta>(x, delta, weight, summed, out, hidden, eps, scratch);
+  else if (per <= 8) normalize_row_in_registers<8, ADD, Delta>(x, delta, weight, summed, out, hidden, eps, scratch);
   else if (per <= RMSNORM_MAX_PER_THREAD)
-    normalize_row_in_registers<RMSNORM_MAX_PER_THREAD, ADD>(x, delta, weight, summed, out, hidden, eps, scratch);
+    normalize_row_in_registers<RMSNORM_MAX_PER_THREAD, ADD, Delta>(x, delta, weight, summed, out, hidden, eps, scratch);
   else return false;
   return true;
 }
 
 // One row of add_rmsnorm: s = r + d (fp32), o = rmsnorm(s), by all RMSNORM_THREADS
-// threads of the block (each calls it; it holds barriers).
-__device__ __forceinline__ void add_rmsnorm_row(const float* r, const __nv_bfloat16* d,
+// threads of the block (each calls it; it holds barriers). d: a BF16 row in global memory,
+// or (SharedBf16) in the CTA's shared memory: the same values, the same bits.
+template <class Delta = const __nv_bfloat16*>
+__device__ __forceinline__ void add_rmsnorm_row(const float* r, Delta d,
                                                 const __nv_bfloat16* weight, float* s,
                                                 __nv_bfloat16* o, int hidden, float eps,
                                                 float* scratch) {
-  if (normalize_held_row<true>(r, d, weight, s, o, hidden, eps, scratch)) return;
+  if (normalize_held_row<true, Delta>(r, d, weight, s, o, hidden, eps, scratch)) return;
   for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) s[i] = __fadd_rn(r[i], delta_at(d, i));
   __syncthreads();  // NOTE: each thread reads back only what it wrote, but keep the row complete
   normalize_row(s, weight, o, hidden, eps, scratch);
