@@ -168,5 +168,5 @@ def decode_tail(
     args = (attn, *data, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,
             counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]),
             i32(gated), f32(eps), *head_args)  # fmt: skip
-    launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem)
+    launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem, cooperative=True)
     return summed, normed

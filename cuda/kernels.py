@@ -44,15 +44,17 @@ def kernel(family: str, name: str, defines: tuple[str, ...] = ()) -> cupy.RawKer
 
 def launch_kernel(
     fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], *,
-    shared_mem: int = 0, cluster: int = 1,
+    shared_mem: int = 0, cluster: int = 1, cooperative: bool = False,
 ) -> None:  # fmt: skip
     """Launch one of our kernels on the current stream: as a programmatic dependent of
     the kernel before it where PDL takes it (pdl.py: on sm_90+, a launch captured in a
     CUDA graph by default, every launch with REPRISE_PDL=1), else as CuPy launches it;
-    in clusters of `cluster` CTAs along x (> 1: a launch attribute, so through the
-    driver's launch whether or not PDL takes it). Every launch of ours goes through here."""
-    if cluster > 1:
-        pdl.launch(fn, grid, block, args, shared_mem, programmatic=pdl.dependent(), cluster=cluster)
+    in clusters of `cluster` CTAs along x, or cooperatively (every CTA resident at once:
+    decode_block.cu's grid barriers), each a launch attribute, so through the driver's
+    launch whether or not PDL takes it. Every launch of ours goes through here."""
+    if cluster > 1 or cooperative:
+        pdl.launch(fn, grid, block, args, shared_mem, programmatic=pdl.dependent(), cluster=cluster,
+                   cooperative=cooperative)  # fmt: skip
     elif pdl.dependent():
         pdl.launch(fn, grid, block, args, shared_mem)
     else:

@@ -51,6 +51,7 @@ ENV = "REPRISE_PDL"
 MIN_COMPUTE_CAPABILITY = 90
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
 _CLUSTER_DIMENSION = 4  # CUlaunchAttributeID: the value's first 12 bytes are x, y, z (uint32)
+_COOPERATIVE = 2  # CUlaunchAttributeID: every CTA of the grid resident at once, or no launch
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -159,15 +160,20 @@ def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list[Any]]:
 
 def launch_config(
     grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int, *,
-    programmatic: bool = True, cluster: int = 1,
+    programmatic: bool = True, cluster: int = 1, cooperative: bool = False,
 ) -> tuple[LaunchConfig, ctypes.Array]:  # fmt: skip
     """The launch configuration and its attributes (which must outlive the launch call):
-    programmatic serialization (`programmatic`), and clusters of `cluster` CTAs along x
-    where `cluster` > 1 (grid.x a multiple of it: gemm_sm90.cu's cluster split)."""
+    programmatic serialization (`programmatic`), clusters of `cluster` CTAs along x
+    where `cluster` > 1 (grid.x a multiple of it: gemm_sm90.cu's cluster split), and a
+    cooperative launch (`cooperative`: decode_block.cu's grid barriers need every CTA
+    resident at once; the driver refuses a grid that cannot be, rather than let it hang)."""
     if cluster < 1 or dim3(grid)[0] % cluster:
         raise ValueError(f"grid.x must be whole clusters of {cluster}; got a grid of {tuple(grid)}")
-    attrs = (LaunchAttribute * 2)()
+    attrs = (LaunchAttribute * 3)()
     count = 0
+    if cooperative:  # cooperative = 1
+        _set_attribute(attrs[count], _COOPERATIVE, (1,))
+        count += 1
     if programmatic:  # programmaticStreamSerializationAllowed = 1
         _set_attribute(attrs[count], _PROGRAMMATIC_STREAM_SERIALIZATION, (1,))
         count += 1
@@ -203,15 +209,16 @@ class Driver:
 
     def launch(
         self, fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
-        shared_mem: int, *, programmatic: bool = True, cluster: int = 1,
+        shared_mem: int, *, programmatic: bool = True, cluster: int = 1, cooperative: bool = False,
     ) -> None:  # fmt: skip
         """Launch CuPy kernel `fn` (a RawKernel, its shared-memory opt-in already set)
         on the current stream: as a programmatic dependent of the grid before it
-        (`programmatic`), in clusters of `cluster` CTAs along x."""
+        (`programmatic`), in clusters of `cluster` CTAs along x, cooperatively."""
         import cupy
 
         config, attr = launch_config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr,
-                                     programmatic=programmatic, cluster=cluster)  # fmt: skip
+                                     programmatic=programmatic, cluster=cluster,
+                                     cooperative=cooperative)  # fmt: skip
         pointers, keep = pack_args(args)
         rc = self._launch(ctypes.byref(config), ctypes.c_void_p(fn.kernel.ptr), pointers, None)
         del keep, attr  # alive until here: the driver has copied the arguments
@@ -225,8 +232,10 @@ _driver: Driver | None = None  # made at the first PDL launch; tests put the emu
 
 
 def launch(fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
-           shared_mem: int, *, programmatic: bool = True, cluster: int = 1) -> None:  # fmt: skip
+           shared_mem: int, *, programmatic: bool = True, cluster: int = 1,
+           cooperative: bool = False) -> None:  # fmt: skip
     global _driver
     if _driver is None:
         _driver = Driver()
-    _driver.launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster)
+    _driver.launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster,
+                   cooperative=cooperative)  # fmt: skip

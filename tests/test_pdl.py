@@ -287,6 +287,18 @@ def test_the_launch_config_asks_for_clusters_when_told() -> None:
         pdl.launch_config((10, 5), (256,), 0, 0, cluster=4)
 
 
+def test_the_launch_config_asks_for_a_cooperative_launch_when_told() -> None:
+    """decode_block.cu's persistent launch carries the cooperative attribute (value 1: the
+    driver runs every CTA at once or refuses the launch), with or without programmatic
+    serialization, beside it."""
+    for programmatic in (True, False):
+        config, attrs = pdl.launch_config((132,), (256,), 0, 0, programmatic=programmatic,
+                                          cooperative=True)  # fmt: skip
+        assert config.numAttrs == 1 + programmatic
+        assert [attrs[i].id for i in range(config.numAttrs)] == [2, 6][: 1 + programmatic]
+        assert int.from_bytes(bytes(attrs[0])[8:12], "little") == 1
+
+
 def _cuda_header() -> Path | None:
     for root in (include_dir(), Path("/usr/local/cuda/include")):
         if root is not None and (root / "cuda.h").is_file():
@@ -296,7 +308,8 @@ def _cuda_header() -> Path | None:
 
 def test_the_structures_match_cuda_h(tmp_path: Path) -> None:
     """Sizes and offsets of CUlaunchConfig and CUlaunchAttribute, and the attributes' ids
-    (programmatic serialization, cluster dimension: x, y, z at the value's start), as the
+    (programmatic serialization, cluster dimension: x, y, z at the value's start;
+    cooperative), as the
     C compiler lays them out from the toolkit's own cuda.h."""
     root, cc = _cuda_header(), shutil.which("cc") or shutil.which("gcc")
     if root is None or cc is None:
@@ -308,12 +321,12 @@ def test_the_structures_match_cuda_h(tmp_path: Path) -> None:
 #include <cuda.h>
 int main(void) {
   CUlaunchAttribute a;
-  printf("%zu %zu %zu %zu %zu %zu %zu %d %d %zu %zu %zu\n", sizeof(CUlaunchConfig),
+  printf("%zu %zu %zu %zu %zu %zu %zu %d %d %d %zu %zu %zu\n", sizeof(CUlaunchConfig),
          sizeof(CUlaunchAttribute), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
          offsetof(CUlaunchConfig, numAttrs), offsetof(CUlaunchAttribute, value),
          offsetof(CUlaunchConfig, sharedMemBytes),
          (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-         (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+         (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (int)CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
          (size_t)((char*)&a.value.clusterDim.x - (char*)&a.value),
          (size_t)((char*)&a.value.clusterDim.y - (char*)&a.value),
          (size_t)((char*)&a.value.clusterDim.z - (char*)&a.value));
@@ -326,5 +339,5 @@ int main(void) {
     want = [ctypes.sizeof(pdl.LaunchConfig), ctypes.sizeof(pdl.LaunchAttribute),
             pdl.LaunchConfig.hStream.offset, pdl.LaunchConfig.attrs.offset,
             pdl.LaunchConfig.numAttrs.offset, pdl.LaunchAttribute.value.offset,
-            pdl.LaunchConfig.sharedMemBytes.offset, 6, 4, 0, 4, 8]  # fmt: skip
+            pdl.LaunchConfig.sharedMemBytes.offset, 6, 4, 2, 0, 4, 8]  # fmt: skip
     assert list(map(int, got)) == want

@@ -487,14 +487,20 @@ class PdlDriver:
 
     def launch(self, fn: RawKernel, grid: tuple[int, ...], block: tuple[int, ...],
                args: tuple[Any, ...], shared_mem: int, *, programmatic: bool = True,
-               cluster: int = 1) -> None:  # fmt: skip
+               cluster: int = 1, cooperative: bool = False) -> None:  # fmt: skip
         from reprise.cuda import pdl
 
-        if cluster != 1 or not programmatic:
+        if cluster != 1:
             raise NotImplementedError("the emulation launches no cluster (it runs gemm.cu)")
-        pdl.launch_config(grid, block, shared_mem, 0)
+        if not (programmatic or cooperative):
+            raise ValueError("a driver launch is programmatic or cooperative (else CuPy's)")
+        # (a cooperative launch's grid runs together here anyway: driver.cpp's persistent
+        # kernels run as one cluster)
+        pdl.launch_config(
+            grid, block, shared_mem, 0, programmatic=programmatic, cooperative=cooperative
+        )
         pdl.pack_args(args)
-        fn(grid, block, tuple(args), shared_mem=shared_mem, pdl=True)
+        fn(grid, block, tuple(args), shared_mem=shared_mem, pdl=programmatic)
 
 
 def pdl_launches() -> int:
@@ -928,6 +934,9 @@ def install(lib: ctypes.CDLL, setitem: Callable[[Any, str, Any], None]) -> None:
     _host_waits({stream: stream.position for stream in _State.streams})  # a clean start
     for name, module in modules().items():
         setitem(sys.modules, name, module)
+    from reprise.cuda import pdl  # the driver launches (clusters, cooperative) run here too
+
+    setitem(vars(pdl), "_driver", PdlDriver())
 
 
 def skip_kernels(skip: bool = True) -> None:
