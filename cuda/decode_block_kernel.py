@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import pdl
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 BY_DEFAULT = False
@@ -94,6 +95,12 @@ def _num_sms(device_id: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
 
 
+def _resident_ctas(fn: Any, smem: int, device_id: int) -> int:
+    """CTAs the device holds at once (the cooperative launch's bound): one an SM, where
+    the occupancy calculator says an SM holds one (the kernel's registers and `smem`)."""
+    return _num_sms(device_id) * min(1, pdl.occupancy(fn, THREADS, smem))
+
+
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
@@ -132,7 +139,6 @@ def decode_tail(
     items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
     assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
     device = _device_id()
-    grid = grid_size(_num_sms(device) if num_ctas is None else num_ctas, max(items))
     bf16, f32, i32 = BF16_BITS, np.float32, np.int32
     y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
     gate_up = cupy.empty((rows, two_inter), bf16)
@@ -164,6 +170,13 @@ def decode_tail(
     fn = kernel("decode_block", "decode_tail_packed" if packed else "decode_tail_plain")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
+    resident = _resident_ctas(fn, smem, device)
+    if resident < 1:
+        raise RuntimeError(
+            f"decode_tail: no SM holds a CTA of {THREADS} threads and {smem} B of shared memory; "
+            "turn decode_block_kernel.BY_DEFAULT off"
+        )
+    grid = grid_size(resident if num_ctas is None else min(num_ctas, resident), max(items))
     data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
     args = (attn, *data, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,
             counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]),

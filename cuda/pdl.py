@@ -206,6 +206,25 @@ class Driver:
         self._launch.restype = ctypes.c_int
         self._error_name = lib.cuGetErrorName
         self._error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self._occupancy = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        self._occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_size_t]  # fmt: skip
+        self._occupancy.restype = ctypes.c_int
+
+    def occupancy(self, fn: Any, threads: int, shared_mem: int) -> int:
+        """CTAs of CuPy kernel `fn` (`threads` threads, `shared_mem` bytes of dynamic
+        shared memory) that one SM holds at once, by the driver's occupancy calculator."""
+        blocks = ctypes.c_int()
+        rc = self._occupancy(
+            ctypes.byref(blocks), ctypes.c_void_p(fn.kernel.ptr), threads, shared_mem
+        )
+        if rc:
+            name = ctypes.c_char_p()
+            self._error_name(rc, ctypes.byref(name))
+            raise RuntimeError(
+                f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {(name.value or b'?').decode()} ({rc})"
+            )
+        return blocks.value
 
     def launch(
         self, fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
@@ -229,6 +248,14 @@ class Driver:
 
 
 _driver: Driver | None = None  # made at the first PDL launch; tests put the emulator's here
+
+
+def occupancy(fn: Any, threads: int, shared_mem: int) -> int:
+    """Driver.occupancy through the process's driver (made here if not yet)."""
+    global _driver
+    if _driver is None:
+        _driver = Driver()
+    return _driver.occupancy(fn, threads, shared_mem)
 
 
 def launch(fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],

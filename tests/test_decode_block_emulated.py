@@ -293,3 +293,17 @@ def test_the_engine_with_the_persistent_tail_changes_no_logit(
         got = engines(cuda_graphs=graphs).generate(PROMPTS, PARAMS)
         assert_identical(got, want)
         assert ran and set(ran) <= {1, 2}, ran  # the decode steps' rows (prefill: 45 a prompt)
+
+
+def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
+    emulated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the occupancy calculator says no SM holds a CTA of the tail (its registers and
+    shared memory), decode_tail says so and launches nothing (a cooperative launch would
+    be refused; a plain one would hang at its first grid barrier)."""
+    monkeypatch.setattr(emucupy.PdlDriver, "occupancy", lambda self, fn, threads, smem: 0)
+    launches = emucupy.launches()
+    d = operands(np.random.default_rng(3), 1, *SHAPES["emulated"])
+    with pytest.raises(RuntimeError, match="no SM holds a CTA"):
+        persistent(d, 4)
+    assert emucupy.launches() == launches

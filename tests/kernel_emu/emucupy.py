@@ -502,6 +502,12 @@ class PdlDriver:
         pdl.pack_args(args)
         fn(grid, block, tuple(args), shared_mem=shared_mem, pdl=programmatic)
 
+    def occupancy(self, fn: RawKernel, threads: int, shared_mem: int) -> int:
+        """One CTA an SM (the emulation has one SM; what a grid runs at once is driver.cpp's
+        to say), within the limits the emulation checks."""
+        limit = max(MAX_STATIC_SMEM, fn.max_dynamic_shared_size_bytes)
+        return 1 if 0 < threads <= 1024 and shared_mem <= limit else 0
+
 
 def pdl_launches() -> int:
     """Kernels run as programmatic dependents so far (replays included)."""
