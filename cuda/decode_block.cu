@@ -372,45 +372,35 @@ __device__ __forceinline__ void decode_tail(
 }  // namespace
 
 // The weights in the plain [N, K] layout (sm_80's) and in the Hopper GEMM's packed one.
-// with_head = 0: the head's arguments are unused (any arrays).
-extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(
-    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
-    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
-    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
-    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
-    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
-    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
-    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps, int with_head, const unsigned short* __restrict__ w_qkv,
-    unsigned short* __restrict__ qkv, int split_qkv, const int* __restrict__ positions,
-    const float* __restrict__ cos_table, const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ q_out,
-    const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads,
-    int kv_heads, int block_size, int head_dim) {
-  const NextHead head{with_head ? w_qkv : nullptr, qkv, split_qkv,
-                      {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads,
-                       block_size, head_dim}};
-  decode_tail<false>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed,
-                      normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down,
-                      gate_interleaved, eps, head);
+// with_head = 0: the head's arguments are unused (any arrays). grid: the CTAs the device
+// holds at once (a cooperative launch: decode_block_kernel.py), block = PERSIST_THREADS.
+#define DECODE_TAIL_ARGS                                                                                          \
+  const unsigned short *__restrict__ attn, const unsigned short *__restrict__ w_o,                               \
+      const unsigned short *__restrict__ w_gate_up, const unsigned short *__restrict__ w_down,                   \
+      const float *__restrict__ residual, const __nv_bfloat16 *__restrict__ mlp_norm,                            \
+      const __nv_bfloat16 *__restrict__ next_norm, unsigned short *__restrict__ y_o,                             \
+      unsigned short *__restrict__ gate_up, unsigned short *__restrict__ y_down, float *__restrict__ summed,      \
+      __nv_bfloat16 *__restrict__ normed, float *__restrict__ ws, unsigned *__restrict__ counters,               \
+      unsigned *__restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,      \
+      int split_down, int gate_interleaved, float eps, int with_head, const unsigned short *__restrict__ w_qkv,   \
+      unsigned short *__restrict__ qkv, int split_qkv, const int *__restrict__ positions,                        \
+      const float *__restrict__ cos_table, const float *__restrict__ sin_table, __nv_bfloat16 *__restrict__ q_out, \
+      const long long *__restrict__ slots, __nv_bfloat16 *__restrict__ cache, int layer, int num_layers,         \
+      int heads, int kv_heads, int block_size, int head_dim
+#define DECODE_TAIL_HEAD                                                                                        \
+  {with_head ? w_qkv : nullptr, qkv, split_qkv,                                                                 \
+   {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads, block_size,        \
+    head_dim}}
+#define DECODE_TAIL_PASS                                                                                        \
+  attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,       \
+      counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down, gate_interleaved, eps, head
+
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(DECODE_TAIL_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  decode_tail<false>(DECODE_TAIL_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(
-    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
-    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
-    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
-    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
-    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
-    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
-    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps, int with_head, const unsigned short* __restrict__ w_qkv,
-    unsigned short* __restrict__ qkv, int split_qkv, const int* __restrict__ positions,
-    const float* __restrict__ cos_table, const float* __restrict__ sin_table, __nv_bfloat16* __restrict__ q_out,
-    const long long* __restrict__ slots, __nv_bfloat16* __restrict__ cache, int layer, int num_layers, int heads,
-    int kv_heads, int block_size, int head_dim) {
-  const NextHead head{with_head ? w_qkv : nullptr, qkv, split_qkv,
-                      {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads,
-                       block_size, head_dim}};
-  decode_tail<true>(attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed,
-                      normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down,
-                      gate_interleaved, eps, head);
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(DECODE_TAIL_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  decode_tail<true>(DECODE_TAIL_PASS);
 }

@@ -12,12 +12,12 @@ and test_attention_tc_emulated.py.
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 import pytest
 from test_invariance_ops import PagedSequences, bits
+from test_kernels_compile import nvrtc_or_skip
 from test_ops import _dense_attention, _fill_sequences, rel_l2
 
 from reprise.cuda import attention, nvrtc
@@ -249,13 +249,7 @@ def test_attention_kernels_do_not_spill(name: str, defines: str, arch: str) -> N
     (printed for the record): no stack frame anywhere, so nothing spills; and what holds
     the tensor-core kernels' occupancy (_tc_registers_do_not_hold_occupancy); the
     tensor-core kernel also as attention_tc_kernel.COOP builds it (the shared page)."""
-    try:
-        nvrtc.compile_options(arch)
-        nvrtc._library()
-    except nvrtc.NvrtcUnavailable as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(e))
+    nvrtc_or_skip(arch)
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)  # common.cuh pasted in
     source = (f"#define {defines}\n" if defines else "") + source
     resources = nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin)

@@ -6,7 +6,6 @@ and the packed (and gated) weight layouts, and within BF16 rounding of the NumPy
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from kernel_emu import emucupy
 from test_cupy_emulated import PARAMS, PROMPTS, Engines, assert_identical, emulated, model_dir
+from test_kernels_compile import nvrtc_or_skip
 
 from reprise.cuda import decode_block_kernel, pdl
 from reprise.cuda.decode_block import decode_tail_ref
@@ -252,13 +252,7 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm(arch: str) -> None:
     (the grid barriers need every CTA resident: one an SM)."""
     from reprise.cuda import nvrtc
 
-    try:
-        nvrtc.compile_options(arch)
-        nvrtc._library()
-    except nvrtc.NvrtcUnavailable as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(e))
+    nvrtc_or_skip(arch)
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "decode_block.cu")
     resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "decode_block.cu", arch).cubin)
     assert set(resources) == {"decode_tail_plain", "decode_tail_packed"}

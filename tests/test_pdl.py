@@ -45,7 +45,7 @@ ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
 # The persistent layer tail's entry points (decode_block.cu) build their head's arguments,
 # then decode_tail loads its first weight words before its pdl_enter()
 # (test_the_persistent_tail_reads_only_its_weight_before_the_wait).
-TAIL_PROLOGUE_BODIES = ("const NextHead head{",)
+TAIL_PROLOGUE_BODIES = ("const NextHead head DECODE_TAIL_HEAD;",)
 # Entry points that read their metadata before pdl_enter() in their own body (checked by
 # test_rope_kv_write_reads_only_its_place_before_the_wait).
 EARLY_METADATA_KERNELS = ("rope_kv_write",)
