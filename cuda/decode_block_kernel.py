@@ -95,10 +95,20 @@ def _num_sms(device_id: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
 
 
-def _resident_ctas(fn: Any, smem: int, device_id: int) -> int:
-    """CTAs the device holds at once (the cooperative launch's bound): one an SM, where
-    the occupancy calculator says an SM holds one (the kernel's registers and `smem`)."""
-    return _num_sms(device_id) * min(1, pdl.occupancy(fn, THREADS, smem))
+@functools.cache
+def _resident_ctas(name: str, smem: int, device_id: int) -> int:
+    """CTAs of entry point `name` with `smem` bytes of shared memory the device holds at
+    once (the cooperative launch's bound): one an SM, where the occupancy calculator says
+    an SM holds one (the kernel's registers and `smem`); asked once."""
+    return _num_sms(device_id) * min(1, pdl.occupancy(_kernel(name, smem), THREADS, smem))
+
+
+def _kernel(name: str, smem: int) -> Any:
+    """The entry point, its shared-memory opt-in raised to `smem` where needed."""
+    fn = kernel("decode_block", name)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
 
 
 def decode_tail(
@@ -167,10 +177,9 @@ def decode_tail(
                      i32(num_layers), i32(head.num_heads), i32(kv_heads), i32(block_size),
                      i32(head_dim))  # fmt: skip
     smem = smem_bytes(rows, q_size, hidden, inter)
-    fn = kernel("decode_block", "decode_tail_packed" if packed else "decode_tail_plain")
-    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    resident = _resident_ctas(fn, smem, device)
+    name = "decode_tail_packed" if packed else "decode_tail_plain"
+    fn = _kernel(name, smem)
+    resident = _resident_ctas(name, smem, device)
     if resident < 1:
         raise RuntimeError(
             f"decode_tail: no SM holds a CTA of {THREADS} threads and {smem} B of shared memory; "

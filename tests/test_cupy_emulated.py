@@ -25,7 +25,14 @@ import pytest
 import test_invariance as invariance
 from kernel_emu import emucupy
 
-from reprise.cuda import attention_tc_kernel, gemm_kernel, kernels, launchers, pdl
+from reprise.cuda import (
+    attention_tc_kernel,
+    decode_block_kernel,
+    gemm_kernel,
+    kernels,
+    launchers,
+    pdl,
+)
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
 from reprise.cuda.sampling import Draws
@@ -59,7 +66,8 @@ PARAMS = [GREEDY, SEEDED]
 # per-process caches of device objects (kernels, per-stream counters): an emulated one
 # must never reach a real CuPy launch, nor a real one an emulated launch
 KERNEL_CACHES = [kernels.module, kernels._stream_counters, gemm_kernel._kernel,
-                 attention_tc_kernel._kernel]  # fmt: skip
+                 attention_tc_kernel._kernel, decode_block_kernel._resident_ctas,
+                 decode_block_kernel._num_sms]  # fmt: skip
 
 
 def random_prompt(n: int, seed: int) -> list[int]:

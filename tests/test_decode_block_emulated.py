@@ -296,8 +296,10 @@ def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
     shared memory), decode_tail says so and launches nothing (a cooperative launch would
     be refused; a plain one would hang at its first grid barrier)."""
     monkeypatch.setattr(emucupy.PdlDriver, "occupancy", lambda self, fn, threads, smem: 0)
+    decode_block_kernel._resident_ctas.cache_clear()  # asked once a process: ask again
     launches = emucupy.launches()
     d = operands(np.random.default_rng(3), 1, *SHAPES["emulated"])
     with pytest.raises(RuntimeError, match="no SM holds a CTA"):
         persistent(d, 4)
     assert emucupy.launches() == launches
+    decode_block_kernel._resident_ctas.cache_clear()  # the refusal is not kept for others
