@@ -1,10 +1,13 @@
 """Launcher of decode_block.cu: a decode layer's tail (o_proj, the residual add and the
-MLP's norm, gate_up, silu * up, down_proj, the residual add and the next norm) as one
-persistent launch whose CTAs meet at grid barriers (issue 18; twin: decode_block.py).
+MLP's norm, gate_up, silu * up, down_proj, the residual add and the next norm, and with
+`head` the next layer's qkv projection and rope_kv_write) as one persistent launch whose
+CTAs meet at grid barriers (issue 18; twin: decode_block.py). A cooperative launch of the
+CTAs the device holds at once (the driver's occupancy calculator), one an SM.
 
 `takes` says whether a call can run it; `decode_tail` runs it. `BY_DEFAULT` (off until a
-GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail take it where
-`takes` allows; off, the backend runs the op-by-op path, to the same bits.
+GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail and
+decode_tail_qkv take it where `takes` allows; off, the backend runs the op-by-op path, to
+the same bits.
 """
 
 from __future__ import annotations
