@@ -98,6 +98,14 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Named barrier ID (1-15; 0 is __syncthreads'), for `count` threads of the CTA (an
+// immediate id, so ptxas reserves only the barriers used).
+template <unsigned ID>
+__device__ __forceinline__ void named_barrier_sync(unsigned count) {
+  static_assert(ID >= 1 && ID <= 15, "bar.sync ids 1-15");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+}
+
 // 2^x by the special function unit (PTX ISA "ex2": ex2.approx.ftz.f32, one MUFU.EX2 on
 // sm_80 and sm_90; subnormal input and output flushed to zero, ex2(-inf) = +0). Not
 // correctly rounded (at most about 2 ulp off), but a function of x alone on a given
@@ -358,7 +366,8 @@ __device__ __forceinline__ bool find_work(const int* __restrict__ query_start_lo
 // position first_pos + r / group_rows), the chunk states 0 .. position / KV_CHUNK from the
 // workspace merged in ascending order (merge_factors / merged), then out = bf16(acc /
 // denom) (zero_sign: -0 as +0). Thread i takes elements i, i + blockDim.x, ... of the
-// rows' [rows, head_dim] outputs. BASE2: as merge_factors.
+// rows' [rows, head_dim] outputs (or, given `first` and `stride`, elements first, first +
+// stride, ...: half a persistent CTA's threads). BASE2: as merge_factors.
 // NOTE: the states are read kMergeBatch chunks at a time, all loads of a batch before its
 // merges, so a row's chunks cost one L2 round trip a batch, not one a chunk (a chunk's
 // loads do not depend on the merge before it; the merges stay in ascending order, so the
@@ -370,8 +379,9 @@ template <int HEAD_DIM, int KV_CHUNK, bool BASE2 = false>
 __device__ __forceinline__ void merge_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
                                              const float* __restrict__ ws_ml, int num_rows, int group_rows,
                                              long long token0, int first_pos, int num_heads, int head0,
-                                             int max_chunks, bool zero_sign) {
-  for (int idx = static_cast<int>(threadIdx.x); idx < num_rows * HEAD_DIM; idx += static_cast<int>(blockDim.x)) {
+                                             int max_chunks, bool zero_sign, int first = -1, int stride = 0) {
+  if (first < 0) first = static_cast<int>(threadIdx.x), stride = static_cast<int>(blockDim.x);
+  for (int idx = first; idx < num_rows * HEAD_DIM; idx += stride) {
     const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
     const long long at = (token0 + r / group_rows) * num_heads + head0 + r % group_rows;
     const int num_chunks = (first_pos + r / group_rows) / KV_CHUNK + 1;

@@ -238,13 +238,6 @@ __device__ __forceinline__ void cluster_sync() {
 // The CTA's dynamic shared memory (the emulator gives each CTA of a cluster its own).
 __device__ __forceinline__ unsigned char* cta_smem(unsigned char* smem) { return smem; }
 
-// Named barrier ID (1-15; 0 is __syncthreads'), for `count` threads of the CTA (an
-// immediate id, so ptxas reserves only the barriers used).
-template <unsigned ID>
-__device__ __forceinline__ void named_barrier_sync(unsigned count) {
-  static_assert(ID >= 1 && ID <= 15, "bar.sync ids 1-15");
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
-}
 
 __device__ __forceinline__ unsigned cluster_size() {
   unsigned n;

@@ -230,7 +230,7 @@ def test_the_kernels_cut_where_the_twin_cuts(name: str) -> None:
     """kKvChunk repeats KV_CHUNK: no bitwise test against the twin could see a kernel
     cutting elsewhere (their sums differ in rounding anyway), but every path of that
     kernel would then disagree with the twin's definition, and size the workspace wrong."""
-    source = (nvrtc.KERNEL_DIR / name).read_text()
+    source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)  # its headers in (attention_tc.cuh)
     chunk = re.findall(r"constexpr int kKvChunk = (\d+);", source)
     if not chunk:  # attention_tc.cu: a benchmark may build another (REPRISE_KV_CHUNK)
         assert "constexpr int kKvChunk = REPRISE_KV_CHUNK;" in source

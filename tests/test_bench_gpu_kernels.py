@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from reprise.bench import bench_gpu_kernels as bench
+from reprise.cuda import nvrtc
 from reprise.cuda.backend import cuda_device_available
 from reprise.cuda.dtypes import BF16
 from reprise.daemon.model.synth import SHAPES, tensor_shapes
@@ -151,7 +152,7 @@ def test_the_baseline_builds_name_the_kernels_defines_and_are_put_back(monkeypat
     call raises."""
     from reprise.cuda import attention_tc_kernel as tc
 
-    source = (Path(__file__).parents[1] / "cuda" / "attention_tc.cu").read_text()
+    source = nvrtc.kernel_source(Path(__file__).parents[1] / "cuda" / "attention_tc.cu")
     for build in bench.BUILDS.values():
         for define in build:
             name, _, value = define.partition("=")
@@ -187,7 +188,7 @@ def test_the_shorter_chunks_split_a_short_decode_finer_and_are_put_back(monkeypa
     from reprise.cuda import attention_kernel as ak
     from reprise.cuda import attention_tc_kernel as tc
 
-    source = (Path(__file__).parents[1] / "cuda" / "attention_tc.cu").read_text()
+    source = nvrtc.kernel_source(Path(__file__).parents[1] / "cuda" / "attention_tc.cu")
     assert "#ifndef REPRISE_KV_CHUNK\n#define REPRISE_KV_CHUNK 256\n" in source
     assert ak.KV_CHUNK == 256
     cases = [(None, 4, 8), (bench.CHUNKS["chunk128"], 2, 4), (bench.CHUNKS["chunk64"], 1, 2)]

@@ -143,7 +143,7 @@ def test_only_metadata_and_old_pages_come_before_the_wait_in_tensor_core_attenti
     ring's first pages, each only while it lies wholly before the sequence's first query
     position; no read of q, no write of out, the workspace or the counters. Every return
     before the wait waits first, and the rest of the ring's prologue comes after it."""
-    source = (Path(pdl.__file__).parent / "attention_tc.cu").read_text()
+    source = (Path(pdl.__file__).parent / "attention_tc.cuh").read_text()
     body = source[source.index("void paged_attention_tc(") :]
     body = body[body.index("{") : body.index("\n}\n")]
     waits = [i for i in range(len(body)) if body.startswith("pdl_enter();", i)]
