@@ -99,6 +99,21 @@ class NullBackend(NumpyBackend):
         return residual, np.zeros((attn.shape[0], num_heads, cache.shape[-1]), dtype=BF16)
 
     @staticmethod
+    def attention_tail(attention: tuple, tail: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Attention through the next norm (one kernel on the GPU with the persistent layer)."""
+        residual = tail[3]
+        return residual, np.zeros(residual.shape, dtype=BF16)
+
+    @staticmethod
+    def attention_tail_qkv(
+        attention: tuple, tail: tuple, head: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """attention_tail and the next layer's qkv and rope_kv_write (one kernel on the GPU
+        with the persistent layer)."""
+        q = attention[0]
+        return tail[3], np.zeros(q.shape, dtype=BF16)
+
+    @staticmethod
     def rope(x: np.ndarray, *args: Any) -> np.ndarray:
         return x
 

@@ -85,6 +85,22 @@ class NumpyBackend:
         )
         return summed, self.gemm_rope_kv_write(x, w_qkv, *rope_args)
 
+    def attention_tail(self, attention: tuple, tail: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """A layer from its attention on: paged_attention(*attention) (its queries, cache,
+        layer, block tables, seq_lens, query_start_loc and scale), then decode_tail(attn,
+        *tail) (tail: decode_tail's arguments after attn). Here its ops in turn (the GPU
+        backend may run the layer as one persistent kernel, to the same bits)."""
+        attn = self.paged_attention(*attention)
+        return self.decode_tail(attn.reshape(attn.shape[0], -1), *tail)
+
+    def attention_tail_qkv(
+        self, attention: tuple, tail: tuple, head: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """attention_tail with the next layer's head: decode_tail_qkv(attn, *tail, *head)
+        (head: its bias-free qkv weight, then gemm_rope_kv_write's arguments after it)."""
+        attn = self.paged_attention(*attention)
+        return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
+
     def gemm_rope_kv_write(
         self, x: np.ndarray, w: np.ndarray, positions: np.ndarray, cos: np.ndarray,
         sin: np.ndarray, cache: np.ndarray, layer: int, slot_mapping: np.ndarray,

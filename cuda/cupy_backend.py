@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import launchers, pdl
+from . import decode_block_kernel, launchers, pdl
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
@@ -158,6 +158,38 @@ class CupyBackend:
             )
         summed, x = self.decode_tail(attn, *weights, residual, mlp_norm, next_norm, eps)
         return summed, self.gemm_rope_kv_write(x, w_qkv, *rope_args)
+
+    def attention_tail(self, attention: tuple, tail: tuple) -> tuple[Any, Any]:
+        """paged_attention then decode_tail: one persistent launch where the tail takes it
+        (decode_tail's rule) and the tensor-core attention's planned grid splits
+        (decode_block_kernel.layer_plan), the layer's attention then run inside it; else
+        the two ops. The same bits either way."""
+        if self._layer_takes(attention, tail):
+            return decode_block_kernel.decode_layer(
+                decode_block_kernel.Attention(*attention), *tail
+            )
+        attn = self.paged_attention(*attention)
+        return self.decode_tail(attn.reshape(attn.shape[0], -1), *tail)
+
+    def attention_tail_qkv(self, attention: tuple, tail: tuple, head: tuple) -> tuple[Any, Any]:
+        """attention_tail with the next layer's head (decode_tail_qkv's), likewise."""
+        if self._layer_takes(attention, tail, head[0]):
+            return decode_block_kernel.decode_layer(
+                decode_block_kernel.Attention(*attention), *tail,
+                head=decode_block_kernel.NextHead(*head),
+            )  # fmt: skip
+        attn = self.paged_attention(*attention)
+        return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
+
+    def _layer_takes(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> bool:
+        rows = attention[0].shape[0]
+        return (
+            decode_block_kernel.BY_DEFAULT
+            and self.attention == "tensor-cores"
+            and decode_block_kernel.takes(rows, *tail[:3], w_qkv)
+            and decode_block_kernel.layer_plan(decode_block_kernel.Attention(*attention), rows)
+            is not None
+        )
 
     def gemm_rope_kv_write(
         self, x: Any, w: Any, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,

@@ -45,6 +45,7 @@
 #include "common.cuh"
 #include "rmsnorm.cuh"  // add_rmsnorm_row
 #include "kvcache.cuh"  // rope_kv_write_pair
+#include "attention_tc.cuh"  // paged_attention_tc, run as virtual CTAs (the decode_layer entry points)
 
 #define PERSIST_THREADS 256
 #define DECODE_BLOCK_MAX_ROWS 16  // one m16 fragment: decode_block_kernel.MAX_ROWS repeats it
@@ -248,6 +249,45 @@ struct NextHead {
   RopeKvArgs rope;
 };
 
+// The layer's attention, for the decode_layer entry points: attention_tc.cu's launch on its
+// planned split grid (attention_kernel.split_grid: gx x gy CTAs, head_parts, kv_lanes; the
+// deep ring), its CTAs run here as virtual CTAs of 128 threads, two a CTA: half h of CTA b
+// takes planned CTAs 2b + h, 2b + h + 2 gridDim.x, ... with its own ring and work item in
+// shared memory (`attention_half_bytes` apart). The same kernel body on the same pages
+// and the same split, so the same bits as the standalone launch (its chunk states and
+// merge, its counters: "attention splits", left zero).
+struct AttnArgs {
+  unsigned short* out;  // [T, heads, head_dim] BF16: the tail's attn
+  const unsigned short *q, *cache;
+  const int *block_tables, *seq_lens, *query_start_loc;
+  float* workspace;
+  unsigned* counters;
+  int num_tokens, num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, gx, gy;
+  float scale;
+};
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+constexpr int attention_half_bytes() {
+  return (Ring<HEAD_DIM, BLOCK_SIZE, deep_ring_stages(BLOCK_SIZE), true>::kSmemBytes + 15) / 16 * 16 +
+         (static_cast<int>(sizeof(CtaWork)) + 15) / 16 * 16;
+}
+
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char* smem) {
+  using C = Ring<HEAD_DIM, BLOCK_SIZE, deep_ring_stages(BLOCK_SIZE), true>;
+  static_assert(2 * kNumThreads == PERSIST_THREADS, "two virtual CTAs a persistent one");
+  const int half = static_cast<int>(threadIdx.x) / kNumThreads;
+  unsigned char* mine = smem + half * attention_half_bytes<HEAD_DIM, BLOCK_SIZE>();
+  CtaWork* work = reinterpret_cast<CtaWork*>(mine + (C::kSmemBytes + 15) / 16 * 16);
+  for (int c = 2 * static_cast<int>(blockIdx.x) + half; c < a.gx * a.gy; c += 2 * static_cast<int>(gridDim.x)) {
+    const VirtualCta v{c % a.gx, c / a.gx, a.gx, a.gy, half, reinterpret_cast<unsigned short*>(mine), work};
+    paged_attention_tc<HEAD_DIM, BLOCK_SIZE, deep_ring_stages(BLOCK_SIZE), true, true>(
+        a.out, a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace, a.counters, a.num_tokens,
+        a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer, a.head_parts, a.kv_lanes,
+        a.scale, v);
+  }
+}
+
 // The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
 // fp32; y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own
 // products; summed [M, hidden] fp32 and normed [M, hidden] BF16 the outputs (normed not
@@ -258,25 +298,32 @@ struct NextHead {
 // (decode_block_kernel.smem_bytes): the flag and block_sum's scratch, a row of fp32 sums
 // no one reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16,
 // lda halves apart).
-template <bool PACKED>
+template <bool PACKED, int HEAD_DIM = 0, int BLOCK_SIZE = 0>
 __device__ __forceinline__ void decode_tail(
-    const unsigned short* __restrict__ attn, const unsigned short* __restrict__ w_o,
+    const unsigned short* attn, const unsigned short* __restrict__ w_o,
     const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
     const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
     const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
     unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
     __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
     unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps, const NextHead& head) {
+    int split_down, int gate_interleaved, float eps, const NextHead& head, const AttnArgs& attention = AttnArgs{}) {
   const Projection o{w_o, y_o, hidden, q_size, split_o}, up{w_gate_up, gate_up, 2 * inter, hidden, split_gate_up},
       down{w_down, y_down, hidden, inter, split_down},
       qkv_proj{head.w_qkv, head.qkv, (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden,
                head.split_qkv};
-  Batch next = first_batch<PACKED>(o);  // before the wait: the weight is constant
+  constexpr bool kAttention = HEAD_DIM > 0;  // the decode_layer entry points: attention first
+  Batch next;
+  if constexpr (!kAttention) next = first_batch<PACKED>(o);  // before the wait: the weight is constant
   pdl_enter();
   if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned round = grid_round(bar);  // no CTA passes the first barrier before this one arrives
   unsigned char* smem = block_smem();
+  if constexpr (kAttention) {  // 0. the layer's attention, into attn
+    attention_phase<HEAD_DIM, BLOCK_SIZE>(attention, smem);
+    next = first_batch<PACKED>(o);
+    grid_sync(bar, round);
+  }
   unsigned* const flag = reinterpret_cast<unsigned*>(smem);
   float* const scratch = reinterpret_cast<float*>(smem + 16);  // block_sum's, 8 floats
   const int row_floats = (hidden + 3) / 4 * 4;                 // 16-byte rows
@@ -294,11 +341,16 @@ __device__ __forceinline__ void decode_tail(
   const int tid = static_cast<int>(threadIdx.x), me = static_cast<int>(blockIdx.x);
   const int G = static_cast<int>(gridDim.x);
 
-  // 1. o_proj over the attention rows.
+  // 1. o_proj over the attention rows (written by this launch's attention: through L2).
   for (int i = tid; i < M * (q_size / 2); i += PERSIST_THREADS) {
     const int m = i / (q_size / 2), k = 2 * (i % (q_size / 2));
-    *reinterpret_cast<unsigned*>(x + m * lda + k) =
-        *reinterpret_cast<const unsigned*>(attn + static_cast<long long>(m) * q_size + k);
+    const unsigned short* from = attn + static_cast<long long>(m) * q_size + k;
+    if constexpr (kAttention) {
+      x[m * lda + k] = __ldcg(from);
+      x[m * lda + k + 1] = __ldcg(from + 1);
+    } else {
+      *reinterpret_cast<unsigned*>(x + m * lda + k) = *reinterpret_cast<const unsigned*>(from);
+    }
   }
   __syncthreads();
   gemv_phase<PACKED, false>(x, lda, M, o, next, ws_a, counters, flag);
@@ -375,7 +427,7 @@ __device__ __forceinline__ void decode_tail(
 // with_head = 0: the head's arguments are unused (any arrays). grid: the CTAs the device
 // holds at once (a cooperative launch: decode_block_kernel.py), block = PERSIST_THREADS.
 #define DECODE_TAIL_ARGS                                                                                          \
-  const unsigned short *__restrict__ attn, const unsigned short *__restrict__ w_o,                               \
+  const unsigned short *attn, const unsigned short *__restrict__ w_o,                                          \
       const unsigned short *__restrict__ w_gate_up, const unsigned short *__restrict__ w_down,                   \
       const float *__restrict__ residual, const __nv_bfloat16 *__restrict__ mlp_norm,                            \
       const __nv_bfloat16 *__restrict__ next_norm, unsigned short *__restrict__ y_o,                             \
@@ -403,4 +455,50 @@ extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(DECODE_TAIL_ARGS) {
   const NextHead head DECODE_TAIL_HEAD;
   decode_tail<true>(DECODE_TAIL_PASS);
+}
+
+// The layer: its attention (AttnArgs: attention_tc.cu's launch arguments, its planned split
+// grid gx x gy), then the tail, in one launch (decode_block_kernel.decode_layer). A (head_dim,
+// block size) of the models served: SmolLM2's 64 with 16- and 32-key blocks, Llama-3.1-8B's
+// 128 with 32.
+#define DECODE_LAYER_ARGS                                                                                        \
+  DECODE_TAIL_ARGS, const unsigned short *__restrict__ q, const unsigned short *__restrict__ kv_cache,          \
+      const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                                     \
+      const int *__restrict__ query_start_loc, float *__restrict__ attn_ws, unsigned *__restrict__ attn_counters, \
+      int num_seqs, int max_blocks, int attn_layer, int attn_num_layers, int attn_heads, int attn_kv_heads,      \
+      int head_parts, int kv_lanes, int attn_gx, int attn_gy, float scale
+#define DECODE_LAYER_ATTENTION                                                                                  \
+  {const_cast<unsigned short*>(attn), q, kv_cache, block_tables, seq_lens, query_start_loc, attn_ws,            \
+   attn_counters, M, num_seqs, max_blocks, attn_heads, attn_kv_heads, attn_num_layers, attn_layer, head_parts,  \
+   kv_lanes, attn_gx, attn_gy, scale}
+
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d64_b16(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<false, 64, 16>(DECODE_TAIL_PASS, attention);
+}
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d64_b32(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<false, 64, 32>(DECODE_TAIL_PASS, attention);
+}
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d128_b32(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<false, 128, 32>(DECODE_TAIL_PASS, attention);
+}
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d64_b16(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<true, 64, 16>(DECODE_TAIL_PASS, attention);
+}
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d64_b32(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<true, 64, 32>(DECODE_TAIL_PASS, attention);
+}
+extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d128_b32(DECODE_LAYER_ARGS) {
+  const NextHead head DECODE_TAIL_HEAD;
+  const AttnArgs attention DECODE_LAYER_ATTENTION;
+  decode_tail<true, 128, 32>(DECODE_TAIL_PASS, attention);
 }

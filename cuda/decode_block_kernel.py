@@ -117,12 +117,15 @@ def _kernel(name: str, smem: int) -> Any:
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
+    layer: tuple[str, int, tuple[Any, ...]] | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """(summed, normed) of the layer's tail: as add_rmsnorm(add_rmsnorm(residual, attn @
     w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch;
     with `head`, (summed, q): the next layer's rope_kv_write of normed @ w_qkv^T (the keys
     and values into the cache, the rotated queries returned), in the same launch.
-    `num_ctas` (tests) caps the grid; by default one CTA an SM."""
+    `num_ctas` (tests) caps the grid; by default one CTA an SM. `layer` (decode_layer's):
+    the entry point that runs the layer's attention first, its shared memory for that, and
+    its attention arguments after the tail's; attn is then that attention's output."""
     import cupy
 
     from .gemm_kernel import _device_id, _split_k, split_length
@@ -181,6 +184,11 @@ def decode_tail(
                      i32(head_dim))  # fmt: skip
     smem = smem_bytes(rows, q_size, hidden, inter)
     name = "decode_tail_packed" if packed else "decode_tail_plain"
+    if layer is not None:
+        name, attention_smem, attention_args = layer
+        smem = max(smem, attention_smem)
+    else:
+        attention_args = ()
     fn = _kernel(name, smem)
     resident = _resident_ctas(name, smem, device)
     if resident < 1:
@@ -192,6 +200,96 @@ def decode_tail(
     data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
     args = (attn, *data, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,
             counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]),
-            i32(gated), f32(eps), *head_args)  # fmt: skip
+            i32(gated), f32(eps), *head_args, *attention_args)  # fmt: skip
     launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem, cooperative=True)
     return summed, normed
+
+
+# The (head_dim, block size) pairs decode_block.cu's decode_layer entry points take: the
+# default model's head_dim 64 with 16- and 32-key blocks, Llama-3.1-8B's 128 with 32.
+LAYER_SHAPES = ((64, 16), (64, 32), (128, 32))
+
+
+class Attention(NamedTuple):
+    """paged_attention's arguments for the layer (attention_kernel.paged_attention)."""
+
+    q: Any
+    cache: Any
+    layer: int
+    block_tables: Any
+    seq_lens: Any
+    query_start_loc: Any
+    scale: float
+
+
+def _attention_half_bytes(head_dim: int, block_size: int) -> int:
+    """decode_block.cu's attention_half_bytes: the deep ring, then a CtaWork (32 bytes),
+    each rounded to 16 bytes."""
+    from .attention_tc_kernel import smem_bytes as ring_bytes
+
+    return -(-ring_bytes(head_dim, block_size, deep=True) // 16) * 16 + 32
+
+
+def layer_plan(attention: Attention, rows: int) -> Any:
+    """The attention's planned split grid (attention_kernel.split_grid, as the standalone
+    launch plans it), or None where decode_layer does not run it: a grid that does not
+    split (its deep ring is the split's), a shape without an entry point, or other rows."""
+    from .attention_kernel import split_grid
+    from .attention_tc_kernel import ROWS_PER_CTA
+
+    q, cache = attention.q, attention.cache
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.shape[3], cache.shape[4]
+    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES:
+        return None
+    num_seqs, max_blocks = attention.block_tables.shape
+    grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,
+                      block_size, ROWS_PER_CTA)  # fmt: skip
+    return grid if grid.splits and grid.num_work_items > 0 else None
+
+
+def decode_layer(
+    attention: Attention, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
+    next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """A decode layer in one launch: its attention (the tensor-core kernel's body on its
+    planned split grid, `layer_plan`), then decode_tail's work on its output, with `head`
+    too. Returns decode_tail's (summed, normed or the next layer's queries)."""
+    import cupy
+
+    from .attention_kernel import MAX_SPLIT_COUNTERS, check_inputs, kv_chunks, workspace_floats
+    from .attention_tc_kernel import ROWS_PER_CTA
+
+    q, cache = attention.q, attention.cache
+    rows, num_heads, head_dim = q.shape
+    attn = check_inputs(*attention, out=None, max_group=ROWS_PER_CTA)  # [T, heads, head_dim]
+    plan = layer_plan(attention, rows)
+    if plan is None:
+        raise ValueError(
+            "decode_layer does not take this attention (decode_block_kernel.layer_plan)"
+        )
+    num_seqs, max_blocks = attention.block_tables.shape
+    block_size = cache.shape[4]
+    device = _device_id_now()
+    workspace = cupy.empty(workspace_floats(rows, num_heads, head_dim, kv_chunks(max_blocks, block_size)),
+                           dtype=np.float32)  # fmt: skip
+    assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
+    i32 = np.int32
+    extra = (
+        q, cache, attention.block_tables, attention.seq_lens, attention.query_start_loc, workspace,
+        stream_counters("attention splits", MAX_SPLIT_COUNTERS, device), i32(num_seqs),
+        i32(max_blocks), i32(attention.layer), i32(cache.shape[1]), i32(num_heads), i32(cache.shape[3]),
+        i32(plan.head_parts), i32(plan.kv_lanes), i32(plan.grid[0]), i32(plan.grid[1]),
+        np.float32(attention.scale),
+    )  # fmt: skip
+    layout = "packed" if _layout(w_o)[0] == "packed" else "plain"  # type: ignore[index]
+    layer = (f"decode_layer_{layout}_d{head_dim}_b{block_size}",
+             2 * _attention_half_bytes(head_dim, block_size), extra)  # fmt: skip
+    return decode_tail(attn.reshape(rows, num_heads * head_dim), w_o, w_gate_up, w_down, residual,
+                       mlp_norm, next_norm, eps, head=head, num_ctas=num_ctas, layer=layer)  # fmt: skip
+
+
+def _device_id_now() -> int:
+    from .gemm_kernel import _device_id
+
+    return _device_id()

@@ -89,6 +89,8 @@ class Backend(Protocol):
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel
     decode_tail: Callable[..., Any]  # o_proj through the next norm, maybe one kernel
     decode_tail_qkv: Callable[..., Any]  # decode_tail, then the next gemm_rope_kv_write
+    attention_tail: Callable[..., Any]  # paged_attention, then decode_tail, maybe one kernel
+    attention_tail_qkv: Callable[..., Any]  # paged_attention, then decode_tail_qkv, likewise
     argmax: Callable[..., Any]
 
     def penalize(self, logits: Any, penalties: Penalties) -> None: ...

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from kernel_emu import emucupy
-from test_cupy_emulated import PARAMS, PROMPTS, Engines, assert_identical, emulated, model_dir
+from test_cupy_emulated import PARAMS, Engines, assert_identical, emulated, model_dir, random_prompt
 from test_kernels_compile import nvrtc_or_skip
 
 from reprise.cuda import decode_block_kernel, pdl
@@ -245,48 +245,63 @@ def test_takes_refuses_what_it_cannot_run() -> None:
     assert not decode_block_kernel.takes(4, *llama)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_persistent_kernels_do_not_spill_and_fit_an_sm(arch: str) -> None:
-    """Both entry points, from the cubin (printed for the record): no local memory, and
-    registers that let one CTA of PERSIST_THREADS sit on an SM beside its shared memory
-    (the grid barriers need every CTA resident: one an SM)."""
+def test_the_persistent_kernels_do_not_spill_and_fit_an_sm() -> None:
+    """Every entry point, from the sm_90 cubin (printed for the record; test_kernels_compile
+    builds sm_80 too): no local memory, and registers that let one CTA of PERSIST_THREADS
+    sit on an SM (the grid barriers need every CTA resident: one an SM)."""
     from reprise.cuda import nvrtc
 
-    nvrtc_or_skip(arch)
+    nvrtc_or_skip("sm_90")
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "decode_block.cu")
-    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "decode_block.cu", arch).cubin)
-    assert set(resources) == {"decode_tail_plain", "decode_tail_packed"}
+    resources = nvrtc.kernel_resources(
+        nvrtc.compile_source(source, "decode_block.cu", "sm_90").cubin
+    )
+    layers = {f"decode_layer_{layout}_d{d}_b{b}" for layout in ("plain", "packed")
+              for d, b in decode_block_kernel.LAYER_SHAPES}  # fmt: skip
+    assert set(resources) == {"decode_tail_plain", "decode_tail_packed"} | layers
     for kernel, used in sorted(resources.items()):
-        print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
+        print(f"sm_90 {kernel}: {used.registers} registers, {used.local_bytes} B local")
         assert used.local_bytes == 0, (kernel, used)
         assert used.registers * decode_block_kernel.THREADS <= 65536, (kernel, used)
 
 
-def test_the_engine_with_the_persistent_tail_changes_no_logit(
-    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("prompt_len", [45, 300], ids=["one-chunk", "two-chunks"])
+def test_the_engine_with_the_persistent_layer_changes_no_logit(
+    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch, prompt_len: int
 ) -> None:
     """The emulated engine (the tensor-core attention) with decode_block_kernel.BY_DEFAULT
-    on, its grids of 4 CTAs: every decode step's layer tails (eager and replayed from
-    CUDA graphs, PDL's default mode) are the persistent launch, and every logit of two
-    requests batched and decoded together equals the op-by-op engine's, each request
-    alone."""
+    on, its grids of 4 CTAs, decode steps eager and replayed from CUDA graphs (PDL's
+    default mode): every logit of two requests batched and decoded together equals the
+    op-by-op engine's, each request alone. Where a decode step's attention splits (its
+    block table past one KV chunk of 256 keys: always past 256 tokens) each layer is one
+    persistent launch, attention and all (decode_layer); where it does not, the attention
+    keeps its own launch (one lane: layer_plan) and the rest of the layer is one
+    (decode_tail). The prefills (past 16 rows) run op by op."""
     engines = Engines(model_dir, "tensor-cores")
+    prompts = [random_prompt(prompt_len, seed=5), random_prompt(prompt_len - 30, seed=6)]
     want = [
-        engines(enable_reuse=False).generate(p, q) for p, q in zip(PROMPTS, PARAMS, strict=True)
+        engines(enable_reuse=False).generate(p, q) for p, q in zip(prompts, PARAMS, strict=True)
     ]
-    ran = []
-    launch = decode_block_kernel.decode_tail
+    ran: dict[str, list[int]] = {"decode_layer": [], "decode_tail": []}
+    for name, rows in (
+        ("decode_layer", lambda a: a[0].q.shape[0]),
+        ("decode_tail", lambda a: a[0].shape[0]),
+    ):
+        launch = getattr(decode_block_kernel, name)
+        monkeypatch.setattr(decode_block_kernel, name,
+                            lambda *a, _n=name, _l=launch, _r=rows, **k: ran[_n].append(_r(a)) or _l(*a, **k))  # fmt: skip
     monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)
     monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 4)
-    monkeypatch.setattr(decode_block_kernel, "decode_tail",
-                        lambda *a, **k: ran.append(a[0].shape[0]) or launch(*a, **k))  # fmt: skip
     monkeypatch.setattr(pdl, "active", lambda: "graphs")
-    monkeypatch.setattr(pdl, "_driver", emucupy.PdlDriver())
     for graphs in (False, True):
-        ran.clear()
-        got = engines(cuda_graphs=graphs).generate(PROMPTS, PARAMS)
+        for calls in ran.values():
+            calls.clear()
+        got = engines(cuda_graphs=graphs).generate(prompts, PARAMS)
         assert_identical(got, want)
-        assert ran and set(ran) <= {1, 2}, ran  # the decode steps' rows (prefill: 45 a prompt)
+        # the decode steps' rows (the prefills' are more); decode_layer's tail counts too
+        assert ran["decode_tail"] and set(ran["decode_tail"]) <= {1, 2}, ran
+        if prompt_len > 256:
+            assert ran["decode_layer"], ran
 
 
 def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
@@ -303,3 +318,78 @@ def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
         persistent(d, 4)
     assert emucupy.launches() == launches
     decode_block_kernel._resident_ctas.cache_clear()  # the refusal is not kept for others
+
+
+def attention_case(rng: np.random.Generator, seq_lens: list[int], *, heads: int = 6, kv_heads: int = 2,
+                   head_dim: int = 64, block_size: int = 16, layers: int = 3) -> dict:  # fmt: skip
+    """A decode step's attention inputs: one query a sequence at its last position, a
+    paged cache of random keys and values (stale slots too), each sequence's blocks
+    scattered over the pool."""
+    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    pool = len(seq_lens) * max_blocks + 3
+    ids = rng.permutation(pool)[: len(seq_lens) * max_blocks].reshape(len(seq_lens), max_blocks)
+    return {
+        "q": rng.standard_normal((len(seq_lens), heads, head_dim)).astype(BF16),
+        "cache": rng.standard_normal((pool, layers, 2, kv_heads, block_size, head_dim)).astype(
+            BF16
+        ),
+        "layer": 1,
+        "block_tables": ids.astype(np.int32),
+        "seq_lens": np.array(seq_lens, dtype=np.int32),
+        "query_start_loc": np.arange(len(seq_lens) + 1, dtype=np.int32),
+        "scale": head_dim**-0.5,
+    }
+
+
+@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 700]], ids=["alone", "three"])
+@pytest.mark.parametrize("with_head", [False, True], ids=["last-layer", "with-head"])
+def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
+    emulated: None, seq_lens: list[int], with_head: bool
+) -> None:
+    """decode_layer (the layer's attention run in the persistent launch as virtual CTAs of
+    the tensor-core kernel, two a CTA, on its planned split grid, then the tail) against
+    CupyBackend's paged_attention (the tensor-core kernel's own launch) then decode_tail
+    or decode_tail_qkv: the residual stream, the normed rows or the next layer's queries,
+    and every byte of the cache."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.rope import rope_table
+
+    rng = np.random.default_rng(len(seq_lens) + 10 * with_head)
+    q_size, hidden, inter = SHAPES["emulated"]
+    rows = len(seq_lens)
+    d = operands(rng, rows, q_size, hidden, inter)
+    case = attention_case(rng, seq_lens)
+    w_qkv = (rng.standard_normal(((6 + 4) * 64, hidden)) * hidden**-0.5).astype(BF16)
+    cos, sin = rope_table(64, 4096, 10000.0)
+    positions = np.array(seq_lens, dtype=np.int32)  # the next token's position
+    slots = rng.choice(case["cache"].shape[0] * 16, rows, replace=False).astype(np.int64)
+
+    def run(persistent: bool) -> list[np.ndarray]:
+        ops = CupyBackend(attention="tensor-cores")
+        cache = to_device(case["cache"])
+        attention = decode_block_kernel.Attention(
+            to_device(case["q"]), cache, case["layer"], to_device(case["block_tables"]),
+            to_device(case["seq_lens"]), to_device(case["query_start_loc"]), case["scale"],
+        )  # fmt: skip
+        weights = [to_device(d[k]) for k in ("w_o", "w_gate_up", "w_down")]
+        rest = [to_device(d[k]) for k in ("residual", "mlp_norm", "next_norm")]
+        rope = (to_device(positions), to_device(cos), to_device(sin), cache, 2, to_device(slots), 6)
+        head = decode_block_kernel.NextHead(to_device(w_qkv), *rope) if with_head else None
+        if persistent:
+            assert decode_block_kernel.layer_plan(attention, rows) is not None  # it splits
+            out = decode_block_kernel.decode_layer(
+                attention, *weights, *rest, EPS, head=head, num_ctas=4
+            )
+        else:
+            attn = ops.paged_attention(*attention).reshape(rows, q_size)
+            if with_head:
+                out = ops.decode_tail_qkv(attn, *weights, *rest, EPS, to_device(w_qkv), *rope)
+            else:
+                out = ops.decode_tail(attn, *weights, *rest, EPS)
+        return [to_host(out[0], bf16=False), to_host(out[1]), to_host(cache)]
+
+    got, want = run(True), run(False)
+    for g, w, what in zip(got, want, ("summed", "normed or q", "cache"), strict=True):
+        assert g.shape == w.shape, what
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what

@@ -105,9 +105,8 @@ class LlamaModel:
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
         eps = cfg.rms_norm_eps
-        # [T, heads + 2 * kv_heads, head_dim] and [T, q_size]: each layer's views, built once
+        # [T, heads + 2 * kv_heads, head_dim]: a biased qkv's view, built once
         heads_shape = (num_tokens, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
-        attn_shape = (num_tokens, cfg.q_size)
         positions, slots, num_heads = batch.positions, batch.slot_mapping, cfg.num_heads
         tables, seq_lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         cos, sin, scale = self.rope_cos, self.rope_sin, self.scale
@@ -129,17 +128,19 @@ class LlamaModel:
 
         q = head(x, 0)
         for idx, layer in enumerate(self.layers):
-            attn = ops.paged_attention(q, kv_cache, idx, tables, seq_lens, starts, scale)
-            # attn: [T, heads, head_dim]; o_proj's and down_proj's outputs go only into the
-            # residual add and the next norm: the layer's tail, maybe one kernel (decode_tail),
-            # with the next layer's head where it is bias-free (decode_tail_qkv)
-            tail = (attn.reshape(attn_shape), layer.o_proj, layer.gate_up_proj, layer.down_proj,
-                    residual, layer.mlp_norm, self._next_norm[idx], eps)  # fmt: skip
+            # attention, then o_proj and down_proj, whose outputs go only into the residual
+            # add and the next norm: the layer from its attention on, maybe one kernel
+            # (attention_tail), with the next layer's head where it is bias-free
+            # (attention_tail_qkv)
+            attention = (q, kv_cache, idx, tables, seq_lens, starts, scale)
+            tail = (layer.o_proj, layer.gate_up_proj, layer.down_proj, residual, layer.mlp_norm,
+                    self._next_norm[idx], eps)  # fmt: skip
             following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None
             if following is not None and following.qkv_bias is None:
-                residual, q = ops.decode_tail_qkv(*tail, following.qkv_proj, *rope_args(idx + 1))
+                qkv = (following.qkv_proj, *rope_args(idx + 1))
+                residual, q = ops.attention_tail_qkv(attention, tail, qkv)
                 continue
-            residual, x = ops.decode_tail(*tail)
+            residual, x = ops.attention_tail(attention, tail)
             if following is not None:
                 q = head(x, idx + 1)
         # x is now the final norm's output; only the rows that sample need the lm_head.

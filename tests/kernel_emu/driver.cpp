@@ -58,15 +58,23 @@ alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
 // barriers (common.cuh's grid_sync), so its grid runs as one cluster here
 // (run_persistent below: every CTA's threads fibers of one scheduler, a CTA running as far
 // as it can alone before the next takes its turn), each CTA with its own window of
-// dynamic shared memory (block_smem: the running fiber's CTA's).
-constexpr unsigned DECODE_BLOCK_SMEM_CAPACITY = 128 * 1024;
+// dynamic shared memory (block_smem, and g_ptx_smem for the cp.async of its attention:
+// the running fiber's CTA's). __shared__ expands to nothing while the file is read (it
+// brings attention_tc.cuh, whose own-launch path names attention_tc_smem below: never
+// run here, where its CTAs are virtual).
+constexpr unsigned DECODE_BLOCK_SMEM_CAPACITY = 160 * 1024;
 constexpr unsigned DECODE_BLOCK_MAX_CTAS = emu::kMaxFibers / 256;
 namespace decode_block_emu {
 namespace {
 alignas(16) unsigned char decode_block_windows[DECODE_BLOCK_MAX_CTAS][DECODE_BLOCK_SMEM_CAPACITY];
 unsigned char* block_smem() { return decode_block_windows[emu::g_rank]; }
+alignas(16) unsigned short attention_tc_smem[8];
 }  // namespace
+#pragma push_macro("__shared__")
+#undef __shared__
+#define __shared__
 #include "../../cuda/decode_block.cu"
+#pragma pop_macro("__shared__")
 }  // namespace decode_block_emu
 
 #include <atomic>
@@ -351,9 +359,16 @@ int run_persistent(void (*fn)(A...), const char* name, const NamedLaunch& l, int
   std::memset(decode_block_emu::decode_block_windows, 0xFF, sizeof decode_block_emu::decode_block_windows);
   const unsigned cluster = emu::g_cluster_x;
   emu::g_cluster_x = l.grid.x;
-  const int rc = launch_checked(fn, name, l);
+  emu::g_on_switch = [](unsigned rank) { g_ptx_smem = decode_block_emu::decode_block_windows[rank]; };
+  g_ptx_smem = decode_block_emu::decode_block_windows[0];
+  g_ptx_smem_bytes = static_cast<unsigned>(smem_bytes);
+  std::atomic<int> left_behind{0};
+  const int rc = launch_checked(fn, name, l, &left_behind);
+  emu::g_on_switch = nullptr;
+  g_ptx_smem = nullptr;
+  g_ptx_smem_bytes = 0;
   emu::g_cluster_x = cluster;
-  return rc;
+  return rc != 0 ? rc : left_behind.load() == 0 ? 0 : 3;
 }
 }  // namespace
 
@@ -420,6 +435,9 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
 #undef TC
 #define PERSISTENT(fn) if (n == #fn) return run_persistent(decode_block_emu::fn, name, l, smem_bytes);
   PERSISTENT(decode_tail_plain) PERSISTENT(decode_tail_packed)
+  PERSISTENT(decode_layer_plain_d64_b16) PERSISTENT(decode_layer_plain_d64_b32) PERSISTENT(decode_layer_plain_d128_b32)
+  PERSISTENT(decode_layer_packed_d64_b16) PERSISTENT(decode_layer_packed_d64_b32)
+  PERSISTENT(decode_layer_packed_d128_b32)
 #undef PERSISTENT
   std::snprintf(error, error_len, "no kernel named %s", name);
   return 1;
