@@ -108,9 +108,10 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(rng, shape: str, ro
 
 
 def test_the_persistent_tail_engine_changes_no_logit(default_model_dir, monkeypatch) -> None:
-    """The default model with decode_block_kernel.BY_DEFAULT on (every decode step's layer
-    tails one persistent launch, captured in the CUDA graphs) against the default engine:
-    the same tokens and logits bits for a prompt and its cached repeat, batch 1 and 3."""
+    """The default model with decode_block_kernel.BY_DEFAULT on (every decode step's
+    layers persistent launches, captured in the CUDA graphs: from attention on where it
+    splits, from o_proj on where it does not) against the default engine: the same tokens
+    and logits bits for a prompt and its cached repeat, batch 1 and 3."""
     from reprise.cuda import decode_block_kernel
     from reprise.daemon import Engine, SamplingParams
 
@@ -130,3 +131,74 @@ def test_the_persistent_tail_engine_changes_no_logit(default_model_dir, monkeypa
     for got, want in zip(outs[1], outs[0], strict=True):
         assert got.token_ids == want.token_ids
         assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 2100]], ids=["alone", "three"])
+def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, seq_lens) -> None:
+    """decode_layer (the layer's attention as virtual CTAs of the tensor-core kernel inside
+    the persistent launch, then the tail and the next layer's head) against the tensor-core
+    attention's own launch then decode_tail_qkv: the residual stream, the next layer's
+    queries and every byte of the cache; and without the head (decode_tail)."""
+    from test_decode_block_emulated import attention_case
+
+    from reprise.cuda import decode_block_kernel
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.dtypes import BF16
+    from reprise.cuda.rope import rope_table
+
+    q_size, hidden, inter = SHAPES[shape]
+    heads, kv_heads, head_dim = (9, 3, 64) if shape == "default" else (32, 8, 128)
+    rows = len(seq_lens)
+    ops = CupyBackend(attention="tensor-cores")
+
+    def weight(n: int, k: int) -> object:
+        return ops.linear_weight((rng.standard_normal((n, k)) * k**-0.5).astype(BF16))
+
+    w_o, w_down = weight(hidden, q_size), weight(hidden, inter)
+    w_gu = ops.gate_up_weight(
+        (rng.standard_normal((2 * inter, hidden)) * hidden**-0.5).astype(BF16)
+    )
+    w_qkv = weight((heads + 2 * kv_heads) * head_dim, hidden)
+    case = attention_case(
+        rng, seq_lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=32
+    )
+    cos, sin = (dev(t) for t in rope_table(head_dim, 8192, 500000.0))
+    positions = dev(np.array(seq_lens, dtype=np.int32))
+    slots = dev(rng.choice(case["cache"].shape[0] * 32, rows, replace=False).astype(np.int64))
+    residual = dev((rng.standard_normal((rows, hidden)) * 4).astype(np.float32))
+    norms = [dev((1 + 0.25 * rng.standard_normal(hidden)).astype(BF16)) for _ in range(2)]
+    if not decode_block_kernel.takes(rows, w_o, w_gu, w_down, w_qkv):
+        pytest.skip(f"the tail does not take {rows} rows of {shape}'s weights")
+    for with_head in (True, False):
+        results = []
+        for persistent in (False, True):
+            cache = dev(case["cache"])
+            attention = decode_block_kernel.Attention(
+                dev(case["q"]), cache, case["layer"], dev(case["block_tables"]), dev(case["seq_lens"]),
+                dev(case["query_start_loc"]), case["scale"],
+            )  # fmt: skip
+            rope = (positions, cos, sin, cache, 2, slots, heads)
+            head = decode_block_kernel.NextHead(w_qkv, *rope) if with_head else None
+            if persistent:
+                assert decode_block_kernel.layer_plan(attention, rows) is not None
+                out = decode_block_kernel.decode_layer(attention, w_o, w_gu, w_down, residual, *norms, EPS,
+                                                       head=head)  # fmt: skip
+            else:
+                attn = ops.paged_attention(*attention).reshape(rows, q_size)
+                tail = (w_o, w_gu, w_down, residual, *norms, EPS)
+                out = (
+                    ops.decode_tail_qkv(attn, *tail, w_qkv, *rope)
+                    if with_head
+                    else ops.decode_tail(attn, *tail)
+                )
+            results.append([host(a) for a in (*out, cache)])
+        for got, want, what in zip(
+            results[1], results[0], ("summed", "q or normed", "cache"), strict=True
+        ):
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (
+                shape,
+                seq_lens,
+                with_head,
+                what,
+            )
