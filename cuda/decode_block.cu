@@ -1,16 +1,19 @@
-// A decode layer's tail in one persistent launch (issue 18; twin: decode_block.py): o_proj,
-// the residual add and the MLP's norm, gate_up, silu(gate) * up, down_proj, the residual
-// add and the next norm, and (where it is bias-free) the next layer's qkv projection and
-// rope_kv_write. Eight launches of the op-by-op path (or four, fused: gemm_add_rmsnorm,
-// swiglu, gemm_add_rmsnorm, gemm_rope_kv_write) become one, whose CTAs meet at grid
-// barriers between the steps instead of at launch boundaries: the default model's decode
-// step is its ~280 launches of about 8 us each (bench/results/2026-11-28-h200: 1.65 ms a
-// step), not its 270 MB of weights (0.06 ms at the H200's bandwidth). Each phase's first
-// round of weight words is loaded while the CTA still waits (first_batch).
+// A decode layer in one persistent launch (issue 18; twin: decode_block.py): (with the
+// decode_layer entry points) its attention, then o_proj, the residual add and the MLP's
+// norm, gate_up, silu(gate) * up, down_proj, the residual add and the next norm, and
+// (where it is bias-free) the next layer's qkv projection and rope_kv_write. Nine launches
+// of the op-by-op path (or five, fused: attention, gemm_add_rmsnorm, swiglu,
+// gemm_add_rmsnorm, gemm_rope_kv_write) become one, whose CTAs meet at grid barriers
+// between the steps instead of at launch boundaries: the default model's decode step is
+// its ~280 launches of about 8 us each (bench/results/2026-11-28-h200: 1.65 ms a step),
+// not its 270 MB of weights (0.06 ms at the H200's bandwidth). Each phase's first round
+// of weight words is loaded while the CTA still waits (first_batch).
 //
-// Rows: a decode's M <= DECODE_BLOCK_MAX_ROWS tokens. Every CTA is resident at once (the
-// launcher sizes the grid to the device, decode_block_kernel.py), PERSIST_THREADS threads
-// each. The steps, each CTA in turn:
+// Rows: a decode's M <= DECODE_BLOCK_MAX_ROWS tokens. Every CTA is resident at once (a
+// cooperative launch, sized by the occupancy calculator: decode_block_kernel.py),
+// PERSIST_THREADS threads each. The steps, each CTA in turn:
+//   0. (decode_layer) its halves' share of the attention's planned CTAs (attention_phase,
+//      attention_tc.cuh's kernel body as virtual CTAs), into attn; grid barrier;
 //   1. its share of o_proj's work items (gemv_phase below) over the attention rows, which
 //      it copies into its shared memory; grid barrier;
 //   2. every CTA: y_o folded, summed1 = residual + y_o, x1 = rmsnorm(summed1) for all M
@@ -41,6 +44,9 @@
 //     threads, the add_rmsnorm kernel's own function and tree.
 //   - silu * up: common.cuh's silu_mul_value of the product's BF16 gate and up, rounded
 //     once, as activation.cu's silu_mul (and the gated epilogue) compute it.
+//   - Attention: attention_tc.cuh's paged_attention_tc itself on the standalone launch's
+//     planned split grid, each planned CTA on half a CTA's threads (VIRTUAL: its own ring,
+//     work item and named barrier): the same pages, chunk states and merge.
 // Reads of what other CTAs wrote in this launch go through L2 (__ldcg).
 #include "common.cuh"
 #include "rmsnorm.cuh"  // add_rmsnorm_row
