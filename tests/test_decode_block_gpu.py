@@ -58,6 +58,26 @@ def test_the_persistent_tail_gives_the_op_by_op_bits(
             assert np.array_equal(g.view(dtype), w.view(dtype)), (shape, rows, num_ctas, what)
 
 
+# (heads, kv_heads, head_dim)
+HEADS = {"default": (9, 3, 64), "8b": (32, 8, 128)}
+
+
+def layer_weights(ops, rng, shape: str) -> tuple:
+    """o_proj, gate_up, down_proj and the next qkv of `shape`, as `ops` loads them (on sm_90
+    packed for the Hopper GEMM, gate_up gated where GATED_BY_DEFAULT is on)."""
+    from reprise.cuda.dtypes import BF16
+
+    q_size, hidden, inter = SHAPES[shape]
+    heads, kv_heads, head_dim = HEADS[shape]
+
+    def random(n: int, k: int) -> np.ndarray:
+        return (rng.standard_normal((n, k)) * k**-0.5).astype(BF16)
+
+    return (ops.linear_weight(random(hidden, q_size)), ops.gate_up_weight(random(2 * inter, hidden)),
+            ops.linear_weight(random(hidden, inter)),
+            ops.linear_weight(random((heads + 2 * kv_heads) * head_dim, hidden)))  # fmt: skip
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(rng, shape: str, rows: int) -> None:
@@ -70,18 +90,10 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(rng, shape: str, ro
     from reprise.cuda.dtypes import BF16
     from reprise.cuda.rope import rope_table
 
-    q_size, hidden, inter = SHAPES[shape]
-    heads, kv_heads, head_dim = (9, 3, 64) if shape == "default" else (32, 8, 128)
+    q_size, hidden, _ = SHAPES[shape]
+    heads, kv_heads, head_dim = HEADS[shape]
     ops = CupyBackend()
-
-    def weight(n: int, k: int) -> object:
-        return ops.linear_weight((rng.standard_normal((n, k)) * k**-0.5).astype(BF16))
-
-    w_o, w_down = weight(hidden, q_size), weight(hidden, inter)
-    w_gu = ops.gate_up_weight(
-        (rng.standard_normal((2 * inter, hidden)) * hidden**-0.5).astype(BF16)
-    )
-    w_qkv = weight((heads + 2 * kv_heads) * head_dim, hidden)
+    w_o, w_gu, w_down, w_qkv = layer_weights(ops, rng, shape)
     if not decode_block_kernel.takes(rows, w_o, w_gu, w_down, w_qkv):
         pytest.skip(f"the tail does not take {rows} rows of {shape}'s weights")
     cos, sin = (dev(t) for t in rope_table(head_dim, 8192, 500000.0))
@@ -147,19 +159,11 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, s
     from reprise.cuda.dtypes import BF16
     from reprise.cuda.rope import rope_table
 
-    q_size, hidden, inter = SHAPES[shape]
-    heads, kv_heads, head_dim = (9, 3, 64) if shape == "default" else (32, 8, 128)
+    q_size, hidden, _ = SHAPES[shape]
+    heads, kv_heads, head_dim = HEADS[shape]
     rows = len(seq_lens)
     ops = CupyBackend(attention="tensor-cores")
-
-    def weight(n: int, k: int) -> object:
-        return ops.linear_weight((rng.standard_normal((n, k)) * k**-0.5).astype(BF16))
-
-    w_o, w_down = weight(hidden, q_size), weight(hidden, inter)
-    w_gu = ops.gate_up_weight(
-        (rng.standard_normal((2 * inter, hidden)) * hidden**-0.5).astype(BF16)
-    )
-    w_qkv = weight((heads + 2 * kv_heads) * head_dim, hidden)
+    w_o, w_gu, w_down, w_qkv = layer_weights(ops, rng, shape)
     case = attention_case(
         rng, seq_lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=32
     )
