@@ -117,15 +117,16 @@ def _kernel(name: str, smem: int) -> Any:
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
-    layer: tuple[str, int, tuple[Any, ...]] | None = None,
+    layer: tuple[str, int, int, tuple[Any, ...]] | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """(summed, normed) of the layer's tail: as add_rmsnorm(add_rmsnorm(residual, attn @
     w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch;
     with `head`, (summed, q): the next layer's rope_kv_write of normed @ w_qkv^T (the keys
     and values into the cache, the rotated queries returned), in the same launch.
     `num_ctas` (tests) caps the grid; by default one CTA an SM. `layer` (decode_layer's):
-    the entry point that runs the layer's attention first, its shared memory for that, and
-    its attention arguments after the tail's; attn is then that attention's output."""
+    the entry point that runs the layer's attention first, its shared memory for that, the
+    CTAs its planned grid has, and its attention arguments after the tail's; attn is then
+    that attention's output."""
     import cupy
 
     from .gemm_kernel import _device_id, _split_k, split_length
@@ -185,8 +186,9 @@ def decode_tail(
     smem = smem_bytes(rows, q_size, hidden, inter)
     name = "decode_tail_packed" if packed else "decode_tail_plain"
     if layer is not None:
-        name, attention_smem, attention_args = layer
+        name, attention_smem, attention_ctas, attention_args = layer
         smem = max(smem, attention_smem)
+        items.append(-(-attention_ctas // 2))  # two planned CTAs a CTA at once
     else:
         attention_args = ()
     fn = _kernel(name, smem)
@@ -259,6 +261,7 @@ def decode_layer(
 
     from .attention_kernel import MAX_SPLIT_COUNTERS, check_inputs, kv_chunks, workspace_floats
     from .attention_tc_kernel import ROWS_PER_CTA
+    from .gemm_kernel import _device_id
 
     q, cache = attention.q, attention.cache
     rows, num_heads, head_dim = q.shape
@@ -270,7 +273,7 @@ def decode_layer(
         )
     num_seqs, max_blocks = attention.block_tables.shape
     block_size = cache.shape[4]
-    device = _device_id_now()
+    device = _device_id()
     workspace = cupy.empty(workspace_floats(rows, num_heads, head_dim, kv_chunks(max_blocks, block_size)),
                            dtype=np.float32)  # fmt: skip
     assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
@@ -284,12 +287,6 @@ def decode_layer(
     )  # fmt: skip
     layout = "packed" if _layout(w_o)[0] == "packed" else "plain"  # type: ignore[index]
     layer = (f"decode_layer_{layout}_d{head_dim}_b{block_size}",
-             2 * _attention_half_bytes(head_dim, block_size), extra)  # fmt: skip
+             2 * _attention_half_bytes(head_dim, block_size), plan.num_ctas, extra)  # fmt: skip
     return decode_tail(attn.reshape(rows, num_heads * head_dim), w_o, w_gate_up, w_down, residual,
                        mlp_norm, next_norm, eps, head=head, num_ctas=num_ctas, layer=layer)  # fmt: skip
-
-
-def _device_id_now() -> int:
-    from .gemm_kernel import _device_id
-
-    return _device_id()
