@@ -178,7 +178,7 @@ grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_defau
 # all resident hangs, here, within its limit, after everything else), then the default
 # model's decode with it on beside e2e_default (issue 18's 1,500 tok/s), alone and with the
 # other default-model fusions and the shared page, then 8B's decode beside e2e
-part tail_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
+part tail_test 240 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_decode_block_gpu.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tail_test.out" | tail -5
 flag_part tail_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1,4 --out "$OUT/gpu_e2e_tail_default.json"
