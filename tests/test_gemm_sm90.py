@@ -1747,7 +1747,8 @@ def test_gemm_sm90_launches_the_cluster_split_in_clusters_of_its_splits(
 
     class FakeDriver:
         def launch(self, fn: Any, grid_xy: Any, block: Any, args: Any, shared_mem: int, *,
-                   programmatic: bool = True, cluster: int = 1) -> None:  # fmt: skip
+                   programmatic: bool = True, cluster: int = 1, cooperative: bool = False) -> None:  # fmt: skip
+            assert not cooperative  # the cluster split is not a cooperative launch
             seen.append((fn.name, cluster, programmatic))
             pdl.launch_config(grid_xy, block, shared_mem, 0, programmatic=programmatic,
                               cluster=cluster)  # fmt: skip

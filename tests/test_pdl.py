@@ -46,6 +46,7 @@ ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
 # then decode_tail loads its first weight words before its pdl_enter()
 # (test_the_persistent_tail_reads_only_its_weight_before_the_wait).
 TAIL_PROLOGUE_BODIES = ("const NextHead head DECODE_TAIL_HEAD;",)
+LAYER_ATTENTION = "const AttnArgs attention DECODE_LAYER_ATTENTION;"
 # Entry points that read their metadata before pdl_enter() in their own body (checked by
 # test_rope_kv_write_reads_only_its_place_before_the_wait).
 EARLY_METADATA_KERNELS = ("rope_kv_write",)
@@ -89,9 +90,10 @@ def test_every_kernel_enters_through_pdl_first() -> None:
 
 def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     """decode_block.cu: each entry point's body, before decode_tail, only builds its head's
-    arguments; decode_tail, before its one pdl_enter(), only names its projections and
-    loads the first round of o_proj's weight words (first_batch, load_batch: __ldg of the
-    weight's rows alone, a constant no grid writes)."""
+    arguments (and decode_layer's, its attention's); decode_tail, before its one
+    pdl_enter(), only names its projections and (the tail's launch) loads the first round
+    of o_proj's weight words (first_batch, load_batch: __ldg of the weight's rows alone, a
+    constant no grid writes)."""
     source = (Path(pdl.__file__).parent / "decode_block.cu").read_text()
 
     def body_of(signature: str) -> str:
@@ -101,11 +103,18 @@ def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     for entry in ENTRY.finditer(source):
         body = source[entry.end() : source.index("\n}\n", entry.end())]
         assert body.lstrip().startswith(TAIL_PROLOGUE_BODIES), body[:80]
-        assert body[: body.index("decode_tail<")].count(";") == 1  # the head, then the call
+        # the head (and decode_layer's attention) declared, then the call
+        declared = [
+            line.strip() for line in body[: body.index("decode_tail<")].strip().splitlines()
+        ]
+        assert declared in ([*TAIL_PROLOGUE_BODIES], [*TAIL_PROLOGUE_BODIES, LAYER_ATTENTION]), (
+            declared
+        )
     tail = body_of("void decode_tail(")
     assert tail.count("pdl_enter();") == 1
     before = tail[: tail.index("pdl_enter();")]
-    assert "Batch next = first_batch<PACKED>(o);" in before
+    # (the tail's launch; decode_layer's loads them after its attention, past the wait)
+    assert "if constexpr (!kAttention) next = first_batch<PACKED>(o);" in before
     for touch in ("x[", "attn", "residual", "ws", "counters", "__ldg", "__ldcg", "gemv_phase",
                   "grid_sync", "smem"):  # fmt: skip
         assert touch not in before, touch
