@@ -128,8 +128,6 @@ class CupyBackend:
         normed): where decode_block_kernel.BY_DEFAULT is on and `takes` allows (a decode's
         few rows), one persistent launch (decode_block.cu); else gemm_add_rmsnorm, swiglu,
         gemm_add_rmsnorm. The same bits either way."""
-        from . import decode_block_kernel
-
         weights = (w_o, w_gate_up, w_down)
         if decode_block_kernel.BY_DEFAULT and decode_block_kernel.takes(attn.shape[0], *weights):
             return decode_block_kernel.decode_tail(
@@ -146,8 +144,6 @@ class CupyBackend:
         bias-free) -> (summed, its rotated queries): one persistent launch where
         decode_block_kernel.BY_DEFAULT is on and `takes` allows, else the two ops. The same
         bits either way."""
-        from . import decode_block_kernel
-
         weights = (w_o, w_gate_up, w_down)
         if decode_block_kernel.BY_DEFAULT and decode_block_kernel.takes(
             attn.shape[0], *weights, w_qkv
@@ -164,32 +160,33 @@ class CupyBackend:
         (decode_tail's rule) and the tensor-core attention's planned grid splits
         (decode_block_kernel.layer_plan), the layer's attention then run inside it; else
         the two ops. The same bits either way."""
-        if self._layer_takes(attention, tail):
+        if plan := self._layer_plan(attention, tail):
             return decode_block_kernel.decode_layer(
-                decode_block_kernel.Attention(*attention), *tail
+                decode_block_kernel.Attention(*attention), *tail, plan=plan
             )
         attn = self.paged_attention(*attention)
         return self.decode_tail(attn.reshape(attn.shape[0], -1), *tail)
 
     def attention_tail_qkv(self, attention: tuple, tail: tuple, head: tuple) -> tuple[Any, Any]:
         """attention_tail with the next layer's head (decode_tail_qkv's), likewise."""
-        if self._layer_takes(attention, tail, head[0]):
+        if plan := self._layer_plan(attention, tail, head[0]):
             return decode_block_kernel.decode_layer(
                 decode_block_kernel.Attention(*attention), *tail,
-                head=decode_block_kernel.NextHead(*head),
+                head=decode_block_kernel.NextHead(*head), plan=plan,
             )  # fmt: skip
         attn = self.paged_attention(*attention)
         return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
 
-    def _layer_takes(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> bool:
+    def _layer_plan(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> Any:
+        """The attention's split plan where the layer launch takes this call, else None."""
         rows = attention[0].shape[0]
-        return (
+        if not (
             decode_block_kernel.BY_DEFAULT
             and self.attention == "tensor-cores"
             and decode_block_kernel.takes(rows, *tail[:3], w_qkv)
-            and decode_block_kernel.layer_plan(decode_block_kernel.Attention(*attention), rows)
-            is not None
-        )
+        ):
+            return None
+        return decode_block_kernel.layer_plan(decode_block_kernel.Attention(*attention), rows)
 
     def gemm_rope_kv_write(
         self, x: Any, w: Any, positions: Any, cos: Any, sin: Any, cache: Any, layer: int,

@@ -75,6 +75,8 @@ def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any, w_qkv: Any = None) -
     (the packed layout's tiles; the splits' granule), even widths, one layout for all the
     weights (w_qkv: the next layer's, if its head joins), and its shared memory within
     MAX_SMEM."""
+    if not 1 <= rows <= MAX_ROWS:  # first: a prefill is refused at once
+        return False
     weights = [w_o, w_gate_up, w_down] + ([] if w_qkv is None else [w_qkv])
     layouts = [_layout(w) for w in weights]
     if any(x is None for x in layouts) or len({x[0] for x in layouts}) != 1:  # type: ignore[index]
@@ -88,7 +90,7 @@ def takes(rows: int, w_o: Any, w_gate_up: Any, w_down: Any, w_qkv: Any = None) -
         return False
     if any(k % 64 for k in (q_size, hidden, inter)) or hidden % 2:
         return False
-    return 1 <= rows <= MAX_ROWS and smem_bytes(rows, q_size, hidden, inter) <= MAX_SMEM
+    return smem_bytes(rows, q_size, hidden, inter) <= MAX_SMEM
 
 
 @functools.cache
@@ -253,6 +255,7 @@ def layer_plan(attention: Attention, rows: int) -> Any:
 def decode_layer(
     attention: Attention, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
+    plan: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """A decode layer in one launch: its attention (the tensor-core kernel's body on its
     planned split grid, `layer_plan`), then decode_tail's work on its output, with `head`
@@ -266,7 +269,7 @@ def decode_layer(
     q, cache = attention.q, attention.cache
     rows, num_heads, head_dim = q.shape
     attn = check_inputs(*attention, out=None, max_group=ROWS_PER_CTA)  # [T, heads, head_dim]
-    plan = layer_plan(attention, rows)
+    plan = layer_plan(attention, rows) if plan is None else plan  # the caller's, if it has it
     if plan is None:
         raise ValueError(
             "decode_layer does not take this attention (decode_block_kernel.layer_plan)"

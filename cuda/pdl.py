@@ -218,13 +218,15 @@ class Driver:
         rc = self._occupancy(
             ctypes.byref(blocks), ctypes.c_void_p(fn.kernel.ptr), threads, shared_mem
         )
+        self._check(rc, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return blocks.value
+
+    def _check(self, rc: int, call: str) -> None:
+        """RuntimeError naming the driver's error, if `rc` is one."""
         if rc:
             name = ctypes.c_char_p()
             self._error_name(rc, ctypes.byref(name))
-            raise RuntimeError(
-                f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {(name.value or b'?').decode()} ({rc})"
-            )
-        return blocks.value
+            raise RuntimeError(f"{call} failed: {(name.value or b'?').decode()} ({rc})")
 
     def launch(
         self, fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
@@ -241,28 +243,26 @@ class Driver:
         pointers, keep = pack_args(args)
         rc = self._launch(ctypes.byref(config), ctypes.c_void_p(fn.kernel.ptr), pointers, None)
         del keep, attr  # alive until here: the driver has copied the arguments
-        if rc:
-            name = ctypes.c_char_p()
-            self._error_name(rc, ctypes.byref(name))
-            raise RuntimeError(f"cuLaunchKernelEx failed: {(name.value or b'?').decode()} ({rc})")
+        self._check(rc, "cuLaunchKernelEx")
 
 
 _driver: Driver | None = None  # made at the first PDL launch; tests put the emulator's here
 
 
-def occupancy(fn: Any, threads: int, shared_mem: int) -> int:
-    """Driver.occupancy through the process's driver (made here if not yet)."""
+def driver() -> Driver:
+    """The process's driver, made at its first use."""
     global _driver
     if _driver is None:
         _driver = Driver()
-    return _driver.occupancy(fn, threads, shared_mem)
+    return _driver
+
+
+def occupancy(fn: Any, threads: int, shared_mem: int) -> int:
+    return driver().occupancy(fn, threads, shared_mem)
 
 
 def launch(fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
            shared_mem: int, *, programmatic: bool = True, cluster: int = 1,
            cooperative: bool = False) -> None:  # fmt: skip
-    global _driver
-    if _driver is None:
-        _driver = Driver()
-    _driver.launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster,
+    driver().launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster,
                    cooperative=cooperative)  # fmt: skip
