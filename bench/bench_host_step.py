@@ -114,6 +114,16 @@ class NullBackend(NumpyBackend):
         return tail[3], np.zeros(q.shape, dtype=BF16)
 
     @staticmethod
+    def attention_layers(
+        attention: tuple, layers: Any, residual: np.ndarray, eps: float, rope: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every layer after the first head (one kernel on the GPU with the persistent
+        layers): the last layer's next norm, or its next queries where it has a head."""
+        q = attention[0]
+        shape = residual.shape if layers[-1][-1] is None else q.shape
+        return residual, np.zeros(shape, dtype=BF16)
+
+    @staticmethod
     def rope(x: np.ndarray, *args: Any) -> np.ndarray:
         return x
 

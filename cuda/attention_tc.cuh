@@ -696,7 +696,9 @@ __device__ __forceinline__ void paged_attention_tc(
     for (int e = 0; e < 4; ++e) {
       const int h = e % 2, c = ds * 16 + col + (e / 2) * 8;
       const long long at = rows.row_at(row0 + 8 * h, num_heads) * HEAD_DIM + c;
-      qf[ds][e] = pos[h] >= 0 ? __ldg(reinterpret_cast<const unsigned*>(q + at)) : 0u;
+      const unsigned* word = reinterpret_cast<const unsigned*>(q + at);
+      // VIRTUAL: decode_layers' launch wrote the queries of a layer after its first
+      qf[ds][e] = pos[h] >= 0 ? (VIRTUAL ? __ldcg(word) : __ldg(word)) : 0u;
     }
   }
 

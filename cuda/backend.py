@@ -101,6 +101,21 @@ class NumpyBackend:
         attn = self.paged_attention(*attention)
         return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
 
+    def attention_layers(
+        self, attention: tuple, layers: Sequence[tuple], residual: np.ndarray, eps: float,
+        rope: tuple,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Consecutive layers from attention[2] on, every qkv projection bias-free: layer i
+        is attention_tail_qkv (its head the next layer's), the last attention_tail
+        (layers[-1]'s w_qkv None) -> (summed, normed) of the last. attention:
+        paged_attention's arguments for the first layer (its queries, cache, layer, block
+        tables, seq_lens, query_start_loc, scale); layers[i]: (w_o, w_gate_up, w_down,
+        mlp_norm, next_norm, w_qkv: the next layer's, or None); rope: gemm_rope_kv_write's
+        arguments after the weight, but the layer (positions, cos, sin, cache, slot_mapping,
+        num_heads). Here layer by layer (layer_by_layer; the GPU backend may run them as one
+        persistent kernel, to the same bits)."""
+        return layer_by_layer(self, attention, layers, residual, eps, rope)
+
     def gemm_rope_kv_write(
         self, x: np.ndarray, w: np.ndarray, positions: np.ndarray, cos: np.ndarray,
         sin: np.ndarray, cache: np.ndarray, layer: int, slot_mapping: np.ndarray,
@@ -270,3 +285,22 @@ def get_backend(name: str) -> Backend:
     from .cupy_backend import CupyBackend
 
     return CupyBackend()
+
+
+def layer_by_layer(
+    ops: Any, attention: tuple, layers: Sequence[tuple], residual: Any, eps: float, rope: tuple
+) -> tuple[Any, Any]:
+    """attention_layers (its arguments) as `ops`' attention_tail_qkv of each layer but the
+    last, then its attention_tail."""
+    q, cache, first, *step = attention
+    positions, cos, sin, rope_cache, slots, num_heads = rope
+    summed = residual
+    for i, (w_o, w_gate_up, w_down, mlp_norm, next_norm, w_qkv) in enumerate(layers):
+        layer_attention = (q, cache, first + i, *step)
+        tail = (w_o, w_gate_up, w_down, summed, mlp_norm, next_norm, eps)
+        if w_qkv is None:
+            assert i == len(layers) - 1, "only the last layer lacks the next one's head"
+            return ops.attention_tail(layer_attention, tail)
+        head = (w_qkv, positions, cos, sin, rope_cache, first + i + 1, slots, num_heads)
+        summed, q = ops.attention_tail_qkv(layer_attention, tail, head)
+    return summed, q

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import decode_block_kernel, launchers, pdl
+from .backend import layer_by_layer
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
@@ -176,6 +177,33 @@ class CupyBackend:
             )  # fmt: skip
         attn = self.paged_attention(*attention)
         return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
+
+    def attention_layers(
+        self, attention: tuple, layers: Sequence[tuple], residual: Any, eps: float, rope: tuple
+    ) -> tuple[Any, Any]:
+        """Backend.attention_layers: where the layer launch takes them (its plan and
+        decode_block_kernel.layers_take), persistent launches of up to
+        decode_block_kernel.MAX_LAYERS_A_LAUNCH layers each (decode_layers), else layer by
+        layer (attention_tail_qkv, attention_tail). The same bits either way."""
+        dbk = decode_block_kernel
+        weights = [dbk.LayerWeights(*layer) for layer in layers]
+        att = dbk.Attention(*attention)
+        plan = self._layer_plan(attention, weights[0][:3], weights[0].w_qkv)
+        per = dbk.MAX_LAYERS_A_LAUNCH or len(weights)
+        starts = range(0, len(weights), per)
+        if plan is None or not all(dbk.layers_take(att, weights[i : i + per]) for i in starts):
+            return layer_by_layer(self, attention, layers, residual, eps, rope)
+        positions, cos, sin, cache, slots, num_heads = rope
+        summed, q = residual, att.q
+        for i in starts:
+            group = weights[i : i + per]
+            heads = any(w.w_qkv is not None for w in group)
+            group_rope = dbk.Rope(positions, cos, sin, cache, att.layer + i + 1, slots, num_heads)
+            summed, q = dbk.decode_layers(
+                att._replace(q=q, layer=att.layer + i), group, summed, eps,
+                rope=group_rope if heads else None, plan=plan,
+            )  # fmt: skip
+        return summed, q
 
     def _layer_plan(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> Any:
         """The attention's split plan where the layer launch takes this call, else None."""

@@ -245,15 +245,45 @@ __device__ __forceinline__ long long partial_floats(const Projection& p, int M) 
   return splits == 1 ? 0LL : static_cast<long long>(splits) * M * p.N;
 }
 
-// The next layer's head, run in the same launch where it is bias-free (w_qkv non-null):
-// its qkv projection of the next norm's rows, then rope_kv_write of the product (`qkv`,
-// [M, (heads + 2 kv_heads) head_dim] BF16, the launch's own).
+// The next layer's head, run in the same launch where it is bias-free (its w_qkv
+// non-null): its qkv projection of the next norm's rows, then rope_kv_write of the product
+// (`qkv`, [M, (heads + 2 kv_heads) head_dim] BF16, the launch's own). In decode_layers'
+// launch, layer l's head writes the cache's layer rope.layer + l, and its queries to
+// q_work before the last layer.
 struct NextHead {
-  const unsigned short* w_qkv;
   unsigned short* qkv;
   int split_qkv;
   RopeKvArgs rope;
+  __nv_bfloat16* q_work;
 };
+
+// A layer's weights: decode_tail's, its launch's arguments; decode_layers', row l of a
+// table in global memory (decode_block_kernel.layer_table: six device addresses a row,
+// in the order of `Weight`), each read where its phase needs it, so no register holds
+// them across the layer. w_qkv is the next layer's (null: no head in this launch).
+enum Weight { kO, kGateUp, kDown, kQkv, kMlpNorm, kNextNorm };
+
+struct ParamWeights {
+  const void* w[6];
+};
+__device__ __forceinline__ const void* weight_of(const ParamWeights& w, Weight i) { return w.w[i]; }
+
+struct TableWeights {
+  const long long* table;
+  int layer;
+};
+__device__ __forceinline__ const void* weight_of(const TableWeights& w, Weight i) {
+  return reinterpret_cast<const void*>(__ldg(w.table + 6 * w.layer + i));
+}
+
+template <class W>
+__device__ __forceinline__ const unsigned short* matrix(const W& w, Weight i) {
+  return static_cast<const unsigned short*>(weight_of(w, i));
+}
+template <class W>
+__device__ __forceinline__ const __nv_bfloat16* norm_weight(const W& w, Weight i) {
+  return static_cast<const __nv_bfloat16*>(weight_of(w, i));
+}
 
 // The layer's attention, for the decode_layer entry points: attention_tc.cu's launch on its
 // planned split grid (attention_kernel.split_grid: gx x gy CTAs, head_parts, kv_lanes; the
@@ -265,6 +295,7 @@ struct NextHead {
 struct AttnArgs {
   unsigned short* out;  // [T, heads, head_dim] BF16: the tail's attn
   const unsigned short *q, *cache;
+  const unsigned short* q_later;  // decode_layers: the queries of the launch's later layers
   const int *block_tables, *seq_lens, *query_start_loc;
   float* workspace;
   unsigned* counters;
@@ -279,7 +310,7 @@ constexpr int attention_half_bytes() {
 }
 
 template <int HEAD_DIM, int BLOCK_SIZE>
-__device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char* smem) {
+__device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char* smem, int l) {
   using C = Ring<HEAD_DIM, BLOCK_SIZE, deep_ring_stages(BLOCK_SIZE), true>;
   static_assert(2 * kNumThreads == PERSIST_THREADS, "two virtual CTAs a persistent one");
   const int half = static_cast<int>(threadIdx.x) / kNumThreads;
@@ -288,48 +319,60 @@ __device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char
   for (int c = 2 * static_cast<int>(blockIdx.x) + half; c < a.gx * a.gy; c += 2 * static_cast<int>(gridDim.x)) {
     const VirtualCta v{c % a.gx, c / a.gx, a.gx, a.gy, half, reinterpret_cast<unsigned short*>(mine), work};
     paged_attention_tc<HEAD_DIM, BLOCK_SIZE, deep_ring_stages(BLOCK_SIZE), true, true>(
-        a.out, a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace, a.counters, a.num_tokens,
-        a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer, a.head_parts, a.kv_lanes,
+        a.out, l ? a.q_later : a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace,
+        a.counters, a.num_tokens, a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer + l,
+        a.head_parts, a.kv_lanes,
         a.scale, v);
   }
 }
 
-// The layer's tail (the file's head says how). attn [M, q_size] BF16; residual [M, hidden]
-// fp32; y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own
-// products; summed [M, hidden] fp32 and normed [M, hidden] BF16 the outputs (normed not
-// written with the next layer's head: its rows go straight into the qkv projection).
-// gate_interleaved: gate_up's rows are (gate j, up j) pairs (the gated packing), else the
-// gate rows, then the up rows. ws and counters: as gemv_phase's, for every projection;
-// bar: grid_sync's two words (zero, left zero). Dynamic shared memory
-// (decode_block_kernel.smem_bytes): the flag and block_sum's scratch, a row of fp32 sums
-// no one reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16,
-// lda halves apart).
-template <bool PACKED, int HEAD_DIM = 0, int BLOCK_SIZE = 0>
-__device__ __forceinline__ void decode_tail(
-    const unsigned short* attn, const unsigned short* __restrict__ w_o,
-    const unsigned short* __restrict__ w_gate_up, const unsigned short* __restrict__ w_down,
-    const float* __restrict__ residual, const __nv_bfloat16* __restrict__ mlp_norm,
-    const __nv_bfloat16* __restrict__ next_norm, unsigned short* __restrict__ y_o,
-    unsigned short* __restrict__ gate_up, unsigned short* __restrict__ y_down, float* __restrict__ summed,
-    __nv_bfloat16* __restrict__ normed, float* __restrict__ ws, unsigned* __restrict__ counters,
-    unsigned* __restrict__ bar, int M, int q_size, int hidden, int inter, int split_o, int split_gate_up,
-    int split_down, int gate_interleaved, float eps, const NextHead& head, const AttnArgs& attention = AttnArgs{}) {
-  const Projection o{w_o, y_o, hidden, q_size, split_o}, up{w_gate_up, gate_up, 2 * inter, hidden, split_gate_up},
-      down{w_down, y_down, hidden, inter, split_down},
-      qkv_proj{head.w_qkv, head.qkv, (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden,
-               head.split_qkv};
-  constexpr bool kAttention = HEAD_DIM > 0;  // the decode_layer entry points: attention first
-  Batch next;
-  if constexpr (!kAttention) next = first_batch<PACKED>(o);  // before the wait: the weight is constant
-  pdl_enter();
-  if (M < 1 || M > DECODE_BLOCK_MAX_ROWS) __trap();
-  unsigned round = grid_round(bar);  // no CTA passes the first barrier before this one arrives
-  unsigned char* smem = block_smem();
-  if constexpr (kAttention) {  // 0. the layer's attention, into attn
-    attention_phase<HEAD_DIM, BLOCK_SIZE>(attention, smem);
-    next = first_batch<PACKED>(o);
-    grid_sync(bar, round);
-  }
+// The tail's shared memory (decode_block_kernel.smem_bytes' first part): decode_layers
+// keeps its carried rows past it and the attention's halves.
+__device__ __forceinline__ int tail_smem_bytes(int M, int q_size, int hidden, int inter) {
+  const int lda = max(max(q_size, hidden), inter) + 8;
+  return 64 + 4 * ((hidden + 3) / 4 * 4) * (M + 1) + 2 * ((hidden + 7) / 8 * 8) * M + M * lda * 2;
+}
+
+// What the tail's launches pass alike: the products, outputs and scratch, the shapes.
+// y_o, y_down [M, hidden] BF16 and gate_up [M, 2 inter] BF16: the launch's own products;
+// summed [M, hidden] fp32 and normed [M, hidden] BF16 the outputs (normed not written with
+// the next layer's head: its rows go straight into the qkv projection). gate_interleaved:
+// gate_up's rows are (gate j, up j) pairs (the gated packing), else the gate rows, then
+// the up rows. ws and counters: as gemv_phase's, for every projection; bar: grid_sync's
+// two words (zero, left zero).
+struct Tail {
+  unsigned short *y_o, *gate_up, *y_down;
+  float* summed;
+  __nv_bfloat16* normed;
+  float* ws;
+  unsigned *counters, *bar;
+  int M, q_size, hidden, inter, split_o, split_gate_up, split_down, gate_interleaved;
+  float eps;
+};
+
+template <class W>
+__device__ __forceinline__ Projection o_proj(const Tail& t, const W& w) {
+  return {matrix(w, kO), t.y_o, t.hidden, t.q_size, t.split_o};
+}
+
+// The layer's tail (the file's head says how), after the attention: steps 1-5 of layer l
+// of the launch (decode_layers'; decode_tail's: 0 of 1), the CTA's first round of o_proj's
+// weight words already in `next`, `round` grid_round's. attn [M, q_size] BF16
+// (ATTENTION_HERE: this launch's attention wrote it, so it is read through L2); residual
+// [M, hidden] fp32 in global memory (l = 0), else the CTA's own shared copy, `carry`.
+// Before the launch's last layer (l + 1 < layers), every CTA keeps all M rows of summed in
+// carry for the next layer (the same function on the same values in every CTA: the same
+// bits), summed is not written, and the head's queries go to head.q_work. Dynamic shared
+// memory (tail_smem_bytes): the flag and block_sum's scratch, a row of fp32 sums no one
+// reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16, lda
+// halves apart).
+template <bool PACKED, bool ATTENTION_HERE, class W>
+__device__ __forceinline__ void tail_phases(const unsigned short* attn, const float* residual, const W& w,
+                                            const Tail& t, const NextHead& head, Batch next, unsigned& round,
+                                            int l, int layers, float* carry) {
+  const int M = t.M, q_size = t.q_size, hidden = t.hidden, inter = t.inter;
+  const Projection o = o_proj(t, w);
+  unsigned char* const smem = block_smem();
   unsigned* const flag = reinterpret_cast<unsigned*>(smem);
   float* const scratch = reinterpret_cast<float*>(smem + 16);  // block_sum's, 8 floats
   const int row_floats = (hidden + 3) / 4 * 4;                 // 16-byte rows
@@ -342,16 +385,18 @@ __device__ __forceinline__ void decode_tail(
   // The partials of the projections whose consumers fold them (o, gate_up, down) take two
   // rooms of ws in turn, so a phase never writes the partials the phase before left:
   // o and down the first, gate_up (and qkv, which its tiles' last CTAs fold) the second.
-  float* const ws_a = ws;
-  float* const ws_b = ws + max(partial_floats(o, M), partial_floats(down, M));
+  const Projection down_shape{nullptr, t.y_down, hidden, inter, t.split_down};
+  float* const ws_a = t.ws;
+  float* const ws_b = t.ws + max(partial_floats(o, M), partial_floats(down_shape, M));
   const int tid = static_cast<int>(threadIdx.x), me = static_cast<int>(blockIdx.x);
   const int G = static_cast<int>(gridDim.x);
+  const bool carried = l + 1 < layers;
 
   // 1. o_proj over the attention rows (written by this launch's attention: through L2).
   for (int i = tid; i < M * (q_size / 2); i += PERSIST_THREADS) {
     const int m = i / (q_size / 2), k = 2 * (i % (q_size / 2));
     const unsigned short* from = attn + static_cast<long long>(m) * q_size + k;
-    if constexpr (kAttention) {
+    if constexpr (ATTENTION_HERE) {
       x[m * lda + k] = __ldcg(from);
       x[m * lda + k + 1] = __ldcg(from + 1);
     } else {
@@ -359,57 +404,64 @@ __device__ __forceinline__ void decode_tail(
     }
   }
   __syncthreads();
-  gemv_phase<PACKED, false>(x, lda, M, o, next, ws_a, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, o, next, ws_a, t.counters, flag);
+  const Projection up{matrix(w, kGateUp), t.gate_up, 2 * inter, hidden, t.split_gate_up};
   next = first_batch<PACKED>(up);
-  grid_sync(bar, round);
+  grid_sync(t.bar, round);
 
   // 2. o_proj's rows folded into shared memory, the residual add and the MLP's norm, every
   // CTA all rows (summed1 kept in its shared memory for 4.); then gate_up.
   for (int i = tid; i < M * hidden; i += PERSIST_THREADS)
     deltas[i / hidden * row_halves + i % hidden] = product_at(o, ws_a, M, i / hidden, i % hidden);
   __syncthreads();
+  const int residual_stride = l ? row_floats : hidden;
   for (int m = 0; m < M; ++m) {
-    add_rmsnorm_row(residual + static_cast<long long>(m) * hidden, SharedBf16{deltas + m * row_halves}, mlp_norm,
-                    sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps, scratch);
+    add_rmsnorm_row(residual + static_cast<long long>(m) * residual_stride, SharedBf16{deltas + m * row_halves},
+                    norm_weight(w, kMlpNorm), sums + m * row_floats, reinterpret_cast<__nv_bfloat16*>(x + m * lda),
+                    hidden, t.eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
-  gemv_phase<PACKED, false>(x, lda, M, up, next, ws_b, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, up, next, ws_b, t.counters, flag);
+  const Projection down{matrix(w, kDown), t.y_down, hidden, inter, t.split_down};
   next = first_batch<PACKED>(down);
-  grid_sync(bar, round);
+  grid_sync(t.bar, round);
 
   // 3. h = silu(gate) * up of gate_up's folded product, then down_proj.
   for (int i = tid; i < M * inter; i += PERSIST_THREADS) {
     const int m = i / inter, j = i % inter;
-    const int gate_col = gate_interleaved ? 2 * j : j, up_col = gate_interleaved ? 2 * j + 1 : inter + j;
+    const int gate_col = t.gate_interleaved ? 2 * j : j, up_col = t.gate_interleaved ? 2 * j + 1 : inter + j;
     const float gate = __uint_as_float(static_cast<unsigned>(product_at(up, ws_b, M, m, gate_col)) << 16);
     const float up_value = __uint_as_float(static_cast<unsigned>(product_at(up, ws_b, M, m, up_col)) << 16);
     x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up_value)));
   }
   __syncthreads();
-  gemv_phase<PACKED, false>(x, lda, M, down, next, ws_a, counters, flag);
+  gemv_phase<PACKED, false>(x, lda, M, down, next, ws_a, t.counters, flag);
+  const Projection qkv_proj{matrix(w, kQkv), head.qkv,
+                            (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden, head.split_qkv};
   next = first_batch<PACKED>(qkv_proj);  // zeros without the head
-  grid_sync(bar, round);
+  grid_sync(t.bar, round);
 
   // 4. down_proj's rows folded into shared memory, the residual add and the next norm: row
   // m's outputs by CTA m % grid; with the next layer's head, every CTA all rows into its
-  // shared memory, as in 2.
+  // shared memory, as in 2 (and before the launch's last layer, summed's rows too).
   for (int i = tid; i < M * hidden; i += PERSIST_THREADS)
     deltas[i / hidden * row_halves + i % hidden] = product_at(down, ws_a, M, i / hidden, i % hidden);
   __syncthreads();
-  if (!head.w_qkv) {
+  const __nv_bfloat16* const next_norm = norm_weight(w, kNextNorm);
+  if (!qkv_proj.w) {
     for (int m = me; m < M; m += G) {
       const long long at = static_cast<long long>(m) * hidden;
-      add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm, summed + at,
-                      normed + at, hidden, eps, scratch);
+      add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm, t.summed + at,
+                      t.normed + at, hidden, t.eps, scratch);
       __syncthreads();
     }
     return;
   }
   for (int m = 0; m < M; ++m) {
     const long long at = static_cast<long long>(m) * hidden;
-    add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm,
-                    m % G == me ? summed + at : unread, reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, eps,
-                    scratch);
+    float* const to = carried ? carry + m * row_floats : m % G == me ? t.summed + at : unread;
+    add_rmsnorm_row(sums + m * row_floats, SharedBf16{deltas + m * row_halves}, next_norm, to,
+                    reinterpret_cast<__nv_bfloat16*>(x + m * lda), hidden, t.eps, scratch);
     __syncthreads();
   }
 
@@ -417,13 +469,61 @@ __device__ __forceinline__ void decode_tail(
   // each rope item needs only its own few elements), then its rope_kv_write: every (row,
   // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
   // kernel's own), reading the product through L2.
-  gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, counters, flag);
-  grid_sync(bar, round);
-  const int half = head.rope.head_dim >> 1, per_row = (head.rope.heads + head.rope.kv_heads) * half;
+  gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, t.counters, flag);
+  grid_sync(t.bar, round);
+  RopeKvArgs rope = head.rope;
+  rope.layer += l;
+  if (carried) rope.q_out = head.q_work;
+  const int half = rope.head_dim >> 1, per_row = (rope.heads + rope.kv_heads) * half;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
   for (int item = me * PERSIST_THREADS + tid; item < M * per_row; item += G * PERSIST_THREADS) {
     const int r = item / per_row, pair = item % per_row;
-    rope_kv_write_pair<true>(qkv, qkv_proj.N, head.rope, r, pair / half, pair % half);
+    rope_kv_write_pair<true>(qkv, qkv_proj.N, rope, r, pair / half, pair % half);
+  }
+}
+
+// The tail alone (decode_tail's entry points), after the attention's own launch: o_proj's
+// first weight round loaded before the PDL wait (a weight never changes, so the kernel
+// before may still run), then the steps.
+template <bool PACKED>
+__device__ __forceinline__ void decode_tail(const unsigned short* attn, const float* residual,
+                                            const ParamWeights& w, const Tail& t, const NextHead& head) {
+  const Batch next = first_batch<PACKED>(o_proj(t, w));
+  pdl_enter();
+  if (t.M < 1 || t.M > DECODE_BLOCK_MAX_ROWS) __trap();
+  unsigned round = grid_round(t.bar);  // no CTA passes the first barrier before this one arrives
+  tail_phases<PACKED, false>(attn, residual, w, t, head, next, round, 0, 1, nullptr);
+}
+
+// `layers` consecutive decode layers in one launch (decode_layer's entry points): layer l
+// (the cache's layer attention.layer + l) runs its attention as virtual CTAs (step 0), a
+// grid barrier, then its tail with its weights from table row l (TableWeights), the next
+// layer's head included where the row has one (writing the cache's layer head.rope.layer
+// + l). Before the last layer, the head's queries go to q_work (the next attention reads
+// them through L2: VIRTUAL's query load), the residual stream stays in each CTA's shared
+// memory (carry, past the attention's and the tail's regions, which the next layer
+// overwrites), and a grid barrier ends the layer (the queries, keys and values written
+// before the next attention reads them). The last layer writes what one layer's launch
+// writes: summed, and normed or the queries (head.rope.q_out). So `layers` layers give the
+// bits of `layers` one-layer launches in turn.
+template <bool PACKED, int HEAD_DIM, int BLOCK_SIZE, bool LOOP>
+__device__ __forceinline__ void decode_layers(const long long* __restrict__ table, int layers,
+                                              const unsigned short* attn, const float* residual, const Tail& t,
+                                              const NextHead& head, const AttnArgs& attention) {
+  pdl_enter();
+  if (t.M < 1 || t.M > DECODE_BLOCK_MAX_ROWS || (!LOOP && layers != 1)) __trap();
+  unsigned round = grid_round(t.bar);  // no CTA passes the first barrier before this one arrives
+  unsigned char* const smem = block_smem();
+  for (int l = 0; l < (LOOP ? layers : 1); ++l) {
+    const TableWeights w{table, l};
+    attention_phase<HEAD_DIM, BLOCK_SIZE>(attention, smem, l);  // 0. the layer's attention, into attn
+    const Batch next = first_batch<PACKED>(o_proj(t, w));
+    grid_sync(t.bar, round);
+    const int carry_at = (max(tail_smem_bytes(t.M, t.q_size, t.hidden, t.inter),
+                              2 * attention_half_bytes<HEAD_DIM, BLOCK_SIZE>()) + 15) / 16 * 16;
+    float* const carry = reinterpret_cast<float*>(smem + carry_at);
+    tail_phases<PACKED, true>(attn, l ? carry : residual, w, t, head, next, round, l, layers, carry);
+    if (l + 1 < layers) grid_sync(t.bar, round);  // the next layer's queries, keys and values are written
   }
 }
 
@@ -445,66 +545,96 @@ __device__ __forceinline__ void decode_tail(
       const float *__restrict__ cos_table, const float *__restrict__ sin_table, __nv_bfloat16 *__restrict__ q_out, \
       const long long *__restrict__ slots, __nv_bfloat16 *__restrict__ cache, int layer, int num_layers,         \
       int heads, int kv_heads, int block_size, int head_dim
+#define DECODE_TAIL_TAIL                                                                                        \
+  {y_o, gate_up, y_down, summed, normed, ws, counters, bar, M, q_size, hidden, inter, split_o, split_gate_up,   \
+   split_down, gate_interleaved, eps}
 #define DECODE_TAIL_HEAD                                                                                        \
-  {with_head ? w_qkv : nullptr, qkv, split_qkv,                                                                 \
+  {qkv, split_qkv,                                                                                              \
    {positions, cos_table, sin_table, q_out, slots, cache, layer, num_layers, heads, kv_heads, block_size,        \
-    head_dim}}
-#define DECODE_TAIL_PASS                                                                                        \
-  attn, w_o, w_gate_up, w_down, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,       \
-      counters, bar, M, q_size, hidden, inter, split_o, split_gate_up, split_down, gate_interleaved, eps, head
+    head_dim},                                                                                                  \
+   nullptr}
+#define DECODE_TAIL_WEIGHTS {{w_o, w_gate_up, w_down, with_head ? w_qkv : nullptr, mlp_norm, next_norm}}
 
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_plain(DECODE_TAIL_ARGS) {
+  const Tail tail DECODE_TAIL_TAIL;
   const NextHead head DECODE_TAIL_HEAD;
-  decode_tail<false>(DECODE_TAIL_PASS);
+  decode_tail<false>(attn, residual, ParamWeights DECODE_TAIL_WEIGHTS, tail, head);
 }
 
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed(DECODE_TAIL_ARGS) {
+  const Tail tail DECODE_TAIL_TAIL;
   const NextHead head DECODE_TAIL_HEAD;
-  decode_tail<true>(DECODE_TAIL_PASS);
+  decode_tail<true>(attn, residual, ParamWeights DECODE_TAIL_WEIGHTS, tail, head);
 }
 
-// The layer: its attention (AttnArgs: attention_tc.cu's launch arguments, its planned split
-// grid gx x gy), then the tail, in one launch (decode_block_kernel.decode_layer). A (head_dim,
-// block size) of the models served: SmolLM2's 64 with 16- and 32-key blocks, Llama-3.1-8B's
-// 128 with 32.
+// Layers: each one's attention (AttnArgs: attention_tc.cu's launch arguments, its planned
+// split grid gx x gy), then its tail, `layers` of them in one launch (decode_layers; one:
+// decode_block_kernel.decode_layer, more: decode_layers). table: their weights (six
+// device addresses a row, Weight's order). A (head_dim, block size) of the models served:
+// SmolLM2's 64 with 16- and 32-key blocks, Llama-3.1-8B's 128 with 32.
 #define DECODE_LAYER_ARGS                                                                                        \
-  DECODE_TAIL_ARGS, const unsigned short *__restrict__ q, const unsigned short *__restrict__ kv_cache,          \
+  const long long *__restrict__ table, int layers, const unsigned short *attn, const float *__restrict__ residual, \
+      unsigned short *__restrict__ y_o, unsigned short *__restrict__ gate_up, unsigned short *__restrict__ y_down, \
+      float *__restrict__ summed, __nv_bfloat16 *__restrict__ normed, float *__restrict__ ws,                    \
+      unsigned *__restrict__ counters, unsigned *__restrict__ bar, int M, int q_size, int hidden, int inter,     \
+      int split_o, int split_gate_up, int split_down, int gate_interleaved, float eps,                           \
+      unsigned short *__restrict__ qkv, int split_qkv, const int *__restrict__ positions,                        \
+      const float *__restrict__ cos_table, const float *__restrict__ sin_table, __nv_bfloat16 *q_out,             \
+      __nv_bfloat16 *q_work, const long long *__restrict__ slots, __nv_bfloat16 *cache, int head_layer,           \
+      int num_layers, int heads, int kv_heads, int block_size, int head_dim, const unsigned short *q,             \
       const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                                     \
       const int *__restrict__ query_start_loc, float *__restrict__ attn_ws, unsigned *__restrict__ attn_counters, \
-      int num_seqs, int max_blocks, int attn_layer, int attn_num_layers, int attn_heads, int attn_kv_heads,      \
-      int head_parts, int kv_lanes, int attn_gx, int attn_gy, float scale
+      int num_seqs, int max_blocks, int attn_layer, int head_parts, int kv_lanes, int attn_gx, int attn_gy,      \
+      float scale
+#define DECODE_LAYER_HEAD                                                                                       \
+  {qkv, split_qkv,                                                                                              \
+   {positions, cos_table, sin_table, q_out, slots, cache, head_layer, num_layers, heads, kv_heads, block_size,   \
+    head_dim},                                                                                                  \
+   q_work}
 #define DECODE_LAYER_ATTENTION                                                                                  \
-  {const_cast<unsigned short*>(attn), q, kv_cache, block_tables, seq_lens, query_start_loc, attn_ws,            \
-   attn_counters, M, num_seqs, max_blocks, attn_heads, attn_kv_heads, attn_num_layers, attn_layer, head_parts,  \
-   kv_lanes, attn_gx, attn_gy, scale}
+  {const_cast<unsigned short*>(attn), q, reinterpret_cast<const unsigned short*>(cache),                       \
+   reinterpret_cast<const unsigned short*>(q_work), block_tables, seq_lens, query_start_loc, attn_ws,           \
+   attn_counters, M, num_seqs, max_blocks, heads, kv_heads, num_layers, attn_layer, head_parts, kv_lanes,       \
+   attn_gx, attn_gy, scale}
 
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d64_b16(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<false, 64, 16>(DECODE_TAIL_PASS, attention);
+  decode_layers<false, 64, 16, true>(table, layers, attn, residual, tail, head, attention);
 }
+
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d64_b32(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<false, 64, 32>(DECODE_TAIL_PASS, attention);
+  decode_layers<false, 64, 32, true>(table, layers, attn, residual, tail, head, attention);
 }
+
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d128_b32(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<false, 128, 32>(DECODE_TAIL_PASS, attention);
+  decode_layers<false, 128, 32, false>(table, layers, attn, residual, tail, head, attention);
 }
+
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d64_b16(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<true, 64, 16>(DECODE_TAIL_PASS, attention);
+  decode_layers<true, 64, 16, true>(table, layers, attn, residual, tail, head, attention);
 }
+
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d64_b32(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<true, 64, 32>(DECODE_TAIL_PASS, attention);
+  decode_layers<true, 64, 32, true>(table, layers, attn, residual, tail, head, attention);
 }
+
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_packed_d128_b32(DECODE_LAYER_ARGS) {
-  const NextHead head DECODE_TAIL_HEAD;
+  const Tail tail DECODE_TAIL_TAIL;
+  const NextHead head DECODE_LAYER_HEAD;
   const AttnArgs attention DECODE_LAYER_ATTENTION;
-  decode_tail<true, 128, 32>(DECODE_TAIL_PASS, attention);
+  decode_layers<true, 128, 32, false>(table, layers, attn, residual, tail, head, attention);
 }

@@ -13,6 +13,7 @@ the same bits.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,6 +22,9 @@ from . import pdl
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 BY_DEFAULT = False
+# Layers a decode_layers launch runs at most (CupyBackend.attention_layers); None: all of a
+# step's (one launch a step), 1: a launch a layer (bench_gpu_e2e --layers-a-launch).
+MAX_LAYERS_A_LAUNCH: int | None = None
 MAX_ROWS = 16  # decode_block.cu's DECODE_BLOCK_MAX_ROWS: one m16 fragment
 THREADS = 256  # PERSIST_THREADS
 TILE_N = 64  # DECODE_BLOCK_TILE_N: a work item's columns
@@ -116,22 +120,69 @@ def _kernel(name: str, smem: int) -> Any:
     return fn
 
 
+def _tail_buffers(
+    rows: int, w_o: Any, w_gate_up: Any, w_down: Any, w_qkv: Any, eps: float
+) -> tuple[tuple[Any, ...], tuple[Any, Any, Any, Any, int], list[int]]:
+    """What a launch of the tail allocates and passes alike: (the arguments from y_o to eps
+    in DECODE_TAIL_ARGS' order, (summed, normed, qkv or None, the head's split length,
+    qkv's columns), each projection's work items)."""
+    import cupy
+
+    from .gemm_kernel import _device_id, _split_k, split_length
+
+    (hidden, q_size), (two_inter, _) = w_o.shape, w_gate_up.shape
+    inter = two_inter // 2
+    gated = _layout(w_gate_up)[1]  # type: ignore[index]
+    weights = [w_o, w_gate_up, w_down] + ([] if w_qkv is None else [w_qkv])
+    shapes = [tuple(w.shape) for w in weights]
+    splits = [_split_k(n, k) for n, k in shapes]
+    lengths = [split_length(k, s) for (_, k), s in zip(shapes, splits, strict=True)]
+    items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
+    assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
+    bf16, f32, i32 = BF16_BITS, np.float32, np.int32
+    y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
+    gate_up = cupy.empty((rows, two_inter), bf16)
+    summed, normed = cupy.empty((rows, hidden), f32), cupy.empty((rows, hidden), bf16)
+    # the partials' two rooms (decode_block.cu's ws_a: o and down; ws_b: gate_up and qkv)
+    room = [0 if s == 1 else s * rows * n for (n, _), s in zip(shapes, splits, strict=True)]
+    head_room = room[3] if w_qkv is not None else 0
+    ws = cupy.empty(max(1, max(room[0], room[2]) + max(room[1], head_room)), f32)
+    counters = stream_counters("decode tail", COUNTERS, _device_id())
+    qkv = None if w_qkv is None else cupy.empty((rows, shapes[3][0]), bf16)
+    args = (y_o, gate_up, y_down, summed, normed, ws, counters, counters[COUNTERS - 2 :], i32(rows),
+            i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]), i32(gated), f32(eps))  # fmt: skip
+    head = (summed, normed, qkv, lengths[3] if w_qkv is not None else 0,
+            shapes[3][0] if w_qkv is not None else 0)  # fmt: skip
+    return args, head, items
+
+
+def _launch(name: str, smem: int, items: int, num_ctas: int | None, args: tuple) -> None:
+    """A cooperative launch of `name`: one CTA an SM the device holds (refused before any
+    launch where it holds none), no more than `items` nor `num_ctas`."""
+    from .gemm_kernel import _device_id
+
+    fn = _kernel(name, smem)
+    resident = _resident_ctas(name, smem, _device_id())
+    if resident < 1:
+        raise RuntimeError(
+            f"{name}: no SM holds a CTA of {THREADS} threads and {smem} B of shared memory; "
+            "turn decode_block_kernel.BY_DEFAULT off"
+        )
+    grid = grid_size(resident if num_ctas is None else min(num_ctas, resident), items)
+    launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem, cooperative=True)
+
+
 def decode_tail(
     attn: Any, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
-    layer: tuple[str, int, int, tuple[Any, ...]] | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """(summed, normed) of the layer's tail: as add_rmsnorm(add_rmsnorm(residual, attn @
     w_o^T, mlp_norm) ... ) computes them op by op (decode_block.py's twin), in one launch;
     with `head`, (summed, q): the next layer's rope_kv_write of normed @ w_qkv^T (the keys
     and values into the cache, the rotated queries returned), in the same launch.
-    `num_ctas` (tests) caps the grid; by default one CTA an SM. `layer` (decode_layer's):
-    the entry point that runs the layer's attention first, its shared memory for that, the
-    CTAs its planned grid has, and its attention arguments after the tail's; attn is then
-    that attention's output."""
+    `num_ctas` (tests) caps the grid; by default one CTA an SM."""
     import cupy
 
-    from .gemm_kernel import _device_id, _split_k, split_length
     from .launchers import check_rope_kv_write
 
     check("attn", attn, BF16_BITS, 2)
@@ -143,75 +194,44 @@ def decode_tail(
             f"decode_tail does not take {rows} rows of these weights (decode_block_kernel.takes)"
         )
     (hidden, q_size), (two_inter, _) = w_o.shape, w_gate_up.shape
-    inter = two_inter // 2
     if attn.shape[1] != q_size or residual.shape != (rows, hidden):
         raise ValueError(
             f"attn must be [{rows}, {q_size}] and residual [{rows}, {hidden}]; got "
             f"{tuple(attn.shape)} and {tuple(residual.shape)}"
         )
     packed = _layout(w_o)[0] == "packed"  # type: ignore[index]
-    gated = _layout(w_gate_up)[1]  # type: ignore[index]
-    weights = [w_o, w_gate_up, w_down] + ([] if w_qkv is None else [w_qkv])
-    shapes = [tuple(w.shape) for w in weights]
-    splits = [_split_k(n, k) for n, k in shapes]
-    lengths = [split_length(k, s) for (_, k), s in zip(shapes, splits, strict=True)]
-    items = [-(-n // TILE_N) * s for (n, _), s in zip(shapes, splits, strict=True)]
-    assert max(-(-n // TILE_N) for n, _ in shapes) + 2 <= COUNTERS, "a counter a tile"
-    device = _device_id()
-    bf16, f32, i32 = BF16_BITS, np.float32, np.int32
-    y_o, y_down = cupy.empty((rows, hidden), bf16), cupy.empty((rows, hidden), bf16)
-    gate_up = cupy.empty((rows, two_inter), bf16)
-    summed = cupy.empty((rows, hidden), f32)
-    # the partials' two rooms (decode_block.cu's ws_a: o and down; ws_b: gate_up and qkv)
-    room = [0 if s == 1 else s * rows * n for (n, _), s in zip(shapes, splits, strict=True)]
-    ws = cupy.empty(max(1, max(room[0], room[2]) + max(room[1], room[3] if head else 0)), f32)
-    counters = stream_counters("decode tail", COUNTERS, device)
-    bar = counters[COUNTERS - 2 :]
+    tail, (summed, normed, qkv, split_qkv, qkv_cols), items = _tail_buffers(
+        rows, w_o, w_gate_up, w_down, w_qkv, eps
+    )
+    i32 = np.int32
     if head is None:
-        normed = cupy.empty((rows, hidden), bf16)
         unused_slots = cupy.empty(1, np.int64)  # never read: the kernel runs no head
-        head_args: tuple[Any, ...] = (i32(0), y_o, y_o, i32(1), counters, residual, residual, y_o,
-                                      unused_slots, y_o, *(i32(0),) * 6)  # fmt: skip
+        head_args: tuple[Any, ...] = (i32(0), normed, normed, i32(1), summed, summed, summed, normed,
+                                      unused_slots, normed, *(i32(0),) * 6)  # fmt: skip
     else:
-        qkv_cols = shapes[3][0]
         head_dim = head.cache.shape[-1]
         num_layers, kv_heads, block_size = check_rope_kv_write(
             (rows, qkv_cols // head_dim, head_dim), head.positions, head.cos, head.sin, head.cache,
             head.layer, head.slot_mapping, head.num_heads,
         )  # fmt: skip
-        normed = cupy.empty((rows, head.num_heads, head_dim), bf16)  # the rotated queries
-        qkv = cupy.empty((rows, qkv_cols), bf16)
-        head_args = (i32(1), w_qkv.data if packed else w_qkv, qkv, i32(lengths[3]), head.positions,
+        normed = cupy.empty((rows, head.num_heads, head_dim), BF16_BITS)  # the rotated queries
+        head_args = (i32(1), w_qkv.data if packed else w_qkv, qkv, i32(split_qkv), head.positions,
                      head.cos, head.sin, normed, head.slot_mapping, head.cache, i32(head.layer),
                      i32(num_layers), i32(head.num_heads), i32(kv_heads), i32(block_size),
                      i32(head_dim))  # fmt: skip
-    smem = smem_bytes(rows, q_size, hidden, inter)
-    name = "decode_tail_packed" if packed else "decode_tail_plain"
-    if layer is not None:
-        name, attention_smem, attention_ctas, attention_args = layer
-        smem = max(smem, attention_smem)
-        items.append(-(-attention_ctas // 2))  # two planned CTAs a CTA at once
-    else:
-        attention_args = ()
-    fn = _kernel(name, smem)
-    resident = _resident_ctas(name, smem, device)
-    if resident < 1:
-        raise RuntimeError(
-            f"decode_tail: no SM holds a CTA of {THREADS} threads and {smem} B of shared memory; "
-            "turn decode_block_kernel.BY_DEFAULT off"
-        )
-    grid = grid_size(resident if num_ctas is None else min(num_ctas, resident), max(items))
     data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
-    args = (attn, *data, residual, mlp_norm, next_norm, y_o, gate_up, y_down, summed, normed, ws,
-            counters, bar, i32(rows), i32(q_size), i32(hidden), i32(inter), *map(i32, lengths[:3]),
-            i32(gated), f32(eps), *head_args, *attention_args)  # fmt: skip
-    launch_kernel(fn, (grid,), (THREADS,), args, shared_mem=smem, cooperative=True)
+    args = (attn, *data, residual, mlp_norm, next_norm, *tail, *head_args)
+    name = "decode_tail_packed" if packed else "decode_tail_plain"
+    _launch(name, smem_bytes(rows, q_size, hidden, two_inter // 2), max(items), num_ctas, args)
     return summed, normed
 
 
 # The (head_dim, block size) pairs decode_block.cu's decode_layer entry points take: the
-# default model's head_dim 64 with 16- and 32-key blocks, Llama-3.1-8B's 128 with 32.
+# default model's head_dim 64 with 16- and 32-key blocks, Llama-3.1-8B's 128 with 32;
+# LOOP_SHAPES those that run more than one layer a launch (decode_layers' LOOP: at 128,
+# the loop's state would spill the attention's registers).
 LAYER_SHAPES = ((64, 16), (64, 32), (128, 32))
+LOOP_SHAPES = ((64, 16), (64, 32))
 
 
 class Attention(NamedTuple):
@@ -226,12 +246,51 @@ class Attention(NamedTuple):
     scale: float
 
 
+class LayerWeights(NamedTuple):
+    """A layer's weights in decode_layers' launch: its tail's, and w_qkv, the next layer's
+    bias-free qkv projection where its head joins the launch (else None: the last layer's
+    alone may lack it)."""
+
+    w_o: Any
+    w_gate_up: Any
+    w_down: Any
+    mlp_norm: Any
+    next_norm: Any
+    w_qkv: Any = None
+
+
+class Rope(NamedTuple):
+    """rope_kv_write's arguments after the product for the launch's first head (NextHead's
+    after w_qkv): layer l's head writes the cache's layer `layer` + l."""
+
+    positions: Any
+    cos: Any
+    sin: Any
+    cache: Any
+    layer: int
+    slot_mapping: Any
+    num_heads: int
+
+
 def _attention_half_bytes(head_dim: int, block_size: int) -> int:
     """decode_block.cu's attention_half_bytes: the deep ring, then a CtaWork (32 bytes),
     each rounded to 16 bytes."""
     from .attention_tc_kernel import smem_bytes as ring_bytes
 
     return -(-ring_bytes(head_dim, block_size, deep=True) // 16) * 16 + 32
+
+
+def layers_smem_bytes(rows: int, q_size: int, hidden: int, inter: int, head_dim: int,
+                      block_size: int, layers: int) -> int:  # fmt: skip
+    """decode_layers' shared memory: the tail's layout or the attention's two halves,
+    whichever is larger; with more than one layer, then the carried residual rows (fp32,
+    16-byte rows: decode_block.cu's carry)."""
+    base = max(
+        smem_bytes(rows, q_size, hidden, inter), 2 * _attention_half_bytes(head_dim, block_size)
+    )
+    if layers == 1:
+        return base
+    return -(-base // 16) * 16 + rows * 4 * (-(-hidden // 4) * 4)
 
 
 def layer_plan(attention: Attention, rows: int) -> Any:
@@ -252,6 +311,153 @@ def layer_plan(attention: Attention, rows: int) -> Any:
     return grid if grid.splits and grid.num_work_items > 0 else None
 
 
+def layers_take(attention: Attention, layers: Sequence[LayerWeights]) -> bool:
+    """Whether decode_layers runs these layers in one launch (layer_plan aside): the tail's
+    rule (`takes`) for the first, the others of its shapes and layouts, every layer but the
+    last with its head, a (head_dim, block size) in LOOP_SHAPES for more than one, and the
+    shared memory within MAX_SMEM."""
+    first = layers[0]
+    rows, _, head_dim = attention.q.shape
+    if not takes(rows, first.w_o, first.w_gate_up, first.w_down, first.w_qkv):
+        return False
+    if len(layers) > 1 and (head_dim, attention.cache.shape[4]) not in LOOP_SHAPES:
+        return False
+    key = _signature(first)
+    if any(w.w_qkv is None for w in layers[:-1]):
+        return False
+    if any(_signature(w) != key[: 3 + (w.w_qkv is not None)] for w in layers[1:]):
+        return False
+    (hidden, q_size), (two_inter, _) = first.w_o.shape, first.w_gate_up.shape
+    smem = layers_smem_bytes(rows, q_size, hidden, two_inter // 2, head_dim, attention.cache.shape[4],
+                             len(layers))  # fmt: skip
+    return smem <= MAX_SMEM
+
+
+def _signature(w: LayerWeights) -> tuple:
+    """Each weight's (shape, layout): what one table's rows must share."""
+    mats = [w.w_o, w.w_gate_up, w.w_down] + ([] if w.w_qkv is None else [w.w_qkv])
+    return tuple((tuple(m.shape), _layout(m)) for m in mats)
+
+
+_TABLES: dict[tuple[int, ...], tuple[Any, tuple[Any, ...]]] = {}
+
+
+def layer_table(layers: Sequence[LayerWeights]) -> Any:
+    """decode_block.cu's table of the layers' weights: six device addresses a row (w_o,
+    w_gate_up, w_down, w_qkv or 0, mlp_norm, next_norm: its Weight order), made once for a
+    sequence of layers and kept (with the arrays, so their addresses stay theirs): the
+    model's decode steps, eager or captured in a CUDA graph, reuse it."""
+    import cupy
+
+    from .gemm_kernel import _device_id
+    from .gemm_sm90_kernel import PackedWeight
+
+    key = (_device_id(), *(id(x) for w in layers for x in w))
+    found = _TABLES.get(key)
+    if found is not None:
+        return found[0]
+
+    def address(x: Any) -> int:
+        if x is None:
+            return 0
+        return int((x.data if isinstance(x, PackedWeight) else x).data.ptr)
+
+    rows = [[address(w.w_o), address(w.w_gate_up), address(w.w_down), address(w.w_qkv),
+             address(w.mlp_norm), address(w.next_norm)] for w in layers]  # fmt: skip
+    table = cupy.asarray(np.array(rows, dtype=np.int64))
+    _TABLES[key] = (table, tuple(layers))
+    return table
+
+
+def decode_layers(
+    attention: Attention, layers: Sequence[LayerWeights], residual: Any, eps: float, *,
+    rope: Rope | None = None, num_ctas: int | None = None, plan: Any = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """Consecutive decode layers in one launch: layer l (the cache's layer attention.layer
+    + l) runs its attention (the tensor-core kernel's body on its planned split grid,
+    `layer_plan`: the same for every layer of a step), then decode_tail's work with
+    layers[l]'s weights, its next layer's head included where layers[l].w_qkv is given (its
+    rope_kv_write into the cache's layer rope.layer + l). Returns the last layer's
+    (summed, normed), or (summed, q) where its head ran. The same bits as the layers'
+    attention and tail op by op, layer after layer (`layers_take` says what it runs)."""
+    import cupy
+
+    from .attention_kernel import MAX_SPLIT_COUNTERS, check_inputs, kv_chunks, workspace_floats
+    from .attention_tc_kernel import ROWS_PER_CTA
+    from .gemm_kernel import _device_id
+    from .launchers import check_rope_kv_write
+
+    check("residual", residual, np.float32, 2)
+    q, cache = attention.q, attention.cache
+    rows, num_heads, head_dim = q.shape
+    attn = check_inputs(*attention, out=None, max_group=ROWS_PER_CTA)  # [T, heads, head_dim]
+    plan = layer_plan(attention, rows) if plan is None else plan  # the caller's, if it has it
+    if plan is None or not layers or not layers_take(attention, layers):
+        raise ValueError(
+            "decode_layers does not take these layers (decode_block_kernel.layer_plan, layers_take)"
+        )
+    first = layers[0]
+    (hidden, q_size), (two_inter, _) = first.w_o.shape, first.w_gate_up.shape
+    if residual.shape != (rows, hidden) or q_size != num_heads * head_dim:
+        raise ValueError(
+            f"residual must be [{rows}, {hidden}] and the queries {q_size} wide; got "
+            f"{tuple(residual.shape)} and {num_heads} x {head_dim}"
+        )
+    num_layers, block_size, kv_heads = cache.shape[1], cache.shape[4], cache.shape[3]
+    last = layers[-1].w_qkv is not None  # the last layer's head runs too
+    heads = len(layers) - 1 + last
+    if (rope is None) != (heads == 0) or attention.layer + len(layers) > num_layers:
+        raise ValueError(
+            f"decode_layers: {len(layers)} layers from {attention.layer} of {num_layers}, "
+            f"{heads} heads, rope {'given' if rope else 'missing'}"
+        )
+    w_qkv = next((w.w_qkv for w in layers if w.w_qkv is not None), None)  # the heads' shape
+    tail, (summed, normed, qkv, split_qkv, qkv_cols), items = _tail_buffers(
+        rows, first.w_o, first.w_gate_up, first.w_down, w_qkv, eps
+    )
+    i32 = np.int32
+    q_work = cupy.empty((rows, num_heads, head_dim), BF16_BITS)  # the later layers' queries
+    if rope is None:  # never read: the kernel runs no head
+        positions, table = cupy.empty(1, np.int32), cupy.empty(1, np.float32)
+        qkv = cupy.empty((1, 1), BF16_BITS)
+        head_args: tuple[Any, ...] = (qkv, i32(1), positions, table, table, normed, q_work,
+                                      cupy.empty(1, np.int64), cache, i32(0))  # fmt: skip
+    else:
+        if rope.cache is not cache or rope.num_heads != num_heads:
+            raise ValueError("decode_layers: the heads write the attention's cache and heads")
+        if rope.layer + heads > num_layers:
+            raise ValueError(f"decode_layers: heads from layer {rope.layer} past {num_layers}")
+        check_rope_kv_write(
+            (rows, qkv_cols // head_dim, head_dim), rope.positions, rope.cos, rope.sin, cache,
+            rope.layer, rope.slot_mapping, num_heads,
+        )  # fmt: skip
+        if last:
+            normed = cupy.empty((rows, num_heads, head_dim), BF16_BITS)  # the rotated queries
+        head_args = (qkv, i32(split_qkv), rope.positions, rope.cos, rope.sin, normed, q_work,
+                     rope.slot_mapping, cache, i32(rope.layer))  # fmt: skip
+    num_seqs, max_blocks = attention.block_tables.shape
+    workspace = cupy.empty(workspace_floats(rows, num_heads, head_dim, kv_chunks(max_blocks, block_size)),
+                           dtype=np.float32)  # fmt: skip
+    assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
+    packed = _layout(first.w_o)[0] == "packed"  # type: ignore[index]
+    args = (
+        layer_table(layers), i32(len(layers)), attn, residual, *tail, *head_args, i32(num_layers),
+        i32(num_heads), i32(kv_heads), i32(block_size), i32(head_dim), q, attention.block_tables,
+        attention.seq_lens, attention.query_start_loc, workspace,
+        stream_counters("attention splits", MAX_SPLIT_COUNTERS, _device_id()), i32(num_seqs),
+        i32(max_blocks), i32(attention.layer), i32(plan.head_parts), i32(plan.kv_lanes),
+        i32(plan.grid[0]), i32(plan.grid[1]), np.float32(attention.scale),
+    )  # fmt: skip
+    name = f"decode_layer_{'packed' if packed else 'plain'}_d{head_dim}_b{block_size}"
+    smem = layers_smem_bytes(
+        rows, q_size, hidden, two_inter // 2, head_dim, block_size, len(layers)
+    )
+    _launch(
+        name, smem, max(*items, -(-plan.num_ctas // 2)), num_ctas, args
+    )  # two planned CTAs a CTA
+    return summed, normed
+
+
 def decode_layer(
     attention: Attention, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
@@ -259,37 +465,10 @@ def decode_layer(
 ) -> tuple[Any, Any]:  # fmt: skip
     """A decode layer in one launch: its attention (the tensor-core kernel's body on its
     planned split grid, `layer_plan`), then decode_tail's work on its output, with `head`
-    too. Returns decode_tail's (summed, normed or the next layer's queries)."""
-    import cupy
-
-    from .attention_kernel import MAX_SPLIT_COUNTERS, check_inputs, kv_chunks, workspace_floats
-    from .attention_tc_kernel import ROWS_PER_CTA
-    from .gemm_kernel import _device_id
-
-    q, cache = attention.q, attention.cache
-    rows, num_heads, head_dim = q.shape
-    attn = check_inputs(*attention, out=None, max_group=ROWS_PER_CTA)  # [T, heads, head_dim]
-    plan = layer_plan(attention, rows) if plan is None else plan  # the caller's, if it has it
-    if plan is None:
-        raise ValueError(
-            "decode_layer does not take this attention (decode_block_kernel.layer_plan)"
-        )
-    num_seqs, max_blocks = attention.block_tables.shape
-    block_size = cache.shape[4]
-    device = _device_id()
-    workspace = cupy.empty(workspace_floats(rows, num_heads, head_dim, kv_chunks(max_blocks, block_size)),
-                           dtype=np.float32)  # fmt: skip
-    assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
-    i32 = np.int32
-    extra = (
-        q, cache, attention.block_tables, attention.seq_lens, attention.query_start_loc, workspace,
-        stream_counters("attention splits", MAX_SPLIT_COUNTERS, device), i32(num_seqs),
-        i32(max_blocks), i32(attention.layer), i32(cache.shape[1]), i32(num_heads), i32(cache.shape[3]),
-        i32(plan.head_parts), i32(plan.kv_lanes), i32(plan.grid[0]), i32(plan.grid[1]),
-        np.float32(attention.scale),
-    )  # fmt: skip
-    layout = "packed" if _layout(w_o)[0] == "packed" else "plain"  # type: ignore[index]
-    layer = (f"decode_layer_{layout}_d{head_dim}_b{block_size}",
-             2 * _attention_half_bytes(head_dim, block_size), plan.num_ctas, extra)  # fmt: skip
-    return decode_tail(attn.reshape(rows, num_heads * head_dim), w_o, w_gate_up, w_down, residual,
-                       mlp_norm, next_norm, eps, head=head, num_ctas=num_ctas, layer=layer)  # fmt: skip
+    too. Returns decode_tail's (summed, normed or the next layer's queries):
+    decode_layers of this one layer."""
+    weights = LayerWeights(w_o, w_gate_up, w_down, mlp_norm, next_norm,
+                           None if head is None else head.w_qkv)  # fmt: skip
+    rope = None if head is None else Rope(*head[1:])
+    return decode_layers(attention, [weights], residual, eps, rope=rope, num_ctas=num_ctas,
+                         plan=plan)  # fmt: skip

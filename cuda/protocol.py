@@ -91,6 +91,7 @@ class Backend(Protocol):
     decode_tail_qkv: Callable[..., Any]  # decode_tail, then the next gemm_rope_kv_write
     attention_tail: Callable[..., Any]  # paged_attention, then decode_tail, maybe one kernel
     attention_tail_qkv: Callable[..., Any]  # paged_attention, then decode_tail_qkv, likewise
+    attention_layers: Callable[..., Any]  # attention_tail_qkv layer after layer, likewise
     argmax: Callable[..., Any]
 
     def penalize(self, logits: Any, penalties: Penalties) -> None: ...

@@ -28,6 +28,25 @@ EPS = 1e-5
 SHAPES = {"emulated": (384, 256, 512), "uneven": (512, 320, 704)}
 
 
+@pytest.fixture(autouse=True)
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The emulated device has one SM (emucupy's properties), so a persistent grid would be
+    one CTA whatever a test asks: here it has 16 (the occupancy calculator asked afresh),
+    so `num_ctas` makes the grid. Returns each persistent launch's CTAs, in order."""
+    monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 16)
+    decode_block_kernel._resident_ctas.cache_clear()
+    grids: list[int] = []
+    launch = decode_block_kernel.launch_kernel
+
+    def counted(fn, grid, *args, **kwargs):
+        grids.append(grid[0])
+        return launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(decode_block_kernel, "launch_kernel", counted)
+    yield grids
+    decode_block_kernel._resident_ctas.cache_clear()
+
+
 def operands(rng: np.random.Generator, rows: int, q_size: int, hidden: int, inter: int) -> dict:
     def bf16(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(BF16)
@@ -87,13 +106,16 @@ def same_bits(got: tuple, want: tuple) -> None:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_the_persistent_tail_gives_the_op_by_op_bits(emulated: None, shape: str, rows: int) -> None:
+def test_the_persistent_tail_gives_the_op_by_op_bits(
+    emulated: None, launched: list[int], shape: str, rows: int
+) -> None:
     from reprise.cuda.cupy_backend import CupyBackend
 
     d = operands(np.random.default_rng(rows + len(shape)), rows, *SHAPES[shape])
     want = op_by_op(CupyBackend(), d)
     for num_ctas in (1, 3, 7):  # fewer CTAs than items, one a tile, ...
         same_bits(persistent(d, num_ctas), want)
+    assert launched == [1, 3, 7]  # the grids asked
     twin = decode_tail_ref(**d, eps=EPS)
     np.testing.assert_allclose(want[0], twin[0], rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(
@@ -265,43 +287,49 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm() -> None:
         assert used.registers * decode_block_kernel.THREADS <= 65536, (kernel, used)
 
 
-@pytest.mark.parametrize("prompt_len", [45, 300], ids=["one-chunk", "two-chunks"])
+@pytest.mark.parametrize("prompt_len", [45, 300], ids=["short", "two-chunks"])
+@pytest.mark.parametrize("per_launch", [None, 1], ids=["all-layers", "a-layer"])
 def test_the_engine_with_the_persistent_layer_changes_no_logit(
-    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch, prompt_len: int
-) -> None:
+    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch, prompt_len: int,
+    per_launch: int | None,
+) -> None:  # fmt: skip
     """The emulated engine (the tensor-core attention) with decode_block_kernel.BY_DEFAULT
     on, its grids of 4 CTAs, decode steps eager and replayed from CUDA graphs (PDL's
     default mode): every logit of two requests batched and decoded together equals the
-    op-by-op engine's, each request alone. Where a decode step's attention splits (its
-    block table past one KV chunk of 256 keys: always past 256 tokens) each layer is one
-    persistent launch, attention and all (decode_layer); where it does not, the attention
-    keeps its own launch (one lane: layer_plan) and the rest of the layer is one
-    (decode_tail). The prefills (past 16 rows) run op by op."""
+    op-by-op engine's, each request alone. Where a decode step's attention splits, its
+    layers after the first head run as persistent launches, attention and all
+    (decode_layers: every layer in one, or one a launch with MAX_LAYERS_A_LAUNCH = 1);
+    where it does not (one lane: layer_plan), each attention keeps its own launch and the
+    rest of its layer is one (decode_tail). The prefills (past 16 rows) run op by op."""
     engines = Engines(model_dir, "tensor-cores")
     prompts = [random_prompt(prompt_len, seed=5), random_prompt(prompt_len - 30, seed=6)]
     want = [
         engines(enable_reuse=False).generate(p, q) for p, q in zip(prompts, PARAMS, strict=True)
     ]
-    ran: dict[str, list[int]] = {"decode_layer": [], "decode_tail": []}
-    for name, rows in (
-        ("decode_layer", lambda a: a[0].q.shape[0]),
-        ("decode_tail", lambda a: a[0].shape[0]),
+    ran: dict[str, list[tuple[int, int]]] = {"decode_layers": [], "decode_tail": []}
+    for name, shape in (
+        ("decode_layers", lambda a: (a[0].q.shape[0], len(a[1]))),
+        ("decode_tail", lambda a: (a[0].shape[0], 1)),
     ):
         launch = getattr(decode_block_kernel, name)
         monkeypatch.setattr(decode_block_kernel, name,
-                            lambda *a, _n=name, _l=launch, _r=rows, **k: ran[_n].append(_r(a)) or _l(*a, **k))  # fmt: skip
+                            lambda *a, _n=name, _l=launch, _s=shape, **k: ran[_n].append(_s(a)) or _l(*a, **k))  # fmt: skip
     monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)
+    monkeypatch.setattr(decode_block_kernel, "MAX_LAYERS_A_LAUNCH", per_launch)
     monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 4)
     monkeypatch.setattr(pdl, "active", lambda: "graphs")
+    num_layers = engines.config.num_layers
     for graphs in (False, True):
         for calls in ran.values():
             calls.clear()
         got = engines(cuda_graphs=graphs).generate(prompts, PARAMS)
         assert_identical(got, want)
-        # the decode steps' rows (the prefills' are more); decode_layer's tail counts too
-        assert ran["decode_tail"] and set(ran["decode_tail"]) <= {1, 2}, ran
-        if prompt_len > 256:
-            assert ran["decode_layer"], ran
+        # the decode steps' rows (the prefills' are more)
+        assert ran["decode_layers"] or ran["decode_tail"], ran
+        assert {rows for rows, _ in ran["decode_layers"] + ran["decode_tail"]} <= {1, 2}, ran
+        assert {n for _, n in ran["decode_layers"]} <= {per_launch or num_layers}, ran
+        if prompt_len > 256:  # every step's block table is past one KV chunk: it splits
+            assert ran["decode_layers"] and not ran["decode_tail"], ran
 
 
 def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
@@ -344,7 +372,7 @@ def attention_case(rng: np.random.Generator, seq_lens: list[int], *, heads: int 
 @pytest.mark.parametrize("seq_lens", [[700], [300, 37, 700]], ids=["alone", "three"])
 @pytest.mark.parametrize("with_head", [False, True], ids=["last-layer", "with-head"])
 def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
-    emulated: None, seq_lens: list[int], with_head: bool
+    emulated: None, launched: list[int], seq_lens: list[int], with_head: bool
 ) -> None:
     """decode_layer (the layer's attention run in the persistent launch as virtual CTAs of
     the tensor-core kernel, two a CTA, on its planned split grid, then the tail) against
@@ -390,6 +418,83 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
         return [to_host(out[0], bf16=False), to_host(out[1]), to_host(cache)]
 
     got, want = run(True), run(False)
+    assert launched == [4]  # one launch, of the CTAs asked
+    for g, w, what in zip(got, want, ("summed", "normed or q", "cache"), strict=True):
+        assert g.shape == w.shape, what
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "last_head", "num_ctas"),
+    [([700], False, 4), ([300, 37, 700], True, 3)],
+    ids=["alone-last-norm", "three-last-head"],
+)
+@pytest.mark.parametrize("reversed_ctas", [False, True], ids=["ctas-up", "ctas-down"])
+def test_layers_in_one_launch_give_the_layer_by_layer_bits(
+    emulated: None, emu_lib, launched: list[int], seq_lens: list[int], last_head: bool,
+    num_ctas: int, reversed_ctas: bool,
+) -> None:  # fmt: skip
+    """decode_layers (three layers, each its attention as virtual CTAs then its tail with
+    the next layer's head, the residual stream carried in shared memory between them, the
+    later layers' queries through the launch's own buffer) against the same layers one at a
+    time op by op (layer_by_layer on CupyBackend's attention_tail_qkv and attention_tail:
+    the tensor-core attention's launch, then the tail's ops): the residual stream, the
+    last layer's normed rows or next queries, and every byte of the cache (each layer's
+    new keys and values written where the next layer's attention reads them). Its CTAs
+    take turns first to last or last to first (the emulator runs the grid as one cluster,
+    a CTA as far as it goes alone): so a CTA that passes a barrier ahead of the others
+    differs between the two, and a layer's attention reading queries before every CTA
+    has written them fails one."""
+    from reprise.cuda.backend import layer_by_layer
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.rope import rope_table
+
+    rng = np.random.default_rng(len(seq_lens) + 20 * last_head)
+    q_size, hidden, inter = SHAPES["emulated"]
+    rows, first = len(seq_lens), 1
+    case = attention_case(rng, seq_lens, layers=5)
+    layers = [operands(rng, rows, q_size, hidden, inter) for _ in range(3)]
+    w_qkv = [(rng.standard_normal(((6 + 4) * 64, hidden)) * hidden**-0.5).astype(BF16)
+             for _ in layers]  # fmt: skip
+    cos, sin = rope_table(64, 4096, 10000.0)
+    positions = np.array(seq_lens, dtype=np.int32)  # the next token's position
+    slots = rng.choice(case["cache"].shape[0] * 16, rows, replace=False).astype(np.int64)
+
+    def run(persistent: bool) -> list[np.ndarray]:
+        cache = to_device(case["cache"])
+        attention = decode_block_kernel.Attention(
+            to_device(case["q"]), cache, first, to_device(case["block_tables"]),
+            to_device(case["seq_lens"]), to_device(case["query_start_loc"]), case["scale"],
+        )  # fmt: skip
+        weights = [
+            decode_block_kernel.LayerWeights(
+                *(to_device(d[k]) for k in ("w_o", "w_gate_up", "w_down", "mlp_norm", "next_norm")),
+                to_device(w) if i < len(layers) - 1 or last_head else None,
+            )
+            for i, (d, w) in enumerate(zip(layers, w_qkv, strict=True))
+        ]
+        rope = (to_device(positions), to_device(cos), to_device(sin), cache, to_device(slots), 6)
+        residual = to_device(layers[0]["residual"])
+        if persistent:
+            plan = decode_block_kernel.layer_plan(attention, rows)
+            assert plan is not None and decode_block_kernel.layers_take(attention, weights)
+            out = decode_block_kernel.decode_layers(
+                attention, weights, residual, EPS, num_ctas=num_ctas,
+                rope=decode_block_kernel.Rope(*rope[:4], first + 1, *rope[4:]),
+            )  # fmt: skip
+        else:
+            ops = CupyBackend(attention="tensor-cores")
+            out = layer_by_layer(ops, tuple(attention), weights, residual, EPS, rope)
+        return [to_host(out[0], bf16=False), to_host(out[1]), to_host(cache)]
+
+    want = run(False)
+    emu_lib.set_reversed_ctas(int(reversed_ctas))
+    try:
+        got = run(True)
+    finally:
+        emu_lib.set_reversed_ctas(0)
+    assert launched == [num_ctas]  # one launch, of the CTAs asked
     for g, w, what in zip(got, want, ("summed", "normed or q", "cache"), strict=True):
         assert g.shape == w.shape, what
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what

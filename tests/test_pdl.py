@@ -42,11 +42,16 @@ WEIGHT_PROLOGUE_BODIES = (
 # The tensor-core attention kernel's entry points call pdl_enter() inside the kernel, after
 # its metadata and the KV pages no running grid writes (test_only_old_pages_...).
 ATTENTION_PROLOGUE_BODIES = ("paged_attention_tc<",)
-# The persistent layer tail's entry points (decode_block.cu) build their head's arguments,
-# then decode_tail loads its first weight words before its pdl_enter()
-# (test_the_persistent_tail_reads_only_its_weight_before_the_wait).
-TAIL_PROLOGUE_BODIES = ("const NextHead head DECODE_TAIL_HEAD;",)
-LAYER_ATTENTION = "const AttnArgs attention DECODE_LAYER_ATTENTION;"
+# The persistent layer tail's entry points (decode_block.cu) build their arguments, then
+# decode_tail loads its first weight words before its pdl_enter(), and decode_layers calls
+# it first (test_the_persistent_tail_reads_only_its_weight_before_the_wait).
+TAIL_PROLOGUE_BODIES = ("const Tail tail DECODE_TAIL_TAIL;",)
+TAIL_DECLARED = ["const Tail tail DECODE_TAIL_TAIL;", "const NextHead head DECODE_TAIL_HEAD;"]
+LAYER_DECLARED = [
+    "const Tail tail DECODE_TAIL_TAIL;",
+    "const NextHead head DECODE_LAYER_HEAD;",
+    "const AttnArgs attention DECODE_LAYER_ATTENTION;",
+]
 # Entry points that read their metadata before pdl_enter() in their own body (checked by
 # test_rope_kv_write_reads_only_its_place_before_the_wait).
 EARLY_METADATA_KERNELS = ("rope_kv_write",)
@@ -89,11 +94,11 @@ def test_every_kernel_enters_through_pdl_first() -> None:
 
 
 def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
-    """decode_block.cu: each entry point's body, before decode_tail, only builds its head's
-    arguments (and decode_layer's, its attention's); decode_tail, before its one
-    pdl_enter(), only names its projections and (the tail's launch) loads the first round
-    of o_proj's weight words (first_batch, load_batch: __ldg of the weight's rows alone, a
-    constant no grid writes)."""
+    """decode_block.cu: each entry point's body, before its call, only builds its
+    arguments (the tail's, its head's, and decode_layer's, its attention's); decode_tail,
+    before its one pdl_enter(), only loads the first round of o_proj's weight words
+    (o_proj of its parameters, first_batch, load_batch: __ldg of the weight's rows alone,
+    a constant no grid writes); decode_layers calls pdl_enter() first."""
     source = (Path(pdl.__file__).parent / "decode_block.cu").read_text()
 
     def body_of(signature: str) -> str:
@@ -103,21 +108,18 @@ def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     for entry in ENTRY.finditer(source):
         body = source[entry.end() : source.index("\n}\n", entry.end())]
         assert body.lstrip().startswith(TAIL_PROLOGUE_BODIES), body[:80]
-        # the head (and decode_layer's attention) declared, then the call
-        declared = [
-            line.strip() for line in body[: body.index("decode_tail<")].strip().splitlines()
-        ]
-        assert declared in ([*TAIL_PROLOGUE_BODIES], [*TAIL_PROLOGUE_BODIES, LAYER_ATTENTION]), (
-            declared
-        )
+        call = "decode_tail<" if "decode_tail<" in body else "decode_layers<"
+        declared = [line.strip() for line in body[: body.index(call)].strip().splitlines()]
+        assert declared == (TAIL_DECLARED if call == "decode_tail<" else LAYER_DECLARED), declared
     tail = body_of("void decode_tail(")
     assert tail.count("pdl_enter();") == 1
     before = tail[: tail.index("pdl_enter();")]
-    # (the tail's launch; decode_layer's loads them after its attention, past the wait)
-    assert "if constexpr (!kAttention) next = first_batch<PACKED>(o);" in before
-    for touch in ("x[", "attn", "residual", "ws", "counters", "__ldg", "__ldcg", "gemv_phase",
-                  "grid_sync", "smem"):  # fmt: skip
-        assert touch not in before, touch
+    assert before.strip("{ \n") == "const Batch next = first_batch<PACKED>(o_proj(t, w));", before
+    o_proj = body_of("Projection o_proj(")
+    assert o_proj.strip("{ \n") == "return {matrix(w, kO), t.y_o, t.hidden, t.q_size, t.split_o};"
+    one_line = "const void* weight_of(const ParamWeights& w, Weight i) { return w.w[i]; }"
+    assert one_line in source  # the tail's weights: its launch's parameters
+    assert body_of("void decode_layers(").strip("{ \n").startswith("pdl_enter();")
     loads = body_of("void load_batch(") + body_of("Batch first_batch(")
     assert loads.count("__ldg(") == 1 and "weight_row<PACKED>(p.w," in loads
     for touch in ("__ldcg", "p.y", "atomic", "x[", "= *"):

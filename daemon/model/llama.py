@@ -127,22 +127,34 @@ class LlamaModel:
             return ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args(idx))
 
         q = head(x, 0)
-        for idx, layer in enumerate(self.layers):
-            # attention, then o_proj and down_proj, whose outputs go only into the residual
-            # add and the next norm: the layer from its attention on, maybe one kernel
-            # (attention_tail), with the next layer's head where it is bias-free
-            # (attention_tail_qkv)
-            attention = (q, kv_cache, idx, tables, seq_lens, starts, scale)
-            tail = (layer.o_proj, layer.gate_up_proj, layer.down_proj, residual, layer.mlp_norm,
-                    self._next_norm[idx], eps)  # fmt: skip
-            following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None
-            if following is not None and following.qkv_bias is None:
-                qkv = (following.qkv_proj, *rope_args(idx + 1))
-                residual, q = ops.attention_tail_qkv(attention, tail, qkv)
-                continue
-            residual, x = ops.attention_tail(attention, tail)
-            if following is not None:
-                q = head(x, idx + 1)
+        if all(layer.qkv_bias is None for layer in self.layers):
+            # each layer from its attention on, with the next layer's head: the layers
+            # after the first head together, maybe one kernel (attention_layers)
+            last = len(self.layers) - 1
+            layers = [(layer.o_proj, layer.gate_up_proj, layer.down_proj, layer.mlp_norm,
+                       self._next_norm[idx], self.layers[idx + 1].qkv_proj if idx < last else None)
+                      for idx, layer in enumerate(self.layers)]  # fmt: skip
+            residual, x = ops.attention_layers(
+                (q, kv_cache, 0, tables, seq_lens, starts, scale), layers, residual, eps,
+                (positions, cos, sin, kv_cache, slots, num_heads),
+            )  # fmt: skip
+        else:  # a qkv bias: the layers one at a time
+            for idx, layer in enumerate(self.layers):
+                # attention, then o_proj and down_proj, whose outputs go only into the residual
+                # add and the next norm: the layer from its attention on, maybe one kernel
+                # (attention_tail), with the next layer's head where it is bias-free
+                # (attention_tail_qkv)
+                attention = (q, kv_cache, idx, tables, seq_lens, starts, scale)
+                tail = (layer.o_proj, layer.gate_up_proj, layer.down_proj, residual, layer.mlp_norm,
+                        self._next_norm[idx], eps)  # fmt: skip
+                following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None
+                if following is not None and following.qkv_bias is None:
+                    qkv = (following.qkv_proj, *rope_args(idx + 1))
+                    residual, q = ops.attention_tail_qkv(attention, tail, qkv)
+                    continue
+                residual, x = ops.attention_tail(attention, tail)
+                if following is not None:
+                    q = head(x, idx + 1)
         # x is now the final norm's output; only the rows that sample need the lm_head.
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]

@@ -81,7 +81,7 @@ inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 
 namespace emu {
 // Run a grid's CTAs last to first (set_reversed_ctas in driver.cpp): a kernel whose result
-// depends on which CTA runs last shows it.
+// depends on which CTA runs last shows it. A cluster's (run_cta) take turns last to first.
 inline bool g_reversed_ctas = false;
 // When set (a permutation of the grid's CTA indices, y * grid.x + x), launch() runs the
 // CTAs in this order instead; the caller keeps it alive and as long as the grid.
@@ -333,7 +333,10 @@ inline void run_cta() {
     g_cta.wait[t] = Wait::kRunning;
   }
   const int patience = g_cta.ctas > 1 ? 50 : 1000;  // idle rounds before a CTA counts as stuck
-  int active = 0;  // the CTA whose threads run (a cluster's: one at a time)
+  // the CTA whose threads run (a cluster's: one at a time); g_reversed_ctas: the last
+  // first, then down, so another CTA runs on from each barrier's release
+  const int step = g_reversed_ctas ? g_cta.ctas - 1 : 1;
+  int active = g_reversed_ctas ? g_cta.ctas - 1 : 0;
   int stuck = 0;   // CTAs in a row found stuck since the last progress
   for (;;) {
     bool done = true;
@@ -367,7 +370,7 @@ inline void run_cta() {
     }
     // This CTA can go no further alone: run the next one that has a thread to run.
     if (g_cta.ctas > 1 && ++stuck < 2 * 1000 / patience * g_cta.ctas) {
-      do active = (active + 1) % g_cta.ctas;
+      do active = (active + step) % g_cta.ctas;
       while (!cta_live(static_cast<unsigned>(active)));
       g_progress = false;
       continue;
@@ -421,6 +424,10 @@ inline int __ldcg(const int* p) {
   return *p;
 }
 inline unsigned short __ldcg(const unsigned short* p) {
+  emu::check_ready(p, sizeof *p);
+  return *p;
+}
+inline unsigned __ldcg(const unsigned* p) {
   emu::check_ready(p, sizeof *p);
   return *p;
 }
