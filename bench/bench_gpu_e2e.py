@@ -768,18 +768,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="cap every weight's split count for this run (gemm_kernel's "
                         "MAX_SPLITS; 1: no split-K): a rule to compare, never to serve, since "
                         "rows of other split counts are other bits (DESIGN §4)")  # fmt: skip
+    parser.add_argument("--layers-a-launch", type=int, default=None,
+                        help="where the persistent decode layer runs "
+                        "(decode_block_kernel.BY_DEFAULT), at most this many layers a launch "
+                        "(MAX_LAYERS_A_LAUNCH; default: a step's all); the same bits either "
+                        "way")  # fmt: skip
     args = parser.parse_args(argv)
     if args.max_splits is not None and args.max_splits < 1:
         parser.error(f"--max-splits must be >= 1; got {args.max_splits}")
-    from reprise.cuda import gemm_kernel
+    if args.layers_a_launch is not None and args.layers_a_launch < 1:
+        parser.error(f"--layers-a-launch must be >= 1; got {args.layers_a_launch}")
+    from reprise.cuda import decode_block_kernel, gemm_kernel
 
-    rule = gemm_kernel.MAX_SPLITS
+    rule, per_launch = gemm_kernel.MAX_SPLITS, decode_block_kernel.MAX_LAYERS_A_LAUNCH
     if args.max_splits is not None:  # read when each weight is loaded: before the model is built
         gemm_kernel.MAX_SPLITS = args.max_splits
+    decode_block_kernel.MAX_LAYERS_A_LAUNCH = args.layers_a_launch
     try:
         return _run(parser, args, argv)
     finally:
         gemm_kernel.MAX_SPLITS = rule
+        decode_block_kernel.MAX_LAYERS_A_LAUNCH = per_launch
 
 
 def projection_splits(config: Any) -> dict[str, int]:
@@ -820,6 +829,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
     bench = Bench(args)
     out["load_s"] = bench.load_s
     out["max_splits"] = args.max_splits
+    out["layers_a_launch"] = args.layers_a_launch
     out["splits"] = projection_splits(bench.config)
     print(f"model built and uploaded in {bench.load_s:.1f} s", flush=True)
     print("split counts: " + ", ".join(f"{k} {v}" for k, v in out["splits"].items()), flush=True)

@@ -26,6 +26,12 @@
 //      its shared memory, row m's summed written by CTA m % grid alone, then
 //   5. its share of the next layer's qkv items; grid barrier; its share of the product's
 //      rope_kv_write (the rotated queries out, the keys and values into their cache slots).
+// The decode_layer entry points run consecutive layers so (decode_layers): a grid barrier
+// after each layer's step 5, the next one's from step 0, its weights from a table, so a
+// step's layers after its first head are one launch (the default model: ~30 launches a
+// step become one). Between layers the residual stream stays in each CTA's shared memory
+// (step 4 writes every row there, every CTA the same bits) and the queries go to the
+// launch's own buffer, which the next attention reads through L2.
 //
 // NOTE: the invariance argument (DESIGN §4): every value is one the op-by-op path
 // computes, by the same operations in the same order.
@@ -47,6 +53,9 @@
 //   - Attention: attention_tc.cuh's paged_attention_tc itself on the standalone launch's
 //     planned split grid, each planned CTA on half a CTA's threads (VIRTUAL: its own ring,
 //     work item and named barrier): the same pages, chunk states and merge.
+//   - Layers in one launch: each layer's values are the one-layer launch's; the residual
+//     carried in shared memory is the fp32 summed it would write, the queries the BF16 it
+//     would write (the same function on the same values).
 // Reads of what other CTAs wrote in this launch go through L2 (__ldcg).
 #include "common.cuh"
 #include "rmsnorm.cuh"  // add_rmsnorm_row

@@ -4,7 +4,10 @@ MLP's norm, gate_up, silu * up, down_proj, the residual add and the next norm, a
 CTAs meet at grid barriers (issue 18; twin: decode_block.py). A cooperative launch of the
 CTAs the device holds at once (the driver's occupancy calculator), one an SM.
 
-`takes` says whether a call can run it; `decode_tail` runs it. `BY_DEFAULT` (off until a
+`decode_layer` runs a layer with its attention first, `decode_layers` consecutive layers
+(a step's, after its first head) in one launch.
+
+`takes` says whether a call can run the tail; `decode_tail` runs it. `BY_DEFAULT` (off until a
 GPU has timed it: bench/results/PENDING.md) makes CupyBackend.decode_tail and
 decode_tail_qkv take it where `takes` allows; off, the backend runs the op-by-op path, to
 the same bits.

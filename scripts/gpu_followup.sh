@@ -183,7 +183,10 @@ part tail_test 240 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" 
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tail_test.out" | tail -5
 flag_part tail_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1,4 --out "$OUT/gpu_e2e_tail_default.json"
 grep -E "^(decode|ttft)|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_default.out" | cut -c1-150 | head -24
+# the same with one layer a launch (decode_layer's launches, not one decode_layers a step)
+flag_part tail_layer_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --layers-a-launch 1 --out "$OUT/gpu_e2e_tail_layer_default.json"
+grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_layer_default.out" | cut -c1-150 | head -20
 flag_part tail_fused_default 30 decode_block_kernel.BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT,attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_fused_default.json"
 grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
 flag_part tail_e2e 60 decode_block_kernel.BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail.json"
-grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20
+grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|decode_layer)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20

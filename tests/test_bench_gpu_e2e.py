@@ -171,3 +171,33 @@ def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) 
     assert seen == [rule, 1, 3]
     with pytest.raises(SystemExit):
         main([*base, "--max-splits", "0"])
+
+
+def test_layers_a_launch_caps_the_persistent_layers_for_the_run_only(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`--layers-a-launch 1` runs the persistent decode layers one a launch for the run
+    (decode_block_kernel.MAX_LAYERS_A_LAUNCH while it builds and runs), says so, refuses 0,
+    and leaves the setting as it was."""
+    from reprise.bench import bench_gpu_e2e
+    from reprise.cuda import decode_block_kernel
+
+    before = decode_block_kernel.MAX_LAYERS_A_LAUNCH
+    base = ["--like", "tiny", "--backend", "numpy", "--sections", ""]
+    seen = []
+    split_counts = bench_gpu_e2e.projection_splits
+
+    def spy(cfg):  # type: ignore[no-untyped-def]
+        seen.append(decode_block_kernel.MAX_LAYERS_A_LAUNCH)
+        return split_counts(cfg)
+
+    monkeypatch.setattr(bench_gpu_e2e, "projection_splits", spy)
+    for cap in (None, 1):
+        out = tmp_path / f"e2e-{cap}.json"
+        extra = [] if cap is None else ["--layers-a-launch", str(cap)]
+        assert main([*base, "--out", str(out), *extra]) == 0
+        assert json.loads(out.read_text())["layers_a_launch"] == cap
+        assert decode_block_kernel.MAX_LAYERS_A_LAUNCH == before
+    assert seen == [None, 1]
+    with pytest.raises(SystemExit):
+        main([*base, "--layers-a-launch", "0"])

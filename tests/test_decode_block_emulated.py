@@ -424,6 +424,15 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what
 
 
+def last_positions(case: dict, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each sequence's last position and its cache slot (its block table's): where a decode
+    step's head writes the token's keys and values, which its next layer's attention reads."""
+    pos = case["seq_lens"] - 1
+    tables = case["block_tables"]
+    blocks = tables[np.arange(len(pos)), pos // block_size].astype(np.int64)
+    return pos.astype(np.int32), blocks * block_size + pos % block_size
+
+
 @pytest.mark.parametrize(
     ("seq_lens", "last_head", "num_ctas"),
     [([700], False, 4), ([300, 37, 700], True, 3)],
@@ -440,7 +449,8 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(
     time op by op (layer_by_layer on CupyBackend's attention_tail_qkv and attention_tail:
     the tensor-core attention's launch, then the tail's ops): the residual stream, the
     last layer's normed rows or next queries, and every byte of the cache (each layer's
-    new keys and values written where the next layer's attention reads them). Its CTAs
+    new keys and values written in its sequence's last slot, which the next layer's
+    attention reads). Its CTAs
     take turns first to last or last to first (the emulator runs the grid as one cluster,
     a CTA as far as it goes alone): so a CTA that passes a barrier ahead of the others
     differs between the two, and a layer's attention reading queries before every CTA
@@ -458,8 +468,7 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(
     w_qkv = [(rng.standard_normal(((6 + 4) * 64, hidden)) * hidden**-0.5).astype(BF16)
              for _ in layers]  # fmt: skip
     cos, sin = rope_table(64, 4096, 10000.0)
-    positions = np.array(seq_lens, dtype=np.int32)  # the next token's position
-    slots = rng.choice(case["cache"].shape[0] * 16, rows, replace=False).astype(np.int64)
+    positions, slots = last_positions(case, 16)  # what the next layer's attention reads
 
     def run(persistent: bool) -> list[np.ndarray]:
         cache = to_device(case["cache"])

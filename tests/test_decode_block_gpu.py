@@ -206,3 +206,62 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, s
                 with_head,
                 what,
             )
+
+
+@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 2100]], ids=["alone", "three"])
+@pytest.mark.parametrize("last_head", [False, True], ids=["last-norm", "last-head"])
+def test_layers_in_one_launch_give_the_layer_by_layer_bits(rng, seq_lens, last_head) -> None:
+    """decode_layers at the default model's shapes (four layers in one launch: each its
+    attention, its tail and the next layer's head; the residual stream carried in shared
+    memory, the later layers' queries through the launch's own buffer) against the same
+    layers one at a time op by op (layer_by_layer on CupyBackend, the flag off): the
+    residual stream, the last layer's normed rows or queries, and every byte of the cache.
+    Each head writes its sequence's last slot, which the next layer's attention reads: what
+    one CTA wrote, another reads after a grid barrier, on a real memory hierarchy (the
+    emulator has no stale L1 to show)."""
+    from test_decode_block_emulated import attention_case, last_positions
+
+    from reprise.cuda import decode_block_kernel
+    from reprise.cuda.backend import layer_by_layer
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.dtypes import BF16
+    from reprise.cuda.rope import rope_table
+
+    _, hidden, _ = SHAPES["default"]
+    heads, kv_heads, head_dim = HEADS["default"]
+    rows, count, first = len(seq_lens), 4, 1
+    ops = CupyBackend(attention="tensor-cores")
+    case = attention_case(rng, seq_lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                          block_size=32, layers=first + count + 1)  # fmt: skip
+    layers = []
+    for i in range(count):
+        w_o, w_gu, w_down, w_qkv = layer_weights(ops, rng, "default")
+        norms = [dev((1 + 0.25 * rng.standard_normal(hidden)).astype(BF16)) for _ in range(2)]
+        head = w_qkv if i < count - 1 or last_head else None
+        layers.append(decode_block_kernel.LayerWeights(w_o, w_gu, w_down, *norms, head))
+    cos, sin = (dev(t) for t in rope_table(head_dim, 8192, 100000.0))
+    positions, slots = (dev(a) for a in last_positions(case, 32))
+    residual = dev((rng.standard_normal((rows, hidden)) * 4).astype(np.float32))
+    results = []
+    for persistent in (False, True, True):  # twice: the counters and barrier left zero
+        cache = dev(case["cache"])
+        attention = decode_block_kernel.Attention(
+            dev(case["q"]), cache, first, dev(case["block_tables"]), dev(case["seq_lens"]),
+            dev(case["query_start_loc"]), case["scale"],
+        )  # fmt: skip
+        rope = (positions, cos, sin, cache, slots, heads)
+        if persistent:
+            assert decode_block_kernel.layer_plan(attention, rows) is not None
+            assert decode_block_kernel.layers_take(attention, layers)
+            out = decode_block_kernel.decode_layers(
+                attention, layers, residual, EPS,
+                rope=decode_block_kernel.Rope(*rope[:4], first + 1, *rope[4:]),
+            )  # fmt: skip
+        else:
+            out = layer_by_layer(ops, tuple(attention), layers, residual, EPS, rope)
+        results.append([host(a) for a in (*out, cache)])
+    for run in results[1:]:
+        for got, want, what in zip(
+            run, results[0], ("summed", "normed or q", "cache"), strict=True
+        ):
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (seq_lens, what)
