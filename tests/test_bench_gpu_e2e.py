@@ -197,7 +197,7 @@ def test_layers_a_launch_caps_the_persistent_layers_for_the_run_only(
         extra = [] if cap is None else ["--layers-a-launch", str(cap)]
         assert main([*base, "--out", str(out), *extra]) == 0
         assert json.loads(out.read_text())["layers_a_launch"] == cap
-        assert decode_block_kernel.MAX_LAYERS_A_LAUNCH == before
+        assert before == decode_block_kernel.MAX_LAYERS_A_LAUNCH
     assert seen == [None, 1]
     with pytest.raises(SystemExit):
         main([*base, "--layers-a-launch", "0"])
