@@ -551,9 +551,11 @@ __device__ __forceinline__ void paged_attention_tc(
   extern __shared__ __align__(16) unsigned short attention_tc_smem[];
   // NOTE: the launcher mirrors kNumThreads and kSmemBytes; a mismatch must fail
   // loudly, not read past the shared buffer (VIRTUAL: the persistent launch checks its own).
-  // A SPLIT_ONLY kernel launched on one lane would merge into shared memory it lacks.
+  // A SPLIT_ONLY launch on one lane is the launcher's mistake (its plan would take the
+  // one-lane kernel); VIRTUAL (decode_block.cu) runs one-lane plans through the workspace
+  // too: each chunk's state stored, then merged by the lone lane, the same bits.
   if ((!VIRTUAL && (blockDim.x != kNumThreads || dynamic_smem_bytes() < static_cast<unsigned>(C::kSmemBytes))) ||
-      (SPLIT_ONLY && kv_lanes < 2))
+      (SPLIT_ONLY && !VIRTUAL && kv_lanes < 2))
     __trap();
   unsigned short* const ring = VIRTUAL ? v.smem : attention_tc_smem;
   float* acc_total = reinterpret_cast<float*>(ring + C::kStages * C::kStageHalves);

@@ -158,7 +158,7 @@ class CupyBackend:
 
     def attention_tail(self, attention: tuple, tail: tuple) -> tuple[Any, Any]:
         """paged_attention then decode_tail: one persistent launch where the tail takes it
-        (decode_tail's rule) and the tensor-core attention's planned grid splits
+        (decode_tail's rule) and the tensor-core attention's plan has an entry point
         (decode_block_kernel.layer_plan), the layer's attention then run inside it; else
         the two ops. The same bits either way."""
         if plan := self._layer_plan(attention, tail):

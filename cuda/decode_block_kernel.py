@@ -297,9 +297,11 @@ def layers_smem_bytes(rows: int, q_size: int, hidden: int, inter: int, head_dim:
 
 
 def layer_plan(attention: Attention, rows: int) -> Any:
-    """The attention's planned split grid (attention_kernel.split_grid, as the standalone
-    launch plans it), or None where decode_layer does not run it: a grid that does not
-    split (its deep ring is the split's), a shape without an entry point, or other rows."""
+    """The attention's planned grid (attention_kernel.split_grid, as the standalone launch
+    plans it), or None where decode_layer does not run it: a shape without an entry point,
+    or other rows. A one-lane plan (a short block table, or many sequences) runs as the
+    split kernel's body too, its lone lane merging its chunks through the workspace: the
+    chunks and their merge order are the one-lane kernel's, so the same bits."""
     from .attention_kernel import split_grid
     from .attention_tc_kernel import ROWS_PER_CTA
 
@@ -311,7 +313,7 @@ def layer_plan(attention: Attention, rows: int) -> Any:
     num_seqs, max_blocks = attention.block_tables.shape
     grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,
                       block_size, ROWS_PER_CTA)  # fmt: skip
-    return grid if grid.splits and grid.num_work_items > 0 else None
+    return grid if grid.num_work_items > 0 else None
 
 
 def layers_take(attention: Attention, layers: Sequence[LayerWeights]) -> bool:

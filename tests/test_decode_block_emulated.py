@@ -296,11 +296,11 @@ def test_the_engine_with_the_persistent_layer_changes_no_logit(
     """The emulated engine (the tensor-core attention) with decode_block_kernel.BY_DEFAULT
     on, its grids of 4 CTAs, decode steps eager and replayed from CUDA graphs (PDL's
     default mode): every logit of two requests batched and decoded together equals the
-    op-by-op engine's, each request alone. Where a decode step's attention splits, its
-    layers after the first head run as persistent launches, attention and all
-    (decode_layers: every layer in one, or one a launch with MAX_LAYERS_A_LAUNCH = 1);
-    where it does not (one lane: layer_plan), each attention keeps its own launch and the
-    rest of its layer is one (decode_tail). The prefills (past 16 rows) run op by op."""
+    op-by-op engine's, each request alone. A decode step's layers after its first head run
+    as persistent launches, attention and all (decode_layers: every layer in one, or one a
+    launch with MAX_LAYERS_A_LAUNCH = 1), whether its attention splits (past one KV chunk
+    of 256 keys) or not (one lane, the short prompt's first steps). The prefills (past 16
+    rows) run op by op."""
     engines = Engines(model_dir, "tensor-cores")
     prompts = [random_prompt(prompt_len, seed=5), random_prompt(prompt_len - 30, seed=6)]
     want = [
@@ -328,8 +328,7 @@ def test_the_engine_with_the_persistent_layer_changes_no_logit(
         assert ran["decode_layers"] or ran["decode_tail"], ran
         assert {rows for rows, _ in ran["decode_layers"] + ran["decode_tail"]} <= {1, 2}, ran
         assert {n for _, n in ran["decode_layers"]} <= {per_launch or num_layers}, ran
-        if prompt_len > 256:  # every step's block table is past one KV chunk: it splits
-            assert ran["decode_layers"] and not ran["decode_tail"], ran
+        assert ran["decode_layers"] and not ran["decode_tail"], ran  # split or one lane
 
 
 def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
@@ -369,7 +368,10 @@ def attention_case(rng: np.random.Generator, seq_lens: list[int], *, heads: int 
     }
 
 
-@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 700]], ids=["alone", "three"])
+@pytest.mark.parametrize(
+    "seq_lens", [[700], [300, 37, 700], [37], [200, 5, 256]],
+    ids=["alone", "three", "one-lane-alone", "one-lane-three"],
+)  # fmt: skip
 @pytest.mark.parametrize("with_head", [False, True], ids=["last-layer", "with-head"])
 def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
     emulated: None, launched: list[int], seq_lens: list[int], with_head: bool
@@ -405,7 +407,8 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
         rope = (to_device(positions), to_device(cos), to_device(sin), cache, 2, to_device(slots), 6)
         head = decode_block_kernel.NextHead(to_device(w_qkv), *rope) if with_head else None
         if persistent:
-            assert decode_block_kernel.layer_plan(attention, rows) is not None  # it splits
+            plan = decode_block_kernel.layer_plan(attention, rows)
+            assert plan is not None and plan.splits == (max(seq_lens) > 256)  # one lane: a chunk
             out = decode_block_kernel.decode_layer(
                 attention, *weights, *rest, EPS, head=head, num_ctas=4
             )

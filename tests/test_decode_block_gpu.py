@@ -146,12 +146,17 @@ def test_the_persistent_tail_engine_changes_no_logit(default_model_dir, monkeypa
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 2100]], ids=["alone", "three"])
+@pytest.mark.parametrize(
+    "seq_lens", [[700], [300, 37, 2100], [37], [200, 5, 256]],
+    ids=["alone", "three", "one-lane-alone", "one-lane-three"],
+)  # fmt: skip
 def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, seq_lens) -> None:
     """decode_layer (the layer's attention as virtual CTAs of the tensor-core kernel inside
     the persistent launch, then the tail and the next layer's head) against the tensor-core
     attention's own launch then decode_tail_qkv: the residual stream, the next layer's
-    queries and every byte of the cache; and without the head (decode_tail)."""
+    queries and every byte of the cache; and without the head (decode_tail). Short tables
+    plan one lane: the standalone launch runs the one-lane kernel, the layer its split
+    kernel's body with the lone lane merging through the workspace."""
     from test_decode_block_emulated import attention_case
 
     from reprise.cuda import decode_block_kernel
@@ -208,7 +213,9 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, s
             )
 
 
-@pytest.mark.parametrize("seq_lens", [[700], [300, 37, 2100]], ids=["alone", "three"])
+@pytest.mark.parametrize(
+    "seq_lens", [[700], [300, 37, 2100], [37]], ids=["alone", "three", "one-lane"]
+)
 @pytest.mark.parametrize("last_head", [False, True], ids=["last-norm", "last-head"])
 def test_layers_in_one_launch_give_the_layer_by_layer_bits(rng, seq_lens, last_head) -> None:
     """decode_layers at the default model's shapes (four layers in one launch: each its
