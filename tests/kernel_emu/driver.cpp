@@ -62,7 +62,7 @@ alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
 // the running fiber's CTA's). __shared__ expands to nothing while the file is read (it
 // brings attention_tc.cuh, whose own-launch path names attention_tc_smem below: never
 // run here, where its CTAs are virtual).
-constexpr unsigned DECODE_BLOCK_SMEM_CAPACITY = 160 * 1024;
+constexpr unsigned DECODE_BLOCK_SMEM_CAPACITY = 200 * 1024;  // decode_block_kernel.MAX_SMEM
 constexpr unsigned DECODE_BLOCK_MAX_CTAS = emu::kMaxFibers / 256;
 namespace decode_block_emu {
 namespace {
