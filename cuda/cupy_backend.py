@@ -71,6 +71,10 @@ class CupyBackend:
         self._streams: dict[str, Any] = {}
         self._touched: dict[str, set[tuple[str, int]]] = {"d2h": set(), "h2d": set()}
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
+        # decode_block_kernel.layer_table of each run of layers attention_layers launched,
+        # by the weights' ids (the weights kept with it, so the ids stay theirs): made on a
+        # step's first run, before any capture, and read by every replay after
+        self._layer_tables: dict[tuple[int, ...], tuple[Any, Any]] = {}
 
     def linear_weight(self, w: np.ndarray) -> Any:
         """A BF16 [out, in] weight on the device, as `gemm` takes it: packed for the
@@ -199,9 +203,12 @@ class CupyBackend:
             group = weights[i : i + per]
             heads = any(w.w_qkv is not None for w in group)
             group_rope = dbk.Rope(positions, cos, sin, cache, att.layer + i + 1, slots, num_heads)
+            key = tuple(id(x) for w in group for x in w)
+            if key not in self._layer_tables:
+                self._layer_tables[key] = (dbk.layer_table(group), group)
             summed, q = dbk.decode_layers(
                 att._replace(q=q, layer=att.layer + i), group, summed, eps,
-                rope=group_rope if heads else None, plan=plan,
+                rope=group_rope if heads else None, plan=plan, table=self._layer_tables[key][0],
             )  # fmt: skip
         return summed, q
 

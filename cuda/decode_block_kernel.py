@@ -344,23 +344,14 @@ def _signature(w: LayerWeights) -> tuple:
     return tuple((tuple(m.shape), _layout(m)) for m in mats)
 
 
-_TABLES: dict[tuple[int, ...], tuple[Any, tuple[Any, ...]]] = {}
-
-
 def layer_table(layers: Sequence[LayerWeights]) -> Any:
     """decode_block.cu's table of the layers' weights: six device addresses a row (w_o,
-    w_gate_up, w_down, w_qkv or 0, mlp_norm, next_norm: its Weight order), made once for a
-    sequence of layers and kept (with the arrays, so their addresses stay theirs): the
-    model's decode steps, eager or captured in a CUDA graph, reuse it."""
+    w_gate_up, w_down, w_qkv or 0, mlp_norm, next_norm: its Weight order). An upload, so a
+    caller that launches in CUDA graphs makes it once, outside the capture, and keeps it
+    as long as the weights (CupyBackend.attention_layers: the backend's, per layers)."""
     import cupy
 
-    from .gemm_kernel import _device_id
     from .gemm_sm90_kernel import PackedWeight
-
-    key = (_device_id(), *(id(x) for w in layers for x in w))
-    found = _TABLES.get(key)
-    if found is not None:
-        return found[0]
 
     def address(x: Any) -> int:
         if x is None:
@@ -369,14 +360,12 @@ def layer_table(layers: Sequence[LayerWeights]) -> Any:
 
     rows = [[address(w.w_o), address(w.w_gate_up), address(w.w_down), address(w.w_qkv),
              address(w.mlp_norm), address(w.next_norm)] for w in layers]  # fmt: skip
-    table = cupy.asarray(np.array(rows, dtype=np.int64))
-    _TABLES[key] = (table, tuple(layers))
-    return table
+    return cupy.asarray(np.array(rows, dtype=np.int64))
 
 
 def decode_layers(
     attention: Attention, layers: Sequence[LayerWeights], residual: Any, eps: float, *,
-    rope: Rope | None = None, num_ctas: int | None = None, plan: Any = None,
+    rope: Rope | None = None, num_ctas: int | None = None, plan: Any = None, table: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """Consecutive decode layers in one launch: layer l (the cache's layer attention.layer
     + l) runs its attention (the tensor-core kernel's body on its planned split grid,
@@ -384,7 +373,8 @@ def decode_layers(
     layers[l]'s weights, its next layer's head included where layers[l].w_qkv is given (its
     rope_kv_write into the cache's layer rope.layer + l). Returns the last layer's
     (summed, normed), or (summed, q) where its head ran. The same bits as the layers'
-    attention and tail op by op, layer after layer (`layers_take` says what it runs)."""
+    attention and tail op by op, layer after layer (`layers_take` says what it runs).
+    `table`: layer_table(layers), if the caller keeps it (else made here)."""
     import cupy
 
     from .attention_kernel import MAX_SPLIT_COUNTERS, check_inputs, kv_chunks, workspace_floats
@@ -423,9 +413,9 @@ def decode_layers(
     i32 = np.int32
     q_work = cupy.empty((rows, num_heads, head_dim), BF16_BITS)  # the later layers' queries
     if rope is None:  # never read: the kernel runs no head
-        positions, table = cupy.empty(1, np.int32), cupy.empty(1, np.float32)
+        positions, angles = cupy.empty(1, np.int32), cupy.empty(1, np.float32)
         qkv = cupy.empty((1, 1), BF16_BITS)
-        head_args: tuple[Any, ...] = (qkv, i32(1), positions, table, table, normed, q_work,
+        head_args: tuple[Any, ...] = (qkv, i32(1), positions, angles, angles, normed, q_work,
                                       cupy.empty(1, np.int64), cache, i32(0))  # fmt: skip
     else:
         if rope.cache is not cache or rope.num_heads != num_heads:
@@ -446,7 +436,7 @@ def decode_layers(
     assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
     packed = _layout(first.w_o)[0] == "packed"  # type: ignore[index]
     args = (
-        layer_table(layers), i32(len(layers)), attn, residual, *tail, *head_args, i32(num_layers),
+        layer_table(layers) if table is None else table, i32(len(layers)), attn, residual, *tail, *head_args, i32(num_layers),
         i32(num_heads), i32(kv_heads), i32(block_size), i32(head_dim), q, attention.block_tables,
         attention.seq_lens, attention.query_start_loc, workspace,
         stream_counters("attention splits", MAX_SPLIT_COUNTERS, _device_id()), i32(num_seqs),
