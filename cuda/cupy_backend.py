@@ -153,7 +153,7 @@ class CupyBackend:
         if decode_block_kernel.BY_DEFAULT and decode_block_kernel.takes(
             attn.shape[0], *weights, w_qkv
         ):
-            head = decode_block_kernel.NextHead(w_qkv, *rope_args)
+            head = decode_block_kernel.NextHead(w_qkv, decode_block_kernel.Rope(*rope_args))
             return decode_block_kernel.decode_tail(
                 attn, *weights, residual, mlp_norm, next_norm, eps, head=head
             )
@@ -177,7 +177,8 @@ class CupyBackend:
         if plan := self._layer_plan(attention, tail, head[0]):
             return decode_block_kernel.decode_layer(
                 decode_block_kernel.Attention(*attention), *tail,
-                head=decode_block_kernel.NextHead(*head), plan=plan,
+                head=decode_block_kernel.NextHead(head[0], decode_block_kernel.Rope(*head[1:])),
+                plan=plan,
             )  # fmt: skip
         attn = self.paged_attention(*attention)
         return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)

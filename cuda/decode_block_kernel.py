@@ -35,11 +35,10 @@ MAX_SMEM = 200 * 1024  # what a CTA may ask (an H100 gives 227 KB; one CTA an SM
 COUNTERS = 4096  # a zero per tile of the widest projection, then the grid barrier's two words
 
 
-class NextHead(NamedTuple):
-    """The next layer's bias-free qkv projection and its rope_kv_write, run in the same
-    launch (CupyBackend.decode_tail_qkv): rope_kv_write's arguments, the weight first."""
+class Rope(NamedTuple):
+    """rope_kv_write's arguments after the product (gemm_rope_kv_write's after the weight).
+    decode_layers: its first head's, layer l's head writing the cache's layer `layer` + l."""
 
-    w_qkv: Any
     positions: Any
     cos: Any
     sin: Any
@@ -47,6 +46,14 @@ class NextHead(NamedTuple):
     layer: int
     slot_mapping: Any
     num_heads: int
+
+
+class NextHead(NamedTuple):
+    """The next layer's bias-free qkv projection and its rope_kv_write, run in the same
+    launch (CupyBackend.decode_tail_qkv)."""
+
+    w_qkv: Any
+    rope: Rope
 
 
 def smem_bytes(rows: int, q_size: int, hidden: int, inter: int) -> int:
@@ -212,15 +219,15 @@ def decode_tail(
         head_args: tuple[Any, ...] = (i32(0), normed, normed, i32(1), summed, summed, summed, normed,
                                       unused_slots, normed, *(i32(0),) * 6)  # fmt: skip
     else:
-        head_dim = head.cache.shape[-1]
+        rope = head.rope
+        head_dim = rope.cache.shape[-1]
         num_layers, kv_heads, block_size = check_rope_kv_write(
-            (rows, qkv_cols // head_dim, head_dim), head.positions, head.cos, head.sin, head.cache,
-            head.layer, head.slot_mapping, head.num_heads,
+            (rows, qkv_cols // head_dim, head_dim), *rope
         )  # fmt: skip
-        normed = cupy.empty((rows, head.num_heads, head_dim), BF16_BITS)  # the rotated queries
-        head_args = (i32(1), w_qkv.data if packed else w_qkv, qkv, i32(split_qkv), head.positions,
-                     head.cos, head.sin, normed, head.slot_mapping, head.cache, i32(head.layer),
-                     i32(num_layers), i32(head.num_heads), i32(kv_heads), i32(block_size),
+        normed = cupy.empty((rows, rope.num_heads, head_dim), BF16_BITS)  # the rotated queries
+        head_args = (i32(1), w_qkv.data if packed else w_qkv, qkv, i32(split_qkv), rope.positions,
+                     rope.cos, rope.sin, normed, rope.slot_mapping, rope.cache, i32(rope.layer),
+                     i32(num_layers), i32(rope.num_heads), i32(kv_heads), i32(block_size),
                      i32(head_dim))  # fmt: skip
     data = [w.data if packed else w for w in (w_o, w_gate_up, w_down)]
     args = (attn, *data, residual, mlp_norm, next_norm, *tail, *head_args)
@@ -260,19 +267,6 @@ class LayerWeights(NamedTuple):
     mlp_norm: Any
     next_norm: Any
     w_qkv: Any = None
-
-
-class Rope(NamedTuple):
-    """rope_kv_write's arguments after the product for the launch's first head (NextHead's
-    after w_qkv): layer l's head writes the cache's layer `layer` + l."""
-
-    positions: Any
-    cos: Any
-    sin: Any
-    cache: Any
-    layer: int
-    slot_mapping: Any
-    num_heads: int
 
 
 def _attention_half_bytes(head_dim: int, block_size: int) -> int:
@@ -464,6 +458,6 @@ def decode_layer(
     decode_layers of this one layer."""
     weights = LayerWeights(w_o, w_gate_up, w_down, mlp_norm, next_norm,
                            None if head is None else head.w_qkv)  # fmt: skip
-    rope = None if head is None else Rope(*head[1:])
+    rope = None if head is None else head.rope
     return decode_layers(attention, [weights], residual, eps, rope=rope, num_ctas=num_ctas,
                          plan=plan)  # fmt: skip

@@ -189,7 +189,7 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
         )
         rest = [to_device(d[k]) for k in ("residual", "mlp_norm", "next_norm")]
         if persistent:
-            head = decode_block_kernel.NextHead(weights[3], *rope)
+            head = decode_block_kernel.NextHead(weights[3], decode_block_kernel.Rope(*rope))
             summed, q = decode_block_kernel.decode_tail(to_device(d["attn"]), *weights[:3], *rest, EPS,
                                                         head=head, num_ctas=5)  # fmt: skip
         else:
@@ -405,7 +405,11 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
         weights = [to_device(d[k]) for k in ("w_o", "w_gate_up", "w_down")]
         rest = [to_device(d[k]) for k in ("residual", "mlp_norm", "next_norm")]
         rope = (to_device(positions), to_device(cos), to_device(sin), cache, 2, to_device(slots), 6)
-        head = decode_block_kernel.NextHead(to_device(w_qkv), *rope) if with_head else None
+        head = (
+            decode_block_kernel.NextHead(to_device(w_qkv), decode_block_kernel.Rope(*rope))
+            if with_head
+            else None
+        )
         if persistent:
             plan = decode_block_kernel.layer_plan(attention, rows)
             assert plan is not None and plan.splits == (max(seq_lens) > 256)  # one lane: a chunk

@@ -108,7 +108,7 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(rng, shape: str, ro
         cache = dev(cache0)
         rope = (positions, cos, sin, cache, 2, slots, heads)
         if persistent:
-            head = decode_block_kernel.NextHead(w_qkv, *rope)
+            head = decode_block_kernel.NextHead(w_qkv, decode_block_kernel.Rope(*rope))
             summed, q = decode_block_kernel.decode_tail(attn, w_o, w_gu, w_down, residual, *norms, EPS,
                                                         head=head)  # fmt: skip
         else:
@@ -188,7 +188,11 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(rng, shape: str, s
                 dev(case["query_start_loc"]), case["scale"],
             )  # fmt: skip
             rope = (positions, cos, sin, cache, 2, slots, heads)
-            head = decode_block_kernel.NextHead(w_qkv, *rope) if with_head else None
+            head = (
+                decode_block_kernel.NextHead(w_qkv, decode_block_kernel.Rope(*rope))
+                if with_head
+                else None
+            )
             if persistent:
                 assert decode_block_kernel.layer_plan(attention, rows) is not None
                 out = decode_block_kernel.decode_layer(attention, w_o, w_gu, w_down, residual, *norms, EPS,
