@@ -41,11 +41,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 ENV = "REPRISE_PDL"
 MIN_COMPUTE_CAPABILITY = 90
@@ -261,8 +264,32 @@ def occupancy(fn: Any, threads: int, shared_mem: int) -> int:
     return driver().occupancy(fn, threads, shared_mem)
 
 
+# Whether the driver takes a cooperative launch that is also a programmatic dependent
+# (decode_block.cu's, in a graph under PDL): None until the first such launch says.
+# CUDA's documents do not say it may be refused; if it is, the launch is retried
+# cooperative alone, and every one after it so (a dependent's early start is lost, its
+# grid barriers kept), with one warning.
+cooperative_programmatic: bool | None = None
+
+
 def launch(fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
            shared_mem: int, *, programmatic: bool = True, cluster: int = 1,
            cooperative: bool = False) -> None:  # fmt: skip
-    driver().launch(fn, grid, block, args, shared_mem, programmatic=programmatic, cluster=cluster,
-                   cooperative=cooperative)  # fmt: skip
+    global cooperative_programmatic
+    both = cooperative and programmatic
+    if both and cooperative_programmatic is False:
+        programmatic = both = False
+    try:
+        driver().launch(fn, grid, block, args, shared_mem, programmatic=programmatic,
+                        cluster=cluster, cooperative=cooperative)  # fmt: skip
+    except RuntimeError as refused:
+        if not both or cooperative_programmatic is not None:
+            raise
+        driver().launch(fn, grid, block, args, shared_mem, programmatic=False, cluster=cluster,
+                        cooperative=True)  # fmt: skip
+        cooperative_programmatic = False  # only once cooperative alone has launched
+        log.warning("a cooperative launch as a programmatic dependent was refused (%s); "
+                    "cooperative launches wait for the grid before them from now on", refused)  # fmt: skip
+        return
+    if both:
+        cooperative_programmatic = True

@@ -310,6 +310,62 @@ def test_the_launch_config_asks_for_a_cooperative_launch_when_told() -> None:
         assert int.from_bytes(bytes(attrs[0])[8:12], "little") == 1
 
 
+def test_a_refused_cooperative_dependent_launches_cooperative_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver that refuses a cooperative launch that is also a programmatic dependent
+    (CUDA does not say it may; if it does, the persistent layer's first GPU run would be
+    lost): that launch is retried cooperative alone, one warning says so, and every later
+    one goes so at once; other launches keep their attributes. A refusal of the retry, or
+    of any other launch, is raised."""
+    calls: list[tuple[bool, bool]] = []
+
+    class Refusing:
+        refuse_alone = False
+
+        def launch(self, fn, grid, block, args, shared_mem, *, programmatic=True, cluster=1,
+                   cooperative=False):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append((programmatic, cooperative))
+            if cooperative and (programmatic or self.refuse_alone):
+                raise RuntimeError("cuLaunchKernelEx failed: CUDA_ERROR_INVALID_VALUE (1)")
+
+    driver = Refusing()
+    monkeypatch.setattr(pdl, "_driver", driver)
+    monkeypatch.setattr(pdl, "cooperative_programmatic", None)
+    with caplog.at_level("WARNING", logger="reprise.cuda.pdl"):
+        pdl.launch(None, (4,), (256,), (), 0, cooperative=True)
+        pdl.launch(None, (4,), (256,), (), 0, cooperative=True)
+        pdl.launch(None, (4,), (256,), (), 0)
+    assert calls == [(True, True), (False, True), (False, True), (True, False)]
+    assert pdl.cooperative_programmatic is False
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+    driver.refuse_alone = True
+    with pytest.raises(RuntimeError, match="INVALID_VALUE"):
+        pdl.launch(None, (4,), (256,), (), 0, cooperative=True)
+    monkeypatch.setattr(pdl, "cooperative_programmatic", None)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="INVALID_VALUE"):  # the retry refused too
+        pdl.launch(None, (4,), (256,), (), 0, cooperative=True)
+    assert calls == [(True, True), (False, True)] and pdl.cooperative_programmatic is None
+
+
+def test_a_cooperative_dependent_the_driver_takes_keeps_both_attributes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[bool, bool]] = []
+
+    class Taking:
+        def launch(self, fn, grid, block, args, shared_mem, *, programmatic=True, cluster=1,
+                   cooperative=False):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append((programmatic, cooperative))
+
+    monkeypatch.setattr(pdl, "_driver", Taking())
+    monkeypatch.setattr(pdl, "cooperative_programmatic", None)
+    for _ in range(2):
+        pdl.launch(None, (4,), (256,), (), 0, cooperative=True)
+    assert calls == [(True, True)] * 2 and pdl.cooperative_programmatic is True
+
+
 def _cuda_header() -> Path | None:
     for root in (include_dir(), Path("/usr/local/cuda/include")):
         if root is not None and (root / "cuda.h").is_file():
