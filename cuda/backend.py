@@ -22,7 +22,7 @@ from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref, rope_kv_write_ref
 from .penalties import Penalties, penalize_ref
-from .protocol import Backend, CopyDone, Landed, check_tier_copies
+from .protocol import Backend, CopyDone, Landed, check_tier_copies, layer_by_layer
 from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
@@ -285,22 +285,3 @@ def get_backend(name: str) -> Backend:
     from .cupy_backend import CupyBackend
 
     return CupyBackend()
-
-
-def layer_by_layer(
-    ops: Any, attention: tuple, layers: Sequence[tuple], residual: Any, eps: float, rope: tuple
-) -> tuple[Any, Any]:
-    """attention_layers (its arguments) as `ops`' attention_tail_qkv of each layer but the
-    last, then its attention_tail."""
-    q, cache, first, *step = attention
-    positions, cos, sin, rope_cache, slots, num_heads = rope
-    summed = residual
-    for i, (w_o, w_gate_up, w_down, mlp_norm, next_norm, w_qkv) in enumerate(layers):
-        layer_attention = (q, cache, first + i, *step)
-        tail = (w_o, w_gate_up, w_down, summed, mlp_norm, next_norm, eps)
-        if w_qkv is None:
-            assert i == len(layers) - 1, "only the last layer lacks the next one's head"
-            return ops.attention_tail(layer_attention, tail)
-        head = (w_qkv, positions, cos, sin, rope_cache, first + i + 1, slots, num_heads)
-        summed, q = ops.attention_tail_qkv(layer_attention, tail, head)
-    return summed, q

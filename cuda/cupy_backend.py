@@ -18,13 +18,12 @@ from typing import Any
 import numpy as np
 
 from . import decode_block_kernel, launchers, pdl
-from .backend import layer_by_layer
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
 from .penalties_kernel import apply_penalties
-from .protocol import check_tier_copies
+from .protocol import check_tier_copies, layer_by_layer
 from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
@@ -71,9 +70,8 @@ class CupyBackend:
         self._streams: dict[str, Any] = {}
         self._touched: dict[str, set[tuple[str, int]]] = {"d2h": set(), "h2d": set()}
         self._graph_pool: Any = None  # the memory every captured graph's temporaries live in
-        # decode_block_kernel.layer_table of each run of layers attention_layers launched,
-        # by the weights' ids (the weights kept with it, so the ids stay theirs): made on a
-        # step's first run, before any capture, and read by every replay after
+        # decode_block_kernel.layer_table of each run of layers launched (_table), by the
+        # weights' ids (the weights kept with it, so the ids stay theirs)
         self._layer_tables: dict[tuple[int, ...], tuple[Any, Any]] = {}
 
     def linear_weight(self, w: np.ndarray) -> Any:
@@ -166,19 +164,22 @@ class CupyBackend:
         (decode_block_kernel.layer_plan), the layer's attention then run inside it; else
         the two ops. The same bits either way."""
         if plan := self._layer_plan(attention, tail):
+            weights = decode_block_kernel.LayerWeights(*tail[:3], *tail[4:6])
             return decode_block_kernel.decode_layer(
-                decode_block_kernel.Attention(*attention), *tail, plan=plan
-            )
+                decode_block_kernel.Attention(*attention), *tail, plan=plan,
+                table=self._table([weights]),
+            )  # fmt: skip
         attn = self.paged_attention(*attention)
         return self.decode_tail(attn.reshape(attn.shape[0], -1), *tail)
 
     def attention_tail_qkv(self, attention: tuple, tail: tuple, head: tuple) -> tuple[Any, Any]:
         """attention_tail with the next layer's head (decode_tail_qkv's), likewise."""
         if plan := self._layer_plan(attention, tail, head[0]):
+            weights = decode_block_kernel.LayerWeights(*tail[:3], *tail[4:6], head[0])
             return decode_block_kernel.decode_layer(
                 decode_block_kernel.Attention(*attention), *tail,
                 head=decode_block_kernel.NextHead(head[0], decode_block_kernel.Rope(*head[1:])),
-                plan=plan,
+                plan=plan, table=self._table([weights]),
             )  # fmt: skip
         attn = self.paged_attention(*attention)
         return self.decode_tail_qkv(attn.reshape(attn.shape[0], -1), *tail, *head)
@@ -204,14 +205,20 @@ class CupyBackend:
             group = weights[i : i + per]
             heads = any(w.w_qkv is not None for w in group)
             group_rope = dbk.Rope(positions, cos, sin, cache, att.layer + i + 1, slots, num_heads)
-            key = tuple(id(x) for w in group for x in w)
-            if key not in self._layer_tables:
-                self._layer_tables[key] = (dbk.layer_table(group), group)
             summed, q = dbk.decode_layers(
                 att._replace(q=q, layer=att.layer + i), group, summed, eps,
-                rope=group_rope if heads else None, plan=plan, table=self._layer_tables[key][0],
+                rope=group_rope if heads else None, plan=plan, table=self._table(group),
             )  # fmt: skip
         return summed, q
+
+    def _table(self, layers: Sequence[Any]) -> Any:
+        """decode_block_kernel.layer_table of `layers` (LayerWeights): an upload, so made
+        on their first launch (an eager step, or a capture's warm-up run) and kept, with
+        the weights, for every launch after, a graph's replays included."""
+        key = tuple(id(x) for w in layers for x in w)
+        if key not in self._layer_tables:
+            self._layer_tables[key] = (decode_block_kernel.layer_table(layers), tuple(layers))
+        return self._layer_tables[key][0]
 
     def _layer_plan(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> Any:
         """The attention's split plan where the layer launch takes this call, else None."""

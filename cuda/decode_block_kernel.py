@@ -416,6 +416,11 @@ def decode_layers(
             raise ValueError("decode_layers: the heads write the attention's cache and heads")
         if rope.layer + heads > num_layers:
             raise ValueError(f"decode_layers: heads from layer {rope.layer} past {num_layers}")
+        if len(layers) > 1 and rope.layer != attention.layer + 1:  # layer l's head feeds l + 1
+            raise ValueError(
+                f"decode_layers: the first head writes layer {rope.layer}, not the next "
+                f"attention's {attention.layer + 1}"
+            )
         check_rope_kv_write(
             (rows, qkv_cols // head_dim, head_dim), rope.positions, rope.cos, rope.sin, cache,
             rope.layer, rope.slot_mapping, num_heads,
@@ -450,14 +455,14 @@ def decode_layers(
 def decode_layer(
     attention: Attention, w_o: Any, w_gate_up: Any, w_down: Any, residual: Any, mlp_norm: Any,
     next_norm: Any, eps: float, *, head: NextHead | None = None, num_ctas: int | None = None,
-    plan: Any = None,
+    plan: Any = None, table: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """A decode layer in one launch: its attention (the tensor-core kernel's body on its
     planned split grid, `layer_plan`), then decode_tail's work on its output, with `head`
     too. Returns decode_tail's (summed, normed or the next layer's queries):
-    decode_layers of this one layer."""
+    decode_layers of this one layer (`table`: its layer_table, if the caller keeps it)."""
     weights = LayerWeights(w_o, w_gate_up, w_down, mlp_norm, next_norm,
                            None if head is None else head.w_qkv)  # fmt: skip
     rope = None if head is None else head.rope
     return decode_layers(attention, [weights], residual, eps, rope=rope, num_ctas=num_ctas,
-                         plan=plan)  # fmt: skip
+                         plan=plan, table=table)  # fmt: skip

@@ -288,10 +288,14 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm() -> None:
 
 
 @pytest.mark.parametrize("prompt_len", [45, 300], ids=["short", "two-chunks"])
-@pytest.mark.parametrize("per_launch", [None, 1], ids=["all-layers", "a-layer"])
+@pytest.mark.parametrize(
+    ("per_launch", "loop"),
+    [(None, True), (1, True), (None, False)],
+    ids=["all-layers", "a-layer", "layer-calls"],
+)
 def test_the_engine_with_the_persistent_layer_changes_no_logit(
     emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch, prompt_len: int,
-    per_launch: int | None,
+    per_launch: int | None, loop: bool,
 ) -> None:  # fmt: skip
     """The emulated engine (the tensor-core attention) with decode_block_kernel.BY_DEFAULT
     on, its grids of 4 CTAs, decode steps eager and replayed from CUDA graphs (PDL's
@@ -299,8 +303,11 @@ def test_the_engine_with_the_persistent_layer_changes_no_logit(
     op-by-op engine's, each request alone. A decode step's layers after its first head run
     as persistent launches, attention and all (decode_layers: every layer in one, or one a
     launch with MAX_LAYERS_A_LAUNCH = 1), whether its attention splits (past one KV chunk
-    of 256 keys) or not (one lane, the short prompt's first steps). The prefills (past 16
-    rows) run op by op."""
+    of 256 keys) or not (one lane, the short prompt's first steps); and, where no shape
+    loops (LOOP_SHAPES empty, as at head_dim 128), layer by layer through attention_tail_qkv
+    and attention_tail, a decode_layer launch each (their weight tables made before the
+    capture: an upload inside it would fail it). The graphs are replayed, not given up.
+    The prefills (past 16 rows) run op by op."""
     engines = Engines(model_dir, "tensor-cores")
     prompts = [random_prompt(prompt_len, seed=5), random_prompt(prompt_len - 30, seed=6)]
     want = [
@@ -316,18 +323,24 @@ def test_the_engine_with_the_persistent_layer_changes_no_logit(
                             lambda *a, _n=name, _l=launch, _s=shape, **k: ran[_n].append(_s(a)) or _l(*a, **k))  # fmt: skip
     monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)
     monkeypatch.setattr(decode_block_kernel, "MAX_LAYERS_A_LAUNCH", per_launch)
+    if not loop:
+        monkeypatch.setattr(decode_block_kernel, "LOOP_SHAPES", ())
     monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 4)
     monkeypatch.setattr(pdl, "active", lambda: "graphs")
     num_layers = engines.config.num_layers
     for graphs in (False, True):
         for calls in ran.values():
             calls.clear()
+        replays = emucupy.replays()
         got = engines(cuda_graphs=graphs).generate(prompts, PARAMS)
         assert_identical(got, want)
+        assert (emucupy.replays() > replays) == graphs  # captured, then replayed
         # the decode steps' rows (the prefills' are more)
         assert ran["decode_layers"] or ran["decode_tail"], ran
         assert {rows for rows, _ in ran["decode_layers"] + ran["decode_tail"]} <= {1, 2}, ran
-        assert {n for _, n in ran["decode_layers"]} <= {per_launch or num_layers}, ran
+        assert {n for _, n in ran["decode_layers"]} <= {
+            per_launch or (num_layers if loop else 1)
+        }, ran
         assert ran["decode_layers"] and not ran["decode_tail"], ran  # split or one lane
 
 
@@ -462,9 +475,9 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(
     a CTA as far as it goes alone): so a CTA that passes a barrier ahead of the others
     differs between the two, and a layer's attention reading queries before every CTA
     has written them fails one."""
-    from reprise.cuda.backend import layer_by_layer
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.protocol import layer_by_layer
     from reprise.cuda.rope import rope_table
 
     rng = np.random.default_rng(len(seq_lens) + 20 * last_head)

@@ -233,9 +233,9 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(rng, seq_lens, last_h
     from test_decode_block_emulated import attention_case, last_positions
 
     from reprise.cuda import decode_block_kernel
-    from reprise.cuda.backend import layer_by_layer
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.dtypes import BF16
+    from reprise.cuda.protocol import layer_by_layer
     from reprise.cuda.rope import rope_table
 
     _, hidden, _ = SHAPES["default"]
