@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import pdl
+from .gemm_sm90_kernel import PackedWeight
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 BY_DEFAULT = False
@@ -77,8 +78,6 @@ def grid_size(num_sms: int, items: int) -> int:
 
 def _layout(w: Any) -> tuple[str, bool] | None:
     """("packed" | "plain", rows interleaved gate/up) of a weight the kernel reads."""
-    from .gemm_sm90_kernel import PackedWeight
-
     if isinstance(w, PackedWeight):
         return ("packed", w.gated) if w.swizzled else None
     return ("plain", False)
@@ -345,8 +344,6 @@ def layer_table(layers: Sequence[LayerWeights]) -> Any:
     as long as the weights (CupyBackend.attention_layers: the backend's, per layers)."""
     import cupy
 
-    from .gemm_sm90_kernel import PackedWeight
-
     def address(x: Any) -> int:
         if x is None:
             return 0
@@ -421,10 +418,7 @@ def decode_layers(
                 f"decode_layers: the first head writes layer {rope.layer}, not the next "
                 f"attention's {attention.layer + 1}"
             )
-        check_rope_kv_write(
-            (rows, qkv_cols // head_dim, head_dim), rope.positions, rope.cos, rope.sin, cache,
-            rope.layer, rope.slot_mapping, num_heads,
-        )  # fmt: skip
+        check_rope_kv_write((rows, qkv_cols // head_dim, head_dim), *rope)
         if last:
             normed = cupy.empty((rows, num_heads, head_dim), BF16_BITS)  # the rotated queries
         head_args = (qkv, i32(split_qkv), rope.positions, rope.cos, rope.sin, normed, q_work,
@@ -434,10 +428,11 @@ def decode_layers(
                            dtype=np.float32)  # fmt: skip
     assert plan.num_ctas // plan.kv_lanes <= MAX_SPLIT_COUNTERS, "a counter a CTA group"
     packed = _layout(first.w_o)[0] == "packed"  # type: ignore[index]
+    table = layer_table(layers) if table is None else table
     args = (
-        layer_table(layers) if table is None else table, i32(len(layers)), attn, residual, *tail, *head_args, i32(num_layers),
-        i32(num_heads), i32(kv_heads), i32(block_size), i32(head_dim), q, attention.block_tables,
-        attention.seq_lens, attention.query_start_loc, workspace,
+        table, i32(len(layers)), attn, residual, *tail, *head_args, i32(num_layers), i32(num_heads),
+        i32(kv_heads), i32(block_size), i32(head_dim), q, attention.block_tables, attention.seq_lens,
+        attention.query_start_loc, workspace,
         stream_counters("attention splits", MAX_SPLIT_COUNTERS, _device_id()), i32(num_seqs),
         i32(max_blocks), i32(attention.layer), i32(plan.head_parts), i32(plan.kv_lanes),
         i32(plan.grid[0]), i32(plan.grid[1]), np.float32(attention.scale),
@@ -446,9 +441,8 @@ def decode_layers(
     smem = layers_smem_bytes(
         rows, q_size, hidden, two_inter // 2, head_dim, block_size, len(layers)
     )
-    _launch(
-        name, smem, max(*items, -(-plan.num_ctas // 2)), num_ctas, args
-    )  # two planned CTAs a CTA
+    grid_items = max(*items, -(-plan.num_ctas // 2))  # the attention's: two planned CTAs a CTA
+    _launch(name, smem, grid_items, num_ctas, args)
     return summed, normed
 
 
