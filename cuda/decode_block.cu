@@ -24,8 +24,11 @@
 //   4. CTA m % grid: row m's summed = summed1 + y_down and normed = rmsnorm(summed); or,
 //      with the next layer's head (its qkv projection bias-free), every CTA all rows into
 //      its shared memory, row m's summed written by CTA m % grid alone, then
-//   5. its share of the next layer's qkv items; grid barrier; its share of the product's
-//      rope_kv_write (the rotated queries out, the keys and values into their cache slots).
+//   5. its share of the next layer's qkv items, then the product's rope_kv_write (the
+//      rotated queries out, the keys and values into their cache slots): at head_dim 64
+//      (a head a work item's 64 columns) by the CTA that finishes each head's columns, at
+//      once (gemv_phase's rope); else after a grid barrier, its share of every (row,
+//      head, pair).
 // The decode_layer entry points run consecutive layers so (decode_layers): a grid barrier
 // after each layer's step 5, the next one's from step 0, its weights from a table, so a
 // step's layers after its first head are one launch (the default model: ~30 launches a
@@ -178,17 +181,21 @@ __device__ __forceinline__ Batch first_batch(const Projection& p) {
 // blockIdx.x, blockIdx.x + gridDim.x, ... . x: the CTA's shared copy of the M rows, `lda`
 // halves apart. first: first_batch(p), the first round of its first item. ws: [S, M, N]
 // fp32 partials; counters: a zero per tile, left zero; flag: a shared word.
+// Returns (LAST_FOLDS) a mask of the CTA's items whose tile's product it finished: bit j
+// for its j-th item (blockIdx.x + j gridDim.x; the first 32), set where S = 1 or where it
+// folded the tile, so the caller can run what needs a whole tile at once (step 5's rope).
 template <bool PACKED, bool LAST_FOLDS>
-__device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
-                                           const Batch& first, float* __restrict__ ws,
-                                           unsigned* __restrict__ counters, unsigned* flag) {
+__device__ __forceinline__ unsigned gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
+                                               const Batch& first, float* __restrict__ ws,
+                                               unsigned* __restrict__ counters, unsigned* flag) {
   const int splits = (p.K + p.split_len - 1) / p.split_len;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const unsigned short* row_lo = x + g * lda;  // A rows g and g + 8 (zero past M)
   const unsigned short* row_hi = x + (g + 8) * lda;
   bool preloaded = true;
-  for (int item = static_cast<int>(blockIdx.x); item < num_items(p); item += static_cast<int>(gridDim.x)) {
+  unsigned finished = 0u, bit = 1u;
+  for (int item = static_cast<int>(blockIdx.x); item < num_items(p); item += static_cast<int>(gridDim.x), bit <<= 1) {
     const Item it = item_of(p, item);
     const int col0 = it.tile * DECODE_BLOCK_TILE_N + warp * 8;  // the warp's slice
     const int n = lane_column(it.tile);                           // the lane's column of B
@@ -222,17 +229,23 @@ __device__ __forceinline__ void gemv_phase(const unsigned short* x, int lda, int
         if (g < M) store_pair(p.y, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, vec);
         if (g + 8 < M) store_pair(p.y, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, vec);
       }
-      continue;
+    } else {
+      float* slab = ws + static_cast<long long>(it.split) * M * p.N;
+      if (col < p.N) {
+        if (g < M) store_pair(slab, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, false);
+        if (g + 8 < M) store_pair(slab, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, false);
+      }
+      if constexpr (LAST_FOLDS)
+        fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
+            ws, p.y, counters, M, p.N, p.K, p.split_len, 0, it.tile, flag);
     }
-    float* slab = ws + static_cast<long long>(it.split) * M * p.N;
-    if (col < p.N) {
-      if (g < M) store_pair(slab, static_cast<long long>(g) * p.N + col, d[0], d[1], col + 1 < p.N, false);
-      if (g + 8 < M) store_pair(slab, static_cast<long long>(g + 8) * p.N + col, d[2], d[3], col + 1 < p.N, false);
-    }
+    // the tile's product is final here if S = 1, or if this CTA folded it (the flag
+    // fold_split_partials left: no thread writes it again before the next item's fold has
+    // met every thread at its barrier)
     if constexpr (LAST_FOLDS)
-      fold_split_partials<DECODE_BLOCK_MAX_ROWS, DECODE_BLOCK_TILE_N, PERSIST_THREADS>(
-          ws, p.y, counters, M, p.N, p.K, p.split_len, 0, it.tile, flag);
+      if (splits == 1 || *flag != 0u) finished |= bit;
   }
+  return finished;
 }
 
 // Element (m, c) of a projection's product as its BF16 bits, after the grid barrier that
@@ -374,11 +387,14 @@ __device__ __forceinline__ Projection o_proj(const Tail& t, const W& w) {
 // [M, hidden] fp32 in global memory (l = 0), else the CTA's own shared copy, `carry`.
 // Before the launch's last layer (l + 1 < layers), every CTA keeps all M rows of summed in
 // carry for the next layer (the same function on the same values in every CTA: the same
-// bits), summed is not written, and the head's queries go to head.q_work. Dynamic shared
+// bits), summed is not written, and the head's queries go to head.q_work.
+// MAY_ROPE_BY_TILE: the head's rope may run by tile (step 5) where its head_dim allows
+// (off for the head_dim 128 entry points, whose registers have no room for that code).
+// Dynamic shared
 // memory (tail_smem_bytes): the flag and block_sum's scratch, a row of fp32 sums no one
 // reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16, lda
 // halves apart).
-template <bool PACKED, bool ATTENTION_HERE, class W>
+template <bool PACKED, bool ATTENTION_HERE, bool MAY_ROPE_BY_TILE, class W>
 __device__ __forceinline__ void tail_phases(const unsigned short* attn, const float* residual, const W& w,
                                             const Tail& t, const NextHead& head, Batch next, unsigned& round,
                                             int l, int layers, float* carry) {
@@ -478,16 +494,31 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
   }
 
   // 5. the next layer's qkv projection (bias-free; its tiles' last CTAs fold them, since
-  // each rope item needs only its own few elements), then its rope_kv_write: every (row,
-  // head, pair) over the grid's threads, kvcache.cuh's work item (the rope_kv_write
-  // kernel's own), reading the product through L2.
-  gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, t.counters, flag);
-  grid_sync(t.bar, round);
+  // each rope item needs only its own few elements), then its rope_kv_write, kvcache.cuh's
+  // work item (the rope_kv_write kernel's own) reading the product through L2: a head a
+  // tile, by the tile's finishing CTA; else every (row, head, pair) over the grid's
+  // threads after a grid barrier.
   RopeKvArgs rope = head.rope;
   rope.layer += l;
   if (carried) rope.q_out = head.q_work;
-  const int half = rope.head_dim >> 1, per_row = (rope.heads + rope.kv_heads) * half;
+  const unsigned finished = gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, t.counters, flag);
+  // A head a tile (head_dim 64, every item of the CTA's in finished's 32 bits): the CTA
+  // that finished a tile's product writes its head (the rows it stored or folded, read
+  // through L2), with no grid barrier before.
+  const int half = rope.head_dim >> 1;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
+  if (MAY_ROPE_BY_TILE && rope.head_dim == DECODE_BLOCK_TILE_N && num_items(qkv_proj) <= 32 * G) {
+    const int splits = (qkv_proj.K + qkv_proj.split_len - 1) / qkv_proj.split_len;
+    __syncthreads();  // every thread's stores of the CTA's tiles are done
+    for (unsigned f = finished; f != 0u; f &= f - 1u) {
+      const int tile = (me + (__ffs(f) - 1) * G) / splits;
+      for (int e = tid; e < M * half; e += PERSIST_THREADS)
+        rope_kv_write_head_pair<true>(qkv, qkv_proj.N, rope, e / half, tile, e % half);
+    }
+    return;
+  }
+  grid_sync(t.bar, round);
+  const int per_row = (rope.heads + rope.kv_heads) * half;
   for (int item = me * PERSIST_THREADS + tid; item < M * per_row; item += G * PERSIST_THREADS) {
     const int r = item / per_row, pair = item % per_row;
     rope_kv_write_pair<true>(qkv, qkv_proj.N, rope, r, pair / half, pair % half);
@@ -504,7 +535,7 @@ __device__ __forceinline__ void decode_tail(const unsigned short* attn, const fl
   pdl_enter();
   if (t.M < 1 || t.M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned round = grid_round(t.bar);  // no CTA passes the first barrier before this one arrives
-  tail_phases<PACKED, false>(attn, residual, w, t, head, next, round, 0, 1, nullptr);
+  tail_phases<PACKED, false, true>(attn, residual, w, t, head, next, round, 0, 1, nullptr);
 }
 
 // `layers` consecutive decode layers in one launch (decode_layer's entry points): layer l
@@ -534,7 +565,7 @@ __device__ __forceinline__ void decode_layers(const long long* __restrict__ tabl
     const int carry_at = (max(tail_smem_bytes(t.M, t.q_size, t.hidden, t.inter),
                               2 * attention_half_bytes<HEAD_DIM, BLOCK_SIZE>()) + 15) / 16 * 16;
     float* const carry = reinterpret_cast<float*>(smem + carry_at);
-    tail_phases<PACKED, true>(attn, l ? carry : residual, w, t, head, next, round, l, layers, carry);
+    tail_phases<PACKED, true, HEAD_DIM == DECODE_BLOCK_TILE_N>(attn, l ? carry : residual, w, t, head, next, round, l, layers, carry);
     if (l + 1 < layers) grid_sync(t.bar, round);  // the next layer's queries, keys and values are written
   }
 }

@@ -63,27 +63,56 @@ __device__ __forceinline__ RopeKvPlace rope_kv_place(const RopeKvArgs& a, int to
 // rope_kv_write's pair i of head `head` of token `token` (qkv: [tokens, heads + 2 *
 // kv_heads, head_dim] with `token_stride` elements between tokens): a query head (head <
 // heads) rotated into q_out; a key head (heads <= head < heads + kv_heads) rotated into
-// its cache slot, with the same pair of its value head copied beside it.
-// The same, its place (rope_kv_place) read before.
+// its cache slot (rope_rotate_at), with the same pair of its value head copied beside it
+// (value_copy_at). The same, its place (rope_kv_place) read before.
+template <bool THROUGH_L2>
+__device__ __forceinline__ void rope_rotate_at(const __nv_bfloat16* qkv, long long token_stride,
+                                               const RopeKvArgs& a, int token, int head, int i,
+                                               const RopeKvPlace& place) {
+  const int half = a.head_dim >> 1;
+  const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * a.head_dim;
+  const float x1 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i)) << 16);
+  const float x2 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i + half)) << 16);
+  if (head < a.heads) rope_store(a.q_out + ((long long)token * a.heads + head) * a.head_dim, i, half, x1, x2, place.c, place.s);
+  else rope_store(a.cache + place.k_base, i, half, x1, x2, place.c, place.s);
+}
+
+// Pair i (elements i and i + half) of value head `kv_head` of `token` copied as is into
+// the value row beside the key row at k_base.
+template <bool THROUGH_L2>
+__device__ __forceinline__ void value_copy_at(const __nv_bfloat16* qkv, long long token_stride, const RopeKvArgs& a,
+                                              int token, int kv_head, int i, long long k_base) {
+  const int half = a.head_dim >> 1;
+  const __nv_bfloat16* v_row = qkv + token * token_stride + (long long)(a.heads + a.kv_heads + kv_head) * a.head_dim;
+  unsigned short* v_dst = reinterpret_cast<unsigned short*>(a.cache + k_base + (long long)a.kv_heads * a.block_size * a.head_dim);
+  v_dst[i] = bf16_at<THROUGH_L2>(v_row, i);
+  v_dst[i + half] = bf16_at<THROUGH_L2>(v_row, i + half);
+}
+
 template <bool THROUGH_L2>
 __device__ __forceinline__ void rope_kv_write_at(const __nv_bfloat16* qkv, long long token_stride,
                                                  const RopeKvArgs& a, int token, int head, int i,
                                                  const RopeKvPlace& place) {
-  const int half = a.head_dim >> 1;
-  const float c = place.c, s = place.s;
-  const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * a.head_dim;
-  const float x1 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i)) << 16);
-  const float x2 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i + half)) << 16);
-  if (head < a.heads) {
-    rope_store(a.q_out + ((long long)token * a.heads + head) * a.head_dim, i, half, x1, x2, c, s);
+  rope_rotate_at<THROUGH_L2>(qkv, token_stride, a, token, head, i, place);
+  if (head >= a.heads) value_copy_at<THROUGH_L2>(qkv, token_stride, a, token, head - a.heads, i, place.k_base);
+}
+
+// The same computation split by the product's heads rather than by pairs (decode_block.cu:
+// the qkv projection's CTA that finished a head's columns writes that head alone): column
+// head `col_head` of qkv's heads + 2 kv_heads, pair i. A query or key head: rope_rotate_at
+// (as rope_kv_write_pair); a value head: value_copy_at into its key head's slot.
+template <bool THROUGH_L2>
+__device__ __forceinline__ void rope_kv_write_head_pair(const __nv_bfloat16* qkv, long long token_stride,
+                                                        const RopeKvArgs& a, int token, int col_head, int i) {
+  const int kv_end = a.heads + a.kv_heads;
+  if (col_head < kv_end) {
+    rope_rotate_at<THROUGH_L2>(qkv, token_stride, a, token, col_head, i, rope_kv_place(a, token, col_head, i));
     return;
   }
-  const long long k_base = place.k_base;
-  rope_store(a.cache + k_base, i, half, x1, x2, c, s);
-  const __nv_bfloat16* v_row = row + (long long)a.kv_heads * a.head_dim;  // value head head - heads
-  unsigned short* v_dst = reinterpret_cast<unsigned short*>(a.cache + k_base + (long long)a.kv_heads * a.block_size * a.head_dim);
-  v_dst[i] = bf16_at<THROUGH_L2>(v_row, i);
-  v_dst[i + half] = bf16_at<THROUGH_L2>(v_row, i + half);
+  const int kv_head = col_head - kv_end;
+  const long long k_base = key_row(__ldg(a.slots + token), a.layer, a.num_layers, kv_head, a.kv_heads, a.block_size,
+                                   a.head_dim);
+  value_copy_at<THROUGH_L2>(qkv, token_stride, a, token, kv_head, i, k_base);
 }
 
 template <bool THROUGH_L2>

@@ -15,7 +15,7 @@ from kernel_emu import emucupy
 from test_cupy_emulated import PARAMS, Engines, assert_identical, emulated, model_dir, random_prompt
 from test_kernels_compile import nvrtc_or_skip
 
-from reprise.cuda import decode_block_kernel, pdl
+from reprise.cuda import decode_block_kernel, gemm_kernel, pdl
 from reprise.cuda.decode_block import decode_tail_ref
 from reprise.cuda.dtypes import BF16
 
@@ -136,25 +136,33 @@ def test_the_packed_layouts_give_the_plain_bits(emulated: None, gated: bool) -> 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize(
+    ("head_dim", "shape"),
+    [(64, "emulated"), (64, "uneven"), (128, "uneven")],
+    ids=["rope-by-tile", "rope-by-tile-folded", "rope-after-a-barrier"],
+)
 def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
-    emulated: None, rows: int, packed: bool
+    emulated: None, rows: int, packed: bool, head_dim: int, shape: str
 ) -> None:
     """With the next layer's head (decode_tail_qkv: its bias-free qkv projection of the
     next norm's rows, then rope_kv_write) in the same launch: the rotated queries, the
     residual stream and every byte of the cache (the keys and values written into their
-    slots, nothing else touched) equal decode_tail then gemm_rope_kv_write, op by op."""
+    slots, nothing else touched) equal decode_tail then gemm_rope_kv_write, op by op. At
+    head_dim 64 each head's rope runs in the CTA that finished its columns (the emulated
+    shape's qkv unsplit: the CTA that stored them; the uneven one's split in two: the CTA
+    that folded them); at 128 after a grid barrier."""
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.gemm_sm90_kernel import prepare_weight
     from reprise.cuda.kernels import to_device, to_host
     from reprise.cuda.rope import rope_table
 
     rng = np.random.default_rng(40 + rows)
-    q_size, hidden, inter = SHAPES["emulated"]
-    heads, kv_heads, head_dim, block_size, layers = 6, 2, 64, 16, 3
+    q_size, hidden, inter = SHAPES[shape]
+    heads, kv_heads, block_size, layers = 6, 2, 16, 3
+    w_qkv_shape = ((heads + 2 * kv_heads) * head_dim, hidden)
+    assert gemm_kernel.split_k(*w_qkv_shape) == (1 if shape == "emulated" else 2)
     d = operands(rng, rows, q_size, hidden, inter)
-    w_qkv = (
-        rng.standard_normal(((heads + 2 * kv_heads) * head_dim, hidden)) * hidden**-0.5
-    ).astype(BF16)
+    w_qkv = (rng.standard_normal(w_qkv_shape) * hidden**-0.5).astype(BF16)
     cos, sin = rope_table(head_dim, 4096, 10000.0)
     positions = rng.integers(0, 4000, rows).astype(np.int32)
     slots = rng.choice(8 * block_size, rows, replace=False).astype(np.int64)
