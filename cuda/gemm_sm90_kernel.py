@@ -73,7 +73,6 @@ lazily.
 from __future__ import annotations
 
 import functools
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -447,17 +446,14 @@ def _num_sms() -> int:
 
 @functools.cache
 def _cubin_path(swizzle: bool = True, pad_once: bool = True) -> Path:
-    """gemm_sm90.cu compiled for sm_90a, once per process, layout (REPRISE_WS_SWIZZLE,
-    which the packed weight's layout must match) and padding (REPRISE_WS_PAD_ONCE), in a
-    file CuPy can load."""
+    """gemm_sm90.cu compiled for sm_90a, once per layout (REPRISE_WS_SWIZZLE, which the
+    packed weight's layout must match) and padding (REPRISE_WS_PAD_ONCE), in a file CuPy
+    can load: nvrtc.cubin_file's, kept on disk for later processes."""
     source = (
         f"#define REPRISE_WS_SWIZZLE {int(swizzle)}\n#define REPRISE_WS_PAD_ONCE {int(pad_once)}\n"
         + nvrtc.kernel_source(SOURCE)
     )
-    compiled = nvrtc.compile_source(source, SOURCE.name, ARCH)
-    path = Path(tempfile.mkdtemp(prefix="reprise-sm90-")) / "gemm_sm90.cubin"
-    path.write_bytes(compiled.cubin)
-    return path
+    return nvrtc.cubin_file(source, SOURCE.name, ARCH)
 
 
 @functools.cache

@@ -12,16 +12,22 @@ call, the device's architecture named instead of asked for.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import hashlib
 import importlib.util
+import logging
 import os
 import re
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .families import FAMILIES, KERNEL_DIR
+
+log = logging.getLogger(__name__)
 
 ARCHS = ("sm_80", "sm_90")
 # NOTE: no --use_fast_math: exp, rsqrt and division keep their IEEE-accurate forms, so
@@ -276,3 +282,65 @@ def _error(lib: ctypes.CDLL, status: int) -> str:
 def _check(lib: ctypes.CDLL, status: int) -> None:
     if status != 0:
         raise CompileError(f"NVRTC call failed: {_error(lib, status)}")
+
+
+def nvrtc_version() -> str:
+    """The loaded NVRTC: its major.minor, and its library file's path and size (which
+    tell builds of one minor version apart)."""
+    lib = _library()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)))
+    file = Path(lib._name).resolve()
+    return f"{major.value}.{minor.value} {file} {file.stat().st_size}"
+
+
+def cache_dir() -> Path:
+    """Where compiled cubins are kept between processes: $REPRISE_KERNEL_CACHE, else
+    $XDG_CACHE_HOME/reprise/kernels, else ~/.cache/reprise/kernels."""
+    chosen = os.environ.get("REPRISE_KERNEL_CACHE")
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "reprise" / "kernels"
+
+
+_ELF = b"\x7fELF"
+
+
+def cubin_file(source: str, name: str, arch: str) -> Path:
+    """A file holding `source` compiled for `arch` (compile_source's cubin), for CuPy's
+    RawModule(path=...): from the cache (`cache_dir`) when an earlier process compiled
+    the same text with the same options, NVRTC and arch, else compiled now and kept
+    there (written to a temporary name, then renamed: a reader never sees half a file).
+    A cache that cannot be written (read-only, full) only costs the compile: the cubin
+    goes to a temporary folder, with one warning.
+
+    NOTE: CuPy keeps its own RawModule(code=...) compiles on disk alike; this is for the
+    sources it cannot compile (gemm_sm90.cu for sm_90a: about 25 s each process).
+    """
+    parts = (source, name, arch, *compile_options(arch), *CUPY_ADDS, nvrtc_version())
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    folder = cache_dir()
+    path = folder / f"{Path(name).stem}-{arch}-{key[:32]}.cubin"
+    try:
+        with open(path, "rb") as kept:
+            if kept.read(len(_ELF)) == _ELF:  # else damaged: compiled and replaced below
+                return path
+    except OSError:
+        pass  # not there (or unreadable): compiled below
+    cubin = compile_source(source, name, arch).cubin
+    part = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".part-", delete=False) as part:
+            part.write(cubin)
+        os.replace(part.name, path)
+        return path
+    except OSError as exc:
+        log.warning("kernel cache %s not writable (%s): compiling each process", folder, exc)
+        if part is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(part.name)
+    path = Path(tempfile.mkdtemp(prefix="reprise-cubin-")) / f"{Path(name).stem}.cubin"
+    path.write_bytes(cubin)
+    return path
