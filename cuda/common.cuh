@@ -131,6 +131,23 @@ __device__ __forceinline__ void store_release_gpu(unsigned* p, unsigned v) {
 
 __device__ __forceinline__ void spin_pause() { __nanosleep(32); }
 
+// A weight word, read once a step: through the read-only path, not kept in L1, and in L2
+// under a policy that marks it first to go (createpolicy's evict_first, fraction 1), so a
+// decode step's stream of weights (the default model's 270 MB against the H200's 60 MB of
+// L2) does not push out what a step reads again: the KV pages, activations and partials.
+// A hint: the value is the plain load's.
+__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ unsigned ldg_evict_first(const unsigned* p, unsigned long long policy) {
+  unsigned v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;\n" : "=r"(v) : "l"(p), "l"(policy));
+  return v;
+}
+
 // The launch's dynamic shared memory in bytes; kernels check it against what they need.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   unsigned bytes;

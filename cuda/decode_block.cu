@@ -68,6 +68,9 @@
 #define PERSIST_THREADS 256
 #define DECODE_BLOCK_MAX_ROWS 16  // one m16 fragment: decode_block_kernel.MAX_ROWS repeats it
 #define DECODE_BLOCK_TILE_N 64    // a work item's columns: 8 warps of an n8 slice each
+#ifndef REPRISE_WEIGHTS_EVICT_FIRST
+#define REPRISE_WEIGHTS_EVICT_FIRST 1  // load_batch's weight words under L2 evict-first
+#endif
 
 namespace {
 
@@ -135,11 +138,16 @@ __device__ __forceinline__ int num_items(const Projection& p) {
 }
 
 // This lane's words of k-tiles kt0 .. kt0 + kTiles - 1 (those before kt_end) of column n
-// (zeros past N or kt_end).
-template <bool PACKED>
+// (zeros past N or kt_end). Each weight word is read once a launch; with EVICT_FIRST
+// under L2's evict-first policy (common.cuh's ldg_evict_first; REPRISE_WEIGHTS_EVICT_FIRST
+// =0 turns it off, a benchmark's comparison), so the weights streaming past leave L2 to
+// what the step reads again: the next step's KV pages above all.
+template <bool PACKED, bool EVICT_FIRST>
 __device__ __forceinline__ void load_batch(const Projection& p, int n, int kt0, int kt_end, Batch& w) {
   const int t = static_cast<int>(threadIdx.x) % 4;
   const unsigned short* w_row = weight_row<PACKED>(p.w, min(n, p.N - 1), p.K);
+  constexpr bool kEvictFirst = EVICT_FIRST && REPRISE_WEIGHTS_EVICT_FIRST;
+  const unsigned long long policy = kEvictFirst ? l2_evict_first_policy() : 0ull;
 #pragma unroll
   for (int i = 0; i < kTiles; ++i)
 #pragma unroll
@@ -147,8 +155,9 @@ __device__ __forceinline__ void load_batch(const Projection& p, int n, int kt0, 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const bool ok = n < p.N && kt0 + i < kt_end;
-        w.b[i][s][h] =
-            ok ? __ldg(reinterpret_cast<const unsigned*>(w_row + weight_offset<PACKED>(n, kt0 + i, s, h, t))) : 0u;
+        const unsigned* word = reinterpret_cast<const unsigned*>(w_row + weight_offset<PACKED>(n, kt0 + i, s, h, t));
+        if constexpr (kEvictFirst) w.b[i][s][h] = ok ? ldg_evict_first(word, policy) : 0u;
+        else w.b[i][s][h] = ok ? __ldg(word) : 0u;
       }
 }
 
@@ -161,7 +170,7 @@ __device__ __forceinline__ int lane_column(int tile) {
 // phase, while the CTA still waits: before the launch's PDL wait for the first projection
 // (a weight never changes, so the kernel before may still run), before the grid barrier
 // ahead of each other one. So a phase's first weight round trip overlaps the wait.
-template <bool PACKED>
+template <bool PACKED, bool EVICT_FIRST>
 __device__ __forceinline__ Batch first_batch(const Projection& p) {
   Batch w;
   const int item = static_cast<int>(blockIdx.x);
@@ -173,7 +182,7 @@ __device__ __forceinline__ Batch first_batch(const Projection& p) {
     return w;
   }
   const Item it = item_of(p, item);
-  load_batch<PACKED>(p, lane_column(it.tile), it.kt_begin, it.kt_end, w);
+  load_batch<PACKED, EVICT_FIRST>(p, lane_column(it.tile), it.kt_begin, it.kt_end, w);
   return w;
 }
 
@@ -184,7 +193,7 @@ __device__ __forceinline__ Batch first_batch(const Projection& p) {
 // Returns (LAST_FOLDS) a mask of the CTA's items whose tile's product it finished: bit j
 // for its j-th item (blockIdx.x + j gridDim.x; the first 32), set where S = 1 or where it
 // folded the tile, so the caller can run what needs a whole tile at once (step 5's rope).
-template <bool PACKED, bool LAST_FOLDS>
+template <bool PACKED, bool EVICT_FIRST, bool LAST_FOLDS>
 __device__ __forceinline__ unsigned gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
                                                const Batch& first, float* __restrict__ ws,
                                                unsigned* __restrict__ counters, unsigned* flag) {
@@ -203,7 +212,7 @@ __device__ __forceinline__ unsigned gemv_phase(const unsigned short* x, int lda,
     for (int kt0 = it.kt_begin; kt0 < it.kt_end; kt0 += kTiles) {
       Batch w;
       if (preloaded) w = first;
-      else load_batch<PACKED>(p, n, kt0, it.kt_end, w);
+      else load_batch<PACKED, EVICT_FIRST>(p, n, kt0, it.kt_end, w);
       preloaded = false;
       if (col0 >= p.N) continue;  // warp-uniform: a slice wholly past N computes nothing
 #pragma unroll
@@ -388,13 +397,14 @@ __device__ __forceinline__ Projection o_proj(const Tail& t, const W& w) {
 // Before the launch's last layer (l + 1 < layers), every CTA keeps all M rows of summed in
 // carry for the next layer (the same function on the same values in every CTA: the same
 // bits), summed is not written, and the head's queries go to head.q_work.
-// MAY_ROPE_BY_TILE: the head's rope may run by tile (step 5) where its head_dim allows
-// (off for the head_dim 128 entry points, whose registers have no room for that code).
+// ROOMY: the entry point's registers have room for the head's rope by tile (step 5, where
+// its head_dim allows) and the evict-first weight loads (load_batch); the head_dim 128
+// entry points, at 254 registers, spill with either.
 // Dynamic shared
 // memory (tail_smem_bytes): the flag and block_sum's scratch, a row of fp32 sums no one
 // reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16, lda
 // halves apart).
-template <bool PACKED, bool ATTENTION_HERE, bool MAY_ROPE_BY_TILE, class W>
+template <bool PACKED, bool ATTENTION_HERE, bool ROOMY, class W>
 __device__ __forceinline__ void tail_phases(const unsigned short* attn, const float* residual, const W& w,
                                             const Tail& t, const NextHead& head, Batch next, unsigned& round,
                                             int l, int layers, float* carry) {
@@ -432,9 +442,9 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
     }
   }
   __syncthreads();
-  gemv_phase<PACKED, false>(x, lda, M, o, next, ws_a, t.counters, flag);
+  gemv_phase<PACKED, ROOMY, false>(x, lda, M, o, next, ws_a, t.counters, flag);
   const Projection up{matrix(w, kGateUp), t.gate_up, 2 * inter, hidden, t.split_gate_up};
-  next = first_batch<PACKED>(up);
+  next = first_batch<PACKED, ROOMY>(up);
   grid_sync(t.bar, round);
 
   // 2. o_proj's rows folded into shared memory, the residual add and the MLP's norm, every
@@ -449,9 +459,9 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
                     hidden, t.eps, scratch);
     __syncthreads();  // every thread has read the row's sum before the next row's writes scratch
   }
-  gemv_phase<PACKED, false>(x, lda, M, up, next, ws_b, t.counters, flag);
+  gemv_phase<PACKED, ROOMY, false>(x, lda, M, up, next, ws_b, t.counters, flag);
   const Projection down{matrix(w, kDown), t.y_down, hidden, inter, t.split_down};
-  next = first_batch<PACKED>(down);
+  next = first_batch<PACKED, ROOMY>(down);
   grid_sync(t.bar, round);
 
   // 3. h = silu(gate) * up of gate_up's folded product, then down_proj.
@@ -463,10 +473,10 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
     x[m * lda + j] = static_cast<unsigned short>(bf16_bits(silu_mul_value(gate, up_value)));
   }
   __syncthreads();
-  gemv_phase<PACKED, false>(x, lda, M, down, next, ws_a, t.counters, flag);
+  gemv_phase<PACKED, ROOMY, false>(x, lda, M, down, next, ws_a, t.counters, flag);
   const Projection qkv_proj{matrix(w, kQkv), head.qkv,
                             (head.rope.heads + 2 * head.rope.kv_heads) * head.rope.head_dim, hidden, head.split_qkv};
-  next = first_batch<PACKED>(qkv_proj);  // zeros without the head
+  next = first_batch<PACKED, ROOMY>(qkv_proj);  // zeros without the head
   grid_sync(t.bar, round);
 
   // 4. down_proj's rows folded into shared memory, the residual add and the next norm: row
@@ -501,13 +511,13 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
   RopeKvArgs rope = head.rope;
   rope.layer += l;
   if (carried) rope.q_out = head.q_work;
-  const unsigned finished = gemv_phase<PACKED, true>(x, lda, M, qkv_proj, next, ws_b, t.counters, flag);
+  const unsigned finished = gemv_phase<PACKED, ROOMY, true>(x, lda, M, qkv_proj, next, ws_b, t.counters, flag);
   // A head a tile (head_dim 64, every item of the CTA's in finished's 32 bits): the CTA
   // that finished a tile's product writes its head (the rows it stored or folded, read
   // through L2), with no grid barrier before.
   const int half = rope.head_dim >> 1;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
-  if (MAY_ROPE_BY_TILE && rope.head_dim == DECODE_BLOCK_TILE_N && num_items(qkv_proj) <= 32 * G) {
+  if (ROOMY && rope.head_dim == DECODE_BLOCK_TILE_N && num_items(qkv_proj) <= 32 * G) {
     const int splits = (qkv_proj.K + qkv_proj.split_len - 1) / qkv_proj.split_len;
     __syncthreads();  // every thread's stores of the CTA's tiles are done
     for (unsigned f = finished; f != 0u; f &= f - 1u) {
@@ -531,7 +541,7 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
 template <bool PACKED>
 __device__ __forceinline__ void decode_tail(const unsigned short* attn, const float* residual,
                                             const ParamWeights& w, const Tail& t, const NextHead& head) {
-  const Batch next = first_batch<PACKED>(o_proj(t, w));
+  const Batch next = first_batch<PACKED, true>(o_proj(t, w));
   pdl_enter();
   if (t.M < 1 || t.M > DECODE_BLOCK_MAX_ROWS) __trap();
   unsigned round = grid_round(t.bar);  // no CTA passes the first barrier before this one arrives
@@ -560,12 +570,13 @@ __device__ __forceinline__ void decode_layers(const long long* __restrict__ tabl
   for (int l = 0; l < (LOOP ? layers : 1); ++l) {
     const TableWeights w{table, l};
     attention_phase<HEAD_DIM, BLOCK_SIZE>(attention, smem, l);  // 0. the layer's attention, into attn
-    const Batch next = first_batch<PACKED>(o_proj(t, w));
+    constexpr bool kRoomy = HEAD_DIM == DECODE_BLOCK_TILE_N;
+    const Batch next = first_batch<PACKED, kRoomy>(o_proj(t, w));
     grid_sync(t.bar, round);
     const int carry_at = (max(tail_smem_bytes(t.M, t.q_size, t.hidden, t.inter),
                               2 * attention_half_bytes<HEAD_DIM, BLOCK_SIZE>()) + 15) / 16 * 16;
     float* const carry = reinterpret_cast<float*>(smem + carry_at);
-    tail_phases<PACKED, true, HEAD_DIM == DECODE_BLOCK_TILE_N>(attn, l ? carry : residual, w, t, head, next, round, l, layers, carry);
+    tail_phases<PACKED, true, kRoomy>(attn, l ? carry : residual, w, t, head, next, round, l, layers, carry);
     if (l + 1 < layers) grid_sync(t.bar, round);  // the next layer's queries, keys and values are written
   }
 }

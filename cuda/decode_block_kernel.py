@@ -29,6 +29,10 @@ BY_DEFAULT = False
 # Layers a decode_layers launch runs at most (CupyBackend.attention_layers); None: all of a
 # step's (one launch a step), 1: a launch a layer (bench_gpu_e2e --layers-a-launch).
 MAX_LAYERS_A_LAUNCH: int | None = None
+# The weights read under L2's evict-first policy where the entry point has the registers
+# (decode_block.cu's load_batch); True builds them with plain loads instead, for a
+# benchmark's comparison in one run (set before the first launch: the module is built once).
+WEIGHTS_EVICT_NORMAL = False
 MAX_ROWS = 16  # decode_block.cu's DECODE_BLOCK_MAX_ROWS: one m16 fragment
 THREADS = 256  # PERSIST_THREADS
 TILE_N = 64  # DECODE_BLOCK_TILE_N: a work item's columns
@@ -123,7 +127,9 @@ def _resident_ctas(name: str, smem: int, device_id: int) -> int:
 
 def _kernel(name: str, smem: int) -> Any:
     """The entry point, its shared-memory opt-in raised to `smem` where needed."""
-    fn = kernel("decode_block", name)
+    fn = kernel(
+        "decode_block", name, ("REPRISE_WEIGHTS_EVICT_FIRST=0",) if WEIGHTS_EVICT_NORMAL else ()
+    )
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     return fn

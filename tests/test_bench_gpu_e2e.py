@@ -135,7 +135,6 @@ def test_the_host_tier_trace_traces_one_call_from_the_host_tier(monkeypatch) -> 
     assert traced == [1] and seen == [200, 200]
 
 
-
 def test_max_splits_caps_the_rule_for_the_run_only(tmp_path: Path, monkeypatch) -> None:
     """`--max-splits 1` runs every projection unsplit (the rule gpu_followup compares on
     the default model's shapes), says so, and leaves the rule as it was afterwards."""
@@ -201,3 +200,20 @@ def test_layers_a_launch_caps_the_persistent_layers_for_the_run_only(
     assert seen == [None, 1]
     with pytest.raises(SystemExit):
         main([*base, "--layers-a-launch", "0"])
+
+
+def test_every_flag_the_gpu_followup_sets_exists() -> None:
+    """Each flag a `flag_part` of scripts/gpu_followup.sh sets True (gemm_sm90_plan's by
+    name, another reprise.cuda module's as MODULE.NAME) is a boolean that module has: a
+    misspelt one would set a new attribute and time the default under the part's name,
+    which only a lent GPU's output would show."""
+    import importlib
+
+    script = (Path(__file__).parents[1] / "scripts" / "gpu_followup.sh").read_text()
+    groups = re.findall(r"^flag_part \S+ \d+ (\S+)", script, re.MULTILINE)
+    assert len(groups) > 5
+    for group in groups:
+        for flag in group.split(","):
+            module, _, name = flag.rpartition(".")
+            found = importlib.import_module(f"reprise.cuda.{module or 'gemm_sm90_plan'}")
+            assert isinstance(getattr(found, name, None), bool), flag

@@ -6,6 +6,7 @@ and the packed (and gated) weight layouts, and within BF16 rounding of the NumPy
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -97,6 +98,13 @@ def persistent(d: dict, num_ctas: int, *, packed: bool = False, gated: bool = Fa
     return to_host(summed, bf16=False), to_host(normed)
 
 
+def evict_first_bytes(lib) -> int:
+    """Bytes the emulated kernels read under L2's evict-first policy (common.cuh's
+    ldg_evict_first: the persistent launches' weight words) since the last call."""
+    lib.emu_evict_first_bytes.restype = ctypes.c_ulonglong
+    return int(lib.emu_evict_first_bytes())
+
+
 def same_bits(got: tuple, want: tuple) -> None:
     for g, w, what in zip(got, want, ("summed", "normed"), strict=True):
         assert g.shape == w.shape, what
@@ -142,7 +150,7 @@ def test_the_packed_layouts_give_the_plain_bits(emulated: None, gated: bool) -> 
     ids=["rope-by-tile", "rope-by-tile-folded", "rope-after-a-barrier"],
 )
 def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
-    emulated: None, rows: int, packed: bool, head_dim: int, shape: str
+    emulated: None, emu_lib, rows: int, packed: bool, head_dim: int, shape: str
 ) -> None:
     """With the next layer's head (decode_tail_qkv: its bias-free qkv projection of the
     next norm's rows, then rope_kv_write) in the same launch: the rotated queries, the
@@ -209,7 +217,15 @@ def test_the_next_layers_head_gives_gemm_rope_kv_writes_bits(
             )
         return to_host(summed, bf16=False), to_host(q), to_host(cache)
 
-    got, want = run(True), run(False)
+    evict_first_bytes(emu_lib)  # zeroed
+    got = run(True)
+    # every weight word read once, under L2's evict-first policy
+    assert (
+        evict_first_bytes(emu_lib)
+        == sum(d[k].nbytes for k in ("w_o", "w_gate_up", "w_down")) + w_qkv.nbytes
+    )
+    want = run(False)
+    assert evict_first_bytes(emu_lib) == 0  # the op-by-op path's kernels read no weight so
     for g, w, what in zip(got, want, ("summed", "q", "cache"), strict=True):
         assert g.shape == w.shape, what
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what
@@ -293,6 +309,14 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm() -> None:
         print(f"sm_90 {kernel}: {used.registers} registers, {used.local_bytes} B local")
         assert used.local_bytes == 0, (kernel, used)
         assert used.registers * decode_block_kernel.THREADS <= 65536, (kernel, used)
+    # the benchmark's build with plain weight loads (WEIGHTS_EVICT_NORMAL) likewise
+    plain = nvrtc.kernel_resources(
+        nvrtc.compile_source(
+            "#define REPRISE_WEIGHTS_EVICT_FIRST 0\n" + source, "decode_block.cu", "sm_90"
+        ).cubin
+    )
+    assert set(plain) == set(resources)
+    assert all(used.local_bytes == 0 for used in plain.values()), plain
 
 
 @pytest.mark.parametrize("prompt_len", [45, 300], ids=["short", "two-chunks"])
@@ -526,12 +550,16 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(
         return [to_host(out[0], bf16=False), to_host(out[1]), to_host(cache)]
 
     want = run(False)
+    evict_first_bytes(emu_lib)  # zeroed
     emu_lib.set_reversed_ctas(int(reversed_ctas))
     try:
         got = run(True)
     finally:
         emu_lib.set_reversed_ctas(0)
     assert launched == [num_ctas]  # one launch, of the CTAs asked
+    heads = [w for i, w in enumerate(w_qkv) if i < len(layers) - 1 or last_head]
+    weight_bytes = sum(d[k].nbytes for d in layers for k in ("w_o", "w_gate_up", "w_down"))
+    assert evict_first_bytes(emu_lib) == weight_bytes + sum(w.nbytes for w in heads)
     for g, w, what in zip(got, want, ("summed", "normed or q", "cache"), strict=True):
         assert g.shape == w.shape, what
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), what

@@ -97,8 +97,8 @@ def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     """decode_block.cu: each entry point's body, before its call, only builds its
     arguments (the tail's, its head's, and decode_layer's, its attention's); decode_tail,
     before its one pdl_enter(), only loads the first round of o_proj's weight words
-    (o_proj of its parameters, first_batch, load_batch: __ldg of the weight's rows alone,
-    a constant no grid writes); decode_layers calls pdl_enter() first."""
+    (o_proj of its parameters, first_batch, load_batch: __ldg or ldg_evict_first of the
+    weight's rows alone, a constant no grid writes); decode_layers calls pdl_enter() first."""
     source = (Path(pdl.__file__).parent / "decode_block.cu").read_text()
 
     def body_of(signature: str) -> str:
@@ -114,14 +114,17 @@ def test_the_persistent_tail_reads_only_its_weight_before_the_wait() -> None:
     tail = body_of("void decode_tail(")
     assert tail.count("pdl_enter();") == 1
     before = tail[: tail.index("pdl_enter();")]
-    assert before.strip("{ \n") == "const Batch next = first_batch<PACKED>(o_proj(t, w));", before
+    assert before.strip("{ \n") == "const Batch next = first_batch<PACKED, true>(o_proj(t, w));", (
+        before
+    )
     o_proj = body_of("Projection o_proj(")
     assert o_proj.strip("{ \n") == "return {matrix(w, kO), t.y_o, t.hidden, t.q_size, t.split_o};"
     one_line = "const void* weight_of(const ParamWeights& w, Weight i) { return w.w[i]; }"
     assert one_line in source  # the tail's weights: its launch's parameters
     assert body_of("void decode_layers(").strip("{ \n").startswith("pdl_enter();")
     loads = body_of("void load_batch(") + body_of("Batch first_batch(")
-    assert loads.count("__ldg(") == 1 and "weight_row<PACKED>(p.w," in loads
+    assert loads.count("__ldg(") == 1 and loads.count("ldg_evict_first(") == 1
+    assert "weight_row<PACKED>(p.w," in loads
     for touch in ("__ldcg", "p.y", "atomic", "x[", "= *"):
         assert touch not in loads, touch
 

@@ -377,6 +377,8 @@ extern "C" {
 unsigned long long emu_pdl_entered() { return g_pdl_entered.exchange(0); }
 // mma.sync by threads past each CTA's first warp since the last call (ptx_emu.h).
 unsigned long long emu_mma_past_warp0() { return g_mma_past_warp0.exchange(0); }
+// Bytes read by ldg_evict_first since the last call (ptx_emu.h).
+unsigned long long emu_evict_first_bytes() { return g_evict_first_bytes.exchange(0); }
 // Name `bytes` at `begin` as written by the grid before (cuda_emu.h, "Reads before a
 // grid's wait"); a null `begin` forgets every range named and zeroes the counts.
 void set_unready(const void* begin, unsigned long long bytes) {

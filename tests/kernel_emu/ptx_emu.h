@@ -79,6 +79,20 @@ inline void spin_pause() { emu::yield(); }
 // %dynamic_smem_size
 inline unsigned dynamic_smem_bytes() { return g_ptx_smem_bytes; }
 
+// createpolicy.fractional.L2::evict_first and a load under it (common.cuh): a cache hint,
+// so the load is plain; the policy is a value of its own, which the load checks it was
+// given, and the bytes so read are counted (emu_evict_first_bytes: each weight word a
+// launch reads, once).
+constexpr unsigned long long kEvictFirstPolicy = 0xE71C7F1257ull;
+inline std::atomic<unsigned long long> g_evict_first_bytes{0};
+inline unsigned long long l2_evict_first_policy() { return kEvictFirstPolicy; }
+inline unsigned ldg_evict_first(const unsigned* p, unsigned long long policy) {
+  if (policy != kEvictFirstPolicy) ptx_emu_fail("a load under a policy createpolicy did not make", policy);
+  emu::check_ready(p, sizeof *p);
+  g_evict_first_bytes.fetch_add(sizeof *p, std::memory_order_relaxed);
+  return *p;
+}
+
 // ex2.approx.ftz.f32: the hardware's approximation is not specified to the bit, so this
 // is 2^x rounded once to fp32, with ftz's flushes (a subnormal input counts as zero, a
 // subnormal result is +0). Like the device's, a function of x alone, which is all the
