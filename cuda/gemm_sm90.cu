@@ -203,6 +203,16 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
       : "memory");
 }
 
+// The same copy under an L2 cache policy (common.cuh's l2_evict_first_policy): a weight
+// tile no other CTA of the launch reads.
+__device__ __forceinline__ void bulk_copy_g2s_hinted(unsigned dst, const void* src, unsigned bytes, unsigned mbar,
+                                                     unsigned long long policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(mbar), "l"(policy)
+      : "memory");
+}
+
 // ---- clusters (the _c2 entry points: two CTAs along M share each weight tile) ----
 // The same copy, landing at offset `dst` of every CTA of the cluster in `mask` and
 // completing there on the barrier at offset `mbar` (sm_90a).
@@ -865,7 +875,12 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 
   // Thread 0 of the producer: expect local tile t's weight bytes on its stage's full
   // barrier and start their bulk copies (the tile's BN / 64 panels; in a cluster, the
-  // panels of this CTA's rank, multicast to both CTAs).
+  // panels of this CTA's rank, multicast to both CTAs). With one m tile (M <= BM: a
+  // decode's rows) no other CTA reads a tile, so each weight byte is read once a launch:
+  // under L2's evict-first policy (common.cuh), so a decode step's weight stream (8B's 16
+  // GB, the default model's 270 MB with its 57 MB lm_head last) leaves L2 to what the next
+  // step reads again, the KV pages above all. A hint: the same bytes land.
+  const bool weights_once = CLUSTER == 1 && M <= T::BM;
   const auto issue_weight = [&](int t) {
     const int s = t % T::STAGES;
     mbar_arrive_expect_tx(full0 + s * 8, T::LOAD_BYTES);
@@ -877,6 +892,8 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
       if constexpr (CLUSTER > 1) {
         if (i % CLUSTER == static_cast<int>(rank))
           bulk_copy_g2s_multicast(dst, src, T::PANEL_BYTES, full0 + s * 8, static_cast<unsigned short>((1u << CLUSTER) - 1));
+      } else if (weights_once) {
+        bulk_copy_g2s_hinted(dst, src, T::PANEL_BYTES, full0 + s * 8, l2_evict_first_policy());
       } else {
         bulk_copy_g2s(dst, src, T::PANEL_BYTES, full0 + s * 8);
       }

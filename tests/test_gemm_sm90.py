@@ -269,6 +269,27 @@ def test_warp_specialized_matches_its_twin_and_the_others(
     assert np.array_equal(bits(shifted), bits(emulated_ws(lib, x, w, out_f32=False)))
 
 
+@pytest.mark.parametrize(
+    ("tile", "rows"),
+    [("ws", 1), ("ws", 128), ("wide", 3), ("decode", 1), ("m64", 64), ("ws", 129), ("m64", 65)],
+)
+def test_weights_read_once_a_launch_go_under_l2_evict_first(
+    lib: ctypes.CDLL, rng: np.random.Generator, tile: str, rows: int
+) -> None:
+    """With one m tile (M <= the tile's BM: a decode's rows) every weight byte is read by
+    one CTA, once, and the producer's bulk copies bring it under L2's evict-first policy
+    (bulk_copy_g2s_hinted: counted by the emulation); with more, a weight tile serves
+    every m tile's CTA, and no copy carries the hint. Same values either way (a hint)."""
+    lib.emu_evict_first_bytes.restype = ctypes.c_ulonglong
+    lib.emu_evict_first_bytes()  # zeroed
+    n, k = 256, 256
+    x, w = operands(rng, rows, n, k)
+    got = emulated_ws(lib, x, w, out_f32=False, **({tile: True} if tile != "ws" else {}))
+    check_twin(got, x, w, out_f32=False)
+    bm = {"ws": WS, "wide": WS_WIDE, "decode": WS_DECODE, "m64": WS_M64}[tile].block_m
+    assert lib.emu_evict_first_bytes() == (n * k * 2 if rows <= bm else 0)
+
+
 def test_warp_specialized_layouts_give_the_same_bits(
     lib: ctypes.CDLL, lib_interleave: ctypes.CDLL, rng: np.random.Generator
 ) -> None:

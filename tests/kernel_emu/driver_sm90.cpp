@@ -36,6 +36,10 @@ alignas(1024) unsigned char gemm_sm90_smem_peers[MAX_CLUSTER - 1][GEMM_SM90_SMEM
 }  // namespace gemm_sm90_emu
 
 extern "C" {
+// Bytes the bulk copies read under L2's evict-first policy since the last call
+// (mbarrier_emu.h's bulk_copy_g2s_hinted: the weight tiles of a launch with one m tile).
+unsigned long long emu_evict_first_bytes() { return g_evict_first_bytes.exchange(0); }
+
 // Launch gemm_sm90.cu's entry point `name` as gemm_sm90_kernel launches it: grid
 // (grid_x, grid_y), `threads` threads, `smem_bytes` of dynamic shared memory, which
 // starts out as 0xFF bytes (BF16 NaN) so that a read of an unwritten byte shows.

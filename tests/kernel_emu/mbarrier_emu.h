@@ -135,6 +135,15 @@ inline void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigne
   mbar_complete_if_done(b);
 }
 
+// The same copy under an L2 cache policy: a hint, so the same copy; the policy must be
+// createpolicy's (ptx_emu.h), and the bytes count as read so (emu_evict_first_bytes).
+inline void bulk_copy_g2s_hinted(unsigned dst, const void* src, unsigned bytes, unsigned mbar,
+                                 unsigned long long policy) {
+  if (policy != kEvictFirstPolicy) ptx_emu_fail("a bulk copy under a policy createpolicy did not make", policy);
+  g_evict_first_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  bulk_copy_g2s(dst, src, bytes, mbar);
+}
+
 // Forget every mbarrier of the running thread's CTA (a CTA's shared memory does not
 // outlive it; the other CTAs of its cluster keep theirs).
 inline void mbar_emu_reset() {
