@@ -295,13 +295,17 @@ def nvrtc_version() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled cubins are kept between processes: $REPRISE_KERNEL_CACHE, else
-    $XDG_CACHE_HOME/reprise/kernels, else ~/.cache/reprise/kernels."""
-    chosen = os.environ.get("REPRISE_KERNEL_CACHE")
-    if chosen:
-        return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "reprise" / "kernels"
+    """Where compiled cubins are kept between processes: $REPRISE_KERNEL_CACHE, else the
+    `kernels` folder of reprise's cache (daemon/model/prepare.py's cache_dir, the same rule:
+    $REPRISE_CACHE_DIR, which the systemd unit points at its writable state directory,
+    else $XDG_CACHE_HOME/reprise, else ~/.cache/reprise)."""
+    if os.environ.get("REPRISE_KERNEL_CACHE"):
+        return Path(os.environ["REPRISE_KERNEL_CACHE"]).expanduser()
+    if os.environ.get("REPRISE_CACHE_DIR"):
+        return Path(os.environ["REPRISE_CACHE_DIR"]).expanduser() / "kernels"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "reprise" / "kernels"
+    return Path.home() / ".cache" / "reprise" / "kernels"
 
 
 _ELF = b"\x7fELF"

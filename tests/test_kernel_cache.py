@@ -87,9 +87,23 @@ def test_a_cache_that_cannot_be_written_only_costs_the_compile(
     assert len(compiles) == 2  # compiled each time
 
 
-def test_the_default_folder_follows_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("REPRISE_KERNEL_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert nvrtc.cache_dir() == tmp_path / "reprise" / "kernels"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    assert nvrtc.cache_dir() == Path.home() / ".cache" / "reprise" / "kernels"
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"XDG_CACHE_HOME": "xdg"}, {"REPRISE_CACHE_DIR": "state", "XDG_CACHE_HOME": "xdg"}],
+    ids=["home", "xdg", "reprise-cache"],
+)
+def test_the_default_folder_is_in_reprises_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    """Without REPRISE_KERNEL_CACHE, the `kernels` folder of the cache the model lives in
+    (prepare.cache_dir: under systemd, the unit's writable state directory)."""
+    from reprise.daemon.model.prepare import cache_dir
+
+    for name in ("REPRISE_KERNEL_CACHE", "REPRISE_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(tmp_path / value))
+    assert nvrtc.cache_dir() == cache_dir() / "kernels"
+    assert nvrtc.cache_dir().is_relative_to(tmp_path) == bool(env)
+    monkeypatch.setenv("REPRISE_KERNEL_CACHE", str(tmp_path / "chosen"))
+    assert nvrtc.cache_dir() == tmp_path / "chosen"
