@@ -335,7 +335,8 @@ def cubin_file(source: str, name: str, arch: str) -> Path:
     cubin = compile_source(source, name, arch).cubin
     part = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        # the daemon loads what is here: a folder of its user's alone
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".part-", delete=False) as part:
             part.write(cubin)
         os.replace(part.name, path)

@@ -47,6 +47,7 @@ def test_a_second_process_loads_the_kept_cubin(
     again = nvrtc.cubin_file(source, "embedding.cu", ARCH)
     assert again == first and len(compiles) == 2  # kept: not compiled again
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".part-")]
+    assert first.parent.stat().st_mode & 0o077 == 0  # no other user writes what is loaded
 
 
 def test_another_text_or_arch_is_another_file(
