@@ -186,12 +186,12 @@ grep -E "^(decode|ttft)|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/t
 # the same with one layer a launch (decode_layer's launches, not one decode_layers a step)
 flag_part tail_layer_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --layers-a-launch 1 --out "$OUT/gpu_e2e_tail_layer_default.json"
 grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_layer_default.out" | cut -c1-150 | head -20
+flag_part tail_fused_default 30 decode_block_kernel.BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT,attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_fused_default.json"
+grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
+flag_part tail_e2e 60 decode_block_kernel.BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail.json"
+grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|decode_layer)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20
 # the same as tail_default with the weights read under L2's normal policy (decode_block.cu
 # built with REPRISE_WEIGHTS_EVICT_FIRST=0, a compile of its own: about 30-60 s): does
 # evict-first keep the KV pages in L2?
 flag_part tail_l2normal_default 120 decode_block_kernel.BY_DEFAULT,decode_block_kernel.WEIGHTS_EVICT_NORMAL --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_l2normal_default.json"
 grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_l2normal_default.out" | cut -c1-150 | head -20
-flag_part tail_fused_default 30 decode_block_kernel.BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT,attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_fused_default.json"
-grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
-flag_part tail_e2e 60 decode_block_kernel.BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail.json"
-grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|decode_layer)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20
