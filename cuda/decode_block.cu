@@ -27,8 +27,8 @@
 //   5. its share of the next layer's qkv items, then the product's rope_kv_write (the
 //      rotated queries out, the keys and values into their cache slots): at head_dim 64
 //      (a head a work item's 64 columns) by the CTA that finishes each head's columns, at
-//      once (gemv_phase's rope); else after a grid barrier, its share of every (row,
-//      head, pair).
+//      once (the tiles gemv_phase says it finished); else after a grid barrier, its share
+//      of every (row, head, pair).
 // The decode_layer entry points run consecutive layers so (decode_layers): a grid barrier
 // after each layer's step 5, the next one's from step 0, its weights from a table, so a
 // step's layers after its first head are one launch (the default model: ~30 launches a
@@ -400,10 +400,9 @@ __device__ __forceinline__ Projection o_proj(const Tail& t, const W& w) {
 // ROOMY: the entry point's registers have room for the head's rope by tile (step 5, where
 // its head_dim allows) and the evict-first weight loads (load_batch); the head_dim 128
 // entry points, at 254 registers, spill with either.
-// Dynamic shared
-// memory (tail_smem_bytes): the flag and block_sum's scratch, a row of fp32 sums no one
-// reads, the M rows of summed1 (fp32), then the M rows of the step's input (BF16, lda
-// halves apart).
+// Dynamic shared memory (tail_smem_bytes): the flag and block_sum's scratch, a row of fp32
+// sums no one reads, the M rows of summed1 (fp32), then the M rows of the step's input
+// (BF16, lda halves apart).
 template <bool PACKED, bool ATTENTION_HERE, bool ROOMY, class W>
 __device__ __forceinline__ void tail_phases(const unsigned short* attn, const float* residual, const W& w,
                                             const Tail& t, const NextHead& head, Batch next, unsigned& round,
