@@ -208,7 +208,8 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
 __device__ __forceinline__ void bulk_copy_g2s_hinted(unsigned dst, const void* src, unsigned bytes, unsigned mbar,
                                                      unsigned long long policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(mbar), "l"(policy)
       : "memory");
 }

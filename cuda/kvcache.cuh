@@ -51,12 +51,15 @@ struct RopeKvPlace {
   long long k_base;  // a key head's row in the cache (0 for a query head)
 };
 
+// KV head `kv_head`'s key row for `token`'s slot, in the launch's layer.
+__device__ __forceinline__ long long token_key_row(const RopeKvArgs& a, int token, int kv_head) {
+  return key_row(__ldg(a.slots + token), a.layer, a.num_layers, kv_head, a.kv_heads, a.block_size, a.head_dim);
+}
+
 __device__ __forceinline__ RopeKvPlace rope_kv_place(const RopeKvArgs& a, int token, int head, int i) {
   RopeKvPlace p;
   rope_angle(a.positions, a.cos_table, a.sin_table, token, i, a.head_dim >> 1, p.c, p.s);
-  p.k_base = head < a.heads ? 0
-                            : key_row(__ldg(a.slots + token), a.layer, a.num_layers, head - a.heads, a.kv_heads,
-                                      a.block_size, a.head_dim);
+  p.k_base = head < a.heads ? 0 : token_key_row(a, token, head - a.heads);
   return p;
 }
 
@@ -73,8 +76,9 @@ __device__ __forceinline__ void rope_rotate_at(const __nv_bfloat16* qkv, long lo
   const __nv_bfloat16* row = qkv + token * token_stride + (long long)head * a.head_dim;
   const float x1 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i)) << 16);
   const float x2 = __uint_as_float(static_cast<unsigned>(bf16_at<THROUGH_L2>(row, i + half)) << 16);
-  if (head < a.heads) rope_store(a.q_out + ((long long)token * a.heads + head) * a.head_dim, i, half, x1, x2, place.c, place.s);
-  else rope_store(a.cache + place.k_base, i, half, x1, x2, place.c, place.s);
+  __nv_bfloat16* dst = head < a.heads ? a.q_out + ((long long)token * a.heads + head) * a.head_dim
+                                       : a.cache + place.k_base;
+  rope_store(dst, i, half, x1, x2, place.c, place.s);
 }
 
 // Pair i (elements i and i + half) of value head `kv_head` of `token` copied as is into
@@ -110,9 +114,7 @@ __device__ __forceinline__ void rope_kv_write_head_pair(const __nv_bfloat16* qkv
     return;
   }
   const int kv_head = col_head - kv_end;
-  const long long k_base = key_row(__ldg(a.slots + token), a.layer, a.num_layers, kv_head, a.kv_heads, a.block_size,
-                                   a.head_dim);
-  value_copy_at<THROUGH_L2>(qkv, token_stride, a, token, kv_head, i, k_base);
+  value_copy_at<THROUGH_L2>(qkv, token_stride, a, token, kv_head, i, token_key_row(a, token, kv_head));
 }
 
 template <bool THROUGH_L2>
