@@ -17,6 +17,8 @@ PROTOCOL_VERSION = 1
 MAX_ID_CHARS = 128
 MAX_SALT_CHARS = 256
 MAX_EXTRA_ID = (1 << 64) - 1
+# msgpack's integers: int64 and uint64; a value outside cannot be sent at all
+WIRE_INT_MIN, WIRE_INT_MAX = -(1 << 63), (1 << 64) - 1
 
 ERROR_CODES = frozenset(
     {
@@ -53,6 +55,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt_logprobs": (int, type(None)),
     "n": (int,),  # completions of the prompt, 1 to 16; each reply carries its choice's index
 }
+SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {"stop": (str,), "stop_token_ids": (int,)}
 
 
 class ProtocolError(Exception):
@@ -76,6 +79,15 @@ def check_type(name: str, value: object, *types: type) -> None:
     if not ok:
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise bad(f"{name} must be {names}; got {type(value).__name__} {_short(value)}")
+    if isinstance(value, int) and not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+        raise bad(f"{name} must fit in 64 bits (-2**63 to 2**64 - 1); got {_short(value)}")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, as JSON's "\ud800" makes one
+            raise bad(
+                f"{name} is not valid Unicode: a lone surrogate at character {e.start}"
+            ) from None
 
 
 def check_id(name: str, value: object) -> None:
@@ -148,6 +160,8 @@ class Generate:
                     f"sampling has an unknown field {_short(key)}; known: {sorted(SAMPLING_FIELDS)}"
                 )
             check_type(f"sampling.{key}", value, *SAMPLING_FIELDS[key])
+            for item in value if isinstance(value, list) else ():  # the range: SamplingParams
+                check_type(f"sampling.{key}[]", item, *SAMPLING_ITEMS[key])
             if isinstance(value, float) and not math.isfinite(value):
                 raise bad(f"sampling.{key} must be finite; got {value}")
         if self.cache_salt is not None:

@@ -155,6 +155,18 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
         ({"model": "gpt-nothing"}, "NotFoundError", "model"),
         ({"prompt": [1] * 300}, "APIStatusError", "prompt"),  # 413, prompt too long
         ({"n": 5}, "RateLimitError", None),  # more choices than --max-queue 4
+        # values the request message itself refuses, before the daemon sees them: of the
+        # wrong type, or integers msgpack cannot carry
+        ({"temperature": "hot"}, "BadRequestError", "temperature"),
+        ({"seed": 2**80}, "BadRequestError", "seed"),
+        ({"prompt": [1, 2**64]}, "BadRequestError", "prompt"),
+        ({"max_tokens": -(2**70)}, "BadRequestError", "max_tokens"),
+        ({"stop": ["a", 7]}, "BadRequestError", "stop"),
+        ({"extra_body": {"stop_token_ids": [2**65]}}, "BadRequestError", "stop_token_ids"),
+        ({"extra_body": {"ignore_eos": "yes"}}, "BadRequestError", "ignore_eos"),
+        ({"extra_body": {"priority": 2**64}}, "BadRequestError", "priority"),
+        ({"extra_body": {"cache_salt": 5}}, "BadRequestError", "cache_salt"),
+        ({"stop": ["s"] * 17}, "BadRequestError", "stop"),  # the daemon's max_stop_strings
     ],
 )
 def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, param) -> None:
@@ -164,8 +176,38 @@ def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, 
     e = info.value
     assert type(e).__name__ == error
     assert e.body["type"] and e.body["message"] and e.body.get("param") == param
-    if "prompt" in kw and isinstance(kw["prompt"], list):
+    if "prompt" in kw and isinstance(kw["prompt"], list) and len(kw["prompt"]) > 2:
         assert e.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("completions", b'{"prompt": "hi \\ud800 there", "max_tokens": 1}', "prompt"),
+        ("chat", b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 1}',
+         "messages"),
+        ("chat", b'{"messages": [{"role": "\\ud800", "content": "x"}], "max_tokens": 1}',
+         "messages"),
+        ("completions", b'{"prompt": "hi", "stop": ["\\ud800"], "max_tokens": 1}', "stop"),
+        ("completions", b'{"prompt": "hi", "cache_salt": "\\ud800", "max_tokens": 1}',
+         "cache_salt"),
+        ("completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+    ],
+)  # fmt: skip
+def test_json_python_takes_but_no_wire_carries_is_a_400(
+    daemon: HttpDaemon, route: str, body: bytes, param: str | None
+) -> None:
+    """A lone surrogate (valid JSON, not valid Unicode: UTF-8 cannot carry it) and JSON
+    nested past Python's recursion limit are the client's errors: one 400 naming the field,
+    and the daemon serves on."""
+    path = "/v1/completions" if route == "completions" else "/v1/chat/completions"
+    r = httpx.post(f"{daemon.url}{path}", content=body, timeout=60,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert ("surrogate" if param else "nested too deeply") in error["message"], error
+    assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200
 
 
 def test_an_oversized_body_is_413_declared_or_streamed(daemon: HttpDaemon) -> None:

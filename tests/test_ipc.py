@@ -134,6 +134,37 @@ def test_bad_messages_get_codes(data: bytes, code: str) -> None:
     assert code_of(data) == code
 
 
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"prompt": "x", "sampling": {"seed": 1 << 64}}, "sampling.seed must fit in 64 bits"),
+        ({"token_ids": [1, -(1 << 63) - 1]}, "token_ids[] must fit in 64 bits"),
+        ({"prompt": "x", "queue_priority": 1 << 70}, "queue_priority must fit in 64 bits"),
+        ({"prompt": "x", "sampling": {"stop_token_ids": [1 << 64]}}, "stop_token_ids[] must fit"),
+        ({"prompt": "x", "sampling": {"stop": ["a", 3]}}, "sampling.stop[] must be str"),
+        ({"prompt": "a\ud800"}, "prompt is not valid Unicode: a lone surrogate at character 1"),
+        ({"messages": [{"role": "user", "content": "\udfff"}]}, "messages[0].content is not valid"),
+        ({"prompt": "x", "sampling": {"stop": ["\ud800"]}}, "sampling.stop[] is not valid Unicode"),
+        ({"prompt": "x", "cache_salt": "\udc80"}, "cache_salt is not valid Unicode"),
+    ],
+)
+def test_a_request_msgpack_cannot_carry_is_refused_as_it_is_made(fields: dict, says: str) -> None:
+    """Integers past 64 bits and strings with lone surrogates (Python and JSON hold them,
+    UTF-8 and msgpack do not) are bad_request when the message is made, on the client's
+    side, not an exception of msgpack's when it is sent (the HTTP front end answers 400)."""
+    with pytest.raises(ProtocolError) as info:
+        Generate(id="a", **fields)
+    assert info.value.code == "bad_request" and says in info.value.message, info.value.message
+
+
+def test_the_widest_integers_msgpack_carries_are_taken() -> None:
+    for request in (
+        Generate(id="a", prompt="x", sampling={"seed": (1 << 64) - 1}),
+        Generate(id="a", token_ids=[-(1 << 63), (1 << 64) - 1]),
+    ):
+        assert decode_request(encode(request)) == request
+
+
 def test_error_carries_the_request_id_when_readable() -> None:
     with pytest.raises(ProtocolError) as info:
         decode_request(pack(v=1, type="generate", id="mine", prompt=5))

@@ -232,7 +232,7 @@ def test_stop_string_bounds_are_settings(tmp_path: Path, tiny: Path) -> None:
     d = Daemon(tmp_path, tiny, "--max-stop-strings", "2", "--max-stop-chars", "8")
     try:
         with d.client() as client:
-            with pytest.raises(RequestError, match=r"at most 2 stop strings \(max_stop_strings\)"):
+            with pytest.raises(RequestError, match=r"stop: at most 2 stop strings \(max_stop_strings\)"):
                 client.generate("hi", max_tokens=1, stop=["a", "b", "c"])
             with pytest.raises(RequestError, match=r"8 characters \(max_stop_chars\)"):
                 client.generate("hi", max_tokens=1, stop=["x" * 9])

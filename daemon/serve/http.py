@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ...ipc.client import Client, DaemonUnavailable, RequestError
-from ...ipc.messages import Done, TokenChunk
+from ...ipc.messages import SAMPLING_FIELDS, Done, Generate, ProtocolError, TokenChunk
 from .async_client import AsyncClient
 from .metrics import Metrics
 from .openai_api import STATUS_OF_CODE, ApiError, ParsedRequest, parse_request
@@ -147,7 +147,9 @@ class Frontend:
             try:
                 async for item in stream:
                     yield item.index, item
-            except (RequestError, DaemonUnavailable) as e:
+            # ProtocolError: the request message refused before it is sent (a value of the
+            # wrong type, or an integer msgpack cannot carry), as the daemon would refuse it
+            except (RequestError, ProtocolError, DaemonUnavailable) as e:
                 raise _api_error(e, embeds="prompt_table" in parsed.options) from None
             finally:
                 await stream.aclose()
@@ -273,6 +275,8 @@ class Frontend:
             return json.loads(body)
         except ValueError as e:
             raise ApiError(400, f"the body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ApiError(400, "the body's JSON is nested too deeply") from None
 
 
 class _Timing:
@@ -331,7 +335,7 @@ def _too_large(num_bytes: int, limit: int) -> ApiError:
 def _api_error(e: BaseException, *, embeds: bool = False) -> ApiError:
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, RequestError):
+    if isinstance(e, RequestError | ProtocolError):
         status, param, message = STATUS_OF_CODE.get(e.code, 500), _param_named(e.message), e.message
         if embeds and param == "prompt_table":  # the table the daemon checked is prompt_embeds
             param, message = "prompt_embeds", f"prompt_embeds (as the prompt table): {message}"
@@ -343,10 +347,18 @@ def _api_error(e: BaseException, *, embeds: bool = False) -> ApiError:
     return ApiError(500, f"internal error: {type(e).__name__}", code="internal")
 
 
+# The request's fields a daemon message may start with, and their names in OpenAI's body.
+_PARAMS = {name: name for name in (*SAMPLING_FIELDS, *Generate.__dataclass_fields__)
+           if name not in ("id", "sampling")}  # fmt: skip
+_PARAMS.update(token_ids="prompt", queue_priority="priority")
+
+
 def _param_named(message: str) -> str | None:
-    """The parameter a daemon message names first ("top_p must be ..." -> "top_p")."""
+    """The parameter a daemon message names first, by its name in the request body
+    ("top_p must be ..." -> "top_p", "sampling.stop_token_ids[] must ..." ->
+    "stop_token_ids", "token_ids[] must ..." -> "prompt"); None if it names none."""
     word = message.split(" ", 1)[0].removeprefix("sampling.").rstrip(":")
-    return word if word.replace("_", "").isalnum() and word.islower() else None
+    return _PARAMS.get(word.split("[", 1)[0].split(".", 1)[0])
 
 
 def create_app(config: HttpConfig, daemon_address: str) -> Starlette:

@@ -118,11 +118,11 @@ class RequestChecks:
             raise ProtocolError("bad_request", f"max_tokens must be at most {cfg.max_tokens_cap} "
                                 f"(max_tokens_cap); got {params.max_tokens}")  # fmt: skip
         if len(params.stop) > cfg.max_stop_strings:
-            raise ProtocolError("bad_request", f"at most {cfg.max_stop_strings} stop strings "
-                                f"(max_stop_strings); got {len(params.stop)}")  # fmt: skip
+            raise ProtocolError("bad_request", f"stop: at most {cfg.max_stop_strings} stop "
+                                f"strings (max_stop_strings); got {len(params.stop)}")  # fmt: skip
         longest = max(map(len, params.stop), default=0)
         if longest > cfg.max_stop_chars:
-            raise ProtocolError("bad_request", f"a stop string may have at most "
+            raise ProtocolError("bad_request", f"stop: a stop string may have at most "
                                 f"{cfg.max_stop_chars} characters (max_stop_chars); got {longest}")  # fmt: skip
         if params.return_logits:
             logits_bytes = params.max_tokens * self.vocab_size * 4
