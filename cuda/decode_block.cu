@@ -126,15 +126,18 @@ struct Item {
   int tile, split, kt_begin, kt_end;
 };
 
+// S: how many splits cut the projection's K (gemm_kernel.split_k's count for its N, K).
+__device__ __forceinline__ int num_splits(const Projection& p) { return (p.K + p.split_len - 1) / p.split_len; }
+
 __device__ __forceinline__ Item item_of(const Projection& p, int item) {
-  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int splits = num_splits(p);
   const int tile = item / splits, split = item % splits;
   // K is a multiple of 64 and split_len of 128 (the launcher's checks): whole k-tiles
   return {tile, split, split * p.split_len / 64, min(p.K, (split + 1) * p.split_len) / 64};
 }
 
 __device__ __forceinline__ int num_items(const Projection& p) {
-  return (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N * ((p.K + p.split_len - 1) / p.split_len);
+  return (p.N + DECODE_BLOCK_TILE_N - 1) / DECODE_BLOCK_TILE_N * num_splits(p);
 }
 
 // This lane's words of k-tiles kt0 .. kt0 + kTiles - 1 (those before kt_end) of column n
@@ -197,7 +200,7 @@ template <bool PACKED, bool EVICT_FIRST, bool LAST_FOLDS>
 __device__ __forceinline__ unsigned gemv_phase(const unsigned short* x, int lda, int M, const Projection& p,
                                                const Batch& first, float* __restrict__ ws,
                                                unsigned* __restrict__ counters, unsigned* flag) {
-  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int splits = num_splits(p);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const unsigned short* row_lo = x + g * lda;  // A rows g and g + 8 (zero past M)
@@ -263,7 +266,7 @@ __device__ __forceinline__ unsigned gemv_phase(const unsigned short* x, int lda,
 // split order) and rounded once, as store_folded rounds. Every CTA that needs an element
 // folds it itself, so no CTA waits for a tile's last one to fold it.
 __device__ __forceinline__ unsigned short product_at(const Projection& p, const float* ws, int M, int m, int c) {
-  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int splits = num_splits(p);
   const long long at = static_cast<long long>(m) * p.N + c, slab = static_cast<long long>(M) * p.N;
   if (splits == 1) return __ldcg(p.y + at);
   const Folded<1> f = fold_partials_of<1>(splits, [&](int s, int) { return __ldcg(ws + s * slab + at); });
@@ -272,7 +275,7 @@ __device__ __forceinline__ unsigned short product_at(const Projection& p, const 
 
 // The partials' room in ws that gemv_phase writes: [S, M, N] fp32 (none for S = 1).
 __device__ __forceinline__ long long partial_floats(const Projection& p, int M) {
-  const int splits = (p.K + p.split_len - 1) / p.split_len;
+  const int splits = num_splits(p);
   return splits == 1 ? 0LL : static_cast<long long>(splits) * M * p.N;
 }
 
@@ -517,7 +520,7 @@ __device__ __forceinline__ void tail_phases(const unsigned short* attn, const fl
   const int half = rope.head_dim >> 1;
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(head.qkv);
   if (ROOMY && rope.head_dim == DECODE_BLOCK_TILE_N && num_items(qkv_proj) <= 32 * G) {
-    const int splits = (qkv_proj.K + qkv_proj.split_len - 1) / qkv_proj.split_len;
+    const int splits = num_splits(qkv_proj);
     __syncthreads();  // every thread's stores of the CTA's tiles are done
     for (unsigned f = finished; f != 0u; f &= f - 1u) {
       const int tile = (me + (__ffs(f) - 1) * G) / splits;
