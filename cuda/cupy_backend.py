@@ -22,7 +22,7 @@ from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
-from .penalties_kernel import apply_penalties
+from .penalties_kernel import add_logit_bias, apply_penalties
 from .protocol import check_tier_copies, layer_by_layer
 from .sampling import Draws
 
@@ -490,7 +490,11 @@ class CupyBackend:
 
     @staticmethod
     def penalize(logits: Any, penalties: Penalties) -> None:
-        """Apply each row's penalties to [R, vocab] fp32 device logits, in place."""
+        """Apply each row's penalties (its logit bias first) to [R, vocab] fp32 device
+        logits, in place."""
+        if (bias := penalties.bias) is not None:
+            add_logit_bias(logits, to_device(bias.offsets), to_device(bias.ids),
+                           to_device(bias.values))  # fmt: skip
         apply_penalties(
             logits,
             token_offsets=to_device(penalties.token_offsets),

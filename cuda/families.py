@@ -56,7 +56,11 @@ FAMILIES: tuple[Family, ...] = (
         ("launchers:rmsnorm", "launchers:add_rmsnorm"),
         ("rmsnorm:rmsnorm_ref", "rmsnorm:add_rmsnorm_ref"),
     ),
-    Family("penalties", ("penalties_kernel:apply_penalties",), ("penalties:penalize_ref",)),
+    Family(
+        "penalties",
+        ("penalties_kernel:apply_penalties", "penalties_kernel:add_logit_bias"),
+        ("penalties:penalize_ref", "penalties:add_logit_bias_ref"),
+    ),
     Family("rope", ("launchers:rope",), ("rope:rope_ref",)),
     Family(
         "sampling",

@@ -1,4 +1,6 @@
-// Repetition, frequency and presence penalties on logits rows, in place (twin: penalties.py).
+// Logit bias, then repetition, frequency and presence penalties on logits rows, in place
+// (twin: penalties.py). add_logit_bias runs first, as a launch of its own (only for a batch
+// with a bias): each biased logit plus its bias, one round-to-nearest fp32 add.
 //
 // Each listed token's logit goes through the twin's fp32 steps, each an explicit
 // round-to-nearest intrinsic (no contraction into a fused multiply-add): divided by the
@@ -31,4 +33,15 @@ extern "C" __global__ void apply_penalties(float* __restrict__ logits, int vocab
     if (count > 0) x = __fsub_rn(__fsub_rn(x, __fmul_rn(freq, (float)count)), pres);
     row[token] = x;
   }
+}
+
+// logits: [rows, vocab] fp32, changed in place; offsets: [rows + 1] int32 (row r's biases are
+// ids[offsets[r] .. offsets[r + 1]), distinct within a row); values: fp32, one an id.
+// grid = rows, block = any.
+extern "C" __global__ void add_logit_bias(float* __restrict__ logits, int vocab, const int* __restrict__ offsets,
+                                          const int* __restrict__ ids, const float* __restrict__ values) {
+  pdl_enter();
+  float* row = logits + (long long)blockIdx.x * vocab;
+  const int end = offsets[blockIdx.x + 1];
+  for (int i = offsets[blockIdx.x] + threadIdx.x; i < end; i += blockDim.x) row[ids[i]] = __fadd_rn(row[ids[i]], values[i]);
 }

@@ -1,8 +1,10 @@
-"""Repetition, frequency and presence penalties on logits rows (twin of penalties.cu).
+"""Logit bias, then repetition, frequency and presence penalties on logits rows (twin of
+penalties.cu).
 
 OpenAI's and vLLM's semantics, applied in this order to each token a row lists
-(vLLM's `apply_penalties` order):
+(vLLM's order: its logit-bias processor runs before `apply_penalties`):
 
+- logit bias (OpenAI's `logit_bias`): a biased token has its bias added;
 - repetition (vLLM): a token seen in the prompt or the output has its logit
   divided by the penalty if positive, multiplied by it otherwise;
 - frequency and presence (OpenAI): a token generated c > 0 times has
@@ -26,6 +28,16 @@ from .dtypes import F32
 
 
 @dataclass(frozen=True, slots=True)
+class LogitBias:
+    """The logit biases of a batch of rows: row r adds `values[i]` to the logit of
+    `ids[i]` for i in `offsets[r] .. offsets[r + 1]` (ids distinct within a row)."""
+
+    offsets: np.ndarray  # [R + 1] int32, ascending from 0
+    ids: np.ndarray  # [B] int32
+    values: np.ndarray  # [B] fp32
+
+
+@dataclass(frozen=True, slots=True)
 class Penalties:
     """The penalties of a batch of logits rows, one entry a row; row r's tokens are
     `token_ids[token_offsets[r] : token_offsets[r + 1]]`, distinct within the row.
@@ -39,11 +51,23 @@ class Penalties:
     token_offsets: np.ndarray  # [R + 1] int32, ascending from 0
     token_ids: np.ndarray  # [N] int32
     output_counts: np.ndarray  # [N] int32: times generated (0: seen in the prompt only)
+    bias: LogitBias | None = None  # added first; None: no row has a logit bias
+
+
+def add_logit_bias_ref(logits: np.ndarray, bias: LogitBias) -> None:
+    """Add each row's biases to [R, vocab] fp32 logits, in place: one fp32 add an element."""
+    assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)
+    for r in range(logits.shape[0]):
+        ids = bias.ids[bias.offsets[r] : bias.offsets[r + 1]]
+        assert np.unique(ids).size == ids.size, f"row {r} biases a token twice"
+        logits[r, ids] += bias.values[bias.offsets[r] : bias.offsets[r + 1]]
 
 
 def penalize_ref(logits: np.ndarray, penalties: Penalties) -> None:
-    """Apply `penalties` to [R, vocab] fp32 logits, in place."""
+    """Apply `penalties` (its logit bias first) to [R, vocab] fp32 logits, in place."""
     assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)
+    if penalties.bias is not None:
+        add_logit_bias_ref(logits, penalties.bias)
     offsets = penalties.token_offsets
     for r in range(logits.shape[0]):
         ids = penalties.token_ids[offsets[r] : offsets[r + 1]]

@@ -1,4 +1,5 @@
-"""Launcher of penalties.cu (twin: penalties.penalize_ref). CuPy is imported lazily."""
+"""Launchers of penalties.cu (twins: penalties.penalize_ref, penalties.add_logit_bias_ref).
+CuPy is imported lazily."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def apply_penalties(
     args = (logits, np.int32(vocab), token_offsets, token_ids, output_counts,
             repetition, frequency, presence)  # fmt: skip
     launch_kernel(kernel("penalties", "apply_penalties"), (rows,), (PENALTY_THREADS,), args)
+
+
+def add_logit_bias(logits: Any, offsets: Any, ids: Any, values: Any) -> None:
+    """Add logit biases to [R, vocab] fp32 device logits in place. offsets [R + 1] int32;
+    ids [B] int32 (distinct within a row, in [0, vocab)); values [B] fp32: penalties.
+    LogitBias' fields, on the device."""
+    check("logits", logits, np.float32, 2)
+    rows, vocab = logits.shape
+    check("offsets", offsets, np.int32, 1)
+    check("ids", ids, np.int32, 1)
+    check("values", values, np.float32, 1)
+    if offsets.shape[0] != rows + 1:
+        raise ValueError(f"offsets must have {rows + 1} entries; got {offsets.shape[0]}")
+    if values.shape != ids.shape:
+        raise ValueError(f"values must match ids {ids.shape}; got {values.shape}")
+    if rows == 0 or ids.shape[0] == 0:
+        return
+    args = (logits, np.int32(vocab), offsets, ids, values)
+    launch_kernel(kernel("penalties", "add_logit_bias"), (rows,), (PENALTY_THREADS,), args)

@@ -205,15 +205,23 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
 
 
 def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
-    """apply_penalties on the device: each listed logit the twin's fp32 bits (explicitly
-    rounded ops, no FMA), unlisted ones untouched, each row the same alone."""
-    from reprise.cuda.penalties import Penalties, penalize_ref
-    from reprise.cuda.penalties_kernel import apply_penalties
+    """The backend's penalize on the device (add_logit_bias, then apply_penalties): each
+    listed logit the twin's fp32 bits (explicitly rounded ops, no FMA), unlisted ones
+    untouched, each row the same alone."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
 
     n, vocab = 16, 128256
     logits = rows(rng, n, vocab, 4.0)
     sizes = rng.integers(0, 3000, n)
     ids = np.concatenate([rng.choice(vocab, size=k, replace=False) for k in sizes])
+    bias_sizes = rng.integers(0, 300, n)
+    bias_ids = np.concatenate([rng.choice(vocab, size=k, replace=False) for k in bias_sizes])
+    bias = LogitBias(
+        offsets=np.cumsum([0, *bias_sizes]).astype(np.int32),
+        ids=bias_ids.astype(np.int32),
+        values=rng.uniform(-100, 100, bias_ids.size).astype(F32),
+    )
     penalties = Penalties(
         repetition=rng.uniform(0.5, 2.0, n).astype(F32),
         frequency=rng.uniform(-2, 2, n).astype(F32),
@@ -221,13 +229,25 @@ def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
         token_offsets=np.cumsum([0, *sizes]).astype(np.int32),
         token_ids=ids.astype(np.int32),
         output_counts=rng.integers(0, 5, ids.size).astype(np.int32),
+        bias=bias,
     )
     want = logits.copy()
     penalize_ref(want, penalties)
-    fields = {name: dev(getattr(penalties, name)) for name in Penalties.__slots__}
+    gpu = CupyBackend()
     got = dev(logits)
-    apply_penalties(got, **fields)
+    gpu.penalize(got, penalties)
     assert np.array_equal(host(got).view(np.uint32), want.view(np.uint32))
+    one, b = slice(*penalties.token_offsets[3:5]), slice(*bias.offsets[3:5])
+    row_3 = Penalties(
+        *(p[3:4] for p in (penalties.repetition, penalties.frequency, penalties.presence)),
+        token_offsets=np.array([0, one.stop - one.start], np.int32),
+        token_ids=penalties.token_ids[one],
+        output_counts=penalties.output_counts[one],
+        bias=LogitBias(np.array([0, b.stop - b.start], np.int32), bias.ids[b], bias.values[b]),
+    )
+    alone = dev(np.ascontiguousarray(logits[3:4]))
+    gpu.penalize(alone, row_3)
+    assert np.array_equal(host(alone)[0].view(np.uint32), want[3].view(np.uint32))
 
 
 def test_philox_uniforms_equal_the_twin(cp, rng) -> None:

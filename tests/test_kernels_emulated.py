@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ from reprise.cuda.gemm_kernel import (
     tile_config,
 )
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref, rope_kv_write_ref
-from reprise.cuda.penalties import Penalties, penalize_ref
+from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
 from reprise.cuda.sampling import sample_ref, uniform
@@ -300,6 +301,49 @@ def test_apply_penalties_is_the_twin_bit_for_bit(
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not np.array_equal(want[0], logits[0])  # something was penalized
     assert np.array_equal(got[3].view(np.uint32), logits[3].view(np.uint32))
+
+
+def test_logit_bias_then_penalties_are_the_twin_bit_for_bit(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """add_logit_bias then apply_penalties (as the CuPy backend launches them) against
+    penalize_ref with a bias: rows biasing tokens they also penalize, tokens they do not,
+    the zeros and infinities, and none; every element the twin's bits."""
+    rows, vocab = 5, 2003
+    logits = (rng.standard_normal((rows, vocab)) * 6).astype(F32)
+    logits[:, :4] = [0.0, -0.0, np.inf, -np.inf]
+    penalized = [rng.choice(vocab, int(rng.integers(1, 200)), replace=False) for _ in range(rows)]
+    biased = [rng.choice(vocab, int(rng.integers(1, 300)), replace=False) for _ in range(rows)]
+    biased[0][:4] = [0, 1, 2, 3]
+    biased[1] = penalized[1][: max(1, penalized[1].size // 2)]  # each also penalized
+    biased[4] = biased[4][:0]  # no bias
+    values = np.concatenate([rng.uniform(-100, 100, ids.size) for ids in biased]).astype(F32)
+    values[:2] = [-0.0, 1e-30]  # the signed zero and a tiny bias on the zeros
+    offsets = np.cumsum([0, *(i.size for i in biased)]).astype(np.int32)
+    bias = LogitBias(offsets=offsets, ids=np.concatenate(biased).astype(np.int32), values=values)
+    penalties = Penalties(
+        repetition=rng.uniform(0.3, 3.0, rows).astype(F32),
+        frequency=rng.uniform(-2, 2, rows).astype(F32),
+        presence=rng.uniform(-2, 2, rows).astype(F32),
+        token_offsets=np.cumsum([0, *(i.size for i in penalized)]).astype(np.int32),
+        token_ids=np.concatenate(penalized).astype(np.int32),
+        output_counts=rng.integers(0, 6, sum(i.size for i in penalized)).astype(np.int32),
+        bias=bias,
+    )
+    want = logits.copy()
+    penalize_ref(want, penalties)
+    got = logits.copy()
+    lib.run_add_logit_bias(rows, ptr(got), vocab, ptr(bias.offsets), ptr(bias.ids),
+                           ptr(bias.values))  # fmt: skip
+    lib.run_apply_penalties(rows, ptr(got), vocab, ptr(penalties.token_offsets),
+                            ptr(penalties.token_ids), ptr(penalties.output_counts),
+                            ptr(penalties.repetition), ptr(penalties.frequency),
+                            ptr(penalties.presence))  # fmt: skip
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    unbiased = logits.copy()
+    penalize_ref(unbiased, dataclasses.replace(penalties, bias=None))
+    changed = [r for r in range(rows) if not np.array_equal(want[r], unbiased[r])]
+    assert changed == [0, 1, 2, 3]  # the bias moved every row that has one
 
 
 @pytest.mark.parametrize("vocab", [1000, 5003])
