@@ -100,6 +100,30 @@ def _stop(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
     return value
 
 
+def _logit_bias(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> dict[int, float] | None:
+    """ID=BIAS, repeatable: {id: bias} (None when not given); the range is SamplingParams'
+    (and the vocabulary's, the engine's)."""
+    bias: dict[int, float] = {}
+    for item in value:
+        token, sep, number = item.partition("=")
+        try:
+            token_id, amount = int(token), float(number)
+        except ValueError:
+            token_id, amount, sep = -1, 0.0, ""
+        if not sep or token_id < 0 or not -100 <= amount <= 100:
+            raise click.BadParameter(
+                f"must be ID=BIAS, a token id >= 0 and a bias in [-100, 100]; got {item!r}",
+                ctx,
+                param,
+            )
+        if token_id in bias:
+            raise click.BadParameter(f"token {token_id} is biased twice", ctx, param)
+        bias[token_id] = amount
+    return bias or None
+
+
 def _stack(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
     def decorate(f: Any) -> Any:
         for option in reversed(options):
@@ -171,6 +195,14 @@ sampling_options = _stack(
             help="Divides positive and multiplies negative logits of tokens in the prompt or "
             "output (vLLM's) [default: 1, off].",
         ),
+        click.option(
+            "--logit-bias",
+            multiple=True,
+            metavar="ID=BIAS",
+            callback=_logit_bias,
+            help="Add BIAS (-100 to 100) to token ID's logit before sampling, as OpenAI's "
+            "logit_bias: -100 bans it, 100 forces it (repeatable).",
+        ),
     ]
 )
 
@@ -231,6 +263,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         "seed": kw["seed"],
         "stop": list(kw["stop"]),
         **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},
+        **({"logit_bias": kw["logit_bias"]} if kw.get("logit_bias") else {}),
     }
 
 

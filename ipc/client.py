@@ -36,6 +36,7 @@ from .messages import (
     StatsReply,
     StatsRequest,
     TokenChunk,
+    logit_bias_to_wire,
 )
 from .sockets import client_address, ipc_path, socket_target
 
@@ -75,6 +76,12 @@ def generate_message(
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; sampling: {sorted(SAMPLING_FIELDS)}")
     sampling = {k: v for k, v in sampling.items() if v is not None}
+    bias = sampling.get("logit_bias")
+    if isinstance(bias, dict):  # {token id: bias}, as SamplingParams takes it
+        if bias:
+            sampling["logit_bias"] = logit_bias_to_wire(bias)
+        else:
+            del sampling["logit_bias"]
     kind = "prompt"
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         kind = "messages"

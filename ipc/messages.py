@@ -54,8 +54,14 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     # top alternatives per prompt token, 0 to the daemon's max_prompt_logprobs (None: off)
     "prompt_logprobs": (int, type(None)),
     "n": (int,),  # completions of the prompt, 1 to 16; each reply carries its choice's index
+    # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
+    "logit_bias": (list, type(None)),
 }
-SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {"stop": (str,), "stop_token_ids": (int,)}
+SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {
+    "stop": (str,),
+    "stop_token_ids": (int,),
+    "logit_bias": (list,),
+}
 
 
 class ProtocolError(Exception):
@@ -103,6 +109,30 @@ def _short(value: object) -> str:
 
 
 MAX_QUEUE_PRIORITY = 1 << 31
+
+
+def _check_bias_pair(pair: list[Any]) -> None:
+    if len(pair) != 2:
+        raise bad(f"sampling.logit_bias[] must be [token id, bias] pairs; got {_short(pair)}")
+    check_type("sampling.logit_bias[] token id", pair[0], int)
+    check_type("sampling.logit_bias[] bias", pair[1], int, float)
+
+
+def logit_bias_to_wire(bias: dict[int, float] | None) -> list[list[Any]] | None:
+    """SamplingParams' {token id: bias} as the wire's pairs, in ascending id order."""
+    return None if bias is None else [[token, bias[token]] for token in sorted(bias)]
+
+
+def logit_bias_from_wire(pairs: list[list[Any]] | None) -> dict[int, float] | None:
+    """The wire's pairs (checked by Generate) as {token id: bias}; bad_request if an id
+    comes twice."""
+    if pairs is None:
+        return None
+    bias = {token: value for token, value in pairs}
+    if len(bias) != len(pairs):
+        raise bad("logit_bias names a token id twice")
+    return bias
+
 
 # -- requests (client -> daemon) -----------------------------------------------------------
 
@@ -162,6 +192,8 @@ class Generate:
             check_type(f"sampling.{key}", value, *SAMPLING_FIELDS[key])
             for item in value if isinstance(value, list) else ():  # the range: SamplingParams
                 check_type(f"sampling.{key}[]", item, *SAMPLING_ITEMS[key])
+                if key == "logit_bias":
+                    _check_bias_pair(item)
             if isinstance(value, float) and not math.isfinite(value):
                 raise bad(f"sampling.{key} must be finite; got {value}")
         if self.cache_salt is not None:

@@ -146,6 +146,28 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenAI) -> None:
+    """OpenAI's logit_bias ({"token id": bias}) reaches the sampler: -100 on the greedy
+    token takes the next best, +100 on a token makes it every token, in both routes."""
+    with Client(daemon.address) as client:  # the greedy answer's token ids
+        done = client.generate("The capital of France is", max_tokens=3, temperature=0)
+    greedy = complete(api, max_tokens=3).choices[0].text
+    banned = complete(api, max_tokens=3, logit_bias={str(done.token_ids[0]): -100})
+    assert banned.choices[0].text != greedy
+    with Client(daemon.address) as client:
+        again = client.generate("The capital of France is", max_tokens=3, temperature=0,
+                                logit_bias={done.token_ids[0]: -100})  # fmt: skip
+    assert again.token_ids[0] != done.token_ids[0] and again.text == banned.choices[0].text
+    forced = complete(api, max_tokens=3, logit_bias={str(done.token_ids[1]): 100})
+    with Client(daemon.address) as client:
+        forced_done = client.generate("The capital of France is", max_tokens=3, temperature=0,
+                                      logit_bias={done.token_ids[1]: 100.0})  # fmt: skip
+    assert forced_done.token_ids == [done.token_ids[1]] * 3
+    assert forced.choices[0].text == forced_done.text
+    chat_forced = chat(api, max_tokens=2, logit_bias={str(done.token_ids[1]): 100})
+    assert chat_forced.choices[0].message.content * 3 == forced_done.text * 2  # 6 of that token
+
+
 @pytest.mark.parametrize(
     ("kw", "error", "param"),
     [
@@ -167,6 +189,11 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
         ({"extra_body": {"priority": 2**64}}, "BadRequestError", "priority"),
         ({"extra_body": {"cache_salt": 5}}, "BadRequestError", "cache_salt"),
         ({"stop": ["s"] * 17}, "BadRequestError", "stop"),  # the daemon's max_stop_strings
+        ({"logit_bias": {"abc": 1}}, "BadRequestError", "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "BadRequestError", "logit_bias"),
+        ({"logit_bias": {"49152": 1}}, "BadRequestError", "logit_bias"),  # past the vocabulary
+        ({"logit_bias": {"5": "1"}}, "BadRequestError", "logit_bias"),
+        ({"logit_bias": {str(2**64): 1}}, "BadRequestError", "logit_bias"),
     ],
 )
 def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, param) -> None:

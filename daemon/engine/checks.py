@@ -67,6 +67,16 @@ def check_prompt_logprobs(
         )
 
 
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """Every token a logit_bias names is in the vocabulary."""
+    if params.logit_bias is not None:
+        bad = [t for t in params.logit_bias if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"logit_bias token ids must be in [0, {vocab_size}); got {sorted(bad)[:5]}"
+            )
+
+
 def check_fits(
     num_prompt_tokens: int, params: SamplingParams, max_model_len: int, pool: BlockPool
 ) -> None:

@@ -35,7 +35,13 @@ from ..model.fingerprint import model_fingerprint
 from ..model.llama import LlamaModel
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
-from .checks import check_fits, check_prompt_logprobs, check_request, check_settings
+from .checks import (
+    check_fits,
+    check_logit_bias,
+    check_prompt_logprobs,
+    check_request,
+    check_settings,
+)
 from .config import EngineConfig
 from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
@@ -210,6 +216,7 @@ class Engine:
             prompt_ids, prompt_array = list(prepared.ids), prepared.array
             id_bytes = prepared.id_bytes
         check_prompt_logprobs(params, prompt_table, extra_ids, self.settings.max_prompt_logprobs)
+        check_logit_bias(params, self.config.vocab_size)
         table = check_prompt_table(
             prompt_array,
             prompt_table,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ipc.codec import decode_request, prompt_table_from_wire
-from ...ipc.messages import Generate, ProtocolError, Request
+from ...ipc.messages import Generate, ProtocolError, Request, logit_bias_from_wire
 from ..engine.params import SamplingParams
 from ..model.tokenizer import Tokenizer
 
@@ -68,7 +68,11 @@ class RequestChecks:
             return request
         try:
             try:
-                params = SamplingParams(**request.sampling, return_logits=request.return_logits)
+                sampling = request.sampling
+                if "logit_bias" in sampling:
+                    bias = logit_bias_from_wire(sampling["logit_bias"])
+                    sampling = {**sampling, "logit_bias": bias}
+                params = SamplingParams(**sampling, return_logits=request.return_logits)
             except (ValueError, TypeError) as e:
                 raise ProtocolError("bad_request", str(e)) from None
             self._check_limits(params)

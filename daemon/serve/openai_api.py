@@ -71,14 +71,9 @@ def _is(value: object, *types: type) -> bool:
     return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
 
 
-def _no_bias(v: object) -> bool:
-    return v in (None, {})
-
-
 # Accepted and not acted on, when their value asks for nothing we would have to do.
 HARMLESS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: _is(v, str),  # logged with the request
-    "logit_bias": _no_bias,
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v is None,
     "best_of": lambda v: v in (None, 1),
@@ -101,7 +96,7 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
 PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
-          "max_tokens", *PASSED, *HARMLESS}  # fmt: skip
+          "max_tokens", "logit_bias", *PASSED, *HARMLESS}  # fmt: skip
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
     "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
@@ -173,6 +168,8 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     for name in ("cache_salt", "priority"):
         if name in body:
             options[name] = body[name]
+    if "logit_bias" in body:
+        options["logit_bias"] = _logit_bias(body["logit_bias"])
     # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
@@ -215,6 +212,19 @@ def _echo(kind: str, body: dict[str, Any]) -> bool:
     if not _is(echo, bool):
         raise bad("echo", f"must be a boolean; got {echo!r:.60}")
     return echo
+
+
+def _logit_bias(bias: object) -> dict[int, object]:
+    """OpenAI's logit_bias, {"token id": bias} (JSON keys are strings), as {id: bias}; the
+    daemon checks the ids against the vocabulary and the biases' range."""
+    if not isinstance(bias, dict):
+        raise bad("logit_bias", f"must be an object of token id -> bias; got {bias!r:.60}")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad("logit_bias", f"keys must be token ids (decimal integers); got {key!r:.40}")
+        out[int(key)] = value
+    return out
 
 
 def _prompt(prompt: object) -> str | list[int]:

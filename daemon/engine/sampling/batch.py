@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....cuda.penalties import Penalties
+from ....cuda.penalties import LogitBias, Penalties
 from ....cuda.sampling import Draws
 from .state import SamplingState
 
@@ -65,15 +65,29 @@ def _draws(states: list[SamplingState], positions: list[int], vocab: int) -> Dra
 
 def _penalties(states: list[SamplingState]) -> Penalties | None:
     lists = [s.penalty_tokens for s in states]
-    if all(tokens is None for tokens in lists):
+    if all(tokens is None for tokens in lists) and all(s.bias is None for s in states):
         return None
     sizes = [0 if tokens is None else tokens.size for tokens in lists]
     present = [tokens for tokens in lists if tokens is not None]
+    empty = np.empty(0, np.int32)
     return Penalties(
         repetition=np.asarray([s.repetition_penalty for s in states], dtype=np.float32),
         frequency=np.asarray([s.frequency_penalty for s in states], dtype=np.float32),
         presence=np.asarray([s.presence_penalty for s in states], dtype=np.float32),
         token_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
-        token_ids=np.concatenate([t.token_ids[: t.size] for t in present]),
-        output_counts=np.concatenate([t.output_counts[: t.size] for t in present]),
+        token_ids=np.concatenate([empty] + [t.token_ids[: t.size] for t in present]),
+        output_counts=np.concatenate([empty] + [t.output_counts[: t.size] for t in present]),
+        bias=_bias(states),
+    )
+
+
+def _bias(states: list[SamplingState]) -> LogitBias | None:
+    biased = [s.bias for s in states if s.bias is not None]
+    if not biased:
+        return None
+    sizes = [0 if s.bias is None else s.bias[0].size for s in states]
+    return LogitBias(
+        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
+        ids=np.concatenate([ids for ids, _ in biased]),
+        values=np.concatenate([values for _, values in biased]),
     )

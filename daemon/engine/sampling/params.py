@@ -12,6 +12,8 @@ MAX_SEED = 2**64
 MAX_LOGPROBS = 20  # top alternatives a token may return, as OpenAI's and vLLM's
 MAX_ABS_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
 MAX_CHOICES = 16  # `n`: completions one request may ask for
+MAX_ABS_LOGIT_BIAS = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
+MAX_LOGIT_BIAS_TOKENS = 1024  # tokens one request may bias
 
 
 @dataclass(slots=True)
@@ -45,6 +47,11 @@ class SamplingParams:
     once and the other choices reuse them; a seeded request's choice i draws with
     seed + i (mod 2**64), as vLLM's, so the choices differ and each repeats.
 
+    `logit_bias` ({token id: bias}, OpenAI's; at most 1,024 tokens, each bias in
+    [-100, 100]) adds each bias to its token's logit before the penalties (vLLM's
+    order), so -100 all but bans a token and +100 all but forces it. Logprobs stay the
+    raw model's.
+
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
@@ -66,6 +73,7 @@ class SamplingParams:
     detokenize: bool = True
     prompt_logprobs: int | None = None
     n: int = 1
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,6 +122,8 @@ class SamplingParams:
         if self.prompt_logprobs is not None:  # the engine checks the upper bound, its setting
             check_int("prompt_logprobs", self.prompt_logprobs, low=0, hint=" or None (off)")
         check_int("n", self.n, low=1, high=MAX_CHOICES)
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:
@@ -148,6 +158,25 @@ def check_int(
     if not ok:
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {allowed}{hint}; got {value!r}")
+
+
+def _logit_bias(bias: object) -> dict[int, float] | None:
+    """A logit_bias as plain {int: float} (None when empty), or ValueError naming what
+    is wrong. The engine checks the ids against its vocabulary."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias; got {bias!r:.60}")
+    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
+        raise ValueError(
+            f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens; got {len(bias)}"
+        )
+    for token_id, value in bias.items():
+        check_int("logit_bias token id", token_id, low=0)
+        if not _is_number(value) or not -MAX_ABS_LOGIT_BIAS <= value <= MAX_ABS_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias values must be numbers in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                f"{MAX_ABS_LOGIT_BIAS:g}]; got {value!r} for token {token_id}"
+            )
+    return {int(t): float(v) for t, v in bias.items()} or None
 
 
 def _is_number(value: object) -> bool:

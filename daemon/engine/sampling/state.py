@@ -70,6 +70,8 @@ class SamplingState:
     num_logprobs: int | None  # None: no logprobs
     reads_row: bool  # whether its logits row comes back to the host each step
     penalty_tokens: PenaltyTokens | None  # None: no penalties
+    # logit_bias as [B] int32 ids (ascending) and [B] fp32 values; None: no bias
+    bias: tuple[np.ndarray, np.ndarray] | None
 
     @classmethod
     def build(cls, params: SamplingParams, seed: int, prompt_token_ids: list[int]) -> SamplingState:
@@ -89,12 +91,13 @@ class SamplingState:
             num_logprobs=params.logprobs,
             reads_row=params.return_logits or params.logprobs is not None,
             penalty_tokens=tokens,
+            bias=_bias_arrays(params.logit_bias),
         )
 
     @property
     def plain_greedy(self) -> bool:
-        """The row's argmax is the token: greedy with no penalty."""
-        return self.temperature == 0 and self.penalty_tokens is None
+        """The row's argmax is the token: greedy with no penalty and no logit bias."""
+        return self.temperature == 0 and self.penalty_tokens is None and self.bias is None
 
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
@@ -105,3 +108,10 @@ class SamplingState:
             return None
         assert row is not None, "the runner reads back the row of a request with logprobs"
         return token_logprobs(row, token_id, self.num_logprobs)
+
+
+def _bias_arrays(bias: dict[int, float] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    if not bias:
+        return None
+    ids = np.fromiter(sorted(bias), dtype=np.int32, count=len(bias))
+    return ids, np.asarray([bias[i] for i in ids.tolist()], dtype=np.float32)
