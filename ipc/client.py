@@ -28,6 +28,8 @@ from .framing import FrameDecoder, FramingError, frame
 from .messages import (
     SAMPLING_FIELDS,
     Cancel,
+    Detokenize,
+    DetokenizeReply,
     Done,
     ErrorReply,
     Generate,
@@ -36,6 +38,8 @@ from .messages import (
     StatsReply,
     StatsRequest,
     TokenChunk,
+    Tokenize,
+    TokenizeReply,
     logit_bias_to_wire,
 )
 from .sockets import client_address, ipc_path, socket_target
@@ -101,6 +105,13 @@ def generate_message(
     )
 
 
+def tokenize_message(prompt: str | list[dict[str, str]]) -> Tokenize:
+    """The Tokenize message of a text prompt or chat messages."""
+    if isinstance(prompt, list):
+        return Tokenize(uuid.uuid4().hex, messages=prompt)
+    return Tokenize(uuid.uuid4().hex, prompt=prompt)
+
+
 def num_choices(request: Generate) -> int:
     """How many Dones end `request` (its `sampling.n`)."""
     return int(request.sampling.get("n", 1))
@@ -140,6 +151,23 @@ class Client:
         reply = self._recv(None)
         assert isinstance(reply, StatsReply), reply
         return reply.stats
+
+    def tokenize(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """The token ids a generate of this prompt (text, or chat messages, the template
+        applied) would have. Raises RequestError."""
+        request = tokenize_message(prompt)
+        self._send(encode(request))
+        reply = self._recv(request.id)
+        assert isinstance(reply, TokenizeReply), reply
+        return reply.token_ids
+
+    def detokenize(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of these vocabulary token ids. Raises RequestError."""
+        request = Detokenize(uuid.uuid4().hex, list(token_ids), skip_special_tokens)
+        self._send(encode(request))
+        reply = self._recv(request.id)
+        assert isinstance(reply, DetokenizeReply), reply
+        return reply.text
 
     def cancel(self, request_id: str) -> None:
         """Ask the daemon to stop a request; its Done (finish "cancelled") ends its stream."""

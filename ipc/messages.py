@@ -111,6 +111,20 @@ def _short(value: object) -> str:
 MAX_QUEUE_PRIORITY = 1 << 31
 
 
+def check_messages(messages: object) -> None:
+    """Chat messages: a non-empty list of {role, content} maps of strings."""
+    check_type("messages", messages, list)
+    assert isinstance(messages, list)
+    if not messages:
+        raise bad("messages must hold at least one message")
+    for i, m in enumerate(messages):
+        check_type(f"messages[{i}]", m, dict)
+        if set(m) - {"role", "content"} or "role" not in m or "content" not in m:
+            raise bad(f"messages[{i}] must have exactly role and content; got {sorted(m)}")
+        check_type(f"messages[{i}].role", m["role"], str)
+        check_type(f"messages[{i}].content", m["content"], str)
+
+
 def _check_bias_pair(pair: list[Any]) -> None:
     if len(pair) != 2:
         raise bad(f"sampling.logit_bias[] must be [token id, bias] pairs; got {_short(pair)}")
@@ -170,15 +184,7 @@ class Generate:
         if self.prompt is not None:
             check_type("prompt", self.prompt, str)
         if self.messages is not None:
-            check_type("messages", self.messages, list)
-            if not self.messages:
-                raise bad("messages must hold at least one message")
-            for i, m in enumerate(self.messages):
-                check_type(f"messages[{i}]", m, dict)
-                if set(m) - {"role", "content"} or "role" not in m or "content" not in m:
-                    raise bad(f"messages[{i}] must have exactly role and content; got {sorted(m)}")
-                check_type(f"messages[{i}].role", m["role"], str)
-                check_type(f"messages[{i}].content", m["content"], str)
+            check_messages(self.messages)
         if self.token_ids is not None:
             check_type("token_ids", self.token_ids, list)
             for t in self.token_ids:
@@ -276,6 +282,46 @@ class Health:
     TYPE: ClassVar[str] = "health"
 
 
+@dataclass(slots=True)
+class Tokenize:
+    """The token ids a generate of this prompt (text, or chat messages with the template
+    applied and a generation prompt added) would have: answered by a TokenizeReply."""
+
+    TYPE: ClassVar[str] = "tokenize"
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+    def __post_init__(self) -> None:
+        check_id("id", self.id)
+        if (self.prompt is None) == (self.messages is None):
+            raise bad("tokenize needs exactly one of prompt, messages")
+        if self.prompt is not None:
+            check_type("prompt", self.prompt, str)
+        else:
+            check_messages(self.messages)
+
+    def given_prompt(self) -> str:
+        return "prompt" if self.prompt is not None else "messages"
+
+
+@dataclass(slots=True)
+class Detokenize:
+    """The text of these token ids (vocabulary ids only): answered by a DetokenizeReply."""
+
+    TYPE: ClassVar[str] = "detokenize"
+    id: str
+    token_ids: list[int]
+    skip_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        check_id("id", self.id)
+        check_type("token_ids", self.token_ids, list)
+        for t in self.token_ids:
+            check_type("token_ids[]", t, int)
+        check_type("skip_special_tokens", self.skip_special_tokens, bool)
+
+
 # -- replies (daemon -> client) ------------------------------------------------------------
 
 
@@ -342,9 +388,26 @@ class HealthReply:
     vocab_size: int = 0  # token ids a prompt may use: [0, vocab_size)
 
 
-REQUEST_TYPES: dict[str, type] = {c.TYPE: c for c in (Generate, Cancel, StatsRequest, Health)}
-REPLY_TYPES: dict[str, type] = {
-    c.TYPE: c for c in (TokenChunk, Done, ErrorReply, StatsReply, HealthReply)
+@dataclass(slots=True)
+class TokenizeReply:
+    TYPE: ClassVar[str] = "tokenize_reply"
+    id: str
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class DetokenizeReply:
+    TYPE: ClassVar[str] = "detokenize_reply"
+    id: str
+    text: str
+
+
+REQUEST_TYPES: dict[str, type] = {
+    c.TYPE: c for c in (Generate, Cancel, StatsRequest, Health, Tokenize, Detokenize)
 }
-Request = Generate | Cancel | StatsRequest | Health
-Reply = TokenChunk | Done | ErrorReply | StatsReply | HealthReply
+REPLY_TYPES: dict[str, type] = {
+    c.TYPE: c
+    for c in (TokenChunk, Done, ErrorReply, StatsReply, HealthReply, TokenizeReply, DetokenizeReply)
+}
+Request = Generate | Cancel | StatsRequest | Health | Tokenize | Detokenize
+Reply = TokenChunk | Done | ErrorReply | StatsReply | HealthReply | TokenizeReply | DetokenizeReply

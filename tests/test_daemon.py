@@ -23,10 +23,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reprise.daemon.model.tokenizer import Tokenizer
 from reprise.ipc import Client, DaemonUnavailable, Done, RequestError, TokenChunk
 from reprise.ipc.codec import decode_reply
 from reprise.ipc.framing import FrameDecoder, frame
-from reprise.ipc.messages import ErrorReply, HealthReply
+from reprise.ipc.messages import ErrorReply, HealthReply, TokenizeReply
 from reprise.ipc.sockets import socket_target
 
 pytestmark = pytest.mark.model
@@ -472,6 +473,43 @@ def test_32_concurrent_clients_each_get_one_answer(daemon: Daemon) -> None:
     assert len(results) == 64
     assert all(len(v) == 1 for v in results.values())
     assert all(isinstance(v[0], Done) for v in results.values())
+
+
+def test_tokenize_gives_the_ids_a_generate_would_and_detokenize_their_text(
+    daemon: Daemon, raw: Raw, default_model_dir: Path
+) -> None:
+    """Tokenize answers the ids a generate of the same prompt uses (text, and chat
+    messages through the template: the same count as the generate's prompt_tokens),
+    detokenize their text; bad ids get bad_request, and on one connection a tokenize's
+    reply comes under its own id beside a stream's."""
+    tokenizer = Tokenizer.from_dir(default_model_dir)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    with daemon.client() as client:
+        ids = client.tokenize(LONG_PROMPT)
+        chat_ids = client.tokenize(messages)
+        assert ids == tokenizer.encode(LONG_PROMPT)
+        assert client.generate(LONG_PROMPT, max_tokens=1).prompt_tokens == len(ids)
+        assert client.generate(messages, max_tokens=1).prompt_tokens == len(chat_ids)
+        assert client.detokenize(ids) == LONG_PROMPT
+        assert client.detokenize(chat_ids) == tokenizer.decode(chat_ids)
+        assert "<|im_start|>" not in client.detokenize(chat_ids, skip_special_tokens=True)
+        assert client.detokenize([]) == "" and client.tokenize("") == []
+        for bad in ([-1], [5, 10**9]):
+            with pytest.raises(RequestError, match=r"token_ids must be in \[0, 49152\)") as info:
+                client.detokenize(bad)
+            assert info.value.code == "bad_request"
+        assert client.health().status == "ok"
+    raw.send(msgpack.packb({"v": 1, "type": "generate", "id": "g", "prompt": "Hello",
+                            "sampling": {"max_tokens": 3}, "stream": True}))  # fmt: skip
+    raw.send(msgpack.packb({"v": 1, "type": "tokenize", "id": "t", "prompt": "Hello"}))
+    replies: list[object] = []
+    while not (any(isinstance(r, Done) for r in replies)
+               and any(isinstance(r, TokenizeReply) for r in replies)):  # fmt: skip
+        replies.append(recv(raw))
+    tokenized = [r for r in replies if isinstance(r, TokenizeReply)]
+    assert len(tokenized) == 1 and tokenized[0].id == "t"
+    assert tokenized[0].token_ids == tokenizer.encode("Hello")
+    assert all(getattr(r, "id", None) == "g" for r in replies if r is not tokenized[0])
 
 
 def test_cli_generate_json(daemon: Daemon) -> None:

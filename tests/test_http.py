@@ -146,6 +146,40 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_tokenize_and_detokenize_as_vllm_answers_them(daemon: HttpDaemon, api) -> None:
+    """/tokenize gives the ids a completion (or chat completion) of the prompt is given,
+    their count and the context; /detokenize their text; bad bodies are 400s naming
+    the field, and the key is asked for like on every other route."""
+    url = daemon.url
+    text = "The capital of France is"
+    r = httpx.post(f"{url}/tokenize", json={"model": MODEL_NAME, "prompt": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    done = complete(api, prompt=text, max_tokens=1)
+    assert body["count"] == len(body["tokens"]) == done.usage.prompt_tokens
+    assert body["max_model_len"] > body["count"] and body["token_strs"] is None
+    with Client(daemon.address) as client:
+        assert body["tokens"] == client.tokenize(text)
+    r = httpx.post(f"{url}/detokenize", json={"tokens": body["tokens"]}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"prompt": text}
+    messages = [{"role": "user", "content": "Say hi"}]
+    r = httpx.post(f"{url}/tokenize", json={"messages": messages, "add_generation_prompt": True},
+                   timeout=60)  # fmt: skip
+    assert r.json()["count"] == chat(api, max_tokens=1).usage.prompt_tokens
+    for route, payload, param in [
+        ("tokenize", {"prompt": text, "add_special_tokens": False}, "add_special_tokens"),
+        ("tokenize", {"prompt": ["a"]}, "prompt"),
+        ("tokenize", {"prompt": text, "return_token_strs": True}, "return_token_strs"),
+        ("tokenize", {"messages": [{"role": "user"}]}, "messages[0].content"),
+        ("detokenize", {"tokens": [1, -1]}, "tokens"),
+        ("detokenize", {"tokens": [49152]}, "tokens"),
+        ("detokenize", {"tokens": "1 2"}, "tokens"),
+        ("detokenize", {"tokens": [1], "model": "gpt-nothing"}, "model"),
+    ]:
+        r = httpx.post(f"{url}/{route}", json=payload, timeout=60)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
 def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenAI) -> None:
     """OpenAI's logit_bias ({"token id": bias}) reaches the sampler: -100 on the greedy
     token takes the next best, +100 on a token makes it every token, in both routes."""
@@ -367,6 +401,12 @@ def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
         for path in ("/v1/models", "/metrics"):
             r = httpx.get(f"{d.url}{path}")
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        for path, body in (("/tokenize", {"prompt": "ab"}), ("/detokenize", {"tokens": [1]})):
+            r = httpx.post(f"{d.url}{path}", json=body)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            keyed = httpx.post(f"{d.url}{path}", json=body,
+                               headers={"Authorization": "Bearer sesame"})  # fmt: skip
+            assert keyed.status_code == 200, keyed.text
         assert [m.id for m in d.openai("sesame").models.list().data] == ["tiny"]
         done = d.openai("sesame").completions.create(model="tiny", prompt="ab", max_tokens=2)
         assert done.usage.completion_tokens >= 1

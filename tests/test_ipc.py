@@ -20,6 +20,8 @@ from reprise.ipc.codec import (
 )
 from reprise.ipc.messages import (
     Cancel,
+    Detokenize,
+    DetokenizeReply,
     Done,
     ErrorReply,
     Generate,
@@ -27,6 +29,8 @@ from reprise.ipc.messages import (
     ProtocolError,
     StatsRequest,
     TokenChunk,
+    Tokenize,
+    TokenizeReply,
 )
 from reprise.ipc.sockets import check_address, client_address, server_address
 
@@ -56,6 +60,9 @@ def code_of(data: bytes) -> str:
         Cancel(id="r1"),
         StatsRequest(check=True),
         Health(),
+        Tokenize(id="t1", prompt="hi"),
+        Tokenize(id="t2", messages=[{"role": "user", "content": "hi"}]),
+        Detokenize(id="d1", token_ids=[1, 2], skip_special_tokens=True),
     ],
 )
 def test_requests_round_trip(message: object) -> None:
@@ -69,7 +76,8 @@ def test_replies_round_trip() -> None:
     assert isinstance(back, Done) and back.token_ids == [1, 2]
     assert back.logits is not None
     np.testing.assert_array_equal(logits_from_wire(back.logits), logits)
-    for reply in (TokenChunk("x", [5], "a"), ErrorReply("busy", "full", "x")):
+    for reply in (TokenChunk("x", [5], "a"), ErrorReply("busy", "full", "x"),
+                  TokenizeReply("t", [3, 4]), DetokenizeReply("d", "ab")):  # fmt: skip
         assert decode_reply(encode(reply)) == reply
 
 
@@ -127,6 +135,14 @@ def test_logprobs_travel_with_chunks_and_done() -> None:
         (pack(v=1, type="generate", id="", prompt="x"), "bad_request"),
         (pack(v=1, type="generate", id="a" * 129, prompt="x"), "bad_request"),
         (pack(v=1, type="cancel", id=3), "bad_request"),
+        (pack(v=1, type="tokenize", id="t"), "bad_request"),  # no prompt
+        (pack(v=1, type="tokenize", id="t", prompt="x", messages=[]), "bad_request"),
+        (pack(v=1, type="tokenize", id="t", messages=[{"role": "user"}]), "bad_request"),
+        (pack(v=1, type="tokenize", prompt="x"), "bad_request"),  # no id
+        (pack(v=1, type="tokenize", id="t", token_ids=[1]), "bad_request"),
+        (pack(v=1, type="detokenize", id="d", token_ids=[1, "2"]), "bad_request"),
+        (pack(v=1, type="detokenize", id="d"), "bad_request"),
+        (pack(v=1, type="detokenize", id="d", token_ids=[1], skip_special_tokens=1), "bad_request"),
         (pack(v=1, type="stats", check="yes"), "bad_request"),
     ],
 )

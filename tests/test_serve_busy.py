@@ -19,7 +19,7 @@ from test_daemon import Daemon, Raw, recv
 
 from reprise.ipc import Client, DaemonUnavailable, RequestError
 from reprise.ipc.codec import encode
-from reprise.ipc.messages import ErrorReply, Generate
+from reprise.ipc.messages import ErrorReply, Generate, Tokenize, TokenizeReply
 
 pytestmark = pytest.mark.model
 
@@ -77,3 +77,43 @@ def test_stats_and_health_answer_during_a_long_step(
     finally:
         d.proc.kill()  # not worth waiting for the step (a minute on a loaded machine)
         d.stop()
+
+
+def test_tokenizes_in_flight_are_bounded_by_max_queue(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """Tokenize requests queued behind an engine step reach the loop together: with
+    --max-queue 2, two are answered and the rest get `busy` (each under its own id), so a
+    client cannot queue unbounded tokenizer work."""
+    d = Daemon(tmp_path, default_model_dir, "--max-queue", "2", "--max-batched-tokens", "1024",
+               "--max-model-len", "1024")  # fmt: skip
+    try:
+        done: list[object] = []
+
+        def run() -> None:
+            with d.client(timeout_s=300) as client:
+                done.append(client.generate(list(range(1000, 1800)), max_tokens=1))
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        with Client(d.address, timeout_s=5.0) as client:
+            deadline = time.monotonic() + 30
+            while client.stats()["step_running_s"] is None:
+                assert time.monotonic() < deadline, "the long step never started"
+                time.sleep(0.02)
+        burst = Raw(d.address)
+        for i in range(5):
+            burst.send(encode(Tokenize(id=f"t{i}", prompt="a few words " * 50)))
+        replies = [recv(burst, timeout_s=120) for _ in range(5)]
+        burst.close()
+        thread.join(timeout=120)
+        assert done, "the generate did not finish"
+        answered = sorted(r.id for r in replies if isinstance(r, TokenizeReply))
+        busy = sorted(r.id for r in replies if isinstance(r, ErrorReply) and r.code == "busy")
+        assert len(answered) == 2 and len(busy) == 3, replies
+        assert sorted(answered + busy) == [f"t{i}" for i in range(5)]
+        with d.client() as client:  # and the next one is answered
+            assert len(client.tokenize("a few words")) == 3
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,10 +32,22 @@ from ...ipc.client import (
     RequestError,
     generate_message,
     num_choices,
+    tokenize_message,
 )
 from ...ipc.codec import decode_reply, encode
 from ...ipc.framing import FrameDecoder, FramingError, frame
-from ...ipc.messages import Cancel, Done, ErrorReply, Health, HealthReply, TokenChunk
+from ...ipc.messages import (
+    Cancel,
+    Detokenize,
+    DetokenizeReply,
+    Done,
+    ErrorReply,
+    Health,
+    HealthReply,
+    TokenChunk,
+    Tokenize,
+    TokenizeReply,
+)
 from ...ipc.sockets import socket_target
 
 
@@ -145,6 +158,34 @@ class AsyncClient:
         finally:
             self._give(conn, healthy)
         assert isinstance(reply, HealthReply), reply
+        return reply
+
+    async def tokenize(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """As `Client.tokenize`. Raises RequestError."""
+        reply = await self._ask(tokenize_message(prompt))
+        assert isinstance(reply, TokenizeReply), reply
+        return reply.token_ids
+
+    async def detokenize(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        """As `Client.detokenize`. Raises RequestError."""
+        request = Detokenize(uuid.uuid4().hex, token_ids, skip_special_tokens)
+        reply = await self._ask(request)
+        assert isinstance(reply, DetokenizeReply), reply
+        return reply.text
+
+    async def _ask(self, request: Tokenize | Detokenize) -> Any:
+        """The one reply to `request`, on a pooled connection."""
+        conn, healthy = await self._take(), False
+        try:
+            conn.send(encode(request))
+            try:
+                reply = await conn.next_reply(request.id, self.timeout_s)
+            except RequestError:
+                healthy = True  # the daemon answered: the connection is fine
+                raise
+            healthy = True
+        finally:
+            self._give(conn, healthy)
         return reply
 
     async def stream(

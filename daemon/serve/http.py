@@ -40,10 +40,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ...ipc.client import Client, DaemonUnavailable, RequestError
-from ...ipc.messages import SAMPLING_FIELDS, Done, Generate, ProtocolError, TokenChunk
+from ...ipc.messages import (
+    SAMPLING_FIELDS,
+    Done,
+    Generate,
+    HealthReply,
+    ProtocolError,
+    TokenChunk,
+)
 from .async_client import AsyncClient
 from .metrics import Metrics
-from .openai_api import STATUS_OF_CODE, ApiError, ParsedRequest, parse_request
+from .openai_api import (
+    STATUS_OF_CODE,
+    ApiError,
+    ParsedRequest,
+    parse_detokenize,
+    parse_request,
+    parse_tokenize,
+)
 from .openai_responses import StreamBuilder, new_id, response
 
 log = logging.getLogger("reprise.http")
@@ -130,7 +144,7 @@ class Frontend:
         self.client = AsyncClient(daemon_address)
         self.pool = ClientPool(daemon_address)  # blocking Clients, for /metrics' stats
         self.num_in_flight = 0
-        self._vocab: int | None = None
+        self._sizes: HealthReply | None = None
         self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()))
 
     # -- the streams of one request ------------------------------------------------------
@@ -175,6 +189,37 @@ class Frontend:
         text = await run_in_threadpool(generate_latest, self.metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize: the ids a completion of `prompt` (or a chat completion of
+        `messages`) would be given, their count and the context length."""
+        model, prompt = parse_tokenize(await self._json(request))
+        self._check_model(model)
+        try:
+            ids = await self.client.tokenize(prompt)
+            limit = (await self._health()).max_model_len
+        except (RequestError, ProtocolError, DaemonUnavailable) as e:
+            raise _api_error(e) from None
+        return JSONResponse({"count": len(ids), "max_model_len": limit, "tokens": ids,
+                             "token_strs": None})  # fmt: skip
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's /detokenize: the text of `tokens`."""
+        model, ids = parse_detokenize(await self._json(request))
+        self._check_model(model)
+        try:
+            text = await self.client.detokenize(ids)
+        except (RequestError, ProtocolError, DaemonUnavailable) as e:
+            error = _api_error(e)
+            error.param = "tokens" if error.param == "prompt" else error.param  # token_ids
+            raise error from None
+        return JSONResponse({"prompt": text})
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.model_name:
+            raise ApiError(404, f"the model {model!r} does not exist; this daemon "
+                           f"serves {self.config.model_name!r}", param="model",
+                           code="model_not_found")  # fmt: skip
+
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "completions")
 
@@ -185,10 +230,7 @@ class Frontend:
         t_start = time.monotonic()
         parsed = parse_request(kind, await self._json(request),
                                max_tokens_default=self.config.max_tokens_default)  # fmt: skip
-        if parsed.model is not None and parsed.model != self.config.model_name:
-            raise ApiError(404, f"the model {parsed.model!r} does not exist; this daemon "
-                           f"serves {self.config.model_name!r}", param="model",
-                           code="model_not_found")  # fmt: skip
+        self._check_model(parsed.model)
         if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
             parsed.table_prompt(await self._vocab_size())
         if parsed.user is not None:
@@ -215,10 +257,13 @@ class Frontend:
 
     async def _vocab_size(self) -> int:
         """The model's vocabulary size (the first table id), asked of the daemon once."""
-        if self._vocab is None:
-            reply = await self.client.health(timeout_s=10)
-            self._vocab = reply.vocab_size
-        return self._vocab
+        return (await self._health()).vocab_size
+
+    async def _health(self) -> HealthReply:
+        """The daemon's health reply, asked once: its model's fixed sizes."""
+        if self._sizes is None:
+            self._sizes = await self.client.health(timeout_s=10)
+        return self._sizes
 
     async def _collect(self, items: AsyncIterator, timing: _Timing, n: int) -> list[Done]:
         dones: list[Done | None] = [None] * n
@@ -390,6 +435,8 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
         Route("/metrics", guarded(frontend.metrics_route), methods=["GET"]),
         Route("/v1/completions", guarded(frontend.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(frontend.chat), methods=["POST"]),
+        Route("/tokenize", guarded(frontend.tokenize), methods=["POST"]),
+        Route("/detokenize", guarded(frontend.detokenize), methods=["POST"]),
     ]
     app = Starlette(routes=routes)
     app.state.frontend = frontend

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ipc.codec import decode_request, prompt_table_from_wire
-from ...ipc.messages import Generate, ProtocolError, Request, logit_bias_from_wire
+from ...ipc.messages import (
+    Detokenize,
+    Generate,
+    ProtocolError,
+    Request,
+    Tokenize,
+    logit_bias_from_wire,
+)
 from ..engine.params import SamplingParams
 from ..model.tokenizer import Tokenizer
 
@@ -86,20 +93,7 @@ class RequestChecks:
 
     def prompt_ids(self, request: Generate) -> list[int]:
         """The request's prompt as token ids (on the tokenizing thread)."""
-        tokenizer = self.tokenizer
-        try:
-            if request.prompt is not None:
-                ids = tokenizer.encode(request.prompt)
-            elif request.messages is not None:
-                text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
-                ids = tokenizer.encode(text, add_special_tokens=False)
-            else:
-                assert request.token_ids is not None
-                ids = request.token_ids
-        except ProtocolError:
-            raise
-        except Exception as e:  # a template may reject a conversation (e.g. bad role order)
-            raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
+        ids = request.token_ids if request.token_ids is not None else self.text_ids(request)
         if not ids:
             raise ProtocolError("bad_request", "prompt is empty; it must hold at least one token")
         max_len = self.max_model_len
@@ -110,6 +104,30 @@ class RequestChecks:
                 f"so a prompt may have at most {max_len - 1}",
             )
         return ids
+
+    def text_ids(self, request: Generate | Tokenize) -> list[int]:
+        """A text or chat prompt's token ids (on a tokenizing thread): the text encoded,
+        or the messages in the chat template with a generation prompt. Its length is
+        the caller's to check."""
+        tokenizer = self.tokenizer
+        try:
+            if request.prompt is not None:
+                return tokenizer.encode(request.prompt)
+            assert request.messages is not None
+            text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+        except Exception as e:  # a template may reject a conversation (e.g. bad role order)
+            raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
+
+    def text_of(self, request: Detokenize) -> str:
+        """The text of vocabulary token ids (on a tokenizing thread)."""
+        ids = request.token_ids
+        if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
+            bad = [t for t in ids if not 0 <= t < self.vocab_size][:5]
+            raise ProtocolError(
+                "bad_request", f"token_ids must be in [0, {self.vocab_size}); got {bad}"
+            )
+        return self.tokenizer.decode(ids, skip_special_tokens=request.skip_special_tokens)
 
     @functools.cached_property
     def max_token_bytes(self) -> int | None:

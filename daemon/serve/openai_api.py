@@ -130,9 +130,7 @@ class ParsedRequest:
 
 def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> ParsedRequest:
     """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    body = {k: v for k, v in body.items() if v is not None}  # null means "not given"
+    body = _object_body(body)
     echo = _echo(kind, body)
     for key, value in body.items():
         if key not in KNOWN[kind]:
@@ -202,6 +200,49 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
         if parsed.num_logprobs is not None or not isinstance(prompt, str):
             options["prompt_logprobs"] = parsed.num_logprobs or 0
     return parsed
+
+
+def parse_tokenize(body: object) -> tuple[str | None, str | list[dict[str, str]]]:
+    """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`) -> (model, prompt), or
+    ApiError (400) naming the parameter. Its ids are those a completion of the prompt
+    (or a chat completion of the messages) is given, so only the defaults of vLLM's
+    `add_special_tokens` and `add_generation_prompt` (true) are accepted."""
+    body = _object_body(body)
+    kind = "chat" if "messages" in body else "completions"
+    allowed = {"model", "add_special_tokens" if kind == "completions" else "add_generation_prompt",
+               "prompt" if kind == "completions" else "messages"}  # fmt: skip
+    for key, value in body.items():
+        if key not in allowed:
+            raise ApiError(400, f"unsupported parameter: {key}", param=key,
+                           code="unsupported_parameter")  # fmt: skip
+        if key.startswith("add_") and value is not True:
+            raise ApiError(400, f"unsupported value for {key}: {value!r:.60} (only true)",
+                           param=key, code="unsupported_parameter")  # fmt: skip
+    if kind == "chat":
+        return body.get("model"), _messages(body["messages"])
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad("prompt", "must be a string (or give messages)")
+    return body.get("model"), prompt
+
+
+def parse_detokenize(body: object) -> tuple[str | None, list[int]]:
+    """A `/detokenize` body (vLLM's: `tokens`) -> (model, token ids), or ApiError (400)."""
+    body = _object_body(body)
+    for key in body:
+        if key not in ("model", "tokens"):
+            raise ApiError(400, f"unsupported parameter: {key}", param=key,
+                           code="unsupported_parameter")  # fmt: skip
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is(t, int) for t in tokens):
+        raise bad("tokens", "must be a list of token ids")
+    return body.get("model"), tokens
+
+
+def _object_body(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return {k: v for k, v in body.items() if v is not None}  # null means "not given"
 
 
 def _echo(kind: str, body: dict[str, Any]) -> bool:

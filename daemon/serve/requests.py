@@ -25,7 +25,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from ...ipc.codec import encode, error_bytes
-from ...ipc.messages import ProtocolError, Request, TokenChunk
+from ...ipc.messages import (
+    Detokenize,
+    DetokenizeReply,
+    ProtocolError,
+    Request,
+    TokenChunk,
+    Tokenize,
+    TokenizeReply,
+)
 from ..engine.engine import Engine
 from ..engine.params import Retention, StepOutput
 from ..engine.prompts import PreparedPrompt
@@ -92,6 +100,8 @@ class Requests:
         # the loop; the tokenizer releases the GIL while it encodes. Several, so that one
         # long prompt (up to the message size limit) holds up no other request's admission.
         self.pending: dict[tuple[Route, str], PendingRequest] = {}
+        # tokenize and detokenize requests, answered from those threads too: their replies
+        self.texts: dict[tuple[Route, str], Future[bytes]] = {}
         self._tokenizing = ThreadPoolExecutor(
             max_workers=TOKENIZING_THREADS, thread_name_prefix="tokenize"
         )
@@ -99,8 +109,9 @@ class Requests:
 
     @property
     def num_open(self) -> int:
-        """Client requests not yet answered, admitted or still tokenizing."""
-        return len(self.live) + len(self.pending)
+        """Client requests not yet answered, admitted or still tokenizing (tokenizes and
+        detokenizes included)."""
+        return len(self.live) + len(self.pending) + len(self.texts)
 
     def shutdown(self) -> None:
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
@@ -122,6 +133,35 @@ class Requests:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
         future = self._tokenizing.submit(self._prepare, request)
         self.pending[(route, request.id)] = PendingRequest(ready, future)
+
+    def start_text(self, route: Route, request: Tokenize | Detokenize) -> None:
+        """Queue a tokenize or detokenize on the tokenizing threads (ProtocolError: busy,
+        duplicate id); at most `max_queue` at once, apart from the generates."""
+        if len(self.texts) >= self.max_queue:
+            raise ProtocolError(
+                "busy",
+                f"{self.max_queue} tokenize and detokenize requests are in flight "
+                "(max_queue); retry later",
+            )
+        if (route, request.id) in self.texts:
+            raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
+        self.texts[(route, request.id)] = self._tokenizing.submit(self._text_reply, request)
+
+    def _text_reply(self, request: Tokenize | Detokenize) -> bytes:
+        """On a tokenizing thread: the reply's bytes (ProtocolError for a bad request)."""
+        if isinstance(request, Tokenize):
+            return encode(TokenizeReply(request.id, self.checks.text_ids(request)))
+        return encode(DetokenizeReply(request.id, self.checks.text_of(request)))
+
+    def answer_texts(self) -> None:
+        """Send the replies of the tokenizes and detokenizes that are done (on the loop)."""
+        for key in [key for key, future in self.texts.items() if future.done()]:
+            route, future = key[0], self.texts.pop(key)
+            send = functools.partial(self._send_text, route, future)
+            self.outbox.answering(route, "answering a tokenize", send, key[1])
+
+    def _send_text(self, route: Route, future: Future[bytes]) -> None:
+        self.outbox.send(route, future.result())  # a ProtocolError raised there comes here
 
     def _prepare(self, request: Request) -> PreparedRequest:
         """On a tokenizing thread: the prompt's ids (ProtocolError for a bad one), then
@@ -301,6 +341,10 @@ class Requests:
             pending.prepared.cancel()
             self.outbox.send_error(route, code, message, client_id)
         self.pending.clear()
+        for (route, client_id), future in list(self.texts.items()):
+            future.cancel()
+            self.outbox.send_error(route, code, message, client_id)
+        self.texts.clear()
 
     def abort_all(self, code: str, message: str) -> None:
         """Answer every request with the error (code, message): on the loop, at the end of

@@ -40,7 +40,16 @@ from collections.abc import Callable
 
 from ...ipc.codec import encode, error_bytes
 from ...ipc.framing import Oversize
-from ...ipc.messages import Cancel, Health, ProtocolError, Request, StatsReply, StatsRequest
+from ...ipc.messages import (
+    Cancel,
+    Detokenize,
+    Health,
+    ProtocolError,
+    Request,
+    StatsReply,
+    StatsRequest,
+    Tokenize,
+)
 from ...ipc.sockets import ipc_path, prepare_ipc_path
 from ..engine.engine import Engine
 from .connections import Answer, Arrival, Connections, Limits
@@ -184,12 +193,14 @@ class Server:
                 self.events.publish(self.engine.take_events())
                 return
             busy = self.engine.has_work()
-            timeout = 0 if busy else (5 if self.requests.pending else self.config.idle_poll_ms)
+            waiting = self.requests.pending or self.requests.texts  # on the tokenizing threads
+            timeout = 0 if busy else (5 if waiting else self.config.idle_poll_ms)
             if self.notifier.watchdog_interval_s is not None:
                 timeout = min(timeout, int(self.notifier.watchdog_interval_s * 1000))
             self._on_arrivals(self.conns.wait(timeout / 1000))
             self.requests.cancel_stopped()
             self.requests.admit_ready()
+            self.requests.answer_texts()
             if self.engine.has_work():
                 t_step = time.monotonic()
                 self._publish_snapshot(step_started=t_step)
@@ -286,15 +297,18 @@ class Server:
 
     def _handle(self, route: Route, request: Ready | Request) -> None:
         """A message `_intake` read and checked (a generate as `Ready`)."""
-        if isinstance(request, Ready):
+        if isinstance(request, Ready | Tokenize | Detokenize):
             try:
                 if self.draining:
                     raise ProtocolError(
                         "shutting_down", "the daemon is shutting down; not accepting requests"
                     )
-                self.requests.start(route, request)
+                if isinstance(request, Ready):
+                    self.requests.start(route, request)
+                else:
+                    self.requests.start_text(route, request)
             except ProtocolError as e:
-                e.request_id = request.request.id
+                e.request_id = request.request.id if isinstance(request, Ready) else request.id
                 raise
         elif isinstance(request, Cancel):
             self.requests.cancel(route, request.id)
