@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_sampling_engine import assert_identical, engine, prompt
 
 from reprise.cuda.dtypes import F32
 from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
 from reprise.cuda.sampling import sample_ref
-from reprise.daemon import Completion, Engine, SamplingParams
+from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.synth import synth_model
 from reprise.ipc.client import generate_message
 from reprise.ipc.codec import decode_request, encode
@@ -25,21 +26,12 @@ from reprise.ipc.messages import Generate, ProtocolError, logit_bias_from_wire
 NUM_TOKENS = 10
 
 
-def prompt(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(4, 250, size=n).tolist()
-
-
 PROMPTS = [prompt(32, 1), prompt(48, 2)]  # whole blocks: a repeat is an exact one
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield synth_model("tiny", tmp_path_factory.mktemp("bias") / "tiny")
-
-
-def engine(path: Path, **kwargs) -> Engine:
-    kwargs.setdefault("num_device_blocks", 64)
-    return Engine.from_pretrained(path, backend="numpy", block_size=16, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -166,14 +158,6 @@ def test_a_large_bias_forces_a_token_and_a_small_one_moves_nothing(tiny: Path) -
         max_tokens=6, temperature=0, ignore_eos=True, logit_bias={t: 1e-30 for t in range(100)}
     )
     assert eng.generate(PROMPTS[1], tiny_bias).token_ids == unbiased
-
-
-def assert_identical(got: list[Completion], want: list[Completion]) -> None:
-    for g, w in zip(got, want, strict=True):
-        assert g.token_ids == w.token_ids
-        assert g.logits is not None and w.logits is not None
-        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
-        assert g.logprobs == w.logprobs
 
 
 def test_biased_requests_are_bit_identical_reused_repeated_and_batched(tiny: Path, params) -> None:
