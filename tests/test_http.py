@@ -62,6 +62,10 @@ def chat(api: openai.OpenAI, content: str = "Say hi", **kw: object):
 
 def test_models_lists_the_served_model(api: openai.OpenAI) -> None:
     assert [m.id for m in api.models.list().data] == [MODEL_NAME]
+    assert api.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError) as info:
+        api.models.retrieve("gpt-nothing")
+    assert info.value.body["param"] == "model"
 
 
 def test_completion_and_chat(api: openai.OpenAI) -> None:

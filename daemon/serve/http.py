@@ -181,9 +181,16 @@ class Frontend:
         return JSONResponse({"status": reply.status}, status_code=status)
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.config.model_name, "object": "model", "created": 0,
-                 "owned_by": "reprise"}  # fmt: skip
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """OpenAI's GET /v1/models/{model}: the served model, or 404."""
+        self._check_model(request.path_params["model"])
+        return JSONResponse(self._model())
+
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.config.model_name, "object": "model", "created": 0,
+                "owned_by": "reprise"}  # fmt: skip
 
     async def metrics_route(self, request: Request) -> Response:
         text = await run_in_threadpool(generate_latest, self.metrics.registry)
@@ -432,6 +439,7 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
     routes = [
         Route("/health", guarded(frontend.health), methods=["GET"]),
         Route("/v1/models", guarded(frontend.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", guarded(frontend.model), methods=["GET"]),
         Route("/metrics", guarded(frontend.metrics_route), methods=["GET"]),
         Route("/v1/completions", guarded(frontend.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(frontend.chat), methods=["POST"]),
