@@ -196,6 +196,13 @@ sampling_options = _stack(
             "output (vLLM's) [default: 1, off].",
         ),
         click.option(
+            "--min-tokens",
+            type=click.IntRange(min=0),
+            default=None,
+            help="Tokens to generate before a stop token or stop string may end the answer "
+            "(vLLM's) [default: 0].",
+        ),
+        click.option(
             "--logit-bias",
             multiple=True,
             metavar="ID=BIAS",
@@ -264,6 +271,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         "stop": list(kw["stop"]),
         **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},
         **({"logit_bias": kw["logit_bias"]} if kw.get("logit_bias") else {}),
+        **({"min_tokens": kw["min_tokens"]} if kw.get("min_tokens") else {}),
     }
 
 

@@ -54,6 +54,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     # top alternatives per prompt token, 0 to the daemon's max_prompt_logprobs (None: off)
     "prompt_logprobs": (int, type(None)),
     "n": (int,),  # completions of the prompt, 1 to 16; each reply carries its choice's index
+    "min_tokens": (int,),  # tokens before a stop token or string may end it, 0 to max_tokens
     # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
     "logit_bias": (list, type(None)),
 }

@@ -200,11 +200,13 @@ def test_dependent_launches_in_graphs_only_keep_every_bit(
 
 
 def test_penalties_and_logprobs_stay_bit_identical(engines: Engines) -> None:
-    """Penalized greedy and seeded requests with logprobs and a logit bias on the GPU
-    backend: the same tokens, logits and logprobs alone and eager with reuse off, through
-    replayed graphs, and repeated from the prefix cache."""
+    """Penalized greedy and seeded requests with logprobs, a logit bias and min_tokens
+    (stop tokens at -inf through the sampler) on the GPU backend: the same tokens, logits
+    and logprobs alone and eager with reuse off, through replayed graphs, and repeated
+    from the prefix cache."""
     penalties = {"frequency_penalty": 0.6, "presence_penalty": 0.3, "repetition_penalty": 1.4,
-                 "logit_bias": {5: 3.0, 17: -2.5, 200: 1.5, 201: -100.0}}  # fmt: skip
+                 "logit_bias": {5: 3.0, 17: -2.5, 200: 1.5, 201: -100.0},
+                 "min_tokens": NUM_TOKENS, "stop_token_ids": [7, 9, 200]}  # fmt: skip
     params = [
         SamplingParams(**{**_fields(p), **penalties, "logprobs": 4}) for p in (GREEDY, SEEDED)
     ]

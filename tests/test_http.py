@@ -227,6 +227,7 @@ def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenA
         ({"extra_body": {"priority": 2**64}}, "BadRequestError", "priority"),
         ({"extra_body": {"cache_salt": 5}}, "BadRequestError", "cache_salt"),
         ({"stop": ["s"] * 17}, "BadRequestError", "stop"),  # the daemon's max_stop_strings
+        ({"extra_body": {"min_tokens": 5}}, "BadRequestError", "min_tokens"),  # > max_tokens
         ({"logit_bias": {"abc": 1}}, "BadRequestError", "logit_bias"),
         ({"logit_bias": {"5": 101}}, "BadRequestError", "logit_bias"),
         ({"logit_bias": {"49152": 1}}, "BadRequestError", "logit_bias"),  # past the vocabulary

@@ -183,6 +183,15 @@ class Engine:
             keys = tuple(self.kv.prompt_keys(id_bytes, namespace))
         return PreparedPrompt(tuple(ids), array, id_bytes, namespace, keys, owner=self)
 
+    def _held_stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The vocabulary tokens that would end a request of `params`, which min_tokens
+        holds back (none without min_tokens)."""
+        if not params.min_tokens:
+            return frozenset()
+        eos = frozenset() if params.ignore_eos else self.stop_token_ids
+        vocab = self.config.vocab_size
+        return frozenset(t for t in eos | frozenset(params.stop_token_ids) if t < vocab)
+
     def add_request(
         self,
         prompt: Prompt | PreparedPrompt,
@@ -239,6 +248,7 @@ class Engine:
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
             prompt_id_bytes=id_bytes,
+            stop_ids=self._held_stop_ids(params),
         )
         if prepared is not None:  # its keys, when they are this request's
             seq.hash_chain = prepared.keys_for(namespace, table is not None)

@@ -6,9 +6,11 @@ what a finished request gives its caller.
 
 Guarantees:
 - A request ends on the first of, in this precedence: a stop token (eos unless
-  `ignore_eos`, or one of `stop_token_ids`): finish "stop", held characters flushed;
+  `ignore_eos`, or one of `stop_token_ids`) after its `min_tokens`-th token (before, the
+  sampler held them back): finish "stop", held characters flushed;
   a stop string beginning in the text this token could have completed: "stop", the
-  text cut where the earliest one begins, nothing flushed; `max_tokens` or the
+  text cut where the earliest one begins, nothing flushed (looked for from the
+  `min_tokens`-th token on); `max_tokens` or the
   context full: "length", flushed (`extend_text`, which daemon/serve/detokenize.py
   applies off the engine loop too).
 - Deltas joined give the text; while a request runs they hold back the characters
@@ -57,15 +59,25 @@ def record_token(
         seq.logprobs.append(logprobs)
     if params.return_logits:  # the runner brings the row back: it is returned
         seq.logits.append(np.array(logits, dtype=np.float32))
-    if (token in stop_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+    num_out = len(seq.output_token_ids)
+    ends = (token in stop_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+    if ends and num_out > params.min_tokens:  # min_tokens held its stop tokens back before
         by_ids: FinishReason | None = "stop"
-    elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= max_model_len:
+    elif num_out >= params.max_tokens or seq.num_tokens >= max_model_len:
         by_ids = "length"
     else:
         by_ids = None
-    text = extend_text(seq.text, detok, token, params.stop, by_ids)
+    text = extend_text(
+        seq.text, detok, token, active_stops(params.stop, num_out, params.min_tokens), by_ids
+    )
     seq.text, seq.finish_reason = text.text, text.finish_reason
     return text.finish_reason is not None
+
+
+def active_stops(stop: list[str], num_tokens: int, min_tokens: int) -> list[str]:
+    """The stop strings looked for at a request's `num_tokens`-th token: none before its
+    `min_tokens`-th (vLLM's rule)."""
+    return stop if num_tokens >= min_tokens else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +98,10 @@ def extend_text(
     is the end its token ids give ("stop": eos or a stop token id; "length"), a stop
     string comes between the two (module docstring). The engine's rule, and the
     daemon's detokenizing thread's (daemon/serve/detokenize.py)."""
-    # a stop string this token completes begins no earlier than the longest one's length
-    # before the text it extends
-    searched = max(len(text) - max(map(len, stop), default=0), 0)
+    # a stop string this token completes ends in its text, so it begins at most the
+    # longest one's length less one before it (one wholly before was looked for then, or,
+    # under min_tokens, not yet to be looked for)
+    searched = max(len(text) - max(map(len, stop), default=1) + 1, 0)
     if detok is not None:
         text += detok.push(token)
     if by_ids != "stop" and stop and (cut := find_stop(text, stop, searched)) is not None:

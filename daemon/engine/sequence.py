@@ -42,6 +42,8 @@ class Sequence:
     # p-tuning (prompt_table.py): prompt ids >= vocab size select rows of `prompt_table`
     prompt_table: np.ndarray | None = None  # [num_virtual, hidden] BF16
     prompt_extra_ids: list[int] | None = None  # one per prompt token, 0 for text tokens
+    # the vocabulary tokens that would end it, held back until params.min_tokens are out
+    stop_ids: frozenset[int] = frozenset()
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
@@ -65,7 +67,9 @@ class Sequence:
 
     def __post_init__(self) -> None:
         # fake ids are no vocabulary entries: penalties see the text tokens only
-        self.sampling = SamplingState.build(self.params, self.seed, self.text_prompt_ids())
+        self.sampling = SamplingState.build(
+            self.params, self.seed, self.text_prompt_ids(), self.stop_ids
+        )
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -11,7 +11,9 @@ final flush) and applies the request's stop strings with the rules of
 1. the engine ended the request on this token with "stop" (eos or a stop token id):
    the held characters are flushed, no stop string is looked for;
 2. else a stop string that begins at or after the searched point (the text before the
-   token, less the longest stop's length) ends the request here: the text is cut where
+   token, less the longest stop's length plus one: a stop string ending in the token's
+   text; from the request's min_tokens-th token on)
+   ends the request here: the text is cut where
    the earliest one begins, nothing is flushed, and the tokens after this one (the
    engine may have computed one or two more) are never sent;
 3. else the engine ended it with "length": flushed.
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..engine.outputs import extend_text, next_delta
+from ..engine.outputs import active_stops, extend_text, next_delta
 from ..engine.params import FinishReason
 from ..engine.sequence import RequestId
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -62,6 +64,7 @@ class _Text:
     detok: IncrementalDetokenizer
     stop: list[str]
     max_stop_chars: int  # the longest stop string's length (0 without any): the hold-back
+    min_tokens: int  # stop strings are looked for from this token on
     text: str = ""
     num_emitted: int = 0  # characters of `text` already sent as deltas
     num_tokens: int = 0
@@ -82,6 +85,7 @@ class Detokenizing:
         prompt_ids: list[int],
         skip_special_tokens: bool,
         stop: list[str] | None = None,
+        min_tokens: int = 0,
     ) -> None:
         stops = list(stop or ())
 
@@ -89,7 +93,8 @@ class Detokenizing:
             detok = IncrementalDetokenizer(
                 self.tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens
             )
-            self._texts[request_id] = _Text(detok, stops, max(map(len, stops), default=0))
+            longest = max(map(len, stops), default=0)
+            self._texts[request_id] = _Text(detok, stops, longest, min_tokens)
 
         self._submit(start)
 
@@ -159,7 +164,8 @@ def _advance(state: _Text, token_ids: list[int], finish_reason: FinishReason | N
     them the request keeps (all, unless a stop string ends it before the last)."""
     for num_kept, token in enumerate(token_ids, 1):
         by_ids = finish_reason if num_kept == len(token_ids) else None  # the engine's end
-        step = extend_text(state.text, state.detok, token, state.stop, by_ids)
+        stop = active_stops(state.stop, state.num_tokens + 1, state.min_tokens)
+        step = extend_text(state.text, state.detok, token, stop, by_ids)
         state.text = step.text
         state.num_tokens += 1
         if step.finish_reason is not None:

@@ -206,7 +206,8 @@ class Requests:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
         for index, request_id in enumerate(request_ids):
-            self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop)
+            self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop,
+                           params.min_tokens)  # fmt: skip
             self.live[request_id] = LiveRequest(
                 route,
                 request.id,

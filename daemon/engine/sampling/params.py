@@ -47,6 +47,11 @@ class SamplingParams:
     once and the other choices reuse them; a seeded request's choice i draws with
     seed + i (mod 2**64), as vLLM's, so the choices differ and each repeats.
 
+    `min_tokens` (vLLM's; 0 to max_tokens) keeps a request from ending before it has
+    that many tokens: until then its stop tokens (eos unless `ignore_eos`, and
+    `stop_token_ids`) have their logits at -inf, and stop strings are looked for from the
+    min_tokens-th token on.
+
     `logit_bias` ({token id: bias}, OpenAI's; at most 1,024 tokens, each bias in
     [-100, 100]) adds each bias to its token's logit before the penalties (vLLM's
     order), so -100 all but bans a token and +100 all but forces it. Logprobs stay the
@@ -74,6 +79,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     n: int = 1
     logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -124,6 +130,8 @@ class SamplingParams:
         check_int("n", self.n, low=1, high=MAX_CHOICES)
         if self.logit_bias is not None:
             self.logit_bias = _logit_bias(self.logit_bias)
+        check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens,
+                  hint=" (at most max_tokens)")  # fmt: skip
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:

@@ -9,6 +9,8 @@ generated, updated in O(1) per token.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,10 +73,23 @@ class SamplingState:
     reads_row: bool  # whether its logits row comes back to the host each step
     penalty_tokens: PenaltyTokens | None  # None: no penalties
     # logit_bias as [B] int32 ids (ascending) and [B] fp32 values; None: no bias
-    bias: tuple[np.ndarray, np.ndarray] | None
+    logit_bias: tuple[np.ndarray, np.ndarray] | None
+    min_tokens: int
+    # the bias while fewer than min_tokens tokens are out: logit_bias with every stop
+    # token at -inf (None: no stop token to hold back)
+    held_bias: tuple[np.ndarray, np.ndarray] | None
+    num_outputs: int = 0
 
     @classmethod
-    def build(cls, params: SamplingParams, seed: int, prompt_token_ids: list[int]) -> SamplingState:
+    def build(
+        cls,
+        params: SamplingParams,
+        seed: int,
+        prompt_token_ids: list[int],
+        stop_ids: Collection[int] = (),
+    ) -> SamplingState:
+        """`stop_ids`: the vocabulary tokens that would end the request (eos unless
+        ignore_eos, and its stop_token_ids), held back until `params.min_tokens` are out."""
         tokens = None
         if params.repetition_penalty != 1:
             tokens = PenaltyTokens.of_prompt(prompt_token_ids)
@@ -91,17 +106,30 @@ class SamplingState:
             num_logprobs=params.logprobs,
             reads_row=params.return_logits or params.logprobs is not None,
             penalty_tokens=tokens,
-            bias=_bias_arrays(params.logit_bias),
+            logit_bias=_bias_arrays(params.logit_bias),
+            min_tokens=params.min_tokens,
+            held_bias=_bias_arrays(
+                {**(params.logit_bias or {}), **dict.fromkeys(stop_ids, -math.inf)}
+                if params.min_tokens and stop_ids
+                else None
+            ),
         )
 
     @property
+    def bias(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bias of the next token's row: logit_bias, with the stop tokens at -inf
+        while fewer than min_tokens tokens are out."""
+        return self.held_bias if self.num_outputs < self.min_tokens else self.logit_bias
+
+    @property
     def plain_greedy(self) -> bool:
-        """The row's argmax is the token: greedy with no penalty and no logit bias."""
+        """The row's argmax is the token: greedy with no penalty and no bias."""
         return self.temperature == 0 and self.penalty_tokens is None and self.bias is None
 
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
         its logprobs if the request asked for them."""
+        self.num_outputs += 1
         if self.penalty_tokens is not None:
             self.penalty_tokens.count_output(token_id)
         if self.num_logprobs is None:
