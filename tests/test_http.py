@@ -150,6 +150,44 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(daemon: HttpDaemon, api) -> None:
+    """/v1/completions with a list of prompts (as OpenAI's and vLLM's): prompt i's n
+    choices are indices i * n .. i * n + n - 1, each what the prompt alone gives, streamed
+    or whole, echoed too; usage counts each prompt once; the choices count against the
+    queue; a prompt the daemon refuses fails the request and leaves no block held."""
+    prompts = ["The capital of France is", [504, 3575, 282], "Hello"]
+    alone = [complete(api, prompt=p, max_tokens=3).choices[0].text for p in prompts[:2]]
+    whole = complete(api, prompt=prompts[:2], max_tokens=3, n=2)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert [c.text for c in whole.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    singles = [complete(api, prompt=p, max_tokens=3) for p in prompts[:2]]
+    assert whole.usage.prompt_tokens == sum(c.usage.prompt_tokens for c in singles)
+    assert whole.usage.completion_tokens == 12
+    texts = {0: "", 1: ""}
+    for event in complete(api, prompt=prompts[:2], max_tokens=3, stream=True):
+        for choice in event.choices:
+            texts[choice.index] += choice.text
+    assert texts == {0: alone[0], 1: alone[1]}
+    echoed = complete(api, prompt=prompts[:2], max_tokens=1, echo=True, logprobs=0)
+    for choice, prompt in zip(echoed.choices, prompts[:2], strict=True):
+        one = complete(api, prompt=prompt, max_tokens=1, echo=True, logprobs=0).choices[0]
+        assert (choice.text, choice.logprobs.tokens) == (one.text, one.logprobs.tokens)
+    assert echoed.choices[0].text.startswith(prompts[0])
+    with pytest.raises(openai.RateLimitError):  # 3 prompts x 2 choices > --max-queue 4
+        complete(api, prompt=prompts, max_tokens=1, n=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(api, prompt=["a"] * 65, max_tokens=1)
+    assert info.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(api, prompt=["a long prompt " * 20, [1, 10**8]], max_tokens=50)
+    assert info.value.body["param"] == "prompt"
+    with Client(daemon.address) as client:
+        deadline = time.monotonic() + 30
+        while (stats := client.stats(check=True))["num_requests"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert stats["num_requests"] == 0 and stats["used_blocks"] == 0 and stats["integrity"] == "ok"
+
+
 def test_tokenize_and_detokenize_as_vllm_answers_them(daemon: HttpDaemon, api) -> None:
     """/tokenize gives the ids a completion (or chat completion) of the prompt is given,
     their count and the context; /detokenize their text; bad bodies are 400s naming

@@ -150,25 +150,36 @@ class Frontend:
     # -- the streams of one request ------------------------------------------------------
 
     async def run(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
-        """(choice index, item) as the daemon sends them, for the n choices together;
-        raises ApiError for a daemon error. Leaving early cancels every choice."""
-        if self.num_in_flight + parsed.n > self.config.max_queue:
+        """(choice index, item) as the daemon sends them, for every choice together (a
+        batch's prompts run as requests of their own, side by side); raises ApiError for
+        a daemon error, which ends them all. Leaving early cancels every choice."""
+        total = parsed.num_choices
+        if self.num_in_flight + total > self.config.max_queue:
             raise ApiError(429, f"the queue is full ({self.config.max_queue} requests); "
                            "retry later", code="busy")  # fmt: skip
-        self.num_in_flight += parsed.n
+        self.num_in_flight += total
         try:
-            stream = self.client.stream(parsed.prompt, **parsed.options)
-            try:
-                async for item in stream:
-                    yield item.index, item
-            # ProtocolError: the request message refused before it is sent (a value of the
-            # wrong type, or an integer msgpack cannot carry), as the daemon would refuse it
-            except (RequestError, ProtocolError, DaemonUnavailable) as e:
-                raise _api_error(e, embeds="prompt_table" in parsed.options) from None
-            finally:
-                await stream.aclose()
+            streams = [self._choices(prompt, parsed, i * parsed.n)
+                       for i, prompt in enumerate(parsed.prompts)]  # fmt: skip
+            async for item in streams[0] if len(streams) == 1 else _merged(streams):
+                yield item
         finally:
-            self.num_in_flight -= parsed.n
+            self.num_in_flight -= total
+
+    async def _choices(
+        self, prompt: Any, parsed: ParsedRequest, first: int
+    ) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
+        """One prompt's n choices, indexed from `first`."""
+        stream = self.client.stream(prompt, **parsed.options)
+        try:
+            async for item in stream:
+                yield first + item.index, item
+        # ProtocolError: the request message refused before it is sent (a value of the
+        # wrong type, or an integer msgpack cannot carry), as the daemon would refuse it
+        except (RequestError, ProtocolError, DaemonUnavailable) as e:
+            raise _api_error(e, embeds="prompt_table" in parsed.options) from None
+        finally:
+            await stream.aclose()
 
     # -- routes --------------------------------------------------------------------------
 
@@ -243,11 +254,12 @@ class Frontend:
         if parsed.user is not None:
             log.info("request from user %r", parsed.user[:128])
         request_id = new_id(kind)
-        timing = _Timing(self.metrics, t_start, parsed.n)
+        timing = _Timing(self.metrics, t_start, parsed.num_choices)
         items = self.run(parsed)
         if not parsed.stream:
             try:
-                dones = await _unless_disconnected(request, self._collect(items, timing, parsed.n))
+                collect = self._collect(items, timing, parsed.num_choices)
+                dones = await _unless_disconnected(request, collect)
             finally:
                 await items.aclose()
             return JSONResponse(response(parsed, request_id, self.config.model_name, dones))
@@ -258,7 +270,7 @@ class Frontend:
             await items.aclose()
             raise
         builder = StreamBuilder(parsed, request_id, self.config.model_name)
-        return StreamingResponse(self._events(first, items, builder, timing, parsed.n),
+        return StreamingResponse(self._events(first, items, builder, timing, parsed.num_choices),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 
@@ -372,6 +384,36 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     if work.cancelled():
         raise ApiError(499, "the client closed the request")
     return work.result()
+
+
+async def _merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[T]:
+    """The items of several async iterators as they come. The first error is raised here
+    and ends the others; leaving early ends them all (each iterator's own cleanup runs)."""
+    queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()  # (ended, item or error)
+
+    async def pump(stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((False, item))
+            await queue.put((True, None))
+        except Exception as e:  # handed to the reader, which raises it
+            await queue.put((True, e))
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            ended, value = await queue.get()
+            if not ended:
+                yield value
+                continue
+            running -= 1
+            if value is not None:
+                raise value
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _disconnected(request: Request) -> None:

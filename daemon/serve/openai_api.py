@@ -25,6 +25,7 @@ import numpy as np
 from ...cuda.dtypes import BF16
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
+MAX_BATCH = 64  # prompts one /v1/completions request may give (each runs as a request)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
 
 
@@ -120,6 +121,19 @@ class ParsedRequest:
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
     user: str | None = None
+    # /v1/completions given a list of prompts: each runs as a request of its own, and its
+    # choices are indices i * n .. i * n + n - 1 (as OpenAI's); None: the one `prompt`
+    batch: list[str | list[int]] | None = None
+
+    @property
+    def prompts(self) -> list[Any]:
+        """Every prompt of the request, in order (one unless a batch)."""
+        return [self.prompt] if self.batch is None else self.batch
+
+    @property
+    def num_choices(self) -> int:
+        """Choices in the answer: n for each prompt."""
+        return len(self.prompts) * self.n
 
     def table_prompt(self, vocab_size: int) -> None:
         """Fill in the prompt of a `prompt_embeds` request without `prompt`: the table's
@@ -158,7 +172,8 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
                           "(ids >= the vocabulary size select its rows)")  # fmt: skip
         max_tokens = body.get("max_tokens")
     else:
-        prompt = _prompt(body.get("prompt"))
+        batch = _batch(body.get("prompt"))
+        prompt = batch[0]
         max_tokens = body.get("max_tokens")
     options["max_tokens"] = max_tokens_default if max_tokens is None else max_tokens
     if "stop" in body:
@@ -173,6 +188,8 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
+    if kind == "completions" and "prompt_embeds" not in body and len(batch) > 1:
+        parsed.batch = batch
     n = body.get("n", 1)
     if not _is(n, int) or not 1 <= n <= MAX_CHOICES:
         raise bad("n", f"must be an integer in [1, {MAX_CHOICES}]; got {n!r}")
@@ -198,7 +215,7 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
         parsed.echo = True
         # the prompt's tokens and texts come with its logprobs (the cache serves them);
         # a text prompt without logprobs echoes as it came
-        if parsed.num_logprobs is not None or not isinstance(prompt, str):
+        if parsed.num_logprobs is not None or not all(isinstance(p, str) for p in parsed.prompts):
             options["prompt_logprobs"] = parsed.num_logprobs or 0
     return parsed
 
@@ -270,16 +287,31 @@ def _logit_bias(bias: object) -> dict[int, object]:
 
 
 def _prompt(prompt: object) -> str | list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(_is(t, int) for t in prompt):
-        return prompt
+    """One prompt: a string or a list of token ids (a batch of one too)."""
+    batch = _batch(prompt)
+    if len(batch) > 1:
+        raise bad("prompt", "must be one prompt here (a string or a list of token ids)")
+    return batch[0]
+
+
+def _batch(prompt: object) -> list[str | list[int]]:
+    """OpenAI's `prompt`: a string, a list of token ids, or a batch (a list of either)."""
     if prompt is None:
         raise bad("prompt", "is required")
-    raise bad("prompt", "must be a string or a list of token ids (batches of prompts are "
-              "not supported; send one request each)")  # fmt: skip
+    if isinstance(prompt, str) or _token_ids(prompt):
+        return [prompt]  # type: ignore[list-item]
+    if (
+        isinstance(prompt, list)
+        and 1 <= len(prompt) <= MAX_BATCH
+        and all(isinstance(p, str) or _token_ids(p) for p in prompt)
+    ):
+        return prompt
+    raise bad("prompt", "must be a string, a list of token ids, or a batch of 1 to "
+              f"{MAX_BATCH} of either")  # fmt: skip
+
+
+def _token_ids(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is(t, int) for t in value)
 
 
 NPY_MAGIC = b"\x93NUMPY"

@@ -18,14 +18,16 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(dones: list[Done]) -> dict[str, Any]:
-    """Token counts of a request's choices: the prompt once (as OpenAI counts it), cached
-    tokens as the first choice found them."""
-    prompt = dones[0].prompt_tokens
+def usage(dones: list[Done], n: int = 1) -> dict[str, Any]:
+    """Token counts of a request's choices, n a prompt (choices i * n .. i * n + n - 1 are
+    prompt i's): each prompt once (as OpenAI counts it), its cached tokens as its first
+    choice found them."""
+    firsts = dones[::n]
+    prompt = sum(d.prompt_tokens for d in firsts)
     completion = sum(len(d.token_ids) for d in dones)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": dones[0].cached_tokens}}  # fmt: skip
+            "prompt_tokens_details": {"cached_tokens": sum(d.cached_tokens for d in firsts)}}  # fmt: skip
 
 
 def finish_reason(done: Done) -> str:
@@ -75,7 +77,7 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         logprobs = LogprobsBuilder(parsed.kind).build(done.logprobs)
         text = done.text
         if parsed.echo:
-            text, logprobs = _echoed(parsed, done)
+            text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
             choice = {"index": index, "message": {"role": "assistant", "content": done.text},
                       "logprobs": logprobs, "finish_reason": finish_reason(done)}  # fmt: skip
@@ -85,15 +87,17 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         choices.append(choice)
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(dones)}  # fmt: skip
+            "choices": choices, "usage": usage(dones, parsed.n)}  # fmt: skip
 
 
-def _echoed(parsed: ParsedRequest, done: Done) -> tuple[str, dict[str, Any] | None]:
-    """An echo's text and logprobs: the prompt's, then the completion's. A text prompt
-    echoes as sent; token ids as their tokens' texts joined."""
+def _echoed(
+    parsed: ParsedRequest, sent: str | list[int], done: Done
+) -> tuple[str, dict[str, Any] | None]:
+    """An echo's text and logprobs: the prompt's (`sent`), then the completion's. A text
+    prompt echoes as sent; token ids as their tokens' texts joined."""
     prompt = done.prompt_logprobs
-    if isinstance(parsed.prompt, str):
-        text = parsed.prompt
+    if isinstance(sent, str):
+        text = sent
     else:
         assert prompt is not None, "an echo of token ids asks for the prompt's tokens"
         text = "".join(lp["token"] for lp in prompt)
@@ -110,8 +114,8 @@ class StreamBuilder:
         self.parsed = parsed
         self.head = {"id": request_id, "object": self._object, "created": int(time.time()),
                      "model": model}  # fmt: skip
-        self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.n)]
-        self.started = [False] * parsed.n
+        self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.num_choices)]
+        self.started = [False] * parsed.num_choices
 
     @property
     def _object(self) -> str:
@@ -140,4 +144,4 @@ class StreamBuilder:
         return self._event([self._choice(index, "", None, finish_reason(done))])
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:
-        return self._event([], usage(dones))
+        return self._event([], usage(dones, self.parsed.n))
