@@ -70,6 +70,14 @@ def test_held_back_bits_are_the_same_batched_padded_and_repeated(tiny: Path) -> 
     assert eng.stats()["exact_repeats"] == 2
 
 
+def test_with_nothing_to_hold_back_the_logit_bias_still_applies(tiny: Path) -> None:
+    """ignore_eos and no stop_token_ids: min_tokens holds nothing back, and the request's
+    own logit bias applies from its first token."""
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, min_tokens=2,
+                            logit_bias={77: 100.0})  # fmt: skip
+    assert engine(tiny).generate(PROMPTS[0], params).token_ids == [77, 77, 77]
+
+
 @pytest.mark.parametrize(
     ("kw", "says"),
     [

@@ -2,7 +2,7 @@
 the form the batch wants them, and the token counts its penalties need.
 
 Guarantee: a request without penalties keeps no token index and `record` costs
-it one attribute test; one with penalties keeps each distinct token of its
+it a count and one attribute test; one with penalties keeps each distinct token of its
 prompt (for the repetition penalty) and its output once, with the times it was
 generated, updated in O(1) per token.
 """
@@ -76,7 +76,7 @@ class SamplingState:
     logit_bias: tuple[np.ndarray, np.ndarray] | None
     min_tokens: int
     # the bias while fewer than min_tokens tokens are out: logit_bias with every stop
-    # token at -inf (None: no stop token to hold back)
+    # token at -inf (logit_bias itself when there is no stop token to hold back)
     held_bias: tuple[np.ndarray, np.ndarray] | None
     num_outputs: int = 0
 
@@ -93,6 +93,10 @@ class SamplingState:
         tokens = None
         if params.repetition_penalty != 1:
             tokens = PenaltyTokens.of_prompt(prompt_token_ids)
+        bias = _bias_arrays(params.logit_bias)
+        held = bias
+        if params.min_tokens and stop_ids:
+            held = _bias_arrays({**(params.logit_bias or {}), **dict.fromkeys(stop_ids, -math.inf)})
         elif params.penalized:  # frequency and presence count the output alone
             tokens = PenaltyTokens()
         return cls(
@@ -106,13 +110,9 @@ class SamplingState:
             num_logprobs=params.logprobs,
             reads_row=params.return_logits or params.logprobs is not None,
             penalty_tokens=tokens,
-            logit_bias=_bias_arrays(params.logit_bias),
+            logit_bias=bias,
             min_tokens=params.min_tokens,
-            held_bias=_bias_arrays(
-                {**(params.logit_bias or {}), **dict.fromkeys(stop_ids, -math.inf)}
-                if params.min_tokens and stop_ids
-                else None
-            ),
+            held_bias=held,
         )
 
     @property
