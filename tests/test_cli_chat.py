@@ -387,3 +387,26 @@ def test_penalty_flags_reach_the_sampler_alike_in_generate_and_run(served: Serve
     plain = _cli_json(*daemon, *common)["token_ids"]
     assert penalized[0] == penalized[1]
     assert penalized[0] != plain
+
+
+def test_logit_bias_and_min_tokens_flags_reach_the_sampler_alike(served: Served) -> None:
+    """--logit-bias ID=BIAS and --min-tokens: `generate` and `run` give the same tokens; a
+    +100 bias makes every token that one; on the end-of-text token it ends the answer at
+    once, or, with --min-tokens 4, right after the 4th token (held back until then)."""
+    from reprise.daemon.model.tokenizer import Tokenizer
+
+    eos = Tokenizer.from_dir(served.model).eos_token_ids[0]
+    common = ["--raw", "hello", "--max-tokens", "6", "--json"]
+    daemon = ["generate", "--socket", served.address]
+    in_process = ["run", "--model", str(served.model), "--backend", "numpy"]
+    plain = _cli_json(*daemon, *common)["token_ids"]
+    forced = [_cli_json(*where, *common, "--logit-bias", f"{plain[1]}=100")["token_ids"]
+              for where in (daemon, in_process)]  # fmt: skip
+    assert forced[0] == forced[1] == [plain[1]] * 6
+    ended = _cli_json(*daemon, *common, "--logit-bias", f"{eos}=100")
+    assert ended["token_ids"] == [eos] and ended["finish_reason"] == "stop"
+    held = [_cli_json(*where, *common, "--logit-bias", f"{eos}=100", "--min-tokens", "4")
+            for where in (daemon, in_process)]  # fmt: skip
+    assert held[0]["token_ids"] == held[1]["token_ids"]
+    assert held[0]["token_ids"][:4] == plain[:4] and held[0]["token_ids"][4] == eos
+    assert len(held[0]["token_ids"]) == 5 and held[0]["finish_reason"] == "stop"
