@@ -161,8 +161,12 @@ class Frontend:
         try:
             streams = [self._choices(prompt, parsed, i * parsed.n)
                        for i, prompt in enumerate(parsed.prompts)]  # fmt: skip
-            async for item in streams[0] if len(streams) == 1 else _merged(streams):
-                yield item
+            items = streams[0] if len(streams) == 1 else _merged(streams)
+            try:
+                async for item in items:
+                    yield item
+            finally:  # now, not when collected: closing them cancels the daemon requests
+                await items.aclose()  # type: ignore[attr-defined]
         finally:
             self.num_in_flight -= total
 
