@@ -93,12 +93,11 @@ class SamplingState:
         tokens = None
         if params.repetition_penalty != 1:
             tokens = PenaltyTokens.of_prompt(prompt_token_ids)
-        bias = _bias_arrays(params.logit_bias)
-        held = bias
-        if params.min_tokens and stop_ids:
-            held = _bias_arrays({**(params.logit_bias or {}), **dict.fromkeys(stop_ids, -math.inf)})
         elif params.penalized:  # frequency and presence count the output alone
             tokens = PenaltyTokens()
+        bias = held = _bias_arrays(params.logit_bias)
+        if params.min_tokens and stop_ids:
+            held = _bias_arrays({**(params.logit_bias or {}), **dict.fromkeys(stop_ids, -math.inf)})
         return cls(
             seed=seed,
             temperature=params.temperature,
