@@ -476,7 +476,7 @@ def test_32_concurrent_clients_each_get_one_answer(daemon: Daemon) -> None:
 
 
 def test_tokenize_gives_the_ids_a_generate_would_and_detokenize_their_text(
-    daemon: Daemon, raw: Raw, default_model_dir: Path
+    daemon: Daemon, default_model_dir: Path
 ) -> None:
     """Tokenize answers the ids a generate of the same prompt uses (text, and chat
     messages through the template: the same count as the generate's prompt_tokens),
@@ -499,6 +499,7 @@ def test_tokenize_gives_the_ids_a_generate_would_and_detokenize_their_text(
                 client.detokenize(bad)
             assert info.value.code == "bad_request"
         assert client.health().status == "ok"
+    raw = Raw(daemon.address)  # a connection of its own: no other test's replies on it
     raw.send(msgpack.packb({"v": 1, "type": "generate", "id": "g", "prompt": "Hello",
                             "sampling": {"max_tokens": 3}, "stream": True}))  # fmt: skip
     raw.send(msgpack.packb({"v": 1, "type": "tokenize", "id": "t", "prompt": "Hello"}))
@@ -506,6 +507,7 @@ def test_tokenize_gives_the_ids_a_generate_would_and_detokenize_their_text(
     while not (any(isinstance(r, Done) for r in replies)
                and any(isinstance(r, TokenizeReply) for r in replies)):  # fmt: skip
         replies.append(recv(raw))
+    raw.close()
     tokenized = [r for r in replies if isinstance(r, TokenizeReply)]
     assert len(tokenized) == 1 and tokenized[0].id == "t"
     assert tokenized[0].token_ids == tokenizer.encode("Hello")
