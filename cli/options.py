@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ..daemon.engine.config import setting_fields
+from ..daemon.engine.sampling.params import MAX_ABS_LOGIT_BIAS
 from ..ipc.messages import MAX_SALT_CHARS
 from ..ipc.sockets import check_address
 
@@ -103,8 +104,8 @@ def _stop(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 def _logit_bias(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> dict[int, float] | None:
-    """ID=BIAS, repeatable: {id: bias} (None when not given); the range is SamplingParams'
-    (and the vocabulary's, the engine's)."""
+    """ID=BIAS, repeatable: {id: bias} (None when not given), each bias in SamplingParams'
+    range, refused here before anything loads (the ids past the vocabulary: the engine)."""
     bias: dict[int, float] = {}
     for item in value:
         token, sep, number = item.partition("=")
@@ -112,9 +113,10 @@ def _logit_bias(
             token_id, amount = int(token), float(number)
         except ValueError:
             token_id, amount, sep = -1, 0.0, ""
-        if not sep or token_id < 0 or not -100 <= amount <= 100:
+        if not sep or token_id < 0 or not abs(amount) <= MAX_ABS_LOGIT_BIAS:
             raise click.BadParameter(
-                f"must be ID=BIAS, a token id >= 0 and a bias in [-100, 100]; got {item!r}",
+                f"must be ID=BIAS, a token id >= 0 and a bias in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                f"{MAX_ABS_LOGIT_BIAS:g}]; got {item!r}",
                 ctx,
                 param,
             )

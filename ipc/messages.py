@@ -133,9 +133,9 @@ def _check_bias_pair(pair: list[Any]) -> None:
     check_type("sampling.logit_bias[] bias", pair[1], int, float)
 
 
-def logit_bias_to_wire(bias: dict[int, float] | None) -> list[list[Any]] | None:
+def logit_bias_to_wire(bias: dict[int, float]) -> list[list[Any]]:
     """SamplingParams' {token id: bias} as the wire's pairs, in ascending id order."""
-    return None if bias is None else [[token, bias[token]] for token in sorted(bias)]
+    return [[token, bias[token]] for token in sorted(bias)]
 
 
 def logit_bias_from_wire(pairs: list[list[Any]] | None) -> dict[int, float] | None:
@@ -301,9 +301,6 @@ class Tokenize:
             check_type("prompt", self.prompt, str)
         else:
             check_messages(self.messages)
-
-    def given_prompt(self) -> str:
-        return "prompt" if self.prompt is not None else "messages"
 
 
 @dataclass(slots=True)

@@ -52,6 +52,10 @@ USAGE_ERRORS = [
     (["generate", "x", "--presence-penalty", "3"], ["--presence-penalty", "'3'", "[-2, 2]"]),
     (["run", "x", "--frequency-penalty", "nan"], ["--frequency-penalty", "'nan'", "[-2, 2]"]),
     (["chat", "--repetition-penalty", "0"], ["--repetition-penalty", "'0'", "> 0"]),
+    (["run", "x", "--logit-bias", "5=200"], ["--logit-bias", "'5=200'", "[-100, 100]"]),
+    (["generate", "x", "--logit-bias", "5"], ["--logit-bias", "ID=BIAS", "'5'"]),
+    (["chat", "--logit-bias", "5=1", "--logit-bias", "5=2"], ["--logit-bias", "token 5", "twice"]),
+    (["run", "x", "--min-tokens", "-1"], ["--min-tokens", "-1", "x>=0"]),
 ]  # fmt: skip
 
 

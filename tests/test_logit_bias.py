@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sampling_engine import assert_identical, engine, prompt
+from test_sampling_engine import add_traffic, assert_identical, engine, prompt
 
 from reprise.cuda.dtypes import F32
 from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
@@ -172,22 +172,10 @@ def test_biased_requests_are_bit_identical_reused_repeated_and_batched(tiny: Pat
     assert_identical(first, reference)  # type: ignore[arg-type]
     assert_identical(again, reference)  # type: ignore[arg-type]
 
-    rng = np.random.default_rng(5)
     eng = engine(tiny, cuda_graphs=True)  # the padded bucket steps, run eagerly on NumPy
-    others = [
-        eng.add_request(
-            prompt(int(rng.integers(3, 50)), 100 + i),
-            SamplingParams(
-                max_tokens=int(rng.integers(1, 20)),
-                temperature=0.7 * (i % 2),
-                seed=i,
-                ignore_eos=True,
-                presence_penalty=0.3 * (i % 3),
-                logit_bias={int(t): -5.0 for t in rng.integers(0, 256, i)} or None,
-            ),
-        )
-        for i in range(6)
-    ]
+    others = add_traffic(
+        eng, lambda i, rng: {"logit_bias": {int(t): -5.0 for t in rng.integers(0, 256, i)} or None}
+    )
     ids = [eng.add_request(p, s) for p, s in zip(PROMPTS, params, strict=True)]
     while eng.has_work():
         eng.step()

@@ -5,7 +5,7 @@ traffic, or decoded through the padded (CUDA graph) path."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -123,10 +123,11 @@ def test_repeated_prompts_reuse_the_cache_bit_for_bit(tiny: Path, reference) -> 
     assert_identical(again, reference)
 
 
-def test_batched_with_traffic_and_through_padded_decode_steps(tiny: Path, reference) -> None:
+def add_traffic(eng: Engine, extra: Callable[[int, np.random.Generator], dict]) -> list[int]:
+    """Six other requests of mixed lengths and settings for a batch to carry beside the
+    ones under test; `extra(i, rng)`: more SamplingParams fields of the i-th."""
     rng = np.random.default_rng(5)
-    eng = engine(tiny, cuda_graphs=True)  # the padded bucket steps, run eagerly on NumPy
-    others = [
+    return [
         eng.add_request(
             prompt(int(rng.integers(3, 50)), 100 + i),
             SamplingParams(
@@ -135,11 +136,16 @@ def test_batched_with_traffic_and_through_padded_decode_steps(tiny: Path, refere
                 seed=i,
                 ignore_eos=True,
                 presence_penalty=0.3 * (i % 3),
-                logprobs=i % 4 or None,
+                **extra(i, rng),
             ),
         )
         for i in range(6)
     ]
+
+
+def test_batched_with_traffic_and_through_padded_decode_steps(tiny: Path, reference) -> None:
+    eng = engine(tiny, cuda_graphs=True)  # the padded bucket steps, run eagerly on NumPy
+    others = add_traffic(eng, lambda i, rng: {"logprobs": i % 4 or None})
     ids = [eng.add_request(p, s) for p, s in zip(PROMPTS, PARAMS, strict=True)]
     streamed: dict[int, list] = {i: [] for i in ids}
     while eng.has_work():

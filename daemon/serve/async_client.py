@@ -178,15 +178,14 @@ class AsyncClient:
         conn, healthy = await self._take(), False
         try:
             conn.send(encode(request))
-            try:
-                reply = await conn.next_reply(request.id, self.timeout_s)
-            except RequestError:
-                healthy = True  # the daemon answered: the connection is fine
-                raise
+            reply = await conn.next_reply(request.id, self.timeout_s)
             healthy = True
+            return reply
+        except RequestError:
+            healthy = True  # an error reply: the connection is fine
+            raise
         finally:
             self._give(conn, healthy)
-        return reply
 
     async def stream(
         self, prompt: str | list[int] | list[dict[str, str]], **options: Any

@@ -157,6 +157,7 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     options: dict[str, Any] = {k: body[k] for k in PASSED if k in body}
     if options.get("top_k") in (-1, 0):  # vLLM's spelling of "no limit"
         del options["top_k"]
+    batch: list[str | list[int]] | None = None  # /v1/completions' list of prompts
     if kind == "chat":
         prompt: Any = _messages(body.get("messages"))
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -188,7 +189,7 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
-    if kind == "completions" and "prompt_embeds" not in body and len(batch) > 1:
+    if batch is not None and len(batch) > 1:
         parsed.batch = batch
     n = body.get("n", 1)
     if not _is(n, int) or not 1 <= n <= MAX_CHOICES:
