@@ -22,7 +22,7 @@ from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
 from .penalties import Penalties
-from .penalties_kernel import add_logit_bias, apply_penalties
+from .penalties_kernel import add_logit_bias, apply_penalties, apply_token_mask
 from .protocol import check_tier_copies, layer_by_layer
 from .sampling import Draws
 
@@ -490,8 +490,8 @@ class CupyBackend:
 
     @staticmethod
     def penalize(logits: Any, penalties: Penalties) -> None:
-        """Apply each row's penalties (its logit bias first) to [R, vocab] fp32 device
-        logits, in place."""
+        """Apply each row's penalties (its logit bias first, its token mask last) to
+        [R, vocab] fp32 device logits, in place."""
         if (bias := penalties.bias) is not None:
             add_logit_bias(logits, to_device(bias.offsets), to_device(bias.ids),
                            to_device(bias.values))  # fmt: skip
@@ -504,6 +504,8 @@ class CupyBackend:
             frequency=to_device(penalties.frequency),
             presence=to_device(penalties.presence),
         )
+        if (mask := penalties.mask) is not None:
+            apply_token_mask(logits, to_device(mask.words))
 
     @staticmethod
     def sample(logits: Any, draws: Draws) -> Any:

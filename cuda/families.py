@@ -58,8 +58,16 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "penalties",
-        ("penalties_kernel:apply_penalties", "penalties_kernel:add_logit_bias"),
-        ("penalties:penalize_ref", "penalties:add_logit_bias_ref"),
+        (
+            "penalties_kernel:apply_penalties",
+            "penalties_kernel:add_logit_bias",
+            "penalties_kernel:apply_token_mask",
+        ),
+        (
+            "penalties:penalize_ref",
+            "penalties:add_logit_bias_ref",
+            "penalties:apply_token_mask_ref",
+        ),
     ),
     Family("rope", ("launchers:rope",), ("rope:rope_ref",)),
     Family(

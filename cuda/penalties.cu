@@ -1,4 +1,4 @@
-// Logit bias, then repetition, frequency and presence penalties on logits rows, in place
+// Logit bias, then repetition, frequency and presence penalties, then a token mask, on logits rows, in place
 // (twin: penalties.py). add_logit_bias runs first, as a launch of its own (only for a batch
 // with a bias): each biased logit plus its bias, one round-to-nearest fp32 add.
 //
@@ -44,4 +44,16 @@ extern "C" __global__ void add_logit_bias(float* __restrict__ logits, int vocab,
   float* row = logits + (long long)blockIdx.x * vocab;
   const int end = offsets[blockIdx.x + 1];
   for (int i = offsets[blockIdx.x] + threadIdx.x; i < end; i += blockDim.x) row[ids[i]] = __fadd_rn(row[ids[i]], values[i]);
+}
+
+// logits: [rows, vocab] fp32, changed in place; words: [rows, num_words] uint32, row r keeps
+// token t when bit t % 32 of words[r * num_words + t / 32] is set, every other logit becomes
+// -inf (a structured output's grammar; runs last, after the penalties). grid = rows, block = any.
+extern "C" __global__ void apply_token_mask(float* __restrict__ logits, int vocab,
+                                            const unsigned* __restrict__ words, int num_words) {
+  pdl_enter();
+  float* row = logits + (long long)blockIdx.x * vocab;
+  const unsigned* mask = words + (long long)blockIdx.x * num_words;
+  for (int t = threadIdx.x; t < vocab; t += blockDim.x)
+    if (!((mask[t >> 5] >> (t & 31)) & 1u)) row[t] = negative_infinity();
 }

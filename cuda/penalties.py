@@ -1,5 +1,5 @@
-"""Logit bias, then repetition, frequency and presence penalties on logits rows (twin of
-penalties.cu).
+"""Logit bias, then repetition, frequency and presence penalties, then a token mask, on
+logits rows (twin of penalties.cu).
 
 OpenAI's and vLLM's semantics, applied in this order to each token a row lists
 (vLLM's order: its logit-bias processor runs before `apply_penalties`):
@@ -52,6 +52,33 @@ class Penalties:
     token_ids: np.ndarray  # [N] int32
     output_counts: np.ndarray  # [N] int32: times generated (0: seen in the prompt only)
     bias: LogitBias | None = None  # added first; None: no row has a logit bias
+    mask: TokenMask | None = None  # applied last; None: no row has a mask
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMask:
+    """The tokens each row may take: token t of row r is kept when bit t % 32 of
+    `words[r, t // 32]` is set; every other logit of the row becomes -inf. A row
+    without a constraint has every bit set."""
+
+    words: np.ndarray  # [R, ceil(vocab / 32)] uint32
+
+
+def mask_words(vocab: int) -> int:
+    """The uint32 words a mask row of `vocab` tokens has."""
+    return -(-vocab // 32)
+
+
+def apply_token_mask_ref(logits: np.ndarray, mask: TokenMask) -> None:
+    """Set each row's logits outside its mask to -inf, in place."""
+    assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)
+    rows, vocab = logits.shape
+    assert mask.words.dtype == np.uint32 and mask.words.shape == (rows, mask_words(vocab)), (
+        mask.words.dtype,
+        mask.words.shape,
+    )
+    bits = np.unpackbits(mask.words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    logits[bits == 0] = -np.inf
 
 
 def add_logit_bias_ref(logits: np.ndarray, bias: LogitBias) -> None:
@@ -64,7 +91,8 @@ def add_logit_bias_ref(logits: np.ndarray, bias: LogitBias) -> None:
 
 
 def penalize_ref(logits: np.ndarray, penalties: Penalties) -> None:
-    """Apply `penalties` (its logit bias first) to [R, vocab] fp32 logits, in place."""
+    """Apply `penalties` (its logit bias first, its mask last) to [R, vocab] fp32 logits,
+    in place."""
     assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)
     if penalties.bias is not None:
         add_logit_bias_ref(logits, penalties.bias)
@@ -82,3 +110,5 @@ def penalize_ref(logits: np.ndarray, penalties: Penalties) -> None:
         charged = x - F32.type(penalties.frequency[r]) * counts.astype(F32)
         charged -= F32.type(penalties.presence[r])
         logits[r, ids] = np.where(generated, charged, x)
+    if penalties.mask is not None:
+        apply_token_mask_ref(logits, penalties.mask)

@@ -1,5 +1,5 @@
-"""Launchers of penalties.cu (twins: penalties.penalize_ref, penalties.add_logit_bias_ref).
-CuPy is imported lazily."""
+"""Launchers of penalties.cu (twins: penalties.penalize_ref, add_logit_bias_ref and
+apply_token_mask_ref). CuPy is imported lazily."""
 
 from __future__ import annotations
 
@@ -65,3 +65,17 @@ def add_logit_bias(logits: Any, offsets: Any, ids: Any, values: Any) -> None:
         return
     args = (logits, np.int32(vocab), offsets, ids, values)
     launch_kernel(kernel("penalties", "add_logit_bias"), (rows,), (PENALTY_THREADS,), args)
+
+
+def apply_token_mask(logits: Any, words: Any) -> None:
+    """Set the logits of [R, vocab] fp32 device logits outside each row's mask to -inf,
+    in place. words [R, ceil(vocab / 32)] uint32: penalties.TokenMask's, on the device."""
+    check("logits", logits, np.float32, 2)
+    rows, vocab = logits.shape
+    check("words", words, np.uint32, 2)
+    if words.shape != (rows, -(-vocab // 32)):
+        raise ValueError(f"words must be [{rows}, {-(-vocab // 32)}]; got {list(words.shape)}")
+    if rows == 0:
+        return
+    args = (logits, np.int32(vocab), words, np.int32(words.shape[1]))
+    launch_kernel(kernel("penalties", "apply_token_mask"), (rows,), (PENALTY_THREADS,), args)

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine.engine import Engine
-    from .engine.params import Completion, Retention, SamplingParams
+    from .engine.params import Completion, Retention, SamplingParams, StructuredOutput
 
-__all__ = ["Completion", "Engine", "Retention", "SamplingParams"]
+__all__ = ["Completion", "Engine", "Retention", "SamplingParams", "StructuredOutput"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
         from .engine.engine import Engine
 
         return Engine
-    if name in ("Completion", "Retention", "SamplingParams"):
+    if name in ("Completion", "Retention", "SamplingParams", "StructuredOutput"):
         from .engine import params
 
         return getattr(params, name)

@@ -86,6 +86,9 @@ def generate_message(
             sampling["logit_bias"] = logit_bias_to_wire(bias)
         else:
             del sampling["logit_bias"]
+    structured = sampling.get("structured")
+    if hasattr(structured, "to_wire"):  # a StructuredOutput, as SamplingParams takes it
+        sampling["structured"] = structured.to_wire()
     kind = "prompt"
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         kind = "messages"

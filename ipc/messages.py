@@ -57,11 +57,14 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "min_tokens": (int,),  # tokens before a stop token or string may end it, 0 to max_tokens
     # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
     "logit_bias": (list, type(None)),
+    # [kind, spec]: SamplingParams.structured (StructuredOutput), e.g. ["json", schema text]
+    "structured": (list, type(None)),
 }
 SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {
     "stop": (str,),
     "stop_token_ids": (int,),
     "logit_bias": (list,),
+    "structured": (str,),
 }
 
 

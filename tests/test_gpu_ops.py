@@ -205,11 +205,11 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
 
 
 def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
-    """The backend's penalize on the device (add_logit_bias, then apply_penalties): each
-    listed logit the twin's fp32 bits (explicitly rounded ops, no FMA), unlisted ones
-    untouched, each row the same alone."""
+    """The backend's penalize on the device (add_logit_bias, apply_penalties, then
+    apply_token_mask): each listed logit the twin's fp32 bits (explicitly rounded ops, no
+    FMA), masked ones -inf, the others untouched, each row the same alone."""
     from reprise.cuda.cupy_backend import CupyBackend
-    from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
+    from reprise.cuda.penalties import LogitBias, Penalties, TokenMask, mask_words, penalize_ref
 
     n, vocab = 16, 128256
     logits = rows(rng, n, vocab, 4.0)
@@ -230,7 +230,9 @@ def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
         token_ids=ids.astype(np.int32),
         output_counts=rng.integers(0, 5, ids.size).astype(np.int32),
         bias=bias,
+        mask=TokenMask(rng.integers(0, 2**32, (n, mask_words(vocab)), dtype=np.uint32)),
     )
+    penalties.mask.words[::2] = 0xFFFFFFFF  # every other row unconstrained
     want = logits.copy()
     penalize_ref(want, penalties)
     gpu = CupyBackend()
@@ -244,6 +246,7 @@ def test_penalties_equal_the_twin_bit_for_bit(cp, rng) -> None:
         token_ids=penalties.token_ids[one],
         output_counts=penalties.output_counts[one],
         bias=LogitBias(np.array([0, b.stop - b.start], np.int32), bias.ids[b], bias.values[b]),
+        mask=TokenMask(penalties.mask.words[3:4].copy()),
     )
     alone = dev(np.ascontiguousarray(logits[3:4]))
     gpu.penalize(alone, row_3)

@@ -44,7 +44,14 @@ from reprise.cuda.gemm_kernel import (
     tile_config,
 )
 from reprise.cuda.kvcache import kv_cache_shape, kv_write_ref, rope_kv_write_ref
-from reprise.cuda.penalties import LogitBias, Penalties, penalize_ref
+from reprise.cuda.penalties import (
+    LogitBias,
+    Penalties,
+    TokenMask,
+    apply_token_mask_ref,
+    mask_words,
+    penalize_ref,
+)
 from reprise.cuda.rmsnorm import add_rmsnorm_ref, rmsnorm_ref
 from reprise.cuda.rope import rope_ref, rope_table
 from reprise.cuda.sampling import sample_ref, uniform
@@ -344,6 +351,38 @@ def test_logit_bias_then_penalties_are_the_twin_bit_for_bit(
     penalize_ref(unbiased, dataclasses.replace(penalties, bias=None))
     changed = [r for r in range(rows) if not np.array_equal(want[r], unbiased[r])]
     assert changed == [0, 1, 2, 3]  # the bias moved every row that has one
+
+
+@pytest.mark.parametrize("vocab", [1000, 1024, 5003])
+def test_token_mask_is_the_twin_bit_for_bit(
+    lib: ctypes.CDLL, rng: np.random.Generator, vocab: int
+) -> None:
+    """apply_token_mask against its twin: rows keeping a few tokens (the last word's
+    partial bits included), half of them, all of them (untouched), none; kept logits keep
+    their bits (zeros, infinities and NaN included), the others become -inf."""
+    rows, words = 6, mask_words(vocab)
+    logits = (rng.standard_normal((rows, vocab)) * 6).astype(F32)
+    logits[:, :4] = [0.0, -0.0, np.inf, np.nan]
+    keep = np.zeros((rows, vocab), dtype=bool)
+    keep[0, rng.choice(vocab, 5, replace=False)] = True
+    keep[0, [0, 1, 2, 3, vocab - 1]] = True  # the odd values and the last token
+    keep[1] = rng.random(vocab) < 0.5
+    keep[2] = True  # unconstrained
+    keep[4, vocab - 1] = True  # one token, in the last word
+    keep[5, 31:33] = True  # across a word boundary; row 3 keeps nothing
+    packed = np.packbits(keep, axis=1, bitorder="little")  # little-endian bytes of each word
+    buf = np.zeros((rows, 4 * words), np.uint8)
+    buf[:, : packed.shape[1]] = packed
+    mask = TokenMask(words=buf.view(np.uint32).copy())
+    if vocab % 32:
+        mask.words[:, -1] |= np.uint32(0xFFFFFFFF) << np.uint32(vocab % 32)  # bits past vocab
+    want = logits.copy()
+    apply_token_mask_ref(want, mask)
+    got = logits.copy()
+    lib.run_apply_token_mask(rows, ptr(got), vocab, ptr(mask.words), words)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(np.isneginf(want) & ~np.isneginf(logits), ~keep)
+    assert np.array_equal(want[keep].view(np.uint32), logits[keep].view(np.uint32))
 
 
 @pytest.mark.parametrize("vocab", [1000, 5003])

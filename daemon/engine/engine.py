@@ -52,6 +52,7 @@ from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
 from .prompts import PreparedPrompt, Prompt, prompt_ids, split_batch
 from .runner import ModelRunner, RunOutput
+from .sampling import Grammars
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
 
@@ -127,6 +128,7 @@ class Engine:
         )
         self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu), self.logits_cache)
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
+        self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
@@ -234,6 +236,7 @@ class Engine:
             hidden_size=self.config.hidden_size,
         )
         check_fits(len(prompt_ids), params, self.max_model_len, self.pool)
+        grammar = None if params.structured is None else self.grammars.start(params.structured)
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         namespace = _namespace(cache_salt)
@@ -249,6 +252,7 @@ class Engine:
             prompt_extra_ids=None if table is None else table.extra_ids,
             prompt_id_bytes=id_bytes,
             stop_ids=self._held_stop_ids(params),
+            grammar=grammar,
         )
         if prepared is not None:  # its keys, when they are this request's
             seq.hash_chain = prepared.keys_for(namespace, table is not None)

@@ -8,6 +8,7 @@ Guarantees:
 - A request ends on the first of, in this precedence: a stop token (eos unless
   `ignore_eos`, or one of `stop_token_ids`) after its `min_tokens`-th token (before, the
   sampler held them back): finish "stop", held characters flushed;
+  the end of its structured output's grammar (it admits nothing more): "stop", flushed;
   a stop string beginning in the text this token could have completed: "stop", the
   text cut where the earliest one begins, nothing flushed (looked for from the
   `min_tokens`-th token on); `max_tokens` or the
@@ -61,8 +62,11 @@ def record_token(
         seq.logits.append(np.array(logits, dtype=np.float32))
     num_out = len(seq.output_token_ids)
     ends = (token in stop_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+    grammar = seq.sampling.grammar
     if ends and num_out > params.min_tokens:  # min_tokens held its stop tokens back before
         by_ids: FinishReason | None = "stop"
+    elif grammar is not None and grammar.ended:  # its structured output admits nothing more
+        by_ids = "stop"
     elif num_out >= params.max_tokens or seq.num_tokens >= max_model_len:
         by_ids = "length"
     else:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .sampling.logprobs import TokenLogprobs
 from .sampling.params import MAX_SEED, SamplingParams, check_int
+from .sampling.structured import StructuredOutput
 
 FinishReason = Literal["stop", "length", "cancelled"]
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "Retention",
     "SamplingParams",
     "StepOutput",
+    "StructuredOutput",
     "TokenLogprobs",
 ]
 

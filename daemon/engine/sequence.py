@@ -12,7 +12,7 @@ from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, encode
 from ...blockpool.pool import BlockId
 from .params import FinishReason, Retention, SamplingParams
 from .prompt_logprobs import PromptLogprobs
-from .sampling import SamplingState, TokenLogprobs
+from .sampling import Grammar, SamplingState, TokenLogprobs
 
 RequestId = NewType("RequestId", int)
 
@@ -44,6 +44,7 @@ class Sequence:
     prompt_extra_ids: list[int] | None = None  # one per prompt token, 0 for text tokens
     # the vocabulary tokens that would end it, held back until params.min_tokens are out
     stop_ids: frozenset[int] = frozenset()
+    grammar: Grammar | None = None  # its structured output's, started (params.structured)
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
@@ -68,7 +69,7 @@ class Sequence:
     def __post_init__(self) -> None:
         # fake ids are no vocabulary entries: penalties see the text tokens only
         self.sampling = SamplingState.build(
-            self.params, self.seed, self.text_prompt_ids(), self.stop_ids
+            self.params, self.seed, self.text_prompt_ids(), self.stop_ids, self.grammar
         )
 
     @property

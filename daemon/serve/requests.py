@@ -35,7 +35,7 @@ from ...ipc.messages import (
     TokenizeReply,
 )
 from ..engine.engine import Engine
-from ..engine.params import Retention, StepOutput
+from ..engine.params import Retention, SamplingParams, StepOutput
 from ..engine.prompts import PreparedPrompt
 from ..engine.sequence import RequestId
 from .detokenize import Detokenizing, TextEnd
@@ -131,7 +131,7 @@ class Requests:
             )
         if (route, request.id) in self.by_client or (route, request.id) in self.pending:
             raise ProtocolError("duplicate_id", f"request {request.id!r} is already running")
-        future = self._tokenizing.submit(self._prepare, request)
+        future = self._tokenizing.submit(self._prepare, request, ready.params)
         self.pending[(route, request.id)] = PendingRequest(ready, future)
 
     def start_text(self, route: Route, request: Tokenize | Detokenize) -> None:
@@ -163,12 +163,19 @@ class Requests:
     def _send_text(self, route: Route, future: Future[bytes]) -> None:
         self.outbox.send(route, future.result())  # a ProtocolError raised there comes here
 
-    def _prepare(self, request: Request) -> PreparedRequest:
+    def _prepare(self, request: Request, params: SamplingParams) -> PreparedRequest:
         """On a tokenizing thread: the prompt's ids (ProtocolError for a bad one), then
         what of its admission depends on them alone (Engine.prepare_prompt: the checks,
         the blocks' keys) and its text tokens, so the loop does none of it. A prompt the
-        engine refuses goes on as ids, for `add_choices` to refuse on the loop."""
+        engine refuses goes on as ids, for `add_choices` to refuse on the loop. A
+        structured output's grammar is compiled here too (kept by the engine for the
+        loop's `add_choices`), and a spec that does not compile refused."""
         ids = self.checks.prompt_ids(request)
+        if params.structured is not None:
+            try:
+                self.engine.grammars.compile(params.structured)
+            except ValueError as e:
+                raise ProtocolError("bad_request", str(e)) from None
         vocab = self.engine.config.vocab_size
         text_ids = [t for t in ids if t < vocab]
         try:

@@ -140,6 +140,9 @@ void run_apply_penalties(int rows, float* logits, int vocab, const int* offsets,
 void run_add_logit_bias(int rows, float* logits, int vocab, const int* offsets, const int* ids, const float* values) {
   launch({(unsigned)rows, 1, 1}, 128, [&] { add_logit_bias(logits, vocab, offsets, ids, values); });
 }
+void run_apply_token_mask(int rows, float* logits, int vocab, const unsigned* words, int num_words) {
+  launch({(unsigned)rows, 1, 1}, 128, [&] { apply_token_mask(logits, vocab, words, num_words); });
+}
 void run_philox_uniform(const unsigned long long* seeds, const long long* positions, float* out, int n) {
   launch({(unsigned)((n + 255) / 256), 1, 1}, 256, [&] { philox_uniform(seeds, positions, out, n); });
 }
@@ -420,7 +423,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
-  PLAIN(add_logit_bias)
+  PLAIN(add_logit_bias) PLAIN(apply_token_mask)
 #undef PLAIN
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
   ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)

@@ -5,6 +5,8 @@
   counts its penalties need;
 - `batch`: SamplingBatch, one step's work in named arrays (Draws, Penalties);
 - `sampler`: `next_tokens`, the runner's one call, on the device or the host;
+- `structured`: structured outputs (a JSON schema, a regex, a grammar...), each
+  step's mask of the tokens a request's grammar allows next;
 - `logprobs`: the raw model's log-probabilities of a chosen token and its
   alternatives, for requests that ask.
 
@@ -19,12 +21,16 @@ from .logprobs import TokenLogprobs
 from .params import MAX_LOGPROBS, SamplingParams
 from .sampler import next_tokens
 from .state import SamplingState
+from .structured import Grammar, Grammars, StructuredOutput
 
 __all__ = [
     "MAX_LOGPROBS",
+    "Grammar",
+    "Grammars",
     "SamplingBatch",
     "SamplingParams",
     "SamplingState",
+    "StructuredOutput",
     "TokenLogprobs",
     "next_tokens",
 ]

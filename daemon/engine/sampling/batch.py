@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....cuda.penalties import LogitBias, Penalties
+from ....cuda.penalties import LogitBias, Penalties, TokenMask, mask_words
 from ....cuda.sampling import Draws
 from .state import SamplingState
 
@@ -47,7 +47,7 @@ class SamplingBatch:
             rows=np.asarray(order, dtype=np.int64),
             num_greedy=len(greedy),
             draws=_draws([states[i] for i in drawn], [positions[i] for i in drawn], vocab),
-            penalties=_penalties(picked),
+            penalties=_penalties(picked, vocab),
         )
 
 
@@ -63,9 +63,9 @@ def _draws(states: list[SamplingState], positions: list[int], vocab: int) -> Dra
     )
 
 
-def _penalties(states: list[SamplingState]) -> Penalties | None:
+def _penalties(states: list[SamplingState], vocab: int) -> Penalties | None:
     lists = [s.penalty_tokens for s in states]
-    if all(tokens is None for tokens in lists) and all(s.bias is None for s in states):
+    if all(t is None for t in lists) and all(s.bias is None and s.grammar is None for s in states):
         return None
     sizes = [0 if tokens is None else tokens.size for tokens in lists]
     present = [tokens for tokens in lists if tokens is not None]
@@ -78,6 +78,7 @@ def _penalties(states: list[SamplingState]) -> Penalties | None:
         token_ids=np.concatenate([empty] + [t.token_ids[: t.size] for t in present]),
         output_counts=np.concatenate([empty] + [t.output_counts[: t.size] for t in present]),
         bias=_bias(states),
+        mask=_mask(states, vocab),
     )
 
 
@@ -91,3 +92,14 @@ def _bias(states: list[SamplingState]) -> LogitBias | None:
         ids=np.concatenate([ids for ids, _ in biased]),
         values=np.concatenate([values for _, values in biased]),
     )
+
+
+def _mask(states: list[SamplingState], vocab: int) -> TokenMask | None:
+    """The rows' grammar masks (every bit set in a row without one), None without any."""
+    if all(s.grammar is None for s in states):
+        return None
+    words = np.full((len(states), mask_words(vocab)), 0xFFFFFFFF, dtype=np.uint32)
+    for r, state in enumerate(states):
+        if state.grammar is not None:
+            words[r] = state.grammar.mask()
+    return TokenMask(words)

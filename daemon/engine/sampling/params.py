@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .structured import StructuredOutput
+
 MAX_SEED = 2**64
 MAX_LOGPROBS = 20  # top alternatives a token may return, as OpenAI's and vLLM's
 MAX_ABS_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
@@ -57,6 +59,12 @@ class SamplingParams:
     order), so -100 all but bans a token and +100 all but forces it. Logprobs stay the
     raw model's.
 
+    `structured` (vLLM's structured_outputs) holds the answer to a JSON schema, any JSON
+    object, a regular expression, one of a list of strings or a grammar
+    (structured.StructuredOutput; the wire's [kind, spec] is taken too): each token is
+    drawn from those the grammar allows next, and the request ends when the grammar
+    admits nothing more. Logprobs stay the raw model's.
+
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
@@ -80,6 +88,7 @@ class SamplingParams:
     n: int = 1
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -132,6 +141,8 @@ class SamplingParams:
             self.logit_bias = _logit_bias(self.logit_bias)
         check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens,
                   hint=" (at most max_tokens)")  # fmt: skip
+        if self.structured is not None:
+            self.structured = StructuredOutput.of(self.structured)
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .logprobs import TokenLogprobs, token_logprobs
 from .params import SamplingParams
+from .structured import Grammar
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class SamplingState:
     # the bias while fewer than min_tokens tokens are out: logit_bias with every stop
     # token at -inf (logit_bias itself when there is no stop token to hold back)
     held_bias: tuple[np.ndarray, np.ndarray] | None
+    grammar: Grammar | None = None  # a structured output's place in its grammar
     num_outputs: int = 0
 
     @classmethod
@@ -87,9 +89,11 @@ class SamplingState:
         seed: int,
         prompt_token_ids: list[int],
         stop_ids: Collection[int] = (),
+        grammar: Grammar | None = None,
     ) -> SamplingState:
         """`stop_ids`: the vocabulary tokens that would end the request (eos unless
-        ignore_eos, and its stop_token_ids), held back until `params.min_tokens` are out."""
+        ignore_eos, and its stop_token_ids), held back until `params.min_tokens` are out;
+        `grammar`: its structured output's, started (the engine compiles it)."""
         tokens = None
         if params.repetition_penalty != 1:
             tokens = PenaltyTokens.of_prompt(prompt_token_ids)
@@ -112,6 +116,7 @@ class SamplingState:
             logit_bias=bias,
             min_tokens=params.min_tokens,
             held_bias=held,
+            grammar=grammar,
         )
 
     @property
@@ -122,13 +127,20 @@ class SamplingState:
 
     @property
     def plain_greedy(self) -> bool:
-        """The row's argmax is the token: greedy with no penalty and no bias."""
-        return self.temperature == 0 and self.penalty_tokens is None and self.bias is None
+        """The row's argmax is the token: greedy with no penalty, bias or grammar."""
+        return (
+            self.temperature == 0
+            and self.penalty_tokens is None
+            and self.bias is None
+            and self.grammar is None
+        )
 
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
         its logprobs if the request asked for them."""
         self.num_outputs += 1
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if self.penalty_tokens is not None:
             self.penalty_tokens.count_output(token_id)
         if self.num_logprobs is None:
