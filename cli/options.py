@@ -18,6 +18,7 @@ import click
 
 from ..daemon.engine.config import setting_fields
 from ..daemon.engine.sampling.params import MAX_ABS_LOGIT_BIAS
+from ..daemon.engine.sampling.structured import StructuredOutput
 from ..ipc.messages import MAX_SALT_CHARS
 from ..ipc.sockets import check_address
 
@@ -126,6 +127,46 @@ def _logit_bias(
     return bias or None
 
 
+def _text_or_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """TEXT, or @FILE for the text of a file (a schema or a grammar)."""
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {value[1:]!r}: {e}", ctx, param) from None
+
+
+# the structured-output options, by the StructuredOutput kind each gives
+STRUCTURED_OPTIONS = {"json_schema": "json", "json_object": "json_object", "regex": "regex",
+                      "choice": "choice", "grammar": "grammar"}  # fmt: skip
+
+
+def structured_from(kw: dict[str, Any]) -> StructuredOutput | None:
+    """The structured output the options ask for (at most one of them), checked by
+    llguidance before anything loads or connects; None for none."""
+    given = [name for name in STRUCTURED_OPTIONS if kw.get(name)]
+    flags = ", ".join("--" + name.replace("_", "-") for name in given)
+    if len(given) > 1:
+        raise click.UsageError(f"give at most one of --json-schema, --json-object, --regex, "
+                               f"--choice, --grammar; got {flags}")  # fmt: skip
+    if not given:
+        return None
+    name = given[0]
+    try:
+        if name == "choice":
+            spec = StructuredOutput.choice(kw[name])
+        else:
+            spec = StructuredOutput(
+                STRUCTURED_OPTIONS[name], "" if name == "json_object" else kw[name]
+            )
+        spec.validate()
+    except ValueError as e:
+        raise click.UsageError(f"{flags}: {e}") from None
+    return spec
+
+
 def _stack(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
     def decorate(f: Any) -> Any:
         for option in reversed(options):
@@ -212,6 +253,30 @@ sampling_options = _stack(
             help="Add BIAS (-100 to 100) to token ID's logit before sampling, as OpenAI's "
             "logit_bias: -100 bans it, 100 forces it (repeatable).",
         ),
+        click.option(
+            "--json-schema",
+            metavar="SCHEMA",
+            callback=_text_or_file,
+            default=None,
+            help="Answer with JSON that follows this JSON schema (its text, or @FILE).",
+        ),
+        click.option(
+            "--json-object", is_flag=True, default=False, help="Answer with a JSON object."
+        ),
+        click.option(
+            "--regex", default=None, help="Answer with text the whole of which matches REGEX."
+        ),
+        click.option(
+            "--choice",
+            multiple=True,
+            help="Answer with exactly one of these strings (repeatable).",
+        ),
+        click.option(
+            "--grammar",
+            callback=_text_or_file,
+            default=None,
+            help="Answer with text in this grammar, Lark or llama.cpp's GBNF (its text, or @FILE).",
+        ),
     ]
 )
 
@@ -274,6 +339,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},
         **({"logit_bias": kw["logit_bias"]} if kw.get("logit_bias") else {}),
         **({"min_tokens": kw["min_tokens"]} if kw.get("min_tokens") else {}),
+        **({"structured": spec} if (spec := structured_from(kw)) is not None else {}),
     }
 
 

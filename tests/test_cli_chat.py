@@ -410,3 +410,25 @@ def test_logit_bias_and_min_tokens_flags_reach_the_sampler_alike(served: Served)
     assert held[0]["token_ids"] == held[1]["token_ids"]
     assert held[0]["token_ids"][:4] == plain[:4] and held[0]["token_ids"][4] == eos
     assert len(held[0]["token_ids"]) == 5 and held[0]["finish_reason"] == "stop"
+
+
+def test_structured_output_flags_hold_the_answer_alike(served: Served, tmp_path: Path) -> None:
+    """--choice, --regex and --json-schema @FILE: `generate` and `run` give the same
+    tokens, and the answer is in the grammar."""
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"n": {"type": "integer", "maximum": 99, '
+                      '"minimum": 0}}, "required": ["n"], "additionalProperties": false, '
+                      '"x-guidance": {"whitespace_flexible": false}}')  # fmt: skip
+    common = ["--raw", "hello", "--max-tokens", "12", "--json"]
+    daemon = ["generate", "--socket", served.address]
+    in_process = ["run", "--model", str(served.model), "--backend", "numpy"]
+    cases = [
+        (["--choice", "up", "--choice", "down"], r"up|down"),
+        (["--regex", "[0-9]{3}"], r"[0-9]{3}"),
+        (["--json-schema", f"@{schema}"], r'\{"n":[0-9]{1,2}\}'),
+    ]
+    for flags, pattern in cases:
+        got = [_cli_json(*where, *common, *flags) for where in (daemon, in_process)]
+        assert got[0]["token_ids"] == got[1]["token_ids"], flags
+        assert re.fullmatch(pattern, got[0]["text"]), (flags, got[0]["text"])
+        assert got[0]["finish_reason"] == "stop", flags

@@ -56,6 +56,13 @@ USAGE_ERRORS = [
     (["generate", "x", "--logit-bias", "5"], ["--logit-bias", "ID=BIAS", "'5'"]),
     (["chat", "--logit-bias", "5=1", "--logit-bias", "5=2"], ["--logit-bias", "token 5", "twice"]),
     (["run", "x", "--min-tokens", "-1"], ["--min-tokens", "-1", "x>=0"]),
+    (["run", "x", "--regex", "[a-"], ["--regex", "structured output regex", "unclosed character class"]),
+    (["generate", "x", "--json-schema", "{nope"], ["--json-schema", "not valid JSON"]),
+    (["generate", "x", "--json-schema", '{"type": "strong"}'], ["--json-schema", "strong"]),
+    (["generate", "x", "--json-schema", "@/nonexistent/s.json"], ["--json-schema", "cannot read", "/nonexistent/s.json"]),
+    (["run", "x", "--grammar", "start: undefined_rule"], ["--grammar", "undefined_rule"]),
+    (["generate", "x", "--regex", "a", "--choice", "b"], ["at most one of", "--regex, --choice"]),
+    (["run", "x", "--json-object", "--json-schema", "{}"], ["at most one of", "--json-schema, --json-object"]),
 ]  # fmt: skip
 
 

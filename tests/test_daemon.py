@@ -334,6 +334,11 @@ def _bad_inputs() -> list[tuple[bytes, str]]:
         (pack(v=1, type="cancel", id="nobody"), "not_found"),
         (pack(**gen, prompt="x", queue_priority="high"), "bad_request"),
         (pack(**gen, prompt="x", queue_priority=2**40), "bad_request"),
+        # structured outputs: a spec of the wrong shape, and one that does not compile
+        # (refused on a tokenizing thread, where the daemon compiles it)
+        (pack(**gen, prompt="x", sampling={"structured": ["regex"]}), "bad_request"),
+        (pack(**gen, prompt="x", sampling={"structured": ["regex", "[a-"]}), "bad_request"),
+        (pack(**gen, prompt="x", sampling={"structured": ["json", '{"type": 5}']}), "bad_request"),
     ]
 
 

@@ -4,6 +4,7 @@ hides what we check (status codes, SSE framing, /metrics, disconnects)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import pytest
 openai = pytest.importorskip("openai")
 from http_support import HttpDaemon, scrape  # noqa: E402
 
+from reprise.daemon import StructuredOutput  # noqa: E402
 from reprise.ipc import Client  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -244,6 +246,51 @@ def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenA
     assert chat_forced.choices[0].message.content * 3 == forced_done.text * 2  # 6 of that token
 
 
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_hold_the_answer(daemon: HttpDaemon, api: openai.OpenAI) -> None:
+    """OpenAI's response_format (json_schema, json_object), vLLM's structured_outputs and
+    guided_* fields: each answer is in its grammar and ends with it ("stop"), streamed as
+    it is whole, and is what the socket client gets for the same spec."""
+    ask = "Describe a person named Alice who is 30 years old, as JSON."
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    whole = chat(api, ask, max_tokens=40, response_format=fmt)
+    answer = json.loads(whole.choices[0].message.content)
+    assert set(answer) == {"name", "age"} and isinstance(answer["age"], int), answer
+    assert whole.choices[0].finish_reason == "stop"
+    pieces = chat(api, ask, max_tokens=40, response_format=fmt, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    assert streamed == whole.choices[0].message.content
+    with Client(daemon.address) as client:
+        spec = StructuredOutput("json", json.dumps(PERSON))
+        messages = [{"role": "user", "content": ask}]
+        served = client.generate(messages, max_tokens=40, temperature=0, structured=spec)
+    assert served.text == whole.choices[0].message.content
+    anything = chat(api, ask, max_tokens=60, response_format={"type": "json_object"})
+    text = anything.choices[0].message.content
+    assert text.startswith("{") and (anything.choices[0].finish_reason == "length"
+                                     or isinstance(json.loads(text), dict))  # fmt: skip
+    cases = [
+        ({"structured_outputs": {"regex": "[0-9]{4}-[0-9]{2}"}}, r"[0-9]{4}-[0-9]{2}"),
+        ({"guided_regex": "(Paris|Lyon)!"}, r"(Paris|Lyon)!"),
+        ({"structured_outputs": {"choice": ["north", "south"]}}, r"north|south"),
+        ({"guided_choice": ["yes", "no"]}, r"yes|no"),
+        ({"guided_grammar": 'root ::= "x" [a-c] [a-c]'}, r"x[a-c][a-c]"),
+        ({"structured_outputs": {"json": PERSON, "disable_any_whitespace": True}},
+         r'\{"name":"[^"]*","age":-?[0-9]+\}'),
+    ]  # fmt: skip
+    for extra, pattern in cases:
+        done = complete(api, max_tokens=24, extra_body=extra)
+        assert re.fullmatch(pattern, done.choices[0].text), (extra, done.choices[0].text)
+        assert done.choices[0].finish_reason == "stop", extra
+
+
 @pytest.mark.parametrize(
     ("kw", "error", "param"),
     [
@@ -271,8 +318,26 @@ def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenA
         ({"logit_bias": {"49152": 1}}, "BadRequestError", "logit_bias"),  # past the vocabulary
         ({"logit_bias": {"5": "1"}}, "BadRequestError", "logit_bias"),
         ({"logit_bias": {str(2**64): 1}}, "BadRequestError", "logit_bias"),
+        # structured outputs: a spec llguidance does not compile, two at once, an unknown
+        # field, a malformed response_format
+        ({"extra_body": {"structured_outputs": {"regex": "[a-"}}}, "BadRequestError",
+         "structured_outputs"),
+        ({"extra_body": {"guided_json": {"type": "strong"}}}, "BadRequestError", "guided_json"),
+        ({"extra_body": {"guided_choice": []}}, "BadRequestError", "guided_choice"),
+        ({"extra_body": {"guided_grammar": "start: nothing_defined"}}, "BadRequestError",
+         "guided_grammar"),
+        ({"extra_body": {"response_format": {"type": "json_object"}, "guided_regex": "a"}},
+         "BadRequestError", "guided_regex"),
+        ({"extra_body": {"structured_outputs": {"json": {}, "backend": "xgrammar"}}},
+         "BadRequestError", "structured_outputs"),
+        ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["a"]}}},
+         "BadRequestError", "structured_outputs"),
+        ({"extra_body": {"response_format": {"type": "yaml"}}}, "BadRequestError",
+         "response_format"),
+        ({"extra_body": {"response_format": {"type": "json_schema"}}}, "BadRequestError",
+         "response_format"),
     ],
-)
+)  # fmt: skip
 def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, param) -> None:
     kw = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, **kw}
     with pytest.raises(openai.APIStatusError) as info:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...cuda.dtypes import BF16
+from ..engine.sampling.structured import StructuredOutput
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
 MAX_BATCH = 64  # prompts one /v1/completions request may give (each runs as a request)
@@ -84,7 +86,6 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     "parallel_tool_calls": lambda v: True,
     "tools": lambda v: v in (None, []),
     "tool_choice": lambda v: v in (None, "none"),
-    "response_format": lambda v: v is None or v == {"type": "text"},
     # SGLang's extensions, which sglang-router writes into every body it forwards, at
     # their defaults (we have no reasoning parser, so its two flags change nothing).
     "no_stop_trim": lambda v: v in (None, False),
@@ -99,6 +100,11 @@ PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequenc
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", "logit_bias", *PASSED, *HARMLESS}  # fmt: skip
+# Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older
+# guided_* fields (at most one of them in a request).
+STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+              "guided_choice", "guided_grammar")  # fmt: skip
+COMMON |= set(STRUCTURED)
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
     "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
@@ -185,6 +191,8 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
             options[name] = body[name]
     if "logit_bias" in body:
         options["logit_bias"] = _logit_bias(body["logit_bias"])
+    if (structured := _structured(body)) is not None:
+        options["structured"] = structured
     # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
@@ -285,6 +293,98 @@ def _logit_bias(bias: object) -> dict[int, object]:
             raise bad("logit_bias", f"keys must be token ids (decimal integers); got {key!r:.40}")
         out[int(key)] = value
     return out
+
+
+def _structured(body: dict[str, Any]) -> StructuredOutput | None:
+    """The request's structured output, from whichever of STRUCTURED it gives (at most
+    one), checked by llguidance; None for none (or `response_format: {"type": "text"}`)."""
+    given = [name for name in STRUCTURED if name in body]
+    if len(given) > 1:
+        raise bad(given[1], f"give at most one of {', '.join(STRUCTURED)}; got {', '.join(given)}")
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    if name == "response_format":
+        spec = _response_format(value)
+    elif name == "structured_outputs":
+        spec = _structured_outputs(value)
+    else:  # vLLM's guided_json / _regex / _choice / _grammar
+        spec = _spec(name, name.removeprefix("guided_"), value, whitespace=True)
+    if spec is not None:
+        try:
+            spec.validate()
+        except ValueError as e:
+            raise bad(name, str(e)) from None
+    return spec
+
+
+def _response_format(value: object) -> StructuredOutput | None:
+    """OpenAI's response_format: text, json_object, or json_schema with its `schema`."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text" and len(value) == 1:  # type: ignore[arg-type]
+        return None
+    if kind == "json_object" and len(value) == 1:  # type: ignore[arg-type]
+        return StructuredOutput("json_object")
+    if kind == "json_schema":
+        inner = value.get("json_schema")  # type: ignore[union-attr]
+        if set(value) - {"type", "json_schema"} or not isinstance(inner, dict):  # type: ignore[arg-type]
+            raise bad("response_format", 'json_schema needs {"json_schema": {"name", "schema"}}')
+        if set(inner) - {"name", "schema", "strict", "description"}:
+            raise bad(
+                "response_format",
+                f"json_schema takes name, schema, strict and description; got {sorted(inner)}",
+            )
+        schema = inner.get("schema", {})  # OpenAI's default: any JSON value
+        return _spec("response_format", "json", schema, whitespace=True)
+    raise bad(
+        "response_format",
+        f'must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", '
+        f'"json_schema": {{...}}}}; got {value!r:.80}',
+    )
+
+
+def _structured_outputs(value: object) -> StructuredOutput:
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar or
+    json_object, and optionally disable_any_whitespace (JSON without free whitespace)."""
+    kinds = ("json", "regex", "choice", "grammar", "json_object")
+    if not isinstance(value, dict):
+        raise bad("structured_outputs", f"must be an object; got {value!r:.60}")
+    value = {k: v for k, v in value.items() if v is not None and v is not False}
+    if extra := set(value) - {*kinds, "disable_any_whitespace"}:
+        raise bad("structured_outputs", f"unsupported field(s) {sorted(extra)}; takes "
+                  f"one of {', '.join(kinds)}, and disable_any_whitespace")  # fmt: skip
+    given = [k for k in kinds if k in value]
+    if len(given) != 1:
+        raise bad("structured_outputs", f"give exactly one of {', '.join(kinds)}; got {given}")
+    kind, whitespace = given[0], not value.get("disable_any_whitespace", False)
+    if kind == "json_object":
+        if value[kind] is not True:
+            raise bad("structured_outputs", f"json_object must be true; got {value[kind]!r:.40}")
+        return _spec("structured_outputs", "json", {"type": "object"}, whitespace=whitespace)
+    return _spec("structured_outputs", kind, value[kind], whitespace=whitespace)
+
+
+def _spec(param: str, kind: str, value: object, *, whitespace: bool) -> StructuredOutput:
+    """A StructuredOutput of `kind` from a body's value: a JSON schema as an object or its
+    text, a regex or grammar as a string, choices as a list of strings."""
+    try:
+        if kind == "json":
+            schema = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict | bool):
+                raise ValueError(f"a JSON schema must be an object; got {value!r:.60}")
+            if not whitespace:  # llguidance's option: no whitespace between JSON's tokens
+                schema = {**(schema if isinstance(schema, dict) else {}),
+                          "x-guidance": {"whitespace_flexible": False}}  # fmt: skip
+            return StructuredOutput("json", json.dumps(schema))
+        if kind == "choice":
+            if not isinstance(value, list):
+                raise ValueError(f"choice must be a list of strings; got {value!r:.60}")
+            return StructuredOutput.choice(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{kind} must be a string; got {value!r:.60}")
+        return StructuredOutput(kind, value)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise bad(param, str(e)) from None
 
 
 def _prompt(prompt: object) -> str | list[int]:

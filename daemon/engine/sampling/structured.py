@@ -109,6 +109,14 @@ class StructuredOutput:
     def to_wire(self) -> list[str]:
         return [self.kind, self.spec]
 
+    def validate(self) -> None:
+        """ValueError (one line) unless llguidance compiles this spec; needs no vocabulary,
+        so a front end can refuse a bad spec before it reaches the engine."""
+        import llguidance
+
+        if error := llguidance.LLMatcher.validate_grammar(self.grammar_text()):
+            raise ValueError(f"structured output {self.kind}: {_first_line(error)}")
+
     def grammar_text(self) -> str:
         """llguidance's grammar of this spec (ValueError if it cannot be read)."""
         import llguidance
