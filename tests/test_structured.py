@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_sampling_engine import PROMPTS, add_traffic, assert_identical, engine
 
-from reprise.cuda.penalties import TokenMask, apply_token_mask_ref
+from reprise.cuda.penalties import TokenMask, apply_token_mask_ref, mask_words
 from reprise.daemon import Engine, SamplingParams, StructuredOutput
 from reprise.daemon.engine.sampling import structured
 from reprise.daemon.model.synth import synth_model
@@ -138,6 +138,26 @@ def test_bits_are_the_same_alone_batched_padded_reused_and_repeated(tiny: Path) 
             eng.take_completion(r)
     assert eng.runner.decode is not None and eng.runner.decode.steps > 0
     assert eng.stats()["exact_repeats"] >= 3  # ours, and the traffic's whole-block prompts
+
+
+def test_masks_computed_in_parallel_are_each_grammars_own(tiny: Path) -> None:
+    """fill_masks (llguidance's threads, for a step with several structured rows) gives
+    each row the mask its grammar gives alone, step after step."""
+    eng = engine(tiny)
+    specs = [CASES[name][0] for name in sorted(CASES)]
+    alone = [eng.grammars.start(spec) for spec in specs]
+    together = [eng.grammars.start(spec) for spec in specs]
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        words = np.empty((len(specs), mask_words(eng.config.vocab_size)), np.uint32)
+        structured.fill_masks(together, words)
+        want = np.stack([g.mask() for g in alone])
+        assert np.array_equal(words, want)
+        for row, a, b in zip(want, alone, together, strict=True):
+            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
+            token = int(rng.choice(allowed))  # any token the grammar allows here
+            a.accept(token)
+            b.accept(token)
 
 
 def test_n_choices_each_hold_to_the_grammar(tiny: Path) -> None:

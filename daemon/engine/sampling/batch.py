@@ -16,6 +16,7 @@ import numpy as np
 from ....cuda.penalties import LogitBias, Penalties, TokenMask, mask_words
 from ....cuda.sampling import Draws
 from .state import SamplingState
+from .structured import fill_masks
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,8 @@ def _mask(states: list[SamplingState], vocab: int) -> TokenMask | None:
     if all(s.grammar is None for s in states):
         return None
     words = np.full((len(states), mask_words(vocab)), 0xFFFFFFFF, dtype=np.uint32)
-    for r, state in enumerate(states):
-        if state.grammar is not None:
-            words[r] = state.grammar.mask()
+    rows = [r for r, s in enumerate(states) if s.grammar is not None]
+    masks = np.empty((len(rows), words.shape[1]), np.uint32)
+    fill_masks([states[r].grammar for r in rows], masks)  # type: ignore[misc]
+    words[rows] = masks
     return TokenMask(words)

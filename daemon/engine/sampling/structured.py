@@ -157,6 +157,8 @@ class Grammar:
     __slots__ = ("_eos_ids", "_matcher", "_num_words", "ended")
 
     def __init__(self, matcher: Any, num_words: int, eos_ids: list[int]) -> None:
+        """`num_words`: ceil(vocab / 32), the mask's width (llguidance's own mask from
+        `compute_bitmask` may hold a word more)."""
         self._matcher = matcher
         self._num_words = num_words
         self._eos_ids = eos_ids
@@ -166,7 +168,11 @@ class Grammar:
         """[ceil(vocab / 32)] uint32: bit t % 32 of word t // 32 set when token t may come
         next. A grammar that fails here (a limit hit) keeps the end-of-text tokens alone,
         and the request ends after this token."""
-        words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint32)
+        return self._checked(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint32))
+
+    def _checked(self, words: np.ndarray) -> np.ndarray:
+        """llguidance's mask `words` cut to the vocabulary's, or the end-of-text tokens
+        alone if the matcher failed computing it."""
         if self._matcher.is_error():
             self._fail("computing the next token's mask")
             words = np.zeros(self._num_words, np.uint32)
@@ -190,6 +196,34 @@ class Grammar:
             _first_line(self._matcher.get_error()),
         )
         self.ended = True
+
+
+def fill_masks(grammars: list[Grammar], words: np.ndarray) -> None:
+    """Row i of `words` ([len(grammars), ceil(vocab / 32)] uint32) becomes grammars[i]'s
+    next mask (`Grammar.mask`); more than one are computed in parallel, on llguidance's
+    own threads (its executor: 80 % of the CPUs, up to 32)."""
+    if len(grammars) == 1:
+        words[0] = grammars[0].mask()
+        return
+    out = np.zeros((len(grammars), grammars[0]._num_words), np.uint32)  # the executor's width
+    targets = [(g._matcher, i) for i, g in enumerate(grammars)]
+    _executor().unsafe_compute_mask_ptr(targets, out.ctypes.data, out.strides[0], len(grammars))
+    for i, grammar in enumerate(grammars):
+        words[i] = grammar._checked(out[i])
+
+
+_EXECUTOR: Any = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> Any:
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            import llguidance
+
+            _EXECUTOR = llguidance.LLExecutor()
+        return _EXECUTOR
 
 
 class Grammars:
