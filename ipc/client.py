@@ -71,11 +71,12 @@ def generate_message(
     return_logits: bool = False,
     prompt_table: np.ndarray | None = None,
     extra_ids: list[int] | None = None,
+    tools: list[dict[str, Any]] | None = None,
     **sampling: Any,
 ) -> Generate:
     """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
-    ids or chat messages; a prompt table and extra ids with token ids; sampling options
-    by name, None meaning "not given")."""
+    ids or chat messages; a prompt table and extra ids with token ids; tools for the chat
+    template with messages; sampling options by name, None meaning "not given")."""
     unknown = set(sampling) - set(SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; sampling: {sorted(SAMPLING_FIELDS)}")
@@ -105,14 +106,17 @@ def generate_message(
         return_logits=return_logits,
         prompt_table=None if prompt_table is None else prompt_table_to_wire(prompt_table),
         extra_ids=extra_ids,
+        tools=tools,
     )
 
 
-def tokenize_message(prompt: str | list[dict[str, str]]) -> Tokenize:
-    """The Tokenize message of a text prompt or chat messages."""
+def tokenize_message(
+    prompt: str | list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+) -> Tokenize:
+    """The Tokenize message of a text prompt or chat messages (and their tools)."""
     if isinstance(prompt, list):
-        return Tokenize(uuid.uuid4().hex, messages=prompt)
-    return Tokenize(uuid.uuid4().hex, prompt=prompt)
+        return Tokenize(uuid.uuid4().hex, messages=prompt, tools=tools)
+    return Tokenize(uuid.uuid4().hex, prompt=prompt, tools=tools)
 
 
 def num_choices(request: Generate) -> int:
@@ -155,10 +159,12 @@ class Client:
         assert isinstance(reply, StatsReply), reply
         return reply.stats
 
-    def tokenize(self, prompt: str | list[dict[str, str]]) -> list[int]:
+    def tokenize(
+        self, prompt: str | list[dict[str, str]], *, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The token ids a generate of this prompt (text, or chat messages, the template
-        applied) would have. Raises RequestError."""
-        request = tokenize_message(prompt)
+        applied, with `tools`) would have. Raises RequestError."""
+        request = tokenize_message(prompt, tools)
         self._send(encode(request))
         reply = self._recv(request.id)
         assert isinstance(reply, TokenizeReply), reply

@@ -115,18 +115,83 @@ def _short(value: object) -> str:
 MAX_QUEUE_PRIORITY = 1 << 31
 
 
+MAX_TOOLS = (
+    128  # tools one chat request may give the chat template (and tool calls a message holds)
+)
+
+
 def check_messages(messages: object) -> None:
-    """Chat messages: a non-empty list of {role, content} maps of strings."""
+    """Chat messages: a non-empty list of {role, content} maps of strings; for tool use,
+    an assistant message may hold `tool_calls` (then its content may be None) and a tool
+    message a `tool_call_id`, and any message a `name`."""
     check_type("messages", messages, list)
     assert isinstance(messages, list)
     if not messages:
         raise bad("messages must hold at least one message")
     for i, m in enumerate(messages):
         check_type(f"messages[{i}]", m, dict)
-        if set(m) - {"role", "content"} or "role" not in m or "content" not in m:
-            raise bad(f"messages[{i}] must have exactly role and content; got {sorted(m)}")
+        extra = set(m) - {"role", "content", "tool_calls", "tool_call_id", "name"}
+        if extra or "role" not in m or "content" not in m:
+            raise bad(
+                f"messages[{i}] must have role and content (and may have tool_calls, "
+                f"tool_call_id, name); got {sorted(m)}"
+            )
         check_type(f"messages[{i}].role", m["role"], str)
-        check_type(f"messages[{i}].content", m["content"], str)
+        if "tool_calls" in m:
+            _check_tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
+            check_type(f"messages[{i}].content", m["content"], str, type(None))
+        else:
+            check_type(f"messages[{i}].content", m["content"], str)
+        for key in ("tool_call_id", "name"):
+            if key in m:
+                check_type(f"messages[{i}].{key}", m[key], str)
+
+
+def _check_tool_calls(name: str, calls: object) -> None:
+    """An assistant message's tool calls: [{"id", "type": "function", "function": {"name",
+    "arguments" (JSON text)}}], at most MAX_TOOLS."""
+    check_type(name, calls, list)
+    assert isinstance(calls, list)
+    if len(calls) > MAX_TOOLS:
+        raise bad(f"{name} may hold at most {MAX_TOOLS} calls; got {len(calls)}")
+    for j, call in enumerate(calls):
+        check_type(f"{name}[{j}]", call, dict)
+        function = call.get("function")
+        if set(call) - {"id", "type", "function"} or not isinstance(function, dict):
+            raise bad(f"{name}[{j}] must be {{id, type, function: {{name, arguments}}}}")
+        if set(function) != {"name", "arguments"}:
+            raise bad(f"{name}[{j}].function must have name and arguments; got {sorted(function)}")
+        check_type(f"{name}[{j}].function.name", function["name"], str)
+        check_type(f"{name}[{j}].function.arguments", function["arguments"], str)
+        for key in ("id", "type"):
+            if key in call:
+                check_type(f"{name}[{j}].{key}", call[key], str)
+
+
+def check_tools(tools: object) -> None:
+    """A chat's tools, for its template: [{"type": "function", "function": {"name", and
+    optionally "description", "parameters" (a JSON schema), "strict"}}], at most MAX_TOOLS."""
+    check_type("tools", tools, list)
+    assert isinstance(tools, list)
+    if len(tools) > MAX_TOOLS:
+        raise bad(f"tools may hold at most {MAX_TOOLS} tools; got {len(tools)}")
+    for i, tool in enumerate(tools):
+        check_type(f"tools[{i}]", tool, dict)
+        function = tool.get("function")
+        if set(tool) != {"type", "function"} or tool["type"] != "function":
+            raise bad(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}')
+        check_type(f"tools[{i}].function", function, dict)
+        if extra := set(function) - {"name", "description", "parameters", "strict"}:
+            raise bad(f"tools[{i}].function has unknown field(s) {sorted(extra)}")
+        check_type(f"tools[{i}].function.name", function.get("name"), str)
+        if not function["name"]:
+            raise bad(f"tools[{i}].function.name must not be empty")
+        if "description" in function:
+            check_type(f"tools[{i}].function.description", function["description"], str)
+        if "parameters" in function:
+            check_type(f"tools[{i}].function.parameters", function["parameters"], dict)
+        if "strict" in function:
+            check_type(f"tools[{i}].function.strict", function["strict"], bool)
 
 
 def _check_bias_pair(pair: list[Any]) -> None:
@@ -179,6 +244,8 @@ class Generate:
     # little-endian}; `extra_ids` has one uint64 per token id (0 for text tokens).
     prompt_table: dict[str, Any] | None = None
     extra_ids: list[int] | None = None
+    # with messages: the tools the chat template is given (check_tools)
+    tools: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -189,6 +256,10 @@ class Generate:
             check_type("prompt", self.prompt, str)
         if self.messages is not None:
             check_messages(self.messages)
+        if self.tools is not None:
+            if self.messages is None:
+                raise bad("tools go with messages (the chat template renders them)")
+            check_tools(self.tools)
         if self.token_ids is not None:
             check_type("token_ids", self.token_ids, list)
             for t in self.token_ids:
@@ -295,6 +366,7 @@ class Tokenize:
     id: str
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    tools: list[dict[str, Any]] | None = None  # with messages, as Generate's
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -304,6 +376,10 @@ class Tokenize:
             check_type("prompt", self.prompt, str)
         else:
             check_messages(self.messages)
+        if self.tools is not None:
+            if self.messages is None:
+                raise bad("tools go with messages (the chat template renders them)")
+            check_tools(self.tools)
 
 
 @dataclass(slots=True)

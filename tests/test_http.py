@@ -291,6 +291,86 @@ def test_structured_outputs_hold_the_answer(daemon: HttpDaemon, api: openai.Open
         assert done.choices[0].finish_reason == "stop", extra
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False},
+    },
+}  # fmt: skip
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}  # fmt: skip
+
+
+def test_tool_choice_named_and_required_answer_with_tool_calls(
+    daemon: HttpDaemon, api: openai.OpenAI
+) -> None:
+    """vLLM's tool use without a parser: a named function or "required" holds the answer
+    to the calls' grammar and comes back as tool_calls (content "", finish "stop"),
+    streamed alike; "none" answers as if no tools were given; the conversation can go on
+    with the call and its result."""
+    ask = "What is the weather in Paris?"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = chat(api, ask, max_tokens=40, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=named)
+    message, choice = whole.choices[0].message, whole.choices[0]
+    [call] = message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    assert message.content == "" and choice.finish_reason == "stop"
+    events = list(chat(api, ask, max_tokens=40, tools=[WEATHER_TOOL, TIME_TOOL],
+                       tool_choice=named, stream=True))  # fmt: skip
+    deltas = [d for e in events if e.choices for d in (e.choices[0].delta.tool_calls or [])]
+    assert [d.function.arguments for d in deltas] == [call.function.arguments]
+    assert deltas[0].function.name == "get_weather" and deltas[0].index == 0
+    required = chat(api, ask, max_tokens=64, tools=[WEATHER_TOOL, TIME_TOOL],
+                    tool_choice="required")  # fmt: skip
+    calls = required.choices[0].message.tool_calls
+    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+    for c in calls:
+        assert isinstance(json.loads(c.function.arguments), dict)
+    plain = chat(api, ask, max_tokens=8)
+    nothing = chat(api, ask, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="none")
+    assert nothing.choices[0].message.content == plain.choices[0].message.content
+    assert not nothing.choices[0].message.tool_calls
+    turns = [{"role": "user", "content": ask},
+             {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+             {"role": "tool", "content": "18 C and sunny", "tool_call_id": call.id}]  # fmt: skip
+    after = api.chat.completions.create(model=MODEL_NAME, messages=turns, max_tokens=8,
+                                        temperature=0, tools=[WEATHER_TOOL], tool_choice="none")  # fmt: skip
+    assert after.choices[0].message.content and after.usage.prompt_tokens > whole.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"tools": [WEATHER_TOOL]}, "tool_choice"),  # "auto", the default with tools
+        ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function",
+                                                   "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "required"},
+         "tools"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}]},
+         "messages[0].tool_calls"),
+    ],
+)  # fmt: skip
+def test_chat_tool_errors_name_the_field(api: openai.OpenAI, kw: dict, param: str) -> None:
+    kw = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+          **kw}  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as info:
+        api.chat.completions.create(**kw)
+    assert info.value.body.get("param") == param, info.value.body
+
+
 @pytest.mark.parametrize(
     ("kw", "error", "param"),
     [

@@ -160,9 +160,11 @@ class AsyncClient:
         assert isinstance(reply, HealthReply), reply
         return reply
 
-    async def tokenize(self, prompt: str | list[dict[str, str]]) -> list[int]:
+    async def tokenize(
+        self, prompt: str | list[dict[str, str]], *, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """As `Client.tokenize`. Raises RequestError."""
-        reply = await self._ask(tokenize_message(prompt))
+        reply = await self._ask(tokenize_message(prompt, tools))
         assert isinstance(reply, TokenizeReply), reply
         return reply.token_ids
 

@@ -20,8 +20,10 @@ tokenizer, the model's vocabulary size and context), so they need no lock.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +58,28 @@ class Ready:
     params: SamplingParams  # with the stop strings; the engine gets them without
     prompt_table: np.ndarray | None  # [num_virtual, hidden] BF16, from the wire
     t_received: float  # time.monotonic() when its frame was read
+
+
+def for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as chat templates take them: a tool call's arguments (JSON text on
+    the wire, as OpenAI's) as the object they spell (as vLLM hands them over; templates
+    write them with `tojson`), left as text when they spell none."""
+    if not any("tool_calls" in m for m in messages):
+        return messages
+    out = []
+    for m in messages:
+        if "tool_calls" in m:
+            m = {**m, "tool_calls": [_parsed_call(call) for call in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call["function"]["arguments"])
+    except (ValueError, RecursionError):
+        return call
+    return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
 class RequestChecks:
@@ -114,7 +138,9 @@ class RequestChecks:
             if request.prompt is not None:
                 return tokenizer.encode(request.prompt)
             assert request.messages is not None
-            text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                for_template(request.messages), add_generation_prompt=True, tools=request.tools
+            )
             return tokenizer.encode(text, add_special_tokens=False)
         except Exception as e:  # a template may reject a conversation (e.g. bad role order)
             raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None

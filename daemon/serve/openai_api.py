@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...cuda.dtypes import BF16
+from ...ipc.messages import ProtocolError, check_tools
 from ..engine.sampling.structured import StructuredOutput
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
@@ -84,6 +85,7 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     "metadata": lambda v: True,
     "service_tier": lambda v: True,
     "parallel_tool_calls": lambda v: True,
+    # chat parses its own (_tools); completions take only these
     "tools": lambda v: v in (None, []),
     "tool_choice": lambda v: v in (None, "none"),
     # SGLang's extensions, which sglang-router writes into every body it forwards, at
@@ -126,6 +128,10 @@ class ParsedRequest:
     include_usage: bool = False
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
+    # chat with tools: "named" (the answer is the arguments of `tool_name`) or "required"
+    # (a JSON list of {"name", "parameters"}): the answer comes back as tool_calls
+    tool_mode: str | None = None
+    tool_name: str | None = None
     user: str | None = None
     # /v1/completions given a list of prompts: each runs as a request of its own, and its
     # choices are indices i * n .. i * n + n - 1 (as OpenAI's); None: the one `prompt`
@@ -153,6 +159,7 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter."""
     body = _object_body(body)
     echo = _echo(kind, body)
+    tools = _tools(body) if kind == "chat" else None  # takes tools and tool_choice out
     for key, value in body.items():
         if key not in KNOWN[kind]:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
@@ -193,10 +200,17 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
         options["logit_bias"] = _logit_bias(body["logit_bias"])
     if (structured := _structured(body)) is not None:
         options["structured"] = structured
+    if tools is not None:
+        if structured is not None:
+            raise bad("tool_choice", "a required or named tool choice cannot be combined with "
+                      "response_format or structured outputs (it makes the answer's grammar)")  # fmt: skip
+        options["tools"], options["structured"] = tools.tools, tools.spec
     # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
+    if tools is not None:
+        parsed.tool_mode, parsed.tool_name = tools.mode, tools.name
     if batch is not None and len(batch) > 1:
         parsed.batch = batch
     n = body.get("n", 1)
@@ -316,6 +330,56 @@ def _structured(body: dict[str, Any]) -> StructuredOutput | None:
         except ValueError as e:
             raise bad(name, str(e)) from None
     return spec
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """A chat's tools for its template, and the grammar its tool choice makes."""
+
+    tools: list[dict[str, Any]]
+    spec: StructuredOutput
+    mode: str  # "named" | "required"
+    name: str | None  # the named function
+
+
+def _tools(body: dict[str, Any]) -> ToolUse | None:
+    """OpenAI's `tools` and `tool_choice` (taken out of `body`), as vLLM serves them
+    without a tool-call parser: "none" (the default without tools) answers in text, the
+    template not given the tools; "required" and a named function hold the answer to a
+    grammar of tool calls (a JSON list of {"name", "parameters"}, or the named function's
+    parameters) and give the template the tools; "auto" (the default with tools) needs a
+    parser of the model's own tool-call format, which reprise does not have: a 400."""
+    tools, choice = body.pop("tools", None), body.pop("tool_choice", None)
+    if not tools:
+        if choice not in (None, "none"):
+            raise bad("tool_choice", f"needs tools; got {choice!r:.60}")
+        return None
+    try:
+        check_tools(tools)
+    except ProtocolError as e:
+        raise bad("tools", e.message) from None
+    choice = "auto" if choice is None else choice
+    if choice == "none":
+        return None
+    if choice == "auto":
+        raise bad("tool_choice", '"auto" (the default with tools) needs a parser of the '
+                  "model's own tool-call format, which reprise does not have; give "
+                  '"required", a named function ({"type": "function", "function": {"name": '
+                  '...}}) or "none"')  # fmt: skip
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"})
+               for t in tools}  # fmt: skip
+    if choice == "required":
+        calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                                   "parameters": schema},
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for name, schema in schemas.items()]  # fmt: skip
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        return ToolUse(tools, _spec("tools", "json", schema, whitespace=True), "required", None)
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and named in schemas):
+        raise bad("tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
+                  f'"function": {{"name": one of {sorted(schemas)}}}}}; got {choice!r:.80}')  # fmt: skip
+    return ToolUse(tools, _spec("tools", "json", schemas[named], whitespace=True), "named", named)
 
 
 def _response_format(value: object) -> StructuredOutput | None:
@@ -481,16 +545,20 @@ def _base64(param: str, text: str) -> bytes:
         raise bad(param, "is not valid base64") from None
 
 
-def _messages(messages: object) -> list[dict[str, str]]:
+def _messages(messages: object) -> list[dict[str, Any]]:
+    """OpenAI's chat messages as the daemon takes them: text content (parts joined), and
+    for tool use an assistant's `tool_calls` (its content may then be null) and a tool
+    message's `tool_call_id`; `name` kept."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not _is(m.get("role"), str):
             raise bad(f"messages[{i}]", "must be an object with a role and a content")
-        extra = set(m) - {"role", "content", "name"}
+        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise bad(f"messages[{i}]", f"unsupported field(s) {sorted(extra)}")
+        m = {k: v for k, v in m.items() if v is not None}
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
@@ -499,9 +567,32 @@ def _messages(messages: object) -> list[dict[str, str]]:
                     raise bad(f"messages[{i}].content", "only text parts are supported")
                 texts.append(part.get("text", ""))
             content = "".join(texts)
-        if not isinstance(content, str):
+        message: dict[str, Any] = {"role": m["role"], "content": content}
+        if "tool_calls" in m:
+            message["tool_calls"] = _tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
+        elif not isinstance(content, str):
             raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
-        out.append({"role": m["role"], "content": content})
+        message.update({k: m[k] for k in ("name", "tool_call_id") if k in m})
+        out.append(message)
+    return out
+
+
+def _tool_calls(param: str, calls: object) -> list[dict[str, Any]]:
+    """An assistant message's tool calls, each {"id", "type", "function": {"name",
+    "arguments"}} with the arguments as JSON text (an object given is written as it)."""
+    if not isinstance(calls, list):
+        raise bad(param, f"must be a list of tool calls; got {calls!r:.60}")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise bad(param, f'each must be {{"id", "type", "function": {{"name", '
+                      f'"arguments"}}}}; got {call!r:.60}')  # fmt: skip
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        kept = {k: call[k] for k in ("id", "type") if k in call}
+        out.append({**kept, "function": {"name": function.get("name"), "arguments": arguments}})
     return out
 
 

@@ -6,6 +6,7 @@ streamed answer and a whole one carry the same tokens, text and logprobs.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -79,8 +80,11 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         if parsed.echo:
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
-            choice = {"index": index, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": logprobs, "finish_reason": finish_reason(done)}  # fmt: skip
+            message = {"role": "assistant", "content": done.text}
+            if parsed.tool_mode is not None:
+                message = {"role": "assistant", **tool_answer(parsed, done.text)}
+            choice = {"index": index, "message": message, "logprobs": logprobs,
+                      "finish_reason": finish_reason(done)}  # fmt: skip
         else:
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason(done)}  # fmt: skip
@@ -88,6 +92,24 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(dones, parsed.n)}  # fmt: skip
+
+
+def tool_answer(parsed: ParsedRequest, text: str) -> dict[str, Any]:
+    """A tool choice's answer as the message's fields, as vLLM gives it: its tool calls
+    (`content` ""); a named function's call takes the answer as its arguments, a required
+    choice's answer is a JSON list of {"name", "parameters"}. An answer that is no such
+    list (cut short by max_tokens) comes back as `content`, with no tool call."""
+    if parsed.tool_mode == "named":
+        calls = [(parsed.tool_name, text)]
+    else:
+        try:
+            calls = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+                     for c in json.loads(text)]  # fmt: skip
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return {"content": text}
+    return {"content": "", "tool_calls": [
+        {"id": "chatcmpl-tool-" + uuid.uuid4().hex, "type": "function",
+         "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}  # fmt: skip
 
 
 def _echoed(
@@ -127,9 +149,12 @@ class StreamBuilder:
             event["usage"] = usage_
         return event
 
-    def _choice(self, index: int, text: str, logprobs: Any, reason: str | None) -> dict:
+    def _choice(
+        self, index: int, text: str, logprobs: Any, reason: str | None, delta: Any = None
+    ) -> dict:
         if self.parsed.kind == "chat":
-            delta: dict[str, Any] = {} if reason is not None and not text else {"content": text}
+            if delta is None:
+                delta = {} if reason is not None and not text else {"content": text}
             if not self.started[index]:
                 delta = {"role": "assistant", **delta}
                 self.started[index] = True
@@ -138,10 +163,18 @@ class StreamBuilder:
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
         logprobs = self.logprobs[index].build(chunk.logprobs)
+        if self.parsed.tool_mode is not None:  # a tool call comes whole, with the end
+            return self._event([self._choice(index, "", logprobs, None, delta={})])
         return self._event([self._choice(index, chunk.text, logprobs, None)])
 
     def done(self, index: int, done: Done) -> dict[str, Any]:
-        return self._event([self._choice(index, "", None, finish_reason(done))])
+        delta = None
+        if self.parsed.tool_mode is not None:
+            answer = tool_answer(self.parsed, done.text)  # the whole answer
+            calls = answer.get("tool_calls")
+            delta = {"content": answer["content"]} if calls is None else {
+                "tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}  # fmt: skip
+        return self._event([self._choice(index, "", None, finish_reason(done), delta=delta)])
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:
         return self._event([], usage(dones, self.parsed.n))
