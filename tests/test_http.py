@@ -323,6 +323,9 @@ def test_tool_choice_named_and_required_answer_with_tool_calls(
     arguments = json.loads(call.function.arguments)
     assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
     assert message.content == "" and choice.finish_reason == "stop"
+    counted = httpx.post(f"{daemon.url}/tokenize", timeout=60, json={
+        "messages": [{"role": "user", "content": ask}], "tools": [WEATHER_TOOL, TIME_TOOL]})  # fmt: skip
+    assert counted.json()["count"] == whole.usage.prompt_tokens  # the same prompt, tools too
     events = list(chat(api, ask, max_tokens=40, tools=[WEATHER_TOOL, TIME_TOOL],
                        tool_choice=named, stream=True))  # fmt: skip
     deltas = [d for e in events if e.choices for d in (e.choices[0].delta.tool_calls or [])]

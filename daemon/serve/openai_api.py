@@ -243,7 +243,9 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     return parsed
 
 
-def parse_tokenize(body: object) -> tuple[str | None, str | list[dict[str, str]]]:
+def parse_tokenize(
+    body: object,
+) -> tuple[str | None, str | list[dict[str, Any]], list[dict[str, Any]] | None]:
     """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`) -> (model, prompt), or
     ApiError (400) naming the parameter. Its ids are those a completion of the prompt
     (or a chat completion of the messages) is given, so only the defaults of vLLM's
@@ -252,6 +254,8 @@ def parse_tokenize(body: object) -> tuple[str | None, str | list[dict[str, str]]
     kind = "chat" if "messages" in body else "completions"
     allowed = {"model", "add_special_tokens" if kind == "completions" else "add_generation_prompt",
                "prompt" if kind == "completions" else "messages"}  # fmt: skip
+    if kind == "chat":
+        allowed.add("tools")
     for key, value in body.items():
         if key not in allowed:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
@@ -260,11 +264,17 @@ def parse_tokenize(body: object) -> tuple[str | None, str | list[dict[str, str]]
             raise ApiError(400, f"unsupported value for {key}: {value!r:.60} (only true)",
                            param=key, code="unsupported_parameter")  # fmt: skip
     if kind == "chat":
-        return body.get("model"), _messages(body["messages"])
+        tools = body.get("tools") or None
+        if tools is not None:
+            try:
+                check_tools(tools)
+            except ProtocolError as e:
+                raise bad("tools", e.message) from None
+        return body.get("model"), _messages(body["messages"]), tools
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad("prompt", "must be a string (or give messages)")
-    return body.get("model"), prompt
+    return body.get("model"), prompt, None
 
 
 def parse_detokenize(body: object) -> tuple[str | None, list[int]]:
