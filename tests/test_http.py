@@ -355,6 +355,9 @@ def test_tool_choice_named_and_required_answer_with_tool_calls(
         ({"tools": [WEATHER_TOOL]}, "tool_choice"),  # "auto", the default with tools
         ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": "x"}},
+         "tool_choice"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": ["required"]}, "tool_choice"),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function",
                                                    "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "required"},

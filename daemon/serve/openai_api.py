@@ -385,7 +385,8 @@ def _tools(body: dict[str, Any]) -> ToolUse | None:
                  for name, schema in schemas.items()]  # fmt: skip
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         return ToolUse(tools, _spec("tools", "json", schema, whitespace=True), "required", None)
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function" and named in schemas):
         raise bad("tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
                   f'"function": {{"name": one of {sorted(schemas)}}}}}; got {choice!r:.80}')  # fmt: skip
