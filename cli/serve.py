@@ -31,6 +31,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "log_format": ("text", str),
     "http": (None, str),
     "served_model_name": (None, str),
+    "tool_call_parser": (None, str),
 }
 
 
@@ -161,6 +162,13 @@ def load_config(path: Path) -> dict[str, Any]:
     help="The model id of the HTTP API [default: the model folder's name].",
 )
 @click.option(
+    "--tool-call-parser",
+    type=click.Choice(["hermes", "llama3_json"]),
+    default=None,
+    help="Answer HTTP tool_choice 'auto' (the default with tools) by reading tool calls out of "
+    "the model's text in this format (vLLM's --tool-call-parser); without it, 'auto' is a 400.",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -231,6 +239,8 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
     """The HTTP front end's settings, or None without --http (click.UsageError when a
     non-loopback host has no key)."""
     if options["http"] is None:
+        if options["tool_call_parser"] is not None:
+            raise click.UsageError("--tool-call-parser reads HTTP tool calls: it needs --http")
         return None
     from ..daemon.serve.http import HttpConfig, parse_host_port
 
@@ -240,6 +250,7 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
                                                 else "default")  # fmt: skip
         return HttpConfig(host=host, port=port, api_key=api_key or None, model_name=name,
                           max_queue=options["max_queue"],
-                          max_body_bytes=options["max_message_bytes"])  # fmt: skip
+                          max_body_bytes=options["max_message_bytes"],
+                          tool_call_parser=options["tool_call_parser"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

@@ -59,6 +59,7 @@ from .openai_api import (
     parse_tokenize,
 )
 from .openai_responses import StreamBuilder, new_id, response
+from .tool_parsers import PARSERS
 
 log = logging.getLogger("reprise.http")
 T = TypeVar("T")
@@ -74,9 +75,16 @@ class HttpConfig:
     max_queue: int = 256  # choices in flight; more get 429 (the daemon's own limit)
     max_body_bytes: int = 1 << 20  # larger bodies get 413 (the daemon's max_message_bytes)
     max_tokens_default: int = 16  # max_tokens when a request gives none
+    # tool_choice "auto": the model's tool calls read from its text (tool_parsers.PARSERS)
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)
+        if self.tool_call_parser not in (None, *PARSERS):
+            raise ValueError(
+                f"tool call parser must be one of {', '.join(PARSERS)}; "
+                f"got {self.tool_call_parser!r}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"http port must be in [0, 65535]; got {self.port}")
 
@@ -251,7 +259,8 @@ class Frontend:
     async def _generate(self, request: Request, kind: str) -> Response:
         t_start = time.monotonic()
         parsed = parse_request(kind, await self._json(request),
-                               max_tokens_default=self.config.max_tokens_default)  # fmt: skip
+                               max_tokens_default=self.config.max_tokens_default,
+                               tool_call_parser=self.config.tool_call_parser)  # fmt: skip
         self._check_model(parsed.model)
         if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
             parsed.table_prompt(await self._vocab_size())

@@ -128,8 +128,9 @@ class ParsedRequest:
     include_usage: bool = False
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
-    # chat with tools: "named" (the answer is the arguments of `tool_name`) or "required"
-    # (a JSON list of {"name", "parameters"}): the answer comes back as tool_calls
+    # chat with tools: "named" (the answer is the arguments of `tool_name`), "required"
+    # (a JSON list of {"name", "parameters"}) or a tool-call parser's name (tool_choice
+    # "auto": the calls read from the model's text): the answer comes back as tool_calls
     tool_mode: str | None = None
     tool_name: str | None = None
     user: str | None = None
@@ -155,11 +156,15 @@ class ParsedRequest:
             self.prompt = list(range(vocab_size, vocab_size + rows))
 
 
-def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> ParsedRequest:
-    """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter."""
+def parse_request(
+    kind: str, body: object, *, max_tokens_default: int = 16, tool_call_parser: str | None = None
+) -> ParsedRequest:
+    """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter.
+    `tool_call_parser`: the server's, for tool_choice "auto" (None: "auto" is refused)."""
     body = _object_body(body)
     echo = _echo(kind, body)
-    tools = _tools(body) if kind == "chat" else None  # takes tools and tool_choice out
+    # takes tools and tool_choice out of the body
+    tools = _tools(body, tool_call_parser) if kind == "chat" else None
     for key, value in body.items():
         if key not in KNOWN[kind]:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
@@ -201,10 +206,12 @@ def parse_request(kind: str, body: object, *, max_tokens_default: int = 16) -> P
     if (structured := _structured(body)) is not None:
         options["structured"] = structured
     if tools is not None:
-        if structured is not None:
+        if structured is not None and tools.spec is not None:
             raise bad("tool_choice", "a required or named tool choice cannot be combined with "
                       "response_format or structured outputs (it makes the answer's grammar)")  # fmt: skip
-        options["tools"], options["structured"] = tools.tools, tools.spec
+        options["tools"] = tools.tools
+        if tools.spec is not None:
+            options["structured"] = tools.spec
     # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
@@ -347,18 +354,19 @@ class ToolUse:
     """A chat's tools for its template, and the grammar its tool choice makes."""
 
     tools: list[dict[str, Any]]
-    spec: StructuredOutput
-    mode: str  # "named" | "required"
+    spec: StructuredOutput | None  # None for "auto": the model writes its calls freely
+    mode: str  # "named" | "required" | the tool-call parser's name ("auto")
     name: str | None  # the named function
 
 
-def _tools(body: dict[str, Any]) -> ToolUse | None:
-    """OpenAI's `tools` and `tool_choice` (taken out of `body`), as vLLM serves them
-    without a tool-call parser: "none" (the default without tools) answers in text, the
-    template not given the tools; "required" and a named function hold the answer to a
-    grammar of tool calls (a JSON list of {"name", "parameters"}, or the named function's
-    parameters) and give the template the tools; "auto" (the default with tools) needs a
-    parser of the model's own tool-call format, which reprise does not have: a 400."""
+def _tools(body: dict[str, Any], parser: str | None) -> ToolUse | None:
+    """OpenAI's `tools` and `tool_choice` (taken out of `body`), as vLLM serves them:
+    "none" (the default without tools) answers in text, the template not given the
+    tools; "required" and a named function hold the answer to a grammar of tool calls (a
+    JSON list of {"name", "parameters"}, or the named function's parameters) and give the
+    template the tools; "auto" (the default with tools) gives the template the tools and
+    reads the calls out of the model's text with the server's `parser` (tool_parsers.py),
+    and is a 400 on a server started without one."""
     tools, choice = body.pop("tools", None), body.pop("tool_choice", None)
     if not tools:
         if choice not in (None, "none"):
@@ -372,10 +380,12 @@ def _tools(body: dict[str, Any]) -> ToolUse | None:
     if choice == "none":
         return None
     if choice == "auto":
-        raise bad("tool_choice", '"auto" (the default with tools) needs a parser of the '
-                  "model's own tool-call format, which reprise does not have; give "
-                  '"required", a named function ({"type": "function", "function": {"name": '
-                  '...}}) or "none"')  # fmt: skip
+        if parser is None:
+            raise bad("tool_choice", '"auto" (the default with tools) needs the server '
+                      "started with --tool-call-parser (the model's own tool-call format); "
+                      'give "required", a named function ({"type": "function", "function": '
+                      '{"name": ...}}) or "none"')  # fmt: skip
+        return ToolUse(tools, None, parser, None)
     schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"})
                for t in tools}  # fmt: skip
     if choice == "required":

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from ...ipc.messages import Done, TokenChunk
+from . import tool_parsers
 from .openai_api import ParsedRequest
 
 
@@ -81,10 +82,12 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
             message = {"role": "assistant", "content": done.text}
+            reason = finish_reason(done)
             if parsed.tool_mode is not None:
                 message = {"role": "assistant", **tool_answer(parsed, done.text)}
+                reason = tools_finish_reason(parsed, message, reason)
             choice = {"index": index, "message": message, "logprobs": logprobs,
-                      "finish_reason": finish_reason(done)}  # fmt: skip
+                      "finish_reason": reason}  # fmt: skip
         else:
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason(done)}  # fmt: skip
@@ -97,19 +100,34 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
 def tool_answer(parsed: ParsedRequest, text: str) -> dict[str, Any]:
     """A tool choice's answer as the message's fields, as vLLM gives it: its tool calls
     (`content` ""); a named function's call takes the answer as its arguments, a required
-    choice's answer is a JSON list of {"name", "parameters"}. An answer that is no such
-    list (cut short by max_tokens) comes back as `content`, with no tool call."""
+    choice's answer is a JSON list of {"name", "parameters"}, and "auto"'s calls are read
+    from the model's own text by the server's parser (`content` the text before them, or
+    None). An answer that holds no such call (cut short by max_tokens, or "auto"'s plain
+    text) comes back as `content`, with no tool call."""
+    content: str | None = ""
     if parsed.tool_mode == "named":
         calls = [(parsed.tool_name, text)]
-    else:
+    elif parsed.tool_mode == "required":
         try:
             calls = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
                      for c in json.loads(text)]  # fmt: skip
         except (ValueError, KeyError, TypeError, RecursionError):
             return {"content": text}
-    return {"content": "", "tool_calls": [
+    else:  # "auto": the model's own format, read by the server's parser
+        answer = tool_parsers.parse(parsed.tool_mode, text)  # type: ignore[arg-type]
+        if not answer.calls:
+            return {"content": text}
+        content, calls = answer.content, answer.calls
+    return {"content": content, "tool_calls": [
         {"id": "chatcmpl-tool-" + uuid.uuid4().hex, "type": "function",
          "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}  # fmt: skip
+
+
+def tools_finish_reason(parsed: ParsedRequest, message: dict[str, Any], reason: str) -> str:
+    """ "tool_calls" when the model chose to call tools (tool_choice "auto"), as vLLM's;
+    a required or named choice keeps the answer's own reason."""
+    auto = parsed.tool_mode not in ("named", "required")
+    return "tool_calls" if auto and message.get("tool_calls") else reason
 
 
 def _echoed(
@@ -138,6 +156,9 @@ class StreamBuilder:
                      "model": model}  # fmt: skip
         self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.num_choices)]
         self.started = [False] * parsed.num_choices
+        # tool_choice "auto": each choice's text so far, and how much of it was streamed
+        self.text = [""] * parsed.num_choices
+        self.sent = [0] * parsed.num_choices
 
     @property
     def _object(self) -> str:
@@ -163,18 +184,29 @@ class StreamBuilder:
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
         logprobs = self.logprobs[index].build(chunk.logprobs)
-        if self.parsed.tool_mode is not None:  # a tool call comes whole, with the end
+        mode = self.parsed.tool_mode
+        if mode in ("named", "required"):  # the answer is its calls: they come whole, last
             return self._event([self._choice(index, "", logprobs, None, delta={})])
+        if mode is not None:  # "auto": text streams until it may be a call
+            self.text[index] += chunk.text
+            ready = max(tool_parsers.streamable(mode, self.text[index]), self.sent[index])
+            text, self.sent[index] = self.text[index][self.sent[index] : ready], ready
+            return self._event([self._choice(index, text, logprobs, None, delta={"content": text})])
         return self._event([self._choice(index, chunk.text, logprobs, None)])
 
     def done(self, index: int, done: Done) -> dict[str, Any]:
-        delta = None
+        delta, reason = None, finish_reason(done)
         if self.parsed.tool_mode is not None:
             answer = tool_answer(self.parsed, done.text)  # the whole answer
-            calls = answer.get("tool_calls")
-            delta = {"content": answer["content"]} if calls is None else {
-                "tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}  # fmt: skip
-        return self._event([self._choice(index, "", None, finish_reason(done), delta=delta)])
+            reason = tools_finish_reason(self.parsed, answer, reason)
+            calls, content = answer.get("tool_calls"), answer["content"] or ""
+            # what of the content was not streamed ("auto" holds back what may begin a
+            # call; its content is a prefix of the answer as written)
+            rest = content[self.sent[index] :]
+            delta = {"content": rest} if rest or calls is None else {}
+            if calls is not None:
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+        return self._event([self._choice(index, "", None, reason, delta=delta)])
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:
         return self._event([], usage(dones, self.parsed.n))

@@ -1,0 +1,108 @@
+"""tool_choice "auto" (`serve --tool-call-parser`): tool calls read out of the model's own
+text, hermes's `<tool_call>` blocks and Llama 3's JSON objects; text that is no
+well-formed call stays content; streaming never lets out text that belongs to a call,
+and streamed content plus the last chunk's equals the whole answer's. End to end, a
+daemon started with the hermes parser, its answer forced into a call by a regex."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reprise.daemon.serve.tool_parsers import ParsedAnswer, parse, streamable
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "content", "calls"),
+    [
+        ("hermes", f"<tool_call>\n{CALL}\n</tool_call>", None,
+         [("get_weather", '{"city": "Lyon"}')]),
+        ("hermes", f"Let me look.\n<tool_call>{CALL}</tool_call>\n<tool_call>"
+         '{"name": "get_time", "arguments": {}}</tool_call>', "Let me look.\n",
+         [("get_weather", '{"city": "Lyon"}'), ("get_time", "{}")]),
+        ("hermes", f"<tool_call>{CALL}", None, [("get_weather", '{"city": "Lyon"}')]),  # unclosed
+        ("hermes", "Just text, no call.", "Just text, no call.", []),
+        ("hermes", "<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
+        ("hermes", '<tool_call>{"arguments": {}}</tool_call>',
+         '<tool_call>{"arguments": {}}</tool_call>', []),  # no name
+        ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Lyon"}}', None,
+         [("get_weather", '{"city": "Lyon"}')]),
+        ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; '
+         '{"name": "b", "arguments": {"y": "é"}}', None, [("a", '{"x": 1}'), ("b", '{"y": "é"}')]),
+        ("llama3_json", "Paris is the capital.", "Paris is the capital.", []),
+        ("llama3_json", '{"name": "a", "parameters": {', '{"name": "a", "parameters": {', []),
+    ],
+)  # fmt: skip
+def test_calls_and_content_read_from_the_text(parser, text, content, calls) -> None:
+    assert parse(parser, text) == ParsedAnswer(content, calls)
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "ends_at"),
+    [
+        ("hermes", f"Sure.\n<tool_call>{CALL}</tool_call>", len("Sure.\n")),
+        ("hermes", "A < B, and <tool is not <tool_call", len("A < B, and <tool is not ")),
+        ("hermes", "plain text to the end", len("plain text to the end")),
+        ("llama3_json", f"  {CALL}", 0),
+        ("llama3_json", "<|python_tag|>" + CALL, 0),
+        ("llama3_json", "<|not a tag, just text", len("<|not a tag, just text")),
+    ],
+)
+def test_streaming_never_lets_out_a_call(parser: str, text: str, ends_at: int) -> None:
+    """Character by character, what may be streamed only grows, never reaches into a
+    call (nor into what may still begin one), and ends where the content ends."""
+    readies = [streamable(parser, text[:end]) for end in range(len(text) + 1)]
+    assert readies == sorted(readies) and readies[-1] == ends_at
+    content = parse(parser, text).content or ""
+    assert all(r <= max(len(content), 0) or not parse(parser, text).calls for r in readies)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator:
+    pytest.importorskip("openai")
+    from http_support import HttpDaemon
+
+    d = HttpDaemon(tmp_path_factory.mktemp("parser"), default_model_dir, "--served-model-name",
+                   "smol", "--tool-call-parser", "hermes")  # fmt: skip
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0, d.read_log()[-2000:]
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+FORCED = (
+    r'Checking\.\n<tool_call>\{"name": "get_weather", '
+    r'"arguments": \{"city": "[A-Z][a-z]{2,8}"\}\}</tool_call>'
+)
+
+
+@pytest.mark.model
+def test_auto_reads_the_models_calls_whole_and_streamed(daemon) -> None:
+    api = daemon.openai()
+    messages = [{"role": "user", "content": "Weather in Lyon?"}]
+    kw = {"model": "smol", "messages": messages, "max_tokens": 48, "temperature": 0,
+          "tools": [TOOL], "extra_body": {"guided_regex": FORCED}}  # fmt: skip
+    whole = api.chat.completions.create(**kw)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking.\n"
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert re.fullmatch(r"[A-Z][a-z]{2,8}", json.loads(call.function.arguments)["city"])
+    events = list(api.chat.completions.create(**kw, stream=True))
+    content = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+    assert content == "Checking.\n"  # the call's text never streamed as content
+    deltas = [d for e in events if e.choices for d in e.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [
+        (call.function.name, call.function.arguments)
+    ]
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "tool_calls"
+    plain = api.chat.completions.create(**{**kw, "extra_body": {}, "max_tokens": 6})
+    if not plain.choices[0].message.tool_calls:  # the model answered in text: content
+        assert plain.choices[0].message.content and plain.choices[0].finish_reason != "tool_calls"
