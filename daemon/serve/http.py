@@ -50,14 +50,8 @@ from ...ipc.messages import (
 )
 from .async_client import AsyncClient
 from .metrics import Metrics
-from .openai_api import (
-    STATUS_OF_CODE,
-    ApiError,
-    ParsedRequest,
-    parse_detokenize,
-    parse_request,
-    parse_tokenize,
-)
+from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_tokenize
+from .openai_errors import STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
 from .tool_parsers import PARSERS
 

@@ -16,63 +16,23 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from ...cuda.dtypes import BF16
 from ...ipc.messages import ProtocolError, check_tools
-from ..engine.sampling.structured import StructuredOutput
+from .openai_errors import ApiError, bad
+from .openai_errors import is_a as _is
+from .openai_structured import STRUCTURED, tool_calls
+from .openai_structured import structured as structured_of
+from .openai_structured import tools as tools_of
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
 MAX_BATCH = 64  # prompts one /v1/completions request may give (each runs as a request)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
-
-
-class ApiError(Exception):
-    """An error reply in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
-             503: "service_unavailable"}  # fmt: skip
-
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        kind = self.TYPES.get(self.status, "invalid_request_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code}}  # fmt: skip
-
-
-# The daemon's error codes -> HTTP status.
-STATUS_OF_CODE = {
-    "bad_request": 400,
-    "bad_message": 400,
-    "too_large": 413,
-    "prompt_too_long": 413,
-    "busy": 429,
-    "shutting_down": 503,
-    "duplicate_id": 409,
-    "internal": 500,
-}
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_parameter")
-
-
-def _is(value: object, *types: type) -> bool:
-    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
 
 
 # Accepted and not acted on, when their value asks for nothing we would have to do.
@@ -102,10 +62,6 @@ PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequenc
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", "logit_bias", *PASSED, *HARMLESS}  # fmt: skip
-# Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older
-# guided_* fields (at most one of them in a request).
-STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-              "guided_choice", "guided_grammar")  # fmt: skip
 COMMON |= set(STRUCTURED)
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
@@ -164,7 +120,7 @@ def parse_request(
     body = _object_body(body)
     echo = _echo(kind, body)
     # takes tools and tool_choice out of the body
-    tools = _tools(body, tool_call_parser) if kind == "chat" else None
+    tools = tools_of(body, tool_call_parser) if kind == "chat" else None
     for key, value in body.items():
         if key not in KNOWN[kind]:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
@@ -203,7 +159,7 @@ def parse_request(
             options[name] = body[name]
     if "logit_bias" in body:
         options["logit_bias"] = _logit_bias(body["logit_bias"])
-    if (structured := _structured(body)) is not None:
+    if (structured := structured_of(body)) is not None:
         options["structured"] = structured
     if tools is not None:
         if structured is not None and tools.spec is not None:
@@ -326,152 +282,6 @@ def _logit_bias(bias: object) -> dict[int, object]:
     return out
 
 
-def _structured(body: dict[str, Any]) -> StructuredOutput | None:
-    """The request's structured output, from whichever of STRUCTURED it gives (at most
-    one), checked by llguidance; None for none (or `response_format: {"type": "text"}`)."""
-    given = [name for name in STRUCTURED if name in body]
-    if len(given) > 1:
-        raise bad(given[1], f"give at most one of {', '.join(STRUCTURED)}; got {', '.join(given)}")
-    if not given:
-        return None
-    name, value = given[0], body[given[0]]
-    if name == "response_format":
-        spec = _response_format(value)
-    elif name == "structured_outputs":
-        spec = _structured_outputs(value)
-    else:  # vLLM's guided_json / _regex / _choice / _grammar
-        spec = _spec(name, name.removeprefix("guided_"), value, whitespace=True)
-    if spec is not None:
-        try:
-            spec.validate()
-        except ValueError as e:
-            raise bad(name, str(e)) from None
-    return spec
-
-
-@dataclass(frozen=True, slots=True)
-class ToolUse:
-    """A chat's tools for its template, and the grammar its tool choice makes."""
-
-    tools: list[dict[str, Any]]
-    spec: StructuredOutput | None  # None for "auto": the model writes its calls freely
-    mode: str  # "named" | "required" | the tool-call parser's name ("auto")
-    name: str | None  # the named function
-
-
-def _tools(body: dict[str, Any], parser: str | None) -> ToolUse | None:
-    """OpenAI's `tools` and `tool_choice` (taken out of `body`), as vLLM serves them:
-    "none" (the default without tools) answers in text, the template not given the
-    tools; "required" and a named function hold the answer to a grammar of tool calls (a
-    JSON list of {"name", "parameters"}, or the named function's parameters) and give the
-    template the tools; "auto" (the default with tools) gives the template the tools and
-    reads the calls out of the model's text with the server's `parser` (tool_parsers.py),
-    and is a 400 on a server started without one."""
-    tools, choice = body.pop("tools", None), body.pop("tool_choice", None)
-    if not tools:
-        if choice not in (None, "none"):
-            raise bad("tool_choice", f"needs tools; got {choice!r:.60}")
-        return None
-    try:
-        check_tools(tools)
-    except ProtocolError as e:
-        raise bad("tools", e.message) from None
-    choice = "auto" if choice is None else choice
-    if choice == "none":
-        return None
-    if choice == "auto":
-        if parser is None:
-            raise bad("tool_choice", '"auto" (the default with tools) needs the server '
-                      "started with --tool-call-parser (the model's own tool-call format); "
-                      'give "required", a named function ({"type": "function", "function": '
-                      '{"name": ...}}) or "none"')  # fmt: skip
-        return ToolUse(tools, None, parser, None)
-    schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"})
-               for t in tools}  # fmt: skip
-    if choice == "required":
-        calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
-                                                   "parameters": schema},
-                  "required": ["name", "parameters"], "additionalProperties": False}
-                 for name, schema in schemas.items()]  # fmt: skip
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        return ToolUse(tools, _spec("tools", "json", schema, whitespace=True), "required", None)
-    function = choice.get("function") if isinstance(choice, dict) else None
-    named = function.get("name") if isinstance(function, dict) else None
-    if not (isinstance(choice, dict) and choice.get("type") == "function" and named in schemas):
-        raise bad("tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
-                  f'"function": {{"name": one of {sorted(schemas)}}}}}; got {choice!r:.80}')  # fmt: skip
-    return ToolUse(tools, _spec("tools", "json", schemas[named], whitespace=True), "named", named)
-
-
-def _response_format(value: object) -> StructuredOutput | None:
-    """OpenAI's response_format: text, json_object, or json_schema with its `schema`."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text" and len(value) == 1:  # type: ignore[arg-type]
-        return None
-    if kind == "json_object" and len(value) == 1:  # type: ignore[arg-type]
-        return StructuredOutput("json_object")
-    if kind == "json_schema":
-        inner = value.get("json_schema")  # type: ignore[union-attr]
-        if set(value) - {"type", "json_schema"} or not isinstance(inner, dict):  # type: ignore[arg-type]
-            raise bad("response_format", 'json_schema needs {"json_schema": {"name", "schema"}}')
-        if set(inner) - {"name", "schema", "strict", "description"}:
-            raise bad(
-                "response_format",
-                f"json_schema takes name, schema, strict and description; got {sorted(inner)}",
-            )
-        schema = inner.get("schema", {})  # OpenAI's default: any JSON value
-        return _spec("response_format", "json", schema, whitespace=True)
-    raise bad(
-        "response_format",
-        f'must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", '
-        f'"json_schema": {{...}}}}; got {value!r:.80}',
-    )
-
-
-def _structured_outputs(value: object) -> StructuredOutput:
-    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar or
-    json_object, and optionally disable_any_whitespace (JSON without free whitespace)."""
-    kinds = ("json", "regex", "choice", "grammar", "json_object")
-    if not isinstance(value, dict):
-        raise bad("structured_outputs", f"must be an object; got {value!r:.60}")
-    value = {k: v for k, v in value.items() if v is not None and v is not False}
-    if extra := set(value) - {*kinds, "disable_any_whitespace"}:
-        raise bad("structured_outputs", f"unsupported field(s) {sorted(extra)}; takes "
-                  f"one of {', '.join(kinds)}, and disable_any_whitespace")  # fmt: skip
-    given = [k for k in kinds if k in value]
-    if len(given) != 1:
-        raise bad("structured_outputs", f"give exactly one of {', '.join(kinds)}; got {given}")
-    kind, whitespace = given[0], not value.get("disable_any_whitespace", False)
-    if kind == "json_object":
-        if value[kind] is not True:
-            raise bad("structured_outputs", f"json_object must be true; got {value[kind]!r:.40}")
-        return _spec("structured_outputs", "json", {"type": "object"}, whitespace=whitespace)
-    return _spec("structured_outputs", kind, value[kind], whitespace=whitespace)
-
-
-def _spec(param: str, kind: str, value: object, *, whitespace: bool) -> StructuredOutput:
-    """A StructuredOutput of `kind` from a body's value: a JSON schema as an object or its
-    text, a regex or grammar as a string, choices as a list of strings."""
-    try:
-        if kind == "json":
-            schema = json.loads(value) if isinstance(value, str) else value
-            if not isinstance(schema, dict | bool):
-                raise ValueError(f"a JSON schema must be an object; got {value!r:.60}")
-            if not whitespace:  # llguidance's option: no whitespace between JSON's tokens
-                schema = {**(schema if isinstance(schema, dict) else {}),
-                          "x-guidance": {"whitespace_flexible": False}}  # fmt: skip
-            return StructuredOutput("json", json.dumps(schema))
-        if kind == "choice":
-            if not isinstance(value, list):
-                raise ValueError(f"choice must be a list of strings; got {value!r:.60}")
-            return StructuredOutput.choice(value)
-        if not isinstance(value, str):
-            raise ValueError(f"{kind} must be a string; got {value!r:.60}")
-        return StructuredOutput(kind, value)
-    except (ValueError, TypeError, RecursionError) as e:
-        raise bad(param, str(e)) from None
-
-
 def _prompt(prompt: object) -> str | list[int]:
     """One prompt: a string or a list of token ids (a batch of one too)."""
     batch = _batch(prompt)
@@ -590,30 +400,11 @@ def _messages(messages: object) -> list[dict[str, Any]]:
             content = "".join(texts)
         message: dict[str, Any] = {"role": m["role"], "content": content}
         if "tool_calls" in m:
-            message["tool_calls"] = _tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
+            message["tool_calls"] = tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
         elif not isinstance(content, str):
             raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
         message.update({k: m[k] for k in ("name", "tool_call_id") if k in m})
         out.append(message)
-    return out
-
-
-def _tool_calls(param: str, calls: object) -> list[dict[str, Any]]:
-    """An assistant message's tool calls, each {"id", "type", "function": {"name",
-    "arguments"}} with the arguments as JSON text (an object given is written as it)."""
-    if not isinstance(calls, list):
-        raise bad(param, f"must be a list of tool calls; got {calls!r:.60}")
-    out = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise bad(param, f'each must be {{"id", "type", "function": {{"name", '
-                      f'"arguments"}}}}; got {call!r:.60}')  # fmt: skip
-        arguments = function.get("arguments", "{}")
-        if isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        kept = {k: call[k] for k in ("id", "type") if k in call}
-        out.append({**kept, "function": {"name": function.get("name"), "arguments": arguments}})
     return out
 
 
