@@ -147,14 +147,19 @@ def check_messages(messages: object) -> None:
                 check_type(f"messages[{i}].{key}", m[key], str)
 
 
+def _bounded_list(name: str, value: object, what: str) -> list[Any]:
+    """`value`, a list of at most MAX_TOOLS items (ProtocolError naming `name` if not)."""
+    check_type(name, value, list)
+    assert isinstance(value, list)
+    if len(value) > MAX_TOOLS:
+        raise bad(f"{name} may hold at most {MAX_TOOLS} {what}; got {len(value)}")
+    return value
+
+
 def _check_tool_calls(name: str, calls: object) -> None:
     """An assistant message's tool calls: [{"id", "type": "function", "function": {"name",
     "arguments" (JSON text)}}], at most MAX_TOOLS."""
-    check_type(name, calls, list)
-    assert isinstance(calls, list)
-    if len(calls) > MAX_TOOLS:
-        raise bad(f"{name} may hold at most {MAX_TOOLS} calls; got {len(calls)}")
-    for j, call in enumerate(calls):
+    for j, call in enumerate(_bounded_list(name, calls, "calls")):
         check_type(f"{name}[{j}]", call, dict)
         function = call.get("function")
         if set(call) - {"id", "type", "function"} or not isinstance(function, dict):
@@ -171,11 +176,7 @@ def _check_tool_calls(name: str, calls: object) -> None:
 def check_tools(tools: object) -> None:
     """A chat's tools, for its template: [{"type": "function", "function": {"name", and
     optionally "description", "parameters" (a JSON schema), "strict"}}], at most MAX_TOOLS."""
-    check_type("tools", tools, list)
-    assert isinstance(tools, list)
-    if len(tools) > MAX_TOOLS:
-        raise bad(f"tools may hold at most {MAX_TOOLS} tools; got {len(tools)}")
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(_bounded_list("tools", tools, "tools")):
         check_type(f"tools[{i}]", tool, dict)
         function = tool.get("function")
         if set(tool) != {"type", "function"} or tool["type"] != "function":
