@@ -323,8 +323,9 @@ def chat_cmd(
     if system is not None:
         conversation.system = system or None
     interactive = sys.stdin.isatty()
+    options = request_from(kw)  # a bad option is refused before connecting
     with connect(socket, timeout) as client, line_editing(interactive):
-        repl = Repl(client, conversation, request_from(kw), strict=not interactive)
+        repl = Repl(client, conversation, options, strict=not interactive)
         if interactive:
             model = client.health().model
             parts = [f"reprise chat with {model} at {client.address}", "/help for commands"]

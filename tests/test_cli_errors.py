@@ -63,6 +63,7 @@ USAGE_ERRORS = [
     (["run", "x", "--grammar", "start: undefined_rule"], ["--grammar", "undefined_rule"]),
     (["generate", "x", "--regex", "a", "--choice", "b"], ["at most one of", "--regex, --choice"]),
     (["run", "x", "--json-object", "--json-schema", "{}"], ["at most one of", "--json-schema, --json-object"]),
+    (["chat", "--regex", "[a-"], ["--regex", "unclosed character class"]),
     (["serve", "--tool-call-parser", "hermes"], ["--tool-call-parser", "needs --http"]),
     (["serve", "--http", "127.0.0.1:0", "--tool-call-parser", "xml"], ["--tool-call-parser", "'xml'", "hermes"]),
 ]  # fmt: skip
