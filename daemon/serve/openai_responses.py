@@ -159,6 +159,8 @@ class StreamBuilder:
         # tool_choice "auto": each choice's text so far, and how much of it was streamed
         self.text = [""] * parsed.num_choices
         self.sent = [0] * parsed.num_choices
+        # a named tool choice: each choice's call id, once its first piece went out
+        self.call_ids = [""] * parsed.num_choices
 
     @property
     def _object(self) -> str:
@@ -185,7 +187,16 @@ class StreamBuilder:
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
         logprobs = self.logprobs[index].build(chunk.logprobs)
         mode = self.parsed.tool_mode
-        if mode in ("named", "required"):  # the answer is its calls: they come whole, last
+        if mode == "named":  # the answer is the call's arguments: they stream as they come
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": chunk.text}}
+            if not self.call_ids[index]:  # the first piece names the call
+                self.call_ids[index] = "chatcmpl-tool-" + uuid.uuid4().hex
+                call = {"index": 0, "id": self.call_ids[index], "type": "function",
+                        "function": {"name": self.parsed.tool_name, "arguments": chunk.text}}  # fmt: skip
+            return self._event(
+                [self._choice(index, "", logprobs, None, delta={"tool_calls": [call]})]
+            )
+        if mode == "required":  # a JSON list of calls: they come whole, last
             return self._event([self._choice(index, "", logprobs, None, delta={})])
         if mode is not None:  # "auto": text streams until it may be a call
             self.text[index] += chunk.text
@@ -196,7 +207,9 @@ class StreamBuilder:
 
     def done(self, index: int, done: Done) -> dict[str, Any]:
         delta, reason = None, finish_reason(done)
-        if self.parsed.tool_mode is not None:
+        if self.parsed.tool_mode == "named" and self.call_ids[index]:
+            delta = {}  # its arguments were streamed
+        elif self.parsed.tool_mode is not None:
             answer = tool_answer(self.parsed, done.text)  # the whole answer
             reason = tools_finish_reason(self.parsed, answer, reason)
             calls, content = answer.get("tool_calls"), answer["content"] or ""
