@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .kernels import check, kernel, launch_kernel
+from .penalties import mask_words
 
 PENALTY_THREADS = 128
 
@@ -73,8 +74,8 @@ def apply_token_mask(logits: Any, words: Any) -> None:
     check("logits", logits, np.float32, 2)
     rows, vocab = logits.shape
     check("words", words, np.uint32, 2)
-    if words.shape != (rows, -(-vocab // 32)):
-        raise ValueError(f"words must be [{rows}, {-(-vocab // 32)}]; got {list(words.shape)}")
+    if words.shape != (rows, mask_words(vocab)):
+        raise ValueError(f"words must be [{rows}, {mask_words(vocab)}]; got {list(words.shape)}")
     if rows == 0:
         return
     args = (logits, np.int32(vocab), words, np.int32(words.shape[1]))

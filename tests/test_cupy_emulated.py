@@ -230,7 +230,7 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
 
     from reprise.daemon import StructuredOutput
 
-    pattern = "[a-z]{3}-[0-9]{1,8}"
+    head, pattern = "[a-z]{3}-[0-9]", "[a-z]{3}-[0-9]{1,8}"  # 5 to 12 tokens (byte tokens)
     spec = StructuredOutput("regex", pattern)
     params = [
         SamplingParams(**{**_fields(p), "structured": spec, "logprobs": 2}) for p in (GREEDY, SEEDED)
@@ -238,8 +238,8 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
     want = [
         engines(enable_reuse=False).generate(p, s) for p, s in zip(PROMPTS, params, strict=True)
     ]
-    assert all(re.fullmatch(pattern, c.text) or c.finish_reason == "length" for c in want)
-    assert all(re.match(pattern[:-5], c.text) for c in want)
+    for c in want:  # whole when the grammar ended it, else cut at max_tokens (12)
+        assert re.fullmatch(pattern if c.finish_reason == "stop" else head + "*", c.text), c
     engine = engines(cuda_graphs=True)
     for outs in (run_both_with(engine, params), run_both_with(engine, params)):
         for got, exp in zip(outs, want, strict=True):

@@ -59,8 +59,6 @@ def test_streaming_never_lets_out_a_call(parser: str, text: str, ends_at: int) -
     call (nor into what may still begin one), and ends where the content ends."""
     readies = [streamable(parser, text[:end]) for end in range(len(text) + 1)]
     assert readies == sorted(readies) and readies[-1] == ends_at
-    content = parse(parser, text).content or ""
-    assert all(r <= max(len(content), 0) or not parse(parser, text).calls for r in readies)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +101,7 @@ def test_auto_reads_the_models_calls_whole_and_streamed(daemon) -> None:
         (call.function.name, call.function.arguments)
     ]
     assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "tool_calls"
+    # unforced, the default model (whose template shows no tools) answers in text: content
     plain = api.chat.completions.create(**{**kw, "extra_body": {}, "max_tokens": 6})
-    if not plain.choices[0].message.tool_calls:  # the model answered in text: content
-        assert plain.choices[0].message.content and plain.choices[0].finish_reason != "tool_calls"
+    assert not plain.choices[0].message.tool_calls and plain.choices[0].message.content
+    assert plain.choices[0].finish_reason == "length"

@@ -101,7 +101,7 @@ def _mask(states: list[SamplingState], vocab: int) -> TokenMask | None:
         return None
     words = np.full((len(states), mask_words(vocab)), 0xFFFFFFFF, dtype=np.uint32)
     rows = [r for r, s in enumerate(states) if s.grammar is not None]
-    masks = np.empty((len(rows), words.shape[1]), np.uint32)
+    masks = np.empty((len(rows), words.shape[1]), np.uint32)  # the grammars' rows, packed
     fill_masks([states[r].grammar for r in rows], masks)  # type: ignore[misc]
     words[rows] = masks
     return TokenMask(words)

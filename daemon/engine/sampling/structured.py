@@ -16,9 +16,10 @@ Guarantees:
   requests stay bit-identical batched, reused and as exact repeats; the logits and
   logprobs returned stay the raw model's.
 - Every resource a spec can make the engine spend is bounded: the spec's size
-  (MAX_SPEC_CHARS), llguidance's limits on a grammar's compile and on each mask
-  (LIMITS: a mask costs at most ~15 ms of host time, a grammar's lexer at most ~40 MB),
-  and the compiled grammars kept (MAX_COMPILED, least recently used dropped first).
+  (MAX_SPEC_CHARS), a grammar's lexer (_MAX_LEXER_STATES: about 40 MB at most by
+  llguidance's documented 1-2 KB a state), each mask's work (llguidance's default fuel:
+  about 15 ms of host time at most by its documented rates), and the
+  compiled grammars kept (MAX_COMPILED, least recently used dropped first).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ....cuda.penalties import mask_words
 
 log = logging.getLogger("reprise.engine")
 
@@ -199,17 +202,18 @@ class Grammar:
 
 
 def fill_masks(grammars: list[Grammar], words: np.ndarray) -> None:
-    """Row i of `words` ([len(grammars), ceil(vocab / 32)] uint32) becomes grammars[i]'s
-    next mask (`Grammar.mask`); more than one are computed in parallel, on llguidance's
-    own threads (its executor: 80 % of the CPUs, up to 32)."""
+    """Row i of `words` ([len(grammars), ceil(vocab / 32)] uint32, C-contiguous) becomes
+    grammars[i]'s next mask (`Grammar.mask`); more than one are computed in parallel, on
+    llguidance's own threads (its executor: 80 % of the CPUs, up to 32), straight into
+    `words`."""
     if len(grammars) == 1:
         words[0] = grammars[0].mask()
         return
-    out = np.zeros((len(grammars), grammars[0]._num_words), np.uint32)  # the executor's width
+    assert words.dtype == np.uint32 and words.flags.c_contiguous, (words.dtype, words.flags)
     targets = [(g._matcher, i) for i, g in enumerate(grammars)]
-    _executor().unsafe_compute_mask_ptr(targets, out.ctypes.data, out.strides[0], len(grammars))
+    _executor().unsafe_compute_mask_ptr(targets, words.ctypes.data, words.strides[0], len(grammars))
     for i, grammar in enumerate(grammars):
-        words[i] = grammar._checked(out[i])
+        words[i] = grammar._checked(words[i])
 
 
 _EXECUTOR: Any = None
@@ -275,4 +279,4 @@ class Grammars:
 
     def start(self, spec: StructuredOutput) -> Grammar:
         """A fresh Grammar of `spec` for one request (ValueError as `compile`)."""
-        return Grammar(self.compile(spec).deep_copy(), -(-self._vocab_size // 32), self._eos_ids)
+        return Grammar(self.compile(spec).deep_copy(), mask_words(self._vocab_size), self._eos_ids)
