@@ -123,6 +123,10 @@ STATS_ROWS = [
     ("prefill tokens skipped", lambda s: s.get("prefill_tokens_skipped")),
     ("exact repeats (no forward)", lambda s: s.get("exact_repeats")),
     (
+        "draft tokens (kept / checked)",
+        lambda s: f"{s.get('spec_accepted_tokens', 0)} / {s.get('spec_draft_tokens', 0)}",
+    ),
+    (
         "requests (running / total)",
         lambda s: f"{s.get('num_requests')} / {s.get('num_requests_total')}",
     ),

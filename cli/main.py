@@ -17,7 +17,7 @@ from .bench_cmd import bench_cmd
 from .chat import chat_cmd
 from .client_cmds import chat_request, generate_cmd, stats_cmd
 from .display import terminal_safe
-from .options import sampling_from, sampling_options
+from .options import engine_settings, sampling_from, sampling_options
 from .progress import complete_with_progress, tqdm_progress
 from .serve import serve_cmd
 
@@ -201,6 +201,13 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
 @click.option(
     "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True
 )
+@click.option(
+    "--speculative-tokens",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Draft tokens a decode step checks (prompt lookup, as serve's); the answer is the same.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the text.")
 def run_cmd(
     prompt: str,
@@ -208,6 +215,7 @@ def run_cmd(
     chat: bool,
     system: str | None,
     backend: str,
+    speculative_tokens: int,
     as_json: bool,
     **kw: Any,
 ) -> None:
@@ -219,8 +227,9 @@ def run_cmd(
     request = chat_request(prompt, chat, system)
     try:
         params = SamplingParams(**sampling_from(kw))
+        settings = engine_settings(backend=backend, speculative_tokens=speculative_tokens)
         with tqdm_progress("loading model", unit="layer") as progress:
-            engine = Engine.from_pretrained(model_dir, backend=backend, progress=progress)
+            engine = Engine.from_pretrained(model_dir, settings, progress=progress)
         start = time.perf_counter()
         tokenizer = engine.tokenizer
         if isinstance(request, list):

@@ -10,6 +10,7 @@ default of 1.0.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -463,6 +464,40 @@ def engine_option(f: Any) -> tuple[str, str, type, Any]:
 
 # option name -> EngineConfig field, for the engine's settings
 ENGINE_OPTIONS: dict[str, str] = {engine_option(f)[0]: f.name for f in setting_fields()}
+
+
+def speculative_config(text: str) -> dict[str, int]:
+    """vLLM's `--speculative-config` JSON, as the EngineConfig fields it sets: method
+    "ngram" only (prompt lookup), `num_speculative_tokens`, `prompt_lookup_min` and
+    `prompt_lookup_max`, which default to each other, or both to 5, as vLLM's do. A
+    usage error names what is wrong."""
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise click.UsageError(f"--speculative-config must be a JSON object: {e}") from None
+    if not isinstance(config, dict):
+        raise click.UsageError(f"--speculative-config must be a JSON object; got {text!r}")
+    known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+    if unknown := sorted(set(config) - known):
+        raise click.UsageError(
+            f"--speculative-config: unknown key(s) {unknown}; reprise takes {sorted(known)}"
+        )
+    if config.get("method") != "ngram":
+        raise click.UsageError(
+            '--speculative-config: method must be "ngram" (prompt lookup, the one reprise '
+            f"has); got {config.get('method')!r}"
+        )
+    if "num_speculative_tokens" not in config:
+        raise click.UsageError("--speculative-config needs num_speculative_tokens")
+    low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+    if low is None and high is None:
+        low = high = 5
+    low, high = (high if low is None else low), (low if high is None else high)
+    return {
+        "speculative_tokens": config["num_speculative_tokens"],
+        "prompt_lookup_min": low,
+        "prompt_lookup_max": high,
+    }
 
 
 def engine_options(command: Any) -> Any:

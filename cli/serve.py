@@ -10,7 +10,13 @@ from typing import Any
 import click
 
 from ..daemon.engine.config import setting_fields
-from .options import ENGINE_OPTIONS, engine_option, engine_options, engine_settings
+from .options import (
+    ENGINE_OPTIONS,
+    engine_option,
+    engine_options,
+    engine_settings,
+    speculative_config,
+)
 from .progress import tqdm_progress
 
 # option name -> (default, type) for the options a config file may also hold
@@ -32,6 +38,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "http": (None, str),
     "served_model_name": (None, str),
     "tool_call_parser": (None, str),
+    "speculative_config": (None, str),
 }
 
 
@@ -169,6 +176,14 @@ def load_config(path: Path) -> dict[str, Any]:
     "the model's text in this format (vLLM's --tool-call-parser); without it, 'auto' is a 400.",
 )
 @click.option(
+    "--speculative-config",
+    default=None,
+    metavar="JSON",
+    help="vLLM's spelling of --speculative-tokens, --prompt-lookup-min and --prompt-lookup-max: "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (the lookup '
+    "sizes default to each other, or both to 5, as vLLM's).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -191,6 +206,14 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
 
     # refused before the model loads, as a usage error (exit 2)
     engine_fields = {field: options[name] for name, field in ENGINE_OPTIONS.items()}
+    if options["speculative_config"] is not None:
+        given = [f for f in ("speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+                 if options[f] != SERVE_OPTIONS[f][0]]  # fmt: skip
+        if given:
+            raise click.UsageError(
+                f"give --speculative-config or --{given[0].replace('_', '-')}, not both"
+            )
+        engine_fields.update(speculative_config(options["speculative_config"]))
     if options["events"] is not None:  # published: the engine keeps its KV events
         engine_fields["kv_events"] = True
     settings = engine_settings(**engine_fields)

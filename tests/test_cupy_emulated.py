@@ -233,7 +233,8 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
     head, pattern = "[a-z]{3}-[0-9]", "[a-z]{3}-[0-9]{1,8}"  # 5 to 12 tokens (byte tokens)
     spec = StructuredOutput("regex", pattern)
     params = [
-        SamplingParams(**{**_fields(p), "structured": spec, "logprobs": 2}) for p in (GREEDY, SEEDED)
+        SamplingParams(**{**_fields(p), "structured": spec, "logprobs": 2})
+        for p in (GREEDY, SEEDED)
     ]
     want = [
         engines(enable_reuse=False).generate(p, s) for p, s in zip(PROMPTS, params, strict=True)
@@ -245,6 +246,20 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
         for got, exp in zip(outs, want, strict=True):
             assert got.token_ids == exp.token_ids and got.logprobs == exp.logprobs
             assert np.array_equal(got.logits.view(np.uint32), exp.logits.view(np.uint32))
+
+
+def test_speculative_drafts_keep_every_bit(engines: Engines, reference) -> None:
+    """Drafts planted from the reference, right or wrong from a random offset on
+    (test_speculative.py): a drafted step runs its chunks eagerly, with the sampler's
+    seeded draws at each row's own position, beside replayed plain decode steps; the
+    same tokens and logits as decoding one token a step."""
+    from test_speculative import planted
+
+    engine = engines(cuda_graphs=True, speculative_tokens=4)
+    plant = planted(engine, reference, seed=11)
+    assert_identical(run_both(engine), reference)
+    assert engine.stats()["spec_accepted_tokens"] == plant.num_right > 0
+    assert engine.runner.decode is not None and engine.runner.decode.steps > 0  # undrafted
 
 
 def _fields(params: SamplingParams) -> dict:

@@ -26,6 +26,9 @@ DEFAULT_MAX_PROMPT_LOGPROBS, MAX_PROMPT_LOGPROBS = 20, 1000  # vLLM's max_logpro
 # 64 MiB: 340 rows of the default model's 49152-entry vocabulary, 130 of a 128k one; a
 # row costs 4 bytes per vocabulary entry, a trifle beside the KV blocks it stands for.
 DEFAULT_LOGITS_CACHE_MB = 64
+# prompt lookup speculation (speculative.py): the most draft tokens a step may check for
+# a request, and the longest n-gram it looks for
+MAX_SPECULATIVE_TOKENS, MAX_PROMPT_LOOKUP = 32, 64
 
 
 class SettingError(ValueError):
@@ -94,6 +97,21 @@ class EngineConfig:
         "Engine.take_events(), as vLLM's enable_kv_cache_events; serve turns it on with --events "
         "[default: off: no event is made].",
     )  # fmt: skip
+    speculative_tokens: int = _setting(
+        0, "--speculative-tokens",
+        "Draft tokens a decode step checks per request (prompt lookup: the tokens that "
+        "followed the last n-gram's latest earlier occurrence in its prompt and output, as "
+        "vLLM's ngram method); the output stays bit-identical to decoding without them. "
+        f"0 turns it off; at most {MAX_SPECULATIVE_TOKENS}.",
+    )  # fmt: skip
+    prompt_lookup_min: int = _setting(
+        2, "--prompt-lookup-min",
+        "Shortest n-gram (the sequence's last tokens) a draft may follow.",
+    )  # fmt: skip
+    prompt_lookup_max: int = _setting(
+        5, "--prompt-lookup-max",
+        "Longest n-gram looked for first (the longest match found wins).",
+    )  # fmt: skip
     max_prompt_logprobs: int = _setting(
         DEFAULT_MAX_PROMPT_LOGPROBS, "--max-prompt-logprobs",
         "Most top alternatives a request's prompt_logprobs may ask for per prompt token; "
@@ -160,6 +178,25 @@ class EngineConfig:
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise SettingError(
                 "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"
+            )
+        spec = self.speculative_tokens
+        if not _is_int(spec) or not 0 <= spec <= MAX_SPECULATIVE_TOKENS:
+            raise SettingError(
+                "speculative_tokens",
+                f"speculative_tokens must be an integer in [0, {MAX_SPECULATIVE_TOKENS}]; "
+                f"got {spec!r}",
+            )
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 1 <= value <= MAX_PROMPT_LOOKUP:
+                raise SettingError(
+                    name, f"{name} must be an integer in [1, {MAX_PROMPT_LOOKUP}]; got {value!r}"
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise SettingError(
+                "prompt_lookup_min",
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must be at most "
+                f"prompt_lookup_max ({self.prompt_lookup_max})",
             )
         top = self.max_prompt_logprobs
         if not _is_int(top) or not 0 <= top <= MAX_PROMPT_LOGPROBS:

@@ -55,6 +55,7 @@ from .runner import ModelRunner, RunOutput
 from .sampling import Grammars
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
+from .speculative import Speculator
 
 
 class Engine:
@@ -126,7 +127,20 @@ class Engine:
         self.logits_cache = (
             LogitsCache(settings.logits_cache_bytes) if settings.logits_cache_bytes else None
         )
-        self.scheduler = Scheduler(self.kv, settings.step_budget(on_gpu), self.logits_cache)
+        self.speculator = (
+            Speculator(
+                settings.speculative_tokens,
+                settings.prompt_lookup_min,
+                settings.prompt_lookup_max,
+                vocab_size=config.vocab_size,
+                max_model_len=self.max_model_len,
+            )
+            if settings.speculative_tokens
+            else None
+        )
+        self.scheduler = Scheduler(
+            self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator
+        )
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
         self.prefill_tokens_computed = 0
@@ -304,10 +318,17 @@ class Engine:
         (and keep their prompt entries), and record the sampled tokens (finishing the
         requests that are done)."""
         self.pool.complete_copies()
+        drafted: set[int] = set()  # ids of the sequences with a draft in this step
         for item in plan.scheduled:
             seq, num_prompt = item.seq, len(item.seq.prompt_token_ids)
             start = seq.num_computed_tokens
             self.prefill_tokens_computed += max(0, min(start + item.num_tokens, num_prompt) - start)
+            if item.draft:  # its pending token; the kept draft tokens once recorded, below
+                seq.num_computed_tokens = start + 1
+                drafted.add(id(seq))
+                assert self.speculator is not None
+                self.speculator.num_draft_tokens += len(item.draft)
+                continue
             seq.num_computed_tokens = start + item.num_tokens
         for seq, first, entries in out.prompt_entries:
             assert seq.prompt_logprobs is not None
@@ -316,12 +337,27 @@ class Engine:
         for item in plan.to_register:
             self.kv.register_full_blocks(item.seq)
         outputs = []
-        for seq, token, logits in out.sampled:
-            self._keep_prompt_logits(seq, logits)
+        for seq, tokens, rows in out.sampled:
+            if rows is not None:
+                self._keep_prompt_logits(seq, rows[0])
             detok = self._detokenizers.get(seq.request_id)
-            if record_token(seq, token, logits, detok, self.stop_token_ids, self.max_model_len):
+            num = 0
+            finished = False
+            while num < len(tokens) and not finished:
+                row = None if rows is None else rows[num]
+                finished = record_token(
+                    seq, tokens[num], row, detok, self.stop_token_ids, self.max_model_len
+                )
+                num += 1
+            if id(seq) in drafted:
+                # the draft tokens recorded are its tokens, and their K/V is computed
+                seq.num_computed_tokens += num - 1
+                if self.speculator is not None:
+                    self.speculator.num_accepted_tokens += len(tokens) - 1
+                self.kv.register_full_blocks(seq)
+            if finished:
                 self._retire(seq)
-            outputs.append(step_output(seq, token, logits))
+            outputs.append(step_output(seq, tokens[:num], None if rows is None else rows[:num]))
         return outputs
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -381,6 +417,10 @@ class Engine:
             "prefix_waits": self.scheduler.num_prefix_waits,
             "exact_repeats": self.scheduler.num_exact_repeats,
             **(LogitsCache(0) if self.logits_cache is None else self.logits_cache).stats(),
+            "spec_draft_tokens": 0 if self.speculator is None else self.speculator.num_draft_tokens,
+            "spec_accepted_tokens": (
+                0 if self.speculator is None else self.speculator.num_accepted_tokens
+            ),
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
         }

@@ -115,8 +115,9 @@ def extend_text(
     return TextStep(text, by_ids, False)
 
 
-def step_output(seq: Sequence, token: int, logits: np.ndarray | None) -> StepOutput:
-    """What this step gave the request: its token, the text not handed out before
+def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> StepOutput:
+    """What this step gave the request: its tokens (one, or more after a draft; `logits`
+    their rows, [len(tokens), vocab]), the text not handed out before
     (less what could still begin a stop string, while it runs), and its end if it
     ended. Advances `seq.num_text_emitted`."""
     max_stop_chars = max(map(len, seq.params.stop), default=0)
@@ -125,11 +126,11 @@ def step_output(seq: Sequence, token: int, logits: np.ndarray | None) -> StepOut
     )
     return StepOutput(
         seq.request_id,
-        [token],
+        tokens,
         delta,
         seq.finish_reason,
-        logits[None].copy() if seq.params.return_logits else None,
-        seq.logprobs[-1:] if seq.params.logprobs is not None else None,
+        np.array(logits, dtype=np.float32) if seq.params.return_logits else None,
+        seq.logprobs[-len(tokens) :] if seq.params.logprobs is not None else None,
     )
 
 

@@ -28,14 +28,16 @@ from .sampling import next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
-Sampled = tuple[Sequence, int, np.ndarray | None]  # (sequence, token, its logits row)
+# (sequence, its tokens, their logits rows [len(tokens), vocab] or None): one token,
+# or, after a draft, the samples kept (speculative.py)
+Sampled = tuple[Sequence, list[int], np.ndarray | None]
 PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, positions)
 
 
 @dataclass(slots=True)
 class RunOutput:
-    """What a step computed: each sampling sequence's token (`sampled`, in schedule
-    order), and the prompt entries (prompt_logprobs.py) its rows gave, as (sequence,
+    """What a step computed: each sampling sequence's tokens (`sampled`, in schedule
+    order: one, or a draft's kept samples and the first that differs from it), and the prompt entries (prompt_logprobs.py) its rows gave, as (sequence,
     index of the first prompt token they are for, entries)."""
 
     sampled: list[Sampled] = field(default_factory=list)
@@ -210,7 +212,12 @@ class ModelRunner:
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
-                token_ids.extend(seq.token_ids(start, end))
+                if item.draft:  # its pending token, then the draft's: every row samples
+                    token_ids.append(seq.token_at(start))
+                    token_ids.extend(item.draft)
+                    logit_rows.extend(range(starts[-1], starts[-1] + item.num_tokens - 1))
+                else:
+                    token_ids.extend(seq.token_ids(start, end))
                 span = range(start, end)
                 positions.extend(span)
                 slots.extend(table[pos // bs] * bs + pos % bs for pos in span)
@@ -239,8 +246,9 @@ class ModelRunner:
         sample the exact repeats from their stored rows; no forward runs when the
         step holds nothing else.
 
-        Returns (sequence, sampled token id, its logits row or None) for each
-        sequence whose pending tokens all ran, in schedule order, and the prompt
+        Returns (sequence, sampled token ids, their logits rows or None) for each
+        sequence whose pending tokens all ran (one token, or a draft's kept samples
+        and the first that differs from it), in schedule order, and the prompt
         entries of the positions that give a prompt_logprobs request's missing ones.
         Tokens are chosen on the device and read back once (once more for a step that
         also holds exact repeats); a logits row comes to the host only for a sequence
@@ -264,8 +272,9 @@ class ModelRunner:
         rows = [item.stored_logits for item in repeats]
         logits = ops.from_host(np.stack(rows))  # [R, vocab] fp32
         seqs = [item.seq for item in repeats]
-        tokens = ops.to_host(next_tokens(ops, logits, ops.argmax(logits), seqs)).tolist()
-        return [(seq, tokens[i], rows[i]) for i, seq in enumerate(seqs)]
+        states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
+        tokens = ops.to_host(next_tokens(ops, logits, ops.argmax(logits), states, positions))
+        return [(seq, [int(tokens[i])], rows[i][None]) for i, seq in enumerate(seqs)]
 
     def _forward(self, scheduled: list[ScheduledSeq]) -> RunOutput:
         ops = self.model.ops
@@ -279,20 +288,48 @@ class ModelRunner:
         else:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits[: len(logits) - _num_rows(spans)] if spans else logits)
-        sampling = [item.seq for item in scheduled if item.samples]
-        tokens = ops.to_host(next_tokens(ops, logits, greedy, sampling)).tolist()  # the one read
+        sampling = [item for item in scheduled if item.samples]
+        states, positions, firsts = [], [], []  # per logits row; each item's first row
+        for item in sampling:
+            seq = item.seq
+            firsts.append(len(states))
+            states.extend([seq.sampling] * (1 + len(item.draft)))
+            positions.extend(range(seq.num_tokens, seq.num_tokens + 1 + len(item.draft)))
+        tokens = ops.to_host(next_tokens(ops, logits, greedy, states, positions)).tolist()
         keep = self.keep_prompt_logits
-        wanted = [
-            i
-            for i, seq in enumerate(sampling)
-            if seq.sampling.reads_row or (keep and not seq.output_token_ids)
+        wanted = [  # the rows read back: those of items that return them or keep them
+            row
+            for i, item in enumerate(sampling)
+            if item.seq.sampling.reads_row or (keep and not item.seq.output_token_ids)
+            for row in range(firsts[i], firsts[i] + 1 + len(item.draft))
         ]
-        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
-        row_of = dict(zip(wanted, rows, strict=True))
-        sampled = [(seq, tokens[i], row_of.get(i)) for i, seq in enumerate(sampling)]
+        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else None
+        sampled = []
+        read = 0  # rows of `rows` taken
+        for i, item in enumerate(sampling):
+            first = firsts[i]
+            drawn = tokens[first : first + 1 + len(item.draft)]
+            kept = drawn[: _num_kept(drawn, item.draft)]
+            mine = None
+            if rows is not None and read < len(wanted) and wanted[read] == first:
+                mine = rows[read : read + len(kept)]
+                read += len(drawn)
+            sampled.append((item.seq, kept, mine))
         if not spans:
             return RunOutput(sampled)
-        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[len(sampling) :]), spans))
+        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[len(states) :]), spans))
+
+
+def _num_kept(drawn: list[int], draft: list[int]) -> int:
+    """How many of a draft's samples a request keeps: those drawn where the draft's
+    tokens before were its own (each equal to the sample there), and the first that
+    differs, or the one after the whole draft."""
+    kept = 1
+    for sample, proposed in zip(drawn, draft, strict=False):
+        if sample != proposed:
+            break
+        kept += 1
+    return kept
 
 
 def _prompt_spans(scheduled: list[ScheduledSeq]) -> list[PromptSpan]:

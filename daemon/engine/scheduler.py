@@ -14,7 +14,10 @@ The scheduler never touches arrays: what a step must do is a `StepPlan`, which
 the model runner executes (the pool's planned block copies, then the forward).
 An exact repeat (a prompt whose last logits row is stored, logits_cache.py, and
 whose every token's KV is cached) is scheduled with no token to compute: the
-plan hands the runner the stored row to sample from.
+plan hands the runner the stored row to sample from. With a `Speculator`, a
+decoding request may carry a draft of its next tokens (speculative.py), within
+the budget left after one token for each running request after it; a draft that
+finds no blocks is dropped, never a reason to preempt.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ...blockpool.copies import BlockCopy
 from .kvmanager import KVCacheManager
 from .logits_cache import LogitsCache
 from .sequence import SeqStatus, Sequence
+from .speculative import Speculator
 
 
 @dataclass(slots=True)
@@ -37,19 +41,25 @@ class ScheduledSeq:
     # an exact repeat (num_tokens 0): its prompt's stored last logits row, passed on
     # untouched for the runner to sample from
     stored_logits: np.ndarray | None = None
+    # a decode token's draft (speculative.py): computed after it in this step, num_tokens
+    # counting them; the step samples at each of their positions
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the sequence's last token, so it samples the next."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return bool(self.draft) or (
+            self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        )
 
 
 @dataclass(slots=True)
 class StepPlan:
     """One engine step: run `copies` in order (whole blocks: offload, onboard, and
     partial-reuse device copies), then the forward over `scheduled`; afterwards
-    the engine registers the full blocks of `to_register` and releases the copies'
-    pins (`BlockPool.complete_copies`)."""
+    the engine registers the full blocks of `to_register` (and of the drafted requests,
+    once it knows which draft tokens were kept) and releases the copies' pins
+    (`BlockPool.complete_copies`)."""
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[BlockCopy] = field(default_factory=list)
@@ -65,11 +75,13 @@ class Scheduler:
         kv: KVCacheManager,
         max_num_batched_tokens: int,
         logits_cache: LogitsCache | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
         self.kv = kv
         self.logits_cache = logits_cache  # None: no exact repeats
+        self.speculator = speculator  # None: no drafts
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: `waiting` stays sorted by Sequence.sort_key; `running` is in admission order.
         self.waiting: list[Sequence] = []
@@ -95,6 +107,7 @@ class Scheduler:
             item
             for item in scheduled
             if (item.seq.num_computed_tokens + item.num_tokens) // bs > len(item.seq.block_hashes)
+            and not item.draft
         ]
         return StepPlan(scheduled, self.kv.pool.take_copies(), fills)
 
@@ -106,6 +119,14 @@ class Scheduler:
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num = min(seq.num_pending_tokens, budget)
+            if self.speculator is not None and num == 1:
+                # room left after one token for each running request from here on
+                draft = self.speculator.draft(seq, budget - (len(self.running) - idx))
+                if draft and self.kv.grow(seq, 1 + len(draft)):
+                    scheduled.append(ScheduledSeq(seq, 1 + len(draft), draft=draft))
+                    budget -= 1 + len(draft)
+                    idx += 1
+                    continue
             if self.kv.grow(seq, num):
                 scheduled.append(ScheduledSeq(seq, num))
                 budget -= num
@@ -163,6 +184,8 @@ class Scheduler:
             self.waiting.remove(seq)
         self.kv.release(seq)
         seq.status = SeqStatus.FINISHED
+        if self.speculator is not None:
+            self.speculator.forget(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

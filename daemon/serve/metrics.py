@@ -80,6 +80,15 @@ class DaemonCollector(Collector):
                                       "with no forward step")  # fmt: skip
         repeats.add_metric([], stats.get("exact_repeats", 0))
         yield repeats
+        drafts = CounterMetricFamily("reprise_spec_decode_num_draft_tokens",
+                                     "Draft tokens decode steps checked (prompt lookup)")  # fmt: skip
+        drafts.add_metric([], stats.get("spec_draft_tokens", 0))
+        yield drafts
+        accepted = CounterMetricFamily("reprise_spec_decode_num_accepted_tokens",
+                                       "Draft tokens equal to the token sampled in their "
+                                       "place, so kept")  # fmt: skip
+        accepted.add_metric([], stats.get("spec_accepted_tokens", 0))
+        yield accepted
         preemptions = CounterMetricFamily("reprise_preemptions", "Requests preempted")
         preemptions.add_metric([], stats.get("preemptions", 0))
         yield preemptions

@@ -12,22 +12,22 @@ settings and token counts, and its position: not on the batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ....cuda.protocol import Backend
 from .batch import SamplingBatch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..sequence import Sequence
+from .state import SamplingState
 
 
-def next_tokens(ops: Backend, logits: Any, greedy: Any, seqs: list[Sequence]) -> Any:
-    """[>= len(seqs)] int32 backend array: row i is seqs[i]'s next token. `greedy` is the
-    argmax of each row of `logits` (whose row i is seqs[i]'s)."""
-    states = [seq.sampling for seq in seqs]
+def next_tokens(
+    ops: Backend, logits: Any, greedy: Any, states: list[SamplingState], positions: list[int]
+) -> Any:
+    """[>= len(states)] int32 backend array: row i is the token drawn from `logits` row i
+    by a request of `states[i]` at `positions[i]` (the index the token will have in its
+    sequence). `greedy` is the argmax of each row of `logits`."""
     if all(state.plain_greedy for state in states):
         return greedy
-    batch = SamplingBatch.build(states, [seq.num_tokens for seq in seqs], logits.shape[1])
+    batch = SamplingBatch.build(states, positions, logits.shape[1])
     assert batch is not None
     return sample(ops, logits, greedy, batch)
 

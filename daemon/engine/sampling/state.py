@@ -135,6 +135,17 @@ class SamplingState:
             and self.grammar is None
         )
 
+    @property
+    def stateless(self) -> bool:
+        """Each next row's token depends on that row and its position alone: no penalty
+        counts or grammar that the token before changes, and no min_tokens hold left to
+        lift (what speculation needs, speculative.py)."""
+        return (
+            self.penalty_tokens is None
+            and self.grammar is None
+            and self.num_outputs >= self.min_tokens
+        )
+
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
         its logprobs if the request asked for them."""
