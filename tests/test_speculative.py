@@ -5,6 +5,7 @@ finish reasons are bit-identical to decoding one token a step, with no block lea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -385,3 +386,16 @@ def test_a_speculator_without_room_or_a_decode_drafts_nothing(tiny: Path) -> Non
     seq.output_token_ids = [3] * 9  # max_tokens 10: one token left, which is never a draft
     seq.num_computed_tokens = 13
     assert spec.draft(seq, 4) == []
+
+
+def test_vllms_speculative_config_maps_to_the_settings() -> None:
+    from reprise.cli.options import speculative_config
+
+    def fields(**config) -> tuple[int, int, int]:
+        got = speculative_config(json.dumps({"method": "ngram", **config}))
+        return got["speculative_tokens"], got["prompt_lookup_min"], got["prompt_lookup_max"]
+
+    assert fields(num_speculative_tokens=3) == (3, 5, 5)  # vLLM's defaults
+    assert fields(num_speculative_tokens=3, prompt_lookup_max=4) == (3, 4, 4)
+    assert fields(num_speculative_tokens=2, prompt_lookup_min=2) == (2, 2, 2)
+    assert fields(num_speculative_tokens=6, prompt_lookup_min=1, prompt_lookup_max=3) == (6, 1, 3)
