@@ -1,8 +1,8 @@
 """What prompt lookup speculation gains and costs, on the default model, with the answer
 checked bit-identical to decoding one token a step.
 
-    python bench/bench_speculative.py [--backend auto] [--tokens 4] [--max-tokens 96]
-                                      [--out FILE]
+    python bench/bench_speculative.py [--backend auto] [--model DIR] [--tokens 4]
+                                      [--max-tokens 96] [--planted right|wrong] [--out FILE]
 
 Three chat requests, greedy, each run twice in one process on one loaded model: once
 without drafts (the baseline), once with `--tokens` draft tokens a step:
@@ -14,7 +14,12 @@ without drafts (the baseline), once with `--tokens` draft tokens a step:
 For each: decode tokens per second without and with drafts and their ratio (the time
 after the first token, so the prompt's step is left out), decode steps, draft tokens
 checked and kept, and whether the tokens and logits are bit-identical (they must be;
-the run stops if not). On the NumPy backend a step of 1 + k rows costs the CPU's
+the run stops if not). `--planted right` makes every draft the plain answer's next
+tokens (the most drafts can gain: every step keeps K + 1 tokens), `--planted wrong`
+every draft token wrong (what K rows a step cost when none is kept), each answer
+`--max-tokens` long (eos ignored): these two measure
+the backend, not the model, so a random-weight stand-in (`reprise model synth`) serves
+where the default model cannot be fetched. On the NumPy backend a step of 1 + k rows costs the CPU's
 matrix product about twice a one-row step's (OpenBLAS's small-M path), so drafts gain
 only where most are kept; on a GPU at small batch a step's rows cost little more than
 one row's, but a drafted step runs eagerly, outside the decode graphs.
@@ -31,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.engine.sequence import Sequence
+from reprise.daemon.engine.speculative import Speculator
 
 PARAGRAPH = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a "
@@ -45,8 +52,23 @@ REQUESTS = {
 }
 
 
-def run(engine: Engine, prompt_ids: list[int], max_tokens: int) -> dict:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, return_logits=True)
+class PlantedSpeculator(Speculator):
+    """Drafts taken from known answers: right, or each token shifted (wrong)."""
+
+    answers: dict[tuple[int, ...], list[int]]
+    wrong: bool
+
+    def propose(self, seq: Sequence, limit: int) -> list[int]:
+        done = len(seq.output_token_ids)
+        truth = self.answers.get(tuple(seq.prompt_token_ids), [])[done : done + limit]
+        return [(t + 1) % self.vocab_size for t in truth] if self.wrong else truth
+
+
+def run(engine: Engine, prompt_ids: list[int], max_tokens: int, whole: bool = False) -> dict:
+    """One greedy answer, timed; `whole`: `max_tokens` of it (eos ignored)."""
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0, return_logits=True, ignore_eos=whole
+    )
     before = engine.stats()
     request_id = engine.add_request(prompt_ids, params)
     steps, first, start = 0, None, time.perf_counter()
@@ -79,6 +101,8 @@ def main() -> None:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--tokens", type=int, default=4, help="draft tokens a step")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--planted", choices=["right", "wrong"], default=None,
+                        help="drafts from the plain answer, all right or all wrong")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results/speculative.json"))
     args = parser.parse_args()
 
@@ -88,6 +112,13 @@ def main() -> None:
         base.config, base.tokenizer, base.runner.model, base.settings,
         speculative_tokens=args.tokens,
     )  # fmt: skip
+    planted = None
+    if args.planted is not None:
+        planted = PlantedSpeculator(
+            args.tokens, 1, 1, vocab_size=base.config.vocab_size, max_model_len=spec.max_model_len
+        )
+        planted.answers, planted.wrong = {}, args.planted == "wrong"
+        spec.speculator = spec.scheduler.speculator = planted
     rows = {}
     for name, text in REQUESTS.items():
         chat = base.tokenizer.apply_chat_template(
@@ -96,7 +127,11 @@ def main() -> None:
         ids = base.tokenizer.encode(chat, add_special_tokens=False)
         run(base, ids, 4)  # warm both (first-call allocations)
         run(spec, ids, 4)
-        plain, drafted = run(base, ids, args.max_tokens), run(spec, ids, args.max_tokens)
+        whole = planted is not None  # the backend's figures: every answer max_tokens long
+        plain = run(base, ids, args.max_tokens, whole)
+        if planted is not None:
+            planted.answers[tuple(ids)] = plain["tokens"]
+        drafted = run(spec, ids, args.max_tokens, whole)
         same = plain["tokens"] == drafted["tokens"] and np.array_equal(
             plain["logits"].view(np.uint32), drafted["logits"].view(np.uint32)
         )
@@ -125,10 +160,12 @@ def main() -> None:
         "machine": platform.machine(),
         "backend": base.runner.model.ops.name,
         "draft_tokens_per_step": args.tokens,
+        "planted": args.planted,
         "prompt_lookup": [spec.settings.prompt_lookup_min, spec.settings.prompt_lookup_max],
         "max_tokens": args.max_tokens,
         "command": "python bench/bench_speculative.py "
-        f"--backend {args.backend} --tokens {args.tokens} --max-tokens {args.max_tokens}",
+        f"--backend {args.backend} --tokens {args.tokens} --max-tokens {args.max_tokens}"
+        + (f" --planted {args.planted}" if args.planted else ""),
         "requests": rows,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
