@@ -88,3 +88,32 @@ def test_http_answers_equal_and_metrics_count_the_drafts(daemon: HttpDaemon, wan
     drafted = samples[("reprise_spec_decode_num_draft_tokens_total", ())]
     kept = samples[("reprise_spec_decode_num_accepted_tokens_total", ())]
     assert drafted >= kept > 0
+
+
+def test_a_stop_string_inside_a_kept_draft_cuts_the_reply_there(daemon: HttpDaemon, tiny) -> None:
+    """The daemon's detokenizing thread finds a stop string in a chunk of several kept
+    tokens: the reply ends where the in-process engine, one token a step, ends it."""
+    options = dict(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                   logit_bias={t: 30.0 for t in range(32, 127)})  # fmt: skip
+    eng = Engine.from_pretrained(
+        tiny, backend="numpy", block_size=16, num_device_blocks=96, max_model_len=256
+    )
+    full = eng.generate(PROMPT, SamplingParams(**options))
+    # from the first "LA" through the second: first seen in the answer's second round of
+    # a loop, whose tokens the drafts (the first round's) give
+    first = full.text.index("LA")
+    piece = full.text[first + 1 : full.text.index("LA", first + 2) + 2]
+    want = eng.generate(PROMPT, SamplingParams(stop=[piece], **options))
+    assert want.finish_reason == "stop" and len(want.token_ids) < MAX_TOKENS
+    with Client(daemon.address) as client:
+        before = client.stats()["spec_accepted_tokens"]
+        replies = list(client.stream(PROMPT, stop=[piece], **options))
+        kept = client.stats()["spec_accepted_tokens"] - before
+    done = replies[-1]
+    assert isinstance(done, Done)
+    assert kept > 0
+    assert done.finish_reason == "stop" and done.text == want.text
+    assert done.token_ids == want.token_ids
+    chunks = [r for r in replies if isinstance(r, TokenChunk)]
+    assert "".join(c.text for c in chunks) == want.text
+    assert len(chunks[-1].token_ids) > 1  # the stop came in a step's kept draft
