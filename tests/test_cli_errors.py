@@ -89,6 +89,7 @@ SETTING_ERRORS = [
     (["serve", "--max-stop-strings", "0"], ["--max-stop-strings", "0", "x>=1"]),
     (["serve", "--max-stop-chars", "0"], ["--max-stop-chars", "0", "x>=1"]),
     (["serve", "--drain-timeout", "-1"], ["--drain-timeout", "-1", "x>=0"]),
+    (["serve", "--no-reuse", "--logits-cache-mb", "8"], ["--logits-cache-mb", "needs reuse"]),
     (["serve", "--speculative-tokens", "33"], ["--speculative-tokens", "33", "[0, 32]"]),
     (["serve", "--prompt-lookup-min", "0"], ["--prompt-lookup-min", "0", "[1, 64]"]),
     (["serve", "--prompt-lookup-min", "4", "--prompt-lookup-max", "3"], ["--prompt-lookup-min", "at most"]),

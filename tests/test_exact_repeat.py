@@ -264,6 +264,16 @@ def test_a_bad_setting_is_refused_naming_the_flag(value: object) -> None:
     assert info.value.flag == "--logits-cache-mb"
 
 
+def test_the_cache_with_reuse_off_is_refused() -> None:
+    """--logits-cache-mb without reuse would be ignored: refused, naming both."""
+    with pytest.raises(SettingError, match=r"logits_cache_mb \(8\) needs reuse") as info:
+        EngineConfig(enable_reuse=False, logits_cache_mb=8)
+    assert info.value.flag == "--logits-cache-mb"
+    assert EngineConfig(enable_reuse=False).logits_cache_bytes == 0  # its default follows
+    assert EngineConfig(enable_reuse=False, logits_cache_mb=0).logits_cache_bytes == 0
+    assert EngineConfig().logits_cache_bytes == 64 << 20
+
+
 def test_serve_has_the_flag() -> None:
     result = CliRunner().invoke(cli, ["serve", "--help"])
     assert result.exit_code == 0 and "--logits-cache-mb" in result.output

@@ -71,11 +71,12 @@ class EngineConfig:
     enable_reuse: bool = _setting(
         True, "--reuse/--no-reuse", "Find cached KV blocks again across requests."
     )
-    logits_cache_mb: int = _setting(
-        DEFAULT_LOGITS_CACHE_MB, "--logits-cache-mb",
+    logits_cache_mb: int | None = _setting(
+        None, "--logits-cache-mb",
         "MiB of prompts' last logits rows kept (least recently used go first), so that an "
         "exact repeat (same tokens and salt, every token's KV cached) samples its first "
-        "token with no forward step; 0 turns it off. Needs --reuse.",
+        f"token with no forward step; 0 turns it off. Needs --reuse [default: "
+        f"{DEFAULT_LOGITS_CACHE_MB} with --reuse, 0 with --no-reuse].",
     )  # fmt: skip
     max_num_batched_tokens: int | None = _setting(
         None, "--max-batched-tokens",
@@ -172,7 +173,13 @@ class EngineConfig:
             )
         if not isinstance(self.kv_events, bool):
             raise SettingError("kv_events", f"kv_events must be a bool; got {self.kv_events!r}")
-        _check_int("logits_cache_mb", self.logits_cache_mb, low=0)
+        _check_int("logits_cache_mb", self.logits_cache_mb, low=0, optional=True)
+        if not self.enable_reuse and self.logits_cache_mb:
+            raise SettingError(
+                "logits_cache_mb",
+                f"logits_cache_mb ({self.logits_cache_mb}) needs reuse: exact repeats are "
+                "found in the prefix cache, which --no-reuse turns off",
+            )
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
         _check_int("max_model_len", self.max_model_len, low=2, optional=True)
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
@@ -216,7 +223,10 @@ class EngineConfig:
     @property
     def logits_cache_bytes(self) -> int:
         """The exact-repeat logits cache's bound; 0 when it is off (or reuse is)."""
-        return self.logits_cache_mb << 20 if self.enable_reuse else 0
+        if not self.enable_reuse:
+            return 0
+        mb = DEFAULT_LOGITS_CACHE_MB if self.logits_cache_mb is None else self.logits_cache_mb
+        return mb << 20
 
     @property
     def disk_cache_bytes(self) -> int:
