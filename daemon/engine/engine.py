@@ -341,15 +341,18 @@ class Engine:
             if rows is not None:
                 self._keep_prompt_logits(seq, rows[0])
             detok = self._detokenizers.get(seq.request_id)
-            num = 0
-            finished = False
-            while num < len(tokens) and not finished:
-                row = None if rows is None else rows[num]
+            num, finished = 0, False
+            while num < len(tokens) and not finished:  # one token, but after a draft
                 finished = record_token(
-                    seq, tokens[num], row, detok, self.stop_token_ids, self.max_model_len
+                    seq,
+                    tokens[num],
+                    None if rows is None else rows[num],
+                    detok,
+                    self.stop_token_ids,
+                    self.max_model_len,
                 )
                 num += 1
-            if id(seq) in drafted:
+            if drafted and id(seq) in drafted:
                 # the draft tokens recorded are its tokens, and their K/V is computed
                 seq.num_computed_tokens += num - 1
                 if self.speculator is not None:
@@ -357,7 +360,9 @@ class Engine:
                 self.kv.register_full_blocks(seq)
             if finished:
                 self._retire(seq)
-            outputs.append(step_output(seq, tokens[:num], None if rows is None else rows[:num]))
+            if num < len(tokens):  # an end inside a kept draft: the rest is not its
+                tokens, rows = tokens[:num], None if rows is None else rows[:num]
+            outputs.append(step_output(seq, tokens, rows))
         return outputs
 
     def cancel(self, request_id: RequestId) -> bool:

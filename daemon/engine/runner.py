@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,9 @@ PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, p
 @dataclass(slots=True)
 class RunOutput:
     """What a step computed: each sampling sequence's tokens (`sampled`, in schedule
-    order: one, or a draft's kept samples and the first that differs from it), and the prompt entries (prompt_logprobs.py) its rows gave, as (sequence,
-    index of the first prompt token they are for, entries)."""
+    order: one, or a draft's kept samples and the first that differs from it), and the
+    prompt entries (prompt_logprobs.py) its rows gave, as (sequence, index of the first
+    prompt token they are for, entries)."""
 
     sampled: list[Sampled] = field(default_factory=list)
     prompt_entries: list[tuple[Sequence, int, EntryRows]] = field(default_factory=list)
@@ -289,6 +291,38 @@ class ModelRunner:
             logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits[: len(logits) - _num_rows(spans)] if spans else logits)
         sampling = [item for item in scheduled if item.samples]
+        if any(item.draft for item in sampling):
+            sampled, num_rows = self._sample_drafted(logits, greedy, sampling)
+        else:  # the common case, kept cheap: one row a sequence
+            sampled, num_rows = self._sample(logits, greedy, sampling), len(sampling)
+        if not spans:
+            return RunOutput(sampled)
+        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[num_rows:]), spans))
+
+    def _sample(self, logits: Any, greedy: Any, sampling: list[ScheduledSeq]) -> list[Sampled]:
+        """The next token of each of `sampling` (one logits row each, in order), and the
+        rows that come back (those of requests that return them or keep them)."""
+        ops = self.model.ops
+        seqs = [item.seq for item in sampling]
+        states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
+        tokens = ops.to_host(next_tokens(ops, logits, greedy, states, positions)).tolist()
+        keep = self.keep_prompt_logits
+        wanted = [
+            i
+            for i, seq in enumerate(seqs)
+            if seq.sampling.reads_row or (keep and not seq.output_token_ids)
+        ]
+        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
+        row_of = {i: rows[j : j + 1] for j, i in enumerate(wanted)}
+        return [(seq, [tokens[i]], row_of.get(i)) for i, seq in enumerate(seqs)]
+
+    def _sample_drafted(
+        self, logits: Any, greedy: Any, sampling: list[ScheduledSeq]
+    ) -> tuple[list[Sampled], int]:
+        """`_sample` for a step with drafts: a drafted request has a row for its pending
+        token and one for each draft token, each sampled at its own position; it keeps
+        the samples while they equal its draft (`_num_kept`). Also the rows used."""
+        ops = self.model.ops
         states, positions, firsts = [], [], []  # per logits row; each item's first row
         for item in sampling:
             seq = item.seq
@@ -315,9 +349,7 @@ class ModelRunner:
                 mine = rows[read : read + len(kept)]
                 read += len(drawn)
             sampled.append((item.seq, kept, mine))
-        if not spans:
-            return RunOutput(sampled)
-        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[len(states) :]), spans))
+        return sampled, len(states)
 
 
 def _num_kept(drawn: list[int], draft: list[int]) -> int:
