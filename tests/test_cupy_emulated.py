@@ -262,6 +262,29 @@ def test_speculative_drafts_keep_every_bit(engines: Engines, reference) -> None:
     assert engine.runner.decode is not None and engine.runner.decode.steps > 0  # undrafted
 
 
+def test_speculative_drafts_of_stateful_rows_keep_every_bit(engines: Engines) -> None:
+    """Penalized and structured requests drafted (planted): each draft row penalized by
+    the counts and masked by the grammar's mask it would have there, on the device."""
+    from test_speculative import planted
+
+    from reprise.daemon import StructuredOutput
+
+    spec = StructuredOutput("regex", "[a-z]{3}-[0-9]{1,8}")
+    params = [
+        SamplingParams(**{**_fields(GREEDY), "repetition_penalty": 1.3, "logprobs": 2}),
+        SamplingParams(**{**_fields(SEEDED), "structured": spec, "logprobs": 2}),
+    ]
+    want = [
+        engines(enable_reuse=False).generate(p, s) for p, s in zip(PROMPTS, params, strict=True)
+    ]
+    engine = engines(cuda_graphs=True, speculative_tokens=4)
+    plant = planted(engine, want, seed=12)
+    for got, exp in zip(run_both_with(engine, params), want, strict=True):
+        assert got.token_ids == exp.token_ids and got.logprobs == exp.logprobs
+        assert np.array_equal(got.logits.view(np.uint32), exp.logits.view(np.uint32))
+    assert engine.stats()["spec_accepted_tokens"] > 0 and plant.num_right > 0
+
+
 def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in params.__slots__}
 

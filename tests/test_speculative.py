@@ -252,28 +252,54 @@ def test_generated_blocks_are_registered_as_without_drafts(
     assert cached[0] == cached[1] >= (len(followup) - 1) // BS * BS > len(want.prompt_token_ids)
 
 
-def test_rows_with_state_take_no_draft(tiny: Path) -> None:
-    """Penalties and grammars change each row by the token before, and min_tokens holds
-    stop tokens back until its count: such requests decode one token a step (min_tokens
-    once it is reached) and stay bit-identical."""
+STATEFUL = [
+    replace(GREEDY, repetition_penalty=1.2, presence_penalty=0.3),
+    replace(SEEDED, frequency_penalty=0.5),
+    replace(GREEDY, structured=StructuredOutput("regex", "[a-z ]{5,60}")),
+]
+
+
+@pytest.mark.parametrize("drafts", ["found", "planted"])
+def test_rows_with_state_are_sampled_as_they_would_be_there(tiny: Path, drafts: str) -> None:
+    """Penalties count the draft tokens before a row, the min_tokens hold lifts at the
+    row's own count and a grammar's mask is the one after the draft before it: drafted,
+    penalized, held and structured requests stay bit-identical."""
     ps = prompts()
-    stateful = [
-        replace(GREEDY, repetition_penalty=1.2),
-        replace(SEEDED, frequency_penalty=0.5),
-        replace(GREEDY, structured=StructuredOutput("regex", "[a-z ]{5,60}")),
-    ]
-    want = engine(tiny).generate(ps, stateful)
-    eng = engine(tiny, speculative_tokens=6, prompt_lookup_min=1)
-    got = eng.generate(ps, stateful)
-    assert isinstance(got, list) and isinstance(want, list)
-    assert_identical(got, want)
-    assert eng.stats()["spec_draft_tokens"] == 0
-    held = replace(GREEDY, min_tokens=20, ignore_eos=False)
-    want = engine(tiny).generate(ps, held)
-    eng = engine(tiny, speculative_tokens=6, prompt_lookup_min=1)
-    got = eng.generate(ps, held)
-    assert isinstance(got, list) and isinstance(want, list)
-    assert_identical(got, want)
+    held = replace(GREEDY, min_tokens=20, ignore_eos=False, stop_token_ids=[3, 4])
+    for params in (STATEFUL, [held] * 3):
+        want = engine(tiny).generate(ps, params)
+        assert isinstance(want, list)
+        eng = engine(tiny, speculative_tokens=6, prompt_lookup_min=1)
+        if drafts == "planted":
+            planted(eng, want, seed=8)
+        got = eng.generate(ps, params)
+        assert isinstance(got, list)
+        assert_identical(got, want)
+        stats = eng.stats()
+        assert stats["spec_draft_tokens"] > 0
+        if drafts == "planted":
+            assert stats["spec_accepted_tokens"] > 0
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks
+
+
+def test_a_grammars_forced_tokens_are_its_draft(tiny: Path) -> None:
+    """Where a grammar allows one token at a time (a literal), the draft is those tokens
+    (llguidance's fast-forward tokens), kept in one step each run: the same answer in
+    fewer steps."""
+    literal = "the answer is final, and that is all there is to it"
+    spec = StructuredOutput("regex", f"[a-z]{{3}} {literal}[.!]")
+    params = replace(GREEDY, structured=spec, max_tokens=80)
+    prompt = prompts()[1]
+    want = engine(tiny).generate(prompt, params)
+    eng = engine(tiny, speculative_tokens=8)
+    steps = count_steps(eng)
+    got = eng.generate(prompt, params)
+    assert isinstance(got, Completion) and isinstance(want, Completion)
+    assert_identical([got], [want])
+    assert got.finish_reason == "stop" and literal in got.text
+    kept = eng.stats()["spec_accepted_tokens"]
+    assert kept >= len(literal) - 8  # each step keeps its whole draft
+    assert steps[0] <= len(got.token_ids) - kept
 
 
 def test_drafts_fit_the_budget_after_every_running_token(

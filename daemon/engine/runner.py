@@ -320,16 +320,24 @@ class ModelRunner:
         self, logits: Any, greedy: Any, sampling: list[ScheduledSeq]
     ) -> tuple[list[Sampled], int]:
         """`_sample` for a step with drafts: a drafted request has a row for its pending
-        token and one for each draft token, each sampled at its own position; it keeps
-        the samples while they equal its draft (`_num_kept`). Also the rows used."""
+        token and one for each draft token, each sampled at its own position with the
+        state it has there if the draft before it is its (`SamplingState.ahead`, the
+        grammar's masks along the draft); it keeps the samples while they equal its
+        draft (`_num_kept`). Also the rows used."""
         ops = self.model.ops
         states, positions, firsts = [], [], []  # per logits row; each item's first row
+        masks: dict[int, np.ndarray] = {}  # a drafted grammar's rows' masks
         for item in sampling:
-            seq = item.seq
-            firsts.append(len(states))
-            states.extend([seq.sampling] * (1 + len(item.draft)))
-            positions.extend(range(seq.num_tokens, seq.num_tokens + 1 + len(item.draft)))
-        tokens = ops.to_host(next_tokens(ops, logits, greedy, states, positions)).tolist()
+            seq, draft = item.seq, item.draft
+            first = len(states)
+            firsts.append(first)
+            # row j is sampled as if the draft's first j tokens were the request's
+            states.extend(seq.sampling.ahead(draft[:j]) for j in range(1 + len(draft)))
+            positions.extend(range(seq.num_tokens, seq.num_tokens + 1 + len(draft)))
+            if draft and (grammar := seq.sampling.grammar) is not None:
+                masks.update(enumerate(grammar.masks_with_draft(draft), start=first))
+        tokens = next_tokens(ops, logits, greedy, states, positions, masks or None)
+        tokens = ops.to_host(tokens).tolist()
         keep = self.keep_prompt_logits
         wanted = [  # the rows read back: those of items that return them or keep them
             row

@@ -13,9 +13,13 @@ tokens.) The K/V written at rejected positions is never read: attention reads a
 sequence's positions below its length, and a position is written again before any
 query reaches it; blocks are registered only up to the accepted positions.
 
-A row's token must depend on its row and position alone for this, so requests
-whose sampler carries state from token to token (penalties, a grammar, or a
-min_tokens hold still to run out) decode without drafts.
+A request whose sampler carries state from token to token samples each row with
+the state it would have there: penalties counting the draft tokens before the row,
+the min_tokens hold by the row's own count (`SamplingState.ahead`), and a grammar's
+mask after the draft tokens before it (`Grammar.masks_with_draft`). A grammar's draft
+is the tokens it forces next, when there are any (llguidance's fast-forward tokens:
+drafted like this, they cost the model one step for all of them), else the n-gram
+draft cut where the grammar would refuse it.
 """
 
 from __future__ import annotations
@@ -84,13 +88,10 @@ class Speculator:
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         """At most `room` draft tokens for `seq`'s next decode step: none unless it is
-        decoding (one pending token, after its first), each row's token depends on its
-        row alone, and its tokens have an n-gram to follow; never past its max_tokens or
-        the context (the sampled tokens past an end are never kept)."""
-        state = seq.sampling
+        decoding (one pending token, after its first) and its grammar forces tokens or
+        its tokens have an n-gram to follow; never past its max_tokens or the context
+        (the sampled tokens past an end are never kept)."""
         if room < 1 or seq.num_pending_tokens != 1 or not seq.output_token_ids:
-            return []
-        if not state.stateless:
             return []
         limit = min(
             self.num_tokens,
@@ -100,7 +101,10 @@ class Speculator:
         )
         if limit < 1:
             return []
-        return self.propose(seq, limit)
+        grammar = seq.sampling.grammar
+        if grammar is None:
+            return self.propose(seq, limit)
+        return grammar.forced(limit) or grammar.taken(self.propose(seq, limit))
 
     def propose(self, seq: Sequence, limit: int) -> list[int]:
         """At most `limit` tokens that may follow `seq`'s (`find_draft`), cut before the

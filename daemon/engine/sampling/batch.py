@@ -34,21 +34,28 @@ class SamplingBatch:
 
     @classmethod
     def build(
-        cls, states: list[SamplingState], positions: list[int], vocab: int
+        cls,
+        states: list[SamplingState],
+        positions: list[int],
+        vocab: int,
+        masks: dict[int, np.ndarray] | None = None,
     ) -> SamplingBatch | None:
         """The batch of logits rows whose request i has `states[i]` and draws its token
-        at `positions[i]`; None when every row's token is its argmax."""
+        at `positions[i]`; None when every row's token is its argmax. `masks`: the
+        grammar masks of rows whose grammar is ahead of its place (a draft's rows), by
+        row; the other grammar rows' are computed here."""
         greedy = [i for i, s in enumerate(states) if s.temperature == 0 and not s.plain_greedy]
         drawn = [i for i, s in enumerate(states) if s.temperature != 0]
         if not greedy and not drawn:
             return None
         order = greedy + drawn
         picked = [states[i] for i in order]
+        given = None if masks is None else {k: masks[i] for k, i in enumerate(order) if i in masks}
         return cls(
             rows=np.asarray(order, dtype=np.int64),
             num_greedy=len(greedy),
             draws=_draws([states[i] for i in drawn], [positions[i] for i in drawn], vocab),
-            penalties=_penalties(picked, vocab),
+            penalties=_penalties(picked, vocab, given),
         )
 
 
@@ -64,7 +71,9 @@ def _draws(states: list[SamplingState], positions: list[int], vocab: int) -> Dra
     )
 
 
-def _penalties(states: list[SamplingState], vocab: int) -> Penalties | None:
+def _penalties(
+    states: list[SamplingState], vocab: int, given: dict[int, np.ndarray] | None = None
+) -> Penalties | None:
     lists = [s.penalty_tokens for s in states]
     if all(t is None for t in lists) and all(s.bias is None and s.grammar is None for s in states):
         return None
@@ -79,7 +88,7 @@ def _penalties(states: list[SamplingState], vocab: int) -> Penalties | None:
         token_ids=np.concatenate([empty] + [t.token_ids[: t.size] for t in present]),
         output_counts=np.concatenate([empty] + [t.output_counts[: t.size] for t in present]),
         bias=_bias(states),
-        mask=_mask(states, vocab),
+        mask=_mask(states, vocab, given),
     )
 
 
@@ -95,12 +104,19 @@ def _bias(states: list[SamplingState]) -> LogitBias | None:
     )
 
 
-def _mask(states: list[SamplingState], vocab: int) -> TokenMask | None:
-    """The rows' grammar masks (every bit set in a row without one), None without any."""
+def _mask(
+    states: list[SamplingState], vocab: int, given: dict[int, np.ndarray] | None = None
+) -> TokenMask | None:
+    """The rows' grammar masks (every bit set in a row without one; `given` rows' as
+    given), None without any."""
     if all(s.grammar is None for s in states):
         return None
     words = np.full((len(states), mask_words(vocab)), 0xFFFFFFFF, dtype=np.uint32)
-    rows = [r for r, s in enumerate(states) if s.grammar is not None]
+    for r, row in (given or {}).items():
+        words[r] = row
+    rows = [r for r, s in enumerate(states) if s.grammar is not None and r not in (given or {})]
+    if not rows:
+        return TokenMask(words)
     masks = np.empty((len(rows), words.shape[1]), np.uint32)  # the grammars' rows, packed
     fill_masks([states[r].grammar for r in rows], masks)  # type: ignore[misc]
     words[rows] = masks

@@ -14,20 +14,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ....cuda.protocol import Backend
 from .batch import SamplingBatch
 from .state import SamplingState
 
 
 def next_tokens(
-    ops: Backend, logits: Any, greedy: Any, states: list[SamplingState], positions: list[int]
+    ops: Backend,
+    logits: Any,
+    greedy: Any,
+    states: list[SamplingState],
+    positions: list[int],
+    masks: dict[int, np.ndarray] | None = None,
 ) -> Any:
     """[>= len(states)] int32 backend array: row i is the token drawn from `logits` row i
     by a request of `states[i]` at `positions[i]` (the index the token will have in its
-    sequence). `greedy` is the argmax of each row of `logits`."""
+    sequence). `greedy` is the argmax of each row of `logits`. `masks`: grammar masks
+    given by row (SamplingBatch.build)."""
     if all(state.plain_greedy for state in states):
         return greedy
-    batch = SamplingBatch.build(states, positions, logits.shape[1])
+    batch = SamplingBatch.build(states, positions, logits.shape[1], masks)
     assert batch is not None
     return sample(ops, logits, greedy, batch)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,6 +44,18 @@ class PenaltyTokens:
         )
         tokens.token_ids[: unique.size] = unique
         tokens.output_counts[: unique.size] = 0
+        return tokens
+
+    def plus(self, token_ids: list[int]) -> PenaltyTokens:
+        """A copy with `token_ids` counted as output too (what recording them would make)."""
+        tokens = PenaltyTokens(
+            slot_of=dict(self.slot_of),
+            token_ids=self.token_ids.copy(),
+            output_counts=self.output_counts.copy(),
+            size=self.size,
+        )
+        for token_id in token_ids:
+            tokens.count_output(token_id)
         return tokens
 
     def count_output(self, token_id: int) -> None:
@@ -139,12 +151,22 @@ class SamplingState:
     def stateless(self) -> bool:
         """Each next row's token depends on that row and its position alone: no penalty
         counts or grammar that the token before changes, and no min_tokens hold left to
-        lift (what speculation needs, speculative.py)."""
+        lift."""
         return (
             self.penalty_tokens is None
             and self.grammar is None
             and self.num_outputs >= self.min_tokens
         )
+
+    def ahead(self, token_ids: list[int]) -> SamplingState:
+        """The state after recording `token_ids` (speculative.py: a draft's row is sampled
+        as if the draft tokens before it were the request's), but for its grammar, whose
+        masks ahead the caller computes (`Grammar.masks_with_draft`); itself when
+        stateless."""
+        if not token_ids or self.stateless:
+            return self
+        tokens = None if self.penalty_tokens is None else self.penalty_tokens.plus(token_ids)
+        return replace(self, penalty_tokens=tokens, num_outputs=self.num_outputs + len(token_ids))
 
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns

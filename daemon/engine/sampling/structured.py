@@ -183,6 +183,31 @@ class Grammar:
                 words[token >> 5] |= np.uint32(1 << (token & 31))
         return words[: self._num_words]
 
+    def forced(self, limit: int) -> list[int]:
+        """At most `limit` tokens the grammar forces next (the only one each's mask allows,
+        so each is drawn, unless another tokenizing of the same text is allowed too)."""
+        if self.ended or limit < 1:
+            return []
+        return list(self._matcher.compute_ff_tokens()[:limit])
+
+    def taken(self, tokens: list[int]) -> list[int]:
+        """The longest start of `tokens` the grammar takes from its place."""
+        if self.ended or not tokens:
+            return []
+        return tokens[: self._matcher.validate_tokens(tokens)]
+
+    def masks_with_draft(self, draft: list[int]) -> np.ndarray:
+        """[len(draft) + 1, ceil(vocab / 32)] uint32: the next token's mask, then the mask
+        after each draft token in turn (a draft the grammar takes: `forced` or `taken`);
+        the grammar's place is unchanged."""
+        words = np.empty((len(draft) + 1, self._num_words), np.uint32)
+        _executor().unsafe_compute_mask_ptr_with_draft_token(
+            [(self._matcher, 0, list(draft))], words.ctypes.data, words.strides[0], len(words)
+        )
+        for row in words:
+            row[:] = self._checked(row)
+        return words
+
     def accept(self, token: int) -> None:
         """Take in a drawn token; `ended` when the grammar admits nothing after it."""
         if self.ended:
