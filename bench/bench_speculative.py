@@ -9,7 +9,9 @@ without drafts (the baseline), once with `--tokens` draft tokens a step:
 - `repeat`: the answer copies a paragraph of the prompt (the case drafts are for: edits,
   quotes, code changes, retrieval answers);
 - `list`: a list the model continues, partly like its prompt;
-- `free`: an open question (drafts seldom right: what they cost when they miss).
+- `free`: an open question (drafts seldom right: what they cost when they miss);
+- `json`: an answer held to a JSON schema (compact), whose keys and punctuation the
+  grammar forces: those are the draft.
 
 For each: decode tokens per second without and with drafts and their ratio (the time
 after the first token, so the prompt's step is left out), decode steps, draft tokens
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reprise.daemon import Engine, SamplingParams
+from reprise.daemon import Engine, SamplingParams, StructuredOutput
 from reprise.daemon.engine.sequence import Sequence
 from reprise.daemon.engine.speculative import Speculator
 
@@ -44,11 +46,31 @@ PARAGRAPH = (
     "small brass lamp and a notebook in which he recorded the wind, the colour of the sea "
     "and the names of the ships that passed the point before midnight."
 )
-REQUESTS = {
-    "repeat": f"Repeat the following paragraph exactly, word for word:\n\n{PARAGRAPH}",
-    "list": "Continue this list up to twenty items, one per line:\n"
-    "1. apples\n2. bananas\n3. cherries\n4. dates\n5. elderberries\n6.",
-    "free": "Why is the sky blue? Answer in a few sentences.",
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "occupation": {"type": "string"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "city", "occupation", "hobbies"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+REQUESTS: dict[str, tuple[str, StructuredOutput | None]] = {
+    "repeat": (f"Repeat the following paragraph exactly, word for word:\n\n{PARAGRAPH}", None),
+    "list": (
+        "Continue this list up to twenty items, one per line:\n"
+        "1. apples\n2. bananas\n3. cherries\n4. dates\n5. elderberries\n6.",
+        None,
+    ),
+    "free": ("Why is the sky blue? Answer in a few sentences.", None),
+    "json": (
+        "Describe Alice, a 30-year-old baker from Lyon who likes cycling, as JSON.",
+        StructuredOutput("json", json.dumps(SCHEMA)),
+    ),
 }
 
 
@@ -64,10 +86,20 @@ class PlantedSpeculator(Speculator):
         return [(t + 1) % self.vocab_size for t in truth] if self.wrong else truth
 
 
-def run(engine: Engine, prompt_ids: list[int], max_tokens: int, whole: bool = False) -> dict:
+def run(
+    engine: Engine,
+    prompt_ids: list[int],
+    max_tokens: int,
+    whole: bool = False,
+    structured: StructuredOutput | None = None,
+) -> dict:
     """One greedy answer, timed; `whole`: `max_tokens` of it (eos ignored)."""
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=0, return_logits=True, ignore_eos=whole
+        max_tokens=max_tokens,
+        temperature=0,
+        return_logits=True,
+        ignore_eos=whole,
+        structured=structured,
     )
     before = engine.stats()
     request_id = engine.add_request(prompt_ids, params)
@@ -120,18 +152,20 @@ def main() -> None:
         planted.answers, planted.wrong = {}, args.planted == "wrong"
         spec.speculator = spec.scheduler.speculator = planted
     rows = {}
-    for name, text in REQUESTS.items():
+    for name, (text, structured) in REQUESTS.items():
+        if structured is not None and planted is not None:
+            continue  # planted drafts measure the backend: the plain requests do
         chat = base.tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True
         )
         ids = base.tokenizer.encode(chat, add_special_tokens=False)
-        run(base, ids, 4)  # warm both (first-call allocations)
-        run(spec, ids, 4)
+        run(base, ids, 4, structured=structured)  # warm both (first-call allocations)
+        run(spec, ids, 4, structured=structured)
         whole = planted is not None  # the backend's figures: every answer max_tokens long
-        plain = run(base, ids, args.max_tokens, whole)
+        plain = run(base, ids, args.max_tokens, whole, structured)
         if planted is not None:
             planted.answers[tuple(ids)] = plain["tokens"]
-        drafted = run(spec, ids, args.max_tokens, whole)
+        drafted = run(spec, ids, args.max_tokens, whole, structured)
         same = plain["tokens"] == drafted["tokens"] and np.array_equal(
             plain["logits"].view(np.uint32), drafted["logits"].view(np.uint32)
         )
