@@ -71,32 +71,26 @@ class DaemonCollector(Collector):
         hits.add_metric(["host"], host_hits * block)
         hits.add_metric(["disk"], disk_hits * block)
         yield hits
-        computed = CounterMetricFamily("reprise_prefill_tokens_computed",
-                                       "Prompt tokens the engine computed")  # fmt: skip
-        computed.add_metric([], stats.get("prefill_tokens_computed", 0))
-        yield computed
-        repeats = CounterMetricFamily("reprise_exact_repeats",
-                                      "Requests whose first token came from a stored logits row, "
-                                      "with no forward step")  # fmt: skip
-        repeats.add_metric([], stats.get("exact_repeats", 0))
-        yield repeats
-        drafts = CounterMetricFamily("reprise_spec_decode_num_draft_tokens",
-                                     "Draft tokens decode steps checked (prompt lookup)")  # fmt: skip
-        drafts.add_metric([], stats.get("spec_draft_tokens", 0))
-        yield drafts
-        accepted = CounterMetricFamily("reprise_spec_decode_num_accepted_tokens",
-                                       "Draft tokens equal to the token sampled in their "
-                                       "place, so kept")  # fmt: skip
-        accepted.add_metric([], stats.get("spec_accepted_tokens", 0))
-        yield accepted
-        preemptions = CounterMetricFamily("reprise_preemptions", "Requests preempted")
-        preemptions.add_metric([], stats.get("preemptions", 0))
-        yield preemptions
-        corrupt = CounterMetricFamily("reprise_disk_tier_corrupt_files",
-                                      "Damaged, truncated or foreign disk-tier block files found "
-                                      "and removed (never served)")  # fmt: skip
-        corrupt.add_metric([], stats.get("disk_corrupt_removed", 0))
-        yield corrupt
+        for name, help_text, key in _STAT_COUNTERS:
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], stats.get(key, 0))
+            yield counter
+
+
+# counters read from one stats key each: (metric name, help, stats key)
+_STAT_COUNTERS = [
+    ("reprise_prefill_tokens_computed", "Prompt tokens the engine computed",
+     "prefill_tokens_computed"),
+    ("reprise_exact_repeats", "Requests whose first token came from a stored logits row, "
+     "with no forward step", "exact_repeats"),
+    ("reprise_spec_decode_num_draft_tokens", "Draft tokens decode steps checked "
+     "(prompt lookup, a grammar's forced tokens)", "spec_draft_tokens"),
+    ("reprise_spec_decode_num_accepted_tokens", "Draft tokens equal to the token sampled "
+     "in their place, so kept", "spec_accepted_tokens"),
+    ("reprise_preemptions", "Requests preempted", "preemptions"),
+    ("reprise_disk_tier_corrupt_files", "Damaged, truncated or foreign disk-tier block files "
+     "found and removed (never served)", "disk_corrupt_removed"),
+]  # fmt: skip
 
 
 class Metrics:
