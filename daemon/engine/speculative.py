@@ -1,5 +1,6 @@
-"""Prompt lookup speculation: drafts of a request's next tokens, found in its own
-tokens (an n-gram match, as vLLM's "ngram" method), checked by the model in one step.
+"""Speculative decoding without a draft model: drafts of a request's next tokens, found
+in its own tokens (prompt lookup, an n-gram match, as vLLM's "ngram" method) or forced
+by its grammar, checked by the model in one step.
 
 A decode step of a request with a draft d_1..d_m computes its pending token and the
 draft as one chunk, and samples at each of the m + 1 positions exactly as decoding
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sequence import Sequence
+from .sequence import RequestId, Sequence
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class Speculator:
     max_model_len: int
     num_draft_tokens: int = 0  # proposed so far
     num_accepted_tokens: int = 0  # of them, equal to the token sampled there
-    histories: dict[int, TokenHistory] = field(default_factory=dict)  # by request id
+    histories: dict[RequestId, TokenHistory] = field(default_factory=dict)
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         """At most `room` draft tokens for `seq`'s next decode step: none unless it is
