@@ -425,3 +425,19 @@ def test_vllms_speculative_config_maps_to_the_settings() -> None:
     assert fields(num_speculative_tokens=3, prompt_lookup_max=4) == (3, 4, 4)
     assert fields(num_speculative_tokens=2, prompt_lookup_min=2) == (2, 2, 2)
     assert fields(num_speculative_tokens=6, prompt_lookup_min=1, prompt_lookup_max=3) == (6, 1, 3)
+
+
+def test_choices_of_one_prompt_are_drafted_alone(tiny: Path, reference: list[Completion]) -> None:
+    """n = 3 seeded choices (seeds seed, seed + 1, seed + 2) with drafts planted from the
+    first choice's answer: right for it, mostly wrong for the others; each choice is
+    its own request, so all three are as without drafts."""
+    params = replace(SEEDED, n=3)
+    want = engine(tiny).generate(reference[3].prompt_token_ids, params)
+    assert isinstance(want, list) and want[0].token_ids == reference[3].token_ids
+    eng = engine(tiny, speculative_tokens=5)
+    planted(eng, [want[0]], seed=9, right=True)
+    got = eng.generate(reference[3].prompt_token_ids, params)
+    assert isinstance(got, list)
+    assert_identical(got, want)
+    stats = eng.stats()
+    assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] > 0

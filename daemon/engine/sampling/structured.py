@@ -200,7 +200,9 @@ class Grammar:
         """[len(draft) + 1, ceil(vocab / 32)] uint32: the next token's mask, then the mask
         after each draft token in turn (a draft the grammar takes: `forced` or `taken`);
         the grammar's place is unchanged."""
-        words = np.empty((len(draft) + 1, self._num_words), np.uint32)
+        # every bit set where llguidance writes nothing (past a token it would refuse:
+        # rows no sample is kept from)
+        words = np.full((len(draft) + 1, self._num_words), 0xFFFFFFFF, np.uint32)
         _executor().unsafe_compute_mask_ptr_with_draft_token(
             [(self._matcher, 0, list(draft))], words.ctypes.data, words.strides[0], len(words)
         )
