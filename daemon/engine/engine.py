@@ -355,8 +355,8 @@ class Engine:
             if drafted and id(seq) in drafted:
                 # the draft tokens recorded are its tokens, and their K/V is computed
                 seq.num_computed_tokens += num - 1
-                if self.speculator is not None:
-                    self.speculator.num_accepted_tokens += len(tokens) - 1
+                assert self.speculator is not None
+                self.speculator.num_accepted_tokens += len(tokens) - 1
                 self.kv.register_full_blocks(seq)
             if finished:
                 self._retire(seq)

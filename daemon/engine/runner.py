@@ -306,12 +306,7 @@ class ModelRunner:
         seqs = [item.seq for item in sampling]
         states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
         tokens = ops.to_host(next_tokens(ops, logits, greedy, states, positions)).tolist()
-        keep = self.keep_prompt_logits
-        wanted = [
-            i
-            for i, seq in enumerate(seqs)
-            if seq.sampling.reads_row or (keep and not seq.output_token_ids)
-        ]
+        wanted = [i for i, seq in enumerate(seqs) if self._reads_rows(seq)]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = {i: rows[j : j + 1] for j, i in enumerate(wanted)}
         return [(seq, [tokens[i]], row_of.get(i)) for i, seq in enumerate(seqs)]
@@ -338,26 +333,30 @@ class ModelRunner:
                 masks.update(enumerate(grammar.masks_with_draft(draft), start=first))
         tokens = next_tokens(ops, logits, greedy, states, positions, masks or None)
         tokens = ops.to_host(tokens).tolist()
-        keep = self.keep_prompt_logits
-        wanted = [  # the rows read back: those of items that return them or keep them
+        reads = [self._reads_rows(item.seq) for item in sampling]
+        wanted = [  # all rows of the items that read theirs, in order
             row
             for i, item in enumerate(sampling)
-            if item.seq.sampling.reads_row or (keep and not item.seq.output_token_ids)
+            if reads[i]
             for row in range(firsts[i], firsts[i] + 1 + len(item.draft))
         ]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else None
         sampled = []
         read = 0  # rows of `rows` taken
         for i, item in enumerate(sampling):
-            first = firsts[i]
-            drawn = tokens[first : first + 1 + len(item.draft)]
+            drawn = tokens[firsts[i] : firsts[i] + 1 + len(item.draft)]
             kept = drawn[: _num_kept(drawn, item.draft)]
             mine = None
-            if rows is not None and read < len(wanted) and wanted[read] == first:
-                mine = rows[read : read + len(kept)]
-                read += len(drawn)
+            if reads[i]:
+                assert rows is not None
+                mine, read = rows[read : read + len(kept)], read + len(drawn)
             sampled.append((item.seq, kept, mine))
         return sampled, len(states)
+
+    def _reads_rows(self, seq: Sequence) -> bool:
+        """Whether a sampling sequence's logits rows come back to the host: it returns
+        them (logits or logprobs), or its first token's row is kept for exact repeats."""
+        return seq.sampling.reads_row or (self.keep_prompt_logits and not seq.output_token_ids)
 
 
 def _num_kept(drawn: list[int], draft: list[int]) -> int:
