@@ -24,7 +24,8 @@ the backend, not the model, so a random-weight stand-in (`reprise model synth`) 
 where the default model cannot be fetched. On the NumPy backend a step of 1 + k rows costs the CPU's
 matrix product about twice a one-row step's (OpenBLAS's small-M path), so drafts gain
 only where most are kept; on a GPU at small batch a step's rows cost little more than
-one row's, but a drafted step runs eagerly, outside the decode graphs.
+one row's, and a drafted step of up to 16 requests replays a CUDA graph as a decode
+step does (graphs.py's drafted buckets).
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def main() -> None:
         )
         planted.answers, planted.wrong = {}, args.planted == "wrong"
         spec.speculator = spec.scheduler.speculator = planted
+    for engine in (base, spec):  # a batch of one's graphs (on the GPU), as the daemon's warm-up
+        engine.capture_decode_graphs(max_seqs=1)
     rows = {}
     for name, (text, structured) in REQUESTS.items():
         if structured is not None and planted is not None:

@@ -195,8 +195,9 @@ grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|
 # evict-first keep the KV pages in L2?
 flag_part tail_l2normal_default 120 decode_block_kernel.BY_DEFAULT,decode_block_kernel.WEIGHTS_EVICT_NORMAL --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_l2normal_default.json"
 grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_l2normal_default.out" | cut -c1-150 | head -20
-# prompt lookup speculation on the GPU (2026-11-29, session 31): a drafted step (1 + 4
-# rows a request, eager) against plain decode (graphs), drafts planted all right (the most
+# prompt lookup speculation on the GPU (2026-11-29, session 31; drafted steps in graphs
+# of their own since session 32): a drafted step (1 + 4 rows a request, the drafted
+# bucket's graph) against plain decode (graphs), drafts planted all right (the most
 # drafts gain) and all wrong (what they cost when none is kept), on the default model's
 # shapes ($model: the default model, or its random-weight stand-in); each checks the
 # answers bit-identical

@@ -250,16 +250,23 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
 
 def test_speculative_drafts_keep_every_bit(engines: Engines, reference) -> None:
     """Drafts planted from the reference, right or wrong from a random offset on
-    (test_speculative.py): a drafted step runs its chunks eagerly, with the sampler's
-    seeded draws at each row's own position, beside replayed plain decode steps; the
+    (test_speculative.py): a drafted step replays its drafted bucket's graph (its
+    rows, padding sequences after them), with the sampler's seeded draws at each row's
+    own position, beside replayed plain decode steps, and eagerly without graphs; the
     same tokens and logits as decoding one token a step."""
     from test_speculative import planted
 
-    engine = engines(cuda_graphs=True, speculative_tokens=4)
-    plant = planted(engine, reference, seed=11)
-    assert_identical(run_both(engine), reference)
-    assert engine.stats()["spec_accepted_tokens"] == plant.num_right > 0
-    assert engine.runner.decode is not None and engine.runner.decode.steps > 0  # undrafted
+    for graphs in (True, False):
+        engine = engines(cuda_graphs=graphs, speculative_tokens=4)
+        plant = planted(engine, reference, seed=11)
+        before = emucupy.replays()
+        assert_identical(run_both(engine), reference)
+        assert engine.stats()["spec_accepted_tokens"] == plant.num_right > 0
+        decode = engine.runner.decode
+        if graphs:
+            assert decode is not None and decode.steps > decode.drafted_steps > 0
+            assert max(decode.built_buckets(drafted=True)) == 2  # both requests, drafted
+            assert emucupy.replays() - before == decode.steps
 
 
 def test_speculative_drafts_of_stateful_rows_keep_every_bit(engines: Engines) -> None:

@@ -6,6 +6,7 @@ stale rows a shrinking batch leaves behind."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 from gpu_support import needs_gpu
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.engine.graphs import DEFAULT_BUCKETS, StaticDecode
+from reprise.daemon.engine.graphs import DEFAULT_BUCKETS, MAX_DRAFTED_SEQS, StaticDecode
+from reprise.daemon.model.llama import ForwardBatch
 from reprise.daemon.model.synth import SHAPES, synth_model
 
 BACKENDS = [
@@ -41,9 +43,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def engine(path: Path, backend: str, graphs: bool, **kwargs) -> Engine:
     kwargs.setdefault("num_device_blocks", 96)
-    return Engine.from_pretrained(
-        path, backend=backend, block_size=16, cuda_graphs=graphs, **kwargs
-    )
+    kwargs.setdefault("block_size", 16)
+    return Engine.from_pretrained(path, backend=backend, cuda_graphs=graphs, **kwargs)
 
 
 def traffic(rng: np.random.Generator, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -217,3 +218,145 @@ def test_a_failed_capture_ahead_of_time_stops_there(
     assert len(calls) == 2 and "decoding eagerly" in caplog.text
     out = eng.generate([5] * 20, SamplingParams(max_tokens=3, temperature=0))
     assert len(out.token_ids) == 3 and decode.steps == 0  # eager from then on
+
+
+def repetitive(rng: np.random.Generator, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """`traffic` with prompts that repeat themselves, so prompt lookup finds drafts."""
+    prompts, params = traffic(rng, n)
+    bases = [rng.integers(4, 1000, size=int(rng.integers(2, 9))).tolist() for _ in range(n)]
+    return [(b * 12)[: len(p) + 8] for b, p in zip(bases, prompts, strict=True)], params
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("num_requests", "k", "block_size"), [(1, 3, 16), (5, 8, 16),
+                                                              (20, 5, 16), (7, 6, 4)])  # fmt: skip
+def test_drafted_steps_through_padded_buckets_are_bit_identical(
+    tiny: Path, rng: np.random.Generator, backend: str, num_requests: int, k: int, block_size: int
+) -> None:
+    """Drafted steps of up to MAX_DRAFTED_SEQS sequences run in drafted buckets (the
+    batch's rows, then padding sequences on the scratch block), larger ones eagerly:
+    every token and logit is what decoding one token a step eagerly gives."""
+    prompts, params = repetitive(rng, num_requests)
+    want = engine(tiny, backend, graphs=False, block_size=block_size).generate(prompts, params)
+    eng = engine(tiny, backend, graphs=True, block_size=block_size, speculative_tokens=k,
+                 prompt_lookup_min=1)  # fmt: skip
+    got = eng.generate(prompts, params)
+    decode = eng.runner.decode
+    assert decode is not None and decode.drafted_steps > 0
+    assert max(decode.built_buckets(drafted=True)) <= MAX_DRAFTED_SEQS
+    assert eng.stats()["spec_accepted_tokens"] > 0
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+    eng.pool.check_integrity()
+    assert eng.stats()["used_blocks"] == 0
+
+
+@pytest.mark.parametrize(("block_size", "max_len", "k"), [(16, 256, 5), (4, 64, 8), (64, 128, 32),
+                                                         (1, 40, 3), (16, 16, 2)])  # fmt: skip
+def test_drafted_padding_fills_every_row_on_the_scratch_block(
+    tiny: Path, rng: np.random.Generator, block_size: int, max_len: int, k: int
+) -> None:
+    """Whatever the batch (sequences, drafts of 0 to K tokens), a drafted bucket's rows
+    past the batch's form padding sequences of 1 to pad_cap rows on the scratch block
+    alone, after the batch's own, which are copied as they are."""
+    eng = engine(tiny, "numpy", graphs=True, block_size=block_size, max_model_len=max_len,
+                 speculative_tokens=k)  # fmt: skip
+    decode = eng.runner.decode
+    assert decode is not None and decode.drafted_buckets
+    assert decode.pad_cap <= decode.width * block_size
+    scratch = decode.scratch_block
+    for _ in range(40):
+        size = int(rng.choice(decode.drafted_buckets))
+        num_seqs, num_rows = decode.drafted_shape(size)
+        n = int(rng.integers(1, size + 1))
+        drafts = rng.integers(0, k + 1, size=n)
+        lens = 1 + drafts
+        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        t = int(starts[-1])
+        width = int(rng.integers(1, decode.width + 1))
+        batch = ForwardBatch(
+            token_ids=rng.integers(0, 100, size=t).astype(np.int32),
+            positions=rng.integers(0, 100, size=t).astype(np.int32),
+            slot_mapping=rng.integers(0, 100, size=t).astype(np.int64),
+            block_tables=rng.integers(0, scratch, size=(n, width)).astype(np.int32),
+            seq_lens=(lens + rng.integers(0, 50, size=n)).astype(np.int32),
+            query_start_loc=starts,
+            logit_rows=np.arange(t, dtype=np.int32),
+        )
+        if t == n:
+            continue  # no draft: a decode bucket's step
+        assert decode.fits(batch)
+        wide = replace(batch, block_tables=np.zeros((n, decode.width + 1), np.int32))
+        assert not decode.fits(wide)
+        bucket = decode._bucket(size, drafted=True)
+        assert bucket is not None and (bucket.num_seqs, bucket.num_rows) == (num_seqs, num_rows)
+        columns = decode._fill(bucket, batch)
+        f = bucket.host_fields
+        assert np.array_equal(f.token_ids[:t], batch.token_ids)
+        assert np.array_equal(f.slot_mapping[:t], batch.slot_mapping)
+        assert np.array_equal(f.seq_lens[:n], batch.seq_lens)
+        assert np.array_equal(f.block_tables[:n, :width], batch.block_tables)
+        qsl = f.query_start_loc.copy()
+        assert np.array_equal(qsl[: n + 1], starts) and qsl[-1] == num_rows
+        pad_rows = np.diff(qsl[n:])
+        assert pad_rows.min() >= 1 and pad_rows.max() <= decode.pad_cap
+        assert np.array_equal(f.seq_lens[n:], pad_rows)  # each at positions 0 ..
+        assert (f.slot_mapping[t:] == decode.scratch_slot).all()
+        pages = -(-int(pad_rows.max()) // block_size)
+        assert columns >= max(width, pages)
+        assert (f.block_tables[n:, :pages] == scratch).all()
+
+
+def test_what_the_drafted_buckets_take(tiny: Path) -> None:
+    """Up to MAX_DRAFTED_SEQS sequences of up to K draft rows each, every row sampling;
+    without speculation no drafted step fits."""
+    k = 3
+
+    def drafted(n: int, rows_each: int, sampled: int | None = None) -> ForwardBatch:
+        t = n * rows_each
+        return ForwardBatch(
+            token_ids=np.zeros(t, np.int32), positions=np.zeros(t, np.int32),
+            slot_mapping=np.zeros(t, np.int64), block_tables=np.zeros((n, 2), np.int32),
+            seq_lens=np.full(n, 40, np.int32),
+            query_start_loc=np.arange(0, t + 1, rows_each, dtype=np.int32),
+            logit_rows=np.arange(t if sampled is None else sampled, dtype=np.int32),
+        )  # fmt: skip
+
+    decode = engine(tiny, "numpy", graphs=True, speculative_tokens=k).runner.decode
+    assert decode is not None and decode.drafted_buckets[-1] == MAX_DRAFTED_SEQS
+    assert decode.fits(drafted(MAX_DRAFTED_SEQS, 1 + k))
+    assert not decode.fits(drafted(MAX_DRAFTED_SEQS + 1, 2))  # runs eagerly
+    assert not decode.fits(drafted(2, 2 + k))  # longer drafts than K
+    assert not decode.fits(drafted(2, 3, sampled=5))  # a row that does not sample
+    plain = engine(tiny, "numpy", graphs=True).runner.decode
+    assert plain is not None and plain.drafted_buckets == ()
+    assert plain.fits(drafted(3, 1)) and not plain.fits(drafted(3, 2))
+
+
+def test_capturing_ahead_of_time_takes_the_drafted_buckets_too(tiny: Path) -> None:
+    """With speculation, `capture_decode_graphs` captures the drafted buckets beside the
+    decode ones, the bucket of most rows first; it still returns the decode sizes, and
+    a drafted step then captures nothing."""
+    eng = engine(tiny, "numpy", graphs=True, speculative_tokens=4)
+    decode = eng.runner.decode
+    assert decode is not None
+    captured: list[int] = []
+    original = eng.runner.model.ops.capture
+
+    def counting(fn):
+        captured.append(1)
+        return original(fn)
+
+    eng.runner.model.ops.capture = counting
+    try:
+        assert eng.capture_decode_graphs(max_seqs=6) == [1, 2, 4, 8]
+        rows = [b.num_rows for b in decode._built.values()]  # in the order built
+        assert rows == sorted(rows, reverse=True) and len(captured) == 8
+        assert decode.built_buckets(drafted=True) == [1, 2, 4, 8]
+        assert rows[0] == decode.drafted_shape(8)[1] > 8
+        prompts, params = repetitive(np.random.default_rng(5), 3)
+        eng.generate(prompts, params)
+    finally:
+        del eng.runner.model.ops.capture
+    assert decode.drafted_steps > 0 and len(captured) == 8  # nothing captured on the way

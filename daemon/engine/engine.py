@@ -99,6 +99,7 @@ class Engine:
             max_model_len=self.max_model_len,
             disk_tier=self.disk_tier,
             keep_prompt_logits=settings.logits_cache_bytes > 0,
+            draft_tokens=settings.speculative_tokens,
         )
         # kept only when asked for: nothing takes them otherwise, and a list nobody drains
         # grows with every block stored or moved

@@ -50,9 +50,10 @@ class ModelRunner:
     """Block copies are whole blocks within the device cache and between it and the
     host arena (same per-block layout), byte for byte.
 
-    With `decode_graphs`, steps that run one token per sequence go through
-    `StaticDecode` (CUDA graphs on the GPU backend); the cache then holds one block
-    past the pool's, the padding rows' scratch block."""
+    With `decode_graphs`, steps that run one token per sequence, and with
+    `draft_tokens` (speculation's K) small drafted steps, go through `StaticDecode`
+    (CUDA graphs on the GPU backend); the cache then holds one block past the pool's,
+    the padding rows' scratch block."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class ModelRunner:
         decode_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         disk_tier: DiskTier | None = None,
         keep_prompt_logits: bool = False,
+        draft_tokens: int = 0,
     ) -> None:
         cfg: ModelConfig = model.config
         self.model = model
@@ -90,6 +92,7 @@ class ModelRunner:
                 block_size=block_size,
                 max_blocks_per_seq=-(-max_len // block_size),
                 buckets=decode_buckets,
+                draft_tokens=draft_tokens,
             )
 
     def execute(self, plan: StepPlan) -> RunOutput:
@@ -284,7 +287,7 @@ class ModelRunner:
         batch = self.build_batch(scheduled, spans)
         static = None
         if self.decode is not None and not spans and self.decode.fits(batch):
-            static = self.decode.run(batch)  # row i is scheduled[i]'s; None: capture failed
+            static = self.decode.run(batch)  # row i is the batch's row i; None: capture failed
         if static is not None:
             logits, greedy = static
         else:

@@ -20,7 +20,7 @@ def warm_up(
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """On the GPU, capture the decode graph of every batch size a step can have (up to
-    `max_seqs` sequences); on every backend, run one tiny request (3 prompt tokens, 2
+    `max_seqs` sequences; with speculation, the drafted steps' too); on every backend, run one tiny request (3 prompt tokens, 2
     generated) through admission, prefill, sampling, decode and retirement.
     `progress(done, total)` counts these stages."""
     start = time.perf_counter()
@@ -33,8 +33,11 @@ def warm_up(
         log.info("warm-up: capturing the decode graphs (CUDA graphs) of every batch size")
         sizes = engine.capture_decode_graphs(max_seqs)
         if sizes:
-            log.info("decode graphs captured for batch sizes %s in %.1f s",
-                     ",".join(map(str, sizes)), time.perf_counter() - start)  # fmt: skip
+            drafted = engine.runner.decode.built_buckets(drafted=True)
+            log.info("decode graphs captured for batch sizes %s%s in %.1f s",
+                     ",".join(map(str, sizes)),
+                     f" (drafted steps: {','.join(map(str, drafted))})" if drafted else "",
+                     time.perf_counter() - start)  # fmt: skip
         else:
             log.warning("decode graphs off: %s", engine.runner.decode.failed)
         report(1, total)
