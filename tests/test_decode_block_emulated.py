@@ -376,6 +376,39 @@ def test_the_engine_with_the_persistent_layer_changes_no_logit(
         assert ran["decode_layers"] and not ran["decode_tail"], ran  # split or one lane
 
 
+def test_drafted_steps_through_the_persistent_layers_change_no_logit(
+    emulated: None, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speculation with the persistent layers on: a drafted step's sequences have 1 + K
+    rows each (K = 3), in a drafted bucket's graph (padding sequences of several rows
+    after them) or eagerly, and its layers run as decode_layers launches of up to 16
+    rows: every logit equals the op-by-op engine's decoding one token a step."""
+    from test_speculative import planted
+
+    engines = Engines(model_dir, "tensor-cores")
+    prompts = [random_prompt(45, seed=5), random_prompt(20, seed=6)]
+    want = [
+        engines(enable_reuse=False).generate(p, q) for p, q in zip(prompts, PARAMS, strict=True)
+    ]
+    rows: list[int] = []
+    launch = decode_block_kernel.decode_layers
+    monkeypatch.setattr(decode_block_kernel, "decode_layers",
+                        lambda *a, **k: rows.append(a[0].q.shape[0]) or launch(*a, **k))  # fmt: skip
+    monkeypatch.setattr(decode_block_kernel, "BY_DEFAULT", True)
+    monkeypatch.setattr(decode_block_kernel, "_num_sms", lambda device: 4)
+    monkeypatch.setattr(pdl, "active", lambda: "graphs")
+    for graphs in (False, True):
+        rows.clear()
+        engine = engines(cuda_graphs=graphs, speculative_tokens=3)
+        plant = planted(engine, want, seed=13)
+        assert_identical(engine.generate(prompts, PARAMS), want)
+        assert plant.num_right > 0
+        assert max(rows) > 2 and max(rows) <= decode_block_kernel.MAX_ROWS, rows  # drafted
+        if graphs:
+            decode = engine.runner.decode
+            assert decode is not None and decode.drafted_steps > 0
+
+
 def test_a_device_that_holds_no_cta_is_refused_before_the_launch(
     emulated: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
