@@ -207,6 +207,13 @@ sampling_options = _stack(
             help="Keep only the K most likely tokens [default: no limit].",
         ),
         click.option(
+            "--min-p",
+            type=FiniteFloat(0.0, 1.0),
+            default=None,
+            help="Keep only tokens at least this likely relative to the most likely one "
+            "(vLLM's min_p) [default: 0, off].",
+        ),
+        click.option(
             "--seed",
             type=click.IntRange(min=0, max=MAX_SEED),
             default=None,
@@ -335,6 +342,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         "temperature": kw["temperature"],
         "top_p": kw["top_p"],
         "top_k": kw["top_k"],
+        **({"min_p": kw["min_p"]} if kw.get("min_p") else {}),
         "seed": kw["seed"],
         "stop": list(kw["stop"]),
         **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},

@@ -227,6 +227,7 @@ class NumpyBackend:
                 temperature=float(draws.temperature[r]),
                 top_k=k if k < vocab else None,
                 top_p=float(draws.top_p[r]),
+                min_p=float(draws.min_p[r]),
                 seed=int(draws.seeds[r]),
                 position=int(draws.positions[r]),
             )

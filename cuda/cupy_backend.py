@@ -515,6 +515,7 @@ class CupyBackend:
             temperature=to_device(draws.temperature),
             top_k=to_device(draws.top_k),
             top_p=to_device(draws.top_p),
+            min_p=to_device(draws.min_p),
             seeds=to_device(draws.seeds),
             positions=to_device(draws.positions),
         )

@@ -289,10 +289,11 @@ def sample(
     top_p: Any,
     seeds: Any,
     positions: Any,
+    min_p: Any = None,
 ) -> Any:
-    """Twin: sampling.sample_ref per row. logits [R, vocab] fp32; temperature, top_p [R]
-    fp32; top_k [R] int32 (vocab or more for none); seeds [R] uint64; positions [R]
-    int64 -> [R] int32 tokens, on the device (no host read).
+    """Twin: sampling.sample_ref per row. logits [R, vocab] fp32; temperature, top_p and
+    min_p (None: 0, no cut) [R] fp32; top_k [R] int32 (vocab or more for none); seeds [R]
+    uint64; positions [R] int64 -> [R] int32 tokens, on the device (no host read).
 
     Ranking: each score keyed by a 64-bit integer, its order-preserving bits (negated,
     so higher scores come first; -0 made +0 first, as the twin's sort ties them) above
@@ -303,9 +304,11 @@ def sample(
 
     check("logits", logits, np.float32, 2)
     rows, vocab = logits.shape
+    if min_p is None:
+        min_p = cupy.zeros((rows,), dtype=np.float32)
     for name, x, dtype in [("temperature", temperature, np.float32), ("top_k", top_k, np.int32),
-                           ("top_p", top_p, np.float32), ("seeds", seeds, np.uint64),
-                           ("positions", positions, np.int64)]:  # fmt: skip
+                           ("top_p", top_p, np.float32), ("min_p", min_p, np.float32),
+                           ("seeds", seeds, np.uint64), ("positions", positions, np.int64)]:  # fmt: skip
         check(name, x, dtype, 1)
         if x.shape[0] != rows:
             raise ValueError(f"{name} must have one value per row ({rows}); got {x.shape[0]}")
@@ -323,7 +326,7 @@ def sample(
     ranked = cupy.take_along_axis(scaled, ids, axis=1)
     uniforms = philox_uniform(seeds, positions)
     cum = cupy.empty_like(ranked)
-    args = (ranked, ids, top_k, top_p, uniforms, cum, np.int32(vocab), out)
+    args = (ranked, ids, top_k, top_p, min_p, uniforms, cum, np.int32(vocab), out)
     launch_kernel(kernel("sampling", "sample_sorted"), (rows,), (SAMPLE_THREADS,), args)
     return out
 

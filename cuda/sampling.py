@@ -7,9 +7,11 @@ the batch, the step, or other requests. The same integer arithmetic runs in
 the CUDA kernel, so both backends draw the same uniforms.
 
 Sampling, all in fp32: scale by 1 / temperature; order tokens by (logit
-descending, id ascending); keep the first `top_k`; softmax over them; keep
-the shortest prefix whose probability mass reaches `top_p` (at least one
-token); pick the first token whose running sum exceeds u * kept mass.
+descending, id ascending); keep the first `top_k`; take p = exp(s - s_max) of
+each; keep those before the first whose p is below `min_p` (p is 1 at the top,
+so at least one); keep the shortest prefix whose running sum of p reaches
+`top_p` times the kept sum (at least one token); pick the first token whose
+running sum exceeds u * the sum at that cut.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Draws:
     temperature: np.ndarray  # [D] fp32, > 0
     top_k: np.ndarray  # [D] int32; the vocabulary size or more for no cut
     top_p: np.ndarray  # [D] fp32 in (0, 1]
+    min_p: np.ndarray  # [D] fp32 in [0, 1]; 0 for no cut
     seeds: np.ndarray  # [D] uint64
     positions: np.ndarray  # [D] int64, the position of the token drawn
 
@@ -95,12 +98,17 @@ def sample_ref(
     top_p: float,
     seed: int,
     position: int,
+    min_p: float = 0.0,
 ) -> int:
     """Draw one token id from [vocab] fp32 logits (temperature > 0)."""
     scaled = logits.astype(F32) / F32.type(temperature)
     order = ranked(scaled, top_k)
     kept = scaled[order]
     probs = np.exp(kept - kept[0], dtype=F32)
+    if min_p > 0:
+        below = np.flatnonzero(probs < F32.type(min_p))  # probs[0] == 1: never the first
+        if below.size:
+            probs = probs[: below[0]]
     cumulative = np.cumsum(probs, dtype=F32)
     if top_p < 1.0:
         keep = int(np.searchsorted(cumulative, F32.type(top_p) * cumulative[-1], side="left")) + 1

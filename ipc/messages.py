@@ -42,6 +42,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "temperature": (int, float),
     "top_p": (int, float),
     "top_k": (int, type(None)),
+    "min_p": (int, float),  # 0 to 1 (0: off)
     "seed": (int, type(None)),
     "stop": (list,),
     "stop_token_ids": (list,),

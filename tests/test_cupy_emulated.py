@@ -485,19 +485,39 @@ def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
     logits = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
     logits[2, 10:20] = logits[2, 10]  # ties, broken by id
     picked = np.array([0, 2, 3, 5])
-    draws = Draws(
-        temperature=rng.uniform(0.3, 1.5, size=4).astype(np.float32),
-        top_k=np.array([vocab, 5, 1, 40], dtype=np.int32),  # vocab: no cut
-        top_p=np.array([1.0, 0.8, 0.5, 0.95], dtype=np.float32),
-        seeds=rng.integers(0, 2**63, size=4, dtype=np.uint64),
-        positions=rng.integers(0, 4096, size=4).astype(np.int64),
-    )
     greedy = np.argmax(logits, axis=1).astype(np.int32)
-    batch = SamplingBatch(rows=picked, num_greedy=0, draws=draws, penalties=None)
-    want = sample(NumpyBackend(), logits, greedy, batch)
     gpu = CupyBackend()
-    got = to_host(sample(gpu, to_device(logits), to_device(greedy), batch))
-    assert got.tolist() == np.asarray(want).tolist()
+    for min_p in ([0.0, 0.0, 0.0, 0.0], [0.05, 0.2, 0.0, 0.5]):
+        draws = Draws(
+            temperature=rng.uniform(0.3, 1.5, size=4).astype(np.float32),
+            top_k=np.array([vocab, 5, 1, 40], dtype=np.int32),  # vocab: no cut
+            top_p=np.array([1.0, 0.8, 0.5, 0.95], dtype=np.float32),
+            min_p=np.array(min_p, dtype=np.float32),
+            seeds=rng.integers(0, 2**63, size=4, dtype=np.uint64),
+            positions=rng.integers(0, 4096, size=4).astype(np.int64),
+        )
+        batch = SamplingBatch(rows=picked, num_greedy=0, draws=draws, penalties=None)
+        want = sample(NumpyBackend(), logits, greedy, batch)
+        got = to_host(sample(gpu, to_device(logits), to_device(greedy), batch))
+        assert got.tolist() == np.asarray(want).tolist()
+    # min_p on the device cuts as the twin does: a row whose draws land past the cut
+    row = np.zeros((1, vocab), np.float32)
+    row[0, :5] = [2.0, 1.9, 1.0, 0.5, 0.4]  # the other 995 ids at 0: most of the mass
+    for min_p, allowed in ((0.0, None), (0.5, {0, 1, 2}), (0.9, {0, 1})):
+        n = 64
+        draws = Draws(
+            temperature=np.ones(n, np.float32), top_k=np.full(n, vocab, np.int32),
+            top_p=np.ones(n, np.float32), min_p=np.full(n, min_p, np.float32),
+            seeds=np.full(n, 3, np.uint64), positions=np.arange(n, dtype=np.int64),
+        )  # fmt: skip
+        logits_n = np.repeat(row, n, axis=0)
+        want = NumpyBackend.sample(logits_n, draws)
+        got = to_host(gpu.sample(to_device(logits_n), draws))
+        assert got.tolist() == want.tolist()
+        if allowed is None:
+            assert (want >= 5).sum() > n // 2  # uncut, most draws go to the 995
+        else:
+            assert set(want.tolist()) <= allowed and len(set(want.tolist())) > 1
     assert got.tolist() != greedy.tolist()  # something was sampled, not argmaxed
 
 

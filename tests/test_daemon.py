@@ -390,7 +390,7 @@ _fields = ["id", "prompt", "messages", "token_ids", "sampling", "cache_salt", "p
            "queue_priority", "stream", "return_logits", "check", "bogus"]  # fmt: skip
 _sampling = st.dictionaries(
     st.sampled_from(
-        ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "x"]
+        ["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "x"]
     ),
     _junk,
     max_size=3,

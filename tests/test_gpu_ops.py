@@ -191,6 +191,7 @@ def test_device_sampling_draws_the_twins_tokens_and_ignores_its_batch(cp, rng) -
         temperature=np.array([t for t, _, _ in params], np.float32),
         top_k=np.array([k for _, k, _ in params], np.int32),
         top_p=np.array([p for _, _, p in params], np.float32),
+        min_p=np.array([(0.0, 0.05, 0.3)[r % 3] for r in range(n)], np.float32),
         seeds=rng.integers(0, 2**64, size=n, dtype=np.uint64),
         positions=rng.integers(0, 2**20, size=n).astype(np.int64),
     )

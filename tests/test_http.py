@@ -152,6 +152,19 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_min_p_reaches_the_sampler(api: openai.OpenAI) -> None:
+    """vLLM's min_p (extra_body): at 1.0 only the most likely token stays, so a hot
+    seeded answer is the greedy one; without it the same seeds wander off."""
+    greedy = complete(api, max_tokens=8).choices[0].text
+    hot = [complete(api, max_tokens=8, temperature=1.8, seed=s, extra_body={"min_p": 1.0})
+           for s in range(3)]  # fmt: skip
+    assert all(c.choices[0].text == greedy for c in hot)
+    free = [complete(api, max_tokens=8, temperature=1.8, seed=s).choices[0].text for s in range(3)]
+    assert any(text != greedy for text in free)
+    with pytest.raises(openai.BadRequestError, match="min_p"):
+        complete(api, extra_body={"min_p": 1.5})
+
+
 def test_a_batch_of_prompts_answers_each_as_alone(daemon: HttpDaemon, api) -> None:
     """/v1/completions with a list of prompts (as OpenAI's and vLLM's): prompt i's n
     choices are indices i * n .. i * n + n - 1, each what the prompt alone gives, streamed
@@ -349,7 +362,9 @@ def test_tool_choice_named_and_required_answer_with_tool_calls(
              {"role": "tool", "content": "18 C and sunny", "tool_call_id": call.id}]  # fmt: skip
     after = api.chat.completions.create(model=MODEL_NAME, messages=turns, max_tokens=8,
                                         temperature=0, tools=[WEATHER_TOOL], tool_choice="none")  # fmt: skip
-    assert after.choices[0].message.content and after.usage.prompt_tokens > whole.usage.prompt_tokens
+    assert (
+        after.choices[0].message.content and after.usage.prompt_tokens > whole.usage.prompt_tokens
+    )
 
 
 @pytest.mark.parametrize(
@@ -576,7 +591,10 @@ def test_a_client_that_leaves_cancels_its_request(daemon: HttpDaemon) -> None:
             time.sleep(0.1)
     assert stats["num_requests"] == 0 and stats["used_blocks"] == 0
     assert stats["integrity"] == "ok"
-    assert re.search(r"cancelled, \d+ prompt tokens", daemon.read_log())
+    # the request's line is logged on the detokenizing thread, after its last text
+    while not re.search(r"cancelled, \d+ prompt tokens", daemon.read_log()):
+        assert time.monotonic() < deadline, daemon.read_log()[-2000:]
+        time.sleep(0.05)
 
 
 # -- the API key, and where the daemon may listen ----------------------------------------

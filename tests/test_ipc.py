@@ -94,7 +94,7 @@ def test_logprobs_travel_with_chunks_and_done() -> None:
     done = Done("x", "length", "ab", [7, 3], 4, 0, 0, 1.5, 9.0, None, wire)
     assert decode_reply(encode(done)).logprobs == wire
     sampling = {"logprobs": 20, "presence_penalty": 0.5, "frequency_penalty": -1,
-                "repetition_penalty": 1.1}  # fmt: skip
+                "repetition_penalty": 1.1, "min_p": 0.05}  # fmt: skip
     request = Generate(id="g", prompt="x", sampling=sampling)
     assert decode_request(encode(request)) == request
     with pytest.raises(ProtocolError, match=r"sampling\.logprobs"):

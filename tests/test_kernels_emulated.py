@@ -181,7 +181,9 @@ def test_rope_kv_write_is_rope_then_kv_write(
     per_slot = bits(fused_cache)[:, layer].transpose(0, 3, 1, 2, 4)  # [blocks, bs, 2, kv, hd]
     per_slot_start = bits(start)[:, layer].transpose(0, 3, 1, 2, 4)
     flat = per_slot.reshape(num_blocks * block_size, -1)
-    assert np.array_equal(flat[untouched], per_slot_start.reshape(num_blocks * block_size, -1)[untouched])
+    assert np.array_equal(
+        flat[untouched], per_slot_start.reshape(num_blocks * block_size, -1)[untouched]
+    )
     other_layers = [i for i in range(layers) if i != layer]
     assert np.array_equal(bits(fused_cache)[:, other_layers], bits(start)[:, other_layers])
 
@@ -238,7 +240,9 @@ def test_argmax_and_philox(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("vocab", [4097, 3 * 4096, 49152 + 5])
-def test_argmax_split_gives_argmax_ids(lib: ctypes.CDLL, rng: np.random.Generator, vocab: int) -> None:
+def test_argmax_split_gives_argmax_ids(
+    lib: ctypes.CDLL, rng: np.random.Generator, vocab: int
+) -> None:
     """argmax_split (a row over ceil(vocab / slice) CTAs, the last combining their bests)
     gives argmax's ids, CTAs in launch order or last to first, on rows whose best sits
     in the last, partial slice, ties across slices (the lowest id), a tie of -0.0 and
@@ -390,9 +394,10 @@ def test_sample_sorted_walks_the_ranks_as_the_twin(
     lib: ctypes.CDLL, rng: np.random.Generator, vocab: int
 ) -> None:
     """sample_sorted on the twin's ranking (the launcher sorts on the device) draws the
-    twin's token; only expf against NumPy's exp may differ, in the last bit, which can
-    move a draw that lands on a boundary of the running sum."""
+    twin's token, min_p's cut included; only expf against NumPy's exp may differ, in the
+    last bit, which can move a draw that lands on a boundary of the running sum."""
     cases = [(t, k, p) for t in (0.7, 1.3) for k in (None, 1, 50, 999) for p in (1.0, 0.9, 0.5)]
+    min_ps = (0.0, 0.001, 0.05, 0.5)
     rows = len(cases) * 4
     logits = np.empty((rows, vocab), F32)
     for r in range(rows):
@@ -410,20 +415,27 @@ def test_sample_sorted_walks_the_ranks_as_the_twin(
         ranked[r] = scaled[ids[r]]
     top_k = np.array([vocab if k is None else k for _, k, _ in params], np.int32)
     top_p = np.array([p for _, _, p in params], F32)
+    min_p = np.array([min_ps[(r // len(cases)) % len(min_ps)] for r in range(rows)], F32)
     uniforms = np.array([uniform(int(s), 7) for s in seeds], F32)
     cum = np.empty_like(logits)
     out = np.full(rows, -1, np.int32)
-    lib.run_sample_sorted(rows, ptr(ranked), ptr(ids), ptr(top_k), ptr(top_p), ptr(uniforms),
-                          ptr(cum), vocab, ptr(out))  # fmt: skip
+    lib.run_sample_sorted(rows, ptr(ranked), ptr(ids), ptr(top_k), ptr(top_p), ptr(min_p),
+                          ptr(uniforms), ptr(cum), vocab, ptr(out))  # fmt: skip
     want = [
-        sample_ref(logits[r], temperature=t, top_k=k, top_p=p, seed=int(seeds[r]), position=7)
+        sample_ref(logits[r], temperature=t, top_k=k, top_p=p, min_p=float(min_p[r]),
+                   seed=int(seeds[r]), position=7)
         for r, (t, k, p) in enumerate(params)
-    ]
+    ]  # fmt: skip
     assert (out >= 0).all()
     assert np.mean(out == np.array(want)) >= 0.95, (out.tolist(), want)
+    # min_p cut: a row's draw is never below min_p of its top (relative to the scaled top)
+    for r in range(rows):
+        scaled = logits[r] / F32.type(params[r][0])
+        assert np.exp(scaled[out[r]] - scaled.max()) >= min_p[r] * (1 - 1e-6)
     for r in np.flatnonzero(out != np.array(want)):  # only a draw on a boundary may move
-        kept = int(top_k[r])
-        running = np.cumsum(np.exp(ranked[r, :kept] - ranked[r, 0], dtype=F32), dtype=F32)
+        probs = np.exp(ranked[r, : int(top_k[r])] - ranked[r, 0], dtype=F32)
+        kept = int(np.argmax(probs < min_p[r])) if (probs < min_p[r]).any() else probs.size
+        running = np.cumsum(probs[:kept], dtype=F32)
         gaps = np.abs(running - uniforms[r] * running[-1]) / running[-1]
         assert gaps.min() < 1e-5, (r, params[r], gaps.min())
 

@@ -81,9 +81,43 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     assert tiny == {1}  # at least one token is always kept
 
 
+def test_min_p_keeps_the_tokens_as_likely_as_min_p_times_the_top() -> None:
+    """vLLM's min_p: after temperature, a token stays if its probability is at least
+    min_p times the most likely one's; with top-k and top-p the three cuts are
+    prefixes of one ranking, top-p's mass taken over what the other two kept."""
+    logits = np.array([0.0, 3.0, 1.0, 2.9, -1.0, 2.0, 2.5], dtype=np.float32)
+    # relative to the top (id 1): 3 0.90, 6 0.61, 5 0.37, 2 0.14, 0 0.05, 4 0.02
+
+    def support(**kw) -> set[int]:
+        kw = {"temperature": 1.0, "top_k": None, "top_p": 1.0, **kw}
+        return {sample_ref(logits, seed=5, position=p, **kw) for p in range(600)}
+
+    assert support(min_p=0.0) == set(range(7))
+    assert support(min_p=0.3) == {1, 3, 6, 5}
+    assert support(min_p=0.5) == {1, 3, 6}
+    assert support(min_p=0.95) == {1}
+    assert support(min_p=1.0) == {1}  # the top token always stays
+    assert support(min_p=0.5, temperature=3.0) == {1, 3, 6, 5, 2}  # flatter: more stay
+    assert support(min_p=0.3, top_k=2) == {1, 3}
+    # kept: 1, 3, 6, 5 (p 1, 0.90, 0.61, 0.37 of 2.88): 0.6 of that mass is 1, 3
+    assert support(min_p=0.3, top_p=0.6) == {1, 3}
+    # the draws among what min_p keeps follow its renormalized softmax
+    n, kept = 8000, [1, 3, 6, 5]
+    draws = [sample_ref(logits, temperature=1.0, top_k=None, top_p=1.0, min_p=0.3, seed=9,
+                        position=p) for p in range(n)]  # fmt: skip
+    probs = np.exp(logits[kept] - logits.max())
+    probs /= probs.sum()
+    counts = np.bincount(draws, minlength=7)[kept]
+    assert np.all(np.abs(counts - n * probs) <= 5 * np.sqrt(n * probs * (1 - probs)) + 1)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
+        ("min_p", -0.1),
+        ("min_p", 1.5),
+        ("min_p", float("nan")),
+        ("min_p", "0.1"),
         ("temperature", -0.1),
         ("temperature", float("nan")),
         ("top_p", 0.0),

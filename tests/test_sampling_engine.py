@@ -78,6 +78,35 @@ def test_tokens_are_drawn_from_the_penalized_raw_rows(tiny: Path) -> None:
     assert engine(tiny).generate(PROMPTS[0], plain).token_ids != outs[0].token_ids
 
 
+@pytest.mark.parametrize("min_p", [0.3, 0.8])
+def test_min_p_cuts_each_row_as_the_twin(tiny: Path, min_p: float) -> None:
+    """min_p through the engine: every token is sample_ref's with min_p from its row
+    (after temperature), at least min_p as likely as the row's top, and a deep cut changes
+    what a seeded request draws; batched with a request without it, and repeated from the
+    cache, the same tokens."""
+    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=1.5, min_p=min_p, seed=8,
+                            ignore_eos=True, return_logits=True)  # fmt: skip
+    eng = engine(tiny)
+    out = eng.generate(PROMPTS[0], params)
+    for i, token in enumerate(out.token_ids):
+        row = out.logits[i]
+        want = sample_ref(row, temperature=1.5, top_k=None, top_p=1.0, min_p=min_p, seed=8,
+                          position=len(PROMPTS[0]) + i)  # fmt: skip
+        assert token == want
+        scaled = row.astype(np.float64) / 1.5
+        assert np.exp(scaled[token] - scaled.max()) >= min_p * (1 - 1e-6)
+    uncut = eng.generate(PROMPTS[0], SamplingParams(**{**_fields(params), "min_p": 0.0}))
+    if min_p == 0.8:  # cuts mass enough to move the draws (0.3 only the far tail's)
+        assert uncut.token_ids != out.token_ids
+    batched = eng.generate(PROMPTS, [params, PENALIZED_SEEDED])
+    assert batched[0].token_ids == out.token_ids and batched[0].cached_tokens > 0
+    assert np.array_equal(batched[0].logits.view(np.uint32), out.logits.view(np.uint32))
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__slots__}
+
+
 def test_logprobs_are_the_log_softmax_of_the_returned_logits(tiny: Path) -> None:
     outs = engine(tiny).generate(PROMPTS, PARAMS)
     for params, out in zip(PARAMS, outs, strict=True):

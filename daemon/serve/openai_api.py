@@ -57,7 +57,7 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     "stream_reasoning": lambda v: _is(v, bool),
 }
 # Sampling parameters passed to the daemon as they are (its names are OpenAI's and vLLM's).
-PASSED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",

@@ -130,8 +130,9 @@ void run_argmax_split(int rows, const float* logits, long long stride, int vocab
          [&] { argmax_split(logits, stride, vocab, slice, part_v, part_i, counters, out); });
 }
 void run_sample_sorted(int rows, const float* sorted, const int* ids, const int* top_k, const float* top_p,
-                       const float* uniforms, float* cum, int vocab, int* out) {
-  launch({(unsigned)rows, 1, 1}, 128, [&] { sample_sorted(sorted, ids, top_k, top_p, uniforms, cum, vocab, out); });
+                       const float* min_p, const float* uniforms, float* cum, int vocab, int* out) {
+  launch({(unsigned)rows, 1, 1}, 128,
+         [&] { sample_sorted(sorted, ids, top_k, top_p, min_p, uniforms, cum, vocab, out); });
 }
 void run_apply_penalties(int rows, float* logits, int vocab, const int* offsets, const int* ids, const int* counts,
                          const float* rep, const float* freq, const float* pres) {

@@ -66,6 +66,7 @@ def _draws(states: list[SamplingState], positions: list[int], vocab: int) -> Dra
         temperature=np.asarray([s.temperature for s in states], dtype=np.float32),
         top_k=np.asarray([min(s.top_k or vocab, vocab) for s in states], dtype=np.int32),
         top_p=np.asarray([s.top_p for s in states], dtype=np.float32),
+        min_p=np.asarray([s.min_p for s in states], dtype=np.float32),
         seeds=np.asarray([s.seed for s in states], dtype=np.uint64),
         positions=np.asarray(positions, dtype=np.int64),
     )

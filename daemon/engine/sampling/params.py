@@ -44,6 +44,11 @@ class SamplingParams:
     it (the first token's is None) and that many most likely tokens there, for cached
     and computed prompt tokens alike (prompt_logprobs.py).
 
+    `min_p` (vLLM's; in [0, 1], 0 = off) keeps only the tokens whose probability, after
+    temperature, is at least min_p times the most likely token's; top-k and top-p then
+    cut what it kept (the three cuts are prefixes of one ranking, so their order does not
+    matter but for top-p's mass, taken over what min_p and top-k kept, as vLLM's).
+
     `n` (1 to 16) asks for that many completions of the prompt. Each is a request of
     its own to the scheduler (`choice(i)`), so the prompt's full blocks are computed
     once and the other choices reuse them; a seeded request's choice i draws with
@@ -73,6 +78,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -106,6 +112,8 @@ class SamplingParams:
             or not 0 < self.top_p <= 1
         ):
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number in [0, 1] (0 = off); got {self.min_p!r}")
         if self.top_k is not None:
             check_int("top_k", self.top_k, low=1, hint=" or None (no limit)")
         if self.seed is not None:

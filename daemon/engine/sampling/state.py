@@ -79,6 +79,7 @@ class SamplingState:
     temperature: float  # 0: greedy
     top_k: int | None
     top_p: float
+    min_p: float
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
@@ -119,6 +120,7 @@ class SamplingState:
             temperature=params.temperature,
             top_k=params.top_k,
             top_p=params.top_p,
+            min_p=params.min_p,
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             repetition_penalty=params.repetition_penalty,
