@@ -308,6 +308,36 @@ def test_drafted_padding_fills_every_row_on_the_scratch_block(
         assert (f.block_tables[n:, :pages] == scratch).all()
 
 
+def test_no_drafts_while_more_requests_run_than_a_drafted_bucket_holds(
+    tiny: Path, rng: np.random.Generator
+) -> None:
+    """With decode graphs, a step drafts only while at most MAX_DRAFTED_SEQS requests run
+    (a larger drafted step would run eagerly); without graphs, at any batch size."""
+    prompts, params = repetitive(rng, MAX_DRAFTED_SEQS + 6)
+    for graphs in (True, False):
+        eng = engine(tiny, "numpy", graphs=graphs, speculative_tokens=4, prompt_lookup_min=1,
+                     num_device_blocks=160)  # fmt: skip
+        plans: list[tuple[int, bool, bool]] = []  # (running, drafted, decodes only) a step
+        schedule = eng.scheduler.schedule
+
+        def recorded(schedule=schedule, eng=eng, plans=plans):
+            running = len(eng.scheduler.running)
+            plan = schedule()
+            decodes = all(item.seq.output_token_ids for item in plan.scheduled)
+            plans.append((running, any(item.draft for item in plan.scheduled), decodes))
+            return plan
+
+        eng.scheduler.schedule = recorded
+        eng.generate(prompts, params)
+        crowded = [drafted for running, drafted, _ in plans if running > MAX_DRAFTED_SEQS]
+        assert crowded and any(drafted for _, drafted, _ in plans)
+        assert any(crowded) != graphs  # drafts in crowded steps only without graphs
+        if graphs:  # every drafted step that decodes only replays a drafted bucket
+            decode = eng.runner.decode
+            assert decode is not None
+            assert decode.drafted_steps == sum(d and pure for _, d, pure in plans) > 0
+
+
 def test_what_the_drafted_buckets_take(tiny: Path) -> None:
     """Up to MAX_DRAFTED_SEQS sequences of up to K draft rows each, every row sampling;
     without speculation no drafted step fits."""

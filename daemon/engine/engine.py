@@ -139,9 +139,12 @@ class Engine:
             if settings.speculative_tokens
             else None
         )
+        decode = self.runner.decode
         self.scheduler = Scheduler(
-            self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator
-        )
+            self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator,
+            # a drafted step runs in a graph up to the largest drafted bucket, else eagerly
+            max_drafted_seqs=None if decode is None else decode.max_drafted_seqs,
+        )  # fmt: skip
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
         self.prefill_tokens_computed = 0

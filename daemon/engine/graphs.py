@@ -137,6 +137,12 @@ class StaticDecode:
         self.drafted_steps = 0  # of them, those run through a drafted bucket
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
 
+    @property
+    def max_drafted_seqs(self) -> int:
+        """The most sequences a drafted step may have to run in a drafted bucket (0: none
+        does)."""
+        return self.drafted_buckets[-1] if self.drafted_buckets else 0
+
     def built_buckets(self, drafted: bool = False) -> list[int]:
         """The bucket sizes captured so far (the drafted buckets' with `drafted`)."""
         return sorted(size for size, kind in self._built if kind == drafted)

@@ -16,8 +16,10 @@ An exact repeat (a prompt whose last logits row is stored, logits_cache.py, and
 whose every token's KV is cached) is scheduled with no token to compute: the
 plan hands the runner the stored row to sample from. With a `Speculator`, a
 decoding request may carry a draft of its next tokens (speculative.py), within
-the budget left after one token for each running request after it; a draft that
-finds no blocks is dropped, never a reason to preempt.
+the budget left after one token for each running request after it, and while at
+most `max_drafted_seqs` requests run (with decode graphs, a larger drafted step
+would run eagerly, which costs every request in it more than drafts save); a
+draft that finds no blocks is dropped, never a reason to preempt.
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         logits_cache: LogitsCache | None = None,
         speculator: Speculator | None = None,
+        max_drafted_seqs: int | None = None,
     ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
         self.kv = kv
         self.logits_cache = logits_cache  # None: no exact repeats
         self.speculator = speculator  # None: no drafts
+        self.max_drafted_seqs = max_drafted_seqs  # None: drafts at any batch size
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: `waiting` stays sorted by Sequence.sort_key; `running` is in admission order.
         self.waiting: list[Sequence] = []
@@ -116,10 +120,14 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         self.running.sort(key=_sort_key)  # so the preemption victim is never already scheduled
         idx = 0
+        drafting = self.speculator is not None and (
+            self.max_drafted_seqs is None or len(self.running) <= self.max_drafted_seqs
+        )
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num = min(seq.num_pending_tokens, budget)
-            if self.speculator is not None and num == 1:
+            if drafting and num == 1:
+                assert self.speculator is not None
                 # room left after one token for each running request from here on
                 draft = self.speculator.draft(seq, budget - (len(self.running) - idx))
                 if draft and self.kv.grow(seq, 1 + len(draft)):
