@@ -14,6 +14,7 @@ import pytest
 from gpu_support import needs_gpu
 
 from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.engine import graphs as graphs_module
 from reprise.daemon.engine.graphs import DEFAULT_BUCKETS, MAX_DRAFTED_SEQS, StaticDecode
 from reprise.daemon.model.llama import ForwardBatch
 from reprise.daemon.model.synth import SHAPES, synth_model
@@ -336,6 +337,48 @@ def test_no_drafts_while_more_requests_run_than_a_drafted_bucket_holds(
             decode = eng.runner.decode
             assert decode is not None
             assert decode.drafted_steps == sum(d and pure for _, d, pure in plans) > 0
+
+
+def test_a_failed_drafted_capture_leaves_the_decode_graphs(
+    tiny: Path, rng: np.random.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drafted bucket that cannot be captured (its memory, say) turns the drafted
+    buckets off alone: drafted steps run eagerly, decode steps keep their graphs, and
+    every bit stays."""
+    prompts, params = repetitive(rng, 3)
+    want = engine(tiny, "numpy", graphs=False).generate(prompts, params)
+    eng = engine(tiny, "numpy", graphs=True, speculative_tokens=4, prompt_lookup_min=1)
+    decode = eng.runner.decode
+    assert decode is not None
+    original = eng.runner.model.ops.capture
+
+    def no_drafted(fn):
+        if building[-1].num_rows > building[-1].num_seqs:  # the bucket being captured
+            raise RuntimeError("out of memory capturing")
+        return original(fn)
+
+    building: list = []
+    make = graphs_module._Bucket
+
+    def tracked(*args, **kwargs):
+        building.append(bucket := make(*args, **kwargs))
+        return bucket
+
+    eng.runner.model.ops.capture = no_drafted
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(graphs_module, "_Bucket", tracked)
+            assert eng.capture_decode_graphs(max_seqs=4) == [1, 2, 4]
+            got = eng.generate(prompts, params)
+    finally:
+        del eng.runner.model.ops.capture
+    assert decode.failed is None and "out of memory" in (decode.drafted_failed or "")
+    assert decode.drafted_buckets == () and decode.built_buckets(drafted=True) == []
+    assert decode.steps > 0 and decode.drafted_steps == 0 and "drafted steps run" in caplog.text
+    assert eng.stats()["spec_accepted_tokens"] > 0  # drafted, eagerly
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
 
 
 def test_what_the_drafted_buckets_take(tiny: Path) -> None:

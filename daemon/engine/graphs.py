@@ -136,6 +136,7 @@ class StaticDecode:
         self.steps = 0  # steps run through a bucket
         self.drafted_steps = 0  # of them, those run through a drafted bucket
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
+        self.drafted_failed: str | None = None  # why a drafted capture failed; then they do
 
     @property
     def max_drafted_seqs(self) -> int:
@@ -208,7 +209,8 @@ class StaticDecode:
         sequences would run in (all of them with None), drafted ones included, the one
         of most rows first, so the graphs' memory pool grows once to the largest step's
         temporaries. Returns the decode bucket sizes captured by now; stops at a failed
-        capture (`failed` says why; steps then run eagerly)."""
+        capture (`failed` says why; steps then run eagerly), but for a drafted bucket's,
+        which turns the drafted buckets off alone (`drafted_failed`)."""
         wanted: list[tuple[int, int, bool]] = []  # (rows, size, drafted)
         for sizes, drafted in ((self.buckets, False), (self.drafted_buckets, True)):
             last = len(sizes)
@@ -218,7 +220,9 @@ class StaticDecode:
                 rows = self.drafted_shape(size)[1] if drafted else size
                 wanted.append((rows, size, drafted))
         for _, size, drafted in sorted(wanted, reverse=True):
-            if self._bucket(size, drafted) is None:
+            if drafted and not self.drafted_buckets:
+                continue  # a drafted capture failed: drafted steps run eagerly
+            if self._bucket(size, drafted) is None and not drafted:
                 break
         return self.built_buckets()
 
@@ -239,7 +243,13 @@ class StaticDecode:
             ops.upload(bucket.device_tables, bucket.host_tables)
             bucket.replay = ops.capture(bucket.step)
         except Exception as e:  # a driver or CuPy that cannot capture: serve without graphs
-            self.failed = f"{type(e).__name__}: {e}"
+            reason = f"{type(e).__name__}: {e}"
+            if drafted:  # (its memory, say): drafted steps run eagerly, decode steps keep theirs
+                self.drafted_buckets, self.drafted_failed = (), reason
+                log.warning("CUDA graph capture of a drafted step failed, drafted steps run "
+                            "eagerly from now on: %s", reason)  # fmt: skip
+                return None
+            self.failed = reason
             log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.failed)
             return None
         self._built[size, drafted] = bucket
