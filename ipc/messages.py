@@ -47,6 +47,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "stop": (list,),
     "stop_token_ids": (list,),
     "ignore_eos": (bool,),
+    "include_stop_str_in_output": (bool,),  # the stop string stays at the end of the text
     "skip_special_tokens": (bool,),
     "presence_penalty": (int, float),
     "frequency_penalty": (int, float),
@@ -441,6 +442,9 @@ class Done:
     # the first token's (no context) has "logprob" null and "top" [], as OpenAI's echo.
     prompt_logprobs: list[dict[str, Any]] | None = None
     index: int = 0  # the choice this Done ends (sampling.n > 1: one Done per choice)
+    # what ended it with "stop", as vLLM's: the stop string, or the id of a
+    # sampling.stop_token_ids token (null for eos, a grammar's end, any other reason)
+    stop_reason: int | str | None = None
 
 
 @dataclass(slots=True)

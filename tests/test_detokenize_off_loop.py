@@ -7,6 +7,7 @@ cancel a request one ends. Tokens, text, deltas and finish reasons are those of
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -119,16 +120,19 @@ def cases(engine: Engine) -> list[tuple[str, list[int], dict]]:
 
 def test_stop_strings_off_the_loop_match_the_engine(engine: Engine, cases: list) -> None:
     """The thread's chunks (text and the tokens they carry), its final text and where it
-    stops equal the engine's own stop-string handling, delta by delta."""
+    stops equal the engine's own stop-string handling, delta by delta, with the stop
+    string cut off or kept (include_stop_str_in_output); the stop reason is the stop
+    string, or the stop token id that ended it."""
     stopped = 0
-    for name, prompt, sampling in cases:
-        params = SamplingParams(**sampling)
+    for (name, prompt, sampling), include in itertools.product(cases, (False, True)):
+        params = SamplingParams(**sampling, include_stop_str_in_output=include)
         on_outputs, on = run(engine, prompt, params)
         text = Detokenizing(engine.tokenizer)
         chunks: list[tuple[str, list[int]]] = []
         ends: list = []
         request_id = engine.add_request(prompt, replace(params, stop=[], detokenize=False))
-        text.open(request_id, prompt, params.skip_special_tokens, params.stop)
+        text.open(request_id, prompt, params.skip_special_tokens, params.stop,
+                  include_stop=include)  # fmt: skip
         while engine.has_work():
             for o in engine.step():
                 then = functools.partial(_collect, chunks, o.token_ids)
@@ -147,7 +151,14 @@ def test_stop_strings_off_the_loop_match_the_engine(engine: Engine, cases: list)
         stopped += end.stopped
         assert end.stopped == (name not in ("never_found", "never_found_held_back",
                                             "stop_id_and_string")), name  # fmt: skip
-    assert stopped >= 5
+        if end.stopped:
+            assert end.stop_string == on.stop_reason and on.stop_reason in params.stop
+            assert on.text.endswith(on.stop_reason) == include, name
+        elif name == "stop_id_and_string":
+            assert on.stop_reason == on.token_ids[-1] and on.finish_reason == "stop"
+        else:
+            assert on.stop_reason is None and off.stop_reason is None, name
+    assert stopped >= 10
 
 
 def _collect(chunks: list, token_ids: list[int], delta: str, num_tokens: int) -> None:
@@ -208,3 +219,20 @@ def test_a_failing_reply_does_not_stop_the_thread(engine: Engine) -> None:
     text.then(ran.set)
     text.shutdown()
     assert ran.is_set()
+
+
+def test_eos_is_no_stop_reason_a_stop_token_id_is(engine: Engine) -> None:
+    """vLLM's stop_reason: None when eos ended the answer (or max_tokens did), the token
+    id when a stop_token_ids token did, eos included once ignore_eos makes it one."""
+    eos = min(engine.stop_token_ids)
+    forced = {"max_tokens": 4, "temperature": 0.0, "logit_bias": {eos: 100.0}}
+    _, by_eos = run(engine, [5, 6, 7], SamplingParams(**forced))
+    assert by_eos.token_ids == [eos] and by_eos.finish_reason == "stop"
+    assert by_eos.stop_reason is None
+    listed = SamplingParams(**forced, stop_token_ids=[eos])  # eos is eos, listed or not
+    assert run(engine, [5, 6, 7], listed)[1].stop_reason is None
+    ignored = SamplingParams(**forced, stop_token_ids=[eos], ignore_eos=True)
+    _, by_id = run(engine, [5, 6, 7], ignored)
+    assert by_id.token_ids == [eos] and by_id.stop_reason == eos
+    _, long = run(engine, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert long.finish_reason == "length" and long.stop_reason is None

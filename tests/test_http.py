@@ -106,6 +106,25 @@ def test_stop_string_ends_the_text(api: openai.OpenAI) -> None:
     cut = complete(api, max_tokens=8, stop=[stop, "never-seen"]).choices[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full[: full.index(stop)]
+    # vLLM's stop_reason and include_stop_str_in_output, whole and streamed
+    assert cut.model_extra["stop_reason"] == stop
+    kept = complete(api, max_tokens=8, stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == full[: full.index(stop) + len(stop)]
+    assert kept.choices[0].model_extra["stop_reason"] == stop
+    events = list(complete(api, max_tokens=8, stop=[stop], stream=True,
+                           extra_body={"include_stop_str_in_output": True}))  # fmt: skip
+    assert "".join(c.text for e in events for c in e.choices) == kept.choices[0].text
+    last = events[-1].choices[0]
+    assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == stop
+    assert complete(api, max_tokens=2).choices[0].model_extra["stop_reason"] is None  # length
+    chat = api.chat.completions.create(model=MODEL_NAME, max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Say hello"}])  # fmt: skip
+    word = chat.choices[0].message.content.split()[0]
+    stopped = api.chat.completions.create(
+        model=MODEL_NAME, max_tokens=8, temperature=0, stop=[word],
+        messages=[{"role": "user", "content": "Say hello"}],
+    )  # fmt: skip
+    assert stopped.choices[0].model_extra["stop_reason"] == word
 
 
 def test_seeded_sampling_repeats_and_n_choices_differ(api: openai.OpenAI) -> None:

@@ -10,7 +10,8 @@ Guarantees:
   sampler held them back): finish "stop", held characters flushed;
   the end of its structured output's grammar (it admits nothing more): "stop", flushed;
   a stop string beginning in the text this token could have completed: "stop", the
-  text cut where the earliest one begins, nothing flushed (looked for from the
+  text cut where the earliest one begins (after it, with `include_stop_str_in_output`;
+  of two beginning there, the first listed), nothing flushed (looked for from the
   `min_tokens`-th token on); `max_tokens` or the
   context full: "length", flushed (`extend_text`, which daemon/serve/detokenize.py
   applies off the engine loop too).
@@ -61,10 +62,11 @@ def record_token(
     if params.return_logits:  # the runner brings the row back: it is returned
         seq.logits.append(np.array(logits, dtype=np.float32))
     num_out = len(seq.output_token_ids)
-    ends = (token in stop_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+    eos = token in stop_token_ids and not params.ignore_eos
     grammar = seq.sampling.grammar
-    if ends and num_out > params.min_tokens:  # min_tokens held its stop tokens back before
-        by_ids: FinishReason | None = "stop"
+    if (eos or token in params.stop_token_ids) and num_out > params.min_tokens:
+        by_ids: FinishReason | None = "stop"  # min_tokens held its stop tokens back before
+        seq.stop_reason = None if eos else token  # vLLM's: eos is no stop reason
     elif grammar is not None and grammar.ended:  # its structured output admits nothing more
         by_ids = "stop"
     elif num_out >= params.max_tokens or seq.num_tokens >= max_model_len:
@@ -72,9 +74,12 @@ def record_token(
     else:
         by_ids = None
     text = extend_text(
-        seq.text, detok, token, active_stops(params.stop, num_out, params.min_tokens), by_ids
-    )
+        seq.text, detok, token, active_stops(params.stop, num_out, params.min_tokens), by_ids,
+        include_stop=params.include_stop_str_in_output,
+    )  # fmt: skip
     seq.text, seq.finish_reason = text.text, text.finish_reason
+    if text.stop_string is not None:
+        seq.stop_reason = text.stop_string
     return text.finish_reason is not None
 
 
@@ -88,7 +93,12 @@ def active_stops(stop: list[str], num_tokens: int, min_tokens: int) -> list[str]
 class TextStep:
     text: str  # the request's text after the token
     finish_reason: FinishReason | None  # its end, if this token ended it
-    stopped: bool  # a stop string ended it (the text cut where the earliest one begins)
+    stop_string: str | None = None  # the stop string that ended it (the text cut at it)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string ended it."""
+        return self.stop_string is not None
 
 
 def extend_text(
@@ -97,22 +107,27 @@ def extend_text(
     token: int,
     stop: list[str],
     by_ids: FinishReason | None,
+    *,
+    include_stop: bool = False,
 ) -> TextStep:
     """A request's text after one more token, and whether the token ends it: `by_ids`
     is the end its token ids give ("stop": eos or a stop token id; "length"), a stop
-    string comes between the two (module docstring). The engine's rule, and the
-    daemon's detokenizing thread's (daemon/serve/detokenize.py)."""
+    string comes between the two (module docstring), the text cut where it begins, or
+    after it with `include_stop`. The engine's rule, and the daemon's detokenizing
+    thread's (daemon/serve/detokenize.py)."""
     # a stop string this token completes ends in its text, so it begins at most the
     # longest one's length less one before it (one wholly before was looked for then, or,
     # under min_tokens, not yet to be looked for)
     searched = max(len(text) - max(map(len, stop), default=1) + 1, 0)
     if detok is not None:
         text += detok.push(token)
-    if by_ids != "stop" and stop and (cut := find_stop(text, stop, searched)) is not None:
-        return TextStep(text[:cut], "stop", True)  # nothing flushed: the cut ends it
+    if by_ids != "stop" and stop and (found := find_stop(text, stop, searched)) is not None:
+        cut, matched = found
+        end = cut + len(matched) if include_stop else cut
+        return TextStep(text[:end], "stop", matched)  # nothing flushed: the cut ends it
     if by_ids is not None and detok is not None:
         text += detok.flush()
-    return TextStep(text, by_ids, False)
+    return TextStep(text, by_ids)
 
 
 def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> StepOutput:
@@ -159,13 +174,18 @@ def completion(seq: Sequence) -> Completion:
         logits=np.stack(seq.logits) if seq.params.return_logits else None,
         logprobs=seq.logprobs if seq.params.logprobs is not None else None,
         prompt_logprobs=_prompt_entries(seq),
+        stop_reason=seq.stop_reason if seq.finish_reason == "stop" else None,
     )
 
 
-def find_stop(text: str, stops: list[str], start: int) -> int | None:
-    """Index where the earliest stop string begins at or after `start`, if any."""
-    hits = [i for s in stops if (i := text.find(s, start)) != -1]
-    return min(hits) if hits else None
+def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:
+    """Where the earliest stop string begins at or after `start`, and which it is (of
+    two beginning there, the first listed), if any."""
+    hits = [(i, k) for k, s in enumerate(stops) if (i := text.find(s, start)) != -1]
+    if not hits:
+        return None
+    index, k = min(hits)
+    return index, stops[k]
 
 
 def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:

@@ -74,3 +74,6 @@ class Completion:
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when logprobs is set
     # one per prompt token (the first None), when prompt_logprobs is set
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # what ended it with "stop", as vLLM's: the stop string, or the token id of
+    # `stop_token_ids` (None for eos, a grammar's end and every other finish reason)
+    stop_reason: int | str | None = None

@@ -59,6 +59,7 @@ class Sequence:
     num_cached_disk_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None  # Completion.stop_reason
     text: str = ""
     num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)

@@ -14,7 +14,7 @@ final flush) and applies the request's stop strings with the rules of
    token, less the longest stop's length plus one: a stop string ending in the token's
    text; from the request's min_tokens-th token on)
    ends the request here: the text is cut where
-   the earliest one begins, nothing is flushed, and the tokens after this one (the
+   the earliest one begins (after it, with include_stop_str_in_output), nothing is flushed, and the tokens after this one (the
    engine may have computed one or two more) are never sent;
 3. else the engine ended it with "length": flushed.
 
@@ -50,7 +50,12 @@ class TextEnd:
 
     text: str
     num_tokens: int  # tokens pushed, up to and including the one a stop string ended on
-    stopped: bool  # a stop string ended it (its finish reason is "stop", whatever the engine's)
+    # the stop string that ended it (its finish reason is "stop", whatever the engine's)
+    stop_string: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
 
 
 ChunkCallback = Callable[[str, int], None]  # (new text, how many of the pushed tokens to send)
@@ -65,11 +70,12 @@ class _Text:
     stop: list[str]
     max_stop_chars: int  # the longest stop string's length (0 without any): the hold-back
     min_tokens: int  # stop strings are looked for from this token on
+    include_stop: bool = False  # the stop string stays at the end of the text
     text: str = ""
     num_emitted: int = 0  # characters of `text` already sent as deltas
     num_tokens: int = 0
     finished: bool = False  # by the engine's last token or a stop string: later pushes are dropped
-    stopped: bool = False  # by a stop string
+    stop_string: str | None = None  # the stop string that ended it
 
 
 class Detokenizing:
@@ -86,6 +92,7 @@ class Detokenizing:
         skip_special_tokens: bool,
         stop: list[str] | None = None,
         min_tokens: int = 0,
+        include_stop: bool = False,
     ) -> None:
         stops = list(stop or ())
 
@@ -94,7 +101,7 @@ class Detokenizing:
                 self.tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens
             )
             longest = max(map(len, stops), default=0)
-            self._texts[request_id] = _Text(detok, stops, longest, min_tokens)
+            self._texts[request_id] = _Text(detok, stops, longest, min_tokens, include_stop)
 
         self._submit(start)
 
@@ -116,7 +123,7 @@ class Detokenizing:
             if state.finished:
                 return
             num_kept = _advance(state, token_ids, finish_reason)
-            if state.stopped:
+            if state.stop_string is not None:
                 self.stopped.put(request_id)
             delta, state.num_emitted = next_delta(
                 state.text, state.num_emitted, state.max_stop_chars, finished=state.finished
@@ -131,7 +138,7 @@ class Detokenizing:
 
         def close() -> None:
             state = self._texts.pop(request_id)
-            then(TextEnd(state.text, state.num_tokens, state.stopped))
+            then(TextEnd(state.text, state.num_tokens, state.stop_string))
 
         self._submit(close)
 
@@ -165,11 +172,12 @@ def _advance(state: _Text, token_ids: list[int], finish_reason: FinishReason | N
     for num_kept, token in enumerate(token_ids, 1):
         by_ids = finish_reason if num_kept == len(token_ids) else None  # the engine's end
         stop = active_stops(state.stop, state.num_tokens + 1, state.min_tokens)
-        step = extend_text(state.text, state.detok, token, stop, by_ids)
+        step = extend_text(state.text, state.detok, token, stop, by_ids,
+                           include_stop=state.include_stop)  # fmt: skip
         state.text = step.text
         state.num_tokens += 1
         if step.finish_reason is not None:
-            state.finished, state.stopped = True, step.stopped
+            state.finished, state.stop_string = True, step.stop_string
             return num_kept
     return len(token_ids)
 

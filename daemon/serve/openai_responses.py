@@ -87,10 +87,10 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
                 message = {"role": "assistant", **tool_answer(parsed, done.text)}
                 reason = tools_finish_reason(parsed, message, reason)
             choice = {"index": index, "message": message, "logprobs": logprobs,
-                      "finish_reason": reason}  # fmt: skip
+                      "finish_reason": reason, "stop_reason": done.stop_reason}  # fmt: skip
         else:
             choice = {"index": index, "text": text, "logprobs": logprobs,
-                      "finish_reason": finish_reason(done)}  # fmt: skip
+                      "finish_reason": finish_reason(done), "stop_reason": done.stop_reason}  # fmt: skip
         choices.append(choice)
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
@@ -173,16 +173,19 @@ class StreamBuilder:
         return event
 
     def _choice(
-        self, index: int, text: str, logprobs: Any, reason: str | None, delta: Any = None
-    ) -> dict:
+        self, index: int, text: str, logprobs: Any, reason: str | None, delta: Any = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:  # fmt: skip
         if self.parsed.kind == "chat":
             if delta is None:
                 delta = {} if reason is not None and not text else {"content": text}
             if not self.started[index]:
                 delta = {"role": "assistant", **delta}
                 self.started[index] = True
-            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                    "stop_reason": stop_reason}  # fmt: skip
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                "stop_reason": stop_reason}  # fmt: skip
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
         logprobs = self.logprobs[index].build(chunk.logprobs)
@@ -219,7 +222,9 @@ class StreamBuilder:
             delta = {"content": rest} if rest or calls is None else {}
             if calls is not None:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-        return self._event([self._choice(index, "", None, reason, delta=delta)])
+        return self._event(
+            [self._choice(index, "", None, reason, delta=delta, stop_reason=done.stop_reason)]
+        )
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:
         return self._event([], usage(dones, self.parsed.n))

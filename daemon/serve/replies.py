@@ -105,6 +105,7 @@ def done_reply(
         prompt_logprobs=prompt_logprobs_wire(completion, token_text),
         queue_ms=round(((t_first_step or now) - t_received) * 1000, 3),
         index=index,
+        stop_reason=completion.stop_reason,
     )
 
 
@@ -162,6 +163,7 @@ def cut(completion: Completion, end: TextEnd) -> Completion:
         token_ids=completion.token_ids[:n],
         text=end.text,
         finish_reason="stop",
+        stop_reason=end.stop_string,
         logits=None if completion.logits is None else completion.logits[:n],
         logprobs=None if completion.logprobs is None else completion.logprobs[:n],
     )

@@ -214,7 +214,7 @@ class Requests:
         self.counters.num_requests_total += 1
         for index, request_id in enumerate(request_ids):
             self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop,
-                           params.min_tokens)  # fmt: skip
+                           params.min_tokens, params.include_stop_str_in_output)  # fmt: skip
             self.live[request_id] = LiveRequest(
                 route,
                 request.id,

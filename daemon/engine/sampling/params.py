@@ -70,6 +70,9 @@ class SamplingParams:
     drawn from those the grammar allows next, and the request ends when the grammar
     admits nothing more. Logprobs stay the raw model's.
 
+    `include_stop_str_in_output` (vLLM's; False) keeps the stop string that ended the
+    answer at the end of its text, rather than cutting the text where it begins.
+
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
     """
@@ -82,6 +85,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     return_logits: bool = False
@@ -151,6 +155,10 @@ class SamplingParams:
                   hint=" (at most max_tokens)")  # fmt: skip
         if self.structured is not None:
             self.structured = StructuredOutput.of(self.structured)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(
+                f"include_stop_str_in_output must be a bool; got {self.include_stop_str_in_output!r}"
+            )
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
         if self.stop and not self.detokenize:
