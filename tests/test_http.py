@@ -62,6 +62,14 @@ def chat(api: openai.OpenAI, content: str = "Say hi", **kw: object):
     return api.chat.completions.create(model=MODEL_NAME, messages=messages, **kw)
 
 
+def test_version_is_the_packages(daemon: HttpDaemon) -> None:
+    import importlib.metadata
+
+    reply = httpx.get(f"{daemon.url}/version", timeout=10)
+    assert reply.status_code == 200
+    assert reply.json() == {"version": importlib.metadata.version("reprise")}
+
+
 def test_models_lists_the_served_model(api: openai.OpenAI) -> None:
     assert [m.id for m in api.models.list().data] == [MODEL_NAME]
     assert api.models.retrieve(MODEL_NAME).id == MODEL_NAME
@@ -632,7 +640,7 @@ def test_api_key_is_required_when_set(tmp_path: Path, tiny: Path) -> None:
         assert httpx.get(f"{d.url}/health").status_code == 200  # no key needed there
         with pytest.raises(openai.AuthenticationError):
             d.openai("wrong").models.list()
-        for path in ("/v1/models", "/metrics"):
+        for path in ("/v1/models", "/metrics", "/version"):
             r = httpx.get(f"{d.url}{path}")
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         for path, body in (("/tokenize", {"prompt": "ab"}), ("/detokenize", {"tokens": [1]})):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.metadata
 import ipaddress
 import json
 import logging
@@ -196,6 +197,14 @@ class Frontend:
             return JSONResponse({"status": "loading"}, status_code=503)
         status = 200 if reply.status == "ok" else 503
         return JSONResponse({"status": reply.status}, status_code=status)
+
+    async def version(self, request: Request) -> Response:
+        """vLLM's GET /version: the server's version."""
+        try:
+            version = importlib.metadata.version("reprise")
+        except importlib.metadata.PackageNotFoundError:  # a source tree run without installing
+            version = "unknown"
+        return JSONResponse({"version": version})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model()]})
@@ -487,6 +496,7 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
 
     routes = [
         Route("/health", guarded(frontend.health), methods=["GET"]),
+        Route("/version", guarded(frontend.version), methods=["GET"]),
         Route("/v1/models", guarded(frontend.models), methods=["GET"]),
         Route("/v1/models/{model:path}", guarded(frontend.model), methods=["GET"]),
         Route("/metrics", guarded(frontend.metrics_route), methods=["GET"]),
