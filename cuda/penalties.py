@@ -69,6 +69,14 @@ def mask_words(vocab: int) -> int:
     return -(-vocab // 32)
 
 
+def mask_of(token_ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The mask row ([mask_words(vocab)] uint32, TokenMask's layout) that keeps exactly
+    `token_ids` (each in [0, vocab))."""
+    bits = np.zeros(mask_words(vocab) * 32, dtype=np.uint8)
+    bits[token_ids] = 1
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
 def apply_token_mask_ref(logits: np.ndarray, mask: TokenMask) -> None:
     """Set each row's logits outside its mask to -inf, in place."""
     assert logits.dtype == F32 and logits.ndim == 2, (logits.dtype, logits.shape)

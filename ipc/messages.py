@@ -57,6 +57,8 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt_logprobs": (int, type(None)),
     "n": (int,),  # completions of the prompt, 1 to 16; each reply carries its choice's index
     "min_tokens": (int,),  # tokens before a stop token or string may end it, 0 to max_tokens
+    # the only tokens the request may draw (vLLM's; non-empty), or null for all
+    "allowed_token_ids": (list, type(None)),
     # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
     "logit_bias": (list, type(None)),
     # [kind, spec]: SamplingParams.structured (StructuredOutput), e.g. ["json", schema text]
@@ -65,6 +67,7 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
 SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {
     "stop": (str,),
     "stop_token_ids": (int,),
+    "allowed_token_ids": (int,),
     "logit_bias": (list,),
     "structured": (str,),
 }

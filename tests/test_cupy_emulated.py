@@ -248,6 +248,25 @@ def test_structured_outputs_stay_bit_identical(engines: Engines) -> None:
             assert np.array_equal(got.logits.view(np.uint32), exp.logits.view(np.uint32))
 
 
+def test_allowed_token_ids_mask_the_rows_on_the_device(engines: Engines) -> None:
+    """allowed_token_ids through the GPU backend's token mask (the grammar's kernel):
+    greedy and seeded requests draw only allowed tokens, the same tokens and logits
+    eager with reuse off, through replayed graphs and repeated, drafted too."""
+    from test_speculative import planted
+
+    allowed = list(range(97, 123))  # byte tokens: the lowercase letters
+    params = [SamplingParams(**{**_fields(p), "allowed_token_ids": allowed}) for p in PARAMS]
+    want = [
+        engines(enable_reuse=False).generate(p, s) for p, s in zip(PROMPTS, params, strict=True)
+    ]
+    assert all(set(c.token_ids) <= set(allowed) for c in want)
+    engine = engines(cuda_graphs=True, speculative_tokens=3)
+    planted(engine, want, seed=14)
+    for outs in (run_both_with(engine, params), run_both_with(engine, params)):
+        assert_identical(outs, want)
+    assert engine.stats()["spec_accepted_tokens"] > 0
+
+
 def test_speculative_drafts_keep_every_bit(engines: Engines, reference) -> None:
     """Drafts planted from the reference, right or wrong from a random offset on
     (test_speculative.py): a drafted step replays its drafted bucket's graph (its

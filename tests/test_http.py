@@ -179,6 +179,17 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_allowed_token_ids_reach_the_sampler(daemon: HttpDaemon, api: openai.OpenAI) -> None:
+    """vLLM's allowed_token_ids (extra_body): one allowed token is the whole answer."""
+    tokens = httpx.post(f"{daemon.url}/tokenize", json={"prompt": " Paris"}, timeout=10)
+    token = tokens.json()["tokens"][-1]
+    done = complete(api, max_tokens=3, temperature=0.7, seed=1,
+                    extra_body={"allowed_token_ids": [token], "ignore_eos": True})  # fmt: skip
+    assert done.choices[0].text == " Paris" * 3
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        complete(api, extra_body={"allowed_token_ids": []})
+
+
 def test_min_p_reaches_the_sampler(api: openai.OpenAI) -> None:
     """vLLM's min_p (extra_body): at 1.0 only the most likely token stays, so a hot
     seeded answer is the greedy one; without it the same seeds wander off."""

@@ -114,6 +114,9 @@ def test_min_p_keeps_the_tokens_as_likely_as_min_p_times_the_top() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
+        ("allowed_token_ids", []),
+        ("allowed_token_ids", [3, -1]),
+        ("allowed_token_ids", "3"),
         ("min_p", -0.1),
         ("min_p", 1.5),
         ("min_p", float("nan")),
@@ -177,3 +180,22 @@ def test_top_k_ranking_matches_a_full_stable_sort(
         want = np.argsort(-scores, kind="stable")[:top_k]
         assert np.array_equal(ranked(scores, top_k), want)
     assert np.array_equal(ranked(scores, None), np.argsort(-scores, kind="stable"))
+
+
+def test_allowed_token_ids_exclude_structured_outputs() -> None:
+    from reprise.daemon import StructuredOutput
+
+    with pytest.raises(ValueError, match="allowed_token_ids cannot be combined with structured"):
+        SamplingParams(allowed_token_ids=[3], structured=StructuredOutput("regex", "a+"))
+
+
+@pytest.mark.parametrize("vocab", [1, 31, 32, 33, 1000])
+def test_mask_of_keeps_exactly_the_ids(rng: np.random.Generator, vocab: int) -> None:
+    from reprise.cuda.penalties import TokenMask, apply_token_mask_ref, mask_of, mask_words
+
+    ids = np.unique(rng.integers(0, vocab, size=max(1, vocab // 3)))
+    row = mask_of(ids, vocab)
+    assert row.dtype == np.uint32 and row.shape == (mask_words(vocab),)
+    logits = rng.standard_normal((1, vocab)).astype(np.float32)
+    apply_token_mask_ref(logits, TokenMask(row[None]))
+    assert np.flatnonzero(np.isfinite(logits[0])).tolist() == ids.tolist()

@@ -103,6 +103,43 @@ def test_min_p_cuts_each_row_as_the_twin(tiny: Path, min_p: float) -> None:
     assert np.array_equal(batched[0].logits.view(np.uint32), out.logits.view(np.uint32))
 
 
+def test_allowed_token_ids_restrict_every_draw(tiny: Path) -> None:
+    """vLLM's allowed_token_ids: a greedy request takes the most likely allowed token of
+    each raw row, a seeded one draws only allowed ones (sample_ref on the row with the
+    others at -inf); batched with others, repeated from the cache and through the padded
+    decode path, the same bits; an id past the vocabulary is refused."""
+    rng = np.random.default_rng(4)
+    allowed = sorted(set(rng.integers(0, 1024, size=40).tolist()))
+    greedy = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, allowed_token_ids=allowed,
+                            ignore_eos=True, return_logits=True, logprobs=2)  # fmt: skip
+    seeded = SamplingParams(**{**_fields(greedy), "temperature": 0.9, "seed": 3})
+    eng = engine(tiny)
+    outs = eng.generate(PROMPTS, [greedy, seeded])
+    for prompt_ids, params, out in zip(PROMPTS, [greedy, seeded], outs, strict=True):
+        assert set(out.token_ids) <= set(allowed)
+        for i, token in enumerate(out.token_ids):
+            row = np.full_like(out.logits[i], -np.inf)
+            row[allowed] = out.logits[i][allowed]
+            if params.greedy:
+                assert token == int(np.argmax(row))
+            else:
+                assert token == sample_ref(row, temperature=0.9, top_k=None, top_p=1.0, seed=3,
+                                           position=len(prompt_ids) + i)  # fmt: skip
+        # logprobs are the raw rows': their top alternatives reach past the allowed ones
+        assert any(t not in allowed for lp in out.logprobs for t, _ in lp.top)
+    free = eng.generate(
+        PROMPTS[0], SamplingParams(**{**_fields(greedy), "allowed_token_ids": None})
+    )
+    assert not set(free.token_ids) <= set(allowed)
+    again = engine(tiny, cuda_graphs=True).generate(PROMPTS * 2, [greedy, seeded] * 2)
+    for got, want in zip(again, outs * 2, strict=True):
+        assert got.token_ids == want.token_ids
+        assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+    assert again[2].cached_tokens > 0
+    with pytest.raises(ValueError, match=r"allowed_token_ids must be in \[0, 1024\)"):
+        eng.add_request(PROMPTS[0], SamplingParams(allowed_token_ids=[5, 1024]))
+
+
 def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in params.__slots__}
 

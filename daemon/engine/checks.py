@@ -77,6 +77,16 @@ def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
             )
 
 
+def check_allowed_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Every token allowed_token_ids names is in the vocabulary."""
+    if params.allowed_token_ids is not None:
+        bad = [t for t in params.allowed_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"allowed_token_ids must be in [0, {vocab_size}); got {sorted(bad)[:5]}"
+            )
+
+
 def check_fits(
     num_prompt_tokens: int, params: SamplingParams, max_model_len: int, pool: BlockPool
 ) -> None:

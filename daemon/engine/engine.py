@@ -36,6 +36,7 @@ from ..model.llama import LlamaModel
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .checks import (
+    check_allowed_token_ids,
     check_fits,
     check_logit_bias,
     check_prompt_logprobs,
@@ -246,6 +247,7 @@ class Engine:
             id_bytes = prepared.id_bytes
         check_prompt_logprobs(params, prompt_table, extra_ids, self.settings.max_prompt_logprobs)
         check_logit_bias(params, self.config.vocab_size)
+        check_allowed_token_ids(params, self.config.vocab_size)
         table = check_prompt_table(
             prompt_array,
             prompt_table,

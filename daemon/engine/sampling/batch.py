@@ -76,7 +76,9 @@ def _penalties(
     states: list[SamplingState], vocab: int, given: dict[int, np.ndarray] | None = None
 ) -> Penalties | None:
     lists = [s.penalty_tokens for s in states]
-    if all(t is None for t in lists) and all(s.bias is None and s.grammar is None for s in states):
+    if all(t is None for t in lists) and all(
+        s.bias is None and s.grammar is None and s.allowed_ids is None for s in states
+    ):
         return None
     sizes = [0 if tokens is None else tokens.size for tokens in lists]
     present = [tokens for tokens in lists if tokens is not None]
@@ -108,17 +110,20 @@ def _bias(states: list[SamplingState]) -> LogitBias | None:
 def _mask(
     states: list[SamplingState], vocab: int, given: dict[int, np.ndarray] | None = None
 ) -> TokenMask | None:
-    """The rows' grammar masks (every bit set in a row without one; `given` rows' as
-    given), None without any."""
-    if all(s.grammar is None for s in states):
+    """The rows' masks: a grammar's (`given` rows' as given), or allowed_token_ids' (a
+    request has one or the other), every bit set in a row with neither; None when no
+    row has one."""
+    if all(s.grammar is None and s.allowed_ids is None for s in states):
         return None
     words = np.full((len(states), mask_words(vocab)), 0xFFFFFFFF, dtype=np.uint32)
     for r, row in (given or {}).items():
         words[r] = row
     rows = [r for r, s in enumerate(states) if s.grammar is not None and r not in (given or {})]
-    if not rows:
-        return TokenMask(words)
-    masks = np.empty((len(rows), words.shape[1]), np.uint32)  # the grammars' rows, packed
-    fill_masks([states[r].grammar for r in rows], masks)  # type: ignore[misc]
-    words[rows] = masks
+    if rows:
+        masks = np.empty((len(rows), words.shape[1]), np.uint32)  # the grammars' rows, packed
+        fill_masks([states[r].grammar for r in rows], masks)  # type: ignore[misc]
+        words[rows] = masks
+    for r, state in enumerate(states):
+        if state.allowed_ids is not None:
+            words[r] = state.allowed_mask(vocab)
     return TokenMask(words)

@@ -64,6 +64,11 @@ class SamplingParams:
     order), so -100 all but bans a token and +100 all but forces it. Logprobs stay the
     raw model's.
 
+    `allowed_token_ids` (vLLM's; a non-empty list, or None for all) lets a request draw
+    only these tokens: every other logit is -inf before sampling and the greedy argmax
+    (not with `structured`, whose grammar masks the row already). Logprobs stay the raw
+    model's.
+
     `structured` (vLLM's structured_outputs) holds the answer to a JSON schema, any JSON
     object, a regular expression, one of a list of strings or a grammar
     (structured.StructuredOutput; the wire's [kind, spec] is taken too): each token is
@@ -98,6 +103,7 @@ class SamplingParams:
     n: int = 1
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
+    allowed_token_ids: list[int] | None = None
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -155,6 +161,19 @@ class SamplingParams:
                   hint=" (at most max_tokens)")  # fmt: skip
         if self.structured is not None:
             self.structured = StructuredOutput.of(self.structured)
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids:
+                raise ValueError(
+                    "allowed_token_ids must be a non-empty list of token ids or None; "
+                    f"got {self.allowed_token_ids!r:.60}"
+                )
+            for token_id in self.allowed_token_ids:
+                check_int("allowed_token_ids[]", token_id, low=0)
+            if self.structured is not None:
+                raise ValueError(
+                    "allowed_token_ids cannot be combined with structured outputs (the grammar "
+                    "says which tokens may come)"
+                )
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(
                 f"include_stop_str_in_output must be a bool; got {self.include_stop_str_in_output!r}"

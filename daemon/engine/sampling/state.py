@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ....cuda.penalties import mask_of
 from .logprobs import TokenLogprobs, token_logprobs
 from .params import SamplingParams
 from .structured import Grammar
@@ -93,7 +94,10 @@ class SamplingState:
     # token at -inf (logit_bias itself when there is no stop token to hold back)
     held_bias: tuple[np.ndarray, np.ndarray] | None
     grammar: Grammar | None = None  # a structured output's place in its grammar
+    # allowed_token_ids, ascending and distinct; None: every token
+    allowed_ids: np.ndarray | None = None
     num_outputs: int = 0
+    _allowed_mask: np.ndarray | None = None  # allowed_ids as a mask row, once made
 
     @classmethod
     def build(
@@ -131,6 +135,11 @@ class SamplingState:
             min_tokens=params.min_tokens,
             held_bias=held,
             grammar=grammar,
+            allowed_ids=(
+                None
+                if params.allowed_token_ids is None
+                else np.unique(np.asarray(params.allowed_token_ids, dtype=np.int32))
+            ),
         )
 
     @property
@@ -141,13 +150,22 @@ class SamplingState:
 
     @property
     def plain_greedy(self) -> bool:
-        """The row's argmax is the token: greedy with no penalty, bias or grammar."""
+        """The row's argmax is the token: greedy with no penalty, bias, grammar or
+        allowed tokens."""
         return (
             self.temperature == 0
             and self.penalty_tokens is None
             and self.bias is None
             and self.grammar is None
+            and self.allowed_ids is None
         )
+
+    def allowed_mask(self, vocab: int) -> np.ndarray:
+        """allowed_ids as a mask row (penalties.TokenMask's layout), made once."""
+        assert self.allowed_ids is not None
+        if self._allowed_mask is None:
+            self._allowed_mask = mask_of(self.allowed_ids, vocab)
+        return self._allowed_mask
 
     @property
     def stateless(self) -> bool:
