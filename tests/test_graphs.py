@@ -433,3 +433,28 @@ def test_capturing_ahead_of_time_takes_the_drafted_buckets_too(tiny: Path) -> No
     finally:
         del eng.runner.model.ops.capture
     assert decode.drafted_steps > 0 and len(captured) == 8  # nothing captured on the way
+
+
+def test_max_num_seqs_bounds_the_batch_and_the_graphs_captured(
+    tiny: Path, rng: np.random.Generator
+) -> None:
+    """vLLM's max_num_seqs: never more requests running, the buckets captured ahead of
+    time only those such a batch needs, and every bit as with no bound."""
+    prompts, params = traffic(rng, 7)
+    want = engine(tiny, "numpy", graphs=False).generate(prompts, params)
+    eng = engine(tiny, "numpy", graphs=True, max_num_seqs=3)
+    assert eng.capture_decode_graphs() == [1, 2, 4]  # 3 sequences: bucket 4
+    running = []
+    step = eng.step
+
+    def counted():
+        out = step()
+        running.append(len(eng.scheduler.running))
+        return out
+
+    eng.step = counted
+    got = eng.generate(prompts, params)
+    assert max(running) == 3
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))

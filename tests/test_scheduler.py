@@ -23,10 +23,13 @@ PARAMS = SamplingParams(max_tokens=1000, temperature=0)
 
 
 class Sim:
-    def __init__(self, num_blocks: int, budget: int, *, enable_reuse: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, budget: int, *, enable_reuse: bool = True,
+        max_num_seqs: int | None = None,
+    ) -> None:  # fmt: skip
         self.pool = BlockPool(num_blocks, BS, enable_reuse=enable_reuse)
         self.kv = KVCacheManager(self.pool, b"model")
-        self.scheduler = Scheduler(self.kv, budget)
+        self.scheduler = Scheduler(self.kv, budget, max_num_seqs=max_num_seqs)
         self.prompt_tokens_computed = 0
         self._next_id = 0
 
@@ -131,6 +134,20 @@ def test_admission_follows_priority_then_arrival() -> None:
     for _ in range(8):
         order += [s.seq for s in sim.step() if s.seq not in order]
     assert order == [seqs[1], seqs[3], seqs[2], seqs[0]]
+
+
+def test_at_most_max_num_seqs_run_and_the_rest_wait_their_turn() -> None:
+    """vLLM's max_num_seqs: admission stops at that many running requests (token budget
+    and blocks to spare); the next waiting one is admitted, in priority order, when one
+    finishes."""
+    sim = Sim(num_blocks=64, budget=1 << 10, max_num_seqs=2)
+    seqs = [sim.add(tokens(10, seed=30 + i), priority=p) for i, p in enumerate([3, 0, 1, 0])]
+    assert {s.seq.request_id for s in sim.step()} == {seqs[1].request_id, seqs[3].request_id}
+    for _ in range(3):
+        assert len(sim.step()) == 2 and len(sim.scheduler.running) == 2
+        assert seqs[0].status == seqs[2].status == SeqStatus.WAITING
+    sim.scheduler.finish(seqs[3])
+    assert seqs[2] in [s.seq for s in sim.step()] and seqs[0].status == SeqStatus.WAITING
 
 
 def test_preemption_takes_the_lowest_priority_then_the_youngest() -> None:

@@ -29,6 +29,9 @@ DEFAULT_LOGITS_CACHE_MB = 64
 # prompt lookup speculation (speculative.py): the most draft tokens a step may check for
 # a request, and the longest n-gram it looks for
 MAX_SPECULATIVE_TOKENS, MAX_PROMPT_LOOKUP = 32, 64
+# vLLM's max_num_seqs: the largest decode graph's batch (graphs.DEFAULT_BUCKETS), so that a
+# step of decodes alone always replays a graph
+DEFAULT_MAX_NUM_SEQS = 256
 
 
 class SettingError(ValueError):
@@ -87,6 +90,11 @@ class EngineConfig:
     max_model_len: int | None = _setting(
         None, "--max-model-len", "Context length [default: the model's]."
     )
+    max_num_seqs: int = _setting(
+        DEFAULT_MAX_NUM_SEQS, "--max-num-seqs",
+        "Most requests running at once (vLLM's); more wait their turn. The default is the "
+        "largest decode graph's batch.",
+    )  # fmt: skip
     cuda_graphs: bool | None = _setting(
         None, "--cuda-graphs/--eager",
         "Replay decode steps as CUDA graphs, one per batch-size bucket, captured at start-up "
@@ -182,6 +190,7 @@ class EngineConfig:
             )
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
         _check_int("max_model_len", self.max_model_len, low=2, optional=True)
+        _check_int("max_num_seqs", self.max_num_seqs, low=1)
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise SettingError(
                 "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"

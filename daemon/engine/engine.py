@@ -145,6 +145,7 @@ class Engine:
             self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator,
             # a drafted step runs in a graph up to the largest drafted bucket, else eagerly
             max_drafted_seqs=None if decode is None else decode.max_drafted_seqs,
+            max_num_seqs=settings.max_num_seqs,
         )  # fmt: skip
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
@@ -385,13 +386,15 @@ class Engine:
     def capture_decode_graphs(self, max_seqs: int | None = None) -> list[int]:
         """Capture now, as vLLM does at start-up, the decode graph of every batch-size
         bucket a step could need, so no request pays a capture: buckets up to the most
-        sequences that can decode at once (one block and one batched token each), and
-        at most `max_seqs`. Returns the bucket sizes captured ([] without graphs; those
+        sequences that can decode at once (one block and one batched token each, and
+        max_num_seqs), and at most `max_seqs`. Returns the bucket sizes captured ([] without graphs; those
         before it failed if a capture fails, after which decoding runs eagerly)."""
         decode = self.runner.decode
         if decode is None:
             return []
-        limit = min(self.pool.num_blocks, self.scheduler.max_num_batched_tokens)
+        limit = min(
+            self.pool.num_blocks, self.scheduler.max_num_batched_tokens, self.settings.max_num_seqs
+        )
         return decode.capture(limit if max_seqs is None else min(limit, max_seqs))
 
     def has_work(self) -> bool:

@@ -3,7 +3,7 @@
 Continuous batching: each step takes every running request's pending tokens
 (a decode token, or the next chunk of a prompt) and then admits waiting
 requests in priority order (lower first, then arrival), all within a token
-budget. A request is admitted with its longest cached prefix, so only the
+budget and up to `max_num_seqs` running requests. A request is admitted with its longest cached prefix, so only the
 rest of its prompt is computed. A waiting request that needs a block some
 running request is computing right now (requests that arrive together with a
 shared prefix) waits for it and then reuses it, so the prefix is computed
@@ -79,6 +79,7 @@ class Scheduler:
         logits_cache: LogitsCache | None = None,
         speculator: Speculator | None = None,
         max_drafted_seqs: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1; got {max_num_batched_tokens}")
@@ -86,6 +87,7 @@ class Scheduler:
         self.logits_cache = logits_cache  # None: no exact repeats
         self.speculator = speculator  # None: no drafts
         self.max_drafted_seqs = max_drafted_seqs  # None: drafts at any batch size
+        self.max_num_seqs = max_num_seqs  # running requests at most; None: no bound
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: `waiting` stays sorted by Sequence.sort_key; `running` is in admission order.
         self.waiting: list[Sequence] = []
@@ -148,7 +150,8 @@ class Scheduler:
             else set()
         )
         idx = 0
-        while idx < len(self.waiting) and budget > 0:
+        cap = self.max_num_seqs
+        while idx < len(self.waiting) and budget > 0 and (cap is None or len(self.running) < cap):
             seq = self.waiting[idx]
             if self.kv.waits_for(seq, in_flight):
                 self.num_prefix_waits += 1
