@@ -67,24 +67,13 @@ def check_prompt_logprobs(
         )
 
 
-def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
-    """Every token a logit_bias names is in the vocabulary."""
-    if params.logit_bias is not None:
-        bad = [t for t in params.logit_bias if t >= vocab_size]
+def check_vocab_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Every token a logit_bias or allowed_token_ids names is in the vocabulary."""
+    for name, ids in (("logit_bias token ids", params.logit_bias or ()),
+                      ("allowed_token_ids", params.allowed_token_ids or ())):  # fmt: skip
+        bad = [t for t in ids if t >= vocab_size]
         if bad:
-            raise ValueError(
-                f"logit_bias token ids must be in [0, {vocab_size}); got {sorted(bad)[:5]}"
-            )
-
-
-def check_allowed_token_ids(params: SamplingParams, vocab_size: int) -> None:
-    """Every token allowed_token_ids names is in the vocabulary."""
-    if params.allowed_token_ids is not None:
-        bad = [t for t in params.allowed_token_ids if t >= vocab_size]
-        if bad:
-            raise ValueError(
-                f"allowed_token_ids must be in [0, {vocab_size}); got {sorted(bad)[:5]}"
-            )
+            raise ValueError(f"{name} must be in [0, {vocab_size}); got {sorted(bad)[:5]}")
 
 
 def check_fits(

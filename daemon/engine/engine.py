@@ -36,12 +36,11 @@ from ..model.llama import LlamaModel
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .checks import (
-    check_allowed_token_ids,
     check_fits,
-    check_logit_bias,
     check_prompt_logprobs,
     check_request,
     check_settings,
+    check_vocab_ids,
 )
 from .config import EngineConfig
 from .disk_tier import open_disk_tier
@@ -247,8 +246,7 @@ class Engine:
             prompt_ids, prompt_array = list(prepared.ids), prepared.array
             id_bytes = prepared.id_bytes
         check_prompt_logprobs(params, prompt_table, extra_ids, self.settings.max_prompt_logprobs)
-        check_logit_bias(params, self.config.vocab_size)
-        check_allowed_token_ids(params, self.config.vocab_size)
+        check_vocab_ids(params, self.config.vocab_size)
         table = check_prompt_table(
             prompt_array,
             prompt_table,
