@@ -116,14 +116,17 @@ def decode_request(data: bytes) -> Request:
 
 
 def decode_reply(data: bytes) -> Reply:
-    """Bytes from the daemon -> a reply (the daemon is trusted; only the tag is checked)."""
+    """Bytes from the daemon -> a reply (the daemon is trusted; only the tag is checked).
+    Fields this client does not know (a newer daemon's additions) are left out, so a
+    reply gaining an optional field breaks no older client."""
     body = _unpack_map(data)
     tag = body.pop("type", None)
     body.pop("v", None)
     cls = REPLY_TYPES.get(tag)  # type: ignore[arg-type]
     if cls is None:
         raise ProtocolError("bad_message", f"unknown reply type {tag!r}")
-    return cls(**body)
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in body.items() if k in known})
 
 
 def error_bytes(code: str, message: str, request_id: str | None = None) -> bytes:

@@ -91,6 +91,10 @@ def test_logprobs_travel_with_chunks_and_done() -> None:
                        "top": [[7, "<7>", -0.25], [3, "<3>", -1.5]]}  # fmt: skip
     chunk = TokenChunk("x", [7], "a", wire[:1])
     assert decode_reply(encode(chunk)) == chunk
+    # a newer daemon's field this client does not know is left out
+    newer = msgpack.packb({"v": 1, "type": "chunk", "id": "x", "token_ids": [7], "text": "a",
+                           "from_the_future": 1})  # fmt: skip
+    assert decode_reply(newer) == TokenChunk("x", [7], "a")
     done = Done("x", "length", "ab", [7, 3], 4, 0, 0, 1.5, 9.0, None, wire)
     assert decode_reply(encode(done)).logprobs == wire
     sampling = {"logprobs": 20, "presence_penalty": 0.5, "frequency_penalty": -1,
