@@ -38,6 +38,8 @@ class TokenLogprobsLike(Protocol):
     def logprob(self) -> float: ...
     @property
     def top(self) -> tuple[tuple[int, float], ...]: ...
+    @property
+    def rank(self) -> int: ...
 
 
 # Caps on what msgpack may unpack from one message, so a hostile length field
@@ -148,6 +150,7 @@ def logprobs_to_wire(
             "id": lp.token_id,
             "token": token_text(lp.token_id),
             "logprob": lp.logprob,
+            "rank": lp.rank,
             "top": [[t, token_text(t), v] for t, v in lp.top],
         }
         for lp in logprobs

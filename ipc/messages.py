@@ -434,7 +434,8 @@ class Done:
     tokens_per_s: float  # generated tokens over the time from receipt to the end
     logits: dict[str, Any] | None = None  # {"shape": [n, vocab], "data": float32 bytes}
     # One per generated token when sampling.logprobs is set: {"id", "token" (its text),
-    # "logprob", "top": [[id, text, logprob], ...] (at most 20, most likely first)}
+    # "logprob", "rank" (vLLM's: the tokens at least as likely), "top": [[id, text, logprob], ...] (at
+    # most 20, most likely first)}
     logprobs: list[dict[str, Any]] | None = None
     disk_cached_tokens: int = 0  # the part of cached_tokens onboarded from the disk tier
     # From receipt to the start of the engine step that gave the first token: the time
@@ -442,7 +443,7 @@ class Done:
     queue_ms: float = 0.0
     # One per prompt token when sampling.prompt_logprobs is set, as in `logprobs`: each
     # prompt token's logprob given those before it, and the most likely tokens there;
-    # the first token's (no context) has "logprob" null and "top" [], as OpenAI's echo.
+    # the first token's (no context) has "logprob" and "rank" null and "top" [], as OpenAI's echo.
     prompt_logprobs: list[dict[str, Any]] | None = None
     index: int = 0  # the choice this Done ends (sampling.n > 1: one Done per choice)
     # what ended it with "stop", as vLLM's: the stop string, or the id of a

@@ -85,9 +85,9 @@ def test_logprobs_travel_with_chunks_and_done() -> None:
     from reprise.daemon.engine.sampling.logprobs import TokenLogprobs
     from reprise.ipc.codec import logprobs_to_wire
 
-    lps = [TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5))), TokenLogprobs(3, -2.0, ())]
+    lps = [TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5)), 1), TokenLogprobs(3, -2.0, (), 4)]
     wire = logprobs_to_wire(lps, lambda t: f"<{t}>")
-    assert wire[0] == {"id": 7, "token": "<7>", "logprob": -0.25,
+    assert wire[0] == {"id": 7, "token": "<7>", "logprob": -0.25, "rank": 1,
                        "top": [[7, "<7>", -0.25], [3, "<3>", -1.5]]}  # fmt: skip
     chunk = TokenChunk("x", [7], "a", wire[:1])
     assert decode_reply(encode(chunk)) == chunk

@@ -63,7 +63,9 @@ def all_cached(prompt_ids: list[int]) -> int:
 
 
 def cut(entries: list, num_top: int) -> list:
-    return [e if e is None else type(e)(e.token_id, e.logprob, e.top[:num_top]) for e in entries]
+    return [
+        e if e is None else type(e)(e.token_id, e.logprob, e.top[:num_top], e.rank) for e in entries
+    ]
 
 
 @pytest.mark.parametrize("num_top", [0, MAX_TOP])

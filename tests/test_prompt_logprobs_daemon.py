@@ -148,3 +148,46 @@ def test_echo_is_refused_where_it_cannot_be_served(daemon: HttpDaemon) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             create(model="tiny", max_tokens=1, **kwargs)
         assert word in str(info.value)
+
+
+def test_vllms_prompt_logprobs_parameter(daemon: HttpDaemon, want: list) -> None:
+    """vLLM's `prompt_logprobs` (extra_body): per prompt token, null first, then the
+    token's {logprob, rank, decoded_token} and its alternatives' (ranked 1, 2, ...), on
+    each completion choice and at the top of a chat answer; the engine's entries, cached
+    or not; with echo + logprobs, each keeps its own number of alternatives."""
+    api = daemon.openai()
+    answers = [
+        api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0, n=2,
+                               extra_body={"prompt_logprobs": TOP, "cache_salt": "vllm"})
+        for _ in range(2)
+    ]  # fmt: skip
+    assert answers[1].usage.prompt_tokens_details.cached_tokens == 32
+    for answer in answers:
+        for choice in answer.choices:
+            got = choice.model_extra["prompt_logprobs"]
+            assert len(got) == len(PROMPT) and got[0] is None
+            for entry, e in zip(got[1:], want[1:], strict=True):
+                own = entry[str(e.token_id)]
+                assert own["logprob"] == e.logprob and own["rank"] == e.rank >= 1
+                alternatives = [(t, i, v) for i, (t, v) in enumerate(e.top, 1) if t != e.token_id]
+                others = [
+                    (int(t), x["rank"], x["logprob"]) for t, x in entry.items() if x is not own
+                ]
+                assert others == alternatives
+    assert any(e.rank > TOP for e in want[1:])  # a prompt token past the top: its own rank
+    # echo + logprobs 1 beside prompt_logprobs TOP: the echo keeps one alternative
+    both = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0,
+                                  echo=True, logprobs=1, extra_body={"prompt_logprobs": TOP})  # fmt: skip
+    assert all(len(top) == 1 for top in both.choices[0].logprobs.top_logprobs[1:])
+    assert both.choices[0].model_extra["prompt_logprobs"] == got
+    chat = api.chat.completions.create(model="tiny", max_tokens=1, temperature=0,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"prompt_logprobs": 1})  # fmt: skip
+    entries = chat.model_extra["prompt_logprobs"]
+    assert entries[0] is None and all(1 <= len(e) <= 2 for e in entries[1:])
+    for bad, word in (({"prompt_logprobs": -1}, "prompt_logprobs"),
+                      ({"prompt_logprobs": 9}, "prompt_logprobs"),
+                      ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as info:
+            api.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body=bad)
+        assert word in str(info.value)

@@ -149,13 +149,14 @@ def test_entry_rows_round_trip_bit_identically() -> None:
     rng = np.random.default_rng(3)
     rows = EntryRows(
         rng.standard_normal(BS).astype(np.float32),
+        rng.integers(1, 1 << 17, BS).astype(np.int32),
         rng.integers(0, 1 << 31, (BS, MAX_TOP)).astype(np.int32),
         rng.standard_normal((BS, MAX_TOP)).astype(np.float32),
     )
     back = EntryRows.of_bytes(rows.to_bytes(), BS, MAX_TOP)
     for a, b in zip(
-        (rows.logprobs, rows.top_ids, rows.top_logprobs),
-        (back.logprobs, back.top_ids, back.top_logprobs),
+        (rows.logprobs, rows.ranks, rows.top_ids, rows.top_logprobs),
+        (back.logprobs, back.ranks, back.top_ids, back.top_logprobs),
         strict=True,
     ):
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()

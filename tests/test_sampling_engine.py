@@ -157,6 +157,10 @@ def test_logprobs_are_the_log_softmax_of_the_returned_logits(tiny: Path) -> None
             ids = [t for t, _ in lp.top]
             assert ids == np.argsort(-exact, kind="stable")[: params.logprobs].tolist()
             np.testing.assert_allclose([v for _, v in lp.top], exact[ids], atol=1e-5)
+            # vLLM's rank: the tokens at least as likely in the raw row, itself included
+            # (penalized and seeded draws are not always its top)
+            assert lp.rank == int(np.count_nonzero(exact >= exact[lp.token_id]))
+        assert max(lp.rank for lp in out.logprobs) > 1
     none = engine(tiny).generate(PROMPTS[0], SamplingParams(max_tokens=2, temperature=0))
     assert none.logprobs is None and none.logits is None
 

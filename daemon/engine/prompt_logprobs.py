@@ -64,6 +64,7 @@ class EntryRows:
     tokens with top 20 takes 5 KiB, not the 70 KiB of TokenLogprobs objects)."""
 
     logprobs: np.ndarray  # [n] fp32: each token's own logprob
+    ranks: np.ndarray  # [n] int32: each token's own rank (TokenLogprobs.rank)
     top_ids: np.ndarray  # [n, max_top] int32, most likely first
     top_logprobs: np.ndarray  # [n, max_top] fp32
 
@@ -76,6 +77,7 @@ class EntryRows:
         for idx in range(num):
             entry = token_logprobs(rows[idx], token_ids[idx], max_top)
             out.logprobs[idx] = entry.logprob
+            out.ranks[idx] = entry.rank
             if max_top:
                 out.top_ids[idx] = [t for t, _ in entry.top]
                 out.top_logprobs[idx] = [v for _, v in entry.top]
@@ -85,6 +87,7 @@ class EntryRows:
     def empty(cls, num: int, max_top: int) -> EntryRows:
         return cls(
             np.zeros(num, dtype=F32),
+            np.zeros(num, dtype=np.int32),
             np.zeros((num, max_top), dtype=np.int32),
             np.zeros((num, max_top), dtype=F32),
         )
@@ -92,13 +95,31 @@ class EntryRows:
     def __len__(self) -> int:
         return int(self.logprobs.shape[0])
 
+    def cut(self, span: slice) -> EntryRows:
+        """A copy of the entries of `span`."""
+        return EntryRows(
+            self.logprobs[span].copy(),
+            self.ranks[span].copy(),
+            self.top_ids[span].copy(),
+            self.top_logprobs[span].copy(),
+        )
+
+    def put(self, first: int, rows: EntryRows) -> None:
+        """Write `rows` over the entries from `first` on."""
+        end = first + len(rows)
+        self.logprobs[first:end] = rows.logprobs
+        self.ranks[first:end] = rows.ranks
+        self.top_ids[first:end] = rows.top_ids
+        self.top_logprobs[first:end] = rows.top_logprobs
+
     def to_bytes(self) -> bytes:
-        """Number of entries and max_top, then the three arrays' bytes (little-endian)."""
+        """Number of entries and max_top, then the four arrays' bytes (little-endian)."""
         num, max_top = self.top_ids.shape
         return b"".join(
             (
                 _SHAPE.pack(num, max_top),
                 self.logprobs.astype("<f4").tobytes(),
+                self.ranks.astype("<i4").tobytes(),
                 self.top_ids.astype("<i4").tobytes(),
                 self.top_logprobs.astype("<f4").tobytes(),
             )
@@ -114,15 +135,17 @@ class EntryRows:
         if got_num != num or got_top < max_top:
             raise ValueError(f"{got_num} entries of top {got_top}; need {num} of top {max_top}")
         cells = num * got_top
-        if len(data) != _SHAPE.size + 4 * (num + 2 * cells):
+        if len(data) != _SHAPE.size + 4 * (2 * num + 2 * cells):
             raise ValueError(f"{len(data)} bytes for {num} entries of top {got_top}")
         at = _SHAPE.size
         logprobs = np.frombuffer(data, "<f4", num, at)
-        top_ids = np.frombuffer(data, "<i4", cells, at + 4 * num).reshape(num, got_top)
-        top_logprobs = np.frombuffer(data, "<f4", cells, at + 4 * (num + cells))
+        ranks = np.frombuffer(data, "<i4", num, at + 4 * num)
+        top_ids = np.frombuffer(data, "<i4", cells, at + 8 * num).reshape(num, got_top)
+        top_logprobs = np.frombuffer(data, "<f4", cells, at + 4 * (2 * num + cells))
         top_logprobs = top_logprobs.reshape(num, got_top)
         return cls(
             logprobs.astype(F32),
+            ranks.astype(np.int32),
             np.ascontiguousarray(top_ids[:, :max_top], dtype=np.int32),
             np.ascontiguousarray(top_logprobs[:, :max_top], dtype=F32),
         )
@@ -259,7 +282,7 @@ class PromptLogprobs:
         """Record computed entries of tokens [first, first + len(rows))."""
         assert first <= self.num_known, (first, self.num_known)
         end = first + len(rows)
-        self._put(first, rows)
+        self.rows.put(first, rows)
         self.num_known = max(self.num_known, end)
 
     def take_stored(self, hashes: Sequence[BlockHash], store: PromptLogprobStore) -> None:
@@ -273,7 +296,7 @@ class PromptLogprobs:
             rows = store.get(block_hash)
             if rows is None:
                 break
-            self._put(idx * bs, rows)
+            self.rows.put(idx * bs, rows)
             self.num_known = (idx + 1) * bs
             self.num_stored_blocks = max(self.num_stored_blocks, idx + 1)
 
@@ -289,7 +312,7 @@ class PromptLogprobs:
             return
         rows = store.get_tail(key)
         if rows is not None and len(rows) == self.num_prompt - start:
-            self._put(start, rows)
+            self.rows.put(start, rows)
             self.num_known = self.num_prompt
             self.tail_stored = True
 
@@ -298,15 +321,7 @@ class PromptLogprobs:
         start = self.tail_start
         if self.tail_stored or not self.complete or start == self.num_prompt:
             return
-        rows = self.rows
-        store.put_tail(
-            key,
-            EntryRows(
-                rows.logprobs[start:].copy(),
-                rows.top_ids[start:].copy(),
-                rows.top_logprobs[start:].copy(),
-            ),
-        )
+        store.put_tail(key, self.rows.cut(slice(start, None)))
         self.tail_stored = True
 
     def store_new(self, hashes: Sequence[BlockHash], store: PromptLogprobStore) -> None:
@@ -315,16 +330,7 @@ class PromptLogprobs:
         bs = self.block_size
         num_full = self.num_known // bs
         for idx in range(self.num_stored_blocks, num_full):
-            span = slice(idx * bs, (idx + 1) * bs)
-            rows = self.rows
-            store.put(
-                hashes[idx],
-                EntryRows(
-                    rows.logprobs[span].copy(),
-                    rows.top_ids[span].copy(),
-                    rows.top_logprobs[span].copy(),
-                ),
-            )
+            store.put(hashes[idx], self.rows.cut(slice(idx * bs, (idx + 1) * bs)))
         self.num_stored_blocks = max(self.num_stored_blocks, num_full)
 
     def entries(self) -> list[TokenLogprobs | None]:
@@ -332,17 +338,11 @@ class PromptLogprobs:
         assert self.complete, (self.num_known, self.num_prompt)
         rows, num_top = self.rows, self.num_top
         token_ids = self.token_ids
-        logprobs = rows.logprobs.tolist()
+        logprobs, ranks = rows.logprobs.tolist(), rows.ranks.tolist()
         top_ids = rows.top_ids[:, :num_top].tolist()
         top_logprobs = rows.top_logprobs[:, :num_top].tolist()
         out: list[TokenLogprobs | None] = [None]
         for idx in range(1, self.num_prompt):
             top = tuple(zip(top_ids[idx], top_logprobs[idx], strict=True))
-            out.append(TokenLogprobs(token_ids[idx], logprobs[idx], top))
+            out.append(TokenLogprobs(token_ids[idx], logprobs[idx], top, ranks[idx]))
         return out
-
-    def _put(self, first: int, rows: EntryRows) -> None:
-        end = first + len(rows)
-        self.rows.logprobs[first:end] = rows.logprobs
-        self.rows.top_ids[first:end] = rows.top_ids
-        self.rows.top_logprobs[first:end] = rows.top_logprobs

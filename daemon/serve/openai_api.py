@@ -62,7 +62,7 @@ PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", 
           "include_stop_str_in_output", "allowed_token_ids",
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
-          "max_tokens", "logit_bias", *PASSED, *HARMLESS}  # fmt: skip
+          "max_tokens", "logit_bias", "prompt_logprobs", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
@@ -85,6 +85,8 @@ class ParsedRequest:
     include_usage: bool = False
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
+    # vLLM's prompt_logprobs: top alternatives per prompt token, in the answer's own field
+    num_prompt_logprobs: int | None = None
     # chat with tools: "named" (the answer is the arguments of `tool_name`), "required"
     # (a JSON list of {"name", "parameters"}) or a tool-call parser's name (tool_choice
     # "auto": the calls read from the model's text): the answer comes back as tool_calls
@@ -194,6 +196,12 @@ def parse_request(
     parsed.num_logprobs = _num_logprobs(kind, body)
     if parsed.num_logprobs is not None:
         options["logprobs"] = parsed.num_logprobs
+    if (top := body.get("prompt_logprobs")) is not None:
+        if not _is(top, int) or top < 0:
+            raise bad("prompt_logprobs", f"must be an integer >= 0; got {top!r:.60}")
+        if stream:
+            raise bad("prompt_logprobs", "is not supported with stream: true")
+        parsed.num_prompt_logprobs = options["prompt_logprobs"] = top
     if echo:
         if stream:
             raise bad("echo", "is not supported with stream: true")
@@ -203,7 +211,8 @@ def parse_request(
         # the prompt's tokens and texts come with its logprobs (the cache serves them);
         # a text prompt without logprobs echoes as it came
         if parsed.num_logprobs is not None or not all(isinstance(p, str) for p in parsed.prompts):
-            options["prompt_logprobs"] = parsed.num_logprobs or 0
+            wanted = (parsed.num_logprobs or 0, parsed.num_prompt_logprobs or 0)
+            options["prompt_logprobs"] = max(wanted)
     return parsed
 
 

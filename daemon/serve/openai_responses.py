@@ -91,10 +91,30 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         else:
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason(done), "stop_reason": done.stop_reason}  # fmt: skip
+            if parsed.num_prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs(done, parsed.num_prompt_logprobs)
         choices.append(choice)
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
-    return {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(dones, parsed.n)}  # fmt: skip
+    answer = {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
+              "choices": choices, "usage": usage(dones, parsed.n)}  # fmt: skip
+    if parsed.kind == "chat" and parsed.num_prompt_logprobs is not None:  # one prompt: top level
+        answer["prompt_logprobs"] = prompt_logprobs(dones[0], parsed.num_prompt_logprobs)
+    return answer
+
+
+def prompt_logprobs(done: Done, num_top: int) -> list[dict[int, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: per prompt token, null for the first (no context), else
+    {token id: {"logprob", "rank", "decoded_token"}} for the prompt token and its
+    `num_top` most likely alternatives (ranked 1, 2, ... in order)."""
+    assert done.prompt_logprobs is not None, "the daemon was asked for them"
+    out: list[dict[int, dict[str, Any]] | None] = [None]
+    for lp in done.prompt_logprobs[1:]:
+        entry = {t: {"logprob": v, "rank": i, "decoded_token": text}
+                 for i, (t, text, v) in enumerate(lp["top"][:num_top], 1)}  # fmt: skip
+        entry[lp["id"]] = {"logprob": lp["logprob"], "rank": lp["rank"],
+                           "decoded_token": lp["token"]}  # fmt: skip
+        out.append(entry)
+    return out
 
 
 def tool_answer(parsed: ParsedRequest, text: str) -> dict[str, Any]:
@@ -144,6 +164,8 @@ def _echoed(
     if parsed.num_logprobs is None:
         return text + done.text, None
     assert prompt is not None and done.logprobs is not None
+    if parsed.num_prompt_logprobs is not None:  # the daemon gave the larger top lists
+        prompt = [{**lp, "top": lp["top"][: parsed.num_logprobs]} for lp in prompt]
     return text + done.text, LogprobsBuilder(parsed.kind).build(prompt + done.logprobs)
 
 

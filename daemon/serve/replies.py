@@ -145,7 +145,7 @@ def prompt_logprobs_wire(completion: Completion, token_text: TokenText) -> list[
         return texts[token_id]
 
     first_id = completion.prompt_token_ids[0]
-    first = {"id": first_id, "token": text(first_id), "logprob": None, "top": []}
+    first = {"id": first_id, "token": text(first_id), "logprob": None, "rank": None, "top": []}
     rest = entries[1:]
     assert None not in rest, "only the first prompt token has no entry"
     return [first, *logprobs_to_wire(rest, text)]  # type: ignore[arg-type]

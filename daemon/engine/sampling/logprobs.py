@@ -27,11 +27,13 @@ from ....cuda.sampling import ranked
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
     """The chosen token's logprob and the `num_top` most likely tokens', highest first
-    (equal logprobs by lower id)."""
+    (equal logprobs by lower id), and the chosen token's rank (vLLM's: the number of
+    tokens at least as likely as it, itself included, so 1 for the only most likely)."""
 
     token_id: int
     logprob: float  # an fp32 value
     top: tuple[tuple[int, float], ...]  # (token id, logprob)
+    rank: int
 
 
 def log_softmax(row: np.ndarray) -> np.ndarray:
@@ -46,8 +48,10 @@ def token_logprobs(row: np.ndarray, token_id: int, num_top: int) -> TokenLogprob
     """The logprobs of `token_id` and of the `num_top` most likely tokens of `row`."""
     logprobs = log_softmax(row)
     top = ranked(logprobs, num_top).tolist() if num_top else []
+    own = logprobs[token_id]
     return TokenLogprobs(
         token_id=token_id,
-        logprob=float(logprobs[token_id]),
+        logprob=float(own),
         top=tuple((t, float(logprobs[t])) for t in top),
+        rank=int(np.count_nonzero(logprobs >= own)),
     )
