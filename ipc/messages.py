@@ -59,6 +59,8 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "min_tokens": (int,),  # tokens before a stop token or string may end it, 0 to max_tokens
     # the only tokens the request may draw (vLLM's; non-empty), or null for all
     "allowed_token_ids": (list, type(None)),
+    # keep the prompt's last that many tokens (vLLM's; >= 1), or null for the whole prompt
+    "truncate_prompt_tokens": (int, type(None)),
     # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
     "logit_bias": (list, type(None)),
     # [kind, spec]: SamplingParams.structured (StructuredOutput), e.g. ["json", schema text]

@@ -179,6 +179,20 @@ def test_penalties_and_priority_are_accepted(api: openai.OpenAI) -> None:
     assert done.choices[0].finish_reason == "length"
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(api: openai.OpenAI) -> None:
+    """vLLM's truncate_prompt_tokens (extra_body): a prompt past the context (256 here)
+    runs as its last k tokens, as those alone do; without it, it is refused."""
+    ids = list(range(1000, 1400))
+    with pytest.raises(openai.APIStatusError, match="256") as refused:
+        complete(api, prompt=ids, max_tokens=2)
+    assert refused.value.status_code == 413
+    cut = complete(api, prompt=ids, max_tokens=4, extra_body={"truncate_prompt_tokens": 100})
+    assert cut.usage.prompt_tokens == 100
+    assert cut.choices[0].text == complete(api, prompt=ids[-100:], max_tokens=4).choices[0].text
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        complete(api, extra_body={"truncate_prompt_tokens": 0})
+
+
 def test_allowed_token_ids_reach_the_sampler(daemon: HttpDaemon, api: openai.OpenAI) -> None:
     """vLLM's allowed_token_ids (extra_body): one allowed token is the whole answer."""
     tokens = httpx.post(f"{daemon.url}/tokenize", json={"prompt": " Paris"}, timeout=10)

@@ -98,3 +98,26 @@ def test_a_prepared_prompt_is_refused_as_the_prompt_is(tiny: Path) -> None:
     with pytest.raises(ValueError, match="only by the engine that prepared it"):
         engine.add_request(prepared, PARAMS)
     assert not engine.has_work()
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny: Path, rng) -> None:
+    """vLLM's truncate_prompt_tokens: a prompt longer than the context runs as its last k
+    tokens (raw or prepared with the same k), as those tokens alone run; a prepared
+    prompt longer than k is refused, a shorter one runs whole."""
+    engine = engine_of(tiny, max_model_len=64)
+    prompt = rng.integers(0, 1000, size=150).tolist()
+    with pytest.raises(ValueError, match="at most 63"):
+        engine.add_request(prompt, PARAMS)
+    cut = SamplingParams(**{**{n: getattr(PARAMS, n) for n in PARAMS.__slots__},
+                            "truncate_prompt_tokens": 40})  # fmt: skip
+    want = engine.generate(prompt[-40:], PARAMS)
+    for given in (prompt, engine.prepare_prompt(prompt, truncate_prompt_tokens=40)):
+        got = engine.generate(given, cut)
+        assert got.prompt_token_ids == prompt[-40:] and got.token_ids == want.token_ids
+        assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+    with pytest.raises(ValueError, match="prepare it with truncate_prompt_tokens"):
+        engine.add_request(engine.prepare_prompt(prompt[:50]), cut)
+    short = engine.generate(prompt[:10], cut)
+    assert short.prompt_token_ids == prompt[:10]
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be an integer >= 1"):
+        SamplingParams(truncate_prompt_tokens=0)

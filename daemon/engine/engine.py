@@ -188,14 +188,20 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
 
     def prepare_prompt(
-        self, prompt: Prompt, *, cache_salt: str | bytes | None = None
+        self,
+        prompt: Prompt,
+        *,
+        cache_salt: str | bytes | None = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> PreparedPrompt:
         """`prompt` checked as `add_request` checks it (ValueError), with its ids encoded
         as block keys and, when it has no prompt-table ids, its full blocks' keys under
         `cache_salt`: the admission work that depends on the prompt alone. Safe on any
         thread (it reads the engine's fixed settings only), so a server runs it off its
-        loop; `add_request` takes the result in place of the prompt (prompts.py)."""
-        ids, array = self._prompt_ids(prompt)
+        loop; `add_request` takes the result in place of the prompt (prompts.py), and
+        `truncate_prompt_tokens` keeps the prompt's last that many ids, as the request's
+        SamplingParams.truncate_prompt_tokens does."""
+        ids, array = self._prompt_ids(prompt, truncate_prompt_tokens)
         array.flags.writeable = False
         id_bytes = encode_ids(array)  # as block keys encode them
         namespace = _namespace(cache_salt)
@@ -239,12 +245,20 @@ class Engine:
         params = params or SamplingParams()
         check_request(params, priority)
         prepared = prompt.checked_by(self) if isinstance(prompt, PreparedPrompt) else None
+        keep = params.truncate_prompt_tokens
         if prepared is None:
-            prompt_ids, prompt_array = self._prompt_ids(prompt)
+            prompt_ids, prompt_array = self._prompt_ids(prompt, keep)
             id_bytes = encode_ids(prompt_array)  # as block keys encode them
         else:
+            if keep is not None and len(prepared.ids) > keep:
+                raise ValueError(
+                    f"the prepared prompt has {len(prepared.ids)} tokens, more than "
+                    f"truncate_prompt_tokens ({keep}): prepare it with truncate_prompt_tokens"
+                )
             prompt_ids, prompt_array = list(prepared.ids), prepared.array
             id_bytes = prepared.id_bytes
+        if keep is not None and extra_ids is not None and len(extra_ids) > len(prompt_ids):
+            extra_ids = list(extra_ids)[-len(prompt_ids) :]  # they were the whole prompt's
         check_prompt_logprobs(params, prompt_table, extra_ids, self.settings.max_prompt_logprobs)
         check_vocab_ids(params, self.config.vocab_size)
         table = check_prompt_table(
@@ -510,13 +524,16 @@ class Engine:
         del self._live[seq.request_id]
         self._finished[seq.request_id] = seq
 
-    def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], np.ndarray]:
+    def _prompt_ids(
+        self, prompt: Prompt, keep_last: int | None = None
+    ) -> tuple[list[int], np.ndarray]:
         """The prompt's ids, as a list and as an int64 array (prompts.prompt_ids)."""
         return prompt_ids(
             prompt,
             self.tokenizer,
             vocab_size=self.config.vocab_size,
             max_model_len=self.max_model_len,
+            keep_last=keep_last,
         )
 
 

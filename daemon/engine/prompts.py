@@ -36,9 +36,15 @@ MAX_TOKEN_ID = 1 << 31  # token ids, prompt-table ids too, are int32 on the devi
 
 
 def prompt_ids(
-    prompt: Prompt, tokenizer: Tokenizer, *, vocab_size: int, max_model_len: int
+    prompt: Prompt,
+    tokenizer: Tokenizer,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    keep_last: int | None = None,
 ) -> tuple[list[int], np.ndarray]:
-    """The prompt's ids, as a list of plain ints and as an int64 array."""
+    """The prompt's ids, as a list of plain ints and as an int64 array; with `keep_last`
+    (vLLM's truncate_prompt_tokens), its last `keep_last` only, before the length check."""
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
         array = np.asarray(ids, dtype=np.int64)
@@ -55,6 +61,8 @@ def prompt_ids(
         raise ValueError(
             f"prompt must be a string or a list of token ids; got {type(prompt).__name__}"
         )
+    if keep_last is not None and len(ids) > keep_last:
+        ids, array = ids[-keep_last:], array[-keep_last:]
     if not ids:
         raise ValueError("prompt is empty; it must hold at least one token")
     if len(ids) >= max_model_len:

@@ -118,6 +118,9 @@ class RequestChecks:
     def prompt_ids(self, request: Generate) -> list[int]:
         """The request's prompt as token ids (on the tokenizing thread)."""
         ids = request.token_ids if request.token_ids is not None else self.text_ids(request)
+        keep = request.sampling.get("truncate_prompt_tokens")  # checked by `read`
+        if keep is not None and len(ids) > keep:
+            ids = ids[-keep:]
         if not ids:
             raise ProtocolError("bad_request", "prompt is empty; it must hold at least one token")
         max_len = self.max_model_len

@@ -75,6 +75,10 @@ class SamplingParams:
     drawn from those the grammar allows next, and the request ends when the grammar
     admits nothing more. Logprobs stay the raw model's.
 
+    `truncate_prompt_tokens` (vLLM's; None, or >= 1) keeps only the prompt's last that
+    many tokens (a longer prompt is cut from the left, before its length is checked), so
+    the completion's prompt is those tokens.
+
     `include_stop_str_in_output` (vLLM's; False) keeps the stop string that ended the
     answer at the end of its text, rather than cutting the text where it begins.
 
@@ -104,6 +108,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
     allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -161,6 +166,9 @@ class SamplingParams:
                   hint=" (at most max_tokens)")  # fmt: skip
         if self.structured is not None:
             self.structured = StructuredOutput.of(self.structured)
+        if self.truncate_prompt_tokens is not None:
+            check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, low=1,
+                      hint=" or None (the whole prompt)")  # fmt: skip
         if self.allowed_token_ids is not None:
             if not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids:
                 raise ValueError(
