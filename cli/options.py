@@ -477,15 +477,16 @@ ENGINE_OPTIONS: dict[str, str] = {engine_option(f)[0]: f.name for f in setting_f
 def speculative_config(text: str) -> dict[str, int]:
     """vLLM's `--speculative-config` JSON, as the EngineConfig fields it sets: method
     "ngram" only (prompt lookup), `num_speculative_tokens`, `prompt_lookup_min` and
-    `prompt_lookup_max`, which default to each other, or both to 5, as vLLM's do. A
-    usage error names what is wrong."""
+    `prompt_lookup_max`, which default to each other, or both to 5, as vLLM's do, and
+    `disable_by_batch_size`. A usage error names what is wrong."""
     try:
         config = json.loads(text)
     except ValueError as e:
         raise click.UsageError(f"--speculative-config must be a JSON object: {e}") from None
     if not isinstance(config, dict):
         raise click.UsageError(f"--speculative-config must be a JSON object; got {text!r}")
-    known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+    known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+             "disable_by_batch_size"}  # fmt: skip
     if unknown := sorted(set(config) - known):
         raise click.UsageError(
             f"--speculative-config: unknown key(s) {unknown}; reprise takes {sorted(known)}"
@@ -501,11 +502,14 @@ def speculative_config(text: str) -> dict[str, int]:
     if low is None and high is None:
         low = high = 5
     low, high = (high if low is None else low), (low if high is None else high)
-    return {
+    fields = {
         "speculative_tokens": config["num_speculative_tokens"],
         "prompt_lookup_min": low,
         "prompt_lookup_max": high,
     }
+    if "disable_by_batch_size" in config:
+        fields["speculative_disable_by_batch_size"] = config["disable_by_batch_size"]
+    return fields
 
 
 def engine_options(command: Any) -> Any:

@@ -207,7 +207,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
     # refused before the model loads, as a usage error (exit 2)
     engine_fields = {field: options[name] for name, field in ENGINE_OPTIONS.items()}
     if options["speculative_config"] is not None:
-        given = [f for f in ("speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+        given = [f for f in ("speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                             "speculative_disable_by_batch_size")
                  if options[f] != SERVE_OPTIONS[f][0]]  # fmt: skip
         if given:
             raise click.UsageError(

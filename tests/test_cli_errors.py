@@ -81,6 +81,8 @@ SETTING_ERRORS = [
     (["serve", "--max-prompt-logprobs", "1001"], ["--max-prompt-logprobs", "1001", "[0, 1000]"]),
     (["serve", "--max-batched-tokens", "0"], ["--max-batched-tokens", "0", ">= 1"]),
     (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "0", ">= 1"]),
+    (["serve", "--speculative-disable-by-batch-size", "0"],
+     ["--speculative-disable-by-batch-size", "0", ">= 1"]),
     (["serve", "--host-blocks", "-2"], ["--host-blocks", "-2", ">= 0"]),
     (["serve", "--host-bytes", "0"], ["--host-bytes", "0", ">= 1"]),
     (["serve", "--host-blocks", "4", "--host-bytes", "4096"], ["--host-bytes", "not both"]),

@@ -393,6 +393,7 @@ def test_drafts_stop_before_a_prompt_table_id(tiny: Path) -> None:
         (dict(prompt_lookup_min=0), "prompt_lookup_min"),
         (dict(prompt_lookup_max=65), "prompt_lookup_max"),
         (dict(prompt_lookup_min=4, prompt_lookup_max=3), "prompt_lookup_min"),
+        (dict(speculative_disable_by_batch_size=0), "speculative_disable_by_batch_size"),
     ],
 )
 def test_bad_settings_are_refused(settings: dict, name: str) -> None:
@@ -427,6 +428,34 @@ def test_vllms_speculative_config_maps_to_the_settings() -> None:
     assert fields(num_speculative_tokens=3, prompt_lookup_max=4) == (3, 4, 4)
     assert fields(num_speculative_tokens=2, prompt_lookup_min=2) == (2, 2, 2)
     assert fields(num_speculative_tokens=6, prompt_lookup_min=1, prompt_lookup_max=3) == (6, 1, 3)
+    got = speculative_config(json.dumps({"method": "ngram", "num_speculative_tokens": 3,
+                                         "disable_by_batch_size": 4}))  # fmt: skip
+    assert got["speculative_disable_by_batch_size"] == 4
+
+
+def test_no_drafts_while_more_requests_run_than_disable_by_batch_size(tiny: Path) -> None:
+    """vLLM's disable_by_batch_size (no decode graphs here): a step drafts only while at
+    most that many requests run (two of six end early), bit-identical answers."""
+    params = [replace(GREEDY, max_tokens=8)] * 2 + [GREEDY] * 4
+    reference = engine(tiny).generate(prompts() * 2, params)
+    eng = engine(tiny, speculative_tokens=5, prompt_lookup_min=1,
+                 speculative_disable_by_batch_size=4)  # fmt: skip
+    plans: list[tuple[int, bool]] = []
+    schedule = eng.scheduler.schedule
+
+    def recorded():
+        running = len(eng.scheduler.running)
+        plan = schedule()
+        plans.append((running, any(item.draft for item in plan.scheduled)))
+        return plan
+
+    eng.scheduler.schedule = recorded  # type: ignore[method-assign]
+    got = eng.generate(prompts() * 2, params)
+    assert isinstance(got, list) and isinstance(reference, list)
+    assert_identical(got, reference)
+    assert any(drafted for _, drafted in plans)
+    assert not any(drafted for running, drafted in plans if running > 4)
+    assert any(running > 4 for running, _ in plans)
 
 
 def test_choices_of_one_prompt_are_drafted_alone(tiny: Path, reference: list[Completion]) -> None:

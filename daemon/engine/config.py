@@ -121,6 +121,12 @@ class EngineConfig:
         5, "--prompt-lookup-max",
         "Longest n-gram looked for first (the longest match found wins).",
     )  # fmt: skip
+    speculative_disable_by_batch_size: int | None = _setting(
+        None, "--speculative-disable-by-batch-size",
+        "No drafts while more than this many requests run (vLLM's disable_by_batch_size); "
+        "with decode graphs at most 16, past which a drafted step would run eagerly "
+        "[default: no limit but the graphs'].",
+    )  # fmt: skip
     max_prompt_logprobs: int = _setting(
         DEFAULT_MAX_PROMPT_LOGPROBS, "--max-prompt-logprobs",
         "Most top alternatives a request's prompt_logprobs may ask for per prompt token; "
@@ -208,6 +214,12 @@ class EngineConfig:
                 raise SettingError(
                     name, f"{name} must be an integer in [1, {MAX_PROMPT_LOOKUP}]; got {value!r}"
                 )
+        _check_int(
+            "speculative_disable_by_batch_size",
+            self.speculative_disable_by_batch_size,
+            low=1,
+            optional=True,
+        )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise SettingError(
                 "prompt_lookup_min",

@@ -139,12 +139,14 @@ class Engine:
             if settings.speculative_tokens
             else None
         )
-        decode = self.runner.decode
+        # a drafted step runs in a graph up to the largest drafted bucket, else eagerly
+        limits = [settings.speculative_disable_by_batch_size]
+        if self.runner.decode is not None:
+            limits.append(self.runner.decode.max_drafted_seqs)
+        given = [n for n in limits if n is not None]
         self.scheduler = Scheduler(
             self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator,
-            # a drafted step runs in a graph up to the largest drafted bucket, else eagerly
-            max_drafted_seqs=None if decode is None else decode.max_drafted_seqs,
-            max_num_seqs=settings.max_num_seqs,
+            max_drafted_seqs=min(given) if given else None, max_num_seqs=settings.max_num_seqs,
         )  # fmt: skip
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
