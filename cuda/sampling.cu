@@ -127,8 +127,9 @@ extern "C" __global__ void philox_uniform(const unsigned long long* __restrict__
 // Seeded sampling over rows already ranked (twin: sampling.sample_ref, from its sort on):
 // sorted: [rows, vocab] fp32 scaled logits in rank order (descending, ties by id),
 // ids: [rows, vocab] int32 the token of each rank; top_k: [rows] int32, the ranks kept
-// (vocab for all); top_p, min_p: [rows] fp32 (min_p 0: no cut); uniforms: [rows] fp32, the Philox draw of the row;
-// cum: [rows, vocab] fp32 scratch; out: [rows] int32. grid = rows, block = any.
+// (vocab for all); top_p, min_p: [rows] fp32 (min_p 0: no cut); uniforms: [rows] fp32,
+// the Philox draw of the row; cum: [rows, vocab] fp32 scratch; out: [rows] int32.
+// grid = rows, block = any.
 //
 // The threads write p_i = expf(s_i - s_0) in parallel; then one thread runs the twin's
 // sequential steps in its order: the min_p cut (the ranks before the first whose p_i is
@@ -138,8 +139,8 @@ extern "C" __global__ void philox_uniform(const unsigned long long* __restrict__
 // depends on its own inputs alone; against NumPy only expf may differ, in the last bit.
 extern "C" __global__ void sample_sorted(const float* __restrict__ sorted, const int* __restrict__ ids,
                                          const int* __restrict__ top_k, const float* __restrict__ top_p,
-                                         const float* __restrict__ min_p, const float* __restrict__ uniforms, float* __restrict__ cum,
-                                         int vocab, int* __restrict__ out) {
+                                         const float* __restrict__ min_p, const float* __restrict__ uniforms,
+                                         float* __restrict__ cum, int vocab, int* __restrict__ out) {
   pdl_enter();
   const long long base = (long long)blockIdx.x * vocab;
   int kept = top_k[blockIdx.x] < vocab ? top_k[blockIdx.x] : vocab;
@@ -149,13 +150,13 @@ extern "C" __global__ void sample_sorted(const float* __restrict__ sorted, const
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
+  // one pass: the min_p cut (p_0 is 1, never cut) and the running sum of what it keeps
   const float floor_p = min_p[blockIdx.x];
-  for (int i = 1; i < kept; ++i) {
-    if (cum[base + i] < floor_p) { kept = i; break; }
-  }
   float sum = 0.0f;
   for (int i = 0; i < kept; ++i) {
-    sum = __fadd_rn(sum, cum[base + i]);
+    const float p = cum[base + i];
+    if (p < floor_p) { kept = i; break; }
+    sum = __fadd_rn(sum, p);
     cum[base + i] = sum;
   }
   int keep = kept;

@@ -436,8 +436,8 @@ class Done:
     tokens_per_s: float  # generated tokens over the time from receipt to the end
     logits: dict[str, Any] | None = None  # {"shape": [n, vocab], "data": float32 bytes}
     # One per generated token when sampling.logprobs is set: {"id", "token" (its text),
-    # "logprob", "rank" (vLLM's: the tokens at least as likely), "top": [[id, text, logprob], ...] (at
-    # most 20, most likely first)}
+    # "logprob", "rank" (vLLM's: the tokens at least as likely), "top": [[id, text,
+    # logprob], ...] (at most 20, most likely first)}
     logprobs: list[dict[str, Any]] | None = None
     disk_cached_tokens: int = 0  # the part of cached_tokens onboarded from the disk tier
     # From receipt to the start of the engine step that gave the first token: the time

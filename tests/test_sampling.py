@@ -115,6 +115,7 @@ def test_min_p_keeps_the_tokens_as_likely_as_min_p_times_the_top() -> None:
     ("field", "value"),
     [
         ("allowed_token_ids", []),
+        ("allowed_token_ids", [1] * 32769),
         ("allowed_token_ids", [3, -1]),
         ("allowed_token_ids", "3"),
         ("min_p", -0.1),

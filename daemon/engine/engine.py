@@ -139,14 +139,13 @@ class Engine:
             if settings.speculative_tokens
             else None
         )
-        # a drafted step runs in a graph up to the largest drafted bucket, else eagerly
-        limits = [settings.speculative_disable_by_batch_size]
-        if self.runner.decode is not None:
-            limits.append(self.runner.decode.max_drafted_seqs)
-        given = [n for n in limits if n is not None]
+        max_drafted = settings.speculative_disable_by_batch_size
+        if self.runner.decode is not None:  # a larger drafted step would run eagerly
+            graphs = self.runner.decode.max_drafted_seqs
+            max_drafted = graphs if max_drafted is None else min(max_drafted, graphs)
         self.scheduler = Scheduler(
             self.kv, settings.step_budget(on_gpu), self.logits_cache, self.speculator,
-            max_drafted_seqs=min(given) if given else None, max_num_seqs=settings.max_num_seqs,
+            max_drafted_seqs=max_drafted, max_num_seqs=settings.max_num_seqs,
         )  # fmt: skip
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
@@ -401,8 +400,9 @@ class Engine:
         """Capture now, as vLLM does at start-up, the decode graph of every batch-size
         bucket a step could need, so no request pays a capture: buckets up to the most
         sequences that can decode at once (one block and one batched token each, and
-        max_num_seqs), and at most `max_seqs`. Returns the bucket sizes captured ([] without graphs; those
-        before it failed if a capture fails, after which decoding runs eagerly)."""
+        max_num_seqs), and at most `max_seqs`; with speculation, the drafted buckets too.
+        Returns the decode bucket sizes captured ([] without graphs; those before it
+        failed if a capture fails, after which decoding runs eagerly)."""
         decode = self.runner.decode
         if decode is None:
             return []

@@ -1,15 +1,16 @@
 """Which tokens run in the next step, and which blocks they write to.
 
-Continuous batching: each step takes every running request's pending tokens
-(a decode token, or the next chunk of a prompt) and then admits waiting
-requests in priority order (lower first, then arrival), all within a token
-budget and up to `max_num_seqs` running requests. A request is admitted with its longest cached prefix, so only the
-rest of its prompt is computed. A waiting request that needs a block some
-running request is computing right now (requests that arrive together with a
-shared prefix) waits for it and then reuses it, so the prefix is computed
-once. When a running request needs a block and none is free, the running
-request that sorts last (lowest priority, youngest) is preempted: its blocks
-go back to the pool (its full blocks stay cached) and it waits to be resumed.
+Continuous batching: each step takes every running request's pending tokens (a
+decode token, or the next chunk of a prompt) and then admits waiting requests in
+priority order (lower first, then arrival), all within a token budget and up to
+`max_num_seqs` running requests. A request is admitted with its longest cached
+prefix, so only the rest of its prompt is computed. A waiting request that needs
+a block some running request is computing right now (requests that arrive
+together with a shared prefix) waits for it and then reuses it, so the prefix is
+computed once. When a running request needs a block and none is free, the
+running request that sorts last (lowest priority, youngest) is preempted: its
+blocks go back to the pool (its full blocks stay cached) and it waits to be
+resumed.
 The scheduler never touches arrays: what a step must do is a `StepPlan`, which
 the model runner executes (the pool's planned block copies, then the forward).
 An exact repeat (a prompt whose last logits row is stored, logits_cache.py, and

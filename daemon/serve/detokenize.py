@@ -12,10 +12,10 @@ final flush) and applies the request's stop strings with the rules of
    the held characters are flushed, no stop string is looked for;
 2. else a stop string that begins at or after the searched point (the text before the
    token, less the longest stop's length plus one: a stop string ending in the token's
-   text; from the request's min_tokens-th token on)
-   ends the request here: the text is cut where
-   the earliest one begins (after it, with include_stop_str_in_output), nothing is flushed, and the tokens after this one (the
-   engine may have computed one or two more) are never sent;
+   text; from the request's min_tokens-th token on) ends the request here: the text is
+   cut where the earliest one begins (after it, with include_stop_str_in_output),
+   nothing is flushed, and the tokens after this one (the engine may have computed one
+   or two more) are never sent;
 3. else the engine ended it with "length": flushed.
 
 While a request runs, its deltas hold back the characters that could still begin a

@@ -20,8 +20,9 @@ def warm_up(
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """On the GPU, capture the decode graph of every batch size a step can have (up to
-    `max_seqs` sequences; with speculation, the drafted steps' too); on every backend, run one tiny request (3 prompt tokens, 2
-    generated) through admission, prefill, sampling, decode and retirement.
+    `max_seqs` sequences; with speculation, the drafted steps' too); on every backend,
+    run one tiny request (3 prompt tokens, 2 generated) through admission, prefill,
+    sampling, decode and retirement.
     `progress(done, total)` counts these stages."""
     start = time.perf_counter()
     report = progress or (lambda done, total: None)

@@ -16,6 +16,7 @@ MAX_ABS_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as Ope
 MAX_CHOICES = 16  # `n`: completions one request may ask for
 MAX_ABS_LOGIT_BIAS = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
 MAX_LOGIT_BIAS_TOKENS = 1024  # tokens one request may bias
+MAX_ALLOWED_TOKEN_IDS = 32768  # tokens one request's allowed_token_ids may name
 
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ class SamplingParams:
     order), so -100 all but bans a token and +100 all but forces it. Logprobs stay the
     raw model's.
 
-    `allowed_token_ids` (vLLM's; a non-empty list, or None for all) lets a request draw
+    `allowed_token_ids` (vLLM's; 1 to 32,768 ids, or None for all) lets a request draw
     only these tokens: every other logit is -inf before sampling and the greedy argmax
     (not with `structured`, whose grammar masks the row already). Logprobs stay the raw
     model's.
@@ -170,10 +171,11 @@ class SamplingParams:
             check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, low=1,
                       hint=" or None (the whole prompt)")  # fmt: skip
         if self.allowed_token_ids is not None:
-            if not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids:
+            allowed = self.allowed_token_ids
+            if not isinstance(allowed, list) or not 1 <= len(allowed) <= MAX_ALLOWED_TOKEN_IDS:
                 raise ValueError(
-                    "allowed_token_ids must be a non-empty list of token ids or None; "
-                    f"got {self.allowed_token_ids!r:.60}"
+                    f"allowed_token_ids must be a list of 1 to {MAX_ALLOWED_TOKEN_IDS} token ids "
+                    f"or None; got {allowed!r:.60}"
                 )
             for token_id in self.allowed_token_ids:
                 check_int("allowed_token_ids[]", token_id, low=0)
@@ -184,7 +186,8 @@ class SamplingParams:
                 )
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(
-                f"include_stop_str_in_output must be a bool; got {self.include_stop_str_in_output!r}"
+                "include_stop_str_in_output must be a bool; "
+                f"got {self.include_stop_str_in_output!r}"
             )
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
