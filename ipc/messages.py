@@ -418,6 +418,7 @@ class TokenChunk:
     text: str  # new text since the last chunk
     logprobs: list[dict[str, Any]] | None = None  # one per token, when sampling.logprobs is set
     index: int = 0  # the choice these tokens belong to (sampling.n > 1)
+    prompt_tokens: int = 0  # the prompt's length (vLLM's continuous usage stats)
 
 
 @dataclass(slots=True)

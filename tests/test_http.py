@@ -100,6 +100,37 @@ def test_streaming_equals_non_streaming_at_temperature_0(api: openai.OpenAI) -> 
     assert "".join(d.choices[0].delta.content or "" for d in deltas) == message
 
 
+def test_continuous_usage_stats_count_each_choice_as_it_streams(api: openai.OpenAI) -> None:
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's usage
+    so far (the prompt it answers, the tokens streamed, their sum); the last event keeps
+    the request's total. Two prompts of different lengths, two choices each."""
+    prompts = ["The capital of France is", "Once upon a time, in a land far away, there"]
+    sizes = [complete(api, prompt=p, max_tokens=1).usage.prompt_tokens for p in prompts]
+    assert sizes[0] != sizes[1]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    events = list(complete(api, prompt=prompts, n=2, max_tokens=5, temperature=1, seed=3,
+                           stream=True, stream_options=options))  # fmt: skip
+    seen = [0] * 4
+    for event in events[:-1]:
+        (choice,) = event.choices
+        usage, i = event.usage, choice.index
+        assert usage.prompt_tokens == sizes[i // 2]
+        assert usage.completion_tokens >= seen[i] and usage.total_tokens == (
+            usage.prompt_tokens + usage.completion_tokens
+        )
+        seen[i] = usage.completion_tokens
+    assert seen == [5] * 4
+    assert events[-1].choices == [] and events[-1].usage.completion_tokens == 20
+    assert events[-1].usage.prompt_tokens == sum(sizes)
+    deltas = list(chat(api, max_tokens=3, stream=True, stream_options=options))
+    assert [d.usage.completion_tokens for d in deltas[:-1]][-1] == 3
+    # without include_usage it asks for nothing (vLLM's); a value of the wrong type is refused
+    plain = list(complete(api, stream=True, stream_options={"continuous_usage_stats": True}))
+    assert all(e.usage is None for e in plain)
+    with pytest.raises(openai.BadRequestError, match="continuous_usage_stats"):
+        complete(api, stream=True, stream_options={"continuous_usage_stats": "yes"})
+
+
 def test_sse_framing_ends_with_done(daemon: HttpDaemon) -> None:
     body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
@@ -183,9 +214,9 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(api: openai.OpenAI) -> Non
     """vLLM's truncate_prompt_tokens (extra_body): a prompt past the context (256 here)
     runs as its last k tokens, as those alone do; without it, it is refused."""
     ids = list(range(1000, 1400))
-    with pytest.raises(openai.APIStatusError, match="256") as refused:
+    with pytest.raises(openai.BadRequestError, match="256") as refused:
         complete(api, prompt=ids, max_tokens=2)
-    assert refused.value.status_code == 413
+    assert refused.value.code == "context_length_exceeded"
     cut = complete(api, prompt=ids, max_tokens=4, extra_body={"truncate_prompt_tokens": 100})
     assert cut.usage.prompt_tokens == 100
     assert cut.choices[0].text == complete(api, prompt=ids[-100:], max_tokens=4).choices[0].text
@@ -454,7 +485,7 @@ def test_chat_tool_errors_name_the_field(api: openai.OpenAI, kw: dict, param: st
         ({"extra_body": {"mirostat": 1}}, "BadRequestError", "mirostat"),
         ({"logprobs": 99}, "BadRequestError", "logprobs"),
         ({"model": "gpt-nothing"}, "NotFoundError", "model"),
-        ({"prompt": [1] * 300}, "APIStatusError", "prompt"),  # 413, prompt too long
+        ({"prompt": [1] * 300}, "BadRequestError", "prompt"),  # prompt past the context
         ({"n": 5}, "RateLimitError", None),  # more choices than --max-queue 4
         # values the request message itself refuses, before the daemon sees them: of the
         # wrong type, or integers msgpack cannot carry
@@ -502,7 +533,7 @@ def test_errors_have_status_and_shape(api: openai.OpenAI, kw: dict, error: str, 
     assert type(e).__name__ == error
     assert e.body["type"] and e.body["message"] and e.body.get("param") == param
     if "prompt" in kw and isinstance(kw["prompt"], list) and len(kw["prompt"]) > 2:
-        assert e.status_code == 413
+        assert e.code == "context_length_exceeded"  # OpenAI's code, as vLLM's
 
 
 @pytest.mark.parametrize(

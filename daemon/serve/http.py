@@ -52,7 +52,7 @@ from ...ipc.messages import (
 from .async_client import AsyncClient
 from .metrics import Metrics
 from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_tokenize
-from .openai_errors import STATUS_OF_CODE, ApiError
+from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
 from .tool_parsers import PARSERS
 
@@ -449,7 +449,7 @@ def _api_error(e: BaseException, *, embeds: bool = False) -> ApiError:
         status, param, message = STATUS_OF_CODE.get(e.code, 500), _param_named(e.message), e.message
         if embeds and param == "prompt_table":  # the table the daemon checked is prompt_embeds
             param, message = "prompt_embeds", f"prompt_embeds (as the prompt table): {message}"
-        return ApiError(status, message, param=param, code=e.code)
+        return ApiError(status, message, param=param, code=OPENAI_CODE.get(e.code, e.code))
     if isinstance(e, DaemonUnavailable):
         return ApiError(503, "the daemon is not serving yet (or has stopped)",
                         code="unavailable")  # fmt: skip

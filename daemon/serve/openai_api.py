@@ -83,6 +83,7 @@ class ParsedRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's)
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
     # vLLM's prompt_logprobs: top alternatives per prompt token, in the answer's own field
@@ -189,10 +190,20 @@ def parse_request(
     if not _is(stream, bool):
         raise bad("stream", f"must be a boolean; got {stream!r}")
     parsed.stream = stream
-    stream_options = body.get("stream_options", {})
-    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
-        raise bad("stream_options", f"only include_usage is supported; got {stream_options!r}")
-    parsed.include_usage = bool(stream_options.get("include_usage", False))
+    stream_options = body.get("stream_options") or {}
+    known = {"include_usage", "continuous_usage_stats"}
+    if not isinstance(stream_options, dict) or set(stream_options) - known:
+        raise bad(
+            "stream_options", f"only {sorted(known)} are supported; got {stream_options!r:.80}"
+        )
+    for key, value in stream_options.items():
+        if value is not None and not _is(value, bool):
+            raise bad("stream_options", f"{key} must be a boolean; got {value!r:.60}")
+    parsed.include_usage = bool(stream_options.get("include_usage"))
+    # vLLM's: each chunk carries its choice's usage so far (only with include_usage)
+    parsed.continuous_usage = parsed.include_usage and bool(
+        stream_options.get("continuous_usage_stats")
+    )
     parsed.num_logprobs = _num_logprobs(kind, body)
     if parsed.num_logprobs is not None:
         options["logprobs"] = parsed.num_logprobs

@@ -32,7 +32,8 @@ STATUS_OF_CODE = {
     "bad_request": 400,
     "bad_message": 400,
     "too_large": 413,
-    "prompt_too_long": 413,
+    # 400 with OpenAI's code, as OpenAI and vLLM answer a prompt past the context
+    "prompt_too_long": 400,
     "busy": 429,
     "shutting_down": 503,
     "duplicate_id": 409,
@@ -47,3 +48,7 @@ def bad(param: str, message: str) -> ApiError:
 def is_a(value: object, *types: type) -> bool:
     """`value` is one of `types`, a bool counting as one only when bool is among them."""
     return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+# The daemon's error codes whose HTTP code is OpenAI's own name for them.
+OPENAI_CODE = {"prompt_too_long": "context_length_exceeded"}

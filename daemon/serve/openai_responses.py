@@ -183,14 +183,25 @@ class StreamBuilder:
         self.sent = [0] * parsed.num_choices
         # a named tool choice: each choice's call id, once its first piece went out
         self.call_ids = [""] * parsed.num_choices
+        # continuous usage stats: each choice's prompt length and tokens so far
+        self.prompt_tokens = [0] * parsed.num_choices
+        self.completion_tokens = [0] * parsed.num_choices
 
     @property
     def _object(self) -> str:
         return "chat.completion.chunk" if self.parsed.kind == "chat" else "text_completion"
 
-    def _event(self, choices: list[dict[str, Any]], usage_: Any = None) -> dict[str, Any]:
+    def _event(
+        self, choices: list[dict[str, Any]], usage_: Any = None, index: int | None = None
+    ) -> dict[str, Any]:
+        """An event of `choices`; under continuous usage stats, a chunk of choice `index`
+        carries that choice's usage so far (vLLM's), else usage is null until the last."""
         event = {**self.head, "choices": choices}
         if self.parsed.include_usage:
+            if index is not None and self.parsed.continuous_usage:
+                prompt, completion = self.prompt_tokens[index], self.completion_tokens[index]
+                usage_ = {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}  # fmt: skip
             event["usage"] = usage_
         return event
 
@@ -210,6 +221,8 @@ class StreamBuilder:
                 "stop_reason": stop_reason}  # fmt: skip
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
+        self.prompt_tokens[index] = chunk.prompt_tokens
+        self.completion_tokens[index] += len(chunk.token_ids)
         logprobs = self.logprobs[index].build(chunk.logprobs)
         mode = self.parsed.tool_mode
         if mode == "named":  # the answer is the call's arguments: they stream as they come
@@ -219,18 +232,25 @@ class StreamBuilder:
                 call = {"index": 0, "id": self.call_ids[index], "type": "function",
                         "function": {"name": self.parsed.tool_name, "arguments": chunk.text}}  # fmt: skip
             return self._event(
-                [self._choice(index, "", logprobs, None, delta={"tool_calls": [call]})]
+                [self._choice(index, "", logprobs, None, delta={"tool_calls": [call]})],
+                index=index,
             )
         if mode == "required":  # a JSON list of calls: they come whole, last
-            return self._event([self._choice(index, "", logprobs, None, delta={})])
+            return self._event([self._choice(index, "", logprobs, None, delta={})], index=index)
         if mode is not None:  # "auto": text streams until it may be a call
             self.text[index] += chunk.text
             ready = max(tool_parsers.streamable(mode, self.text[index]), self.sent[index])
             text, self.sent[index] = self.text[index][self.sent[index] : ready], ready
-            return self._event([self._choice(index, text, logprobs, None, delta={"content": text})])
-        return self._event([self._choice(index, chunk.text, logprobs, None)])
+            choice = self._choice(index, text, logprobs, None, delta={"content": text})
+            return self._event([choice], index=index)
+        return self._event([self._choice(index, chunk.text, logprobs, None)], index=index)
 
     def done(self, index: int, done: Done) -> dict[str, Any]:
+        # the whole answer's counts (a stop string may have cut tokens already streamed)
+        self.prompt_tokens[index], self.completion_tokens[index] = (
+            done.prompt_tokens,
+            len(done.token_ids),
+        )
         delta, reason = None, finish_reason(done)
         if self.parsed.tool_mode == "named" and self.call_ids[index]:
             delta = {}  # its arguments were streamed
@@ -245,7 +265,8 @@ class StreamBuilder:
             if calls is not None:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
         return self._event(
-            [self._choice(index, "", None, reason, delta=delta, stop_reason=done.stop_reason)]
+            [self._choice(index, "", None, reason, delta=delta, stop_reason=done.stop_reason)],
+            index=index,
         )
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:

@@ -55,6 +55,7 @@ class LiveRequest:
     t_received: float
     index: int = 0  # which of the client request's choices (sampling.n) this is
     num_choices: int = 1
+    prompt_tokens: int = 0  # the prompt's length, which each streamed chunk carries
     t_first: float | None = None
     t_first_step: float | None = None  # when the step that gave the first token began
 
@@ -222,6 +223,7 @@ class Requests:
                 pending.ready.t_received,
                 index,
                 len(request_ids),
+                len(prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids),
             )
         self.by_client[(route, request.id)] = list(request_ids)
 
@@ -257,12 +259,12 @@ class Requests:
         """Hand new tokens to the detokenizing thread, which streams their text (and the
         tokens up to a stop string, when one ends the request)."""
         route, client_id, token_ids = live.route, live.client_id, output.token_ids
-        logprobs, index = output.logprobs, live.index
+        logprobs, index, prompt_tokens = output.logprobs, live.index, live.prompt_tokens
 
         def send_chunk(text: str, num_tokens: int) -> None:  # on the detokenizing thread
             kept = None if logprobs is None else logprobs[:num_tokens]
             chunk = TokenChunk(client_id, token_ids[:num_tokens], text,
-                               logprobs_wire(kept, self._token_text), index)  # fmt: skip
+                               logprobs_wire(kept, self._token_text), index, prompt_tokens)  # fmt: skip
             self.outbox.send_quietly(route, encode(chunk))
 
         self.text.push(
