@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from ..daemon.engine.config import setting_fields
+from ..daemon.engine.sampling.bad_words import check_bad_words
 from ..daemon.engine.sampling.params import MAX_ABS_LOGIT_BIAS
 from ..daemon.engine.sampling.structured import StructuredOutput
 from ..ipc.messages import MAX_SALT_CHARS
@@ -101,6 +102,17 @@ def _stop(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
     if any(not s for s in value):
         raise click.BadParameter("a stop string needs at least one character; got ''", ctx, param)
     return value
+
+
+def _bad_words(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> list[str] | None:
+    """--bad-word, repeatable: the list (None when not given), refused here if SamplingParams
+    would refuse it, before anything loads."""
+    try:
+        return check_bad_words(list(value))
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def _logit_bias(
@@ -226,6 +238,13 @@ sampling_options = _stack(
             help="Stop when the text contains this string; it is cut off (repeatable).",
         ),
         click.option(
+            "--bad-word",
+            "bad_words",
+            multiple=True,
+            callback=_bad_words,
+            help="A word the answer may not contain (vLLM's bad_words; repeatable).",
+        ),
+        click.option(
             "--presence-penalty",
             type=FiniteFloat(-2.0, 2.0),
             default=None,
@@ -347,6 +366,7 @@ def sampling_from(kw: dict[str, Any]) -> dict[str, Any]:
         "stop": list(kw["stop"]),
         **{name: kw[name] for name in PENALTIES if kw.get(name) is not None},
         **({"logit_bias": kw["logit_bias"]} if kw.get("logit_bias") else {}),
+        **({"bad_words": kw["bad_words"]} if kw.get("bad_words") else {}),
         **({"min_tokens": kw["min_tokens"]} if kw.get("min_tokens") else {}),
         **({"structured": spec} if (spec := structured_from(kw)) is not None else {}),
     }

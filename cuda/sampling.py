@@ -100,10 +100,14 @@ def sample_ref(
     position: int,
     min_p: float = 0.0,
 ) -> int:
-    """Draw one token id from [vocab] fp32 logits (temperature > 0)."""
+    """Draw one token id from [vocab] fp32 logits (temperature > 0). A row whose every
+    logit is -inf (bans, masks and holds that leave no token) gives its lowest id, as the
+    greedy argmax and the device's kernel do."""
     scaled = logits.astype(F32) / F32.type(temperature)
     order = ranked(scaled, top_k)
     kept = scaled[order]
+    if kept[0] == -np.inf:
+        return int(order[0])
     probs = np.exp(kept - kept[0], dtype=F32)
     if min_p > 0:
         below = np.flatnonzero(probs < F32.type(min_p))  # probs[0] == 1: never the first

@@ -59,6 +59,8 @@ SAMPLING_FIELDS: dict[str, tuple[type, ...]] = {
     "min_tokens": (int,),  # tokens before a stop token or string may end it, 0 to max_tokens
     # the only tokens the request may draw (vLLM's; non-empty), or null for all
     "allowed_token_ids": (list, type(None)),
+    # words the answer may not contain (vLLM's; at most 128 of 1 to 256 characters), or null
+    "bad_words": (list, type(None)),
     # keep the prompt's last that many tokens (vLLM's; >= 1), or null for the whole prompt
     "truncate_prompt_tokens": (int, type(None)),
     # [[token id, bias], ...] (msgpack map keys are strings here): SamplingParams.logit_bias
@@ -70,6 +72,7 @@ SAMPLING_ITEMS: dict[str, tuple[type, ...]] = {
     "stop": (str,),
     "stop_token_ids": (int,),
     "allowed_token_ids": (int,),
+    "bad_words": (str,),
     "logit_bias": (list,),
     "structured": (str,),
 }

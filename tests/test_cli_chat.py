@@ -412,6 +412,27 @@ def test_logit_bias_and_min_tokens_flags_reach_the_sampler_alike(served: Served)
     assert len(held[0]["token_ids"]) == 5 and held[0]["finish_reason"] == "stop"
 
 
+def test_bad_word_flags_reach_the_sampler_alike(served: Served) -> None:
+    """--bad-word: `generate` and `run` give the same tokens, without the word's token from
+    where the plain answer first had it. The word is the text of one of the answer's
+    tokens that spells it alone (the tiny model's tokens are bytes and their merges)."""
+    from reprise.daemon.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(served.model)
+    common = ["--raw", "hello", "--max-tokens", "12", "--json"]
+    daemon = ["generate", "--socket", served.address]
+    in_process = ["run", "--model", str(served.model), "--backend", "numpy"]
+    plain = _cli_json(*daemon, *common)["token_ids"]
+    at, word = next(
+        (i, w) for i, t in enumerate(plain)
+        if (w := tok.decode([t])).strip() == w != "" and tok.encode(w, add_special_tokens=False) == [t]
+    )  # fmt: skip
+    cut = [_cli_json(*where, *common, "--bad-word", word)["token_ids"]
+           for where in (daemon, in_process)]  # fmt: skip
+    assert cut[0] == cut[1] and plain[at] not in cut[0]
+    assert cut[0][:at] == plain[:at]
+
+
 def test_structured_output_flags_hold_the_answer_alike(served: Served, tmp_path: Path) -> None:
     """--choice, --regex and --json-schema @FILE: `generate` and `run` give the same
     tokens, and the answer is in the grammar."""

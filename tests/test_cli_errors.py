@@ -58,6 +58,7 @@ USAGE_ERRORS = [
     (["generate", "x", "--logit-bias", "5"], ["--logit-bias", "ID=BIAS", "'5'"]),
     (["chat", "--logit-bias", "5=1", "--logit-bias", "5=2"], ["--logit-bias", "token 5", "twice"]),
     (["run", "x", "--min-tokens", "-1"], ["--min-tokens", "-1", "x>=0"]),
+    (["generate", "x", "--bad-word", " "], ["--bad-word", "bad_words[]", "not only spaces"]),
     (["run", "x", "--regex", "[a-"], ["--regex", "structured output regex", "unclosed character class"]),
     (["generate", "x", "--json-schema", "{nope"], ["--json-schema", "not valid JSON"]),
     (["generate", "x", "--json-schema", '{"type": "strong"}'], ["--json-schema", "strong"]),

@@ -538,6 +538,16 @@ def test_device_sampling_matches_the_numpy_backend(emulated: None, rng) -> None:
         else:
             assert set(want.tolist()) <= allowed and len(set(want.tolist())) > 1
     assert got.tolist() != greedy.tolist()  # something was sampled, not argmaxed
+    # a row whose every token is banned (-inf) gives its lowest id on both, whatever the cuts
+    banned = np.full((4, vocab), -np.inf, np.float32)
+    draws = Draws(
+        temperature=np.array([1.0, 0.5, 2.0, 1.0], np.float32),
+        top_k=np.array([vocab, 5, vocab, 1], np.int32), top_p=np.array([1, 0.9, 1, 0.5], np.float32),
+        min_p=np.array([0, 0, 0.1, 0], np.float32), seeds=np.full(4, 3, np.uint64),
+        positions=np.arange(4, dtype=np.int64),
+    )  # fmt: skip
+    assert NumpyBackend.sample(banned, draws).tolist() == [0] * 4
+    assert to_host(gpu.sample(to_device(banned), draws)).tolist() == [0] * 4
 
 
 def test_device_penalties_match_the_numpy_backend(emulated: None, rng) -> None:

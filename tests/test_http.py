@@ -131,6 +131,17 @@ def test_continuous_usage_stats_count_each_choice_as_it_streams(api: openai.Open
         complete(api, stream=True, stream_options={"continuous_usage_stats": "yes"})
 
 
+def test_bad_words_leave_the_answer(api: openai.OpenAI) -> None:
+    """vLLM's bad_words (extra_body): a word of the greedy answer is not in the answer
+    given with it, whole or streamed (the ban is the daemon's: same tokens either way)."""
+    plain = complete(api, max_tokens=12).choices[0].text
+    word = plain.split()[0].strip(".,")
+    cut = complete(api, max_tokens=12, extra_body={"bad_words": [word]}).choices[0].text
+    assert word not in cut and cut != plain
+    events = list(complete(api, max_tokens=12, stream=True, extra_body={"bad_words": [word]}))
+    assert "".join(c.text for e in events for c in e.choices) == cut
+
+
 def test_sse_framing_ends_with_done(daemon: HttpDaemon) -> None:
     body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
@@ -500,6 +511,8 @@ def test_chat_tool_errors_name_the_field(api: openai.OpenAI, kw: dict, param: st
         ({"extra_body": {"cache_salt": 5}}, "BadRequestError", "cache_salt"),
         ({"stop": ["s"] * 17}, "BadRequestError", "stop"),  # the daemon's max_stop_strings
         ({"extra_body": {"min_tokens": 5}}, "BadRequestError", "min_tokens"),  # > max_tokens
+        ({"extra_body": {"bad_words": "x"}}, "BadRequestError", "bad_words"),
+        ({"extra_body": {"bad_words": ["x" * 300]}}, "BadRequestError", "bad_words"),
         ({"logit_bias": {"abc": 1}}, "BadRequestError", "logit_bias"),
         ({"logit_bias": {"5": 101}}, "BadRequestError", "logit_bias"),
         ({"logit_bias": {"49152": 1}}, "BadRequestError", "logit_bias"),  # past the vocabulary

@@ -282,6 +282,35 @@ def test_rows_with_state_are_sampled_as_they_would_be_there(tiny: Path, drafts: 
         assert eng.pool.num_free_blocks == eng.pool.num_blocks
 
 
+@pytest.mark.parametrize("drafts", ["found", "planted"])
+def test_bad_words_ban_at_a_draft_row_what_the_draft_before_it_completes(
+    tiny: Path, reference: list[Completion], drafts: str
+) -> None:
+    """bad_words' longer sequences look at the generated tokens before a row, the draft's
+    before a draft row: drafted requests with bans stay bit-identical. The sequences (the
+    tiny model's byte tokenizer spells few words) are pairs and triples of the reference's
+    own tokens, and one of its tokens alone, so the bans move every answer."""
+    ps = prompts()
+    seqs = tuple((r.token_ids[4],) for r in reference[:3])
+    seqs += tuple(tuple(r.token_ids[i : i + n]) for r in reference for i, n in ((1, 2), (8, 3)))
+    banned = [replace(GREEDY, bad_words=["w"]), replace(SEEDED, bad_words=["w"])]
+    for params, plain in ((banned[0], reference[:3]), (banned[1], reference[3:])):
+        want = engine(tiny)
+        want.bad_words_ids = lambda words: seqs  # type: ignore[method-assign]
+        want_out = want.generate(ps, params)
+        assert isinstance(want_out, list)
+        assert all(w.token_ids != p.token_ids for w, p in zip(want_out, plain, strict=True))
+        eng = engine(tiny, speculative_tokens=6, prompt_lookup_min=1)
+        eng.bad_words_ids = lambda words: seqs  # type: ignore[method-assign]
+        if drafts == "planted":
+            planted(eng, want_out, seed=9)
+        got = eng.generate(ps, params)
+        assert isinstance(got, list)
+        assert_identical(got, want_out)
+        assert eng.stats()["spec_draft_tokens"] > 0
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks
+
+
 def test_a_grammars_forced_tokens_are_its_draft(tiny: Path) -> None:
     """Where a grammar allows one token at a time (a literal), the draft is those tokens
     (llguidance's fast-forward tokens), kept in one step each run: the same answer in

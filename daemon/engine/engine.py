@@ -14,6 +14,7 @@ settings name.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 import weakref
@@ -53,9 +54,12 @@ from .prompt_table import check_prompt_table
 from .prompts import PreparedPrompt, Prompt, prompt_ids, split_batch
 from .runner import ModelRunner, RunOutput
 from .sampling import Grammars
+from .sampling.bad_words import tokenize_bad_words
 from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, Sequence
 from .speculative import Speculator
+
+MAX_KEPT_BAD_WORDS = 256  # requests' bad_words lists whose token sequences are kept
 
 
 class Engine:
@@ -149,6 +153,8 @@ class Engine:
         )  # fmt: skip
         self.stop_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
+        # bad_words' token sequences by words, for the requests that repeat them
+        self._bad_words_seqs: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
@@ -210,6 +216,24 @@ class Engine:
         if self.pool.enable_reuse and int(array.max()) < self.config.vocab_size:
             keys = tuple(self.kv.prompt_keys(id_bytes, namespace))
         return PreparedPrompt(tuple(ids), array, id_bytes, namespace, keys, owner=self)
+
+    def bad_words_ids(self, words: list[str] | None) -> tuple[tuple[int, ...], ...]:
+        """The token sequences `words` ban (sampling/bad_words.py), or ValueError when
+        one is past the vocabulary; kept for the next request naming the same words, so
+        a server computes them off its loop first (safe on any thread)."""
+        if not words:
+            return ()
+        key = tuple(words)
+        if (seqs := self._bad_words_seqs.get(key)) is None:
+            encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+            seqs = tokenize_bad_words(key, encode)
+            vocab = self.config.vocab_size
+            if past := [t for seq in seqs for t in seq if t >= vocab]:
+                raise ValueError(f"bad_words give tokens past the vocabulary ({vocab}): {past[:5]}")
+            if len(self._bad_words_seqs) >= MAX_KEPT_BAD_WORDS:
+                self._bad_words_seqs.pop(next(iter(self._bad_words_seqs)), None)
+            self._bad_words_seqs[key] = seqs
+        return seqs
 
     def _held_stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """The vocabulary tokens that would end a request of `params`, which min_tokens
@@ -287,6 +311,7 @@ class Engine:
             prompt_id_bytes=id_bytes,
             stop_ids=self._held_stop_ids(params),
             grammar=grammar,
+            bad_words=self.bad_words_ids(params.bad_words),
         )
         if prepared is not None:  # its keys, when they are this request's
             seq.hash_chain = prepared.keys_for(namespace, table is not None)

@@ -45,6 +45,7 @@ class Sequence:
     # the vocabulary tokens that would end it, held back until params.min_tokens are out
     stop_ids: frozenset[int] = frozenset()
     grammar: Grammar | None = None  # its structured output's, started (params.structured)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # the token sequences params.bad_words ban
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
@@ -70,8 +71,9 @@ class Sequence:
     def __post_init__(self) -> None:
         # fake ids are no vocabulary entries: penalties see the text tokens only
         self.sampling = SamplingState.build(
-            self.params, self.seed, self.text_prompt_ids(), self.stop_ids, self.grammar
-        )
+            self.params, self.seed, self.text_prompt_ids(), self.stop_ids, self.grammar,
+            self.bad_words,
+        )  # fmt: skip
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -59,7 +59,7 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
 # Sampling parameters passed to the daemon as they are (its names are OpenAI's and vLLM's).
 PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-          "include_stop_str_in_output", "allowed_token_ids", "truncate_prompt_tokens",
+          "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", "logit_bias", "prompt_logprobs", *PASSED, *HARMLESS}  # fmt: skip

@@ -170,13 +170,15 @@ class Requests:
         the blocks' keys) and its text tokens, so the loop does none of it. A prompt the
         engine refuses goes on as ids, for `add_choices` to refuse on the loop. A
         structured output's grammar is compiled here too (kept by the engine for the
-        loop's `add_choices`), and a spec that does not compile refused."""
+        loop's `add_choices`), and a spec that does not compile refused; and bad_words
+        are tokenized (kept by the engine likewise)."""
         ids = self.checks.prompt_ids(request)
-        if params.structured is not None:
-            try:
+        try:
+            if params.structured is not None:
                 self.engine.grammars.compile(params.structured)
-            except ValueError as e:
-                raise ProtocolError("bad_request", str(e)) from None
+            self.engine.bad_words_ids(params.bad_words)
+        except ValueError as e:
+            raise ProtocolError("bad_request", str(e)) from None
         vocab = self.engine.config.vocab_size
         text_ids = [t for t in ids if t < vocab]
         try:

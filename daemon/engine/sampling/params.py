@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .bad_words import check_bad_words
 from .structured import StructuredOutput
 
 MAX_SEED = 2**64
@@ -70,6 +71,10 @@ class SamplingParams:
     (not with `structured`, whose grammar masks the row already). Logprobs stay the raw
     model's.
 
+    `bad_words` (vLLM's; at most 128 words of 1 to 256 characters) keeps these words out
+    of the answer: their tokens, as the word begins a text or follows a space, are banned
+    where they would complete one (bad_words.py). Logprobs stay the raw model's.
+
     `structured` (vLLM's structured_outputs) holds the answer to a JSON schema, any JSON
     object, a regular expression, one of a list of strings or a grammar
     (structured.StructuredOutput; the wire's [kind, spec] is taken too): each token is
@@ -109,6 +114,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
 
@@ -184,6 +190,7 @@ class SamplingParams:
                     "allowed_token_ids cannot be combined with structured outputs (the grammar "
                     "says which tokens may come)"
                 )
+        self.bad_words = check_bad_words(self.bad_words)
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(
                 "include_stop_str_in_output must be a bool; "

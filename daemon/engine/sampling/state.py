@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ....cuda.penalties import mask_of
+from .bad_words import BadWords, TokenSeq, with_banned
 from .logprobs import TokenLogprobs, token_logprobs
 from .params import SamplingParams
 from .structured import Grammar
@@ -96,6 +97,8 @@ class SamplingState:
     grammar: Grammar | None = None  # a structured output's place in its grammar
     # allowed_token_ids, ascending and distinct; None: every token
     allowed_ids: np.ndarray | None = None
+    bad_words: BadWords | None = None  # bad_words' sequences; None: none
+    recent: TokenSeq = ()  # the last generated tokens bad_words' longer sequences look at
     num_outputs: int = 0
     _allowed_mask: np.ndarray | None = None  # allowed_ids as a mask row, once made
 
@@ -107,10 +110,12 @@ class SamplingState:
         prompt_token_ids: list[int],
         stop_ids: Collection[int] = (),
         grammar: Grammar | None = None,
+        bad_words: Collection[TokenSeq] = (),
     ) -> SamplingState:
         """`stop_ids`: the vocabulary tokens that would end the request (eos unless
         ignore_eos, and its stop_token_ids), held back until `params.min_tokens` are out;
-        `grammar`: its structured output's, started (the engine compiles it)."""
+        `grammar`: its structured output's, started (the engine compiles it);
+        `bad_words`: the token sequences its bad_words ban (bad_words.py)."""
         tokens = None
         if params.repetition_penalty != 1:
             tokens = PenaltyTokens.of_prompt(prompt_token_ids)
@@ -140,13 +145,18 @@ class SamplingState:
                 if params.allowed_token_ids is None
                 else np.unique(np.asarray(params.allowed_token_ids, dtype=np.int32))
             ),
+            bad_words=BadWords.of(list(bad_words)),
         )
 
     @property
     def bias(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The bias of the next token's row: logit_bias, with the stop tokens at -inf
-        while fewer than min_tokens tokens are out."""
-        return self.held_bias if self.num_outputs < self.min_tokens else self.logit_bias
+        while fewer than min_tokens tokens are out, and the tokens bad_words bans there
+        at -inf."""
+        bias = self.held_bias if self.num_outputs < self.min_tokens else self.logit_bias
+        if self.bad_words is None:
+            return bias
+        return with_banned(bias, self.bad_words.banned(self.recent))
 
     @property
     def plain_greedy(self) -> bool:
@@ -170,12 +180,13 @@ class SamplingState:
     @property
     def stateless(self) -> bool:
         """Each next row's token depends on that row and its position alone: no penalty
-        counts or grammar that the token before changes, and no min_tokens hold left to
-        lift."""
+        counts, grammar or bad words' longer sequences that the token before changes, and
+        no min_tokens hold left to lift."""
         return (
             self.penalty_tokens is None
             and self.grammar is None
             and self.num_outputs >= self.min_tokens
+            and (self.bad_words is None or not self.bad_words.after)
         )
 
     def ahead(self, token_ids: list[int]) -> SamplingState:
@@ -186,12 +197,15 @@ class SamplingState:
         if not token_ids or self.stateless:
             return self
         tokens = None if self.penalty_tokens is None else self.penalty_tokens.plus(token_ids)
-        return replace(self, penalty_tokens=tokens, num_outputs=self.num_outputs + len(token_ids))
+        return replace(self, penalty_tokens=tokens, num_outputs=self.num_outputs + len(token_ids),
+                       recent=self._recent_with(token_ids))  # fmt: skip
 
     def record(self, token_id: int, row: np.ndarray | None) -> TokenLogprobs | None:
         """Count a token drawn from `row` (the raw logits, when `reads_row`); returns
         its logprobs if the request asked for them."""
         self.num_outputs += 1
+        if self.bad_words is not None and self.bad_words.keep:
+            self.recent = self._recent_with((token_id,))
         if self.grammar is not None:
             self.grammar.accept(token_id)
         if self.penalty_tokens is not None:
@@ -200,6 +214,11 @@ class SamplingState:
             return None
         assert row is not None, "the runner reads back the row of a request with logprobs"
         return token_logprobs(row, token_id, self.num_logprobs)
+
+    def _recent_with(self, token_ids: Collection[int]) -> TokenSeq:
+        """`recent` after `token_ids` are generated: the last bad_words' `keep` tokens."""
+        keep = 0 if self.bad_words is None else self.bad_words.keep
+        return (self.recent + tuple(token_ids))[-keep:] if keep else ()
 
 
 def _bias_arrays(bias: dict[int, float] | None) -> tuple[np.ndarray, np.ndarray] | None:
