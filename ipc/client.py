@@ -72,11 +72,13 @@ def generate_message(
     prompt_table: np.ndarray | None = None,
     extra_ids: list[int] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    chat_options: dict[str, Any] | None = None,
     **sampling: Any,
 ) -> Generate:
     """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
-    ids or chat messages; a prompt table and extra ids with token ids; tools for the chat
-    template with messages; sampling options by name, None meaning "not given")."""
+    ids or chat messages; a prompt table and extra ids with token ids; tools and chat
+    options (Generate.chat_options) for the chat template with messages; sampling options
+    by name, None meaning "not given")."""
     unknown = set(sampling) - set(SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; sampling: {sorted(SAMPLING_FIELDS)}")
@@ -107,16 +109,20 @@ def generate_message(
         prompt_table=None if prompt_table is None else prompt_table_to_wire(prompt_table),
         extra_ids=extra_ids,
         tools=tools,
+        chat_options=chat_options,
     )
 
 
 def tokenize_message(
-    prompt: str | list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    prompt: str | list[dict[str, str]],
+    tools: list[dict[str, Any]] | None = None,
+    chat_options: dict[str, Any] | None = None,
 ) -> Tokenize:
-    """The Tokenize message of a text prompt or chat messages (and their tools)."""
+    """The Tokenize message of a text prompt or chat messages (and their tools and chat
+    options)."""
     if isinstance(prompt, list):
-        return Tokenize(uuid.uuid4().hex, messages=prompt, tools=tools)
-    return Tokenize(uuid.uuid4().hex, prompt=prompt, tools=tools)
+        return Tokenize(uuid.uuid4().hex, messages=prompt, tools=tools, chat_options=chat_options)
+    return Tokenize(uuid.uuid4().hex, prompt=prompt, tools=tools, chat_options=chat_options)
 
 
 def num_choices(request: Generate) -> int:
@@ -160,11 +166,15 @@ class Client:
         return reply.stats
 
     def tokenize(
-        self, prompt: str | list[dict[str, str]], *, tools: list[dict[str, Any]] | None = None
+        self,
+        prompt: str | list[dict[str, str]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_options: dict[str, Any] | None = None,
     ) -> list[int]:
         """The token ids a generate of this prompt (text, or chat messages, the template
-        applied, with `tools`) would have. Raises RequestError."""
-        request = tokenize_message(prompt, tools)
+        applied, with `tools` and `chat_options`) would have. Raises RequestError."""
+        request = tokenize_message(prompt, tools, chat_options)
         self._send(encode(request))
         reply = self._recv(request.id)
         assert isinstance(reply, TokenizeReply), reply

@@ -157,6 +157,48 @@ def check_messages(messages: object) -> None:
                 check_type(f"messages[{i}].{key}", m[key], str)
 
 
+MAX_TEMPLATE_KWARGS = 32  # chat_options.kwargs: extra variables one chat template is given
+# the variables the renderer itself sets, which kwargs may not replace
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "continue_final_message"}
+)
+
+
+def check_chat_options(options: object) -> None:
+    """How a chat template renders a request's messages (vLLM's chat options), a map of:
+    `add_generation_prompt` (bool, default true), `continue_final_message` (bool, default
+    false: the last message, the assistant's, is left open for the answer to continue;
+    add_generation_prompt must then be false) and `kwargs` (extra template variables by
+    name, e.g. {"enable_thinking": false}; at most MAX_TEMPLATE_KWARGS)."""
+    check_type("chat_options", options, dict)
+    assert isinstance(options, dict)
+    unknown = set(options) - {"add_generation_prompt", "continue_final_message", "kwargs"}
+    if unknown:
+        raise bad(
+            f"chat_options has unknown field(s) {', '.join(sorted(map(_short, unknown)))}; known: "
+            "add_generation_prompt, continue_final_message, kwargs"
+        )
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in options:
+            check_type(f"chat_options.{name}", options[name], bool)
+    if options.get("continue_final_message") and options.get("add_generation_prompt", True):
+        raise bad(
+            "chat_options: continue_final_message needs add_generation_prompt false (the "
+            "answer continues the last message rather than starting a new one)"
+        )
+    kwargs = options.get("kwargs", {})
+    check_type("chat_options.kwargs", kwargs, dict)
+    if len(kwargs) > MAX_TEMPLATE_KWARGS:
+        raise bad(f"chat_options.kwargs may name at most {MAX_TEMPLATE_KWARGS} variables")
+    for key in kwargs:
+        if not isinstance(key, str) or not key.isidentifier() or len(key) > 64:
+            raise bad(
+                f"chat_options.kwargs names must be identifiers of at most 64 characters; got {_short(key)}"
+            )
+        if key in RESERVED_TEMPLATE_NAMES:
+            raise bad(f"chat_options.kwargs cannot set {key} (the renderer sets it)")
+
+
 def _bounded_list(name: str, value: object, what: str) -> list[Any]:
     """`value`, a list of at most MAX_TOOLS items (ProtocolError naming `name` if not)."""
     check_type(name, value, list)
@@ -257,6 +299,8 @@ class Generate:
     extra_ids: list[int] | None = None
     # with messages: the tools the chat template is given (check_tools)
     tools: list[dict[str, Any]] | None = None
+    # with messages: how the chat template renders them (check_chat_options)
+    chat_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -267,10 +311,7 @@ class Generate:
             check_type("prompt", self.prompt, str)
         if self.messages is not None:
             check_messages(self.messages)
-        if self.tools is not None:
-            if self.messages is None:
-                raise bad("tools go with messages (the chat template renders them)")
-            check_tools(self.tools)
+        _check_chat_extras(self.messages, self.tools, self.chat_options)
         if self.token_ids is not None:
             check_type("token_ids", self.token_ids, list)
             for t in self.token_ids:
@@ -378,6 +419,7 @@ class Tokenize:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     tools: list[dict[str, Any]] | None = None  # with messages, as Generate's
+    chat_options: dict[str, Any] | None = None  # with messages, as Generate's
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -387,10 +429,27 @@ class Tokenize:
             check_type("prompt", self.prompt, str)
         else:
             check_messages(self.messages)
-        if self.tools is not None:
-            if self.messages is None:
-                raise bad("tools go with messages (the chat template renders them)")
-            check_tools(self.tools)
+        _check_chat_extras(self.messages, self.tools, self.chat_options)
+
+
+def _check_chat_extras(
+    messages: list[dict[str, Any]] | None,
+    tools: list[dict[str, Any]] | None,
+    chat_options: dict[str, Any] | None,
+) -> None:
+    """The tools and chat options of a request: they go with messages alone."""
+    for name, value in (("tools", tools), ("chat_options", chat_options)):
+        if value is not None and messages is None:
+            raise bad(f"{name} go with messages (the chat template renders them)")
+    if tools is not None:
+        check_tools(tools)
+    if chat_options is not None:
+        check_chat_options(chat_options)
+        if chat_options.get("continue_final_message") and messages[-1]["role"] != "assistant":  # type: ignore[index]
+            raise bad(
+                "chat_options: continue_final_message needs the last message to be the "
+                f"assistant's; it is {_short(messages[-1]['role'])}'s"  # type: ignore[index]
+            )
 
 
 @dataclass(slots=True)

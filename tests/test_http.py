@@ -331,6 +331,56 @@ def test_tokenize_and_detokenize_as_vllm_answers_them(daemon: HttpDaemon, api) -
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
 
 
+STORY = [{"role": "user", "content": "Tell me a short story."},
+         {"role": "assistant", "content": "Once upon a time"}]  # fmt: skip
+CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
+
+
+def test_chat_continues_the_final_message(
+    daemon: HttpDaemon, api: openai.OpenAI, default_model_dir: Path
+) -> None:
+    """vLLM's continue_final_message (and add_generation_prompt: false): the prompt is the
+    chat cut where the assistant's last message ends, as transformers renders it; the
+    answer continues it as a completion of those ids does; echo puts the message before
+    the answer, whole or streamed; chat_template_kwargs reach the template (this one has
+    no variable of its own: the same ids)."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoTokenizer.from_pretrained(default_model_dir)
+    want = ref.apply_chat_template(STORY, tokenize=True, return_dict=False, **CONTINUE)
+    for extra in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        r = httpx.post(f"{daemon.url}/tokenize", json={"messages": STORY, **CONTINUE, **extra},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200 and r.json()["tokens"] == want, r.text
+    answer = chat(api, STORY[0]["content"], max_tokens=8)  # a fresh turn, for comparison
+    kw = {"model": MODEL_NAME, "messages": STORY, "max_tokens": 8, "temperature": 0}
+    went_on = api.chat.completions.create(**kw, extra_body=CONTINUE)
+    assert went_on.usage.prompt_tokens == len(want)
+    text = went_on.choices[0].message.content
+    assert text == complete(api, prompt=want, max_tokens=8).choices[0].text
+    assert text != answer.choices[0].message.content
+    echoed = api.chat.completions.create(**kw, extra_body={**CONTINUE, "echo": True})
+    assert echoed.choices[0].message.content == "Once upon a time" + text
+    streamed = api.chat.completions.create(**kw, stream=True, extra_body={**CONTINUE, "echo": True})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == "Once upon a time" + text
+    # echo after a user message echoes nothing (vLLM's: only the answer's own role)
+    plain = api.chat.completions.create(**{**kw, "messages": STORY[:1]}, extra_body={"echo": True})
+    assert plain.choices[0].message.content == answer.choices[0].message.content
+    for body, param in [
+        ({"continue_final_message": True}, "continue_final_message"),  # with the generation prompt
+        ({**CONTINUE, "messages": STORY[:1]}, "continue_final_message"),  # a user's last
+        ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
+        ({"echo": "yes"}, "echo"),
+    ]:
+        for route in ("v1/chat/completions", "tokenize"):
+            r = httpx.post(f"{daemon.url}/{route}", json={"messages": STORY, **body}, timeout=60)
+            if route == "tokenize" and param == "echo":
+                assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+                continue
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
+
+
 def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenAI) -> None:
     """OpenAI's logit_bias ({"token id": bias}) reaches the sampler: -100 on the greedy
     token takes the next best, +100 on a token makes it every token, in both routes."""

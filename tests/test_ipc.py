@@ -185,6 +185,41 @@ def test_the_widest_integers_msgpack_carries_are_taken() -> None:
         assert decode_request(encode(request)) == request
 
 
+CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"messages": None, "prompt": "x", "chat_options": {}}, "chat_options go with messages"),
+        ({"chat_options": {"add_generation_prompt": 1}}, "chat_options.add_generation_prompt"),
+        ({"chat_options": {"continue_final_message": True}}, "needs add_generation_prompt false"),
+        ({"chat_options": {"echo": True}}, "unknown field(s) 'echo'"),
+        ({"chat_options": {"kwargs": []}}, "chat_options.kwargs must be dict"),
+        ({"chat_options": {"kwargs": {"tools": 1}}}, "cannot set tools"),
+        ({"chat_options": {"kwargs": {"a-b": 1}}}, "must be identifiers"),
+        ({"chat_options": {"kwargs": {f"k{i}": i for i in range(33)}}}, "at most 32"),
+        (
+            {"messages": CHAT[:1],
+             "chat_options": {"add_generation_prompt": False, "continue_final_message": True}},
+            "the last message to be the assistant's; it is 'user''s",
+        ),
+    ],
+)  # fmt: skip
+def test_chat_options_are_checked_as_the_message_is_made(fields: dict, says: str) -> None:
+    """vLLM's chat options on the wire (Generate.chat_options, Tokenize's alike)."""
+    fields = {"messages": CHAT, **fields}
+    for kind in (Generate, Tokenize):
+        with pytest.raises(ProtocolError) as info:
+            kind(id="a", **fields)
+        assert info.value.code == "bad_request" and says in info.value.message, info.value.message
+    options = {"add_generation_prompt": False, "continue_final_message": True,
+               "kwargs": {"enable_thinking": False, "who": ["a", 1]}}  # fmt: skip
+    for request in (Generate(id="a", messages=CHAT, chat_options=options),
+                    Tokenize(id="a", messages=CHAT, chat_options=options)):  # fmt: skip
+        assert decode_request(encode(request)) == request
+
+
 def test_error_carries_the_request_id_when_readable() -> None:
     with pytest.raises(ProtocolError) as info:
         decode_request(pack(v=1, type="generate", id="mine", prompt=5))

@@ -575,3 +575,76 @@ def test_detokenizer_on_model_vocab(model_tok: Tokenizer, skip_special_tokens: b
         fragments = rng.choice(partial, size=size)
         token_ids = np.where(rng.random(size) < 0.33, fragments, token_ids).tolist()
         _check_stream(model_tok, token_ids, skip_special_tokens)
+
+
+FINAL_CONTENTS = [
+    "The answer is",
+    "Trailing spaces  ",
+    "  leading",
+    "two\nlines\n",
+    "日本語 👨‍👩‍👧",
+]
+
+
+@pytest.mark.model
+@pytest.mark.reference
+@pytest.mark.parametrize("final", FINAL_CONTENTS)
+def test_continue_final_message_equals_transformers(
+    model_tok: Tokenizer, ref_tok: Any, final: str
+) -> None:
+    """transformers' (and vLLM's) continue_final_message: the chat ends where the last
+    message's content does, open for the answer to continue it."""
+    messages = [*CONVERSATIONS[1], {"role": "assistant", "content": final}]
+    ours = model_tok.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    theirs = ref_tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+    )
+    assert ours == theirs and ours.rstrip().endswith(final.strip())
+    closed = model_tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert closed.startswith(ours) and len(closed) > len(ours)  # the end of turn is cut
+
+
+def test_continue_final_message_refusals(tmp_path: Path) -> None:
+    source = "{% for m in messages %}[{{ m['content'] | upper }}]{% endfor %}"
+    tok = Tokenizer.from_dir(_write_folder(tmp_path, config={"chat_template": source}))
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        tok.apply_chat_template(chat, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="does not write the last message"):
+        tok.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+    calls = [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]
+    with pytest.raises(ChatTemplateError, match="a last message with text"):
+        tok.apply_chat_template(calls, add_generation_prompt=False, continue_final_message=True)
+    plain = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    tok = Tokenizer.from_dir(_write_folder(tmp_path / "b", config={"chat_template": plain}))
+    opened = tok.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+    assert opened == "<hi><yes"
+
+
+def test_a_requests_chat_options_reach_the_template(tmp_path: Path) -> None:
+    """The daemon's tokenizing step renders a request's messages with its chat_options
+    (vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs), for
+    a generate and a tokenize alike."""
+    from reprise.daemon.serve.intake import RequestChecks, RequestLimits
+    from reprise.ipc.messages import Generate, Tokenize
+
+    source = (
+        "{% if think %}<think>{% endif %}{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+        "{% if add_generation_prompt %}NEXT{% endif %}"
+    )
+    tok = Tokenizer.from_dir(_write_folder(tmp_path, config={"chat_template": source}))
+    checks = RequestChecks(RequestLimits(16, 4, 16, 1 << 20), tok, vocab_size=tok.vocab_size,
+                           max_model_len=4096)  # fmt: skip
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    cases = [
+        (None, "<hi><yes>NEXT"),
+        ({"add_generation_prompt": False}, "<hi><yes>"),
+        ({"add_generation_prompt": False, "continue_final_message": True}, "<hi><yes"),
+        ({"kwargs": {"think": True}}, "<think><hi><yes>NEXT"),
+    ]
+    for options, text in cases:
+        want = tok.encode(text, add_special_tokens=False)
+        for kind in (Generate, Tokenize):
+            assert checks.text_ids(kind(id="a", messages=chat, chat_options=options)) == want

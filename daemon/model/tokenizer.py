@@ -181,10 +181,19 @@ class Tokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """Render `messages` with the model's chat template, as transformers does."""
+        """Render `messages` with the model's chat template, as transformers does.
+
+        `continue_final_message` (transformers' and vLLM's; not with add_generation_prompt)
+        leaves the last message open: the text ends where its content ends, whatever the
+        template writes after it (an end-of-turn token), so an answer continues it."""
         conversation = validate_messages(messages)
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt cannot both be set"
+            )
         template = self._template("tool_use" if tools is not None else "default")
         variables = {
             **self.special_tokens,
@@ -195,11 +204,12 @@ class Tokenizer:
             "add_generation_prompt": add_generation_prompt,
         }
         try:
-            return template.render(**variables)
+            text = template.render(**variables)
         except ChatTemplateError:
             raise
         except Exception as exc:  # a template is untrusted code: any failure is its failure
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        return _open_final_message(text, conversation[-1]) if continue_final_message else text
 
     def _template(self, name: str) -> jinja2.Template:
         if name not in self.chat_templates:
@@ -251,6 +261,26 @@ def _message_problem(message: object) -> str | None:
     elif not isinstance(content, str):
         return f".content must be a string or a list of text parts, got {type(content).__name__}"
     return None
+
+
+def _open_final_message(text: str, final: dict[str, Any]) -> str:
+    """`text`, a rendered chat, cut where its last message's content ends: after its last
+    occurrence, with the content's trailing spaces if the template kept them."""
+    content = final.get("content")
+    if isinstance(content, list):  # text parts: the last one is where the chat ends
+        content = content[-1]["text"] if content else None
+    if not isinstance(content, str) or not content.strip():
+        raise ChatTemplateError("continue_final_message needs a last message with text to continue")
+    at = text.rfind(content.strip())
+    if at < 0:
+        raise ChatTemplateError(
+            "continue_final_message: the chat template does not write the last message's "
+            "content as given, so there is no place to continue it"
+        )
+    kept = content.lstrip()
+    if text[at : at + len(kept)] == kept:  # trailing spaces kept by the template
+        return text[: at + len(kept)]
+    return text[: at + len(content.strip())]
 
 
 class IncrementalDetokenizer:

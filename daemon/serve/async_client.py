@@ -161,10 +161,14 @@ class AsyncClient:
         return reply
 
     async def tokenize(
-        self, prompt: str | list[dict[str, str]], *, tools: list[dict[str, Any]] | None = None
+        self,
+        prompt: str | list[dict[str, str]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_options: dict[str, Any] | None = None,
     ) -> list[int]:
         """As `Client.tokenize`. Raises RequestError."""
-        reply = await self._ask(tokenize_message(prompt, tools))
+        reply = await self._ask(tokenize_message(prompt, tools, chat_options))
         assert isinstance(reply, TokenizeReply), reply
         return reply.token_ids
 

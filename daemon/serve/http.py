@@ -225,10 +225,12 @@ class Frontend:
     async def tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: the ids a completion of `prompt` (or a chat completion of
         `messages`) would be given, their count and the context length."""
-        model, prompt, tools = parse_tokenize(await self._json(request))
-        self._check_model(model)
+        asked = parse_tokenize(await self._json(request))
+        self._check_model(asked.model)
         try:
-            ids = await self.client.tokenize(prompt, tools=tools)
+            ids = await self.client.tokenize(
+                asked.prompt, tools=asked.tools, chat_options=asked.chat_options
+            )
             limit = (await self._health()).max_model_len
         except (RequestError, ProtocolError, DaemonUnavailable) as e:
             raise _api_error(e) from None

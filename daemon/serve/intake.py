@@ -134,15 +134,20 @@ class RequestChecks:
 
     def text_ids(self, request: Generate | Tokenize) -> list[int]:
         """A text or chat prompt's token ids (on a tokenizing thread): the text encoded,
-        or the messages in the chat template with a generation prompt. Its length is
-        the caller's to check."""
+        or the messages in the chat template (with a generation prompt unless its
+        chat_options say otherwise). Its length is the caller's to check."""
         tokenizer = self.tokenizer
         try:
             if request.prompt is not None:
                 return tokenizer.encode(request.prompt)
             assert request.messages is not None
+            options = request.chat_options or {}
             text = tokenizer.apply_chat_template(
-                for_template(request.messages), add_generation_prompt=True, tools=request.tools
+                for_template(request.messages),
+                add_generation_prompt=options.get("add_generation_prompt", True),
+                continue_final_message=options.get("continue_final_message", False),
+                tools=request.tools,
+                **options.get("kwargs", {}),
             )
             return tokenizer.encode(text, add_special_tokens=False)
         except Exception as e:  # a template may reject a conversation (e.g. bad role order)

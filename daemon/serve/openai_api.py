@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...cuda.dtypes import BF16
-from ...ipc.messages import ProtocolError, check_tools
+from ...ipc.messages import ProtocolError, check_chat_options, check_tools
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
 from .openai_structured import STRUCTURED, tool_calls
@@ -38,7 +38,6 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
 # Accepted and not acted on, when their value asks for nothing we would have to do.
 HARMLESS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: _is(v, str),  # logged with the request
-    "echo": lambda v: v in (None, False),
     "suffix": lambda v: v is None,
     "best_of": lambda v: v in (None, 1),
     "store": lambda v: v in (None, False),
@@ -52,7 +51,6 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     # their defaults (we have no reasoning parser, so its two flags change nothing).
     "no_stop_trim": lambda v: v in (None, False),
     "return_hidden_states": lambda v: v in (None, False),
-    "continue_final_message": lambda v: v in (None, False),
     "separate_reasoning": lambda v: _is(v, bool),
     "stream_reasoning": lambda v: _is(v, bool),
 }
@@ -64,9 +62,12 @@ PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", 
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", "logit_bias", "prompt_logprobs", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
+# vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
+CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
-    "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+    "chat": COMMON
+    | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "echo", *CHAT_OPTIONS},
 }
 
 
@@ -86,6 +87,9 @@ class ParsedRequest:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's)
     num_logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo: bool = False  # completions: the answer starts with the prompt (its logprobs too)
+    # chat's echo (vLLM's): the answer's content starts with the last message's, when that
+    # is the assistant's (a message continued with continue_final_message, say)
+    chat_echo: str = ""
     # vLLM's prompt_logprobs: top alternatives per prompt token, in the answer's own field
     num_prompt_logprobs: int | None = None
     # chat with tools: "named" (the answer is the arguments of `tool_name`), "required"
@@ -122,7 +126,7 @@ def parse_request(
     """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter.
     `tool_call_parser`: the server's, for tool_choice "auto" (None: "auto" is refused)."""
     body = _object_body(body)
-    echo = _echo(kind, body)
+    echo = _echo(body)
     # takes tools and tool_choice out of the body
     tools = tools_of(body, tool_call_parser) if kind == "chat" else None
     for key, value in body.items():
@@ -139,6 +143,8 @@ def parse_request(
     if kind == "chat":
         prompt: Any = _messages(body.get("messages"))
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if (chat_options := _chat_options(body, prompt)) is not None:
+            options["chat_options"] = chat_options
     elif "prompt_embeds" in body:
         options["prompt_table"] = prompt_embeds(body["prompt_embeds"])
         prompt = body.get("prompt")
@@ -178,6 +184,11 @@ def parse_request(
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
     if tools is not None:
         parsed.tool_mode, parsed.tool_name = tools.mode, tools.name
+    if kind == "chat" and echo:
+        if tools is not None:
+            raise bad("echo", "is not supported with tools")
+        if prompt[-1]["role"] == "assistant":
+            parsed.chat_echo = prompt[-1]["content"] or ""
     if batch is not None and len(batch) > 1:
         parsed.batch = batch
     n = body.get("n", 1)
@@ -213,7 +224,7 @@ def parse_request(
         if stream:
             raise bad("prompt_logprobs", "is not supported with stream: true")
         parsed.num_prompt_logprobs = options["prompt_logprobs"] = top
-    if echo:
+    if echo and kind == "completions":
         if stream:
             raise bad("echo", "is not supported with stream: true")
         if "prompt_table" in options:
@@ -227,24 +238,32 @@ def parse_request(
     return parsed
 
 
-def parse_tokenize(
-    body: object,
-) -> tuple[str | None, str | list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`) -> (model, prompt), or
-    ApiError (400) naming the parameter. Its ids are those a completion of the prompt
-    (or a chat completion of the messages) is given, so only the defaults of vLLM's
-    `add_special_tokens` and `add_generation_prompt` (true) are accepted."""
+@dataclass(slots=True)
+class TokenizeRequest:
+    """A `/tokenize` body: the prompt (text, or chat messages with their tools and chat
+    options, as a chat completion's)."""
+
+    model: str | None
+    prompt: str | list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    chat_options: dict[str, Any] | None = None
+
+
+def parse_tokenize(body: object) -> TokenizeRequest:
+    """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`), or ApiError (400) naming
+    the parameter. Its ids are those a completion of the prompt (or a chat completion of
+    the messages, with the same chat options) is given, so only the default of vLLM's
+    `add_special_tokens` (true) is accepted."""
     body = _object_body(body)
     kind = "chat" if "messages" in body else "completions"
-    allowed = {"model", "add_special_tokens" if kind == "completions" else "add_generation_prompt",
-               "prompt" if kind == "completions" else "messages"}  # fmt: skip
+    allowed = {"model", "prompt", "add_special_tokens"}
     if kind == "chat":
-        allowed.add("tools")
+        allowed = {"model", "messages", "tools", *CHAT_OPTIONS}
     for key, value in body.items():
         if key not in allowed:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
                            code="unsupported_parameter")  # fmt: skip
-        if key.startswith("add_") and value is not True:
+        if key == "add_special_tokens" and value is not True:
             raise ApiError(400, f"unsupported value for {key}: {value!r:.60} (only true)",
                            param=key, code="unsupported_parameter")  # fmt: skip
     if kind == "chat":
@@ -254,11 +273,12 @@ def parse_tokenize(
                 check_tools(tools)
             except ProtocolError as e:
                 raise bad("tools", e.message) from None
-        return body.get("model"), _messages(body["messages"]), tools
+        messages = _messages(body["messages"])
+        return TokenizeRequest(body.get("model"), messages, tools, _chat_options(body, messages))
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad("prompt", "must be a string (or give messages)")
-    return body.get("model"), prompt, None
+    return TokenizeRequest(body.get("model"), prompt)
 
 
 def parse_detokenize(body: object) -> tuple[str | None, list[int]]:
@@ -280,9 +300,35 @@ def _object_body(body: object) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}  # null means "not given"
 
 
-def _echo(kind: str, body: dict[str, Any]) -> bool:
-    """OpenAI's legacy `echo` (completions only: chat refuses it as an unsupported value)."""
-    if kind != "completions" or "echo" not in body:
+def _chat_options(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs as
+    the daemon's chat_options (None: the defaults), or a 400 naming the parameter."""
+    options: dict[str, Any] = {}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in body:
+            if not _is(body[name], bool):
+                raise bad(name, f"must be a boolean; got {body[name]!r:.60}")
+            options[name] = body[name]
+    if options.get("continue_final_message"):
+        if options.get("add_generation_prompt", True):
+            raise bad("continue_final_message", "needs add_generation_prompt: false (the answer "
+                      "continues the last message rather than starting a new one)")  # fmt: skip
+        if messages[-1]["role"] != "assistant":
+            raise bad("continue_final_message", "needs the last message to be the assistant's")
+    if "chat_template_kwargs" in body:
+        options["kwargs"] = body["chat_template_kwargs"]
+    if not options:
+        return None
+    try:
+        check_chat_options(options)
+    except ProtocolError as e:
+        raise bad("chat_template_kwargs", e.message.removeprefix("chat_options.kwargs ")) from None
+    return options
+
+
+def _echo(body: dict[str, Any]) -> bool:
+    """`echo`: OpenAI's legacy one on completions, vLLM's on chat (ParsedRequest.chat_echo)."""
+    if "echo" not in body:
         return False
     echo = body.pop("echo")
     if not _is(echo, bool):

@@ -81,7 +81,7 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         if parsed.echo:
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
-            message = {"role": "assistant", "content": done.text}
+            message = {"role": "assistant", "content": parsed.chat_echo + done.text}
             reason = finish_reason(done)
             if parsed.tool_mode is not None:
                 message = {"role": "assistant", **tool_answer(parsed, done.text)}
@@ -213,6 +213,8 @@ class StreamBuilder:
             if delta is None:
                 delta = {} if reason is not None and not text else {"content": text}
             if not self.started[index]:
+                if self.parsed.chat_echo:  # vLLM's echo: the first delta carries it
+                    delta = {**delta, "content": self.parsed.chat_echo + delta.get("content", "")}
                 delta = {"role": "assistant", **delta}
                 self.started[index] = True
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
