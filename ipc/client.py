@@ -73,6 +73,7 @@ def generate_message(
     extra_ids: list[int] | None = None,
     tools: list[dict[str, Any]] | None = None,
     chat_options: dict[str, Any] | None = None,
+    return_token_ids: bool = False,
     **sampling: Any,
 ) -> Generate:
     """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
@@ -110,6 +111,7 @@ def generate_message(
         extra_ids=extra_ids,
         tools=tools,
         chat_options=chat_options,
+        return_token_ids=return_token_ids,
     )
 
 

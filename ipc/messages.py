@@ -301,6 +301,8 @@ class Generate:
     tools: list[dict[str, Any]] | None = None
     # with messages: how the chat template renders them (check_chat_options)
     chat_options: dict[str, Any] | None = None
+    # vLLM's return_token_ids: each choice's first chunk and its Done carry the prompt's ids
+    return_token_ids: bool = False
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -345,6 +347,7 @@ class Generate:
             )
         check_type("stream", self.stream, bool)
         check_type("return_logits", self.return_logits, bool)
+        check_type("return_token_ids", self.return_token_ids, bool)
         self._check_prompt_table()
 
     def _check_prompt_table(self) -> None:
@@ -481,6 +484,8 @@ class TokenChunk:
     logprobs: list[dict[str, Any]] | None = None  # one per token, when sampling.logprobs is set
     index: int = 0  # the choice these tokens belong to (sampling.n > 1)
     prompt_tokens: int = 0  # the prompt's length (vLLM's continuous usage stats)
+    # the prompt's ids, on a choice's first chunk when the generate asked (return_token_ids)
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -514,6 +519,7 @@ class Done:
     # what ended it with "stop", as vLLM's: the stop string, or the id of a
     # sampling.stop_token_ids token (null for eos, a grammar's end, any other reason)
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # the prompt's ids, when asked (return_token_ids)
 
 
 @dataclass(slots=True)

@@ -381,6 +381,53 @@ def test_chat_continues_the_final_message(
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
 
 
+def test_token_ids_come_back_as_vllm_returns_them(daemon: HttpDaemon, api: openai.OpenAI) -> None:
+    """vLLM's return_token_ids: the prompt's ids (as /tokenize gives them) and each choice's
+    ids, whole or streamed (the prompt's on a choice's first event, chat's at the event's
+    top level); return_tokens_as_token_ids names logprobs' tokens "token_id:{id}"."""
+    text = "The capital of France is"
+    asked = {"return_token_ids": True}
+    want = httpx.post(f"{daemon.url}/tokenize", json={"prompt": text}, timeout=60).json()["tokens"]
+    whole = complete(api, prompt=text, max_tokens=5, n=2, extra_body=asked)
+    for choice in whole.choices:
+        extra = choice.model_extra
+        assert extra["prompt_token_ids"] == want and len(extra["token_ids"]) == 5
+        with Client(daemon.address) as client:
+            assert client.detokenize(extra["token_ids"]) == choice.text
+    events = list(complete(api, prompt=text, max_tokens=5, n=2, stream=True, extra_body=asked))
+    for i in range(2):
+        mine = [e.choices[0].model_extra for e in events if e.choices[0].index == i]
+        assert mine[0]["prompt_token_ids"] == want
+        assert all("prompt_token_ids" not in m for m in mine[1:])
+        streamed = [t for m in mine for t in m["token_ids"]]
+        assert streamed == whole.choices[i].model_extra["token_ids"]
+    messages = [{"role": "user", "content": "Say hi"}]
+    chat_ids = httpx.post(f"{daemon.url}/tokenize", json={"messages": messages},
+                          timeout=60).json()["tokens"]  # fmt: skip
+    answer = chat(api, "Say hi", extra_body=asked)
+    assert answer.model_extra["prompt_token_ids"] == chat_ids
+    assert len(answer.choices[0].model_extra["token_ids"]) == answer.usage.completion_tokens
+    deltas = list(chat(api, "Say hi", stream=True, extra_body=asked))
+    assert deltas[0].model_extra["prompt_token_ids"] == chat_ids
+    streamed = [t for d in deltas for t in d.choices[0].model_extra["token_ids"]]
+    assert streamed == answer.choices[0].model_extra["token_ids"]
+    named = complete(api, prompt=text, max_tokens=3, logprobs=2,
+                     extra_body={**asked, "return_tokens_as_token_ids": True})  # fmt: skip
+    ids, lp = named.choices[0].model_extra["token_ids"], named.choices[0].logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in ids]
+    assert all(k.startswith("token_id:") for top in lp.top_logprobs for k in top)
+    chat_named = chat(api, "Say hi", logprobs=True, top_logprobs=2,
+                      extra_body={**asked, "return_tokens_as_token_ids": True})  # fmt: skip
+    entries = chat_named.choices[0].logprobs.content
+    assert [e.token for e in entries] == [
+        f"token_id:{t}" for t in chat_named.choices[0].model_extra["token_ids"]
+    ]
+    assert entries[0].bytes == list(entries[0].token.encode())
+    for name in ("return_token_ids", "return_tokens_as_token_ids"):
+        with pytest.raises(openai.BadRequestError, match=name):
+            complete(api, extra_body={name: "yes"})
+
+
 def test_logit_bias_bans_and_forces_tokens(daemon: HttpDaemon, api: openai.OpenAI) -> None:
     """OpenAI's logit_bias ({"token id": bias}) reaches the sampler: -100 on the greedy
     token takes the next best, +100 on a token makes it every token, in both routes."""

@@ -142,7 +142,7 @@ def test_echo_is_refused_where_it_cannot_be_served(daemon: HttpDaemon) -> None:
         (api.completions.create, {"prompt": "x", "echo": "yes"}, "echo"),
         (api.completions.create, {"prompt": "x", "echo": True, "stream": True}, "echo"),
         (api.chat.completions.create,
-         {"messages": [{"role": "user", "content": "x"}], "extra_body": {"echo": True}}, "echo"),
+         {"messages": [{"role": "user", "content": "x"}], "extra_body": {"echo": "yes"}}, "echo"),
     ]  # fmt: skip
     for create, kwargs, word in cases:
         with pytest.raises(openai.BadRequestError) as info:

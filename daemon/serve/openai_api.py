@@ -60,7 +60,8 @@ PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", 
           "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
-          "max_tokens", "logit_bias", "prompt_logprobs", *PASSED, *HARMLESS}  # fmt: skip
+          "max_tokens", "logit_bias", "prompt_logprobs", "return_token_ids",
+          "return_tokens_as_token_ids", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
 # vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
@@ -90,6 +91,10 @@ class ParsedRequest:
     # chat's echo (vLLM's): the answer's content starts with the last message's, when that
     # is the assistant's (a message continued with continue_final_message, say)
     chat_echo: str = ""
+    # vLLM's return_token_ids: the prompt's ids and each choice's ids in the answer
+    return_token_ids: bool = False
+    # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:{id}"
+    tokens_as_ids: bool = False
     # vLLM's prompt_logprobs: top alternatives per prompt token, in the answer's own field
     num_prompt_logprobs: int | None = None
     # chat with tools: "named" (the answer is the arguments of `tool_name`), "required"
@@ -215,6 +220,13 @@ def parse_request(
     parsed.continuous_usage = parsed.include_usage and bool(
         stream_options.get("continuous_usage_stats")
     )
+    for name in ("return_token_ids", "return_tokens_as_token_ids"):
+        if not _is(body.get(name, False), bool):
+            raise bad(name, f"must be a boolean; got {body[name]!r:.60}")
+    parsed.return_token_ids = body.get("return_token_ids", False)
+    parsed.tokens_as_ids = body.get("return_tokens_as_token_ids", False)
+    if parsed.return_token_ids:
+        options["return_token_ids"] = True
     parsed.num_logprobs = _num_logprobs(kind, body)
     if parsed.num_logprobs is not None:
         options["logprobs"] = parsed.num_logprobs

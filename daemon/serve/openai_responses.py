@@ -40,13 +40,17 @@ class LogprobsBuilder:
     """One choice's logprobs in the shape its endpoint answers with; `text_offset`
     (completions) counts characters of the tokens' texts from the completion's start."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, as_ids: bool = False) -> None:
         self.kind = kind
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:{id}" for each text
         self.offset = 0
 
     def build(self, wire: list[dict[str, Any]] | None) -> dict[str, Any] | None:
         if wire is None:
             return None
+        if self.as_ids:
+            wire = [{**lp, "token": f"token_id:{lp['id']}",
+                     "top": [[t, f"token_id:{t}", v] for t, _, v in lp["top"]]} for lp in wire]  # fmt: skip
         if self.kind == "chat":
             return {"content": [self._chat_entry(lp) for lp in wire]}
         offsets = []
@@ -76,7 +80,7 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
     """The whole (non-streaming) answer."""
     choices = []
     for index, done in enumerate(dones):
-        logprobs = LogprobsBuilder(parsed.kind).build(done.logprobs)
+        logprobs = LogprobsBuilder(parsed.kind, parsed.tokens_as_ids).build(done.logprobs)
         text = done.text
         if parsed.echo:
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
@@ -93,12 +97,18 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
                       "finish_reason": finish_reason(done), "stop_reason": done.stop_reason}  # fmt: skip
             if parsed.num_prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(done, parsed.num_prompt_logprobs)
+            if parsed.return_token_ids:
+                choice["prompt_token_ids"] = done.prompt_token_ids
+        if parsed.return_token_ids:
+            choice["token_ids"] = done.token_ids
         choices.append(choice)
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     answer = {"id": request_id, "object": obj, "created": int(time.time()), "model": model,
               "choices": choices, "usage": usage(dones, parsed.n)}  # fmt: skip
     if parsed.kind == "chat" and parsed.num_prompt_logprobs is not None:  # one prompt: top level
         answer["prompt_logprobs"] = prompt_logprobs(dones[0], parsed.num_prompt_logprobs)
+    if parsed.kind == "chat" and parsed.return_token_ids:
+        answer["prompt_token_ids"] = dones[0].prompt_token_ids
     return answer
 
 
@@ -166,7 +176,8 @@ def _echoed(
     assert prompt is not None and done.logprobs is not None
     if parsed.num_prompt_logprobs is not None:  # the daemon gave the larger top lists
         prompt = [{**lp, "top": lp["top"][: parsed.num_logprobs]} for lp in prompt]
-    return text + done.text, LogprobsBuilder(parsed.kind).build(prompt + done.logprobs)
+    builder = LogprobsBuilder(parsed.kind, parsed.tokens_as_ids)
+    return text + done.text, builder.build(prompt + done.logprobs)
 
 
 class StreamBuilder:
@@ -176,13 +187,17 @@ class StreamBuilder:
         self.parsed = parsed
         self.head = {"id": request_id, "object": self._object, "created": int(time.time()),
                      "model": model}  # fmt: skip
-        self.logprobs = [LogprobsBuilder(parsed.kind) for _ in range(parsed.num_choices)]
+        self.logprobs = [
+            LogprobsBuilder(parsed.kind, parsed.tokens_as_ids) for _ in range(parsed.num_choices)
+        ]
         self.started = [False] * parsed.num_choices
         # tool_choice "auto": each choice's text so far, and how much of it was streamed
         self.text = [""] * parsed.num_choices
         self.sent = [0] * parsed.num_choices
         # a named tool choice: each choice's call id, once its first piece went out
         self.call_ids = [""] * parsed.num_choices
+        # return_token_ids: whether each choice's prompt ids went out (on its first event)
+        self.ids_sent = [False] * parsed.num_choices
         # continuous usage stats: each choice's prompt length and tokens so far
         self.prompt_tokens = [0] * parsed.num_choices
         self.completion_tokens = [0] * parsed.num_choices
@@ -223,6 +238,24 @@ class StreamBuilder:
                 "stop_reason": stop_reason}  # fmt: skip
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
+        event = self._chunk(index, chunk)
+        return self._with_ids(event, index, chunk.token_ids, chunk.prompt_token_ids)
+
+    def _with_ids(
+        self, event: dict[str, Any], index: int, token_ids: list[int], prompt_ids: list[int] | None
+    ) -> dict[str, Any]:
+        """vLLM's return_token_ids in a stream: each event's choice has the ids of its
+        tokens, and a choice's first event the prompt's (chat: at the event's top level)."""
+        if not self.parsed.return_token_ids:
+            return event
+        (choice,) = event["choices"]
+        choice["token_ids"] = list(token_ids)
+        if not self.ids_sent[index]:
+            self.ids_sent[index] = True
+            (event if self.parsed.kind == "chat" else choice)["prompt_token_ids"] = prompt_ids
+        return event
+
+    def _chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
         self.prompt_tokens[index] = chunk.prompt_tokens
         self.completion_tokens[index] += len(chunk.token_ids)
         logprobs = self.logprobs[index].build(chunk.logprobs)
@@ -266,10 +299,11 @@ class StreamBuilder:
             delta = {"content": rest} if rest or calls is None else {}
             if calls is not None:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-        return self._event(
+        event = self._event(
             [self._choice(index, "", None, reason, delta=delta, stop_reason=done.stop_reason)],
             index=index,
         )
+        return self._with_ids(event, index, [], done.prompt_token_ids)
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:
         return self._event([], usage(dones, self.parsed.n))

@@ -85,9 +85,11 @@ def done_reply(
     t_first_step: float | None,
     now: float,
     token_text: TokenText,
+    with_prompt_ids: bool = False,
 ) -> Done:
     """A finished request's Done; times are `time.monotonic()` readings: its arrival,
-    its first token, the start of the step that computed that token, and now."""
+    its first token, the start of the step that computed that token, and now. With
+    `with_prompt_ids`, it carries the prompt's ids (Generate.return_token_ids)."""
     completion = cut(whole, end)
     return Done(
         id=client_id,
@@ -106,6 +108,7 @@ def done_reply(
         queue_ms=round(((t_first_step or now) - t_received) * 1000, 3),
         index=index,
         stop_reason=completion.stop_reason,
+        prompt_token_ids=list(completion.prompt_token_ids) if with_prompt_ids else None,
     )
 
 

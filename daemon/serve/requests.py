@@ -56,6 +56,9 @@ class LiveRequest:
     index: int = 0  # which of the client request's choices (sampling.n) this is
     num_choices: int = 1
     prompt_tokens: int = 0  # the prompt's length, which each streamed chunk carries
+    # the prompt's ids, for the first chunk and the Done (Generate.return_token_ids)
+    prompt_token_ids: list[int] | None = None
+    prompt_ids_sent: bool = False  # on a chunk (set on the detokenizing thread alone)
     t_first: float | None = None
     t_first_step: float | None = None  # when the step that gave the first token began
 
@@ -215,6 +218,7 @@ class Requests:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
+        ids = list(prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids)
         for index, request_id in enumerate(request_ids):
             self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop,
                            params.min_tokens, params.include_stop_str_in_output)  # fmt: skip
@@ -225,7 +229,8 @@ class Requests:
                 pending.ready.t_received,
                 index,
                 len(request_ids),
-                len(prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids),
+                len(ids),
+                ids if request.return_token_ids else None,
             )
         self.by_client[(route, request.id)] = list(request_ids)
 
@@ -265,8 +270,11 @@ class Requests:
 
         def send_chunk(text: str, num_tokens: int) -> None:  # on the detokenizing thread
             kept = None if logprobs is None else logprobs[:num_tokens]
+            prompt_ids = None if live.prompt_ids_sent else live.prompt_token_ids
+            live.prompt_ids_sent = True  # the prompt's ids go once, on the first chunk
             chunk = TokenChunk(client_id, token_ids[:num_tokens], text,
-                               logprobs_wire(kept, self._token_text), index, prompt_tokens)  # fmt: skip
+                               logprobs_wire(kept, self._token_text), index, prompt_tokens,
+                               prompt_ids)  # fmt: skip
             self.outbox.send_quietly(route, encode(chunk))
 
         self.text.push(
@@ -311,6 +319,7 @@ class Requests:
         whole = self.engine.take_completion(request_id)
         now = time.monotonic()
         t_first = live.t_first if live.t_first is not None else now
+        with_ids = live.prompt_token_ids is not None
 
         def send_done(end: TextEnd) -> None:  # on the detokenizing thread, after the chunks
             if abort is not None and (live.num_choices > 1 or not end.stopped):
@@ -320,7 +329,7 @@ class Requests:
             done = done_reply(whole, end, client_id=live.client_id, index=live.index,
                               t_received=live.t_received, t_first=t_first,
                               t_first_step=live.t_first_step, now=now,
-                              token_text=self._token_text)  # fmt: skip
+                              token_text=self._token_text, with_prompt_ids=with_ids)  # fmt: skip
             log_done(done, (now - live.t_received) * 1000)
             self.outbox.send_quietly(live.route, encode(done))
 
