@@ -556,6 +556,13 @@ def test_tool_choice_named_and_required_answer_with_tool_calls(
     assert (
         after.choices[0].message.content and after.usage.prompt_tokens > whole.usage.prompt_tokens
     )
+    # a call's content null (OpenAI's own shape, as an agent appends the answer's message):
+    # the template gets "" (vLLM's), so the same prompt and answer
+    turns[1]["content"] = None
+    again = api.chat.completions.create(model=MODEL_NAME, messages=turns, max_tokens=8,
+                                        temperature=0, tools=[WEATHER_TOOL], tool_choice="none")  # fmt: skip
+    assert again.choices[0].message.content == after.choices[0].message.content
+    assert again.usage.prompt_tokens == after.usage.prompt_tokens
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,8 @@ from .metrics import Metrics
 from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_tokenize
 from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
+from .responses_api import EventStream, new_response_id, parse_responses, renamed
+from .responses_api import answer as responses_answer
 from .tool_parsers import PARSERS
 
 log = logging.getLogger("reprise.http")
@@ -292,6 +294,62 @@ class Frontend:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, over the chat path (responses_api.py)."""
+        t_start = time.monotonic()
+        asked = parse_responses(await self._json(request),
+                                max_tokens_default=self.config.max_tokens_default,
+                                tool_call_parser=self.config.tool_call_parser)  # fmt: skip
+        parsed = asked.parsed
+        self._check_model(parsed.model)
+        if parsed.user is not None:
+            log.info("request from user %r", parsed.user[:128])
+        response_id, model = new_response_id(), self.config.model_name
+        timing = _Timing(self.metrics, t_start, 1)
+        items = self.run(parsed)
+        if not parsed.stream:
+            try:
+                dones = await _unless_disconnected(request, self._collect(items, timing, 1))
+            except ApiError as e:
+                raise renamed(e) from None
+            finally:
+                await items.aclose()
+            return JSONResponse(responses_answer(asked, response_id, model, dones[0]))
+        try:  # an error before any token is a plain JSON error, as for the other routes
+            first = await _unless_disconnected(request, anext(items, None))
+        except BaseException as e:
+            await items.aclose()
+            if isinstance(e, ApiError):
+                raise renamed(e) from None
+            raise
+        stream = EventStream(asked, response_id, model)
+        return StreamingResponse(self._response_events(first, items, stream, timing),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+
+    async def stored_response(self, request: Request) -> Response:
+        raise ApiError(404, "this server stores no responses (store is always false)",
+                       param="response_id", code="not_found")  # fmt: skip
+
+    async def _response_events(
+        self, first: Any, items: AsyncIterator, stream: EventStream, timing: _Timing
+    ) -> AsyncIterator[str]:
+        """The Responses API's events: the response's start, its items as they come, its
+        end (or an error event); no `[DONE]` (OpenAI's stream ends with the response)."""
+        try:
+            for event in stream.start():
+                yield event
+            async for index, item in _after(first, items):
+                timing.on(index, item)
+                events = stream.done(item) if isinstance(item, Done) else stream.chunk(item)
+                for event in events:
+                    yield event
+        except ApiError as e:  # a daemon error after the first token: one error event
+            self.metrics.errors.labels(str(e.status)).inc()
+            yield stream.error(renamed(e))
+        finally:
+            await items.aclose()  # type: ignore[attr-defined]
+
     async def _vocab_size(self) -> int:
         """The model's vocabulary size (the first table id), asked of the daemon once."""
         return (await self._health()).vocab_size
@@ -315,15 +373,7 @@ class Frontend:
                       timing: _Timing, n: int) -> AsyncIterator[str]:  # fmt: skip
         dones: list[Done | None] = [None] * n
         try:
-            pending = [first] if first is not None else []
-            while True:
-                if pending:
-                    index, item = pending.pop()
-                else:
-                    try:
-                        index, item = await items.__anext__()
-                    except StopAsyncIteration:
-                        break
+            async for index, item in _after(first, items):
                 timing.on(index, item)
                 if isinstance(item, Done):
                     dones[index] = item
@@ -384,6 +434,14 @@ class _Timing:
         else:
             m.itl.observe(now - last)
         self.t_last[index] = now
+
+
+async def _after(first: Any, items: AsyncIterator) -> AsyncIterator[Any]:
+    """`first` (an item already read, unless None), then the rest of `items`."""
+    if first is not None:
+        yield first
+    async for item in items:
+        yield item
 
 
 async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
@@ -504,6 +562,12 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
         Route("/metrics", guarded(frontend.metrics_route), methods=["GET"]),
         Route("/v1/completions", guarded(frontend.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(frontend.chat), methods=["POST"]),
+        Route("/v1/responses", guarded(frontend.responses), methods=["POST"]),
+        Route(
+            "/v1/responses/{response_id:path}",
+            guarded(frontend.stored_response),
+            methods=["GET", "DELETE"],
+        ),
         Route("/tokenize", guarded(frontend.tokenize), methods=["POST"]),
         Route("/detokenize", guarded(frontend.detokenize), methods=["POST"]),
     ]

@@ -63,13 +63,16 @@ class Ready:
 def for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages as chat templates take them: a tool call's arguments (JSON text on
     the wire, as OpenAI's) as the object they spell (as vLLM hands them over; templates
-    write them with `tojson`), left as text when they spell none."""
+    write them with `tojson`), left as text when they spell none; and a tool-call
+    message's null content as "" (vLLM's: templates read `content`)."""
     if not any("tool_calls" in m for m in messages):
         return messages
     out = []
     for m in messages:
         if "tool_calls" in m:
             m = {**m, "tool_calls": [_parsed_call(call) for call in m["tool_calls"]]}
+            if m.get("content") is None:
+                m["content"] = ""
         out.append(m)
     return out
 
@@ -196,7 +199,8 @@ class RequestChecks:
         if self.max_token_bytes is None:
             return  # the message size limit is the only bound
         texts = [request.prompt] if request.prompt is not None else []
-        texts += [m["content"] for m in request.messages or ()]
+        # an assistant's tool-call message may have no content
+        texts += [m["content"] for m in request.messages or () if m["content"] is not None]
         num_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
         bound = self.max_model_len * self.max_token_bytes
         if num_bytes > bound:
