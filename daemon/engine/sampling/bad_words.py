@@ -65,6 +65,9 @@ class BadWords:
     always: np.ndarray  # [A] int32, ascending: the one-token sequences
     after: tuple[TokenSeq, ...]  # the longer sequences
     keep: int  # generated tokens the longer ones look back at (the longest's length - 1)
+    # the longer sequences by their next-to-last token: a row looks only at those whose
+    # next-to-last is the token before it, so a step costs a lookup, not every sequence
+    by_last: dict[int, tuple[TokenSeq, ...]]
 
     @classmethod
     def of(cls, seqs: Sequence[TokenSeq]) -> BadWords | None:
@@ -72,20 +75,21 @@ class BadWords:
             return None
         always = sorted({s[0] for s in seqs if len(s) == 1})
         after = tuple(s for s in seqs if len(s) > 1)
+        by_last: dict[int, list[TokenSeq]] = {}
+        for s in after:
+            by_last.setdefault(s[-2], []).append(s)
         return cls(
             always=np.asarray(always, dtype=np.int32),
             after=after,
             keep=max((len(s) - 1 for s in after), default=0),
+            by_last={k: tuple(v) for k, v in by_last.items()},
         )
 
     def banned(self, recent: TokenSeq) -> np.ndarray:
         """The tokens banned at a row whose request's last generated tokens are `recent`
         (at most `keep` of them): ascending int32."""
-        hits = [
-            s[-1]
-            for s in self.after
-            if len(s) - 1 <= len(recent) and recent[1 - len(s) :] == s[:-1]
-        ]
+        near = self.by_last.get(recent[-1], ()) if recent else ()
+        hits = [s[-1] for s in near if len(s) - 1 <= len(recent) and recent[1 - len(s) :] == s[:-1]]
         if not hits:
             return self.always
         return np.union1d(self.always, np.asarray(hits, dtype=np.int32)).astype(np.int32)
