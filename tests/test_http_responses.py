@@ -173,6 +173,7 @@ def test_a_named_function_is_called_and_the_round_goes_on(api: openai.OpenAI) ->
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"max_output_tokens": "many"}, "max_output_tokens"),
         ({"include": ["file_search_call.results"]}, "include"),
+        ({"include": [[1]]}, "include"),  # not even a string (once a 500)
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),

@@ -141,7 +141,7 @@ def as_chat(body: dict[str, Any]) -> dict[str, Any]:
         if "format" in text:
             chat["response_format"] = _format(text["format"])
     include = body.get("include", [])
-    if not isinstance(include, list) or set(include) - {LOGPROBS_INCLUDE}:
+    if not isinstance(include, list) or any(item != LOGPROBS_INCLUDE for item in include):
         raise bad("include", f'only "{LOGPROBS_INCLUDE}" is supported; got {include!r:.80}')
     if LOGPROBS_INCLUDE in include:
         chat["logprobs"] = True
