@@ -275,6 +275,7 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
         return HttpConfig(host=host, port=port, api_key=api_key or None, model_name=name,
                           max_queue=options["max_queue"],
                           max_body_bytes=options["max_message_bytes"],
+                          max_tokens_cap=options["max_tokens_cap"],
                           tool_call_parser=options["tool_call_parser"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

@@ -88,6 +88,21 @@ def test_completion_and_chat(api: openai.OpenAI) -> None:
     assert answer.usage.completion_tokens == 4
 
 
+def test_a_chat_without_max_tokens_runs_to_its_end(api: openai.OpenAI) -> None:
+    """vLLM's default for chat (and OpenAI's): no max_tokens runs the answer to its end, or
+    to the daemon's --max-tokens-cap (64 here) or the context; a completion keeps 16."""
+    messages = [{"role": "user", "content": "Say hi"}]
+    done = api.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0)
+    assert done.choices[0].finish_reason == "stop" and done.usage.completion_tokens > 16
+    messages = [{"role": "user", "content": "Tell me a long story about dragons."}]
+    long = api.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0)
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 64
+    responses = api.responses.create(model=MODEL_NAME, input=messages, temperature=0)
+    assert responses.usage.output_tokens == 64 and responses.status == "incomplete"
+    plain = api.completions.create(model=MODEL_NAME, prompt="Once upon", temperature=0)
+    assert plain.usage.completion_tokens == 16
+
+
 def test_streaming_equals_non_streaming_at_temperature_0(api: openai.OpenAI) -> None:
     whole = complete(api).choices[0].text
     events = list(complete(api, stream=True, stream_options={"include_usage": True}))

@@ -71,7 +71,10 @@ class HttpConfig:
     model_name: str = "default"
     max_queue: int = 256  # choices in flight; more get 429 (the daemon's own limit)
     max_body_bytes: int = 1 << 20  # larger bodies get 413 (the daemon's max_message_bytes)
-    max_tokens_default: int = 16  # max_tokens when a request gives none
+    max_tokens_default: int = 16  # a completion's max_tokens when it gives none (OpenAI's)
+    # the daemon's max_tokens_cap: a chat's (or a response's) max_tokens when it gives none,
+    # so the answer runs to its end, the context's or this cap (vLLM's: to the context)
+    max_tokens_cap: int = 4096
     # tool_choice "auto": the model's tool calls read from its text (tool_parsers.PARSERS)
     tool_call_parser: str | None = None
 
@@ -265,8 +268,8 @@ class Frontend:
 
     async def _generate(self, request: Request, kind: str) -> Response:
         t_start = time.monotonic()
-        parsed = parse_request(kind, await self._json(request),
-                               max_tokens_default=self.config.max_tokens_default,
+        default = self.config.max_tokens_cap if kind == "chat" else self.config.max_tokens_default
+        parsed = parse_request(kind, await self._json(request), max_tokens_default=default,
                                tool_call_parser=self.config.tool_call_parser)  # fmt: skip
         self._check_model(parsed.model)
         if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
@@ -298,7 +301,7 @@ class Frontend:
         """OpenAI's Responses API, over the chat path (responses_api.py)."""
         t_start = time.monotonic()
         asked = parse_responses(await self._json(request),
-                                max_tokens_default=self.config.max_tokens_default,
+                                max_tokens_default=self.config.max_tokens_cap,
                                 tool_call_parser=self.config.tool_call_parser)  # fmt: skip
         parsed = asked.parsed
         self._check_model(parsed.model)
