@@ -750,6 +750,38 @@ def test_metrics_parse_and_hits_rise_after_a_repeat(daemon: HttpDaemon, api) -> 
     assert after[("reprise_kv_blocks", (("tier", "device"),))] == 96
 
 
+def test_metrics_also_carry_vllms_names(daemon: HttpDaemon, api) -> None:
+    """Each metric vLLM's dashboards read is there under its vLLM name, model_name
+    labelled, with our metric's value (from the same scrape)."""
+    complete(api, LONG_PROMPT + " vLLM names.", max_tokens=2)
+    complete(api, LONG_PROMPT + " vLLM names.", max_tokens=2)
+    got = scrape(daemon.url)
+    model = (("model_name", MODEL_NAME),)
+    pairs = [
+        ("reprise_prompt_tokens_total", (), "vllm:prompt_tokens_total", model),
+        ("reprise_generation_tokens_total", (), "vllm:generation_tokens_total", model),
+        ("reprise_requests_total", (("finish_reason", "length"),), "vllm:request_success_total",
+         (("finished_reason", "length"), *model)),
+        ("reprise_time_to_first_token_seconds_count", (),
+         "vllm:time_to_first_token_seconds_count", model),
+        ("reprise_e2e_request_latency_seconds_bucket", (("le", "+Inf"),),
+         "vllm:e2e_request_latency_seconds_bucket", (("le", "+Inf"), *model)),
+        ("reprise_request_queue_seconds_sum", (), "vllm:request_queue_time_seconds_sum", model),
+        ("reprise_num_requests_running", (), "vllm:num_requests_running", model),
+        ("reprise_num_requests_waiting", (), "vllm:num_requests_waiting", model),
+        ("reprise_prefix_cache_queries_tokens_total", (), "vllm:prefix_cache_queries_total",
+         model),
+        ("reprise_preemptions_total", (), "vllm:num_preemptions_total", model),
+    ]  # fmt: skip
+    for ours, labels, theirs, their_labels in pairs:
+        assert got[(theirs, tuple(sorted(their_labels)))] == got[(ours, labels)], theirs
+    tiers = [got[("reprise_prefix_cache_hits_tokens_total", (("tier", t),))]
+             for t in ("device", "host", "disk")]  # fmt: skip
+    assert got[("vllm:prefix_cache_hits_total", model)] == sum(tiers) > 0
+    used = got[("reprise_kv_blocks_used", (("tier", "device"),))]
+    assert got[("vllm:kv_cache_usage_perc", model)] == used / 96
+
+
 def test_done_carries_the_queue_time(daemon: HttpDaemon) -> None:
     with Client(daemon.address, timeout_s=60) as client:
         done = client.generate("How long did I wait?", max_tokens=2, temperature=0)

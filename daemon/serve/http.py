@@ -153,7 +153,7 @@ class Frontend:
         self.pool = ClientPool(daemon_address)  # blocking Clients, for /metrics' stats
         self.num_in_flight = 0
         self._sizes: HealthReply | None = None
-        self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()))
+        self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()), config.model_name)
 
     # -- the streams of one request ------------------------------------------------------
 

@@ -29,8 +29,11 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 class DaemonCollector(Collector):
     """Gauges and counters read from the daemon's stats reply on each scrape."""
 
-    def __init__(self, read_stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, read_stats: Callable[[], dict[str, Any]], vllm: VllmNames | None = None
+    ) -> None:
         self.read_stats = read_stats
+        self.vllm = vllm  # the copies under vLLM's names, made from the same stats
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -38,6 +41,12 @@ class DaemonCollector(Collector):
         except Exception as e:  # a scrape while the daemon loads or stops: HTTP metrics only
             log.debug("metrics: no stats from the daemon: %s", e)
             return
+        families = list(self._families(stats))
+        yield from families
+        if self.vllm is not None:
+            yield from self.vllm.renamed(families)
+
+    def _families(self, stats: dict[str, Any]) -> Iterator[Metric]:
         running = GaugeMetricFamily("reprise_num_requests_running",
                                     "Requests in the engine's running batch")  # fmt: skip
         running.add_metric([], stats.get("num_running", 0))
@@ -93,10 +102,83 @@ _STAT_COUNTERS = [
 ]  # fmt: skip
 
 
-class Metrics:
-    """The HTTP layer's registry: its own measurements plus the daemon's collector."""
+# Our metrics under vLLM's names (its V1 engine's), for the dashboards and alerts written
+# for vLLM: reprise name -> vLLM name (the sample suffixes _total, _bucket, _sum, _count
+# follow), each sample labelled model_name as vLLM's are.
+VLLM_NAMES = {
+    "reprise_num_requests_running": "vllm:num_requests_running",
+    "reprise_num_requests_waiting": "vllm:num_requests_waiting",
+    "reprise_prompt_tokens": "vllm:prompt_tokens",
+    "reprise_generation_tokens": "vllm:generation_tokens",
+    "reprise_requests": "vllm:request_success",
+    "reprise_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "reprise_inter_token_latency_seconds": "vllm:inter_token_latency_seconds",
+    "reprise_e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "reprise_request_queue_seconds": "vllm:request_queue_time_seconds",
+    "reprise_preemptions": "vllm:num_preemptions",
+    "reprise_spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "reprise_spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "reprise_prefix_cache_queries_tokens": "vllm:prefix_cache_queries",
+}
+_VLLM_LABELS = {"finish_reason": "finished_reason"}  # vLLM's label names where they differ
 
-    def __init__(self, read_stats: Callable[[], dict[str, Any]]) -> None:
+
+class VllmNames:
+    """Metrics again under vLLM's names (VLLM_NAMES), with model_name: the daemon's
+    families of a scrape and the HTTP layer's own (`http`); and what vLLM computes from
+    them: vllm:prefix_cache_hits (every tier's hits: what the cache served) and
+    vllm:kv_cache_usage_perc (the device blocks in use, 0 to 1)."""
+
+    def __init__(self, http: list[Collector], model_name: str) -> None:
+        self.http = http
+        self.model_name = model_name
+
+    def renamed(self, daemon: list[Metric]) -> Iterator[Metric]:
+        used = total = 0.0
+        hits: Metric | None = None
+        for metric in [*daemon, *(m for source in self.http for m in source.collect())]:
+            if metric.name == "reprise_kv_blocks_used":
+                used = _device(metric)
+            elif metric.name == "reprise_kv_blocks":
+                total = _device(metric)
+            elif metric.name == "reprise_prefix_cache_hits_tokens":
+                hits = metric
+            if (name := VLLM_NAMES.get(metric.name)) is not None:
+                yield self._renamed(metric, name)
+        if hits is not None:
+            merged = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in "
+                                         "tokens (every tier)", labels=["model_name"])  # fmt: skip
+            value = sum(s.value for s in hits.samples if s.name.endswith("_total"))
+            merged.add_metric([self.model_name], value)
+            yield merged
+        if total:
+            usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)",
+                                      labels=["model_name"])  # fmt: skip
+            usage.add_metric([self.model_name], used / total)
+            yield usage
+
+    def _renamed(self, metric: Metric, name: str) -> Metric:
+        out = Metric(name, metric.documentation, metric.type)
+        for sample in metric.samples:
+            if sample.name.endswith("_created"):
+                continue
+            labels = {_VLLM_LABELS.get(k, k): v for k, v in sample.labels.items()}
+            out.add_sample(name + sample.name[len(metric.name) :],
+                           {**labels, "model_name": self.model_name}, sample.value)  # fmt: skip
+        return out
+
+
+def _device(metric: Metric) -> float:
+    return sum(s.value for s in metric.samples if s.labels.get("tier") == "device")
+
+
+class Metrics:
+    """The HTTP layer's registry: its own measurements plus the daemon's collector, each
+    also under vLLM's names (VllmNames)."""
+
+    def __init__(
+        self, read_stats: Callable[[], dict[str, Any]], model_name: str = "default"
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("reprise_requests", "Finished requests (each choice counts), "
@@ -118,4 +200,6 @@ class Metrics:
                                "its first token", buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.errors = Counter("reprise_http_errors", "Error replies, by HTTP status",
                               ["status"], registry=r)  # fmt: skip
-        r.register(DaemonCollector(read_stats))
+        own = [self.requests, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
+               self.e2e, self.queue]  # fmt: skip
+        r.register(DaemonCollector(read_stats, VllmNames(own, model_name)))
