@@ -44,7 +44,11 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_families_by_architecture_or_model_type() -> None:
     raw = {**QWEN2, "num_hidden_layers": 2}
-    assert registry.supported_architectures() == ("LlamaForCausalLM", "Qwen2ForCausalLM")
+    assert registry.supported_architectures() == (
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "MistralForCausalLM",
+    )
     for fields, arch in [
         ({"architectures": ["Qwen2ForCausalLM"]}, "Qwen2ForCausalLM"),
         ({"model_type": "qwen2"}, "Qwen2ForCausalLM"),  # no architectures: by model_type
@@ -61,7 +65,7 @@ def test_families_by_architecture_or_model_type() -> None:
     [
         ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "'GPT2LMHeadModel'"),
         ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}, "'Qwen3ForCausalLM'"),
-        ({"model_type": "mistral"}, "'mistral'"),
+        ({"model_type": "gemma"}, "'gemma'"),
         ({}, "None"),
     ],
 )
@@ -69,7 +73,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
     with pytest.raises(ModelConfigError) as e:
         ModelConfig.from_dict({**QWEN2, **fields})
     assert str(e.value) == (
-        f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM"
+        f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
+        "MistralForCausalLM"
     )
 
 
@@ -78,7 +83,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
     result = cli("model", "info", str(tmp_path))  # no weights: it must stop at the config
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, Qwen2ForCausalLM"
+        "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
+        "Qwen2ForCausalLM, MistralForCausalLM"
     ]
 
 

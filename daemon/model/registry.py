@@ -57,11 +57,26 @@ def _check_qwen2(raw: Mapping[str, Any]) -> None:
         )
 
 
+def _check_mistral(raw: Mapping[str, Any]) -> None:
+    """Mistral is Llama's forward (an explicit head_dim too, as Mistral-Nemo's); refuse a
+    sliding window shorter than the context, which transformers applies to every layer
+    (Mistral 7B v0.1's 4,096 of 32,768; v0.2 on have none)."""
+    _check_llama(raw)
+    window = raw.get("sliding_window")
+    context = int(raw.get("max_position_embeddings", 0))
+    if window is not None and int(window) < context:
+        raise ModelConfigError(
+            f"sliding_window={window} (shorter than the context of {context} tokens) is not "
+            "supported yet: the paged attention kernels attend to the whole prefix"
+        )
+
+
 FAMILIES: dict[str, ModelFamily] = {
     family.architecture: family
     for family in (
         ModelFamily("LlamaForCausalLM", "llama", qkv_bias=False, check=_check_llama),
         ModelFamily("Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=_check_qwen2),
+        ModelFamily("MistralForCausalLM", "mistral", qkv_bias=False, check=_check_mistral),
     )
 }
 
