@@ -118,7 +118,16 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
     "--like",
     required=True,
     type=click.Choice(
-        ["llama-3.1-8b", "llama-3.2-1b", "smollm2-135m", "tiny", "qwen2-0.5b", "tiny-qwen2"]
+        [
+            "llama-3.1-8b",
+            "llama-3.2-1b",
+            "smollm2-135m",
+            "tiny",
+            "qwen2-0.5b",
+            "tiny-qwen2",
+            "qwen3-0.6b",
+            "tiny-qwen3",
+        ]
     ),
     help="The architecture to copy.",
 )

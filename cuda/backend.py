@@ -23,7 +23,7 @@ from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref, rope_kv_write_ref
 from .penalties import Penalties, penalize_ref
 from .protocol import Backend, CopyDone, Landed, check_tier_copies, layer_by_layer
-from .rmsnorm import add_rmsnorm_ref, rmsnorm_ref
+from .rmsnorm import add_rmsnorm_ref, head_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
 
@@ -238,6 +238,7 @@ class NumpyBackend:
     add_rmsnorm = staticmethod(add_rmsnorm_ref)
     gemm = staticmethod(gemm_ref)
     add_bias = staticmethod(add_bias_ref)
+    head_rmsnorm = staticmethod(head_rmsnorm_ref)
     rope = staticmethod(rope_ref)
     kv_write = staticmethod(kv_write_ref)
     rope_kv_write = staticmethod(rope_kv_write_ref)

@@ -486,6 +486,7 @@ class CupyBackend:
     rope_kv_write = staticmethod(launchers.rope_kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
     add_bias = staticmethod(launchers.add_bias)
+    head_rmsnorm = staticmethod(launchers.head_rmsnorm)
     argmax = staticmethod(launchers.argmax)
 
     @staticmethod

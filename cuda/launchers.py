@@ -249,6 +249,33 @@ def add_bias(y: Any, bias: Any, *, out: Any = None) -> Any:
     return out
 
 
+def head_rmsnorm(qkv: Any, q_weight: Any, k_weight: Any, num_heads: int, eps: float) -> Any:
+    """Twin: head_rmsnorm_ref. qkv [T, num_heads + 2 * kv_heads, head_dim] BF16, normalized
+    in place (each query and key head; Qwen3's q_norm and k_norm) and returned."""
+    check("qkv", qkv, BF16_BITS, 3)
+    check("q_weight", q_weight, BF16_BITS, 1)
+    check("k_weight", k_weight, BF16_BITS, 1)
+    tokens, heads, head_dim = qkv.shape
+    kv_heads = (heads - num_heads) // 2
+    if heads != num_heads + 2 * kv_heads or kv_heads < 1:
+        raise ValueError(f"qkv must have num_heads ({num_heads}) + 2 * kv_heads heads; got {heads}")
+    if (
+        not 0 < head_dim <= RMSNORM_THREADS
+        or head_dim != q_weight.shape[0]
+        or (head_dim != k_weight.shape[0])
+    ):
+        raise ValueError(
+            f"head_dim must be in [1, {RMSNORM_THREADS}] and both weights' length; got "
+            f"{head_dim}, {q_weight.shape[0]} and {k_weight.shape[0]}"
+        )
+    if tokens:
+        args = (qkv, q_weight, k_weight, np.int32(num_heads), np.int32(kv_heads),
+                np.int32(head_dim), np.float32(eps))  # fmt: skip
+        grid = (tokens * (num_heads + kv_heads),)
+        launch_kernel(kernel("rmsnorm", "head_rmsnorm"), grid, (RMSNORM_THREADS,), args)
+    return qkv
+
+
 def argmax(logits: Any, *, out: Any = None) -> Any:
     """Twin: argmax_ref per row. logits [R, vocab] fp32 -> [R] int32, ties to the lowest id.
 

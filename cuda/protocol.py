@@ -80,6 +80,7 @@ class Backend(Protocol):
     gemm: Callable[..., Any]
     gemm_add_rmsnorm: Callable[..., Any]  # add_rmsnorm(residual, gemm(x, w)), maybe one kernel
     add_bias: Callable[..., Any]
+    head_rmsnorm: Callable[..., Any]
     rope: Callable[..., Any]
     kv_write: Callable[..., None]
     rope_kv_write: Callable[..., Any]  # rope of q and k, then kv_write, as one op

@@ -30,3 +30,26 @@ add_rmsnorm(const float* __restrict__ residual, const __nv_bfloat16* __restrict_
   add_rmsnorm_row(residual + row * hidden, delta + row * hidden, weight, summed_out + row * hidden,
                   out + row * hidden, hidden, eps, scratch);
 }
+
+// qkv: [rows, num_heads + 2 * num_kv_heads, head_dim] BF16, in place: each query and key
+// head normalized over head_dim (Qwen3's q_norm and k_norm, before RoPE), the values
+// untouched. grid = rows * (num_heads + num_kv_heads), head_dim <= RMSNORM_THREADS. The
+// head is widened into shared memory first, so each thread writes its element back only
+// after the block's sum (a barrier) has read them all: the row functions' tree and bits.
+extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
+head_rmsnorm(__nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ q_weight,
+             const __nv_bfloat16* __restrict__ k_weight, int num_heads, int num_kv_heads,
+             int head_dim, float eps) {
+  pdl_enter();
+  __shared__ float scratch[RMSNORM_THREADS / 32];  // block_sum's
+  __shared__ float head_row[RMSNORM_THREADS];
+  const int normed = num_heads + num_kv_heads;
+  const long long token = blockIdx.x / normed;
+  const int head = blockIdx.x % normed;
+  __nv_bfloat16* h = qkv + (token * (num_heads + 2 * num_kv_heads) + head) * (long long)head_dim;
+  if (threadIdx.x < head_dim) head_row[threadIdx.x] = __bfloat162float(h[threadIdx.x]);
+  __syncthreads();
+  normalize_row_in_registers<1, false>(head_row, static_cast<const __nv_bfloat16*>(nullptr),
+                                       head < num_heads ? q_weight : k_weight, nullptr, h, head_dim,
+                                       eps, scratch);
+}

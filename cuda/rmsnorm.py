@@ -30,3 +30,20 @@ def add_rmsnorm_ref(
     """
     summed = to_f32(residual) + to_f32(delta)
     return summed, rmsnorm_ref(summed, weight, eps)
+
+
+def head_rmsnorm_ref(
+    qkv: np.ndarray, q_weight: np.ndarray, k_weight: np.ndarray, num_heads: int, eps: float
+) -> np.ndarray:
+    """qkv: [T, num_heads + 2 * kv_heads, head_dim] BF16 -> the same with each query head
+    RMS-normalized over head_dim with `q_weight` and each key head with `k_weight`
+    ([head_dim] BF16; Qwen3's q_norm and k_norm, before RoPE); the values as they were."""
+    tokens, heads, head_dim = qkv.shape
+    kv_heads = (heads - num_heads) // 2
+    out = qkv.copy()
+    for start, count, weight in ((0, num_heads, q_weight), (num_heads, kv_heads, k_weight)):
+        rows = qkv[:, start : start + count].reshape(-1, head_dim)
+        out[:, start : start + count] = rmsnorm_ref(rows, weight, eps).reshape(
+            tokens, count, head_dim
+        )
+    return out

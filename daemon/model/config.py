@@ -75,6 +75,11 @@ class ModelConfig:
         return self.family.qkv_bias
 
     @property
+    def qk_norm(self) -> bool:
+        """Each query and key head is RMS-normalized before RoPE (the family's option)."""
+        return self.family.qk_norm
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -90,6 +95,7 @@ class ModelConfig:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qkv = self.q_size + 2 * self.kv_size
         per_layer = h * qkv + self.q_size * h + 3 * h * i + 2 * h + qkv * self.qkv_bias
+        per_layer += 2 * self.head_dim * self.qk_norm
         lm_head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_layers * per_layer + h + lm_head
 

@@ -6,7 +6,10 @@ the registry (registry.py); a family's options switch its extra steps on.
           -> add+rmsnorm -> lm_head (fp32 logits, only for the rows asked for)
 
 With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
-rounds to BF16 once, as transformers' BF16 linear layer does.
+rounds to BF16 once, as transformers' BF16 linear layer does. With `qk_norm` (Qwen3)
+each query and key head of the QKV output is RMS-normalized over head_dim
+(`head_rmsnorm`) before RoPE. A layer with either has its head (qkv, rope, kv write)
+run op by op; the others' may run inside the projection's launch or the layer kernels.
 
 The residual stream is fp32; every GEMM input is BF16. K and V are written
 to the cache before attention, which reads them back from it, the current
@@ -52,6 +55,13 @@ class _Layer:
     gate_up_proj: np.ndarray
     down_proj: np.ndarray
     qkv_bias: np.ndarray | None  # [q_size + 2 * kv_size] BF16; None: the family has none
+    q_norm: np.ndarray | None = None  # [head_dim] BF16; None: the family has no qk_norm
+    k_norm: np.ndarray | None = None
+
+    @property
+    def plain_head(self) -> bool:
+        """Its head is the projection, RoPE and the KV write alone (no bias or norm)."""
+        return self.qkv_bias is None and self.q_norm is None
 
 
 class LlamaModel:
@@ -69,6 +79,8 @@ class LlamaModel:
                 gate_up_proj=backend.gate_up_weight(w.gate_up_proj),
                 down_proj=linear(w.down_proj),
                 qkv_bias=None if w.qkv_bias is None else backend.from_host(w.qkv_bias),
+                q_norm=None if w.q_norm is None else backend.from_host(w.q_norm),
+                k_norm=None if w.k_norm is None else backend.from_host(w.k_norm),
             )
             for w in weights.layers
         ]
@@ -121,13 +133,19 @@ class LlamaModel:
             # the queries come back rotated, the keys (rotated) and values go into their
             # cache slots: one launch on the GPU, or two with the projection's
             layer = self.layers[idx]
-            if layer.qkv_bias is None:  # maybe in the projection's launch: gemm_rope_kv_write
+            if layer.plain_head:  # maybe in the projection's launch: gemm_rope_kv_write
                 return ops.gemm_rope_kv_write(x, layer.qkv_proj, *rope_args(idx))
-            qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
-            return ops.rope_kv_write(qkv.reshape(heads_shape), *rope_args(idx))
+            if layer.qkv_bias is None:
+                qkv = ops.gemm(x, layer.qkv_proj)
+            else:
+                qkv = ops.add_bias(ops.gemm(x, layer.qkv_proj, out_f32=True), layer.qkv_bias)
+            qkv = qkv.reshape(heads_shape)
+            if layer.q_norm is not None:
+                qkv = ops.head_rmsnorm(qkv, layer.q_norm, layer.k_norm, num_heads, eps)
+            return ops.rope_kv_write(qkv, *rope_args(idx))
 
         q = head(x, 0)
-        if all(layer.qkv_bias is None for layer in self.layers):
+        if all(layer.plain_head for layer in self.layers):
             # each layer from its attention on, with the next layer's head: the layers
             # after the first head together, maybe one kernel (attention_layers)
             last = len(self.layers) - 1
@@ -138,7 +156,7 @@ class LlamaModel:
                 (q, kv_cache, 0, tables, seq_lens, starts, scale), layers, residual, eps,
                 (positions, cos, sin, kv_cache, slots, num_heads),
             )  # fmt: skip
-        else:  # a qkv bias: the layers one at a time
+        else:  # a qkv bias or q and k norms: the layers one at a time
             for idx, layer in enumerate(self.layers):
                 # attention, then o_proj and down_proj, whose outputs go only into the residual
                 # add and the next norm: the layer from its attention on, maybe one kernel
@@ -148,7 +166,7 @@ class LlamaModel:
                 tail = (layer.o_proj, layer.gate_up_proj, layer.down_proj, residual, layer.mlp_norm,
                         self._next_norm[idx], eps)  # fmt: skip
                 following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None
-                if following is not None and following.qkv_bias is None:
+                if following is not None and following.plain_head:
                     qkv = (following.qkv_proj, *rope_args(idx + 1))
                     residual, q = ops.attention_tail_qkv(attention, tail, qkv)
                     continue

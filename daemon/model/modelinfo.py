@@ -52,5 +52,6 @@ def model_info(path: Path | str) -> dict[str, object]:
         "rope_scaling": None if scaling is None else f"llama3 x{scaling.factor:g}",
         "tied_embeddings": config.tie_word_embeddings,
         "qkv_bias": config.qkv_bias,
+        "qk_norm": config.qk_norm,
         "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
     }

@@ -2,7 +2,7 @@
 
 A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
-the q, k and v projections), and the checks that refuse a config whose options the
+the q, k and v projections, and an RMSNorm of each query and key head), and the checks that refuse a config whose options the
 forward does not implement. `ModelConfig.from_dict` looks the family up first, so an
 unknown architecture is refused in one line that names it and the supported ones,
 before any weight is read. Every family runs through the one forward (llama.py) and
@@ -29,6 +29,8 @@ class ModelFamily:
     model_type: str  # config.json's model_type, e.g. "llama"
     qkv_bias: bool  # q_proj, k_proj and v_proj carry a `.bias` (added before RoPE)
     check: Callable[[Mapping[str, Any]], None]  # raises ModelConfigError on what we lack
+    # q_norm and k_norm: an RMSNorm over head_dim of each query and key head, before RoPE
+    qk_norm: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -71,12 +73,21 @@ def _check_mistral(raw: Mapping[str, Any]) -> None:
         )
 
 
+def _check_qwen3(raw: Mapping[str, Any]) -> None:
+    """Qwen3's attention_bias puts a bias on o_proj too (the forward has none there); its
+    sliding window is refused as Qwen2's is."""
+    if raw.get("attention_bias"):
+        raise ModelConfigError("attention_bias=true is not supported")
+    _check_qwen2(raw)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     family.architecture: family
     for family in (
         ModelFamily("LlamaForCausalLM", "llama", qkv_bias=False, check=_check_llama),
         ModelFamily("Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=_check_qwen2),
         ModelFamily("MistralForCausalLM", "mistral", qkv_bias=False, check=_check_mistral),
+        ModelFamily("Qwen3ForCausalLM", "qwen3", qkv_bias=False, check=_check_qwen3, qk_norm=True),
     )
 }
 

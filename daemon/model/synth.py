@@ -36,6 +36,7 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 8192,
 }
 QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6}
 # The architectures of the models named, as their Hugging Face config.json gives them
 # (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -124,6 +125,40 @@ SHAPES: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "sliding_window": 4096,
         "max_window_layers": 2,
+    },
+    "qwen3-0.6b": {  # Qwen3-0.6B: q and k norms, heads * head_dim past the hidden size
+        **QWEN3,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "attention_bias": False,
+    },
+    "tiny-qwen3": {  # for tests: Qwen3's features (q and k norms, tied) in kilobytes
+        **QWEN3,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "attention_bias": False,
     },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
@@ -217,6 +252,8 @@ def synth_in_memory(
         gate_up_proj=rand(2 * inter, h),
         down_proj=rand(h, inter),
         qkv_bias=rand(config.q_size + 2 * config.kv_size) if config.qkv_bias else None,
+        q_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
+        k_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
     )
     embed = rand(config.vocab_size, h)
     lm_head = embed if config.tie_word_embeddings else rand(config.vocab_size, h)
@@ -225,7 +262,8 @@ def synth_in_memory(
 
 def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor's Hugging Face name and shape, in file order."""
-    qkv_bias = family_of({"architectures": ["LlamaForCausalLM"], **shape}).qkv_bias
+    family = family_of({"architectures": ["LlamaForCausalLM"], **shape})
+    qkv_bias = family.qkv_bias
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
     q_size = shape["num_attention_heads"] * shape["head_dim"]
     kv_size = shape["num_key_value_heads"] * shape["head_dim"]
@@ -240,6 +278,9 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
             yield prefix + "self_attn.q_proj.bias", (q_size,)
             yield prefix + "self_attn.k_proj.bias", (kv_size,)
             yield prefix + "self_attn.v_proj.bias", (kv_size,)
+        if family.qk_norm:
+            yield prefix + "self_attn.q_norm.weight", (shape["head_dim"],)
+            yield prefix + "self_attn.k_norm.weight", (shape["head_dim"],)
         yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
         yield prefix + "post_attention_layernorm.weight", (hidden,)
         yield prefix + "mlp.gate_proj.weight", (inter, hidden)

@@ -3,7 +3,7 @@
 Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
 V are fused into one projection, and so are gate and up, so each layer runs
 two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
-has them fused the same way. A missing tensor or a wrong shape is an error that
+has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer. A missing tensor or a wrong shape is an error that
 names it.
 """
 
@@ -34,6 +34,8 @@ class LayerWeights:
     gate_up_proj: np.ndarray  # [2 * intermediate, hidden]
     down_proj: np.ndarray  # [hidden, intermediate]
     qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]; families with config.qkv_bias
+    q_norm: np.ndarray | None = None  # [head_dim]; families with config.qk_norm
+    k_norm: np.ndarray | None = None  # [head_dim]
 
 
 @dataclass(slots=True)
@@ -109,6 +111,8 @@ def load_weights(
                 )
                 if config.qkv_bias
                 else None,
+                q_norm=take(attn + "q_norm.weight", (config.head_dim,)) if config.qk_norm else None,
+                k_norm=take(attn + "k_norm.weight", (config.head_dim,)) if config.qk_norm else None,
             )
         )
         if progress is not None:

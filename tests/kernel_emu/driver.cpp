@@ -84,6 +84,11 @@ extern "C" {
 void run_rmsnorm(int rows, const float* x, const __nv_bfloat16* w, __nv_bfloat16* out, int hidden, float eps) {
   launch({(unsigned)rows, 1, 1}, RMSNORM_THREADS, [&] { rmsnorm(x, w, out, hidden, eps); });
 }
+void run_head_rmsnorm(int tokens, __nv_bfloat16* qkv, const __nv_bfloat16* q_w, const __nv_bfloat16* k_w,
+                      int heads, int kv_heads, int head_dim, float eps) {
+  launch({(unsigned)(tokens * (heads + kv_heads)), 1, 1}, RMSNORM_THREADS,
+         [&] { head_rmsnorm(qkv, q_w, k_w, heads, kv_heads, head_dim, eps); });
+}
 void run_add_rmsnorm(int rows, const float* r, const __nv_bfloat16* d, const __nv_bfloat16* w, float* s,
                      __nv_bfloat16* out, int hidden, float eps) {
   launch({(unsigned)rows, 1, 1}, RMSNORM_THREADS, [&] { add_rmsnorm(r, d, w, s, out, hidden, eps); });
@@ -421,7 +426,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
-  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
   PLAIN(add_logit_bias) PLAIN(apply_token_mask)
