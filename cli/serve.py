@@ -38,6 +38,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "http": (None, str),
     "served_model_name": (None, str),
     "tool_call_parser": (None, str),
+    "reasoning_parser": (None, str),
     "speculative_config": (None, str),
 }
 
@@ -176,6 +177,13 @@ def load_config(path: Path) -> dict[str, Any]:
     "the model's text in this format (vLLM's --tool-call-parser); without it, 'auto' is a 400.",
 )
 @click.option(
+    "--reasoning-parser",
+    type=click.Choice(["qwen3", "deepseek_r1"]),
+    default=None,
+    help="Give HTTP chat answers' thinking apart from their content, as reasoning_content, "
+    "in this model's format (vLLM's --reasoning-parser).",
+)
+@click.option(
     "--speculative-config",
     default=None,
     metavar="JSON",
@@ -265,6 +273,8 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
     if options["http"] is None:
         if options["tool_call_parser"] is not None:
             raise click.UsageError("--tool-call-parser reads HTTP tool calls: it needs --http")
+        if options["reasoning_parser"] is not None:
+            raise click.UsageError("--reasoning-parser reads HTTP chat answers: it needs --http")
         return None
     from ..daemon.serve.http import HttpConfig, parse_host_port
 
@@ -276,6 +286,7 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
                           max_queue=options["max_queue"],
                           max_body_bytes=options["max_message_bytes"],
                           max_tokens_cap=options["max_tokens_cap"],
-                          tool_call_parser=options["tool_call_parser"])  # fmt: skip
+                          tool_call_parser=options["tool_call_parser"],
+                          reasoning_parser=options["reasoning_parser"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

@@ -54,6 +54,7 @@ from .metrics import Metrics
 from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_tokenize
 from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
+from .reasoning_parsers import PARSERS as REASONING_PARSERS
 from .responses_api import EventStream, new_response_id, parse_responses, renamed
 from .responses_api import answer as responses_answer
 from .tool_parsers import PARSERS
@@ -77,9 +78,16 @@ class HttpConfig:
     max_tokens_cap: int = 4096
     # tool_choice "auto": the model's tool calls read from its text (tool_parsers.PARSERS)
     tool_call_parser: str | None = None
+    # chat answers' thinking apart from their content (reasoning_parsers.PARSERS)
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(
+                f"reasoning parser must be one of {', '.join(REASONING_PARSERS)}; "
+                f"got {self.reasoning_parser!r}"
+            )
         if self.tool_call_parser not in (None, *PARSERS):
             raise ValueError(
                 f"tool call parser must be one of {', '.join(PARSERS)}; "
@@ -254,6 +262,16 @@ class Frontend:
             raise error from None
         return JSONResponse({"prompt": text})
 
+    def _reasoning(self, parsed: ParsedRequest) -> None:
+        """A chat's reasoning parser: the server's, unless the request asks for none
+        (separate_reasoning false) or its tool choice holds the answer to a grammar."""
+        if (
+            parsed.kind == "chat"
+            and parsed.separate_reasoning
+            and parsed.tool_mode not in ("named", "required")
+        ):
+            parsed.reasoning_parser = self.config.reasoning_parser
+
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
             raise ApiError(404, f"the model {model!r} does not exist; this daemon "
@@ -272,6 +290,7 @@ class Frontend:
         parsed = parse_request(kind, await self._json(request), max_tokens_default=default,
                                tool_call_parser=self.config.tool_call_parser)  # fmt: skip
         self._check_model(parsed.model)
+        self._reasoning(parsed)
         if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
             parsed.table_prompt(await self._vocab_size())
         if parsed.user is not None:
@@ -305,6 +324,7 @@ class Frontend:
                                 tool_call_parser=self.config.tool_call_parser)  # fmt: skip
         parsed = asked.parsed
         self._check_model(parsed.model)
+        self._reasoning(parsed)
         if parsed.user is not None:
             log.info("request from user %r", parsed.user[:128])
         response_id, model = new_response_id(), self.config.model_name

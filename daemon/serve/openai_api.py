@@ -95,6 +95,10 @@ class ParsedRequest:
     return_token_ids: bool = False
     # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:{id}"
     tokens_as_ids: bool = False
+    # chat: the server's reasoning parser (reasoning_parsers.py), unless the request's
+    # SGLang-style separate_reasoning is false or its tool choice holds it to a grammar
+    reasoning_parser: str | None = None
+    separate_reasoning: bool = True
     # vLLM's prompt_logprobs: top alternatives per prompt token, in the answer's own field
     num_prompt_logprobs: int | None = None
     # chat with tools: "named" (the answer is the arguments of `tool_name`), "required"
@@ -189,6 +193,7 @@ def parse_request(
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
     if tools is not None:
         parsed.tool_mode, parsed.tool_name = tools.mode, tools.name
+    parsed.separate_reasoning = body.get("separate_reasoning", True)
     if kind == "chat" and echo:
         if tools is not None:
             raise bad("echo", "is not supported with tools")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from ...ipc.messages import Done, TokenChunk
-from . import tool_parsers
+from . import reasoning_parsers, tool_parsers
 from .openai_api import ParsedRequest
 
 
@@ -85,11 +86,16 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         if parsed.echo:
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
-            message = {"role": "assistant", "content": parsed.chat_echo + done.text}
+            reasoning, content = None, done.text
+            if parsed.reasoning_parser is not None:
+                reasoning, content = reasoning_parsers.split(parsed.reasoning_parser, done.text)
+            message = {"role": "assistant", "content": _joined(parsed.chat_echo, content)}
             reason = finish_reason(done)
             if parsed.tool_mode is not None:
-                message = {"role": "assistant", **tool_answer(parsed, done.text)}
+                message = {"role": "assistant", **tool_answer(parsed, content or "")}
                 reason = tools_finish_reason(parsed, message, reason)
+            if parsed.reasoning_parser is not None:  # vLLM's field, and its newer name
+                message["reasoning_content"] = message["reasoning"] = reasoning
             choice = {"index": index, "message": message, "logprobs": logprobs,
                       "finish_reason": reason, "stop_reason": done.stop_reason}  # fmt: skip
         else:
@@ -110,6 +116,11 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
     if parsed.kind == "chat" and parsed.return_token_ids:
         answer["prompt_token_ids"] = dones[0].prompt_token_ids
     return answer
+
+
+def _joined(echo: str, content: str | None) -> str | None:
+    """A chat message's content: the echoed message, then the answer's (None: neither)."""
+    return echo + content if content is not None else (echo or None)
 
 
 def prompt_logprobs(done: Done, num_top: int) -> list[dict[int, dict[str, Any]] | None]:
@@ -201,6 +212,10 @@ class StreamBuilder:
         # continuous usage stats: each choice's prompt length and tokens so far
         self.prompt_tokens = [0] * parsed.num_choices
         self.completion_tokens = [0] * parsed.num_choices
+        # a reasoning parser: each choice's thinking apart from its content as it streams
+        parser = parsed.reasoning_parser
+        self.reasoning = [reasoning_parsers.ReasoningStream(parser) if parser else None
+                          for _ in range(parsed.num_choices)]  # fmt: skip
 
     @property
     def _object(self) -> str:
@@ -238,8 +253,23 @@ class StreamBuilder:
                 "stop_reason": stop_reason}  # fmt: skip
 
     def chunk(self, index: int, chunk: TokenChunk) -> dict[str, Any]:
-        event = self._chunk(index, chunk)
+        stream, thought = self.reasoning[index], ""
+        if stream is not None:  # the chunk's text: its thinking, then content as below
+            thought, text = stream.push(chunk.text)
+            chunk = replace(chunk, text=text)
+        event = self._with_reasoning(self._chunk(index, chunk), thought)
         return self._with_ids(event, index, chunk.token_ids, chunk.prompt_token_ids)
+
+    @staticmethod
+    def _with_reasoning(event: dict[str, Any], thought: str) -> dict[str, Any]:
+        """A chat event's delta with the thinking it lets out (vLLM's reasoning_content,
+        and its newer name reasoning), and no empty content beside it."""
+        if thought:
+            delta = event["choices"][0]["delta"]
+            if delta.get("content") == "":
+                del delta["content"]
+            delta["reasoning_content"] = delta["reasoning"] = thought
+        return event
 
     def _with_ids(
         self, event: dict[str, Any], index: int, token_ids: list[int], prompt_ids: list[int] | None
@@ -287,10 +317,16 @@ class StreamBuilder:
             len(done.token_ids),
         )
         delta, reason = None, finish_reason(done)
+        stream, thought, text = self.reasoning[index], "", done.text
+        if stream is not None:  # what was held back, and the whole answer's content
+            thought, rest = stream.push("", final=True)
+            text = reasoning_parsers.split(stream.parser, done.text)[1] or ""
+            if self.parsed.tool_mode is None:
+                delta = {"content": rest} if rest else {}
         if self.parsed.tool_mode == "named" and self.call_ids[index]:
             delta = {}  # its arguments were streamed
         elif self.parsed.tool_mode is not None:
-            answer = tool_answer(self.parsed, done.text)  # the whole answer
+            answer = tool_answer(self.parsed, text)  # the whole answer
             reason = tools_finish_reason(self.parsed, answer, reason)
             calls, content = answer.get("tool_calls"), answer["content"] or ""
             # what of the content was not streamed ("auto" holds back what may begin a
@@ -303,6 +339,8 @@ class StreamBuilder:
             [self._choice(index, "", None, reason, delta=delta, stop_reason=done.stop_reason)],
             index=index,
         )
+        if self.parsed.kind == "chat":
+            event = self._with_reasoning(event, thought)
         return self._with_ids(event, index, [], done.prompt_token_ids)
 
     def usage(self, dones: list[Done]) -> dict[str, Any]:

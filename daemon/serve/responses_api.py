@@ -13,8 +13,9 @@ response.created, the output items' added / delta / done events, response.comple
 Decided where vLLM's and OpenAI's differ or we cannot follow: nothing is stored
 (`store` is answered false; `previous_response_id`, `background` and a
 `conversation` are refused, as is a GET of a response), tools are function tools only,
-and a streamed answer with tools sends its items whole at its end (the calls are read
-from the whole text).
+and a streamed answer with tools or a reasoning parser sends its items whole at its end
+(the calls and the thinking are read from the whole text); a reasoning parser's thinking
+is a `reasoning` item before the message.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...ipc.messages import Done, TokenChunk
+from . import reasoning_parsers
 from .openai_api import PASSED, ParsedRequest, parse_request
 from .openai_errors import ApiError, bad
 from .openai_responses import LogprobsBuilder, finish_reason, tool_answer
+from .openai_structured import STRUCTURED
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_METADATA = 16  # metadata pairs, as OpenAI's
@@ -38,7 +41,8 @@ HARMLESS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls",
             "reasoning", "stream_options"}  # fmt: skip
 KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
          "temperature", "top_p", "top_logprobs", "include", "stream", "cache_salt", "priority",
-         "previous_response_id", "background", "conversation", *PASSED, *HARMLESS}  # fmt: skip
+         "previous_response_id", "background", "conversation", *PASSED, *HARMLESS,
+         *STRUCTURED}  # fmt: skip
 # The chat parameters (and the daemon's fields) whose errors name a Responses parameter
 RENAMED = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
            "response_format": "text.format", "messages": "input"}  # fmt: skip
@@ -121,7 +125,8 @@ def renamed(e: ApiError) -> ApiError:
 def as_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat completion body a Responses body runs as (module docstring)."""
     chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "stream",
-                            "cache_salt", "priority", "user", *PASSED) if k in body}  # fmt: skip
+                            "cache_salt", "priority", "user", *PASSED, *STRUCTURED)
+                            if k in body}  # fmt: skip
     messages = []
     if "instructions" in body:
         if not isinstance(body["instructions"], str):
@@ -299,10 +304,18 @@ def output_items(request: ResponsesRequest, done: Done) -> list[dict[str, Any]]:
     logprobs = LogprobsBuilder("chat", parsed.tokens_as_ids).build(done.logprobs)
     entries = None if logprobs is None else logprobs["content"]
     status = "incomplete" if finish_reason(done) == "length" else "completed"
+    items: list[dict[str, Any]] = []
+    text = done.text
+    if parsed.reasoning_parser is not None:  # the thinking as a reasoning item first
+        thought, text = reasoning_parsers.split(parsed.reasoning_parser, done.text)
+        text = text or ""
+        if thought:
+            items.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
+                          "content": [{"type": "reasoning_text", "text": thought}],
+                          "status": status})  # fmt: skip
     if parsed.tool_mode is None:
-        return [_message_item("msg_" + uuid.uuid4().hex, done.text, entries, status)]
-    answer = tool_answer(parsed, done.text)
-    items = []
+        return [*items, _message_item("msg_" + uuid.uuid4().hex, text, entries, status)]
+    answer = tool_answer(parsed, text)
     if answer.get("content") or "tool_calls" not in answer:
         items.append(_message_item("msg_" + uuid.uuid4().hex, answer.get("content") or "",
                                    entries, status))  # fmt: skip
@@ -360,7 +373,7 @@ class EventStream:
                             output_index=0, content_index=0, part=part)]  # fmt: skip
 
     def chunk(self, chunk: TokenChunk) -> list[str]:
-        if self.request.parsed.tool_mode is not None:
+        if self._whole:
             return []  # the items come whole at the end
         built = self.builder.build(chunk.logprobs)
         entries = [] if built is None else built["content"]
@@ -373,13 +386,24 @@ class EventStream:
                                       logprobs=entries))  # fmt: skip
         return events
 
+    @property
+    def _whole(self) -> bool:
+        """Its items are read from the whole answer (tool calls, or thinking apart)."""
+        parsed = self.request.parsed
+        return parsed.tool_mode is not None or parsed.reasoning_parser is not None
+
     def done(self, done: Done) -> list[str]:
         events: list[str] = []
-        if self.request.parsed.tool_mode is not None:
+        if self._whole:
             items = output_items(self.request, done)
             for index, item in enumerate(items):
                 events.append(self._event("response.output_item.added", output_index=index,
                                           item={**item, "status": "in_progress"}))  # fmt: skip
+                if item["type"] == "message":
+                    part = item["content"][0]
+                    events.append(self._event(
+                        "response.output_text.delta", item_id=item["id"], output_index=index,
+                        content_index=0, delta=part["text"], logprobs=part["logprobs"]))  # fmt: skip
                 if item["type"] == "function_call":
                     events.append(self._event(
                         "response.function_call_arguments.delta", item_id=item["id"],
