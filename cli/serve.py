@@ -39,6 +39,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "served_model_name": (None, str),
     "tool_call_parser": (None, str),
     "reasoning_parser": (None, str),
+    "chat_template": (None, str),
+    "default_chat_template_kwargs": (None, str),
     "speculative_config": (None, str),
 }
 
@@ -184,6 +186,20 @@ def load_config(path: Path) -> dict[str, Any]:
     "in this model's format (vLLM's --reasoning-parser).",
 )
 @click.option(
+    "--chat-template",
+    default=None,
+    metavar="FILE|TEMPLATE",
+    help="Render every chat with this Jinja template (a file, or the template itself) in "
+    "place of the model folder's (vLLM's --chat-template).",
+)
+@click.option(
+    "--default-chat-template-kwargs",
+    default=None,
+    metavar="JSON",
+    help="Template variables every chat gets, e.g. '{\"enable_thinking\": false}'; a "
+    "request's chat_template_kwargs win (vLLM's --default-chat-template-kwargs).",
+)
+@click.option(
     "--speculative-config",
     default=None,
     metavar="JSON",
@@ -227,6 +243,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
         engine_fields["kv_events"] = True
     settings = engine_settings(**engine_fields)
     http_config = _http_config(options, api_key)  # a bad --http is refused before anything
+    chat_template = _chat_template(options["chat_template"])
+    template_kwargs = _template_kwargs(options["default_chat_template_kwargs"])
     configure(options["log_level"], options["log_format"])
     logging.getLogger("reprise.server").info("open files: up to %d", raise_fd_limit())
     stop = StopFlag()
@@ -245,6 +263,8 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
             kv_events_layout=options["kv_events_layout"],
             drain_timeout_s=options["drain_timeout"],
             model_name=str(options["model"] or "default"),
+            chat_template=chat_template,
+            default_chat_template_kwargs=template_kwargs,
         )
         prepare_endpoints(config)  # a bad or busy socket is refused before the model loads
         http = None
@@ -265,6 +285,48 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
                 http.stop()
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the template given itself (vLLM's rule)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if "{" not in value and not path.is_file():
+        raise click.UsageError(f"--chat-template: no file {value!r} (nor a template: no '{{')")
+    source = value
+    if path.is_file():
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.UsageError(f"--chat-template: cannot read {value}: {e}") from None
+    from ..daemon.model.tokenizer import check_chat_template
+
+    try:
+        check_chat_template(source)
+    except ValueError as e:
+        raise click.UsageError(f"--chat-template: {e}") from None
+    return source
+
+
+def _template_kwargs(value: str | None) -> dict[str, Any] | None:
+    """--default-chat-template-kwargs: a JSON object (its names checked by ServerConfig)."""
+    if value is None:
+        return None
+    import json
+
+    try:
+        kwargs = json.loads(value)
+    except ValueError as e:
+        raise click.UsageError(f"--default-chat-template-kwargs is not JSON: {e}") from None
+    from ..ipc.messages import ProtocolError, check_chat_options
+
+    try:
+        check_chat_options({"kwargs": kwargs})
+    except ProtocolError as e:
+        message = e.message.removeprefix("chat_options.kwargs ").removeprefix("chat_options: ")
+        raise click.UsageError(f"--default-chat-template-kwargs: {message}") from None
+    return kwargs
 
 
 def _http_config(options: dict[str, Any], api_key: str | None) -> Any:

@@ -211,6 +211,13 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         return _open_final_message(text, conversation[-1]) if continue_final_message else text
 
+    def use_chat_template(self, source: str) -> None:
+        """Render every chat with `source` (a server's --chat-template), in place of the
+        folder's templates; ChatTemplateError if it does not compile."""
+        check_chat_template(source)
+        self.chat_templates = {"default": source}
+        self._compiled.clear()
+
     def _template(self, name: str) -> jinja2.Template:
         if name not in self.chat_templates:
             name = "default"
@@ -281,6 +288,14 @@ def _open_final_message(text: str, final: dict[str, Any]) -> str:
     if text[at : at + len(kept)] == kept:  # trailing spaces kept by the template
         return text[: at + len(kept)]
     return text[: at + len(content.strip())]
+
+
+def check_chat_template(source: str) -> None:
+    """That `source` compiles as a chat template (ChatTemplateError saying where not)."""
+    try:
+        _JINJA_ENV.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
 
 
 class IncrementalDetokenizer:

@@ -87,12 +87,20 @@ def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
 
 class RequestChecks:
     def __init__(
-        self, limits: RequestLimits, tokenizer: Tokenizer, *, vocab_size: int, max_model_len: int
+        self,
+        limits: RequestLimits,
+        tokenizer: Tokenizer,
+        *,
+        vocab_size: int,
+        max_model_len: int,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.limits = limits
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # the server's default chat template variables (a request's own win)
+        self.template_kwargs = template_kwargs or {}
 
     def read(self, payload: bytes) -> Ready | Request:
         """A frame's message, checked (on the I/O thread); raises ProtocolError."""
@@ -150,7 +158,7 @@ class RequestChecks:
                 add_generation_prompt=options.get("add_generation_prompt", True),
                 continue_final_message=options.get("continue_final_message", False),
                 tools=request.tools,
-                **options.get("kwargs", {}),
+                **{**self.template_kwargs, **options.get("kwargs", {})},
             )
             return tokenizer.encode(text, add_special_tokens=False)
         except Exception as e:  # a template may reject a conversation (e.g. bad role order)

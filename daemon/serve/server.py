@@ -96,8 +96,11 @@ class Server:
         self.stop = stop or StopFlag()
         limits = RequestLimits(config.max_tokens_cap, config.max_stop_strings,
                                config.max_stop_chars, config.max_logits_bytes)  # fmt: skip
+        if config.chat_template is not None:
+            engine.tokenizer.use_chat_template(config.chat_template)
         self.checks = RequestChecks(limits, engine.tokenizer, vocab_size=engine.config.vocab_size,
-                                    max_model_len=engine.max_model_len)  # fmt: skip
+                                    max_model_len=engine.max_model_len,
+                                    template_kwargs=config.default_chat_template_kwargs)  # fmt: skip
         self.status = Status(engine, config.model_name)
         self.counters = self.status.counters
         self.outbox = Outbox(self.counters)

@@ -4,9 +4,12 @@ sockets that run before any model loads (`prepare_endpoints`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...ipc.kv_events import KVEventLayout, check_layout
+from ...ipc.messages import ProtocolError, check_chat_options
 from ...ipc.sockets import check_address, ipc_path, prepare_ipc_path
+from ..model.tokenizer import check_chat_template
 
 
 @dataclass(slots=True)
@@ -25,9 +28,25 @@ class ServerConfig:
     idle_poll_ms: int = 100
     max_unread_bytes: int = 64 << 20  # replies queued per client before it counts as gone
     model_name: str = ""
+    # vLLM's --chat-template: the template every chat is rendered with (its source), in
+    # place of the model folder's; None: the folder's
+    chat_template: str | None = None
+    # vLLM's --default-chat-template-kwargs: template variables every chat gets, a
+    # request's own chat_options kwargs winning
+    default_chat_template_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_address(self.address)
+        if self.chat_template is not None:
+            check_chat_template(self.chat_template)  # a ValueError naming the error
+        if self.default_chat_template_kwargs is not None:
+            try:
+                check_chat_options({"kwargs": self.default_chat_template_kwargs})
+            except ProtocolError as e:
+                raise ValueError(
+                    "default_chat_template_kwargs: "
+                    + e.message.removeprefix("chat_options.kwargs ").removeprefix("chat_options: ")
+                ) from None
         if self.events_address is not None:
             check_address(self.events_address)
         check_layout(self.kv_events_layout)
