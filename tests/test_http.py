@@ -157,6 +157,21 @@ def test_bad_words_leave_the_answer(api: openai.OpenAI) -> None:
     assert "".join(c.text for e in events for c in e.choices) == cut
 
 
+def test_a_streamed_echo_sends_the_prompt_first(api: openai.OpenAI) -> None:
+    """vLLM's echo with stream: each choice's first chunk starts with its prompt's text;
+    joined, each choice is the whole echo's text (two prompts, two choices each)."""
+    prompts = ["The capital of France is", "One, two,"]
+    whole = complete(api, prompt=prompts, n=2, max_tokens=4, echo=True)
+    events = list(complete(api, prompt=prompts, n=2, max_tokens=4, echo=True, stream=True))
+    texts = ["", "", "", ""]
+    for event in events:
+        for choice in event.choices:
+            if not texts[choice.index]:
+                assert choice.text.startswith(prompts[choice.index // 2])
+            texts[choice.index] += choice.text
+    assert texts == [c.text for c in sorted(whole.choices, key=lambda c: c.index)]
+
+
 def test_sse_framing_ends_with_done(daemon: HttpDaemon) -> None:
     body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:

@@ -140,7 +140,9 @@ def test_echo_is_refused_where_it_cannot_be_served(daemon: HttpDaemon) -> None:
     cases = [
         (api.completions.create, {"prompt": "x", "echo": True, "logprobs": 9}, "prompt_logprobs"),
         (api.completions.create, {"prompt": "x", "echo": "yes"}, "echo"),
-        (api.completions.create, {"prompt": "x", "echo": True, "stream": True}, "echo"),
+        (api.completions.create, {"prompt": "x", "echo": True, "stream": True, "logprobs": 1},
+         "echo"),  # a streamed echo takes no logprobs
+        (api.completions.create, {"prompt": [5, 6], "echo": True, "stream": True}, "echo"),
         (api.chat.completions.create,
          {"messages": [{"role": "user", "content": "x"}], "extra_body": {"echo": "yes"}}, "echo"),
     ]  # fmt: skip

@@ -242,8 +242,10 @@ def parse_request(
             raise bad("prompt_logprobs", "is not supported with stream: true")
         parsed.num_prompt_logprobs = options["prompt_logprobs"] = top
     if echo and kind == "completions":
-        if stream:
-            raise bad("echo", "is not supported with stream: true")
+        text_prompts = all(isinstance(p, str) for p in parsed.prompts)
+        if stream and not (text_prompts and parsed.num_logprobs is None):
+            raise bad("echo", "with stream: true takes text prompts without logprobs (the "
+                      "prompt's text goes first; its tokens' logprobs come whole only)")  # fmt: skip
         if "prompt_table" in options:
             raise bad("echo", "is not supported with prompt_embeds")
         parsed.echo = True

@@ -249,6 +249,9 @@ class StreamBuilder:
                 self.started[index] = True
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
                     "stop_reason": stop_reason}  # fmt: skip
+        if self.parsed.echo and not self.started[index]:  # a streamed echo: the prompt first
+            text = self.parsed.prompts[index // self.parsed.n] + text
+            self.started[index] = True
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
                 "stop_reason": stop_reason}  # fmt: skip
 
