@@ -218,7 +218,8 @@ class Requests:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        ids = list(prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids)
+        prompt = prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids
+        ids = list(prompt) if request.return_token_ids else None  # copied only when asked
         for index, request_id in enumerate(request_ids):
             self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop,
                            params.min_tokens, params.include_stop_str_in_output)  # fmt: skip
@@ -229,8 +230,8 @@ class Requests:
                 pending.ready.t_received,
                 index,
                 len(request_ids),
-                len(ids),
-                ids if request.return_token_ids else None,
+                len(prompt),
+                ids,
             )
         self.by_client[(route, request.id)] = list(request_ids)
 
