@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import secrets
+import threading
 import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -155,6 +156,7 @@ class Engine:
         self.grammars = Grammars(tokenizer.backend.to_str, config.vocab_size, self.stop_token_ids)
         # bad_words' token sequences by words, for the requests that repeat them
         self._bad_words_seqs: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
+        self._bad_words_lock = threading.Lock()  # the tokenizing threads and the loop
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
@@ -230,9 +232,10 @@ class Engine:
             vocab = self.config.vocab_size
             if past := [t for seq in seqs for t in seq if t >= vocab]:
                 raise ValueError(f"bad_words give tokens past the vocabulary ({vocab}): {past[:5]}")
-            if len(self._bad_words_seqs) >= MAX_KEPT_BAD_WORDS:
-                self._bad_words_seqs.pop(next(iter(self._bad_words_seqs)), None)
-            self._bad_words_seqs[key] = seqs
+            with self._bad_words_lock:
+                if len(self._bad_words_seqs) >= MAX_KEPT_BAD_WORDS:
+                    self._bad_words_seqs.pop(next(iter(self._bad_words_seqs)), None)
+                self._bad_words_seqs[key] = seqs
         return seqs
 
     def _held_stop_ids(self, params: SamplingParams) -> frozenset[int]:
