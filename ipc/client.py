@@ -74,6 +74,7 @@ def generate_message(
     tools: list[dict[str, Any]] | None = None,
     chat_options: dict[str, Any] | None = None,
     return_token_ids: bool = False,
+    fit_max_tokens: bool = False,
     **sampling: Any,
 ) -> Generate:
     """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
@@ -112,6 +113,7 @@ def generate_message(
         tools=tools,
         chat_options=chat_options,
         return_token_ids=return_token_ids,
+        fit_max_tokens=fit_max_tokens,
     )
 
 

@@ -303,6 +303,9 @@ class Generate:
     chat_options: dict[str, Any] | None = None
     # vLLM's return_token_ids: each choice's first chunk and its Done carry the prompt's ids
     return_token_ids: bool = False
+    # vLLM's chat default: sampling.max_tokens is lowered to what fits after the prompt (the
+    # context's room, and the KV pool's), so an answer without a limit runs to its end
+    fit_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -348,6 +351,7 @@ class Generate:
         check_type("stream", self.stream, bool)
         check_type("return_logits", self.return_logits, bool)
         check_type("return_token_ids", self.return_token_ids, bool)
+        check_type("fit_max_tokens", self.fit_max_tokens, bool)
         self._check_prompt_table()
 
     def _check_prompt_table(self) -> None:

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from http_support import HttpDaemon
 
-from reprise.daemon.model.synth import synth_model
-from reprise.daemon.model.tokenizer import Tokenizer
-from reprise.ipc import Client
+openai = pytest.importorskip("openai")
+from http_support import HttpDaemon  # noqa: E402
+
+from reprise.daemon.model.synth import synth_model  # noqa: E402
+from reprise.daemon.model.tokenizer import Tokenizer  # noqa: E402
+from reprise.ipc import Client  # noqa: E402
 
 TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}|{{ m['content'] }}]{% endfor %}"
@@ -28,8 +30,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
     model = synth_model("tiny", tmp / "tiny", seed=1)
     (tmp / "t.jinja").write_text(TEMPLATE)
     (tmp / "d").mkdir()
+    # a pool of 8 blocks of 16 (128 tokens) under a context of 256, and no low token cap
     d = HttpDaemon(tmp / "d", model, "--chat-template", str(tmp / "t.jinja"),
-                   "--default-chat-template-kwargs", '{"think": true}')  # fmt: skip
+                   "--default-chat-template-kwargs", '{"think": true}',
+                   "--num-device-blocks", "8", "--max-tokens-cap", "4096")  # fmt: skip
     d.model = model  # type: ignore[attr-defined]
     yield d
     d.stop()
@@ -54,3 +58,18 @@ def test_every_chat_is_rendered_with_the_servers_template(daemon: HttpDaemon) ->
         )
         done = client.generate(messages, max_tokens=2, temperature=0)
     assert done.prompt_tokens == len(tok.encode("[user|hi]<think>>>", add_special_tokens=False))
+
+
+def test_a_chat_without_max_tokens_runs_to_what_fits(daemon: HttpDaemon) -> None:
+    """vLLM's chat default: no max_tokens runs the answer to the room left after the
+    prompt (here the pool's 128 tokens, under the context's 256 and the cap's 4,096); an
+    explicit max_tokens that cannot fit is refused, as before."""
+    api = daemon.openai()
+    messages = [{"role": "user", "content": "hi"}]
+    done = api.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage.prompt_tokens + done.usage.completion_tokens == 128
+    with pytest.raises(openai.BadRequestError, match="KV blocks"):
+        api.chat.completions.create(model="tiny", messages=messages, max_tokens=4096,
+                                    extra_body={"ignore_eos": True})  # fmt: skip

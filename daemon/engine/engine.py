@@ -219,6 +219,12 @@ class Engine:
             keys = tuple(self.kv.prompt_keys(id_bytes, namespace))
         return PreparedPrompt(tuple(ids), array, id_bytes, namespace, keys, owner=self)
 
+    def token_room(self, num_prompt_tokens: int) -> int:
+        """The most tokens a request of this prompt may generate: what the context and the
+        device pool (every block of it, as `check_fits` counts) hold after the prompt."""
+        capacity = min(self.max_model_len, self.pool.num_blocks * self.pool.block_size)
+        return capacity - num_prompt_tokens
+
     def bad_words_ids(self, words: list[str] | None) -> tuple[tuple[int, ...], ...]:
         """The token sequences `words` ban (sampling/bad_words.py), or ValueError when
         one is past the vocabulary; kept for the next request naming the same words, so

@@ -170,6 +170,8 @@ def parse_request(
         prompt = batch[0]
         max_tokens = body.get("max_tokens")
     options["max_tokens"] = max_tokens_default if max_tokens is None else max_tokens
+    if kind == "chat" and max_tokens is None:  # vLLM's: to its end, what fits after the prompt
+        options["fit_max_tokens"] = True
     if "stop" in body:
         stop = body["stop"]
         options["stop"] = [stop] if isinstance(stop, str) else stop

@@ -202,8 +202,13 @@ class Requests:
     def _admit(self, route: Route, pending: PendingRequest) -> None:
         request, params = pending.ready.request, pending.ready.params
         prepared = pending.prepared.result()  # a ProtocolError raised there comes here
+        prompt = prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids
         retention = Retention(priority=request.priority) if request.priority is not None else None
         try:
+            if request.fit_max_tokens:  # vLLM's chat default: to what fits after the prompt
+                room = self.engine.token_room(len(prompt))
+                if room < params.max_tokens:  # (min_tokens past it: refused as bad_request)
+                    params = replace(params, max_tokens=max(room, 1))
             # Token ids alone end it in the engine; its text and stop strings are the
             # detokenizing thread's (detokenize.py), which has the loop cancel it at a stop.
             request_ids = self.engine.add_choices(
@@ -218,7 +223,6 @@ class Requests:
         except ValueError as e:
             raise ProtocolError("bad_request", str(e)) from None
         self.counters.num_requests_total += 1
-        prompt = prepared.prompt if isinstance(prepared.prompt, list) else prepared.prompt.ids
         ids = list(prompt) if request.return_token_ids else None  # copied only when asked
         for index, request_id in enumerate(request_ids):
             self.text.open(request_id, prepared.text_ids, params.skip_special_tokens, params.stop,
