@@ -18,6 +18,7 @@ from reprise.daemon.model.tokenizer import Tokenizer  # noqa: E402
 from reprise.ipc import Client  # noqa: E402
 
 TEMPLATE = (
+    "{% for d in documents or [] %}<doc:{{ d['title'] }}>{% endfor %}"
     "{% for m in messages %}[{{ m['role'] }}|{{ m['content'] }}]{% endfor %}"
     "{% if think %}<think>{% else %}<plain>{% endif %}"
     "{% if add_generation_prompt %}>>{% endif %}"
@@ -47,7 +48,10 @@ def test_every_chat_is_rendered_with_the_servers_template(daemon: HttpDaemon) ->
         ({}, "[user|hi]<think>>>"),  # the server's default variables
         ({"chat_template_kwargs": {"think": False}}, "[user|hi]<plain>>>"),  # the request's win
         ({"add_generation_prompt": False}, "[user|hi]<think>"),
-    ]
+        # vLLM's documents: the template's own variable
+        ({"documents": [{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]},
+         "<doc:a><doc:b>[user|hi]<think>>>"),
+    ]  # fmt: skip
     for extra, text in cases:
         r = httpx.post(f"{daemon.url}/tokenize", json={"messages": messages, **extra}, timeout=60)
         assert r.status_code == 200, r.text

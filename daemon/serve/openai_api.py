@@ -64,7 +64,8 @@ COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "prior
           "return_tokens_as_token_ids", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
 # vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
-CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                "documents")  # fmt: skip
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
     "chat": COMMON
@@ -338,6 +339,18 @@ def _chat_options(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[
             raise bad("continue_final_message", "needs the last message to be the assistant's")
     if "chat_template_kwargs" in body:
         options["kwargs"] = body["chat_template_kwargs"]
+    if "documents" in body:  # vLLM's: the template's documents (retrieval-augmented chats)
+        documents = body["documents"]
+        if not isinstance(documents, list) or not all(
+            isinstance(d, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+            for d in documents
+        ):
+            raise bad("documents", "must be a list of objects of strings (e.g. title, text)")
+        if isinstance(options.get("kwargs"), dict):
+            options["kwargs"] = {**options["kwargs"], "documents": documents}
+        else:
+            options.setdefault("kwargs", {"documents": documents})
     if not options:
         return None
     try:
