@@ -79,7 +79,8 @@ def parse_responses(
         )
     reasoning = body.get("reasoning", {})
     if not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values()):
-        raise bad("reasoning", "reasoning settings are not supported (the model does not reason)")
+        raise bad("reasoning", "reasoning settings (effort, summary) are not supported; a "
+                  "server's --reasoning-parser gives a reasoning model's thinking as its own item")  # fmt: skip
     metadata = body.get("metadata", {})
     if (
         not isinstance(metadata, dict)
