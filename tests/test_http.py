@@ -72,6 +72,8 @@ def test_version_is_the_packages(daemon: HttpDaemon) -> None:
 
 def test_models_lists_the_served_model(api: openai.OpenAI) -> None:
     assert [m.id for m in api.models.list().data] == [MODEL_NAME]
+    card = api.models.retrieve(MODEL_NAME)
+    assert card.model_extra["max_model_len"] == 256 and card.model_extra["root"] == MODEL_NAME
     assert api.models.retrieve(MODEL_NAME).id == MODEL_NAME
     with pytest.raises(openai.NotFoundError) as info:
         api.models.retrieve("gpt-nothing")

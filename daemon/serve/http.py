@@ -220,16 +220,21 @@ class Frontend:
         return JSONResponse({"version": version})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model()]})
+        return JSONResponse({"object": "list", "data": [await self._model()]})
 
     async def model(self, request: Request) -> Response:
         """OpenAI's GET /v1/models/{model}: the served model, or 404."""
         self._check_model(request.path_params["model"])
-        return JSONResponse(self._model())
+        return JSONResponse(await self._model())
 
-    def _model(self) -> dict[str, Any]:
-        return {"id": self.config.model_name, "object": "model", "created": 0,
-                "owned_by": "reprise"}  # fmt: skip
+    async def _model(self) -> dict[str, Any]:
+        """OpenAI's model object, with vLLM's root, parent and max_model_len (the context,
+        once the daemon is up: clients such as LiteLLM read it)."""
+        card = {"id": self.config.model_name, "object": "model", "created": 0,
+                "owned_by": "reprise", "root": self.config.model_name, "parent": None}  # fmt: skip
+        with contextlib.suppress(RequestError, DaemonUnavailable, TimeoutError):
+            card["max_model_len"] = (await self._health(timeout_s=2)).max_model_len
+        return card
 
     async def metrics_route(self, request: Request) -> Response:
         text = await run_in_threadpool(generate_latest, self.metrics.registry)
@@ -377,10 +382,10 @@ class Frontend:
         """The model's vocabulary size (the first table id), asked of the daemon once."""
         return (await self._health()).vocab_size
 
-    async def _health(self) -> HealthReply:
+    async def _health(self, timeout_s: float = 10) -> HealthReply:
         """The daemon's health reply, asked once: its model's fixed sizes."""
         if self._sizes is None:
-            self._sizes = await self.client.health(timeout_s=10)
+            self._sizes = await self.client.health(timeout_s=timeout_s)
         return self._sizes
 
     async def _collect(self, items: AsyncIterator, timing: _Timing, n: int) -> list[Done]:
