@@ -39,6 +39,7 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "served_model_name": (None, str),
     "tool_call_parser": (None, str),
     "reasoning_parser": (None, str),
+    "responses_store_mb": (64, int),
     "chat_template": (None, str),
     "default_chat_template_kwargs": (None, str),
     "speculative_config": (None, str),
@@ -184,6 +185,13 @@ def load_config(path: Path) -> dict[str, Any]:
     default=None,
     help="Give HTTP chat answers' thinking apart from their content, as reasoning_content, "
     "in this model's format (vLLM's --reasoning-parser).",
+)
+@click.option(
+    "--responses-store-mb",
+    type=click.IntRange(min=0),
+    default=None,
+    help="MiB of finished Responses API responses kept for GET and previous_response_id, "
+    "least recently used out first; 0 keeps none [default: 64].",
 )
 @click.option(
     "--chat-template",
@@ -349,6 +357,7 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
                           max_body_bytes=options["max_message_bytes"],
                           max_tokens_cap=options["max_tokens_cap"],
                           tool_call_parser=options["tool_call_parser"],
-                          reasoning_parser=options["reasoning_parser"])  # fmt: skip
+                          reasoning_parser=options["reasoning_parser"],
+                          responses_store_mb=options["responses_store_mb"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

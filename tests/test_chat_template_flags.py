@@ -34,7 +34,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
     # a pool of 8 blocks of 16 (128 tokens) under a context of 256, and no low token cap
     d = HttpDaemon(tmp / "d", model, "--chat-template", str(tmp / "t.jinja"),
                    "--default-chat-template-kwargs", '{"think": true}',
-                   "--num-device-blocks", "8", "--max-tokens-cap", "4096")  # fmt: skip
+                   "--num-device-blocks", "8", "--max-tokens-cap", "4096",
+                   "--responses-store-mb", "0")  # fmt: skip
     d.model = model  # type: ignore[attr-defined]
     yield d
     d.stop()
@@ -77,3 +78,14 @@ def test_a_chat_without_max_tokens_runs_to_what_fits(daemon: HttpDaemon) -> None
     with pytest.raises(openai.BadRequestError, match="KV blocks"):
         api.chat.completions.create(model="tiny", messages=messages, max_tokens=4096,
                                     extra_body={"ignore_eos": True})  # fmt: skip
+
+
+def test_a_server_keeping_no_responses_says_so(daemon: HttpDaemon) -> None:
+    """--responses-store-mb 0: responses come back with store false, GET is a 404 and a
+    previous_response_id is refused, naming the setting."""
+    api = daemon.openai()
+    r = api.responses.create(model="tiny", input="hi", max_output_tokens=2)
+    assert r.store is False
+    assert httpx.get(f"{daemon.url}/v1/responses/{r.id}", timeout=10).status_code == 404
+    with pytest.raises(openai.BadRequestError, match="responses-store-mb 0"):
+        api.responses.create(model="tiny", input="again", previous_response_id=r.id)

@@ -69,7 +69,7 @@ def test_a_text_answer_is_the_chat_answer(api: openai.OpenAI) -> None:
             assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
         else:
             assert r.status == "completed" and r.incomplete_details is None
-        assert r.instructions == "Be brief." and r.max_output_tokens == limit and r.store is False
+        assert r.instructions == "Be brief." and r.max_output_tokens == limit and r.store is True
 
 
 def test_streamed_events_carry_the_same_answer(api: openai.OpenAI) -> None:
@@ -163,7 +163,8 @@ def test_a_named_function_is_called_and_the_round_goes_on(api: openai.OpenAI) ->
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),  # never stored
+        ({"store": "yes"}, "store"),
         ({"background": True}, "background"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"input": []}, "input"),
@@ -190,7 +191,62 @@ def test_what_cannot_be_served_is_refused_naming_it(
     assert r.json()["error"]["param"] == param, r.text
 
 
-def test_no_response_is_stored(daemon: HttpDaemon) -> None:
+def test_a_stored_response_is_read_continued_and_deleted(
+    api: openai.OpenAI, daemon: HttpDaemon
+) -> None:
+    """store (OpenAI's default): GET gives the response back; previous_response_id runs
+    the chat of its conversation and output, then the new input (its instructions not
+    carried over), whole or streamed; DELETE forgets it; store false keeps nothing."""
+    first = api.responses.create(model=MODEL, input="My name is Ann.", instructions="Be brief.",
+                                 max_output_tokens=8, temperature=0)  # fmt: skip
+    assert first.store is True
+    assert api.responses.retrieve(first.id).output_text == first.output_text
+    kw = {"model": MODEL, "input": "What is my name?", "max_output_tokens": 8, "temperature": 0}
+    second = api.responses.create(**kw, previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    want = chat(api, [{"role": "user", "content": "My name is Ann."},
+                      {"role": "assistant", "content": first.output_text},
+                      {"role": "user", "content": "What is my name?"}], max_tokens=8)  # fmt: skip
+    assert second.output_text == want.choices[0].message.content
+    assert second.usage.input_tokens == want.usage.prompt_tokens
+    events = list(api.responses.create(**kw, previous_response_id=first.id, stream=True))
+    streamed = events[-1].response
+    assert streamed.output_text == second.output_text
+    third = api.responses.create(model=MODEL, input="And again?", previous_response_id=streamed.id,
+                                 max_output_tokens=2, temperature=0)  # a chain of three  # fmt: skip
+    assert third.usage.input_tokens > second.usage.input_tokens
+    r = httpx.delete(f"{daemon.url}/v1/responses/{first.id}", timeout=10)
+    assert r.json() == {"id": first.id, "object": "response.deleted", "deleted": True}
     for method in ("GET", "DELETE"):
-        r = httpx.request(method, f"{daemon.url}/v1/responses/resp_123", timeout=10)
-        assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+        r = httpx.request(method, f"{daemon.url}/v1/responses/{first.id}", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+    with pytest.raises(openai.BadRequestError, match="no stored response"):
+        api.responses.create(**kw, previous_response_id=first.id)
+    unkept = api.responses.create(**kw, store=False)
+    assert unkept.store is False
+    assert httpx.get(f"{daemon.url}/v1/responses/{unkept.id}", timeout=10).status_code == 404
+
+
+def test_the_store_keeps_the_most_recently_used_within_its_bytes() -> None:
+    from reprise.daemon.serve.responses_api import ResponseStore
+
+    def response(i: int, words: int) -> dict:
+        text = " ".join(["word"] * words)
+        return {"id": f"resp_{i}", "output": [{"type": "message", "content": [
+            {"type": "output_text", "text": text}]}]}  # fmt: skip
+
+    store = ResponseStore(max_bytes=4000)
+    for i in range(3):
+        store.put(response(i, 100), [{"role": "user", "content": f"q{i}"}])
+    assert len(store) == 3 and store.num_bytes <= 4000
+    assert store.get("resp_0") is not None  # now the most recently used
+    store.put(response(3, 100), [])
+    assert store.get("resp_1") is None and store.get("resp_0") is not None
+    assert store.conversation("resp_0")[-1] == {
+        "role": "assistant",
+        "content": " ".join(["word"] * 100),
+    }
+    store.put(response(4, 2000), [])  # larger than the whole store: not kept, nothing evicted
+    assert store.get("resp_4") is None and len(store) == 3
+    assert store.delete("resp_0") and not store.delete("resp_0")
+    assert store.num_bytes == sum(e[0] for e in store._entries.values())

@@ -55,7 +55,14 @@ from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_to
 from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
 from .reasoning_parsers import PARSERS as REASONING_PARSERS
-from .responses_api import EventStream, new_response_id, parse_responses, renamed
+from .responses_api import (
+    EventStream,
+    ResponsesRequest,
+    ResponseStore,
+    new_response_id,
+    parse_responses,
+    renamed,
+)
 from .responses_api import answer as responses_answer
 from .tool_parsers import PARSERS
 
@@ -80,6 +87,8 @@ class HttpConfig:
     tool_call_parser: str | None = None
     # chat answers' thinking apart from their content (reasoning_parsers.PARSERS)
     reasoning_parser: str | None = None
+    # the Responses API's stored responses (responses_api.ResponseStore), MiB; 0: none
+    responses_store_mb: int = 64
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)
@@ -92,6 +101,12 @@ class HttpConfig:
             raise ValueError(
                 f"tool call parser must be one of {', '.join(PARSERS)}; "
                 f"got {self.tool_call_parser!r}"
+            )
+        if isinstance(self.responses_store_mb, bool) or not (
+            isinstance(self.responses_store_mb, int) and self.responses_store_mb >= 0
+        ):
+            raise ValueError(
+                f"responses store must be an integer >= 0 (MiB); got {self.responses_store_mb!r}"
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"http port must be in [0, 65535]; got {self.port}")
@@ -162,6 +177,8 @@ class Frontend:
         self.num_in_flight = 0
         self._sizes: HealthReply | None = None
         self.metrics = Metrics(lambda: self.pool.call(lambda c: c.stats()), config.model_name)
+        megabytes = config.responses_store_mb
+        self.stored = ResponseStore(megabytes << 20) if megabytes else None
 
     # -- the streams of one request ------------------------------------------------------
 
@@ -326,7 +343,8 @@ class Frontend:
         t_start = time.monotonic()
         asked = parse_responses(await self._json(request),
                                 max_tokens_default=self.config.max_tokens_cap,
-                                tool_call_parser=self.config.tool_call_parser)  # fmt: skip
+                                tool_call_parser=self.config.tool_call_parser,
+                                store=self.stored)  # fmt: skip
         parsed = asked.parsed
         self._check_model(parsed.model)
         self._reasoning(parsed)
@@ -342,7 +360,9 @@ class Frontend:
                 raise renamed(e) from None
             finally:
                 await items.aclose()
-            return JSONResponse(responses_answer(asked, response_id, model, dones[0]))
+            answer = responses_answer(asked, response_id, model, dones[0])
+            self._keep(asked, answer)
+            return JSONResponse(answer)
         try:  # an error before any token is a plain JSON error, as for the other routes
             first = await _unless_disconnected(request, anext(items, None))
         except BaseException as e:
@@ -355,9 +375,24 @@ class Frontend:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 
+    def _keep(self, asked: ResponsesRequest, response: dict[str, Any] | None) -> None:
+        """A finished response into the store, when it asked to be kept (store)."""
+        if asked.store and self.stored is not None and response is not None:
+            self.stored.put(response, asked.conversation)
+
     async def stored_response(self, request: Request) -> Response:
-        raise ApiError(404, "this server stores no responses (store is always false)",
-                       param="response_id", code="not_found")  # fmt: skip
+        """OpenAI's GET (the response) and DELETE (forget it) of a stored response."""
+        response_id = request.path_params["response_id"]
+        stored = None if self.stored is None else self.stored.get(response_id)
+        if stored is None:
+            raise ApiError(404, f"no stored response {response_id!r:.80} (store false, "
+                           "deleted, evicted, or a server keeping none)", param="response_id",
+                           code="not_found")  # fmt: skip
+        if request.method == "DELETE":
+            self.stored.delete(response_id)  # type: ignore[union-attr]
+            return JSONResponse({"id": response_id, "object": "response.deleted",
+                                 "deleted": True})  # fmt: skip
+        return JSONResponse(stored)
 
     async def _response_events(
         self, first: Any, items: AsyncIterator, stream: EventStream, timing: _Timing
@@ -372,6 +407,7 @@ class Frontend:
                 events = stream.done(item) if isinstance(item, Done) else stream.chunk(item)
                 for event in events:
                     yield event
+            self._keep(stream.request, stream.final)
         except ApiError as e:  # a daemon error after the first token: one error event
             self.metrics.errors.labels(str(e.status)).inc()
             yield stream.error(renamed(e))

@@ -10,9 +10,15 @@ object (`answer`) or, streamed, as the Responses API's typed events (`EventStrea
 response.created, the output items' added / delta / done events, response.completed
 (or response.incomplete when max_output_tokens ended it).
 
-Decided where vLLM's and OpenAI's differ or we cannot follow: nothing is stored
-(`store` is answered false; `previous_response_id`, `background` and a
-`conversation` are refused, as is a GET of a response), tools are function tools only,
+Stored responses (`ResponseStore`): with `store` (OpenAI's default, true) a finished
+response is kept, its conversation with it, in a least-recently-used store bounded in
+bytes (`serve --responses-store-mb`, 0 to keep none); `GET /v1/responses/{id}` gives it
+back, `DELETE` forgets it, and `previous_response_id` continues its conversation (its
+input and output, not its instructions, as OpenAI's). Ids are random 128-bit values: a
+response is read only by whom it was answered to (or whom they gave its id).
+
+Decided where vLLM's and OpenAI's differ or we cannot follow: `background` and a
+`conversation` are refused, tools are function tools only,
 and a streamed answer with tools or a reasoning parser sends its items whole at its end
 (the calls and the thinking are read from the whole text); a reasoning parser's thinking
 is a `reasoning` item before the message.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +61,21 @@ class ResponsesRequest:
 
     parsed: ParsedRequest
     echoed: dict[str, Any] = field(default_factory=dict)  # the response object's settings
+    # the conversation so far, instructions aside: what a later previous_response_id
+    # continues (with this response's output)
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    store: bool = True  # keep the response (OpenAI's default; the server may keep none)
 
 
 def parse_responses(
-    body: object, *, max_tokens_default: int, tool_call_parser: str | None
+    body: object,
+    *,
+    max_tokens_default: int,
+    tool_call_parser: str | None,
+    store: ResponseStore | None = None,
 ) -> ResponsesRequest:
-    """A `/v1/responses` body, or ApiError (400) naming the parameter."""
+    """A `/v1/responses` body, or ApiError (400) naming the parameter; `store`: where
+    `previous_response_id` is looked up (None: the server keeps no responses)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
@@ -67,10 +83,19 @@ def parse_responses(
         if key not in KNOWN:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
                            code="unsupported_parameter")  # fmt: skip
-    for key in ("previous_response_id", "conversation"):
-        if key in body:
-            raise bad(key, "this server stores no responses or conversations; send the "
-                      "whole conversation as input")  # fmt: skip
+    if "conversation" in body:
+        raise bad("conversation", "conversations are not kept here; give previous_response_id "
+                  "or the whole conversation as input")  # fmt: skip
+    history: list[dict[str, Any]] = []
+    if (previous := body.get("previous_response_id")) is not None:
+        if store is None:
+            raise bad("previous_response_id", "this server stores no responses "
+                      "(--responses-store-mb 0); send the whole conversation as input")  # fmt: skip
+        if not isinstance(previous, str) or (history := store.conversation(previous)) is None:
+            raise bad("previous_response_id", f"no stored response {previous!r:.80} (never "
+                      "stored, deleted, or evicted)")  # fmt: skip
+    if not _is_bool(body.get("store", True)):
+        raise bad("store", "must be a boolean")
     if body.get("background"):
         raise bad("background", "background responses need a store; this server has none")
     if body.get("truncation", "disabled") != "disabled":
@@ -88,7 +113,7 @@ def parse_responses(
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise bad("metadata", f"must be an object of at most {MAX_METADATA} string values")
-    chat = as_chat(body)
+    chat = as_chat(body, history)
     try:
         parsed = parse_request("chat", chat, max_tokens_default=max_tokens_default,
                                tool_call_parser=tool_call_parser)  # fmt: skip
@@ -108,8 +133,15 @@ def parse_responses(
         "top_logprobs": body.get("top_logprobs", 0),
         "truncation": "disabled",
         "user": body.get("user"),
+        "previous_response_id": previous,
     }
-    return ResponsesRequest(parsed, echoed)
+    conversation = chat["messages"][1:] if "instructions" in body else chat["messages"]
+    keep = store is not None and body.get("store", True)
+    return ResponsesRequest(parsed, echoed, conversation, keep)
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
 
 
 def renamed(e: ApiError) -> ApiError:
@@ -123,8 +155,9 @@ def renamed(e: ApiError) -> ApiError:
     return e
 
 
-def as_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completion body a Responses body runs as (module docstring)."""
+def as_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The chat completion body a Responses body runs as (module docstring), after the
+    conversation `history` (a previous response's)."""
     chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "stream",
                             "cache_salt", "priority", "user", *PASSED, *STRUCTURED)
                             if k in body}  # fmt: skip
@@ -133,7 +166,7 @@ def as_chat(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body["instructions"], str):
             raise bad("instructions", "must be a string")
         messages.append({"role": "system", "content": body["instructions"]})
-    messages += _input_messages(body.get("input"))
+    messages += [*(history or ()), *_input_messages(body.get("input"))]
     chat["messages"] = messages
     if "max_output_tokens" in body:
         chat["max_completion_tokens"] = body["max_output_tokens"]
@@ -287,9 +320,8 @@ def response_object(
     return {"id": response_id, "object": "response", "created_at": created, "status": status,
             "completed_at": completed,
             "background": False, "error": None, "incomplete_details": incomplete,
-            "model": model, "output": output, "previous_response_id": None, "reasoning": None,
-            "store": False, "usage": None if done is None else _usage(done),
-            **request.echoed}  # fmt: skip
+            "model": model, "output": output, "reasoning": None, "store": request.store,
+            "usage": None if done is None else _usage(done), **request.echoed}  # fmt: skip
 
 
 def _message_item(item_id: str, text: str, logprobs: list | None, status: str) -> dict[str, Any]:
@@ -349,6 +381,7 @@ class EventStream:
         self.logprobs: list[dict[str, Any]] = []
         self.builder = LogprobsBuilder("chat", request.parsed.tokens_as_ids)
         self.item_open = False
+        self.final: dict[str, Any] | None = None  # the finished response, once done
 
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -428,10 +461,78 @@ class EventStream:
                 self._event("response.output_item.done", output_index=0, item=item),
             ]  # fmt: skip
             items = [item]
-        response = self._response(items, done)
+        response = self.final = self._response(items, done)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         events.append(self._event(kind, response=response))
         return events
 
     def error(self, e: ApiError) -> str:
         return self._event("error", code=e.code, message=e.message, param=e.param)
+
+
+def as_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages a continuation is given: its text as
+    the assistant's message, its calls as one assistant message's tool calls (thinking is
+    not given back)."""
+    messages: list[dict[str, Any]] = []
+    calls = [{"id": item["call_id"], "type": "function",
+              "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in output if item["type"] == "function_call"]  # fmt: skip
+    texts = [part["text"] for item in output if item["type"] == "message"
+             for part in item["content"]]  # fmt: skip
+    if texts or not calls:
+        messages.append({"role": "assistant", "content": "".join(texts)})
+    if calls:
+        messages.append({"role": "assistant", "content": "", "tool_calls": calls})
+    return messages
+
+
+class ResponseStore:
+    """Finished responses by id, each with the conversation that led to it and its output
+    (as messages), least recently used first out past `max_bytes` (their JSON's size).
+    Safe on the HTTP front end's event loop (one thread)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._entries: OrderedDict[str, tuple[int, dict[str, Any], list[dict[str, Any]]]] = (
+            OrderedDict()
+        )
+
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Keep `response`, continued by `conversation` + its output; a response larger
+        than the whole store is not kept."""
+        history = [*conversation, *as_messages(response["output"])]
+        size = len(json.dumps(response)) + len(json.dumps(history))
+        if size > self.max_bytes:
+            return
+        self.delete(response["id"])
+        self._entries[response["id"]] = (size, response, history)
+        self.num_bytes += size
+        while self.num_bytes > self.max_bytes:
+            _, (evicted, _, _) = self._entries.popitem(last=False)
+            self.num_bytes -= evicted
+
+    def get(self, response_id: str) -> dict[str, Any] | None:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return entry[1]
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]] | None:
+        """The messages a continuation of `response_id` starts with (None: not kept)."""
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return entry[2]
+
+    def delete(self, response_id: str) -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is not None:
+            self.num_bytes -= entry[0]
+        return entry is not None
+
+    def __len__(self) -> int:
+        return len(self._entries)
