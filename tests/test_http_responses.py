@@ -246,7 +246,7 @@ def test_the_store_keeps_the_most_recently_used_within_its_bytes() -> None:
         "role": "assistant",
         "content": " ".join(["word"] * 100),
     }
-    store.put(response(4, 2000), [])  # larger than the whole store: not kept, nothing evicted
+    assert not store.put(response(4, 2000), [])  # larger than the store: not kept, none evicted
     assert store.get("resp_4") is None and len(store) == 3
     assert store.delete("resp_0") and not store.delete("resp_0")
     assert store.num_bytes == sum(e[0] for e in store._entries.values())

@@ -378,7 +378,8 @@ class Frontend:
     def _keep(self, asked: ResponsesRequest, response: dict[str, Any] | None) -> None:
         """A finished response into the store, when it asked to be kept (store)."""
         if asked.store and self.stored is not None and response is not None:
-            self.stored.put(response, asked.conversation)
+            kept = self.stored.put(response, asked.conversation)
+            response["store"] = kept  # false when larger than the whole store
 
     async def stored_response(self, request: Request) -> Response:
         """OpenAI's GET (the response) and DELETE (forget it) of a stored response."""

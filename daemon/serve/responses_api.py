@@ -499,19 +499,20 @@ class ResponseStore:
             OrderedDict()
         )
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        """Keep `response`, continued by `conversation` + its output; a response larger
-        than the whole store is not kept."""
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> bool:
+        """Keep `response`, continued by `conversation` + its output; False when it is
+        larger than the whole store (then not kept)."""
         history = [*conversation, *as_messages(response["output"])]
         size = len(json.dumps(response)) + len(json.dumps(history))
         if size > self.max_bytes:
-            return
+            return False
         self.delete(response["id"])
         self._entries[response["id"]] = (size, response, history)
         self.num_bytes += size
         while self.num_bytes > self.max_bytes:
             _, (evicted, _, _) = self._entries.popitem(last=False)
             self.num_bytes -= evicted
+        return True
 
     def get(self, response_id: str) -> dict[str, Any] | None:
         entry = self._entries.get(response_id)
