@@ -75,6 +75,7 @@ def generate_message(
     chat_options: dict[str, Any] | None = None,
     return_token_ids: bool = False,
     fit_max_tokens: bool = False,
+    add_special_tokens: bool | None = None,
     **sampling: Any,
 ) -> Generate:
     """The Generate message of `Client.generate`/`stream`'s arguments (a text prompt, token
@@ -114,6 +115,7 @@ def generate_message(
         chat_options=chat_options,
         return_token_ids=return_token_ids,
         fit_max_tokens=fit_max_tokens,
+        add_special_tokens=add_special_tokens,
     )
 
 
@@ -121,12 +123,13 @@ def tokenize_message(
     prompt: str | list[dict[str, str]],
     tools: list[dict[str, Any]] | None = None,
     chat_options: dict[str, Any] | None = None,
+    add_special_tokens: bool | None = None,
 ) -> Tokenize:
-    """The Tokenize message of a text prompt or chat messages (and their tools and chat
-    options)."""
-    if isinstance(prompt, list):
-        return Tokenize(uuid.uuid4().hex, messages=prompt, tools=tools, chat_options=chat_options)
-    return Tokenize(uuid.uuid4().hex, prompt=prompt, tools=tools, chat_options=chat_options)
+    """The Tokenize message of a text prompt or chat messages (and their tools, chat
+    options and add_special_tokens)."""
+    kind = "messages" if isinstance(prompt, list) else "prompt"
+    return Tokenize(uuid.uuid4().hex, **{kind: prompt}, tools=tools, chat_options=chat_options,
+                    add_special_tokens=add_special_tokens)  # fmt: skip
 
 
 def num_choices(request: Generate) -> int:
@@ -175,10 +178,11 @@ class Client:
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_options: dict[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         """The token ids a generate of this prompt (text, or chat messages, the template
         applied, with `tools` and `chat_options`) would have. Raises RequestError."""
-        request = tokenize_message(prompt, tools, chat_options)
+        request = tokenize_message(prompt, tools, chat_options, add_special_tokens)
         self._send(encode(request))
         reply = self._recv(request.id)
         assert isinstance(reply, TokenizeReply), reply

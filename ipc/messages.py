@@ -306,6 +306,9 @@ class Generate:
     # vLLM's chat default: sampling.max_tokens is lowered to what fits after the prompt (the
     # context's room, and the KV pool's), so an answer without a limit runs to its end
     fit_max_tokens: bool = False
+    # vLLM's add_special_tokens: the tokenizer's BOS / EOS around a text prompt (default
+    # true) or a rendered chat (default false: templates write their own); None: default
+    add_special_tokens: bool | None = None
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -352,6 +355,10 @@ class Generate:
         check_type("return_logits", self.return_logits, bool)
         check_type("return_token_ids", self.return_token_ids, bool)
         check_type("fit_max_tokens", self.fit_max_tokens, bool)
+        if self.add_special_tokens is not None:
+            check_type("add_special_tokens", self.add_special_tokens, bool)
+            if self.token_ids is not None:
+                raise bad("add_special_tokens goes with a text prompt or messages, not token_ids")
         self._check_prompt_table()
 
     def _check_prompt_table(self) -> None:
@@ -427,6 +434,7 @@ class Tokenize:
     messages: list[dict[str, str]] | None = None
     tools: list[dict[str, Any]] | None = None  # with messages, as Generate's
     chat_options: dict[str, Any] | None = None  # with messages, as Generate's
+    add_special_tokens: bool | None = None  # as Generate's
 
     def __post_init__(self) -> None:
         check_id("id", self.id)
@@ -437,6 +445,8 @@ class Tokenize:
         else:
             check_messages(self.messages)
         _check_chat_extras(self.messages, self.tools, self.chat_options)
+        if self.add_special_tokens is not None:
+            check_type("add_special_tokens", self.add_special_tokens, bool)
 
 
 def _check_chat_extras(

@@ -89,3 +89,29 @@ def test_a_server_keeping_no_responses_says_so(daemon: HttpDaemon) -> None:
     assert httpx.get(f"{daemon.url}/v1/responses/{r.id}", timeout=10).status_code == 404
     with pytest.raises(openai.BadRequestError, match="responses-store-mb 0"):
         api.responses.create(model="tiny", input="again", previous_response_id=r.id)
+
+
+def test_add_special_tokens_as_vllm_takes_it(daemon: HttpDaemon) -> None:
+    """vLLM's add_special_tokens: the tokenizer's BOS before a text prompt by default
+    (this tiny tokenizer adds one), none with false; none before a rendered chat by
+    default, one with true; the same ids in /tokenize and in the completion's usage."""
+    tok = Tokenizer.from_dir(daemon.model)  # type: ignore[attr-defined]
+    bos = tok.encode("hi")[0]
+    assert tok.encode("hi") == [bos, *tok.encode("hi", add_special_tokens=False)]
+    api = daemon.openai()
+    messages = [{"role": "user", "content": "hi"}]
+    for special in (None, False, True):
+        extra = {} if special is None else {"add_special_tokens": special}
+        text = httpx.post(f"{daemon.url}/tokenize", json={"prompt": "hi", **extra}, timeout=60)
+        chat = httpx.post(
+            f"{daemon.url}/tokenize", json={"messages": messages, **extra}, timeout=60
+        )
+        ids, chat_ids = text.json()["tokens"], chat.json()["tokens"]
+        assert (ids[0] == bos) == (special is not False)
+        assert (chat_ids[0] == bos) == (special is True)
+        done = api.completions.create(model="tiny", prompt="hi", max_tokens=1, extra_body=extra)
+        assert done.usage.prompt_tokens == len(ids)
+    # a batch mixing token ids (which take no special tokens) and text
+    both = api.completions.create(model="tiny", prompt=[[5, 6, 7], "hi"], max_tokens=1,
+                                  extra_body={"add_special_tokens": False})  # fmt: skip
+    assert both.usage.prompt_tokens == 3 + 2

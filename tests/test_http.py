@@ -350,7 +350,7 @@ def test_tokenize_and_detokenize_as_vllm_answers_them(daemon: HttpDaemon, api) -
                    timeout=60)  # fmt: skip
     assert r.json()["count"] == chat(api, max_tokens=1).usage.prompt_tokens
     for route, payload, param in [
-        ("tokenize", {"prompt": text, "add_special_tokens": False}, "add_special_tokens"),
+        ("tokenize", {"prompt": text, "add_special_tokens": "no"}, "add_special_tokens"),
         ("tokenize", {"prompt": ["a"]}, "prompt"),
         ("tokenize", {"prompt": text, "return_token_strs": True}, "return_token_strs"),
         ("tokenize", {"messages": [{"role": "user"}]}, "messages[0].content"),

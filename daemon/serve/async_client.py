@@ -166,9 +166,10 @@ class AsyncClient:
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_options: dict[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         """As `Client.tokenize`. Raises RequestError."""
-        reply = await self._ask(tokenize_message(prompt, tools, chat_options))
+        reply = await self._ask(tokenize_message(prompt, tools, chat_options, add_special_tokens))
         assert isinstance(reply, TokenizeReply), reply
         return reply.token_ids
 

@@ -207,7 +207,10 @@ class Frontend:
         self, prompt: Any, parsed: ParsedRequest, first: int
     ) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
         """One prompt's n choices, indexed from `first`."""
-        stream = self.client.stream(prompt, **parsed.options)
+        options = parsed.options
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], dict):
+            options = {k: v for k, v in options.items() if k != "add_special_tokens"}  # ids
+        stream = self.client.stream(prompt, **options)
         try:
             async for item in stream:
                 yield first + item.index, item
@@ -263,9 +266,9 @@ class Frontend:
         asked = parse_tokenize(await self._json(request))
         self._check_model(asked.model)
         try:
-            ids = await self.client.tokenize(
-                asked.prompt, tools=asked.tools, chat_options=asked.chat_options
-            )
+            ids = await self.client.tokenize(asked.prompt, tools=asked.tools,
+                                             chat_options=asked.chat_options,
+                                             add_special_tokens=asked.add_special_tokens)  # fmt: skip
             limit = (await self._health()).max_model_len
         except (RequestError, ProtocolError, DaemonUnavailable) as e:
             raise _api_error(e) from None

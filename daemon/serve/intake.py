@@ -149,8 +149,9 @@ class RequestChecks:
         chat_options say otherwise). Its length is the caller's to check."""
         tokenizer = self.tokenizer
         try:
+            special = request.add_special_tokens
             if request.prompt is not None:
-                return tokenizer.encode(request.prompt)
+                return tokenizer.encode(request.prompt, add_special_tokens=special is not False)
             assert request.messages is not None
             options = request.chat_options or {}
             text = tokenizer.apply_chat_template(
@@ -160,7 +161,7 @@ class RequestChecks:
                 tools=request.tools,
                 **{**self.template_kwargs, **options.get("kwargs", {})},
             )
-            return tokenizer.encode(text, add_special_tokens=False)
+            return tokenizer.encode(text, add_special_tokens=bool(special))
         except Exception as e:  # a template may reject a conversation (e.g. bad role order)
             raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
 

@@ -61,7 +61,7 @@ PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", 
           "min_tokens")  # fmt: skip
 COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "priority",
           "max_tokens", "logit_bias", "prompt_logprobs", "return_token_ids",
-          "return_tokens_as_token_ids", *PASSED, *HARMLESS}  # fmt: skip
+          "return_tokens_as_token_ids", "add_special_tokens", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
 # vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
@@ -228,6 +228,12 @@ def parse_request(
     parsed.continuous_usage = parsed.include_usage and bool(
         stream_options.get("continuous_usage_stats")
     )
+    if "add_special_tokens" in body:  # vLLM's: BOS / EOS around the text (or rendered chat)
+        if not _is(body["add_special_tokens"], bool):
+            raise bad(
+                "add_special_tokens", f"must be a boolean; got {body['add_special_tokens']!r:.60}"
+            )
+        options["add_special_tokens"] = body["add_special_tokens"]
     for name in ("return_token_ids", "return_tokens_as_token_ids"):
         if not _is(body.get(name, False), bool):
             raise bad(name, f"must be a boolean; got {body[name]!r:.60}")
@@ -269,25 +275,25 @@ class TokenizeRequest:
     prompt: str | list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     chat_options: dict[str, Any] | None = None
+    add_special_tokens: bool | None = None
 
 
 def parse_tokenize(body: object) -> TokenizeRequest:
     """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`), or ApiError (400) naming
     the parameter. Its ids are those a completion of the prompt (or a chat completion of
-    the messages, with the same chat options) is given, so only the default of vLLM's
-    `add_special_tokens` (true) is accepted."""
+    the messages) with the same chat options and add_special_tokens is given."""
     body = _object_body(body)
     kind = "chat" if "messages" in body else "completions"
     allowed = {"model", "prompt", "add_special_tokens"}
     if kind == "chat":
-        allowed = {"model", "messages", "tools", *CHAT_OPTIONS}
-    for key, value in body.items():
+        allowed = {"model", "messages", "tools", "add_special_tokens", *CHAT_OPTIONS}
+    for key in body:
         if key not in allowed:
             raise ApiError(400, f"unsupported parameter: {key}", param=key,
                            code="unsupported_parameter")  # fmt: skip
-        if key == "add_special_tokens" and value is not True:
-            raise ApiError(400, f"unsupported value for {key}: {value!r:.60} (only true)",
-                           param=key, code="unsupported_parameter")  # fmt: skip
+    special = body.get("add_special_tokens")
+    if special is not None and not _is(special, bool):
+        raise bad("add_special_tokens", f"must be a boolean; got {special!r:.60}")
     if kind == "chat":
         tools = body.get("tools") or None
         if tools is not None:
@@ -296,11 +302,12 @@ def parse_tokenize(body: object) -> TokenizeRequest:
             except ProtocolError as e:
                 raise bad("tools", e.message) from None
         messages = _messages(body["messages"])
-        return TokenizeRequest(body.get("model"), messages, tools, _chat_options(body, messages))
+        options = _chat_options(body, messages)
+        return TokenizeRequest(body.get("model"), messages, tools, options, special)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad("prompt", "must be a string (or give messages)")
-    return TokenizeRequest(body.get("model"), prompt)
+    return TokenizeRequest(body.get("model"), prompt, add_special_tokens=special)
 
 
 def parse_detokenize(body: object) -> tuple[str | None, list[int]]:
