@@ -14,8 +14,8 @@ Stored responses (`ResponseStore`): with `store` (OpenAI's default, true) a fini
 response is kept, its conversation with it, in a least-recently-used store bounded in
 bytes (`serve --responses-store-mb`, 0 to keep none); `GET /v1/responses/{id}` gives it
 back, `DELETE` forgets it, and `previous_response_id` continues its conversation (its
-input and output, not its instructions, as OpenAI's). Ids are random 128-bit values: a
-response is read only by whom it was answered to (or whom they gave its id).
+input and output, not its instructions, as OpenAI's). Ids are random (uuid4): a response
+is read only by whom it was answered to (or whom they gave its id).
 
 Decided where vLLM's and OpenAI's differ or we cannot follow: `background` and a
 `conversation` are refused, tools are function tools only,
@@ -43,12 +43,12 @@ from .openai_structured import STRUCTURED
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_METADATA = 16  # metadata pairs, as OpenAI's
 # Accepted, echoed or not, and not acted on: they ask for nothing we would have to do.
-HARMLESS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls",
+HARMLESS = {"user", "metadata", "service_tier", "parallel_tool_calls",
             "prompt_cache_key", "safety_identifier", "max_tool_calls", "truncation",
             "reasoning", "stream_options"}  # fmt: skip
 KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
          "temperature", "top_p", "top_logprobs", "include", "stream", "cache_salt", "priority",
-         "previous_response_id", "background", "conversation", *PASSED, *HARMLESS,
+         "previous_response_id", "store", "background", "conversation", *PASSED, *HARMLESS,
          *STRUCTURED}  # fmt: skip
 # The chat parameters (and the daemon's fields) whose errors name a Responses parameter
 RENAMED = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
