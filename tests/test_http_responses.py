@@ -228,7 +228,7 @@ def test_a_stored_response_is_read_continued_and_deleted(
 
 
 def test_the_store_keeps_the_most_recently_used_within_its_bytes() -> None:
-    from reprise.daemon.serve.responses_api import ResponseStore
+    from reprise.daemon.serve.responses_store import ResponseStore
 
     def response(i: int, words: int) -> dict:
         text = " ".join(["word"] * words)

@@ -55,15 +55,10 @@ from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_to
 from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
 from .reasoning_parsers import PARSERS as REASONING_PARSERS
-from .responses_api import (
-    EventStream,
-    ResponsesRequest,
-    ResponseStore,
-    new_response_id,
-    parse_responses,
-    renamed,
-)
-from .responses_api import answer as responses_answer
+from .responses_answer import EventStream, new_response_id
+from .responses_answer import answer as responses_answer
+from .responses_api import ResponsesRequest, parse_responses, renamed
+from .responses_store import ResponseStore
 from .tool_parsers import PARSERS
 
 log = logging.getLogger("reprise.http")
