@@ -346,7 +346,7 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
         if options["reasoning_parser"] is not None:
             raise click.UsageError("--reasoning-parser reads HTTP chat answers: it needs --http")
         return None
-    from ..daemon.serve.http import HttpConfig, parse_host_port
+    from ..daemon.serve.http_config import HttpConfig, parse_host_port
 
     try:
         host, port = parse_host_port(options["http"])

@@ -736,7 +736,8 @@ def test_an_oversized_body_is_413_declared_or_streamed(daemon: HttpDaemon) -> No
 def test_unavailable_daemon_is_503() -> None:
     from starlette.testclient import TestClient
 
-    from reprise.daemon.serve.http import HttpConfig, create_app
+    from reprise.daemon.serve.http import create_app
+    from reprise.daemon.serve.http_config import HttpConfig
 
     app = create_app(HttpConfig(), "ipc:///nonexistent/reprise.sock")
     with TestClient(app) as http:

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hmac
 import importlib.metadata
-import ipaddress
 import json
 import logging
 import queue
@@ -30,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -50,85 +48,19 @@ from ...ipc.messages import (
     TokenChunk,
 )
 from .async_client import AsyncClient
+from .http_config import HttpConfig
 from .metrics import Metrics
 from .openai_api import ParsedRequest, parse_detokenize, parse_request, parse_tokenize
 from .openai_errors import OPENAI_CODE, STATUS_OF_CODE, ApiError
 from .openai_responses import StreamBuilder, new_id, response
-from .reasoning_parsers import PARSERS as REASONING_PARSERS
 from .responses_answer import EventStream, new_response_id
 from .responses_answer import answer as responses_answer
 from .responses_api import ResponsesRequest, parse_responses, renamed
 from .responses_store import ResponseStore
-from .tool_parsers import PARSERS
 
 log = logging.getLogger("reprise.http")
 T = TypeVar("T")
 SWITCH_INTERVAL_S = 0.0005
-
-
-@dataclass(slots=True)
-class HttpConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    model_name: str = "default"
-    max_queue: int = 256  # choices in flight; more get 429 (the daemon's own limit)
-    max_body_bytes: int = 1 << 20  # larger bodies get 413 (the daemon's max_message_bytes)
-    max_tokens_default: int = 16  # a completion's max_tokens when it gives none (OpenAI's)
-    # the daemon's max_tokens_cap: a chat's (or a response's) max_tokens when it gives none,
-    # so the answer runs to its end, the context's or this cap (vLLM's: to the context)
-    max_tokens_cap: int = 4096
-    # tool_choice "auto": the model's tool calls read from its text (tool_parsers.PARSERS)
-    tool_call_parser: str | None = None
-    # chat answers' thinking apart from their content (reasoning_parsers.PARSERS)
-    reasoning_parser: str | None = None
-    # the Responses API's stored responses (responses_api.ResponseStore), MiB; 0: none
-    responses_store_mb: int = 64
-
-    def __post_init__(self) -> None:
-        check_bind(self.host, self.api_key)
-        if self.reasoning_parser not in (None, *REASONING_PARSERS):
-            raise ValueError(
-                f"reasoning parser must be one of {', '.join(REASONING_PARSERS)}; "
-                f"got {self.reasoning_parser!r}"
-            )
-        if self.tool_call_parser not in (None, *PARSERS):
-            raise ValueError(
-                f"tool call parser must be one of {', '.join(PARSERS)}; "
-                f"got {self.tool_call_parser!r}"
-            )
-        if isinstance(self.responses_store_mb, bool) or not (
-            isinstance(self.responses_store_mb, int) and self.responses_store_mb >= 0
-        ):
-            raise ValueError(
-                f"responses store must be an integer >= 0 (MiB); got {self.responses_store_mb!r}"
-            )
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"http port must be in [0, 65535]; got {self.port}")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    """Refuse a non-loopback address without an API key (ValueError saying so)."""
-    if not is_loopback(host) and not api_key:
-        raise ValueError(f"--http {host}: serving beyond loopback needs an API key "
-                         "(--api-key or REPRISE_API_KEY)")  # fmt: skip
-
-
-def parse_host_port(value: str) -> tuple[str, int]:
-    """HOST:PORT (or [v6]:PORT, or :PORT for loopback) -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--http must be HOST:PORT; got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class ClientPool:
