@@ -63,6 +63,10 @@ class NullBackend(NumpyBackend):
         return np.zeros(y.shape, dtype=BF16)
 
     @staticmethod
+    def head_rmsnorm(qkv: np.ndarray, *args: Any) -> np.ndarray:
+        return qkv  # Qwen3's q and k norms, in place on the GPU
+
+    @staticmethod
     def embed(
         table: np.ndarray, token_ids: np.ndarray, prompt_rows: np.ndarray | None = None
     ) -> np.ndarray:
