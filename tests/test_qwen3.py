@@ -152,11 +152,16 @@ def test_a_synthetic_qwen3_runs_in_the_engine_as_transformers_does(tiny_qwen3: P
     assert first.token_ids == want.argmax(-1).tolist()
 
 
-def test_qwen3_06b_has_the_real_models_parameter_count() -> None:
+def test_qwen3_06b_has_the_model_cards_parameter_counts() -> None:
+    """Qwen3-0.6B's card: 0.6B parameters, 0.44B of them not the (tied) embedding; the
+    config's count (q and k norms included) is its tensors'."""
     from reprise.daemon.model import synth
 
-    assert synth.synth_config("qwen3-0.6b").num_parameters() == 596_049_920
-    assert sum(int(np.prod(d)) for _, d in tensor_shapes(SHAPES["qwen3-0.6b"])) == 596_049_920
+    config = synth.synth_config("qwen3-0.6b")
+    total = sum(int(np.prod(d)) for _, d in tensor_shapes(SHAPES["qwen3-0.6b"]))
+    assert config.num_parameters() == total
+    assert round(total / 1e9, 1) == 0.6
+    assert round((total - config.vocab_size * config.hidden_size) / 1e9, 2) == 0.44
 
 
 def test_the_gpu_backend_runs_qwen3(cupy_kind: str, tiny_qwen3: Path) -> None:  # noqa: F811

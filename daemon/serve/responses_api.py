@@ -29,6 +29,7 @@ from typing import Any
 
 from .openai_api import PASSED, ParsedRequest, parse_request
 from .openai_errors import ApiError, bad
+from .openai_errors import is_a as _is
 from .openai_structured import STRUCTURED
 from .responses_store import ResponseStore
 
@@ -86,7 +87,7 @@ def parse_responses(
         if not isinstance(previous, str) or (history := store.conversation(previous)) is None:
             raise bad("previous_response_id", f"no stored response {previous!r:.80} (never "
                       "stored, deleted, or evicted)")  # fmt: skip
-    if not _is_bool(body.get("store", True)):
+    if not _is(body.get("store", True), bool):
         raise bad("store", "must be a boolean")
     if body.get("background"):
         raise bad("background", "background responses need a store; this server has none")
@@ -130,10 +131,6 @@ def parse_responses(
     conversation = chat["messages"][1:] if "instructions" in body else chat["messages"]
     keep = store is not None and body.get("store", True)
     return ResponsesRequest(parsed, echoed, conversation, keep)
-
-
-def _is_bool(value: object) -> bool:
-    return isinstance(value, bool)
 
 
 def renamed(e: ApiError) -> ApiError:

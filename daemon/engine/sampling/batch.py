@@ -76,8 +76,10 @@ def _penalties(
     states: list[SamplingState], vocab: int, given: dict[int, np.ndarray] | None = None
 ) -> Penalties | None:
     lists = [s.penalty_tokens for s in states]
+    biases = [s.bias for s in states]  # once: a request's bad words make it a computation
     if all(t is None for t in lists) and all(
-        s.bias is None and s.grammar is None and s.allowed_ids is None for s in states
+        b is None and s.grammar is None and s.allowed_ids is None
+        for s, b in zip(states, biases, strict=True)
     ):
         return None
     sizes = [0 if tokens is None else tokens.size for tokens in lists]
@@ -90,16 +92,17 @@ def _penalties(
         token_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
         token_ids=np.concatenate([empty] + [t.token_ids[: t.size] for t in present]),
         output_counts=np.concatenate([empty] + [t.output_counts[: t.size] for t in present]),
-        bias=_bias(states),
+        bias=_bias(biases),
         mask=_mask(states, vocab, given),
     )
 
 
-def _bias(states: list[SamplingState]) -> LogitBias | None:
-    biased = [s.bias for s in states if s.bias is not None]
+def _bias(biases: list[tuple[np.ndarray, np.ndarray] | None]) -> LogitBias | None:
+    """The rows' biases (each row's SamplingState.bias) as one LogitBias."""
+    biased = [b for b in biases if b is not None]
     if not biased:
         return None
-    sizes = [0 if s.bias is None else s.bias[0].size for s in states]
+    sizes = [0 if b is None else b[0].size for b in biases]
     return LogitBias(
         offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
         ids=np.concatenate([ids for ids, _ in biased]),

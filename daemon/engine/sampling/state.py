@@ -160,11 +160,12 @@ class SamplingState:
 
     @property
     def plain_greedy(self) -> bool:
-        """The row's argmax is the token: greedy with no penalty, bias, grammar or
-        allowed tokens."""
+        """The row's argmax is the token: greedy with no penalty, bias, bad words, grammar
+        or allowed tokens."""
         return (
             self.temperature == 0
             and self.penalty_tokens is None
+            and self.bad_words is None  # (its bans are computed only where the row is built)
             and self.bias is None
             and self.grammar is None
             and self.allowed_ids is None
