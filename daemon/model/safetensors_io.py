@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -84,26 +85,52 @@ def save_safetensors(
     path: Path | str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
 ) -> None:
     """Write tensors (C order, little-endian) to one safetensors file."""
+    specs = {name: TensorSpec(np.dtype(a.dtype), tuple(a.shape)) for name, a in tensors.items()}
+    save_safetensors_streamed(path, specs, lambda name: tensors[name], metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def save_safetensors_streamed(
+    path: Path | str,
+    specs: Mapping[str, TensorSpec],
+    produce: Callable[[str], np.ndarray],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write one safetensors file whose tensors are made one at a time, in `specs`' order,
+    by `produce(name)`, so at most one is in memory (a converted 8B model never is whole).
+    Raises SafetensorsError when a produced tensor's dtype or shape is not its spec's."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
     offset = 0
-    arrays = []
-    for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
-        if array.dtype not in _NAMES:
-            raise SafetensorsError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
+    for name, spec in specs.items():
+        if spec.dtype not in _NAMES:
+            raise SafetensorsError(f"tensor {name!r}: dtype {spec.dtype} cannot be written")
         header[name] = {
-            "dtype": _NAMES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
+            "dtype": _NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
         }
-        offset += array.nbytes
-        arrays.append(array)
+        offset += spec.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # data section starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
-        for array in arrays:
-            f.write(array.tobytes())
+        for name, spec in specs.items():
+            array = np.ascontiguousarray(produce(name))
+            if array.dtype != spec.dtype or tuple(array.shape) != spec.shape:
+                raise SafetensorsError(
+                    f"tensor {name!r}: made {array.dtype} {array.shape}, "
+                    f"declared {spec.dtype} {spec.shape}"
+                )
+            f.write(array.reshape(-1).view(np.uint8).data)  # no copy, BF16 too
