@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from ..daemon.engine.config import setting_fields
+from ..daemon.serve.reasoning_parsers import PARSERS as REASONING_PARSERS
+from ..daemon.serve.tool_parsers import PARSERS as TOOL_PARSERS
 from .options import (
     ENGINE_OPTIONS,
     engine_option,
@@ -174,14 +176,14 @@ def load_config(path: Path) -> dict[str, Any]:
 )
 @click.option(
     "--tool-call-parser",
-    type=click.Choice(["hermes", "llama3_json"]),
+    type=click.Choice(TOOL_PARSERS),
     default=None,
     help="Answer HTTP tool_choice 'auto' (the default with tools) by reading tool calls out of "
     "the model's text in this format (vLLM's --tool-call-parser); without it, 'auto' is a 400.",
 )
 @click.option(
     "--reasoning-parser",
-    type=click.Choice(["qwen3", "deepseek_r1"]),
+    type=click.Choice(REASONING_PARSERS),
     default=None,
     help="Give HTTP chat answers' thinking apart from their content, as reasoning_content, "
     "in this model's format (vLLM's --reasoning-parser).",

@@ -1,8 +1,10 @@
 """tool_choice "auto" (`serve --tool-call-parser`): tool calls read out of the model's own
-text, hermes's `<tool_call>` blocks and Llama 3's JSON objects; text that is no
+text, hermes's `<tool_call>` blocks, Llama 3's JSON objects and the pythonic list of
+calls; text that is no
 well-formed call stays content; streaming never lets out text that belongs to a call,
 and streamed content plus the last chunk's equals the whole answer's. End to end, a
-daemon started with the hermes parser, its answer forced into a call by a regex."""
+daemon started with the hermes parser and one with the pythonic one, each answer forced
+into calls by a regex."""
 
 from __future__ import annotations
 
@@ -37,6 +39,21 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
          '{"name": "b", "arguments": {"y": "é"}}', None, [("a", '{"x": 1}'), ("b", '{"y": "é"}')]),
         ("llama3_json", "Paris is the capital.", "Paris is the capital.", []),
         ("llama3_json", '{"name": "a", "parameters": {', '{"name": "a", "parameters": {', []),
+        ("pythonic", '[get_weather(city="Lyon")]', None, [("get_weather", '{"city": "Lyon"}')]),
+        ("pythonic", "  [a(x=1, y=-2.5, z=[True, None], w={'k': 'é'}), b()]\n", None,
+         [("a", '{"x": 1, "y": -2.5, "z": [true, null], "w": {"k": "é"}}'), ("b", "{}")]),
+        ("pythonic", "<|python_start|>[get_time(zone='UTC')]<|python_end|>", None,
+         [("get_time", '{"zone": "UTC"}')]),
+        ("pythonic", "[1, 2, 3]", "[1, 2, 3]", []),  # a list, of no calls
+        ("pythonic", "[a('positional')]", "[a('positional')]", []),
+        ("pythonic", "[a(x=open('f'))]", "[a(x=open('f'))]", []),  # never evaluated
+        ("pythonic", "[a(**kw)]", "[a(**kw)]", []),
+        ("pythonic", "[a(x=float('nan'))]", "[a(x=float('nan'))]", []),
+        ("pythonic", "[a(x={1, 2})]", "[a(x={1, 2})]", []),  # a set: no JSON for it
+        ("pythonic", "[a(x=1)", "[a(x=1)", []),  # unclosed
+        ("pythonic", "[" * 5000 + "]" * 5000, "[" * 5000 + "]" * 5000, []),
+        ("pythonic", "The answer is [a(x=1)].", "The answer is [a(x=1)].", []),
+        ("pythonic", "[]", "[]", []),
     ],
 )  # fmt: skip
 def test_calls_and_content_read_from_the_text(parser, text, content, calls) -> None:
@@ -52,6 +69,9 @@ def test_calls_and_content_read_from_the_text(parser, text, content, calls) -> N
         ("llama3_json", f"  {CALL}", 0),
         ("llama3_json", "<|python_tag|>" + CALL, 0),
         ("llama3_json", "<|not a tag, just text", len("<|not a tag, just text")),
+        ("pythonic", '  [get_weather(city="Lyon")]', 0),
+        ("pythonic", "<|python_start|>[a()]<|python_end|>", 0),
+        ("pythonic", "Sure, [1] is a list.", len("Sure, [1] is a list.")),
     ],
 )
 def test_streaming_never_lets_out_a_call(parser: str, text: str, ends_at: int) -> None:
@@ -105,3 +125,38 @@ def test_auto_reads_the_models_calls_whole_and_streamed(daemon) -> None:
     plain = api.chat.completions.create(**{**kw, "extra_body": {}, "max_tokens": 6})
     assert not plain.choices[0].message.tool_calls and plain.choices[0].message.content
     assert plain.choices[0].finish_reason == "length"
+
+
+PYTHONIC = r'\[get_weather\(city="[A-Z][a-z]{2,8}"\), get_time\(\)\]'
+
+
+@pytest.mark.model
+def test_the_pythonic_parser_end_to_end(tmp_path: Path, default_model_dir: Path) -> None:
+    """`serve --tool-call-parser pythonic`: a Python list of calls becomes tool_calls with
+    JSON arguments, whole and streamed, and no content."""
+    pytest.importorskip("openai")
+    from http_support import HttpDaemon
+
+    d = HttpDaemon(tmp_path, default_model_dir, "--served-model-name", "smol",
+                   "--tool-call-parser", "pythonic")  # fmt: skip
+    try:
+        api = d.openai()
+        kw = {"model": "smol", "messages": [{"role": "user", "content": "Weather?"}],
+              "max_tokens": 32, "temperature": 0, "tools": [TOOL],
+              "extra_body": {"guided_regex": PYTHONIC}}  # fmt: skip
+        choice = api.chat.completions.create(**kw).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        names = [c.function.name for c in choice.message.tool_calls]
+        assert names == ["get_weather", "get_time"]
+        city = json.loads(choice.message.tool_calls[0].function.arguments)["city"]
+        assert re.fullmatch(r"[A-Z][a-z]{2,8}", city)
+        assert choice.message.tool_calls[1].function.arguments == "{}"
+        events = list(api.chat.completions.create(**kw, stream=True))
+        assert not "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+        deltas = [x for e in events if e.choices for x in e.choices[0].delta.tool_calls or []]
+        assert [(x.function.name, x.function.arguments) for x in deltas] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls
+        ]
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0, d.read_log()[-2000:]

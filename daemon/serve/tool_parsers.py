@@ -8,6 +8,11 @@ template taught it, and the answer's text is parsed after the fact.
 - "llama3_json" (Llama 3.1 and later templates): the whole answer is one or more JSON
   objects `{"name": ..., "parameters": {...}}` (or "arguments"), separated by ";", maybe
   after `<|python_tag|>`; no content.
+- "pythonic" (Llama 3.2 and 4, ToolACE and other templates that ask for Python): the
+  whole answer is one Python list of calls, `[get_weather(city="Lyon"), get_time()]`,
+  maybe between Llama 4's `<|python_start|>` and `<|python_end|>`; each argument a keyword
+  whose value is a literal (str, number, bool, None, and lists and dicts of them), read
+  by `ast.literal_eval`, never evaluated; no content.
 
 Guarantees: an answer that is no well-formed call (text, or a call whose JSON does not
 parse or lacks a name) comes back as content, whole, with no tool call, as vLLM gives it;
@@ -17,14 +22,17 @@ streamed plus the content at the end is the content of the whole answer.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "pythonic")
 _HERMES_OPEN = "<tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+_PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"
+_MAX_PYTHONIC_CHARS = 1 << 20  # ast's parser is recursive; an answer past this is content
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +43,8 @@ class ParsedAnswer:
 
 def parse(parser: str, text: str) -> ParsedAnswer:
     """The tool calls in an answer's text, and its content."""
-    calls = _hermes(text) if parser == "hermes" else _llama3_json(text)
+    readers = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythonic}
+    calls = readers[parser](text)
     if calls is None:
         return ParsedAnswer(text, [])
     content = text[: text.find(_HERMES_OPEN)] if parser == "hermes" else ""
@@ -54,7 +63,8 @@ def streamable(parser: str, text: str) -> int:
                 return len(text) - keep  # the tail may begin a call
         return len(text)
     head = text.lstrip()
-    if not head or head[0] == "{" or _PYTHON_TAG.startswith(head[: len(_PYTHON_TAG)]):
+    opening, tag = ("[", _PYTHON_START) if parser == "pythonic" else ("{", _PYTHON_TAG)
+    if not head or head[0] == opening or tag.startswith(head[: len(tag)]):
         return 0  # an answer that is (or may be) a call: held whole
     return len(text)
 
@@ -97,3 +107,33 @@ def _llama3_json(text: str) -> list[tuple[str, str]] | None:
         calls.append(call)
         rest = rest[end:].strip().removeprefix(";").strip()
     return calls
+
+
+def _pythonic(text: str) -> list[tuple[str, str]] | None:
+    rest = text.strip()
+    if rest.startswith(_PYTHON_START):
+        rest = rest.removeprefix(_PYTHON_START).removesuffix(_PYTHON_END).strip()
+    if not rest.startswith("[") or len(rest) > _MAX_PYTHONIC_CHARS:
+        return None
+    try:
+        tree = ast.parse(rest, mode="eval").body
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return None
+        calls = [_pythonic_call(node) for node in tree.elts]
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
+    return None if None in calls else calls  # type: ignore[return-value]
+
+
+def _pythonic_call(node: ast.expr) -> tuple[str, str] | None:
+    """One `name(key=literal, ...)`; positional arguments, `**kwargs` or anything but a
+    literal make it no call. Raises ValueError (literal_eval) on a non-literal value."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    if any(keyword.arg is None for keyword in node.keywords):
+        return None
+    arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    try:
+        return node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):  # a literal JSON has no spelling for: bytes, a set, ...
+        return None
