@@ -50,6 +50,20 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[list
         {"max_tokens": 24, "temperature": 0},
         {"max_tokens": 24, "temperature": 1.0, "seed": 7, "skip_special_tokens": False},
         {"max_tokens": 24, "temperature": 1.0, "seed": 3, "stop_token_ids": [300, 301, 302]},
+        {
+            "max_tokens": 24,
+            "temperature": 0,
+            "stop_token_ids": [300],
+            "logit_bias": {300: 9.0},
+            "skip_special_tokens": False,
+        },
+        {
+            "max_tokens": 24,
+            "temperature": 0,
+            "stop_token_ids": [300],
+            "logit_bias": {300: 9.0},
+            "include_stop_str_in_output": True,
+        },
     ],
 )
 def test_same_tokens_finish_and_text_off_the_loop(engine: Engine, sampling: dict) -> None:
@@ -66,7 +80,7 @@ def test_same_tokens_finish_and_text_off_the_loop(engine: Engine, sampling: dict
     text.open(0, prompt, SamplingParams(**sampling).skip_special_tokens)
     for output in off_outputs:
         text.push(0, output.token_ids, finish_reason=output.finish_reason,
-                  then=lambda delta, n: chunks.append(delta))  # fmt: skip
+                  then=lambda delta, n: chunks.append(delta), stop_token=output.stop_token)  # fmt: skip
     text.close(0, then=ends.append)
     text.shutdown()
     assert chunks == [o.text_delta for o in on_outputs]
@@ -136,7 +150,8 @@ def test_stop_strings_off_the_loop_match_the_engine(engine: Engine, cases: list)
         while engine.has_work():
             for o in engine.step():
                 then = functools.partial(_collect, chunks, o.token_ids)
-                text.push(request_id, o.token_ids, finish_reason=o.finish_reason, then=then)
+                text.push(request_id, o.token_ids, finish_reason=o.finish_reason, then=then,
+                          stop_token=o.stop_token)  # fmt: skip
             if request_id in _wait_stopped(text):  # as the loop: cancel it in the engine
                 engine.cancel(request_id)
         off = engine.take_completion(request_id)
@@ -236,3 +251,23 @@ def test_eos_is_no_stop_reason_a_stop_token_id_is(engine: Engine) -> None:
     assert by_id.token_ids == [eos] and by_id.stop_reason == eos
     _, long = run(engine, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
     assert long.finish_reason == "length" and long.stop_reason is None
+
+
+def test_a_stop_tokens_text_is_left_out(engine: Engine) -> None:
+    """vLLM's rule: the token (eos or a stop token id) that ends an answer adds no text,
+    unless include_stop_str_in_output; eos's text with skip_special_tokens off too."""
+    token = next(t for t in range(40, 250) if engine.tokenizer.decode([t]).strip().isalnum())
+    piece = engine.tokenizer.decode([token])
+    forced = {"max_tokens": 8, "temperature": 0.0, "logit_bias": {token: 100.0}}
+    _, plain = run(engine, [5, 6, 7], SamplingParams(**forced))
+    assert plain.token_ids == [token] * 8 and plain.text.endswith(piece)  # no stop: kept
+    _, stopped = run(engine, [5, 6, 7], SamplingParams(**forced, stop_token_ids=[token]))
+    assert stopped.token_ids == [token] and stopped.text == "" and stopped.finish_reason == "stop"
+    kept = SamplingParams(**forced, stop_token_ids=[token], include_stop_str_in_output=True)
+    assert run(engine, [5, 6, 7], kept)[1].text == piece
+    eos = min(engine.stop_token_ids)
+    by_eos = {"max_tokens": 4, "temperature": 0.0, "logit_bias": {eos: 100.0},
+              "skip_special_tokens": False}  # fmt: skip
+    assert engine.tokenizer.decode([eos], skip_special_tokens=False)
+    _, ended = run(engine, [5, 6, 7], SamplingParams(**by_eos))
+    assert ended.token_ids == [eos] and ended.text == ""

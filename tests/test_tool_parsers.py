@@ -3,8 +3,7 @@ text, hermes's `<tool_call>` blocks, Llama 3's JSON objects and the pythonic lis
 calls; text that is no
 well-formed call stays content; streaming never lets out text that belongs to a call,
 and streamed content plus the last chunk's equals the whole answer's. End to end, a
-daemon started with the hermes parser and one with the pythonic one, each answer forced
-into calls by a regex."""
+daemon started with each parser, its answer forced into calls by a regex."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reprise.daemon.serve.tool_parsers import ParsedAnswer, parse, streamable
+from reprise.daemon.serve.tool_parsers import ParsedAnswer, call_id, parse, streamable
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
 
@@ -54,6 +53,19 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
         ("pythonic", "[" * 5000 + "]" * 5000, "[" * 5000 + "]" * 5000, []),
         ("pythonic", "The answer is [a(x=1)].", "The answer is [a(x=1)].", []),
         ("pythonic", "[]", "[]", []),
+        ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Lyon"}}]', None,
+         [("get_weather", '{"city": "Lyon"}')]),
+        ("mistral", 'Let me check. [TOOL_CALLS][{"name": "a", "arguments": {}}, '
+         '{"name": "b", "arguments": {"x": [1]}}]', "Let me check. ",
+         [("a", "{}"), ("b", '{"x": [1]}')]),
+        ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}[TOOL_CALLS]get_time[ARGS]{}',
+         None, [("get_weather", '{"city": "Lyon"}'), ("get_time", "{}")]),
+        ("mistral", '[TOOL_CALLS] {"name": "a", "arguments": {"é": 1}}', None, [("a", '{"é": 1}')]),
+        ("mistral", "Paris is the capital.", "Paris is the capital.", []),
+        ("mistral", "[TOOL_CALLS] [{not json}]", "[TOOL_CALLS] [{not json}]", []),
+        ("mistral", "[TOOL_CALLS]a b[ARGS]{}", "[TOOL_CALLS]a b[ARGS]{}", []),  # no name
+        ("mistral", "[TOOL_CALLS]a[ARGS][1]", "[TOOL_CALLS]a[ARGS][1]", []),  # not an object
+        ("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", []),
     ],
 )  # fmt: skip
 def test_calls_and_content_read_from_the_text(parser, text, content, calls) -> None:
@@ -72,6 +84,8 @@ def test_calls_and_content_read_from_the_text(parser, text, content, calls) -> N
         ("pythonic", '  [get_weather(city="Lyon")]', 0),
         ("pythonic", "<|python_start|>[a()]<|python_end|>", 0),
         ("pythonic", "Sure, [1] is a list.", len("Sure, [1] is a list.")),
+        ("mistral", "Sure. [TOOL_CALLS]a[ARGS]{}", len("Sure. ")),
+        ("mistral", "A [TOOL is not [TOOL_C", len("A [TOOL is not ")),
     ],
 )
 def test_streaming_never_lets_out_a_call(parser: str, text: str, ends_at: int) -> None:
@@ -127,23 +141,29 @@ def test_auto_reads_the_models_calls_whole_and_streamed(daemon) -> None:
     assert plain.choices[0].finish_reason == "length"
 
 
-PYTHONIC = r'\[get_weather\(city="[A-Z][a-z]{2,8}"\), get_time\(\)\]'
+FORCED_BY_PARSER = {
+    "pythonic": r'\[get_weather\(city="[A-Z][a-z]{2,8}"\), get_time\(\)\]',
+    "mistral": r'\[TOOL_CALLS\]\[\{"name": "get_weather", "arguments": \{"city": '
+    r'"[A-Z][a-z]{2,8}"\}\}, \{"name": "get_time", "arguments": \{\}\}\]',
+}
 
 
 @pytest.mark.model
-def test_the_pythonic_parser_end_to_end(tmp_path: Path, default_model_dir: Path) -> None:
-    """`serve --tool-call-parser pythonic`: a Python list of calls becomes tool_calls with
-    JSON arguments, whole and streamed, and no content."""
+@pytest.mark.parametrize("parser", sorted(FORCED_BY_PARSER))
+def test_more_parsers_end_to_end(tmp_path: Path, default_model_dir: Path, parser: str) -> None:
+    """`serve --tool-call-parser pythonic` and `mistral`: the calls become tool_calls with
+    JSON arguments, whole and streamed, and no content; Mistral's ids are 9 letters and
+    digits. (The default model has no [TOOL_CALLS] token: the regex writes it as text.)"""
     pytest.importorskip("openai")
     from http_support import HttpDaemon
 
     d = HttpDaemon(tmp_path, default_model_dir, "--served-model-name", "smol",
-                   "--tool-call-parser", "pythonic")  # fmt: skip
+                   "--tool-call-parser", parser)  # fmt: skip
     try:
         api = d.openai()
         kw = {"model": "smol", "messages": [{"role": "user", "content": "Weather?"}],
-              "max_tokens": 32, "temperature": 0, "tools": [TOOL],
-              "extra_body": {"guided_regex": PYTHONIC}}  # fmt: skip
+              "max_tokens": 48, "temperature": 0, "tools": [TOOL],
+              "extra_body": {"guided_regex": FORCED_BY_PARSER[parser]}}  # fmt: skip
         choice = api.chat.completions.create(**kw).choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         names = [c.function.name for c in choice.message.tool_calls]
@@ -151,6 +171,8 @@ def test_the_pythonic_parser_end_to_end(tmp_path: Path, default_model_dir: Path)
         city = json.loads(choice.message.tool_calls[0].function.arguments)["city"]
         assert re.fullmatch(r"[A-Z][a-z]{2,8}", city)
         assert choice.message.tool_calls[1].function.arguments == "{}"
+        if parser == "mistral":
+            assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in choice.message.tool_calls)
         events = list(api.chat.completions.create(**kw, stream=True))
         assert not "".join(e.choices[0].delta.content or "" for e in events if e.choices)
         deltas = [x for e in events if e.choices for x in e.choices[0].delta.tool_calls or []]
@@ -160,3 +182,25 @@ def test_the_pythonic_parser_end_to_end(tmp_path: Path, default_model_dir: Path)
     finally:
         d.stop()
     assert d.proc.returncode == 0, d.read_log()[-2000:]
+
+
+def test_the_mistral_parser_keeps_special_tokens_in_the_text() -> None:
+    """Its [TOOL_CALLS] marker is a special token: an "auto" request with tools keeps
+    special tokens in its text (vLLM's), whatever the body says; other parsers leave it."""
+    from reprise.daemon.serve.openai_api import parse_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
+            "skip_special_tokens": True}  # fmt: skip
+    mistral = parse_request("chat", body, tool_call_parser="mistral")
+    assert mistral.options["skip_special_tokens"] is False
+    assert mistral.tool_mode == "mistral" and mistral.tool_call_parser == "mistral"
+    assert parse_request("chat", body, tool_call_parser="hermes").options["skip_special_tokens"]
+    plain = parse_request("chat", {"messages": body["messages"]}, tool_call_parser="mistral")
+    assert "skip_special_tokens" not in plain.options
+
+
+def test_call_ids_mistrals_templates_take_back() -> None:
+    ids = {call_id("mistral") for _ in range(200)}
+    assert len(ids) == 200 and all(re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids)
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", call_id("hermes"))
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", call_id(None))

@@ -395,6 +395,8 @@ class Engine:
             self.kv.store_prompt_logprobs(seq)
         for item in plan.to_register:
             self.kv.register_full_blocks(item.seq)
+        for seq, embedding in out.embeddings:
+            seq.embedding = embedding
         outputs = []
         for seq, tokens, rows in out.sampled:
             if rows is not None:
@@ -536,6 +538,17 @@ class Engine:
             self.step()
         completions = [self.take_completion(r) for r in request_ids]
         return completions if is_batch or len(completions) > 1 else completions[0]
+
+    def embed(
+        self, prompts: Seq[Prompt], *, cache_salt: str | bytes | None = None
+    ) -> list[np.ndarray]:
+        """Each prompt's embedding (SamplingParams.embed): the final norm's output at its
+        last token, fp32 [hidden], not normalized, the prompts run together. Blocks it
+        computes are cached as a generation's are; no token comes back."""
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, embed=True)
+        done = self.generate(list(prompts), [params] * len(prompts), cache_salt=cache_salt)
+        assert isinstance(done, list)
+        return [completion.embedding for completion in done]  # type: ignore[misc]
 
     def chat(
         self, messages: list[dict], params: SamplingParams | None = None

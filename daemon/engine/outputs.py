@@ -7,7 +7,8 @@ what a finished request gives its caller.
 Guarantees:
 - A request ends on the first of, in this precedence: a stop token (eos unless
   `ignore_eos`, or one of `stop_token_ids`) after its `min_tokens`-th token (before, the
-  sampler held them back): finish "stop", held characters flushed;
+  sampler held them back): finish "stop", held characters flushed, the stop token's own
+  text left out unless `include_stop_str_in_output` (vLLM's);
   the end of its structured output's grammar (it admits nothing more): "stop", flushed;
   a stop string beginning in the text this token could have completed: "stop", the
   text cut where the earliest one begins (after it, with `include_stop_str_in_output`;
@@ -67,6 +68,7 @@ def record_token(
     if (eos or token in params.stop_token_ids) and num_out > params.min_tokens:
         by_ids: FinishReason | None = "stop"  # min_tokens held its stop tokens back before
         seq.stop_reason = None if eos else token  # vLLM's: eos is no stop reason
+        seq.ended_on_stop_token = True
     elif grammar is not None and grammar.ended:  # its structured output admits nothing more
         by_ids = "stop"
     elif num_out >= params.max_tokens or seq.num_tokens >= max_model_len:
@@ -75,7 +77,7 @@ def record_token(
         by_ids = None
     text = extend_text(
         seq.text, detok, token, active_stops(params.stop, num_out, params.min_tokens), by_ids,
-        include_stop=params.include_stop_str_in_output,
+        include_stop=params.include_stop_str_in_output, stop_token=seq.ended_on_stop_token,
     )  # fmt: skip
     seq.text, seq.finish_reason = text.text, text.finish_reason
     if text.stop_string is not None:
@@ -109,17 +111,20 @@ def extend_text(
     by_ids: FinishReason | None,
     *,
     include_stop: bool = False,
+    stop_token: bool = False,
 ) -> TextStep:
     """A request's text after one more token, and whether the token ends it: `by_ids`
     is the end its token ids give ("stop": eos or a stop token id; "length"), a stop
     string comes between the two (module docstring), the text cut where it begins, or
-    after it with `include_stop`. The engine's rule, and the daemon's detokenizing
-    thread's (daemon/serve/detokenize.py)."""
+    after it with `include_stop`. `stop_token`: the token is the stop token (eos or a
+    stop token id) that ends it, whose text is left out unless `include_stop` (vLLM's
+    rule). The engine's rule, and the daemon's detokenizing thread's
+    (daemon/serve/detokenize.py)."""
     # a stop string this token completes ends in its text, so it begins at most the
     # longest one's length less one before it (one wholly before was looked for then, or,
     # under min_tokens, not yet to be looked for)
     searched = max(len(text) - max(map(len, stop), default=1) + 1, 0)
-    if detok is not None:
+    if detok is not None and not (stop_token and not include_stop):
         text += detok.push(token)
     if by_ids != "stop" and stop and (found := find_stop(text, stop, searched)) is not None:
         cut, matched = found
@@ -146,6 +151,7 @@ def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> 
         seq.finish_reason,
         np.array(logits, dtype=np.float32) if seq.params.return_logits else None,
         seq.logprobs[-len(tokens) :] if seq.params.logprobs is not None else None,
+        seq.ended_on_stop_token,
     )
 
 
@@ -175,6 +181,7 @@ def completion(seq: Sequence) -> Completion:
         logprobs=seq.logprobs if seq.params.logprobs is not None else None,
         prompt_logprobs=_prompt_entries(seq),
         stop_reason=seq.stop_reason if seq.finish_reason == "stop" else None,
+        embedding=seq.embedding,
     )
 
 

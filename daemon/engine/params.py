@@ -57,6 +57,9 @@ class StepOutput:
     finish_reason: FinishReason | None  # set on the request's last output
     logits: np.ndarray | None = None  # [len(token_ids), vocab] fp32, when return_logits
     logprobs: list[TokenLogprobs] | None = None  # one per token, when logprobs is set
+    # the last token is the stop token (eos or stop_token_ids) that ended it: its text is
+    # left out (unless include_stop_str_in_output), as the daemon's detokenizer must know
+    stop_token: bool = False
 
 
 @dataclass(slots=True)
@@ -77,3 +80,5 @@ class Completion:
     # what ended it with "stop", as vLLM's: the stop string, or the token id of
     # `stop_token_ids` (None for eos, a grammar's end and every other finish reason)
     stop_reason: int | str | None = None
+    # the prompt's last-token embedding, fp32 [hidden], when SamplingParams.embed is set
+    embedding: np.ndarray | None = None

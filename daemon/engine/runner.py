@@ -38,12 +38,14 @@ PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, p
 @dataclass(slots=True)
 class RunOutput:
     """What a step computed: each sampling sequence's tokens (`sampled`, in schedule
-    order: one, or a draft's kept samples and the first that differs from it), and the
+    order: one, or a draft's kept samples and the first that differs from it), the
     prompt entries (prompt_logprobs.py) its rows gave, as (sequence, index of the first
-    prompt token they are for, entries)."""
+    prompt token they are for, entries), and the embeddings of the requests that asked."""
 
     sampled: list[Sampled] = field(default_factory=list)
     prompt_entries: list[tuple[Sequence, int, EntryRows]] = field(default_factory=list)
+    # (sequence, its prompt's last-token embedding fp32 [hidden]): params.embed's
+    embeddings: list[tuple[Sequence, np.ndarray]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -268,7 +270,7 @@ class ModelRunner:
         sampled = out.sampled + self._sample_stored(repeats)
         position = {id(item.seq): idx for idx, item in enumerate(scheduled)}
         sampled.sort(key=lambda result: position[id(result[0])])
-        return RunOutput(sampled, out.prompt_entries)
+        return RunOutput(sampled, out.prompt_entries, out.embeddings)
 
     def _sample_stored(self, repeats: list[ScheduledSeq]) -> list[Sampled]:
         """Exact repeats' first tokens, drawn from their stored rows as `_forward`
@@ -285,22 +287,28 @@ class ModelRunner:
         ops = self.model.ops
         spans = _prompt_spans(scheduled)
         batch = self.build_batch(scheduled, spans)
-        static = None
-        if self.decode is not None and not spans and self.decode.fits(batch):
+        sampling = [item for item in scheduled if item.samples]
+        embedding = [i for i, item in enumerate(sampling) if _embeds(item.seq)]
+        static, hidden = None, None
+        if self.decode is not None and not spans and not embedding and self.decode.fits(batch):
             static = self.decode.run(batch)  # row i is the batch's row i; None: capture failed
         if static is not None:
             logits, greedy = static
         else:
-            logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
+            if embedding:  # row i: the i-th that samples, as the logits' rows
+                logits, hidden = self.model.forward_hidden(batch, self.kv_cache)
+            else:
+                logits = self.model.forward(batch, self.kv_cache)  # row i: the i-th that samples
             greedy = ops.argmax(logits[: len(logits) - _num_rows(spans)] if spans else logits)
-        sampling = [item for item in scheduled if item.samples]
+        embeddings = _embeddings(ops, hidden, sampling, embedding) if embedding else []
         if any(item.draft for item in sampling):
             sampled, num_rows = self._sample_drafted(logits, greedy, sampling)
         else:  # the common case, kept cheap: one row a sequence
             sampled, num_rows = self._sample(logits, greedy, sampling), len(sampling)
         if not spans:
-            return RunOutput(sampled)
-        return RunOutput(sampled, _prompt_entries(ops.to_host(logits[num_rows:]), spans))
+            return RunOutput(sampled, embeddings=embeddings)
+        entries = _prompt_entries(ops.to_host(logits[num_rows:]), spans)
+        return RunOutput(sampled, entries, embeddings)
 
     def _sample(self, logits: Any, greedy: Any, sampling: list[ScheduledSeq]) -> list[Sampled]:
         """The next token of each of `sampling` (one logits row each, in order), and the
@@ -360,6 +368,21 @@ class ModelRunner:
         """Whether a sampling sequence's logits rows come back to the host: it returns
         them (logits or logprobs), or its first token's row is kept for exact repeats."""
         return seq.sampling.reads_row or (self.keep_prompt_logits and not seq.output_token_ids)
+
+
+def _embeds(seq: Sequence) -> bool:
+    """Whether this step's sample is an embedding request's first: its prompt's last token."""
+    return seq.params.embed and not seq.output_token_ids
+
+
+def _embeddings(
+    ops: Any, hidden: Any, sampling: list[ScheduledSeq], embedding: list[int]
+) -> list[tuple[Sequence, np.ndarray]]:
+    """The hidden rows [hidden] fp32 of the sampling sequences at `embedding`: a sequence's
+    row is its last (after the rows of the drafts before it, one per drafted token)."""
+    last_rows = np.cumsum([1 + len(item.draft or ()) for item in sampling]) - 1
+    rows = ops.to_host(hidden[ops.from_host(last_rows[embedding].astype(np.int32))])
+    return [(sampling[i].seq, rows[j].astype(np.float32)) for j, i in enumerate(embedding)]
 
 
 def _num_kept(drawn: list[int], draft: list[int]) -> int:

@@ -182,10 +182,11 @@ class Scheduler:
 
     def _stored_logits(self, seq: Sequence) -> np.ndarray | None:
         """The stored last logits row of a waiting request's prompt, if it has sampled
-        nothing yet; whether its KV is all still cached is for admission to find out
-        (short of it, the request computes the rest, the last token too)."""
-        if self.logits_cache is None or seq.output_token_ids:
-            return None
+        nothing yet and wants no embedding; whether its KV is all still cached is for
+        admission to find out (short of it, the request computes the rest, the last token
+        too)."""
+        if self.logits_cache is None or seq.output_token_ids or seq.params.embed:
+            return None  # an embedding needs its last token's forward
         return self.logits_cache.get(self.kv.prompt_key(seq))
 
     def finish(self, seq: Sequence) -> None:

@@ -61,11 +61,13 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # Completion.stop_reason
+    ended_on_stop_token: bool = False  # its last token is the stop token that ended it
     text: str = ""
     num_text_emitted: int = 0  # characters of `text` already handed out as deltas
     logits: list[np.ndarray] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: PromptLogprobs | None = None  # when params.prompt_logprobs is set
+    embedding: np.ndarray | None = None  # fp32 [hidden], once computed (params.embed)
     sampling: SamplingState = field(init=False)  # built from params, seed and the prompt
 
     def __post_init__(self) -> None:

@@ -105,15 +105,28 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """Run one step; K/V of every token land in `kv_cache`. Returns fp32 [R, vocab]."""
+        return self.forward_device(self._to_device(batch), kv_cache)
+
+    def forward_hidden(self, batch: ForwardBatch, kv_cache: np.ndarray) -> tuple[Any, Any]:
+        """`forward`, and the final norm's output at the same rows: (fp32 [R, vocab],
+        BF16 [R, hidden]), the lm_head's input and output (embeddings: params.embed)."""
+        hidden = self._final_hidden(self._to_device(batch), kv_cache)
+        return self.ops.gemm(hidden, self.lm_head, out_f32=True), hidden
+
+    def _to_device(self, batch: ForwardBatch) -> ForwardBatch:
         # the step's indices go to the device once (no copy on the NumPy backend)
         fields = (getattr(batch, f) for f in ForwardBatch.__slots__)
-        batch = ForwardBatch(*(None if x is None else self.ops.from_host(x) for x in fields))
-        return self.forward_device(batch, kv_cache)
+        return ForwardBatch(*(None if x is None else self.ops.from_host(x) for x in fields))
 
     def forward_device(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """`forward` on a batch whose arrays are already the backend's. It launches the
         same kernels for every batch of the same shapes and reads nothing back to the
         host, so the GPU backend can capture it in a CUDA graph (daemon/engine/graphs.py)."""
+        hidden = self._final_hidden(batch, kv_cache)
+        return self.ops.gemm(hidden, self.lm_head, out_f32=True)  # [R, vocab] fp32
+
+    def _final_hidden(self, batch: ForwardBatch, kv_cache: np.ndarray) -> Any:
+        """The layers and the final norm: its output [R, hidden] BF16 at `logit_rows`."""
         ops, cfg = self.ops, self.config
         num_tokens = batch.token_ids.shape[0]
         eps = cfg.rms_norm_eps
@@ -174,6 +187,4 @@ class LlamaModel:
                 if following is not None:
                     q = head(x, idx + 1)
         # x is now the final norm's output; only the rows that sample need the lm_head.
-        if batch.logit_rows is not None:
-            x = x[batch.logit_rows]
-        return ops.gemm(x, self.lm_head, out_f32=True)  # [R, vocab] fp32
+        return x if batch.logit_rows is None else x[batch.logit_rows]

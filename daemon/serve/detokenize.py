@@ -9,7 +9,8 @@ final flush) and applies the request's stop strings with the rules of
 `extend_text` (daemon/engine/outputs.py), token by token and in its precedence:
 
 1. the engine ended the request on this token with "stop" (eos or a stop token id):
-   the held characters are flushed, no stop string is looked for;
+   the held characters are flushed, no stop string is looked for, and the stop token's
+   own text is left out unless include_stop_str_in_output (vLLM's rule);
 2. else a stop string that begins at or after the searched point (the text before the
    token, less the longest stop's length plus one: a stop string ending in the token's
    text; from the request's min_tokens-th token on) ends the request here: the text is
@@ -112,9 +113,11 @@ class Detokenizing:
         *,
         finish_reason: FinishReason | None,
         then: ChunkCallback | None,
+        stop_token: bool = False,
     ) -> None:
         """Add generated tokens (`finish_reason`: the engine's, when it ended the request
-        on the last of them); `then(new_text, num_tokens)` runs next, on this thread,
+        on the last of them; `stop_token`: on a stop token, whose text is left out);
+        `then(new_text, num_tokens)` runs next, on this thread,
         unless an earlier stop string ended the request: `num_tokens` of `token_ids` are
         to be sent (fewer than all when a stop string ends it on one of them)."""
 
@@ -122,7 +125,7 @@ class Detokenizing:
             state = self._texts[request_id]
             if state.finished:
                 return
-            num_kept = _advance(state, token_ids, finish_reason)
+            num_kept = _advance(state, token_ids, finish_reason, stop_token)
             if state.stop_string is not None:
                 self.stopped.put(request_id)
             delta, state.num_emitted = next_delta(
@@ -166,14 +169,17 @@ class Detokenizing:
         self._pool.submit(_logged, fn)
 
 
-def _advance(state: _Text, token_ids: list[int], finish_reason: FinishReason | None) -> int:
+def _advance(
+    state: _Text, token_ids: list[int], finish_reason: FinishReason | None, stop_token: bool
+) -> int:
     """Add tokens to `state` by the engine's rule (`extend_text`); returns how many of
     them the request keeps (all, unless a stop string ends it before the last)."""
     for num_kept, token in enumerate(token_ids, 1):
-        by_ids = finish_reason if num_kept == len(token_ids) else None  # the engine's end
+        last = num_kept == len(token_ids)
+        by_ids = finish_reason if last else None  # the engine's end
         stop = active_stops(state.stop, state.num_tokens + 1, state.min_tokens)
         step = extend_text(state.text, state.detok, token, stop, by_ids,
-                           include_stop=state.include_stop)  # fmt: skip
+                           include_stop=state.include_stop, stop_token=last and stop_token)  # fmt: skip
         state.text = step.text
         state.num_tokens += 1
         if step.finish_reason is not None:

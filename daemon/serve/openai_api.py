@@ -9,29 +9,27 @@ limits and validation for both front ends.
 Unknown parameters are refused with a 400 naming them, so a client never
 believes a setting took effect when it did not; `HARMLESS` lists the ones
 accepted because they change nothing we compute (or only in the value given).
+
+The body's pieces are read by openai_chat.py (chat messages and chat options) and
+openai_prompts.py (prompts, batches and prompt_embeds); /tokenize and /detokenize
+bodies by openai_tokenize.py.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ...cuda.dtypes import BF16
-from ...ipc.messages import ProtocolError, check_chat_options, check_tools
+from .openai_chat import CHAT_OPTIONS, parse_chat_options, parse_messages
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
-from .openai_structured import STRUCTURED, tool_calls
+from .openai_prompts import one_prompt, prompt_batch, prompt_embeds
+from .openai_structured import STRUCTURED
 from .openai_structured import structured as structured_of
 from .openai_structured import tools as tools_of
 
 MAX_CHOICES = 16  # `n`: choices one request may ask for
-MAX_BATCH = 64  # prompts one /v1/completions request may give (each runs as a request)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
 
 
@@ -63,9 +61,6 @@ COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "prior
           "max_tokens", "logit_bias", "prompt_logprobs", "return_token_ids",
           "return_tokens_as_token_ids", "add_special_tokens", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
-# vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
-CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-                "documents")  # fmt: skip
 KNOWN = {
     "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
     "chat": COMMON
@@ -107,6 +102,7 @@ class ParsedRequest:
     # "auto": the calls read from the model's text): the answer comes back as tool_calls
     tool_mode: str | None = None
     tool_name: str | None = None
+    tool_call_parser: str | None = None  # the server's (its call ids' form: tool_parsers.call_id)
     user: str | None = None
     # /v1/completions given a list of prompts: each runs as a request of its own, and its
     # choices are indices i * n .. i * n + n - 1 (as OpenAI's); None: the one `prompt`
@@ -135,7 +131,7 @@ def parse_request(
 ) -> ParsedRequest:
     """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter.
     `tool_call_parser`: the server's, for tool_choice "auto" (None: "auto" is refused)."""
-    body = _object_body(body)
+    body = object_body(body)
     echo = _echo(body)
     # takes tools and tool_choice out of the body
     tools = tools_of(body, tool_call_parser) if kind == "chat" else None
@@ -151,9 +147,9 @@ def parse_request(
         del options["top_k"]
     batch: list[str | list[int]] | None = None  # /v1/completions' list of prompts
     if kind == "chat":
-        prompt: Any = _messages(body.get("messages"))
+        prompt: Any = parse_messages(body.get("messages"))
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if (chat_options := _chat_options(body, prompt)) is not None:
+        if (chat_options := parse_chat_options(body, prompt)) is not None:
             options["chat_options"] = chat_options
     elif "prompt_embeds" in body:
         options["prompt_table"] = prompt_embeds(body["prompt_embeds"])
@@ -161,13 +157,13 @@ def parse_request(
         if prompt in ("", [""]):  # vLLM's examples send an empty prompt with the embeds
             prompt = None
         if prompt is not None:
-            prompt = _prompt(prompt)
+            prompt = one_prompt(prompt)
             if isinstance(prompt, str):
                 raise bad("prompt", "must be a list of token ids when prompt_embeds is given "
                           "(ids >= the vocabulary size select its rows)")  # fmt: skip
         max_tokens = body.get("max_tokens")
     else:
-        batch = _batch(body.get("prompt"))
+        batch = prompt_batch(body.get("prompt"))
         prompt = batch[0]
         max_tokens = body.get("max_tokens")
     options["max_tokens"] = max_tokens_default if max_tokens is None else max_tokens
@@ -190,12 +186,15 @@ def parse_request(
         options["tools"] = tools.tools
         if tools.spec is not None:
             options["structured"] = tools.spec
+    if tools is not None and tools.mode == "mistral":  # [TOOL_CALLS] is a special token
+        options["skip_special_tokens"] = False  # kept in the text, as vLLM's parser asks
     # vLLM's `priority` orders the queue (lower first), as our queue_priority does.
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
     if tools is not None:
         parsed.tool_mode, parsed.tool_name = tools.mode, tools.name
+        parsed.tool_call_parser = tool_call_parser
     parsed.separate_reasoning = body.get("separate_reasoning", True)
     if kind == "chat" and echo:
         if tools is not None:
@@ -266,105 +265,10 @@ def parse_request(
     return parsed
 
 
-@dataclass(slots=True)
-class TokenizeRequest:
-    """A `/tokenize` body: the prompt (text, or chat messages with their tools and chat
-    options, as a chat completion's)."""
-
-    model: str | None
-    prompt: str | list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    chat_options: dict[str, Any] | None = None
-    add_special_tokens: bool | None = None
-
-
-def parse_tokenize(body: object) -> TokenizeRequest:
-    """A `/tokenize` body (vLLM's: `prompt`, or chat `messages`), or ApiError (400) naming
-    the parameter. Its ids are those a completion of the prompt (or a chat completion of
-    the messages) with the same chat options and add_special_tokens is given."""
-    body = _object_body(body)
-    kind = "chat" if "messages" in body else "completions"
-    allowed = {"model", "prompt", "add_special_tokens"}
-    if kind == "chat":
-        allowed = {"model", "messages", "tools", "add_special_tokens", *CHAT_OPTIONS}
-    for key in body:
-        if key not in allowed:
-            raise ApiError(400, f"unsupported parameter: {key}", param=key,
-                           code="unsupported_parameter")  # fmt: skip
-    special = body.get("add_special_tokens")
-    if special is not None and not _is(special, bool):
-        raise bad("add_special_tokens", f"must be a boolean; got {special!r:.60}")
-    if kind == "chat":
-        tools = body.get("tools") or None
-        if tools is not None:
-            try:
-                check_tools(tools)
-            except ProtocolError as e:
-                raise bad("tools", e.message) from None
-        messages = _messages(body["messages"])
-        options = _chat_options(body, messages)
-        return TokenizeRequest(body.get("model"), messages, tools, options, special)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise bad("prompt", "must be a string (or give messages)")
-    return TokenizeRequest(body.get("model"), prompt, add_special_tokens=special)
-
-
-def parse_detokenize(body: object) -> tuple[str | None, list[int]]:
-    """A `/detokenize` body (vLLM's: `tokens`) -> (model, token ids), or ApiError (400)."""
-    body = _object_body(body)
-    for key in body:
-        if key not in ("model", "tokens"):
-            raise ApiError(400, f"unsupported parameter: {key}", param=key,
-                           code="unsupported_parameter")  # fmt: skip
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(_is(t, int) for t in tokens):
-        raise bad("tokens", "must be a list of token ids")
-    return body.get("model"), tokens
-
-
-def _object_body(body: object) -> dict[str, Any]:
+def object_body(body: object) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return {k: v for k, v in body.items() if v is not None}  # null means "not given"
-
-
-def _chat_options(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs as
-    the daemon's chat_options (None: the defaults), or a 400 naming the parameter."""
-    options: dict[str, Any] = {}
-    for name in ("add_generation_prompt", "continue_final_message"):
-        if name in body:
-            if not _is(body[name], bool):
-                raise bad(name, f"must be a boolean; got {body[name]!r:.60}")
-            options[name] = body[name]
-    if options.get("continue_final_message"):
-        if options.get("add_generation_prompt", True):
-            raise bad("continue_final_message", "needs add_generation_prompt: false (the answer "
-                      "continues the last message rather than starting a new one)")  # fmt: skip
-        if messages[-1]["role"] != "assistant":
-            raise bad("continue_final_message", "needs the last message to be the assistant's")
-    if "chat_template_kwargs" in body:
-        options["kwargs"] = body["chat_template_kwargs"]
-    if "documents" in body:  # vLLM's: the template's documents (retrieval-augmented chats)
-        documents = body["documents"]
-        if not isinstance(documents, list) or not all(
-            isinstance(d, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
-            for d in documents
-        ):
-            raise bad("documents", "must be a list of objects of strings (e.g. title, text)")
-        if isinstance(options.get("kwargs"), dict):
-            options["kwargs"] = {**options["kwargs"], "documents": documents}
-        else:
-            options.setdefault("kwargs", {"documents": documents})
-    if not options:
-        return None
-    try:
-        check_chat_options(options)
-    except ProtocolError as e:
-        raise bad("chat_template_kwargs", e.message.removeprefix("chat_options.kwargs ")) from None
-    return options
 
 
 def _echo(body: dict[str, Any]) -> bool:
@@ -387,132 +291,6 @@ def _logit_bias(bias: object) -> dict[int, object]:
         if not (key.isascii() and key.isdigit()):
             raise bad("logit_bias", f"keys must be token ids (decimal integers); got {key!r:.40}")
         out[int(key)] = value
-    return out
-
-
-def _prompt(prompt: object) -> str | list[int]:
-    """One prompt: a string or a list of token ids (a batch of one too)."""
-    batch = _batch(prompt)
-    if len(batch) > 1:
-        raise bad("prompt", "must be one prompt here (a string or a list of token ids)")
-    return batch[0]
-
-
-def _batch(prompt: object) -> list[str | list[int]]:
-    """OpenAI's `prompt`: a string, a list of token ids, or a batch (a list of either)."""
-    if prompt is None:
-        raise bad("prompt", "is required")
-    if isinstance(prompt, str) or _token_ids(prompt):
-        return [prompt]  # type: ignore[list-item]
-    if (
-        isinstance(prompt, list)
-        and 1 <= len(prompt) <= MAX_BATCH
-        and all(isinstance(p, str) or _token_ids(p) for p in prompt)
-    ):
-        return prompt
-    raise bad("prompt", "must be a string, a list of token ids, or a batch of 1 to "
-              f"{MAX_BATCH} of either")  # fmt: skip
-
-
-def _token_ids(value: object) -> bool:
-    return isinstance(value, list) and bool(value) and all(_is(t, int) for t in value)
-
-
-NPY_MAGIC = b"\x93NUMPY"
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format
-EMBEDS_FORMS = (
-    "a base64 string of an .npy file holding a 2-d [rows, hidden] array of bfloat16 "
-    "(ml_dtypes, or its uint16 bit patterns) or float32 (rounded to bfloat16), or an "
-    'object {"data": base64 of raw little-endian bfloat16, "shape": [rows, hidden]}'
-)
-
-
-def prompt_embeds(value: object) -> np.ndarray:
-    """vLLM's `prompt_embeds` (one prompt's [rows, hidden] embeddings) as a BF16 table,
-    or a 400 naming `prompt_embeds`. vLLM takes a base64 `torch.save`d tensor; with no
-    torch here we take an .npy file or raw BF16 with its shape (EMBEDS_FORMS)."""
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]  # a batch of one, as vLLM accepts a list
-    if isinstance(value, str):
-        raw = _base64("prompt_embeds", value)
-        if raw.startswith(ZIP_MAGIC):
-            raise bad("prompt_embeds", "torch.save'd tensors are not supported (no torch "
-                      f"here); send {EMBEDS_FORMS}")  # fmt: skip
-        if not raw.startswith(NPY_MAGIC):
-            raise bad("prompt_embeds", f"is not an .npy file; send {EMBEDS_FORMS}")
-        try:
-            array = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise bad("prompt_embeds", f"cannot read the .npy file: {e}") from None
-        if array.dtype.str == "<f4":
-            table = array.astype(BF16)  # round to nearest even, as vLLM casts to the model's
-        elif array.dtype.str in ("<u2", "|V2"):  # ml_dtypes' bfloat16 reads back as |V2
-            table = np.ascontiguousarray(array).view(BF16)
-        else:
-            raise bad("prompt_embeds", f"the .npy array is {array.dtype.str}; it must be "
-                      "bfloat16 (|V2 from ml_dtypes, or <u2 bit patterns) or <f4")  # fmt: skip
-    elif isinstance(value, dict):
-        if set(value) - {"data", "shape", "dtype"} or not {"data", "shape"} <= set(value):
-            raise bad("prompt_embeds", "an object must have data and shape (and optionally "
-                      f"dtype: bfloat16); got {sorted(value)}")  # fmt: skip
-        if value.get("dtype", "bfloat16") != "bfloat16":
-            raise bad("prompt_embeds", f"dtype must be bfloat16; got {value['dtype']!r:.40}")
-        shape = value["shape"]
-        if not (isinstance(shape, list) and len(shape) == 2 and all(_is(d, int) for d in shape)):
-            raise bad("prompt_embeds", f"shape must be [rows, hidden]; got {shape!r:.60}")
-        if not isinstance(value["data"], str):
-            raise bad("prompt_embeds", "data must be a base64 string")
-        raw = _base64("prompt_embeds", value["data"])
-        rows, hidden = shape
-        if rows < 1 or hidden < 1 or len(raw) != 2 * rows * hidden:
-            raise bad("prompt_embeds", f"data holds {len(raw)} bytes; shape {shape} needs "
-                      f"{2 * max(rows, 0) * max(hidden, 0)} (2 per bfloat16, rows and hidden "
-                      ">= 1)")  # fmt: skip
-        table = np.frombuffer(raw, dtype="<u2").view(BF16).reshape(rows, hidden)
-    else:
-        raise bad("prompt_embeds", f"must be {EMBEDS_FORMS}")
-    if table.ndim != 2 or 0 in table.shape:
-        raise bad("prompt_embeds", f"must be 2-d [rows, hidden], non-empty; got shape "
-                  f"{list(table.shape)}")  # fmt: skip
-    return np.ascontiguousarray(table)
-
-
-def _base64(param: str, text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise bad(param, "is not valid base64") from None
-
-
-def _messages(messages: object) -> list[dict[str, Any]]:
-    """OpenAI's chat messages as the daemon takes them: text content (parts joined), and
-    for tool use an assistant's `tool_calls` (its content may then be null) and a tool
-    message's `tool_call_id`; `name` kept."""
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "must be a non-empty list of messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not _is(m.get("role"), str):
-            raise bad(f"messages[{i}]", "must be an object with a role and a content")
-        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
-        if extra:
-            raise bad(f"messages[{i}]", f"unsupported field(s) {sorted(extra)}")
-        m = {k: v for k, v in m.items() if v is not None}
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise bad(f"messages[{i}].content", "only text parts are supported")
-                texts.append(part.get("text", ""))
-            content = "".join(texts)
-        message: dict[str, Any] = {"role": m["role"], "content": content}
-        if "tool_calls" in m:
-            message["tool_calls"] = tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
-        elif not isinstance(content, str):
-            raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
-        message.update({k: m[k] for k in ("name", "tool_call_id") if k in m})
-        out.append(message)
     return out
 
 

@@ -160,7 +160,7 @@ def tool_answer(parsed: ParsedRequest, text: str) -> dict[str, Any]:
             return {"content": text}
         content, calls = answer.content, answer.calls
     return {"content": content, "tool_calls": [
-        {"id": "chatcmpl-tool-" + uuid.uuid4().hex, "type": "function",
+        {"id": tool_parsers.call_id(parsed.tool_call_parser), "type": "function",
          "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}  # fmt: skip
 
 
@@ -296,7 +296,7 @@ class StreamBuilder:
         if mode == "named":  # the answer is the call's arguments: they stream as they come
             call: dict[str, Any] = {"index": 0, "function": {"arguments": chunk.text}}
             if not self.call_ids[index]:  # the first piece names the call
-                self.call_ids[index] = "chatcmpl-tool-" + uuid.uuid4().hex
+                self.call_ids[index] = tool_parsers.call_id(self.parsed.tool_call_parser)
                 call = {"index": 0, "id": self.call_ids[index], "type": "function",
                         "function": {"name": self.parsed.tool_name, "arguments": chunk.text}}  # fmt: skip
             return self._event(

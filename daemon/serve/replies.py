@@ -109,6 +109,7 @@ def done_reply(
         index=index,
         stop_reason=completion.stop_reason,
         prompt_token_ids=list(completion.prompt_token_ids) if with_prompt_ids else None,
+        embedding=None if completion.embedding is None else logits_to_wire(completion.embedding),
     )
 
 

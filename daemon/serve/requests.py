@@ -287,6 +287,7 @@ class Requests:
             token_ids,
             finish_reason=output.finish_reason,
             then=send_chunk if live.stream else None,
+            stop_token=output.stop_token,
         )
 
     def cancel_stopped(self) -> None:

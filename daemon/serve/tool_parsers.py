@@ -13,6 +13,12 @@ template taught it, and the answer's text is parsed after the fact.
   maybe between Llama 4's `<|python_start|>` and `<|python_end|>`; each argument a keyword
   whose value is a literal (str, number, bool, None, and lists and dicts of them), read
   by `ast.literal_eval`, never evaluated; no content.
+- "mistral" (Mistral's templates): the text before `[TOOL_CALLS]` is the content; after
+  it, a JSON list (or object) of `{"name", "arguments"}` (Mistral 7B v0.3, Nemo), or
+  `name[ARGS]{...}` calls, each after its own `[TOOL_CALLS]` (the v11 tokenizer's:
+  Mistral Small 3.2, Magistral, Devstral). `[TOOL_CALLS]` is a special token, so the
+  request keeps special tokens in its text (openai_api.py), and its call ids are 9
+  letters and digits, the only ids Mistral's templates take back.
 
 Guarantees: an answer that is no well-formed call (text, or a call whose JSON does not
 parse or lacks a name) comes back as content, whole, with no tool call, as vLLM gives it;
@@ -25,14 +31,23 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
+import string
+import uuid
 from dataclasses import dataclass
 
-PARSERS = ("hermes", "llama3_json", "pythonic")
+PARSERS = ("hermes", "llama3_json", "pythonic", "mistral")
 _HERMES_OPEN = "<tool_call>"
+_MISTRAL_CALLS, _MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's, and a dot
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 _PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"
 _MAX_PYTHONIC_CHARS = 1 << 20  # ast's parser is recursive; an answer past this is content
+
+
+# the parsers whose calls come after text (the content), from this mark on
+_OPENINGS = {"hermes": _HERMES_OPEN, "mistral": _MISTRAL_CALLS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,23 +58,26 @@ class ParsedAnswer:
 
 def parse(parser: str, text: str) -> ParsedAnswer:
     """The tool calls in an answer's text, and its content."""
-    readers = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythonic}
+    readers = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythonic,
+               "mistral": _mistral}  # fmt: skip
     calls = readers[parser](text)
     if calls is None:
         return ParsedAnswer(text, [])
-    content = text[: text.find(_HERMES_OPEN)] if parser == "hermes" else ""
+    opening = _OPENINGS.get(parser)
+    content = text[: text.find(opening)] if opening is not None else ""
     return ParsedAnswer(content if content.strip() else None, calls)
 
 
 def streamable(parser: str, text: str) -> int:
     """How many characters of a growing answer may be streamed as content now: none of
     a call, nor of what may still become the start of one."""
-    if parser == "hermes":
-        start = text.find(_HERMES_OPEN)
+    if parser in _OPENINGS:
+        opening = _OPENINGS[parser]
+        start = text.find(opening)
         if start >= 0:
             return start
-        for keep in range(min(len(_HERMES_OPEN) - 1, len(text)), 0, -1):
-            if _HERMES_OPEN.startswith(text[-keep:]):
+        for keep in range(min(len(opening) - 1, len(text)), 0, -1):
+            if opening.startswith(text[-keep:]):
                 return len(text) - keep  # the tail may begin a call
         return len(text)
     head = text.lstrip()
@@ -137,3 +155,40 @@ def _pythonic_call(node: ast.expr) -> tuple[str, str] | None:
         return node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):  # a literal JSON has no spelling for: bytes, a set, ...
         return None
+
+
+def _mistral(text: str) -> list[tuple[str, str]] | None:
+    start = text.find(_MISTRAL_CALLS)
+    if start < 0:
+        return None
+    rest = text[start + len(_MISTRAL_CALLS) :].strip()
+    if rest.startswith(("[", "{")):  # one JSON list of calls (or a lone call)
+        try:
+            value = json.loads(rest)
+        except (ValueError, RecursionError):
+            return None
+        calls = [_call(obj, "arguments") for obj in (value if isinstance(value, list) else [value])]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+    found = []
+    for piece in text[start:].split(_MISTRAL_CALLS)[1:]:  # name[ARGS]{...} each
+        name, marker, arguments = piece.partition(_MISTRAL_ARGS)
+        name = name.strip()
+        if not marker or not _FUNCTION_NAME.fullmatch(name):
+            return None
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(value, dict):
+            return None
+        found.append((name, json.dumps(value, ensure_ascii=False)))
+    return found or None
+
+
+def call_id(parser: str | None) -> str:
+    """A new tool call's id: 9 letters and digits for Mistral's templates (the only ids
+    they take back in the next turn), else vLLM's `chatcmpl-tool-` and 32 hex digits."""
+    if parser == "mistral":
+        alphabet = string.ascii_letters + string.digits
+        return "".join(secrets.choice(alphabet) for _ in range(9))
+    return "chatcmpl-tool-" + uuid.uuid4().hex

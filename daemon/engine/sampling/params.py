@@ -90,6 +90,13 @@ class SamplingParams:
 
     `detokenize` False (as vLLM's) leaves the text to the caller: the engine tracks
     token ids only, and `text` stays empty. Stop strings need the text, so they need it on.
+
+    `embed` (False) also returns the prompt's embedding (Completion.embedding): the final
+    norm's output at its last token, fp32 [hidden], not normalized (last-token pooling,
+    as Qwen3-Embedding, E5-Mistral and GTE-Qwen2 pool; the OpenAI API's /v1/embeddings
+    normalizes it). That token runs in the request's own forward, never from a stored
+    logits row, so an exact repeat computes it too, and with its prefix cached or not the
+    bits are the same.
     """
 
     max_tokens: int = 16
@@ -117,6 +124,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
+    embed: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -198,6 +206,8 @@ class SamplingParams:
             )
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool; got {self.detokenize!r}")
+        if not isinstance(self.embed, bool):
+            raise ValueError(f"embed must be a bool; got {self.embed!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need the text: detokenize must be on to use stop")
 

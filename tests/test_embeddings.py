@@ -1,0 +1,156 @@
+"""Embeddings (SamplingParams.embed, Engine.embed): the final norm's output at a prompt's
+last token, against transformers' last hidden state on the same weights (Llama and
+Qwen3), and bit-identical however the prompt is computed: fresh or from cached blocks,
+in one chunk or many, alone or in a step with decodes and drafts, asked again as an exact
+repeat (which must still compute its last token)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_model_reference import make_hf_model
+
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.model.synth import write_tokenizer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+BS = 16
+
+
+def engine(path: Path, **kwargs) -> Engine:
+    kwargs.setdefault("num_device_blocks", 64)
+    return Engine.from_pretrained(path, backend="numpy", block_size=BS, **kwargs)
+
+
+def hf_last_hidden(model, prompt: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        out = model.model(torch.tensor([prompt], dtype=torch.long))
+    return out.last_hidden_state[0, -1].numpy()
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("embed-llama")
+    model = make_hf_model(path, seed=11)
+    write_tokenizer(path, 300)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("embed-qwen3")
+    torch.manual_seed(12)
+    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                                      max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
+    model = transformers.Qwen3ForCausalLM(config)
+    with torch.no_grad():  # widened as test_model_reference's
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() > 1 else p.copy_(1 + 0.2 * torch.randn_like(p))
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(path)
+    write_tokenizer(path, 300)
+    return path, model.float().eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_embeddings_match_transformers_last_hidden_state(request, family: str) -> None:
+    path, model = request.getfixturevalue(family)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 300, n).tolist() for n in (1, 17, 90)]
+    got = engine(path).embed(prompts)
+    for prompt, ours in zip(prompts, got, strict=True):
+        want = hf_last_hidden(model, prompt)
+        assert ours.dtype == np.float32 and ours.shape == want.shape
+        assert np.linalg.norm(ours - want) / np.linalg.norm(want) < 2e-2
+        # the last token's row, not another's: the one before it is far
+        before = hf_last_hidden(model, prompt[:-1]) if len(prompt) > 1 else -want
+        assert np.linalg.norm(ours - before) / np.linalg.norm(want) > 0.1
+
+
+EMBED = SamplingParams(max_tokens=1, temperature=0, detokenize=False, embed=True)
+
+
+def test_an_embedding_keeps_its_bits_however_it_is_computed(llama) -> None:
+    path, _ = llama
+    rng = np.random.default_rng(5)
+    shared = rng.integers(0, 300, 70).tolist()
+    prompt = shared + rng.integers(0, 300, 10).tolist()  # 5 full blocks
+    fresh = engine(path, enable_reuse=False).embed([prompt])[0]
+    eng = engine(path)
+    eng.embed([[*shared, 7, 8, 9]])  # caches the shared prefix's blocks
+    reused = eng.generate([prompt], EMBED)[0]
+    assert reused.cached_tokens == 64
+    assert np.array_equal(bits(reused.embedding), bits(fresh))
+    chunked = engine(path, enable_reuse=False, max_num_batched_tokens=13).embed([prompt])[0]
+    assert np.array_equal(bits(chunked), bits(fresh))
+    batch = engine(path).embed([shared, prompt, prompt[:40]])
+    assert np.array_equal(bits(batch[1]), bits(fresh))
+    again = eng.generate([prompt], EMBED)[0]  # every token cached but the last, recomputed
+    assert again.cached_tokens == 79
+    assert np.array_equal(bits(again.embedding), bits(fresh))
+
+
+def test_an_exact_repeat_computes_its_last_token_for_an_embedding(llama) -> None:
+    path, _ = llama
+    prompt = np.random.default_rng(6).integers(0, 300, 48).tolist()  # 3 full blocks
+    eng = engine(path, logits_cache_mb=8)
+    plain = SamplingParams(max_tokens=1, temperature=0)
+    eng.generate([prompt], plain)
+    eng.generate([prompt], plain)  # from the stored row: an exact repeat
+    repeats = eng.scheduler.num_exact_repeats
+    assert repeats == 1
+    [embedding] = eng.embed([prompt])
+    assert eng.scheduler.num_exact_repeats == repeats  # not served from the stored row
+    assert np.array_equal(bits(embedding), bits(engine(path).embed([prompt])[0]))
+
+
+def test_generation_with_embed_gives_both_unchanged(llama) -> None:
+    path, _ = llama
+    prompt = np.random.default_rng(7).integers(0, 300, 33).tolist()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, return_logits=True)
+    plain = engine(path).generate([prompt], params)[0]
+    both = engine(path).generate([prompt], SamplingParams(**{**_fields(params), "embed": True}))[0]
+    assert both.token_ids == plain.token_ids and plain.embedding is None
+    assert np.array_equal(bits(both.logits), bits(plain.logits))
+    assert np.array_equal(bits(both.embedding), bits(engine(path).embed([prompt])[0]))
+
+
+def test_an_embedding_in_a_step_with_decodes_and_drafts(llama) -> None:
+    """Rows are found after other requests' draft rows: an embedding asked while a
+    drafting request decodes, in the same step, is the one asked alone."""
+    path, _ = llama
+    rng = np.random.default_rng(8)
+    repetitive = rng.integers(4, 250, 19).tolist() * 3  # prompt lookup finds drafts in it
+    prompt = rng.integers(0, 300, 25).tolist()
+    alone = engine(path).embed([prompt])[0]
+    eng = engine(path, speculative_tokens=4, prompt_lookup_min=1)
+    assert eng.speculator is not None
+    eng.add_request(repetitive, SamplingParams(max_tokens=300, temperature=0, ignore_eos=True))
+    eng.step()
+    drafted = 0
+    for _ in range(40):
+        before = eng.speculator.num_draft_tokens
+        asked = eng.add_request(prompt, EMBED)
+        eng.step()  # the embedding's prompt and the decode (maybe drafted) in one step
+        assert np.array_equal(bits(eng.take_completion(asked).embedding), bits(alone))
+        drafted += eng.speculator.num_draft_tokens > before
+    assert drafted >= 3
+
+
+def test_embed_is_checked() -> None:
+    with pytest.raises(ValueError, match="embed must be a bool; got 1"):
+        SamplingParams(embed=1)  # type: ignore[arg-type]
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__dataclass_fields__}
