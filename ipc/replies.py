@@ -83,6 +83,7 @@ class HealthReply:
     max_model_len: int
     num_requests: int
     vocab_size: int = 0  # token ids a prompt may use: [0, vocab_size)
+    hidden_size: int = 0  # an embedding's length (Done.embedding)
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ repeat (which must still compute its last token)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from test_model_reference import make_hf_model
 
 from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.model.safetensors_io import load_safetensors
 from reprise.daemon.model.synth import write_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -154,3 +156,21 @@ def test_embed_is_checked() -> None:
 
 def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in params.__dataclass_fields__}
+
+
+def test_a_bare_models_checkpoint_gives_the_same_embeddings(qwen3, tmp_path: Path) -> None:
+    """transformers' Qwen3Model saved alone (an embedding model's checkpoint: tensors
+    without `model.`, no lm_head, architectures ["Qwen3Model"]) loads, and gives the
+    embeddings of the whole model it came from, bit for bit."""
+    path, model = qwen3
+    model.model.to(torch.bfloat16).save_pretrained(tmp_path)
+    model.model.float()
+    write_tokenizer(tmp_path, 300)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3Model"]
+    names = set(load_safetensors(tmp_path / "model.safetensors"))
+    assert "embed_tokens.weight" in names and not any(n.startswith("model.") for n in names)
+    prompts = [np.random.default_rng(9).integers(0, 300, n).tolist() for n in (5, 33)]
+    bare, whole = engine(tmp_path).embed(prompts), engine(path).embed(prompts)
+    for a, b in zip(bare, whole, strict=True):
+        assert np.array_equal(bits(a), bits(b))

@@ -91,6 +91,7 @@ def test_text_dimensions_base64_and_raw_rows(daemon, reference) -> None:
     assert np.array_equal(np.asarray(plain["data"][0]["embedding"], np.float32), row)
     with Client(daemon.address) as client:  # the socket: the raw row, on the Done
         done = client.generate(ids, max_tokens=1, temperature=0, embed=True)
+        assert client.health().hidden_size == row.shape[0] == 128
     assert np.array_equal(logits_from_wire(done.embedding), row)
 
 

@@ -49,9 +49,14 @@ def test_families_by_architecture_or_model_type() -> None:
         "Qwen2ForCausalLM",
         "MistralForCausalLM",
         "Qwen3ForCausalLM",
+        "LlamaModel",
+        "MistralModel",
+        "Qwen2Model",
+        "Qwen3Model",
     )
     for fields, arch in [
         ({"architectures": ["Qwen2ForCausalLM"]}, "Qwen2ForCausalLM"),
+        ({"architectures": ["Qwen2Model"]}, "Qwen2ForCausalLM"),  # bare: the family's, tied
         ({"model_type": "qwen2"}, "Qwen2ForCausalLM"),  # no architectures: by model_type
         ({"model_type": "llama"}, "LlamaForCausalLM"),
         ({"architectures": ["LlamaForCausalLM"], "model_type": "qwen2"}, "LlamaForCausalLM"),
@@ -59,6 +64,9 @@ def test_families_by_architecture_or_model_type() -> None:
         config = ModelConfig.from_dict({**raw, **fields})
         assert config.architecture == arch
         assert config.qkv_bias == (arch == "Qwen2ForCausalLM")
+        assert config.tie_word_embeddings == (
+            raw.get("tie_word_embeddings", False) or fields.get("architectures") == ["Qwen2Model"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -75,7 +83,7 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         ModelConfig.from_dict({**QWEN2, **fields})
     assert str(e.value) == (
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-        "MistralForCausalLM, Qwen3ForCausalLM"
+        "MistralForCausalLM, Qwen3ForCausalLM, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -85,7 +93,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
-        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM"
+        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, LlamaModel, MistralModel, "
+        "Qwen2Model, Qwen3Model"
     ]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...cuda.rope import Llama3Scaling
-from .registry import ModelConfigError, ModelFamily, family_named, family_of
+from .registry import ModelConfigError, ModelFamily, family_named, family_of, is_bare
 
 __all__ = ["ModelConfig", "ModelConfigError"]
 
@@ -121,7 +121,8 @@ class ModelConfig:
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(_rope_params(raw).get("rope_theta", 10000.0)),
                 rope_scaling=_rope_scaling(raw),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                # a bare model has no lm_head: its embedding stands in (registry.BARE_MODELS)
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)) or is_bare(raw),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
                 architecture=family.architecture,

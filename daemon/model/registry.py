@@ -92,8 +92,25 @@ FAMILIES: dict[str, ModelFamily] = {
 }
 
 
+# A bare model (transformers' XModel: no lm_head; an embedding model's checkpoint, as
+# E5-Mistral's `MistralModel`) is its family's; it runs with its embedding as the
+# lm_head (config.py ties them), so its embeddings are right and its text means nothing.
+BARE_MODELS = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
+
+
 def supported_architectures() -> tuple[str, ...]:
-    return tuple(FAMILIES)
+    return (*FAMILIES, *BARE_MODELS)
+
+
+def is_bare(raw: Mapping[str, Any]) -> bool:
+    """Whether a config.json names a bare model (BARE_MODELS)."""
+    archs = raw.get("architectures") or []
+    return bool(archs) and archs[0] in BARE_MODELS
 
 
 def family_of(raw: Mapping[str, Any]) -> ModelFamily:
@@ -101,7 +118,7 @@ def family_of(raw: Mapping[str, Any]) -> ModelFamily:
     when it names none. Raises ModelConfigError naming it and the supported ones."""
     archs = raw.get("architectures") or []
     if archs:
-        family = FAMILIES.get(archs[0])
+        family = FAMILIES.get(BARE_MODELS.get(archs[0], archs[0]))
         name = archs[0]
     else:
         by_type = {f.model_type: f for f in FAMILIES.values()}

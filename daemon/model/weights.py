@@ -76,6 +76,8 @@ def load_weights(
     h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
 
     def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors and name.removeprefix("model.") in tensors:
+            name = name.removeprefix("model.")  # saved from the bare model (registry.BARE_MODELS)
         if name not in tensors:
             raise WeightsError(f"checkpoint in {path} lacks tensor {name!r}")
         t = tensors[name]

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from .http_frontend import Frontend
 from .http_streams import Timing, unless_disconnected
 from .openai_embeddings import embeddings_answer, parse_embeddings
-from .openai_errors import ApiError
+from .openai_errors import ApiError, bad
 
 log = logging.getLogger("reprise.http")
 
@@ -23,6 +23,9 @@ async def embeddings(frontend: Frontend, request: Request) -> Response:
     body = await frontend.read_json(request)
     parsed, fmt = parse_embeddings(body, frontend.config.max_queue)
     frontend.check_model(parsed.model)
+    hidden = (await frontend.model_sizes()).hidden_size
+    if fmt.dimensions is not None and fmt.dimensions > hidden > 0:  # refused before it runs
+        raise bad("dimensions", f"must be at most {hidden} (the model's hidden size)")
     if parsed.user is not None:
         log.info("request from user %r", parsed.user[:128])
     items = frontend.run(parsed)

@@ -95,7 +95,8 @@ class Status:
     def health(self, snapshot: Snapshot) -> HealthReply:
         engine = self.engine
         return HealthReply(snapshot.status, self.model_name, engine.max_model_len,
-                           snapshot.num_requests, engine.config.vocab_size)  # fmt: skip
+                           snapshot.num_requests, engine.config.vocab_size,
+                           engine.config.hidden_size)  # fmt: skip
 
     def live_stats(
         self, snapshot: Snapshot, num_connections: int, num_refused: int
