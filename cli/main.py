@@ -166,6 +166,8 @@ def model_convert(gguf_file: Path, out: Path | None) -> None:
             "tiny-qwen2",
             "qwen3-0.6b",
             "tiny-qwen3",
+            "phi-3-mini",
+            "tiny-phi3",
         ]
     ),
     help="The architecture to copy.",

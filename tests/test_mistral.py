@@ -13,7 +13,7 @@ import pytest
 from test_model_reference import TINY, hf_logits, rel_l2_rows, run_ours
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.model.config import ModelConfig, ModelConfigError
+from reprise.daemon.model.config import ModelConfig
 from reprise.daemon.model.synth import write_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -59,22 +59,23 @@ def test_logits_match_transformers_mistral(tmp_path: Path, overrides: dict) -> N
 
 
 @pytest.mark.parametrize(
-    ("window", "refused"),
-    [(None, False), (512, False), (4096, False), (511, True), (64, True)],
+    ("window", "context"),
+    [(None, 512), (512, 512), (4096, 512), (511, 511), (64, 64)],
 )
-def test_a_sliding_window_shorter_than_the_context_is_refused(window, refused: bool) -> None:
-    """max_position_embeddings is 512 here: a window of at least that changes nothing."""
+def test_a_sliding_window_shorter_than_the_context_caps_it(window, context: int) -> None:
+    """max_position_embeddings is 512 here: a window of at least that changes nothing; a
+    shorter one is where the context stops."""
     raw = {**TINY, "architectures": ["MistralForCausalLM"], "sliding_window": window}
-    if refused:
-        with pytest.raises(ModelConfigError, match=f"sliding_window={window} .* not supported yet"):
-            ModelConfig.from_dict(raw)
-    else:
-        assert ModelConfig.from_dict(raw).architecture == "MistralForCausalLM"
+    config = ModelConfig.from_dict(raw)
+    assert config.architecture == "MistralForCausalLM"
+    assert config.max_position_embeddings == context
+    assert config.sliding_window == (window if context < 512 else None)
 
 
-def test_the_window_refused_changes_transformers_logits(tmp_path: Path) -> None:
-    """Why it is refused: with a window of 64, transformers' later rows differ from full
-    attention's (ours), so serving it would be wrong, not approximate."""
+def test_the_window_binds_only_past_itself(tmp_path: Path) -> None:
+    """Why the context stops at the window: with a window of 64, transformers' rows up to
+    64 are full attention's (ours), and later rows differ, so serving them would be wrong,
+    not approximate."""
     windowed = make_hf_mistral(tmp_path / "w", seed=12, sliding_window=64)
     full = make_hf_mistral(tmp_path / "f", seed=12, sliding_window=None)
     prompt = np.random.default_rng(3).integers(0, TINY["vocab_size"], size=150)

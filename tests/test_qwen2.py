@@ -49,6 +49,7 @@ def test_families_by_architecture_or_model_type() -> None:
         "Qwen2ForCausalLM",
         "MistralForCausalLM",
         "Qwen3ForCausalLM",
+        "Phi3ForCausalLM",
         "LlamaModel",
         "MistralModel",
         "Qwen2Model",
@@ -73,7 +74,7 @@ def test_families_by_architecture_or_model_type() -> None:
     "fields, name",
     [
         ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "'GPT2LMHeadModel'"),
-        ({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3"}, "'Phi3ForCausalLM'"),
+        ({"architectures": ["PhiForCausalLM"], "model_type": "phi"}, "'PhiForCausalLM'"),
         ({"model_type": "gemma"}, "'gemma'"),
         ({}, "None"),
     ],
@@ -83,7 +84,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         ModelConfig.from_dict({**QWEN2, **fields})
     assert str(e.value) == (
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-        "MistralForCausalLM, Qwen3ForCausalLM, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
+        "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, LlamaModel, MistralModel, "
+        "Qwen2Model, Qwen3Model"
     )
 
 
@@ -93,13 +95,13 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
-        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, LlamaModel, MistralModel, "
-        "Qwen2Model, Qwen3Model"
+        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, LlamaModel, "
+        "MistralModel, Qwen2Model, Qwen3Model"
     ]
 
 
 @pytest.mark.parametrize(
-    "fields, refused",
+    "fields, capped",
     [
         ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, True),
         ({"use_sliding_window": True, "sliding_window": 64}, False),  # from layer 28 on: none
@@ -110,18 +112,18 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         ({"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0}, False),
     ],
 )  # fmt: skip
-def test_sliding_window_is_refused_where_transformers_would_apply_it(
-    fields: dict, refused: bool
+def test_a_sliding_window_caps_the_context_where_transformers_would_apply_it(
+    fields: dict, capped: bool
 ) -> None:
-    """The rule is transformers' (Qwen2Config): checked against its own layer_types."""
+    """The rule is transformers' (Qwen2Config): checked against its own layer_types. Where
+    a layer slides, the context stops at the window (up to it the window never binds)."""
     raw = {**QWEN2, "architectures": ["Qwen2ForCausalLM"], **fields}
     hf = transformers.Qwen2Config(**{k: v for k, v in raw.items() if k != "architectures"})
-    assert ("sliding_attention" in hf.layer_types and hf.sliding_window is not None) == refused
-    if refused:
-        with pytest.raises(ModelConfigError, match=r"use_sliding_window=true .* not supported yet"):
-            ModelConfig.from_dict(raw)
-    else:
-        assert ModelConfig.from_dict(raw).qkv_bias
+    assert ("sliding_attention" in hf.layer_types and hf.sliding_window is not None) == capped
+    config = ModelConfig.from_dict(raw)
+    assert config.qkv_bias
+    assert config.max_position_embeddings == (64 if capped else QWEN2["max_position_embeddings"])
+    assert config.sliding_window == (64 if capped else None)
 
 
 def test_llama_with_attention_bias_is_still_refused() -> None:

@@ -35,9 +35,9 @@ def test_the_family_and_its_refusals() -> None:
     assert not ModelConfig.from_dict({**QWEN3, "model_type": "qwen2"}).qk_norm
     with pytest.raises(ModelConfigError, match="attention_bias=true is not supported"):
         ModelConfig.from_dict({**QWEN3, "model_type": "qwen3", "attention_bias": True})
-    with pytest.raises(ModelConfigError, match="use_sliding_window=true"):
-        ModelConfig.from_dict({**QWEN3, "model_type": "qwen3", "use_sliding_window": True,
-                               "sliding_window": 64, "max_window_layers": 0})  # fmt: skip
+    windowed = ModelConfig.from_dict({**QWEN3, "model_type": "qwen3", "use_sliding_window": True,
+                                      "sliding_window": 64, "max_window_layers": 0})  # fmt: skip
+    assert windowed.max_position_embeddings == windowed.sliding_window == 64  # capped
 
 
 def test_the_twin_normalizes_each_query_and_key_head(rng: np.random.Generator) -> None:

@@ -24,6 +24,7 @@ from reprise.daemon.model.synth import SHAPES, synth_model, tensor_shapes
         ("llama-3.1-8b", 8_030_261_248),
         ("llama-3.2-1b", 1_235_814_400),
         ("smollm2-135m", 134_515_008),
+        ("phi-3-mini", 3_821_079_552),  # Phi-3-mini-4k-instruct's safetensors
     ],
 )
 def test_shapes_have_the_real_models_parameter_counts(like: str, parameters: int) -> None:

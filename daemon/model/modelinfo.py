@@ -48,6 +48,8 @@ def model_info(path: Path | str) -> dict[str, object]:
         "head_dim": config.head_dim,
         "vocab_size": config.vocab_size,
         "context_length": config.max_position_embeddings,
+        # the sliding window that stopped the context there (registry.py), if one did
+        "capped_by_window": config.sliding_window,
         "rope_theta": config.rope_theta,
         "rope_scaling": None if scaling is None else f"llama3 x{scaling.factor:g}",
         "tied_embeddings": config.tie_word_embeddings,

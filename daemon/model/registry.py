@@ -2,10 +2,13 @@
 
 A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
-the q, k and v projections, and an RMSNorm of each query and key head), and the checks that refuse a config whose options the
-forward does not implement. `ModelConfig.from_dict` looks the family up first, so an
-unknown architecture is refused in one line that names it and the supported ones,
-before any weight is read. Every family runs through the one forward (llama.py) and
+the q, k and v projections, an RMSNorm of each query and key head, fused projections in
+the checkpoint), the sliding window transformers would apply, and the checks that refuse
+a config whose options the forward does not implement. A sliding window shorter than the
+context caps the context at the window (config.py): up to there it never binds, so the
+forward's full attention is exact, and past it the kernels would be wrong.
+`ModelConfig.from_dict` looks the family up first, so an unknown architecture is refused
+in one line that names it and the supported ones, before any weight is read. Every family runs through the one forward (llama.py) and
 reads the same tensor names (weights.py); its options say which extra tensors exist.
 
 Adding a family: an entry in FAMILIES, its options as ModelConfig fields, their
@@ -31,6 +34,10 @@ class ModelFamily:
     check: Callable[[Mapping[str, Any]], None]  # raises ModelConfigError on what we lack
     # q_norm and k_norm: an RMSNorm over head_dim of each query and key head, before RoPE
     qk_norm: bool = False
+    # the sliding window transformers applies (to any layer) under this config, or None
+    window: Callable[[Mapping[str, Any]], int | None] = lambda raw: None
+    # q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj` (Phi-3's checkpoints)
+    fused: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -40,54 +47,75 @@ def _check_llama(raw: Mapping[str, Any]) -> None:
             raise ModelConfigError(f"{flag}=true is not supported")
 
 
-def _check_qwen2(raw: Mapping[str, Any]) -> None:
-    """Refuse sliding-window attention where transformers would apply it: with
-    use_sliding_window, the layers `layer_types` marks "sliding_attention", or else
-    those from max_window_layers on (transformers' Qwen2Config)."""
+def _qwen2_window(raw: Mapping[str, Any]) -> int | None:
+    """Qwen2's window where transformers applies it: with use_sliding_window, to the
+    layers `layer_types` marks "sliding_attention", or else those from max_window_layers
+    on (transformers' Qwen2Config)."""
     if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
-        return
+        return None
     num_layers = int(raw.get("num_hidden_layers", 0))
     layer_types = raw.get("layer_types")
     if layer_types is None:
         sliding = num_layers > int(raw.get("max_window_layers", 28))
     else:
         sliding = "sliding_attention" in layer_types
-    if sliding:
-        raise ModelConfigError(
-            f"use_sliding_window=true (a window of {raw['sliding_window']} tokens) is not "
-            "supported yet: the paged attention kernels attend to the whole prefix"
-        )
+    return int(raw["sliding_window"]) if sliding else None
+
+
+def _every_layer_window(raw: Mapping[str, Any]) -> int | None:
+    """Mistral's and Phi-3's: a `sliding_window` applies to every layer."""
+    window = raw.get("sliding_window")
+    return None if window is None else int(window)
 
 
 def _check_mistral(raw: Mapping[str, Any]) -> None:
-    """Mistral is Llama's forward (an explicit head_dim too, as Mistral-Nemo's); refuse a
-    sliding window shorter than the context, which transformers applies to every layer
-    (Mistral 7B v0.1's 4,096 of 32,768; v0.2 on have none)."""
+    """Mistral is Llama's forward (an explicit head_dim too, as Mistral-Nemo's)."""
     _check_llama(raw)
-    window = raw.get("sliding_window")
-    context = int(raw.get("max_position_embeddings", 0))
-    if window is not None and int(window) < context:
-        raise ModelConfigError(
-            f"sliding_window={window} (shorter than the context of {context} tokens) is not "
-            "supported yet: the paged attention kernels attend to the whole prefix"
-        )
 
 
 def _check_qwen3(raw: Mapping[str, Any]) -> None:
-    """Qwen3's attention_bias puts a bias on o_proj too (the forward has none there); its
-    sliding window is refused as Qwen2's is."""
+    """Qwen3's attention_bias puts a bias on o_proj too (the forward has none there)."""
     if raw.get("attention_bias"):
         raise ModelConfigError("attention_bias=true is not supported")
-    _check_qwen2(raw)
+
+
+def _check_phi3(raw: Mapping[str, Any]) -> None:
+    """Phi-3 is Llama's forward with fused projections; Phi-4-mini's partial rotary is not."""
+    factor = raw.get("partial_rotary_factor", 1.0)
+    if factor not in (None, 1, 1.0):
+        raise ModelConfigError(f"partial_rotary_factor={factor} is not supported; only 1.0")
 
 
 FAMILIES: dict[str, ModelFamily] = {
     family.architecture: family
     for family in (
         ModelFamily("LlamaForCausalLM", "llama", qkv_bias=False, check=_check_llama),
-        ModelFamily("Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=_check_qwen2),
-        ModelFamily("MistralForCausalLM", "mistral", qkv_bias=False, check=_check_mistral),
-        ModelFamily("Qwen3ForCausalLM", "qwen3", qkv_bias=False, check=_check_qwen3, qk_norm=True),
+        ModelFamily(
+            "Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=lambda raw: None, window=_qwen2_window
+        ),
+        ModelFamily(
+            "MistralForCausalLM",
+            "mistral",
+            qkv_bias=False,
+            check=_check_mistral,
+            window=_every_layer_window,
+        ),
+        ModelFamily(
+            "Qwen3ForCausalLM",
+            "qwen3",
+            qkv_bias=False,
+            check=_check_qwen3,
+            qk_norm=True,
+            window=_qwen2_window,
+        ),
+        ModelFamily(
+            "Phi3ForCausalLM",
+            "phi3",
+            qkv_bias=False,
+            check=_check_phi3,
+            window=_every_layer_window,
+            fused=True,
+        ),
     )
 }
 

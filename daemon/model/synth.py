@@ -37,6 +37,7 @@ LLAMA3_ROPE = {
 }
 QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6}
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6}
+PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5}
 # The architectures of the models named, as their Hugging Face config.json gives them
 # (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -160,6 +161,36 @@ SHAPES: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         "attention_bias": False,
     },
+    "phi-3-mini": {  # Phi-3-mini-4k-instruct: fused projections; its window caps it at 2,047
+        **PHI3,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "head_dim": 96,
+        "vocab_size": 32064,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "sliding_window": 2047,
+    },
+    "tiny-phi3": {  # for tests: Phi-3's fused projections in kilobytes
+        **PHI3,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+    },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 CHAT_TEMPLATE = (
@@ -271,9 +302,12 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
     for idx in range(shape["num_hidden_layers"]):
         prefix = f"model.layers.{idx}."
         yield prefix + "input_layernorm.weight", (hidden,)
-        yield prefix + "self_attn.q_proj.weight", (q_size, hidden)
-        yield prefix + "self_attn.k_proj.weight", (kv_size, hidden)
-        yield prefix + "self_attn.v_proj.weight", (kv_size, hidden)
+        if family.fused:  # Phi-3's checkpoints: q, k, v in one; gate and up in one
+            yield prefix + "self_attn.qkv_proj.weight", (q_size + 2 * kv_size, hidden)
+        else:
+            yield prefix + "self_attn.q_proj.weight", (q_size, hidden)
+            yield prefix + "self_attn.k_proj.weight", (kv_size, hidden)
+            yield prefix + "self_attn.v_proj.weight", (kv_size, hidden)
         if qkv_bias:
             yield prefix + "self_attn.q_proj.bias", (q_size,)
             yield prefix + "self_attn.k_proj.bias", (kv_size,)
@@ -283,8 +317,11 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
             yield prefix + "self_attn.k_norm.weight", (shape["head_dim"],)
         yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
         yield prefix + "post_attention_layernorm.weight", (hidden,)
-        yield prefix + "mlp.gate_proj.weight", (inter, hidden)
-        yield prefix + "mlp.up_proj.weight", (inter, hidden)
+        if family.fused:
+            yield prefix + "mlp.gate_up_proj.weight", (2 * inter, hidden)
+        else:
+            yield prefix + "mlp.gate_proj.weight", (inter, hidden)
+            yield prefix + "mlp.up_proj.weight", (inter, hidden)
         yield prefix + "mlp.down_proj.weight", (hidden, inter)
     yield "model.norm.weight", (hidden,)
     if not shape["tie_word_embeddings"]:

@@ -88,6 +88,7 @@ def load_weights(
         return np.ascontiguousarray(t.astype(BF16, copy=False))
 
     q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
+    fused = config.family.fused
     embed = take("model.embed_tokens.weight", (vocab, h))
     layers = []
     for i in range(config.num_layers):
@@ -96,12 +97,16 @@ def load_weights(
         layers.append(
             LayerWeights(
                 attn_norm=take(p + "input_layernorm.weight", (h,)),
-                qkv_proj=np.concatenate(
+                qkv_proj=take(attn + "qkv_proj.weight", (sum(q_kv_sizes.values()), h))
+                if fused  # Phi-3's: q, k and v rows in that order, as we pack them
+                else np.concatenate(
                     [take(f"{attn}{x}_proj.weight", (n, h)) for x, n in q_kv_sizes.items()]
                 ),
                 o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
                 mlp_norm=take(p + "post_attention_layernorm.weight", (h,)),
-                gate_up_proj=np.concatenate(
+                gate_up_proj=take(p + "mlp.gate_up_proj.weight", (2 * inter, h))
+                if fused  # gate rows, then up rows, as we pack them
+                else np.concatenate(
                     [
                         take(p + "mlp.gate_proj.weight", (inter, h)),
                         take(p + "mlp.up_proj.weight", (inter, h)),
