@@ -88,7 +88,7 @@ def test_an_embedding_keeps_its_bits_however_it_is_computed(llama) -> None:
     shared = rng.integers(0, 300, 70).tolist()
     prompt = shared + rng.integers(0, 300, 10).tolist()  # 5 full blocks
     fresh = engine(path, enable_reuse=False).embed([prompt])[0]
-    eng = engine(path)
+    eng = engine(path, logits_cache_mb=0)  # no exact repeats: the last token recomputed
     eng.embed([[*shared, 7, 8, 9]])  # caches the shared prefix's blocks
     reused = eng.generate([prompt], EMBED)[0]
     assert reused.cached_tokens == 64
@@ -100,9 +100,16 @@ def test_an_embedding_keeps_its_bits_however_it_is_computed(llama) -> None:
     again = eng.generate([prompt], EMBED)[0]  # every token cached but the last, recomputed
     assert again.cached_tokens == 79
     assert np.array_equal(bits(again.embedding), bits(fresh))
+    stored = engine(path)  # the default: an exact repeat from the stored embedding
+    stored.embed([prompt])
+    repeat = stored.generate([prompt], EMBED)[0]
+    assert repeat.cached_tokens == 80 and stored.scheduler.num_exact_repeats == 1
+    assert np.array_equal(bits(repeat.embedding), bits(fresh))
 
 
-def test_an_exact_repeat_computes_its_last_token_for_an_embedding(llama) -> None:
+def test_an_embedding_is_an_exact_repeat_only_once_stored(llama) -> None:
+    """A prompt's stored logits row alone (from generation) does not serve an embedding;
+    once the embedding is stored beside it, a repeat takes both with no forward step."""
     path, _ = llama
     prompt = np.random.default_rng(6).integers(0, 300, 48).tolist()  # 3 full blocks
     eng = engine(path, logits_cache_mb=8)
@@ -112,8 +119,18 @@ def test_an_exact_repeat_computes_its_last_token_for_an_embedding(llama) -> None
     repeats = eng.scheduler.num_exact_repeats
     assert repeats == 1
     [embedding] = eng.embed([prompt])
-    assert eng.scheduler.num_exact_repeats == repeats  # not served from the stored row
+    assert eng.scheduler.num_exact_repeats == repeats  # no embedding stored: computed
     assert np.array_equal(bits(embedding), bits(engine(path).embed([prompt])[0]))
+    # now it is stored beside the logits row: an exact repeat, no forward step
+    computed = eng.prefill_tokens_computed
+    [again] = eng.embed([prompt])
+    assert eng.scheduler.num_exact_repeats == repeats + 1
+    assert eng.prefill_tokens_computed == computed
+    assert np.array_equal(bits(again), bits(embedding))
+    # another namespace (cache salt) never meets it: computed, the same bits
+    salted = eng.embed([prompt], cache_salt="tenant-b")[0]
+    assert eng.scheduler.num_exact_repeats == repeats + 1
+    assert np.array_equal(bits(salted), bits(embedding))
 
 
 def test_generation_with_embed_gives_both_unchanged(llama) -> None:
@@ -135,7 +152,8 @@ def test_an_embedding_in_a_step_with_decodes_and_drafts(llama) -> None:
     repetitive = rng.integers(4, 250, 19).tolist() * 3  # prompt lookup finds drafts in it
     prompt = rng.integers(0, 300, 25).tolist()
     alone = engine(path).embed([prompt])[0]
-    eng = engine(path, speculative_tokens=4, prompt_lookup_min=1)
+    # no exact repeats: each embedding computed, in the step with the drafts
+    eng = engine(path, speculative_tokens=4, prompt_lookup_min=1, logits_cache_mb=0)
     assert eng.speculator is not None
     eng.add_request(repetitive, SamplingParams(max_tokens=300, temperature=0, ignore_eos=True))
     eng.step()

@@ -67,7 +67,7 @@ def test_vectors_are_the_engines_embeddings_normalized(daemon, reference) -> Non
         assert np.array_equal(
             np.asarray(a.embedding, np.float32), np.asarray(b.embedding, np.float32)
         )
-    # a repeat comes from cached blocks (all but the last token): the same bits
+    # a repeat is an exact repeat (the stored embedding, no forward): the same bits
     again = api.embeddings.create(model="tiny", input=IDS[2], encoding_format="float")
     assert again.data[0].embedding == answer.data[2].embedding
 

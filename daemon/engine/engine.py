@@ -47,7 +47,7 @@ from .checks import (
 from .config import EngineConfig
 from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
-from .logits_cache import LogitsCache
+from .logits_cache import LogitsCache, embedding_key
 from .outputs import completion, new_detokenizer, record_token, step_output
 from .params import Completion, Retention, SamplingParams, StepOutput
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
@@ -397,6 +397,7 @@ class Engine:
             self.kv.register_full_blocks(item.seq)
         for seq, embedding in out.embeddings:
             seq.embedding = embedding
+            self._keep_embedding(seq)
         outputs = []
         for seq, tokens, rows in out.sampled:
             if rows is not None:
@@ -571,6 +572,15 @@ class Engine:
         if seq.num_cached_tokens == len(seq.prompt_token_ids):
             return
         cache.put(self.kv.prompt_key(seq), row)
+
+    def _keep_embedding(self, seq: Sequence) -> None:
+        """Store a computed embedding beside its prompt's logits row (logits_cache.py),
+        so that an exact repeat gets both without a forward step."""
+        if self.logits_cache is None or seq.num_cached_tokens == len(seq.prompt_token_ids):
+            return  # an exact repeat's came from the store
+        key = self.kv.prompt_key(seq)
+        assert seq.embedding is not None
+        self.logits_cache.put(embedding_key(key), seq.embedding)
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -1,5 +1,6 @@
-"""Exact repeats: the last prompt position's logits row, kept so that a prompt seen
-before samples its first token without a forward step.
+"""Exact repeats: the last prompt position's logits row (and, for an embedding request,
+its hidden row: `embedding_key`), kept so that a prompt seen before samples its first
+token, or gets its embedding, without a forward step.
 
 `LogitsCache` is an LRU bounded in bytes mapping a prompt key (`prompt_key`) to the
 fp32 logits row the forward returned for the prompt's last position, as a read-only
@@ -27,12 +28,19 @@ PromptKey = NewType("PromptKey", bytes)
 # A prompt key hashes this tag and a block-style digest of the prompt's tail: the tag
 # keeps it apart from every block key, even when the tail is empty.
 _KEY_TAG = b"reprise/prompt-logits\x00v1\x00"
+_EMBEDDING_TAG = b"reprise/prompt-embedding\x00v1\x00"
 
 
 def prompt_key(tail_digest: BlockHash) -> PromptKey:
     """The key of a prompt whose tail (the tokens after its last full block, possibly
     none) hashes, chained to its full blocks' keys, to `tail_digest`."""
     return PromptKey(sha256(_KEY_TAG + tail_digest))
+
+
+def embedding_key(key: PromptKey) -> PromptKey:
+    """Where the same prompt's embedding (SamplingParams.embed: the final norm's output
+    at its last position) is kept beside its logits row, in the same LRU and bound."""
+    return PromptKey(sha256(_EMBEDDING_TAG + key))
 
 
 class LogitsCache:

@@ -270,7 +270,8 @@ class ModelRunner:
         sampled = out.sampled + self._sample_stored(repeats)
         position = {id(item.seq): idx for idx, item in enumerate(scheduled)}
         sampled.sort(key=lambda result: position[id(result[0])])
-        return RunOutput(sampled, out.prompt_entries, out.embeddings)
+        stored = [(r.seq, r.stored_embedding) for r in repeats if r.stored_embedding is not None]
+        return RunOutput(sampled, out.prompt_entries, out.embeddings + stored)
 
     def _sample_stored(self, repeats: list[ScheduledSeq]) -> list[Sampled]:
         """Exact repeats' first tokens, drawn from their stored rows as `_forward`

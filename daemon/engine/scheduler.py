@@ -32,7 +32,7 @@ import numpy as np
 
 from ...blockpool.copies import BlockCopy
 from .kvmanager import KVCacheManager
-from .logits_cache import LogitsCache
+from .logits_cache import LogitsCache, embedding_key
 from .sequence import SeqStatus, Sequence
 from .speculative import Speculator
 
@@ -47,6 +47,8 @@ class ScheduledSeq:
     # a decode token's draft (speculative.py): computed after it in this step, num_tokens
     # counting them; the step samples at each of their positions
     draft: list[int] = field(default_factory=list)
+    # an exact repeat of an embedding request: its prompt's stored embedding, passed on
+    stored_embedding: np.ndarray | None = None
 
     @property
     def samples(self) -> bool:
@@ -158,7 +160,7 @@ class Scheduler:
                 self.num_prefix_waits += 1
                 idx += 1  # its prefix is being computed: later requests may go first
                 continue
-            stored = self._stored_logits(seq)
+            stored, stored_embedding = self._stored_rows(seq)
             num_cached = self.kv.admit(seq, whole_prompt=stored is not None)
             num_cached = min(num_cached, len(seq.prompt_token_ids))
             num = min(seq.num_pending_tokens, budget)  # 0: an exact repeat
@@ -176,18 +178,26 @@ class Scheduler:
             in_flight.update(self.kv.blocks_in_flight(seq))
             if num == 0:
                 self.num_exact_repeats += 1
-            scheduled.append(ScheduledSeq(seq, num, stored if num == 0 else None))
+            repeat = num == 0
+            scheduled.append(ScheduledSeq(seq, num, stored if repeat else None,
+                                          stored_embedding=stored_embedding if repeat else None))  # fmt: skip
             budget -= num
         return scheduled
 
-    def _stored_logits(self, seq: Sequence) -> np.ndarray | None:
+    def _stored_rows(self, seq: Sequence) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The stored last logits row of a waiting request's prompt, if it has sampled
-        nothing yet and wants no embedding; whether its KV is all still cached is for
-        admission to find out (short of it, the request computes the rest, the last token
-        too)."""
-        if self.logits_cache is None or seq.output_token_ids or seq.params.embed:
-            return None  # an embedding needs its last token's forward
-        return self.logits_cache.get(self.kv.prompt_key(seq))
+        nothing yet, and for an embedding request its stored embedding (both or neither:
+        an embedding not stored needs its last token's forward); whether its KV is all
+        still cached is for admission to find out (short of it, the request computes the
+        rest, the last token too)."""
+        if self.logits_cache is None or seq.output_token_ids:
+            return None, None
+        key = self.kv.prompt_key(seq)
+        if not seq.params.embed:
+            return self.logits_cache.get(key), None
+        embedding = self.logits_cache.get(embedding_key(key))
+        logits = None if embedding is None else self.logits_cache.get(key)
+        return (None, None) if logits is None else (logits, embedding)
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or cancelled) request's blocks."""
