@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_model_reference import make_hf_model
+from test_qwen2 import cupy_kind  # noqa: F401 (a fixture)
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.safetensors_io import load_safetensors
@@ -192,3 +193,43 @@ def test_a_bare_models_checkpoint_gives_the_same_embeddings(qwen3, tmp_path: Pat
     bare, whole = engine(tmp_path).embed(prompts), engine(path).embed(prompts)
     for a, b in zip(bare, whole, strict=True):
         assert np.array_equal(bits(a), bits(b))
+
+
+def test_the_gpu_backend_gives_the_same_embeddings(
+    cupy_kind: str,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    """CupyBackend (the emulated CuPy here; a device under -m gpu): embeddings within 4
+    BF16 ulps of NumPy's (each row's largest), and bit-identical with decode graphs on or
+    off (an embedding's step never replays one), fresh or from cached blocks."""
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.daemon.engine.engine import model_fingerprint
+    from reprise.daemon.model.config import ModelConfig
+    from reprise.daemon.model.llama import LlamaModel
+    from reprise.daemon.model.synth import synth_model
+    from reprise.daemon.model.tokenizer import Tokenizer
+    from reprise.daemon.model.weights import load_weights
+
+    folder = synth_model("tiny-qwen3", tmp_path / "q3", seed=5)  # head_dim 64
+    config = ModelConfig.from_dir(folder)
+    weights = load_weights(folder, config)
+    rng = np.random.default_rng(10)
+    shared = rng.integers(0, 1024, 40).tolist()
+    prompts = [shared + rng.integers(0, 1024, 9).tolist(), rng.integers(0, 1024, 20).tolist()]
+    want = engine(folder).embed(prompts)
+    got = []
+    for graphs in (False, True):
+        eng = Engine(config, Tokenizer.from_dir(folder), LlamaModel(config, weights, CupyBackend()),
+                     block_size=BS, num_device_blocks=16, cuda_graphs=graphs,
+                     model_fingerprint=model_fingerprint(folder))  # fmt: skip
+        eng.embed([[*shared, 1, 2, 3]])  # the shared prefix's blocks, cached
+        done = eng.generate(prompts, [EMBED, EMBED])
+        assert done[0].cached_tokens == 32
+        got.append([d.embedding for d in done])
+    fresh = Engine(config, Tokenizer.from_dir(folder), LlamaModel(config, weights, CupyBackend()),
+                   block_size=BS, num_device_blocks=16, enable_reuse=False,
+                   model_fingerprint=model_fingerprint(folder)).embed(prompts)  # fmt: skip
+    for eager, graphed, alone, ref in zip(*got, fresh, want, strict=True):
+        assert np.array_equal(bits(eager), bits(graphed))
+        assert np.array_equal(bits(eager), bits(alone))
+        assert np.max(np.abs(eager - ref)) / np.max(np.abs(ref)) < 4 * 2.0**-8
