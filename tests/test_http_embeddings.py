@@ -2,7 +2,8 @@
 driven by the `openai` package: each input's vector is the in-process engine's embedding
 (Engine.embed) of the same ids, normalized; base64 and float spell the same float32
 values; `dimensions` cuts before normalizing; repeats (from cached blocks) keep the bits;
-bad bodies get one 400 line naming the parameter; the socket client gets the raw row."""
+bad bodies get one 400 line naming the parameter; the socket client gets the raw row.
+vLLM's /score and /rerank: cosines of those vectors, in the pairs and order they say."""
 
 from __future__ import annotations
 
@@ -125,3 +126,67 @@ def test_the_daemon_keeps_serving_after_refusals(daemon) -> None:
     answer = daemon.openai().embeddings.create(model="tiny", input="still here")
     assert len(answer.data[0].embedding) == 128  # the tiny model's hidden size
     assert "Traceback" not in daemon.read_log()
+
+
+def _unit(vector: list[float]) -> np.ndarray:
+    return np.asarray(vector, dtype=np.float64)
+
+
+def test_score_is_the_cosine_of_the_embeddings(daemon) -> None:
+    """vLLM's /score for an embedding model: one text against each of a list, or two lists
+    pairwise; each score the dot product of the two /v1/embeddings vectors."""
+    texts = ["The capital of France", "Paris is in France", "Bananas are yellow"]
+    api = daemon.openai()
+    vectors = [_unit(d.embedding) for d in api.embeddings.create(model="tiny", input=texts).data]
+    one = httpx.post(f"{daemon.url}/score", json={"model": "tiny", "text_1": texts[0],
+                     "text_2": texts[1:]}, timeout=60).json()  # fmt: skip
+    assert one["object"] == "list" and [d["index"] for d in one["data"]] == [0, 1]
+    for datum, other in zip(one["data"], vectors[1:], strict=True):
+        assert datum["score"] == float(np.dot(vectors[0], other))
+    pairwise = httpx.post(f"{daemon.url}/v1/score", json={"text_1": texts[:2],
+                          "text_2": texts[1:]}, timeout=60).json()  # fmt: skip
+    assert [d["score"] for d in pairwise["data"]] == [
+        float(np.dot(vectors[0], vectors[1])), float(np.dot(vectors[1], vectors[2]))]  # fmt: skip
+    assert abs(httpx.post(f"{daemon.url}/score", json={"text_1": "same", "text_2": "same"},
+                          timeout=60).json()["data"][0]["score"] - 1) < 1e-6  # fmt: skip
+
+
+def test_rerank_orders_the_documents_by_score(daemon) -> None:
+    documents = ["Bananas are yellow", "Paris is in France", "The sky is blue", "Lyon, France"]
+    query = "Where is Paris?"
+    api = daemon.openai()
+    vectors = [_unit(d.embedding)
+               for d in api.embeddings.create(model="tiny", input=[query, *documents]).data]  # fmt: skip
+    scores = [float(np.dot(vectors[0], v)) for v in vectors[1:]]
+    want = sorted(range(4), key=lambda i: (-scores[i], i))
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        answer = httpx.post(f"{daemon.url}{path}", json={"query": query, "documents": documents,
+                            "top_n": 3}, timeout=60).json()  # fmt: skip
+        assert [r["index"] for r in answer["results"]] == want[:3]
+        assert [r["relevance_score"] for r in answer["results"]] == [scores[i] for i in want[:3]]
+        assert [r["document"]["text"] for r in answer["results"]] == [
+            documents[i] for i in want[:3]
+        ]
+    bare = httpx.post(f"{daemon.url}/rerank", json={"query": query, "documents": documents,
+                      "return_documents": False}, timeout=60).json()  # fmt: skip
+    assert len(bare["results"]) == 4 and "document" not in bare["results"][0]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/score", {"text_1": "a"}, "text_2"),
+        ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+        ("/score", {"text_1": "", "text_2": "b"}, "text_1"),
+        ("/score", {"text_1": "a", "text_2": "b", "bogus": 1}, "bogus"),
+        ("/rerank", {"documents": ["a"]}, "query"),
+        ("/rerank", {"query": "q", "documents": []}, "documents"),
+        ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+        ("/rerank", {"query": "q", "documents": [f"d{i}" for i in range(300)]}, None),
+    ],
+)
+def test_bad_score_and_rerank_bodies_get_one_line(daemon, path: str, body: dict, param) -> None:
+    reply = httpx.post(f"{daemon.url}{path}", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["message"] and "\n" not in error["message"]

@@ -14,7 +14,7 @@ its request (Cancel is sent; the daemon frees the request's blocks).
 This module builds the app (`create_app`: the routes, each behind the API key check)
 and serves it (`HttpThread`). The routes are functions of the `Frontend` (the app's
 state, http_frontend.py): http_completions.py (completions and chat completions),
-http_responses.py (the Responses API), http_embeddings.py (embeddings),
+http_responses.py (the Responses API), http_embeddings.py (embeddings, score, rerank),
 http_utility.py (health, version, models, metrics, tokenize, detokenize);
 http_streams.py holds the plumbing between the daemon's streams and the client.
 
@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from .http_completions import chat, completions
 from .http_config import HttpConfig
-from .http_embeddings import embeddings
+from .http_embeddings import embeddings, rerank, score
 from .http_frontend import Frontend
 from .http_responses import responses, stored_response
 from .http_utility import detokenize, health, metrics_route, model, models, tokenize, version
@@ -86,6 +86,11 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
             methods=["GET", "DELETE"],
         ),
         Route("/v1/embeddings", guarded(embeddings), methods=["POST"]),
+        *(Route(path, guarded(score), methods=["POST"]) for path in ("/score", "/v1/score")),
+        *(
+            Route(path, guarded(rerank), methods=["POST"])
+            for path in ("/rerank", "/v1/rerank", "/v2/rerank")
+        ),
         Route("/tokenize", guarded(tokenize), methods=["POST"]),
         Route("/detokenize", guarded(detokenize), methods=["POST"]),
     ]
