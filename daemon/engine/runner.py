@@ -381,7 +381,7 @@ def _embeddings(
 ) -> list[tuple[Sequence, np.ndarray]]:
     """The hidden rows [hidden] fp32 of the sampling sequences at `embedding`: a sequence's
     row is its last (after the rows of the drafts before it, one per drafted token)."""
-    last_rows = np.cumsum([1 + len(item.draft or ()) for item in sampling]) - 1
+    last_rows = np.cumsum([1 + len(item.draft) for item in sampling]) - 1
     rows = ops.to_host(hidden[ops.from_host(last_rows[embedding].astype(np.int32))])
     return [(sampling[i].seq, rows[j].astype(np.float32)) for j, i in enumerate(embedding)]
 

@@ -178,9 +178,10 @@ class Scheduler:
             in_flight.update(self.kv.blocks_in_flight(seq))
             if num == 0:
                 self.num_exact_repeats += 1
-            repeat = num == 0
-            scheduled.append(ScheduledSeq(seq, num, stored if repeat else None,
-                                          stored_embedding=stored_embedding if repeat else None))  # fmt: skip
+            if num == 0:  # an exact repeat: the stored rows stand in for its forward
+                scheduled.append(ScheduledSeq(seq, 0, stored, stored_embedding=stored_embedding))
+            else:
+                scheduled.append(ScheduledSeq(seq, num))
             budget -= num
         return scheduled
 

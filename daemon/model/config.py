@@ -105,12 +105,14 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         family = family_of(raw)
         family.check(raw)
-        window = family.window(raw)
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
         try:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+            window, context = family.window(raw), int(raw.get("max_position_embeddings", 2048))
+            # up to its window a sliding window never binds: the context stops there
+            capped = window if window is not None and window < context else None
             eos = raw.get("eos_token_id")
             return cls(
                 hidden_size=hidden,
@@ -120,10 +122,7 @@ class ModelConfig:
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=int(raw.get("head_dim") or hidden // heads),
                 vocab_size=int(raw["vocab_size"]),
-                # up to its window a sliding window never binds: the context stops there
-                max_position_embeddings=min(
-                    int(raw.get("max_position_embeddings", 2048)), window or 1 << 62
-                ),
+                max_position_embeddings=context if capped is None else capped,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(_rope_params(raw).get("rope_theta", 10000.0)),
                 rope_scaling=_rope_scaling(raw),
@@ -132,9 +131,7 @@ class ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
                 architecture=family.architecture,
-                sliding_window=window
-                if window is not None and window < int(raw.get("max_position_embeddings", 2048))
-                else None,
+                sliding_window=capped,
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None

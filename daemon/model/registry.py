@@ -8,8 +8,9 @@ a config whose options the forward does not implement. A sliding window shorter 
 context caps the context at the window (config.py): up to there it never binds, so the
 forward's full attention is exact, and past it the kernels would be wrong.
 `ModelConfig.from_dict` looks the family up first, so an unknown architecture is refused
-in one line that names it and the supported ones, before any weight is read. Every family runs through the one forward (llama.py) and
-reads the same tensor names (weights.py); its options say which extra tensors exist.
+in one line that names it and the supported ones, before any weight is read. Every
+family runs through the one forward (llama.py) and reads the same tensor names
+(weights.py); its options say which extra tensors exist.
 
 Adding a family: an entry in FAMILIES, its options as ModelConfig fields, their
 tensors in weights.py and synth.py, and a test against transformers' own class.

@@ -179,7 +179,8 @@ def _advance(
         by_ids = finish_reason if last else None  # the engine's end
         stop = active_stops(state.stop, state.num_tokens + 1, state.min_tokens)
         step = extend_text(state.text, state.detok, token, stop, by_ids,
-                           include_stop=state.include_stop, stop_token=last and stop_token)  # fmt: skip
+                           include_stop=state.include_stop,
+                           stop_token=last and stop_token)  # fmt: skip
         state.text = step.text
         state.num_tokens += 1
         if step.finish_reason is not None:

@@ -28,7 +28,7 @@ from ...ipc.messages import Done
 from .openai_api import ParsedRequest, object_body
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
-from .openai_prompts import is_token_ids
+from .openai_prompts import prompt_batch
 
 MAX_INPUTS = 2048  # OpenAI's; the server's max_queue bounds it further
 KNOWN = {"input", "model", "encoding_format", "dimensions", "user", "truncate_prompt_tokens",
@@ -45,14 +45,12 @@ class EmbeddingFormat:
 
 
 def parse_embeddings(body: object, max_inputs: int) -> tuple[ParsedRequest, EmbeddingFormat]:
-    """The requests of an /v1/embeddings body (one a input, greedy, one token) and the
+    """The requests of an /v1/embeddings body (one an input, greedy, one token) and the
     answer's format; at most min(`max_inputs`, MAX_INPUTS) inputs."""
-    body = object_body(body)
-    for key in body:
-        if key not in KNOWN:
-            raise ApiError(400, f"unsupported parameter: {key}", param=key,
-                           code="unsupported_parameter")  # fmt: skip
-    inputs = _inputs(body.get("input"), min(max_inputs, MAX_INPUTS))
+    body = known_only(object_body(body), KNOWN)
+    inputs = prompt_batch(body.get("input"), "input", min(max_inputs, MAX_INPUTS))
+    if any(v == "" for v in inputs):  # OpenAI's rule: an empty string has no embedding
+        raise bad("input", "must not hold an empty string")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad("encoding_format", "must be 'float' or 'base64'")
@@ -62,17 +60,32 @@ def parse_embeddings(body: object, max_inputs: int) -> tuple[ParsedRequest, Embe
     normalize = body.get("normalize", True)
     if not _is(normalize, bool):
         raise bad("normalize", "must be a boolean")
+    parsed = embedding_requests(body, inputs)
+    return parsed, EmbeddingFormat(encoding == "base64", dimensions, normalize)
+
+
+def known_only(body: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """`body`, once every key is one of `known` and `user` a string; else ApiError (400)."""
+    for key in body:
+        if key not in known:
+            raise ApiError(400, f"unsupported parameter: {key}", param=key,
+                           code="unsupported_parameter")  # fmt: skip
     if body.get("user") is not None and not _is(body["user"], str):
         raise bad("user", "must be a string")
+    return body
+
+
+def embedding_requests(body: dict[str, Any], inputs: list[Any]) -> ParsedRequest:
+    """One embedding request an input (greedy, one token, `embed`), with the body's
+    `truncate_prompt_tokens`, `add_special_tokens`, `cache_salt` and vLLM's `priority`."""
     options: dict[str, Any] = {"max_tokens": 1, "temperature": 0, "embed": True}
     for name in ("truncate_prompt_tokens", "add_special_tokens", "cache_salt"):
         if name in body:
             options[name] = body[name]
     if "priority" in body:  # vLLM's: orders the queue (lower first)
         options["queue_priority"] = body["priority"]
-    parsed = ParsedRequest("embeddings", body.get("model"), inputs[0], options,
-                           user=body.get("user"), batch=inputs)  # fmt: skip
-    return parsed, EmbeddingFormat(encoding == "base64", dimensions, normalize)
+    return ParsedRequest("embeddings", body.get("model"), inputs[0], options,
+                         user=body.get("user"), batch=list(inputs))  # fmt: skip
 
 
 def embeddings_answer(dones: list[Done], model: str, fmt: EmbeddingFormat) -> dict[str, Any]:
@@ -105,26 +118,3 @@ def shaped(row: np.ndarray, fmt: EmbeddingFormat) -> np.ndarray:
     wide = row.astype(np.float64)
     norm = float(np.sqrt(np.dot(wide, wide)))
     return (wide / max(norm, 1e-12)).astype(np.float32)
-
-
-def _inputs(value: object, most: int) -> list[str | list[int]]:
-    """OpenAI's `input`: a string, a list of token ids, or a list of either (1 to `most`);
-    no string may be empty (OpenAI's rule: it has no embedding)."""
-    if value is None:
-        raise bad("input", "is required")
-    if isinstance(value, str) or is_token_ids(value):
-        inputs: list[Any] = [value]
-    elif (
-        isinstance(value, list)
-        and value
-        and all(isinstance(v, str) or is_token_ids(v) for v in value)
-    ):
-        inputs = value
-    else:
-        raise bad("input", "must be a string, a list of token ids, or a list of either")
-    if len(inputs) > most:
-        raise bad("input", f"holds {len(inputs)} inputs; at most {most} a request (each runs "
-                  "as a request: MAX_INPUTS, and the server's --max-queue)")  # fmt: skip
-    if any(v == "" for v in inputs):
-        raise bad("input", "must not hold an empty string")
-    return inputs

@@ -30,20 +30,23 @@ def one_prompt(prompt: object) -> str | list[int]:
     return batch[0]
 
 
-def prompt_batch(prompt: object) -> list[str | list[int]]:
-    """OpenAI's `prompt`: a string, a list of token ids, or a batch (a list of either)."""
+def prompt_batch(
+    prompt: object, param: str = "prompt", most: int = MAX_BATCH
+) -> list[str | list[int]]:
+    """OpenAI's `prompt` (or /v1/embeddings' `input`, named by `param`): a string, a list
+    of token ids, or a batch (a list of 1 to `most` of either)."""
     if prompt is None:
-        raise bad("prompt", "is required")
+        raise bad(param, "is required")
     if isinstance(prompt, str) or is_token_ids(prompt):
         return [prompt]  # type: ignore[list-item]
     if (
         isinstance(prompt, list)
-        and 1 <= len(prompt) <= MAX_BATCH
+        and 1 <= len(prompt) <= most
         and all(isinstance(p, str) or is_token_ids(p) for p in prompt)
     ):
         return prompt
-    raise bad("prompt", "must be a string, a list of token ids, or a batch of 1 to "
-              f"{MAX_BATCH} of either")  # fmt: skip
+    raise bad(param, "must be a string, a list of token ids, or a batch of 1 to "
+              f"{most} of either")  # fmt: skip
 
 
 def is_token_ids(value: object) -> bool:

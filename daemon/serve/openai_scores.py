@@ -23,21 +23,28 @@ import numpy as np
 from ...ipc.codec import logits_from_wire
 from ...ipc.messages import Done
 from .openai_api import ParsedRequest, object_body
-from .openai_embeddings import MAX_INPUTS, EmbeddingFormat, shaped
+from .openai_embeddings import (
+    MAX_INPUTS,
+    EmbeddingFormat,
+    embedding_requests,
+    known_only,
+    shaped,
+)
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
 
 UNIT = EmbeddingFormat(base64=False, dimensions=None, normalize=True)
 KNOWN_SCORE = {"model", "text_1", "text_2", "user", "truncate_prompt_tokens", "priority",
-               "cache_salt"}  # fmt: skip
+               "cache_salt", "add_special_tokens"}  # fmt: skip
 KNOWN_RERANK = {"model", "query", "documents", "top_n", "return_documents", "user",
-                "truncate_prompt_tokens", "priority", "cache_salt"}  # fmt: skip
+                "truncate_prompt_tokens", "priority", "cache_salt",
+                "add_special_tokens"}  # fmt: skip
 
 
 def parse_score(body: object, max_inputs: int) -> tuple[ParsedRequest, list[tuple[int, int]]]:
     """The embedding requests of a /score body (its distinct texts) and the pairs scored,
     as indices into them."""
-    body = _known(object_body(body), KNOWN_SCORE)
+    body = known_only(object_body(body), KNOWN_SCORE)
     first, second = _texts(body, "text_1"), _texts(body, "text_2")
     if len(first) == 1:
         first = first * len(second)
@@ -53,7 +60,7 @@ def parse_score(body: object, max_inputs: int) -> tuple[ParsedRequest, list[tupl
 def parse_rerank(body: object, max_inputs: int) -> tuple[ParsedRequest, int, bool]:
     """The embedding requests of a /rerank body (the query, then its distinct documents),
     how many results to give (top_n, default all) and whether they carry the documents."""
-    body = _known(object_body(body), KNOWN_RERANK)
+    body = known_only(object_body(body), KNOWN_RERANK)
     query = body.get("query")
     if not isinstance(query, str) or not query:
         raise bad("query", "must be a non-empty string")
@@ -95,16 +102,6 @@ def rerank_answer(
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
 
 
-def _known(body: dict[str, Any], known: set[str]) -> dict[str, Any]:
-    for key in body:
-        if key not in known:
-            raise ApiError(400, f"unsupported parameter: {key}", param=key,
-                           code="unsupported_parameter")  # fmt: skip
-    if body.get("user") is not None and not _is(body["user"], str):
-        raise bad("user", "must be a string")
-    return body
-
-
 def _texts(body: dict[str, Any], name: str) -> list[str]:
     value = body.get(name)
     texts = [value] if isinstance(value, str) else value
@@ -118,14 +115,7 @@ def _requests(body: dict[str, Any], texts: list[str], max_inputs: int) -> Parsed
     if len(texts) > most:
         raise ApiError(400, f"{len(texts)} distinct texts; at most {most} a request (each "
                        "runs as a request: the server's --max-queue)")  # fmt: skip
-    options: dict[str, Any] = {"max_tokens": 1, "temperature": 0, "embed": True}
-    for name in ("truncate_prompt_tokens", "cache_salt"):
-        if name in body:
-            options[name] = body[name]
-    if "priority" in body:
-        options["queue_priority"] = body["priority"]
-    return ParsedRequest("embeddings", body.get("model"), texts[0], options,
-                         user=body.get("user"), batch=list(texts))  # fmt: skip
+    return embedding_requests(body, texts)
 
 
 def _unit_vectors(dones: list[Done]) -> list[np.ndarray]:

@@ -94,9 +94,9 @@ class SamplingParams:
     `embed` (False) also returns the prompt's embedding (Completion.embedding): the final
     norm's output at its last token, fp32 [hidden], not normalized (last-token pooling,
     as Qwen3-Embedding, E5-Mistral and GTE-Qwen2 pool; the OpenAI API's /v1/embeddings
-    normalizes it). That token runs in the request's own forward, never from a stored
-    logits row, so an exact repeat computes it too, and with its prefix cached or not the
-    bits are the same.
+    normalizes it). With its prefix cached or not the bits are the same; an exact repeat
+    takes it from the logits cache, where it is kept beside the prompt's logits row, and a
+    prompt whose logits row alone is stored (from a generation) computes its last token.
     """
 
     max_tokens: int = 16
