@@ -225,7 +225,9 @@ def test_weights_equal_transformers_dequantized(converted: Any) -> None:
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [f"{_CLASSES[arch]}ForCausalLM"]
     assert config["tie_word_embeddings"] == reference.config.tie_word_embeddings
-    assert config["head_dim"] == getattr(reference.config, "head_dim", None) or 16
+    heads = reference.config.num_attention_heads
+    want = getattr(reference.config, "head_dim", None) or reference.config.hidden_size // heads
+    assert config["head_dim"] == want
 
 
 def test_logits_match_transformers(converted: Any) -> None:
