@@ -110,6 +110,8 @@ _LAYER = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3's fused projections
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -132,7 +134,7 @@ def _gguf_name(hf_name: str) -> str:
 
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)  # fmt: skip
-_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}
 
 
 def hf_source(arch: str, seed: int, **overrides: Any) -> Any:
@@ -140,9 +142,10 @@ def hf_source(arch: str, seed: int, **overrides: Any) -> Any:
     init (as test_model_reference's are) and made BF16-exact."""
     torch.manual_seed(seed)
     prefix = _CLASSES[arch]
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # Phi3Config's are 32,000
     config = getattr(transformers, f"{prefix}Config")(
         **{**_SHAPE, "vocab_size": len(TOKENS), "rope_theta": 1e6 if arch != "llama" else 1e4,
-           **overrides}
+           **(ids if arch == "phi3" else {}), **overrides}
     )  # fmt: skip
     model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     with torch.no_grad():  # as test_qwen2 widens them: biases as large as trained ones
@@ -154,8 +157,17 @@ def hf_source(arch: str, seed: int, **overrides: Any) -> Any:
     return model.to(torch.bfloat16).to(torch.float32).eval()
 
 
-def gguf_of(path: Path, arch: str, model: Any, pre: str, **kv_changes: Any) -> Path:
-    """`model` written as llama.cpp's converter writes `arch`."""
+def gguf_of(
+    path: Path,
+    arch: str,
+    model: Any,
+    pre: str,
+    tokenizer: dict[str, Any] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+    **kv_changes: Any,
+) -> Path:
+    """`model` written as llama.cpp's converter writes `arch`, with the byte-level vocabulary
+    trained here split by `pre`, or the `tokenizer` keys given."""
     config = model.config
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
@@ -167,6 +179,7 @@ def gguf_of(path: Path, arch: str, model: Any, pre: str, **kv_changes: Any) -> P
         elif arch == "llama" and name.endswith("k_proj.weight"):
             value = llama_cpp_permute(value, config.num_key_value_heads)
         tensors[_gguf_name(name)] = value
+    tensors |= extra or {}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = {
         f"{arch}.block_count": config.num_hidden_layers,
@@ -179,7 +192,7 @@ def gguf_of(path: Path, arch: str, model: Any, pre: str, **kv_changes: Any) -> P
         f"{arch}.attention.value_length": head_dim,
         f"{arch}.rope.freq_base": float(config.rope_parameters["rope_theta"]),
         f"{arch}.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
-        **_tokenizer_kv(pre),
+        **(_tokenizer_kv(pre) if tokenizer is None else tokenizer),
         **kv_changes,
     }
     return write_gguf(path, arch, kv, tensors)
@@ -191,8 +204,9 @@ CASES = [
     ("qwen2", "qwen2", {"tie_word_embeddings": True}),
     ("qwen2", "qwen2", {"tie_word_embeddings": False}),
     ("qwen3", "qwen2", {"tie_word_embeddings": True, "head_dim": 128}),
+    ("phi3", "llama-bpe", {"tie_word_embeddings": False}),
 ]
-IDS = ["llama", "llama-tied", "qwen2-tied", "qwen2", "qwen3"]
+IDS = ["llama", "llama-tied", "qwen2-tied", "qwen2", "qwen3", "phi3"]
 
 
 @pytest.fixture(scope="module", params=range(len(CASES)), ids=IDS)
@@ -382,6 +396,8 @@ def _plain(tensor: Any) -> np.ndarray:
         ("qwen2", {"qwen2.attention.key_length": 32, "qwen2.attention.value_length": 32},
          "is not the hidden size 64"),
         ("qwen3", {"qwen3.rope.dimension_count": 8}, "rope dimension 8"),
+        ("phi3", {"extra": {"rope_factors_long.weight": np.ones(8, np.float32)}},
+         "LongRoPE (rope_factors_long.weight, rope_factors_short.weight; Phi-3's 128k"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_converted_is_refused(
@@ -392,6 +408,20 @@ def test_what_cannot_be_converted_is_refused(
     with pytest.raises(ValueError, match=re.escape(message)):
         convert_gguf(source, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_phi3_files_sliding_window_caps_the_context(tmp_path: Path) -> None:
+    """Phi-3-mini-4k's window (2,047 of 4,096) is in its GGUF: the folder says so, and the
+    engine's context stops at the window, as for the Hugging Face checkpoint (test_phi3)."""
+    from reprise.daemon.model.config import ModelConfig
+
+    model = hf_source("phi3", 4, num_hidden_layers=1)
+    source = gguf_of(tmp_path / "p.gguf", "phi3", model, "llama-bpe",
+                     **{"phi3.attention.sliding_window": 100})  # fmt: skip
+    convert_gguf(source, tmp_path / "out", progress=False)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["sliding_window"] == 100
+    config = ModelConfig.from_dir(tmp_path / "out")
+    assert config.max_position_embeddings == 100 and config.sliding_window == 100
 
 
 def test_prepare_gguf_converts_once_and_again_when_the_file_changes(

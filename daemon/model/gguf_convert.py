@@ -1,8 +1,9 @@
-"""Convert a GGUF file of a Llama, Qwen2 or Qwen3 model into a Hugging Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3 or Phi-3 model into a Hugging Face model
+folder.
 
-`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2` or `qwen3`
-and writes `config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
-`tokenizer_config.json` and `README.md`. It guarantees:
+`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3` or
+`phi3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
+`tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
@@ -12,10 +13,11 @@ and writes `config.json`, `generation_config.json`, `model.safetensors`, `tokeni
   family's);
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
   `llama3` rope_scaling that gives the same factors, checked against every one;
-- the tokenizer is gguf_tokenizer's (llama.cpp's splitting, every token id kept);
+- the tokenizer is gguf_tokenizer's (byte-level or SentencePiece BPE as llama.cpp
+  tokenizes, every token id kept);
 - anything it cannot convert faithfully (another architecture, tokenizer model or
-  pre-tokenizer, partial rotary, a rope scaling the forward lacks) raises `ValueError`
-  naming the offending value, before anything is written.
+  pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE)
+  raises `ValueError` naming the offending value, before anything is written.
 """
 
 from __future__ import annotations
@@ -84,7 +86,23 @@ _FAMILIES = {
         },
         permuted_qk=False,
     ),
+    # Phi-3: q, k and v in one matrix, gate and up in one (gate rows first), stored as the
+    # Hugging Face checkpoint fuses them; llama.cpp permutes neither (NeoX rotary)
+    "phi3": _Family(
+        "Phi3ForCausalLM",
+        {
+            "attn_norm.weight": "input_layernorm.weight",
+            "attn_qkv.weight": "self_attn.qkv_proj.weight",
+            "attn_output.weight": "self_attn.o_proj.weight",
+            "ffn_norm.weight": "post_attention_layernorm.weight",
+            "ffn_up.weight": "mlp.gate_up_proj.weight",
+            "ffn_down.weight": "mlp.down_proj.weight",
+        },
+        permuted_qk=False,
+    ),
 }
+# Phi-3's LongRoPE (the 128k models): per-frequency factors the forward lacks
+_LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
@@ -108,6 +126,11 @@ def convert_gguf(
         )
     family = _FAMILIES[arch]
     tensors = {t.name: t for t in reader.tensors}
+    if any(name in tensors for name in _LONGROPE):
+        raise ValueError(
+            f"{gguf_path}: LongRoPE ({', '.join(_LONGROPE)}; Phi-3's 128k models) is not "
+            "supported; the 4k models are"
+        )
     rope_freqs = tensors.pop(_ROPE_FREQS, None)
     config = hf_config(meta, set(tensors), None if rope_freqs is None else _dequantized(rope_freqs))
     tokenizer = build_tokenizer(meta)
@@ -216,6 +239,9 @@ def hf_config(
     }
     if arch == "llama":
         config |= {"attention_bias": False, "mlp_bias": False}
+    elif arch == "phi3":  # every layer's window, if the file has one
+        window = meta.get(key("attention.sliding_window"))
+        config |= {"sliding_window": None if window is None else int(window)}
     else:  # Qwen: every layer attends to the whole prefix
         config |= {"use_sliding_window": False, "sliding_window": None,
                    "max_window_layers": num_layers}  # fmt: skip

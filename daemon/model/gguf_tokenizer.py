@@ -1,12 +1,20 @@
 """The tokenizer a GGUF file's metadata describes, as a Hugging Face `tokenizers.Tokenizer`.
 
-A GGUF has no tokenizer.json: it stores the vocabulary, the merges, each token's type and a
-pre-tokenizer's name (`tokenizer.ggml.pre`) whose splitting rules are compiled into
-llama.cpp. `build_tokenizer` guarantees:
+A GGUF has no tokenizer.json: it stores the vocabulary, each token's type, and either the
+merges and a pre-tokenizer's name (`tokenizer.ggml.pre`) whose splitting rules are compiled
+into llama.cpp, or each token's score. `build_tokenizer` guarantees:
 
-- byte-level BPE (`tokenizer.ggml.model` "gpt2") only; every GGUF token id is kept;
-- text is split the way llama.cpp splits it for the named pre-tokenizer (its regexes, the
-  ones llama.cpp runs: `llama-vocab.cpp`), or the name is refused in one line;
+- every GGUF token id is kept;
+- `tokenizer.ggml.model` "gpt2" (byte-level BPE: Llama 3, Qwen, SmolLM): text is split the
+  way llama.cpp splits it for the named pre-tokenizer (its regexes, the ones llama.cpp runs:
+  `llama-vocab.cpp`), or the name is refused in one line;
+- `tokenizer.ggml.model` "llama" (SentencePiece BPE: Llama 2, Mistral, TinyLlama): spaces
+  become "▁", one is put before the text and after each special token where
+  `tokenizer.ggml.add_space_prefix` asks (llama.cpp's default), and adjacent pieces merge
+  highest score first, as llama.cpp's and SentencePiece's own tokenizers merge them; a
+  character outside the vocabulary becomes its UTF-8 bytes' `<0xXX>` tokens. The merges are
+  every split of a piece into two pieces, ranked by the whole piece's score, so a merge
+  happens exactly where the concatenation is in the vocabulary;
 - control tokens are special and user-defined ones (`<think>`) are matched whole, as
   llama.cpp matches both;
 - BOS / EOS are added where `tokenizer.ggml.add_{bos,eos}_token` ask for them.
@@ -16,9 +24,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
-_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp's token types
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4  # llama.cpp's token types
+_SPACE = "\u2581"  # SentencePiece's space, "▁"
 
 # llama.cpp's BPE pre-tokenizer regexes (llama-vocab.cpp), applied one after another.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -45,32 +63,88 @@ def supported_pre_tokenizers() -> tuple[str, ...]:
     return ("smollm", "gpt-2", *_SPLITS)
 
 
+def supported_tokenizer_models() -> tuple[str, ...]:
+    return ("gpt2", "llama")
+
+
 def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """A byte-level BPE `Tokenizer` equivalent to llama.cpp's for this GGUF's vocabulary."""
+    """A `Tokenizer` equivalent to llama.cpp's for this GGUF's vocabulary."""
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in supported_tokenizer_models():
         raise ValueError(
-            f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported"
+            f"tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) and "
+            "'llama' (SentencePiece BPE)"
         )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     token_types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(token_types) != len(tokens):
         raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
+    vocab: dict[str, int] = {}
+    for token_id, token in enumerate(tokens):
+        vocab.setdefault(token, token_id)  # on duplicates the first id wins, as in llama.cpp
+    if model == "gpt2":
+        tokenizer = _byte_level(meta, vocab)
+    else:
+        tokenizer = _sentencepiece(meta, vocab, token_types)
+    typed = list(zip(tokens, token_types, strict=True))
+    tokenizer.add_special_tokens([_added(t, True) for t, kind in typed if kind == _TOKEN_CONTROL])
+    tokenizer.add_tokens([_added(t, False) for t, kind in typed if kind == _TOKEN_USER_DEFINED])
+    tokenizer.post_processor = _post_processor(meta, byte_level=model == "gpt2")
+    return tokenizer
+
+
+def _byte_level(meta: dict[str, Any], vocab: dict[str, int]) -> Tokenizer:
     merges = [tuple(merge.split(" ")) for merge in meta.get("tokenizer.ggml.merges", [])]
     if any(len(merge) != 2 for merge in merges):
         raise ValueError(
             "tokenizer.ggml.merges holds an entry that is not two space-separated tokens"
         )
-    vocab: dict[str, int] = {}
-    for token_id, token in enumerate(tokens):
-        vocab.setdefault(token, token_id)  # on duplicates the first id wins, as in llama.cpp
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
     tokenizer.decoder = decoders.ByteLevel()
-    typed = list(zip(tokens, token_types, strict=True))
-    tokenizer.add_special_tokens([_added(t, True) for t, kind in typed if kind == _TOKEN_CONTROL])
-    tokenizer.add_tokens([_added(t, False) for t, kind in typed if kind == _TOKEN_USER_DEFINED])
-    tokenizer.post_processor = _post_processor(meta)
+    return tokenizer
+
+
+def _sentencepiece(
+    meta: dict[str, Any], vocab: dict[str, int], token_types: list[int]
+) -> Tokenizer:
+    """llama.cpp's SPM tokenizer as a BPE model with byte fallback: the merges rank each
+    pair of pieces by the score of the piece they make (highest first, ties by that
+    piece's id, then its halves'). Only normal and user-defined pieces merge or are made
+    (SentencePiece's own rule; llama.cpp's vocabularies never make another kind)."""
+    scores = meta.get("tokenizer.ggml.scores")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    if scores is None or len(scores) != len(tokens):
+        raise ValueError(
+            "tokenizer.ggml.scores must give every token's score for a SentencePiece "
+            f"('llama') vocabulary; got {'none' if scores is None else len(scores)} "
+            f"for {len(tokens)} tokens"
+        )
+    pieces = {
+        token: token_id
+        for token, token_id in vocab.items()
+        if token_types[token_id] in (_TOKEN_NORMAL, _TOKEN_USER_DEFINED)
+    }
+    ranked = []
+    for piece, piece_id in pieces.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in pieces and right in pieces:
+                ranked.append((-scores[piece_id], piece_id, pieces[left], pieces[right]))
+    ranked.sort()
+    merges = [(tokens[left], tokens[right]) for _, _, left, right in ranked]
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = None if unk_id is None else tokens[unk_id]
+    tokenizer = Tokenizer(
+        models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    spaces = normalizers.Replace(" ", _SPACE)
+    tokenizer.normalizer = (
+        normalizers.Sequence([normalizers.Prepend(_SPACE), spaces]) if prefix else spaces
+    )
+    steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tokenizer.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
     return tokenizer
 
 
@@ -128,24 +202,26 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     )
 
 
-def _post_processor(meta: dict[str, Any]) -> processors.PostProcessor:
-    """ByteLevel offsets, plus BOS / EOS where `tokenizer.ggml.add_{bos,eos}_token` ask for them."""
+def _post_processor(meta: dict[str, Any], byte_level: bool) -> processors.PostProcessor:
+    """BOS / EOS where `tokenizer.ggml.add_{bos,eos}_token` ask for them, after ByteLevel's
+    offsets for a byte-level vocabulary."""
     added: dict[str, tuple[str, int]] = {}
     for what in ("bos", "eos"):
         token_id = meta.get(f"tokenizer.ggml.{what}_token_id")
         if meta.get(f"tokenizer.ggml.add_{what}_token") and token_id is not None:
             added[what] = (meta["tokenizer.ggml.tokens"][token_id], token_id)
-    byte_level = processors.ByteLevel(trim_offsets=False)
-    if not added:
-        return byte_level
-    bos = [added["bos"][0]] if "bos" in added else []
-    eos = [added["eos"][0]] if "eos" in added else []
-    template = processors.TemplateProcessing(
-        single=[*bos, "$A", *eos],
-        pair=[*bos, "$A", *eos, *bos, "$B:1", *eos],
-        special_tokens=list(added.values()),
-    )
-    return processors.Sequence([byte_level, template])
+    steps = [processors.ByteLevel(trim_offsets=False)] if byte_level else []
+    if added:
+        bos = [added["bos"][0]] if "bos" in added else []
+        eos = [added["eos"][0]] if "eos" in added else []
+        steps.append(
+            processors.TemplateProcessing(
+                single=[*bos, "$A", *eos],
+                pair=[*bos, "$A", *eos, *bos, "$B:1", *eos],
+                special_tokens=list(added.values()),
+            )
+        )
+    return steps[0] if len(steps) == 1 else processors.Sequence(steps)
 
 
 def _added(content: str, special: bool) -> AddedToken:
