@@ -164,6 +164,7 @@ def gguf_of(
     pre: str,
     tokenizer: dict[str, Any] | None = None,
     extra: dict[str, np.ndarray] | None = None,
+    quantized: bool = True,
     **kv_changes: Any,
 ) -> Path:
     """`model` written as llama.cpp's converter writes `arch`, with the byte-level vocabulary
@@ -195,7 +196,7 @@ def gguf_of(
         **(_tokenizer_kv(pre) if tokenizer is None else tokenizer),
         **kv_changes,
     }
-    return write_gguf(path, arch, kv, tensors)
+    return write_gguf(path, arch, kv, tensors, quantized=quantized)
 
 
 CASES = [
@@ -275,6 +276,56 @@ def test_the_pre_tokenizers_split_differently() -> None:
            for pre in ("llama-bpe", "qwen2", "gpt-2")}  # fmt: skip
     assert ids["llama-bpe"] != ids["qwen2"] and ids["llama-bpe"] != ids["gpt-2"]
     assert ids["qwen2"] != ids["gpt-2"]
+
+
+# Tiktoken's pattern as Mistral NeMo's tokenizer.json spells it (tekken), and llama.cpp's
+# ASCII stand-in for its Unicode cases, written out independently of gguf_tokenizer.py.
+_TIKTOKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA_CPP_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|"
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CASED = ["ΑθήναΠόλη МоскваГород HTTPServer iPhone don't WE'VE x/\n/y", "ǅemal ÀÉÎõü ΣΊΣΥΦΟΣ"]
+
+
+def test_tekken_splits_as_the_models_tokenizer_does() -> None:
+    """Mistral NeMo's and Ministral's pre-tokenizer: each piece is one of tiktoken's pattern's
+    matches (the `regex` module's, which knows Unicode cases), byte-level mapped. Decided:
+    the model's own pattern, not llama.cpp's stand-in, which splits Greek and Cyrillic
+    words differently (checked here, so the texts can tell them apart)."""
+    regex = pytest.importorskip("regex")
+    tokenizer = build_tokenizer(_tokenizer_kv("tekken"))
+    to_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    for text in TEXTS + CASED:
+        pieces = [p for p, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        want = [to_bytes.pre_tokenize_str(m)[0][0] for m in regex.findall(_TIKTOKEN_PATTERN, text)]
+        assert pieces == want, text
+        assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
+    ours = regex.findall(_TIKTOKEN_PATTERN, CASED[0])
+    assert [m.group(0) for m in regex.finditer(_LLAMA_CPP_TEKKEN, CASED[0])] != ours
+
+
+def test_a_mistral_nemo_shape_converts(tmp_path: Path) -> None:
+    """A Llama-architecture file whose key length is not hidden / heads (Mistral NeMo's 128
+    of 5,120 / 32) with tekken's vocabulary: the weights (written unquantized) come back
+    bit for bit and the logits are the source model's. transformers' GGUF reader drops
+    the key length, so the source model is the reference here."""
+    model = hf_source("llama", 6, head_dim=32, num_hidden_layers=2)
+    source = gguf_of(tmp_path / "nemo.gguf", "llama", model, "tekken", quantized=False)
+    convert_gguf(source, tmp_path / "out", progress=False)
+    ours = load_safetensors(tmp_path / "out" / "model.safetensors")
+    for name, value in model.state_dict().items():
+        expected = value.detach().numpy().astype(ml_dtypes.bfloat16)
+        assert np.array_equal(_bits(ours[name]), _bits(expected)), name
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["head_dim"] == 32
+    prompt = np.random.default_rng(9).integers(0, len(TOKENS), 40)
+    theirs = hf_logits(model, prompt)
+    assert rel_l2_rows(run_ours(tmp_path / "out", prompt, [40]), theirs).max() < 2e-2
 
 
 # --- Llama 3's rope frequencies ---------------------------------------------------------------
@@ -390,7 +441,7 @@ def _plain(tensor: Any) -> np.ndarray:
 @pytest.mark.parametrize(
     ("arch", "changes", "message"),
     [
-        ("qwen2", {"tokenizer.ggml.pre": "tekken"}, "tokenizer.ggml.pre is 'tekken'"),
+        ("qwen2", {"tokenizer.ggml.pre": "refact"}, "tokenizer.ggml.pre is 'refact'"),
         ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0},
          "qwen2.rope.scaling.type is 'yarn'"),
         ("qwen2", {"qwen2.attention.key_length": 32, "qwen2.attention.value_length": 32},

@@ -48,6 +48,15 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT4_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _LLAMA3_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}" + _GPT4_TAIL
 _QWEN2_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}" + _GPT4_TAIL
+# Tekken's (Mistral NeMo, Ministral; tiktoken's pattern, as the models' tokenizer.json has it):
+# a run of letters splits where lower case follows upper, by Unicode case; no contractions.
+# llama.cpp spells the cases as "not a-z" / "not A-Z" (its engine lacks \p{Lu}), which
+# splits other scripts' cased letters differently; the models were trained on this one.
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # tokenizer.ggml.pre -> the regexes llama.cpp splits with, in order (the GPT-2 byte mapping
 # follows them); the names are those llama.cpp's converter writes.
@@ -56,6 +65,7 @@ _SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"),
                     (_LLAMA3_SPLIT,)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), (_QWEN2_SPLIT,)),
+    "tekken": (_TEKKEN_SPLIT,),
 }  # fmt: skip
 
 
