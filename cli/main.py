@@ -292,6 +292,8 @@ def run_cmd(
         elapsed = time.perf_counter() - start
     except ValueError as e:
         raise click.ClickException(" ".join(str(e).split())) from e
+    if completion.error is not None:  # no token could come next: as the daemon, an error
+        raise click.ClickException(completion.error)
     generated = len(completion.token_ids)
     if as_json:
         click.echo(

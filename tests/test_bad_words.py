@@ -183,16 +183,21 @@ def test_tokens_are_drawn_from_rows_without_the_banned_tokens(tiny: Path, params
         assert np.array_equal(again.logits.view(np.uint32), out.logits.view(np.uint32))
 
 
-def test_a_row_with_every_token_banned_gives_the_lowest_id(tiny: Path) -> None:
-    """Bans that leave no token (here: the one allowed token) give id 0, greedy or drawn,
-    as the device's sampler does (test_cupy_emulated), and the request goes on."""
-    eng = engine(tiny, ((7,),))
+def test_bans_that_leave_no_allowed_token_never_give_one(tiny: Path) -> None:
+    """Bans that leave no token (here: the one allowed token) never give the id 0 an all
+    -inf row's argmax would: banned everywhere, the request is refused before it is
+    queued; banned after itself, it ends with an error after it, greedy or drawn
+    (test_sampling_dead_end.py)."""
     for params in (GREEDY, SEEDED):
-        out = eng.generate(
-            [5, 6, 7, 8], SamplingParams(**{**fields(params), "allowed_token_ids": [7]})
-        )
-        assert out.token_ids == [0] * NUM_TOKENS
-    assert eng.pool.num_free_blocks == eng.pool.num_blocks
+        allowed = SamplingParams(**{**fields(params), "allowed_token_ids": [7]})
+        eng = engine(tiny, ((7,),))
+        with pytest.raises(ValueError, match="allowed_token_ids"):
+            eng.generate([5, 6, 7, 8], allowed)
+        eng = engine(tiny, ((7, 7),))
+        out = eng.generate([5, 6, 7, 8], allowed)
+        assert (out.token_ids, out.finish_reason) == ([7], "error")
+        assert out.logits is not None and out.logits.shape[0] == 1
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks
 
 
 def fields(params: SamplingParams) -> dict:

@@ -278,6 +278,29 @@ def test_allowed_token_ids_reach_the_sampler(daemon: HttpDaemon, api: openai.Ope
         complete(api, extra_body={"allowed_token_ids": []})
 
 
+def test_a_request_no_token_can_follow_is_a_400_and_the_daemon_serves_on(
+    daemon: HttpDaemon, api: openai.OpenAI
+) -> None:
+    """allowed_token_ids [" Paris"] with the bad word "Paris Paris": after one " Paris" no
+    token can come next (test_sampling_dead_end.py). Whole, a 400 saying so; streamed, the
+    first chunk and then one error event; the next request gets its answer."""
+    tokens = httpx.post(f"{daemon.url}/tokenize", json={"prompt": " Paris"}, timeout=10)
+    token = tokens.json()["tokens"][-1]
+    extra = {"allowed_token_ids": [token], "bad_words": ["Paris Paris"], "ignore_eos": True}
+    with pytest.raises(openai.BadRequestError, match="no token can come next") as refused:
+        complete(api, max_tokens=3, extra_body=extra)
+    assert "allowed_token_ids admits only tokens banned by bad_words" in refused.value.message
+    body = {"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0,
+            "stream": True, **extra}  # fmt: skip
+    with httpx.stream("POST", f"{daemon.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:-2]] == [" Paris"]
+    assert "no token can come next" in json.loads(events[-2])["error"]["message"]
+    assert complete(api).choices[0].text
+
+
 def test_min_p_reaches_the_sampler(api: openai.OpenAI) -> None:
     """vLLM's min_p (extra_body): at 1.0 only the most likely token stays, so a hot
     seeded answer is the greedy one; without it the same seeds wander off."""
@@ -344,7 +367,7 @@ def test_tokenize_and_detokenize_as_vllm_answers_them(daemon: HttpDaemon, api) -
     with Client(daemon.address) as client:
         assert body["tokens"] == client.tokenize(text)
     r = httpx.post(f"{url}/detokenize", json={"tokens": body["tokens"]}, timeout=60)
-    assert r.status_code == 200 and r.json() == {"prompt": text}
+    assert r.status_code == 200 and r.json() == {"prompt": text, "content": text}  # llama.cpp's too
     messages = [{"role": "user", "content": "Say hi"}]
     r = httpx.post(f"{url}/tokenize", json={"messages": messages, "add_generation_prompt": True},
                    timeout=60)  # fmt: skip

@@ -81,6 +81,24 @@ def check_vocab_ids(params: SamplingParams, vocab_size: int) -> None:
             raise ValueError(f"{name} must be in [0, {vocab_size}); got {sorted(bad)[:5]}")
 
 
+def check_drawable(
+    params: SamplingParams, bad_words: tuple[tuple[int, ...], ...], held_stop_ids: frozenset[int]
+) -> None:
+    """allowed_token_ids keep a token the first step may draw: one bad_words do not ban
+    everywhere (a one-token word) and min_tokens does not hold back (`held_stop_ids`).
+    (logit_bias cannot forbid one: its biases are finite.)"""
+    if params.allowed_token_ids is None:
+        return
+    banned = {seq[0] for seq in bad_words if len(seq) == 1} | held_stop_ids
+    if banned.issuperset(params.allowed_token_ids):
+        ids = sorted(set(params.allowed_token_ids))
+        raise ValueError(
+            f"allowed_token_ids {ids[:5]}{'...' if len(ids) > 5 else ''} are all banned by "
+            "bad_words or held back by min_tokens (stop tokens), so no token could be drawn: "
+            "keep one they allow"
+        )
+
+
 def check_fits(
     num_prompt_tokens: int, params: SamplingParams, max_model_len: int, pool: BlockPool
 ) -> None:

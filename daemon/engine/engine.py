@@ -38,6 +38,7 @@ from ..model.llama import LlamaModel
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from ..model.weights import load_weights
 from .checks import (
+    check_drawable,
     check_fits,
     check_prompt_logprobs,
     check_request,
@@ -308,6 +309,8 @@ class Engine:
             hidden_size=self.config.hidden_size,
         )
         check_fits(len(prompt_ids), params, self.max_model_len, self.pool)
+        bad_words, stop_ids = self.bad_words_ids(params.bad_words), self._held_stop_ids(params)
+        check_drawable(params, bad_words, stop_ids)
         grammar = None if params.structured is None else self.grammars.start(params.structured)
         request_id = RequestId(next(self._next_id))
         seed = params.seed if params.seed is not None else secrets.randbits(64)
@@ -323,9 +326,9 @@ class Engine:
             prompt_table=None if table is None else table.table,
             prompt_extra_ids=None if table is None else table.extra_ids,
             prompt_id_bytes=id_bytes,
-            stop_ids=self._held_stop_ids(params),
+            stop_ids=stop_ids,
             grammar=grammar,
-            bad_words=self.bad_words_ids(params.bad_words),
+            bad_words=bad_words,
         )
         if prepared is not None:  # its keys, when they are this request's
             seq.hash_chain = prepared.keys_for(namespace, table is not None)
@@ -375,7 +378,9 @@ class Engine:
         """After the runner executed `plan`: release the copies' pins, advance each
         sequence past the tokens it computed, register the blocks that became full
         (and keep their prompt entries), and record the sampled tokens (finishing the
-        requests that are done)."""
+        requests that are done). A request no token can follow (the runner found its
+        mask keeping only banned tokens) ends after the tokens before it, finish reason
+        "error", its `error` saying why; its blocks are freed as any finished request's."""
         self.pool.complete_copies()
         drafted: set[int] = set()  # ids of the sequences with a draft in this step
         for item in plan.scheduled:
@@ -399,7 +404,7 @@ class Engine:
             seq.embedding = embedding
             self._keep_embedding(seq)
         outputs = []
-        for seq, tokens, rows in out.sampled:
+        for seq, tokens, rows, dead_end in out.sampled:
             if rows is not None:
                 self._keep_prompt_logits(seq, rows[0])
             detok = self._detokenizers.get(seq.request_id)
@@ -414,7 +419,9 @@ class Engine:
                     self.max_model_len,
                 )
                 num += 1
-            if drafted and id(seq) in drafted:
+            if dead_end and not finished:
+                seq.finish_reason, seq.error, finished = "error", seq.sampling.dead_end(), True
+            if drafted and id(seq) in drafted and tokens:
                 # the draft tokens recorded are its tokens, and their K/V is computed
                 seq.num_computed_tokens += num - 1
                 assert self.speculator is not None

@@ -16,6 +16,9 @@ Guarantees:
   `min_tokens`-th token on); `max_tokens` or the
   context full: "length", flushed (`extend_text`, which daemon/serve/detokenize.py
   applies off the engine loop too).
+- A request no token can come next for (its mask keeps only tokens bad_words or
+  min_tokens forbid: SamplingBatch.dead_rows) gets none: the engine ends it with
+  "error", `error` saying why, and its last output has no token.
 - Deltas joined give the text; while a request runs they hold back the characters
   that could still begin a stop string, so no delta is ever taken back.
 - Without a detokenizer (`detokenize=False`) text stays empty and only token ids
@@ -136,10 +139,10 @@ def extend_text(
 
 
 def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> StepOutput:
-    """What this step gave the request: its tokens (one, or more after a draft; `logits`
-    their rows, [len(tokens), vocab]), the text not handed out before
-    (less what could still begin a stop string, while it runs), and its end if it
-    ended. Advances `seq.num_text_emitted`."""
+    """What this step gave the request: its tokens (one, or more after a draft, or none
+    when no token could come next; `logits` their rows, [len(tokens), vocab]), the text
+    not handed out before (less what could still begin a stop string, while it runs), and
+    its end if it ended. Advances `seq.num_text_emitted`."""
     max_stop_chars = max(map(len, seq.params.stop), default=0)
     delta, seq.num_text_emitted = next_delta(
         seq.text, seq.num_text_emitted, max_stop_chars, finished=seq.finish_reason is not None
@@ -149,9 +152,10 @@ def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> 
         tokens,
         delta,
         seq.finish_reason,
-        np.array(logits, dtype=np.float32) if seq.params.return_logits else None,
-        seq.logprobs[-len(tokens) :] if seq.params.logprobs is not None else None,
+        np.array(logits, dtype=np.float32) if seq.params.return_logits and tokens else None,
+        seq.logprobs[len(seq.logprobs) - len(tokens) :] if seq.params.logprobs is not None else None,
         seq.ended_on_stop_token,
+        seq.error,
     )
 
 
@@ -182,6 +186,7 @@ def completion(seq: Sequence) -> Completion:
         prompt_logprobs=_prompt_entries(seq),
         stop_reason=seq.stop_reason if seq.finish_reason == "stop" else None,
         embedding=seq.embedding,
+        error=seq.error,
     )
 
 

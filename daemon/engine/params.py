@@ -12,7 +12,8 @@ from .sampling.logprobs import TokenLogprobs
 from .sampling.params import MAX_SEED, SamplingParams, check_int
 from .sampling.structured import StructuredOutput
 
-FinishReason = Literal["stop", "length", "cancelled"]
+# "error": no token could come next (its mask kept only banned tokens), `error` says why
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 __all__ = [
     "MAX_SEED",
     "Completion",
@@ -60,6 +61,7 @@ class StepOutput:
     # the last token is the stop token (eos or stop_token_ids) that ended it: its text is
     # left out (unless include_stop_str_in_output), as the daemon's detokenizer must know
     stop_token: bool = False
+    error: str | None = None  # why it ended with finish_reason "error" (one line)
 
 
 @dataclass(slots=True)
@@ -82,3 +84,4 @@ class Completion:
     stop_reason: int | str | None = None
     # the prompt's last-token embedding, fp32 [hidden], when SamplingParams.embed is set
     embedding: np.ndarray | None = None
+    error: str | None = None  # why it ended with finish_reason "error" (one line)

@@ -29,9 +29,10 @@ from .sampling import next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
-# (sequence, its tokens, their logits rows [len(tokens), vocab] or None): one token,
-# or, after a draft, the samples kept (speculative.py)
-Sampled = tuple[Sequence, list[int], np.ndarray | None]
+# (sequence, its tokens, their logits rows [len(tokens), vocab] or None, whether no token
+# can come after them): one token, or, after a draft, the samples kept (speculative.py);
+# none when no token can come next (SamplingBatch.dead_rows: a dead end, an error)
+Sampled = tuple[Sequence, list[int], np.ndarray | None, bool]
 PromptSpan = tuple[Sequence, int, range]  # (sequence, batch row of the first, positions)
 
 
@@ -281,8 +282,12 @@ class ModelRunner:
         logits = ops.from_host(np.stack(rows))  # [R, vocab] fp32
         seqs = [item.seq for item in repeats]
         states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
-        tokens = ops.to_host(next_tokens(ops, logits, ops.argmax(logits), states, positions))
-        return [(seq, [int(tokens[i])], rows[i][None]) for i, seq in enumerate(seqs)]
+        tokens, dead = next_tokens(ops, logits, ops.argmax(logits), states, positions)
+        tokens = ops.to_host(tokens)
+        return [
+            (seq, [], None, True) if i in dead else (seq, [int(tokens[i])], rows[i][None], False)
+            for i, seq in enumerate(seqs)
+        ]
 
     def _forward(self, scheduled: list[ScheduledSeq]) -> RunOutput:
         ops = self.model.ops
@@ -317,11 +322,15 @@ class ModelRunner:
         ops = self.model.ops
         seqs = [item.seq for item in sampling]
         states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
-        tokens = ops.to_host(next_tokens(ops, logits, greedy, states, positions)).tolist()
-        wanted = [i for i, seq in enumerate(seqs) if self._reads_rows(seq)]
+        tokens, dead = next_tokens(ops, logits, greedy, states, positions)
+        tokens = ops.to_host(tokens).tolist()
+        wanted = [i for i, seq in enumerate(seqs) if self._reads_rows(seq) and i not in dead]
         rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
         row_of = {i: rows[j : j + 1] for j, i in enumerate(wanted)}
-        return [(seq, [tokens[i]], row_of.get(i)) for i, seq in enumerate(seqs)]
+        return [
+            (seq, [], None, True) if i in dead else (seq, [tokens[i]], row_of.get(i), False)
+            for i, seq in enumerate(seqs)
+        ]
 
     def _sample_drafted(
         self, logits: Any, greedy: Any, sampling: list[ScheduledSeq]
@@ -343,7 +352,7 @@ class ModelRunner:
             positions.extend(range(seq.num_tokens, seq.num_tokens + 1 + len(draft)))
             if draft and (grammar := seq.sampling.grammar) is not None:
                 masks.update(enumerate(grammar.masks_with_draft(draft), start=first))
-        tokens = next_tokens(ops, logits, greedy, states, positions, masks or None)
+        tokens, dead = next_tokens(ops, logits, greedy, states, positions, masks or None)
         tokens = ops.to_host(tokens).tolist()
         reads = [self._reads_rows(item.seq) for item in sampling]
         wanted = [  # all rows of the items that read theirs, in order
@@ -357,12 +366,15 @@ class ModelRunner:
         read = 0  # rows of `rows` taken
         for i, item in enumerate(sampling):
             drawn = tokens[firsts[i] : firsts[i] + 1 + len(item.draft)]
-            kept = drawn[: _num_kept(drawn, item.draft)]
+            num_kept = _num_kept(drawn, item.draft)
+            # a dead row the kept samples reach: no token comes after those before it
+            ends = [r - firsts[i] for r in dead if firsts[i] <= r < firsts[i] + num_kept]
+            kept = drawn[: min(ends, default=num_kept)]
             mine = None
             if reads[i]:
                 assert rows is not None
                 mine, read = rows[read : read + len(kept)], read + len(drawn)
-            sampled.append((item.seq, kept, mine))
+            sampled.append((item.seq, kept, mine if kept else None, bool(ends)))
         return sampled, len(states)
 
     def _reads_rows(self, seq: Sequence) -> bool:

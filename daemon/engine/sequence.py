@@ -60,6 +60,7 @@ class Sequence:
     num_cached_disk_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
+    error: str | None = None  # why it ended with finish_reason "error"
     stop_reason: int | str | None = None  # Completion.stop_reason
     ended_on_stop_token: bool = False  # its last token is the stop token that ended it
     text: str = ""

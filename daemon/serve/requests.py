@@ -5,7 +5,8 @@ prompt is tokenized on one of a few threads (`PendingRequest`), then it is hande
 the engine (`admit_ready`) as one engine request per choice (`LiveRequest`). Each
 step's tokens go to the detokenizing thread (detokenize.py), which streams their text;
 the request's end (the engine's, a stop string's, a cancel, a client gone, a drain)
-sends its Done or ErrorReply after its chunks.
+sends its Done or ErrorReply after its chunks (an ErrorReply "bad_request" when the
+engine ended it with an error: no token could come next).
 
 Guarantees:
 - one final reply per client request and choice: a Done each, or one ErrorReply for
@@ -261,10 +262,13 @@ class Requests:
         live = self.live.get(request_id)
         if live is None:
             return  # cancelled earlier in this turn (its client vanished)
-        if live.t_first is None:
-            live.t_first, live.t_first_step = time.monotonic(), t_step
-        self._push_text(request_id, live, output)
-        if output.finish_reason is not None:
+        if output.token_ids:  # none when no token could come next (an error ends it)
+            if live.t_first is None:
+                live.t_first, live.t_first_step = time.monotonic(), t_step
+            self._push_text(request_id, live, output)
+        if output.error is not None:  # its options contradict each other: a bad request
+            self.finish(request_id, abort=("bad_request", output.error))
+        elif output.finish_reason is not None:
             self.finish(request_id)
 
     def _push_text(self, request_id: RequestId, live: LiveRequest, output: StepOutput) -> None:

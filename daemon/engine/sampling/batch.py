@@ -4,7 +4,9 @@ for the backend.
 Guarantee: every field is taken from one request's state and the position of
 its token alone, so a row's entry is the same whatever else is in the step.
 A step whose requests are all greedy without penalties has no batch at all: its
-tokens are the forward's argmax.
+tokens are the forward's argmax. A row no token can be drawn from (its mask keeps only
+tokens its bias puts at -inf) is named in `dead_rows`, found on the host from the mask
+words and the biases alone, so no logits are read back for it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ class SamplingBatch:
     num_greedy: int
     draws: Draws | None  # None: no row is drawn at random
     penalties: Penalties | None
+    # rows of the step's logits whose mask (a grammar's or allowed_token_ids') keeps only
+    # tokens at -inf (bad_words' bans, min_tokens' held stop tokens): their token is none
+    dead_rows: tuple[int, ...] = ()
 
     @classmethod
     def build(
@@ -51,11 +56,13 @@ class SamplingBatch:
         order = greedy + drawn
         picked = [states[i] for i in order]
         given = None if masks is None else {k: masks[i] for k, i in enumerate(order) if i in masks}
+        penalties = _penalties(picked, vocab, given)
         return cls(
             rows=np.asarray(order, dtype=np.int64),
             num_greedy=len(greedy),
             draws=_draws([states[i] for i in drawn], [positions[i] for i in drawn], vocab),
-            penalties=_penalties(picked, vocab, given),
+            penalties=penalties,
+            dead_rows=tuple(order[k] for k in _dead_rows(picked, penalties, vocab)),
         )
 
 
@@ -130,3 +137,26 @@ def _mask(
         if state.allowed_ids is not None:
             words[r] = state.allowed_mask(vocab)
     return TokenMask(words)
+
+
+def _dead_rows(states: list[SamplingState], penalties: Penalties | None, vocab: int) -> list[int]:
+    """The rows (of `states`) whose mask keeps no token their bias leaves above -inf. Only
+    a row with a mask (a grammar or allowed_token_ids) and a -inf bias can be one, and
+    only those rows' words are looked at."""
+    if penalties is None or penalties.mask is None or penalties.bias is None:
+        return []
+    bias = penalties.bias
+    banned = np.isneginf(bias.values)
+    if not banned.any():
+        return []
+    row_of = np.repeat(np.arange(len(states)), np.diff(bias.offsets))[banned]  # [N] per -inf
+    masked = np.fromiter((s.grammar is not None or s.allowed_ids is not None for s in states),
+                         dtype=bool, count=len(states))  # fmt: skip
+    ids, row_of = bias.ids[banned][masked[row_of]], row_of[masked[row_of]]
+    rows = np.unique(row_of)
+    words = penalties.mask.words[rows]  # [len(rows), ceil(vocab / 32)] uint32, a copy
+    bits = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+    np.bitwise_and.at(words, (np.searchsorted(rows, row_of), ids >> 5), ~bits)
+    if vocab % 32:  # bits past the vocabulary are no tokens
+        words[:, -1] &= np.uint32((1 << (vocab % 32)) - 1)
+    return rows[~words.any(axis=1)].tolist()

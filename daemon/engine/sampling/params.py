@@ -74,6 +74,10 @@ class SamplingParams:
     `bad_words` (vLLM's; at most 128 words of 1 to 256 characters) keeps these words out
     of the answer: their tokens, as the word begins a text or follows a space, are banned
     where they would complete one (bad_words.py). Logprobs stay the raw model's.
+    Where allowed_token_ids or a grammar admit only tokens bad_words ban (or min_tokens
+    holds back), no token can come next: allowed_token_ids all banned from the first token
+    are refused when the request is added; a request that meets such a place later ends
+    there, finish reason "error", its Completion's `error` saying why.
 
     `structured` (vLLM's structured_outputs) holds the answer to a JSON schema, any JSON
     object, a regular expression, one of a list of strings or a grammar

@@ -28,16 +28,17 @@ def next_tokens(
     states: list[SamplingState],
     positions: list[int],
     masks: dict[int, np.ndarray] | None = None,
-) -> Any:
+) -> tuple[Any, tuple[int, ...]]:
     """[>= len(states)] int32 backend array: row i is the token drawn from `logits` row i
     by a request of `states[i]` at `positions[i]` (the index the token will have in its
-    sequence). `greedy` is the argmax of each row of `logits`. `masks`: grammar masks
-    given by row (SamplingBatch.build)."""
+    sequence); and the rows no token can be drawn from (SamplingBatch.dead_rows), whose
+    entries are no tokens. `greedy` is the argmax of each row of `logits`. `masks`:
+    grammar masks given by row (SamplingBatch.build)."""
     if all(state.plain_greedy for state in states):
-        return greedy
+        return greedy, ()
     batch = SamplingBatch.build(states, positions, logits.shape[1], masks)
     assert batch is not None
-    return sample(ops, logits, greedy, batch)
+    return sample(ops, logits, greedy, batch), batch.dead_rows
 
 
 def sample(ops: Backend, logits: Any, greedy: Any, batch: SamplingBatch) -> Any:

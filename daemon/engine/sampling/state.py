@@ -171,6 +171,18 @@ class SamplingState:
             and self.allowed_ids is None
         )
 
+    def dead_end(self) -> str:
+        """Why no token can follow (SamplingBatch.dead_rows found its row's mask keeping
+        only tokens at -inf), as one line naming what allows and what forbids them."""
+        allows = "the structured output's grammar" if self.grammar is not None else "allowed_token_ids"
+        forbids = ["banned by bad_words"] if self.bad_words is not None else []
+        if self.num_outputs < self.min_tokens and self.held_bias is not self.logit_bias:
+            forbids.append(f"held back by min_tokens ({self.min_tokens}: the stop tokens)")
+        return (
+            f"no token can come next (after {self.num_outputs} generated): {allows} admits "
+            f"only tokens {' or '.join(forbids)}"
+        )
+
     def allowed_mask(self, vocab: int) -> np.ndarray:
         """allowed_ids as a mask row (penalties.TokenMask's layout), made once."""
         assert self.allowed_ids is not None
