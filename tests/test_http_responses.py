@@ -130,7 +130,7 @@ def test_text_format_holds_the_answer_to_a_schema(api: openai.OpenAI) -> None:
 
 def test_a_named_function_is_called_and_the_round_goes_on(api: openai.OpenAI) -> None:
     """A named tool choice answers with one function_call item (its arguments in the
-    tool's schema), whole or streamed (the arguments events carry them); its output, sent
+    tool's schema), whole or streamed (its arguments as they come); its output, sent
     back as function_call and function_call_output items, is the chat's tool round."""
     kw = {"model": MODEL, "input": "What is the weather in Paris?", "tools": [WEATHER],
           "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 40,
@@ -140,11 +140,13 @@ def test_a_named_function_is_called_and_the_round_goes_on(api: openai.OpenAI) ->
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id
     arguments = json.loads(call.arguments)
     assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
-    events = list(api.responses.create(**kw, stream=True))
+    events = streamed(api, **kw)
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert [e.arguments for e in done] == [call.arguments]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == call.arguments  # as they come
     assert events[-1].type == "response.completed"
-    assert events[-1].response.output[0].arguments == call.arguments
+    assert without_ids(events[-1].response) == without_ids(r)
     follow = [{"role": "user", "content": "What is the weather in Paris?"},
               {"type": "function_call", "call_id": call.call_id, "name": call.name,
                "arguments": call.arguments},
@@ -250,3 +252,223 @@ def test_the_store_keeps_the_most_recently_used_within_its_bytes() -> None:
     assert store.get("resp_4") is None and len(store) == 3
     assert store.delete("resp_0") and not store.delete("resp_0")
     assert store.num_bytes == sum(e[0] for e in store._entries.values())
+
+
+# Streamed as the answer goes: a server with a reasoning parser and a tool-call parser
+THOUGHT = "<think>[a-z ]{8,20}</think>"
+CALL = (
+    r'Checking\.\n<tool_call>\{"name": "get_weather", '
+    r'"arguments": \{"city": "[A-Z][a-z]{2,8}"\}\}</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def parsing(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator:
+    d = HttpDaemon(tmp_path_factory.mktemp("responses-parsing"), default_model_dir,
+                   "--served-model-name", MODEL, "--reasoning-parser", "qwen3",
+                   "--tool-call-parser", "hermes")  # fmt: skip
+    yield d.openai()
+    d.stop()
+    assert d.proc.returncode == 0, d.read_log()[-2000:]
+
+
+def streamed(api: openai.OpenAI, **kw) -> list:
+    """A streamed answer's events, checked as a client may rely on them: numbered from 0
+    without a gap; each item added once, in order, and done once as the last event's
+    response holds it (the same ids); every event of an item between the two, naming it."""
+    events = list(api.responses.create(**kw, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert events[-1].type == f"response.{final.status}"
+    added = [e for e in events if e.type == "response.output_item.added"]
+    done = [e for e in events if e.type == "response.output_item.done"]
+    indices = list(range(len(final.output)))
+    assert [e.output_index for e in added] == [e.output_index for e in done] == indices
+    assert [e.item.id for e in added] == [item.id for item in final.output]
+    assert [e.item for e in done] == final.output
+    for e in events:
+        if getattr(e, "item_id", None) is not None:
+            index = e.output_index
+            assert e.item_id == final.output[index].id
+            assert added[index].sequence_number < e.sequence_number < done[index].sequence_number
+    return events
+
+
+def without_ids(response) -> dict:
+    """A response as a dict, less what differs between two runs of one request: its and
+    its items' ids (and calls' ids), its times, and the prompt tokens the cache held."""
+    out = response if isinstance(response, dict) else response.model_dump()
+    out = {k: v for k, v in out.items() if k not in ("id", "created_at", "completed_at")}
+    if out["usage"] is not None:
+        out["usage"] = {**out["usage"], "input_tokens_details": None}
+    out["output"] = [{k: v for k, v in item.items() if k not in ("id", "call_id")}
+                     for item in out["output"]]  # fmt: skip
+    return out
+
+
+def runs(events: list) -> list[str]:
+    """The events' types, each run of one type (deltas) once."""
+    kinds = [e.type.removeprefix("response.") for e in events]
+    return [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+
+
+ITEM = ["output_item.added", "content_part.added"]
+REASONING = [*ITEM, "reasoning_text.delta", "reasoning_text.done", "content_part.done",
+             "output_item.done"]  # fmt: skip
+MESSAGE = [*ITEM, "output_text.delta", "output_text.done", "content_part.done", "output_item.done"]
+CALL_ITEM = ["output_item.added", "function_call_arguments.delta",
+             "function_call_arguments.done", "output_item.done"]  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [60, 8])
+def test_the_thinking_streams_as_a_reasoning_item_before_the_message(
+    parsing: openai.OpenAI, limit: int
+) -> None:
+    """A reasoning parser's thinking streams as reasoning_text deltas of its own item,
+    closed before the message opens; the deltas join to the whole answer's thinking and
+    text, and the last event's response is the whole answer. Cut short while thinking
+    (max_output_tokens), the reasoning item is incomplete and the message empty."""
+    kw = {"model": MODEL, "input": "Think, then answer: hi?", "max_output_tokens": limit,
+          "temperature": 0, "extra_body": {"guided_regex": THOUGHT + "[A-Za-z ]{4,30}"}}  # fmt: skip
+    whole = parsing.responses.create(**kw)
+    reasoning, message = whole.output
+    assert reasoning.type == "reasoning" and message.type == "message"
+    events = streamed(parsing, **kw)
+    assert without_ids(events[-1].response) == without_ids(whole)
+    thinking = [e for e in events if e.type == "response.reasoning_text.delta"]
+    text = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in thinking) == reasoning.content[0].text
+    assert "".join(e.delta for e in text) == whole.output_text
+    [thought] = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert thought.text == reasoning.content[0].text
+    assert len(thinking) > 1  # as the tokens came, not whole at the end
+    if limit == 60:
+        assert whole.status == reasoning.status == "completed" and whole.output_text
+        assert runs(events) == ["created", "in_progress", *REASONING, *MESSAGE, "completed"]
+        assert len(text) > 1
+    else:
+        assert whole.status == reasoning.status == message.status == "incomplete"
+        assert whole.output_text == "" and not text
+        assert runs(events) == ["created", "in_progress", *REASONING, *ITEM, *MESSAGE[3:],
+                                "incomplete"]  # fmt: skip
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_auto_streams_the_text_then_the_calls(parsing: openai.OpenAI, think: bool) -> None:
+    """tool_choice "auto" (a hermes call forced by a regex): the text before the call
+    streams as output_text deltas (never the call's own text), the call comes as a
+    function_call item with its arguments (in one delta: the parser reads them from the
+    whole answer); the last event's response is the whole answer."""
+    kw = {"model": MODEL, "input": "Weather in Lyon?", "tools": [WEATHER], "temperature": 0,
+          "max_output_tokens": 64,
+          "extra_body": {"guided_regex": (THOUGHT if think else "") + CALL}}  # fmt: skip
+    whole = parsing.responses.create(**kw)
+    assert whole.status == "completed"
+    *thinking, message, call = whole.output
+    assert [item.type for item in thinking] == (["reasoning"] if think else [])
+    assert message.content[0].text == "Checking.\n"
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments)["city"].istitle()
+    events = streamed(parsing, **kw)
+    assert without_ids(events[-1].response) == without_ids(whole)
+    assert runs(events) == ["created", "in_progress", *(REASONING if think else []), *MESSAGE,
+                            *CALL_ITEM, "completed"]  # fmt: skip
+    text = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in text) == "Checking.\n" and len(text) > 1
+    arguments = [e for e in events if e.type.startswith("response.function_call_arguments")]
+    assert [(e.delta, e.output_index) for e in arguments[:-1]] == [
+        (call.arguments, len(thinking) + 1)
+    ]
+    assert arguments[-1].arguments == call.arguments
+    # the SDK's own accumulation of the stream (it checks each item's identity) agrees
+    with parsing.responses.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        accumulated = stream.get_final_response()
+    assert accumulated.output_text == whole.output_text
+    assert [getattr(item, "arguments", item.type) for item in accumulated.output] == [
+        getattr(item, "arguments", item.type) for item in whole.output
+    ]
+
+
+def test_a_text_answer_with_tools_streams_as_it_comes(parsing: openai.OpenAI) -> None:
+    """With tools ("auto") and no call, the text streams token by token, not whole at
+    the end; required calls (a JSON list) come whole, as the whole answer's."""
+    kw = {"model": MODEL, "input": "Say hello.", "tools": [WEATHER], "temperature": 0,
+          "max_output_tokens": 12}  # fmt: skip
+    whole = parsing.responses.create(**kw)
+    [message] = whole.output
+    assert message.type == "message" and whole.output_text
+    events = streamed(parsing, **kw)
+    assert without_ids(events[-1].response) == without_ids(whole)
+    kinds = [e.type for e in events]
+    text = [e for e in events if e.type == "response.output_text.delta"]
+    assert len(text) > 1 and "".join(e.delta for e in text) == whole.output_text
+    assert text[0].sequence_number < kinds.index("response.output_text.done")
+    clock = {"type": "function", "name": "get_time", "parameters": {"type": "object",
+             "properties": {}, "additionalProperties": False}}  # fmt: skip
+    required = {**kw, "input": "The time?", "tools": [clock], "tool_choice": "required",
+                "max_output_tokens": 64}  # fmt: skip
+    whole = parsing.responses.create(**required)
+    assert [(item.type, item.name) for item in whole.output] == [("function_call", "get_time")]
+    events = streamed(parsing, **required)
+    assert without_ids(events[-1].response) == without_ids(whole)
+
+
+def test_each_piece_goes_out_with_the_chunk_that_makes_it_known() -> None:
+    """EventStream fed a hermes answer with qwen3 thinking piece by piece: the thinking
+    streams as it comes, less what may begin `</think>`; the reasoning item closes when
+    the text begins; whitespace alone opens no message, nor text that may begin a call;
+    the call comes whole at the end. Every event has the `openai` package's shape."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from reprise.daemon.serve.responses_answer import EventStream, answer
+    from reprise.daemon.serve.responses_api import parse_responses
+    from reprise.ipc.messages import Done, TokenChunk
+
+    asked = parse_responses({"model": MODEL, "input": "hi", "tools": [WEATHER]},
+                            max_tokens_default=64, tool_call_parser="hermes")  # fmt: skip
+    asked.parsed.reasoning_parser = "qwen3"
+    stream, shape = EventStream(asked, "resp_1", MODEL), TypeAdapter(ResponseStreamEvent)
+    call = '_call>{"name": "get_weather", "arguments": {"city": "Lyon"}}</tool_call>'
+    pieces = ["<think>", "let me ", "see</th", "ink>", " ", "Checking", ".\n<tool", call]
+
+    def brief(events: list[str]) -> list[str]:
+        out = []
+        for event in events:
+            kind, data = event.removeprefix("event: ").split("\ndata: ")
+            body = json.loads(data)
+            if "response" in body:  # a usage field the newest SDK requires is not ours
+                body["response"]["usage"] = None
+            shape.validate_python(body)
+            assert body["type"] == kind
+            out.append(
+                kind.removeprefix("response.") + (f":{body['delta']}" if "delta" in body else "")
+            )
+        return out
+
+    assert brief(stream.start()) == ["created", "in_progress"]
+    got = [brief(stream.chunk(TokenChunk("x", [1], piece))) for piece in pieces]
+    assert (
+        got
+        == [
+            [],
+            [*REASONING[:2], "reasoning_text.delta:let me "],
+            ["reasoning_text.delta:see"],  # "</th" held back
+            [],
+            REASONING[3:],  # the text began: the thinking is over
+            [*ITEM, "output_text.delta: Checking"],
+            ["output_text.delta:.\n"],  # "<tool" held back
+            [],
+        ]
+    )
+    done = Done("x", "stop", "".join(pieces), [1] * len(pieces), 3, 0, 0, 0.0, 0.0)
+    assert brief(stream.done(done)) == [
+        *MESSAGE[3:], "output_item.added", 'function_call_arguments.delta:{"city": "Lyon"}',
+        *CALL_ITEM[2:], "completed",
+    ]  # fmt: skip
+    assert stream.final is not None
+    assert without_ids(stream.final) == without_ids(answer(asked, "resp_2", MODEL, done))
+    assert [item["type"] for item in stream.final["output"]] == ["reasoning", "message",
+                                                                 "function_call"]  # fmt: skip

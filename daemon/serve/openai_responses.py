@@ -202,9 +202,9 @@ class StreamBuilder:
             LogprobsBuilder(parsed.kind, parsed.tokens_as_ids) for _ in range(parsed.num_choices)
         ]
         self.started = [False] * parsed.num_choices
-        # tool_choice "auto": each choice's text so far, and how much of it was streamed
-        self.text = [""] * parsed.num_choices
-        self.sent = [0] * parsed.num_choices
+        # tool_choice "auto": each choice's content, held back while it may begin a call
+        self.content = [tool_parsers.content_stream(parsed.tool_mode)
+                        for _ in range(parsed.num_choices)]  # fmt: skip
         # a named tool choice: each choice's call id, once its first piece went out
         self.call_ids = [""] * parsed.num_choices
         # return_token_ids: whether each choice's prompt ids went out (on its first event)
@@ -305,10 +305,8 @@ class StreamBuilder:
             )
         if mode == "required":  # a JSON list of calls: they come whole, last
             return self._event([self._choice(index, "", logprobs, None, delta={})], index=index)
-        if mode is not None:  # "auto": text streams until it may be a call
-            self.text[index] += chunk.text
-            ready = max(tool_parsers.streamable(mode, self.text[index]), self.sent[index])
-            text, self.sent[index] = self.text[index][self.sent[index] : ready], ready
+        if (content := self.content[index]) is not None:  # "auto": until it may be a call
+            text = content.push(chunk.text)
             choice = self._choice(index, text, logprobs, None, delta={"content": text})
             return self._event([choice], index=index)
         return self._event([self._choice(index, chunk.text, logprobs, None)], index=index)
@@ -334,7 +332,8 @@ class StreamBuilder:
             calls, content = answer.get("tool_calls"), answer["content"] or ""
             # what of the content was not streamed ("auto" holds back what may begin a
             # call; its content is a prefix of the answer as written)
-            rest = content[self.sent[index] :]
+            auto = self.content[index]
+            rest = content if auto is None else auto.rest(content)
             delta = {"content": rest} if rest or calls is None else {}
             if calls is not None:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]

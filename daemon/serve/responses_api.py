@@ -16,10 +16,14 @@ input and output, not its instructions, as OpenAI's). Ids are random (uuid4): a 
 is read only by whom it was answered to (or whom they gave its id).
 
 Decided where vLLM's and OpenAI's differ or we cannot follow: `background` and a
-`conversation` are refused, tools are function tools only,
-and a streamed answer with tools or a reasoning parser sends its items whole at its end
-(the calls and the thinking are read from the whole text); a reasoning parser's thinking
-is a `reasoning` item before the message.
+`conversation` are refused, tools are function tools only, and a reasoning parser's
+thinking is a `reasoning` item before the message (complete once the answer went on past
+it). Streamed, items open as the answer reaches them (responses_answer.py `EventStream`):
+the thinking streams as reasoning_text deltas, the message's text as output_text deltas
+(with tools "auto", the text that cannot begin a call, as chat's stream lets it out), a
+named function's arguments as they come; what only the whole answer tells comes whole at
+its end: "auto"'s calls and a required choice's, each call's arguments in one delta (as
+chat's stream, which knows them no sooner).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ template taught it, and the answer's text is parsed after the fact.
 
 Guarantees: an answer that is no well-formed call (text, or a call whose JSON does not
 parse or lacks a name) comes back as content, whole, with no tool call, as vLLM gives it;
-`streamable` never lets out text that turns out to belong to a call, so the content
-streamed plus the content at the end is the content of the whole answer.
+`streamable` (and `ContentStream`, which chat's and the Responses API's streams share)
+never lets out text that turns out to belong to a call, so the content streamed plus the
+content at the end is the content of the whole answer.
 """
 
 from __future__ import annotations
@@ -85,6 +86,33 @@ def streamable(parser: str, text: str) -> int:
     if not head or head[0] == opening or tag.startswith(head[: len(tag)]):
         return 0  # an answer that is (or may be) a call: held whole
     return len(text)
+
+
+class ContentStream:
+    """One streamed "auto" answer's content as `streamable` lets it out: what went out
+    only grows, and begins the whole answer's content as written (`rest` is the remainder)."""
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self.text = ""  # the answer so far
+        self.sent = 0  # characters of it already let out
+
+    def push(self, delta: str) -> str:
+        """The content that `delta` lets out."""
+        self.text += delta
+        ready = max(streamable(self.parser, self.text), self.sent)
+        out, self.sent = self.text[self.sent : ready], ready
+        return out
+
+    def rest(self, content: str) -> str:
+        """What of the whole answer's `content` was not let out."""
+        return content[self.sent :]
+
+
+def content_stream(tool_mode: str | None) -> ContentStream | None:
+    """The content stream of a request whose tool choice is "auto" (its tool mode is the
+    parser's name); None for no tools, or a named or required choice (no free text)."""
+    return ContentStream(tool_mode) if tool_mode in PARSERS else None
 
 
 def _call(obj: object, arguments_key: str) -> tuple[str, str] | None:
