@@ -45,6 +45,8 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "chat_template": (None, str),
     "default_chat_template_kwargs": (None, str),
     "speculative_config": (None, str),
+    "generation_config": ("auto", str),
+    "override_generation_config": (None, str),
 }
 
 
@@ -210,6 +212,21 @@ def load_config(path: Path) -> dict[str, Any]:
     "request's chat_template_kwargs win (vLLM's --default-chat-template-kwargs).",
 )
 @click.option(
+    "--generation-config",
+    default=None,
+    metavar="auto|vllm|FOLDER",
+    help="Sampling defaults of HTTP requests that set none (temperature, top_p, top_k, min_p, "
+    "repetition_penalty, max_new_tokens): the model folder's generation_config.json (auto), "
+    "none (vllm), or a folder's (vLLM's --generation-config) [default: auto].",
+)
+@click.option(
+    "--override-generation-config",
+    default=None,
+    metavar="JSON",
+    help="Sampling defaults set on top of --generation-config's, e.g. "
+    '\'{"temperature": 0.6, "top_p": 0.95}\' (vLLM\'s --override-generation-config).',
+)
+@click.option(
     "--speculative-config",
     default=None,
     metavar="JSON",
@@ -347,6 +364,9 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
             raise click.UsageError("--tool-call-parser reads HTTP tool calls: it needs --http")
         if options["reasoning_parser"] is not None:
             raise click.UsageError("--reasoning-parser reads HTTP chat answers: it needs --http")
+        if options["override_generation_config"] is not None:
+            raise click.UsageError("--override-generation-config sets HTTP requests' defaults: "
+                                   "it needs --http")  # fmt: skip
         return None
     from ..daemon.serve.http_config import HttpConfig, parse_host_port
 
@@ -354,12 +374,19 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
         host, port = parse_host_port(options["http"])
         name = options["served_model_name"] or (Path(options["model"]).name if options["model"]
                                                 else "default")  # fmt: skip
+        from ..daemon.serve.generation_defaults import generation_defaults
+
+        model = options["model"]
+        folder = Path(model) if model is not None and Path(model).is_dir() else None
+        defaults = generation_defaults(options["generation_config"], folder,
+                                       options["override_generation_config"])  # fmt: skip
         return HttpConfig(host=host, port=port, api_key=api_key or None, model_name=name,
                           max_queue=options["max_queue"],
                           max_body_bytes=options["max_message_bytes"],
                           max_tokens_cap=options["max_tokens_cap"],
                           tool_call_parser=options["tool_call_parser"],
                           reasoning_parser=options["reasoning_parser"],
-                          responses_store_mb=options["responses_store_mb"])  # fmt: skip
+                          responses_store_mb=options["responses_store_mb"],
+                          generation_defaults=defaults)  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

@@ -84,6 +84,8 @@ class HealthReply:
     num_requests: int
     vocab_size: int = 0  # token ids a prompt may use: [0, vocab_size)
     hidden_size: int = 0  # an embedding's length (Done.embedding)
+    max_num_seqs: int = 0  # requests the engine runs at once (its batch)
+    chat_template: str | None = None  # the template chats are rendered with; None: none
 
 
 @dataclass(slots=True)

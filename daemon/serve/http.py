@@ -15,7 +15,8 @@ This module builds the app (`create_app`: the routes, each behind the API key ch
 and serves it (`HttpThread`). The routes are functions of the `Frontend` (the app's
 state, http_frontend.py): http_completions.py (completions and chat completions),
 http_responses.py (the Responses API), http_embeddings.py (embeddings, score, rerank),
-http_utility.py (health, version, models, metrics, tokenize, detokenize);
+http_utility.py (health, version, models, metrics, tokenize, detokenize),
+http_llama_cpp.py (llama.cpp's native /completion, /apply-template, /props, /embedding);
 http_streams.py holds the plumbing between the daemon's streams and the client.
 
 Guarantees: every route but /health needs the API key when one is set (compared
@@ -40,6 +41,7 @@ from .http_completions import chat, completions
 from .http_config import HttpConfig
 from .http_embeddings import embeddings, rerank, score
 from .http_frontend import Frontend
+from .http_llama_cpp import apply_template, completion, embedding, props
 from .http_responses import responses, stored_response
 from .http_utility import detokenize, health, metrics_route, model, models, tokenize, version
 from .openai_errors import ApiError
@@ -93,6 +95,11 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
         ),
         Route("/tokenize", guarded(tokenize), methods=["POST"]),
         Route("/detokenize", guarded(detokenize), methods=["POST"]),
+        # llama.cpp's llama-server native routes (not OpenAI's: no /v1)
+        *(Route(p, guarded(completion), methods=["POST"]) for p in ("/completion", "/completions")),
+        Route("/apply-template", guarded(apply_template), methods=["POST"]),
+        Route("/props", guarded(props), methods=["GET"]),
+        *(Route(p, guarded(embedding), methods=["POST"]) for p in ("/embedding", "/embeddings")),
     ]
     app = Starlette(routes=routes)
     app.state.frontend = frontend

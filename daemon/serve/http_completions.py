@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...ipc.messages import Done
 from .http_frontend import Frontend
-from .http_streams import Timing, after, unless_disconnected
+from .http_streams import Timing, after, first_of, gathered
 from .openai_api import parse_request
 from .openai_errors import ApiError
 from .openai_responses import StreamBuilder, new_id, response
@@ -41,7 +41,8 @@ async def _generate(frontend: Frontend, request: Request, kind: str) -> Response
         frontend.config.max_tokens_cap if kind == "chat" else frontend.config.max_tokens_default
     )
     parsed = parse_request(kind, await frontend.read_json(request), max_tokens_default=default,
-                           tool_call_parser=frontend.config.tool_call_parser)  # fmt: skip
+                           tool_call_parser=frontend.config.tool_call_parser,
+                           defaults=frontend.config.generation_defaults)  # fmt: skip
     frontend.check_model(parsed.model)
     frontend.set_reasoning_parser(parsed)
     if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
@@ -52,18 +53,9 @@ async def _generate(frontend: Frontend, request: Request, kind: str) -> Response
     timing = Timing(frontend.metrics, t_start, parsed.num_choices)
     items = frontend.run(parsed)
     if not parsed.stream:
-        try:
-            collect = frontend.collect(items, timing, parsed.num_choices)
-            dones = await unless_disconnected(request, collect)
-        finally:
-            await items.aclose()
+        dones = await gathered(request, items, frontend.collect(items, timing, parsed.num_choices))
         return JSONResponse(response(parsed, request_id, frontend.config.model_name, dones))
-    # The first item decides the status: an error before any token is a plain JSON error.
-    try:
-        first = await unless_disconnected(request, anext(items, None))
-    except BaseException:
-        await items.aclose()
-        raise
+    first = await first_of(request, items)
     builder = StreamBuilder(parsed, request_id, frontend.config.model_name)
     return StreamingResponse(_events(frontend, first, items, builder, timing, parsed.num_choices),
                              media_type="text/event-stream",

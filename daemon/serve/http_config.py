@@ -5,7 +5,8 @@ parser, a bad port or store size each raise ValueError naming it."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .reasoning_parsers import PARSERS as REASONING_PARSERS
 from .tool_parsers import PARSERS
@@ -29,6 +30,9 @@ class HttpConfig:
     reasoning_parser: str | None = None
     # the Responses API's stored responses (responses_store.ResponseStore), MiB; 0: none
     responses_store_mb: int = 64
+    # sampling defaults of requests that set none (generation_defaults.py: the model's
+    # generation_config.json, as vLLM's --generation-config), SamplingParams' names
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...ipc.messages import Done
 from .http_frontend import Frontend
-from .http_streams import Timing, unless_disconnected
+from .http_streams import Timing, gathered
 from .openai_api import ParsedRequest
 from .openai_embeddings import embeddings_answer, parse_embeddings
 from .openai_errors import ApiError, bad
@@ -28,14 +28,14 @@ async def embeddings(frontend: Frontend, request: Request) -> Response:
     hidden = (await frontend.model_sizes()).hidden_size
     if fmt.dimensions is not None and fmt.dimensions > hidden > 0:  # refused before it runs
         raise bad("dimensions", f"must be at most {hidden} (the model's hidden size)")
-    dones = await _embed(frontend, request, parsed, t_start, "input")
+    dones = await embed_all(frontend, request, parsed, t_start, "input")
     return JSONResponse(embeddings_answer(dones, frontend.config.model_name, fmt))
 
 
 async def score(frontend: Frontend, request: Request) -> Response:
     t_start = time.monotonic()
     parsed, pairs = parse_score(await frontend.read_json(request), frontend.config.max_queue)
-    dones = await _embed(frontend, request, parsed, t_start, "text_1")
+    dones = await embed_all(frontend, request, parsed, t_start, "text_1")
     return JSONResponse(score_answer(dones, pairs, frontend.config.model_name))
 
 
@@ -43,12 +43,12 @@ async def rerank(frontend: Frontend, request: Request) -> Response:
     t_start = time.monotonic()
     body = await frontend.read_json(request)
     parsed, top_n, keep = parse_rerank(body, frontend.config.max_queue)
-    dones = await _embed(frontend, request, parsed, t_start, "documents")
+    dones = await embed_all(frontend, request, parsed, t_start, "documents")
     answer = rerank_answer(dones, parsed.prompts, top_n, keep, frontend.config.model_name)
     return JSONResponse(answer)
 
 
-async def _embed(
+async def embed_all(
     frontend: Frontend, request: Request, parsed: ParsedRequest, t_start: float, param: str
 ) -> list[Done]:
     """The Dones of `parsed`'s embedding requests, in order; a daemon error about the
@@ -57,13 +57,10 @@ async def _embed(
     if parsed.user is not None:
         log.info("request from user %r", parsed.user[:128])
     items = frontend.run(parsed)
+    timing = Timing(frontend.metrics, t_start, parsed.num_choices)
     try:
-        timing = Timing(frontend.metrics, t_start, parsed.num_choices)
-        collect = frontend.collect(items, timing, parsed.num_choices)
-        return await unless_disconnected(request, collect)
+        return await gathered(request, items, frontend.collect(items, timing, parsed.num_choices))
     except ApiError as e:
         if e.param == "prompt":  # the daemon's name for what this body calls `param`
             e.param = param
         raise
-    finally:
-        await items.aclose()  # type: ignore[attr-defined]

@@ -35,7 +35,8 @@ async def responses(frontend: Frontend, request: Request) -> Response:
     asked = parse_responses(await frontend.read_json(request),
                             max_tokens_default=frontend.config.max_tokens_cap,
                             tool_call_parser=frontend.config.tool_call_parser,
-                            store=frontend.stored)  # fmt: skip
+                            store=frontend.stored,
+                            defaults=frontend.config.generation_defaults)  # fmt: skip
     parsed = asked.parsed
     frontend.check_model(parsed.model)
     frontend.set_reasoning_parser(parsed)

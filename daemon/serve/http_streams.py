@@ -3,8 +3,9 @@
 A pool of blocking daemon Clients (`ClientPool`), the choices' latency and token
 metrics (`Timing`), several streams merged as their items come (`merged`: the first
 error ends them all), and an await cancelled when the client hangs up
-(`unless_disconnected`: 499). Every stream left early is closed here, so its daemon
-requests are cancelled.
+(`unless_disconnected`: 499), for a whole answer (`gathered`) or a stream's first item
+(`first_of`). Every stream left early is closed here, so its daemon requests are
+cancelled.
 """
 
 from __future__ import annotations
@@ -88,6 +89,25 @@ async def after(first: Any, items: AsyncIterator) -> AsyncIterator[Any]:
         yield first
     async for item in items:
         yield item
+
+
+async def gathered(request: Request, items: AsyncIterator, gather: Awaitable[T]) -> T:
+    """What `gather` makes of `items` (a request's whole answer); `items` is closed after,
+    whatever happens, and a client hanging up first cancels it (ApiError 499)."""
+    try:
+        return await unless_disconnected(request, gather)
+    finally:
+        await items.aclose()  # type: ignore[attr-defined]
+
+
+async def first_of(request: Request, items: AsyncIterator) -> Any:
+    """A stream's first item (None if it has none), read before its response starts, so
+    that an error before any token is a plain JSON error; `items` is closed if it fails."""
+    try:
+        return await unless_disconnected(request, anext(items, None))
+    except BaseException:
+        await items.aclose()  # type: ignore[attr-defined]
+        raise
 
 
 async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:

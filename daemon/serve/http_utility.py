@@ -1,13 +1,18 @@
 """The HTTP front end's utility routes: /health, /version, /v1/models (and one model),
-/metrics, and vLLM's /tokenize and /detokenize.
+/metrics, and vLLM's /tokenize and /detokenize (which take llama.cpp's bodies too).
 
 Each is a function of the `Frontend` and the request (bound by `http.create_app`);
 /tokenize gives the ids a completion (or chat completion) of the same prompt would
-be given, as the daemon tokenizes them.
+be given, as the daemon tokenizes them. llama.cpp's `with_pieces` gives each id with
+its text as the daemon decodes that token alone (one detokenize each, at most
+MAX_PIECES): a piece of a multi-byte character is U+FFFD there, not llama.cpp's list
+of bytes, since the protocol carries no token's bytes. /detokenize answers with both
+servers' keys: vLLM's `prompt` and llama.cpp's `content`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 from typing import Any
@@ -20,8 +25,11 @@ from starlette.responses import JSONResponse, Response
 from ...ipc.client import DaemonUnavailable, RequestError
 from ...ipc.messages import ProtocolError
 from .http_frontend import Frontend
-from .openai_errors import api_error
-from .openai_tokenize import parse_detokenize, parse_tokenize
+from .openai_errors import api_error, bad
+from .openai_tokenize import TokenizeRequest, parse_detokenize, parse_tokenize
+
+MAX_PIECES = 4096  # tokens a /tokenize with_pieces may give (one detokenize each)
+PIECES_AT_ONCE = 16  # of those detokenizes in flight together
 
 
 async def health(frontend: Frontend, request: Request) -> Response:
@@ -35,11 +43,14 @@ async def health(frontend: Frontend, request: Request) -> Response:
 
 async def version(frontend: Frontend, request: Request) -> Response:
     """vLLM's GET /version: the server's version."""
+    return JSONResponse({"version": server_version()})
+
+
+def server_version() -> str:
     try:
-        version = importlib.metadata.version("reprise")
+        return importlib.metadata.version("reprise")
     except importlib.metadata.PackageNotFoundError:  # a source tree run without installing
-        version = "unknown"
-    return JSONResponse({"version": version})
+        return "unknown"
 
 
 async def models(frontend: Frontend, request: Request) -> Response:
@@ -69,18 +80,46 @@ async def metrics_route(frontend: Frontend, request: Request) -> Response:
 
 async def tokenize(frontend: Frontend, request: Request) -> Response:
     """vLLM's /tokenize: the ids a completion of `prompt` (or a chat completion of
-    `messages`) would be given, their count and the context length."""
+    `messages`) would be given, their count and the context length; llama.cpp's body
+    (`content`) gets the same answer, its `tokens` {"id", "piece"} with `with_pieces`."""
     asked = parse_tokenize(await frontend.read_json(request))
-    frontend.check_model(asked.model)
+    ids = await tokenized(frontend, asked)
+    tokens: list[Any] = ids
+    if asked.with_pieces:
+        if len(ids) > MAX_PIECES:
+            raise bad("with_pieces", f"gives at most {MAX_PIECES} tokens' pieces (MAX_PIECES); "
+                      f"the content has {len(ids)} tokens")  # fmt: skip
+        texts = await pieces(frontend, ids)
+        tokens = [{"id": t, "piece": text} for t, text in zip(ids, texts, strict=True)]
     try:
-        ids = await frontend.client.tokenize(asked.prompt, tools=asked.tools,
-                                             chat_options=asked.chat_options,
-                                             add_special_tokens=asked.add_special_tokens)  # fmt: skip
         limit = (await frontend.model_sizes()).max_model_len
     except (RequestError, ProtocolError, DaemonUnavailable) as e:
         raise api_error(e) from None
-    return JSONResponse({"count": len(ids), "max_model_len": limit, "tokens": ids,
+    return JSONResponse({"count": len(ids), "max_model_len": limit, "tokens": tokens,
                          "token_strs": None})  # fmt: skip
+
+
+async def tokenized(frontend: Frontend, asked: TokenizeRequest) -> list[int]:
+    """The ids of a /tokenize body's prompt, as the daemon tokenizes them."""
+    frontend.check_model(asked.model)
+    try:
+        return await frontend.client.tokenize(asked.prompt, tools=asked.tools,
+                                              chat_options=asked.chat_options,
+                                              add_special_tokens=asked.add_special_tokens)  # fmt: skip
+    except (RequestError, ProtocolError, DaemonUnavailable) as e:
+        raise api_error(e) from None
+
+
+async def pieces(frontend: Frontend, ids: list[int]) -> list[str]:
+    """Each token's text, decoded alone, PIECES_AT_ONCE detokenizes in flight at once."""
+    texts: list[str] = []
+    try:
+        for start in range(0, len(ids), PIECES_AT_ONCE):
+            batch = ids[start : start + PIECES_AT_ONCE]
+            texts += await asyncio.gather(*(frontend.client.detokenize([t]) for t in batch))
+    except (RequestError, ProtocolError, DaemonUnavailable) as e:
+        raise api_error(e) from None
+    return texts
 
 
 async def detokenize(frontend: Frontend, request: Request) -> Response:
@@ -93,4 +132,4 @@ async def detokenize(frontend: Frontend, request: Request) -> Response:
         error = api_error(e)
         error.param = "tokens" if error.param == "prompt" else error.param  # token_ids
         raise error from None
-    return JSONResponse({"prompt": text})
+    return JSONResponse({"prompt": text, "content": text})  # vLLM's key, llama.cpp's

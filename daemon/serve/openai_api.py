@@ -17,7 +17,7 @@ bodies by openai_tokenize.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +127,18 @@ class ParsedRequest:
 
 
 def parse_request(
-    kind: str, body: object, *, max_tokens_default: int = 16, tool_call_parser: str | None = None
+    kind: str,
+    body: object,
+    *,
+    max_tokens_default: int = 16,
+    tool_call_parser: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> ParsedRequest:
     """A request body (parsed JSON) -> ParsedRequest, or ApiError (400) naming the parameter.
-    `tool_call_parser`: the server's, for tool_choice "auto" (None: "auto" is refused)."""
+    `tool_call_parser`: the server's, for tool_choice "auto" (None: "auto" is refused).
+    `defaults`: the model's sampling defaults (generation_defaults.py) for what the body
+    leaves out or sets to null; its max_tokens lowers `max_tokens_default` (vLLM's rule:
+    the smaller of the two is a request's max_tokens when it gives none)."""
     body = object_body(body)
     echo = _echo(body)
     # takes tools and tool_choice out of the body
@@ -143,6 +151,11 @@ def parse_request(
             raise ApiError(400, f"unsupported value for {key}: {value!r:.60}", param=key,
                            code="unsupported_parameter")  # fmt: skip
     options: dict[str, Any] = {k: body[k] for k in PASSED if k in body}
+    defaults = dict(defaults or {})
+    default_max_tokens = defaults.pop("max_tokens", None)
+    for name, value in defaults.items():
+        if options.get(name) is None:
+            options[name] = value
     if options.get("top_k") in (-1, 0):  # vLLM's spelling of "no limit"
         del options["top_k"]
     batch: list[str | list[int]] | None = None  # /v1/completions' list of prompts
@@ -166,6 +179,8 @@ def parse_request(
         batch = prompt_batch(body.get("prompt"))
         prompt = batch[0]
         max_tokens = body.get("max_tokens")
+    if default_max_tokens is not None:  # the model's max_new_tokens lowers the default
+        max_tokens_default = min(max_tokens_default, default_max_tokens)
     options["max_tokens"] = max_tokens_default if max_tokens is None else max_tokens
     if kind == "chat" and max_tokens is None:  # vLLM's: to its end, what fits after the prompt
         options["fit_max_tokens"] = True

@@ -1,9 +1,10 @@
-"""vLLM's /tokenize and /detokenize bodies.
+"""vLLM's /tokenize and /detokenize bodies, and llama.cpp's.
 
 `parse_tokenize` reads a prompt, or chat messages with their tools and chat options,
 so that the ids the daemon answers are those a completion (or chat completion) of
-them would be given; `parse_detokenize` reads the token ids. Both raise ApiError
-(400) naming the parameter.
+them would be given; or llama.cpp's body (`content`, `add_special`, `with_pieces`,
+`parse_special`). `parse_detokenize` reads the token ids (both servers' body is
+`tokens`). Both raise ApiError (400) naming the parameter.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from typing import Any
 from ...ipc.messages import ProtocolError, check_tools
 from .openai_api import object_body
 from .openai_chat import CHAT_OPTIONS, parse_chat_options, parse_messages
+from .openai_embeddings import known_only
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
+
+# llama.cpp's /tokenize body; its `add_special` (the tokenizer's BOS) is false by default
+LLAMA_TOKENIZE = {"model", "content", "add_special", "with_pieces", "parse_special"}
 
 
 @dataclass(slots=True)
@@ -28,6 +33,7 @@ class TokenizeRequest:
     tools: list[dict[str, Any]] | None = None
     chat_options: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
+    with_pieces: bool = False  # llama.cpp's: each id with its text, {"id", "piece"}
 
 
 def parse_tokenize(body: object) -> TokenizeRequest:
@@ -35,6 +41,8 @@ def parse_tokenize(body: object) -> TokenizeRequest:
     the parameter. Its ids are those a completion of the prompt (or a chat completion of
     the messages) with the same chat options and add_special_tokens is given."""
     body = object_body(body)
+    if "content" in body:
+        return _llama_tokenize(body)
     kind = "chat" if "messages" in body else "completions"
     allowed = {"model", "prompt", "add_special_tokens"}
     if kind == "chat":
@@ -60,6 +68,24 @@ def parse_tokenize(body: object) -> TokenizeRequest:
     if not isinstance(prompt, str):
         raise bad("prompt", "must be a string (or give messages)")
     return TokenizeRequest(body.get("model"), prompt, add_special_tokens=special)
+
+
+def _llama_tokenize(body: dict[str, Any]) -> TokenizeRequest:
+    """llama.cpp's /tokenize body: `content` (text), `add_special` (default false),
+    `with_pieces`, and `parse_special` true only (a special token's text in the content
+    is always read as that token, as the daemon reads every prompt)."""
+    known_only(body, LLAMA_TOKENIZE)
+    if not isinstance(body["content"], str):
+        raise bad("content", "must be a string")
+    for name in ("add_special", "with_pieces", "parse_special"):
+        if not _is(body.get(name, False), bool):
+            raise bad(name, f"must be a boolean; got {body[name]!r:.60}")
+    if body.get("parse_special") is False:
+        raise bad("parse_special", "only true is served: the text of a special token is "
+                  "read as that token, as in every prompt the daemon reads")  # fmt: skip
+    return TokenizeRequest(body.get("model"), body["content"],
+                           add_special_tokens=body.get("add_special", False),
+                           with_pieces=body.get("with_pieces", False))  # fmt: skip
 
 
 def parse_detokenize(body: object) -> tuple[str | None, list[int]]:

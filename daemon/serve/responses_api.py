@@ -70,9 +70,11 @@ def parse_responses(
     max_tokens_default: int,
     tool_call_parser: str | None,
     store: ResponseStore | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> ResponsesRequest:
     """A `/v1/responses` body, or ApiError (400) naming the parameter; `store`: where
-    `previous_response_id` is looked up (None: the server keeps no responses)."""
+    `previous_response_id` is looked up (None: the server keeps no responses); `defaults`:
+    the model's sampling defaults (parse_request's)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
@@ -113,7 +115,7 @@ def parse_responses(
     chat = as_chat(body, history)
     try:
         parsed = parse_request("chat", chat, max_tokens_default=max_tokens_default,
-                               tool_call_parser=tool_call_parser)  # fmt: skip
+                               tool_call_parser=tool_call_parser, defaults=defaults)  # fmt: skip
     except ApiError as e:
         raise renamed(e) from None
     text_format = body.get("text", {}).get("format", {"type": "text"})

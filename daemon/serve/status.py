@@ -96,7 +96,8 @@ class Status:
         engine = self.engine
         return HealthReply(snapshot.status, self.model_name, engine.max_model_len,
                            snapshot.num_requests, engine.config.vocab_size,
-                           engine.config.hidden_size)  # fmt: skip
+                           engine.config.hidden_size, engine.settings.max_num_seqs,
+                           engine.tokenizer.chat_template)  # fmt: skip
 
     def live_stats(
         self, snapshot: Snapshot, num_connections: int, num_refused: int
