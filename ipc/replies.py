@@ -93,6 +93,7 @@ class TokenizeReply:
     TYPE: ClassVar[str] = "tokenize_reply"
     id: str
     token_ids: list[int]
+    text: str | None = None  # chat messages' rendered prompt, the text of token_ids
 
 
 @dataclass(slots=True)

@@ -173,6 +173,19 @@ class AsyncClient:
         assert isinstance(reply, TokenizeReply), reply
         return reply.token_ids
 
+    async def render(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_options: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat prompt `messages` make, as the daemon renders it with its chat template
+        (the text of the ids `tokenize` gives them). Raises RequestError."""
+        reply = await self._ask(tokenize_message(messages, tools, chat_options, None))
+        assert isinstance(reply, TokenizeReply) and reply.text is not None, reply
+        return reply.text
+
     async def detokenize(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """As `Client.detokenize`. Raises RequestError."""
         request = Detokenize(uuid.uuid4().hex, token_ids, skip_special_tokens)

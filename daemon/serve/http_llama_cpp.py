@@ -8,11 +8,8 @@ Served (each a function of the `Frontend` and the request, bound by `http.create
   the last, `stop: true`, with no `[DONE]` (llama.cpp sends none on this route). Several
   prompts answer with a list, a streamed one's events told apart by `index`.
 - POST /apply-template: `{"messages"}` (with /tokenize's chat options and tools) ->
-  `{"prompt"}`: the chat as the daemon renders it. The protocol has no "render" reply,
-  so this is the text of the rendered chat's ids (tokenize, then detokenize keeping
-  special tokens): the template's text itself wherever the tokenizer gives back the text
-  it read (byte-level BPE; a normalizer or SentencePiece's leading-space rule may not).
-  Its ids are the chat route's, which is what a /completion of it needs.
+  `{"prompt"}`: the chat as the daemon renders it with its chat template (the text
+  whose ids a chat completion of them is given: the tokenize reply carries it).
 - GET /props: default_generation_settings (DEFAULTS, as a /completion without them
   runs), total_slots (the engine's max_num_seqs: there are no slots, that is how many
   requests run at once), model_path (the daemon's --model), model_alias (the served
@@ -43,7 +40,7 @@ from ...ipc.messages import Done, HealthReply, ProtocolError
 from .http_embeddings import embed_all
 from .http_frontend import Frontend
 from .http_streams import Timing, after, first_of, gathered
-from .http_utility import server_version, tokenized
+from .http_utility import server_version
 from .llama_cpp_answers import CompletionAnswers
 from .llama_cpp_api import DEFAULTS, LlamaOptions, generation_settings, parse_completion
 from .openai_api import object_body
@@ -106,14 +103,16 @@ async def _events(frontend: Frontend, first: Any, items: AsyncIterator, answers:
 
 
 async def apply_template(frontend: Frontend, request: Request) -> Response:
-    """llama.cpp's /apply-template: the chat `messages` rendered by the chat template, as
-    the text of the ids a chat completion of them is given (the module docstring says
-    where that can differ from the template's text)."""
+    """llama.cpp's /apply-template: the chat `messages` rendered by the daemon's chat
+    template, the text a chat completion of them encodes."""
     body = await frontend.read_json(request)
     if not isinstance(body, dict) or "messages" not in body:
         raise bad("messages", "is required: the chat to render")
-    ids = await tokenized(frontend, parse_tokenize(body))
-    text = await _daemon(frontend.client.detokenize(ids, skip_special_tokens=False))
+    asked = parse_tokenize(body)
+    frontend.check_model(asked.model)
+    assert isinstance(asked.prompt, list)  # messages, so a chat
+    text = await _daemon(frontend.client.render(asked.prompt, tools=asked.tools,
+                                                chat_options=asked.chat_options))  # fmt: skip
     return JSONResponse({"prompt": text})
 
 

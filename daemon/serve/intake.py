@@ -147,23 +147,28 @@ class RequestChecks:
         """A text or chat prompt's token ids (on a tokenizing thread): the text encoded,
         or the messages in the chat template (with a generation prompt unless its
         chat_options say otherwise). Its length is the caller's to check."""
-        tokenizer = self.tokenizer
+        special = request.add_special_tokens
+        if request.prompt is not None:
+            return self.tokenizer.encode(request.prompt, add_special_tokens=special is not False)
+        return self.chat_ids(request)[0]
+
+    def chat_ids(self, request: Generate | Tokenize) -> tuple[list[int], str]:
+        """A chat prompt's token ids and their text: its messages in the chat template (on
+        a tokenizing thread), encoded with special tokens only if it asks for them."""
+        assert request.messages is not None
+        options = request.chat_options or {}
         try:
-            special = request.add_special_tokens
-            if request.prompt is not None:
-                return tokenizer.encode(request.prompt, add_special_tokens=special is not False)
-            assert request.messages is not None
-            options = request.chat_options or {}
-            text = tokenizer.apply_chat_template(
+            text = self.tokenizer.apply_chat_template(
                 for_template(request.messages),
                 add_generation_prompt=options.get("add_generation_prompt", True),
                 continue_final_message=options.get("continue_final_message", False),
                 tools=request.tools,
                 **{**self.template_kwargs, **options.get("kwargs", {})},
             )
-            return tokenizer.encode(text, add_special_tokens=bool(special))
         except Exception as e:  # a template may reject a conversation (e.g. bad role order)
             raise ProtocolError("bad_request", f"cannot render the prompt: {e}") from None
+        special = bool(request.add_special_tokens)
+        return self.tokenizer.encode(text, add_special_tokens=special), text
 
     def text_of(self, request: Detokenize) -> str:
         """The text of vocabulary token ids (on a tokenizing thread)."""

@@ -154,6 +154,9 @@ class Requests:
 
     def _text_reply(self, request: Tokenize | Detokenize) -> bytes:
         """On a tokenizing thread: the reply's bytes (ProtocolError for a bad request)."""
+        if isinstance(request, Tokenize) and request.messages is not None:
+            ids, text = self.checks.chat_ids(request)  # the text too, for /apply-template
+            return encode(TokenizeReply(request.id, ids, text))
         if isinstance(request, Tokenize):
             return encode(TokenizeReply(request.id, self.checks.text_ids(request)))
         return encode(DetokenizeReply(request.id, self.checks.text_of(request)))
