@@ -47,6 +47,9 @@ SERVE_OPTIONS: dict[str, tuple[Any, type]] = {
     "speculative_config": (None, str),
     "generation_config": ("auto", str),
     "override_generation_config": (None, str),
+    "allowed_origins": (None, str),
+    "ssl_keyfile": (None, str),
+    "ssl_certfile": (None, str),
 }
 
 
@@ -212,6 +215,25 @@ def load_config(path: Path) -> dict[str, Any]:
     "request's chat_template_kwargs win (vLLM's --default-chat-template-kwargs).",
 )
 @click.option(
+    "--allowed-origins",
+    default=None,
+    metavar="ORIGINS",
+    help="Browser origins that may call the HTTP API (CORS), comma-separated or a JSON list, "
+    "e.g. 'http://localhost:3000' or '*' (any) [default: none].",
+)
+@click.option(
+    "--ssl-keyfile",
+    default=None,
+    metavar="FILE",
+    help="Serve HTTPS with this private key (PEM), with --ssl-certfile.",
+)
+@click.option(
+    "--ssl-certfile",
+    default=None,
+    metavar="FILE",
+    help="Serve HTTPS with this certificate chain (PEM), with --ssl-keyfile.",
+)
+@click.option(
     "--generation-config",
     default=None,
     metavar="auto|vllm|FOLDER",
@@ -356,6 +378,23 @@ def _template_kwargs(value: str | None) -> dict[str, Any] | None:
     return kwargs
 
 
+def _origins(value: str | None) -> tuple[str, ...]:
+    """--allowed-origins: a JSON list of strings, or comma-separated (ValueError if not)."""
+    if value is None:
+        return ()
+    if value.lstrip().startswith("["):
+        import json
+
+        try:
+            origins = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"--allowed-origins is not a JSON list: {e}") from None
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise ValueError("--allowed-origins must be a JSON list of strings")
+        return tuple(origins)
+    return tuple(o.strip() for o in value.split(",") if o.strip())
+
+
 def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
     """The HTTP front end's settings, or None without --http (click.UsageError when a
     non-loopback host has no key)."""
@@ -364,9 +403,11 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
             raise click.UsageError("--tool-call-parser reads HTTP tool calls: it needs --http")
         if options["reasoning_parser"] is not None:
             raise click.UsageError("--reasoning-parser reads HTTP chat answers: it needs --http")
-        if options["override_generation_config"] is not None:
-            raise click.UsageError("--override-generation-config sets HTTP requests' defaults: "
-                                   "it needs --http")  # fmt: skip
+        for name in ("override_generation_config", "allowed_origins", "ssl_keyfile",
+                     "ssl_certfile"):  # fmt: skip
+            if options[name] is not None:
+                flag = "--" + name.replace("_", "-")
+                raise click.UsageError(f"{flag} is an HTTP setting: it needs --http")
         return None
     from ..daemon.serve.http_config import HttpConfig, parse_host_port
 
@@ -387,6 +428,9 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
                           tool_call_parser=options["tool_call_parser"],
                           reasoning_parser=options["reasoning_parser"],
                           responses_store_mb=options["responses_store_mb"],
-                          generation_defaults=defaults)  # fmt: skip
+                          generation_defaults=defaults,
+                          allowed_origins=_origins(options["allowed_origins"]),
+                          ssl_keyfile=options["ssl_keyfile"],
+                          ssl_certfile=options["ssl_certfile"])  # fmt: skip
     except ValueError as e:
         raise click.UsageError(str(e)) from None

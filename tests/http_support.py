@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -23,12 +24,13 @@ class HttpDaemon:
     `wait=False` the caller calls `wait_ready()` (to start several at once)."""
 
     def __init__(self, tmp: Path, model_dir: Path, *extra: str, env: dict | None = None,
-                 wait: bool = True) -> None:  # fmt: skip
+                 wait: bool = True, verify: ssl.SSLContext | bool = True) -> None:  # fmt: skip
         tmp.chmod(0o700)
         self.address = f"ipc://{tmp}/d.sock"
         self.log_path = tmp / "serve.log"
         self.log = self.log_path.open("w+")
         self.url = ""
+        self.verify = verify  # for HTTPS: the certificate the daemon serves
         env = {**os.environ, **(env or {})}
         env.pop("REPRISE_SOCKET", None)
         cmd = [
@@ -54,11 +56,12 @@ class HttpDaemon:
         deadline, url = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline and self.proc.poll() is None:
             if url is None:
-                found = re.search(r"HTTP on (http://\S+:\d+)", self.log_path.read_text())
+                found = re.search(r"HTTP on (https?://\S+:\d+)", self.log_path.read_text())
                 url = found.group(1) if found else None
             else:
                 with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    health = httpx.get(f"{url}/health", timeout=5, verify=self.verify)
+                    if health.status_code == 200:
                         return url
             time.sleep(0.05)
         raise AssertionError(f"the daemon never became ready; log:\n{self.read_log()[-3000:]}")

@@ -20,7 +20,10 @@ http_llama_cpp.py (llama.cpp's native /completion, /apply-template, /props, /emb
 http_streams.py holds the plumbing between the daemon's streams and the client.
 
 Guarantees: every route but /health needs the API key when one is set (compared
-in constant time); every error is OpenAI's JSON error shape.
+in constant time); every error is OpenAI's JSON error shape. Browsers may call it
+cross-origin only from `--allowed-origins` (none by default: unlike vLLM's and
+llama.cpp's "*", so a web page cannot reach a loopback server); with `--ssl-certfile`
+and `--ssl-keyfile` it speaks HTTPS only.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import threading
 from collections.abc import Callable
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -101,7 +106,13 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
         Route("/props", guarded(props), methods=["GET"]),
         *(Route(p, guarded(embedding), methods=["POST"]) for p in ("/embedding", "/embeddings")),
     ]
-    app = Starlette(routes=routes)
+    middleware = []
+    if config.allowed_origins:  # browsers' cross-origin calls (preflights answered here)
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"], max_age=600,
+        ))  # fmt: skip
+    app = Starlette(routes=routes, middleware=middleware)
     app.state.frontend = frontend
     return app
 
@@ -127,7 +138,8 @@ class HttpThread:
         self.port = self.sock.getsockname()[1]
         app = create_app(config, daemon_address)
         uv_config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                   timeout_graceful_shutdown=5)  # fmt: skip
+                                   timeout_graceful_shutdown=5, ssl_keyfile=config.ssl_keyfile,
+                                   ssl_certfile=config.ssl_certfile)  # fmt: skip
         self.server = uvicorn.Server(uv_config)
         self.thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self.config = config
@@ -142,7 +154,8 @@ class HttpThread:
         # in processes of their own, never wait for it).
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.thread.start()
-        log.info("HTTP on http://%s:%d (OpenAI API under /v1)", self.config.host, self.port)
+        scheme, host = self.config.scheme, self.config.host
+        log.info("HTTP on %s://%s:%d (OpenAI API under /v1)", scheme, host, self.port)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -5,6 +5,7 @@ parser, a bad port or store size each raise ValueError naming it."""
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,12 @@ class HttpConfig:
     # sampling defaults of requests that set none (generation_defaults.py: the model's
     # generation_config.json, as vLLM's --generation-config), SamplingParams' names
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # browser origins allowed to call the API (CORS; vLLM's --allowed-origins): none by
+    # default, so no web page a user visits can reach a loopback server; "*" for any
+    allowed_origins: tuple[str, ...] = ()
+    # TLS (vLLM's --ssl-keyfile, --ssl-certfile): both or neither, loaded when checked
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)
@@ -54,6 +61,34 @@ class HttpConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"http port must be in [0, 65535]; got {self.port}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not _is_origin(origin):
+                raise ValueError(
+                    f"allowed origin must be '*' or scheme://host[:port] (no path); got {origin!r}"
+                )
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("TLS needs both --ssl-keyfile and --ssl-certfile")
+        if self.ssl_certfile is not None:
+            check_tls(self.ssl_certfile, self.ssl_keyfile)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ssl_certfile is None else "https"
+
+
+def _is_origin(value: str) -> bool:
+    """scheme://host[:port], as a browser's Origin header spells it."""
+    scheme, sep, rest = value.partition("://")
+    return bool(sep) and scheme in ("http", "https") and bool(rest) and "/" not in rest
+
+
+def check_tls(certfile: str, keyfile: str | None) -> None:
+    """Load the certificate chain and its key as uvicorn will (ValueError saying why not)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: {e}") from None
 
 
 def is_loopback(host: str) -> bool:
