@@ -242,6 +242,7 @@ def test_embedding_is_v1_embeddings_in_llama_cpps_shape(daemon: HttpDaemon) -> N
         ("/completion", {"prompt": "hi", "return_tokens": 1}, "return_tokens"),
         ("/completion", {"prompt": "hi", "model": "gpt-nothing"}, "model"),
         ("/embedding", {"content": "hi", "embd_normalize": 1}, "embd_normalize"),
+        ("/embedding", {"content": "hi", "embd_normalize": []}, "embd_normalize"),  # unhashable
         ("/tokenize", {"content": "hi", "parse_special": False}, "parse_special"),
         ("/apply-template", {}, "messages"),
     ],

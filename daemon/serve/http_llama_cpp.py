@@ -143,7 +143,7 @@ async def embedding(frontend: Frontend, request: Request) -> Response:
     param = "input" if "input" in body else "content"
     inputs = prompt_batch(body.get(param), param, min(frontend.config.max_queue, MAX_INPUTS))
     norm = body.get("embd_normalize", 2)
-    if norm not in NORMS or isinstance(norm, bool):
+    if isinstance(norm, bool) or not isinstance(norm, int) or norm not in NORMS:
         raise bad("embd_normalize", f"must be 2 (Euclidean, the default) or -1 (none); the "
                   f"other norms are not served; got {norm!r:.40}")  # fmt: skip
     dones = await embed_all(frontend, request, embedding_requests(body, inputs), t_start, param)
