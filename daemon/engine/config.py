@@ -135,6 +135,13 @@ class EngineConfig:
         "prompt blocks keep this many beside their KV, so cached prompts serve them.",
     )  # fmt: skip
 
+    seed: int | None = _setting(
+        None, "--seed",
+        "Seed the random seeds of requests that give none, one after another as they are "
+        "added, so a run's sampled answers repeat when its requests come in the same order "
+        "(vLLM's --seed) [default: fresh randomness each request].",
+    )  # fmt: skip
+
     disk_cache: str | None = _setting(
         None, "--disk-cache",
         "Keep KV blocks as files in this existing folder (one subfolder per model and "
@@ -236,6 +243,8 @@ class EngineConfig:
                 "max_prompt_logprobs",
                 f"max_prompt_logprobs must be an integer in [0, {MAX_PROMPT_LOGPROBS}]; got {top!r}",
             )
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 1 << 64):
+            raise SettingError("seed", f"seed must be an integer in [0, 2**64); got {self.seed!r}")
         gb = self.disk_cache_gb
         if (
             isinstance(gb, bool)

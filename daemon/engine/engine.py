@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import random
 import secrets
 import threading
 import weakref
@@ -160,6 +161,8 @@ class Engine:
         self._bad_words_lock = threading.Lock()  # the tokenizing threads and the loop
         self.prefill_tokens_computed = 0
         self._next_id = itertools.count()
+        # settings.seed: unseeded requests' seeds, drawn in the order they are added
+        self._seeds = None if settings.seed is None else random.Random(settings.seed)
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
         self._live: dict[RequestId, Sequence] = {}
         self._finished: dict[RequestId, Sequence] = {}
@@ -259,6 +262,11 @@ class Engine:
         vocab = self.config.vocab_size
         return frozenset(t for t in eos | frozenset(params.stop_token_ids) if t < vocab)
 
+    def _draw_seed(self) -> int:
+        """A request's seed when it gives none: fresh randomness, or the next of
+        settings.seed's sequence."""
+        return secrets.randbits(64) if self._seeds is None else self._seeds.getrandbits(64)
+
     def add_request(
         self,
         prompt: Prompt | PreparedPrompt,
@@ -313,7 +321,7 @@ class Engine:
         check_drawable(params, bad_words, stop_ids)
         grammar = None if params.structured is None else self.grammars.start(params.structured)
         request_id = RequestId(next(self._next_id))
-        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        seed = params.seed if params.seed is not None else self._draw_seed()
         namespace = _namespace(cache_salt)
         seq = Sequence(
             request_id,
