@@ -134,7 +134,11 @@ def _gguf_name(hf_name: str) -> str:
 
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)  # fmt: skip
-_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}
+_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3",
+            "granite": "Granite"}  # fmt: skip
+# Granite's config fields -> llama.cpp's metadata keys (convert_hf_to_gguf.py's GraniteModel)
+_GRANITE_KEYS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+                 "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}  # fmt: skip
 
 
 def hf_source(arch: str, seed: int, **overrides: Any) -> Any:
@@ -175,9 +179,9 @@ def gguf_of(
         state.pop("lm_head.weight")
     tensors = {}
     for name, value in state.items():
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch in ("llama", "granite") and name.endswith("q_proj.weight"):
             value = llama_cpp_permute(value, config.num_attention_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch in ("llama", "granite") and name.endswith("k_proj.weight"):
             value = llama_cpp_permute(value, config.num_key_value_heads)
         tensors[_gguf_name(name)] = value
     tensors |= extra or {}
@@ -194,6 +198,11 @@ def gguf_of(
         f"{arch}.rope.freq_base": float(config.rope_parameters["rope_theta"]),
         f"{arch}.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
         **(_tokenizer_kv(pre) if tokenizer is None else tokenizer),
+        **{
+            f"{arch}.{key}": float(getattr(config, field))
+            for field, key in _GRANITE_KEYS.items()
+            if arch == "granite"
+        },
         **kv_changes,
     }
     return write_gguf(path, arch, kv, tensors, quantized=quantized)
@@ -324,6 +333,29 @@ def test_a_mistral_nemo_shape_converts(tmp_path: Path) -> None:
         assert np.array_equal(_bits(ours[name]), _bits(expected)), name
     assert json.loads((tmp_path / "out" / "config.json").read_text())["head_dim"] == 32
     prompt = np.random.default_rng(9).integers(0, len(TOKENS), 40)
+    theirs = hf_logits(model, prompt)
+    assert rel_l2_rows(run_ours(tmp_path / "out", prompt, [40]), theirs).max() < 2e-2
+
+
+def test_a_granite_file_converts_to_its_scaled_model(tmp_path: Path) -> None:
+    """llama.cpp's `granite` architecture: Llama's tensors, Q and K permuted, and the four
+    scales in its metadata. Written unquantized, the weights come back bit for bit, the
+    config carries the multipliers, and the logits are the source model's (transformers'
+    GGUF reader has no Granite)."""
+    scales = dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                  attention_multiplier=0.5, logits_scaling=8.0)  # fmt: skip
+    model = hf_source("granite", 7, tie_word_embeddings=True, **scales)
+    source = gguf_of(tmp_path / "g.gguf", "granite", model, "llama-bpe", quantized=False)
+    convert_gguf(source, tmp_path / "out", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["GraniteForCausalLM"]
+    assert {k: config[k] for k in scales} == scales
+    ours = load_safetensors(tmp_path / "out" / "model.safetensors")
+    for name, value in model.state_dict().items():
+        if name != "lm_head.weight":  # tied
+            expected = value.detach().numpy().astype(ml_dtypes.bfloat16)
+            assert np.array_equal(_bits(ours[name]), _bits(expected)), name
+    prompt = np.random.default_rng(10).integers(0, len(TOKENS), 40)
     theirs = hf_logits(model, prompt)
     assert rel_l2_rows(run_ours(tmp_path / "out", prompt, [40]), theirs).max() < 2e-2
 

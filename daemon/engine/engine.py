@@ -262,6 +262,16 @@ class Engine:
         vocab = self.config.vocab_size
         return frozenset(t for t in eos | frozenset(params.stop_token_ids) if t < vocab)
 
+    def _as_embedded(self, rows: np.ndarray | None) -> np.ndarray | None:
+        """A prompt table's rows as the embedding's rows enter the model: times Granite's
+        embedding_multiplier (folded into the embedding itself, weights.py), as
+        transformers multiplies its inputs_embeds; the rows' extra ids stay the given
+        rows'."""
+        factor = self.config.embedding_multiplier
+        if rows is None or factor == 1.0:
+            return rows
+        return (rows.astype(np.float32) * np.float32(factor)).astype(rows.dtype)
+
     def _draw_seed(self) -> int:
         """A request's seed when it gives none: fresh randomness, or the next of
         settings.seed's sequence."""
@@ -331,7 +341,7 @@ class Engine:
             namespace=namespace,
             retention=retention,
             priority=int(priority),
-            prompt_table=None if table is None else table.table,
+            prompt_table=None if table is None else self._as_embedded(table.table),
             prompt_extra_ids=None if table is None else table.extra_ids,
             prompt_id_bytes=id_bytes,
             stop_ids=stop_ids,

@@ -8,6 +8,7 @@ names it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,14 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"  # a key of registry.FAMILIES
     # the sliding window that capped max_position_embeddings (registry.py), if one did
     sliding_window: int | None = None
+    # Granite's (registry.ModelFamily.scaled): the embedding's output and each layer's
+    # attention and MLP outputs are multiplied by these, the logits divided by
+    # logits_scaling (weights.py folds them into the weights), and attention scores are
+    # scaled by attention_multiplier instead of 1 / sqrt(head_dim)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -66,6 +75,18 @@ class ModelConfig:
             raise ModelConfigError(f"rms_norm_eps must be > 0; got {self.rms_norm_eps}")
         if not self.rope_theta > 0:
             raise ModelConfigError(f"rope_theta must be > 0; got {self.rope_theta}")
+        for field in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                      "logits_scaling"):  # fmt: skip
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, float) and 0 < value < math.inf):
+                raise ModelConfigError(f"{field} must be a finite number > 0; got {value!r}")
+
+    @property
+    def attention_scale(self) -> float:
+        """What attention scores are multiplied by: 1 / sqrt(head_dim), or Granite's own."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return 1.0 / math.sqrt(self.head_dim)
 
     @property
     def family(self) -> ModelFamily:
@@ -132,6 +153,7 @@ class ModelConfig:
                 eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
                 architecture=family.architecture,
                 sliding_window=capped,
+                **(_multipliers(raw) if family.scaled else {}),
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None
@@ -147,6 +169,17 @@ class ModelConfig:
             raise ModelConfigError(f"{config_path} not found: not a Hugging Face model folder")
         with open(config_path) as f:
             return cls.from_dict(json.load(f))
+
+
+def _multipliers(raw: dict[str, Any]) -> dict[str, Any]:
+    """Granite's four scalars, as transformers' GraniteConfig defaults them."""
+    attention = raw.get("attention_multiplier")
+    return {
+        "embedding_multiplier": float(raw.get("embedding_multiplier", 1.0)),
+        "residual_multiplier": float(raw.get("residual_multiplier", 1.0)),
+        "attention_multiplier": None if attention is None else float(attention),
+        "logits_scaling": float(raw.get("logits_scaling", 1.0)),
+    }
 
 
 def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,16 @@
-"""Convert a GGUF file of a Llama, Qwen2, Qwen3 or Phi-3 model into a Hugging Face model
-folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3 or Granite model into a Hugging
+Face model folder.
 
-`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3` or
-`phi3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
+`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3`,
+`phi3` or `granite` and writes `config.json`, `generation_config.json`, `model.safetensors`,
 `tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
   `[out_features, in_features]`, one tensor in memory at a time;
-- llama.cpp's row permutation of a Llama's Q and K projections is undone, so the
-  weights use Hugging Face's half-split rotary layout (llama.cpp permutes no other
-  family's);
+- llama.cpp's row permutation of a Llama's (and a Granite's) Q and K projections is
+  undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
+  no other family's); a Granite file's four scales become its config's multipliers;
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
   `llama3` rope_scaling that gives the same factors, checked against every one;
 - the tokenizer is gguf_tokenizer's (byte-level or SentencePiece BPE as llama.cpp
@@ -86,6 +86,9 @@ _FAMILIES = {
         },
         permuted_qk=False,
     ),
+    # Granite: Llama's tensors (Q and K permuted, as llama.cpp's converter treats it as a
+    # Llama) and four scalars in the metadata (`_GRANITE_SCALES`)
+    "granite": _Family("GraniteForCausalLM", _LAYER_NAMES, permuted_qk=True),
     # Phi-3: q, k and v in one matrix, gate and up in one (gate rows first), stored as the
     # Hugging Face checkpoint fuses them; llama.cpp permutes neither (NeoX rotary)
     "phi3": _Family(
@@ -100,6 +103,13 @@ _FAMILIES = {
         },
         permuted_qk=False,
     ),
+}
+# Granite's metadata key (after "granite.") -> its config.json field
+_GRANITE_SCALES = {
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
 }
 # Phi-3's LongRoPE (the 128k models): per-frequency factors the forward lacks
 _LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
@@ -237,7 +247,10 @@ def hf_config(
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "hidden_act": "silu",
     }
-    if arch == "llama":
+    if arch == "granite":
+        config |= {field: _float32(_require_number(meta, key(name)))
+                   for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
+    if arch in ("llama", "granite"):
         config |= {"attention_bias": False, "mlp_bias": False}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))

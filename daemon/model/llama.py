@@ -19,7 +19,6 @@ prefix was computed in this step or an earlier one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +91,7 @@ class LlamaModel:
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.rope_cos, self.rope_sin = backend.from_host(cos), backend.from_host(sin)
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.attention_scale
 
     def num_bytes(self) -> int:
         """Bytes the weights take on the backend, as it holds them."""

@@ -3,7 +3,7 @@
 A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
-the checkpoint), the sliding window transformers would apply, and the checks that refuse
+the checkpoint, Granite's scalar multipliers), the sliding window transformers would apply, and the checks that refuse
 a config whose options the forward does not implement. A sliding window shorter than the
 context caps the context at the window (config.py): up to there it never binds, so the
 forward's full attention is exact, and past it the kernels would be wrong.
@@ -39,6 +39,9 @@ class ModelFamily:
     window: Callable[[Mapping[str, Any]], int | None] = lambda raw: None
     # q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj` (Phi-3's checkpoints)
     fused: bool = False
+    # Granite's four scalars (embedding, residual and attention multipliers, logits
+    # scaling): read into ModelConfig, folded into the weights (weights.py) and the scale
+    scaled: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -80,6 +83,11 @@ def _check_qwen3(raw: Mapping[str, Any]) -> None:
         raise ModelConfigError("attention_bias=true is not supported")
 
 
+def _check_granite(raw: Mapping[str, Any]) -> None:
+    """Granite (3.x, dense) is Llama's forward with four scalar multipliers."""
+    _check_llama(raw)
+
+
 def _check_phi3(raw: Mapping[str, Any]) -> None:
     """Phi-3 is Llama's forward with fused projections; Phi-4-mini's partial rotary is not."""
     factor = raw.get("partial_rotary_factor", 1.0)
@@ -108,6 +116,9 @@ FAMILIES: dict[str, ModelFamily] = {
             check=_check_qwen3,
             qk_norm=True,
             window=_qwen2_window,
+        ),
+        ModelFamily(
+            "GraniteForCausalLM", "granite", qkv_bias=False, check=_check_granite, scaled=True
         ),
         ModelFamily(
             "Phi3ForCausalLM",

@@ -38,6 +38,7 @@ LLAMA3_ROPE = {
 QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6}
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6}
 PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5}
+GRANITE = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5}
 # The architectures of the models named, as their Hugging Face config.json gives them
 # (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -175,6 +176,42 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_scaling": None,
         "tie_word_embeddings": False,
         "sliding_window": 2047,
+    },
+    "granite-3.3-8b": {  # Granite 3.3 8B Instruct: Llama's forward and four multipliers
+        **GRANITE,
+        "hidden_size": 4096,
+        "intermediate_size": 12800,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 49159,
+        "max_position_embeddings": 131072,
+        "rope_theta": 10000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0078125,
+        "logits_scaling": 16.0,
+    },
+    "tiny-granite": {  # for tests: Granite's multipliers in kilobytes
+        **GRANITE,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.015625,
+        "logits_scaling": 8.0,
     },
     "tiny-phi3": {  # for tests: Phi-3's fused projections in kilobytes
         **PHI3,

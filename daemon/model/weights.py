@@ -3,8 +3,9 @@
 Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
 V are fused into one projection, and so are gate and up, so each layer runs
 two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
-has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer. A missing tensor or a wrong shape is an error that
-names it.
+has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer;
+Granite's scalar multipliers are folded into the weights (`_folded`). A missing tensor or
+a wrong shape is an error that names it.
 """
 
 from __future__ import annotations
@@ -125,4 +126,26 @@ def load_weights(
         if progress is not None:
             progress(i + 1, config.num_layers)
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
-    return LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
+    weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
+    return _folded(weights, config) if config.family.scaled else weights
+
+
+def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:
+    """Granite's scalars folded into the weights, so the forward stays Llama's: the
+    embedding times embedding_multiplier (as transformers multiplies its BF16 output, in
+    fp32 rounded once), o_proj and down_proj times residual_multiplier, the lm_head
+    divided by logits_scaling (a copy of the embedding's rows when tied). Folded weights
+    are rounded to BF16 once; transformers rounds the product instead, so the two agree
+    within BF16 rounding, not bit for bit."""
+
+    def scaled(w: np.ndarray, factor: float) -> np.ndarray:
+        if factor == 1.0:
+            return w
+        return (w.astype(np.float32) * np.float32(factor)).astype(BF16)
+
+    rm = config.residual_multiplier
+    for layer in weights.layers:
+        layer.o_proj, layer.down_proj = scaled(layer.o_proj, rm), scaled(layer.down_proj, rm)
+    lm_head = scaled(weights.lm_head, 1.0 / config.logits_scaling)
+    embed = scaled(weights.embed_tokens, config.embedding_multiplier)
+    return LlamaWeights(embed, weights.layers, weights.final_norm, lm_head)
