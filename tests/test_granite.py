@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_model_reference import hf_logits, rel_l2_rows, run_ours
+from test_model_reference import hf_logits, rel_l2_rows, run_ours, save_widened
 from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
-from reprise.daemon.model.synth import write_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -32,14 +31,7 @@ def make_hf_granite(out: Path, seed: int, **overrides) -> torch.nn.Module:
     values), its weights widened as test_model_reference's are."""
     torch.manual_seed(seed)
     config = transformers.GraniteConfig(**{**GRANITE, **overrides})
-    model = transformers.GraniteForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0) if p.dim() > 1 else p.copy_(1 + 0.2 * torch.randn_like(p))
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(out)
-    write_tokenizer(out, GRANITE["vocab_size"])
-    return model.float().eval()
+    return save_widened(transformers.GraniteForCausalLM(config), out, GRANITE["vocab_size"])
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

@@ -46,6 +46,21 @@ def make_hf_model(out: Path, seed: int, **overrides) -> torch.nn.Module:
     return model.float().eval()
 
 
+def save_widened(model: torch.nn.Module, out: Path, vocab_size: int) -> torch.nn.Module:
+    """`model` (a transformers model, randomly initialized under a seed) widened as
+    make_hf_model's, saved to `out` as BF16 safetensors with a synthetic tokenizer, and
+    returned in fp32 (the same values)."""
+    from reprise.daemon.model.synth import write_tokenizer
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() > 1 else p.copy_(1 + 0.2 * torch.randn_like(p))
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out)
+    write_tokenizer(out, vocab_size)
+    return model.float().eval()
+
+
 def run_ours(path: Path, prompt: np.ndarray, chunks: list[int], block_size: int = 16) -> np.ndarray:
     """All positions' logits, computing the prompt in the given chunk sizes."""
     config = ModelConfig.from_dir(path)

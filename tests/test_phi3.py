@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_model_reference import hf_logits, rel_l2_rows, run_ours
+from test_model_reference import hf_logits, rel_l2_rows, run_ours, save_widened
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.engine.config import SettingError
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
 from reprise.daemon.model.modelinfo import model_info
-from reprise.daemon.model.synth import write_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,13 +30,7 @@ def make_hf_phi3(out: Path, seed: int, **overrides) -> torch.nn.Module:
     its weights widened as test_model_reference's are."""
     torch.manual_seed(seed)
     model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**{**PHI3, **overrides}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0) if p.dim() > 1 else p.copy_(1 + 0.2 * torch.randn_like(p))
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(out)
-    write_tokenizer(out, PHI3["vocab_size"])
-    return model.float().eval()
+    return save_widened(model, out, PHI3["vocab_size"])
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
