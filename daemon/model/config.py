@@ -46,6 +46,9 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # SmolLM3's (registry.ModelFamily.nope): whether each layer rotates its queries and
+    # keys (RoPE); None: every layer does
+    rope_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -80,6 +83,11 @@ class ModelConfig:
             value = getattr(self, field)
             if value is not None and not (isinstance(value, float) and 0 < value < math.inf):
                 raise ModelConfigError(f"{field} must be a finite number > 0; got {value!r}")
+
+        if self.rope_layers is not None and len(self.rope_layers) != self.num_layers:
+            raise ModelConfigError(
+                f"rope_layers has {len(self.rope_layers)} entries for {self.num_layers} layers"
+            )
 
     @property
     def attention_scale(self) -> float:
@@ -154,6 +162,7 @@ class ModelConfig:
                 architecture=family.architecture,
                 sliding_window=capped,
                 **(_multipliers(raw) if family.scaled else {}),
+                rope_layers=_rope_layers(raw) if family.nope else None,
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None
@@ -169,6 +178,25 @@ class ModelConfig:
             raise ModelConfigError(f"{config_path} not found: not a Hugging Face model folder")
         with open(config_path) as f:
             return cls.from_dict(json.load(f))
+
+
+def _rope_layers(raw: dict[str, Any]) -> tuple[bool, ...] | None:
+    """SmolLM3's `no_rope_layers` (1 where a layer uses RoPE), or transformers' default:
+    every `no_rope_layer_interval`-th layer (4th) without; None when every layer uses it."""
+    num_layers = int(raw["num_hidden_layers"])
+    given = raw.get("no_rope_layers")
+    if given is None:
+        interval = int(raw.get("no_rope_layer_interval", 4))
+        layers = tuple((i + 1) % interval != 0 for i in range(num_layers))
+        return None if all(layers) else layers
+    if not isinstance(given, list) or len(given) != num_layers or any(
+        v not in (0, 1) or isinstance(v, float) for v in given
+    ):
+        raise ModelConfigError(
+            f"no_rope_layers must be a list of {num_layers} zeros and ones (one a layer)"
+        )
+    layers = tuple(bool(v) for v in given)
+    return None if all(layers) else layers
 
 
 def _multipliers(raw: dict[str, Any]) -> dict[str, Any]:

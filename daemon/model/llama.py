@@ -91,11 +91,21 @@ class LlamaModel:
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.rope_cos, self.rope_sin = backend.from_host(cos), backend.from_host(sin)
+        # each layer's (cos, sin): a layer without RoPE (SmolLM3's) rotates by angle 0, by
+        # tables of ones and zeros, exactly the identity (x * 1 - y * 0 == x)
+        rotating = config.rope_layers or (True,) * config.num_layers
+        identity = None
+        if not all(rotating):
+            identity = backend.from_host(np.ones_like(cos)), backend.from_host(np.zeros_like(sin))
+        self.rope_tables = [
+            (self.rope_cos, self.rope_sin) if rotates else identity for rotates in rotating
+        ]
         self.scale = config.attention_scale
 
     def num_bytes(self) -> int:
         """Bytes the weights take on the backend, as it holds them."""
-        arrays = [self.embed_tokens, self.final_norm, self.lm_head, self.rope_cos, self.rope_sin]
+        arrays = [self.embed_tokens, self.final_norm, self.lm_head]
+        arrays += [table for tables in self.rope_tables for table in tables]
         for layer in self.layers:
             arrays += [getattr(layer, name) for name in layer.__slots__]
         arrays = [a for a in arrays if a is not None]
@@ -134,12 +144,13 @@ class LlamaModel:
         positions, slots, num_heads = batch.positions, batch.slot_mapping, cfg.num_heads
         tables, seq_lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         cos, sin, scale = self.rope_cos, self.rope_sin, self.scale
+        rope_tables = self.rope_tables
         # [T, hidden] fp32; fake ids read the step's prompt-table rows
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
 
         def rope_args(idx: int) -> tuple:
-            return (positions, cos, sin, kv_cache, idx, slots, num_heads)
+            return (positions, *rope_tables[idx], kv_cache, idx, slots, num_heads)
 
         def head(x: Any, idx: int) -> Any:
             # the queries come back rotated, the keys (rotated) and values go into their
@@ -157,7 +168,7 @@ class LlamaModel:
             return ops.rope_kv_write(qkv, *rope_args(idx))
 
         q = head(x, 0)
-        if all(layer.plain_head for layer in self.layers):
+        if all(layer.plain_head for layer in self.layers) and self.config.rope_layers is None:
             # each layer from its attention on, with the next layer's head: the layers
             # after the first head together, maybe one kernel (attention_layers)
             last = len(self.layers) - 1
@@ -168,7 +179,7 @@ class LlamaModel:
                 (q, kv_cache, 0, tables, seq_lens, starts, scale), layers, residual, eps,
                 (positions, cos, sin, kv_cache, slots, num_heads),
             )  # fmt: skip
-        else:  # a qkv bias or q and k norms: the layers one at a time
+        else:  # a qkv bias, q and k norms or layers without RoPE: the layers one at a time
             for idx, layer in enumerate(self.layers):
                 # attention, then o_proj and down_proj, whose outputs go only into the residual
                 # add and the next norm: the layer from its attention on, maybe one kernel

@@ -3,7 +3,8 @@
 A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
-the checkpoint, Granite's scalar multipliers), the sliding window transformers would apply, and the checks that refuse
+the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE), the sliding
+window transformers would apply, and the checks that refuse
 a config whose options the forward does not implement. A sliding window shorter than the
 context caps the context at the window (config.py): up to there it never binds, so the
 forward's full attention is exact, and past it the kernels would be wrong.
@@ -42,6 +43,9 @@ class ModelFamily:
     # Granite's four scalars (embedding, residual and attention multipliers, logits
     # scaling): read into ModelConfig, folded into the weights (weights.py) and the scale
     scaled: bool = False
+    # SmolLM3's `no_rope_layers` (1: the layer rotates its queries and keys, 0: it does
+    # not): read into ModelConfig.rope_layers, the others' rotation by identity tables
+    nope: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -88,6 +92,15 @@ def _check_granite(raw: Mapping[str, Any]) -> None:
     _check_llama(raw)
 
 
+def _smollm3_window(raw: Mapping[str, Any]) -> int | None:
+    """SmolLM3's window where transformers applies it: with use_sliding_window, to the
+    layers `layer_types` marks "sliding_attention"."""
+    if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
+        return None
+    sliding = "sliding_attention" in (raw.get("layer_types") or [])
+    return int(raw["sliding_window"]) if sliding else None
+
+
 def _check_phi3(raw: Mapping[str, Any]) -> None:
     """Phi-3 is Llama's forward with fused projections; Phi-4-mini's partial rotary is not."""
     factor = raw.get("partial_rotary_factor", 1.0)
@@ -119,6 +132,14 @@ FAMILIES: dict[str, ModelFamily] = {
         ),
         ModelFamily(
             "GraniteForCausalLM", "granite", qkv_bias=False, check=_check_granite, scaled=True
+        ),
+        ModelFamily(
+            "SmolLM3ForCausalLM",
+            "smollm3",
+            qkv_bias=False,
+            check=_check_llama,
+            window=_smollm3_window,
+            nope=True,
         ),
         ModelFamily(
             "Phi3ForCausalLM",

@@ -39,6 +39,7 @@ QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6}
 PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5}
 GRANITE = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5}
+SMOLLM3 = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "rms_norm_eps": 1e-6}
 # The architectures of the models named, as their Hugging Face config.json gives them
 # (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -194,6 +195,36 @@ SHAPES: dict[str, dict[str, Any]] = {
         "residual_multiplier": 0.22,
         "attention_multiplier": 0.0078125,
         "logits_scaling": 16.0,
+    },
+    "smollm3-3b": {  # SmolLM3-3B: Llama's forward, every 4th layer without RoPE
+        **SMOLLM3,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 65536,
+        "rope_theta": 5000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "no_rope_layer_interval": 4,
+    },
+    "tiny-smollm3": {  # for tests: SmolLM3's layers without RoPE in kilobytes
+        **SMOLLM3,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "rope_theta": 2000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "no_rope_layers": [1, 0, 1, 0],
     },
     "tiny-granite": {  # for tests: Granite's multipliers in kilobytes
         **GRANITE,
