@@ -46,7 +46,7 @@ from .http_completions import chat, completions
 from .http_config import HttpConfig
 from .http_embeddings import embeddings, rerank, score
 from .http_frontend import Frontend
-from .http_llama_cpp import apply_template, completion, embedding, props
+from .http_llama_cpp import apply_template, completion, embedding, infill, props
 from .http_responses import responses, stored_response
 from .http_utility import detokenize, health, metrics_route, model, models, tokenize, version
 from .openai_errors import ApiError
@@ -103,6 +103,7 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
         # llama.cpp's llama-server native routes (not OpenAI's: no /v1)
         *(Route(p, guarded(completion), methods=["POST"]) for p in ("/completion", "/completions")),
         Route("/apply-template", guarded(apply_template), methods=["POST"]),
+        Route("/infill", guarded(infill), methods=["POST"]),
         Route("/props", guarded(props), methods=["GET"]),
         *(Route(p, guarded(embedding), methods=["POST"]) for p in ("/embedding", "/embeddings")),
     ]

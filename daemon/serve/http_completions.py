@@ -44,6 +44,8 @@ async def _generate(frontend: Frontend, request: Request, kind: str) -> Response
                            tool_call_parser=frontend.config.tool_call_parser,
                            defaults=frontend.config.generation_defaults)  # fmt: skip
     frontend.check_model(parsed.model)
+    if parsed.suffix is not None:  # fill in the middle, with the model's tokens
+        parsed.fill_in(await frontend.fim_tokens())
     frontend.set_reasoning_parser(parsed)
     if parsed.prompt is None:  # prompt_embeds alone: its rows are the prompt
         parsed.table_prompt(await frontend.vocab_size())

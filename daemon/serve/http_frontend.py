@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ...ipc.client import DaemonUnavailable, RequestError
 from ...ipc.messages import Done, HealthReply, ProtocolError, TokenChunk
 from .async_client import AsyncClient
+from .fim import FimTokens
 from .http_config import HttpConfig
 from .http_streams import ClientPool, Timing, merged
 from .metrics import Metrics
@@ -122,6 +123,15 @@ class Frontend:
     async def vocab_size(self) -> int:
         """The model's vocabulary size (the first table id), asked of the daemon once."""
         return (await self.model_sizes()).vocab_size
+
+    async def fim_tokens(self) -> FimTokens | None:
+        """The model's fill-in-the-middle tokens (fim.py), or None: it has none (a
+        daemon's error as an ApiError)."""
+        try:
+            fim = (await self.model_sizes()).fim
+        except (RequestError, ProtocolError, DaemonUnavailable) as e:
+            raise api_error(e) from None
+        return None if fim is None else FimTokens.from_wire(fim)
 
     async def model_sizes(self, timeout_s: float = 10) -> HealthReply:
         """The daemon's health reply, asked once: its model's fixed sizes."""

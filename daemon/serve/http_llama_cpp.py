@@ -19,8 +19,11 @@ Served (each a function of the `Frontend` and the request, bound by `http.create
   `{"index", "embedding": [[...]]}`, one pooled row (the last token's, as
   /v1/embeddings'), L2-normalized as llama.cpp's default `embd_normalize: 2`; -1 gives
   the raw row. The other norms (0, 1, p > 2) are refused.
+- POST /infill: `input_prefix`, `input_suffix`, `input_extra` (other files) and `prompt`
+  (the middle's start) in the model's fill-in-the-middle layout (fim.py), with any
+  /completion setting, answered as a /completion; a model without those tokens is a 400.
 /tokenize and /detokenize take llama.cpp's bodies too (http_utility.py). Errors keep
-our OpenAI shape, named by llama.cpp's parameter; /slots, /infill, /reranking,
+our OpenAI shape, named by llama.cpp's parameter; /slots, /reranking,
 /lora-adapters and POST /props are not served (404 or 405).
 """
 
@@ -42,7 +45,13 @@ from .http_frontend import Frontend
 from .http_streams import Timing, after, first_of, gathered
 from .http_utility import server_version
 from .llama_cpp_answers import CompletionAnswers
-from .llama_cpp_api import DEFAULTS, LlamaOptions, generation_settings, parse_completion
+from .llama_cpp_api import (
+    DEFAULTS,
+    LlamaOptions,
+    generation_settings,
+    infill_body,
+    parse_completion,
+)
 from .openai_api import object_body
 from .openai_embeddings import MAX_INPUTS, EmbeddingFormat, embedding_requests, known_only, shaped
 from .openai_errors import ApiError, api_error, bad
@@ -55,8 +64,18 @@ NORMS = {-1: False, 2: True}  # llama.cpp's embd_normalize -> normalized to unit
 
 async def completion(frontend: Frontend, request: Request) -> Response:
     t_start = time.monotonic()
-    body = await frontend.read_json(request)
+    return await _complete(frontend, request, await frontend.read_json(request), t_start)
 
+
+async def infill(frontend: Frontend, request: Request) -> Response:
+    """llama.cpp's /infill: the text between `input_prefix` and `input_suffix`, in the
+    model's fill-in-the-middle layout (infill_body), answered as a /completion."""
+    t_start = time.monotonic()
+    body = infill_body(await frontend.read_json(request), await frontend.fim_tokens())
+    return await _complete(frontend, request, body, t_start)
+
+
+async def _complete(frontend: Frontend, request: Request, body: object, t_start: float) -> Response:
     async def tokenize(text: str, bos: bool) -> list[int]:
         return await _daemon(frontend.client.tokenize(text, add_special_tokens=bos))
 

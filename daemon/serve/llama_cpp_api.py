@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling.params import MAX_ABS_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS
+from .fim import FimTokens, infill_prompt
 from .openai_api import ParsedRequest, object_body, parse_request
 from .openai_embeddings import known_only
 from .openai_errors import ApiError, bad
@@ -169,6 +170,39 @@ async def parse_completion(
     n_predict = -1 if to_context else parsed.options["max_tokens"]
     options.settings = generation_settings(parsed.options, n_predict, parsed.stream, body)
     return parsed, options
+
+
+MAX_EXTRA_FILES = 64  # input_extra's chunks (other files' texts) an /infill may give
+
+
+def infill_body(body: object, fim: FimTokens | None) -> dict[str, Any]:
+    """llama.cpp's /infill body as the /completion body it amounts to: `input_prefix`,
+    `input_suffix`, `input_extra` ([{"filename", "text"}], other files, as context) and
+    `prompt` (the middle's start) laid out with the model's fill-in-the-middle tokens
+    (fim.py) as the prompt text; the other keys as /completion's."""
+    body = dict(object_body(body))
+    if fim is None:
+        raise bad("input_prefix", "this model has no fill-in-the-middle tokens (a code "
+                  "model's, such as Qwen2.5-Coder's <|fim_prefix|>)")  # fmt: skip
+    texts = {}
+    for key in ("input_prefix", "input_suffix", "prompt"):
+        texts[key] = body.pop(key, "")
+        if not isinstance(texts[key], str):
+            raise bad(key, f"must be a string; got {texts[key]!r:.60}")
+    extra = body.pop("input_extra", [])
+    if not isinstance(extra, list) or len(extra) > MAX_EXTRA_FILES or not all(
+        isinstance(c, dict) and set(c) <= {"filename", "text"}
+        and all(isinstance(v, str) for v in c.values()) for c in extra
+    ):  # fmt: skip
+        raise bad("input_extra", f"must be a list of at most {MAX_EXTRA_FILES} "
+                  '{"filename": ..., "text": ...} objects of strings')  # fmt: skip
+    files = [(c.get("filename", ""), c.get("text", "")) for c in extra]
+    try:
+        prompt = infill_prompt(fim, texts["input_prefix"], texts["input_suffix"],
+                               start=texts["prompt"], files=files)  # fmt: skip
+    except ValueError as e:
+        raise bad("input_extra", str(e)) from None
+    return {**body, "prompt": prompt}
 
 
 def _llama_values(openai: dict[str, Any]) -> None:

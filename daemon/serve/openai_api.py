@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .fim import FimTokens, infill_prompt
 from .openai_chat import CHAT_OPTIONS, parse_chat_options, parse_messages
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is
@@ -36,7 +37,6 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's (and SamplingParams')
 # Accepted and not acted on, when their value asks for nothing we would have to do.
 HARMLESS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: _is(v, str),  # logged with the request
-    "suffix": lambda v: v is None,
     "best_of": lambda v: v in (None, 1),
     "store": lambda v: v in (None, False),
     "metadata": lambda v: True,
@@ -62,7 +62,7 @@ COMMON = {"model", "stream", "stream_options", "n", "stop", "cache_salt", "prior
           "return_tokens_as_token_ids", "add_special_tokens", *PASSED, *HARMLESS}  # fmt: skip
 COMMON |= set(STRUCTURED)
 KNOWN = {
-    "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo"},
+    "completions": COMMON | {"prompt", "prompt_embeds", "logprobs", "echo", "suffix"},
     "chat": COMMON
     | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "echo", *CHAT_OPTIONS},
 }
@@ -107,6 +107,22 @@ class ParsedRequest:
     # /v1/completions given a list of prompts: each runs as a request of its own, and its
     # choices are indices i * n .. i * n + n - 1 (as OpenAI's); None: the one `prompt`
     batch: list[str | list[int]] | None = None
+    # OpenAI's `suffix` (completions): the text after the one asked for, each prompt its
+    # prefix (fill in the middle: `fill_in`, with the model's tokens, fim.py)
+    suffix: str | None = None
+
+    def fill_in(self, fim: FimTokens | None) -> None:
+        """Each prompt laid out as the prefix of a fill-in-the-middle prompt before
+        `suffix` (ApiError 400 when the model has no such tokens)."""
+        if self.suffix is None:
+            return
+        if fim is None:
+            raise bad("suffix", "this model has no fill-in-the-middle tokens (a code model's, "
+                      "such as Qwen2.5-Coder's <|fim_prefix|>)")  # fmt: skip
+        suffix = self.suffix
+        self.prompt = infill_prompt(fim, self.prompt, suffix)  # type: ignore[arg-type]
+        if self.batch is not None:
+            self.batch = [infill_prompt(fim, p, suffix) for p in self.batch]  # type: ignore[arg-type]
 
     @property
     def prompts(self) -> list[Any]:
@@ -264,6 +280,8 @@ def parse_request(
         if stream:
             raise bad("prompt_logprobs", "is not supported with stream: true")
         parsed.num_prompt_logprobs = options["prompt_logprobs"] = top
+    if body.get("suffix") is not None:  # a completions' key alone (KNOWN)
+        parsed.suffix = _suffix(body["suffix"], parsed, echo)
     if echo and kind == "completions":
         text_prompts = all(isinstance(p, str) for p in parsed.prompts)
         if stream and not (text_prompts and parsed.num_logprobs is None):
@@ -284,6 +302,18 @@ def object_body(body: object) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return {k: v for k, v in body.items() if v is not None}  # null means "not given"
+
+
+def _suffix(suffix: object, parsed: ParsedRequest, echo: bool) -> str:
+    """OpenAI's `suffix`: a string, after text prompts (their prefixes), without echo."""
+    if not isinstance(suffix, str):
+        raise bad("suffix", f"must be a string; got {suffix!r:.60}")
+    if not all(isinstance(p, str) for p in parsed.prompts):
+        raise bad("suffix", "goes with text prompts (the text before the middle), not token ids "
+                  "or prompt_embeds")  # fmt: skip
+    if echo:
+        raise bad("echo", "is not supported with suffix")
+    return suffix
 
 
 def _echo(body: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ...ipc.messages import HealthReply
 from ..engine.engine import Engine
+from .fim import find_fim
 
 # How old the engine's counters in a stats reply answered during a step may be.
 SNAPSHOT_REFRESH_S = 0.02
@@ -43,6 +44,8 @@ class Status:
     def __init__(self, engine: Engine, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
+        vocabulary = engine.tokenizer.backend.get_vocab(with_added_tokens=True)
+        self.fim = find_fim(vocabulary)  # the health reply's: the model's FIM tokens
         self.counters = Counters()
         self.snapshot: Snapshot | None = None  # None until serving starts
         self._engine_stats: dict[str, object] = {}
@@ -97,7 +100,8 @@ class Status:
         return HealthReply(snapshot.status, self.model_name, engine.max_model_len,
                            snapshot.num_requests, engine.config.vocab_size,
                            engine.config.hidden_size, engine.settings.max_num_seqs,
-                           engine.tokenizer.chat_template)  # fmt: skip
+                           engine.tokenizer.chat_template,
+                           None if self.fim is None else self.fim.as_wire())  # fmt: skip
 
     def live_stats(
         self, snapshot: Snapshot, num_connections: int, num_refused: int
