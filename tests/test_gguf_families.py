@@ -135,7 +135,8 @@ def _gguf_name(hf_name: str) -> str:
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)  # fmt: skip
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3",
-            "granite": "Granite"}  # fmt: skip
+            "granite": "Granite", "smollm3": "SmolLM3"}  # fmt: skip
+PERMUTED = ("llama", "granite", "smollm3")  # llama.cpp's converter permutes their Q and K
 # Granite's config fields -> llama.cpp's metadata keys (convert_hf_to_gguf.py's GraniteModel)
 _GRANITE_KEYS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
                  "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}  # fmt: skip
@@ -149,7 +150,7 @@ def hf_source(arch: str, seed: int, **overrides: Any) -> Any:
     ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # Phi3Config's are 32,000
     config = getattr(transformers, f"{prefix}Config")(
         **{**_SHAPE, "vocab_size": len(TOKENS), "rope_theta": 1e6 if arch != "llama" else 1e4,
-           **(ids if arch == "phi3" else {}), **overrides}
+           **(ids if arch in ("phi3", "smollm3") else {}), **overrides}
     )  # fmt: skip
     model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     with torch.no_grad():  # as test_qwen2 widens them: biases as large as trained ones
@@ -179,9 +180,9 @@ def gguf_of(
         state.pop("lm_head.weight")
     tensors = {}
     for name, value in state.items():
-        if arch in ("llama", "granite") and name.endswith("q_proj.weight"):
+        if arch in PERMUTED and name.endswith("q_proj.weight"):
             value = llama_cpp_permute(value, config.num_attention_heads)
-        elif arch in ("llama", "granite") and name.endswith("k_proj.weight"):
+        elif arch in PERMUTED and name.endswith("k_proj.weight"):
             value = llama_cpp_permute(value, config.num_key_value_heads)
         tensors[_gguf_name(name)] = value
     tensors |= extra or {}
@@ -356,6 +357,22 @@ def test_a_granite_file_converts_to_its_scaled_model(tmp_path: Path) -> None:
             expected = value.detach().numpy().astype(ml_dtypes.bfloat16)
             assert np.array_equal(_bits(ours[name]), _bits(expected)), name
     prompt = np.random.default_rng(10).integers(0, len(TOKENS), 40)
+    theirs = hf_logits(model, prompt)
+    assert rel_l2_rows(run_ours(tmp_path / "out", prompt, [40]), theirs).max() < 2e-2
+
+
+def test_a_smollm3_file_converts_without_rope_in_every_4th_layer(tmp_path: Path) -> None:
+    """llama.cpp's `smollm3`: Llama's tensors, Q and K permuted, every 4th layer without
+    RoPE by llama.cpp's own constant. The folder says so, and its logits are the source
+    model's (transformers' GGUF reader has no SmolLM3)."""
+    model = hf_source("smollm3", 8, tie_word_embeddings=True, num_hidden_layers=4)
+    assert model.config.no_rope_layers == [1, 1, 1, 0]
+    source = gguf_of(tmp_path / "s.gguf", "smollm3", model, "llama-bpe", quantized=False)
+    convert_gguf(source, tmp_path / "out", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["SmolLM3ForCausalLM"]
+    assert config["no_rope_layer_interval"] == 4
+    prompt = np.random.default_rng(11).integers(0, len(TOKENS), 40)
     theirs = hf_logits(model, prompt)
     assert rel_l2_rows(run_ours(tmp_path / "out", prompt, [40]), theirs).max() < 2e-2
 

@@ -1,15 +1,15 @@
-"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3 or Granite model into a Hugging
-Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite or SmolLM3 model into a
+Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3`,
-`phi3` or `granite` and writes `config.json`, `generation_config.json`, `model.safetensors`,
+`phi3`, `granite` or `smollm3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
 `tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
   `[out_features, in_features]`, one tensor in memory at a time;
-- llama.cpp's row permutation of a Llama's (and a Granite's) Q and K projections is
-  undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
+- llama.cpp's row permutation of a Llama's (and a Granite's and SmolLM3's) Q and K
+  projections is undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
   no other family's); a Granite file's four scales become its config's multipliers;
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
   `llama3` rope_scaling that gives the same factors, checked against every one;
@@ -89,6 +89,9 @@ _FAMILIES = {
     # Granite: Llama's tensors (Q and K permuted, as llama.cpp's converter treats it as a
     # Llama) and four scalars in the metadata (`_GRANITE_SCALES`)
     "granite": _Family("GraniteForCausalLM", _LAYER_NAMES, permuted_qk=True),
+    # SmolLM3: Llama's tensors; llama.cpp leaves RoPE out of every 4th layer by a constant
+    # of its own (no key in the file), which config.json says as no_rope_layer_interval
+    "smollm3": _Family("SmolLM3ForCausalLM", _LAYER_NAMES, permuted_qk=True),
     # Phi-3: q, k and v in one matrix, gate and up in one (gate rows first), stored as the
     # Hugging Face checkpoint fuses them; llama.cpp permutes neither (NeoX rotary)
     "phi3": _Family(
@@ -104,6 +107,9 @@ _FAMILIES = {
         permuted_qk=False,
     ),
 }
+# llama.cpp's n_no_rope_layer_step for smollm3: every 4th layer without RoPE, set in its
+# code, not read from the file
+SMOLLM3_NO_ROPE_STEP = 4
 # Granite's metadata key (after "granite.") -> its config.json field
 _GRANITE_SCALES = {
     "embedding_scale": "embedding_multiplier",
@@ -250,7 +256,9 @@ def hf_config(
     if arch == "granite":
         config |= {field: _float32(_require_number(meta, key(name)))
                    for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
-    if arch in ("llama", "granite"):
+    if arch == "smollm3":
+        config |= {"no_rope_layer_interval": SMOLLM3_NO_ROPE_STEP, "use_sliding_window": False}
+    if arch in ("llama", "granite", "smollm3"):
         config |= {"attention_bias": False, "mlp_bias": False}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
