@@ -138,7 +138,8 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
     help="Folder to write (default: the one `--model GGUF_FILE` uses, under the reprise cache).",
 )
 def model_convert(gguf_file: Path, out: Path | None) -> None:
-    """Convert a GGUF file (llama.cpp's; a Llama, Qwen2 or Qwen3 model) into a model folder,
+    """Convert a GGUF file (llama.cpp's; a Llama, Qwen2, Qwen3, Phi-3, Granite or SmolLM3
+    model) into a model folder,
     its weights dequantized to BF16. Prints the folder's path as the last line; running it
     again does nothing. `--model GGUF_FILE` does the same on first use."""
     from ..daemon.model.prepare import PrepareError, prepare_gguf
@@ -150,6 +151,44 @@ def model_convert(gguf_file: Path, out: Path | None) -> None:
     if not result.created:
         click.echo(f"already converted, nothing to do: {result.path}", err=True)
     click.echo(str(result.path))
+
+
+@model.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
+def model_list(as_json: bool) -> None:
+    """List the model folders reprise prepared in its cache (the default model, converted
+    GGUF files): size, source, and whether its source changed or is gone (stale)."""
+    from ..daemon.model.prepare import cached_models
+
+    models = cached_models()
+    for m in models:
+        if as_json:
+            click.echo(json.dumps({"path": str(m.path), "source": m.source,
+                                   "size_bytes": m.size_bytes, "stale": m.stale}))  # fmt: skip
+        else:
+            flag = "  (stale)" if m.stale else ""
+            click.echo(f"{m.size_bytes / 2**30:8.2f} GiB  {m.path}{flag}\n{'':14}from {m.source}")
+    if not models and not as_json:
+        click.echo("no prepared models in the cache", err=True)
+
+
+@model.command("remove")
+@click.argument("folders", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--stale", is_flag=True, help="Remove every stale folder `model list` shows.")
+def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
+    """Remove model folders reprise prepared in its cache (as `model list` names them);
+    the next use of their source prepares them again."""
+    from ..daemon.model.prepare import PrepareError, cached_models, remove_cached
+
+    targets = list(folders) + ([m.path for m in cached_models() if m.stale] if stale else [])
+    if not targets:
+        raise click.UsageError("name folders to remove (see `reprise model list`), or --stale")
+    try:
+        for folder in dict.fromkeys(targets):
+            freed = remove_cached(folder)
+            click.echo(f"removed {folder} ({freed / 2**30:.2f} GiB)")
+    except PrepareError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @model.command("synth")
@@ -168,6 +207,10 @@ def model_convert(gguf_file: Path, out: Path | None) -> None:
             "tiny-qwen3",
             "phi-3-mini",
             "tiny-phi3",
+            "granite-3.3-8b",
+            "tiny-granite",
+            "smollm3-3b",
+            "tiny-smollm3",
         ]
     ),
     help="The architecture to copy.",

@@ -541,6 +541,46 @@ def test_prepare_gguf_converts_once_and_again_when_the_file_changes(
         prepare_gguf(tmp_path / "not.gguf", progress=False)
 
 
+def test_the_cache_lists_and_removes_conversions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`reprise model list` shows each conversion, stale once its file changes or goes;
+    `reprise model remove` takes a listed folder (or --stale ones), nothing else."""
+    from reprise.daemon.model.prepare import cached_models, remove_cached
+
+    monkeypatch.setenv("REPRISE_CACHE_DIR", str(tmp_path / "cache"))
+    model = hf_source("qwen2", 1, tie_word_embeddings=True, num_hidden_layers=1)
+    kept, changed, gone = (gguf_of(tmp_path / f"{n}.gguf", "qwen2", model, "qwen2")
+                           for n in ("kept", "changed", "gone"))  # fmt: skip
+    folders = {f: prepare_gguf(f, progress=False).path for f in (kept, changed, gone)}
+    assert [(m.path, m.stale) for m in cached_models()] == sorted(
+        (folder, False) for folder in folders.values()
+    )
+    assert all(m.size_bytes > (tmp_path / "kept.gguf").stat().st_size for m in cached_models())
+    os.utime(changed, ns=(1, 1))
+    gone.unlink()
+    stale = {m.path for m in cached_models() if m.stale}
+    assert stale == {folders[changed], folders[gone]}
+
+    env = {**os.environ, "REPRISE_CACHE_DIR": str(tmp_path / "cache")}
+    cli = [sys.executable, "-m", "reprise.cli.main", "model"]
+    listed = subprocess.run([*cli, "list", "--json"], capture_output=True, text=True, env=env,
+                            timeout=60)  # fmt: skip
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted((r["path"], r["stale"]) for r in rows) == sorted(
+        (str(f), f in stale) for f in folders.values()
+    )
+    done = subprocess.run([*cli, "remove", "--stale"], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [m.path for m in cached_models()] == [folders[kept]]
+    refused = subprocess.run([*cli, "remove", str(tmp_path)], capture_output=True, text=True,
+                             env=env, timeout=60)  # fmt: skip
+    assert refused.returncode == 1 and "is not a model folder reprise prepared" in refused.stderr
+    assert "Traceback" not in refused.stderr and tmp_path.exists()
+    assert remove_cached(folders[kept]) > 0 and cached_models() == []
+
+
 def test_the_engine_and_the_command_line_take_a_gguf_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,6 +146,61 @@ def prepare_gguf(
     return _prepare(out, marker, convert, progress)
 
 
+@dataclass(frozen=True, slots=True)
+class CachedModel:
+    """A prepared folder under the cache: the default model, or a GGUF file's conversion."""
+
+    path: Path
+    source: str  # the wheel, or the GGUF file's path
+    size_bytes: int
+    # the folder would be made again on next use: its GGUF file is gone or changed, or an
+    # older converter made it
+    stale: bool
+
+
+def cached_models() -> list[CachedModel]:
+    """Every folder under the cache's `models/` a marker says reprise prepared, by path."""
+    root = cache_dir() / "models"
+    folders = [root / default_model_dir().name, *sorted((root / "gguf").glob("*"))]
+    found = []
+    for folder in folders:
+        try:
+            marker = json.loads((folder / MARKER_NAME).read_text())
+            source = str(marker["source"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a folder we prepared (or one half removed)
+        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        found.append(CachedModel(folder, source, size, _stale(marker)))
+    return found
+
+
+def _stale(marker: dict[str, object]) -> bool:
+    if marker.get("converter_version") != CONVERTER_VERSION:
+        return True
+    if "source_size" not in marker:  # the default model: its wheel is pinned
+        return False
+    try:
+        stat = Path(str(marker["source"])).stat()
+    except OSError:
+        return True
+    return (stat.st_size, stat.st_mtime_ns) != (marker["source_size"], marker["source_mtime_ns"])
+
+
+def remove_cached(folder: Path) -> int:
+    """Remove a folder `cached_models` lists (under the lock conversions take); returns the
+    bytes freed. Raises PrepareError for any other path."""
+    folder = Path(folder).expanduser().resolve()
+    listed = {m.path.resolve(): m for m in cached_models()}
+    if folder not in listed:
+        raise PrepareError(
+            f"{folder} is not a model folder reprise prepared in its cache "
+            f"({cache_dir() / 'models'}); `reprise model list` shows them"
+        )
+    with _locked(folder.parent / f".{folder.name}.lock"):
+        shutil.rmtree(folder)
+    return listed[folder].size_bytes
+
+
 def is_gguf_file(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
