@@ -361,6 +361,68 @@ def run_cmd(
     )
 
 
+@main.command("embed")
+@click.argument("texts", nargs=-1)
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, path_type=Path),
+    callback=model_source,
+    default=None,
+    help="Model folder or GGUF file (default: the default model, prepared if missing).",
+)
+@click.option(
+    "--file",
+    "text_file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="Read one text a line from this file ('-': standard input), after TEXTS.",
+)
+@click.option("--raw", is_flag=True, help="The model's row as it is, not scaled to unit length.")
+@click.option(
+    "--dimensions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep the first N values (then normalize), as /v1/embeddings' dimensions.",
+)
+@click.option(
+    "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True
+)
+def embed_cmd(
+    texts: tuple[str, ...],
+    model_dir: Path | None,
+    text_file: Any,
+    raw: bool,
+    dimensions: int | None,
+    backend: str,
+) -> None:
+    """Print each text's embedding as one JSON line, {"index", "embedding"}: the final
+    hidden state at its last token (last-token pooling), normalized to unit length as
+    /v1/embeddings gives it. Texts run together, their prefixes reused as in a daemon."""
+    from ..daemon import Engine
+    from ..daemon.serve.openai_embeddings import EmbeddingFormat, shaped
+
+    inputs = list(texts) + ([line.rstrip("\n") for line in text_file] if text_file else [])
+    if not inputs:
+        raise click.UsageError("give TEXTS or --file")
+    if any(not text for text in inputs):
+        raise click.UsageError("a text is empty: each needs at least one token")
+    try:
+        settings = engine_settings(backend=backend)
+        with tqdm_progress("loading model", unit="layer") as progress:
+            engine = Engine.from_pretrained(model_dir, settings, progress=progress)
+        if dimensions is not None and dimensions > engine.config.hidden_size:
+            raise click.UsageError(
+                f"--dimensions must be at most {engine.config.hidden_size} (the hidden size)"
+            )
+        rows = engine.embed([engine.tokenizer.encode(text) for text in inputs])
+    except ValueError as e:
+        raise click.ClickException(" ".join(str(e).split())) from e
+    fmt = EmbeddingFormat(base64=False, dimensions=dimensions, normalize=not raw)
+    for index, row in enumerate(rows):
+        click.echo(json.dumps({"index": index, "embedding": shaped(row, fmt).tolist()}))
+
+
 main.add_command(serve_cmd)
 main.add_command(generate_cmd)
 main.add_command(chat_cmd)

@@ -233,3 +233,37 @@ def test_the_gpu_backend_gives_the_same_embeddings(
         assert np.array_equal(bits(eager), bits(graphed))
         assert np.array_equal(bits(eager), bits(alone))
         assert np.max(np.abs(eager - ref)) / np.max(np.abs(ref)) < 4 * 2.0**-8
+
+
+def test_the_command_line_prints_the_engines_embeddings(llama, tmp_path: Path) -> None:
+    """`reprise embed`: one JSON line a text (arguments, then --file lines), each the
+    engine's row normalized as /v1/embeddings normalizes it (float64 sum, one rounding),
+    or the row itself with --raw; --dimensions keeps the first values."""
+    import json
+    import subprocess
+    import sys
+
+    path, _ = llama
+    texts = ["hello there", "a second text", "hello there again"]
+    reference = Engine.from_pretrained(path, backend="numpy")  # the CLI's settings
+    rows = reference.embed([reference.tokenizer.encode(t) for t in texts])
+    (tmp_path / "more.txt").write_text(texts[2] + "\n")
+    cli = [sys.executable, "-m", "reprise.cli.main", "embed", "--model", str(path),
+           "--backend", "numpy"]  # fmt: skip
+
+    def run(*args: str) -> list[np.ndarray]:
+        done = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [line["index"] for line in lines] == list(range(len(lines)))
+        return [np.asarray(line["embedding"], np.float32) for line in lines]
+
+    unit = run(texts[0], texts[1], "--file", str(tmp_path / "more.txt"))
+    for got, row in zip(unit, rows, strict=True):
+        wide = row.astype(np.float64)
+        assert np.array_equal(got, (wide / np.sqrt(np.dot(wide, wide))).astype(np.float32))
+    raw = run(texts[0], "--raw", "--dimensions", "5")
+    assert np.array_equal(raw[0], rows[0][:5])
+    done = subprocess.run([*cli, "--dimensions", "100000", "x"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "--dimensions must be at most" in done.stderr
