@@ -320,6 +320,48 @@ def test_tekken_splits_as_the_models_tokenizer_does() -> None:
     assert [m.group(0) for m in regex.finditer(_LLAMA_CPP_TEKKEN, CASED[0])] != ours
 
 
+def _split_in_turn(text: str, patterns: list[str]) -> list[str]:
+    """Each pattern's matches cut every piece the patterns before it left, unmatched text
+    kept as pieces too (llama.cpp's unicode_regex_split; tokenizers' Split "isolated")."""
+    regex = pytest.importorskip("regex")
+    pieces = [text]
+    for pattern in patterns:
+        cut = []
+        for piece in pieces:
+            at = 0
+            for m in regex.finditer(pattern, piece):
+                cut += [piece[at : m.start()]] if m.start() > at else []
+                cut += [m.group()] if m.end() > m.start() else []
+                at = m.end()
+            cut += [piece[at:]] if at < len(piece) else []
+        pieces = cut
+    return pieces
+
+
+# DeepSeek-Coder's splits as its tokenizer.json and llama.cpp spell them
+_DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
+CODE = [
+    "def f(x):\n    return x ** 2  # 平方 제곱\r\n\tpass",
+    "a1b22c333 = [1, 2];",
+    "中文混合English",
+]
+
+
+def test_deepseek_coder_splits_in_turn() -> None:
+    tokenizer = build_tokenizer(_tokenizer_kv("deepseek-coder"))
+    to_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    for text in TEXTS + CODE + CASED:
+        pieces = [p for p, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        want = [to_bytes.pre_tokenize_str(p)[0][0] for p in _split_in_turn(text, _DEEPSEEK_CODER)]
+        assert pieces == want, text
+        assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
+    smollm = build_tokenizer(_tokenizer_kv("smollm"))
+    for alias in ("starcoder", "refact", "codeshell"):  # llama.cpp's names for the same split
+        assert [build_tokenizer(_tokenizer_kv(alias)).encode(t).ids for t in CODE] == [
+            smollm.encode(t).ids for t in CODE
+        ]
+
+
 def test_a_mistral_nemo_shape_converts(tmp_path: Path) -> None:
     """A Llama-architecture file whose key length is not hidden / heads (Mistral NeMo's 128
     of 5,120 / 32) with tekken's vocabulary: the weights (written unquantized) come back

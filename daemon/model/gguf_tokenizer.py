@@ -58,6 +58,11 @@ _TEKKEN_SPLIT = (
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek-Coder's (the DeepSeek LLM family's code models): line breaks alone, letter runs
+# and punctuation runs with one space before them, CJK runs, digits one at a time.
+_DEEPSEEK_CODER_SPLITS = (
+    r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}",
+)  # fmt: skip
 # tokenizer.ggml.pre -> the regexes llama.cpp splits with, in order (the GPT-2 byte mapping
 # follows them); the names are those llama.cpp's converter writes.
 _SPLITS: dict[str, tuple[str, ...]] = {
@@ -66,11 +71,16 @@ _SPLITS: dict[str, tuple[str, ...]] = {
                     (_LLAMA3_SPLIT,)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), (_QWEN2_SPLIT,)),
     "tekken": (_TEKKEN_SPLIT,),
+    "deepseek-coder": _DEEPSEEK_CODER_SPLITS,
 }  # fmt: skip
 
 
+# llama.cpp's names for the SmolLM split (digits alone, then GPT-2's regex): code models'
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell")
+
+
 def supported_pre_tokenizers() -> tuple[str, ...]:
-    return ("smollm", "gpt-2", *_SPLITS)
+    return (*_DIGITS_THEN_GPT2, "gpt-2", *_SPLITS)
 
 
 def supported_tokenizer_models() -> tuple[str, ...]:
@@ -192,7 +202,7 @@ def end_token_ids(meta: dict[str, Any]) -> int | list[int] | None:
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    if pre == "smollm":  # llama.cpp: \p{N} alone, then the GPT-2 regex
+    if pre in _DIGITS_THEN_GPT2:  # llama.cpp: \p{N} alone, then the GPT-2 regex
         return pre_tokenizers.Sequence(
             [
                 pre_tokenizers.Digits(individual_digits=True),
