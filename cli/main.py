@@ -153,6 +153,23 @@ def model_convert(gguf_file: Path, out: Path | None) -> None:
     click.echo(str(result.path))
 
 
+@model.command("merge-lora")
+@click.argument("base", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("adapter", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+def model_merge_lora(base: Path, adapter: Path, out: Path) -> None:
+    """Merge a LoRA ADAPTER (PEFT's folder) into the BASE model folder's weights, writing a
+    model folder OUT that runs as any other (`--model OUT`); one adapter, merged once."""
+    from ..daemon.model.lora import merge_lora
+
+    try:
+        changed = merge_lora(base, adapter, out)
+    except ValueError as e:
+        raise click.ClickException(" ".join(str(e).split())) from None
+    click.echo(f"merged {len(changed)} tensors into {out}", err=True)
+    click.echo(str(out))
+
+
 @model.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
 def model_list(as_json: bool) -> None:
