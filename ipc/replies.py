@@ -86,7 +86,7 @@ class HealthReply:
     hidden_size: int = 0  # an embedding's length (Done.embedding)
     max_num_seqs: int = 0  # requests the engine runs at once (its batch)
     chat_template: str | None = None  # the template chats are rendered with; None: none
-    # fill-in-the-middle tokens (serve/fim.py FimTokens.as_wire: prefix, suffix, middle,
+    # fill-in-the-middle tokens (model/fim.py FimTokens.as_wire: prefix, suffix, middle,
     # file separator); None: the model has none
     fim: list[str | None] | None = None
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from http_support import HttpDaemon
 from tokenizers import Tokenizer
 
-from reprise.daemon.serve.fim import KNOWN, FimTokens, find_fim, infill_prompt
+from reprise.daemon.model.fim import KNOWN, FimTokens, find_fim, infill_prompt
 from reprise.daemon.serve.llama_cpp_api import infill_body
 from reprise.daemon.serve.openai_api import parse_request
 from reprise.daemon.serve.openai_errors import ApiError
@@ -113,3 +114,15 @@ def test_infill_answers_as_the_completion_of_its_layout(daemon: HttpDaemon) -> N
         json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")
     ]
     assert "".join(e["content"] for e in events) == want["content"] and events[-1]["stop"]
+
+
+def test_model_info_names_the_fim_tokens(tmp_path: Path) -> None:
+    from reprise.daemon.model.modelinfo import model_info
+    from reprise.daemon.model.synth import synth_model
+
+    tiny = synth_model("tiny", tmp_path / "tiny", seed=1)
+    assert model_info(tiny)["fill_in_the_middle"] is None
+    tokenizer = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    tokenizer.add_special_tokens(list(QWEN[:3]))
+    tokenizer.save(str(tiny / "tokenizer.json"))
+    assert model_info(tiny)["fill_in_the_middle"] == " ".join(QWEN[:3])

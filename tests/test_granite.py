@@ -40,6 +40,10 @@ def test_logits_match_transformers_granite(tmp_path: Path, tied: bool) -> None:
     config = ModelConfig.from_dir(tmp_path)
     assert (config.embedding_multiplier, config.residual_multiplier) == (12.0, 0.22)
     assert (config.attention_scale, config.logits_scaling) == (0.75, 8.0)
+    from reprise.daemon.model.modelinfo import model_info
+
+    assert model_info(tmp_path)["multipliers"] == {
+        "embedding": 12.0, "residual": 0.22, "attention": 0.75, "logits_divisor": 8.0}  # fmt: skip
     prompt = np.random.default_rng(7).integers(0, GRANITE["vocab_size"], size=150)
     want = hf_logits(ref, prompt)
     for chunks in ([150], [1, 40, 64, 45]):

@@ -50,6 +50,8 @@ def test_families_by_architecture_or_model_type() -> None:
         "MistralForCausalLM",
         "Qwen3ForCausalLM",
         "Phi3ForCausalLM",
+        "GraniteForCausalLM",
+        "SmolLM3ForCausalLM",
         "LlamaModel",
         "MistralModel",
         "Qwen2Model",
@@ -84,8 +86,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         ModelConfig.from_dict({**QWEN2, **fields})
     assert str(e.value) == (
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-        "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, LlamaModel, MistralModel, "
-        "Qwen2Model, Qwen3Model"
+        "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
+        "SmolLM3ForCausalLM, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -95,8 +97,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
-        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, LlamaModel, "
-        "MistralModel, Qwen2Model, Qwen3Model"
+        "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+        "GraniteForCausalLM, SmolLM3ForCausalLM, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
     ]
 
 

@@ -37,6 +37,10 @@ def test_logits_match_transformers_smollm3(tmp_path: Path, no_rope: list[int] | 
     config = ModelConfig.from_dir(tmp_path)
     assert config.rope_layers == tuple(bool(v) for v in ref.config.no_rope_layers)
     assert not all(config.rope_layers)
+    from reprise.daemon.model.modelinfo import model_info
+
+    without = [i for i, v in enumerate(ref.config.no_rope_layers) if not v]
+    assert model_info(tmp_path)["layers_without_rope"] == without
     prompt = np.random.default_rng(7).integers(0, SMOLLM3["vocab_size"], size=150)
     want = hf_logits(ref, prompt)
     for chunks in ([150], [1, 40, 64, 45]):

@@ -55,5 +55,31 @@ def model_info(path: Path | str) -> dict[str, object]:
         "tied_embeddings": config.tie_word_embeddings,
         "qkv_bias": config.qkv_bias,
         "qk_norm": config.qk_norm,
+        # SmolLM3's: the layers (from 0) that do not rotate their queries and keys
+        "layers_without_rope": [i for i, r in enumerate(config.rope_layers or ()) if not r],
+        # Granite's scalars, when not Llama's
+        "multipliers": _multipliers(config),
+        "fill_in_the_middle": _fim(path),
         "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
     }
+
+
+def _multipliers(config: ModelConfig) -> dict[str, float] | None:
+    if not config.family.scaled:
+        return None
+    return {"embedding": config.embedding_multiplier, "residual": config.residual_multiplier,
+            "attention": config.attention_scale, "logits_divisor": config.logits_scaling}  # fmt: skip
+
+
+def _fim(path: Path) -> str | None:
+    """The fill-in-the-middle tokens the vocabulary holds (fim.py), as one string."""
+    from tokenizers import Tokenizer
+
+    from .fim import find_fim
+
+    try:
+        vocabulary = Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab()
+    except Exception:  # tokenizers raises a bare Exception for a bad file
+        return None  # no readable tokenizer.json: nothing to say here
+    fim = find_fim(vocabulary)
+    return None if fim is None else " ".join(t for t in fim.as_wire() if t)

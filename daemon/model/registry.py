@@ -131,6 +131,14 @@ FAMILIES: dict[str, ModelFamily] = {
             window=_qwen2_window,
         ),
         ModelFamily(
+            "Phi3ForCausalLM",
+            "phi3",
+            qkv_bias=False,
+            check=_check_phi3,
+            window=_every_layer_window,
+            fused=True,
+        ),
+        ModelFamily(
             "GraniteForCausalLM", "granite", qkv_bias=False, check=_check_granite, scaled=True
         ),
         ModelFamily(
@@ -140,14 +148,6 @@ FAMILIES: dict[str, ModelFamily] = {
             check=_check_llama,
             window=_smollm3_window,
             nope=True,
-        ),
-        ModelFamily(
-            "Phi3ForCausalLM",
-            "phi3",
-            qkv_bias=False,
-            check=_check_phi3,
-            window=_every_layer_window,
-            fused=True,
         ),
     )
 }

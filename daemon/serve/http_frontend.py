@@ -17,8 +17,8 @@ from starlette.requests import Request
 
 from ...ipc.client import DaemonUnavailable, RequestError
 from ...ipc.messages import Done, HealthReply, ProtocolError, TokenChunk
+from ..model.fim import FimTokens
 from .async_client import AsyncClient
-from .fim import FimTokens
 from .http_config import HttpConfig
 from .http_streams import ClientPool, Timing, merged
 from .metrics import Metrics

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling.params import MAX_ABS_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS
-from .fim import FimTokens, infill_prompt
+from ..model.fim import FimTokens, infill_prompt
 from .openai_api import ParsedRequest, object_body, parse_request
 from .openai_embeddings import known_only
 from .openai_errors import ApiError, bad

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .fim import FimTokens, infill_prompt
+from ..model.fim import FimTokens, infill_prompt
 from .openai_chat import CHAT_OPTIONS, parse_chat_options, parse_messages
 from .openai_errors import ApiError, bad
 from .openai_errors import is_a as _is

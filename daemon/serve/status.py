@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ...ipc.messages import HealthReply
 from ..engine.engine import Engine
-from .fim import find_fim
+from ..model.fim import find_fim
 
 # How old the engine's counters in a stats reply answered during a step may be.
 SNAPSHOT_REFRESH_S = 0.02
