@@ -201,7 +201,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "head_dim": 128,
-        "vocab_size": 49159,
+        "vocab_size": 49155,
         "max_position_embeddings": 131072,
         "rope_theta": 10000000.0,
         "rope_scaling": None,
