@@ -255,3 +255,71 @@ def test_what_cannot_be_built_is_refused(changes: dict[str, Any], message: str) 
     kv = {k: v for k, v in spm_kv(sp, **changes).items() if v is not None}
     with pytest.raises(ValueError, match=re.escape(message)):
         build_tokenizer(kv)
+
+
+# --- a folder with a SentencePiece tokenizer.model and no tokenizer.json (spm_model.py) -----
+
+
+def _train_proto(add_prefix: bool, **options: Any) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS * 20), model_writer=model, vocab_size=400,
+        model_type="bpe", byte_fallback=True, split_digits=True,
+        allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+        normalization_rule_name="identity", add_dummy_prefix=add_prefix,
+        character_coverage=0.99, user_defined_symbols=_USER_DEFINED,
+        control_symbols=_CONTROL, minloglevel=2, **options,
+    )  # fmt: skip
+    return model.getvalue()
+
+
+def test_the_model_file_is_read_as_sentencepiece_reads_it(tmp_path: Path) -> None:
+    from reprise.daemon.model.spm_model import read_spm_model
+
+    proto = _train_proto(True)
+    (tmp_path / "tokenizer.model").write_bytes(proto)
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    model = read_spm_model(tmp_path / "tokenizer.model")
+    assert model.pieces == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    assert model.scores == [sp.get_score(i) for i in range(sp.get_piece_size())]
+    kv = spm_kv(sp)  # the types from SentencePiece's own checks (user-defined by name)
+    assert model.types == kv["tokenizer.ggml.token_type"]
+    assert (model.model_type, model.add_dummy_prefix, model.remove_extra_whitespaces) == (
+        2, True, False)  # fmt: skip
+
+
+@pytest.mark.parametrize("prefix", [True, False], ids=["prefix", "no-prefix"])
+def test_a_folder_with_tokenizer_model_alone_tokenizes_as_sentencepiece(
+    tmp_path: Path, prefix: bool
+) -> None:
+    proto = _train_proto(prefix)
+    (tmp_path / "tokenizer.model").write_bytes(proto)
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    tokenizer = Tokenizer.from_dir(tmp_path)
+    assert tokenizer.bos_token_id == sp.bos_id() and sp.eos_id() in tokenizer.eos_token_ids
+    for text in TEXTS + random_texts(int(np.random.SeedSequence().entropy % 2**32), 100):
+        assert tokenizer.encode(text) == [sp.bos_id(), *sp.encode(text)], text
+        assert tokenizer.decode(sp.encode(text)) == sp.decode(sp.encode(text)), text
+
+
+def test_what_the_model_file_reader_cannot_follow_is_refused(tmp_path: Path) -> None:
+    from reprise.daemon.model.spm_model import spm_tokenizer
+
+    for options, message in [
+        ({"model_type": "unigram"}, "a SentencePiece unigram model; only BPE models load"),
+        ({"remove_extra_whitespaces": True}, "removes extra whitespace"),
+        ({"normalization_rule_name": "nmt_nfkc"}, "normalizer 'nmt_nfkc' is not supported"),
+    ]:
+        model = io.BytesIO()
+        settings = dict(sentence_iterator=iter(_CORPUS * 20), model_writer=model, vocab_size=400,
+                        model_type="bpe", byte_fallback=True, remove_extra_whitespaces=False,
+                        normalization_rule_name="identity", minloglevel=2,
+                        character_coverage=0.99, hard_vocab_limit=False)  # fmt: skip
+        spm.SentencePieceTrainer.train(**{**settings, **options})
+        (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+        with pytest.raises(ValueError, match=re.escape(message)):
+            spm_tokenizer(tmp_path / "tokenizer.model", "<s>", "</s>", add_bos=True)
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x05ab")  # a field past the end
+    with pytest.raises(ValueError, match="runs past the end"):
+        spm_tokenizer(tmp_path / "tokenizer.model", "<s>", "</s>", add_bos=True)

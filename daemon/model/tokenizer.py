@@ -30,6 +30,8 @@ import jinja2.sandbox
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from .spm_model import spm_tokenizer
+
 REPLACEMENT_CHAR = "\ufffd"
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # NOTE: bounds the detokenizer's window. Valid text completes a character within a few tokens;
@@ -91,15 +93,23 @@ class Tokenizer:
     def from_dir(cls, path: Path) -> Tokenizer:
         path = Path(path)
         tokenizer_file = path / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(
-                f"{tokenizer_file} not found: a model folder needs tokenizer.json"
-            )
-        try:
-            backend = BackendTokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # the tokenizers package raises a bare Exception
-            raise ValueError(f"{tokenizer_file}: not a tokenizers file: {exc}") from exc
         config = _read_json_object(path / "tokenizer_config.json")
+        if not tokenizer_file.is_file() and (path / "tokenizer.model").is_file():
+            # a SentencePiece model alone (spm_model.py): transformers' slow Llama
+            # tokenizer's file, BOS first unless the config says otherwise
+            bos, eos = (_token_content(config.get(k), k) for k in ("bos_token", "eos_token"))
+            backend = spm_tokenizer(path / "tokenizer.model", bos or "<s>", eos or "</s>",
+                                    add_bos=bool(config.get("add_bos_token", True)))  # fmt: skip
+        elif not tokenizer_file.is_file():
+            raise FileNotFoundError(
+                f"{tokenizer_file} not found: a model folder needs tokenizer.json (or a "
+                "SentencePiece tokenizer.model)"
+            )
+        else:
+            try:
+                backend = BackendTokenizer.from_file(str(tokenizer_file))
+            except Exception as exc:  # the tokenizers package raises a bare Exception
+                raise ValueError(f"{tokenizer_file}: not a tokenizers file: {exc}") from exc
         generation = _read_json_object(path / "generation_config.json")
 
         special_tokens = {
