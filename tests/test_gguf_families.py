@@ -532,7 +532,7 @@ def _plain(tensor: Any) -> np.ndarray:
 @pytest.mark.parametrize(
     ("arch", "changes", "message"),
     [
-        ("qwen2", {"tokenizer.ggml.pre": "refact"}, "tokenizer.ggml.pre is 'refact'"),
+        ("qwen2", {"tokenizer.ggml.pre": "jais"}, "tokenizer.ggml.pre is 'jais'"),
         ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0},
          "qwen2.rope.scaling.type is 'yarn'"),
         ("qwen2", {"qwen2.attention.key_length": 32, "qwen2.attention.value_length": 32},

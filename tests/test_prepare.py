@@ -451,7 +451,7 @@ def test_other_architecture_is_refused(tmp_path: Path) -> None:
     [
         ({"tokenizer.ggml.model": "t5"}, "tokenizer.ggml.model is 't5'"),
         ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.scores must give every token's"),
-        ({"tokenizer.ggml.pre": "refact"}, "tokenizer.ggml.pre is 'refact'"),
+        ({"tokenizer.ggml.pre": "jais"}, "tokenizer.ggml.pre is 'jais'"),
         ({"llama.rope.dimension_count": 2}, "rope dimension 2"),
         ({}, "GGUF tensor 'x.weight' has no Hugging Face LlamaForCausalLM counterpart"),
     ],
