@@ -206,7 +206,7 @@ def test_qwen2_05b_has_the_real_models_parameter_count() -> None:
 
 
 def test_the_clis_synth_choices_are_the_shapes() -> None:
-    from reprise.cli.main import model_synth
+    from reprise.cli.model_cmds import model_synth
 
     like = next(p for p in model_synth.params if p.name == "like")
     assert list(like.type.choices) == list(SHAPES)
