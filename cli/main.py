@@ -17,7 +17,7 @@ from .bench_cmd import bench_cmd
 from .chat import chat_cmd
 from .client_cmds import chat_request, generate_cmd, stats_cmd
 from .display import terminal_safe
-from .model_cmds import model, model_source
+from .model_cmds import model, model_option
 from .options import engine_settings, sampling_from, sampling_options
 from .progress import complete_with_progress, tqdm_progress
 from .serve import serve_cmd
@@ -70,14 +70,7 @@ def main(debug: bool) -> None:
 
 @main.command("run")
 @click.argument("prompt")
-@click.option(
-    "--model",
-    "model_dir",
-    type=click.Path(exists=True, path_type=Path),
-    callback=model_source,
-    default=None,
-    help="Model folder or GGUF file (default: the default model, prepared if missing).",
-)
+@model_option
 @click.option(
     "--chat/--raw",
     default=True,
@@ -158,14 +151,7 @@ def run_cmd(
 
 @main.command("embed")
 @click.argument("texts", nargs=-1)
-@click.option(
-    "--model",
-    "model_dir",
-    type=click.Path(exists=True, path_type=Path),
-    callback=model_source,
-    default=None,
-    help="Model folder or GGUF file (default: the default model, prepared if missing).",
-)
+@model_option
 @click.option(
     "--file",
     "text_file",

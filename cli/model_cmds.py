@@ -39,6 +39,17 @@ def model_source(ctx: click.Context, param: click.Parameter, value: Path | None)
     return model_folder(ctx, param, value)
 
 
+# `--model` of the commands that load a model in this process (run, embed)
+model_option = click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, path_type=Path),
+    callback=model_source,
+    default=None,
+    help="Model folder or GGUF file (default: the default model, prepared if missing).",
+)
+
+
 @click.group()
 def model() -> None:
     """Prepare and inspect model folders."""

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_model_reference import hf_logits, rel_l2_rows, run_ours, save_widened
+from test_model_reference import (
+    hf_logits,
+    matches_transformers,
+    rel_l2_rows,
+    reuse_keeps_bits,
+    save_widened,
+)
 from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
 
 from reprise.daemon import Engine, SamplingParams
@@ -44,13 +50,7 @@ def test_logits_match_transformers_granite(tmp_path: Path, tied: bool) -> None:
 
     assert model_info(tmp_path)["multipliers"] == {
         "embedding": 12.0, "residual": 0.22, "attention": 0.75, "logits_divisor": 8.0}  # fmt: skip
-    prompt = np.random.default_rng(7).integers(0, GRANITE["vocab_size"], size=150)
-    want = hf_logits(ref, prompt)
-    for chunks in ([150], [1, 40, 64, 45]):
-        ours = run_ours(tmp_path, prompt, chunks)
-        err = rel_l2_rows(ours, want)
-        assert err.max() < 2e-2, err.max()  # test_model_reference's tolerance for Llama
-        assert (ours.argmax(-1) == want.argmax(-1)).mean() > 0.95
+    ours, prompt, err = matches_transformers(tmp_path, ref, GRANITE["vocab_size"])
     # each scalar matters: with one of them left at its Llama value, transformers is far
     for name, llama_value in [("residual_multiplier", 1.0), ("embedding_multiplier", 1.0),
                               ("attention_multiplier", (96 / 6) ** -0.5), ("logits_scaling", 1.0)]:  # fmt: skip
@@ -61,14 +61,7 @@ def test_logits_match_transformers_granite(tmp_path: Path, tied: bool) -> None:
 
 def test_the_engine_keeps_granites_bits_cached_and_chunked(tmp_path: Path) -> None:
     make_hf_granite(tmp_path, seed=5)
-    engine = Engine.from_pretrained(tmp_path, backend="numpy", num_device_blocks=64,
-                                    block_size=16, max_num_batched_tokens=48)  # fmt: skip
-    prompt = np.random.default_rng(8).integers(3, GRANITE["vocab_size"], size=120).tolist()
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, return_logits=True)
-    fresh = engine.generate(prompt, params)  # prefilled in 48-token chunks
-    again = engine.generate(prompt, params)  # 112 of its tokens cached
-    assert again.cached_tokens >= 112 and again.token_ids == fresh.token_ids
-    assert np.array_equal(again.logits.view(np.uint32), fresh.logits.view(np.uint32))
+    reuse_keeps_bits(tmp_path, GRANITE["vocab_size"])
 
 
 def test_prompt_table_rows_are_scaled_as_the_embedding(tmp_path: Path) -> None:

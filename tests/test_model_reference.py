@@ -61,6 +61,37 @@ def save_widened(model: torch.nn.Module, out: Path, vocab_size: int) -> torch.nn
     return model.float().eval()
 
 
+def matches_transformers(
+    path: Path, reference: torch.nn.Module, vocab_size: int, size: int = 150
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Our forward on `path` against `reference`'s fp32 logits on a random prompt, in one
+    chunk and in four: within this module's bound and mostly the same argmax. Returns
+    (our logits, the prompt, each row's error), the last run's, for a family's checks."""
+    prompt = np.random.default_rng(7).integers(0, vocab_size, size=size)
+    want = hf_logits(reference, prompt)
+    for chunks in ([size], [1, 40, 64, size - 105]):
+        ours = run_ours(path, prompt, chunks)
+        err = rel_l2_rows(ours, want)
+        assert err.max() < 2e-2, err.max()
+        assert (ours.argmax(-1) == want.argmax(-1)).mean() > 0.95
+    return ours, prompt, err
+
+
+def reuse_keeps_bits(path: Path, vocab_size: int) -> None:
+    """The engine on `path` (NumPy): a prompt prefilled in 48-token chunks, then again with
+    112 of its tokens cached, gives the same tokens and logits, bit for bit."""
+    from reprise.daemon import Engine, SamplingParams
+
+    engine = Engine.from_pretrained(path, backend="numpy", num_device_blocks=64,
+                                    block_size=16, max_num_batched_tokens=48)  # fmt: skip
+    prompt = np.random.default_rng(8).integers(3, vocab_size, size=120).tolist()
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, return_logits=True)
+    fresh = engine.generate(prompt, params)
+    again = engine.generate(prompt, params)
+    assert again.cached_tokens >= 112 and again.token_ids == fresh.token_ids
+    assert np.array_equal(again.logits.view(np.uint32), fresh.logits.view(np.uint32))
+
+
 def run_ours(path: Path, prompt: np.ndarray, chunks: list[int], block_size: int = 16) -> np.ndarray:
     """All positions' logits, computing the prompt in the given chunk sizes."""
     config = ModelConfig.from_dir(path)

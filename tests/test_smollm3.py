@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from test_model_reference import hf_logits, rel_l2_rows, run_ours, save_widened
+from test_model_reference import (
+    hf_logits,
+    matches_transformers,
+    rel_l2_rows,
+    reuse_keeps_bits,
+    save_widened,
+)
 from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
 
-from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
 
 torch = pytest.importorskip("torch")
@@ -41,13 +45,7 @@ def test_logits_match_transformers_smollm3(tmp_path: Path, no_rope: list[int] | 
 
     without = [i for i, v in enumerate(ref.config.no_rope_layers) if not v]
     assert model_info(tmp_path)["layers_without_rope"] == without
-    prompt = np.random.default_rng(7).integers(0, SMOLLM3["vocab_size"], size=150)
-    want = hf_logits(ref, prompt)
-    for chunks in ([150], [1, 40, 64, 45]):
-        ours = run_ours(tmp_path, prompt, chunks)
-        err = rel_l2_rows(ours, want)
-        assert err.max() < 2e-2, err.max()  # test_model_reference's tolerance for Llama
-        assert (ours.argmax(-1) == want.argmax(-1)).mean() > 0.95
+    ours, prompt, err = matches_transformers(tmp_path, ref, SMOLLM3["vocab_size"])
     # the layers without RoPE matter: rotating in every layer, transformers is far from us
     every = make_hf_smollm3(tmp_path / "every", seed=3, no_rope_layers=[1] * 4)
     assert rel_l2_rows(ours, hf_logits(every, prompt)).mean() > 5 * err.mean()
@@ -55,14 +53,7 @@ def test_logits_match_transformers_smollm3(tmp_path: Path, no_rope: list[int] | 
 
 def test_the_engine_keeps_smollm3s_bits_cached_and_chunked(tmp_path: Path) -> None:
     make_hf_smollm3(tmp_path, seed=5)
-    engine = Engine.from_pretrained(tmp_path, backend="numpy", num_device_blocks=64,
-                                    block_size=16, max_num_batched_tokens=48)  # fmt: skip
-    prompt = np.random.default_rng(8).integers(3, SMOLLM3["vocab_size"], size=120).tolist()
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, return_logits=True)
-    fresh = engine.generate(prompt, params)  # prefilled in 48-token chunks
-    again = engine.generate(prompt, params)  # 112 of its tokens cached
-    assert again.cached_tokens >= 112 and again.token_ids == fresh.token_ids
-    assert np.array_equal(again.logits.view(np.uint32), fresh.logits.view(np.uint32))
+    reuse_keeps_bits(tmp_path, SMOLLM3["vocab_size"])
 
 
 def test_bad_no_rope_layers_are_refused() -> None:
