@@ -949,3 +949,14 @@ def test_non_loopback_without_a_key_is_refused_before_loading(tmp_path: Path) ->
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "needs an API key" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_with_pieces_keeps_within_a_small_queue(daemon: HttpDaemon) -> None:
+    """llama.cpp's /tokenize `with_pieces` decodes each token alone; with --max-queue 4
+    (this daemon's) at most 2 at a time, so it is answered, not refused as busy."""
+    text = "The capital of France is Paris, and of Italy Rome."
+    reply = httpx.post(f"{daemon.url}/tokenize", json={"content": text, "with_pieces": True},
+                       timeout=60)  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    tokens = reply.json()["tokens"]
+    assert len(tokens) > 8 and "".join(t["piece"] for t in tokens) == text

@@ -10,8 +10,8 @@ them all when left early; a daemon's error comes out as an ApiError.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -25,6 +25,8 @@ from .metrics import Metrics
 from .openai_api import ParsedRequest
 from .openai_errors import ApiError, api_error, too_large
 from .responses_store import ResponseStore
+
+T = TypeVar("T")
 
 
 class Frontend:
@@ -127,10 +129,7 @@ class Frontend:
     async def fim_tokens(self) -> FimTokens | None:
         """The model's fill-in-the-middle tokens (fim.py), or None: it has none (a
         daemon's error as an ApiError)."""
-        try:
-            fim = (await self.model_sizes()).fim
-        except (RequestError, ProtocolError, DaemonUnavailable) as e:
-            raise api_error(e) from None
+        fim = (await answered(self.model_sizes())).fim
         return None if fim is None else FimTokens.from_wire(fim)
 
     async def model_sizes(self, timeout_s: float = 10) -> HealthReply:
@@ -147,3 +146,11 @@ class Frontend:
                 dones[index] = item
         assert all(d is not None for d in dones), dones
         return dones  # type: ignore[return-value]
+
+
+async def answered(awaitable: Awaitable[T]) -> T:
+    """`awaitable`'s result (a daemon call); the daemon's error as an ApiError."""
+    try:
+        return await awaitable
+    except (RequestError, ProtocolError, DaemonUnavailable) as e:
+        raise api_error(e) from None

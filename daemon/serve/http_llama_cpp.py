@@ -37,11 +37,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ...ipc.client import DaemonUnavailable, RequestError
 from ...ipc.codec import logits_from_wire
-from ...ipc.messages import Done, HealthReply, ProtocolError
+from ...ipc.messages import Done, HealthReply
 from .http_embeddings import embed_all
-from .http_frontend import Frontend
+from .http_frontend import Frontend, answered
 from .http_streams import Timing, after, first_of, gathered
 from .http_utility import server_version
 from .llama_cpp_answers import CompletionAnswers
@@ -54,7 +53,7 @@ from .llama_cpp_api import (
 )
 from .openai_api import object_body
 from .openai_embeddings import MAX_INPUTS, EmbeddingFormat, embedding_requests, known_only, shaped
-from .openai_errors import ApiError, api_error, bad
+from .openai_errors import ApiError, bad
 from .openai_prompts import prompt_batch
 from .openai_tokenize import parse_tokenize
 
@@ -77,7 +76,7 @@ async def infill(frontend: Frontend, request: Request) -> Response:
 
 async def _complete(frontend: Frontend, request: Request, body: object, t_start: float) -> Response:
     async def tokenize(text: str, bos: bool) -> list[int]:
-        return await _daemon(frontend.client.tokenize(text, add_special_tokens=bos))
+        return await answered(frontend.client.tokenize(text, add_special_tokens=bos))
 
     cap = frontend.config.max_tokens_cap
     parsed, options = await parse_completion(body, tokenize, max_tokens_cap=cap)
@@ -130,7 +129,7 @@ async def apply_template(frontend: Frontend, request: Request) -> Response:
     asked = parse_tokenize(body)
     frontend.check_model(asked.model)
     assert isinstance(asked.prompt, list)  # messages, so a chat
-    text = await _daemon(frontend.client.render(asked.prompt, tools=asked.tools,
+    text = await answered(frontend.client.render(asked.prompt, tools=asked.tools,
                                                 chat_options=asked.chat_options))  # fmt: skip
     return JSONResponse({"prompt": text})
 
@@ -178,16 +177,8 @@ async def embedding(frontend: Frontend, request: Request) -> Response:
 async def _prompt(frontend: Frontend, done: Done) -> str:
     """The text of a finished request's prompt ids, special tokens kept (llama.cpp's
     `prompt`: the prompt as processed)."""
-    return await _daemon(frontend.client.detokenize(done.prompt_token_ids or []))
+    return await answered(frontend.client.detokenize(done.prompt_token_ids or []))
 
 
 async def _sizes(frontend: Frontend) -> HealthReply:
-    return await _daemon(frontend.model_sizes())
-
-
-async def _daemon(awaitable: Any) -> Any:
-    """`awaitable`'s result, a daemon's error as an ApiError."""
-    try:
-        return await awaitable
-    except (RequestError, ProtocolError, DaemonUnavailable) as e:
-        raise api_error(e) from None
+    return await answered(frontend.model_sizes())

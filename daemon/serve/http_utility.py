@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...ipc.client import DaemonUnavailable, RequestError
 from ...ipc.messages import ProtocolError
-from .http_frontend import Frontend
+from .http_frontend import Frontend, answered
 from .openai_errors import api_error, bad
 from .openai_tokenize import TokenizeRequest, parse_detokenize, parse_tokenize
 
@@ -91,10 +91,7 @@ async def tokenize(frontend: Frontend, request: Request) -> Response:
                       f"the content has {len(ids)} tokens")  # fmt: skip
         texts = await pieces(frontend, ids)
         tokens = [{"id": t, "piece": text} for t, text in zip(ids, texts, strict=True)]
-    try:
-        limit = (await frontend.model_sizes()).max_model_len
-    except (RequestError, ProtocolError, DaemonUnavailable) as e:
-        raise api_error(e) from None
+    limit = (await answered(frontend.model_sizes())).max_model_len
     return JSONResponse({"count": len(ids), "max_model_len": limit, "tokens": tokens,
                          "token_strs": None})  # fmt: skip
 
@@ -102,23 +99,19 @@ async def tokenize(frontend: Frontend, request: Request) -> Response:
 async def tokenized(frontend: Frontend, asked: TokenizeRequest) -> list[int]:
     """The ids of a /tokenize body's prompt, as the daemon tokenizes them."""
     frontend.check_model(asked.model)
-    try:
-        return await frontend.client.tokenize(asked.prompt, tools=asked.tools,
-                                              chat_options=asked.chat_options,
-                                              add_special_tokens=asked.add_special_tokens)  # fmt: skip
-    except (RequestError, ProtocolError, DaemonUnavailable) as e:
-        raise api_error(e) from None
+    return await answered(frontend.client.tokenize(asked.prompt, tools=asked.tools,
+                                                   chat_options=asked.chat_options,
+                                                   add_special_tokens=asked.add_special_tokens))  # fmt: skip
 
 
 async def pieces(frontend: Frontend, ids: list[int]) -> list[str]:
-    """Each token's text, decoded alone, PIECES_AT_ONCE detokenizes in flight at once."""
+    """Each token's text, decoded alone: PIECES_AT_ONCE detokenizes in flight at once, and
+    never more than half the daemon's queue (`--max-queue`), so others keep their room."""
+    at_once = max(1, min(PIECES_AT_ONCE, frontend.config.max_queue // 2))
     texts: list[str] = []
-    try:
-        for start in range(0, len(ids), PIECES_AT_ONCE):
-            batch = ids[start : start + PIECES_AT_ONCE]
-            texts += await asyncio.gather(*(frontend.client.detokenize([t]) for t in batch))
-    except (RequestError, ProtocolError, DaemonUnavailable) as e:
-        raise api_error(e) from None
+    for start in range(0, len(ids), at_once):
+        batch = ids[start : start + at_once]
+        texts += await answered(asyncio.gather(*(frontend.client.detokenize([t]) for t in batch)))
     return texts
 
 
