@@ -17,6 +17,7 @@ import pytest
 from test_model_reference import TINY, hf_logits, make_hf_model, rel_l2_rows, run_ours
 
 from reprise.daemon.model.lora import merge_lora
+from reprise.daemon.model.prepare import MARKER_NAME
 from reprise.daemon.model.safetensors_io import load_safetensors, save_safetensors
 
 torch = pytest.importorskip("torch")
@@ -51,6 +52,7 @@ def write_adapter(folder: Path, model, rank: int, alpha: float, seed: int, **con
 @pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
 def test_the_merged_model_is_the_base_with_its_update(tmp_path: Path, rslora: bool) -> None:
     base = make_hf_model(tmp_path / "base", seed=2, tie_word_embeddings=False)
+    (tmp_path / "base" / MARKER_NAME).write_text("{}")  # a prepared folder's, not the merge's
     deltas = write_adapter(tmp_path / "adapter", base, rank=4, alpha=8.0, seed=3,
                            use_rslora=rslora)  # fmt: skip
     scale = 8.0 / (math.sqrt(4) if rslora else 4)
@@ -78,6 +80,7 @@ def test_the_merged_model_is_the_base_with_its_update(tmp_path: Path, rslora: bo
     err = rel_l2_rows(got, want)
     assert err.max() < 2e-2
     assert rel_l2_rows(run_ours(tmp_path / "base", prompt, [60]), want).mean() > 10 * err.max()
+    assert not (tmp_path / "merged" / MARKER_NAME).exists()
     assert (tmp_path / "merged" / "config.json").read_text() == (
         tmp_path / "base" / "config.json"
     ).read_text()

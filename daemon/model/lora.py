@@ -29,6 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .prepare import MARKER_NAME
 from .safetensors_io import TensorSpec, load_safetensors, save_safetensors_streamed
 from .weights import open_checkpoint
 
@@ -114,7 +115,11 @@ def merge_lora(base: Path, adapter_dir: Path, out: Path) -> list[str]:
         raise ValueError(f"{out} exists and is not empty; give an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
     for item in base.iterdir():
-        skip = item.name.endswith(".safetensors") or item.name == "model.safetensors.index.json"
+        # the checkpoint is written anew; a prepared folder's marker names the base's source
+        skip = item.name.endswith(".safetensors") or item.name in (
+            "model.safetensors.index.json",
+            MARKER_NAME,
+        )
         if item.is_file() and not skip:
             shutil.copy2(item, out / item.name)
     specs = {
