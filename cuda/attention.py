@@ -104,6 +104,7 @@ def paged_attention_ref(
     seq_lens: np.ndarray,
     query_start_loc: np.ndarray,
     scale: float,
+    window: int = 0,
 ) -> np.ndarray:
     """
     q:               [T, num_heads, head_dim] BF16, roped
@@ -111,8 +112,11 @@ def paged_attention_ref(
     block_tables:    [B, max_blocks_per_seq] int32
     seq_lens:        [B] keys visible to each sequence's last query
     query_start_loc: [B + 1] rows of q belonging to each sequence
+    window:          a sliding window: the query at position p sees keys p - window + 1
+                     to p; 0: keys 0 to p
     returns          [T, num_heads, head_dim] BF16
     """
+    assert window >= 0, window
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
     group = num_heads // num_kv_heads
@@ -131,20 +135,32 @@ def paged_attention_ref(
         rows = q_grid[start:end].reshape(q_len, num_kv_heads, group, head_dim)
         rows = rows.transpose(1, 0, 2, 3).reshape(num_kv_heads, num_rows, head_dim)
         row_pos = np.repeat(np.arange(seq_len - q_len, seq_len), group)  # [q_len * group]
+        # each row's first visible key: ascending with row_pos
+        row_lo = np.maximum(row_pos - window + 1, 0) if window else np.zeros_like(row_pos)
         total = _RowState.start(num_kv_heads, num_rows, head_dim)
-        for t0 in range(0, -(-seq_len // block_size), gather_tiles):
+        # KV chunks before the first row's window are seen by no row
+        start_tile = int(row_lo[0]) // KV_CHUNK * chunk_tiles
+        for t0 in range(start_tile, -(-seq_len // block_size), gather_tiles):
             gathered = _Pages.gather(cache, layer, block_tables[b], t0, t0 + gather_tiles, seq_len)
             for c0 in range(0, gathered.num_tiles, chunk_tiles):
                 pages = gathered.tiles(c0, c0 + chunk_tiles)  # one KV chunk
-                # rows before `first` see none of this chunk; the rest go in blocks
+                # rows before `first` see none of this chunk (it is in their future), nor
+                # rows from `last` on (it is before their window); the rest go in blocks
                 first = int(np.searchsorted(row_pos, pages.first_key))
-                state = _RowState.start(num_kv_heads, num_rows - first, head_dim)
+                last = int(np.searchsorted(row_lo, pages.end_key))
+                if first >= last:
+                    continue
+                state = _RowState.start(num_kv_heads, last - first, head_dim)
                 block_rows = max(_MIN_BLOCK_ROWS, _SCORE_BUDGET // pages.keys[..., 0].size)
-                for r0 in range(first, num_rows, block_rows):
-                    r1 = min(r0 + block_rows, num_rows)
+                for r0 in range(first, last, block_rows):
+                    r1 = min(r0 + block_rows, last)
                     chunk = state.rows(r0 - first, r1 - first)
-                    _attend(rows[:, r0:r1], row_pos[r0:r1], pages, F32.type(scale), chunk)
-                total.rows(first, num_rows).merge(state, first=pages.first_key == 0)
+                    _attend(
+                        rows[:, r0:r1], row_pos[r0:r1], row_lo[r0:r1], pages, F32.type(scale),
+                        chunk,
+                    )  # fmt: skip
+                # the chunk holding a row's first visible key is the row's first chunk
+                total.rows(first, last).merge(state, first=row_lo[first:last] >= pages.first_key)
         result = total.acc / total.denom[..., None]  # [kv_heads, q_len * group, head_dim]
         out[start:end] = (
             result.reshape(num_kv_heads, q_len, group, head_dim)
@@ -182,18 +198,17 @@ class _RowState:
         """Views of rows [r0, r1): updating them updates this state."""
         return _RowState(self.m[:, r0:r1], self.denom[:, r0:r1], self.acc[:, r0:r1])
 
-    def merge(self, chunk: _RowState, *, first: bool) -> None:
+    def merge(self, chunk: _RowState, *, first: np.ndarray) -> None:
         """Fold the next KV chunk's state into this one (the rows' state over the chunks
-        before it), elementwise in fp32; `first`: the chunk is the rows' first, whose
-        state is taken as it is. The kernels repeat this formula op for op."""
-        if first:
-            self.m[...], self.denom[...], self.acc[...] = chunk.m, chunk.denom, chunk.acc
-            return
+        before it), elementwise in fp32; `first` ([R] bool): the chunk is that row's
+        first, whose state is taken as it is. The kernels repeat this formula op for op."""
         m = np.maximum(self.m, chunk.m)
         a1, a2 = np.exp(self.m - m), np.exp(chunk.m - m)  # [kv_heads, R] each
-        self.denom[...] = self.denom * a1 + chunk.denom * a2
-        self.acc[...] = self.acc * a1[..., None] + chunk.acc * a2[..., None]
-        self.m[...] = m
+        denom = self.denom * a1 + chunk.denom * a2
+        acc = self.acc * a1[..., None] + chunk.acc * a2[..., None]
+        self.denom[...] = np.where(first, chunk.denom, denom)
+        self.acc[...] = np.where(first[:, None], chunk.acc, acc)
+        self.m[...] = np.where(first, chunk.m, m)
 
 
 @dataclass(slots=True)
@@ -209,6 +224,11 @@ class _Pages:
     @property
     def num_tiles(self) -> int:
         return self.keys.shape[1] // self.block_size
+
+    @property
+    def end_key(self) -> int:
+        """The position after the last key gathered."""
+        return self.first_key + self.keys.shape[1]
 
     def tiles(self, t0: int, t1: int) -> _Pages:
         """Views of this chunk's tiles [t0, t1) (cut at its end)."""
@@ -248,12 +268,13 @@ class _Pages:
 
 
 def _attend(
-    rows: np.ndarray, row_pos: np.ndarray, pages: _Pages, scale: np.float32, state: _RowState
-) -> None:
+    rows: np.ndarray, row_pos: np.ndarray, row_lo: np.ndarray, pages: _Pages,
+    scale: np.float32, state: _RowState,
+) -> None:  # fmt: skip
     """Run rows ([kv_heads, R, head_dim] float64 on grid, positions ascending, each
-    seeing the chunk's first tile) over the chunk's tiles up to the last row's, and
-    update their state. Earlier rows see some of those tiles fully masked, which
-    leaves their state unchanged."""
+    seeing some key of the chunk: keys row_lo to row_pos) over the chunk's tiles up to
+    the last row's, and update their state. A row skips the tiles it sees no key of
+    (in its future, or before its window): its state is left exactly unchanged."""
     num_kv_heads, num_rows, head_dim = rows.shape
     block_size = pages.block_size
     num_tiles = min(
@@ -264,14 +285,18 @@ def _attend(
 
     keys = pages.keys[:, :num_keys].transpose(0, 2, 1)  # [kv_heads, head_dim, keys]
     s = exact_to_f32(rows @ keys) * scale  # [kv_heads, R, keys]
-    visible = pages.first_key + np.arange(num_keys)[None, :] <= row_pos[:, None]  # [R, keys]
+    key_pos = pages.first_key + np.arange(num_keys)[None, :]
+    visible = (key_pos <= row_pos[:, None]) & (key_pos >= row_lo[:, None])  # [R, keys]
     s = np.where(visible, s, F32.type(-np.inf)).reshape(tiled)
     # running max after each tile (from the state's), and the factor that rescales the
     # state entering each tile
     m = np.concatenate([state.m[..., None], s.max(axis=-1)], axis=-1)
     m = np.maximum.accumulate(m, axis=-1)  # [kv_heads, R, 1 + tiles]
-    alpha = np.exp(m[..., :-1] - m[..., 1:])  # [kv_heads, R, tiles]
-    p = np.exp(s - m[..., 1:, None])  # [kv_heads, R, tiles, block_size] fp32
+    # a row's max is -inf until its window's first tile; such a tile is all -inf, so a
+    # max of 0 there gives p = 0 and no NaN (the row skips the tile anyway)
+    m_safe = np.where(m == -np.inf, F32.type(0.0), m)
+    alpha = np.exp(m[..., :-1] - m_safe[..., 1:])  # [kv_heads, R, tiles]
+    p = np.exp(s - m_safe[..., 1:, None])  # [kv_heads, R, tiles, block_size] fp32
 
     # sum(p): a fixed grid of 2^-sum_bits, exact below 2^53 quanta for p < 2; the tile
     # holding the running max has p = 1, so denom >= 1 and the grid costs < 2^-40 of it.
@@ -293,14 +318,19 @@ def _attend(
         pv_all = np.matmul(p_hat.transpose(0, 2, 1, 3), values)  # [kv_heads, tiles, R, head_dim]
         pv_all = exact_to_f32(pv_all)
 
-    # the recurrence, tile by tile; rows before `first` do not see tile t and keep their state
-    first_rows = np.searchsorted(row_pos, pages.first_key + np.arange(num_tiles) * block_size)
-    for t, first in enumerate(first_rows.tolist()):
+    # the recurrence, tile by tile; rows before `first` (tile t is in their future) and
+    # from `last` on (it is before their window) do not see tile t and keep their state
+    tile_keys = pages.first_key + np.arange(num_tiles) * block_size
+    first_rows = np.searchsorted(row_pos, tile_keys).tolist()
+    last_rows = np.searchsorted(row_lo, tile_keys + block_size).tolist()
+    for t, (first, last) in enumerate(zip(first_rows, last_rows, strict=True)):
+        if first >= last:
+            continue
         if num_rows <= _BATCHED_PV_ROWS:
-            pv = pv_all[:, t, first:]
-        else:  # tile by tile keeps the product in cache and skips the rows before `first`
-            pv = exact_to_f32(p_hat[:, first:, t] @ values[:, t])  # [kv_heads, R - first, head_dim]
-        a = alpha[:, first:, t]
-        state.denom[:, first:] = state.denom[:, first:] * a + p_sum[:, first:, t]
-        state.acc[:, first:] = state.acc[:, first:] * a[..., None] + pv
+            pv = pv_all[:, t, first:last]
+        else:  # tile by tile keeps the product in cache and skips the rows that do not see it
+            pv = exact_to_f32(p_hat[:, first:last, t] @ values[:, t])  # [kv_heads, rows, head_dim]
+        a = alpha[:, first:last, t]
+        state.denom[:, first:last] = state.denom[:, first:last] * a + p_sum[:, first:last, t]
+        state.acc[:, first:last] = state.acc[:, first:last] * a[..., None] + pv
     state.m[...] = m[..., -1]

@@ -156,7 +156,9 @@ class PagedSequences:
         pos = np.arange(first, last)
         return np.asarray(table)[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def run(self, spans: list[tuple[int, int, int]], cache: np.ndarray | None = None) -> np.ndarray:
+    def run(
+        self, spans: list[tuple[int, int, int]], cache: np.ndarray | None = None, window: int = 0
+    ) -> np.ndarray:
         """Attention for (sequence, first, last) query spans batched in one call."""
         tables = [self.tables[b] for b, _, _ in spans]
         width = max(len(t) for t in tables)
@@ -170,6 +172,7 @@ class PagedSequences:
             np.array([last for _, _, last in spans], dtype=np.int32),
             np.cumsum([0, *lens]).astype(np.int32),
             1 / np.sqrt(HEAD_DIM),
+            window,
         )
 
     def with_garbage_after(self, b: int, last: int) -> np.ndarray:

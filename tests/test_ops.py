@@ -125,13 +125,17 @@ def test_kv_write_fills_exactly_its_slots(rng: np.random.Generator) -> None:
     assert np.isnan(cache.astype(np.float32)[~written]).all()  # nothing else touched
 
 
-def _dense_attention(q, keys, values, q_positions):  # float64 reference, causal, GQA
+def _dense_attention(q, keys, values, q_positions, window=0):  # float64, causal, GQA
     num_heads, num_kv = q.shape[1], keys.shape[1]
     group = num_heads // num_kv
     out = np.zeros(q.shape)
+    key_pos = np.arange(len(keys))[None]
+    visible = key_pos <= q_positions[:, None]
+    if window:  # transformers' sliding_window_overlay: kv_idx > q_idx - window
+        visible &= key_pos > q_positions[:, None] - window
     for h in range(num_heads):
         s = q[:, h] @ keys[:, h // group].T / np.sqrt(q.shape[-1])
-        s = np.where(np.arange(len(keys))[None] <= q_positions[:, None], s, -np.inf)
+        s = np.where(visible, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         out[:, h] = (p / p.sum(-1, keepdims=True)) @ values[:, h // group]
     return out
