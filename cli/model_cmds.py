@@ -95,7 +95,8 @@ def model_prepare(out: Path | None, wheel: Path | None) -> None:
 def model_convert(gguf_file: Path, out: Path | None) -> None:
     """Convert a GGUF file (llama.cpp's; a Llama, Qwen2, Qwen3, Phi-3, Granite or SmolLM3
     model) into a model folder,
-    its weights dequantized to BF16. Prints the folder's path as the last line; running it
+    its weights dequantized to BF16. Any shard of a split model (NAME-00001-of-00003.gguf,
+    ...) converts the whole set. Prints the folder's path as the last line; running it
     again does nothing. `--model GGUF_FILE` does the same on first use."""
     from ..daemon.model.prepare import PrepareError, prepare_gguf
 

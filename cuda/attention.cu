@@ -12,33 +12,43 @@
 // a prefix sum over query_start_loc (find_work), so the host plans the grid from T, B and
 // the block table's width alone and nothing is read back to the host.
 //
+// Sliding window (`window`, the twin's): the query at position p sees keys lo..p, lo =
+// window_start(p) = max(p - window + 1, 0); window 0: lo = 0. lo ascends with p, so a
+// CTA's first row sees the earliest key any of its rows sees.
+//
 // KV chunks: the key range is cut at the absolute positions c * kKvChunk (256 keys,
-// whole pages). A CTA takes the chunks c = kv_lane, kv_lane + kv_lanes, ... of its rows
-// (those up to its last row's position) and runs each from a fresh state (m = -inf,
-// denom = 0, acc = 0) over the chunk's pages, in ascending order, as below. Then:
+// whole pages). A CTA's chunks are those from c0, the chunk holding its first row's lo,
+// to its last row's position (the chunks before c0 are seen by none of its rows); it
+// takes c = c0 + kv_lane, c0 + kv_lane + kv_lanes, ... of them and runs each from a fresh
+// state (m = -inf, denom = 0, acc = 0) over the chunk's pages, in ascending order, as
+// below. Then:
 //   - one lane (kv_lanes = 1: prefills, large batches): the CTA merges each chunk's
-//     state into its rows' totals in registers, in ascending chunk order (the first
-//     chunk taken as it is; merge_factors / merged), and writes out = bf16(acc / denom);
+//     state into its rows' totals in registers, in ascending chunk order (a row's first
+//     chunk, the one holding its lo, taken as it is; merge_factors / merged), and writes
+//     out = bf16(acc / denom);
 //   - several lanes (small decode batches): each chunk's state goes to the fp32
 //     workspace, the CTA counts itself in its (work item, head slot) counter (an integer
-//     atomic), and the lane that counts last merges every row's chunk states from the
-//     workspace in ascending order, with the same formula (merge_chunks), and writes out.
+//     atomic; the lanes counted are those with a chunk, min(kv_lanes, chunks from c0)),
+//     and the lane that counts last merges every row's chunk states from the workspace
+//     in ascending order from the row's first, with the same formula (merge_chunks), and
+//     writes out.
 //
 // CTA: 4 warps. Row r belongs to warp r % 4, as its slot r / 4 (8 slots a warp).
-// For each page t of a chunk in ascending order, up to the last page the CTA's last row
-// sees:
+// For each page t of a chunk in ascending order, from the first page its first row sees
+// to the last page its last row sees:
 //   1. the page's K and V ([block_size, head_dim] each) are copied to shared memory;
 //   2. scores: the lanes of a warp own keys (lane % min(block_size, 32), and +32
 //      when block_size = 64); with block_size 16 the two half-warps take two slots
 //      at once. score(row, key) = one sequential fp32 FMA chain over d = 0..head_dim-1
 //      in a single thread, times scale;
-//   3. softmax step per row: tile max by a shuffle butterfly over the row's lanes,
+//   3. softmax step per row that sees a key of the page (the others skip 3 and 4):
+//      tile max by a shuffle butterfly over the row's lanes,
 //      m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') for visible keys;
 //      tile sum of p by the same fixed butterfly; denom = denom * a + sum;
 //      bf16(p) goes to shared memory;
 //   4. P.V: lane owns head_dim / 32 output dims of every slot of its warp;
-//      acc = acc * a, then acc = fma(bf16(p_j), v_j, acc) for the visible keys j
-//      in ascending order.
+//      acc = acc * a, then acc = fma(bf16(p_j), v_j, acc) for the keys j up to the
+//      row's position in ascending order (p_j = +0 for those before its window).
 //
 // NOTE (invariance): every value a row's result is built from is a function of the
 // row's own query, position and keys, computed in an order fixed by head_dim,
@@ -49,23 +59,34 @@
 //     m - m' come out the same for either zero);
 //   - the tile sum runs over key lanes in a butterfly whose shape depends only on
 //     block_size (key j always sits in lane j % min(block_size, 32) of the row's
-//     lane group, keys j and j + 32 are added in that lane first); masked keys
-//     enter it as +0, so they contribute exactly nothing to a sum of p >= 0;
-//   - P.V is one thread's sequential FMA chain over the row's visible keys;
+//     lane group, keys j and j + 32 are added in that lane first); masked keys (in
+//     the row's future or before its window) enter it as +0, so they contribute
+//     exactly nothing to a sum of p >= 0;
+//   - P.V is one thread's sequential FMA chain over the page's keys up to the row's
+//     position: a set fixed by the position (those before its window have p = +0);
+//   - a page the row sees no key of (in its future, or wholly before its window) is
+//     skipped by the row: its state stays exactly as it was. So a row whose window
+//     starts past a chunk's first page keeps m = -inf, denom = acc = 0 up to its first
+//     visible page, where a = exp(-inf - m') = 0 makes the state that page's own sums,
+//     as for a chunk's first page: never -inf - -inf. Which pages the CTA runs (those
+//     of any of its rows) does not reach a row;
 //   - the KV length is split only at the fixed positions c * kKvChunk, never at a
 //     place that depends on the batch, q_len, the grid or the device. Every chunk's
-//     state starts fresh and sees exactly the chunk's keys the row sees; a chunk
-//     wholly in the row's future is neither merged nor stored. The chunks are merged
-//     in ascending order with one formula, whether in registers (one lane) or from the
-//     workspace (the last lane; fp32 stores and loads are exact), so neither the lane
-//     count, nor the head parts, nor which CTA counts last reaches a row's bits;
+//     state starts fresh and sees exactly the chunk's keys the row sees; a chunk the
+//     row sees no key of (wholly in its future or before its window) is neither merged
+//     nor stored. The chunks a row sees are merged in ascending order, its first (the
+//     one holding its lo) taken as it is, the rest with one formula, whether in
+//     registers (one lane) or from the workspace (the last lane; fp32 stores and loads
+//     are exact), so neither the lane count, nor the chunk a CTA starts at, nor the
+//     head parts, nor which CTA counts last reaches a row's bits;
 //   - every operation is an explicitly rounded intrinsic (__fmaf_rn, __fmul_rn,
 //     __fadd_rn, __fsub_rn, __fdiv_rn) that the compiler cannot contract or
 //     reorder, and expf is the accurate libdevice routine (no fast math), the same
 //     function of its argument wherever it runs;
 //   - no float atomics: the counters are integers, and only say who merges.
 // So the number of rows in the CTA, a row's slot, q_len, the chunking of a prompt, the
-// launch geometry and the other sequences of the batch never reach a row's bits:
+// launch geometry and the other sequences of the batch never reach a row's bits (nor,
+// under a window, the keys outside the row's window):
 // prefill rows (merged in registers) and decode rows (merged from the workspace) get
 // the same bits, which is what makes a prompt's last token equal its decode step.
 #include "common.cuh"
@@ -85,6 +106,12 @@ template <int BLOCK_SIZE>
 __device__ __forceinline__ constexpr int kTilesPerChunk() {
   static_assert(kKvChunk % BLOCK_SIZE == 0, "a KV chunk is whole pages");
   return kKvChunk / BLOCK_SIZE;
+}
+
+// The first key the query at `pos` sees (attention.py's row_lo): its sliding window's
+// start, or 0 with no window (window 0).
+__device__ __forceinline__ int window_start(int pos, int window) {
+  return window > 0 && pos >= window ? pos - window + 1 : 0;  // no overflow at any window
 }
 
 // The two BF16 halves of a 32-bit word (the lower address holds the low half).
@@ -126,10 +153,10 @@ struct __align__(16) SharedStorage {
   unsigned short p[kNumWarps][BLOCK_SIZE][kRowsPerWarp];  // bf16(p) of each warp's slots
   float alpha[kNumWarps][kRowsPerWarp];  // a = exp(m - m') of the tile
   float denom[kNumWarps][kRowsPerWarp];  // the final denominators
-  int num_visible[kNumWarps][kRowsPerWarp];  // keys of the tile the row sees; 0: none
+  int num_visible[kNumWarps][kRowsPerWarp];  // keys of the tile up to the row's last; 0: it sees none
   float merge_a1[kNumWarps][kRowsPerWarp];  // a chunk's merge factors (merge_factors)
   float merge_a2[kNumWarps][kRowsPerWarp];
-  int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk
+  int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk, 2: as its first; 0: not
   int last;  // 1: this CTA counted last (the split)
 };
 
@@ -144,7 +171,7 @@ __device__ __forceinline__ void paged_attention(
     float* __restrict__ workspace,               // split: [T, heads, chunks, head_dim] + [T, heads, chunks, 2]
     unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-    int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
+    int num_layers, int layer, int head_parts, int kv_lanes, float scale, int window) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   __shared__ SharedStorage<HEAD_DIM, BLOCK_SIZE> sm;
 
@@ -172,13 +199,17 @@ __device__ __forceinline__ void paged_attention(
   const int num_rows = num_cta_tokens * sub_group;
   if (num_rows == 0) return;
   // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
-  // seq_len - q_len + i and sees keys 0..that position.
+  // seq_len - q_len + i and sees keys window_start(that position)..that position.
   const int first_pos = seq_len - q_len + tok0;
   const int last_pos = first_pos + num_cta_tokens - 1;
   const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
   const int num_chunks = (num_tiles + kTilesPerChunk<BLOCK_SIZE>() - 1) / kTilesPerChunk<BLOCK_SIZE>();
+  // the earliest key any row sees (the first row's lo), and the chunk holding it: the
+  // chunks and pages before are seen by no row
+  const int first_key = window_start(first_pos, window);
+  const int first_chunk = first_key / kKvChunk;
   const bool split = kv_lanes > 1;
-  if (split && kv_lane >= num_chunks) return;  // a lane past the CTA's last chunk: not counted
+  if (split && first_chunk + kv_lane >= num_chunks) return;  // a lane with no chunk: not counted
 
   // the CTA's query rows, zero past num_rows
   for (int idx = threadIdx.x; idx < kRowsPerCta * C::kChunks; idx += kNumThreads) {
@@ -218,7 +249,8 @@ __device__ __forceinline__ void paged_attention(
   float* __restrict__ ws_ml = workspace + ws_slots * HEAD_DIM;  // (m, denom) of each slot
   const long long head_stride = (long long)BLOCK_SIZE * HEAD_DIM;  // one KV head of one page
 
-  for (int c = kv_lane; c < num_chunks; c += kv_lanes) {
+  int t = first_key / BLOCK_SIZE;  // the next page to run (no row sees those before)
+  for (int c = first_chunk + kv_lane; c < num_chunks; c += kv_lanes) {
     // softmax state of the chunk, from a fresh start: score slots sub + kRowsPerPass * i
     // (the same in all their lanes)
     float m[C::kSlotsPerLane], denom[C::kSlotsPerLane];
@@ -236,7 +268,7 @@ __device__ __forceinline__ void paged_attention(
     }
     const int chunk_start = c * kKvChunk;
     const int chunk_tiles_end = min(num_tiles, (c + 1) * kTilesPerChunk<BLOCK_SIZE>());
-    for (int t = c * kTilesPerChunk<BLOCK_SIZE>(); t < chunk_tiles_end; ++t) {
+    for (t = max(t, c * kTilesPerChunk<BLOCK_SIZE>()); t < chunk_tiles_end; ++t) {
       __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
       const long long block = block_tables[(long long)seq * max_blocks + t];
       const unsigned short* k_page =
@@ -259,14 +291,23 @@ __device__ __forceinline__ void paged_attention(
 #pragma unroll
       for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
         if (i0 >= num_passes) break;  // warp-uniform
-        int visible[kSlotBlock];  // keys of this tile the row sees: 0 when none (or no row)
+        // the keys of this tile the row sees: begin .. visible - 1 (from its window's
+        // start to its position); visible = 0 when none (or no row)
+        int begin[kSlotBlock], visible[kSlotBlock];
         float score[kSlotBlock][C::kKeysPerLane];
 #pragma unroll
         for (int ii = 0; ii < kSlotBlock; ++ii) {
           const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
+          begin[ii] = 0;
           visible[ii] = 0;
           if (i0 + ii < C::kSlotsPerLane && row < num_rows) {
-            visible[ii] = min(max(first_pos + row / group_rows - tile_start + 1, 0), BLOCK_SIZE);
+            const int pos = first_pos + row / group_rows;
+            const int end = min(max(pos - tile_start + 1, 0), BLOCK_SIZE);
+            const int start = min(max(window_start(pos, window) - tile_start, 0), BLOCK_SIZE);
+            if (start < end) {
+              begin[ii] = start;
+              visible[ii] = end;
+            }
           }
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[ii][kk] = 0.0f;
@@ -304,17 +345,18 @@ __device__ __forceinline__ void paged_attention(
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
             const int j = key_lane + C::kLanesPerRow * kk;
-            s[kk] = j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
+            s[kk] = j >= begin[ii] && j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
             tile_max = fmaxf(tile_max, s[kk]);
           }
 #pragma unroll
           for (int offset = C::kLanesPerRow / 2; offset > 0; offset /= 2) {
             tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
           }
-          // NOTE: a row that sees the tile sees its first key, so tile_max and m' are
-          // finite, and the first tile's a = exp(-inf - m') = 0 needs no -inf - -inf.
-          // A row that sees none of it (a tile in its future) skips the update below:
-          // its state stays exactly as it was.
+          // NOTE: a row that sees the tile sees some key of it, so tile_max and m' are
+          // finite, and the row's first tile's a = exp(-inf - m') = 0 needs no -inf - -inf.
+          // A row that sees none of it (a tile in its future, or before its window) skips
+          // the update below: its state stays exactly as it was (m = -inf still, before
+          // its window's first tile).
           const bool sees = visible[ii] > 0;
           const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
           const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
@@ -351,6 +393,13 @@ __device__ __forceinline__ void paged_attention(
       __syncwarp();
 
       // --- P.V over the warp's slots ---
+      // NOTE: a row runs keys 0 .. num_visible - 1 of a page it sees, in order. In the
+      // page its window starts in, the keys before the window have p = +0 (a select made
+      // their s -inf) and add exactly +0, as in the twin, whose P.V sums run over the
+      // whole page; they are written keys (finite), unlike the slots past the row's
+      // position, which the loop never reads. Starting each slot at its window instead
+      // puts a second bound a slot in this loop, for every page: measured, a spill
+      // (d64_b64, sm_90) or 3 more integer ops a slot and key.
       int slot_visible[kRowsPerWarp];
       int keys = 0;  // the most keys any slot of the warp sees
 #pragma unroll
@@ -381,7 +430,7 @@ __device__ __forceinline__ void paged_attention(
         unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
 #pragma unroll
         for (int s = 0; s < kRowsPerWarp; ++s) {
-          if (j < slot_visible[s]) {  // warp-uniform; never reads a masked key's V
+          if (j < slot_visible[s]) {  // warp-uniform; never reads a key past the row's position
 #pragma unroll
             for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmaf_rn(p[s], v[e], acc[s][e]);
           }
@@ -390,12 +439,18 @@ __device__ __forceinline__ void paged_attention(
     }
 
     // --- the chunk's end: merge its state into the total, or store it for the last lane ---
-    // Rows before the chunk's first key do not see it: not merged, not stored.
+    // NOTE: a row saw a key of the chunk exactly when its max is finite (a visible key's
+    // score is; the pages it skips leave m = -inf): rows the chunk is in the future of,
+    // or wholly before the window of, are neither merged nor stored. The chunks run in
+    // ascending order and a row sees a run of consecutive ones, so its first (the one
+    // holding its lo: taken as it is) finds its total still empty, m_total = -inf.
+    // (Read off the state: recomputed from the positions, it cost up to 33 registers.)
 #pragma unroll
     for (int i = 0; i < C::kSlotsPerLane; ++i) {
       const int slot = sub + C::kRowsPerPass * i;
       const int row = slot * kNumWarps + warp;
-      const bool sees = i < num_passes && row < num_rows && first_pos + row / group_rows >= chunk_start;
+      const bool sees = i < num_passes && row < num_rows && m[i] != negative_infinity();
+      const bool first = m_total[i] == negative_infinity();
       if (!sees) {
         if (i < num_passes && key_lane == 0) sm.merge_sees[warp][slot] = 0;
         continue;
@@ -406,7 +461,7 @@ __device__ __forceinline__ void paged_attention(
           ws_ml[(at * max_chunks + c) * 2] = m[i];
           ws_ml[(at * max_chunks + c) * 2 + 1] = denom[i];
         }
-      } else if (c == 0) {  // every row's first chunk: taken as it is
+      } else if (first) {  // the row's first chunk: taken as it is
         m_total[i] = m[i];
         denom_total[i] = denom[i];
       } else {
@@ -418,7 +473,7 @@ __device__ __forceinline__ void paged_attention(
           sm.merge_a2[warp][slot] = a2;
         }
       }
-      if (key_lane == 0) sm.merge_sees[warp][slot] = 1;
+      if (key_lane == 0) sm.merge_sees[warp][slot] = first ? 2 : 1;
     }
     __syncwarp();
 #pragma unroll
@@ -431,7 +486,7 @@ __device__ __forceinline__ void paged_attention(
         float* dst = workspace + (at * max_chunks + c) * HEAD_DIM + lane * C::kDimsPerLane;
 #pragma unroll
         for (int e = 0; e < C::kDimsPerLane; ++e) dst[e] = acc[s][e];
-      } else if (c == 0) {
+      } else if (sm.merge_sees[warp][s] == 2) {
 #pragma unroll
         for (int e = 0; e < C::kDimsPerLane; ++e) acc_total[s][e] = acc[s][e];
       } else {
@@ -447,7 +502,7 @@ __device__ __forceinline__ void paged_attention(
     // --- the last lane of the (work item, head slot) to finish merges every chunk ---
     // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
     // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.
-    const int active = min(kv_lanes, num_chunks);
+    const int active = min(kv_lanes, num_chunks - first_chunk);
     unsigned* counter = counters + static_cast<long long>(blockIdx.x) * (gridDim.y / kv_lanes) + head_slot;
     __threadfence();
     __syncthreads();
@@ -455,8 +510,21 @@ __device__ __forceinline__ void paged_attention(
     __syncthreads();
     if (sm.last == 0) return;
     __threadfence();
-    merge_chunks<HEAD_DIM, kKvChunk>(out, workspace, ws_ml, num_rows, group_rows, q_start + tok0,
-                                     first_pos, num_heads, head0, max_chunks, /*zero_sign=*/false);
+    // NOTE: merge_chunks merges a row's chunks 0 .. pos / kKvChunk; a row's first is c0,
+    // the chunk holding its lo. Handed the workspace seen from chunk c0 (its pointers c0
+    // chunks on, the positions c0 * kKvChunk back), it merges exactly chunks c0 .. pos /
+    // kKvChunk, c0 taken as it is. One call for each run of queries with the same c0: at
+    // most two, as a CTA's queries span fewer than kKvChunk positions.
+    for (int tok = 0; tok < num_cta_tokens;) {
+      const int c0 = window_start(first_pos + tok, window) / kKvChunk;
+      int end = tok + 1;
+      while (end < num_cta_tokens && window_start(first_pos + end, window) / kKvChunk == c0) ++end;
+      merge_chunks<HEAD_DIM, kKvChunk>(out, workspace + static_cast<long long>(c0) * HEAD_DIM, ws_ml + 2LL * c0,
+                                       (end - tok) * group_rows, group_rows, q_start + tok0 + tok,
+                                       first_pos + tok - c0 * kKvChunk, num_heads, head0, max_chunks,
+                                       /*zero_sign=*/false);
+      tok = end;
+    }
     if (threadIdx.x == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }
@@ -495,10 +563,11 @@ __device__ __forceinline__ void paged_attention(
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
       float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      int head_parts, int kv_lanes, float scale
+      int head_parts, int kv_lanes, float scale, int window
 #define PAGED_ATTENTION_PASS                                                                  \
   out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
-      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
+      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, \
+      window
 
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b16(PAGED_ATTENTION_ARGS) {
   pdl_enter();

@@ -1,8 +1,9 @@
 """Launcher of the paged attention kernel (cuda/attention.cu); twin: `paged_attention_ref`.
 
 One kernel serves prefill and decode: each sequence's queries are the last
-`q_len` of its `seq_len` positions and attend causally to K/V read from the
-paged cache, page by page in ascending order, with an online softmax in fp32
+`q_len` of its `seq_len` positions and attend causally (within a sliding window,
+where one is given: keys p - window + 1 to p) to K/V read from the paged cache, page by
+page in ascending order, with an online softmax in fp32
 (probabilities rounded to BF16 for the P.V product), exactly the recurrence the
 twin's docstring writes down. Results agree with the twin within BF16 rounding.
 
@@ -12,7 +13,8 @@ gets a wave of CTAs; a query tile is up to `ROWS_PER_CTA // (group // head_parts
 consecutive queries of one sequence, its rows the (query, query head) pairs, so a K/V
 page is read once for all the slot's heads. The key range is cut into KV chunks of
 KV_CHUNK keys at fixed positions; a (query tile, head slot) spreads its chunks over
-`kv_lanes` CTAs. Each CTA finds its (sequence, tile) on the device from
+`kv_lanes` CTAs (chunk c0 + i to lane i % kv_lanes, c0 the chunk holding the tile's
+first visible key: 0 without a window). Each CTA finds its (sequence, tile) on the device from
 `query_start_loc`, so the grid is planned from T, B and the block table's width alone:
 no device->host read, no metadata to build or copy, and the launch can be captured in
 a CUDA graph. The grid is an upper bound (sum of ceil(q_len / tile) <= (T + B * (tile -
@@ -40,7 +42,10 @@ KV_CHUNK:
   ascending order; the chunks' states are merged in ascending order with one fp32
   formula (the twin's `_RowState.merge`), in registers or from the workspace (exact
   fp32 copies), so the lane count, the head parts and which CTA merges never reach a
-  row. A chunk wholly in a row's future is neither merged nor stored.
+  row. A chunk a row sees no key of (wholly in its future or before its window) is
+  neither merged nor stored; the chunk holding the row's first visible key is its
+  first, taken as it is. A CTA starts at the chunk holding its first row's first
+  visible key (c0), its lanes counted from there.
 - A score is one thread's sequential fp32 FMA chain over head_dim; which
   thread, warp or slot of the CTA computes it does not change it. The tile max
   is exact in any order. The tile's probability sum runs over the key lanes in
@@ -49,12 +54,13 @@ KV_CHUNK:
   sequential FMA chain over the row's visible keys in ascending order. Every
   operation is an explicitly rounded intrinsic the compiler cannot contract,
   and exp is the accurate `expf` (no fast math).
-- A tile wholly in a row's future is skipped for that row: its state (m, denom,
-  acc) is left exactly as it was. So a CTA may run its rows over the tiles its
-  last row sees, and a row gets the same bits whoever shares its CTA.
-- Every row sees key 0 and the first key of every chunk it sees, so a chunk's
-  first tile has a visible key, m' is finite and a = exp(-inf - m') = 0: no
-  (-inf) - (-inf). The denominator ends >= 1.
+- A tile a row sees no key of (wholly in its future or before its window) is
+  skipped for that row: its state (m, denom, acc) is left exactly as it was. So a CTA
+  may run its rows over the tiles from its first row's window to its last row's
+  position, and a row gets the same bits whoever shares its CTA.
+- A row's state stays m = -inf, denom = acc = 0 until the first tile it sees a key
+  of; there m' is finite and a = exp(-inf - m') = 0: no (-inf) - (-inf). The
+  denominator ends >= 1.
 - Masked keys (a row's future, and stale slots past seq_len that may hold NaN)
   never reach a row: their scores are replaced by -inf and their
   probabilities by +0 with selects, and the P.V loop stops at each row's last
@@ -122,7 +128,8 @@ class SplitGrid:
     The grid is (num_work_items, num_kv_heads * head_parts * kv_lanes); blockIdx.y =
     (kv_head * head_parts + part) * kv_lanes + lane. A KV head's query-head group is cut
     into `head_parts` CTAs of group / head_parts heads each; a (query tile, head part)
-    spreads its KV chunks over `kv_lanes` CTAs, chunk c to lane c % kv_lanes. With one
+    spreads its KV chunks over `kv_lanes` CTAs, chunk c0 + i to lane i % kv_lanes (c0: the
+    chunk holding its first row's first visible key, 0 without a window). With one
     lane a CTA walks all its chunks and merges them in registers; with more, each chunk's
     state goes to the fp32 workspace and the last lane to finish (an integer counter)
     merges them. Neither number reaches a row's bits: the chunk boundaries (KV_CHUNK) and
@@ -204,6 +211,7 @@ def paged_attention(
     seq_lens: Any,
     query_start_loc: Any,
     scale: float,
+    window: int = 0,
     *,
     out: Any = None,
     workspace: Any = None,
@@ -214,6 +222,8 @@ def paged_attention(
     block_tables:    [B, max_blocks] int32
     seq_lens:        [B] int32, keys visible to each sequence after this step
     query_start_loc: [B + 1] int32, rows of q belonging to each sequence; [B] must be T
+    window:          a sliding window (the twin's): the query at position p sees keys
+                     p - window + 1 to p; 0: keys 0 to p
     out:             [T, num_heads, head_dim] uint16, written in place, or None
     workspace:       float32, at least `workspace_floats` elements, for a launch that
                      splits (small batches); None: taken from CuPy's pool when needed
@@ -223,7 +233,7 @@ def paged_attention(
     checked (that would need a device->host read): block ids must lie in the cache,
     seq_len <= max_blocks * block_size, and seq_len >= q_len.
     """
-    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
+    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
     fn = kernel("attention", kernel_name(q.shape[2], cache.shape[4]))
     return launch(lambda grid: (fn, 0), ROWS_PER_CTA, out, *args, workspace=workspace)
@@ -240,6 +250,7 @@ def launch(
     seq_lens: Any,
     query_start_loc: Any,
     scale: float,
+    window: int,
     *,
     workspace: Any,
 ) -> Any:
@@ -274,7 +285,7 @@ def launch(
         out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters,
         np.int32(num_tokens), np.int32(num_seqs), np.int32(max_blocks), np.int32(num_heads),
         np.int32(num_kv_heads), np.int32(cache.shape[1]), np.int32(layer),
-        np.int32(grid.head_parts), np.int32(grid.kv_lanes), np.float32(scale),
+        np.int32(grid.head_parts), np.int32(grid.kv_lanes), np.float32(scale), np.int32(window),
     )  # fmt: skip
     launch_kernel(fn, grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
     return out
@@ -296,6 +307,7 @@ def check_inputs(
     seq_lens: Any,
     query_start_loc: Any,
     scale: float,
+    window: int = 0,
     *,
     out: Any,
     max_group: int,
@@ -335,6 +347,8 @@ def check_inputs(
         raise ValueError(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
+    if not isinstance(window, int | np.integer) or not 0 <= window < 2**31:
+        raise ValueError(f"window must be an integer >= 0 (0: no window); got {window!r}")
     group = num_heads // num_kv_heads
     if group > max_group:
         raise ValueError(f"num_heads / num_kv_heads must be at most {max_group}; got {group}")

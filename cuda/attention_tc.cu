@@ -12,15 +12,20 @@
 // slot) pairs, row r = token * (group / head_parts) + member, so every K/V page is read
 // once for all the slot's heads.
 //
-// KV chunks, as attention.cu: the key range is cut at c * kKvChunk (256 keys); the CTA
-// runs its chunks kv_lane, kv_lane + kv_lanes, ... one after another through the same
-// page ring (page k of the CTA is page k % kTilesPerChunk of its chunk k /
-// kTilesPerChunk), each from a fresh RowState. At a chunk's end, one lane merges the
-// state into each thread's total, kept in shared memory after the ring (thread-private,
-// so no barrier: registers are spoken for), in ascending chunk order (merge_factors /
-// merged; the first chunk taken as it is); several lanes store it to the fp32 workspace
-// and the lane that counts last in its (work item, head slot) counter merges every
-// row's chunks from there (merge_chunks), with the same formula and order.
+// KV chunks, as attention.cu: the key range is cut at c * kKvChunk (256 keys); the CTA's
+// chunks run from c0, the one holding its first row's first visible key (window_start:
+// under a sliding window the query at p sees keys p - window + 1 .. p; c0 = 0 without
+// one), to its last row's; the lane runs chunks c0 + kv_lane, c0 + kv_lane + kv_lanes,
+// ... one after another through the same page ring (page k of the CTA is page k %
+// kTilesPerChunk of its chunk k / kTilesPerChunk; lane 0 starts at the first page its
+// first row sees), each from a fresh RowState. At a chunk's end, one lane merges the
+// state of each row that sees the chunk into each thread's total, kept in shared memory
+// after the ring (thread-private, so no barrier: registers are spoken for), in ascending
+// chunk order (merge_factors / merged; a row's first chunk, the one holding its first
+// visible key, taken as it is); several lanes store it to the fp32 workspace and the
+// lane that counts last in its (work item, head slot) counter merges every row's chunks
+// from there (merge_window_chunks: merge_chunks from the row's first chunk), with the
+// same formula and order.
 //
 // CTA: 4 warps; warp w owns rows 16w .. 16w + 15, one m16 tile (rows past the
 // CTA's last are padding: zero Q, never written). Its Q fragments are loaded
@@ -29,12 +34,13 @@
 // deep ring below), K then V, [block_size, head_dim + 8] BF16 each,
 // filled by 16-byte cp.async; key slots past seq_len are zero-filled instead of
 // read. For each page t of a chunk in ascending order, up to the last page the CTA's
-// last row sees, a warp whose rows see page t:
+// last row sees, a warp some of whose rows see a key of page t (warp_sees, a vote):
 //   1. S = Q.K^T: for each n8 tile of keys, one mma per 16-wide head_dim slice,
 //      slices ascending, from +0 (K fragments by ldmatrix, rows = keys);
 //   2. the softmax step per row, in the accumulator layout (thread t of a quad
 //      holds keys 8j + 2t, +1 of rows g and g + 8), in log2 units (u = scale *
-//      log2(e)): masked scores -> -inf, tile max (exact), m' = max(m, tile max * u),
+//      log2(e)): masked scores (past the row's position, or before its window) -> -inf,
+//      tile max (exact), m' = max(m, tile max * u),
 //      a = exp2(m - m') (1 where m' = m), p = exp2(s * u - m') (one fma) or +0,
 //      the row sum of p (per thread over its values as a balanced tree, row_reduce:
 //      each n8 tile's pair, then adjacent tiles; then the quad butterfly xor 1,
@@ -131,20 +137,34 @@
 // attend_page_coop), with the same bits; registers within 3 of the "now" column, no spills,
 // and 1.3-4.4 KB more static shared memory (the warps' exchange).
 //
+// The sliding window (2026-11-30) holds each row's first visible key beside its position
+// through the page loop, and the warp's page bounds gave way to votes (warp_sees): the
+// kernels at their bounds (d64_b16, d64_b32: 128; d128_b16, d128_b32: 168) keep their
+// registers without spills; the others moved by -5 to +8 (d64_b16_deep on sm_90 120 ->
+// 128, d128_b64_deep 218 -> 226; the shared page's build alike), no CTAs an SM lost.
+//
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
 // Llama-3.1-8B decode's split grid is 256 CTAs (8 lanes of 32 head slots): one round on
 // an H100's 132 SMs at 2 CTAs an SM.
 //
 // NOTE (invariance, DESIGN §4): a query row's bits depend only on its query, its
-// position, its sequence's keys and values, head_dim and block_size:
+// position, the window, its sequence's keys and values, head_dim and block_size:
 //   - The KV length is split only at the fixed positions c * kKvChunk. Each chunk's
 //     state starts fresh and takes the chunk's pages in ascending order (the key tiles);
 //     the chunks' states are merged in ascending order with one formula of explicitly
 //     rounded ops, in shared memory or from the workspace (exact fp32 copies either
 //     way), so neither the lane count, nor the head parts, nor which CTA counts last
-//     reaches a row. A chunk wholly in a row's future is neither merged nor stored;
-//     every row sees the first key of each chunk it sees. No float atomics.
+//     reaches a row. A chunk a row sees no key of (wholly in its future, or wholly before
+//     its window) is neither merged nor stored; the chunk holding its first visible key
+//     is its first, taken as it is (not merged with an empty state, which could turn a
+//     -0 into +0), whichever lane runs it: the one-lane merge tests each row's first
+//     chunk, the split's last lane starts each row's merge there (merge_window_chunks).
+//     The chunks before the CTA's first row's window are seen by no row, and no lane runs
+//     them: the lanes start at the first chunk seen, every chunk from there to the last
+//     row's is seen by some row (consecutive queries' key ranges leave no gap), and the
+//     counter counts the lanes that have one (min(kv_lanes, the CTA's chunks)). No float
+//     atomics.
 //   - S[r][j] is one accumulator register taking one mma per head_dim slice,
 //     ascending, from +0; its row of A is q_r (BF16, as stored), its column of B
 //     k_j. The fragment's other rows (companion or padding queries) do not enter
@@ -154,8 +174,9 @@
 //     column (n8 tile j / 8, column j % 8).
 //   - Masking is by select, never arithmetic on what S held (a page every real row
 //     of the warp sees whole skips the selects: they would keep every score): a key
-//     past the row's position (causal) or past seq_len gets s = -inf (a select), so p = exp2(-inf
-//     - a finite max) = +0, whatever S held (not even a NaN there gets in). Every
+//     past the row's position (causal), before its first visible key (the window) or
+//     past seq_len gets s = -inf (a select), so p = exp2(-inf - a finite max) = +0,
+//     whatever S held (not even a NaN there gets in). Every
 //     other step of the softmax is elementwise on the row's own values with
 //     explicitly rounded intrinsics (__fmul_rn, __fmaf_rn, __fsub_rn, __fadd_rn,
 //     __fdiv_rn) and one exponential, ex2.approx (a function of its input alone on
@@ -166,21 +187,26 @@
 //     by block_size: key j is always summed by thread (j % 8) / 2 of the quad, at
 //     the same leaf of its tree (row_reduce); masked keys add +0 to a sum of p >= 0,
 //     which changes nothing.
-//   - Every row sees key 0, so its first page has a finite tile max, m' is finite
-//     and a = exp2(-inf - m') = +0: no (-inf) - (-inf). The denominator ends about
-//     1 or above (the largest score's p is 2^e, e the rounding error of its s * u,
-//     which the fma keeps: 1 within a few millionths).
-//   - A page wholly in a row's future leaves the row's state (m, denom, acc)
-//     exactly as it was, whatever the other rows of its m16 tile do: the warp
-//     skips a page none of its rows sees (warp-uniform), and when the page is run
-//     for the row's neighbours, the row's m and denom are kept by select, its a
-//     is 1 and its p are +0 (its s are -inf), so its acc takes acc * 1 (exact, or
-//     skipped: the same) and then
+//   - The first page a row sees in a chunk has a finite tile max (the row sees some key
+//     of it), so m' is finite and a = exp2(-inf - m') = +0: denom and acc become that
+//     page's own sums. The denominator ends about 1 or above (the largest score's p is
+//     2^e, e the rounding error of its s * u, which the fma keeps: 1 within a few
+//     millionths).
+//   - A page the row sees no key of (wholly in its future, or wholly before its window)
+//     leaves the row's state (m, denom, acc) exactly as it was, whatever the other rows
+//     of its m16 tile do, and so a row whose window starts past a chunk's first page
+//     keeps m = -inf, denom = acc = 0 until the first page it sees: the warp skips a
+//     page none of its rows sees (warp-uniform), and when the page is run for the
+//     row's neighbours, the row's m and denom are kept by select, its a is 1 (m' = m,
+//     so no exp2(-inf - -inf)) and its p are exp2(-inf - 0) = +0 (its s are -inf; the
+//     max subtracted is 0 for a row that sees none of the page, so no NaN either in
+//     the natural-expf build or with a select around the exponential), so its acc
+//     takes acc * 1 (exact, or skipped: the same) and then
 //     only exact zero terms in the P.V mmas: by the property the next point
 //     relies on, a nonzero acc comes out exactly as it went in, and a zero acc
 //     at most changes its sign, which never reaches an output (see there). So a
-//     row runs exactly the pages up to its own last visible key, as it would
-//     alone. (No copy of the old acc is kept for a select: that would hold
+//     row runs exactly the pages from its own first visible key to its last, as it
+//     would alone. (No copy of the old acc is kept for a select: that would hold
 //     another acc tile's registers live through the mmas.)
 //   - P.V for a page the row sees: acc[r][d] takes acc * a, then one mma per
 //     16-key slice, ascending; key j sits at k index j % 16 of slice j / 16.
@@ -220,17 +246,18 @@
 
 // Two entry points per (head_dim, block_size): the normal ring, and the deep one (_deep)
 // for split launches. grid = attention_kernel.split_grid's, block = 128, dynamic shared
-// memory = Ring::kSmemBytes (attention_tc_kernel.smem_bytes).
+// memory = Ring::kSmemBytes (attention_tc_kernel.smem_bytes); `window`: the sliding
+// window (window_start), 0 for none.
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
       float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      int head_parts, int kv_lanes, float scale
+      int head_parts, int kv_lanes, float scale, int window
 #define PAGED_ATTENTION_PASS                                                                  \
   out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
-      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale
+      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, window
 
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);

@@ -133,10 +133,20 @@ __device__ __forceinline__ void load_page(unsigned dst, const unsigned short* k_
   }
 }
 
+// The first key a query at `pos` (>= 0) sees: pos - window + 1 under a sliding window, at
+// least key 0 (window 0: no window, key 0). It ascends with pos, as a CTA's rows do.
+// NOTE: pos - min(pos, window - 1) in unsigned, where window 0's window - 1 is the
+// largest value: no select tells window 0 apart (its predicate, held through the page
+// loop, spilled). For pos -1 (a padding row, which sees nothing) it gives -window or 0.
+__device__ __forceinline__ int window_start(int pos, int window) {
+  return pos - static_cast<int>(min(static_cast<unsigned>(pos), static_cast<unsigned>(window) - 1u));
+}
+
 // A CTA's work item: its query rows, row r being query token0 + r / sub_group of the
 // batch, at position first_pos + r / sub_group of its sequence, with query head
-// head0 + r % sub_group; the KV chunks they see; and, split, its (work item, head slot)
-// counter.
+// head0 + r % sub_group; the KV chunks they see (from the one holding the first row's
+// window_start: every chunk from there to the last row's is seen by some row); and,
+// split, its (work item, head slot) counter.
 struct CtaWork {
   long long token0;
   int first_pos;
@@ -267,17 +277,19 @@ __device__ __forceinline__ void scale_and_add_pv(float (&acc)[2 * PAIRS][4],
 
 // One page for a warp's m16 tile of rows: S = Q.K^T, the softmax step, acc += P.V.
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
-// nothing); `stage` holds the page's K and V; `units` the factor from a score to the
+// nothing) and `lo` their first visible keys (window_start): row h sees keys lo[h] ..
+// pos[h]; `stage` holds the page's K and V; `units` the factor from a score to the
 // softmax's units: scale * log2(e) (kBase2), else scale. WHOLE: every real row of the
 // warp sees every key of the page (the page ends at or before the warp's first row's
-// position), so no score is masked: for those rows the masks would keep every score, the
-// same values either way; the warp's padding rows (zero q) then take the page into a
-// state no one reads (never stored, merged or written: their position is -1).
+// position and starts at or after its last row's first visible key), so no score is
+// masked: for those rows the masks would keep every score, the same values either way;
+// the warp's padding rows (zero q) then take the page into a state no one reads (never
+// stored, merged or written: their position is -1).
 template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
 __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
                                             const unsigned (&qf)[HEAD_DIM / 16][4],
                                             const unsigned short* stage, const int (&pos)[2],
-                                            int tile_start, float units, int lane) {
+                                            const int (&lo)[2], int tile_start, float units, int lane) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   const unsigned short* k_tile = stage;
   const unsigned short* v_tile = stage + C::kPageHalves;
@@ -316,8 +328,10 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
   bool sees[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    // keys the row sees: WHOLE, every key of the page for each real row of the warp
-    const int visible = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
+    // keys begin .. end - 1 of the page are the row's (none where end <= begin): WHOLE,
+    // every key of the page for each real row of the warp
+    const int begin = WHOLE ? 0 : max(lo[h] - tile_start, 0);
+    const int end = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
     // NOTE: a masked key's score is replaced by -inf and its p by +0, by selects:
     // whatever S holds there never enters the row's state.
 #pragma unroll
@@ -326,20 +340,22 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
       for (int e = 0; e < 2; ++e) {
         const int key = 8 * j + 2 * quad_lane + e;
         float& x = s[j][2 * h + e];
-        x = key < visible ? (kBase2 ? x : __fmul_rn(x, units)) : negative_infinity();
+        x = key >= begin && key < end ? (kBase2 ? x : __fmul_rn(x, units)) : negative_infinity();
       }
     }
     float tile_max = row_reduce<C::kKeyTiles>(s, h, [](float a, float b) { return fmaxf(a, b); });
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
     if (kBase2) tile_max = __fmul_rn(tile_max, units);
-    // NOTE: a row that sees the page sees its first key, so tile_max and m' are
-    // finite. A row that sees none of it keeps m and denom, and gets a = 1.
-    sees[h] = visible > 0;
+    // NOTE: a row that sees the page sees some key of it, so tile_max and m' are
+    // finite. A row that sees none of it (in its future, or before its window) keeps m
+    // and denom, and gets a = 1: even with m = -inf, before its window's first page.
+    sees[h] = begin < end;
     const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
     // a = 1 exactly where the max did not move (exp(0), which ex2.approx need not give
-    // exactly), so that acc * a can be skipped there (below); a row's first page in a
-    // chunk gives exp(-inf - m') = +0
+    // exactly; and no exp(-inf - -inf) = NaN for a row still at m = -inf), so that
+    // acc * a can be skipped there (below); a row's first page it sees in a chunk gives
+    // exp(-inf - m') = +0
     alpha[h] = m_new != st.m[h] ? softmax_exp(__fsub_rn(st.m[h], m_new)) : 1.0f;
     // NOTE: no select around the exponential: a masked key's x is -inf (above) and the
     // max it is taken from is finite (m_new for a row that sees the page; 0 for one that
@@ -355,7 +371,8 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
         float& x = s[j][2 * h + e];
         const float d = kBase2 ? __fmaf_rn(x, units, -m_sub) : __fsub_rn(x, m_sub);
         if (REPRISE_ATTN_EXP_SELECT) {
-          x = 8 * j + 2 * quad_lane + e < visible ? softmax_exp(d) : 0.0f;
+          const int key = 8 * j + 2 * quad_lane + e;
+          x = key >= begin && key < end ? softmax_exp(d) : 0.0f;
         } else {
           x = softmax_exp(d);
         }
@@ -380,6 +397,29 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
     pa[i][3] = bf16_pair(s[2 * i + 1][2], s[2 * i + 1][3]);
   }
   scale_and_add_pv<HEAD_DIM, BLOCK_SIZE, C::kDimTiles / 2>(st.acc, pa, v_tile, alpha, REPRISE_ATTN_EXPF, 0, lane);
+}
+
+// What the warp's rows (positions `pos`, first visible keys `lo`: attend_page's) see of
+// page t, by a vote of the warp (warp-uniform): whether some row sees a key of it (else
+// the warp skips the page), and whether every real row sees it whole (attend_page's
+// WHOLE: the page's first key at or after each row's first visible key, its last at or
+// before each row's position; a padding row, at -1, aside). Voted a page rather than
+// held: the bounds (the warp's last row's position and first key, its first row's) would
+// take registers through the page loop, where there are none to spare.
+template <int BLOCK_SIZE>
+__device__ __forceinline__ bool warp_sees(const int (&pos)[2], const int (&lo)[2], int t) {
+  bool some = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) some |= (pos[h] >= t * BLOCK_SIZE) & (lo[h] < (t + 1) * BLOCK_SIZE);
+  return __any_sync(kFullMask, some);
+}
+template <int BLOCK_SIZE>
+__device__ __forceinline__ bool warp_sees_whole(const int (&pos)[2], const int (&lo)[2], int t) {
+  bool whole = true;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    whole &= (pos[h] < 0) | ((lo[h] <= t * BLOCK_SIZE) & ((t + 1) * BLOCK_SIZE - 1 <= pos[h]));
+  return !__any_sync(kFullMask, !whole);
 }
 
 // ---- The shared page (REPRISE_ATTN_COOP) -------------------------------------------------
@@ -423,7 +463,7 @@ template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
 __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
                                                  const unsigned (&qf)[HEAD_DIM / 16][4],
                                                  const unsigned short* stage, const int (&pos)[2],
-                                                 int tile_start, float units, int lane, int warp,
+                                                 const int (&lo)[2], int tile_start, float units, int lane, int warp,
                                                  CoopExchange<BLOCK_SIZE>& x) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   constexpr int kMine = C::kKeyTiles > kNumWarps ? C::kKeyTiles / kNumWarps : 1;  // key tiles a warp scores
@@ -463,16 +503,19 @@ __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
   }
 
   // --- the softmax step: the row maxima through shared memory ---
-  int visible[2];
+  bool sees[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    visible[h] = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
+    const int begin = WHOLE ? 0 : max(lo[h] - tile_start, 0);  // the row's keys: attend_page's
+    const int end = WHOLE ? BLOCK_SIZE : min(max(pos[h] - tile_start + 1, 0), BLOCK_SIZE);
+    sees[h] = begin < end;
 #pragma unroll
     for (int jj = 0; jj < kMine; ++jj) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
+        const int key = 8 * (j0 + jj) + 2 * quad_lane + e;
         float& v = s[jj][2 * h + e];
-        v = 8 * (j0 + jj) + 2 * quad_lane + e < visible[h] ? v : negative_infinity();
+        v = key >= begin && key < end ? v : negative_infinity();
       }
     }
     // the warp's key tiles' maximum, as row_reduce takes it (exact in any order)
@@ -485,14 +528,12 @@ __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
   __syncthreads();  // every scoring warp's maxima are in
 
   float alpha[2];
-  bool sees[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float tile_max = x.max[0][lane / 4 + 8 * h];
 #pragma unroll
     for (int w = 1; w < kScoring; ++w) tile_max = fmaxf(tile_max, x.max[w][lane / 4 + 8 * h]);
     tile_max = __fmul_rn(tile_max, units);
-    sees[h] = visible[h] > 0;
     const float m_new = sees[h] ? fmaxf(st.m[h], tile_max) : st.m[h];
     alpha[h] = m_new != st.m[h] ? softmax_exp(__fsub_rn(st.m[h], m_new)) : 1.0f;
     const float m_sub = sees[h] ? m_new : 0.0f;
@@ -533,6 +574,32 @@ __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
                                                         warp * (kMyDimTiles / 2), lane);
 }
 
+// The split's last step for the CTA's rows: common.cuh's merge_chunks, whose rows' chunks
+// run from chunk 0 of their workspace slots to their position's, with a sliding window
+// (window_start) whose chunks run from the one holding the row's first visible key. Each
+// run of rows sharing that first chunk c (rows ascend, and so do their first keys) goes to
+// merge_chunks with the workspace seen from chunk c on and positions counted from c's
+// first key: the same states merged in the same order, chunk c taken as it is. (A CTA's
+// rows span fewer positions than a chunk holds, so at most two runs; one without a
+// window.) `first`, `stride`: merge_chunks'.
+template <int HEAD_DIM>
+__device__ __forceinline__ void merge_window_chunks(unsigned short* __restrict__ out, const float* __restrict__ ws_acc,
+                                                    const float* __restrict__ ws_ml, const CtaWork& cta,
+                                                    int num_heads, int max_chunks, int window, int first,
+                                                    int stride) {
+  const int num_tokens = cta.num_rows / cta.sub_group;
+  for (int t0 = 0; t0 < num_tokens;) {
+    const int c = window_start(max(cta.first_pos + t0, 0), window) / kKvChunk;
+    // the run: tokens whose first visible key is before chunk c + 1's first
+    const long long past = static_cast<long long>(c + 1) * kKvChunk + window - 1 - cta.first_pos;
+    const int t1 = window > 0 ? static_cast<int>(min(past, static_cast<long long>(num_tokens))) : num_tokens;
+    merge_chunks<HEAD_DIM, kKvChunk, kBase2>(out, ws_acc + c * HEAD_DIM, ws_ml + 2 * c, (t1 - t0) * cta.sub_group,
+                                             cta.sub_group, cta.token0 + t0, cta.first_pos + t0 - c * kKvChunk,
+                                             num_heads, cta.head0, max_chunks, /*zero_sign=*/true, first, stride);
+    t0 = t1;
+  }
+}
+
 template <int HEAD_DIM, int BLOCK_SIZE, int STAGES, bool SPLIT_ONLY, bool VIRTUAL = false>
 __device__ __forceinline__ void paged_attention_tc(
     unsigned short* __restrict__ out,            // [T, num_heads, head_dim] BF16
@@ -545,6 +612,7 @@ __device__ __forceinline__ void paged_attention_tc(
     unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
     int num_layers, int layer, int head_parts, int kv_lanes, float scale,
+    int window,                                  // sliding window (window_start); 0: none
     const VirtualCta& v = VirtualCta{}) {
   using C = Ring<HEAD_DIM, BLOCK_SIZE, STAGES, SPLIT_ONLY>;
   // [kStages][K, V page], then the merged acc of each thread (kTotalFloats a thread)
@@ -597,29 +665,37 @@ __device__ __forceinline__ void paged_attention_tc(
     return;
   }
   // NOTE: a sequence's q_len queries are its last q_len positions: query i sits at
-  // seq_len - q_len + i and sees keys 0..that position.
+  // seq_len - q_len + i and sees keys window_start(that position) .. that position.
   const int first_pos = seq_len - q_len + tok0;
   const int last_pos = first_pos + num_cta_tokens - 1;
   const int num_tiles = last_pos >= 0 ? min(last_pos / BLOCK_SIZE + 1, max_blocks) : 0;
   constexpr int kTpc = C::kTilesPerChunk;
   const int num_chunks = (num_tiles + kTpc - 1) / kTpc;
+  // The CTA's chunks: from the one holding its first row's first visible key (the chunks
+  // before it are wholly before every row's window) to its last row's last.
+  const int first_key = window_start(max(first_pos, 0), window);
+  const int first_chunk = first_key / kKvChunk;
+  const int lane_chunk = first_chunk + kv_lane;  // the lane's first
   const bool split = SPLIT_ONLY || kv_lanes > 1;  // a SPLIT_ONLY kernel has no one-lane code
-  if (split && kv_lane >= num_chunks) {  // a lane past the CTA's last chunk: not counted
+  if (split && lane_chunk >= num_chunks) {  // a lane past the CTA's last chunk: not counted
     if constexpr (!VIRTUAL) pdl_enter();
     return;
   }
-  // The pages this CTA runs, in order: those of its chunks kv_lane, kv_lane + kv_lanes, ...
-  // (page k is page k % kTpc of the lane's chunk k / kTpc; only the last chunk is short).
-  const int lane_chunks = num_chunks > kv_lane ? (num_chunks - 1 - kv_lane) / kv_lanes + 1 : 0;
-  const int last_chunk = kv_lane + (lane_chunks - 1) * kv_lanes;
+  // The pages this CTA runs, in order: those of its chunks lane_chunk, lane_chunk +
+  // kv_lanes, ... (page k is page k % kTpc of the lane's chunk k / kTpc; only the last
+  // chunk is short), from k0: the first chunk's pages before its first row's first visible
+  // key are seen by no row, and skipped.
+  const int lane_chunks = num_chunks > lane_chunk ? (num_chunks - 1 - lane_chunk) / kv_lanes + 1 : 0;
+  const int last_chunk = lane_chunk + (lane_chunks - 1) * kv_lanes;
   const int num_pages = lane_chunks > 0 ? (lane_chunks - 1) * kTpc + num_tiles - last_chunk * kTpc : 0;
-  auto page_of = [&](int k) { return (kv_lane + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
+  const int k0 = kv_lane == 0 ? first_key / BLOCK_SIZE - first_chunk * kTpc : 0;
+  auto page_of = [&](int k) { return (lane_chunk + (k / kTpc) * kv_lanes) * kTpc + k % kTpc; };
 
   // The CTA's work item, for the steps that need it now and then (a chunk's end, the
   // output, the split's merge), from shared memory: what stays in registers through the
   // page loop is what every page uses (see "Resources" in the header).
   const CtaWork rows{static_cast<long long>(q_start) + tok0, first_pos, num_rows, sub_group, head0,
-                     num_chunks,
+                     num_chunks - first_chunk,
                      work * (VIRTUAL ? gy / kv_lanes : static_cast<int>(gridDim.y / kv_lanes)) + head_slot};
   // NOTE: `static` changes nothing on the device (block-scope __shared__ is static); the
   // CPU emulator reads this file with __shared__ defined away, and there it makes cta
@@ -636,28 +712,24 @@ __device__ __forceinline__ void paged_attention_tc(
   cta_sync<VIRTUAL>(v);  // cta is written before any thread reads it
 
   // The thread's fragment rows g and g + 8 of the warp's tile: their position (-1 for
-  // padding, which sees nothing).
+  // padding, which sees nothing) and first visible key.
   // The shared page (kCoop): a deep kernel's CTA whose rows fit one m16 tile runs each page
   // on all four warps, every warp holding that tile's rows (CTA-uniform).
   const bool coop = kCoop && !VIRTUAL && SPLIT_ONLY && num_rows <= kRowsPerWarp;
   const int tile_warp = coop ? 0 : warp;  // the m16 tile of rows the warp holds
   const int row0 = tile_warp * kRowsPerWarp + lane / 4;
-  int pos[2];
+  int pos[2], lo[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     pos[h] = r < num_rows ? first_pos + r / sub_group : -1;
+    lo[h] = window_start(pos[h], window);
   }
-  // Pages the warp runs: up to the last one its last row sees (rows ascend in position).
-  const int warp_last_row = min(tile_warp * kRowsPerWarp + kRowsPerWarp - 1, num_rows - 1);
-  const int warp_last_pos = tile_warp * kRowsPerWarp < num_rows ? first_pos + warp_last_row / sub_group : -1;
-  const int warp_tiles = warp_last_pos >= 0 ? min(warp_last_pos / BLOCK_SIZE + 1, num_tiles) : 0;
-  const int warp_first_pos = first_pos + tile_warp * kRowsPerWarp / sub_group;
 
   // The ring: before page k is consumed, pages up to k + kStages - 2 are in flight.
   // One commit per page slot (empty past the end) keeps the group count uniform: at page
-  // k, kStages - 1 + k groups are committed, group j holding page j, so waiting for all
-  // but the kStages - 2 newest lands page k. Page k's stage is next written by page
+  // k, kStages - 1 + k - k0 groups are committed, group j holding page k0 + j, so waiting
+  // for all but the kStages - 2 newest lands page k. Page k's stage is next written by page
   // k + kStages, issued after page k + 1's barrier, which every warp reaches only when
   // done with page k. Both hold for any depth; chunks only rename pages (page_of).
   const long long head_stride = static_cast<long long>(BLOCK_SIZE) * HEAD_DIM;  // one KV head of one page
@@ -680,8 +752,8 @@ __device__ __forceinline__ void paged_attention_tc(
   // the rest of the prologue's after it. They, the metadata read above and the block
   // table are what this grid reads while the one before it finishes.
   const int first_query_pos = seq_len - q_len;
-  int early = 0;
-  for (; early < C::kStages - 1; ++early) {
+  int early = k0;
+  for (; early < k0 + C::kStages - 1; ++early) {
     if (early >= num_pages || (page_of(early) + 1) * BLOCK_SIZE > first_query_pos) break;
     issue(early, table[page_of(early)]);
     cp_async_commit();
@@ -716,7 +788,7 @@ __device__ __forceinline__ void paged_attention_tc(
   const float units = kBase2 ? __fmul_rn(scale, kLog2e) : scale;  // attend_page's
 
   // the rest of the ring's first pages (at or past the first query position), after it
-  for (int k = early; k < C::kStages - 1; ++k) {
+  for (int k = early; k < k0 + C::kStages - 1; ++k) {
     if (k < num_pages) issue(k, table[page_of(k)]);
     cp_async_commit();
   }
@@ -724,14 +796,15 @@ __device__ __forceinline__ void paged_attention_tc(
   // of the next page to issue a page ahead, so that the load's latency passes during a
   // page's mmas rather than before the copies that need it. (The normal ring's would
   // spill: d128_b32 on sm_90 at its 168 registers.)
-  int next_block = SPLIT_ONLY && C::kStages - 1 < num_pages ? table[page_of(C::kStages - 1)] : 0;
+  int next_block = SPLIT_ONLY && k0 + C::kStages - 1 < num_pages ? table[page_of(k0 + C::kStages - 1)] : 0;
   if constexpr (kCoop && SPLIT_ONLY && !VIRTUAL) {
     // The shared page: the loop below with attend_page_coop for attend_page and each warp's
     // share of the state. (Split only: a chunk's end stores the state for the last lane.)
     static __shared__ CoopExchange<BLOCK_SIZE> xchg;  // `static`: as cta's
     constexpr int kMyDimTiles = C::kDimTiles / kNumWarps;
     CoopState<HEAD_DIM> cs;
-    for (int k = 0; coop && k < num_pages; ++k) {
+    fresh_state(cs);  // the first chunk's, which may start at page k0
+    for (int k = k0; coop && k < num_pages; ++k) {
       const int t = page_of(k);
       const int c = t / kTpc;
       if (k % kTpc == 0) {  // the chunk's first page: a fresh state
@@ -744,20 +817,23 @@ __device__ __forceinline__ void paged_attention_tc(
       if (next < num_pages) issue(next, next_block);
       cp_async_commit();
       if (next + 1 < num_pages) next_block = table[page_of(next + 1)];
-      if (t < warp_tiles) {  // CTA-uniform here: every warp holds the same rows
+      if (warp_sees<BLOCK_SIZE>(pos, lo, t)) {  // CTA-uniform here: every warp holds the same rows
         const unsigned short* stage = attention_tc_smem + (k % C::kStages) * C::kStageHalves;
-        if ((t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
-          attend_page_coop<HEAD_DIM, BLOCK_SIZE, true>(cs, qf, stage, pos, t * BLOCK_SIZE, units, lane, warp, xchg);
+        if (warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
+          attend_page_coop<HEAD_DIM, BLOCK_SIZE, true>(cs, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane, warp,
+                                                       xchg);
         } else {
-          attend_page_coop<HEAD_DIM, BLOCK_SIZE, false>(cs, qf, stage, pos, t * BLOCK_SIZE, units, lane, warp, xchg);
+          attend_page_coop<HEAD_DIM, BLOCK_SIZE, false>(cs, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane, warp,
+                                                        xchg);
         }
       }
-      if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
+      if (k % kTpc != kTpc - 1 && k + 1 < num_pages) continue;
       // the chunk's end: its state to the workspace, for the last lane (m and denom from
       // warp 0, each warp its n8 tiles of acc)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (pos[h] < c * kKvChunk) continue;  // a row before the chunk's first key (padding: -1)
+        // a row that sees no key of the chunk (in its future, padding: -1; or before its window)
+        if (pos[h] < c * kKvChunk || lo[h] >= (c + 1) * kKvChunk) continue;
         const long long slot = cta.row_at(row0 + 8 * h, num_heads) * max_chunks + c;
         if (warp == 0 && lane % 4 == 0) {
           ws_ml()[slot * 2] = cs.m[h];
@@ -771,7 +847,8 @@ __device__ __forceinline__ void paged_attention_tc(
       }
     }
   }
-  for (int k = 0; !coop && k < num_pages; ++k) {
+  fresh_state(st);  // the first chunk's, which may start at page k0
+  for (int k = k0; !coop && k < num_pages; ++k) {
     const int t = page_of(k);
     const int c = t / kTpc;
     if (k % kTpc == 0) {  // the chunk's first page: a fresh state
@@ -789,22 +866,25 @@ __device__ __forceinline__ void paged_attention_tc(
     if (next < num_pages) issue(next, SPLIT_ONLY ? next_block : table[page_of(next)]);
     cp_async_commit();
     if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
-    if (t < warp_tiles) {  // warp-uniform: a page none of the warp's rows sees is skipped
+    if (warp_sees<BLOCK_SIZE>(pos, lo, t)) {  // a page none of the warp's rows sees is skipped
       const unsigned short* stage = ring + (k % C::kStages) * C::kStageHalves;
-      // warp-uniform: the page's last key is at or before the warp's first (lowest) row's
-      // position, so every real row of the warp sees the page whole (attend_page's WHOLE)
-      if (!REPRISE_ATTN_EXPF && (t + 1) * BLOCK_SIZE - 1 <= warp_first_pos) {
-        attend_page<HEAD_DIM, BLOCK_SIZE, true>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);
+      if (!REPRISE_ATTN_EXPF && warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
+        attend_page<HEAD_DIM, BLOCK_SIZE, true>(st, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane);
       } else {
-        attend_page<HEAD_DIM, BLOCK_SIZE, false>(st, qf, stage, pos, t * BLOCK_SIZE, units, lane);
+        attend_page<HEAD_DIM, BLOCK_SIZE, false>(st, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane);
       }
     }
-    if (k % kTpc != kTpc - 1 && k != num_pages - 1) continue;
+    if (k % kTpc != kTpc - 1 && k + 1 < num_pages) continue;
     // --- the chunk's end: merge its state into the total, or store it for the last
-    // lane. Rows before the chunk's first key (and padding) do not see it. ---
-    bool sees[2];
+    // lane. Rows before the chunk's first key (and padding) and rows whose window starts
+    // past its last key do not see it; the chunk holding a row's first visible key is the
+    // row's first. ---
+    bool sees[2], first[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sees[h] = pos[h] >= c * kKvChunk;  // padding (-1) sees none
+    for (int h = 0; h < 2; ++h) {
+      sees[h] = pos[h] >= c * kKvChunk && lo[h] < (c + 1) * kKvChunk;  // padding (-1) sees none
+      first[h] = lo[h] >= c * kKvChunk;
+    }
     if (split) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -829,7 +909,7 @@ __device__ __forceinline__ void paged_attention_tc(
         a1[h] = 0.0f;
         a2[h] = 1.0f;
         if (!sees[h]) continue;
-        if (c == 0) {  // every row's first chunk: taken as it is
+        if (first[h]) {  // the row's first chunk: taken as it is
           total(kM + h) = st.m[h];
           total(kDenom + h) = st.denom[h];
         } else {
@@ -845,7 +925,7 @@ __device__ __forceinline__ void paged_attention_tc(
           // a select, not a branch an element: a row that does not see the chunk (padding)
           // keeps its total as it was
           float& x = total(n * 4 + e);
-          const float next = c == 0 ? st.acc[n][e] : merged(x, a1[h], st.acc[n][e], a2[h]);
+          const float next = first[h] ? st.acc[n][e] : merged(x, a1[h], st.acc[n][e], a2[h]);
           x = sees[h] ? next : x;
         }
       }
@@ -866,13 +946,9 @@ __device__ __forceinline__ void paged_attention_tc(
     cta_sync<VIRTUAL>(v);
     if (*last == 0u) return;
     __threadfence();
-    if constexpr (VIRTUAL)  // the half's threads
-      merge_chunks<HEAD_DIM, kKvChunk, kBase2>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
-                                               cta.first_pos, num_heads, cta.head0, max_chunks, true, tid,
-                                               kNumThreads);
-    else
-      merge_chunks<HEAD_DIM, kKvChunk, kBase2>(out, workspace, ws_ml(), cta.num_rows, cta.sub_group, cta.token0,
-                                               cta.first_pos, num_heads, cta.head0, max_chunks, /*zero_sign=*/true);
+    // VIRTUAL: the half's threads
+    merge_window_chunks<HEAD_DIM>(out, workspace, ws_ml(), cta, num_heads, max_chunks, window, VIRTUAL ? tid : -1,
+                                  VIRTUAL ? kNumThreads : 0);
     if (tid == 0) *counter = 0u;  // the next launch, after this one in stream order, sees 0
     return;
   }

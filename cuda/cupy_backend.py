@@ -540,12 +540,13 @@ class CupyBackend:
         seq_lens: Any,
         query_start_loc: Any,
         scale: float,
+        window: int = 0,
     ) -> Any:
         if self.attention == "tensor-cores":
             from .attention_tc_kernel import paged_attention_tc as kernel
         else:
             from .attention_kernel import paged_attention as kernel
-        return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale)
+        return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
 
 
 def _keys(device: int, host: int) -> tuple[tuple[str, int], ...]:

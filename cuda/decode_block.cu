@@ -356,7 +356,7 @@ __device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char
         a.out, l ? a.q_later : a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace,
         a.counters, a.num_tokens, a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer + l,
         a.head_parts, a.kv_lanes,
-        a.scale, v);
+        a.scale, /*window=*/0, v);
     // the half's threads are done with this virtual CTA (its work item, read up to its
     // merge's last call, and its ring) before thread 0 writes the next one's
     cta_sync<true>(v);

@@ -259,6 +259,7 @@ class Attention(NamedTuple):
     seq_lens: Any
     query_start_loc: Any
     scale: float
+    window: int = 0  # a sliding window (the twin's); the layer launch runs none
 
 
 class LayerWeights(NamedTuple):
@@ -300,14 +301,15 @@ def layer_plan(attention: Attention, rows: int) -> Any:
     plans it), or None where decode_layer does not run it: a shape without an entry point,
     or other rows. A one-lane plan (a short block table, or many sequences) runs as the
     split kernel's body too, its lone lane merging its chunks through the workspace: the
-    chunks and their merge order are the one-lane kernel's, so the same bits."""
+    chunks and their merge order are the one-lane kernel's, so the same bits. A sliding
+    window is not run inside it (the layer's attention is then the standalone launch's)."""
     from .attention_kernel import split_grid
     from .attention_tc_kernel import ROWS_PER_CTA
 
     q, cache = attention.q, attention.cache
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
-    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES:
+    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES or attention.window:
         return None
     num_seqs, max_blocks = attention.block_tables.shape
     grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,

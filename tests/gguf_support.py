@@ -50,3 +50,34 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
         .swapaxes(1, 2)
         .reshape(weight.shape)
     )
+
+
+def split_gguf(source: Path, path: Path, max_tensors: int) -> list[Path]:
+    """`source` cut into shards as llama.cpp's gguf-split (and gguf-py's `split_max_tensors`)
+    cut one: its metadata in the first, at most `max_tensors` tensors each, each tensor's
+    bytes as they were, named `<path's stem>-00001-of-0000N.gguf` beside `path`."""
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=max_tensors)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue  # the writer's own, and the reader's header fields
+        kind = field.types[0]
+        sub_kind = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_kind)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    count = len(writer.tensors)  # one dict of tensors a shard
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return [path.with_name(f"{path.stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def set_gguf_value(path: Path, key: str, value: int) -> None:
+    """Overwrite a scalar metadata value of a GGUF file in place (gguf_set_metadata's way)."""
+    reader = gguf.GGUFReader(path, "r+")
+    field = reader.fields[key]
+    field.parts[field.data[0]][0] = value
+    reader.data.flush()

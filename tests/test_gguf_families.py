@@ -552,9 +552,9 @@ def test_what_cannot_be_converted_is_refused(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_phi3_files_sliding_window_caps_the_context(tmp_path: Path) -> None:
-    """Phi-3-mini-4k's window (2,047 of 4,096) is in its GGUF: the folder says so, and the
-    engine's context stops at the window, as for the Hugging Face checkpoint (test_phi3)."""
+def test_a_phi3_files_sliding_window_reaches_every_layer(tmp_path: Path) -> None:
+    """Phi-3-mini-4k's window (2,047 of 4,096) is in its GGUF: the folder says so, and
+    every layer's attention takes it, as for the Hugging Face checkpoint (test_phi3)."""
     from reprise.daemon.model.config import ModelConfig
 
     model = hf_source("phi3", 4, num_hidden_layers=1)
@@ -563,7 +563,7 @@ def test_a_phi3_files_sliding_window_caps_the_context(tmp_path: Path) -> None:
     convert_gguf(source, tmp_path / "out", progress=False)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["sliding_window"] == 100
     config = ModelConfig.from_dir(tmp_path / "out")
-    assert config.max_position_embeddings == 100 and config.sliding_window == 100
+    assert config.layer_windows == (100,) and config.max_position_embeddings > 100
 
 
 def test_prepare_gguf_converts_once_and_again_when_the_file_changes(

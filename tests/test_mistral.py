@@ -1,7 +1,7 @@
 """The third model family, Mistral (registry.py): Llama's forward under its own
 architecture name, an explicit head_dim (Mistral-Nemo's shape: heads * head_dim is not
 the hidden size) included, against transformers' own MistralForCausalLM on the same
-weights; a sliding window shorter than the context is refused, as Qwen2's is."""
+weights. Its sliding window: test_sliding_window_models.py."""
 
 from __future__ import annotations
 
@@ -59,26 +59,16 @@ def test_logits_match_transformers_mistral(tmp_path: Path, overrides: dict) -> N
 
 
 @pytest.mark.parametrize(
-    ("window", "context"),
-    [(None, 512), (512, 512), (4096, 512), (511, 511), (64, 64)],
+    ("window", "binds"),
+    [(None, False), (512, False), (4096, False), (511, True), (64, True)],
 )
-def test_a_sliding_window_shorter_than_the_context_caps_it(window, context: int) -> None:
-    """max_position_embeddings is 512 here: a window of at least that changes nothing; a
-    shorter one is where the context stops."""
+def test_a_sliding_window_shorter_than_the_context_binds_on_every_layer(
+    window: int | None, binds: bool
+) -> None:
+    """max_position_embeddings is 512 here: a window of at least that never binds; a
+    shorter one applies to every layer, and the context stays the model's."""
     raw = {**TINY, "architectures": ["MistralForCausalLM"], "sliding_window": window}
     config = ModelConfig.from_dict(raw)
     assert config.architecture == "MistralForCausalLM"
-    assert config.max_position_embeddings == context
-    assert config.sliding_window == (window if context < 512 else None)
-
-
-def test_the_window_binds_only_past_itself(tmp_path: Path) -> None:
-    """Why the context stops at the window: with a window of 64, transformers' rows up to
-    64 are full attention's (ours), and later rows differ, so serving them would be wrong,
-    not approximate."""
-    windowed = make_hf_mistral(tmp_path / "w", seed=12, sliding_window=64)
-    full = make_hf_mistral(tmp_path / "f", seed=12, sliding_window=None)
-    prompt = np.random.default_rng(3).integers(0, TINY["vocab_size"], size=150)
-    a, b = hf_logits(windowed, prompt), hf_logits(full, prompt)
-    assert np.allclose(a[:64], b[:64], atol=1e-4)
-    assert rel_l2_rows(a[100:], b[100:]).min() > 1e-2
+    assert config.max_position_embeddings == 512
+    assert config.layer_windows == ((window,) * TINY["num_hidden_layers"] if binds else None)

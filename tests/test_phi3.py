@@ -1,6 +1,6 @@
 """The Phi-3 family (registry.py): Llama's forward, its checkpoint's q, k and v in one
 `qkv_proj` and gate and up in one `gate_up_proj` (packed as the engine packs them), and
-a sliding window that caps the context where it would start to bind. Against
+a sliding window on every layer. Against
 transformers' own Phi3ForCausalLM on the same weights; chunked and cached bits kept."""
 
 from __future__ import annotations
@@ -9,10 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_model_reference import hf_logits, rel_l2_rows, run_ours, save_widened
+from test_model_reference import (
+    hf_logits,
+    matches_transformers,
+    rel_l2_rows,
+    run_ours,
+    save_widened,
+)
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.engine.config import SettingError
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
 from reprise.daemon.model.modelinfo import model_info
 
@@ -51,31 +56,26 @@ def test_logits_match_transformers_phi3(tmp_path: Path, tied: bool) -> None:
     assert rel_l2_rows(ours, hf_logits(ref, prompt)).mean() > 10 * err.max()
 
 
-def test_a_sliding_window_caps_the_context_where_it_would_bind(tmp_path: Path) -> None:
-    """With a window of 64, transformers' rows up to 64 are full attention's: the context
-    stops there (exact), and a longer prompt or max_model_len is refused naming the window."""
+def test_a_sliding_window_binds_past_itself(tmp_path: Path) -> None:
+    """With a window of 64, a 150-token prompt's later rows see only their last 64 keys,
+    as transformers' do; the context stays the model's, and model info names the window."""
     ref = make_hf_phi3(tmp_path, seed=5, sliding_window=64)
     config = ModelConfig.from_dir(tmp_path)
-    assert config.max_position_embeddings == 64 and config.sliding_window == 64
+    assert config.max_position_embeddings == 512
+    assert config.layer_windows == (64,) * PHI3["num_hidden_layers"]
     info = model_info(tmp_path)
-    assert info["context_length"] == info["capped_by_window"] == 64
+    assert info["context_length"] == 512 and info["sliding_windows"] == "64 on every layer"
     assert info["architecture"] == "Phi3ForCausalLM"
-    prompt = np.random.default_rng(8).integers(0, PHI3["vocab_size"], size=64)
-    err = rel_l2_rows(run_ours(tmp_path, prompt, [64]), hf_logits(ref, prompt))
-    assert err.max() < 2e-2
-    with pytest.raises(SettingError, match="its sliding window of 64 tokens caps the context"):
-        Engine.from_pretrained(tmp_path, backend="numpy", max_model_len=65)
-    engine = Engine.from_pretrained(tmp_path, backend="numpy", num_device_blocks=16)
-    with pytest.raises(ValueError, match="64"):
-        engine.add_request(list(range(3, 68)), SamplingParams(max_tokens=1))
-    done = engine.generate(prompt[:60].tolist(), SamplingParams(max_tokens=8, temperature=0))
-    assert len(done.token_ids) == 4 and done.finish_reason == "length"  # the context's end
+    ours, prompt, err = matches_transformers(tmp_path, ref, PHI3["vocab_size"])
+    full = make_hf_phi3(tmp_path / "full", seed=5, sliding_window=None)
+    assert rel_l2_rows(ours[100:], hf_logits(full, prompt)[100:]).min() > 10 * err.max()
 
 
 def test_a_window_at_least_the_context_changes_nothing(tmp_path: Path) -> None:
     make_hf_phi3(tmp_path, seed=6, sliding_window=600)
     config = ModelConfig.from_dir(tmp_path)
-    assert config.max_position_embeddings == 512 and config.sliding_window is None
+    assert config.max_position_embeddings == 512 and config.layer_windows is None
+    assert model_info(tmp_path)["sliding_windows"] is None
 
 
 def test_partial_rotary_is_refused() -> None:

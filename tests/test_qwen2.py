@@ -103,29 +103,38 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(
-    "fields, capped",
+    "fields",
     [
-        ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, True),
-        ({"use_sliding_window": True, "sliding_window": 64}, False),  # from layer 28 on: none
-        ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 3}, False),
-        ({"use_sliding_window": True, "sliding_window": 64,
-          "layer_types": ["full_attention", "sliding_attention", "full_attention"]}, True),
-        ({"use_sliding_window": False, "sliding_window": 64, "max_window_layers": 0}, False),
-        ({"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0}, False),
+        {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
+        {"use_sliding_window": True, "sliding_window": 64},  # from layer 28 on: none
+        {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 3},
+        {"use_sliding_window": True, "sliding_window": 64,
+         "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+        {"use_sliding_window": False, "sliding_window": 64, "max_window_layers": 0},
+        {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0},
+        {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
     ],
 )  # fmt: skip
-def test_a_sliding_window_caps_the_context_where_transformers_would_apply_it(
-    fields: dict, capped: bool
-) -> None:
-    """The rule is transformers' (Qwen2Config): checked against its own layer_types. Where
-    a layer slides, the context stops at the window (up to it the window never binds)."""
+def test_each_layers_window_is_where_transformers_applies_one(fields: dict) -> None:
+    """The rule is transformers' (Qwen2Config): checked against its own layer_types. A
+    window at least the context never binds, so it is none; the context is the model's."""
     raw = {**QWEN2, "architectures": ["Qwen2ForCausalLM"], **fields}
     hf = transformers.Qwen2Config(**{k: v for k, v in raw.items() if k != "architectures"})
-    assert ("sliding_attention" in hf.layer_types and hf.sliding_window is not None) == capped
+    context = QWEN2["max_position_embeddings"]
+    want = tuple(
+        hf.sliding_window if kind == "sliding_attention" and hf.sliding_window < context else 0
+        for kind in hf.layer_types
+    )
     config = ModelConfig.from_dict(raw)
-    assert config.qkv_bias
-    assert config.max_position_embeddings == (64 if capped else QWEN2["max_position_embeddings"])
-    assert config.sliding_window == (64 if capped else None)
+    assert config.qkv_bias and config.max_position_embeddings == context
+    assert config.layer_windows == (want if any(want) else None)
+
+
+def test_layer_types_of_the_wrong_length_are_refused() -> None:
+    raw = {**QWEN2, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+           "sliding_window": 64, "layer_types": ["sliding_attention"]}  # fmt: skip
+    with pytest.raises(ModelConfigError, match="layer_types has 1 entries for 3 layers"):
+        ModelConfig.from_dict(raw)
 
 
 def test_llama_with_attention_bias_is_still_refused() -> None:

@@ -37,7 +37,8 @@ def test_the_family_and_its_refusals() -> None:
         ModelConfig.from_dict({**QWEN3, "model_type": "qwen3", "attention_bias": True})
     windowed = ModelConfig.from_dict({**QWEN3, "model_type": "qwen3", "use_sliding_window": True,
                                       "sliding_window": 64, "max_window_layers": 0})  # fmt: skip
-    assert windowed.max_position_embeddings == windowed.sliding_window == 64  # capped
+    assert windowed.layer_windows == (64,) * QWEN3["num_hidden_layers"]
+    assert windowed.max_position_embeddings == QWEN3["max_position_embeddings"]
 
 
 def test_the_twin_normalizes_each_query_and_key_head(rng: np.random.Generator) -> None:

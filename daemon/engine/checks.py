@@ -25,12 +25,7 @@ def check_settings(settings: EngineConfig, config: ModelConfig) -> int:
         raise SettingError(
             "max_model_len",
             f"max_model_len must be in [2, {config.max_position_embeddings}] for this model"
-            + (
-                f" (its sliding window of {config.sliding_window} tokens caps the context)"
-                if config.sliding_window is not None
-                else ""
-            )
-            + f"; got {settings.max_model_len}",
+            f"; got {settings.max_model_len}",
         )
     if settings.max_prompt_logprobs > config.vocab_size:
         raise SettingError(

@@ -36,8 +36,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"  # a key of registry.FAMILIES
-    # the sliding window that capped max_position_embeddings (registry.py), if one did
-    sliding_window: int | None = None
+    # each layer's sliding window (a query sees the last this many keys; 0: all keys), as
+    # transformers applies them (registry.ModelFamily.windows); None: no window binds
+    # within max_position_embeddings
+    layer_windows: tuple[int, ...] | None = None
     # Granite's (registry.ModelFamily.scaled): the embedding's output and each layer's
     # attention and MLP outputs are multiplied by these, the logits divided by
     # logits_scaling (weights.py folds them into the weights), and attention scores are
@@ -88,6 +90,21 @@ class ModelConfig:
             raise ModelConfigError(
                 f"rope_layers has {len(self.rope_layers)} entries for {self.num_layers} layers"
             )
+        if self.layer_windows is not None:
+            if len(self.layer_windows) != self.num_layers:
+                raise ModelConfigError(
+                    f"layer_windows has {len(self.layer_windows)} entries for "
+                    f"{self.num_layers} layers"
+                )
+            if any(not isinstance(w, int) or w < 0 for w in self.layer_windows):
+                raise ModelConfigError(
+                    f"a sliding window must be a positive integer; got {self.layer_windows}"
+                )
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window a layer applies, or None where none binds."""
+        return None if self.layer_windows is None else max(self.layer_windows)
 
     @property
     def attention_scale(self) -> float:
@@ -139,9 +156,8 @@ class ModelConfig:
             raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
         try:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-            window, context = family.window(raw), int(raw.get("max_position_embeddings", 2048))
-            # up to its window a sliding window never binds: the context stops there
-            capped = window if window is not None and window < context else None
+            context = int(raw.get("max_position_embeddings", 2048))
+            windows = _layer_windows(family.windows(raw), context)
             eos = raw.get("eos_token_id")
             return cls(
                 hidden_size=hidden,
@@ -151,7 +167,7 @@ class ModelConfig:
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=int(raw.get("head_dim") or hidden // heads),
                 vocab_size=int(raw["vocab_size"]),
-                max_position_embeddings=context if capped is None else capped,
+                max_position_embeddings=context,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(_rope_params(raw).get("rope_theta", 10000.0)),
                 rope_scaling=_rope_scaling(raw),
@@ -160,7 +176,7 @@ class ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
                 architecture=family.architecture,
-                sliding_window=capped,
+                layer_windows=windows,
                 **(_multipliers(raw) if family.scaled else {}),
                 rope_layers=_rope_layers(raw) if family.nope else None,
             )
@@ -180,6 +196,13 @@ class ModelConfig:
             return cls.from_dict(json.load(f))
 
 
+def _layer_windows(windows: tuple[int, ...], context: int) -> tuple[int, ...] | None:
+    """The family's windows, but 0 for one that never binds within the context (a query
+    sees at most `context` keys); None where none binds."""
+    binding = tuple(w if w < context else 0 for w in windows)
+    return binding if any(binding) else None
+
+
 def _rope_layers(raw: dict[str, Any]) -> tuple[bool, ...] | None:
     """SmolLM3's `no_rope_layers` (1 where a layer uses RoPE), or transformers' default:
     every `no_rope_layer_interval`-th layer (4th) without; None when every layer uses it."""
@@ -189,8 +212,10 @@ def _rope_layers(raw: dict[str, Any]) -> tuple[bool, ...] | None:
         interval = int(raw.get("no_rope_layer_interval", 4))
         layers = tuple((i + 1) % interval != 0 for i in range(num_layers))
         return None if all(layers) else layers
-    if not isinstance(given, list) or len(given) != num_layers or any(
-        v not in (0, 1) or isinstance(v, float) for v in given
+    if (
+        not isinstance(given, list)
+        or len(given) != num_layers
+        or any(v not in (0, 1) or isinstance(v, float) for v in given)
     ):
         raise ModelConfigError(
             f"no_rope_layers must be a list of {num_layers} zeros and ones (one a layer)"

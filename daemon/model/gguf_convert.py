@@ -5,6 +5,9 @@ Hugging Face model folder.
 `phi3`, `granite` or `smollm3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
 `tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
+- a model llama.cpp's gguf-split cut into shards, given by any of them, converts as one
+  (gguf_files.open_shards checks the set): every file but README.md (which names the
+  shards) is byte for byte the one the same model in one file gives;
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
   `[out_features, in_features]`, one tensor in memory at a time;
@@ -35,6 +38,7 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
+from .gguf_files import open_shards, read_metadata
 from .gguf_tokenizer import build_tokenizer, end_token_ids, tokenizer_config
 from .safetensors_io import TensorSpec, save_safetensors_streamed
 
@@ -128,12 +132,13 @@ def supported_gguf_architectures() -> tuple[str, ...]:
 def convert_gguf(
     gguf_path: Path, out_dir: Path, *, progress: bool = True, source: str | None = None
 ) -> None:
-    """Write a Hugging Face folder for `gguf_path` into `out_dir` (created if needed).
+    """Write a Hugging Face folder for `gguf_path` (a file, or any shard of a split model)
+    into `out_dir` (created if needed).
 
     `source` is an optional line of provenance (e.g. the package the file came from) for README.md.
     """
-    reader = open_gguf(gguf_path)
-    meta = read_metadata(reader)
+    shards = open_shards(gguf_path)
+    meta = read_metadata(shards.readers[0])  # a split model's metadata is its first shard's
     arch = meta.get("general.architecture")
     if arch not in _FAMILIES:
         raise ValueError(
@@ -141,7 +146,7 @@ def convert_gguf(
             + ", ".join(repr(a) for a in _FAMILIES)
         )
     family = _FAMILIES[arch]
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in shards.tensors}
     if any(name in tensors for name in _LONGROPE):
         raise ValueError(
             f"{gguf_path}: LongRoPE ({', '.join(_LONGROPE)}; Phi-3's 128k models) is not "
@@ -178,22 +183,9 @@ def convert_gguf(
         out_dir / "tokenizer_config.json",
         tokenizer_config(meta, config["max_position_embeddings"]),
     )
-    counts = Counter(t.tensor_type.name for t in reader.tensors)
-    (out_dir / "README.md").write_text(_readme(meta, gguf_path.name, counts, source))
-
-
-def open_gguf(path: Path) -> gguf.GGUFReader:
-    """The file's reader (memory-mapped), or ValueError naming a file that is not one GGUF."""
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, TypeError, OSError) as e:
-        raise ValueError(f"{path} cannot be read as a GGUF file: {e}") from None
-
-
-def read_metadata(source: Path | gguf.GGUFReader) -> dict[str, Any]:
-    """Every metadata field of a GGUF file as a Python str, bool, number or list of them."""
-    reader = source if isinstance(source, gguf.GGUFReader) else open_gguf(source)
-    return {name: _field_value(field) for name, field in reader.fields.items()}
+    counts = Counter(t.tensor_type.name for t in shards.tensors)
+    names = [p.name for p in shards.paths]
+    (out_dir / "README.md").write_text(_readme(meta, names, counts, source))
 
 
 def hf_config(
@@ -375,11 +367,15 @@ def _convert_tensor(tensor: Any, config: dict[str, Any], family: _Family) -> np.
     return weight.astype(ml_dtypes.bfloat16)
 
 
-def _readme(meta: dict[str, Any], file_name: str, counts: Counter[str], source: str | None) -> str:
+def _readme(
+    meta: dict[str, Any], file_names: Sequence[str], counts: Counter[str], source: str | None
+) -> str:
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
+    first = file_names[0]
+    others = f" and its {len(file_names) - 1} other shards" if len(file_names) > 1 else ""
     lines = [
-        f"# {meta.get('general.name', file_name)}\n",
-        f"Converted by reprise (converter version {CONVERTER_VERSION}) from `{file_name}`."
+        f"# {meta.get('general.name', first)}\n",
+        f"Converted by reprise (converter version {CONVERTER_VERSION}) from `{first}`{others}."
         + (f" Source: {source}." if source else ""),
         f"\nIts tensors ({kinds}) were dequantized and rounded to BF16, so these weights carry",
         "the quantization error: this is not the original BF16 checkpoint.\n",
@@ -388,20 +384,6 @@ def _readme(meta: dict[str, Any], file_name: str, counts: Counter[str], source: 
         if meta.get(f"general.{key}") is not None:
             lines.append(f"- {key}: {meta[f'general.{key}']}")
     return "\n".join(lines) + "\n"
-
-
-def _field_value(field: Any) -> Any:
-    def scalar(part: np.ndarray, kind: gguf.GGUFValueType) -> Any:
-        if kind == gguf.GGUFValueType.STRING:
-            return bytes(part).decode("utf-8", errors="replace")
-        return part.tolist()[0]
-
-    kinds = field.types
-    if kinds and kinds[0] == gguf.GGUFValueType.ARRAY:
-        if len(kinds) < 2:
-            return []
-        return [scalar(field.parts[i], kinds[1]) for i in field.data]
-    return scalar(field.parts[field.data[0]], kinds[0])
 
 
 def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> None:

@@ -167,8 +167,13 @@ class LlamaModel:
                 qkv = ops.head_rmsnorm(qkv, layer.q_norm, layer.k_norm, num_heads, eps)
             return ops.rope_kv_write(qkv, *rope_args(idx))
 
+        windows = cfg.layer_windows or (0,) * cfg.num_layers  # each layer's sliding window
         q = head(x, 0)
-        if all(layer.plain_head for layer in self.layers) and self.config.rope_layers is None:
+        if (
+            all(layer.plain_head for layer in self.layers)
+            and cfg.rope_layers is None
+            and len(set(windows)) == 1
+        ):
             # each layer from its attention on, with the next layer's head: the layers
             # after the first head together, maybe one kernel (attention_layers)
             last = len(self.layers) - 1
@@ -176,16 +181,17 @@ class LlamaModel:
                        self._next_norm[idx], self.layers[idx + 1].qkv_proj if idx < last else None)
                       for idx, layer in enumerate(self.layers)]  # fmt: skip
             residual, x = ops.attention_layers(
-                (q, kv_cache, 0, tables, seq_lens, starts, scale), layers, residual, eps,
+                (q, kv_cache, 0, tables, seq_lens, starts, scale, windows[0]), layers, residual, eps,
                 (positions, cos, sin, kv_cache, slots, num_heads),
             )  # fmt: skip
-        else:  # a qkv bias, q and k norms or layers without RoPE: the layers one at a time
+        else:  # a qkv bias, q and k norms, layers without RoPE or windows differing by layer:
+            # the layers one at a time
             for idx, layer in enumerate(self.layers):
                 # attention, then o_proj and down_proj, whose outputs go only into the residual
                 # add and the next norm: the layer from its attention on, maybe one kernel
                 # (attention_tail), with the next layer's head where it is bias-free
                 # (attention_tail_qkv)
-                attention = (q, kv_cache, idx, tables, seq_lens, starts, scale)
+                attention = (q, kv_cache, idx, tables, seq_lens, starts, scale, windows[idx])
                 tail = (layer.o_proj, layer.gate_up_proj, layer.down_proj, residual, layer.mlp_norm,
                         self._next_norm[idx], eps)  # fmt: skip
                 following = self.layers[idx + 1] if idx + 1 < len(self.layers) else None

