@@ -335,6 +335,7 @@ struct AttnArgs {
   unsigned* counters;
   int num_tokens, num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, gx, gy;
   float scale;
+  int window;  // the layers' sliding window (attention_tc.cuh's; 0: none)
 };
 
 template <int HEAD_DIM, int BLOCK_SIZE>
@@ -356,7 +357,7 @@ __device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char
         a.out, l ? a.q_later : a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace,
         a.counters, a.num_tokens, a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer + l,
         a.head_parts, a.kv_lanes,
-        a.scale, /*window=*/0, v);
+        a.scale, a.window, v);
     // the half's threads are done with this virtual CTA (its work item, read up to its
     // merge's last call, and its ring) before thread 0 writes the next one's
     cta_sync<true>(v);
@@ -641,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed
       const int *__restrict__ block_tables, const int *__restrict__ seq_lens,                                     \
       const int *__restrict__ query_start_loc, float *__restrict__ attn_ws, unsigned *__restrict__ attn_counters, \
       int num_seqs, int max_blocks, int attn_layer, int head_parts, int kv_lanes, int attn_gx, int attn_gy,      \
-      float scale
+      float scale, int window
 #define DECODE_LAYER_HEAD                                                                                       \
   {qkv, split_qkv,                                                                                              \
    {positions, cos_table, sin_table, q_out, slots, cache, head_layer, num_layers, heads, kv_heads, block_size,   \
@@ -651,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_tail_packed
   {const_cast<unsigned short*>(attn), q, reinterpret_cast<const unsigned short*>(cache),                       \
    reinterpret_cast<const unsigned short*>(q_work), block_tables, seq_lens, query_start_loc, attn_ws,           \
    attn_counters, M, num_seqs, max_blocks, heads, kv_heads, num_layers, attn_layer, head_parts, kv_lanes,       \
-   attn_gx, attn_gy, scale}
+   attn_gx, attn_gy, scale, window}
 
 extern "C" __global__ void __launch_bounds__(PERSIST_THREADS) decode_layer_plain_d64_b16(DECODE_LAYER_ARGS) {
   const Tail tail DECODE_TAIL_TAIL;

@@ -259,7 +259,7 @@ class Attention(NamedTuple):
     seq_lens: Any
     query_start_loc: Any
     scale: float
-    window: int = 0  # a sliding window (the twin's); the layer launch runs none
+    window: int = 0  # a sliding window (the twin's): a query sees the last this many keys
 
 
 class LayerWeights(NamedTuple):
@@ -301,15 +301,14 @@ def layer_plan(attention: Attention, rows: int) -> Any:
     plans it), or None where decode_layer does not run it: a shape without an entry point,
     or other rows. A one-lane plan (a short block table, or many sequences) runs as the
     split kernel's body too, its lone lane merging its chunks through the workspace: the
-    chunks and their merge order are the one-lane kernel's, so the same bits. A sliding
-    window is not run inside it (the layer's attention is then the standalone launch's)."""
+    chunks and their merge order are the one-lane kernel's, so the same bits."""
     from .attention_kernel import split_grid
     from .attention_tc_kernel import ROWS_PER_CTA
 
     q, cache = attention.q, attention.cache
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
-    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES or attention.window:
+    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES:
         return None
     num_seqs, max_blocks = attention.block_tables.shape
     grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,
@@ -443,7 +442,7 @@ def decode_layers(
         attention.query_start_loc, workspace,
         stream_counters("attention splits", MAX_SPLIT_COUNTERS, _device_id()), i32(num_seqs),
         i32(max_blocks), i32(attention.layer), i32(plan.head_parts), i32(plan.kv_lanes),
-        i32(plan.grid[0]), i32(plan.grid[1]), np.float32(attention.scale),
+        i32(plan.grid[0]), i32(plan.grid[1]), np.float32(attention.scale), i32(attention.window),
     )  # fmt: skip
     name = f"decode_layer_{'packed' if packed else 'plain'}_d{head_dim}_b{block_size}"
     smem = layers_smem_bytes(

@@ -447,18 +447,22 @@ def attention_case(rng: np.random.Generator, seq_lens: list[int], *, heads: int 
 
 
 @pytest.mark.parametrize(
-    "seq_lens", [[700], [300, 37, 700], [37], [200, 5, 256]],
-    ids=["alone", "three", "one-lane-alone", "one-lane-three"],
+    ("seq_lens", "window"),
+    [([700], 0), ([300, 37, 700], 0), ([37], 0), ([200, 5, 256], 0), ([700], 300),
+     ([300, 37, 700], 290)],
+    ids=["alone", "three", "one-lane-alone", "one-lane-three", "alone-window",
+         "three-window"],
 )  # fmt: skip
 @pytest.mark.parametrize("with_head", [False, True], ids=["last-layer", "with-head"])
 def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
-    emulated: None, launched: list[int], seq_lens: list[int], with_head: bool
+    emulated: None, launched: list[int], seq_lens: list[int], window: int, with_head: bool
 ) -> None:
     """decode_layer (the layer's attention run in the persistent launch as virtual CTAs of
     the tensor-core kernel, two a CTA, on its planned split grid, then the tail) against
     CupyBackend's paged_attention (the tensor-core kernel's own launch) then decode_tail
     or decode_tail_qkv: the residual stream, the normed rows or the next layer's queries,
-    and every byte of the cache."""
+    and every byte of the cache. With a sliding window too (the split's lanes then start
+    past chunk 0)."""
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.cuda.kernels import to_device, to_host
     from reprise.cuda.rope import rope_table
@@ -479,6 +483,7 @@ def test_the_layer_with_its_attention_gives_the_op_by_op_bits(
         attention = decode_block_kernel.Attention(
             to_device(case["q"]), cache, case["layer"], to_device(case["block_tables"]),
             to_device(case["seq_lens"]), to_device(case["query_start_loc"]), case["scale"],
+            window,
         )  # fmt: skip
         weights = [to_device(d[k]) for k in ("w_o", "w_gate_up", "w_down")]
         rest = [to_device(d[k]) for k in ("residual", "mlp_norm", "next_norm")]
@@ -519,14 +524,14 @@ def last_positions(case: dict, block_size: int) -> tuple[np.ndarray, np.ndarray]
 
 
 @pytest.mark.parametrize(
-    ("seq_lens", "last_head", "num_ctas"),
-    [([700], False, 4), ([300, 37, 700], True, 3)],
-    ids=["alone-last-norm", "three-last-head"],
+    ("seq_lens", "last_head", "num_ctas", "window"),
+    [([700], False, 4, 0), ([300, 37, 700], True, 3, 0), ([300, 37, 700], True, 3, 290)],
+    ids=["alone-last-norm", "three-last-head", "three-last-head-window"],
 )
 @pytest.mark.parametrize("reversed_ctas", [False, True], ids=["ctas-up", "ctas-down"])
 def test_layers_in_one_launch_give_the_layer_by_layer_bits(
     emulated: None, emu_lib, launched: list[int], seq_lens: list[int], last_head: bool,
-    num_ctas: int, reversed_ctas: bool,
+    num_ctas: int, window: int, reversed_ctas: bool,
 ) -> None:  # fmt: skip
     """decode_layers (three layers, each its attention as virtual CTAs then its tail with
     the next layer's head, the residual stream carried in shared memory between them, the
@@ -560,6 +565,7 @@ def test_layers_in_one_launch_give_the_layer_by_layer_bits(
         attention = decode_block_kernel.Attention(
             to_device(case["q"]), cache, first, to_device(case["block_tables"]),
             to_device(case["seq_lens"]), to_device(case["query_start_loc"]), case["scale"],
+            window,
         )  # fmt: skip
         weights = [
             decode_block_kernel.LayerWeights(

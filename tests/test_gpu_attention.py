@@ -79,6 +79,7 @@ class PagedSequences:
         kernel: str,
     ) -> None:
         self.rng, self.block_size, self.kernel = rng, block_size, kernel
+        self.window = 0  # a sliding window every call applies (0: none)
         self.num_heads, self.num_kv_heads, self.head_dim = shape
         num_blocks = sum(-(-s // block_size) for s in seq_lens) + 4
         shape6 = kv_cache_shape(
@@ -120,7 +121,7 @@ class PagedSequences:
         q, block_tables, seq_lens, query_start_loc = self.inputs(spans)
         scale = 1 / np.sqrt(self.head_dim)
         return paged_attention_ref(
-            q, self.cache, LAYER, block_tables, seq_lens, query_start_loc, scale
+            q, self.cache, LAYER, block_tables, seq_lens, query_start_loc, scale, self.window
         )
 
     def gpu(self, spans: list[tuple[int, int, int]], cache=None, out=None):
@@ -135,6 +136,7 @@ class PagedSequences:
             dev(seq_lens),
             dev(query_start_loc),
             1 / np.sqrt(self.head_dim),
+            self.window,
             out=out,
         )
 
@@ -385,3 +387,28 @@ def test_attention_tc_shared_page_gives_the_same_bits(
         for spans, expected in zip(cases, want, strict=True):
             assert np.array_equal(bits(seqs.run(spans)), expected), spans
     bf16_close(seqs.run(decode), seqs.ref(decode))
+
+
+@pytest.mark.parametrize("window", [1, 17, KV_CHUNK - 1, KV_CHUNK + 1, 2 * KV_CHUNK + 3])
+@pytest.mark.parametrize("shape", MODEL_SHAPES)
+def test_windowed_attention_matches_its_twin_and_keeps_its_bits(
+    cp, rng, kernel: str, shape: str, window: int
+) -> None:
+    """A sliding window: decodes, whole and partial prefills (some over many KV chunks,
+    so rows and CTAs start past chunk 0) within BF16 rounding of the twin with the same
+    window; each span alone and each prefill's last row as a decode step, the same bits."""
+    seq_lens = [int(n) for n in rng.integers(1, 4 * KV_CHUNK, size=9)]
+    seq_lens[0], seq_lens[2] = 3 * KV_CHUNK + 7, 1
+    seqs = PagedSequences(rng, SHAPES[shape], 16, seq_lens, kernel)
+    seqs.window = window
+    spans = mixed_spans(rng, seq_lens)
+    got = seqs.run(spans)
+    bf16_close(got, seqs.ref(spans))
+    starts = np.cumsum([0] + [last - first for _, first, last in spans])
+    for i, (b, first, last) in enumerate(spans):
+        alone = seqs.run([(b, first, last)])
+        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), (b, "alone")
+        step = seqs.run([(b, last - 1, last)])
+        assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
+    seqs.window = 0
+    assert not np.array_equal(bits(seqs.run(spans)), bits(got))  # the window binds
