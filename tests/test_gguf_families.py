@@ -534,12 +534,20 @@ def _plain(tensor: Any) -> np.ndarray:
     [
         ("qwen2", {"tokenizer.ggml.pre": "jais"}, "tokenizer.ggml.pre is 'jais'"),
         ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0},
-         "qwen2.rope.scaling.type is 'yarn'"),
+         "qwen2.rope.scaling.type is 'yarn' (factor 4.0); the forward implements linear, yarn "
+         "(with rope.scaling.original_context_length)"),
         ("qwen2", {"qwen2.attention.key_length": 32, "qwen2.attention.value_length": 32},
          "is not the hidden size 64"),
         ("qwen3", {"qwen3.rope.dimension_count": 8}, "rope dimension 8"),
         ("phi3", {"extra": {"rope_factors_long.weight": np.ones(8, np.float32)}},
-         "LongRoPE (rope_factors_long.weight, rope_factors_short.weight; Phi-3's 128k"),
+         "a phi3 file with rope_factors_long.weight; LongRoPE factors are read from phi3 files "
+         "holding both"),
+        ("qwen2", {"extra": {"rope_factors_long.weight": np.ones(8, np.float32),
+                             "rope_factors_short.weight": np.ones(8, np.float32)}},
+         "a qwen2 file with rope_factors_long.weight and rope_factors_short.weight;"),
+        ("phi3", {"extra": {"rope_factors_long.weight": np.ones(8, np.float32),
+                            "rope_factors_short.weight": np.ones(8, np.float32)}},
+         "LongRoPE factors without phi3.rope.scaling.original_context_length"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_converted_is_refused(

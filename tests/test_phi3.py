@@ -18,7 +18,7 @@ from test_model_reference import (
 )
 
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.model.config import ModelConfig, ModelConfigError
+from reprise.daemon.model.config import ModelConfig
 from reprise.daemon.model.modelinfo import model_info
 
 torch = pytest.importorskip("torch")
@@ -76,12 +76,6 @@ def test_a_window_at_least_the_context_changes_nothing(tmp_path: Path) -> None:
     config = ModelConfig.from_dir(tmp_path)
     assert config.max_position_embeddings == 512 and config.layer_windows is None
     assert model_info(tmp_path)["sliding_windows"] is None
-
-
-def test_partial_rotary_is_refused() -> None:
-    raw = {**PHI3, "architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75}
-    with pytest.raises(ModelConfigError, match=r"partial_rotary_factor=0\.75 is not supported"):
-        ModelConfig.from_dict(raw)
 
 
 def test_cached_and_chunked_bits_are_kept(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...cuda.rope import Llama3Scaling
+from ...cuda.rope import LinearScaling, Llama3Scaling, LongRopeScaling, RopeScaling, YarnScaling
 from .registry import ModelConfigError, ModelFamily, family_named, family_of, is_bare
 
 __all__ = ["ModelConfig", "ModelConfigError"]
@@ -31,7 +31,7 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: Llama3Scaling | None
+    rope_scaling: RopeScaling | None
     tie_word_embeddings: bool
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -51,6 +51,9 @@ class ModelConfig:
     # SmolLM3's (registry.ModelFamily.nope): whether each layer rotates its queries and
     # keys (RoPE); None: every layer does
     rope_layers: tuple[bool, ...] | None = None
+    # a partial rotary embedding's rotated dimensions of each head (Phi-4-mini's
+    # partial_rotary_factor); None: all of them
+    rotary_dim: int | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -86,6 +89,13 @@ class ModelConfig:
             if value is not None and not (isinstance(value, float) and 0 < value < math.inf):
                 raise ModelConfigError(f"{field} must be a finite number > 0; got {value!r}")
 
+        if self.rotary_dim is not None and not (
+            0 < self.rotary_dim < self.head_dim and self.rotary_dim % 2 == 0
+        ):
+            raise ModelConfigError(
+                f"the rotated dimensions (head_dim x partial_rotary_factor) must be even and "
+                f"in (0, {self.head_dim}); got {self.rotary_dim}"
+            )
         if self.rope_layers is not None and len(self.rope_layers) != self.num_layers:
             raise ModelConfigError(
                 f"rope_layers has {len(self.rope_layers)} entries for {self.num_layers} layers"
@@ -148,7 +158,13 @@ class ModelConfig:
         return v * h + self.num_layers * per_layer + h + lm_head
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, raw: dict[str, Any], max_model_len: int | None = None) -> ModelConfig:
+        """The config of `raw` (a config.json's fields). `max_model_len`: the context the
+        engine will run (None: the model's), which picks longrope's factor list: past
+        original_max_position_embeddings the long one, and then the context is the
+        model's; else the short one, and the context stops at the original (a fixed
+        choice, so every position keeps its rotation: transformers switches lists by
+        the length of the sequence at hand)."""
         family = family_of(raw)
         family.check(raw)
         act = raw.get("hidden_act", "silu")
@@ -158,6 +174,11 @@ class ModelConfig:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
             context = int(raw.get("max_position_embeddings", 2048))
             windows = _layer_windows(family.windows(raw), context)
+            head_dim = int(raw.get("head_dim") or hidden // heads)
+            rotary_dim = _rotary_dim(raw, head_dim)
+            scaling = _rope_scaling(raw, rotary_dim or head_dim, context, max_model_len)
+            if isinstance(scaling, LongRopeScaling) and not scaling.long:
+                context = _original_context(raw)
             eos = raw.get("eos_token_id")
             return cls(
                 hidden_size=hidden,
@@ -165,12 +186,12 @@ class ModelConfig:
                 num_layers=int(raw["num_hidden_layers"]),
                 num_heads=heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
+                head_dim=head_dim,
                 vocab_size=int(raw["vocab_size"]),
                 max_position_embeddings=context,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(_rope_params(raw).get("rope_theta", 10000.0)),
-                rope_scaling=_rope_scaling(raw),
+                rope_scaling=scaling,
                 # a bare model has no lm_head: its embedding stands in (registry.BARE_MODELS)
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)) or is_bare(raw),
                 bos_token_id=raw.get("bos_token_id"),
@@ -179,6 +200,7 @@ class ModelConfig:
                 layer_windows=windows,
                 **(_multipliers(raw) if family.scaled else {}),
                 rope_layers=_rope_layers(raw) if family.nope else None,
+                rotary_dim=rotary_dim,
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None
@@ -188,12 +210,12 @@ class ModelConfig:
             raise ModelConfigError(f"config.json has a field of the wrong type: {e}") from None
 
     @classmethod
-    def from_dir(cls, path: Path | str) -> ModelConfig:
+    def from_dir(cls, path: Path | str, max_model_len: int | None = None) -> ModelConfig:
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise ModelConfigError(f"{config_path} not found: not a Hugging Face model folder")
         with open(config_path) as f:
-            return cls.from_dict(json.load(f))
+            return cls.from_dict(json.load(f), max_model_len)
 
 
 def _layer_windows(windows: tuple[int, ...], context: int) -> tuple[int, ...] | None:
@@ -246,19 +268,110 @@ def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _rope_scaling(raw: dict[str, Any]) -> Llama3Scaling | None:
+def _rotary_dim(raw: dict[str, Any], head_dim: int) -> int | None:
+    """The rotated dimensions of a head under `partial_rotary_factor` (transformers'
+    int(head_dim x factor)), or None where all are."""
+    factor = _rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if factor in (None, 1, 1.0):
+        return None
+    factor = float(factor)
+    if not 0 < factor <= 1:
+        raise ModelConfigError(f"partial_rotary_factor must be in (0, 1]; got {factor}")
+    return int(head_dim * factor)
+
+
+def _original_context(raw: dict[str, Any]) -> int:
+    params = _rope_params(raw)
+    original = params.get("original_max_position_embeddings")
+    if original is None:
+        original = raw.get("original_max_position_embeddings")
+    if original is None:
+        raise ModelConfigError("rope_scaling lacks 'original_max_position_embeddings'")
+    return int(original)
+
+
+def _rope_scaling(
+    raw: dict[str, Any], dim: int, context: int, max_model_len: int | None
+) -> RopeScaling | None:
+    """The config's rope scaling over `dim` rotated dimensions of a head; types whose
+    frequencies change with the sequence's length (dynamic NTK) are refused."""
     params = _rope_params(raw)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
-    if kind != "llama3":
-        raise ModelConfigError(f"rope_scaling type {kind!r} is not supported; only 'llama3'")
     try:
-        return Llama3Scaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-        )
+        if kind == "llama3":
+            return Llama3Scaling(
+                factor=float(params["factor"]),
+                low_freq_factor=float(params["low_freq_factor"]),
+                high_freq_factor=float(params["high_freq_factor"]),
+                original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+            )
+        if kind == "linear":
+            return LinearScaling(_positive(params, "factor"))
+        if kind == "yarn":
+            return _yarn(params, raw, context)
+        if kind == "longrope":
+            return _longrope(params, raw, dim, context, max_model_len)
     except KeyError as e:
-        raise ModelConfigError(f"rope_scaling of type llama3 lacks {e.args[0]!r}") from None
+        raise ModelConfigError(f"rope_scaling of type {kind} lacks {e.args[0]!r}") from None
+    raise ModelConfigError(
+        f"rope_scaling type {kind!r} is not supported; only 'llama3', 'linear', 'yarn' and "
+        "'longrope' (a rotation that changes with the sequence's length, as 'dynamic', "
+        "would change cached keys)"
+    )
+
+
+def _positive(params: dict[str, Any], key: str) -> float:
+    value = float(params[key])
+    if not 0 < value < math.inf:
+        raise ModelConfigError(f"rope_scaling's {key} must be a finite number > 0; got {value}")
+    return value
+
+
+def _yarn(params: dict[str, Any], raw: dict[str, Any], context: int) -> YarnScaling:
+    """transformers' `_compute_yarn_parameters`: its defaults, and its attention factor."""
+    original = _original_context(raw)
+    factor = params.get("factor")
+    factor = context / original if factor is None else _positive(params, "factor")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    given, m, m_all = (params.get(k) for k in ("attention_factor", "mscale", "mscale_all_dim"))
+    if given is not None:
+        attention = float(given)
+    elif m and m_all:
+        attention = mscale(factor, float(m)) / mscale(factor, float(m_all))
+    else:
+        attention = mscale(factor)
+    return YarnScaling(
+        factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        attention_factor=attention,
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def _longrope(
+    params: dict[str, Any], raw: dict[str, Any], dim: int, context: int, max_model_len: int | None
+) -> LongRopeScaling:
+    """transformers' `_compute_longrope_parameters`, its list picked once (from_dict)."""
+    original = _original_context(raw)
+    long = max_model_len is not None and max_model_len > original
+    factors = tuple(float(f) for f in params["long_factor" if long else "short_factor"])
+    if len(factors) != dim // 2 or not all(0 < f < math.inf for f in factors):
+        raise ModelConfigError(
+            f"rope_scaling's {'long' if long else 'short'}_factor must hold {dim // 2} finite "
+            f"numbers > 0 (one a rotated pair); got {len(factors)}"
+        )
+    factor = params.get("factor")
+    factor = context / original if factor is None else float(factor)
+    given = params.get("attention_factor")
+    if given is not None:
+        attention = float(given)
+    else:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return LongRopeScaling(factors, attention, long)

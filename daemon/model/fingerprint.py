@@ -29,15 +29,23 @@ from pathlib import Path
 
 import xxhash
 
+from ...cuda.rope import LongRopeScaling
+from .config import ModelConfig
+
 _DOMAIN = b"reprise/model-fingerprint/v2"
 _CHUNK_BYTES = 64 << 20
 
 
-def model_fingerprint(path: Path | str) -> bytes:
-    """32 bytes identifying the checkpoint in `path`: its config and all its weight bytes."""
+def model_fingerprint(path: Path | str, config: ModelConfig | None = None) -> bytes:
+    """32 bytes identifying the checkpoint in `path`: its config and all its weight bytes,
+    and what the engine chose of it (`config`, as loaded): longrope's factor list, which
+    rotates every key otherwise, so a cache of one may never serve the other."""
     folder = Path(path)
     digest = hashlib.sha256(_DOMAIN)
     _update(digest, (folder / "config.json").read_bytes())
+    scaling = None if config is None else config.rope_scaling
+    if isinstance(scaling, LongRopeScaling) and scaling.long:
+        _update(digest, b"longrope: the long factors")
     for shard in sorted(folder.glob("*.safetensors")):
         _update(digest, shard.name.encode())
         _update(digest, file_digest(shard))

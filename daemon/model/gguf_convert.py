@@ -121,7 +121,7 @@ _GRANITE_SCALES = {
     "attention.scale": "attention_multiplier",
     "logit_scale": "logits_scaling",
 }
-# Phi-3's LongRoPE (the 128k models): per-frequency factors the forward lacks
+# Phi-3's LongRoPE (the 128k models, Phi-4-mini): per-frequency factors, long and short
 _LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
@@ -147,13 +147,17 @@ def convert_gguf(
         )
     family = _FAMILIES[arch]
     tensors = {t.name: t for t in shards.tensors}
-    if any(name in tensors for name in _LONGROPE):
+    longrope = [tensors.pop(name, None) for name in _LONGROPE]
+    if any(t is not None for t in longrope) and (arch != "phi3" or None in longrope):
+        present = [name for name, t in zip(_LONGROPE, longrope, strict=True) if t is not None]
         raise ValueError(
-            f"{gguf_path}: LongRoPE ({', '.join(_LONGROPE)}; Phi-3's 128k models) is not "
-            "supported; the 4k models are"
+            f"{gguf_path}: a {arch} file with {' and '.join(present)}; LongRoPE factors are "
+            f"read from phi3 files holding both {' and '.join(_LONGROPE)}"
         )
     rope_freqs = tensors.pop(_ROPE_FREQS, None)
     config = hf_config(meta, set(tensors), None if rope_freqs is None else _dequantized(rope_freqs))
+    if longrope[0] is not None:
+        config["rope_scaling"] = _longrope_scaling(meta, *map(_dequantized, longrope))
     tokenizer = build_tokenizer(meta)
     hf_names = {name: _hf_name(name, family) for name in tensors}
     specs = {hf_names[name]: _spec(tensor) for name, tensor in tensors.items()}
@@ -204,10 +208,12 @@ def hf_config(
     head_dim = _optional_int(meta, key("attention.key_length"), hidden_size // num_heads)
     value_dim = _optional_int(meta, key("attention.value_length"), head_dim)
     rope_dim = _optional_int(meta, key("rope.dimension_count"), head_dim)
-    if value_dim != head_dim or rope_dim != head_dim:
+    # Phi-4-mini's partial rotary embedding: its rope dimension is 3/4 of the key length
+    partial = arch == "phi3" and 0 < rope_dim < head_dim and rope_dim % 2 == 0
+    if value_dim != head_dim or (rope_dim != head_dim and not partial):
         raise ValueError(
             f"key length {head_dim}, value length {value_dim} and rope dimension {rope_dim} "
-            "differ; the forward needs them equal"
+            "differ; the forward needs them equal (a phi3 file's rope dimension may be less)"
         )
     if num_heads % num_kv_heads:
         raise ValueError(
@@ -255,11 +261,32 @@ def hf_config(
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
         config |= {"sliding_window": None if window is None else int(window)}
+        config |= {"partial_rotary_factor": rope_dim / head_dim} if partial else {}
     else:  # Qwen: every layer attends to the whole prefix
         config |= {"use_sliding_window": False, "sliding_window": None,
                    "max_window_layers": num_layers}  # fmt: skip
         config |= {"attention_bias": False} if arch == "qwen3" else {}
     return config | {"torch_dtype": "bfloat16"}
+
+
+def _longrope_scaling(meta: dict[str, Any], long: np.ndarray, short: np.ndarray) -> dict[str, Any]:
+    """A phi3 file's LongRoPE as transformers' config writes it: its factor lists and the
+    original context (`rope.scaling.original_context_length`). The attention factor is
+    left to transformers' rule (from the two contexts), as the source config leaves it."""
+    original = meta.get("phi3.rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError(
+            "LongRoPE factors without phi3.rope.scaling.original_context_length: the context "
+            "the short factors serve is unknown"
+        )
+    if long.shape != short.shape or long.ndim != 1:
+        raise ValueError(f"LongRoPE factors of shapes {long.shape} and {short.shape}; want one")
+    return {
+        "rope_type": "longrope",
+        "long_factor": [float(f) for f in long],
+        "short_factor": [float(f) for f in short],
+        "original_max_position_embeddings": int(original),
+    }
 
 
 def llama3_rope_factors(
@@ -386,16 +413,25 @@ def _readme(
     return "\n".join(lines) + "\n"
 
 
-def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> None:
-    """The metadata's rope scaling: none, or refused (the forward implements Llama 3's
-    frequencies only, which a file carries as rope_freqs.weight)."""
+def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str, Any] | None:
+    """The metadata's rope scaling as transformers' config writes it: none, `linear`, or
+    `yarn` (its original context and betas from the file); others refused. Llama 3's
+    comes as rope_freqs.weight instead (hf_config)."""
     kind = meta.get(key("rope.scaling.type"), "none")
     factor = meta.get(key("rope.scaling.factor"))
     if kind == "none" or factor in (None, 0.0, 1.0):
         return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    original = meta.get(key("rope.scaling.original_context_length"))
+    if kind == "yarn" and original is not None:
+        betas = {name: float(meta[key(f"rope.scaling.yarn_{name}")])
+                 for name in ("beta_fast", "beta_slow") if key(f"rope.scaling.yarn_{name}") in meta}  # fmt: skip
+        return {"rope_type": "yarn", "factor": float(factor),
+                "original_max_position_embeddings": int(original), **betas}  # fmt: skip
     raise ValueError(
         f"{key('rope.scaling.type')} is {kind!r} (factor {factor}); the forward implements "
-        "no rope scaling but Llama 3's"
+        "linear, yarn (with rope.scaling.original_context_length) and Llama 3's"
     )
 
 

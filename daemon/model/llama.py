@@ -88,7 +88,11 @@ class LlamaModel:
         self._next_norm = [layer.attn_norm for layer in self.layers[1:]] + [self.final_norm]
         self.lm_head = linear(weights.lm_head)
         cos, sin = rope_table(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            config.rotary_dim,
         )
         self.rope_cos, self.rope_sin = backend.from_host(cos), backend.from_host(sin)
         # each layer's (cos, sin): a layer without RoPE (SmolLM3's) rotates by angle 0, by

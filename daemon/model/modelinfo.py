@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from ...cuda.rope import LinearScaling, Llama3Scaling, LongRopeScaling, RopeScaling, YarnScaling
 from .config import ModelConfig
 from .safetensors_io import read_header
 
@@ -51,7 +52,9 @@ def model_info(path: Path | str) -> dict[str, object]:
         # each layer's sliding window (0: full attention), where one binds
         "sliding_windows": _windows(config.layer_windows),
         "rope_theta": config.rope_theta,
-        "rope_scaling": None if scaling is None else f"llama3 x{scaling.factor:g}",
+        "rope_scaling": _scaling(scaling),
+        # a partial rotary embedding's rotated dimensions of each head
+        "rotary_dim": config.rotary_dim,
         "tied_embeddings": config.tie_word_embeddings,
         "qkv_bias": config.qkv_bias,
         "qk_norm": config.qk_norm,
@@ -107,3 +110,14 @@ def _spans(idxs: list[int]) -> str:
         else:
             spans.append([idx, idx])
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _scaling(scaling: RopeScaling | None) -> str | None:
+    """The rope scaling in short: its type, factor and (longrope) the list in use."""
+    if scaling is None:
+        return None
+    if isinstance(scaling, LongRopeScaling):
+        which = "long" if scaling.long else "short"
+        return f"longrope ({which} factors, attention x{scaling.attention_factor:.4g})"
+    kind = {Llama3Scaling: "llama3", LinearScaling: "linear", YarnScaling: "yarn"}[type(scaling)]
+    return f"{kind} x{scaling.factor:g}"

@@ -128,10 +128,8 @@ def _smollm3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def _check_phi3(raw: Mapping[str, Any]) -> None:
-    """Phi-3 is Llama's forward with fused projections; Phi-4-mini's partial rotary is not."""
-    factor = raw.get("partial_rotary_factor", 1.0)
-    if factor not in (None, 1, 1.0):
-        raise ModelConfigError(f"partial_rotary_factor={factor} is not supported; only 1.0")
+    """Phi-3 is Llama's forward with fused projections (Phi-4-mini's partial rotary
+    embedding: config.ModelConfig.rotary_dim)."""
 
 
 FAMILIES: dict[str, ModelFamily] = {

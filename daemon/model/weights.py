@@ -4,8 +4,9 @@ Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
 V are fused into one projection, and so are gate and up, so each layer runs
 two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
 has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer;
-Granite's scalar multipliers are folded into the weights (`_folded`). A missing tensor or
-a wrong shape is an error that names it.
+Granite's scalar multipliers are folded into the weights (`_folded`), and a partial
+rotary embedding's dimensions reordered in q and k alike (`_rotary_ordered`). A missing
+tensor or a wrong shape is an error that names it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ...cuda.dtypes import BF16
+from ...cuda.rope import rotary_permutation
 from .config import ModelConfig
 from .safetensors_io import load_safetensors
 
@@ -127,7 +129,28 @@ def load_weights(
             progress(i + 1, config.num_layers)
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
     weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
+    if config.rotary_dim is not None:
+        _rotary_ordered(weights, config)
     return _folded(weights, config) if config.family.scaled else weights
+
+
+def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
+    """Each query and key head's dimensions in rope.rotary_permutation's order (in place):
+    the partial rotary embedding's pairs where the rope kernels pair dimensions. The same
+    order for q and k keeps every q . k, and v is untouched, so attention's output is
+    the checkpoint's; the cache holds keys in this order."""
+    order = rotary_permutation(config.head_dim, config.rotary_dim)
+    heads = config.num_heads + config.num_kv_heads  # q's heads, then k's
+    rows = np.concatenate([head * config.head_dim + order for head in range(heads)])
+    rows = np.concatenate(
+        [rows, np.arange(heads * config.head_dim, config.q_size + 2 * config.kv_size)]
+    )
+    for layer in weights.layers:
+        layer.qkv_proj = np.ascontiguousarray(layer.qkv_proj[rows])
+        if layer.qkv_bias is not None:
+            layer.qkv_bias = np.ascontiguousarray(layer.qkv_bias[rows])
+        if layer.q_norm is not None:
+            layer.q_norm, layer.k_norm = layer.q_norm[order], layer.k_norm[order]
 
 
 def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:
