@@ -184,6 +184,8 @@ def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
             "tiny-granite",
             "smollm3-3b",
             "tiny-smollm3",
+            "mistral-7b-v0.1",
+            "phi-4-mini",
         ]
     ),
     help="The architecture to copy.",

@@ -25,6 +25,8 @@ from reprise.daemon.model.synth import SHAPES, synth_model, tensor_shapes
         ("llama-3.2-1b", 1_235_814_400),
         ("smollm2-135m", 134_515_008),
         ("phi-3-mini", 3_821_079_552),  # Phi-3-mini-4k-instruct's safetensors
+        ("mistral-7b-v0.1", 7_241_732_096),
+        ("phi-4-mini", 3_836_021_760),  # Phi-4-mini-instruct's (tied embeddings)
     ],
 )
 def test_shapes_have_the_real_models_parameter_counts(like: str, parameters: int) -> None:

@@ -40,6 +40,15 @@ QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm
 PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5}
 GRANITE = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5}
 SMOLLM3 = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "rms_norm_eps": 1e-6}
+MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rms_norm_eps": 1e-5}
+# Phi-4-mini's LongRoPE: 48 rotated pairs of each head, the factor lists its config's shape
+# (short ones near 1, long ones rising to 32x for the low frequencies), not its values
+PHI4_MINI_ROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0 + 0.05 * i / 47 for i in range(48)],
+    "long_factor": [round(32 ** (i / 47), 4) for i in range(48)],
+    "original_max_position_embeddings": 4096,
+}
 # The architectures of the models named, as their Hugging Face config.json gives them
 # (LlamaForCausalLM unless the entry names another).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -163,7 +172,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         "attention_bias": False,
     },
-    "phi-3-mini": {  # Phi-3-mini-4k-instruct: fused projections; its window caps it at 2,047
+    "phi-3-mini": {  # Phi-3-mini-4k-instruct: fused projections, a window of 2,047 of 4,096
         **PHI3,
         "hidden_size": 3072,
         "intermediate_size": 8192,
@@ -258,6 +267,37 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_scaling": None,
         "tie_word_embeddings": True,
         "no_rope_layers": [1, 0, 1, 0],
+    },
+    "mistral-7b-v0.1": {  # Mistral-7B-v0.1: a sliding window of 4,096 on every layer
+        **MISTRAL,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
+    },
+    "phi-4-mini": {  # Phi-4-mini-instruct: 3/4 of each head rotated, LongRoPE to 128k
+        **PHI3,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 200064,
+        "max_position_embeddings": 131072,
+        "rope_theta": 10000.0,
+        "rope_scaling": PHI4_MINI_ROPE,
+        "partial_rotary_factor": 0.75,
+        "tie_word_embeddings": True,
+        "sliding_window": None,
     },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
