@@ -154,3 +154,51 @@ def test_a_window_across_kv_chunks_keeps_its_bits_cached_chunked_and_decoded(
     for out in outs[1:]:
         assert out.token_ids == outs[0].token_ids
         assert np.array_equal(out.logits.view(np.uint32), outs[0].logits.view(np.uint32))
+
+
+def test_windowed_requests_give_back_the_blocks_before_their_windows(tmp_path: Path) -> None:
+    """Three requests of 320 tokens each on a pool of 20 16-token blocks (one request's
+    worth): with full attention they cannot all hold their blocks, and the scheduler
+    preempts; with a window of 40 each holds about a window's worth (the blocks before it
+    given back, still cached until the pool recycles them, which it soon must) and none
+    is preempted. Either way each request's tokens and logits are the ones it gets alone
+    on a pool it never fills, bit for bit: no block a query still sees was given back."""
+    from reprise.daemon import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True, return_logits=True)
+    rng = np.random.default_rng(10)
+    prompts = [rng.integers(3, TINY["vocab_size"], size=20).tolist() for _ in range(3)]
+    preemptions, alone_tokens = {}, {}
+    for window in (40, None):
+        folder = tmp_path / str(window)
+        make("mistral", folder, seed=25, sliding_window=window)
+        alone = Engine.from_pretrained(folder, backend="numpy", num_device_blocks=64,
+                                       block_size=16)  # fmt: skip
+        want = [alone.generate(p, params) for p in prompts]
+        alone_tokens[window] = want[0].token_ids
+        engine = Engine.from_pretrained(folder, backend="numpy", num_device_blocks=20,
+                                        block_size=16)  # fmt: skip
+        got = engine.generate(prompts, [params] * 3)
+        for g, w in zip(got, want, strict=True):
+            assert g.token_ids == w.token_ids
+            assert np.array_equal(g.logits.view(np.uint32), w.logits.view(np.uint32))
+        preemptions[window] = engine.scheduler.num_preemptions
+    assert preemptions[40] == 0 < preemptions[None]
+    # alone on a large pool: it holds at most the window's blocks and two more at any
+    # step, and the blocks it gave back stay cached, so a repeat finds its prompt
+    engine = Engine.from_pretrained(tmp_path / "40", backend="numpy", num_device_blocks=200,
+                                    block_size=16)  # fmt: skip
+    request_id = engine.add_request(prompts[0], params)
+    seq, most = engine._live[request_id], 0
+    while engine.has_work():
+        engine.step()
+        most = max(most, engine.stats()["used_blocks"])
+        if seq.status.name == "RUNNING":  # given back: exactly the blocks before the window
+            first_seen = seq.num_computed_tokens - 40 + 1
+            assert seq.num_released_blocks == max(
+                0, min(first_seen // 16, len(seq.block_hashes) - 1)
+            )
+    assert engine.take_completion(request_id).token_ids == alone_tokens[40]
+    assert most <= 40 // 16 + 3, most
+    again = engine.generate(prompts[0], SamplingParams(max_tokens=1, temperature=0.0))
+    assert again.cached_tokens >= 16

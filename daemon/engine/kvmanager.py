@@ -22,6 +22,13 @@ Extra ids (p-tuning, Sequence.extra_ids) enter every key, match, partial match
 and registration, so blocks whose fake ids select different embeddings never
 meet.
 
+Sliding windows (a model whose layers all have the same `window`): a running request
+gives back each block once the next query's window starts past it, registered and
+still cached for others (`release_past_window`), so a long request holds about a
+window's worth of blocks. Its block table keeps the ids: the attention never reads a
+page wholly before a query's window (cuda/attention.py), whatever the block now holds.
+The last registered block is kept, as the parent the next registration names.
+
 Exact repeats (logits_cache.py): a prompt whose last logits row is stored is
 admitted with every prompt token's KV, the last one's too (`whole_prompt`); its
 tail comes as a partial copy into a block of its own, so the first token it
@@ -44,11 +51,13 @@ class KVCacheManager:
         pool: BlockPool,
         model_fingerprint: bytes,
         logprob_store: PromptLogprobStore | None = None,
+        window: int | None = None,
     ) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
         self.logprob_store = logprob_store  # None: no request may ask for prompt logprobs
+        self.window = window  # every layer's sliding window, if they share one
 
     def admit(self, seq: Sequence, *, whole_prompt: bool = False) -> int:
         """Give a request with no blocks its cached prefix; returns the tokens it skips.
@@ -257,10 +266,23 @@ class KVCacheManager:
 
     def release(self, seq: Sequence) -> None:
         """Return a request's blocks to the pool (its full blocks stay cached)."""
-        self.pool.free(seq.block_ids)
+        self.pool.free(seq.block_ids[seq.num_released_blocks :])
         seq.block_ids = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        seq.num_released_blocks = 0
+
+    def release_past_window(self, seq: Sequence) -> None:
+        """Give back the blocks of a running `seq` that no later query of it sees: those
+        wholly before the window of its next position (num_computed_tokens), registered,
+        but for the last registered one. No-op without a shared window."""
+        if self.window is None:
+            return
+        first_seen = seq.num_computed_tokens - self.window + 1  # the next query's window
+        num_past = min(max(first_seen, 0) // self.block_size, len(seq.block_hashes) - 1)
+        if num_past > seq.num_released_blocks:
+            self.pool.free(seq.block_ids[seq.num_released_blocks : num_past])
+            seq.num_released_blocks = num_past
 
     def _reuse_partial(self, seq: Sequence, num_wanted: int) -> None:
         """Copy the leading tokens a cached block shares with the request's next block

@@ -27,7 +27,9 @@ class SeqStatus(enum.Enum):
 class Sequence:
     """Token ids, blocks and progress of one request.
 
-    NOTE: tokens [0, num_computed_tokens) have their K/V in `block_ids`;
+    NOTE: tokens [0, num_computed_tokens) have their K/V in `block_ids`, but for the
+    first `num_released_blocks`, given back once every later query's sliding window
+    starts past them (KVCacheManager.release_past_window: their ids stay, unread);
     `len(block_ids) * block_size >= num_computed_tokens` always, and
     `block_hashes[i]` is the key of `block_ids[i]` for every full block so far.
     """
@@ -49,6 +51,7 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[BlockId] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
+    num_released_blocks: int = 0  # its first blocks, given back: no later query sees them
     hash_chain: list[BlockHash] = field(default_factory=list)  # keys of its first full blocks, memo
     # the prompt's ids as block keys encode them (encode_ids), memo: converted once, not per block
     prompt_id_bytes: bytes | None = field(default=None, repr=False)
