@@ -106,6 +106,8 @@ SETTING_ERRORS = [
     (["serve", "--prompt-lookup-min", "0"], ["--prompt-lookup-min", "0", "[1, 64]"]),
     (["serve", "--prompt-lookup-min", "4", "--prompt-lookup-max", "3"], ["--prompt-lookup-min", "at most"]),
     (["serve", "--speculative-config", "{"], ["--speculative-config", "JSON object"]),
+    (["serve", "--hf-overrides", "{"], ["--hf-overrides", "JSON object of config.json fields"]),
+    (["serve", "--hf-overrides", "[4]"], ["--hf-overrides", "JSON object", "'[4]'"]),
     (["serve", "--speculative-config", "[4]"], ["--speculative-config", "JSON object"]),
     (["serve", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], ["method", "ngram", "'eagle'"]),
     (["serve", "--speculative-config", '{"method": "ngram"}'], ["needs num_speculative_tokens"]),

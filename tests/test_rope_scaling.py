@@ -332,3 +332,42 @@ def test_a_yarn_gguf_converts(tmp_path: Path) -> None:
     assert raw["rope_scaling"] == rope
     prompt = np.random.default_rng(8).integers(0, source.config.vocab_size, size=150)
     check_close(run_ours(tmp_path / "out", prompt, [150]), source, prompt)
+
+
+def test_hf_overrides_turn_yarn_on_as_the_config_would(tmp_path: Path) -> None:
+    """--hf-overrides (vLLM's) replaces config.json fields before the model loads: YaRN
+    given that way runs as YaRN in config.json does (the same tokens and logits, bit for
+    bit), the context is the original one stretched by the factor (vLLM's rule), and the
+    fingerprint (the disk tier's key) tells the two configs of the one folder apart."""
+    from reprise.daemon import Engine, SamplingParams
+    from reprise.daemon.model.fingerprint import model_fingerprint
+
+    torch.manual_seed(38)
+    plain = save_widened(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TINY)),
+                         tmp_path / "plain", TINY["vocab_size"])  # fmt: skip
+    del plain
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    written = tmp_path / "written"
+    written.mkdir()
+    from reprise.daemon.model.synth import write_tokenizer
+
+    write_tokenizer(tmp_path / "plain", TINY["vocab_size"])
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        if (tmp_path / "plain" / name).is_file():
+            (written / name).write_bytes((tmp_path / "plain" / name).read_bytes())
+    raw = json.loads((tmp_path / "plain" / "config.json").read_text())
+    (written / "config.json").write_text(json.dumps({**raw, "rope_scaling": rope}))
+    prompt = np.random.default_rng(9).integers(3, TINY["vocab_size"], size=150).tolist()
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, return_logits=True)
+    overridden = Engine.from_pretrained(tmp_path / "plain", backend="numpy",
+                                        hf_overrides=json.dumps({"rope_scaling": rope}))  # fmt: skip
+    in_file = Engine.from_pretrained(written, backend="numpy")
+    assert overridden.max_model_len == in_file.max_model_len == 512
+    a, b = overridden.generate(prompt, params), in_file.generate(prompt, params)
+    assert a.token_ids == b.token_ids and np.array_equal(
+        a.logits.view(np.uint32), b.logits.view(np.uint32)
+    )
+    plain_engine = Engine.from_pretrained(tmp_path / "plain", backend="numpy")
+    assert not np.array_equal(plain_engine.generate(prompt, params).logits, a.logits)
+    folder = tmp_path / "plain"
+    assert model_fingerprint(folder, None, {"rope_scaling": rope}) != model_fingerprint(folder)

@@ -12,6 +12,7 @@ Each field's metadata holds its flag and help text; a bad value raises
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -90,8 +91,16 @@ class EngineConfig:
         "default model takes about 2 s].",
     )  # fmt: skip
     max_model_len: int | None = _setting(
-        None, "--max-model-len", "Context length [default: the model's]."
-    )
+        None, "--max-model-len",
+        "Context length [default: the model's]. A LongRoPE model's factor list follows it: "
+        "the long one past its original context, for every position.",
+    )  # fmt: skip
+    hf_overrides: str | None = _setting(
+        None, "--hf-overrides",
+        "A JSON object of config.json fields that replace the model's (vLLM's), e.g. "
+        '\'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+        '"original_max_position_embeddings": 32768}}\' for Qwen2.5\'s long context.',
+    )  # fmt: skip
     max_num_seqs: int = _setting(
         DEFAULT_MAX_NUM_SEQS, "--max-num-seqs",
         "Most requests running at once (vLLM's); more wait their turn. The default is the "
@@ -207,6 +216,7 @@ class EngineConfig:
             )
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, optional=True)
         _check_int("max_model_len", self.max_model_len, low=2, optional=True)
+        self.config_overrides()  # a SettingError for text that is not a JSON object
         _check_int("max_num_seqs", self.max_num_seqs, low=1)
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise SettingError(
@@ -253,6 +263,23 @@ class EngineConfig:
         ):
             raise SettingError("disk_cache_gb", f"disk_cache_gb must be > 0; got {gb!r}")
         _check_disk_cache(self.disk_cache)
+
+    def config_overrides(self) -> dict[str, Any] | None:
+        """`hf_overrides` parsed: the config.json fields it replaces, or None."""
+        if self.hf_overrides is None:
+            return None
+        try:
+            overrides = json.loads(self.hf_overrides)
+        except (TypeError, ValueError) as e:
+            raise SettingError(
+                "hf_overrides", f"hf_overrides must be a JSON object of config.json fields: {e}"
+            ) from None
+        if not isinstance(overrides, dict):
+            raise SettingError(
+                "hf_overrides",
+                f"hf_overrides must be a JSON object of config.json fields; got {self.hf_overrides!r}",
+            )
+        return overrides
 
     @property
     def logits_cache_bytes(self) -> int:

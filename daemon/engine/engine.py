@@ -202,10 +202,11 @@ class Engine:
             if is_gguf_file(folder):  # llama.cpp's format: converted once into the cache
                 folder = prepare_gguf(folder, progress=progress is not None).path
         ops = get_backend(settings.backend)
-        config = ModelConfig.from_dir(folder, settings.max_model_len)
+        overrides = settings.config_overrides()
+        config = ModelConfig.from_dir(folder, settings.max_model_len, overrides)
         tokenizer = Tokenizer.from_dir(folder)
         model = LlamaModel(config, load_weights(folder, config, progress), ops)
-        fingerprint = model_fingerprint(folder, config)
+        fingerprint = model_fingerprint(folder, config, overrides)
         return cls(config, tokenizer, model, settings, model_fingerprint=fingerprint)
 
     # -- requests ---------------------------------------------------------------------------

@@ -179,6 +179,10 @@ class ModelConfig:
             scaling = _rope_scaling(raw, rotary_dim or head_dim, context, max_model_len)
             if isinstance(scaling, LongRopeScaling) and not scaling.long:
                 context = _original_context(raw)
+            elif isinstance(scaling, YarnScaling):  # vLLM's rule: the original, stretched
+                context = int(scaling.original_max_position_embeddings * scaling.factor)
+            elif isinstance(scaling, LinearScaling):
+                context = int(context * scaling.factor)
             eos = raw.get("eos_token_id")
             return cls(
                 hidden_size=hidden,
@@ -210,12 +214,19 @@ class ModelConfig:
             raise ModelConfigError(f"config.json has a field of the wrong type: {e}") from None
 
     @classmethod
-    def from_dir(cls, path: Path | str, max_model_len: int | None = None) -> ModelConfig:
+    def from_dir(
+        cls,
+        path: Path | str,
+        max_model_len: int | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> ModelConfig:
+        """The folder's config.json, `overrides` replacing its fields (vLLM's hf_overrides),
+        read as from_dict reads it."""
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise ModelConfigError(f"{config_path} not found: not a Hugging Face model folder")
         with open(config_path) as f:
-            return cls.from_dict(json.load(f), max_model_len)
+            return cls.from_dict({**json.load(f), **(overrides or {})}, max_model_len)
 
 
 def _layer_windows(windows: tuple[int, ...], context: int) -> tuple[int, ...] | None:

@@ -22,10 +22,12 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -36,13 +38,18 @@ _DOMAIN = b"reprise/model-fingerprint/v2"
 _CHUNK_BYTES = 64 << 20
 
 
-def model_fingerprint(path: Path | str, config: ModelConfig | None = None) -> bytes:
+def model_fingerprint(
+    path: Path | str, config: ModelConfig | None = None, overrides: dict[str, Any] | None = None
+) -> bytes:
     """32 bytes identifying the checkpoint in `path`: its config and all its weight bytes,
-    and what the engine chose of it (`config`, as loaded): longrope's factor list, which
-    rotates every key otherwise, so a cache of one may never serve the other."""
+    the fields `overrides` replaced (EngineConfig.hf_overrides), and what the engine
+    chose of it (`config`, as loaded): longrope's factor list, which rotates every key
+    otherwise. So a cache of one setting may never serve another."""
     folder = Path(path)
     digest = hashlib.sha256(_DOMAIN)
     _update(digest, (folder / "config.json").read_bytes())
+    if overrides:
+        _update(digest, json.dumps(overrides, sort_keys=True).encode())
     scaling = None if config is None else config.rope_scaling
     if isinstance(scaling, LongRopeScaling) and scaling.long:
         _update(digest, b"longrope: the long factors")
