@@ -185,7 +185,7 @@ def test_bad_checkpoints_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match="GPT2LMHeadModel"):
         ModelConfig.from_dir(tmp_path)
     config_path.write_text(
-        json.dumps({**raw, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+        json.dumps({**raw, "rope_scaling": {"rope_type": "proportional", "factor": 4.0}})
     )
-    with pytest.raises(ModelConfigError, match="'dynamic' is not supported"):
+    with pytest.raises(ModelConfigError, match="'proportional' is not supported"):
         ModelConfig.from_dir(tmp_path)

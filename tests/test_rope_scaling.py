@@ -9,7 +9,8 @@ embedding (Phi-4-mini's `partial_rotary_factor`), against transformers.
   Qwen2 with YaRN, Phi-3 with LongRoPE and a partial rotary embedding, its short factors
   for a context up to the original one and its long factors past it (then transformers
   uses the long ones for the whole sequence: so does the engine, for every position).
-- A dynamic scaling (its rotation changes with the sequence's length) is refused.
+- A `dynamic` (NTK) scaling is plain RoPE within max_position_embeddings, the context,
+  as transformers computes it there; an unknown type is refused.
 """
 
 from __future__ import annotations
@@ -237,10 +238,29 @@ def test_static_scalings_match_transformers(tmp_path: Path, family: str, rope: d
     assert not math.isnan(err)
 
 
-def test_a_dynamic_scaling_and_bad_factors_are_refused() -> None:
+def test_dynamic_scaling_is_plain_rope_within_the_context(tmp_path: Path) -> None:
+    """transformers scales a `dynamic` model's frequencies only past max_position_embeddings,
+    which is where the engine's context stops: within it the model is plain RoPE's (no
+    scaling in its config), and transformers' dynamic model agrees."""
+    torch.manual_seed(39)
+    rope = {"rope_type": "dynamic", "factor": 2.0}
+    ref = save_widened(transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, rope_scaling=rope)),
+                       tmp_path, TINY["vocab_size"])  # fmt: skip
+    config = ModelConfig.from_dir(tmp_path)
+    assert (
+        config.rope_scaling is None
+        and config.max_position_embeddings == TINY["max_position_embeddings"]
+    )
+    prompt = np.random.default_rng(11).integers(0, TINY["vocab_size"], size=150)
+    check_close(run_ours(tmp_path, prompt, [150]), ref, prompt)
+
+
+def test_unknown_scalings_and_bad_factors_are_refused() -> None:
     base = {**PHI3, "vocab_size": 10}
-    with pytest.raises(ModelConfigError, match="'dynamic' is not supported"):
-        ours({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    with pytest.raises(ModelConfigError, match="'proportional' is not supported"):
+        ours({**base, "rope_scaling": {"rope_type": "proportional", "factor": 2.0}})
+    with pytest.raises(ModelConfigError, match="factor must be a finite number > 0"):
+        ours({**base, "rope_scaling": {"rope_type": "dynamic", "factor": -2.0}})
     bad = {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 8,
            "original_max_position_embeddings": 64}  # fmt: skip
     with pytest.raises(ModelConfigError, match="short_factor must hold 8 finite numbers"):

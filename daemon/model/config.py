@@ -304,10 +304,16 @@ def _original_context(raw: dict[str, Any]) -> int:
 def _rope_scaling(
     raw: dict[str, Any], dim: int, context: int, max_model_len: int | None
 ) -> RopeScaling | None:
-    """The config's rope scaling over `dim` rotated dimensions of a head; types whose
-    frequencies change with the sequence's length (dynamic NTK) are refused."""
+    """The config's rope scaling over `dim` rotated dimensions of a head. `dynamic`
+    (NTK) is none: transformers scales its frequencies only for a sequence longer than
+    max_position_embeddings, the context here."""
     params = _rope_params(raw)
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "su":  # Phi-3's first configs' name for longrope
+        kind = "longrope"
+    if kind == "dynamic":
+        _positive(params, "factor")
+        return None
     if kind == "default":
         return None
     try:
@@ -327,9 +333,8 @@ def _rope_scaling(
     except KeyError as e:
         raise ModelConfigError(f"rope_scaling of type {kind} lacks {e.args[0]!r}") from None
     raise ModelConfigError(
-        f"rope_scaling type {kind!r} is not supported; only 'llama3', 'linear', 'yarn' and "
-        "'longrope' (a rotation that changes with the sequence's length, as 'dynamic', "
-        "would change cached keys)"
+        f"rope_scaling type {kind!r} is not supported; only 'llama3', 'linear', 'yarn', "
+        "'longrope' and 'dynamic'"
     )
 
 
