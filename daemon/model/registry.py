@@ -3,7 +3,8 @@
 A family is one entry: the `architectures[0]` (or, without it, the `model_type`) it
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
-the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE), the sliding
+the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE, InternLM2's
+checkpoint layout), the sliding
 window transformers would apply to each layer (the attention takes it: a query sees the
 window's last keys, config.ModelConfig.layer_windows), and the checks that refuse
 a config whose options the forward does not implement.
@@ -45,6 +46,10 @@ class ModelFamily:
     # SmolLM3's `no_rope_layers` (1: the layer rotates its queries and keys, 0: it does
     # not): read into ModelConfig.rope_layers, the others' rotation by identity tables
     nope: bool = False
+    # InternLM2's checkpoint layout: its own tensor names, q, k and v in one `wqkv` whose
+    # rows go KV head by KV head (its group's query heads, then its key, then its value);
+    # weights.py reads them into the Llama layout
+    internlm2: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -127,6 +132,12 @@ def _smollm3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(0 if rotate else window for rotate in rotates)
 
 
+def _check_internlm2(raw: Mapping[str, Any]) -> None:
+    """InternLM2 (2 and 2.5) is Llama's forward; its `bias` puts biases on wqkv and wo."""
+    if raw.get("bias"):
+        raise ModelConfigError("bias=true is not supported (a bias on wqkv and wo)")
+
+
 def _check_phi3(raw: Mapping[str, Any]) -> None:
     """Phi-3 is Llama's forward with fused projections (Phi-4-mini's partial rotary
     embedding: config.ModelConfig.rotary_dim)."""
@@ -176,6 +187,13 @@ FAMILIES: dict[str, ModelFamily] = {
             check=_check_llama,
             windows=_smollm3_windows,
             nope=True,
+        ),
+        ModelFamily(
+            "InternLM2ForCausalLM",
+            "internlm2",
+            qkv_bias=False,
+            check=_check_internlm2,
+            internlm2=True,
         ),
     )
 }

@@ -90,6 +90,8 @@ def load_weights(
             raise WeightsError(f"tensor {name!r} has dtype {t.dtype}; expected BF16, F16 or F32")
         return np.ascontiguousarray(t.astype(BF16, copy=False))
 
+    if config.family.internlm2:
+        return _internlm2(take, config, progress)
     q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
     fused = config.family.fused
     embed = take("model.embed_tokens.weight", (vocab, h))
@@ -132,6 +134,51 @@ def load_weights(
     if config.rotary_dim is not None:
         _rotary_ordered(weights, config)
     return _folded(weights, config) if config.family.scaled else weights
+
+
+def _internlm2(
+    take: Callable[[str, tuple[int, ...]], np.ndarray],
+    config: ModelConfig,
+    progress: Callable[[int, int], None] | None,
+) -> LlamaWeights:
+    """InternLM2's checkpoint (its tensor names; `wqkv` rows KV head by KV head: the
+    group's query heads, the key head, the value head) in the Llama layout."""
+    h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    d, kv_heads, group = (
+        config.head_dim,
+        config.num_kv_heads,
+        config.num_heads // config.num_kv_heads,
+    )
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        wqkv = take(p + "attention.wqkv.weight", (kv_heads * (group + 2) * d, h))
+        by_head = wqkv.reshape(kv_heads, group + 2, d, h)
+        qkv = np.concatenate([by_head[:, :group].reshape(-1, h), by_head[:, group].reshape(-1, h),
+                              by_head[:, group + 1].reshape(-1, h)])  # fmt: skip
+        layers.append(
+            LayerWeights(
+                attn_norm=take(p + "attention_norm.weight", (h,)),
+                qkv_proj=np.ascontiguousarray(qkv),
+                o_proj=take(p + "attention.wo.weight", (h, config.q_size)),
+                mlp_norm=take(p + "ffn_norm.weight", (h,)),
+                gate_up_proj=np.concatenate(
+                    [
+                        take(p + "feed_forward.w1.weight", (inter, h)),
+                        take(p + "feed_forward.w3.weight", (inter, h)),
+                    ]
+                ),
+                down_proj=take(p + "feed_forward.w2.weight", (h, inter)),
+            )
+        )
+        if progress is not None:
+            progress(i + 1, config.num_layers)
+    embed = take("model.tok_embeddings.weight", (vocab, h))
+    lm_head = embed if config.tie_word_embeddings else take("output.weight", (vocab, h))
+    weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
+    if config.rotary_dim is not None:
+        _rotary_ordered(weights, config)
+    return weights
 
 
 def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
