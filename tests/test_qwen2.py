@@ -52,6 +52,8 @@ def test_families_by_architecture_or_model_type() -> None:
         "Phi3ForCausalLM",
         "GraniteForCausalLM",
         "SmolLM3ForCausalLM",
+        "SeedOssForCausalLM",
+        "HeliumForCausalLM",
         "InternLM2ForCausalLM",
         "LlamaModel",
         "MistralModel",
@@ -88,7 +90,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
     assert str(e.value) == (
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
-        "SmolLM3ForCausalLM, InternLM2ForCausalLM, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
+        "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
+        "LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -99,7 +102,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
     assert result.stderr.strip().splitlines() == [
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-        "GraniteForCausalLM, SmolLM3ForCausalLM, InternLM2ForCausalLM, LlamaModel, MistralModel, "
+        "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
+        "InternLM2ForCausalLM, LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"
     ]
 

@@ -46,6 +46,9 @@ class ModelFamily:
     # SmolLM3's `no_rope_layers` (1: the layer rotates its queries and keys, 0: it does
     # not): read into ModelConfig.rope_layers, the others' rotation by identity tables
     nope: bool = False
+    # Helium's rotary pairs: dimensions 2i and 2i + 1 of a head (GPT-J's layout), put
+    # where the kernels pair them as q and k load (weights.py)
+    interleaved_rope: bool = False
     # InternLM2's checkpoint layout: its own tensor names, q, k and v in one `wqkv` whose
     # rows go KV head by KV head (its group's query heads, then its key, then its value);
     # weights.py reads them into the Llama layout
@@ -132,6 +135,23 @@ def _smollm3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(0 if rotate else window for rotate in rotates)
 
 
+def _check_seed_oss(raw: Mapping[str, Any]) -> None:
+    """Seed-OSS is Qwen2's forward (a bias on q, k and v) under Llama's names."""
+    if not raw.get("attention_bias", True):
+        raise ModelConfigError("attention_bias=false is not supported (Seed-OSS's q, k, v bias)")
+    for flag in ("attention_out_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise ModelConfigError(f"{flag}=true is not supported")
+
+
+def _check_helium(raw: Mapping[str, Any]) -> None:
+    """Helium is Llama's forward with interleaved rotary pairs, on every dimension."""
+    _check_llama(raw)
+    factor = raw.get("partial_rotary_factor", 1.0)
+    if factor not in (None, 1, 1.0):
+        raise ModelConfigError(f"partial_rotary_factor={factor} is not supported for Helium")
+
+
 def _check_internlm2(raw: Mapping[str, Any]) -> None:
     """InternLM2 (2 and 2.5) is Llama's forward; its `bias` puts biases on wqkv and wo."""
     if raw.get("bias"):
@@ -187,6 +207,14 @@ FAMILIES: dict[str, ModelFamily] = {
             check=_check_llama,
             windows=_smollm3_windows,
             nope=True,
+        ),
+        ModelFamily("SeedOssForCausalLM", "seed_oss", qkv_bias=True, check=_check_seed_oss),
+        ModelFamily(
+            "HeliumForCausalLM",
+            "helium",
+            qkv_bias=False,
+            check=_check_helium,
+            interleaved_rope=True,
         ),
         ModelFamily(
             "InternLM2ForCausalLM",

@@ -131,7 +131,7 @@ def load_weights(
             progress(i + 1, config.num_layers)
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
     weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
-    if config.rotary_dim is not None:
+    if config.rotary_dim is not None or config.family.interleaved_rope:
         _rotary_ordered(weights, config)
     return _folded(weights, config) if config.family.scaled else weights
 
@@ -182,11 +182,18 @@ def _internlm2(
 
 
 def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
-    """Each query and key head's dimensions in rope.rotary_permutation's order (in place):
-    the partial rotary embedding's pairs where the rope kernels pair dimensions. The same
-    order for q and k keeps every q . k, and v is untouched, so attention's output is
-    the checkpoint's; the cache holds keys in this order."""
-    order = rotary_permutation(config.head_dim, config.rotary_dim)
+    """Each query and key head's dimensions reordered (in place) so that the rotary pairs
+    sit where the rope kernels pair dimensions (i, i + head_dim / 2): a partial rotary
+    embedding's (rope.rotary_permutation), or Helium's interleaved ones (2i, 2i + 1:
+    the even dimensions, then the odd). The same order for q and k keeps every q . k,
+    and v is untouched, so attention's output is the checkpoint's; the cache holds keys
+    in this order."""
+    d = config.head_dim
+    if config.family.interleaved_rope:
+        assert config.rotary_dim is None, "interleaved and partial rotary pairs at once"
+        order = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+    else:
+        order = rotary_permutation(d, config.rotary_dim)
     heads = config.num_heads + config.num_kv_heads  # q's heads, then k's
     rows = np.concatenate([head * config.head_dim + order for head in range(heads)])
     rows = np.concatenate(
