@@ -27,6 +27,22 @@ from .protocol import check_tier_copies, layer_by_layer
 from .sampling import Draws
 
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
+
+
+def unsupported_head_dim(head_dim: int) -> str | None:
+    """Why the GPU backend cannot run a model of this head_dim (its attention kernels
+    are built for attention_kernel.HEAD_DIMS), or None where it can: said before any
+    weight loads, not at the first step."""
+    from .attention_kernel import HEAD_DIMS
+
+    if head_dim in HEAD_DIMS:
+        return None
+    return (
+        f"the GPU attention kernels take head_dim {' or '.join(map(str, HEAD_DIMS))}; this "
+        f"model's is {head_dim} (Phi-3-mini's 96, Gemma's 256): run it with --backend numpy"
+    )
+
+
 GEMM_FAMILIES = ("mma", "wgmma")
 
 

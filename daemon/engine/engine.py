@@ -46,7 +46,7 @@ from .checks import (
     check_settings,
     check_vocab_ids,
 )
-from .config import EngineConfig
+from .config import EngineConfig, SettingError
 from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
 from .logits_cache import LogitsCache, embedding_key
@@ -204,6 +204,11 @@ class Engine:
         ops = get_backend(settings.backend)
         overrides = settings.config_overrides()
         config = ModelConfig.from_dir(folder, settings.max_model_len, overrides)
+        if ops.name == "cupy":
+            from ...cuda.cupy_backend import unsupported_head_dim
+
+            if (reason := unsupported_head_dim(config.head_dim)) is not None:
+                raise SettingError("backend", reason)
         tokenizer = Tokenizer.from_dir(folder)
         model = LlamaModel(config, load_weights(folder, config, progress), ops)
         fingerprint = model_fingerprint(folder, config, overrides)
