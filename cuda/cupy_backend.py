@@ -29,18 +29,20 @@ from .sampling import Draws
 ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 
 
-def unsupported_head_dim(head_dim: int) -> str | None:
-    """Why the GPU backend cannot run a model of this head_dim (its attention kernels
-    are built for attention_kernel.HEAD_DIMS), or None where it can: said before any
-    weight loads, not at the first step."""
+def kernel_head_dim(head_dim: int) -> int:
+    """The head size the GPU's attention kernels run a model of `head_dim` at: the
+    smallest of attention_kernel.HEAD_DIMS that holds it (a smaller head is padded with
+    zeros: ModelConfig.padded). ValueError, one line, for a head larger than any: said
+    before any weight loads, not at the first step."""
     from .attention_kernel import HEAD_DIMS
 
-    if head_dim in HEAD_DIMS:
-        return None
-    return (
-        f"the GPU attention kernels take head_dim {' or '.join(map(str, HEAD_DIMS))}; this "
-        f"model's is {head_dim} (Phi-3-mini's 96, Gemma's 256): run it with --backend numpy"
-    )
+    fits = [size for size in HEAD_DIMS if size >= head_dim]
+    if not fits:
+        raise ValueError(
+            f"the GPU attention kernels take head_dim up to {max(HEAD_DIMS)}; this model's is "
+            f"{head_dim} (Gemma's 256): run it with --backend numpy"
+        )
+    return fits[0]
 
 
 GEMM_FAMILIES = ("mma", "wgmma")

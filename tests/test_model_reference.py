@@ -94,11 +94,13 @@ def reuse_keeps_bits(path: Path, vocab_size: int) -> None:
 
 def run_ours(
     path: Path, prompt: np.ndarray, chunks: list[int], block_size: int = 16,
-    max_model_len: int | None = None,
+    max_model_len: int | None = None, pad_to: int | None = None,
 ) -> np.ndarray:  # fmt: skip
     """All positions' logits, computing the prompt in the given chunk sizes (the config
-    loaded for an engine of `max_model_len`)."""
+    loaded for an engine of `max_model_len`, its heads padded to `pad_to` if given)."""
     config = ModelConfig.from_dir(path, max_model_len)
+    if pad_to is not None:
+        config = config.padded(pad_to)
     model = LlamaModel(config, load_weights(path, config), NumpyBackend())
     num_blocks = -(-len(prompt) // block_size)
     cache = np.zeros(

@@ -105,25 +105,3 @@ def test_the_gpu_backend_runs_helium(
     helium_d64: Path,
 ) -> None:
     gpu_forward_matches_numpy(cupy_kind, helium_d64)
-
-
-def test_a_head_dim_the_gpu_kernels_lack_is_refused_before_the_weights_load(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On the GPU backend a model whose head_dim the attention kernels are not built for
-    (Phi-3-mini's 96, Gemma's 256) is refused in one line naming it, before any weight
-    is read; on NumPy it runs."""
-    from reprise.cuda.cupy_backend import unsupported_head_dim
-    from reprise.daemon import Engine
-    from reprise.daemon.engine import engine as engine_module
-    from reprise.daemon.engine.config import SettingError
-
-    assert unsupported_head_dim(64) is None and unsupported_head_dim(128) is None
-    make("helium", tmp_path, seed=53)  # head_dim 16
-    fake_gpu = type("FakeGpu", (), {"name": "cupy"})()
-    monkeypatch.setattr(engine_module, "get_backend", lambda name: fake_gpu)
-    monkeypatch.setattr(engine_module, "load_weights", lambda *a, **k: pytest.fail("loaded"))
-    with pytest.raises(SettingError, match=r"take head_dim 64 or 128; this model's is 16"):
-        Engine.from_pretrained(tmp_path, backend="cupy")
-    monkeypatch.undo()
-    assert Engine.from_pretrained(tmp_path, backend="numpy").config.head_dim == 16

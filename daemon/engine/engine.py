@@ -204,11 +204,15 @@ class Engine:
         ops = get_backend(settings.backend)
         overrides = settings.config_overrides()
         config = ModelConfig.from_dir(folder, settings.max_model_len, overrides)
-        if ops.name == "cupy":
-            from ...cuda.cupy_backend import unsupported_head_dim
+        if ops.name == "cupy":  # a head the kernels lack runs padded with zeros, or not at all
+            from ...cuda.cupy_backend import kernel_head_dim
 
-            if (reason := unsupported_head_dim(config.head_dim)) is not None:
-                raise SettingError("backend", reason)
+            try:
+                head_dim = kernel_head_dim(config.head_dim)
+                if head_dim != config.head_dim:
+                    config = config.padded(head_dim)
+            except ValueError as e:
+                raise SettingError("backend", str(e)) from None
         tokenizer = Tokenizer.from_dir(folder)
         model = LlamaModel(config, load_weights(folder, config, progress), ops)
         fingerprint = model_fingerprint(folder, config, overrides)

@@ -7,6 +7,7 @@ names it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ class ModelConfig:
     # a partial rotary embedding's rotated dimensions of each head (Phi-4-mini's
     # partial_rotary_factor); None: all of them
     rotary_dim: int | None = None
+    # the checkpoint's head_dim where head_dim is padded past it (`padded`); None: not
+    checkpoint_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -110,6 +113,27 @@ class ModelConfig:
                 raise ModelConfigError(
                     f"a sliding window must be a positive integer; got {self.layer_windows}"
                 )
+
+    def padded(self, head_dim: int) -> ModelConfig:
+        """This model with each head padded to `head_dim` dimensions of zeros (weights.py
+        pads q, k and v's rows and o_proj's columns): the same attention, bit for bit,
+        since the zeros add exact zeros to every score and output sum, and the padding
+        rotates as a partial rotary embedding's passed-through dimensions. The scores'
+        scale stays the checkpoint's. For kernels built for fewer head sizes (the GPU's
+        64 and 128: Phi-3-mini's 96 runs as 128)."""
+        if self.qk_norm or self.family.interleaved_rope:  # a norm would count the zeros
+            raise ModelConfigError(
+                f"a head_dim of {self.head_dim} with q and k norms or interleaved rotary "
+                "pairs cannot be padded"
+            )
+        assert head_dim > self.head_dim and self.checkpoint_head_dim is None
+        return dataclasses.replace(
+            self,
+            head_dim=head_dim,
+            rotary_dim=self.rotary_dim or self.head_dim,
+            attention_multiplier=self.attention_scale,
+            checkpoint_head_dim=self.head_dim,
+        )
 
     @property
     def sliding_window(self) -> int | None:

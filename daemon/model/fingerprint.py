@@ -53,6 +53,8 @@ def model_fingerprint(
     scaling = None if config is None else config.rope_scaling
     if isinstance(scaling, LongRopeScaling) and scaling.long:
         _update(digest, b"longrope: the long factors")
+    if config is not None and config.checkpoint_head_dim is not None:  # another cache layout
+        _update(digest, f"heads padded to {config.head_dim}".encode())
     for shard in sorted(folder.glob("*.safetensors")):
         _update(digest, shard.name.encode())
         _update(digest, file_digest(shard))

@@ -11,6 +11,7 @@ tensor or a wrong shape is an error that names it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +91,12 @@ def load_weights(
             raise WeightsError(f"tensor {name!r} has dtype {t.dtype}; expected BF16, F16 or F32")
         return np.ascontiguousarray(t.astype(BF16, copy=False))
 
+    if config.checkpoint_head_dim is not None:  # read as the checkpoint is, then padded
+        unpadded = dataclasses.replace(config, head_dim=config.checkpoint_head_dim,
+                                       rotary_dim=None, checkpoint_head_dim=None)  # fmt: skip
+        if config.rotary_dim != config.checkpoint_head_dim:
+            unpadded = dataclasses.replace(unpadded, rotary_dim=config.rotary_dim)
+        return _padded(load_weights(path, unpadded, progress), unpadded, config)
     if config.family.internlm2:
         return _internlm2(take, config, progress)
     q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
@@ -181,6 +188,44 @@ def _internlm2(
     return weights
 
 
+def _padded(weights: LlamaWeights, unpadded: ModelConfig, config: ModelConfig) -> LlamaWeights:
+    """`weights` (loaded as `unpadded`, its rotary pairs ordered) with each head padded
+    to config.head_dim: q's, k's and v's rows of the padding are zeros, and so are
+    o_proj's columns for v's padding. The rotated pairs are then ordered anew for the
+    padded head (the padding joins the passed-through dimensions)."""
+    d, padded = unpadded.head_dim, config.head_dim
+    heads = config.num_heads + 2 * config.num_kv_heads
+    ordered = unpadded.rotary_dim is not None  # _rotary_ordered ran on the q and k heads
+    for layer in weights.layers:
+        if ordered:  # back to the checkpoint's order, to order the padded heads afresh
+            _reorder_heads(layer, unpadded, np.argsort(rotary_permutation(d, unpadded.rotary_dim)))
+        rows = layer.qkv_proj.reshape(heads, d, -1)
+        grown = np.zeros((heads, padded, rows.shape[-1]), dtype=rows.dtype)
+        grown[:, :d] = rows
+        layer.qkv_proj = grown.reshape(heads * padded, -1)
+        if layer.qkv_bias is not None:
+            bias = np.zeros((heads, padded), dtype=layer.qkv_bias.dtype)
+            bias[:, :d] = layer.qkv_bias.reshape(heads, d)
+            layer.qkv_bias = bias.reshape(-1)
+        cols = layer.o_proj.reshape(layer.o_proj.shape[0], config.num_heads, d)
+        wide = np.zeros((cols.shape[0], config.num_heads, padded), dtype=cols.dtype)
+        wide[..., :d] = cols
+        layer.o_proj = wide.reshape(cols.shape[0], -1)
+    _rotary_ordered(weights, config)
+    return weights
+
+
+def _reorder_heads(layer: LayerWeights, config: ModelConfig, order: np.ndarray) -> None:
+    """q's and k's heads of `layer` each in `order` (in place; v untouched)."""
+    d = config.head_dim
+    heads = config.num_heads + config.num_kv_heads
+    rows = np.concatenate([head * d + order for head in range(heads)])
+    rows = np.concatenate([rows, np.arange(heads * d, config.q_size + 2 * config.kv_size)])
+    layer.qkv_proj = np.ascontiguousarray(layer.qkv_proj[rows])
+    if layer.qkv_bias is not None:
+        layer.qkv_bias = np.ascontiguousarray(layer.qkv_bias[rows])
+
+
 def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
     """Each query and key head's dimensions reordered (in place) so that the rotary pairs
     sit where the rope kernels pair dimensions (i, i + head_dim / 2): a partial rotary
@@ -194,15 +239,8 @@ def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
         order = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
     else:
         order = rotary_permutation(d, config.rotary_dim)
-    heads = config.num_heads + config.num_kv_heads  # q's heads, then k's
-    rows = np.concatenate([head * config.head_dim + order for head in range(heads)])
-    rows = np.concatenate(
-        [rows, np.arange(heads * config.head_dim, config.q_size + 2 * config.kv_size)]
-    )
     for layer in weights.layers:
-        layer.qkv_proj = np.ascontiguousarray(layer.qkv_proj[rows])
-        if layer.qkv_bias is not None:
-            layer.qkv_bias = np.ascontiguousarray(layer.qkv_bias[rows])
+        _reorder_heads(layer, config, order)
         if layer.q_norm is not None:
             layer.q_norm, layer.k_norm = layer.q_norm[order], layer.k_norm[order]
 
