@@ -266,7 +266,6 @@ __device__ __forceinline__ void paged_attention(
 #pragma unroll
       for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = 0.0f;
     }
-    const int chunk_start = c * kKvChunk;
     const int chunk_tiles_end = min(num_tiles, (c + 1) * kTilesPerChunk<BLOCK_SIZE>());
     for (t = max(t, c * kTilesPerChunk<BLOCK_SIZE>()); t < chunk_tiles_end; ++t) {
       __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
