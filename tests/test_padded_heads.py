@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_model_reference import TINY, run_ours, save_widened
-from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
+from test_qwen2 import cupy_kind, gpu_forward_matches_numpy, synth_like  # noqa: F401 (a fixture)
 
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
 
@@ -62,13 +62,7 @@ def test_what_cannot_be_padded_is_refused(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def phi3_d48(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Phi-3 of head_dim 48 (Phi-3-mini's 96, halved): the GPU runs it at 64."""
-    from reprise.daemon.model.synth import SHAPES, synth_model
-
-    with pytest.MonkeyPatch.context() as mp:
-        shape = {**SHAPES["tiny-phi3"], "hidden_size": 192, "num_attention_heads": 4,
-                 "head_dim": 48, "intermediate_size": 256}  # fmt: skip
-        mp.setitem(SHAPES, "phi3-d48", shape)
-        return synth_model("phi3-d48", tmp_path_factory.mktemp("phi3") / "m", seed=9)
+    return synth_like(tmp_path_factory, "tiny-phi3", seed=9, hidden_size=192, head_dim=48)
 
 
 def test_the_gpu_engine_pads_a_head_dim_its_kernels_lack(

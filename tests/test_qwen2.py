@@ -338,14 +338,20 @@ def cupy_kind(request: pytest.FixtureRequest) -> Iterator[str]:
             cache.cache_clear()
 
 
+def synth_like(factory: pytest.TempPathFactory, like: str, seed: int, **changes: object) -> Path:
+    """A synthetic folder of synth.SHAPES[like] with `changes`, by default at head_dim 64
+    (the attention kernels take 64 and 128): 4 heads of a 256-wide hidden state."""
+    shape = {**SHAPES[like], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+             "intermediate_size": 256, **changes}  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SHAPES, "changed", shape)
+        return synth_model("changed", factory.mktemp(like) / "m", seed=seed)
+
+
 @pytest.fixture(scope="module")
 def qwen2_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 of head_dim 64 (the attention kernels take 64 and 128)."""
-    with pytest.MonkeyPatch.context() as mp:
-        shape = {**SHAPES["tiny-qwen2"], "hidden_size": 256, "num_attention_heads": 4,
-                 "head_dim": 64, "intermediate_size": 256}  # fmt: skip
-        mp.setitem(SHAPES, "qwen2-d64", shape)
-        return synth_model("qwen2-d64", tmp_path_factory.mktemp("qwen2") / "m", seed=4)
+    """A tiny Qwen2 of head_dim 64."""
+    return synth_like(tmp_path_factory, "tiny-qwen2", seed=4)
 
 
 def test_the_gpu_backend_runs_qwen2(cupy_kind: str, qwen2_d64: Path) -> None:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_model_reference import TINY, hf_logits, rel_l2_rows, run_ours, save_widened
-from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
+from test_qwen2 import cupy_kind, gpu_forward_matches_numpy, synth_like  # noqa: F401 (a fixture)
 
 from reprise.cuda.rope import LongRopeScaling, rope_inv_freq, rope_table, rotary_permutation
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
@@ -226,7 +225,6 @@ def test_static_scalings_match_transformers(tmp_path: Path, family: str, rope: d
     torch.manual_seed(33)
     hf = config_class(**{**TINY, "rope_scaling": rope})
     ref = save_widened(model_class(hf), tmp_path, TINY["vocab_size"])
-    assert json.loads((tmp_path / "config.json").read_text())  # what the engine reads
     prompt = np.random.default_rng(6).integers(0, TINY["vocab_size"], size=150)
     err = check_close(run_ours(tmp_path, prompt, [150]), ref, prompt)
     # the scaling matters: without it transformers is far from us
@@ -235,7 +233,6 @@ def test_static_scalings_match_transformers(tmp_path: Path, family: str, rope: d
     unscaled.load_state_dict(ref.state_dict())
     far = rel_l2_rows(run_ours(tmp_path, prompt, [150]), hf_logits(unscaled.eval(), prompt))
     assert far.mean() > 5 * err
-    assert not math.isnan(err)
 
 
 def test_dynamic_scaling_is_plain_rope_within_the_context(tmp_path: Path) -> None:
@@ -275,8 +272,6 @@ def test_unknown_scalings_and_bad_factors_are_refused() -> None:
 def phi4_mini_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Phi-3 of head_dim 64 (the attention kernels take 64 and 128) with 48 of each
     head's dimensions rotated and LongRoPE factors."""
-    from reprise.daemon.model.synth import SHAPES, synth_model
-
     rng = np.random.default_rng(34)
     rope = {
         "rope_type": "longrope",
@@ -284,18 +279,8 @@ def phi4_mini_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "long_factor": list(rng.uniform(2, 30, 24)),
         "original_max_position_embeddings": 2048,
     }
-    with pytest.MonkeyPatch.context() as mp:
-        shape = {
-            **SHAPES["tiny-phi3"],
-            "hidden_size": 256,
-            "num_attention_heads": 4,
-            "head_dim": 64,
-            "intermediate_size": 256,
-            "partial_rotary_factor": 0.75,
-            "rope_scaling": rope,
-        }
-        mp.setitem(SHAPES, "phi4-mini-d64", shape)
-        folder = synth_model("phi4-mini-d64", tmp_path_factory.mktemp("phi4") / "m", seed=7)
+    folder = synth_like(tmp_path_factory, "tiny-phi3", seed=7, partial_rotary_factor=0.75,
+                        rope_scaling=rope)  # fmt: skip
     config = ModelConfig.from_dir(folder)
     assert config.rotary_dim == 48 and isinstance(config.rope_scaling, LongRopeScaling)
     return folder

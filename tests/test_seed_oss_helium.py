@@ -24,7 +24,7 @@ from test_model_reference import (
     reuse_keeps_bits,
     save_widened,
 )
-from test_qwen2 import cupy_kind, gpu_forward_matches_numpy  # noqa: F401 (a fixture)
+from test_qwen2 import cupy_kind, gpu_forward_matches_numpy, synth_like  # noqa: F401 (a fixture)
 
 from reprise.daemon.model.config import ModelConfig, ModelConfigError
 
@@ -90,14 +90,8 @@ def test_what_the_forward_lacks_is_refused() -> None:
 @pytest.fixture(scope="module")
 def helium_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Helium of head_dim 64 (the attention kernels take 64 and 128)."""
-    from reprise.daemon.model.synth import SHAPES, synth_model
-
-    with pytest.MonkeyPatch.context() as mp:
-        shape = {**SHAPES["tiny"], "architectures": ["HeliumForCausalLM"], "model_type": "helium",
-                 "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-                 "head_dim": 64, "intermediate_size": 256, "rope_scaling": None}  # fmt: skip
-        mp.setitem(SHAPES, "helium-d64", shape)
-        return synth_model("helium-d64", tmp_path_factory.mktemp("helium") / "m", seed=8)
+    return synth_like(tmp_path_factory, "tiny", seed=8, architectures=["HeliumForCausalLM"],
+                      model_type="helium", rope_scaling=None)  # fmt: skip
 
 
 def test_the_gpu_backend_runs_helium(

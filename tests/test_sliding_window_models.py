@@ -24,7 +24,12 @@ from test_model_reference import (
     run_ours,
     save_widened,
 )
-from test_qwen2 import cupy_kind, gpu_forward_matches_numpy, run_on  # noqa: F401 (a fixture)
+from test_qwen2 import (  # noqa: F401 (a fixture)
+    cupy_kind,
+    gpu_forward_matches_numpy,
+    run_on,
+    synth_like,
+)
 
 from reprise.daemon.model.config import ModelConfig
 from reprise.daemon.model.modelinfo import model_info
@@ -98,18 +103,12 @@ def windowed_d64(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     """Tiny models of head_dim 64 (the attention kernels take 64 and 128) with a window
     of 8: Phi-3's on every layer (the layers in one attention_layers call), Qwen2's on
     its second (one layer at a time)."""
-    from reprise.daemon.model.synth import SHAPES, synth_model
-
     like, window = {
         "every-layer": ("tiny-phi3", {"sliding_window": 8}),
         "by-layer": ("tiny-qwen2", {"use_sliding_window": True, "sliding_window": 8,
                                     "max_window_layers": 1}),
     }[request.param]  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        shape = {**SHAPES[like], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
-                 "intermediate_size": 256, **window}  # fmt: skip
-        mp.setitem(SHAPES, "windowed-d64", shape)
-        folder = synth_model("windowed-d64", tmp_path_factory.mktemp("windowed") / "m", seed=6)
+    folder = synth_like(tmp_path_factory, like, seed=6, **window)
     assert any(ModelConfig.from_dir(folder).layer_windows or ())
     return folder
 

@@ -131,10 +131,8 @@ class Engine:
             block_size=settings.block_size,
             disk=self.disk_tier,  # entries kept as sidecars of the blocks' files
         )
-        windows = set(config.layer_windows or (0,))
-        shared_window = windows.pop() if len(windows) == 1 else 0
         self.kv = KVCacheManager(
-            self.pool, model_fingerprint, self.logprob_store, shared_window or None
+            self.pool, model_fingerprint, self.logprob_store, config.shared_window
         )
         self.logits_cache = (
             LogitsCache(settings.logits_cache_bytes) if settings.logits_cache_bytes else None
@@ -433,8 +431,9 @@ class Engine:
             self.kv.store_prompt_logprobs(seq)
         for item in plan.to_register:
             self.kv.register_full_blocks(item.seq)
-        for item in plan.scheduled:  # the blocks before its next query's window, if any
-            self.kv.release_past_window(item.seq)
+        if self.kv.window is not None:  # the blocks before each next query's window
+            for item in plan.scheduled:
+                self.kv.release_past_window(item.seq)
         for seq, embedding in out.embeddings:
             seq.embedding = embedding
             self._keep_embedding(seq)

@@ -25,8 +25,8 @@ meet.
 Sliding windows (a model whose layers all have the same `window`): a running request
 gives back each block once the next query's window starts past it, registered and
 still cached for others (`release_past_window`), so a long request holds about a
-window's worth of blocks. Its block table keeps the ids: the attention never reads a
-page wholly before a query's window (cuda/attention.py), whatever the block now holds.
+window's worth of blocks. Its block table keeps the ids: no query uses a page wholly
+before its window (cuda/attention.py), whatever the block now holds.
 The last registered block is kept, as the parent the next registration names.
 
 Exact repeats (logits_cache.py): a prompt whose last logits row is stored is
@@ -275,9 +275,8 @@ class KVCacheManager:
     def release_past_window(self, seq: Sequence) -> None:
         """Give back the blocks of a running `seq` that no later query of it sees: those
         wholly before the window of its next position (num_computed_tokens), registered,
-        but for the last registered one. No-op without a shared window."""
-        if self.window is None:
-            return
+        but for the last registered one. Only with a shared window."""
+        assert self.window is not None
         first_seen = seq.num_computed_tokens - self.window + 1  # the next query's window
         num_past = min(max(first_seen, 0) // self.block_size, len(seq.block_hashes) - 1)
         if num_past > seq.num_released_blocks:

@@ -136,9 +136,11 @@ class ModelConfig:
         )
 
     @property
-    def sliding_window(self) -> int | None:
-        """The largest window a layer applies, or None where none binds."""
-        return None if self.layer_windows is None else max(self.layer_windows)
+    def shared_window(self) -> int | None:
+        """The window every layer applies, where they share one; None without a window
+        or where the layers' differ."""
+        windows = set(self.layer_windows or (0,))
+        return (windows.pop() or None) if len(windows) == 1 else None
 
     @property
     def attention_scale(self) -> float:
@@ -197,7 +199,6 @@ class ModelConfig:
         try:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
             context = int(raw.get("max_position_embeddings", 2048))
-            windows = _layer_windows(family.windows(raw), context)
             head_dim = int(raw.get("head_dim") or hidden // heads)
             rotary_dim = _rotary_dim(raw, head_dim)
             scaling = _rope_scaling(raw, rotary_dim or head_dim, context, max_model_len)
@@ -207,6 +208,7 @@ class ModelConfig:
                 context = int(scaling.original_max_position_embeddings * scaling.factor)
             elif isinstance(scaling, LinearScaling):
                 context = int(context * scaling.factor)
+            windows = _layer_windows(family.windows(raw), context)  # those that bind in it
             eos = raw.get("eos_token_id")
             return cls(
                 hidden_size=hidden,

@@ -74,8 +74,26 @@ def open_checkpoint(path: Path) -> dict[str, np.ndarray]:
 def load_weights(
     path: Path | str, config: ModelConfig, progress: Callable[[int, int], None] | None = None
 ) -> LlamaWeights:
-    """Read and check every tensor the config implies. `progress(done, total)` per layer."""
-    path = Path(path)
+    """Read and check every tensor the config implies (`progress(done, total)` per layer),
+    then lay them out for the forward: heads padded (ModelConfig.padded), rotary pairs
+    ordered (`_rotary_ordered`), Granite's scalars folded (`_folded`)."""
+    stored = config  # the checkpoint's shapes
+    if config.checkpoint_head_dim is not None:
+        stored = dataclasses.replace(config, head_dim=config.checkpoint_head_dim,
+                                     rotary_dim=None, checkpoint_head_dim=None)  # fmt: skip
+    weights = _read(Path(path), stored, progress)
+    if config.checkpoint_head_dim is not None:
+        _padded(weights, stored, config)
+    if config.rotary_dim is not None or config.family.interleaved_rope:
+        _rotary_ordered(weights, config)
+    return _folded(weights, config) if config.family.scaled else weights
+
+
+def _read(
+    path: Path, config: ModelConfig, progress: Callable[[int, int], None] | None
+) -> LlamaWeights:
+    """The checkpoint's tensors, checked against `config`, in the Llama layout (q, k and
+    v fused, gate and up fused), each head's dimensions in the checkpoint's order."""
     tensors = open_checkpoint(path)
     h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
 
@@ -91,12 +109,6 @@ def load_weights(
             raise WeightsError(f"tensor {name!r} has dtype {t.dtype}; expected BF16, F16 or F32")
         return np.ascontiguousarray(t.astype(BF16, copy=False))
 
-    if config.checkpoint_head_dim is not None:  # read as the checkpoint is, then padded
-        unpadded = dataclasses.replace(config, head_dim=config.checkpoint_head_dim,
-                                       rotary_dim=None, checkpoint_head_dim=None)  # fmt: skip
-        if config.rotary_dim != config.checkpoint_head_dim:
-            unpadded = dataclasses.replace(unpadded, rotary_dim=config.rotary_dim)
-        return _padded(load_weights(path, unpadded, progress), unpadded, config)
     if config.family.internlm2:
         return _internlm2(take, config, progress)
     q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
@@ -137,10 +149,7 @@ def load_weights(
         if progress is not None:
             progress(i + 1, config.num_layers)
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
-    weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
-    if config.rotary_dim is not None or config.family.interleaved_rope:
-        _rotary_ordered(weights, config)
-    return _folded(weights, config) if config.family.scaled else weights
+    return LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
 
 
 def _internlm2(
@@ -182,23 +191,17 @@ def _internlm2(
             progress(i + 1, config.num_layers)
     embed = take("model.tok_embeddings.weight", (vocab, h))
     lm_head = embed if config.tie_word_embeddings else take("output.weight", (vocab, h))
-    weights = LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
-    if config.rotary_dim is not None:
-        _rotary_ordered(weights, config)
-    return weights
+    return LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
 
 
-def _padded(weights: LlamaWeights, unpadded: ModelConfig, config: ModelConfig) -> LlamaWeights:
-    """`weights` (loaded as `unpadded`, its rotary pairs ordered) with each head padded
-    to config.head_dim: q's, k's and v's rows of the padding are zeros, and so are
-    o_proj's columns for v's padding. The rotated pairs are then ordered anew for the
-    padded head (the padding joins the passed-through dimensions)."""
-    d, padded = unpadded.head_dim, config.head_dim
+def _padded(weights: LlamaWeights, stored: ModelConfig, config: ModelConfig) -> None:
+    """Each head of `weights` (read as `stored`) padded to config.head_dim, in place:
+    q's, k's and v's rows of the padding are zeros, and so are o_proj's columns for v's
+    padding. The padding then rotates as a partial rotary embedding's passed-through
+    dimensions (config.rotary_dim: _rotary_ordered)."""
+    d, padded = stored.head_dim, config.head_dim
     heads = config.num_heads + 2 * config.num_kv_heads
-    ordered = unpadded.rotary_dim is not None  # _rotary_ordered ran on the q and k heads
     for layer in weights.layers:
-        if ordered:  # back to the checkpoint's order, to order the padded heads afresh
-            _reorder_heads(layer, unpadded, np.argsort(rotary_permutation(d, unpadded.rotary_dim)))
         rows = layer.qkv_proj.reshape(heads, d, -1)
         grown = np.zeros((heads, padded, rows.shape[-1]), dtype=rows.dtype)
         grown[:, :d] = rows
@@ -211,8 +214,6 @@ def _padded(weights: LlamaWeights, unpadded: ModelConfig, config: ModelConfig) -
         wide = np.zeros((cols.shape[0], config.num_heads, padded), dtype=cols.dtype)
         wide[..., :d] = cols
         layer.o_proj = wide.reshape(cols.shape[0], -1)
-    _rotary_ordered(weights, config)
-    return weights
 
 
 def _reorder_heads(layer: LayerWeights, config: ModelConfig, order: np.ndarray) -> None:
