@@ -68,7 +68,10 @@ class NullBackend(NumpyBackend):
 
     @staticmethod
     def embed(
-        table: np.ndarray, token_ids: np.ndarray, prompt_rows: np.ndarray | None = None
+        table: np.ndarray,
+        token_ids: np.ndarray,
+        prompt_rows: np.ndarray | None = None,
+        scale: float | None = None,
     ) -> np.ndarray:
         return np.zeros((token_ids.shape[0], table.shape[1]), dtype=np.float32)
 
@@ -79,6 +82,12 @@ class NullBackend(NumpyBackend):
     @staticmethod
     def add_rmsnorm(
         residual: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return residual, np.zeros(residual.shape, dtype=BF16)
+
+    @staticmethod
+    def norm_add_rmsnorm(
+        residual: np.ndarray, x: np.ndarray, x_weight: np.ndarray, weight: np.ndarray, eps: float
     ) -> tuple[np.ndarray, np.ndarray]:
         return residual, np.zeros(residual.shape, dtype=BF16)
 
@@ -152,6 +161,10 @@ class NullBackend(NumpyBackend):
 
     @staticmethod
     def silu_mul(x: np.ndarray) -> np.ndarray:
+        return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
+
+    @staticmethod
+    def gelu_tanh_mul(x: np.ndarray) -> np.ndarray:
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 
     @staticmethod

@@ -186,6 +186,8 @@ def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
             "tiny-smollm3",
             "mistral-7b-v0.1",
             "phi-4-mini",
+            "gemma-3-1b",
+            "tiny-gemma3",
         ]
     ),
     help="The architecture to copy.",

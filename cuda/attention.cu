@@ -36,17 +36,22 @@
 // CTA: 4 warps. Row r belongs to warp r % 4, as its slot r / 4 (8 slots a warp).
 // For each page t of a chunk in ascending order, from the first page its first row sees
 // to the last page its last row sees:
-//   1. the page's K and V ([block_size, head_dim] each) are copied to shared memory;
+//   1. the page's K and V ([block_size, head_dim] each) are copied to shared memory
+//      (head_dim 256: in parts of 128 dims, one part at a time in one buffer, K's two
+//      before the scores and V's two before P.V, so that a 64-key page fits under
+//      48 KB of static shared memory);
 //   2. scores: the lanes of a warp own keys (lane % min(block_size, 32), and +32
 //      when block_size = 64); with block_size 16 the two half-warps take two slots
 //      at once. score(row, key) = one sequential fp32 FMA chain over d = 0..head_dim-1
-//      in a single thread, times scale;
+//      in a single thread (across K's parts: the chain stays in that thread's
+//      registers), times scale;
 //   3. softmax step per row that sees a key of the page (the others skip 3 and 4):
 //      tile max by a shuffle butterfly over the row's lanes,
 //      m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') for visible keys;
 //      tile sum of p by the same fixed butterfly; denom = denom * a + sum;
 //      bf16(p) goes to shared memory;
-//   4. P.V: lane owns head_dim / 32 output dims of every slot of its warp;
+//   4. P.V: lane owns head_dim / 32 output dims of every slot of its warp (of each
+//      128-dim part of V, dims lane * 4 .. + 3; head_dim 64: lane * 2, + 1);
 //      acc = acc * a, then acc = fma(bf16(p_j), v_j, acc) for the keys j up to the
 //      row's position in ascending order (p_j = +0 for those before its window).
 //
@@ -131,7 +136,7 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim must be 64, 128 or 256");
   static_assert(BLOCK_SIZE == 16 || BLOCK_SIZE == 32 || BLOCK_SIZE == 64,
                 "block_size must be 16, 32 or 64");
   static constexpr int kLanesPerRow = BLOCK_SIZE < 32 ? BLOCK_SIZE : 32;  // score lanes of a row
@@ -140,15 +145,30 @@ struct Config {
   static constexpr int kSlotsPerLane = kRowsPerWarp / kRowsPerPass;
   static constexpr int kDimsPerLane = HEAD_DIM / 32;  // output dims a lane owns in P.V
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks in a row
-  // K and Q rows are padded by 16 bytes: the 8 lanes of a quarter-warp reading
-  // chunk c of 8 consecutive keys hit 8 different bank groups.
+  // Q rows are padded by 16 bytes, as K rows (kStagePadded)
   static constexpr int kPaddedDim = HEAD_DIM + 8;
+  // The dims of a page staged in shared memory at once: the whole row up to 128; head_dim
+  // 256 in two parts of 128 (a whole K and V page of 64 keys would take 66 KB), K's then
+  // V's, one after another in one buffer.
+  static constexpr int kStageDims = HEAD_DIM < 128 ? HEAD_DIM : 128;
+  static constexpr int kDimParts = HEAD_DIM / kStageDims;
+  static constexpr int kStageChunks = kStageDims / 8;
+  static constexpr int kLaneDims = kStageDims / 32;  // output dims a lane owns in a part
+  // K rows are padded by 16 bytes: the 8 lanes of a quarter-warp reading chunk c of 8
+  // consecutive keys hit 8 different bank groups.
+  static constexpr int kStagePadded = kStageDims + 8;
+  // the staging buffer: the K page then the V page, or (by parts) one part of either
+  static constexpr int kStageElems =
+      kDimParts == 1 ? BLOCK_SIZE * (kStagePadded + HEAD_DIM) : BLOCK_SIZE * kStagePadded;
+  static constexpr int kVOffset = kDimParts == 1 ? BLOCK_SIZE * kStagePadded : 0;  // V's rows in it
+  static constexpr int kVStride = kDimParts == 1 ? HEAD_DIM : kStagePadded;
 };
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct __align__(16) SharedStorage {
-  unsigned short k[BLOCK_SIZE * (HEAD_DIM + 8)];  // [block_size, head_dim + 8] BF16
-  unsigned short v[BLOCK_SIZE * HEAD_DIM];  // [block_size, head_dim] BF16
+  // K [block_size, head_dim + 8] then V [block_size, head_dim] BF16 (V from kVOffset on);
+  // staged by parts: one part of K or V, [block_size, 128 + 8] BF16
+  unsigned short kv[Config<HEAD_DIM, BLOCK_SIZE>::kStageElems];
   unsigned short q[kRowsPerCta * (HEAD_DIM + 8)];  // [rows, head_dim + 8] BF16
   unsigned short p[kNumWarps][BLOCK_SIZE][kRowsPerWarp];  // bf16(p) of each warp's slots
   float alpha[kNumWarps][kRowsPerWarp];  // a = exp(m - m') of the tile
@@ -159,6 +179,22 @@ struct __align__(16) SharedStorage {
   int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk, 2: as its first; 0: not
   int last;  // 1: this CTA counted last (the split)
 };
+
+// Part `part` (dims part * kStageDims ..) of a page's rows ([block_size, head_dim] BF16
+// at `page`, K's or V's) into the staging buffer, [block_size, kStageDims + 8], once every
+// thread is done with what it held; visible to every thread on return.
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ void stage_part(unsigned short* __restrict__ stage,
+                                           const unsigned short* __restrict__ page, int part) {
+  using C = Config<HEAD_DIM, BLOCK_SIZE>;
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kStageChunks; idx += kNumThreads) {
+    const int j = idx / C::kStageChunks, c = idx % C::kStageChunks;
+    *reinterpret_cast<uint4*>(&stage[j * C::kStagePadded + c * 8]) =
+        __ldg(reinterpret_cast<const uint4*>(page) + j * C::kChunks + part * C::kStageChunks + c);
+  }
+  __syncthreads();
+}
 
 template <int HEAD_DIM, int BLOCK_SIZE>
 __device__ __forceinline__ void paged_attention(
@@ -259,7 +295,8 @@ __device__ __forceinline__ void paged_attention(
       m[i] = negative_infinity();
       denom[i] = 0.0f;
     }
-    // P.V accumulators: dims lane * kDimsPerLane + e of every slot of the warp
+    // P.V accumulators of every slot of the warp: acc[s][part * kLaneDims + e] holds dim
+    // part * kStageDims + lane * kLaneDims + e (lane * kDimsPerLane + e up to head_dim 128)
     float acc[kRowsPerWarp][C::kDimsPerLane];
 #pragma unroll
     for (int s = 0; s < kRowsPerWarp; ++s) {
@@ -268,7 +305,8 @@ __device__ __forceinline__ void paged_attention(
     }
     const int chunk_tiles_end = min(num_tiles, (c + 1) * kTilesPerChunk<BLOCK_SIZE>());
     for (t = max(t, c * kTilesPerChunk<BLOCK_SIZE>()); t < chunk_tiles_end; ++t) {
-      __syncthreads();  // the previous page's K, V and P are consumed (and Q is written)
+      // the previous page's K, V and P are consumed (and Q is written); by parts, stage_part
+      if constexpr (C::kDimParts == 1) __syncthreads();
       const long long block = block_tables[(long long)seq * max_blocks + t];
       const unsigned short* k_page =
           cache + ((block * num_layers + layer) * 2 * num_kv_heads + kv_head) * head_stride;
@@ -277,66 +315,105 @@ __device__ __forceinline__ void paged_attention(
       // data, even NaN. They are copied here but no row ever uses them: their scores are
       // replaced by -inf (a select, never arithmetic), and the P.V loop stops at each
       // row's last visible key, so no 0 * NaN is ever formed.
-      for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kChunks; idx += kNumThreads) {
-        const int j = idx / C::kChunks, c = idx % C::kChunks;
-        *reinterpret_cast<uint4*>(&sm.k[j * C::kPaddedDim + c * 8]) =
-            __ldg(reinterpret_cast<const uint4*>(k_page) + idx);
-        reinterpret_cast<uint4*>(sm.v)[idx] = __ldg(reinterpret_cast<const uint4*>(v_page) + idx);
+      if constexpr (C::kDimParts == 1) {
+        for (int idx = threadIdx.x; idx < BLOCK_SIZE * C::kChunks; idx += kNumThreads) {
+          const int j = idx / C::kChunks, c = idx % C::kChunks;
+          *reinterpret_cast<uint4*>(&sm.kv[j * C::kStagePadded + c * 8]) =
+              __ldg(reinterpret_cast<const uint4*>(k_page) + idx);
+          reinterpret_cast<uint4*>(sm.kv + C::kVOffset)[idx] =
+              __ldg(reinterpret_cast<const uint4*>(v_page) + idx);
+        }
+        __syncthreads();
       }
-      __syncthreads();
       const int tile_start = t * BLOCK_SIZE;
 
       // --- scores and the softmax step, kSlotBlock score slots at a time ---
-#pragma unroll
-      for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
-        if (i0 >= num_passes) break;  // warp-uniform
-        // the keys of this tile the row sees: begin .. visible - 1 (from its window's
-        // start to its position); visible = 0 when none (or no row)
-        int begin[kSlotBlock], visible[kSlotBlock];
-        float score[kSlotBlock][C::kKeysPerLane];
+      // Score slot i's keys of this tile: begin .. visible - 1 (from its row's window's
+      // start to its position); visible = 0 when none (or no row).
+      const auto keys_of = [&](int i, int& begin, int& visible) {
+        const int row = (sub + C::kRowsPerPass * i) * kNumWarps + warp;
+        begin = 0;
+        visible = 0;
+        if (row < num_rows) {
+          const int pos = first_pos + row / group_rows;
+          const int end = min(max(pos - tile_start + 1, 0), BLOCK_SIZE);
+          const int start = min(max(window_start(pos, window) - tile_start, 0), BLOCK_SIZE);
+          if (start < end) {
+            begin = start;
+            visible = end;
+          }
+        }
+      };
+      // The slots' keys and scores. By parts, every slot's scores stay live over K's parts,
+      // so only whether a slot sees a key is kept (`seen`) and the softmax step finds its
+      // keys again (d256_b32 on sm_80: 245 registers; 255 when every slot keeps its keys).
+      int begin[C::kSlotsPerLane], visible[C::kSlotsPerLane];
+      unsigned seen = 0;  // by parts: bit i, slot i sees a key of the tile
+      float score[C::kSlotsPerLane][C::kKeysPerLane];
+      const auto start_block = [&](int i0) {  // slots i0 .. : their keys, and zero scores
 #pragma unroll
         for (int ii = 0; ii < kSlotBlock; ++ii) {
-          const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
-          begin[ii] = 0;
-          visible[ii] = 0;
-          if (i0 + ii < C::kSlotsPerLane && row < num_rows) {
-            const int pos = first_pos + row / group_rows;
-            const int end = min(max(pos - tile_start + 1, 0), BLOCK_SIZE);
-            const int start = min(max(window_start(pos, window) - tile_start, 0), BLOCK_SIZE);
-            if (start < end) {
-              begin[ii] = start;
-              visible[ii] = end;
-            }
-          }
+          const int i = i0 + ii;
+          if (i >= C::kSlotsPerLane) break;  // compile-time
+          keys_of(i, begin[i], visible[i]);
+          if constexpr (C::kDimParts > 1) seen |= visible[i] > 0 ? 1u << i : 0u;
 #pragma unroll
-          for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[ii][kk] = 0.0f;
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) score[i][kk] = 0.0f;
         }
+      };
+      // slots i0 .. take the staged dims (part `part`) of their FMA chains over d
+      const auto add_scores = [&](int i0, int part) {
 #pragma unroll 2
-        for (int c = 0; c < C::kChunks; ++c) {
+        for (int c = 0; c < C::kStageChunks; ++c) {
           float k[C::kKeysPerLane][8];
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
             const int j = key_lane + C::kLanesPerRow * kk;
-            unpack8(*reinterpret_cast<const uint4*>(&sm.k[j * C::kPaddedDim + c * 8]), k[kk]);
+            unpack8(*reinterpret_cast<const uint4*>(&sm.kv[j * C::kStagePadded + c * 8]), k[kk]);
           }
 #pragma unroll
           for (int ii = 0; ii < kSlotBlock; ++ii) {
-            if (visible[ii] == 0) continue;
-            const int row = (sub + C::kRowsPerPass * (i0 + ii)) * kNumWarps + warp;
+            const int i = i0 + ii;
+            if (i >= C::kSlotsPerLane) break;  // compile-time
+            if (C::kDimParts == 1 ? visible[i] == 0 : (seen >> i & 1u) == 0) continue;
+            const int row = (sub + C::kRowsPerPass * i) * kNumWarps + warp;
             float qf[8];
-            unpack8(*reinterpret_cast<const uint4*>(&sm.q[row * C::kPaddedDim + c * 8]), qf);
+            const int q_chunk = part * C::kStageChunks + c;
+            unpack8(*reinterpret_cast<const uint4*>(&sm.q[row * C::kPaddedDim + q_chunk * 8]), qf);
 #pragma unroll
             for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
 #pragma unroll
-              for (int e = 0; e < 8; ++e) score[ii][kk] = __fmaf_rn(qf[e], k[kk][e], score[ii][kk]);
+              for (int e = 0; e < 8; ++e) score[i][kk] = __fmaf_rn(qf[e], k[kk][e], score[i][kk]);
             }
           }
+        }
+      };
+      if constexpr (C::kDimParts > 1) {  // every slot's chains over each part of K in turn
+#pragma unroll
+        for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) start_block(i0);
+#pragma unroll
+        for (int part = 0; part < C::kDimParts; ++part) {
+          stage_part<HEAD_DIM, BLOCK_SIZE>(sm.kv, k_page, part);
+#pragma unroll
+          for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
+            if (i0 >= num_passes) break;  // warp-uniform
+            add_scores(i0, part);
+          }
+        }
+      }
+#pragma unroll
+      for (int i0 = 0; i0 < C::kSlotsPerLane; i0 += kSlotBlock) {
+        if (i0 >= num_passes) break;  // warp-uniform
+        if constexpr (C::kDimParts == 1) {
+          start_block(i0);
+          add_scores(i0, 0);
         }
 #pragma unroll
         for (int ii = 0; ii < kSlotBlock; ++ii) {
           const int i = i0 + ii;
           if (i >= C::kSlotsPerLane) break;  // compile-time
           const int slot = sub + C::kRowsPerPass * i;
+          if constexpr (C::kDimParts > 1) keys_of(i, begin[i], visible[i]);
           // NOTE: a masked key's score is replaced by -inf by a select, so its p is
           // expf(-inf) = +0: whatever its K held (stale data, NaN) never enters a row's state.
           float s[C::kKeysPerLane];
@@ -344,7 +421,7 @@ __device__ __forceinline__ void paged_attention(
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
             const int j = key_lane + C::kLanesPerRow * kk;
-            s[kk] = j >= begin[ii] && j < visible[ii] ? __fmul_rn(score[ii][kk], scale) : negative_infinity();
+            s[kk] = j >= begin[i] && j < visible[i] ? __fmul_rn(score[i][kk], scale) : negative_infinity();
             tile_max = fmaxf(tile_max, s[kk]);
           }
 #pragma unroll
@@ -356,7 +433,7 @@ __device__ __forceinline__ void paged_attention(
           // A row that sees none of it (a tile in its future, or before its window) skips
           // the update below: its state stays exactly as it was (m = -inf still, before
           // its window's first tile).
-          const bool sees = visible[ii] > 0;
+          const bool sees = visible[i] > 0;
           const float m_new = sees ? fmaxf(m[i], tile_max) : m[i];
           const float alpha = sees ? expf(__fsub_rn(m[i], m_new)) : 1.0f;
           // NOTE: no select around expf (attention_tc.cu's softmax step says why): a
@@ -384,7 +461,7 @@ __device__ __forceinline__ void paged_attention(
             }
             if (key_lane == 0) {
               sm.alpha[warp][slot] = alpha;
-              sm.num_visible[warp][slot] = visible[ii];
+              sm.num_visible[warp][slot] = visible[i];
             }
           }
         }
@@ -411,27 +488,37 @@ __device__ __forceinline__ void paged_attention(
           for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmul_rn(acc[s][e], alpha);
         }
       }
+      // by parts: each part of V in turn, its dims' chains (acc[.][part * kLaneDims ..])
+      // over the same keys in the same order
+#pragma unroll
+      for (int part = 0; part < C::kDimParts; ++part) {
+        if constexpr (C::kDimParts > 1) stage_part<HEAD_DIM, BLOCK_SIZE>(sm.kv, v_page, part);
 #pragma unroll 2
-      for (int j = 0; j < keys; ++j) {
-        float v[C::kDimsPerLane];
-        if constexpr (C::kDimsPerLane == 2) {
-          const unsigned int w = *reinterpret_cast<const unsigned int*>(&sm.v[j * HEAD_DIM + lane * 2]);
-          v[0] = bf16_lo(w);
-          v[1] = bf16_hi(w);
-        } else {
-          const uint2 w = *reinterpret_cast<const uint2*>(&sm.v[j * HEAD_DIM + lane * 4]);
-          v[0] = bf16_lo(w.x);
-          v[1] = bf16_hi(w.x);
-          v[2] = bf16_lo(w.y);
-          v[3] = bf16_hi(w.y);
-        }
-        float p[kRowsPerWarp];
-        unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
+        for (int j = 0; j < keys; ++j) {
+          const unsigned short* v_row = sm.kv + C::kVOffset + j * C::kVStride + lane * C::kLaneDims;
+          float v[C::kLaneDims];
+          if constexpr (C::kLaneDims == 2) {
+            const unsigned int w = *reinterpret_cast<const unsigned int*>(v_row);
+            v[0] = bf16_lo(w);
+            v[1] = bf16_hi(w);
+          } else {
+            const uint2 w = *reinterpret_cast<const uint2*>(v_row);
+            v[0] = bf16_lo(w.x);
+            v[1] = bf16_hi(w.x);
+            v[2] = bf16_lo(w.y);
+            v[3] = bf16_hi(w.y);
+          }
+          float p[kRowsPerWarp];
+          unpack8(*reinterpret_cast<const uint4*>(&sm.p[warp][j][0]), p);
 #pragma unroll
-        for (int s = 0; s < kRowsPerWarp; ++s) {
-          if (j < slot_visible[s]) {  // warp-uniform; never reads a key past the row's position
+          for (int s = 0; s < kRowsPerWarp; ++s) {
+            if (j < slot_visible[s]) {  // warp-uniform; never reads a key past the row's position
 #pragma unroll
-            for (int e = 0; e < C::kDimsPerLane; ++e) acc[s][e] = __fmaf_rn(p[s], v[e], acc[s][e]);
+              for (int e = 0; e < C::kLaneDims; ++e) {
+                float& a = acc[s][part * C::kLaneDims + e];
+                a = __fmaf_rn(p[s], v[e], a);
+              }
+            }
           }
         }
       }
@@ -482,9 +569,11 @@ __device__ __forceinline__ void paged_attention(
       const int row = s * kNumWarps + warp;
       if (split) {
         const long long at = (q_start + tok0 + row / group_rows) * num_heads + head0 + row % group_rows;
-        float* dst = workspace + (at * max_chunks + c) * HEAD_DIM + lane * C::kDimsPerLane;
+        float* dst = workspace + (at * max_chunks + c) * HEAD_DIM + lane * C::kLaneDims;
 #pragma unroll
-        for (int e = 0; e < C::kDimsPerLane; ++e) dst[e] = acc[s][e];
+        for (int e = 0; e < C::kDimsPerLane; ++e) {
+          dst[e / C::kLaneDims * C::kStageDims + e % C::kLaneDims] = acc[s][e];
+        }
       } else if (sm.merge_sees[warp][s] == 2) {
 #pragma unroll
         for (int e = 0; e < C::kDimsPerLane; ++e) acc_total[s][e] = acc[s][e];
@@ -540,15 +629,20 @@ __device__ __forceinline__ void paged_attention(
     const int row = s * kNumWarps + warp;
     const long long token = q_start + tok0 + row / group_rows;
     const int head = head0 + row % group_rows;
-    unsigned short* dst = out + (token * num_heads + head) * HEAD_DIM + lane * C::kDimsPerLane;
+    unsigned short* dst = out + (token * num_heads + head) * HEAD_DIM + lane * C::kLaneDims;
     const float d = sm.denom[warp][s];
     unsigned int bits[C::kDimsPerLane];
 #pragma unroll
     for (int e = 0; e < C::kDimsPerLane; ++e) bits[e] = bf16_bits(__fdiv_rn(acc_total[s][e], d));
-    if constexpr (C::kDimsPerLane == 2) {
-      *reinterpret_cast<unsigned int*>(dst) = bits[0] | (bits[1] << 16);
-    } else {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));
+#pragma unroll
+    for (int part = 0; part < C::kDimParts; ++part) {
+      const unsigned int* b = bits + part * C::kLaneDims;
+      if constexpr (C::kLaneDims == 2) {
+        *reinterpret_cast<unsigned int*>(dst + part * C::kStageDims) = b[0] | (b[1] << 16);
+      } else {
+        *reinterpret_cast<uint2*>(dst + part * C::kStageDims) =
+            make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+      }
     }
   }
 }
@@ -591,4 +685,16 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b32(PAGED
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d128_b64(PAGED_ATTENTION_ARGS) {
   pdl_enter();
   paged_attention<128, 64>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d256_b16(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention<256, 16>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d256_b32(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention<256, 32>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128) paged_attention_d256_b64(PAGED_ATTENTION_ARGS) {
+  pdl_enter();
+  paged_attention<256, 64>(PAGED_ATTENTION_PASS);
 }

@@ -86,7 +86,9 @@ from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
 THREADS_PER_CTA = 128  # kNumThreads in attention.cu
-HEAD_DIMS = (64, 128)
+# head_dim 256 (Gemma's) stages a page in two 128-dim parts (attention.cu); the
+# tensor-core kernel takes only 64 and 128 (attention_tc_kernel.TC_HEAD_DIMS)
+HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64)
 _ALIGN = 16  # bytes: the kernel moves q, the cache pages and out in 16-byte vectors
 # The split aims at this many CTAs an SM of REFERENCE_SMS (a constant, not the device's
@@ -311,9 +313,11 @@ def check_inputs(
     *,
     out: Any,
     max_group: int,
+    head_dims: tuple[int, ...] = HEAD_DIMS,
 ) -> Any:
     """The launchers' checks of `paged_attention`'s arguments (ValueError naming the
-    problem); `max_group` is the most query heads a KV head may have (a CTA's rows).
+    problem); `max_group` is the most query heads a KV head may have (a CTA's rows),
+    `head_dims` the head sizes the launcher's kernel has entry points for.
     Returns out, a new array when None."""
     import cupy
 
@@ -334,8 +338,8 @@ def check_inputs(
     num_tokens, num_heads, head_dim = q.shape
     _, num_layers, kv, num_kv_heads, block_size, cache_head_dim = cache.shape
     num_seqs, max_blocks = block_tables.shape
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}; got {head_dim}")
+    if head_dim not in head_dims:
+        raise ValueError(f"head_dim must be one of {head_dims}; got {head_dim}")
     if kv != 2 or cache_head_dim != head_dim:
         raise ValueError(
             f"cache must be [num_blocks, num_layers, 2, num_kv_heads, block_size, {head_dim}]; "

@@ -51,6 +51,9 @@ from .kernels import kernel
 
 ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, group member) rows
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
+# The head sizes attention_tc.cu has entry points for: not head_dim 256, which only the
+# CUDA-core kernel takes (attention_kernel.HEAD_DIMS)
+TC_HEAD_DIMS = (64, 128)
 # The build the launcher compiles: attention_tc.cu's defines ("NAME=VALUE"), none by
 # default. bench_gpu_kernels builds its same-run baselines with them:
 # REPRISE_ATTN_EXPF=1, the page step before base 2 (the accurate expf of natural-unit
@@ -110,7 +113,7 @@ def paged_attention_tc(
     """`attention_kernel.paged_attention` (the same arguments, checks, geometry and result)
     on the tensor-core kernel; a KV head may have up to ROWS_PER_CTA query heads."""
     args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
-    out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
+    out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA, head_dims=TC_HEAD_DIMS)
     import cupy
 
     head_dim, block_size = q.shape[2], cache.shape[4]

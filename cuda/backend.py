@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .activation import silu_mul_ref
+from .activation import gelu_tanh_mul_ref, silu_mul_ref
 from .attention import paged_attention_ref
 from .bias import add_bias_ref
 from .dtypes import BF16
@@ -23,7 +23,7 @@ from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref, rope_kv_write_ref
 from .penalties import Penalties, penalize_ref
 from .protocol import Backend, CopyDone, Landed, check_tier_copies, layer_by_layer
-from .rmsnorm import add_rmsnorm_ref, head_rmsnorm_ref, rmsnorm_ref
+from .rmsnorm import add_rmsnorm_ref, head_rmsnorm_ref, norm_add_rmsnorm_ref, rmsnorm_ref
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
 
@@ -236,6 +236,7 @@ class NumpyBackend:
     embed = staticmethod(embed_ref)
     rmsnorm = staticmethod(rmsnorm_ref)
     add_rmsnorm = staticmethod(add_rmsnorm_ref)
+    norm_add_rmsnorm = staticmethod(norm_add_rmsnorm_ref)
     gemm = staticmethod(gemm_ref)
     add_bias = staticmethod(add_bias_ref)
     head_rmsnorm = staticmethod(head_rmsnorm_ref)
@@ -244,6 +245,7 @@ class NumpyBackend:
     rope_kv_write = staticmethod(rope_kv_write_ref)
     paged_attention = staticmethod(paged_attention_ref)
     silu_mul = staticmethod(silu_mul_ref)
+    gelu_tanh_mul = staticmethod(gelu_tanh_mul_ref)
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -31,16 +31,17 @@ ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 
 def kernel_head_dim(head_dim: int) -> int:
     """The head size the GPU's attention kernels run a model of `head_dim` at: the
-    smallest of attention_kernel.HEAD_DIMS that holds it (a smaller head is padded with
-    zeros: ModelConfig.padded). ValueError, one line, for a head larger than any: said
-    before any weight loads, not at the first step."""
+    smallest of attention_kernel.HEAD_DIMS (64, 128, 256) that holds it (a smaller head
+    is padded with zeros: ModelConfig.padded). ValueError, one line, for a head larger
+    than any: said before any weight loads, not at the first step. head_dim 256 runs on
+    the CUDA-core kernel whatever `attention` says (the tensor-core one lacks it)."""
     from .attention_kernel import HEAD_DIMS
 
     fits = [size for size in HEAD_DIMS if size >= head_dim]
     if not fits:
         raise ValueError(
             f"the GPU attention kernels take head_dim up to {max(HEAD_DIMS)}; this model's is "
-            f"{head_dim} (Gemma's 256): run it with --backend numpy"
+            f"{head_dim}: run it with --backend numpy"
         )
     return fits[0]
 
@@ -499,10 +500,12 @@ class CupyBackend:
     embed = staticmethod(launchers.embed)
     rmsnorm = staticmethod(launchers.rmsnorm)
     add_rmsnorm = staticmethod(launchers.add_rmsnorm)
+    norm_add_rmsnorm = staticmethod(launchers.norm_add_rmsnorm)
     rope = staticmethod(launchers.rope)
     kv_write = staticmethod(launchers.kv_write)
     rope_kv_write = staticmethod(launchers.rope_kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
+    gelu_tanh_mul = staticmethod(launchers.gelu_tanh_mul)
     add_bias = staticmethod(launchers.add_bias)
     head_rmsnorm = staticmethod(launchers.head_rmsnorm)
     argmax = staticmethod(launchers.argmax)
@@ -560,7 +563,11 @@ class CupyBackend:
         scale: float,
         window: int = 0,
     ) -> Any:
-        if self.attention == "tensor-cores":
+        from .attention_tc_kernel import TC_HEAD_DIMS
+
+        # a head the tensor-core kernel lacks (Gemma's 256) runs on the CUDA cores: the
+        # choice is the model's, so every step of an engine takes the same kernel
+        if self.attention == "tensor-cores" and q.shape[2] in TC_HEAD_DIMS:
             from .attention_tc_kernel import paged_attention_tc as kernel
         else:
             from .attention_kernel import paged_attention as kernel

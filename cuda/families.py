@@ -30,7 +30,11 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("activation", ("launchers:silu_mul",), ("activation:silu_mul_ref",)),
+    Family(
+        "activation",
+        ("launchers:silu_mul", "launchers:gelu_tanh_mul"),
+        ("activation:silu_mul_ref", "activation:gelu_tanh_mul_ref"),
+    ),
     Family("attention", ("attention_kernel:paged_attention",), ("attention:paged_attention_ref",)),
     Family(
         "attention_tc",
@@ -53,8 +57,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "rmsnorm",
-        ("launchers:rmsnorm", "launchers:add_rmsnorm"),
-        ("rmsnorm:rmsnorm_ref", "rmsnorm:add_rmsnorm_ref"),
+        ("launchers:rmsnorm", "launchers:add_rmsnorm", "launchers:norm_add_rmsnorm"),
+        ("rmsnorm:rmsnorm_ref", "rmsnorm:add_rmsnorm_ref", "rmsnorm:norm_add_rmsnorm_ref"),
     ),
     Family(
         "penalties",

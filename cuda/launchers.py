@@ -1,5 +1,5 @@
 """Launchers of the small kernel families: embedding, RMSNorm, RoPE, KV write,
-SiLU-and-multiply, bias, argmax and the Philox uniforms.
+SiLU- and GELU-and-multiply, bias, argmax and the Philox uniforms.
 
 Each checks its inputs (`kernels.check`), allocates its output unless one is
 given, and launches one kernel of `cuda/<family>.cu`; each computes what its
@@ -11,10 +11,12 @@ attention_kernel.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .embedding import bf16_scale
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
@@ -57,10 +59,18 @@ def _row_stride(name: str, x: Any, ndim: int) -> int:
     return x.strides[0] // itemsize if x.shape[0] > 1 else inner
 
 
-def embed(table: Any, token_ids: Any, prompt_rows: Any = None, *, out: Any = None) -> Any:
+def embed(
+    table: Any,
+    token_ids: Any,
+    prompt_rows: Any = None,
+    scale: float | None = None,
+    *,
+    out: Any = None,
+) -> Any:
     """Twin: embed_ref. table [vocab, hidden] BF16, token_ids [T] int32 (an id >= vocab
-    selects row id - vocab of prompt_rows, [P, hidden] BF16) -> [T, hidden] fp32. The ids
-    are not read here (no device sync): the caller keeps them below vocab + P."""
+    selects row id - vocab of prompt_rows, [P, hidden] BF16), scale: the table rows'
+    factor (rounded to BF16) or None -> [T, hidden] fp32. The ids are not read here (no
+    device sync): the caller keeps them below vocab + P."""
     check("table", table, BF16_BITS, 2)
     check("token_ids", token_ids, np.int32, 1)
     num_tokens, hidden = token_ids.shape[0], table.shape[1]
@@ -74,7 +84,9 @@ def embed(table: Any, token_ids: Any, prompt_rows: Any = None, *, out: Any = Non
             )
     out = _empty((num_tokens, hidden), np.float32, out)
     if num_tokens:
-        args = (table, token_ids, prompt_rows, out, np.int32(hidden), np.int32(table.shape[0]))
+        factor = np.float32(1.0) if scale is None else bf16_scale(scale)  # 1: copied as is
+        args = (table, token_ids, prompt_rows, out, np.int32(hidden), np.int32(table.shape[0]),
+                factor)  # fmt: skip
         launch_kernel(kernel("embedding", "embed"), (num_tokens,), (256,), args)
     return out
 
@@ -107,6 +119,33 @@ def add_rmsnorm(residual: Any, delta: Any, weight: Any, eps: float) -> tuple[Any
         args = (residual, delta, weight, summed, out, np.int32(residual.shape[1]), np.float32(eps))
         launch_kernel(
             kernel("rmsnorm", "add_rmsnorm"), (residual.shape[0],), (RMSNORM_THREADS,), args
+        )
+    return summed, out
+
+
+def norm_add_rmsnorm(
+    residual: Any, delta: Any, delta_weight: Any, weight: Any, eps: float
+) -> tuple[Any, Any]:
+    """Twin: norm_add_rmsnorm_ref. Returns (residual + rmsnorm(delta, delta_weight) in fp32,
+    its rmsnorm by weight in BF16)."""
+    import cupy
+
+    check("residual", residual, np.float32, 2)
+    check("delta", delta, BF16_BITS, 2)
+    check("delta_weight", delta_weight, BF16_BITS, 1)
+    check("weight", weight, BF16_BITS, 1)
+    if delta.shape != residual.shape:
+        raise ValueError(f"delta must have residual's shape {residual.shape}; got {delta.shape}")
+    _same_hidden(residual, weight)
+    _same_hidden(residual, delta_weight)
+    summed = cupy.empty_like(residual)
+    normed_delta = cupy.empty(residual.shape, dtype=BF16_BITS)
+    out = cupy.empty(residual.shape, dtype=BF16_BITS)
+    if residual.shape[0]:
+        args = (residual, delta, delta_weight, weight, normed_delta, summed, out,
+                np.int32(residual.shape[1]), np.float32(eps))  # fmt: skip
+        launch_kernel(
+            kernel("rmsnorm", "norm_add_rmsnorm"), (residual.shape[0],), (RMSNORM_THREADS,), args
         )
     return summed, out
 
@@ -220,6 +259,17 @@ def kv_write(cache: Any, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
 
 def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
     """Twin: silu_mul_ref. gate_up [T, 2 * inter] BF16 -> [T, inter] BF16."""
+    return _gated(gate_up, out, lambda: kernel("activation", "silu_mul"))
+
+
+def gelu_tanh_mul(gate_up: Any, *, out: Any = None) -> Any:
+    """Twin: gelu_tanh_mul_ref. gate_up [T, 2 * inter] BF16 -> [T, inter] BF16."""
+    return _gated(gate_up, out, lambda: kernel("activation", "gelu_tanh_mul"))
+
+
+def _gated(gate_up: Any, out: Any, gated_kernel: Callable[[], Any]) -> Any:
+    """Check, then launch one of activation.cu's kernels (`gated_kernel()` compiles it on
+    the first launch): [T, 2 * inter] BF16 (gate, then up) -> [T, inter] BF16."""
     check("gate_up", gate_up, BF16_BITS, 2)
     num_tokens, width = gate_up.shape
     if width % 2:
@@ -229,7 +279,7 @@ def silu_mul(gate_up: Any, *, out: Any = None) -> Any:
     if total:
         blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
         args = (gate_up, out, np.int64(num_tokens), np.int32(width // 2))
-        launch_kernel(kernel("activation", "silu_mul"), (blocks,), (ELEMENTWISE_THREADS,), args)
+        launch_kernel(gated_kernel(), (blocks,), (ELEMENTWISE_THREADS,), args)
     return out
 
 

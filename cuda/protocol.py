@@ -77,6 +77,7 @@ class Backend(Protocol):
     embed: Callable[..., Any]
     rmsnorm: Callable[..., Any]
     add_rmsnorm: Callable[..., Any]
+    norm_add_rmsnorm: Callable[..., Any]  # Gemma's: add_rmsnorm(residual, rmsnorm(delta))
     gemm: Callable[..., Any]
     gemm_add_rmsnorm: Callable[..., Any]  # add_rmsnorm(residual, gemm(x, w)), maybe one kernel
     add_bias: Callable[..., Any]
@@ -88,6 +89,7 @@ class Backend(Protocol):
     paged_attention: Callable[..., Any]
     silu_mul: Callable[..., Any]
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel
+    gelu_tanh_mul: Callable[..., Any]  # Gemma's gelu_tanh(gate) * up, as silu_mul takes it
     decode_tail: Callable[..., Any]  # o_proj through the next norm, maybe one kernel
     decode_tail_qkv: Callable[..., Any]  # decode_tail, then the next gemm_rope_kv_write
     attention_tail: Callable[..., Any]  # paged_attention, then decode_tail, maybe one kernel

@@ -31,6 +31,30 @@ add_rmsnorm(const float* __restrict__ residual, const __nv_bfloat16* __restrict_
                   out + row * hidden, hidden, eps, scratch);
 }
 
+// Gemma's sandwich norm, then the next: normed_delta = rmsnorm(delta, delta_weight) (BF16),
+// summed = residual + normed_delta (fp32), out = rmsnorm(summed, weight). residual,
+// summed: [rows, hidden] fp32; delta, normed_delta, out: [rows, hidden] BF16. The delta
+// row is widened into `summed` first (exactly), normalized from there as rmsnorm
+// normalizes an fp32 row, and `summed` is then overwritten by the add: the two norms'
+// bits are rmsnorm's and add_rmsnorm's.
+extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
+norm_add_rmsnorm(const float* __restrict__ residual, const __nv_bfloat16* __restrict__ delta,
+                 const __nv_bfloat16* __restrict__ delta_weight, const __nv_bfloat16* __restrict__ weight,
+                 __nv_bfloat16* __restrict__ normed_delta, float* __restrict__ summed_out,
+                 __nv_bfloat16* __restrict__ out, int hidden, float eps) {
+  pdl_enter();
+  __shared__ float scratch[RMSNORM_THREADS / 32];  // block_sum's
+  const long long row = blockIdx.x;
+  float* s = summed_out + row * hidden;
+  __nv_bfloat16* nd = normed_delta + row * hidden;
+  for (int i = threadIdx.x; i < hidden; i += RMSNORM_THREADS) s[i] = delta_at(delta + row * hidden, i);
+  __syncthreads();  // NOTE: each thread reads back only what it wrote, but keep the row complete
+  if (!normalize_held_row<false>(s, nullptr, delta_weight, nullptr, nd, hidden, eps, scratch))
+    normalize_row(s, delta_weight, nd, hidden, eps, scratch);
+  __syncthreads();  // the normalized row complete before the add reads it
+  add_rmsnorm_row(residual + row * hidden, nd, weight, s, out + row * hidden, hidden, eps, scratch);
+}
+
 // qkv: [rows, num_heads + 2 * num_kv_heads, head_dim] BF16, in place: each query and key
 // head normalized over head_dim (Qwen3's q_norm and k_norm, before RoPE), the values
 // untouched. grid = rows * (num_heads + num_kv_heads), head_dim <= RMSNORM_THREADS. The

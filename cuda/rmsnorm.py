@@ -32,6 +32,19 @@ def add_rmsnorm_ref(
     return summed, rmsnorm_ref(summed, weight, eps)
 
 
+def norm_add_rmsnorm_ref(
+    residual: np.ndarray,
+    delta: np.ndarray,
+    delta_weight: np.ndarray,
+    weight: np.ndarray,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gemma's sandwich norm and the next: add_rmsnorm of the residual and rmsnorm(delta,
+    delta_weight) (the layer output normalized and rounded to BF16 before the add).
+    residual: [T, hidden] fp32; delta: [T, hidden] BF16 -> (summed fp32, normed BF16)."""
+    return add_rmsnorm_ref(residual, rmsnorm_ref(delta, delta_weight, eps), weight, eps)
+
+
 def head_rmsnorm_ref(
     qkv: np.ndarray, q_weight: np.ndarray, k_weight: np.ndarray, num_heads: int, eps: float
 ) -> np.ndarray:

@@ -197,14 +197,15 @@ def test_silu_mul_embed_and_kv_write(lib: ctypes.CDLL, rng: np.random.Generator)
     table = rng.standard_normal((100, 576)).astype(BF16)
     ids = rng.integers(0, 100, 9).astype(np.int32)
     rows = poisoned((9, 576), np.float32)
-    lib.run_embed(9, ptr(table), ptr(ids), ptr(table), ptr(rows), 576, 100)
+    unscaled = ctypes.c_float(1.0)  # embed's scale: none (tests/test_gemma_ops.py scales)
+    lib.run_embed(9, ptr(table), ptr(ids), ptr(table), ptr(rows), 576, 100, unscaled)
     assert np.array_equal(rows, embed_ref(table, ids))
     # p-tuning: ids >= vocab read the step's prompt-table rows
     prompt_rows = rng.standard_normal((5, 576)).astype(BF16)
     ids = rng.integers(0, 105, 9).astype(np.int32)
     ids[[0, 4]] = [104, 100]
     rows = poisoned((9, 576), np.float32)
-    lib.run_embed(9, ptr(table), ptr(ids), ptr(prompt_rows), ptr(rows), 576, 100)
+    lib.run_embed(9, ptr(table), ptr(ids), ptr(prompt_rows), ptr(rows), 576, 100, unscaled)
     assert np.array_equal(rows, embed_ref(table, ids, prompt_rows))
 
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
@@ -577,7 +578,8 @@ class Paged:
 
 
 @pytest.mark.parametrize(
-    ("shape", "block_size"), [((9, 3, 64), 16), ((9, 3, 64), 64), ((8, 2, 128), 32)]
+    ("shape", "block_size"),
+    [((9, 3, 64), 16), ((9, 3, 64), 64), ((8, 2, 128), 32), ((4, 2, 256), 16)],
 )
 def test_attention_matches_its_twin_and_is_invariant(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
@@ -611,7 +613,8 @@ def split_case(rng: np.random.Generator, shape: tuple[int, int, int], block_size
 
 
 @pytest.mark.parametrize(
-    ("shape", "block_size"), [((4, 1, 64), 16), ((4, 1, 64), 64), ((6, 2, 128), 32)]
+    ("shape", "block_size"),
+    [((4, 1, 64), 16), ((4, 1, 64), 64), ((6, 2, 128), 32), ((4, 2, 256), 64)],
 )
 def test_attention_split_decode_matches_its_twin_on_every_grid(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
@@ -648,7 +651,9 @@ def paged_lens(paged: Paged) -> list[int]:
     return [q.shape[0] for q in paged.queries]
 
 
-@pytest.mark.parametrize(("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64)])
+@pytest.mark.parametrize(
+    ("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64), ((4, 1, 256), 32)]
+)
 def test_attention_split_prefill_rows_equal_their_decode_steps(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
 ) -> None:

@@ -70,7 +70,7 @@ def test_the_gpu_engine_pads_a_head_dim_its_kernels_lack(
     phi3_d48: Path,
 ) -> None:
     """Engine.from_pretrained on the GPU backend pads a head of 48 to 64 (the fingerprint
-    says so) and generates the NumPy engine's tokens; a head past 128 is refused in one
+    says so) and generates the NumPy engine's tokens; a head past 256 is refused in one
     line before any weight loads."""
     from reprise.daemon import Engine, SamplingParams
     from reprise.daemon.model.fingerprint import model_fingerprint
@@ -82,3 +82,8 @@ def test_the_gpu_engine_pads_a_head_dim_its_kernels_lack(
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     prompt = list(range(5, 40))
     assert gpu.generate(prompt, params).token_ids == cpu.generate(prompt, params).token_ids
+    from reprise.cuda.cupy_backend import kernel_head_dim
+
+    assert [kernel_head_dim(d) for d in (48, 64, 96, 128, 160, 256)] == [64, 64, 128, 128, 256, 256]
+    with pytest.raises(ValueError, match="head_dim up to 256; this model's is 288"):
+        kernel_head_dim(288)

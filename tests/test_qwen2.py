@@ -55,6 +55,8 @@ def test_families_by_architecture_or_model_type() -> None:
         "SeedOssForCausalLM",
         "HeliumForCausalLM",
         "InternLM2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
         "LlamaModel",
         "MistralModel",
         "Qwen2Model",
@@ -91,7 +93,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
-        "LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
+        "Gemma3ForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, MistralModel, "
+        "Qwen2Model, Qwen3Model"
     )
 
 
@@ -103,7 +106,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
-        "InternLM2ForCausalLM, LlamaModel, MistralModel, "
+        "InternLM2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+        "LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"
     ]
 
@@ -363,9 +367,11 @@ def test_the_gpu_backend_runs_qwen2(cupy_kind: str, qwen2_d64: Path) -> None:
 
 
 def gpu_forward_matches_numpy(cupy_kind: str, folder: Path) -> None:
-    """The model in `folder` on CupyBackend (emulated, or a device): the same tokens as
-    on NumPy, logits within 4 BF16 ulps of each row's largest; decode from CUDA graphs
-    bit-identical to eager decode (replayed: counted on the emulated CuPy)."""
+    """The model in `folder` on CupyBackend (emulated, or a device): logits within 4 BF16
+    ulps of each row's largest, and so the same tokens as on NumPy wherever its top two
+    are further apart than twice that (nearer, the bound allows a swap: a random model's
+    near ties); decode from CUDA graphs bit-identical to eager decode (replayed: counted
+    on the emulated CuPy)."""
     from reprise.cuda.cupy_backend import CupyBackend
     from reprise.daemon.engine.engine import model_fingerprint
     from reprise.daemon.model.llama import LlamaModel
@@ -378,10 +384,13 @@ def gpu_forward_matches_numpy(cupy_kind: str, folder: Path) -> None:
     prompt = np.random.default_rng(2).integers(0, 256, size=20)
     got = run_on(model, prompt)
     want = run_on(LlamaModel(config, weights, NumpyBackend()), prompt)
-    assert np.array_equal(got.argmax(-1), want.argmax(-1))
     scale = np.max(np.abs(want), axis=1, keepdims=True)
     worst = float(np.max(np.abs(got - want) / scale))
     assert worst < 4 * 2.0**-8, f"{worst / 2.0**-8:.2f} BF16 ulps of the row's largest logit"
+    top_two = np.sort(want, axis=1)[:, -2:]
+    clear = (top_two[:, 1] - top_two[:, 0]) > 8 * 2.0**-8 * scale[:, 0]
+    assert clear.any()
+    assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, return_logits=True)
     outs = []
@@ -392,7 +401,8 @@ def gpu_forward_matches_numpy(cupy_kind: str, folder: Path) -> None:
         replays = replay_count(cupy_kind)
         outs.append(engine.generate(prompt.tolist(), params))
         assert (replay_count(cupy_kind) - replays >= 4) == (graphs and cupy_kind == "emulated")
-    assert outs[0].token_ids[0] == int(want[-1].argmax())
+    if clear[-1]:
+        assert outs[0].token_ids[0] == int(want[-1].argmax())
     assert outs[0].token_ids == outs[1].token_ids
     assert np.array_equal(outs[0].logits.view(np.uint32), outs[1].logits.view(np.uint32))
 

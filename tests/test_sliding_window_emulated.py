@@ -98,7 +98,9 @@ def chunks_seen(pos: int, window: int) -> int:
     return pos // S - first_chunk(pos, window) + 1
 
 
-@pytest.mark.parametrize(("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64)])
+@pytest.mark.parametrize(
+    ("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64), ((4, 2, 256), 32)]
+)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_windowed_attention_matches_its_twin_alone_and_batched(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int,
@@ -122,7 +124,8 @@ def test_windowed_attention_matches_its_twin_alone_and_batched(
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES.values()), ids=list(SCHEDULES))
 @pytest.mark.parametrize(
-    ("shape", "block_size"), [((4, 1, 64), 16), ((4, 1, 64), 64), ((6, 2, 128), 32)]
+    ("shape", "block_size"),
+    [((4, 1, 64), 16), ((4, 1, 64), 64), ((6, 2, 128), 32), ((4, 2, 256), 16)],
 )
 def test_windowed_split_decode_matches_its_twin_on_every_grid(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int,
@@ -164,7 +167,8 @@ def test_windowed_split_decode_matches_its_twin_on_every_grid(
 
 
 @pytest.mark.parametrize(
-    ("shape", "block_size"), [((2, 2, 64), 16), ((4, 1, 64), 32), ((6, 2, 128), 64)]
+    ("shape", "block_size"),
+    [((2, 2, 64), 16), ((4, 1, 64), 32), ((6, 2, 128), 64), ((4, 1, 256), 64)],
 )
 @pytest.mark.parametrize("window", [40, S + 1])
 def test_windowed_prefill_rows_equal_their_decode_steps(
@@ -212,7 +216,9 @@ def test_windowed_prefill_rows_equal_their_decode_steps(
             assert np.array_equal(step, chunk[pos - first : pos - first + 1]), pos
 
 
-@pytest.mark.parametrize(("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64)])
+@pytest.mark.parametrize(
+    ("shape", "block_size"), [((4, 1, 64), 16), ((6, 2, 128), 64), ((4, 2, 256), 32)]
+)
 def test_a_window_reaches_exactly_the_rows_it_cuts(
     lib: ctypes.CDLL, rng: np.random.Generator, shape: tuple[int, int, int], block_size: int
 ) -> None:

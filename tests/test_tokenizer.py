@@ -648,3 +648,17 @@ def test_a_requests_chat_options_reach_the_template(tmp_path: Path) -> None:
         want = tok.encode(text, add_special_tokens=False)
         for kind in (Generate, Tokenize):
             assert checks.text_ids(kind(id="a", messages=chat, chat_options=options)) == want
+
+
+def test_a_processors_chat_template_json_when_nothing_else_has_one(tmp_path: Path) -> None:
+    """A multimodal checkpoint (Gemma 3's 4B and up) may keep its template in the
+    processor's chat_template.json: read when neither tokenizer_config.json nor
+    chat_template.jinja has one, never over them."""
+    folder = _write_folder(tmp_path / "a", config={})
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "PROC {{ 1 + 1 }}"}))
+    assert Tokenizer.from_dir(folder).apply_chat_template([{"role": "user", "content": "x"}]) == (
+        "PROC 2"
+    )
+    folder = _write_folder(tmp_path / "b", config={"chat_template": "FROM CONFIG"})
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "PROC"}))
+    assert Tokenizer.from_dir(folder).chat_template == "FROM CONFIG"

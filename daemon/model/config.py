@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ...cuda.rope import LinearScaling, Llama3Scaling, LongRopeScaling, RopeScaling, YarnScaling
-from .registry import ModelConfigError, ModelFamily, family_named, family_of, is_bare
+from .registry import (
+    ModelConfigError,
+    ModelFamily,
+    family_named,
+    family_of,
+    gemma3_layer_types,
+    is_bare,
+    text_part,
+)
 
 __all__ = ["ModelConfig", "ModelConfigError"]
 
@@ -57,6 +65,16 @@ class ModelConfig:
     rotary_dim: int | None = None
     # the checkpoint's head_dim where head_dim is padded past it (`padded`); None: not
     checkpoint_head_dim: int | None = None
+    # the MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU,
+    # transformers' gelu_pytorch_tanh)
+    activation: str = "silu"
+    # Gemma's: the embedding's rows (not a prompt table's) times bf16(embed_scale), rounded
+    # to BF16, as transformers scales them; None: unscaled
+    embed_scale: float | None = None
+    # Gemma 3's: the layers that rotate by `local_rope_theta`, unscaled (its sliding
+    # layers), where the others use rope_theta and rope_scaling; None: every layer the latter
+    local_rope_layers: tuple[bool, ...] | None = None
+    local_rope_theta: float | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -98,6 +116,21 @@ class ModelConfig:
             raise ModelConfigError(
                 f"the rotated dimensions (head_dim x partial_rotary_factor) must be even and "
                 f"in (0, {self.head_dim}); got {self.rotary_dim}"
+            )
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ModelConfigError(f"activation must be silu or gelu_tanh; got {self.activation!r}")
+        if self.embed_scale is not None and not 0 < self.embed_scale < math.inf:
+            raise ModelConfigError(
+                f"embed_scale must be a finite number > 0; got {self.embed_scale}"
+            )
+        if self.local_rope_layers is not None and (
+            len(self.local_rope_layers) != self.num_layers
+            or self.local_rope_theta is None
+            or not self.local_rope_theta > 0
+        ):
+            raise ModelConfigError(
+                f"local_rope_layers needs one entry a layer ({self.num_layers}) and a "
+                f"local_rope_theta > 0; got {self.local_rope_layers}, {self.local_rope_theta}"
             )
         if self.rope_layers is not None and len(self.rope_layers) != self.num_layers:
             raise ModelConfigError(
@@ -180,6 +213,7 @@ class ModelConfig:
         qkv = self.q_size + 2 * self.kv_size
         per_layer = h * qkv + self.q_size * h + 3 * h * i + 2 * h + qkv * self.qkv_bias
         per_layer += 2 * self.head_dim * self.qk_norm
+        per_layer += 2 * h * self.family.gemma  # the sandwich norms
         lm_head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_layers * per_layer + h + lm_head
 
@@ -191,11 +225,16 @@ class ModelConfig:
         model's; else the short one, and the context stops at the original (a fixed
         choice, so every position keeps its rotation: transformers switches lists by
         the length of the sequence at hand)."""
+        raw = text_part(raw)  # a multimodal checkpoint's language model
         family = family_of(raw)
         family.check(raw)
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
+        gemma: dict[str, Any] = {}
+        if family.gemma:  # its activation was checked; its rope read apart
+            raw, gemma = _gemma3(raw)
+        else:
+            act = raw.get("hidden_act", "silu")
+            if act != "silu":
+                raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
         try:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
             context = int(raw.get("max_position_embeddings", 2048))
@@ -206,7 +245,8 @@ class ModelConfig:
                 context = _original_context(raw)
             elif isinstance(scaling, YarnScaling):  # vLLM's rule: the original, stretched
                 context = int(scaling.original_max_position_embeddings * scaling.factor)
-            elif isinstance(scaling, LinearScaling):
+            elif isinstance(scaling, LinearScaling) and not family.gemma:
+                # (Gemma 3's max_position_embeddings is already the scaled context)
                 context = int(context * scaling.factor)
             windows = _layer_windows(family.windows(raw), context)  # those that bind in it
             eos = raw.get("eos_token_id")
@@ -231,6 +271,7 @@ class ModelConfig:
                 **(_multipliers(raw) if family.scaled else {}),
                 rope_layers=_rope_layers(raw) if family.nope else None,
                 rotary_dim=rotary_dim,
+                **gemma,
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None
@@ -281,6 +322,39 @@ def _rope_layers(raw: dict[str, Any]) -> tuple[bool, ...] | None:
         )
     layers = tuple(bool(v) for v in given)
     return None if all(layers) else layers
+
+
+def _gemma3(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Gemma 3's config as the Llama reading takes it, and its own fields. Its rope
+    settings come in two layouts: `rope_theta` and `rope_scaling` for the full layers with
+    `rope_local_base_freq` for the sliding ones (transformers 4), or `rope_parameters` by
+    layer type (transformers 5); each missing one takes transformers' default."""
+    params = raw.get("rope_parameters") or {}
+    by_type = isinstance(params, dict) and bool(
+        {"full_attention", "sliding_attention"} & set(params)
+    )
+    full = dict(params.get("full_attention") or {}) if by_type else dict(params)
+    sliding = dict(params.get("sliding_attention") or {}) if by_type else {}
+    if raw.get("rope_scaling"):
+        full.update(raw["rope_scaling"])
+    full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+    if sliding.get("rope_type", "default") != "default":
+        raise ModelConfigError(
+            f"rope type {sliding['rope_type']!r} on the sliding layers is not supported"
+        )
+    local_theta = float(sliding.get("rope_theta", raw.get("rope_local_base_freq", 10_000.0)))
+    flat = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_theta")}
+    flat["rope_parameters"] = full
+    flat.setdefault("rms_norm_eps", 1e-6)
+    flat.setdefault("tie_word_embeddings", True)
+    local = tuple(kind == "sliding_attention" for kind in gemma3_layer_types(raw))
+    return flat, {
+        "activation": "gelu_tanh",
+        "embed_scale": float(int(raw["hidden_size"]) ** 0.5),
+        "attention_multiplier": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        "local_rope_layers": local if any(local) else None,
+        "local_rope_theta": local_theta if any(local) else None,
+    }
 
 
 def _multipliers(raw: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,10 @@ the registry (registry.py); a family's options switch its extra steps on.
               add+rmsnorm, gate/up gemm, silu*mul, down gemm] x L
           -> add+rmsnorm -> lm_head (fp32 logits, only for the rows asked for)
 
+Gemma 3 (`gemma`) normalizes the attention's and the MLP's outputs before each residual
+add (rmsnorm, then add+rmsnorm), its MLP is gelu_tanh*mul, its embedding is scaled, and
+its sliding layers rotate by their own base: its layers run op by op.
+
 With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
 rounds to BF16 once, as transformers' BF16 linear layer does. With `qk_norm` (Qwen3)
 each query and key head of the QKV output is RMS-normalized over head_dim
@@ -56,6 +60,8 @@ class _Layer:
     qkv_bias: np.ndarray | None  # [q_size + 2 * kv_size] BF16; None: the family has none
     q_norm: np.ndarray | None = None  # [head_dim] BF16; None: the family has no qk_norm
     k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None  # [hidden] BF16: Gemma's sandwich norms
+    post_mlp_norm: np.ndarray | None = None
 
     @property
     def plain_head(self) -> bool:
@@ -68,6 +74,13 @@ class LlamaModel:
         self.config = config
         self.ops = backend
         linear = backend.linear_weight
+        self.gemma = config.family.gemma
+        # a GeGLU's gate/up product goes through gelu_tanh_mul, not swiglu's fusions
+        gate_up = linear if self.gemma else backend.gate_up_weight
+
+        def held(x: np.ndarray | None) -> Any:
+            return None if x is None else backend.from_host(x)
+
         self.embed_tokens = backend.from_host(weights.embed_tokens)
         self.layers = [
             _Layer(
@@ -75,11 +88,13 @@ class LlamaModel:
                 qkv_proj=linear(w.qkv_proj),
                 o_proj=linear(w.o_proj),
                 mlp_norm=backend.from_host(w.mlp_norm),
-                gate_up_proj=backend.gate_up_weight(w.gate_up_proj),
+                gate_up_proj=gate_up(w.gate_up_proj),
                 down_proj=linear(w.down_proj),
-                qkv_bias=None if w.qkv_bias is None else backend.from_host(w.qkv_bias),
-                q_norm=None if w.q_norm is None else backend.from_host(w.q_norm),
-                k_norm=None if w.k_norm is None else backend.from_host(w.k_norm),
+                qkv_bias=held(w.qkv_bias),
+                q_norm=held(w.q_norm),
+                k_norm=held(w.k_norm),
+                post_attn_norm=held(w.post_attn_norm),
+                post_mlp_norm=held(w.post_mlp_norm),
             )
             for w in weights.layers
         ]
@@ -104,6 +119,14 @@ class LlamaModel:
         self.rope_tables = [
             (self.rope_cos, self.rope_sin) if rotates else identity for rotates in rotating
         ]
+        if config.local_rope_layers is not None:  # Gemma 3's sliding layers: their own base
+            local = rope_table(config.head_dim, config.max_position_embeddings,
+                               config.local_rope_theta, None, config.rotary_dim)  # fmt: skip
+            local = backend.from_host(local[0]), backend.from_host(local[1])
+            self.rope_tables = [
+                local if is_local else tables
+                for is_local, tables in zip(config.local_rope_layers, self.rope_tables, strict=True)
+            ]
         self.scale = config.attention_scale
 
     def num_bytes(self) -> int:
@@ -150,7 +173,11 @@ class LlamaModel:
         cos, sin, scale = self.rope_cos, self.rope_sin, self.scale
         rope_tables = self.rope_tables
         # [T, hidden] fp32; fake ids read the step's prompt-table rows
-        residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
+        if cfg.embed_scale is None:
+            residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
+        else:
+            residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows,
+                                 scale=cfg.embed_scale)  # fmt: skip
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
 
         def rope_args(idx: int) -> tuple:
@@ -172,6 +199,20 @@ class LlamaModel:
             return ops.rope_kv_write(qkv, *rope_args(idx))
 
         windows = cfg.layer_windows or (0,) * cfg.num_layers  # each layer's sliding window
+        if self.gemma:  # sandwich norms and a GeGLU: op by op
+            for idx, layer in enumerate(self.layers):
+                attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,
+                             windows[idx])  # fmt: skip
+                attn = ops.paged_attention(*attention)
+                out = ops.gemm(attn.reshape(num_tokens, -1), layer.o_proj)
+                residual, x = ops.norm_add_rmsnorm(
+                    residual, out, layer.post_attn_norm, layer.mlp_norm, eps
+                )
+                out = ops.gemm(ops.gelu_tanh_mul(ops.gemm(x, layer.gate_up_proj)), layer.down_proj)
+                residual, x = ops.norm_add_rmsnorm(
+                    residual, out, layer.post_mlp_norm, self._next_norm[idx], eps
+                )
+            return x if batch.logit_rows is None else x[batch.logit_rows]
         q = head(x, 0)
         if (
             all(layer.plain_head for layer in self.layers)

@@ -62,6 +62,9 @@ def model_info(path: Path | str) -> dict[str, object]:
         "layers_without_rope": [i for i, r in enumerate(config.rope_layers or ()) if not r],
         # Granite's scalars, when not Llama's
         "multipliers": _multipliers(config),
+        "mlp_activation": config.activation,
+        # Gemma 3's: the sliding layers' own rope base (the others' is rope_theta)
+        "local_rope_theta": config.local_rope_theta,
         "fill_in_the_middle": _fim(path),
         "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
     }

@@ -4,7 +4,7 @@ A family is one entry: the `architectures[0]` (or, without it, the `model_type`)
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
 the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE, InternLM2's
-checkpoint layout), the sliding
+checkpoint layout, Gemma 3's layer), the sliding
 window transformers would apply to each layer (the attention takes it: a query sees the
 window's last keys, config.ModelConfig.layer_windows), and the checks that refuse
 a config whose options the forward does not implement.
@@ -53,6 +53,11 @@ class ModelFamily:
     # rows go KV head by KV head (its group's query heads, then its key, then its value);
     # weights.py reads them into the Llama layout
     internlm2: bool = False
+    # Gemma 3's layer: RMSNorm weights w applied as (1 + w), the attention's and the MLP's
+    # outputs each normalized before the residual add ("sandwich" norms), a GELU (tanh)
+    # gated MLP, the embedding scaled by sqrt(hidden_size), the sliding layers rotated
+    # by their own unscaled rope base (ModelConfig.local_rope_theta)
+    gemma: bool = False
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -158,6 +163,47 @@ def _check_internlm2(raw: Mapping[str, Any]) -> None:
         raise ModelConfigError("bias=true is not supported (a bias on wqkv and wo)")
 
 
+def gemma3_layer_types(raw: Mapping[str, Any]) -> list[str]:
+    """Gemma 3's layer types: `layer_types`, or transformers' default from the older
+    `sliding_window_pattern` (every 6th layer full, the others sliding)."""
+    given = raw.get("layer_types")
+    if given is not None:
+        return list(given)
+    pattern = int(raw.get("sliding_window_pattern", 6))
+    if pattern < 1:
+        raise ModelConfigError(f"sliding_window_pattern must be >= 1; got {pattern}")
+    return [
+        "sliding_attention" if (i + 1) % pattern else "full_attention"
+        for i in range(_num_layers(raw))
+    ]
+
+
+def _gemma3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Gemma 3's windows: `sliding_window` on its sliding layers."""
+    if raw.get("sliding_window") is None:
+        return ()
+    return _typed_windows({**raw, "layer_types": gemma3_layer_types(raw)})
+
+
+def _check_gemma3(raw: Mapping[str, Any]) -> None:
+    """Gemma 3 (text) with no soft-capping and causal attention, as it is released."""
+    for field in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(field) is not None:
+            raise ModelConfigError(f"{field}={raw[field]} is not supported (tanh soft-capping)")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelConfigError("use_bidirectional_attention=true is not supported")
+    if raw.get("attention_bias"):
+        raise ModelConfigError("attention_bias=true is not supported")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ModelConfigError(
+            f"hidden_activation {act!r} is not supported for Gemma 3; only 'gelu_pytorch_tanh'"
+        )
+    kinds = set(gemma3_layer_types(raw)) - {"sliding_attention", "full_attention"}
+    if kinds:
+        raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported")
+
+
 def _check_phi3(raw: Mapping[str, Any]) -> None:
     """Phi-3 is Llama's forward with fused projections (Phi-4-mini's partial rotary
     embedding: config.ModelConfig.rotary_dim)."""
@@ -223,6 +269,15 @@ FAMILIES: dict[str, ModelFamily] = {
             check=_check_internlm2,
             internlm2=True,
         ),
+        ModelFamily(
+            "Gemma3ForCausalLM",
+            "gemma3_text",
+            qkv_bias=False,
+            check=_check_gemma3,
+            qk_norm=True,
+            windows=_gemma3_windows,
+            gemma=True,
+        ),
     )
 }
 
@@ -238,8 +293,44 @@ BARE_MODELS = {
 }
 
 
+# A multimodal checkpoint whose language model is a family's: its `text_config` read as
+# that family's, each field it omits at transformers' default for the text config class
+# (the released configs give only what differs), the outer config's token ids where the
+# text config has none; weights.py reads the text weights under the language model's
+# prefix and leaves the vision tower. Only text is served.
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {  # transformers' Gemma3TextConfig
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+}
+MULTIMODAL = {"Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS)}
+
+
+def text_part(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` itself, or a multimodal config's text model as its family reads it."""
+    archs = raw.get("architectures") or []
+    if not archs or archs[0] not in MULTIMODAL:
+        return dict(raw)
+    family, defaults = MULTIMODAL[archs[0]]
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ModelConfigError(f"{archs[0]}'s config.json lacks its text_config")
+    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in raw}
+    return {**defaults, **ids, **text, "architectures": [family]}
+
+
 def supported_architectures() -> tuple[str, ...]:
-    return (*FAMILIES, *BARE_MODELS)
+    return (*FAMILIES, *MULTIMODAL, *BARE_MODELS)
 
 
 def is_bare(raw: Mapping[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Synthetic models: Hugging Face model folders (Llama or Qwen2, registry.py) of RANDOM
+"""Synthetic models: Hugging Face model folders (of registry.py's families) of RANDOM
 BF16 weights in the shape of a real model, so that speed and memory can be measured at scale without a model hub.
 
 The folder loads like any other (config.json, sharded model.safetensors with its
@@ -41,6 +41,16 @@ PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_ep
 GRANITE = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5}
 SMOLLM3 = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "rms_norm_eps": 1e-6}
 MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rms_norm_eps": 1e-5}
+GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": True,
+}
 # Phi-4-mini's LongRoPE: 48 rotated pairs of each head, the factor lists its config's shape
 # (short ones near 1, long ones rising to 32x for the low frequencies), not its values
 PHI4_MINI_ROPE = {
@@ -299,6 +309,39 @@ SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "sliding_window": None,
     },
+    "gemma-3-1b": {  # gemma-3-1b-it: sandwich norms, GeGLU, 5 of 6 layers with a 512 window
+        **GEMMA3,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "vocab_size": 262144,
+        "max_position_embeddings": 32768,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+    },
+    "tiny-gemma3": {  # for tests: Gemma 3's layer in kilobytes (a window of 24, full layer 3)
+        **GEMMA3,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "query_pre_attn_scalar": 48,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "sliding_window": 24,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+    },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 CHAT_TEMPLATE = (
@@ -393,6 +436,8 @@ def synth_in_memory(
         qkv_bias=rand(config.q_size + 2 * config.kv_size) if config.qkv_bias else None,
         q_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
         k_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
+        post_attn_norm=ones if config.family.gemma else None,
+        post_mlp_norm=ones if config.family.gemma else None,
     )
     embed = rand(config.vocab_size, h)
     lm_head = embed if config.tie_word_embeddings else rand(config.vocab_size, h)
@@ -425,6 +470,9 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
             yield prefix + "self_attn.k_norm.weight", (shape["head_dim"],)
         yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
         yield prefix + "post_attention_layernorm.weight", (hidden,)
+        if family.gemma:  # sandwich norms: post_attention_layernorm is the attention's output's
+            yield prefix + "pre_feedforward_layernorm.weight", (hidden,)
+            yield prefix + "post_feedforward_layernorm.weight", (hidden,)
         if family.fused:
             yield prefix + "mlp.gate_up_proj.weight", (2 * inter, hidden)
         else:

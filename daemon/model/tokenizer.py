@@ -137,6 +137,11 @@ class Tokenizer:
         jinja_file = path / "chat_template.jinja"
         if jinja_file.is_file():  # newer transformers save it here, and it wins over the config
             chat_templates = {"default": jinja_file.read_text(encoding="utf-8")}
+        processor_file = path / "chat_template.json"  # a multimodal processor's (Gemma 3's)
+        if not chat_templates and processor_file.is_file():
+            chat_templates = _chat_templates(
+                json.loads(processor_file.read_text(encoding="utf-8")).get("chat_template"), path
+            )
         return cls(
             backend=backend,
             special_tokens=special_tokens,

@@ -4,7 +4,8 @@ Tensors stored as BF16, F16 or F32 are rounded to BF16 once, on load. Q, K and
 V are fused into one projection, and so are gate and up, so each layer runs
 two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
 has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer;
-Granite's scalar multipliers are folded into the weights (`_folded`), and a partial
+Granite's scalar multipliers are folded into the weights (`_folded`), Gemma's norm
+weights offset by one (`_unit_offset_norms`), and a partial
 rotary embedding's dimensions reordered in q and k alike (`_rotary_ordered`). A missing
 tensor or a wrong shape is an error that names it.
 """
@@ -40,6 +41,10 @@ class LayerWeights:
     qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]; families with config.qkv_bias
     q_norm: np.ndarray | None = None  # [head_dim]; families with config.qk_norm
     k_norm: np.ndarray | None = None  # [head_dim]
+    # Gemma's sandwich norms: of the attention's output and of the MLP's, each before
+    # its residual add ([hidden]); None for the other families
+    post_attn_norm: np.ndarray | None = None
+    post_mlp_norm: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -86,6 +91,8 @@ def load_weights(
         _padded(weights, stored, config)
     if config.rotary_dim is not None or config.family.interleaved_rope:
         _rotary_ordered(weights, config)
+    if config.family.gemma:
+        _unit_offset_norms(weights)
     return _folded(weights, config) if config.family.scaled else weights
 
 
@@ -98,8 +105,12 @@ def _read(
     h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
 
     def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors and name.removeprefix("model.") in tensors:
-            name = name.removeprefix("model.")  # saved from the bare model (registry.BARE_MODELS)
+        # saved from the bare model (registry.BARE_MODELS), or a multimodal model's language
+        # model (registry.MULTIMODAL), as transformers writes it or as it holds it
+        bare = name.removeprefix("model.")
+        for stored in (bare, "language_model." + name, "model.language_model." + bare):
+            if name not in tensors and stored in tensors:
+                name = stored
         if name not in tensors:
             raise WeightsError(f"checkpoint in {path} lacks tensor {name!r}")
         t = tensors[name]
@@ -112,7 +123,9 @@ def _read(
     if config.family.internlm2:
         return _internlm2(take, config, progress)
     q_kv_sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
-    fused = config.family.fused
+    fused, gemma = config.family.fused, config.family.gemma
+    # the MLP's input norm; Gemma's post_attention_layernorm is its attention's output's
+    mlp_norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
     embed = take("model.embed_tokens.weight", (vocab, h))
     layers = []
     for i in range(config.num_layers):
@@ -127,7 +140,7 @@ def _read(
                     [take(f"{attn}{x}_proj.weight", (n, h)) for x, n in q_kv_sizes.items()]
                 ),
                 o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
-                mlp_norm=take(p + "post_attention_layernorm.weight", (h,)),
+                mlp_norm=take(p + mlp_norm + ".weight", (h,)),
                 gate_up_proj=take(p + "mlp.gate_up_proj.weight", (2 * inter, h))
                 if fused  # gate rows, then up rows, as we pack them
                 else np.concatenate(
@@ -144,6 +157,10 @@ def _read(
                 else None,
                 q_norm=take(attn + "q_norm.weight", (config.head_dim,)) if config.qk_norm else None,
                 k_norm=take(attn + "k_norm.weight", (config.head_dim,)) if config.qk_norm else None,
+                post_attn_norm=take(p + "post_attention_layernorm.weight", (h,)) if gemma else None,
+                post_mlp_norm=take(p + "post_feedforward_layernorm.weight", (h,))
+                if gemma
+                else None,
             )
         )
         if progress is not None:
@@ -244,6 +261,21 @@ def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
         _reorder_heads(layer, config, order)
         if layer.q_norm is not None:
             layer.q_norm, layer.k_norm = layer.q_norm[order], layer.k_norm[order]
+
+
+def _unit_offset_norms(weights: LlamaWeights) -> None:
+    """Gemma's RMSNorms scale by (1 + w): each norm weight replaced by 1 + w (in place),
+    rounded to BF16 once, so the norm kernels stay Llama's. transformers multiplies by
+    1 + w in fp32, so the two agree within that rounding, not bit for bit."""
+
+    def offset(w: np.ndarray) -> np.ndarray:
+        return (w.astype(np.float32) + np.float32(1.0)).astype(BF16)
+
+    names = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
+    for layer in weights.layers:
+        for name in names:
+            setattr(layer, name, offset(getattr(layer, name)))
+    weights.final_norm = offset(weights.final_norm)
 
 
 def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:

@@ -106,8 +106,8 @@ void run_add_bias(const float* y, const __nv_bfloat16* bias, __nv_bfloat16* out,
   launch({(unsigned)blocks, 1, 1}, 256, [&] { add_bias(y, bias, out, tokens, width); });
 }
 void run_embed(int tokens, const __nv_bfloat16* table, const int* ids, const __nv_bfloat16* prompt_rows,
-               float* out, int hidden, int vocab) {
-  launch({(unsigned)tokens, 1, 1}, 256, [&] { embed(table, ids, prompt_rows, out, hidden, vocab); });
+               float* out, int hidden, int vocab, float scale) {
+  launch({(unsigned)tokens, 1, 1}, 256, [&] { embed(table, ids, prompt_rows, out, hidden, vocab, scale); });
 }
 void run_kv_write(int tokens, int kv_heads, const __nv_bfloat16* k, const __nv_bfloat16* v, long long k_stride,
                   long long v_stride, const long long* slots, __nv_bfloat16* cache, int layer, int layers,
@@ -172,6 +172,9 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   if (head_dim == 128 && block_size == 16) fn = attention_emu::paged_attention_d128_b16;
   if (head_dim == 128 && block_size == 32) fn = attention_emu::paged_attention_d128_b32;
   if (head_dim == 128 && block_size == 64) fn = attention_emu::paged_attention_d128_b64;
+  if (head_dim == 256 && block_size == 16) fn = attention_emu::paged_attention_d256_b16;
+  if (head_dim == 256 && block_size == 32) fn = attention_emu::paged_attention_d256_b32;
+  if (head_dim == 256 && block_size == 64) fn = attention_emu::paged_attention_d256_b64;
   if (fn == nullptr) return 1;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
     fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
@@ -430,7 +433,8 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
-  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(add_bias) PLAIN(embed) PLAIN(kv_write)
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(add_bias)
+  PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
   PLAIN(add_logit_bias) PLAIN(apply_token_mask)
@@ -438,6 +442,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
   ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)
   ATTENTION(paged_attention_d128_b16) ATTENTION(paged_attention_d128_b32) ATTENTION(paged_attention_d128_b64)
+  ATTENTION(paged_attention_d256_b16) ATTENTION(paged_attention_d256_b32) ATTENTION(paged_attention_d256_b64)
 #undef ATTENTION
 #define GEMM(fn) if (n == #fn) return with_dynamic_smem(gemm_emu::gemm_smem, GEMM_SMEM_CAPACITY, smem_bytes, \
     [&](auto* left) { return launch_checked(gemm_emu::fn, name, l, left); });
