@@ -253,3 +253,81 @@ def gemma_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 def test_the_gpu_backend_runs_gemma3(cupy_kind: str, gemma_folder: Path) -> None:  # noqa: F811
     gpu_forward_matches_numpy(cupy_kind, gemma_folder)
+
+
+def test_a_gemma3_gguf_converts_as_transformers_reads_it(tmp_path: Path) -> None:
+    """A gemma3 GGUF, written as llama.cpp's converter writes one (its tensor names, every
+    norm weight stored as 1 + w, Q8_0 matrices; the sliding pattern, the local rope base and
+    the score scale left to llama.cpp's code): converted, the weights are transformers'
+    own reading of the file bit for bit once rounded to BF16, and the logits its forward's
+    within the bound above; seven layers, so the sixth is full."""
+    import ml_dtypes
+    from gguf_support import write_gguf
+    from test_gguf_families import TOKENS, _tokenizer_kv
+
+    from reprise.daemon.model.gguf_convert import convert_gguf
+    from reprise.daemon.model.safetensors_io import load_safetensors
+
+    torch.manual_seed(65)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=7,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=16,
+        max_position_embeddings=256, **IDS,
+    )  # fmt: skip
+    model = transformers.Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() > 1 else p.copy_(0.1 * torch.randn_like(p))
+    model = model.to(torch.bfloat16).float()
+    names = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+        "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }  # fmt: skip
+    tensors = {}
+    for name, value in model.state_dict().items():
+        value = value.numpy()
+        if name == "lm_head.weight":
+            continue  # tied
+        if name.endswith("norm.weight"):
+            value = value + np.float32(1.0)  # llama.cpp's norm_shift
+        if name == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = value
+        elif name == "model.norm.weight":
+            tensors["output_norm.weight"] = value
+        else:
+            layer, rest = name.removeprefix("model.layers.").split(".", 1)
+            tensors[f"blk.{layer}.{names[rest.removesuffix('.weight')]}.weight"] = value
+    kv = {
+        "gemma3.block_count": 7, "gemma3.context_length": 256, "gemma3.embedding_length": 64,
+        "gemma3.feed_forward_length": 128, "gemma3.attention.head_count": 2,
+        "gemma3.attention.head_count_kv": 1, "gemma3.attention.key_length": 256,
+        "gemma3.attention.value_length": 256, "gemma3.rope.freq_base": 1e6,
+        "gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.attention.sliding_window": 16,
+        **_tokenizer_kv("llama-bpe"),
+    }  # fmt: skip
+    source = write_gguf(tmp_path / "model.gguf", "gemma3", kv, tensors)
+    out = tmp_path / "out"
+    convert_gguf(source, out, progress=False)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="model.gguf", dtype=torch.float32
+    ).eval()
+    ours = load_safetensors(out / "model.safetensors")
+    theirs = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+    theirs.pop("lm_head.weight")
+    assert sorted(ours) == sorted(theirs)
+    for name, weight in ours.items():
+        expected = theirs[name].astype(ml_dtypes.bfloat16)
+        assert np.array_equal(weight.view(np.uint16), expected.view(np.uint16)), name
+    read = ModelConfig.from_dir(out)
+    assert read.layer_windows == (16,) * 5 + (0, 16) and read.attention_scale == 256**-0.5
+    prompt = np.random.default_rng(5).integers(0, len(TOKENS), 40)
+    want = hf_logits(reference, prompt)
+    with torch.no_grad():
+        own = reference.to(torch.bfloat16)(torch.tensor(prompt[None])).logits[0].float().numpy()
+    bound = max(2e-2, 1.5 * rel_l2_rows(own, want).max())
+    for chunks in ([40], [7, 20, 13]):
+        assert rel_l2_rows(run_ours(out, prompt, chunks), want).max() < bound, chunks

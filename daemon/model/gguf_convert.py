@@ -1,8 +1,8 @@
-"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite or SmolLM3 model into a
-Hugging Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3 or Gemma 3 model
+into a Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3`,
-`phi3`, `granite` or `smollm3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
+`phi3`, `granite`, `smollm3` or `gemma3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
 `tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
 - a model llama.cpp's gguf-split cut into shards, given by any of them, converts as one
@@ -13,7 +13,10 @@ Hugging Face model folder.
   `[out_features, in_features]`, one tensor in memory at a time;
 - llama.cpp's row permutation of a Llama's (and a Granite's and SmolLM3's) Q and K
   projections is undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
-  no other family's); a Granite file's four scales become its config's multipliers;
+  no other family's); a Granite file's four scales become its config's multipliers; a
+  Gemma 3 file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
+  what llama.cpp sets in its code (the sliding pattern, the local rope base, the score
+  scale) is written into config.json;
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
   `llama3` rope_scaling that gives the same factors, checked against every one;
 - the tokenizer is gguf_tokenizer's (byte-level or SentencePiece BPE as llama.cpp
@@ -110,7 +113,25 @@ _FAMILIES = {
         },
         permuted_qk=False,
     ),
+    # Gemma 3 (its text model): sandwich norms, q and k norms, every norm weight stored as
+    # 1 + w (llama.cpp's converter adds its norm_shift; `_convert_tensor` takes it off)
+    "gemma3": _Family(
+        "Gemma3ForCausalLM",
+        {
+            **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm.weight"},
+            "attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight",
+            "post_attention_norm.weight": "post_attention_layernorm.weight",
+            "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+            "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+        },
+        permuted_qk=False,
+    ),
 }
+# llama.cpp's constants for gemma3, set in its code, not read from the file: every 6th
+# layer full, the others sliding and rotated by base 10,000
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # llama.cpp's n_no_rope_layer_step for smollm3: every 4th layer without RoPE, set in its
 # code, not read from the file
 SMOLLM3_NO_ROPE_STEP = 4
@@ -256,7 +277,9 @@ def hf_config(
                    for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
     if arch == "smollm3":
         config |= {"no_rope_layer_interval": SMOLLM3_NO_ROPE_STEP, "use_sliding_window": False}
-    if arch in ("llama", "granite", "smollm3"):
+    if arch == "gemma3":
+        config |= _gemma3_config(meta, key, config)
+    elif arch in ("llama", "granite", "smollm3"):
         config |= {"attention_bias": False, "mlp_bias": False}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
@@ -267,6 +290,31 @@ def hf_config(
                    "max_window_layers": num_layers}  # fmt: skip
         config |= {"attention_bias": False} if arch == "qwen3" else {}
     return config | {"torch_dtype": "bfloat16"}
+
+
+def _gemma3_config(
+    meta: dict[str, Any], key: Callable[[str], str], config: dict[str, Any]
+) -> dict[str, Any]:
+    """A gemma3 file's text config, as llama.cpp runs it: a sliding window on all but every
+    6th layer (`attention.sliding_window`; none without it), those layers rotated by base
+    10,000 unscaled, and scores scaled by 1 / sqrt(head_dim), but by 1 / sqrt(hidden / heads)
+    on the 27B (62 layers: its query_pre_attn_scalar, 168)."""
+    window = meta.get(key("attention.sliding_window"))
+    scalar = config["head_dim"]
+    if config["num_hidden_layers"] == 62:  # llama.cpp's LLM_TYPE_27B
+        scalar = config["hidden_size"] // config["num_attention_heads"]
+    return {
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_act": "gelu_pytorch_tanh",
+        "sliding_window": None if window is None else int(window),
+        "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "attention_bias": False,
+    }
 
 
 def _longrope_scaling(meta: dict[str, Any], long: np.ndarray, short: np.ndarray) -> dict[str, Any]:
@@ -391,6 +439,8 @@ def _convert_tensor(tensor: Any, config: dict[str, Any], family: _Family) -> np.
         weight = unpermute_rows(weight, config["num_attention_heads"])
     elif family.permuted_qk and tensor.name.endswith(".attn_k.weight"):
         weight = unpermute_rows(weight, config["num_key_value_heads"])
+    elif config["model_type"] == "gemma3_text" and tensor.name.endswith("norm.weight"):
+        weight = weight.astype(np.float32) - np.float32(1.0)  # llama.cpp's norm_shift off
     return weight.astype(ml_dtypes.bfloat16)
 
 
