@@ -27,6 +27,7 @@ SHAPES = {
     "llama-3.1-8b": (32, 8, 128),
     "group-1": (8, 8, 64),
     "group-8": (16, 2, 128),
+    "gemma-3-1b": (4, 1, 256),  # head_dim 256: the CUDA-core kernel's alone
 }
 MODEL_SHAPES = ["smollm2-135m", "llama-3.1-8b"]
 BLOCK_SIZES = [16, 32, 64]
@@ -412,3 +413,24 @@ def test_windowed_attention_matches_its_twin_and_keeps_its_bits(
         assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
     seqs.window = 0
     assert not np.array_equal(bits(seqs.run(spans)), bits(got))  # the window binds
+
+
+@pytest.mark.parametrize("window", [0, 512])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_head_dim_256_on_the_cuda_cores(cp, rng, block_size: int, window: int) -> None:
+    """Gemma 3's head (256, staged a 128-dim part at a time): decodes, whole and partial
+    prefills within BF16 rounding of the twin, its 512 window or none; each span alone and
+    each prefill's last row as a decode step, the same bits."""
+    seq_lens = [int(n) for n in rng.integers(1, 4 * KV_CHUNK, size=7)]
+    seq_lens[0], seq_lens[2] = 3 * KV_CHUNK + 7, 1
+    seqs = PagedSequences(rng, SHAPES["gemma-3-1b"], block_size, seq_lens, "cuda-cores")
+    seqs.window = window
+    spans = mixed_spans(rng, seq_lens)
+    got = seqs.run(spans)
+    bf16_close(got, seqs.ref(spans))
+    starts = np.cumsum([0] + [last - first for _, first, last in spans])
+    for i, (b, first, last) in enumerate(spans):
+        alone = seqs.run([(b, first, last)])
+        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), (b, "alone")
+        step = seqs.run([(b, last - 1, last)])
+        assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
