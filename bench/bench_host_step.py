@@ -164,6 +164,10 @@ class NullBackend(NumpyBackend):
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 
     @staticmethod
+    def softcap(logits: np.ndarray, cap: float) -> np.ndarray:
+        return logits
+
+    @staticmethod
     def gelu_tanh_mul(x: np.ndarray) -> np.ndarray:
         return np.zeros((x.shape[0], x.shape[1] // 2), dtype=BF16)
 

@@ -187,6 +187,7 @@ def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
             "mistral-7b-v0.1",
             "phi-4-mini",
             "gemma-3-1b",
+            "gemma-2-2b",
             "tiny-gemma3",
         ]
     ),

@@ -5,12 +5,12 @@
 #include "common.cuh"
 
 // gate_up: [tokens, 2 * inter] BF16 (gate first, then up); out: [tokens, inter] BF16,
-// bf16(value(gate, up)). One thread per output element, grid-stride.
+// bf16(value(gate, up)). One thread per output element, grid-stride; the kernels call
+// pdl_enter() first.
 template <class Value>
 __device__ __forceinline__ void gated_mul(const __nv_bfloat16* __restrict__ gate_up,
                                           __nv_bfloat16* __restrict__ out, long long tokens, int inter,
                                           Value value) {
-  pdl_enter();
   const long long total = tokens * inter;
   for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
        idx += (long long)gridDim.x * blockDim.x) {
@@ -23,6 +23,7 @@ __device__ __forceinline__ void gated_mul(const __nv_bfloat16* __restrict__ gate
 
 extern "C" __global__ void silu_mul(const __nv_bfloat16* __restrict__ gate_up,
                                     __nv_bfloat16* __restrict__ out, long long tokens, int inter) {
+  pdl_enter();
   // common.cuh's, as the gated GEMM's epilogue computes it
   gated_mul(gate_up, out, tokens, inter, [](float gate, float up) { return silu_mul_value(gate, up); });
 }
@@ -43,7 +44,20 @@ __device__ __forceinline__ float gelu_tanh_value(float x) {
 
 extern "C" __global__ void gelu_tanh_mul(const __nv_bfloat16* __restrict__ gate_up,
                                          __nv_bfloat16* __restrict__ out, long long tokens, int inter) {
+  pdl_enter();
   gated_mul(gate_up, out, tokens, inter, [](float gate, float up) {
     return __fmul_rn(bf16_value(gelu_tanh_value(gate)), up);  // gelu rounded, as torch's BF16 gelu
   });
+}
+
+// Gemma 2's soft-capping of fp32 logits in place: x = cap * tanh(x / cap), each step
+// rounded to fp32 as torch's (no FMA), tanh in double then rounded (activation.py:
+// softcap_ref). x: [rows, vocab] fp32, contiguous. Grid-stride, one thread an element.
+extern "C" __global__ void logit_softcap(float* __restrict__ x, long long total, float cap) {
+  pdl_enter();
+  for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    const float t = __fdiv_rn(x[idx], cap);
+    x[idx] = __fmul_rn(static_cast<float>(tanh(static_cast<double>(t))), cap);
+  }
 }

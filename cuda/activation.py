@@ -1,5 +1,5 @@
 """Gated MLP activations, from the fused gate/up projection: SwiGLU's silu(gate) * up
-and GeGLU's gelu_tanh(gate) * up (Gemma's)."""
+and GeGLU's gelu_tanh(gate) * up (Gemma's); and Gemma 2's tanh soft-capping of logits."""
 
 from __future__ import annotations
 
@@ -48,3 +48,13 @@ def gelu_tanh_mul_ref(gate_up: np.ndarray) -> np.ndarray:
     gelu = to_f32(gelu_tanh_ref(gate_up[..., :inter]))
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN as the kernel's
         return to_bf16(gelu * to_f32(gate_up[..., inter:]))
+
+
+def softcap_ref(x: np.ndarray, cap: float) -> np.ndarray:
+    """Gemma 2's tanh soft-capping of fp32 logits, cap * tanh(x / cap), in torch's fp32
+    steps (x / cap, tanh, times cap, each rounded to fp32), tanh taken in float64 and
+    rounded (the kernel's double tanh gives the same bits): [R, vocab] fp32 -> the same."""
+    c = F32.type(cap)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = (to_f32(x) / c).astype(F32)
+        return (np.tanh(t.astype(np.float64)).astype(F32) * c).astype(F32)

@@ -16,6 +16,13 @@
 // window_start(p) = max(p - window + 1, 0); window 0: lo = 0. lo ascends with p, so a
 // CTA's first row sees the earliest key any of its rows sees.
 //
+// Soft cap (`softcap`, the twin's; Gemma 2): c > 0 caps each scaled score before the mask,
+// s = c * tanhf(s * r) with r = 1 / c (one IEEE division a CTA, kept in shared memory),
+// every product rounded (softcapped). A branch on r > 0, the same for the whole grid: c = 0
+// runs no arithmetic more. (The branch tests r read from shared memory, not c: a test of
+// the argument, hoisted out of the page loop, held a predicate through it, and d64_b64
+// spilled on sm_90.)
+//
 // KV chunks: the key range is cut at the absolute positions c * kKvChunk (256 keys,
 // whole pages). A CTA's chunks are those from c0, the chunk holding its first row's lo,
 // to its last row's position (the chunks before c0 are seen by none of its rows); it
@@ -44,7 +51,8 @@
 //      when block_size = 64); with block_size 16 the two half-warps take two slots
 //      at once. score(row, key) = one sequential fp32 FMA chain over d = 0..head_dim-1
 //      in a single thread (across K's parts: the chain stays in that thread's
-//      registers), times scale;
+//      registers), times scale; with a soft cap c > 0 (`softcap`, the twin's), then
+//      capped: c * tanhf(s * r), r = 1 / c (softcapped, the twin's softcap_scores);
 //   3. softmax step per row that sees a key of the page (the others skip 3 and 4):
 //      tile max by a shuffle butterfly over the row's lanes,
 //      m' = max(m, tile max), a = exp(m - m'), p = exp(s - m') for visible keys;
@@ -86,8 +94,9 @@
 //     head parts, nor which CTA counts last reaches a row's bits;
 //   - every operation is an explicitly rounded intrinsic (__fmaf_rn, __fmul_rn,
 //     __fadd_rn, __fsub_rn, __fdiv_rn) that the compiler cannot contract or
-//     reorder, and expf is the accurate libdevice routine (no fast math), the same
-//     function of its argument wherever it runs;
+//     reorder, and expf and tanhf are libdevice's routines (no fast math), each the same
+//     function of its argument wherever it runs (the cap's r = 1 / c is one IEEE
+//     division of a launch argument);
 //   - no float atomics: the counters are integers, and only say who merges.
 // So the number of rows in the CTA, a row's slot, q_len, the chunking of a prompt, the
 // launch geometry and the other sequences of the batch never reach a row's bits (nor,
@@ -117,6 +126,11 @@ __device__ __forceinline__ constexpr int kTilesPerChunk() {
 // start, or 0 with no window (window 0).
 __device__ __forceinline__ int window_start(int pos, int window) {
   return window > 0 && pos >= window ? pos - window + 1 : 0;  // no overflow at any window
+}
+
+// A scaled score soft-capped at c (attention.py's softcap_scores): c * tanh(s * r), r = 1 / c.
+__device__ __forceinline__ float softcapped(float s, float c, float r) {
+  return __fmul_rn(c, tanhf(__fmul_rn(s, r)));
 }
 
 // The two BF16 halves of a 32-bit word (the lower address holds the low half).
@@ -178,6 +192,7 @@ struct __align__(16) SharedStorage {
   float merge_a2[kNumWarps][kRowsPerWarp];
   int merge_sees[kNumWarps][kRowsPerWarp];  // 1: the row sees the chunk, 2: as its first; 0: not
   int last;  // 1: this CTA counted last (the split)
+  float cap_r;  // the soft cap's r = 1 / c (softcapped); 0: no cap
 };
 
 // Part `part` (dims part * kStageDims ..) of a page's rows ([block_size, head_dim] BF16
@@ -207,7 +222,8 @@ __device__ __forceinline__ void paged_attention(
     float* __restrict__ workspace,               // split: [T, heads, chunks, head_dim] + [T, heads, chunks, 2]
     unsigned* __restrict__ counters,             // split: one zero per (work item, head slot)
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-    int num_layers, int layer, int head_parts, int kv_lanes, float scale, int window) {
+    int num_layers, int layer, int head_parts, int kv_lanes, float scale, int window,
+    float softcap) {  // c > 0: each scaled score capped (softcapped); 0: none
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   __shared__ SharedStorage<HEAD_DIM, BLOCK_SIZE> sm;
 
@@ -247,6 +263,8 @@ __device__ __forceinline__ void paged_attention(
   const bool split = kv_lanes > 1;
   if (split && first_chunk + kv_lane >= num_chunks) return;  // a lane with no chunk: not counted
 
+  // the soft cap's r, read after the page loop's first barrier
+  if (threadIdx.x == 0) sm.cap_r = softcap > 0.0f ? 1.0f / softcap : 0.0f;
   // the CTA's query rows, zero past num_rows
   for (int idx = threadIdx.x; idx < kRowsPerCta * C::kChunks; idx += kNumThreads) {
     const int r = idx / C::kChunks, c = idx % C::kChunks;
@@ -417,11 +435,18 @@ __device__ __forceinline__ void paged_attention(
           // NOTE: a masked key's score is replaced by -inf by a select, so its p is
           // expf(-inf) = +0: whatever its K held (stale data, NaN) never enters a row's state.
           float s[C::kKeysPerLane];
+#pragma unroll
+          for (int kk = 0; kk < C::kKeysPerLane; ++kk) s[kk] = __fmul_rn(score[i][kk], scale);
+          const float cap_r = sm.cap_r;
+          if (cap_r > 0.0f) {  // the grid's branch (a soft cap): before the mask, which a NaN meets too
+#pragma unroll
+            for (int kk = 0; kk < C::kKeysPerLane; ++kk) s[kk] = softcapped(s[kk], softcap, cap_r);
+          }
           float tile_max = negative_infinity();
 #pragma unroll
           for (int kk = 0; kk < C::kKeysPerLane; ++kk) {
             const int j = key_lane + C::kLanesPerRow * kk;
-            s[kk] = j >= begin[i] && j < visible[i] ? __fmul_rn(score[i][kk], scale) : negative_infinity();
+            s[kk] = j >= begin[i] && j < visible[i] ? s[kk] : negative_infinity();
             tile_max = fmaxf(tile_max, s[kk]);
           }
 #pragma unroll
@@ -649,18 +674,19 @@ __device__ __forceinline__ void paged_attention(
 
 }  // namespace
 
-// One entry point per (head_dim, block_size). grid = attention_kernel.split_grid's, block = 128.
+// One entry point per (head_dim, block_size). grid = attention_kernel.split_grid's, block = 128;
+// `window`: the sliding window (0: none), `softcap`: the scores' soft cap (0: none).
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
       float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      int head_parts, int kv_lanes, float scale, int window
+      int head_parts, int kv_lanes, float scale, int window, float softcap
 #define PAGED_ATTENTION_PASS                                                                  \
   out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
       num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, \
-      window
+      window, softcap
 
 extern "C" __global__ void __launch_bounds__(128) paged_attention_d64_b16(PAGED_ATTENTION_ARGS) {
   pdl_enter();

@@ -7,6 +7,7 @@ its own online softmax in fp32, over its pages (the key tiles, `block_size` keys
 each) in ascending order, starting from m = -inf, denom = acc = 0:
 
     s = (q . k) * scale                 fp32 (BF16 operands)
+    s = c * tanh(s * r)                 only with a soft cap c > 0 (softcap_scores)
     m' = max(m, max(s));  a = exp(m - m')
     denom = denom * a + sum(exp(s - m'))  fp32 probabilities summed
     acc = acc * a + bf16(exp(s - m')) . v   probabilities rounded to BF16 for the PV product
@@ -20,6 +21,14 @@ state taken as it is, then for each later chunk (m2, denom2, acc2):
 and finally out = bf16(acc / denom). The GPU kernels compute chunks in parallel at
 decode (one CTA per chunk) and one after another in a prefill; fixing the chunk
 boundaries and the merge order makes both give the same bits.
+
+Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` = c > 0): each score, already
+scaled, becomes c * tanh(s / c) before the mask and the softmax, computed as
+`softcap_scores` defines it in fp32: r = fp32(1 / c) once, then fp32(s * r), its tanh
+(rounded to fp32), and fp32(c * tanh) (torch divides by a scalar as a product with its
+reciprocal too). The kernels repeat the three steps with fp32 tanhf, whose last bit
+need not be the rounded tanh: within a few fp32 ulps of a score, far inside BF16's
+tolerance. c = 0: no cap, not one operation more.
 
 Grouped-query heads are stacked as rows (query head h reads KV head
 h // group), so each K/V page serves its whole group at once. Key tiles are
@@ -47,7 +56,7 @@ the row's own query and the keys it sees:
   sum(p): fp32 p on the fixed grid 2^-(52 - log2 block_size), exact for p < 2;
   the tile holding the running max adds exp(0) = 1, so denom >= 1 and the grid
   costs under 2^-40 of it.
-- Everything else (scale, mask, max, exp, the rescaling by a) is elementwise on
+- Everything else (scale, cap, mask, max, exp, the rescaling by a) is elementwise on
   fp32: the same operation for a value wherever it sits in an array. exp always
   gets a fresh contiguous array, which numpy evaluates with one SIMD routine
   whatever its length or offset.
@@ -105,6 +114,7 @@ def paged_attention_ref(
     query_start_loc: np.ndarray,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """
     q:               [T, num_heads, head_dim] BF16, roped
@@ -114,9 +124,12 @@ def paged_attention_ref(
     query_start_loc: [B + 1] rows of q belonging to each sequence
     window:          a sliding window: the query at position p sees keys p - window + 1
                      to p; 0: keys 0 to p
+    softcap:         c > 0: each scaled score s becomes c * tanh(s / c) (softcap_scores)
+                     before the mask and the softmax; 0: no cap
     returns          [T, num_heads, head_dim] BF16
     """
     assert window >= 0, window
+    assert softcap >= 0 and math.isfinite(softcap), softcap
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
     group = num_heads // num_kv_heads
@@ -157,7 +170,7 @@ def paged_attention_ref(
                     chunk = state.rows(r0 - first, r1 - first)
                     _attend(
                         rows[:, r0:r1], row_pos[r0:r1], row_lo[r0:r1], pages, F32.type(scale),
-                        chunk,
+                        F32.type(softcap), chunk,
                     )  # fmt: skip
                 # the chunk holding a row's first visible key is the row's first chunk
                 total.rows(first, last).merge(state, first=row_lo[first:last] >= pages.first_key)
@@ -168,6 +181,18 @@ def paged_attention_ref(
             .reshape(q_len, num_heads, head_dim)
         )
     return to_bf16(out)
+
+
+def softcap_scores(s: np.ndarray, softcap: np.float32) -> np.ndarray:
+    """Soft-capped scores, the definition the kernels follow step for step: with c =
+    `softcap` (> 0) and r = fp32(1 / c), each fp32 score s (already scaled) becomes
+    fp32(c * t), t = tanh(fp32(s * r)) rounded to fp32 (taken in float64 here: the
+    rounded value; the kernels' tanhf is within a few fp32 ulps of it). Elementwise, on
+    a fresh contiguous array: the same bits for a score wherever it sits."""
+    c = F32.type(softcap)
+    r = F32.type(1.0) / c
+    t = np.tanh((s * r).astype(F64)).astype(F32)
+    return t * c
 
 
 def _other_bits(length: int) -> int:
@@ -269,12 +294,13 @@ class _Pages:
 
 def _attend(
     rows: np.ndarray, row_pos: np.ndarray, row_lo: np.ndarray, pages: _Pages,
-    scale: np.float32, state: _RowState,
+    scale: np.float32, softcap: np.float32, state: _RowState,
 ) -> None:  # fmt: skip
     """Run rows ([kv_heads, R, head_dim] float64 on grid, positions ascending, each
     seeing some key of the chunk: keys row_lo to row_pos) over the chunk's tiles up to
     the last row's, and update their state. A row skips the tiles it sees no key of
-    (in its future, or before its window): its state is left exactly unchanged."""
+    (in its future, or before its window): its state is left exactly unchanged.
+    `softcap` > 0 caps the scaled scores (softcap_scores) before the mask."""
     num_kv_heads, num_rows, head_dim = rows.shape
     block_size = pages.block_size
     num_tiles = min(
@@ -285,6 +311,8 @@ def _attend(
 
     keys = pages.keys[:, :num_keys].transpose(0, 2, 1)  # [kv_heads, head_dim, keys]
     s = exact_to_f32(rows @ keys) * scale  # [kv_heads, R, keys]
+    if softcap > 0:
+        s = softcap_scores(s, softcap)
     key_pos = pages.first_key + np.arange(num_keys)[None, :]
     visible = (key_pos <= row_pos[:, None]) & (key_pos >= row_lo[:, None])  # [R, keys]
     s = np.where(visible, s, F32.type(-np.inf)).reshape(tiled)

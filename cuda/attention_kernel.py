@@ -5,7 +5,9 @@ One kernel serves prefill and decode: each sequence's queries are the last
 where one is given: keys p - window + 1 to p) to K/V read from the paged cache, page by
 page in ascending order, with an online softmax in fp32
 (probabilities rounded to BF16 for the P.V product), exactly the recurrence the
-twin's docstring writes down. Results agree with the twin within BF16 rounding.
+twin's docstring writes down; with a soft cap c > 0 (Gemma 2's), each scaled score
+becomes c * tanh(s / c) first, as the twin's `softcap_scores` defines it. Results agree
+with the twin within BF16 rounding.
 
 Work (`split_grid`): one CTA per (query tile, head slot, KV lane). A head slot is a
 KV head, or a part of its query-head group (`head_parts`), so a batch-1 decode still
@@ -214,6 +216,7 @@ def paged_attention(
     query_start_loc: Any,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
     *,
     out: Any = None,
     workspace: Any = None,
@@ -226,6 +229,8 @@ def paged_attention(
     query_start_loc: [B + 1] int32, rows of q belonging to each sequence; [B] must be T
     window:          a sliding window (the twin's): the query at position p sees keys
                      p - window + 1 to p; 0: keys 0 to p
+    softcap:         c > 0: each scaled score s becomes c * tanh(s / c) (the twin's
+                     softcap_scores) before the mask and the softmax; 0: no cap
     out:             [T, num_heads, head_dim] uint16, written in place, or None
     workspace:       float32, at least `workspace_floats` elements, for a launch that
                      splits (small batches); None: taken from CuPy's pool when needed
@@ -235,7 +240,7 @@ def paged_attention(
     checked (that would need a device->host read): block ids must lie in the cache,
     seq_len <= max_blocks * block_size, and seq_len >= q_len.
     """
-    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
+    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window, softcap)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA)
     fn = kernel("attention", kernel_name(q.shape[2], cache.shape[4]))
     return launch(lambda grid: (fn, 0), ROWS_PER_CTA, out, *args, workspace=workspace)
@@ -252,13 +257,15 @@ def launch(
     seq_lens: Any,
     query_start_loc: Any,
     scale: float,
-    window: int,
+    window: int = 0,
+    softcap: float = 0.0,
     *,
     workspace: Any,
 ) -> Any:
     """Launch an attention kernel (checked inputs) on split_grid's geometry, with the
     split's workspace and counters when it splits. `kernel_for(grid)` gives the entry
-    point for that grid and the dynamic shared memory it needs. Returns out."""
+    point for that grid and the dynamic shared memory it needs; the window and the soft
+    cap are the kernel's last two arguments. Returns out."""
     import cupy
 
     num_tokens, num_heads, head_dim = q.shape
@@ -288,9 +295,26 @@ def launch(
         np.int32(num_tokens), np.int32(num_seqs), np.int32(max_blocks), np.int32(num_heads),
         np.int32(num_kv_heads), np.int32(cache.shape[1]), np.int32(layer),
         np.int32(grid.head_parts), np.int32(grid.kv_lanes), np.float32(scale), np.int32(window),
+        np.float32(softcap),
     )  # fmt: skip
     launch_kernel(fn, grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
     return out
+
+
+# The soft caps the kernels take: 0 (none) or c in this range, where c, its reciprocal
+# and the products the cap forms stay normal fp32 numbers (the kernels flush subnormals).
+SOFTCAP_RANGE = (2.0**-64, 2.0**64)
+
+
+def check_softcap(softcap: float) -> None:
+    """A soft cap the kernels take: 0 (none), or a number in SOFTCAP_RANGE (ValueError)."""
+    low, high = SOFTCAP_RANGE
+    if not isinstance(softcap, int | float | np.integer | np.floating) or not (
+        softcap == 0 or low <= softcap <= high
+    ):
+        raise ValueError(
+            f"softcap must be 0 (no cap) or a number from {low} to {high}; got {softcap!r}"
+        )
 
 
 @functools.cache
@@ -310,6 +334,7 @@ def check_inputs(
     query_start_loc: Any,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
     *,
     out: Any,
     max_group: int,
@@ -353,6 +378,7 @@ def check_inputs(
         )
     if not isinstance(window, int | np.integer) or not 0 <= window < 2**31:
         raise ValueError(f"window must be an integer >= 0 (0: no window); got {window!r}")
+    check_softcap(softcap)
     group = num_heads // num_kv_heads
     if group > max_group:
         raise ValueError(f"num_heads / num_kv_heads must be at most {max_group}; got {group}")

@@ -44,7 +44,11 @@
 //      a = exp2(m - m') (1 where m' = m), p = exp2(s * u - m') (one fma) or +0,
 //      the row sum of p (per thread over its values as a balanced tree, row_reduce:
 //      each n8 tile's pair, then adjacent tiles; then the quad butterfly xor 1,
-//      xor 2), denom = denom * a + sum;
+//      xor 2), denom = denom * a + sum. With a soft cap c > 0 (`softcap`, the twin's;
+//      Gemma 2's; a branch every CTA takes alike: c = 0 runs none of it), each score is
+//      first capped in natural units, y = c * tanhf(fp32(s * scale) * r), r = 1 / c
+//      (softcapped, attention.py's softcap_scores), before the masks, and the step
+//      above runs on y with u = log2(e) (the natural-expf build: on y itself);
 //   3. acc = acc * a in place (skipped where every a of the warp's rows is 1), then
 //      P.V: p rounded to BF16 is the A operand,
 //      straight from the S registers (FA2 register reuse), one mma per 16-key
@@ -143,6 +147,13 @@
 // registers without spills; the others moved by -5 to +8 (d64_b16_deep on sm_90 120 ->
 // 128, d128_b64_deep 218 -> 226; the shared page's build alike), no CTAs an SM lost.
 //
+// The soft cap (2026-11-30) is a third attend_page (CAP: capped, masked on every page),
+// taken on a branch on the argument: the kernels at their bounds keep them, no spills,
+// the others moved by -3 to +5 (d64_b64 on sm_80 159 -> 164, d128_b64 222 -> 225;
+// d128_b64_deep 220 -> 217; the shared page's build alike), no CTAs an SM lost. Capping
+// every score of the page ahead of the per-row masks instead held 32 tanhf in flight:
+// d64_b64_deep 161 -> 191 (sm_80), 166 -> 198 (sm_90), a CTA an SM less on sm_90.
+//
 // Registers never hold a deep kernel below 2 CTAs an SM, or below its shared memory's
 // count (test_attention_split). Every deep kernel fits sm_80's 163 KB opt-in. A batch-1
 // Llama-3.1-8B decode's split grid is 256 CTAs (8 lanes of 32 head slots): one round on
@@ -181,7 +192,9 @@
 //     explicitly rounded intrinsics (__fmul_rn, __fmaf_rn, __fsub_rn, __fadd_rn,
 //     __fdiv_rn) and one exponential, ex2.approx (a function of its input alone on
 //     a device, if not correctly rounded; the REPRISE_ATTN_EXPF build: the accurate
-//     expf): nothing is contracted or reordered.
+//     expf): nothing is contracted or reordered. A soft cap adds libdevice's tanhf (a
+//     function of its input alone too) of each score, every page and path alike, and
+//     r = 1 / c, one IEEE division of the argument.
 //     The tile max is exact in any order (a +-0 tie changes nothing: s - m and
 //     m - m' come out the same for either zero). The row sum has a shape fixed
 //     by block_size: key j is always summed by thread (j % 8) / 2 of the quad, at
@@ -247,17 +260,18 @@
 // Two entry points per (head_dim, block_size): the normal ring, and the deep one (_deep)
 // for split launches. grid = attention_kernel.split_grid's, block = 128, dynamic shared
 // memory = Ring::kSmemBytes (attention_tc_kernel.smem_bytes); `window`: the sliding
-// window (window_start), 0 for none.
+// window (window_start), 0 for none; `softcap`: the scores' soft cap (softcapped), 0 for none.
 #define PAGED_ATTENTION_ARGS                                                                  \
   unsigned short *__restrict__ out, const unsigned short *__restrict__ q,                     \
       const unsigned short *__restrict__ cache, const int *__restrict__ block_tables,          \
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,               \
       float *__restrict__ workspace, unsigned *__restrict__ counters, int num_tokens,          \
       int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int num_layers, int layer, \
-      int head_parts, int kv_lanes, float scale, int window
+      int head_parts, int kv_lanes, float scale, int window, float softcap
 #define PAGED_ATTENTION_PASS                                                                  \
   out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens,    \
-      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, window
+      num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, window, \
+      softcap
 
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_tc_d64_b16(PAGED_ATTENTION_ARGS) {
   paged_attention_tc<64, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);

@@ -63,6 +63,19 @@ constexpr float kLog2e = 1.4426950408889634f;
 // e^(x / log2(e)) for x in the softmax's units: 2^x (kBase2), else e^x.
 __device__ __forceinline__ float softmax_exp(float x) { return kBase2 ? exp2_approx(x) : expf(x); }
 
+// The soft cap (Gemma 2's; attention.py's softcap_scores) of a page's raw scores x (CAP
+// in attend_page): y = cap * tanhf(fp32(x * scale) * r), r = 1 / cap, each product rounded:
+// in natural units, then in the softmax's units as attend_page takes them (times log2(e)
+// in base 2).
+struct SoftCap {
+  float scale;
+  float cap;
+  float r;
+};
+__device__ __forceinline__ float softcapped(float x, const SoftCap& c) {
+  return __fmul_rn(c.cap, tanhf(__fmul_rn(__fmul_rn(x, c.scale), c.r)));
+}
+
 // The PTX wrappers, BF16 helpers, find_work and the chunk merge come from common.cuh.
 
 // Pages in a ring (Ring's STAGES; num_stages in attention_tc_kernel.py repeats both).
@@ -279,17 +292,20 @@ __device__ __forceinline__ void scale_and_add_pv(float (&acc)[2 * PAIRS][4],
 // `pos` are the positions of the thread's two rows (-1: a padding row, which sees
 // nothing) and `lo` their first visible keys (window_start): row h sees keys lo[h] ..
 // pos[h]; `stage` holds the page's K and V; `units` the factor from a score to the
-// softmax's units: scale * log2(e) (kBase2), else scale. WHOLE: every real row of the
+// softmax's units: scale * log2(e) (kBase2), else scale. CAP: each score is soft-capped
+// first (softcapped, `cap`: in natural units, every score of the page), and `units` is
+// the factor from a capped score: log2(e) (kBase2; else unused). WHOLE: every real row of the
 // warp sees every key of the page (the page ends at or before the warp's first row's
 // position and starts at or after its last row's first visible key), so no score is
 // masked: for those rows the masks would keep every score, the same values either way;
 // the warp's padding rows (zero q) then take the page into a state no one reads (never
 // stored, merged or written: their position is -1).
-template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
+template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE, bool CAP = false>
 __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
                                             const unsigned (&qf)[HEAD_DIM / 16][4],
                                             const unsigned short* stage, const int (&pos)[2],
-                                            const int (&lo)[2], int tile_start, float units, int lane) {
+                                            const int (&lo)[2], int tile_start, float units, int lane,
+                                            const SoftCap& cap = SoftCap{}) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   const unsigned short* k_tile = stage;
   const unsigned short* v_tile = stage + C::kPageHalves;
@@ -340,7 +356,8 @@ __device__ __forceinline__ void attend_page(RowState<HEAD_DIM>& st,
       for (int e = 0; e < 2; ++e) {
         const int key = 8 * j + 2 * quad_lane + e;
         float& x = s[j][2 * h + e];
-        x = key >= begin && key < end ? (kBase2 ? x : __fmul_rn(x, units)) : negative_infinity();
+        if constexpr (CAP) x = softcapped(x, cap);  // in natural units, before the mask (a NaN's too)
+        x = key >= begin && key < end ? (kBase2 || CAP ? x : __fmul_rn(x, units)) : negative_infinity();
       }
     }
     float tile_max = row_reduce<C::kKeyTiles>(s, h, [](float a, float b) { return fmaxf(a, b); });
@@ -459,12 +476,12 @@ struct CoopExchange {  // in shared memory, one a CTA
   unsigned p[BLOCK_SIZE / 8][2][32];   // [key tile][row half][lane]: p's pair in BF16
 };
 
-template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE>
+template <int HEAD_DIM, int BLOCK_SIZE, bool WHOLE, bool CAP = false>
 __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
                                                  const unsigned (&qf)[HEAD_DIM / 16][4],
                                                  const unsigned short* stage, const int (&pos)[2],
                                                  const int (&lo)[2], int tile_start, float units, int lane, int warp,
-                                                 CoopExchange<BLOCK_SIZE>& x) {
+                                                 CoopExchange<BLOCK_SIZE>& x, const SoftCap& cap = SoftCap{}) {
   using C = Config<HEAD_DIM, BLOCK_SIZE>;
   constexpr int kMine = C::kKeyTiles > kNumWarps ? C::kKeyTiles / kNumWarps : 1;  // key tiles a warp scores
   constexpr int kScoring = C::kKeyTiles / kMine;                                  // warps that score
@@ -515,6 +532,7 @@ __device__ __forceinline__ void attend_page_coop(CoopState<HEAD_DIM>& st,
       for (int e = 0; e < 2; ++e) {
         const int key = 8 * (j0 + jj) + 2 * quad_lane + e;
         float& v = s[jj][2 * h + e];
+        if constexpr (CAP) v = softcapped(v, cap);  // attend_page's cap
         v = key >= begin && key < end ? v : negative_infinity();
       }
     }
@@ -613,7 +631,8 @@ __device__ __forceinline__ void paged_attention_tc(
     int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
     int num_layers, int layer, int head_parts, int kv_lanes, float scale,
     int window,                                  // sliding window (window_start); 0: none
-    const VirtualCta& v = VirtualCta{}) {
+    float softcap,                               // the scores' soft cap (softcapped); 0: none
+    const VirtualCta& v = VirtualCta{}) {  // VIRTUAL: decode_block.cu passes no cap (its AttnArgs)
   using C = Ring<HEAD_DIM, BLOCK_SIZE, STAGES, SPLIT_ONLY>;
   // [kStages][K, V page], then the merged acc of each thread (kTotalFloats a thread)
   extern __shared__ __align__(16) unsigned short attention_tc_smem[];
@@ -819,7 +838,11 @@ __device__ __forceinline__ void paged_attention_tc(
       if (next + 1 < num_pages) next_block = table[page_of(next + 1)];
       if (warp_sees<BLOCK_SIZE>(pos, lo, t)) {  // CTA-uniform here: every warp holds the same rows
         const unsigned short* stage = attention_tc_smem + (k % C::kStages) * C::kStageHalves;
-        if (warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
+        if (softcap > 0.0f) {  // the grid's branch: a soft cap
+          const SoftCap cap{scale, softcap, 1.0f / softcap};
+          attend_page_coop<HEAD_DIM, BLOCK_SIZE, false, true>(cs, qf, stage, pos, lo, t * BLOCK_SIZE, kLog2e, lane,
+                                                              warp, xchg, cap);
+        } else if (warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
           attend_page_coop<HEAD_DIM, BLOCK_SIZE, true>(cs, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane, warp,
                                                        xchg);
         } else {
@@ -868,7 +891,11 @@ __device__ __forceinline__ void paged_attention_tc(
     if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
     if (warp_sees<BLOCK_SIZE>(pos, lo, t)) {  // a page none of the warp's rows sees is skipped
       const unsigned short* stage = ring + (k % C::kStages) * C::kStageHalves;
-      if (!REPRISE_ATTN_EXPF && warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
+      if (softcap > 0.0f) {  // the grid's branch: a soft cap
+        const SoftCap cap{scale, softcap, 1.0f / softcap};
+        attend_page<HEAD_DIM, BLOCK_SIZE, false, true>(st, qf, stage, pos, lo, t * BLOCK_SIZE,
+                                                       kBase2 ? kLog2e : 1.0f, lane, cap);
+      } else if (!REPRISE_ATTN_EXPF && warp_sees_whole<BLOCK_SIZE>(pos, lo, t)) {
         attend_page<HEAD_DIM, BLOCK_SIZE, true>(st, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane);
       } else {
         attend_page<HEAD_DIM, BLOCK_SIZE, false>(st, qf, stage, pos, lo, t * BLOCK_SIZE, units, lane);

@@ -106,13 +106,14 @@ def paged_attention_tc(
     query_start_loc: Any,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
     *,
     out: Any = None,
     workspace: Any = None,
 ) -> Any:
     """`attention_kernel.paged_attention` (the same arguments, checks, geometry and result)
     on the tensor-core kernel; a KV head may have up to ROWS_PER_CTA query heads."""
-    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
+    args = (q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window, softcap)
     out = check_inputs(*args, out=out, max_group=ROWS_PER_CTA, head_dims=TC_HEAD_DIMS)
     import cupy
 

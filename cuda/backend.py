@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .activation import gelu_tanh_mul_ref, silu_mul_ref
+from .activation import gelu_tanh_mul_ref, silu_mul_ref, softcap_ref
 from .attention import paged_attention_ref
 from .bias import add_bias_ref
 from .dtypes import BF16
@@ -87,7 +87,8 @@ class NumpyBackend:
 
     def attention_tail(self, attention: tuple, tail: tuple) -> tuple[np.ndarray, np.ndarray]:
         """A layer from its attention on: paged_attention(*attention) (its queries, cache,
-        layer, block tables, seq_lens, query_start_loc and scale), then decode_tail(attn,
+        layer, block tables, seq_lens, query_start_loc and scale, then maybe its window and
+        soft cap), then decode_tail(attn,
         *tail) (tail: decode_tail's arguments after attn). Here its ops in turn (the GPU
         backend may run the layer as one persistent kernel, to the same bits)."""
         attn = self.paged_attention(*attention)
@@ -246,6 +247,7 @@ class NumpyBackend:
     paged_attention = staticmethod(paged_attention_ref)
     silu_mul = staticmethod(silu_mul_ref)
     gelu_tanh_mul = staticmethod(gelu_tanh_mul_ref)
+    softcap = staticmethod(softcap_ref)
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -181,7 +181,8 @@ class CupyBackend:
         """paged_attention then decode_tail: one persistent launch where the tail takes it
         (decode_tail's rule) and the tensor-core attention's plan has an entry point
         (decode_block_kernel.layer_plan), the layer's attention then run inside it; else
-        the two ops. The same bits either way."""
+        the two ops (always with a soft cap, attention[8]: layer_plan refuses one). The same
+        bits either way."""
         if plan := self._layer_plan(attention, tail):
             weights = decode_block_kernel.LayerWeights(*tail[:3], *tail[4:6])
             return decode_block_kernel.decode_layer(
@@ -506,6 +507,7 @@ class CupyBackend:
     rope_kv_write = staticmethod(launchers.rope_kv_write)
     silu_mul = staticmethod(launchers.silu_mul)
     gelu_tanh_mul = staticmethod(launchers.gelu_tanh_mul)
+    softcap = staticmethod(launchers.softcap)
     add_bias = staticmethod(launchers.add_bias)
     head_rmsnorm = staticmethod(launchers.head_rmsnorm)
     argmax = staticmethod(launchers.argmax)
@@ -562,6 +564,7 @@ class CupyBackend:
         query_start_loc: Any,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> Any:
         from .attention_tc_kernel import TC_HEAD_DIMS
 
@@ -571,7 +574,9 @@ class CupyBackend:
             from .attention_tc_kernel import paged_attention_tc as kernel
         else:
             from .attention_kernel import paged_attention as kernel
-        return kernel(q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window)
+        return kernel(
+            q, cache, layer, block_tables, seq_lens, query_start_loc, scale, window, softcap
+        )
 
 
 def _keys(device: int, host: int) -> tuple[tuple[str, int], ...]:

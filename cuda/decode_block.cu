@@ -336,6 +336,8 @@ struct AttnArgs {
   int num_tokens, num_seqs, max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, gx, gy;
   float scale;
   int window;  // the layers' sliding window (attention_tc.cuh's; 0: none)
+  // NOTE: no soft cap (Gemma 2's): decode_block_kernel.layer_plan refuses a capped
+  // attention, whose layer runs op by op; attention_phase passes the kernel a cap of 0.
 };
 
 template <int HEAD_DIM, int BLOCK_SIZE>
@@ -357,7 +359,7 @@ __device__ __forceinline__ void attention_phase(const AttnArgs& a, unsigned char
         a.out, l ? a.q_later : a.q, a.cache, a.block_tables, a.seq_lens, a.query_start_loc, a.workspace,
         a.counters, a.num_tokens, a.num_seqs, a.max_blocks, a.num_heads, a.num_kv_heads, a.num_layers, a.layer + l,
         a.head_parts, a.kv_lanes,
-        a.scale, a.window, v);
+        a.scale, a.window, /*softcap=*/0.0f, v);  // no cap (AttnArgs)
     // the half's threads are done with this virtual CTA (its work item, read up to its
     // merge's last call, and its ring) before thread 0 writes the next one's
     cta_sync<true>(v);

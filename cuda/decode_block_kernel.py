@@ -260,6 +260,7 @@ class Attention(NamedTuple):
     query_start_loc: Any
     scale: float
     window: int = 0  # a sliding window (the twin's): a query sees the last this many keys
+    softcap: float = 0.0  # the scores' soft cap (the twin's): decode_layers takes none
 
 
 class LayerWeights(NamedTuple):
@@ -299,7 +300,8 @@ def layers_smem_bytes(rows: int, q_size: int, hidden: int, inter: int, head_dim:
 def layer_plan(attention: Attention, rows: int) -> Any:
     """The attention's planned grid (attention_kernel.split_grid, as the standalone launch
     plans it), or None where decode_layer does not run it: a shape without an entry point,
-    or other rows. A one-lane plan (a short block table, or many sequences) runs as the
+    other rows, or a soft cap (decode_block.cu's attention runs none: Gemma 2's layers go
+    op by op). A one-lane plan (a short block table, or many sequences) runs as the
     split kernel's body too, its lone lane merging its chunks through the workspace: the
     chunks and their merge order are the one-lane kernel's, so the same bits."""
     from .attention_kernel import split_grid
@@ -308,7 +310,7 @@ def layer_plan(attention: Attention, rows: int) -> Any:
     q, cache = attention.q, attention.cache
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[4]
-    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES:
+    if num_tokens != rows or (head_dim, block_size) not in LAYER_SHAPES or attention.softcap:
         return None
     num_seqs, max_blocks = attention.block_tables.shape
     grid = split_grid(num_tokens, num_seqs, num_kv_heads, num_heads // num_kv_heads, max_blocks,
@@ -385,9 +387,10 @@ def decode_layers(
     rows, num_heads, head_dim = q.shape
     attn = check_inputs(*attention, out=None, max_group=ROWS_PER_CTA)  # [T, heads, head_dim]
     plan = layer_plan(attention, rows) if plan is None else plan  # the caller's, if it has it
-    if plan is None or not layers or not layers_take(attention, layers):
+    if plan is None or attention.softcap or not layers or not layers_take(attention, layers):
         raise ValueError(
-            "decode_layers does not take these layers (decode_block_kernel.layer_plan, layers_take)"
+            "decode_layers does not take these layers (decode_block_kernel.layer_plan, "
+            "layers_take; no soft cap)"
         )
     first = layers[0]
     (hidden, q_size), (two_inter, _) = first.w_o.shape, first.w_gate_up.shape

@@ -32,8 +32,8 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family(
         "activation",
-        ("launchers:silu_mul", "launchers:gelu_tanh_mul"),
-        ("activation:silu_mul_ref", "activation:gelu_tanh_mul_ref"),
+        ("launchers:silu_mul", "launchers:gelu_tanh_mul", "launchers:softcap"),
+        ("activation:silu_mul_ref", "activation:gelu_tanh_mul_ref", "activation:softcap_ref"),
     ),
     Family("attention", ("attention_kernel:paged_attention",), ("attention:paged_attention_ref",)),
     Family(

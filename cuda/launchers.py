@@ -267,6 +267,19 @@ def gelu_tanh_mul(gate_up: Any, *, out: Any = None) -> Any:
     return _gated(gate_up, out, lambda: kernel("activation", "gelu_tanh_mul"))
 
 
+def softcap(logits: Any, cap: float) -> Any:
+    """Twin: softcap_ref. logits [R, vocab] fp32, capped in place (and returned)."""
+    check("logits", logits, np.float32, 2)
+    total = logits.shape[0] * logits.shape[1]
+    if total:
+        blocks = min(-(-total // ELEMENTWISE_THREADS), 65535)
+        args = (logits, np.int64(total), np.float32(cap))
+        launch_kernel(
+            kernel("activation", "logit_softcap"), (blocks,), (ELEMENTWISE_THREADS,), args
+        )
+    return logits
+
+
 def _gated(gate_up: Any, out: Any, gated_kernel: Callable[[], Any]) -> Any:
     """Check, then launch one of activation.cu's kernels (`gated_kernel()` compiles it on
     the first launch): [T, 2 * inter] BF16 (gate, then up) -> [T, inter] BF16."""

@@ -90,6 +90,7 @@ class Backend(Protocol):
     silu_mul: Callable[..., Any]
     swiglu: Callable[..., Any]  # silu_mul(gemm(x, w)) of a gate_up_weight, maybe one kernel
     gelu_tanh_mul: Callable[..., Any]  # Gemma's gelu_tanh(gate) * up, as silu_mul takes it
+    softcap: Callable[..., Any]  # Gemma 2's cap * tanh(logits / cap), in place
     decode_tail: Callable[..., Any]  # o_proj through the next norm, maybe one kernel
     decode_tail_qkv: Callable[..., Any]  # decode_tail, then the next gemm_rope_kv_write
     attention_tail: Callable[..., Any]  # paged_attention, then decode_tail, maybe one kernel

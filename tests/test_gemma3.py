@@ -255,12 +255,14 @@ def test_the_gpu_backend_runs_gemma3(cupy_kind: str, gemma_folder: Path) -> None
     gpu_forward_matches_numpy(cupy_kind, gemma_folder)
 
 
-def test_a_gemma3_gguf_converts_as_transformers_reads_it(tmp_path: Path) -> None:
-    """A gemma3 GGUF, written as llama.cpp's converter writes one (its tensor names, every
-    norm weight stored as 1 + w, Q8_0 matrices; the sliding pattern, the local rope base and
-    the score scale left to llama.cpp's code): converted, the weights are transformers'
-    own reading of the file bit for bit once rounded to BF16, and the logits its forward's
-    within the bound above; seven layers, so the sixth is full."""
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_a_gemma_gguf_converts_as_transformers_reads_it(tmp_path: Path, arch: str) -> None:
+    """A gemma3 (or gemma2) GGUF, written as llama.cpp's converter writes one (its tensor
+    names, every norm weight stored as 1 + w, Q8_0 matrices; the sliding pattern, the local
+    rope base and the score scale left to llama.cpp's code; gemma2's caps in the metadata):
+    converted, the weights are transformers' own reading of the file bit for bit once
+    rounded to BF16, and the logits its forward's within the bound above; seven layers, so
+    gemma3's sixth is full."""
     import ml_dtypes
     from gguf_support import write_gguf
     from test_gguf_families import TOKENS, _tokenizer_kv
@@ -269,12 +271,16 @@ def test_a_gemma3_gguf_converts_as_transformers_reads_it(tmp_path: Path) -> None
     from reprise.daemon.model.safetensors_io import load_safetensors
 
     torch.manual_seed(65)
-    config = transformers.Gemma3TextConfig(
+    config_class, model_class = {
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+    }[arch]
+    config = config_class(
         vocab_size=len(TOKENS), hidden_size=64, intermediate_size=128, num_hidden_layers=7,
         num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=16,
         max_position_embeddings=256, **IDS,
     )  # fmt: skip
-    model = transformers.Gemma3ForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4.0) if p.dim() > 1 else p.copy_(0.1 * torch.randn_like(p))
@@ -302,14 +308,17 @@ def test_a_gemma3_gguf_converts_as_transformers_reads_it(tmp_path: Path) -> None
             layer, rest = name.removeprefix("model.layers.").split(".", 1)
             tensors[f"blk.{layer}.{names[rest.removesuffix('.weight')]}.weight"] = value
     kv = {
-        "gemma3.block_count": 7, "gemma3.context_length": 256, "gemma3.embedding_length": 64,
-        "gemma3.feed_forward_length": 128, "gemma3.attention.head_count": 2,
-        "gemma3.attention.head_count_kv": 1, "gemma3.attention.key_length": 256,
-        "gemma3.attention.value_length": 256, "gemma3.rope.freq_base": 1e6,
-        "gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.attention.sliding_window": 16,
-        **_tokenizer_kv("llama-bpe"),
+        "block_count": 7, "context_length": 256, "embedding_length": 64,
+        "feed_forward_length": 128, "attention.head_count": 2, "attention.head_count_kv": 1,
+        "attention.key_length": 256, "attention.value_length": 256,
+        "rope.freq_base": float(config.rope_parameters.get("rope_theta", 1e6))
+        if arch == "gemma2" else 1e6,
+        "attention.layer_norm_rms_epsilon": 1e-6, "attention.sliding_window": 16,
     }  # fmt: skip
-    source = write_gguf(tmp_path / "model.gguf", "gemma3", kv, tensors)
+    if arch == "gemma2":
+        kv |= {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+    kv = {f"{arch}.{k}": v for k, v in kv.items()} | _tokenizer_kv("llama-bpe")
+    source = write_gguf(tmp_path / "model.gguf", arch, kv, tensors)
     out = tmp_path / "out"
     convert_gguf(source, out, progress=False)
     reference = transformers.AutoModelForCausalLM.from_pretrained(
@@ -323,7 +332,11 @@ def test_a_gemma3_gguf_converts_as_transformers_reads_it(tmp_path: Path) -> None
         expected = theirs[name].astype(ml_dtypes.bfloat16)
         assert np.array_equal(weight.view(np.uint16), expected.view(np.uint16)), name
     read = ModelConfig.from_dir(out)
-    assert read.layer_windows == (16,) * 5 + (0, 16) and read.attention_scale == 256**-0.5
+    windows = (16, 0, 16, 0, 16, 0, 16) if arch == "gemma2" else (16,) * 5 + (0, 16)
+    assert read.layer_windows == windows and read.attention_scale == 256**-0.5
+    assert (read.attn_softcap, read.final_softcap) == (
+        (50.0, 30.0) if arch == "gemma2" else (None, None)
+    )
     prompt = np.random.default_rng(5).integers(0, len(TOKENS), 40)
     want = hf_logits(reference, prompt)
     with torch.no_grad():

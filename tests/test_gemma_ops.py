@@ -294,3 +294,50 @@ def test_norm_add_rmsnorm_is_rmsnorm_then_add_rmsnorm(emulated: None, rng, hidde
     assert np.all(np.abs(summed - ref_summed) <= ulp)
     got, want = normed.view(BF16).astype(F32), ref_normed.astype(F32)
     assert np.max(np.abs(got - want) / np.exp2(np.floor(np.log2(np.abs(want) + 1e-30)) - 7)) <= 2
+
+
+# ---- Gemma 2's logit soft-capping ------------------------------------------------------
+
+
+def test_softcap_twin_is_torchs_fp32_steps(rng: np.random.Generator) -> None:
+    """cap * tanh(logits / cap) as transformers runs it in fp32: within an fp32 ulp of
+    torch's (whose tanhf may differ by one), bounded by the cap, odd, near identity for
+    small logits."""
+    import torch
+
+    from reprise.cuda.activation import softcap_ref
+
+    logits = (rng.standard_normal((4, 4096)) * np.exp2(rng.integers(-4, 8, (4, 1)))).astype(F32)
+    logits[0, :4] = [0.0, -0.0, 1e30, -1e30]
+    got = softcap_ref(logits, 30.0)
+    t = torch.from_numpy(logits)
+    want = ((t / 30.0).tanh() * 30.0).numpy()
+    assert np.all(np.abs(got - want) <= np.spacing(np.abs(want).astype(F32)))
+    assert np.all(np.abs(got) <= 30.0) and got[0, 2] == 30.0 and got[0, 3] == -30.0
+    assert np.array_equal(softcap_ref(-logits, 30.0), -got)
+
+
+def test_softcap_kernel_is_its_twin_bit_for_bit(emulated: None, rng) -> None:
+    """The kernel (in place, through the launcher) gives the twin's bits, every element."""
+    from reprise.cuda.activation import softcap_ref
+    from reprise.cuda.cupy_backend import CupyBackend
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.launchers import softcap
+
+    logits = (rng.standard_normal((3, 5000)) * np.exp2(rng.integers(-6, 9, (3, 1)))).astype(F32)
+    device = to_device(logits)
+    assert softcap(device, 30.0) is device
+    assert np.array_equal(bits(to_host(device)), bits(softcap_ref(logits, 30.0)))
+    assert CupyBackend.softcap is softcap and NumpyBackend.softcap is softcap_ref
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_softcap_on_the_gpu_is_its_twin_bit_for_bit(rng: np.random.Generator) -> None:
+    from reprise.cuda.activation import softcap_ref
+    from reprise.cuda.kernels import to_device, to_host
+    from reprise.cuda.launchers import softcap
+
+    logits = (rng.standard_normal((5, 50000)) * np.exp2(rng.integers(-6, 9, (5, 1)))).astype(F32)
+    got = to_host(softcap(to_device(logits), 30.0))
+    assert np.array_equal(bits(got), bits(softcap_ref(logits, 30.0)))

@@ -81,6 +81,7 @@ class PagedSequences:
     ) -> None:
         self.rng, self.block_size, self.kernel = rng, block_size, kernel
         self.window = 0  # a sliding window every call applies (0: none)
+        self.softcap = 0.0  # a soft cap every call applies (0: none)
         self.num_heads, self.num_kv_heads, self.head_dim = shape
         num_blocks = sum(-(-s // block_size) for s in seq_lens) + 4
         shape6 = kv_cache_shape(
@@ -121,8 +122,9 @@ class PagedSequences:
     def ref(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
         q, block_tables, seq_lens, query_start_loc = self.inputs(spans)
         scale = 1 / np.sqrt(self.head_dim)
+        window, softcap = self.window, self.softcap
         return paged_attention_ref(
-            q, self.cache, LAYER, block_tables, seq_lens, query_start_loc, scale, self.window
+            q, self.cache, LAYER, block_tables, seq_lens, query_start_loc, scale, window, softcap
         )
 
     def gpu(self, spans: list[tuple[int, int, int]], cache=None, out=None):
@@ -138,6 +140,7 @@ class PagedSequences:
             dev(query_start_loc),
             1 / np.sqrt(self.head_dim),
             self.window,
+            self.softcap,
             out=out,
         )
 
@@ -390,6 +393,17 @@ def test_attention_tc_shared_page_gives_the_same_bits(
     bf16_close(seqs.run(decode), seqs.ref(decode))
 
 
+def spans_keep_their_bits(seqs: PagedSequences, spans: list, got: np.ndarray) -> None:
+    """Each span run alone, and each span's last row run as a decode step, gives the bits
+    it had in the batch `got`."""
+    starts = np.cumsum([0] + [last - first for _, first, last in spans])
+    for i, (b, first, last) in enumerate(spans):
+        alone = seqs.run([(b, first, last)])
+        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), (b, "alone")
+        step = seqs.run([(b, last - 1, last)])
+        assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
+
+
 @pytest.mark.parametrize("window", [1, 17, KV_CHUNK - 1, KV_CHUNK + 1, 2 * KV_CHUNK + 3])
 @pytest.mark.parametrize("shape", MODEL_SHAPES)
 def test_windowed_attention_matches_its_twin_and_keeps_its_bits(
@@ -405,14 +419,44 @@ def test_windowed_attention_matches_its_twin_and_keeps_its_bits(
     spans = mixed_spans(rng, seq_lens)
     got = seqs.run(spans)
     bf16_close(got, seqs.ref(spans))
-    starts = np.cumsum([0] + [last - first for _, first, last in spans])
-    for i, (b, first, last) in enumerate(spans):
-        alone = seqs.run([(b, first, last)])
-        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), (b, "alone")
-        step = seqs.run([(b, last - 1, last)])
-        assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
+    spans_keep_their_bits(seqs, spans, got)
     seqs.window = 0
     assert not np.array_equal(bits(seqs.run(spans)), bits(got))  # the window binds
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "loudness"),
+    [(0, 50.0, 8), (KV_CHUNK + 1, 2.0, 1)],
+    ids=["cap50-loud", "cap2-window"],
+)
+@pytest.mark.parametrize("shape", [*MODEL_SHAPES, "gemma-3-1b"])
+def test_softcapped_attention_matches_its_twin_and_keeps_its_bits(
+    cp, rng, kernel: str, shape: str, window: int, softcap: float, loudness: int
+) -> None:
+    """Gemma 2's soft cap (the twin's `softcap`: each scaled score s becomes c * tanh(s / c)
+    before the mask): a cap of 50 on queries 8 times louder (exact in BF16; scores past
+    it), and one of 2 under a window; decodes, whole and partial prefills (some over many
+    KV chunks) within BF16 rounding of the capped twin; each span alone and each prefill's
+    last row as a decode step, the same bits; the cap binds; a cap of 0 gives the bits of a
+    launch without the argument."""
+    if kernel == "tensor-cores" and shape == "gemma-3-1b":
+        pytest.skip("head_dim 256: the CUDA-core kernel's alone")
+    seq_lens = [int(n) for n in rng.integers(1, 4 * KV_CHUNK, size=9)]
+    seq_lens[0], seq_lens[2] = 3 * KV_CHUNK + 7, 1
+    seqs = PagedSequences(rng, SHAPES[shape], 16, seq_lens, kernel)
+    seqs.queries = [(q.astype(np.float32) * loudness).astype(BF16) for q in seqs.queries]
+    seqs.window, seqs.softcap = window, softcap
+    spans = mixed_spans(rng, seq_lens)
+    got = seqs.run(spans)
+    bf16_close(got, seqs.ref(spans))
+    spans_keep_their_bits(seqs, spans, got)
+    seqs.softcap = 0.0
+    plain = seqs.run(spans)
+    assert not np.array_equal(bits(plain), bits(got))  # the cap binds
+    q, tables, lens, starts = (dev(x) for x in seqs.inputs(spans))
+    scale = 1 / np.sqrt(seqs.head_dim)
+    without = KERNELS[kernel][0](q, seqs.device_cache, LAYER, tables, lens, starts, scale, window)
+    assert np.array_equal(bits(host(without)), bits(plain))
 
 
 @pytest.mark.parametrize("window", [0, 512])
@@ -428,9 +472,4 @@ def test_head_dim_256_on_the_cuda_cores(cp, rng, block_size: int, window: int) -
     spans = mixed_spans(rng, seq_lens)
     got = seqs.run(spans)
     bf16_close(got, seqs.ref(spans))
-    starts = np.cumsum([0] + [last - first for _, first, last in spans])
-    for i, (b, first, last) in enumerate(spans):
-        alone = seqs.run([(b, first, last)])
-        assert np.array_equal(bits(got[starts[i] : starts[i + 1]]), bits(alone)), (b, "alone")
-        step = seqs.run([(b, last - 1, last)])
-        assert np.array_equal(bits(got[starts[i + 1] - 1 : starts[i + 1]]), bits(step)), b
+    spans_keep_their_bits(seqs, spans, got)

@@ -55,6 +55,7 @@ def test_families_by_architecture_or_model_type() -> None:
         "SeedOssForCausalLM",
         "HeliumForCausalLM",
         "InternLM2ForCausalLM",
+        "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Gemma3ForConditionalGeneration",
         "LlamaModel",
@@ -93,8 +94,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
-        "Gemma3ForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, MistralModel, "
-        "Qwen2Model, Qwen3Model"
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
+        "MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -106,7 +107,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
-        "InternLM2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+        "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+        "Gemma3ForConditionalGeneration, "
         "LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"
     ]

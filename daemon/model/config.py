@@ -75,6 +75,10 @@ class ModelConfig:
     # layers), where the others use rope_theta and rope_scaling; None: every layer the latter
     local_rope_layers: tuple[bool, ...] | None = None
     local_rope_theta: float | None = None
+    # Gemma 2's tanh soft-capping: of the attention scores (c * tanh(s / c), after the
+    # scale) and of the final logits; None: none
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -119,6 +123,10 @@ class ModelConfig:
             )
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelConfigError(f"activation must be silu or gelu_tanh; got {self.activation!r}")
+        for field in ("attn_softcap", "final_softcap"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, float) and 0 < value < math.inf):
+                raise ModelConfigError(f"{field} must be a finite number > 0; got {value!r}")
         if self.embed_scale is not None and not 0 < self.embed_scale < math.inf:
             raise ModelConfigError(
                 f"embed_scale must be a finite number > 0; got {self.embed_scale}"
@@ -230,7 +238,7 @@ class ModelConfig:
         family.check(raw)
         gemma: dict[str, Any] = {}
         if family.gemma:  # its activation was checked; its rope read apart
-            raw, gemma = _gemma3(raw)
+            raw, gemma = _gemma(raw, family.architecture == "Gemma3ForCausalLM")
         else:
             act = raw.get("hidden_act", "silu")
             if act != "silu":
@@ -324,11 +332,23 @@ def _rope_layers(raw: dict[str, Any]) -> tuple[bool, ...] | None:
     return None if all(layers) else layers
 
 
-def _gemma3(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Gemma 3's config as the Llama reading takes it, and its own fields. Its rope
+def _gemma(raw: dict[str, Any], gemma3: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Gemma's config as the Llama reading takes it, and its own fields. Gemma 3's rope
     settings come in two layouts: `rope_theta` and `rope_scaling` for the full layers with
     `rope_local_base_freq` for the sliding ones (transformers 4), or `rope_parameters` by
-    layer type (transformers 5); each missing one takes transformers' default."""
+    layer type (transformers 5); each missing one takes transformers' default. Gemma 2
+    has one rope and its soft-capping (transformers' defaults: 50 and 30)."""
+    own = {
+        "activation": "gelu_tanh",
+        "embed_scale": float(int(raw["hidden_size"]) ** 0.5),
+        "attention_multiplier": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+    }
+    if not gemma3:
+        caps = {"attn_softcap": raw.get("attn_logit_softcapping", 50.0),
+                "final_softcap": raw.get("final_logit_softcapping", 30.0)}  # fmt: skip
+        own |= {k: None if v is None else float(v) for k, v in caps.items()}
+        flat = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-6)}
+        return flat | {"tie_word_embeddings": raw.get("tie_word_embeddings", True)}, own
     params = raw.get("rope_parameters") or {}
     by_type = isinstance(params, dict) and bool(
         {"full_attention", "sliding_attention"} & set(params)
@@ -348,10 +368,7 @@ def _gemma3(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     flat.setdefault("rms_norm_eps", 1e-6)
     flat.setdefault("tie_word_embeddings", True)
     local = tuple(kind == "sliding_attention" for kind in gemma3_layer_types(raw))
-    return flat, {
-        "activation": "gelu_tanh",
-        "embed_scale": float(int(raw["hidden_size"]) ** 0.5),
-        "attention_multiplier": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+    return flat, own | {
         "local_rope_layers": local if any(local) else None,
         "local_rope_theta": local_theta if any(local) else None,
     }

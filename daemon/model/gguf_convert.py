@@ -1,8 +1,8 @@
-"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3 or Gemma 3 model
-into a Hugging Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2 or
+Gemma 3 model into a Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3`,
-`phi3`, `granite`, `smollm3` or `gemma3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
+`phi3`, `granite`, `smollm3`, `gemma2` or `gemma3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
 `tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
 
 - a model llama.cpp's gguf-split cut into shards, given by any of them, converts as one
@@ -14,7 +14,7 @@ into a Hugging Face model folder.
 - llama.cpp's row permutation of a Llama's (and a Granite's and SmolLM3's) Q and K
   projections is undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
   no other family's); a Granite file's four scales become its config's multipliers; a
-  Gemma 3 file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
+  Gemma file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
   what llama.cpp sets in its code (the sliding pattern, the local rope base, the score
   scale) is written into config.json;
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
@@ -67,6 +67,16 @@ _GLOBAL_NAMES = {
 _ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rope scaling, folded into config.json
 
 
+_GEMMA_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm.weight"},
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Family:
     architecture: str  # config.json's
@@ -115,23 +125,17 @@ _FAMILIES = {
     ),
     # Gemma 3 (its text model): sandwich norms, q and k norms, every norm weight stored as
     # 1 + w (llama.cpp's converter adds its norm_shift; `_convert_tensor` takes it off)
-    "gemma3": _Family(
-        "Gemma3ForCausalLM",
-        {
-            **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm.weight"},
-            "attn_q_norm.weight": "self_attn.q_norm.weight",
-            "attn_k_norm.weight": "self_attn.k_norm.weight",
-            "post_attention_norm.weight": "post_attention_layernorm.weight",
-            "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-            "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-        },
-        permuted_qk=False,
-    ),
+    "gemma3": _Family("Gemma3ForCausalLM", _GEMMA_LAYER_NAMES, permuted_qk=False),
+    # Gemma 2: the same tensors but q and k norms, its soft-caps in the metadata
+    "gemma2": _Family("Gemma2ForCausalLM", _GEMMA_LAYER_NAMES, permuted_qk=False),
 }
 # llama.cpp's constants for gemma3, set in its code, not read from the file: every 6th
-# layer full, the others sliding and rotated by base 10,000
+# layer full, the others sliding and rotated by base 10,000 (gemma2: every other layer
+# sliding, transformers' default too)
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# the layers of llama.cpp's 27B models, whose score scale is 1 / sqrt(hidden / heads)
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 # llama.cpp's n_no_rope_layer_step for smollm3: every 4th layer without RoPE, set in its
 # code, not read from the file
 SMOLLM3_NO_ROPE_STEP = 4
@@ -277,8 +281,8 @@ def hf_config(
                    for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
     if arch == "smollm3":
         config |= {"no_rope_layer_interval": SMOLLM3_NO_ROPE_STEP, "use_sliding_window": False}
-    if arch == "gemma3":
-        config |= _gemma3_config(meta, key, config)
+    if arch in ("gemma2", "gemma3"):
+        config |= _gemma_config(meta, key, config, arch)
     elif arch in ("llama", "granite", "smollm3"):
         config |= {"attention_bias": False, "mlp_bias": False}
     elif arch == "phi3":  # every layer's window, if the file has one
@@ -292,28 +296,36 @@ def hf_config(
     return config | {"torch_dtype": "bfloat16"}
 
 
-def _gemma3_config(
-    meta: dict[str, Any], key: Callable[[str], str], config: dict[str, Any]
+def _gemma_config(
+    meta: dict[str, Any], key: Callable[[str], str], config: dict[str, Any], arch: str
 ) -> dict[str, Any]:
-    """A gemma3 file's text config, as llama.cpp runs it: a sliding window on all but every
-    6th layer (`attention.sliding_window`; none without it), those layers rotated by base
-    10,000 unscaled, and scores scaled by 1 / sqrt(head_dim), but by 1 / sqrt(hidden / heads)
-    on the 27B (62 layers: its query_pre_attn_scalar, 168)."""
+    """A gemma2 or gemma3 file's text config, as llama.cpp runs it: a sliding window
+    (`attention.sliding_window`; none without it) on every other layer (gemma2) or all but
+    every 6th (gemma3, those layers rotated by base 10,000 unscaled); scores scaled by
+    1 / sqrt(head_dim), but by 1 / sqrt(hidden / heads) on the 27B (its
+    query_pre_attn_scalar: 144 and 168); gemma2's soft-caps from the file, else llama.cpp's
+    defaults (50 and 30)."""
     window = meta.get(key("attention.sliding_window"))
     scalar = config["head_dim"]
-    if config["num_hidden_layers"] == 62:  # llama.cpp's LLM_TYPE_27B
+    if config["num_hidden_layers"] == GEMMA_27B_LAYERS[arch]:  # llama.cpp's LLM_TYPE_27B
         scalar = config["hidden_size"] // config["num_attention_heads"]
-    return {
-        "model_type": "gemma3_text",
+    own = {
         "hidden_activation": "gelu_pytorch_tanh",
         "hidden_act": "gelu_pytorch_tanh",
         "sliding_window": None if window is None else int(window),
+        "query_pre_attn_scalar": scalar,
+        "attention_bias": False,
+    }
+    if arch == "gemma2":
+        caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+        return own | {field: _float32(meta.get(key(field), default))
+                      for field, default in caps.items()}  # fmt: skip
+    return own | {
+        "model_type": "gemma3_text",
         "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
         "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
-        "query_pre_attn_scalar": scalar,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
-        "attention_bias": False,
     }
 
 
@@ -439,7 +451,7 @@ def _convert_tensor(tensor: Any, config: dict[str, Any], family: _Family) -> np.
         weight = unpermute_rows(weight, config["num_attention_heads"])
     elif family.permuted_qk and tensor.name.endswith(".attn_k.weight"):
         weight = unpermute_rows(weight, config["num_key_value_heads"])
-    elif config["model_type"] == "gemma3_text" and tensor.name.endswith("norm.weight"):
+    elif config["model_type"] in ("gemma2", "gemma3_text") and tensor.name.endswith("norm.weight"):
         weight = weight.astype(np.float32) - np.float32(1.0)  # llama.cpp's norm_shift off
     return weight.astype(ml_dtypes.bfloat16)
 

@@ -5,9 +5,10 @@ the registry (registry.py); a family's options switch its extra steps on.
               add+rmsnorm, gate/up gemm, silu*mul, down gemm] x L
           -> add+rmsnorm -> lm_head (fp32 logits, only for the rows asked for)
 
-Gemma 3 (`gemma`) normalizes the attention's and the MLP's outputs before each residual
-add (rmsnorm, then add+rmsnorm), its MLP is gelu_tanh*mul, its embedding is scaled, and
-its sliding layers rotate by their own base: its layers run op by op.
+Gemma (`gemma`) normalizes the attention's and the MLP's outputs before each residual
+add (norm_add_rmsnorm), its MLP is gelu_tanh*mul, its embedding is scaled; Gemma 3's
+sliding layers rotate by their own base, Gemma 2's scores and logits are soft-capped:
+its layers run op by op.
 
 With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
 rounds to BF16 once, as transformers' BF16 linear layer does. With `qk_norm` (Qwen3)
@@ -147,7 +148,7 @@ class LlamaModel:
         """`forward`, and the final norm's output at the same rows: (fp32 [R, vocab],
         BF16 [R, hidden]), the lm_head's input and output (embeddings: params.embed)."""
         hidden = self._final_hidden(self._to_device(batch), kv_cache)
-        return self.ops.gemm(hidden, self.lm_head, out_f32=True), hidden
+        return self._logits(hidden), hidden
 
     def _to_device(self, batch: ForwardBatch) -> ForwardBatch:
         # the step's indices go to the device once (no copy on the NumPy backend)
@@ -158,8 +159,15 @@ class LlamaModel:
         """`forward` on a batch whose arrays are already the backend's. It launches the
         same kernels for every batch of the same shapes and reads nothing back to the
         host, so the GPU backend can capture it in a CUDA graph (daemon/engine/graphs.py)."""
-        hidden = self._final_hidden(batch, kv_cache)
-        return self.ops.gemm(hidden, self.lm_head, out_f32=True)  # [R, vocab] fp32
+        return self._logits(self._final_hidden(batch, kv_cache))
+
+    def _logits(self, hidden: Any) -> Any:
+        """The lm_head's fp32 [R, vocab] logits of the final norm's output (Gemma 2's
+        soft-capped)."""
+        logits = self.ops.gemm(hidden, self.lm_head, out_f32=True)
+        if self.config.final_softcap is not None:
+            logits = self.ops.softcap(logits, self.config.final_softcap)
+        return logits
 
     def _final_hidden(self, batch: ForwardBatch, kv_cache: np.ndarray) -> Any:
         """The layers and the final norm: its output [R, hidden] BF16 at `logit_rows`."""
@@ -203,6 +211,8 @@ class LlamaModel:
             for idx, layer in enumerate(self.layers):
                 attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,
                              windows[idx])  # fmt: skip
+                if cfg.attn_softcap is not None:  # Gemma 2's
+                    attention += (cfg.attn_softcap,)
                 attn = ops.paged_attention(*attention)
                 out = ops.gemm(attn.reshape(num_tokens, -1), layer.o_proj)
                 residual, x = ops.norm_add_rmsnorm(

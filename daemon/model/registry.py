@@ -4,7 +4,7 @@ A family is one entry: the `architectures[0]` (or, without it, the `model_type`)
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
 the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE, InternLM2's
-checkpoint layout, Gemma 3's layer), the sliding
+checkpoint layout, Gemma's layer), the sliding
 window transformers would apply to each layer (the attention takes it: a query sees the
 window's last keys, config.ModelConfig.layer_windows), and the checks that refuse
 a config whose options the forward does not implement.
@@ -53,10 +53,11 @@ class ModelFamily:
     # rows go KV head by KV head (its group's query heads, then its key, then its value);
     # weights.py reads them into the Llama layout
     internlm2: bool = False
-    # Gemma 3's layer: RMSNorm weights w applied as (1 + w), the attention's and the MLP's
-    # outputs each normalized before the residual add ("sandwich" norms), a GELU (tanh)
-    # gated MLP, the embedding scaled by sqrt(hidden_size), the sliding layers rotated
-    # by their own unscaled rope base (ModelConfig.local_rope_theta)
+    # Gemma's layer (2 and 3): RMSNorm weights w applied as (1 + w), the attention's and
+    # the MLP's outputs each normalized before the residual add ("sandwich" norms), a GELU
+    # (tanh) gated MLP, the embedding scaled by sqrt(hidden_size); Gemma 3's sliding layers
+    # rotate by their own unscaled rope base (ModelConfig.local_rope_theta), Gemma 2's
+    # scores and logits are tanh soft-capped (ModelConfig.attn_softcap, final_softcap)
     gemma: bool = False
 
 
@@ -185,11 +186,34 @@ def _gemma3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
     return _typed_windows({**raw, "layer_types": gemma3_layer_types(raw)})
 
 
+def _gemma2_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Gemma 2's windows: `sliding_window` on the layers `layer_types` marks sliding, by
+    default every other one from the first (transformers' Gemma2Config)."""
+    if raw.get("sliding_window") is None:
+        return ()
+    kinds = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(_num_layers(raw))
+    ]
+    return _typed_windows({**raw, "layer_types": kinds})
+
+
+def _check_gemma2(raw: Mapping[str, Any]) -> None:
+    """Gemma 2: Gemma 3's layer without q and k norms, its scores and logits soft-capped."""
+    _check_gemma(raw, "Gemma 2")
+
+
 def _check_gemma3(raw: Mapping[str, Any]) -> None:
     """Gemma 3 (text) with no soft-capping and causal attention, as it is released."""
     for field in ("final_logit_softcapping", "attn_logit_softcapping"):
         if raw.get(field) is not None:
-            raise ModelConfigError(f"{field}={raw[field]} is not supported (tanh soft-capping)")
+            raise ModelConfigError(f"{field}={raw[field]} is not supported for Gemma 3")
+    _check_gemma(raw, "Gemma 3")
+    kinds = set(gemma3_layer_types(raw)) - {"sliding_attention", "full_attention"}
+    if kinds:
+        raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported")
+
+
+def _check_gemma(raw: Mapping[str, Any], name: str) -> None:
     if raw.get("use_bidirectional_attention"):
         raise ModelConfigError("use_bidirectional_attention=true is not supported")
     if raw.get("attention_bias"):
@@ -197,11 +221,8 @@ def _check_gemma3(raw: Mapping[str, Any]) -> None:
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
         raise ModelConfigError(
-            f"hidden_activation {act!r} is not supported for Gemma 3; only 'gelu_pytorch_tanh'"
+            f"hidden_activation {act!r} is not supported for {name}; only 'gelu_pytorch_tanh'"
         )
-    kinds = set(gemma3_layer_types(raw)) - {"sliding_attention", "full_attention"}
-    if kinds:
-        raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported")
 
 
 def _check_phi3(raw: Mapping[str, Any]) -> None:
@@ -268,6 +289,14 @@ FAMILIES: dict[str, ModelFamily] = {
             qkv_bias=False,
             check=_check_internlm2,
             internlm2=True,
+        ),
+        ModelFamily(
+            "Gemma2ForCausalLM",
+            "gemma2",
+            qkv_bias=False,
+            check=_check_gemma2,
+            windows=_gemma2_windows,
+            gemma=True,
         ),
         ModelFamily(
             "Gemma3ForCausalLM",

@@ -274,7 +274,8 @@ def _unit_offset_norms(weights: LlamaWeights) -> None:
     names = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
     for layer in weights.layers:
         for name in names:
-            setattr(layer, name, offset(getattr(layer, name)))
+            if getattr(layer, name) is not None:  # Gemma 2 has no q and k norms
+                setattr(layer, name, offset(getattr(layer, name)))
     weights.final_norm = offset(weights.final_norm)
 
 

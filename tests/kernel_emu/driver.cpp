@@ -155,16 +155,20 @@ void run_philox_uniform(const unsigned long long* seeds, const long long* positi
 // The sliding window run_paged_attention passes (attention_kernel's `window`; 0: none).
 static int g_attention_window = 0;
 void set_attention_window(int window) { g_attention_window = window; }
+// The soft cap run_paged_attention passes (attention_kernel's `softcap`; 0: none).
+static float g_attention_softcap = 0.0f;
+void set_attention_softcap(float softcap) { g_attention_softcap = softcap; }
 // Launch attention.cu's entry point for (head_dim, block_size) as attention_kernel does:
 // grid (grid_x, grid_y), 128 threads; workspace and counters as the split reads them;
-// the window set_attention_window set.
+// the window set_attention_window set and the cap set_attention_softcap set.
 int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, unsigned short* out,
                         const unsigned short* q, const unsigned short* cache, const int* block_tables,
                         const int* seq_lens, const int* query_start_loc, float* workspace, unsigned* counters,
                         int num_tokens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
                         int num_layers, int layer, int head_parts, int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float, int);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float, int,
+                      float);
   Fn fn = nullptr;
   if (head_dim == 64 && block_size == 16) fn = attention_emu::paged_attention_d64_b16;
   if (head_dim == 64 && block_size == 32) fn = attention_emu::paged_attention_d64_b32;
@@ -178,7 +182,8 @@ int run_paged_attention(int head_dim, int block_size, int grid_x, int grid_y, un
   if (fn == nullptr) return 1;
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
     fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
-       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, g_attention_window);
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, g_attention_window,
+       g_attention_softcap);
   });
   return 0;
 }
@@ -252,7 +257,7 @@ void set_fdiv_probe(int on) { emu::g_fdiv_probe = on != 0; }
 // Launch attention_tc.cu's entry point for (head_dim, block_size), its deep ring if
 // `deep`, as attention_tc_kernel does: grid (grid_x, grid_y), 128 threads, `smem_bytes` of
 // dynamic shared memory, which starts out as 0xFF bytes (BF16 NaN) so that a read of an
-// unwritten byte shows; the window set_attention_window set.
+// unwritten byte shows; the window set_attention_window set, the cap set_attention_softcap.
 // Returns 0, or 1: no such entry point, 2: smem_bytes over the emulator's capacity,
 // 3: some thread left cp.async copies uncommitted or in flight at its exit.
 int run_paged_attention_tc(int head_dim, int block_size, int deep, int grid_x, int grid_y, int smem_bytes,
@@ -262,7 +267,8 @@ int run_paged_attention_tc(int head_dim, int block_size, int deep, int grid_x, i
                            int num_heads, int num_kv_heads, int num_layers, int layer, int head_parts,
                            int kv_lanes, float scale) {
   using Fn = void (*)(unsigned short*, const unsigned short*, const unsigned short*, const int*, const int*,
-                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float, int);
+                      const int*, float*, unsigned*, int, int, int, int, int, int, int, int, int, float, int,
+                      float);
   Fn fn = nullptr;
 #define TC(d, b) \
   if (head_dim == d && block_size == b) \
@@ -277,7 +283,8 @@ int run_paged_attention_tc(int head_dim, int block_size, int deep, int grid_x, i
   std::atomic<int> left_behind{0};
   launch({(unsigned)grid_x, (unsigned)grid_y, 1}, 128, [&] {
     fn(out, q, cache, block_tables, seq_lens, query_start_loc, workspace, counters, num_tokens, num_seqs,
-       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, g_attention_window);
+       max_blocks, num_heads, num_kv_heads, num_layers, layer, head_parts, kv_lanes, scale, g_attention_window,
+       g_attention_softcap);
     if (!ptx_emu_cp_async_drained()) ++left_behind;
   });
   g_ptx_smem = nullptr;
@@ -433,7 +440,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
-  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(add_bias)
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(logit_softcap) PLAIN(add_bias)
   PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
