@@ -20,7 +20,7 @@ from .registry import (
     ModelFamily,
     family_named,
     family_of,
-    gemma3_layer_types,
+    gemma_layer_types,
     is_bare,
     text_part,
 )
@@ -367,7 +367,7 @@ def _gemma(raw: dict[str, Any], gemma3: bool) -> tuple[dict[str, Any], dict[str,
     flat["rope_parameters"] = full
     flat.setdefault("rms_norm_eps", 1e-6)
     flat.setdefault("tie_word_embeddings", True)
-    local = tuple(kind == "sliding_attention" for kind in gemma3_layer_types(raw))
+    local = tuple(kind == "sliding_attention" for kind in gemma_layer_types(raw))
     return flat, own | {
         "local_rope_layers": local if any(local) else None,
         "local_rope_theta": local_theta if any(local) else None,

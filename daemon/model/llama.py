@@ -180,12 +180,9 @@ class LlamaModel:
         tables, seq_lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         cos, sin, scale = self.rope_cos, self.rope_sin, self.scale
         rope_tables = self.rope_tables
-        # [T, hidden] fp32; fake ids read the step's prompt-table rows
-        if cfg.embed_scale is None:
-            residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows)
-        else:
-            residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows,
-                                 scale=cfg.embed_scale)  # fmt: skip
+        # [T, hidden] fp32; fake ids read the step's prompt-table rows (never scaled)
+        residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows,
+                             cfg.embed_scale)  # fmt: skip
         x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
 
         def rope_args(idx: int) -> tuple:

@@ -65,6 +65,10 @@ def model_info(path: Path | str) -> dict[str, object]:
         "mlp_activation": config.activation,
         # Gemma 3's: the sliding layers' own rope base (the others' is rope_theta)
         "local_rope_theta": config.local_rope_theta,
+        # Gemma 2's tanh soft-caps of the attention scores and the final logits
+        "soft_caps": None
+        if config.attn_softcap is None and config.final_softcap is None
+        else {"scores": config.attn_softcap, "logits": config.final_softcap},
         "fill_in_the_middle": _fim(path),
         "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
     }

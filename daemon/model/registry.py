@@ -164,13 +164,15 @@ def _check_internlm2(raw: Mapping[str, Any]) -> None:
         raise ModelConfigError("bias=true is not supported (a bias on wqkv and wo)")
 
 
-def gemma3_layer_types(raw: Mapping[str, Any]) -> list[str]:
-    """Gemma 3's layer types: `layer_types`, or transformers' default from the older
-    `sliding_window_pattern` (every 6th layer full, the others sliding)."""
+def gemma_layer_types(raw: Mapping[str, Any]) -> list[str]:
+    """Gemma's layer types: `layer_types`, or transformers' default, every `pattern`-th
+    layer full and the others sliding: Gemma 3's older `sliding_window_pattern` (6 when
+    absent), Gemma 2's every other layer."""
     given = raw.get("layer_types")
     if given is not None:
         return list(given)
-    pattern = int(raw.get("sliding_window_pattern", 6))
+    gemma3 = family_of(raw).architecture == "Gemma3ForCausalLM"
+    pattern = int(raw.get("sliding_window_pattern", 6)) if gemma3 else 2
     if pattern < 1:
         raise ModelConfigError(f"sliding_window_pattern must be >= 1; got {pattern}")
     return [
@@ -179,22 +181,11 @@ def gemma3_layer_types(raw: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _gemma3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
-    """Gemma 3's windows: `sliding_window` on its sliding layers."""
+def _gemma_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Gemma's windows: `sliding_window` on its sliding layers."""
     if raw.get("sliding_window") is None:
         return ()
-    return _typed_windows({**raw, "layer_types": gemma3_layer_types(raw)})
-
-
-def _gemma2_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
-    """Gemma 2's windows: `sliding_window` on the layers `layer_types` marks sliding, by
-    default every other one from the first (transformers' Gemma2Config)."""
-    if raw.get("sliding_window") is None:
-        return ()
-    kinds = raw.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(_num_layers(raw))
-    ]
-    return _typed_windows({**raw, "layer_types": kinds})
+    return _typed_windows({**raw, "layer_types": gemma_layer_types(raw)})
 
 
 def _check_gemma2(raw: Mapping[str, Any]) -> None:
@@ -208,12 +199,12 @@ def _check_gemma3(raw: Mapping[str, Any]) -> None:
         if raw.get(field) is not None:
             raise ModelConfigError(f"{field}={raw[field]} is not supported for Gemma 3")
     _check_gemma(raw, "Gemma 3")
-    kinds = set(gemma3_layer_types(raw)) - {"sliding_attention", "full_attention"}
-    if kinds:
-        raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported")
 
 
 def _check_gemma(raw: Mapping[str, Any], name: str) -> None:
+    kinds = set(gemma_layer_types(raw)) - {"sliding_attention", "full_attention"}
+    if kinds:
+        raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported")
     if raw.get("use_bidirectional_attention"):
         raise ModelConfigError("use_bidirectional_attention=true is not supported")
     if raw.get("attention_bias"):
@@ -295,7 +286,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "gemma2",
             qkv_bias=False,
             check=_check_gemma2,
-            windows=_gemma2_windows,
+            windows=_gemma_windows,
             gemma=True,
         ),
         ModelFamily(
@@ -304,7 +295,7 @@ FAMILIES: dict[str, ModelFamily] = {
             qkv_bias=False,
             check=_check_gemma3,
             qk_norm=True,
-            windows=_gemma3_windows,
+            windows=_gemma_windows,
             gemma=True,
         ),
     )
