@@ -95,6 +95,9 @@ CACHE_GRID_BITS = 22
 # CTAs at 2K context by splitting the query-head group (attention_kernel.split_grid).
 # attention.cu and attention_tc.cu repeat it as kKvChunk.
 KV_CHUNK = 256
+# The soft caps the kernels take: 0 (none) or c in this range, where c, its reciprocal
+# and the products the cap forms stay normal fp32 numbers (the kernels flush subnormals).
+SOFTCAP_RANGE = (2.0**-64, 2.0**64)
 # Pages are gathered whole KV chunks at a time: about this many float64 elements of K.
 _KV_BUDGET = 1 << 18
 # Rows per block: [kv_heads, rows, keys] arrays of about this many elements stay in L2,

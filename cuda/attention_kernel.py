@@ -82,7 +82,7 @@ from typing import Any
 
 import numpy as np
 
-from .attention import KV_CHUNK
+from .attention import KV_CHUNK, SOFTCAP_RANGE
 from .gemm_kernel import REFERENCE_SMS
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
@@ -299,11 +299,6 @@ def launch(
     )  # fmt: skip
     launch_kernel(fn, grid.grid, (THREADS_PER_CTA,), kernel_args, shared_mem=smem_bytes)
     return out
-
-
-# The soft caps the kernels take: 0 (none) or c in this range, where c, its reciprocal
-# and the products the cap forms stay normal fp32 numbers (the kernels flush subnormals).
-SOFTCAP_RANGE = (2.0**-64, 2.0**64)
 
 
 def check_softcap(softcap: float) -> None:

@@ -68,7 +68,7 @@ def test_the_default_caps_and_none() -> None:
     assert (config.attn_softcap, config.final_softcap) == (50.0, 30.0)
     config = ModelConfig.from_dict({**raw, "attn_logit_softcapping": None})
     assert (config.attn_softcap, config.final_softcap) == (None, 30.0)
-    with pytest.raises(ModelConfigError, match="attn_softcap must be a finite number > 0"):
+    with pytest.raises(ModelConfigError, match="attn_softcap must be a number from"):
         ModelConfig.from_dict({**raw, "attn_logit_softcapping": -1.0})
     with pytest.raises(ModelConfigError, match="hidden_activation 'silu' is not supported"):
         ModelConfig.from_dict({**raw, "hidden_activation": "silu"})

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...cuda.attention import SOFTCAP_RANGE
 from ...cuda.rope import LinearScaling, Llama3Scaling, LongRopeScaling, RopeScaling, YarnScaling
 from .registry import (
     ModelConfigError,
@@ -123,10 +124,13 @@ class ModelConfig:
             )
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelConfigError(f"activation must be silu or gelu_tanh; got {self.activation!r}")
+        low, high = SOFTCAP_RANGE  # what the attention kernels take
         for field in ("attn_softcap", "final_softcap"):
             value = getattr(self, field)
-            if value is not None and not (isinstance(value, float) and 0 < value < math.inf):
-                raise ModelConfigError(f"{field} must be a finite number > 0; got {value!r}")
+            if value is not None and not (isinstance(value, float) and low <= value <= high):
+                raise ModelConfigError(
+                    f"{field} must be a number from {low} to {high}; got {value!r}"
+                )
         if self.embed_scale is not None and not 0 < self.embed_scale < math.inf:
             raise ModelConfigError(
                 f"embed_scale must be a finite number > 0; got {self.embed_scale}"
