@@ -189,6 +189,10 @@ def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
             "gemma-3-1b",
             "gemma-2-2b",
             "tiny-gemma3",
+            "qwen3-30b-a3b",
+            "mixtral-8x7b",
+            "tiny-qwen3-moe",
+            "tiny-qwen2-moe",
         ]
     ),
     help="The architecture to copy.",

@@ -21,6 +21,7 @@ from .dtypes import BF16
 from .embedding import embed_ref
 from .gemm import gemm_ref, prepare_weight
 from .kvcache import kv_write_ref, rope_kv_write_ref
+from .moe import MoeRoute, moe_combine_ref, moe_gather_ref, moe_gemm_ref, moe_route_ref
 from .penalties import Penalties, penalize_ref
 from .protocol import Backend, CopyDone, Landed, check_tier_copies, layer_by_layer
 from .rmsnorm import add_rmsnorm_ref, head_rmsnorm_ref, norm_add_rmsnorm_ref, rmsnorm_ref
@@ -47,6 +48,16 @@ class NumpyBackend:
     def gate_up_weight(self, w: np.ndarray) -> np.ndarray:
         """The fused [2I, K] gate/up projection (gate rows first), as `swiglu` takes it."""
         return self.linear_weight(w)
+
+    def expert_weights(self, w: np.ndarray) -> list[np.ndarray]:
+        """A mixture of experts' stacked [E, N, K] BF16 weights, as `moe_gemm` takes them:
+        each expert's prepared as `linear_weight` prepares a weight."""
+        return [self.linear_weight(np.ascontiguousarray(expert)) for expert in w]
+
+    @staticmethod
+    def moe_gemm(xs: np.ndarray, experts: list[np.ndarray], route: MoeRoute) -> np.ndarray:
+        """The grouped rows xs [T * k, K] BF16 times each one's expert: [T * k, N] BF16."""
+        return moe_gemm_ref(xs, experts, route.offsets)
 
     def swiglu(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """silu(gate) * up of the fused gate/up product: [T, I] BF16. Here the two twins
@@ -248,6 +259,9 @@ class NumpyBackend:
     silu_mul = staticmethod(silu_mul_ref)
     gelu_tanh_mul = staticmethod(gelu_tanh_mul_ref)
     softcap = staticmethod(softcap_ref)
+    moe_route = staticmethod(moe_route_ref)
+    moe_gather = staticmethod(moe_gather_ref)
+    moe_combine = staticmethod(moe_combine_ref)
 
 
 def cuda_unavailable_reason() -> str | None:

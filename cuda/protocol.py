@@ -51,6 +51,7 @@ class Backend(Protocol):
 
     def linear_weight(self, w: np.ndarray) -> Any: ...
     def gate_up_weight(self, w: np.ndarray) -> Any: ...  # the fused [2I, K] gate/up projection
+    def expert_weights(self, w: np.ndarray) -> Any: ...  # stacked experts' [E, N, K], for moe_gemm
     def device_memory_bytes(self) -> int: ...
     def kv_cache(self, shape: tuple[int, ...]) -> Any: ...
     def host_kv_cache(self, shape: tuple[int, ...]) -> np.ndarray: ...
@@ -97,6 +98,11 @@ class Backend(Protocol):
     attention_tail_qkv: Callable[..., Any]  # paged_attention, then decode_tail_qkv, likewise
     attention_layers: Callable[..., Any]  # attention_tail_qkv layer after layer, likewise
     argmax: Callable[..., Any]
+    # a mixture of experts (moe.py): the routing, the grouped rows, their GEMM, the sum
+    moe_route: Callable[..., Any]
+    moe_gather: Callable[..., Any]
+    moe_gemm: Callable[..., Any]
+    moe_combine: Callable[..., Any]
 
     def penalize(self, logits: Any, penalties: Penalties) -> None: ...
     def sample(self, logits: Any, draws: Draws) -> Any: ...

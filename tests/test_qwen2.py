@@ -57,6 +57,9 @@ def test_families_by_architecture_or_model_type() -> None:
         "InternLM2ForCausalLM",
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
         "Gemma3ForConditionalGeneration",
         "LlamaModel",
         "MistralModel",
@@ -94,7 +97,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
-        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+        "Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
         "MistralModel, Qwen2Model, Qwen3Model"
     )
 
@@ -108,6 +112,7 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
         "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+        "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
         "Gemma3ForConditionalGeneration, "
         "LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"

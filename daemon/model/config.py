@@ -16,6 +16,7 @@ from typing import Any
 
 from ...cuda.attention import SOFTCAP_RANGE
 from ...cuda.rope import LinearScaling, Llama3Scaling, LongRopeScaling, RopeScaling, YarnScaling
+from .experts import ExpertsConfig, read_experts
 from .registry import (
     ModelConfigError,
     ModelFamily,
@@ -80,6 +81,9 @@ class ModelConfig:
     # scale) and of the final logits; None: none
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    # a mixture-of-experts model's experts (Mixtral, Qwen2-MoE, Qwen3-MoE): its sparse
+    # layers' MLP; None: every MLP dense (of intermediate_size)
+    experts: ExpertsConfig | None = None
 
     def __post_init__(self) -> None:
         family_named(self.architecture)  # refuses an unregistered one
@@ -143,6 +147,11 @@ class ModelConfig:
             raise ModelConfigError(
                 f"local_rope_layers needs one entry a layer ({self.num_layers}) and a "
                 f"local_rope_theta > 0; got {self.local_rope_layers}, {self.local_rope_theta}"
+            )
+        if self.experts is not None and len(self.experts.sparse_layers) != self.num_layers:
+            raise ModelConfigError(
+                f"the experts' sparse_layers has {len(self.experts.sparse_layers)} entries "
+                f"for {self.num_layers} layers"
             )
         if self.rope_layers is not None and len(self.rope_layers) != self.num_layers:
             raise ModelConfigError(
@@ -220,14 +229,21 @@ class ModelConfig:
         """KV-cache bytes one token occupies across all layers (K and V)."""
         return self.num_layers * 2 * self.kv_size * dtype_bytes
 
-    def num_parameters(self) -> int:
+    def num_parameters(self, *, active: bool = False) -> int:
+        """Every parameter; with `active`, those one token reads (a mixture of experts'
+        k chosen experts, not all E)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qkv = self.q_size + 2 * self.kv_size
-        per_layer = h * qkv + self.q_size * h + 3 * h * i + 2 * h + qkv * self.qkv_bias
+        per_layer = h * qkv + self.q_size * h + 2 * h + qkv * self.qkv_bias
         per_layer += 2 * self.head_dim * self.qk_norm
         per_layer += 2 * h * self.family.gemma  # the sandwich norms
+        sparse = self.experts.sparse_layers if self.experts else (False,) * self.num_layers
+        mlps = sum(3 * h * i for is_sparse in sparse if not is_sparse)
+        if self.experts is not None:
+            count = self.experts.active_parameters if active else self.experts.num_parameters
+            mlps += sum(sparse) * count(h)
         lm_head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_layers * per_layer + h + lm_head
+        return v * h + self.num_layers * per_layer + mlps + h + lm_head
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], max_model_len: int | None = None) -> ModelConfig:
@@ -284,6 +300,7 @@ class ModelConfig:
                 rope_layers=_rope_layers(raw) if family.nope else None,
                 rotary_dim=rotary_dim,
                 **gemma,
+                experts=None if family.experts is None else read_experts(raw, family.experts),
             )
         except KeyError as e:
             raise ModelConfigError(f"config.json lacks required field {e.args[0]!r}") from None

@@ -10,6 +10,11 @@ add (norm_add_rmsnorm), its MLP is gelu_tanh*mul, its embedding is scaled; Gemma
 sliding layers rotate by their own base, Gemma 2's scores and logits are soft-capped:
 its layers run op by op.
 
+A mixture of experts (`experts`: Mixtral, Qwen2-MoE, Qwen3-MoE) replaces a sparse
+layer's MLP by its router, the grouped GEMMs of the k experts each token picks and
+their weighted sum (cuda/moe.py; Qwen2-MoE's gated shared expert joins the sum): its
+layers run op by op.
+
 With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
 rounds to BF16 once, as transformers' BF16 linear layer does. With `qk_norm` (Qwen3)
 each query and key head of the QKV output is RMS-normalized over head_dim
@@ -32,7 +37,7 @@ import numpy as np
 from ...cuda.protocol import Backend
 from ...cuda.rope import rope_table
 from .config import ModelConfig
-from .weights import LlamaWeights
+from .weights import ExpertWeights, LlamaWeights
 
 
 @dataclass(slots=True)
@@ -56,13 +61,14 @@ class _Layer:
     qkv_proj: np.ndarray
     o_proj: np.ndarray
     mlp_norm: np.ndarray
-    gate_up_proj: np.ndarray
-    down_proj: np.ndarray
+    gate_up_proj: np.ndarray | None  # None: a sparse layer's MLP is its experts
+    down_proj: np.ndarray | None
     qkv_bias: np.ndarray | None  # [q_size + 2 * kv_size] BF16; None: the family has none
     q_norm: np.ndarray | None = None  # [head_dim] BF16; None: the family has no qk_norm
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None  # [hidden] BF16: Gemma's sandwich norms
     post_mlp_norm: np.ndarray | None = None
+    experts: ExpertWeights | None = None  # the backend's arrays
 
     @property
     def plain_head(self) -> bool:
@@ -79,8 +85,20 @@ class LlamaModel:
         # a GeGLU's gate/up product goes through gelu_tanh_mul, not swiglu's fusions
         gate_up = linear if self.gemma else backend.gate_up_weight
 
-        def held(x: np.ndarray | None) -> Any:
-            return None if x is None else backend.from_host(x)
+        def held(x: np.ndarray | None, hold: Any = backend.from_host) -> Any:
+            return None if x is None else hold(x)
+
+        def experts(w: ExpertWeights | None) -> ExpertWeights | None:
+            if w is None:
+                return None
+            return ExpertWeights(
+                router=linear(w.router),
+                gate_up=backend.expert_weights(w.gate_up),
+                down=backend.expert_weights(w.down),
+                shared_gate_up=held(w.shared_gate_up, backend.gate_up_weight),
+                shared_down=held(w.shared_down, linear),
+                shared_gate=held(w.shared_gate, linear),
+            )
 
         self.embed_tokens = backend.from_host(weights.embed_tokens)
         self.layers = [
@@ -89,13 +107,14 @@ class LlamaModel:
                 qkv_proj=linear(w.qkv_proj),
                 o_proj=linear(w.o_proj),
                 mlp_norm=backend.from_host(w.mlp_norm),
-                gate_up_proj=gate_up(w.gate_up_proj),
-                down_proj=linear(w.down_proj),
+                gate_up_proj=held(w.gate_up_proj, gate_up),
+                down_proj=held(w.down_proj, linear),
                 qkv_bias=held(w.qkv_bias),
                 q_norm=held(w.q_norm),
                 k_norm=held(w.k_norm),
                 post_attn_norm=held(w.post_attn_norm),
                 post_mlp_norm=held(w.post_mlp_norm),
+                experts=experts(w.experts),
             )
             for w in weights.layers
         ]
@@ -135,7 +154,11 @@ class LlamaModel:
         arrays = [self.embed_tokens, self.final_norm, self.lm_head]
         arrays += [table for tables in self.rope_tables for table in tables]
         for layer in self.layers:
-            arrays += [getattr(layer, name) for name in layer.__slots__]
+            arrays += [getattr(layer, name) for name in layer.__slots__ if name != "experts"]
+            if (moe := layer.experts) is not None:  # an expert's weights: maybe a list
+                for name in moe.__slots__:
+                    held = getattr(moe, name)
+                    arrays += held if isinstance(held, list) else [held]
         arrays = [a for a in arrays if a is not None]
         unique = {id(a): a for a in arrays}  # a tied lm_head may be the embedding itself
         return sum(int(a.nbytes) for a in unique.values())
@@ -168,6 +191,18 @@ class LlamaModel:
         if self.config.final_softcap is not None:
             logits = self.ops.softcap(logits, self.config.final_softcap)
         return logits
+
+    def _experts(self, x: Any, experts: ExpertWeights) -> Any:
+        """A sparse layer's MLP of its normed rows x [T, hidden] BF16: [T, hidden] BF16."""
+        ops, cfg = self.ops, self.config.experts
+        assert cfg is not None
+        route = ops.moe_route(ops.gemm(x, experts.router), cfg.top_k, cfg.normalize)
+        grouped = ops.moe_gemm(ops.moe_gather(x, route), experts.gate_up, route)
+        outputs = ops.moe_gemm(ops.silu_mul(grouped), experts.down, route)
+        if experts.shared_gate_up is None:
+            return ops.moe_combine(outputs, route)
+        shared = ops.gemm(ops.swiglu(x, experts.shared_gate_up), experts.shared_down)
+        return ops.moe_combine(outputs, route, shared, ops.gemm(x, experts.shared_gate))
 
     def _final_hidden(self, batch: ForwardBatch, kv_cache: np.ndarray) -> Any:
         """The layers and the final norm: its output [R, hidden] BF16 at `logit_rows`."""
@@ -204,6 +239,20 @@ class LlamaModel:
             return ops.rope_kv_write(qkv, *rope_args(idx))
 
         windows = cfg.layer_windows or (0,) * cfg.num_layers  # each layer's sliding window
+        if cfg.experts is not None:  # a mixture of experts: op by op
+            for idx, layer in enumerate(self.layers):
+                attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,
+                             windows[idx])  # fmt: skip
+                attn = ops.paged_attention(*attention).reshape(num_tokens, -1)
+                residual, x = ops.gemm_add_rmsnorm(attn, layer.o_proj, residual, layer.mlp_norm,
+                                                   eps)  # fmt: skip
+                if layer.experts is None:  # a dense layer (Qwen's mlp_only_layers)
+                    residual, x = ops.gemm_add_rmsnorm(ops.swiglu(x, layer.gate_up_proj),
+                        layer.down_proj, residual, self._next_norm[idx], eps)  # fmt: skip
+                else:
+                    residual, x = ops.add_rmsnorm(residual, self._experts(x, layer.experts),
+                                                  self._next_norm[idx], eps)  # fmt: skip
+            return x if batch.logit_rows is None else x[batch.logit_rows]
         if self.gemma:  # sandwich norms and a GeGLU: op by op
             for idx, layer in enumerate(self.layers):
                 attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,

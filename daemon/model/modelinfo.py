@@ -69,8 +69,24 @@ def model_info(path: Path | str) -> dict[str, object]:
         "soft_caps": None
         if config.attn_softcap is None and config.final_softcap is None
         else {"scores": config.attn_softcap, "logits": config.final_softcap},
+        # a mixture of experts': how many, how many a token takes, their size, which layers
+        "experts": _experts(config),
         "fill_in_the_middle": _fim(path),
         "kv_cache_bytes_per_token": config.kv_bytes_per_token(),
+    }
+
+
+def _experts(config: ModelConfig) -> dict[str, object] | None:
+    if (moe := config.experts) is None:
+        return None
+    return {
+        "experts": moe.num_experts,
+        "per_token": moe.top_k,
+        "intermediate_size": moe.intermediate_size,
+        "normalized_weights": moe.normalize,
+        "shared_expert_size": moe.shared_intermediate_size or None,
+        "dense_layers": [i for i, sparse in enumerate(moe.sparse_layers) if not sparse],
+        "active_parameters": config.num_parameters(active=True),
     }
 
 

@@ -4,7 +4,7 @@ A family is one entry: the `architectures[0]` (or, without it, the `model_type`)
 answers to, the options its forward pass needs beyond the Llama one (today: a bias on
 the q, k and v projections, an RMSNorm of each query and key head, fused projections in
 the checkpoint, Granite's scalar multipliers, SmolLM3's layers without RoPE, InternLM2's
-checkpoint layout, Gemma's layer), the sliding
+checkpoint layout, Gemma's layer, a mixture-of-experts MLP), the sliding
 window transformers would apply to each layer (the attention takes it: a query sees the
 window's last keys, config.ModelConfig.layer_windows), and the checks that refuse
 a config whose options the forward does not implement.
@@ -59,6 +59,11 @@ class ModelFamily:
     # rotate by their own unscaled rope base (ModelConfig.local_rope_theta), Gemma 2's
     # scores and logits are tanh soft-capped (ModelConfig.attn_softcap, final_softcap)
     gemma: bool = False
+    # a mixture-of-experts MLP (experts.py), by its checkpoint layout: "mixtral"
+    # (block_sparse_moe, experts' w1, w2, w3), "qwen2_moe" (mlp.gate, mlp.experts.N's
+    # gate, up and down projections, and a gated shared expert) or "qwen3_moe" (the
+    # same without the shared expert); None: a dense MLP
+    experts: str | None = None
 
 
 def _check_llama(raw: Mapping[str, Any]) -> None:
@@ -107,6 +112,30 @@ def _every_layer_window(raw: Mapping[str, Any]) -> tuple[int, ...]:
     """Mistral's and Phi-3's: a `sliding_window` applies to every layer."""
     window = raw.get("sliding_window")
     return () if window is None else (_window(raw),) * _num_layers(raw)
+
+
+def _use_sliding_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Qwen3-MoE's: with use_sliding_window, `sliding_window` on every layer."""
+    if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
+        return ()
+    return (_window(raw),) * _num_layers(raw)
+
+
+def _qwen2_moe_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """Qwen2-MoE's: with use_sliding_window, the layers `layer_types` marks
+    "sliding_attention", or else (Qwen2MoeConfig's default) the even-indexed layers
+    below max_window_layers."""
+    if not raw.get("use_sliding_window") or raw.get("sliding_window") is None:
+        return ()
+    if raw.get("layer_types") is not None:
+        return _typed_windows(raw)
+    first = int(raw.get("max_window_layers", 28))
+    window = _window(raw)
+    return tuple(window if i % 2 == 0 and i < first else 0 for i in range(_num_layers(raw)))
+
+
+def _check_mixtral(raw: Mapping[str, Any]) -> None:
+    """Mixtral is Mistral's attention with experts (router jitter is training's)."""
 
 
 def _check_mistral(raw: Mapping[str, Any]) -> None:
@@ -297,6 +326,31 @@ FAMILIES: dict[str, ModelFamily] = {
             qk_norm=True,
             windows=_gemma_windows,
             gemma=True,
+        ),
+        ModelFamily(
+            "MixtralForCausalLM",
+            "mixtral",
+            qkv_bias=False,
+            check=_check_mixtral,
+            windows=_every_layer_window,
+            experts="mixtral",
+        ),
+        ModelFamily(
+            "Qwen2MoeForCausalLM",
+            "qwen2_moe",
+            qkv_bias=True,
+            check=lambda raw: None,
+            windows=_qwen2_moe_windows,
+            experts="qwen2_moe",
+        ),
+        ModelFamily(
+            "Qwen3MoeForCausalLM",
+            "qwen3_moe",
+            qkv_bias=False,
+            check=_check_qwen3,
+            qk_norm=True,
+            windows=_use_sliding_windows,
+            experts="qwen3_moe",
         ),
     )
 }

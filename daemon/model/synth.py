@@ -15,6 +15,7 @@ norms are 1, and a shard is written at a time, so writing an 8B folder holds ~2 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,9 +26,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from ...cuda.dtypes import BF16
 from .config import ModelConfig
+from .experts import read_experts
 from .registry import family_of
 from .safetensors_io import save_safetensors
-from .weights import LayerWeights, LlamaWeights
+from .weights import ExpertWeights, LayerWeights, LlamaWeights
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -40,6 +42,8 @@ QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm
 PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5}
 GRANITE = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5}
 SMOLLM3 = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "rms_norm_eps": 1e-6}
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+             "rms_norm_eps": 1e-6}  # fmt: skip
 MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rms_norm_eps": 1e-5}
 GEMMA3 = {
     "architectures": ["Gemma3ForCausalLM"],
@@ -363,6 +367,77 @@ SHAPES: dict[str, dict[str, Any]] = {
             "sliding_attention",
         ],
     },
+    "qwen3-30b-a3b": {  # Qwen3-30B-A3B: 128 experts of 768, 8 a token (3.3B active)
+        **QWEN3_MOE,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+    },
+    "mixtral-8x7b": {  # Mixtral-8x7B-v0.1: 8 experts of 14,336, 2 a token (12.9B active)
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "rms_norm_eps": 1e-5,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "tiny-qwen3-moe": {  # for tests: Qwen3-MoE's experts (8 of 64, 2 a token) in kilobytes
+        **QWEN3_MOE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+    },
+    "tiny-qwen2-moe": {  # for tests: Qwen2-MoE's shared expert, biases and a dense layer
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "rms_norm_eps": 1e-6,
+        "hidden_size": 128,
+        "intermediate_size": 192,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 96,
+        "mlp_only_layers": [1],
+    },
 }
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 CHAT_TEMPLATE = (
@@ -447,7 +522,18 @@ def synth_in_memory(
 
     h, inter = config.hidden_size, config.intermediate_size
     ones = np.ones(h, dtype=BF16)
-    layer = LayerWeights(
+    experts = None
+    if (moe := config.experts) is not None:
+        shared = moe.shared_intermediate_size
+        experts = ExpertWeights(
+            router=rand(moe.num_experts, h),
+            gate_up=rand(moe.num_experts, 2 * moe.intermediate_size, h),
+            down=rand(moe.num_experts, h, moe.intermediate_size),
+            shared_gate_up=rand(2 * shared, h) if shared else None,
+            shared_down=rand(h, shared) if shared else None,
+            shared_gate=rand(1, h) if shared else None,
+        )
+    dense = LayerWeights(
         attn_norm=ones,
         qkv_proj=rand(config.q_size + 2 * config.kv_size, h),
         o_proj=rand(h, config.q_size),
@@ -460,9 +546,15 @@ def synth_in_memory(
         post_attn_norm=ones if config.family.gemma else None,
         post_mlp_norm=ones if config.family.gemma else None,
     )
+    sparse = dataclasses.replace(dense, gate_up_proj=None, down_proj=None, experts=experts)
+    layers = [sparse if is_sparse else dense for is_sparse in _sparse_layers(config)]
     embed = rand(config.vocab_size, h)
     lm_head = embed if config.tie_word_embeddings else rand(config.vocab_size, h)
-    return config, LlamaWeights(embed, [layer] * config.num_layers, ones, lm_head)
+    return config, LlamaWeights(embed, layers, ones, lm_head)
+
+
+def _sparse_layers(config: ModelConfig) -> tuple[bool, ...]:
+    return config.experts.sparse_layers if config.experts else (False,) * config.num_layers
 
 
 def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -473,6 +565,7 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
     q_size = shape["num_attention_heads"] * shape["head_dim"]
     kv_size = shape["num_key_value_heads"] * shape["head_dim"]
     yield "model.embed_tokens.weight", (shape["vocab_size"], hidden)
+    sparse = _sparse_layers(ModelConfig.from_dict(_config_json(shape, "")))
     for idx in range(shape["num_hidden_layers"]):
         prefix = f"model.layers.{idx}."
         yield prefix + "input_layernorm.weight", (hidden,)
@@ -494,7 +587,9 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
         if family.gemma:  # sandwich norms: post_attention_layernorm is the attention's output's
             yield prefix + "pre_feedforward_layernorm.weight", (hidden,)
             yield prefix + "post_feedforward_layernorm.weight", (hidden,)
-        if family.fused:
+        if sparse[idx]:
+            yield from _expert_shapes(prefix, family.experts, shape)
+        elif family.fused:
             yield prefix + "mlp.gate_up_proj.weight", (2 * inter, hidden)
         else:
             yield prefix + "mlp.gate_proj.weight", (inter, hidden)
@@ -503,6 +598,28 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
     yield "model.norm.weight", (hidden,)
     if not shape["tie_word_embeddings"]:
         yield "lm_head.weight", (shape["vocab_size"], hidden)
+
+
+def _expert_shapes(
+    prefix: str, layout: str | None, shape: dict[str, Any]
+) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A sparse layer's tensors, as the released checkpoints name them (weights._experts)."""
+    assert layout is not None
+    experts = read_experts(shape, layout)
+    hidden, inter = shape["hidden_size"], experts.intermediate_size
+    mlp = prefix + ("block_sparse_moe." if layout == "mixtral" else "mlp.")
+    yield mlp + "gate.weight", (experts.num_experts, hidden)
+    gate, up, down = ("w1", "w3", "w2") if layout == "mixtral" else ("gate_proj", "up_proj",
+                                                                     "down_proj")  # fmt: skip
+    for e in range(experts.num_experts):
+        yield f"{mlp}experts.{e}.{gate}.weight", (inter, hidden)
+        yield f"{mlp}experts.{e}.{up}.weight", (inter, hidden)
+        yield f"{mlp}experts.{e}.{down}.weight", (hidden, inter)
+    if shared := experts.shared_intermediate_size:
+        yield mlp + "shared_expert.gate_proj.weight", (shared, hidden)
+        yield mlp + "shared_expert.up_proj.weight", (shared, hidden)
+        yield mlp + "shared_expert.down_proj.weight", (hidden, shared)
+        yield mlp + "shared_expert_gate.weight", (1, hidden)
 
 
 def _write_weights(

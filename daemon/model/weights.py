@@ -6,7 +6,9 @@ two GEMMs where a naive port runs five; a family with q, k and v biases (Qwen2)
 has them fused the same way, and one with q and k norms (Qwen3) keeps them per layer;
 Granite's scalar multipliers are folded into the weights (`_folded`), Gemma's norm
 weights offset by one (`_unit_offset_norms`), and a partial
-rotary embedding's dimensions reordered in q and k alike (`_rotary_ordered`). A missing
+rotary embedding's dimensions reordered in q and k alike (`_rotary_ordered`); a mixture
+of experts' layers hold their experts stacked, each one's gate and up fused
+(`ExpertWeights`). A missing
 tensor or a wrong shape is an error that names it.
 """
 
@@ -36,8 +38,8 @@ class LayerWeights:
     qkv_proj: np.ndarray  # [q_size + 2 * kv_size, hidden]
     o_proj: np.ndarray  # [hidden, q_size]
     mlp_norm: np.ndarray  # [hidden]
-    gate_up_proj: np.ndarray  # [2 * intermediate, hidden]
-    down_proj: np.ndarray  # [hidden, intermediate]
+    gate_up_proj: np.ndarray | None  # [2 * intermediate, hidden]; None: a sparse layer's
+    down_proj: np.ndarray | None  # [hidden, intermediate]
     qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]; families with config.qkv_bias
     q_norm: np.ndarray | None = None  # [head_dim]; families with config.qk_norm
     k_norm: np.ndarray | None = None  # [head_dim]
@@ -45,6 +47,20 @@ class LayerWeights:
     # its residual add ([hidden]); None for the other families
     post_attn_norm: np.ndarray | None = None
     post_mlp_norm: np.ndarray | None = None
+    experts: ExpertWeights | None = None  # a sparse layer's MLP (config.experts)
+
+
+@dataclass(slots=True)
+class ExpertWeights:
+    """A mixture-of-experts MLP (experts.py): E experts, each gate and up fused as a dense
+    layer's, and Qwen2-MoE's shared expert."""
+
+    router: np.ndarray  # [E, hidden]
+    gate_up: np.ndarray  # [E, 2 * expert intermediate, hidden]
+    down: np.ndarray  # [E, hidden, expert intermediate]
+    shared_gate_up: np.ndarray | None = None  # [2 * shared intermediate, hidden]
+    shared_down: np.ndarray | None = None  # [hidden, shared intermediate]
+    shared_gate: np.ndarray | None = None  # [1, hidden]: the shared expert's sigmoid gate
 
 
 @dataclass(slots=True)
@@ -127,10 +143,12 @@ def _read(
     # the MLP's input norm; Gemma's post_attention_layernorm is its attention's output's
     mlp_norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
     embed = take("model.embed_tokens.weight", (vocab, h))
+    sparse = config.experts.sparse_layers if config.experts else (False,) * config.num_layers
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         attn = p + "self_attn."
+        dense = not sparse[i]
         layers.append(
             LayerWeights(
                 attn_norm=take(p + "input_layernorm.weight", (h,)),
@@ -141,15 +159,13 @@ def _read(
                 ),
                 o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
                 mlp_norm=take(p + mlp_norm + ".weight", (h,)),
-                gate_up_proj=take(p + "mlp.gate_up_proj.weight", (2 * inter, h))
+                gate_up_proj=None
+                if not dense
+                else take(p + "mlp.gate_up_proj.weight", (2 * inter, h))
                 if fused  # gate rows, then up rows, as we pack them
-                else np.concatenate(
-                    [
-                        take(p + "mlp.gate_proj.weight", (inter, h)),
-                        take(p + "mlp.up_proj.weight", (inter, h)),
-                    ]
-                ),
-                down_proj=take(p + "mlp.down_proj.weight", (h, inter)),
+                else _gate_up(take, p + "mlp.", inter, h),
+                down_proj=take(p + "mlp.down_proj.weight", (h, inter)) if dense else None,
+                experts=None if dense else _experts(take, tensors, p, config),
                 qkv_bias=np.concatenate(
                     [take(f"{attn}{x}_proj.bias", (n,)) for x, n in q_kv_sizes.items()]
                 )
@@ -167,6 +183,47 @@ def _read(
             progress(i + 1, config.num_layers)
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", (vocab, h))
     return LlamaWeights(embed, layers, take("model.norm.weight", (h,)), lm_head)
+
+
+def _gate_up(take: Callable[[str, tuple[int, ...]], np.ndarray], p: str, inter: int,
+             h: int, names: tuple[str, str] = ("gate_proj", "up_proj")) -> np.ndarray:  # fmt: skip
+    """A SwiGLU MLP's gate and up projections under prefix `p`, fused: gate rows first."""
+    return np.concatenate([take(f"{p}{names[0]}.weight", (inter, h)),
+                           take(f"{p}{names[1]}.weight", (inter, h))])  # fmt: skip
+
+
+def _experts(
+    take: Callable[[str, tuple[int, ...]], np.ndarray],
+    tensors: dict[str, np.ndarray],
+    p: str,
+    config: ModelConfig,
+) -> ExpertWeights:
+    """Layer `p`'s experts: one tensor per expert and projection, as the released
+    checkpoints hold them (and transformers saves them), or the experts stacked
+    (`experts.gate_up_proj` [E, 2I, hidden] and `experts.down_proj`, as transformers 5
+    holds them in memory)."""
+    assert config.experts is not None
+    h, cfg = config.hidden_size, config.experts
+    num, inter = cfg.num_experts, cfg.intermediate_size
+    layout = config.family.experts
+    mlp = p + ("block_sparse_moe." if layout == "mixtral" else "mlp.")
+    names = ("w1", "w3", "w2") if layout == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    stacked = mlp + "experts.gate_up_proj"
+    if stacked in tensors or stacked.removeprefix("model.") in tensors:
+        gate_up = take(stacked, (num, 2 * inter, h))
+        down = take(mlp + "experts.down_proj", (num, h, inter))
+    else:
+        gate_up = np.stack([_gate_up(take, f"{mlp}experts.{e}.", inter, h, names[:2])
+                            for e in range(num)])  # fmt: skip
+        down = np.stack([take(f"{mlp}experts.{e}.{names[2]}.weight", (h, inter))
+                         for e in range(num)])  # fmt: skip
+    weights = ExpertWeights(router=take(mlp + "gate.weight", (num, h)), gate_up=gate_up,
+                            down=down)  # fmt: skip
+    if shared := cfg.shared_intermediate_size:
+        weights.shared_gate_up = _gate_up(take, mlp + "shared_expert.", shared, h)
+        weights.shared_down = take(mlp + "shared_expert.down_proj.weight", (h, shared))
+        weights.shared_gate = take(mlp + "shared_expert_gate.weight", (1, h))
+    return weights
 
 
 def _internlm2(
@@ -294,6 +351,7 @@ def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:
 
     rm = config.residual_multiplier
     for layer in weights.layers:
+        assert layer.down_proj is not None, "Granite's MLPs are dense"
         layer.o_proj, layer.down_proj = scaled(layer.o_proj, rm), scaled(layer.down_proj, rm)
     lm_head = scaled(weights.lm_head, 1.0 / config.logits_scaling)
     embed = scaled(weights.embed_tokens, config.embedding_multiplier)
