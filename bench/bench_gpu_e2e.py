@@ -62,10 +62,16 @@ DISK_RUNS = 3  # restarts the disk section times (and fresh runs), for their med
 
 def linear_params(config: ModelConfig) -> int:
     """Parameters every token's forward multiplies by (the lm_head included, the
-    embedding gather not)."""
+    embedding gather not): of a mixture of experts' sparse layers, the router and the k
+    experts a token takes (and the shared expert), so a decode step at batch 1 reads
+    these at least, whichever experts it picks."""
     h, inter = config.hidden_size, config.intermediate_size
-    per_layer = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * inter
-    return config.num_layers * per_layer + config.vocab_size * h
+    attention = h * (config.q_size + 2 * config.kv_size) + config.q_size * h
+    moe = config.experts
+    sparse = moe.sparse_layers if moe else (False,) * config.num_layers
+    mlps = sum(moe.active_parameters(h) if is_sparse and moe else 3 * h * inter
+               for is_sparse in sparse)  # fmt: skip
+    return config.num_layers * attention + mlps + config.vocab_size * h
 
 
 def weight_bytes(config: ModelConfig) -> int:

@@ -29,7 +29,7 @@ def write_gguf(
         else:
             writer.add_array(key, value)
     for name, array in tensors.items():
-        if quantized and array.ndim == 2 and array.shape[1] % 32 == 0:
+        if quantized and _quantizable(name, array):
             q = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
@@ -39,6 +39,13 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _quantizable(name: str, array: np.ndarray) -> bool:
+    """What llama.cpp's converter quantizes: matrices and stacked experts whose rows are
+    whole Q8_0 blocks, but a router (`ffn_gate_inp`), which it keeps in F32."""
+    whole = array.ndim in (2, 3) and array.shape[-1] % 32 == 0
+    return whole and not name.endswith("ffn_gate_inp.weight")
 
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:

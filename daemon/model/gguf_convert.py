@@ -1,19 +1,25 @@
-"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2 or
-Gemma 3 model into a Hugging Face model folder.
+"""Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2,
+Gemma 3, Mixtral, Qwen2-MoE or Qwen3-MoE model into a Hugging Face model folder.
 
-`convert_gguf` reads a GGUF whose `general.architecture` is `llama`, `qwen2`, `qwen3`,
-`phi3`, `granite`, `smollm3`, `gemma2` or `gemma3` and writes `config.json`, `generation_config.json`, `model.safetensors`,
-`tokenizer.json`, `tokenizer_config.json` and `README.md`. It guarantees:
+`convert_gguf` reads a GGUF whose `general.architecture` is `llama` (Mixtral: `llama` with
+`llama.expert_count` > 0), `qwen2`, `qwen3`, `phi3`, `granite`, `smollm3`, `gemma2`,
+`gemma3`, `qwen2moe` or `qwen3moe` and writes `config.json`, `generation_config.json`,
+`model.safetensors`, `tokenizer.json`, `tokenizer_config.json` and `README.md`. It
+guarantees:
 
 - a model llama.cpp's gguf-split cut into shards, given by any of them, converts as one
   (gguf_files.open_shards checks the set): every file but README.md (which names the
   shards) is byte for byte the one the same model in one file gives;
 - every tensor is dequantized to float32 by `gguf.quants` and rounded once to
   BF16 (round to nearest even), under Hugging Face names and shapes
-  `[out_features, in_features]`, one tensor in memory at a time;
-- llama.cpp's row permutation of a Llama's (and a Granite's and SmolLM3's) Q and K
-  projections is undone, so the weights use Hugging Face's half-split rotary layout (llama.cpp permutes
-  no other family's); a Granite file's four scales become its config's multipliers; a
+  `[out_features, in_features]`, one tensor in memory at a time (stacked experts one
+  expert at a time);
+- a mixture of experts' tensors and config.json are gguf_experts.py's: each layer's experts
+  stacked as weights.py reads them (gate and up joined), the routing as llama.cpp runs it;
+- llama.cpp's row permutation of a Llama's (and a Mixtral's, a Granite's and SmolLM3's) Q
+  and K projections is undone, so the weights use Hugging Face's half-split rotary layout
+  (llama.cpp permutes no other family's); a Granite file's four scales become its config's
+  multipliers; a
   Gemma file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
   what llama.cpp sets in its code (the sliding pattern, the local rope base, the score
   scale) is written into config.json;
@@ -22,8 +28,9 @@ Gemma 3 model into a Hugging Face model folder.
 - the tokenizer is gguf_tokenizer's (byte-level or SentencePiece BPE as llama.cpp
   tokenizes, every token id kept);
 - anything it cannot convert faithfully (another architecture, tokenizer model or
-  pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE)
-  raises `ValueError` naming the offending value, before anything is written.
+  pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE, a
+  layer without experts or per-expert tensors in a file with experts) raises `ValueError`
+  naming the offending value, before anything is written.
 """
 
 from __future__ import annotations
@@ -31,17 +38,31 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf
 import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from .gguf_files import open_shards, read_metadata
+from .gguf_experts import (
+    JOINED,
+    ROW_VECTORS,
+    check_expert_tensors,
+    expert_layer_names,
+    experts_config,
+    join_experts,
+)
+from .gguf_files import (
+    dequantized,
+    open_shards,
+    optional_int,
+    read_metadata,
+    require_int,
+    require_number,
+)
 from .gguf_tokenizer import build_tokenizer, end_token_ids, tokenizer_config
 from .safetensors_io import TensorSpec, save_safetensors_streamed
 
@@ -59,6 +80,9 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_MLP_NAMES = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+# a Llama block but its MLP (which the MoE families' experts replace)
+_ATTENTION_NAMES = {k: v for k, v in _LAYER_NAMES.items() if k not in _MLP_NAMES}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -77,32 +101,33 @@ _GEMMA_LAYER_NAMES = {
 }
 
 
+# Qwen2's and Qwen3's blocks but their MLPs (their MoE families' too)
+_QWEN2_LAYER_NAMES = {
+    **_ATTENTION_NAMES,
+    **{f"attn_{x}.bias": f"self_attn.{x}_proj.bias" for x in "qkv"},
+}
+_QWEN3_LAYER_NAMES = {
+    **_ATTENTION_NAMES,
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Family:
     architecture: str  # config.json's
-    layer_names: dict[str, str]  # GGUF name within a block -> Hugging Face name within a layer
+    # GGUF name within a block -> Hugging Face name within a layer (two GGUF tensors may
+    # make one: gguf_experts.JOINED)
+    layer_names: dict[str, str]
     permuted_qk: bool  # llama.cpp interleaved the rotary pairs of Q and K's rows
+    model_type: str | None = None  # config.json's; None: the GGUF architecture's name
+    experts: str | None = None  # the experts' layout (registry.ModelFamily.experts)
 
 
 _FAMILIES = {
     "llama": _Family("LlamaForCausalLM", _LAYER_NAMES, permuted_qk=True),
-    "qwen2": _Family(
-        "Qwen2ForCausalLM",
-        {
-            **_LAYER_NAMES,
-            **{f"attn_{x}.bias": f"self_attn.{x}_proj.bias" for x in "qkv"},
-        },
-        permuted_qk=False,
-    ),
-    "qwen3": _Family(
-        "Qwen3ForCausalLM",
-        {
-            **_LAYER_NAMES,
-            "attn_q_norm.weight": "self_attn.q_norm.weight",
-            "attn_k_norm.weight": "self_attn.k_norm.weight",
-        },
-        permuted_qk=False,
-    ),
+    "qwen2": _Family("Qwen2ForCausalLM", {**_LAYER_NAMES, **_QWEN2_LAYER_NAMES}, permuted_qk=False),
+    "qwen3": _Family("Qwen3ForCausalLM", {**_LAYER_NAMES, **_QWEN3_LAYER_NAMES}, permuted_qk=False),
     # Granite: Llama's tensors (Q and K permuted, as llama.cpp's converter treats it as a
     # Llama) and four scalars in the metadata (`_GRANITE_SCALES`)
     "granite": _Family("GraniteForCausalLM", _LAYER_NAMES, permuted_qk=True),
@@ -128,7 +153,32 @@ _FAMILIES = {
     "gemma3": _Family("Gemma3ForCausalLM", _GEMMA_LAYER_NAMES, permuted_qk=False),
     # Gemma 2: the same tensors but q and k norms, its soft-caps in the metadata
     "gemma2": _Family("Gemma2ForCausalLM", _GEMMA_LAYER_NAMES, permuted_qk=False),
+    # Qwen2-MoE and Qwen3-MoE: Qwen2's and Qwen3's attention, every layer's MLP experts
+    # (gguf_experts.py), Qwen2-MoE's with a gated shared expert
+    "qwen2moe": _Family(
+        "Qwen2MoeForCausalLM",
+        {**_QWEN2_LAYER_NAMES, **expert_layer_names("qwen2_moe")},
+        permuted_qk=False,
+        model_type="qwen2_moe",
+        experts="qwen2_moe",
+    ),
+    "qwen3moe": _Family(
+        "Qwen3MoeForCausalLM",
+        {**_QWEN3_LAYER_NAMES, **expert_layer_names("qwen3_moe")},
+        permuted_qk=False,
+        model_type="qwen3_moe",
+        experts="qwen3_moe",
+    ),
 }
+# Mixtral, as llama.cpp's converter writes it: a `llama` file with `llama.expert_count` > 0,
+# Q and K permuted as a Llama's
+_MIXTRAL = _Family(
+    "MixtralForCausalLM",
+    {**_ATTENTION_NAMES, **expert_layer_names("mixtral")},
+    permuted_qk=True,
+    model_type="mixtral",
+    experts="mixtral",
+)
 # llama.cpp's constants for gemma3, set in its code, not read from the file: every 6th
 # layer full, the others sliding and rotated by base 10,000 (gemma2: every other layer
 # sliding, transformers' default too)
@@ -170,7 +220,7 @@ def convert_gguf(
             f"{gguf_path}: general.architecture is {arch!r}; supported: "
             + ", ".join(repr(a) for a in _FAMILIES)
         )
-    family = _FAMILIES[arch]
+    family = _family_of(meta)
     tensors = {t.name: t for t in shards.tensors}
     longrope = [tensors.pop(name, None) for name in _LONGROPE]
     if any(t is not None for t in longrope) and (arch != "phi3" or None in longrope):
@@ -180,13 +230,15 @@ def convert_gguf(
             f"read from phi3 files holding both {' and '.join(_LONGROPE)}"
         )
     rope_freqs = tensors.pop(_ROPE_FREQS, None)
-    config = hf_config(meta, set(tensors), None if rope_freqs is None else _dequantized(rope_freqs))
+    config = hf_config(meta, set(tensors), None if rope_freqs is None else dequantized(rope_freqs))
     if longrope[0] is not None:
-        config["rope_scaling"] = _longrope_scaling(meta, *map(_dequantized, longrope))
+        config["rope_scaling"] = _longrope_scaling(meta, *map(dequantized, longrope))
+    if family.experts is not None:
+        check_expert_tensors(set(tensors), arch, family.experts, config["num_hidden_layers"])
     tokenizer = build_tokenizer(meta)
-    hf_names = {name: _hf_name(name, family) for name in tensors}
-    specs = {hf_names[name]: _spec(tensor) for name, tensor in tensors.items()}
-    by_hf_name = {hf_names[name]: tensor for name, tensor in tensors.items()}
+    sources = _sources(tensors.values(), family)
+    specs = {name: TensorSpec(np.dtype(ml_dtypes.bfloat16), _shape(name, parts))
+             for name, parts in sources.items()}  # fmt: skip
 
     out_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(
@@ -195,7 +247,7 @@ def convert_gguf(
 
     def produce(hf_name: str) -> np.ndarray:
         bar.update()
-        return _convert_tensor(by_hf_name[hf_name], config, family)
+        return _convert_tensor(sources[hf_name], specs[hf_name].shape, config, family)
 
     with bar:
         save_safetensors_streamed(out_dir / "model.safetensors", specs, produce, {"format": "pt"})
@@ -223,16 +275,17 @@ def hf_config(
     """The Hugging Face config a GGUF's metadata describes (its architecture's class);
     `rope_freqs` is the file's `rope_freqs.weight`, if it has one."""
     arch = meta["general.architecture"]
+    family = _family_of(meta)
 
     def key(name: str) -> str:
         return f"{arch}.{name}"
 
-    hidden_size = _require_int(meta, key("embedding_length"))
-    num_heads = _require_int(meta, key("attention.head_count"))
-    num_kv_heads = _optional_int(meta, key("attention.head_count_kv"), num_heads)
-    head_dim = _optional_int(meta, key("attention.key_length"), hidden_size // num_heads)
-    value_dim = _optional_int(meta, key("attention.value_length"), head_dim)
-    rope_dim = _optional_int(meta, key("rope.dimension_count"), head_dim)
+    hidden_size = require_int(meta, key("embedding_length"))
+    num_heads = require_int(meta, key("attention.head_count"))
+    num_kv_heads = optional_int(meta, key("attention.head_count_kv"), num_heads)
+    head_dim = optional_int(meta, key("attention.key_length"), hidden_size // num_heads)
+    value_dim = optional_int(meta, key("attention.value_length"), head_dim)
+    rope_dim = optional_int(meta, key("rope.dimension_count"), head_dim)
     # Phi-4-mini's partial rotary embedding: its rope dimension is 3/4 of the key length
     partial = arch == "phi3" and 0 < rope_dim < head_dim and rope_dim % 2 == 0
     if value_dim != head_dim or (rope_dim != head_dim and not partial):
@@ -244,7 +297,7 @@ def hf_config(
         raise ValueError(
             f"head_count {num_heads} is not a multiple of head_count_kv {num_kv_heads}"
         )
-    if arch == "qwen2" and head_dim * num_heads != hidden_size:
+    if arch in ("qwen2", "qwen2moe") and head_dim * num_heads != hidden_size:
         raise ValueError(
             f"key length {head_dim} x {num_heads} heads is not the hidden size {hidden_size}; "
             "a Qwen2 config cannot say so"
@@ -253,23 +306,26 @@ def hf_config(
     rope_scaling = _rope_scaling(meta, key)
     if rope_freqs is not None:
         rope_scaling = llama3_rope_scaling(rope_freqs, theta, head_dim)
-    num_layers = _require_int(meta, key("block_count"))
+    num_layers = require_int(meta, key("block_count"))
     tokens = meta.get("tokenizer.ggml.tokens") or []
+    # a Qwen MoE file may leave out feed_forward_length (no dense MLP to size)
+    ffn_key = key("feed_forward_length")
+    optional = family.experts in ("qwen2_moe", "qwen3_moe") and ffn_key not in meta
     config = {
-        "architectures": [_FAMILIES[arch].architecture],
-        "model_type": arch,
+        "architectures": [family.architecture],
+        "model_type": family.model_type or arch,
         "hidden_size": hidden_size,
-        "intermediate_size": _require_int(meta, key("feed_forward_length")),
+        "intermediate_size": None if optional else require_int(meta, ffn_key),
         "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
         "num_key_value_heads": num_kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": _require_int(meta, key("context_length")),
+        "max_position_embeddings": require_int(meta, key("context_length")),
         # GGUF stores float32; print the shortest decimal that round-trips it (1e-05, not 9.99e-06).
-        "rms_norm_eps": _float32(_require_number(meta, key("attention.layer_norm_rms_epsilon"))),
+        "rms_norm_eps": _float32(require_number(meta, key("attention.layer_norm_rms_epsilon"))),
         "rope_theta": theta,
         "rope_scaling": rope_scaling,
-        "vocab_size": _optional_int(meta, key("vocab_size"), len(tokens)),
+        "vocab_size": optional_int(meta, key("vocab_size"), len(tokens)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
@@ -277,14 +333,16 @@ def hf_config(
         "hidden_act": "silu",
     }
     if arch == "granite":
-        config |= {field: _float32(_require_number(meta, key(name)))
+        config |= {field: _float32(require_number(meta, key(name)))
                    for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
     if arch == "smollm3":
         config |= {"no_rope_layer_interval": SMOLLM3_NO_ROPE_STEP, "use_sliding_window": False}
+    if family.experts is not None:
+        config |= experts_config(meta, arch, family.experts, config["intermediate_size"])
     if arch in ("gemma2", "gemma3"):
         config |= _gemma_config(meta, key, config, arch)
-    elif arch in ("llama", "granite", "smollm3"):
-        config |= {"attention_bias": False, "mlp_bias": False}
+    elif arch in ("llama", "granite", "smollm3"):  # MixtralConfig has no bias flags
+        config |= {"attention_bias": False, "mlp_bias": False} if family.experts is None else {}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
         config |= {"sliding_window": None if window is None else int(window)}
@@ -292,7 +350,7 @@ def hf_config(
     else:  # Qwen: every layer attends to the whole prefix
         config |= {"use_sliding_window": False, "sliding_window": None,
                    "max_window_layers": num_layers}  # fmt: skip
-        config |= {"attention_bias": False} if arch == "qwen3" else {}
+        config |= {"attention_bias": False} if arch in ("qwen3", "qwen3moe") else {}
     return config | {"torch_dtype": "bfloat16"}
 
 
@@ -418,6 +476,27 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
+def _family_of(meta: dict[str, Any]) -> _Family:
+    arch = meta["general.architecture"]
+    if arch == "llama" and optional_int(meta, "llama.expert_count", 0) > 0:
+        return _MIXTRAL
+    return _FAMILIES[arch]
+
+
+def _sources(tensors: Iterable[Any], family: _Family) -> dict[str, tuple[Any, ...]]:
+    """Each Hugging Face tensor's GGUF tensors, in file order: one, or the experts' gate
+    and up (gguf_experts.JOINED, in that order)."""
+    sources: dict[str, list[Any]] = {}
+    for tensor in tensors:
+        sources.setdefault(_hf_name(tensor.name, family), []).append(tensor)
+    for name, parts in sources.items():
+        if len(parts) > 1:
+            # NOTE: only JOINED names share a Hugging Face name (layer_names), one layer's each
+            assert sorted(t.name.split(".", 2)[2] for t in parts) == sorted(JOINED), name
+            parts.sort(key=lambda t: JOINED.index(t.name.split(".", 2)[2]))
+    return {name: tuple(parts) for name, parts in sources.items()}
+
+
 def _hf_name(gguf_name: str, family: _Family) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
@@ -430,21 +509,33 @@ def _hf_name(gguf_name: str, family: _Family) -> str:
     )
 
 
-def _spec(tensor: Any) -> TensorSpec:
+def _shape(hf_name: str, parts: tuple[Any, ...]) -> tuple[int, ...]:
+    """The Hugging Face tensor's shape, `[out_features, in_features]` (outermost first)."""
     # GGUF lists dimensions innermost first; NumPy and Hugging Face outermost first.
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    return TensorSpec(np.dtype(ml_dtypes.bfloat16), shape)
+    shapes = [tuple(int(d) for d in reversed(t.shape.tolist())) for t in parts]
+    if hf_name.endswith(ROW_VECTORS):
+        return (1, math.prod(shapes[0]))
+    if len(parts) > 1:  # an expert's gate and up rows, joined along dim 1
+        if len(set(shapes)) != 1 or len(shapes[0]) != 3:
+            raise ValueError(
+                f"{' and '.join(t.name for t in parts)} have shapes {shapes}; joined into "
+                f"{hf_name}, they must be alike, each [experts, rows, columns]"
+            )
+        experts, rows, columns = shapes[0]
+        return (experts, len(parts) * rows, columns)
+    return shapes[0]
 
 
-def _dequantized(tensor: Any) -> np.ndarray:
-    return np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-
-
-def _convert_tensor(tensor: Any, config: dict[str, Any], family: _Family) -> np.ndarray:
-    """Dequantized, un-permuted (a Llama's Q, K) and rounded to BF16, in NumPy shape."""
-    shape = _spec(tensor).shape
-    weight = _dequantized(tensor)
-    if weight.size != int(np.prod(shape)):
+def _convert_tensor(
+    parts: tuple[Any, ...], shape: tuple[int, ...], config: dict[str, Any], family: _Family
+) -> np.ndarray:
+    """Dequantized, un-permuted (a Llama's Q, K) and rounded to BF16, in NumPy shape; stacked
+    experts one expert at a time (gguf_experts.join_experts)."""
+    if len(shape) == 3:
+        return join_experts(parts, shape)
+    (tensor,) = parts
+    weight = dequantized(tensor)
+    if weight.size != math.prod(shape):
         raise ValueError(f"{tensor.name}: dequantized {weight.shape}, expected shape {shape}")
     weight = weight.reshape(shape)
     if family.permuted_qk and tensor.name.endswith(".attn_q.weight"):
@@ -499,24 +590,6 @@ def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str, 
 
 def _float32(value: float) -> float:
     return float(str(np.float32(value)))
-
-
-def _require_int(meta: dict[str, Any], key: str) -> int:
-    value = meta.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"GGUF metadata {key} is {value!r}; expected one integer")
-    return value
-
-
-def _require_number(meta: dict[str, Any], key: str) -> float:
-    value = meta.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ValueError(f"GGUF metadata {key} is {value!r}; expected one number")
-    return float(value)
-
-
-def _optional_int(meta: dict[str, Any], key: str, default: int) -> int:
-    return default if key not in meta else _require_int(meta, key)
 
 
 def _write_json(path: Path, value: dict[str, Any] | Sequence[Any]) -> None:

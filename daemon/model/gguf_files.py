@@ -11,6 +11,10 @@ model's metadata too, each some of its tensors. `open_shards` guarantees:
   `split.tensors.count` tensors, no name twice; else ValueError naming the file and the
   value (a missing shard by its path), before any tensor is read;
 - tensor data stays memory-mapped, read when a tensor is dequantized.
+
+`read_metadata` gives a file's metadata as Python values; `require_int`, `require_number`
+and `optional_int` read one key of it, or raise ValueError naming the key and its value;
+`dequantized` reads a tensor's values (or one expert's of stacked experts) as float32.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 
 # llama.cpp's `llama_split_path`: "%s-%05d-of-%05d.gguf" (prefix, shard number from 1, count)
 _SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
@@ -51,6 +56,31 @@ def read_metadata(source: Path | gguf.GGUFReader) -> dict[str, Any]:
     """Every metadata field of a GGUF file as a Python str, bool, number or list of them."""
     reader = source if isinstance(source, gguf.GGUFReader) else open_gguf(source)
     return {name: _field_value(field) for name, field in reader.fields.items()}
+
+
+def require_int(meta: dict[str, Any], key: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"GGUF metadata {key} is {value!r}; expected one integer")
+    return value
+
+
+def require_number(meta: dict[str, Any], key: str) -> float:
+    value = meta.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"GGUF metadata {key} is {value!r}; expected one number")
+    return float(value)
+
+
+def optional_int(meta: dict[str, Any], key: str, default: int) -> int:
+    return default if key not in meta else require_int(meta, key)
+
+
+def dequantized(tensor: gguf.ReaderTensor, index: int | None = None) -> np.ndarray:
+    """The tensor's values (its `index`-th along the outermost dimension, if given: one
+    expert of stacked experts) dequantized by `gguf.quants` to float32, in NumPy order."""
+    data = tensor.data if index is None else tensor.data[index]
+    return np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float32)
 
 
 def open_shards(path: Path) -> GGUFShards:
