@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import decode_block_kernel, launchers, pdl
+from . import decode_block_kernel, launchers, moe_kernel, pdl
 from .dtypes import BF16
 from .kernels import BF16_BITS, to_device
 from .kernels import to_host as _to_host
@@ -543,6 +543,20 @@ class CupyBackend:
             seeds=to_device(draws.seeds),
             positions=to_device(draws.positions),
         )
+
+    # Mixture-of-experts MLPs (moe_kernel.py; twins: moe.py): a layer's experts as one
+    # [E, N, K] weight, the routing, the gather into expert groups, the grouped GEMM and
+    # the weighted sum; every launch's grid a function of the shapes alone, so capturable.
+    def expert_weights(self, w: np.ndarray) -> Any:
+        """A layer's BF16 [E, N, K] expert weights (each [N, K] in the Hugging Face
+        layout) on the device as one contiguous array, as moe_gemm takes them."""
+        assert w.dtype == BF16 and w.ndim == 3, (w.dtype, w.shape)
+        return to_device(w)
+
+    moe_route = staticmethod(moe_kernel.moe_route)
+    moe_gather = staticmethod(moe_kernel.moe_gather)
+    moe_gemm = staticmethod(moe_kernel.moe_gemm)
+    moe_combine = staticmethod(moe_kernel.moe_combine)
 
     @staticmethod
     def gemm(x: Any, w: Any, *, out_f32: bool = False) -> Any:

@@ -48,12 +48,21 @@ FAMILIES: tuple[Family, ...] = (
         ("decode_block:decode_tail_ref",),
     ),
     Family("embedding", ("launchers:embed",), ("embedding:embed_ref",)),
-    Family("gemm", ("gemm_kernel:gemm",), ("gemm:gemm_ref",)),
+    Family(
+        "gemm",
+        ("gemm_kernel:gemm", "gemm_kernel:grouped_gemm"),
+        ("gemm:gemm_ref", "moe:moe_gemm_ref"),
+    ),
     Family("gemm_sm90", ("gemm_sm90_kernel:gemm_sm90",), ("gemm:gemm_ref",)),
     Family(
         "kvcache",
         ("launchers:kv_write", "launchers:rope_kv_write"),
         ("kvcache:kv_write_ref", "kvcache:rope_kv_write_ref"),
+    ),
+    Family(
+        "moe",
+        ("moe_kernel:moe_route", "moe_kernel:moe_gather", "moe_kernel:moe_combine"),
+        ("moe:moe_route_ref", "moe:moe_gather_ref", "moe:moe_combine_ref"),
     ),
     Family(
         "rmsnorm",

@@ -49,6 +49,21 @@
 // Both run the same mma sequence per partial and the same fp32 adds in the same order,
 // so a row's bits still do not depend on M or on the route. S = 1 runs neither: the
 // WHOLE kernels (1.-4. as stated), on every route. No float atomics anywhere.
+//
+// Grouped (mixture-of-experts) GEMM, moe_gemm_bf16_*: for E experts' weights w [E, N, K]
+// (contiguous) and grouped rows x [R, K] whose rows offsets[e] .. offsets[e + 1] are
+// expert e's (moe.cu's routing; offsets [E + 1] int32, read on the device), y [R, N] BF16,
+// rows of expert e = x rows times w[e]^T. Grid (ceil(T / BM), ceil(N / BN), E), T the
+// step's tokens, which bounds every expert's rows: CTA (m tile, n tile, e) exits at once
+// when its m tile starts past expert e's rows, else runs the WHOLE tile above on the
+// expert's slice as a GEMM of its own (x + offsets[e] * K, w + e * N * K, y + offsets[e] *
+// N, M = its row count). So 1.-4. hold for every grouped row as stated: y[r, n] is a
+// function of x[r, :], w[e, n, :] and K alone, whatever rows share the expert, where the
+// slice starts (the row offset and the pointer alignment, neither of which reaches a bit)
+// and the tile the launcher picks by T. Never split-K: the grouped rows are only
+// comparable with each other and the M = 1 grouped call, not with gemm_kernel.gemm of a
+// weight whose shape splits K. The grid depends on T, N and E alone, never on the
+// routing, so a captured CUDA graph replays it for any routing.
 #include "common.cuh"  // the PTX wrappers (cp.async, ldmatrix, mma.sync), bf16_bits, store_pair
 
 // x rows past M: 1, the default, zeros written once (zero_rows_past_m); 0 zero-filled by
@@ -465,4 +480,41 @@ gemm_f32_big_fold(const unsigned short* __restrict__ x, const unsigned short* __
                   int M, int N, int K, int split_len) {
   pdl_enter();
   gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
+}
+
+// The grouped GEMM (the header's last paragraph): x: [R, K] grouped rows, w: [E, N, K],
+// y: [R, N] BF16 bits, offsets: [E + 1] int32; grid (ceil(T / BM), ceil(N / BN), E).
+namespace {
+template <class T>
+__device__ __forceinline__ void grouped_tile(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                                             unsigned short* __restrict__ y, const int* __restrict__ offsets, int N,
+                                             int K) {
+  const int expert = static_cast<int>(blockIdx.z);
+  const int first_row = offsets[expert];
+  const int num_rows = offsets[expert + 1] - first_row;
+  if (static_cast<int>(blockIdx.x) * T::BM >= num_rows) return;  // the whole CTA: no barrier passed yet
+  gemm_tile<T, Split::WHOLE>(x + static_cast<long long>(first_row) * K, w + static_cast<long long>(expert) * N * K,
+                             y + static_cast<long long>(first_row) * N, num_rows, N, K, 0);
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128)
+moe_gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                     unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+  pdl_enter();
+  grouped_tile<Skinny>(x, w, y, offsets, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+moe_gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                  unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+  pdl_enter();
+  grouped_tile<Mid>(x, w, y, offsets, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+moe_gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                  unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+  pdl_enter();
+  grouped_tile<Big>(x, w, y, offsets, N, K);
 }

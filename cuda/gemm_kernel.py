@@ -37,6 +37,11 @@ agree within BF16 rounding, not bitwise (any S).
 Nothing is allocated except the output when `out` is None (and, for S > 1 at M <= 16,
 the [S, M, N] fp32 workspace, plus once per stream its tile counters). CuPy is imported
 lazily.
+
+`grouped_gemm` is the mixture-of-experts GEMM (twin: moe.moe_gemm_ref): each expert's
+grouped rows times its own weight, one launch for all experts, every CTA running the
+unsplit (WHOLE) tile on its expert's slice; a row's bits are a function of the row and
+its expert's weight alone (gemm.cu's header), the grid a function of T, N and E.
 """
 
 from __future__ import annotations
@@ -200,7 +205,7 @@ class Launch:
     whether it takes the split workspace and tile counters (the skinny split route)."""
 
     kernel: str
-    grid: tuple[int, int]
+    grid: tuple[int, ...]  # (x, y), or (x, y, experts) for grouped_launch_plan's
     threads: int
     smem_bytes: int
     split_workspace: bool = False
@@ -269,6 +274,61 @@ def gemm(
     else:
         args = (x, w, out)
     launch_kernel(fn, plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)
+    return out
+
+
+MAX_GRID_Z = 65535
+
+
+def grouped_launch_plan(num_tokens: int, n: int, num_experts: int) -> Launch:
+    """The launch `grouped_gemm` makes for T = `num_tokens` tokens (no expert gets more
+    rows than T), N output columns and E experts: grid (ceil(T / BM), ceil(N / BN), E) of
+    the tile `tile_config(T)` picks, unsplit. A function of (T, N, E) alone: never of the
+    routing, so a CUDA graph captured with it replays for any. T, N > 0."""
+    config = tile_config(num_tokens)
+    tiles = (-(-num_tokens // config.block_m), -(-n // config.block_n))
+    if tiles[1] > MAX_GRID_Y:
+        raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {n}")
+    if not 0 < num_experts <= MAX_GRID_Z:
+        raise ValueError(f"the expert count must be in [1, {MAX_GRID_Z}]; got {num_experts}")
+    grid = (*tiles, num_experts)
+    return Launch(f"moe_{config.kernel_name(False)}", grid, config.num_threads, config.smem_bytes)
+
+
+def grouped_gemm(xs: Any, experts: Any, offsets: Any, num_tokens: int) -> Any:
+    """xs: [R, K] grouped rows (BF16 bits), experts: [E, N, K] (BF16 bits, contiguous),
+    offsets: [E + 1] int32 on the device (expert e's rows are offsets[e] .. offsets[e + 1],
+    offsets[E] = R, each expert's count at most `num_tokens`: moe_kernel.moe_route's) ->
+    [R, N] BF16 bits, rows of expert e times experts[e]^T. The offsets are not read here
+    (no device sync)."""
+    check("xs", xs, BF16_BITS, 2)
+    check("experts", experts, BF16_BITS, 3)
+    check("offsets", offsets, np.int32, 1)
+    (num_rows, k), (num_experts, num_cols, w_k) = xs.shape, experts.shape
+    if w_k != k:
+        raise ValueError(
+            f"xs and experts must have the same K (in_features); got xs {tuple(xs.shape)}, "
+            f"experts {tuple(experts.shape)}"
+        )
+    if k <= 0 or k % 16:
+        raise ValueError(f"K must be a positive multiple of 16; got K = {k}")
+    if offsets.shape != (num_experts + 1,):
+        raise ValueError(f"offsets must have shape {(num_experts + 1,)}; got {offsets.shape}")
+    if max(num_rows, num_cols, k) > INT32_MAX:
+        raise ValueError(f"R, N and K must fit in int32; got {num_rows}, {num_cols}, {k}")
+    if not 0 <= num_tokens <= num_rows or (num_tokens == 0) != (num_rows == 0):
+        raise ValueError(
+            f"num_tokens must be in [1, R = {num_rows}] (0 with no rows); got {num_tokens}"
+        )
+    import cupy
+
+    out = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
+    if num_rows == 0 or num_cols == 0:
+        return out
+    plan = grouped_launch_plan(num_tokens, num_cols, num_experts)
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id())
+    args = (xs, experts, out, offsets, np.int32(num_cols), np.int32(k))
+    launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 
 

@@ -6,9 +6,11 @@ A MoE layer, for T tokens, E experts of which each token takes k:
     logits = gemm(x, router)                 # [T, E] BF16, as transformers rounds them
     route = moe_route(logits, k, normalize)  # each token's k experts and their weights
     xs = moe_gather(x, route)                # [T * k, H]: token rows grouped by expert
-    h = silu_mul(moe_gemm(xs, gate_up, route.offsets))   # [T * k, I]
-    ys = moe_gemm(h, down, route.offsets)    # [T * k, H]
+    h = silu_mul(moe_gemm(xs, gate_up, route))   # [T * k, I]
+    ys = moe_gemm(h, down, route)            # [T * k, H]
     out = moe_combine(ys, route, ...)        # [T, H] BF16: the weighted sum, rounded once
+
+(the backends' ops; moe_gemm_ref takes the route's offsets)
 
 Why a token's output does not depend on the step it is in (DESIGN §4): the routing
 of token t reads logits[t] alone; its grouped rows are copies of x[t], and a GEMM row
@@ -28,7 +30,9 @@ an fp32 rounding boundary (about 2^-28 of them).
 Combine: acc = +0; acc = acc + w_j * y_j for the slots j = 0..k-1 in order (each
 product and sum an fp32 rounding, no fused multiply-add), then, with a shared expert
 (Qwen2-MoE), acc = acc + sigmoid(g) * shared with sigmoid(g) in float64 rounded to
-fp32; the result rounded to BF16 once.
+fp32; the result rounded to BF16 once. The kernels compile with -ftz: an fp32 product,
+sum or gate below 2^-126 flushes to zero there where this twin keeps it (routing is
+exact either way: its comparisons are on BF16 bits, its weights rounded by hand).
 """
 
 from __future__ import annotations
@@ -63,13 +67,15 @@ def routing_weights(logits: np.ndarray, chosen: np.ndarray, normalize: bool) -> 
     Mixtral's, Qwen3-MoE's, the top-k probabilities divided by their sum), in float64."""
     l64 = to_f32(logits).astype(F64)
     peak = l64.max(axis=1, keepdims=True)
-    exps = np.exp(l64 - peak)  # [T, E]
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN logits: NaN weights
+        exps = np.exp(l64 - peak)  # [T, E]
     picked = np.take_along_axis(exps, chosen.astype(np.int64), axis=1)  # [T, k]
     pool = picked if normalize else exps
     total = np.zeros((logits.shape[0], 1), dtype=F64)
     for column in range(pool.shape[1]):  # ascending order: the kernel's
         total += pool[:, column : column + 1]
-    return (picked / total).astype(F32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (picked / total).astype(F32)
 
 
 def moe_route_ref(logits: np.ndarray, top_k: int, normalize: bool) -> MoeRoute:

@@ -58,7 +58,7 @@ part check 240 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
   tests/test_disk_staging.py tests/test_qwen3.py tests/test_embeddings.py tests/test_granite.py \
   tests/test_smollm3.py tests/test_sliding_window_models.py tests/test_rope_scaling.py \
   tests/test_seed_oss_helium.py tests/test_padded_heads.py tests/test_gemma3.py \
-  tests/test_gemma2.py tests/test_gemma_ops.py
+  tests/test_gemma2.py tests/test_gemma_ops.py tests/test_moe.py tests/test_moe_kernels.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --cluster --csplit --out "$OUT/gemm_sm90.json"
@@ -198,6 +198,12 @@ grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|
 # evict-first keep the KV pages in L2?
 flag_part tail_l2normal_default 120 decode_block_kernel.BY_DEFAULT,decode_block_kernel.WEIGHTS_EVICT_NORMAL --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_l2normal_default.json"
 grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_l2normal_default.out" | cut -c1-150 | head -20
+# a mixture of experts (2026-11-30, session 38): Qwen3-30B-A3B's shapes (random weights,
+# 61 GB), the grouped GEMMs on gemm.cu's unsplit tile, decode against the active
+# parameters' read floor (run by hand: PARTS=moe_e2e)
+part moe_e2e 240 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like qwen3-30b-a3b \
+  --sections floors,decode,prefill,kernels --batches 1,64 --out "$OUT/gpu_e2e_moe.json"
+grep -E "^(decode|prefill|kernels decode b=1)|failed|Error" "$OUT/moe_e2e.out" | cut -c1-150 | head -40
 # prompt lookup speculation on the GPU (2026-11-29, session 31; drafted steps in graphs
 # of their own since session 32): a drafted step (1 + 4 rows a request, the drafted
 # bucket's graph) against plain decode (graphs), drafts planted all right (the most

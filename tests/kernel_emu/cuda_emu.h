@@ -44,6 +44,15 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+// double arithmetic: the host's IEEE double, no contraction (x86-64's baseline has no FMA)
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline unsigned __double2uint_rn(double a) { return static_cast<unsigned>(std::nearbyint(a)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 namespace emu {
 // Tests that compare fp32 values a kernel only shows rounded (attention's acc and denom,
 // divided once into a BF16 output) set this: __fdiv_rn then returns an 8-bit hash of
@@ -75,7 +84,8 @@ template <class T> inline T __ldg(const T* p) {
 }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 [[noreturn]] inline void __trap() {  // a device trap: abort the whole process, loudly
-  std::fprintf(stderr, "__trap() in thread %u of block (%u, %u)\n", threadIdx.x, blockIdx.x, blockIdx.y);
+  std::fprintf(stderr, "__trap() in thread %u of block (%u, %u, %u)\n", threadIdx.x, blockIdx.x, blockIdx.y,
+               blockIdx.z);
   std::abort();
 }
 
@@ -83,8 +93,9 @@ namespace emu {
 // Run a grid's CTAs last to first (set_reversed_ctas in driver.cpp): a kernel whose result
 // depends on which CTA runs last shows it. A cluster's (run_cta) take turns last to first.
 inline bool g_reversed_ctas = false;
-// When set (a permutation of the grid's CTA indices, y * grid.x + x), launch() runs the
-// CTAs in this order instead; the caller keeps it alive and as long as the grid.
+// When set (a permutation of the grid's CTA indices, (z * grid.y + y) * grid.x + x),
+// launch() runs the CTAs in this order instead; the caller keeps it alive and as long as
+// the grid.
 inline const unsigned* g_cta_order = nullptr;
 // How a CTA's threads take turns (set_warp_major in the drivers). 0, the default: each
 // round every running thread in index order, each until it waits. 1 (2): one warp at a
@@ -463,7 +474,8 @@ inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 
 // Run `kernel()` for every CTA of `grid` with `threads` threads (at most 1024 a
 // cluster's CTAs together), the CTAs of a cluster (emu::g_cluster_x along x, which must
-// divide grid.x) together.
+// divide grid.x) together; CTA i of the launch order is (x, y, z) with i = (z * grid.y +
+// y) * grid.x + x.
 template <class F> void launch(dim3 grid, int threads, F kernel) {
   const unsigned cluster = emu::g_cluster_x;
   if (threads < 1 || threads > emu::kMaxThreads || threads * static_cast<int>(cluster) > emu::kMaxFibers) {
@@ -484,13 +496,15 @@ template <class F> void launch(dim3 grid, int threads, F kernel) {
   emu::g_cta.kernel = &kernel;
   emu::g_cta.run = [](void* k) { (*static_cast<F*>(k))(); };
   const unsigned across = grid.x / cluster;  // clusters along x
-  const unsigned count = across * grid.y;
+  const unsigned depth = grid.z == 0 ? 1 : grid.z;  // a 2-d grid's {x, y} leaves z 0
+  gridDim.z = depth;
+  const unsigned count = across * grid.y * depth;
   for (unsigned i = 0; i < count; ++i) {  // launch order, or backwards, or g_cta_order's
     const unsigned at = emu::g_cta_order != nullptr ? emu::g_cta_order[i]
                         : emu::g_reversed_ctas     ? count - 1 - i
                                                    : i;
     emu::g_cta.base_x = at % across * cluster;
-    blockIdx = {emu::g_cta.base_x, at / across, 0};
+    blockIdx = {emu::g_cta.base_x, at / across % grid.y, at / (across * grid.y)};
     emu::run_cta();
   }
 }

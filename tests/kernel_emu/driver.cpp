@@ -19,6 +19,11 @@
 namespace attention_emu {
 #include "../../cuda/attention.cu"
 }  // namespace attention_emu
+// moe.cu, in a namespace of its own too: its file-local helpers (bf16_lo, ...) share
+// names with other files'.
+namespace moe_emu {
+#include "../../cuda/moe.cu"
+}  // namespace moe_emu
 
 // The GEMM: its `extern __shared__` buffer is gemm_smem below, sized for the largest
 // tile config (run_gemm checks the launch's size against it). __shared__ expands to
@@ -376,7 +381,7 @@ template <class F> int with_dynamic_smem(unsigned short* buffer, unsigned capaci
 // DECODE_BLOCK_MAX_CTAS CTAs, each its own shared memory window (0xFF bytes first).
 template <class... A>
 int run_persistent(void (*fn)(A...), const char* name, const NamedLaunch& l, int smem_bytes) {
-  if (l.grid.y != 1 || l.grid.x > DECODE_BLOCK_MAX_CTAS) {
+  if (l.grid.y != 1 || l.grid.z != 1 || l.grid.x > DECODE_BLOCK_MAX_CTAS) {
     std::snprintf(l.error, l.error_len, "%s: a persistent grid of (%u, %u) CTAs; the emulator runs 1-d grids of "
                   "at most %u", name, l.grid.x, l.grid.y, DECODE_BLOCK_MAX_CTAS);
     return 5;
@@ -430,14 +435,15 @@ void emu_unready_reads(unsigned long long* out) {
 int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                unsigned block_y, unsigned block_z, int smem_bytes, void** args, const int* sizes,
                const int* is_array, int count, char* error, int error_len) {
-  if (grid_z != 1 || block_y != 1 || block_z != 1 || block_x == 0 || block_x > 1024 || grid_x == 0 ||
-      grid_y == 0) {
+  if (block_y != 1 || block_z != 1 || block_x == 0 || block_x > 1024 || grid_x == 0 || grid_y == 0 ||
+      grid_z == 0) {
     std::snprintf(error, error_len, "%s: launch grid (%u, %u, %u) block (%u, %u, %u): the emulator runs "
-                  "1-2 d grids of 1-d blocks of 1 to 1024 threads", name, grid_x, grid_y, grid_z,
+                  "grids of 1-d blocks of 1 to 1024 threads", name, grid_x, grid_y, grid_z,
                   block_x, block_y, block_z);
     return 5;
   }
-  const NamedLaunch l{{grid_x, grid_y, 1}, static_cast<int>(block_x), args, sizes, is_array, count, error, error_len};
+  const NamedLaunch l{{grid_x, grid_y, grid_z}, static_cast<int>(block_x), args, sizes, is_array, count, error,
+                      error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
   PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(logit_softcap) PLAIN(add_bias)
@@ -451,11 +457,15 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   ATTENTION(paged_attention_d128_b16) ATTENTION(paged_attention_d128_b32) ATTENTION(paged_attention_d128_b64)
   ATTENTION(paged_attention_d256_b16) ATTENTION(paged_attention_d256_b32) ATTENTION(paged_attention_d256_b64)
 #undef ATTENTION
+#define MOE(fn) if (n == #fn) return launch_checked(moe_emu::fn, name, l);
+  MOE(moe_route_topk) MOE(moe_route_rows) MOE(moe_gather) MOE(moe_combine)
+#undef MOE
 #define GEMM(fn) if (n == #fn) return with_dynamic_smem(gemm_emu::gemm_smem, GEMM_SMEM_CAPACITY, smem_bytes, \
     [&](auto* left) { return launch_checked(gemm_emu::fn, name, l, left); });
   GEMM(gemm_bf16_skinny) GEMM(gemm_f32_skinny) GEMM(gemm_bf16_mid) GEMM(gemm_f32_mid)
   GEMM(gemm_bf16_big) GEMM(gemm_f32_big) GEMM(gemm_bf16_skinny_split) GEMM(gemm_f32_skinny_split) GEMM(gemm_bf16_mid_fold)
   GEMM(gemm_f32_mid_fold) GEMM(gemm_bf16_big_fold) GEMM(gemm_f32_big_fold)
+  GEMM(moe_gemm_bf16_skinny) GEMM(moe_gemm_bf16_mid) GEMM(moe_gemm_bf16_big)
 #undef GEMM
 #define TC(fn) if (n == #fn) return with_dynamic_smem(attention_tc_emu::attention_tc_smem, \
     ATTENTION_TC_SMEM_CAPACITY, smem_bytes, [&](auto* left) { return launch_checked(attention_tc_emu::fn, name, l, left); });
