@@ -42,6 +42,7 @@ import numpy as np
 
 from reprise.cuda.backend import NumpyBackend
 from reprise.cuda.dtypes import BF16
+from reprise.cuda.moe import MoeRoute
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.prepare import prepare_default_model
 
@@ -175,6 +176,28 @@ class NullBackend(NumpyBackend):
     def swiglu(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """The gate/up product and silu_mul (one kernel on the GPU with the gated epilogue)."""
         return np.zeros((x.shape[0], w.shape[0] // 2), dtype=BF16)
+
+    @staticmethod
+    def moe_route(logits: np.ndarray, top_k: int, normalize: bool) -> MoeRoute:
+        """A mixture of experts' routing (two kernels on the GPU), in its shapes."""
+        num_tokens, num_experts = logits.shape
+        ids = np.zeros((num_tokens, top_k), dtype=np.int32)
+        rows = np.zeros(num_tokens * top_k, dtype=np.int32)
+        return MoeRoute(ids, ids.astype(np.float32), np.zeros(num_experts + 1, np.int32), rows,
+                        rows)  # fmt: skip
+
+    @staticmethod
+    def moe_gather(x: np.ndarray, route: MoeRoute) -> np.ndarray:
+        return np.zeros((route.token_of_row.shape[0], x.shape[1]), dtype=BF16)
+
+    @staticmethod
+    def moe_gemm(xs: np.ndarray, experts: Any, route: MoeRoute) -> np.ndarray:
+        """The grouped expert GEMM (one kernel on the GPU)."""
+        return np.zeros((xs.shape[0], experts[0].shape[0]), dtype=BF16)
+
+    @staticmethod
+    def moe_combine(ys: np.ndarray, route: MoeRoute, *shared: Any) -> np.ndarray:
+        return np.zeros((route.expert_ids.shape[0], ys.shape[1]), dtype=BF16)
 
     @staticmethod
     def argmax(logits: np.ndarray) -> np.ndarray:

@@ -53,17 +53,21 @@
 // Grouped (mixture-of-experts) GEMM, moe_gemm_bf16_*: for E experts' weights w [E, N, K]
 // (contiguous) and grouped rows x [R, K] whose rows offsets[e] .. offsets[e + 1] are
 // expert e's (moe.cu's routing; offsets [E + 1] int32, read on the device), y [R, N] BF16,
-// rows of expert e = x rows times w[e]^T. Grid (ceil(T / BM), ceil(N / BN), E), T the
-// step's tokens, which bounds every expert's rows: CTA (m tile, n tile, e) exits at once
-// when its m tile starts past expert e's rows, else runs the WHOLE tile above on the
+// rows of expert e = x rows times w[e]^T. The routing also numbered the experts' m tiles
+// of BM rows (tile_starts [E + 1]: expert e's tiles are tile_starts[e] ..
+// tile_starts[e + 1], ceil(rows / BM) of them), so only CTAs with rows to compute run:
+// grid (a bound on the tiles, ceil(N / BN)), the bound floor((R + min(E, R) (BM - 1)) /
+// BM) a function of R, E and BM. CTA (c, n tile) exits at once past tile_starts[E], else
+// finds by binary search the expert whose tiles hold c and runs the WHOLE tile above, m
+// tile c - tile_starts[e], on the
 // expert's slice as a GEMM of its own (x + offsets[e] * K, w + e * N * K, y + offsets[e] *
 // N, M = its row count). So 1.-4. hold for every grouped row as stated: y[r, n] is a
 // function of x[r, :], w[e, n, :] and K alone, whatever rows share the expert, where the
 // slice starts (the row offset and the pointer alignment, neither of which reaches a bit)
-// and the tile the launcher picks by T. Never split-K: the grouped rows are only
-// comparable with each other and the M = 1 grouped call, not with gemm_kernel.gemm of a
-// weight whose shape splits K. The grid depends on T, N and E alone, never on the
-// routing, so a captured CUDA graph replays it for any routing.
+// and the tile the launcher picks. Never split-K: the grouped rows are only comparable
+// with each other and the M = 1 grouped call, not with gemm_kernel.gemm of a weight whose
+// shape splits K. The grid depends on R, N, E and the tile alone, never on the routing,
+// so a captured CUDA graph replays it for any routing.
 #include "common.cuh"  // the PTX wrappers (cp.async, ldmatrix, mma.sync), bf16_bits, store_pair
 
 // x rows past M: 1, the default, zeros written once (zero_rows_past_m); 0 zero-filled by
@@ -192,7 +196,7 @@ constexpr int kFoldSlots = T::M_FRAGS * T::N_FRAGS * 4;
 template <class T, Split MODE, class OutT>
 __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
                                           const unsigned short* __restrict__ w, OutT* __restrict__ y,
-                                          int M, int N, int K, int split_len) {
+                                          int M, int N, int K, int split_len, int m_tile_given = -1) {
   extern __shared__ __align__(16) unsigned short gemm_smem[];
   // NOTE: the launcher mirrors THREADS and SMEM_BYTES (and split_len's granule); a
   // mismatch must fail loudly, not read past the shared buffer or mis-split K.
@@ -203,8 +207,10 @@ __device__ __forceinline__ void gemm_tile(const unsigned short* __restrict__ x,
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warp_m = warp / T::WARPS_N, warp_n = warp % T::WARPS_N;
   const int num_m_tiles = (M + T::BM - 1) / T::BM;
-  const int m_tile = MODE == Split::PARTIAL ? static_cast<int>(blockIdx.x) % num_m_tiles
-                                            : static_cast<int>(blockIdx.x);
+  // (the grouped GEMM gives its CTA's m tile within its expert's rows)
+  const int m_tile = m_tile_given >= 0               ? m_tile_given
+                     : MODE == Split::PARTIAL ? static_cast<int>(blockIdx.x) % num_m_tiles
+                                              : static_cast<int>(blockIdx.x);
   const int m0 = m_tile * T::BM, n0 = static_cast<int>(blockIdx.y) * T::BN;
   // This CTA's k-tiles [kt_begin, kt_end) and its K end (the split's, or K itself).
   int kt_begin = 0, k_end = K;
@@ -482,39 +488,54 @@ gemm_f32_big_fold(const unsigned short* __restrict__ x, const unsigned short* __
   gemm_tile<Big, Split::FOLD>(x, w, y, M, N, K, split_len);
 }
 
-// The grouped GEMM (the header's last paragraph): x: [R, K] grouped rows, w: [E, N, K],
-// y: [R, N] BF16 bits, offsets: [E + 1] int32; grid (ceil(T / BM), ceil(N / BN), E).
+// The grouped GEMM (the header's last paragraph).
 namespace {
 template <class T>
 __device__ __forceinline__ void grouped_tile(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                                             unsigned short* __restrict__ y, const int* __restrict__ offsets, int N,
+                                             unsigned short* __restrict__ y, const int* __restrict__ offsets,
+                                             const int* __restrict__ tile_starts, int num_experts, int tile_rows, int N,
                                              int K) {
-  const int expert = static_cast<int>(blockIdx.z);
-  const int first_row = offsets[expert];
-  const int num_rows = offsets[expert + 1] - first_row;
-  if (static_cast<int>(blockIdx.x) * T::BM >= num_rows) return;  // the whole CTA: no barrier passed yet
-  gemm_tile<T, Split::WHOLE>(x + static_cast<long long>(first_row) * K, w + static_cast<long long>(expert) * N * K,
-                             y + static_cast<long long>(first_row) * N, num_rows, N, K, 0);
+  if (tile_rows != T::BM) __trap();  // the routing numbered tiles of another size
+  const int cta = static_cast<int>(blockIdx.x);
+  if (cta >= tile_starts[num_experts]) return;  // the whole CTA: no barrier passed yet
+  // the expert whose tiles hold cta: tile_starts[lo] <= cta < tile_starts[hi] throughout
+  // (tile_starts ascends from 0; an expert without rows has no tiles, start = next start)
+  int lo = 0, hi = num_experts;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (tile_starts[mid] <= cta) lo = mid;
+    else hi = mid;
+  }
+  const int first_row = offsets[lo];
+  gemm_tile<T, Split::WHOLE>(x + static_cast<long long>(first_row) * K, w + static_cast<long long>(lo) * N * K,
+                             y + static_cast<long long>(first_row) * N, offsets[lo + 1] - first_row, N, K, 0,
+                             cta - tile_starts[lo]);
 }
 }  // namespace
 
+// Entry points: x: [R, K] grouped rows, w: [E, N, K], y: [R, N] BF16 bits, offsets and
+// tile_starts: [E + 1] int32 (tiles of tile_rows = BM rows); grid (the tiles' bound,
+// ceil(N / BN)).
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_bf16_skinny(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                     unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+                     unsigned short* __restrict__ y, const int* __restrict__ offsets,
+                     const int* __restrict__ tile_starts, int num_experts, int tile_rows, int N, int K) {
   pdl_enter();
-  grouped_tile<Skinny>(x, w, y, offsets, N, K);
+  grouped_tile<Skinny>(x, w, y, offsets, tile_starts, num_experts, tile_rows, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_bf16_mid(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                  unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+                  unsigned short* __restrict__ y, const int* __restrict__ offsets,
+                  const int* __restrict__ tile_starts, int num_experts, int tile_rows, int N, int K) {
   pdl_enter();
-  grouped_tile<Mid>(x, w, y, offsets, N, K);
+  grouped_tile<Mid>(x, w, y, offsets, tile_starts, num_experts, tile_rows, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 moe_gemm_bf16_big(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                  unsigned short* __restrict__ y, const int* __restrict__ offsets, int N, int K) {
+                  unsigned short* __restrict__ y, const int* __restrict__ offsets,
+                  const int* __restrict__ tile_starts, int num_experts, int tile_rows, int N, int K) {
   pdl_enter();
-  grouped_tile<Big>(x, w, y, offsets, N, K);
+  grouped_tile<Big>(x, w, y, offsets, tile_starts, num_experts, tile_rows, N, K);
 }

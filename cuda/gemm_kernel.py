@@ -40,8 +40,9 @@ lazily.
 
 `grouped_gemm` is the mixture-of-experts GEMM (twin: moe.moe_gemm_ref): each expert's
 grouped rows times its own weight, one launch for all experts, every CTA running the
-unsplit (WHOLE) tile on its expert's slice; a row's bits are a function of the row and
-its expert's weight alone (gemm.cu's header), the grid a function of T, N and E.
+unsplit (WHOLE) tile on one m tile of its expert's rows (the routing numbered them); a
+row's bits are a function of the row and its expert's weight alone (gemm.cu's header),
+the grid a function of R = T * k, N, E and the tile.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class Launch:
     whether it takes the split workspace and tile counters (the skinny split route)."""
 
     kernel: str
-    grid: tuple[int, ...]  # (x, y), or (x, y, experts) for grouped_launch_plan's
+    grid: tuple[int, ...]  # (x, y)
     threads: int
     smem_bytes: int
     split_workspace: bool = False
@@ -277,33 +278,45 @@ def gemm(
     return out
 
 
-MAX_GRID_Z = 65535
+def grouped_tile_config(num_tokens: int, top_k: int, num_experts: int) -> TileConfig:
+    """The tile the grouped GEMMs of a step take: `tile_config` of the mean rows of an
+    expert that has any (T * k rows over at most min(E, T * k) experts), so a decode
+    step's few rows an expert take the skinny tile however many tokens there are. The
+    routing numbers the experts' m tiles of its rows (moe_kernel.moe_route); the bits do
+    not depend on the choice (gemm.cu: the unsplit tile)."""
+    num_rows = num_tokens * top_k
+    return tile_config(max(1, -(-num_rows // max(1, min(num_experts, num_rows)))))
 
 
-def grouped_launch_plan(num_tokens: int, n: int, num_experts: int) -> Launch:
-    """The launch `grouped_gemm` makes for T = `num_tokens` tokens (no expert gets more
-    rows than T), N output columns and E experts: grid (ceil(T / BM), ceil(N / BN), E) of
-    the tile `tile_config(T)` picks, unsplit. A function of (T, N, E) alone: never of the
-    routing, so a CUDA graph captured with it replays for any. T, N > 0."""
-    config = tile_config(num_tokens)
-    tiles = (-(-num_tokens // config.block_m), -(-n // config.block_n))
+def grouped_launch_plan(num_rows: int, n: int, num_experts: int, tile_rows: int) -> Launch:
+    """The launch `grouped_gemm` makes for R = `num_rows` grouped rows, N output columns,
+    E experts and the routing's tile of `tile_rows` rows: grid (floor((R + min(E, R)
+    (BM - 1)) / BM), ceil(N / BN)), a bound on the experts' m tiles (sum of ceil(rows_e /
+    BM) over at most min(E, R) experts with rows), unsplit. A function of (R, N, E, BM)
+    alone, never of the routing, so a CUDA graph captured with it replays for any.
+    R, N > 0."""
+    config = next((c for c in CONFIGS if c.block_m == tile_rows), None)
+    if config is None:
+        raise ValueError(
+            f"tile_rows must be a tile's rows ({sorted(c.block_m for c in CONFIGS)}); got {tile_rows}"
+        )
+    bound = (num_rows + min(num_experts, num_rows) * (tile_rows - 1)) // tile_rows
+    tiles = (bound, -(-n // config.block_n))
     if tiles[1] > MAX_GRID_Y:
         raise ValueError(f"N must be at most {MAX_GRID_Y * config.block_n}; got {n}")
-    if not 0 < num_experts <= MAX_GRID_Z:
-        raise ValueError(f"the expert count must be in [1, {MAX_GRID_Z}]; got {num_experts}")
-    grid = (*tiles, num_experts)
-    return Launch(f"moe_{config.kernel_name(False)}", grid, config.num_threads, config.smem_bytes)
+    return Launch(f"moe_{config.kernel_name(False)}", tiles, config.num_threads, config.smem_bytes)
 
 
-def grouped_gemm(xs: Any, experts: Any, offsets: Any, num_tokens: int) -> Any:
+def grouped_gemm(xs: Any, experts: Any, offsets: Any, tile_starts: Any, tile_rows: int) -> Any:
     """xs: [R, K] grouped rows (BF16 bits), experts: [E, N, K] (BF16 bits, contiguous),
-    offsets: [E + 1] int32 on the device (expert e's rows are offsets[e] .. offsets[e + 1],
-    offsets[E] = R, each expert's count at most `num_tokens`: moe_kernel.moe_route's) ->
-    [R, N] BF16 bits, rows of expert e times experts[e]^T. The offsets are not read here
-    (no device sync)."""
+    offsets and tile_starts: [E + 1] int32 on the device (expert e's rows are offsets[e] ..
+    offsets[e + 1], offsets[E] = R, and its m tiles of `tile_rows` rows tile_starts[e] ..
+    tile_starts[e + 1]: moe_kernel.moe_route's) -> [R, N] BF16 bits, rows of expert e
+    times experts[e]^T. Neither is read here (no device sync)."""
     check("xs", xs, BF16_BITS, 2)
     check("experts", experts, BF16_BITS, 3)
     check("offsets", offsets, np.int32, 1)
+    check("tile_starts", tile_starts, np.int32, 1)
     (num_rows, k), (num_experts, num_cols, w_k) = xs.shape, experts.shape
     if w_k != k:
         raise ValueError(
@@ -312,22 +325,21 @@ def grouped_gemm(xs: Any, experts: Any, offsets: Any, num_tokens: int) -> Any:
         )
     if k <= 0 or k % 16:
         raise ValueError(f"K must be a positive multiple of 16; got K = {k}")
-    if offsets.shape != (num_experts + 1,):
-        raise ValueError(f"offsets must have shape {(num_experts + 1,)}; got {offsets.shape}")
+    for name, array in (("offsets", offsets), ("tile_starts", tile_starts)):
+        if array.shape != (num_experts + 1,):
+            raise ValueError(f"{name} must have shape {(num_experts + 1,)}; got {array.shape}")
     if max(num_rows, num_cols, k) > INT32_MAX:
         raise ValueError(f"R, N and K must fit in int32; got {num_rows}, {num_cols}, {k}")
-    if not 0 <= num_tokens <= num_rows or (num_tokens == 0) != (num_rows == 0):
-        raise ValueError(
-            f"num_tokens must be in [1, R = {num_rows}] (0 with no rows); got {num_tokens}"
-        )
     import cupy
 
     out = cupy.empty((num_rows, num_cols), dtype=BF16_BITS)
     if num_rows == 0 or num_cols == 0:
         return out
-    plan = grouped_launch_plan(num_tokens, num_cols, num_experts)
+    plan = grouped_launch_plan(num_rows, num_cols, num_experts, tile_rows)
     fn = _kernel(plan.kernel, plan.smem_bytes, _device_id())
-    args = (xs, experts, out, offsets, np.int32(num_cols), np.int32(k))
+    i32 = np.int32
+    args = (xs, experts, out, offsets, tile_starts, i32(num_experts), i32(tile_rows),
+            i32(num_cols), i32(k))  # fmt: skip
     launch_kernel(fn, plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     return out
 

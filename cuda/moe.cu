@@ -5,9 +5,10 @@
 // For T tokens, E experts (E <= kMaxExperts), k of them a token (k <= kMaxTopK):
 //   moe_route_topk  grid ceil(T / kRouteWarps), kRouteWarps warps: a warp a token, its
 //                   k experts (expert_ids [T, k] int32) and their weights ([T, k] fp32).
-//   moe_route_rows  grid E, kRowsThreads: CTA e writes offsets[e] (and the last CTA
-//                   offsets[E] = T * k), and expert e's grouped rows: token_of_row and
-//                   row_of_slot of its pairs, in pair order.
+//   moe_route_rows  grid E, kRowsThreads: CTA e writes offsets[e] and tile_starts[e] (and
+//                   the last CTA offsets[E] = T * k and tile_starts[E]: every expert's
+//                   tiles), and expert e's grouped rows: token_of_row and row_of_slot of
+//                   its pairs, in pair order.
 //   moe_gather      grid T * k: xs[r] = x[token_of_row[r]].
 //   moe_combine     grid T: out[t] = the slots' weighted sum (and the gated shared expert).
 // Every grid is a function of T, E, k and the widths alone (never of the routing), so a
@@ -46,6 +47,7 @@ constexpr int kRowsThreads = 256;
 constexpr int kRowsWarps = kRowsThreads / 32;
 constexpr int kRowsItems = 4;  // consecutive pairs a thread takes in a chunk
 constexpr int kRowsChunk = kRowsThreads * kRowsItems;
+static_assert(kRowsThreads >= kMaxExperts, "moe_route_rows: a thread an expert's counts");
 constexpr int kCopyThreads = 128;  // moe_gather's and moe_combine's blocks
 constexpr int kNanKey = -0x10000;  // below every number's key
 constexpr int kNoKey = -0x7fffffff - 1;  // no candidate: below every key, NaN's too
@@ -188,22 +190,37 @@ moe_route_topk(const unsigned short* __restrict__ logits, int* __restrict__ expe
 }
 
 // expert_ids [T * k] (pair p = t * k + j) -> offsets [E + 1], token_of_row [T * k],
-// row_of_slot [T * k]: rows sorted by expert, then by pair. grid = E, block =
-// kRowsThreads; num_pairs = T * k > 0. CTA e reads every pair twice: once to count those
-// of experts below e (its first row), once to number its own.
+// row_of_slot [T * k]: rows sorted by expert, then by pair; tile_starts [E + 1]: the
+// grouped GEMM's m tiles of tile_rows rows numbered expert by expert (ceil(rows /
+// tile_rows) each; gemm.cu's moe_gemm_*). grid = E, block = kRowsThreads; num_pairs =
+// T * k > 0. CTA e reads every pair twice: once to count every expert's (its first row
+// and first tile: those of the experts below it), once to number its own.
 extern "C" __global__ void __launch_bounds__(kRowsThreads)
 moe_route_rows(const int* __restrict__ expert_ids, int* __restrict__ offsets, int* __restrict__ token_of_row,
-               int* __restrict__ row_of_slot, int num_pairs, int top_k, int num_experts) {
+               int* __restrict__ row_of_slot, int* __restrict__ tile_starts, int num_pairs, int top_k,
+               int num_experts, int tile_rows) {
   pdl_enter();
   __shared__ int scratch[kRowsWarps];
+  __shared__ unsigned counts[kMaxExperts];  // every expert's pairs
   const int expert = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  int below = 0;
-  for (int p = static_cast<int>(threadIdx.x); p < num_pairs; p += kRowsThreads) below += expert_ids[p] < expert;
-  const int first_row = block_count(below, scratch);
+  for (int e = static_cast<int>(threadIdx.x); e < kMaxExperts; e += kRowsThreads) counts[e] = 0u;
+  __syncthreads();
+  // integer counts: the order of the shared atomics cannot reach a result
+  for (int p = static_cast<int>(threadIdx.x); p < num_pairs; p += kRowsThreads)
+    atomicAdd(&counts[expert_ids[p]], 1u);
+  __syncthreads();
+  // thread e' < E holds expert e''s pairs and its tiles of tile_rows rows
+  const int mine_e = static_cast<int>(threadIdx.x);
+  const int pairs = mine_e < num_experts ? static_cast<int>(counts[mine_e]) : 0;
+  const int tiles = (pairs + tile_rows - 1) / tile_rows;
+  const int first_row = block_count(mine_e < expert ? pairs : 0, scratch);
+  const int first_tile = block_count(mine_e < expert ? tiles : 0, scratch);
+  const int all_tiles = block_count(tiles, scratch);
   if (threadIdx.x == 0) {
     offsets[expert] = first_row;
-    if (expert == num_experts - 1) offsets[num_experts] = num_pairs;
+    tile_starts[expert] = first_tile;
+    if (expert == num_experts - 1) offsets[num_experts] = num_pairs, tile_starts[num_experts] = all_tiles;
   }
   // chunks of kRowsChunk pairs, thread i taking kRowsItems consecutive ones: a pair's rank
   // among the chunk's pairs of this expert is the count over the threads before it (an

@@ -59,6 +59,10 @@ class MoeRoute:
     offsets: Any  # [E + 1] int32: expert e's grouped rows are offsets[e] .. offsets[e + 1]
     token_of_row: Any  # [T * k] int32: the token whose row each grouped row copies
     row_of_slot: Any  # [T * k] int32: the grouped row of token t's slot j, at t * k + j
+    # the GPU's grouped GEMM's m tiles, numbered expert by expert (moe_tile_starts_ref):
+    # [E + 1] int32 for tiles of tile_rows rows; None on the NumPy backend
+    tile_starts: Any = None
+    tile_rows: int = 0
 
 
 def routing_weights(logits: np.ndarray, chosen: np.ndarray, normalize: bool) -> np.ndarray:
@@ -96,6 +100,13 @@ def moe_route_ref(logits: np.ndarray, top_k: int, normalize: bool) -> MoeRoute:
     row_of_slot[rows_sorted] = np.arange(flat.shape[0], dtype=np.int32)
     token_of_row = (rows_sorted // top_k).astype(np.int32)
     return MoeRoute(expert_ids, weights, offsets, token_of_row, row_of_slot)
+
+
+def moe_tile_starts_ref(offsets: np.ndarray, tile_rows: int) -> np.ndarray:
+    """[E + 1] int32: expert e's m tiles of `tile_rows` rows are numbered tile_starts[e] ..
+    tile_starts[e + 1] (ceil(its rows / tile_rows) of them), for the grouped GEMM's CTAs."""
+    tiles = -(-np.diff(offsets.astype(np.int64)) // tile_rows)
+    return np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
 
 
 def moe_gather_ref(x: np.ndarray, route: MoeRoute) -> np.ndarray:

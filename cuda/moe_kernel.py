@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .gemm_kernel import INT32_MAX, grouped_gemm
+from .gemm_kernel import INT32_MAX, grouped_gemm, grouped_tile_config
 from .kernels import BF16_BITS, check, kernel, launch_kernel
 from .moe import MoeRoute
 
@@ -31,8 +31,9 @@ def moe_route(logits: Any, top_k: int, normalize: bool) -> MoeRoute:
     """Twin: moe_route_ref. logits [T, E] BF16 (the router's product) -> the step's
     MoeRoute of device arrays: each token's top_k experts by logit (ties to the lower id)
     and their weights (softmax over the k chosen with `normalize`, else over all E), and
-    the grouped rows' bookkeeping. Two launches: moe_route_topk (a warp a token), then
-    moe_route_rows (a CTA an expert)."""
+    the grouped rows' bookkeeping, their m tiles numbered for the tile the grouped GEMMs
+    will take (gemm_kernel.grouped_tile_config). Two launches: moe_route_topk (a warp a
+    token), then moe_route_rows (a CTA an expert)."""
     check("logits", logits, BF16_BITS, 2)
     num_tokens, num_experts = logits.shape
     if not 1 <= num_experts <= MAX_EXPERTS:
@@ -48,6 +49,7 @@ def moe_route(logits: Any, top_k: int, normalize: bool) -> MoeRoute:
         raise ValueError(f"T * top_k must fit in int32; got {num_tokens} * {top_k}")
     import cupy
 
+    tile_rows = grouped_tile_config(num_tokens, top_k, num_experts).block_m
     route = MoeRoute(
         expert_ids=cupy.empty((num_tokens, top_k), dtype=np.int32),
         weights=cupy.empty((num_tokens, top_k), dtype=np.float32),
@@ -55,6 +57,8 @@ def moe_route(logits: Any, top_k: int, normalize: bool) -> MoeRoute:
         offsets=(cupy.empty if num_tokens else cupy.zeros)(num_experts + 1, dtype=np.int32),
         token_of_row=cupy.empty(num_pairs, dtype=np.int32),
         row_of_slot=cupy.empty(num_pairs, dtype=np.int32),
+        tile_starts=(cupy.empty if num_tokens else cupy.zeros)(num_experts + 1, dtype=np.int32),
+        tile_rows=tile_rows,
     )
     if num_tokens == 0:
         return route
@@ -66,8 +70,8 @@ def moe_route(logits: Any, top_k: int, normalize: bool) -> MoeRoute:
     )  # fmt: skip
     launch_kernel(
         kernel("moe", "moe_route_rows"), (num_experts,), (ROWS_THREADS,),
-        (route.expert_ids, route.offsets, route.token_of_row, route.row_of_slot, i32(num_pairs),
-         i32(top_k), i32(num_experts)),
+        (route.expert_ids, route.offsets, route.token_of_row, route.row_of_slot,
+         route.tile_starts, i32(num_pairs), i32(top_k), i32(num_experts), i32(tile_rows)),
     )  # fmt: skip
     return route
 
@@ -95,7 +99,8 @@ def moe_gather(x: Any, route: MoeRoute) -> Any:
 def moe_gemm(xs: Any, experts: Any, route: MoeRoute) -> Any:
     """Twin: moe_gemm_ref. xs [T * k, K] grouped rows, experts [E, N, K] (BF16, contiguous:
     CupyBackend.expert_weights) -> [T * k, N] BF16, expert e's rows times experts[e]^T
-    (gemm_kernel.grouped_gemm: one launch, its grid a function of T, N and E)."""
+    (gemm_kernel.grouped_gemm: one launch, its grid a function of T * k, N, E and the
+    route's tile)."""
     num_tokens, top_k, num_experts = _route_shape(route)
     check("xs", xs, BF16_BITS, 2)
     check("experts", experts, BF16_BITS, 3)
@@ -107,7 +112,7 @@ def moe_gemm(xs: Any, experts: Any, route: MoeRoute) -> Any:
         raise ValueError(
             f"experts must hold the route's {num_experts} experts; got {tuple(experts.shape)}"
         )
-    return grouped_gemm(xs, experts, route.offsets, num_tokens)
+    return grouped_gemm(xs, experts, route.offsets, route.tile_starts, route.tile_rows)
 
 
 def moe_combine(ys: Any, route: MoeRoute, shared: Any = None, shared_gate: Any = None) -> Any:

@@ -201,7 +201,7 @@ def test_config_reading_and_refusals() -> None:
         ModelConfig.from_dict({**raw, "mlp_only_layers": [0, 1, 2]})
     with pytest.raises(ModelConfigError, match="num_experts_per_tok must be from 1 to 4"):
         ModelConfig.from_dict({**raw, "num_experts": 4, "num_experts_per_tok": 5})
-    with pytest.raises(ModelConfigError, match="number of experts must be from 1 to 512"):
+    with pytest.raises(ModelConfigError, match="number of experts must be from 1 to 256"):
         ModelConfig.from_dict({**raw, "num_experts": 1000})
     mixtral = ModelConfig.from_dict({"architectures": ["MixtralForCausalLM"], **TINY})
     assert mixtral.experts.normalize and mixtral.experts.intermediate_size == 160

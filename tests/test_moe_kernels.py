@@ -30,6 +30,7 @@ from reprise.cuda.moe import (
     moe_gather_ref,
     moe_gemm_ref,
     moe_route_ref,
+    moe_tile_starts_ref,
 )
 
 pytestmark = pytest.mark.kernels
@@ -91,10 +92,16 @@ def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def host_route(route: MoeRoute) -> MoeRoute:
-    return MoeRoute(*(to_host(getattr(route, f)) for f in ROUTE_FIELDS))
+    fields = (to_host(getattr(route, f)) for f in ROUTE_FIELDS)
+    return MoeRoute(*fields, tile_starts=to_host(route.tile_starts), tile_rows=route.tile_rows)
 
 
 def assert_same_route(got: MoeRoute, want: MoeRoute) -> None:
+    """The twin's five arrays, and the device's m tiles numbered as moe_tile_starts_ref
+    numbers them for the route's tile."""
+    assert got.tile_rows in (16, 64, 128)
+    tiles = moe_tile_starts_ref(want.offsets, got.tile_rows)
+    assert np.array_equal(got.tile_starts, tiles), (got.tile_starts, tiles)
     for field in ROUTE_FIELDS:
         g, w = getattr(got, field), getattr(want, field)
         assert g.dtype == w.dtype, (field, g.dtype, w.dtype)
@@ -295,8 +302,8 @@ def test_a_tokens_rows_do_not_depend_on_the_other_tokens(
     poisoned: None, rng: np.random.Generator, normalize: bool
 ) -> None:
     """One token's expert outputs, alone and last among 1, 40, 69 and 129 others (the
-    counts take every tile: skinny, mid, big, and big with its rows in an expert's second
-    m tile), so at other row offsets among other rows of its experts: the unsplit GEMM's
+    steps take every tile: skinny, mid, and big with an expert's rows past its first m
+    tile), so at other row offsets among other rows of its experts: the unsplit GEMM's
     bits of its row alone, every time; and its output row of the combine likewise."""
     top_k = 2
     x0 = activations(rng, 1, K)
@@ -343,7 +350,8 @@ def test_launch_grids_depend_on_the_shapes_alone(
 ) -> None:
     """The same kernels, grids, blocks and shared memory for two routings of one step's
     shapes (every token to the same experts, and spread): (ceil(T / 4)), (E), (T * k),
-    the GEMMs' (ceil(T / BM), ceil(N / BN), E), (T)."""
+    the GEMMs' (floor((R + min(E, R) (BM - 1)) / BM), ceil(N / BN)) for R = T * k rows and
+    the skinny tile (BM 16: 6 rows an expert at most), (T)."""
     launches: list[tuple[str, tuple[int, ...], tuple[int, ...], int]] = []
 
     def record(fn: Any, grid: Any, block: Any, args: Any, *, shared_mem: int = 0) -> None:
@@ -369,13 +377,14 @@ def test_launch_grids_depend_on_the_shapes_alone(
         moe_layer(ops, to_device(logits), x, *weights, shared, gate)
         seen.append([launch for launch in launches if launch[0].startswith("moe")])
     assert seen[0] == seen[1]
-    mid = gemm_kernel.tile_config(num_tokens)
+    skinny = gemm_kernel.SKINNY
+    tiles = (num_tokens * 2 + num_experts * 15) // 16  # 10
     assert seen[0] == [
         ("moe_route_topk", (6,), (128,), 0),
         ("moe_route_rows", (num_experts,), (256,), 0),
         ("moe_gather", (num_tokens * 2,), (128,), 0),
-        ("moe_gemm_bf16_mid", (1, 2, num_experts), (128,), mid.smem_bytes),
-        ("moe_gemm_bf16_mid", (1, 1, num_experts), (128,), mid.smem_bytes),
+        ("moe_gemm_bf16_skinny", (tiles, 2), (128,), skinny.smem_bytes),
+        ("moe_gemm_bf16_skinny", (tiles, 1), (128,), skinny.smem_bytes),
         ("moe_combine", (num_tokens,), (128,), 0),
     ]
 

@@ -35,7 +35,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
 }
-MAX_EXPERTS = 512  # what the routing kernels take (cuda/moe.cu)
+MAX_EXPERTS = 256  # what the routing kernels take (cuda/moe.cu's kMaxExperts)
 MAX_TOP_K = 32
 
 
