@@ -50,6 +50,19 @@ FAMILIES = {
             "mlp_only_layers": [1],
         },
     ),
+    # Granite's four scalars as Granite 3.1's MoE models set them
+    "granitemoe": (
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        {
+            "num_local_experts": 5,
+            "num_experts_per_tok": 2,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.0625,
+            "logits_scaling": 6.0,
+        },
+    ),
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
@@ -298,3 +311,18 @@ def test_the_gpu_backend_runs_moe(cupy_kind: str, moe_d64: Path) -> None:  # noq
     and decode from CUDA graphs bit-identical to eager (the routing read on the device
     only: captured)."""
     gpu_forward_matches_numpy(cupy_kind, moe_d64)
+
+
+def test_granite_moe_folds_its_residual_multiplier_into_every_expert(tmp_path: Path) -> None:
+    """Granite MoE's residual_multiplier scales each expert's down projection (the
+    output_linear stack), rounded to BF16 once, as it scales a dense Granite's down_proj."""
+    from reprise.daemon.model.safetensors_io import load_safetensors
+    from reprise.daemon.model.weights import load_weights
+
+    make(tmp_path, "granitemoe", seed=33)
+    config = ModelConfig.from_dir(tmp_path)
+    assert config.experts.normalize and config.residual_multiplier == 0.22
+    folded = load_weights(tmp_path, config).layers[1].experts.down
+    raw = load_safetensors(tmp_path / "model.safetensors")
+    stack = raw["model.layers.1.block_sparse_moe.output_linear.weight"].astype(np.float32)
+    assert np.array_equal(folded, (stack * np.float32(0.22)).astype(BF16))

@@ -59,6 +59,7 @@ def test_families_by_architecture_or_model_type() -> None:
         "Gemma3ForCausalLM",
         "MixtralForCausalLM",
         "Qwen2MoeForCausalLM",
+        "GraniteMoeForCausalLM",
         "Qwen3MoeForCausalLM",
         "Gemma3ForConditionalGeneration",
         "LlamaModel",
@@ -98,7 +99,7 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
         "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-        "Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
+        "GraniteMoeForCausalLM, Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
         "MistralModel, Qwen2Model, Qwen3Model"
     )
 
@@ -112,7 +113,7 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
         "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-        "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+        "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
         "Gemma3ForConditionalGeneration, "
         "LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"

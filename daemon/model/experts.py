@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): their settings, read from a
-config.json as transformers reads them.
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE): their settings,
+read from a config.json as transformers reads them.
 
 A sparse layer's MLP is E experts (each a SwiGLU MLP of its own intermediate size), of
 which a router picks k per token (cuda/moe.py: the routing, the grouped GEMMs and the
@@ -22,6 +22,7 @@ _KEYS = {
     "mixtral": ("num_local_experts", "intermediate_size", None),
     "qwen2_moe": ("num_experts", "moe_intermediate_size", "norm_topk_prob"),
     "qwen3_moe": ("num_experts", "moe_intermediate_size", "norm_topk_prob"),
+    "granitemoe": ("num_local_experts", "intermediate_size", None),  # softmax of the top k
 }
 # transformers' defaults where a config omits a field (MixtralConfig, Qwen2MoeConfig,
 # Qwen3MoeConfig)
@@ -34,6 +35,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 5632,
     },
     "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
 }
 MAX_EXPERTS = 256  # what the routing kernels take (cuda/moe.cu's kMaxExperts)
 MAX_TOP_K = 32

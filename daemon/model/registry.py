@@ -61,8 +61,9 @@ class ModelFamily:
     gemma: bool = False
     # a mixture-of-experts MLP (experts.py), by its checkpoint layout: "mixtral"
     # (block_sparse_moe, experts' w1, w2, w3), "qwen2_moe" (mlp.gate, mlp.experts.N's
-    # gate, up and down projections, and a gated shared expert) or "qwen3_moe" (the
-    # same without the shared expert); None: a dense MLP
+    # gate, up and down projections, and a gated shared expert), "qwen3_moe" (the
+    # same without the shared expert) or "granitemoe" (block_sparse_moe's experts
+    # stacked: input_linear, output_linear, router.layer); None: a dense MLP
     experts: str | None = None
 
 
@@ -342,6 +343,14 @@ FAMILIES: dict[str, ModelFamily] = {
             check=lambda raw: None,
             windows=_qwen2_moe_windows,
             experts="qwen2_moe",
+        ),
+        ModelFamily(
+            "GraniteMoeForCausalLM",
+            "granitemoe",
+            qkv_bias=False,
+            check=_check_granite,
+            scaled=True,
+            experts="granitemoe",
         ),
         ModelFamily(
             "Qwen3MoeForCausalLM",

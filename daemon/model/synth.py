@@ -607,7 +607,12 @@ def _expert_shapes(
     assert layout is not None
     experts = read_experts(shape, layout)
     hidden, inter = shape["hidden_size"], experts.intermediate_size
-    mlp = prefix + ("block_sparse_moe." if layout == "mixtral" else "mlp.")
+    mlp = prefix + ("mlp." if layout in ("qwen2_moe", "qwen3_moe") else "block_sparse_moe.")
+    if layout == "granitemoe":  # stacked
+        yield mlp + "router.layer.weight", (experts.num_experts, hidden)
+        yield mlp + "input_linear.weight", (experts.num_experts, 2 * inter, hidden)
+        yield mlp + "output_linear.weight", (experts.num_experts, hidden, inter)
+        return
     yield mlp + "gate.weight", (experts.num_experts, hidden)
     gate, up, down = ("w1", "w3", "w2") if layout == "mixtral" else ("gate_proj", "up_proj",
                                                                      "down_proj")  # fmt: skip

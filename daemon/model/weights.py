@@ -206,9 +206,14 @@ def _experts(
     h, cfg = config.hidden_size, config.experts
     num, inter = cfg.num_experts, cfg.intermediate_size
     layout = config.family.experts
-    mlp = p + ("block_sparse_moe." if layout == "mixtral" else "mlp.")
+    mlp = p + ("mlp." if layout in ("qwen2_moe", "qwen3_moe") else "block_sparse_moe.")
     names = ("w1", "w3", "w2") if layout == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     stacked = mlp + "experts.gate_up_proj"
+    if layout == "granitemoe":  # stacked in the checkpoint, gate rows before up rows
+        gate_up = take(mlp + "input_linear.weight", (num, 2 * inter, h))
+        down = take(mlp + "output_linear.weight", (num, h, inter))
+        return ExpertWeights(router=take(mlp + "router.layer.weight", (num, h)), gate_up=gate_up,
+                             down=down)  # fmt: skip
     if stacked in tensors or stacked.removeprefix("model.") in tensors:
         gate_up = take(stacked, (num, 2 * inter, h))
         down = take(mlp + "experts.down_proj", (num, h, inter))
@@ -339,7 +344,8 @@ def _unit_offset_norms(weights: LlamaWeights) -> None:
 def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:
     """Granite's scalars folded into the weights, so the forward stays Llama's: the
     embedding times embedding_multiplier (as transformers multiplies its BF16 output, in
-    fp32 rounded once), o_proj and down_proj times residual_multiplier, the lm_head
+    fp32 rounded once), o_proj and down_proj (every expert's, Granite MoE's) times
+    residual_multiplier, the lm_head
     divided by logits_scaling (a copy of the embedding's rows when tied). Folded weights
     are rounded to BF16 once; transformers rounds the product instead, so the two agree
     within BF16 rounding, not bit for bit."""
@@ -351,8 +357,12 @@ def _folded(weights: LlamaWeights, config: ModelConfig) -> LlamaWeights:
 
     rm = config.residual_multiplier
     for layer in weights.layers:
-        assert layer.down_proj is not None, "Granite's MLPs are dense"
-        layer.o_proj, layer.down_proj = scaled(layer.o_proj, rm), scaled(layer.down_proj, rm)
+        layer.o_proj = scaled(layer.o_proj, rm)
+        if layer.experts is not None:  # Granite MoE's: every expert's down projection
+            layer.experts.down = scaled(layer.experts.down, rm)
+        else:
+            assert layer.down_proj is not None
+            layer.down_proj = scaled(layer.down_proj, rm)
     lm_head = scaled(weights.lm_head, 1.0 / config.logits_scaling)
     embed = scaled(weights.embed_tokens, config.embedding_multiplier)
     return LlamaWeights(embed, weights.layers, weights.final_norm, lm_head)
