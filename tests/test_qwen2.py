@@ -62,6 +62,9 @@ def test_families_by_architecture_or_model_type() -> None:
         "GraniteMoeForCausalLM",
         "Qwen3MoeForCausalLM",
         "Gemma3ForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
         "LlamaModel",
         "MistralModel",
         "Qwen2Model",
@@ -99,8 +102,9 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
         "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-        "GraniteMoeForCausalLM, Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, LlamaModel, "
-        "MistralModel, Qwen2Model, Qwen3Model"
+        "GraniteMoeForCausalLM, Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, "
+        "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
+        "Qwen3VLForConditionalGeneration, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -114,7 +118,8 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
         "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
         "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
-        "Gemma3ForConditionalGeneration, "
+        "Gemma3ForConditionalGeneration, Qwen2VLForConditionalGeneration, "
+        "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, "
         "LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"
     ]

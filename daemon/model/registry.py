@@ -396,7 +396,47 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {  # transformers' Gemma3TextConfig
     "query_pre_attn_scalar": 256,
     "sliding_window": 4096,
 }
-MULTIMODAL = {"Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS)}
+# Qwen2-VL's and Qwen2.5-VL's text model is Qwen2's (transformers' Qwen2VLTextConfig and
+# Qwen2_5_VLTextConfig), Qwen3-VL's Qwen3's (Qwen3VLTextConfig). Their M-RoPE rotates each
+# frequency by one of three position ids (time, height, width); a text token's three are
+# its position, so on text it is the plain rotation, as transformers' config reads
+# `mrope` (rope_type default). The Qwen2 VL configs on the hub hold the text fields at
+# the top level, not in a text_config.
+QWEN2_VL_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 152_064,
+    "hidden_size": 8192,
+    "intermediate_size": 29_568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": False,
+}
+QWEN3_VL_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151_936,
+    "hidden_size": 4096,
+    "intermediate_size": 22_016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "max_position_embeddings": 128_000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 500_000.0,
+    "tie_word_embeddings": False,
+}
+MULTIMODAL = {
+    "Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS),
+    "Qwen2VLForConditionalGeneration": ("Qwen2ForCausalLM", QWEN2_VL_TEXT_DEFAULTS),
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2ForCausalLM", QWEN2_VL_TEXT_DEFAULTS),
+    "Qwen3VLForConditionalGeneration": ("Qwen3ForCausalLM", QWEN3_VL_TEXT_DEFAULTS),
+}
+# the multimodal configs whose text fields may sit at the top level (no text_config)
+_FLAT_TEXT = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+# outer fields the text model takes where its text_config lacks them
+_OUTER_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
 
 
 def text_part(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -406,10 +446,28 @@ def text_part(raw: Mapping[str, Any]) -> dict[str, Any]:
         return dict(raw)
     family, defaults = MULTIMODAL[archs[0]]
     text = raw.get("text_config")
+    if text is None and archs[0] in _FLAT_TEXT:
+        text = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures")}
     if not isinstance(text, Mapping):
         raise ModelConfigError(f"{archs[0]}'s config.json lacks its text_config")
-    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in raw}
-    return {**defaults, **ids, **text, "architectures": [family]}
+    outer = {k: raw[k] for k in _OUTER_FIELDS if k in raw}
+    tied = [m["tie_word_embeddings"] for m in (raw, text) if "tie_word_embeddings" in m]
+    text = {**defaults, **outer, **text, "architectures": [family]}
+    if tied:  # tied if either says so, as transformers 5 reads a pre-v5 save
+        text["tie_word_embeddings"] = any(bool(t) for t in tied)
+    if _is_mrope(text.get("rope_scaling")) or _is_mrope(text.get("rope_parameters")):
+        scaling = "rope_scaling" if _is_mrope(text.get("rope_scaling")) else "rope_parameters"
+        params = {k: v for k, v in text[scaling].items()
+                  if k not in ("type", "rope_type", "mrope_section", "mrope_interleaved")}  # fmt: skip
+        text[scaling] = {**params, "rope_type": "default"}
+    return text
+
+
+def _is_mrope(params: Any) -> bool:
+    """A Qwen VL's M-RoPE settings (the plain rotation on text: QWEN2_VL_TEXT_DEFAULTS)."""
+    return isinstance(params, Mapping) and (
+        "mrope_section" in params or params.get("type", params.get("rope_type")) == "mrope"
+    )
 
 
 def supported_architectures() -> tuple[str, ...]:
