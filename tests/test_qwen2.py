@@ -65,6 +65,7 @@ def test_families_by_architecture_or_model_type() -> None:
         "Qwen2VLForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
         "LlamaModel",
         "MistralModel",
         "Qwen2Model",
@@ -104,7 +105,8 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
         "GraniteMoeForCausalLM, Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, "
         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
-        "Qwen3VLForConditionalGeneration, LlamaModel, MistralModel, Qwen2Model, Qwen3Model"
+        "Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, LlamaModel, "
+        "MistralModel, Qwen2Model, Qwen3Model"
     )
 
 
@@ -120,7 +122,7 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
         "Gemma3ForConditionalGeneration, Qwen2VLForConditionalGeneration, "
         "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, "
-        "LlamaModel, MistralModel, "
+        "Qwen3VLMoeForConditionalGeneration, LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"
     ]
 

@@ -107,3 +107,43 @@ def test_the_hubs_flat_qwen2_vl_config_reads_as_its_text_config(tmp_path: Path) 
     prompt = np.random.default_rng(3).integers(0, TINY["vocab_size"], size=60)
     err = rel_l2_rows(run_ours(tmp_path, prompt, [60]), text_logits(ref, prompt))
     assert err.max() < 2e-2, err.max()
+
+
+@pytest.mark.parametrize("hub_layout", [False, True], ids=["as-saved", "hub-transposed"])
+def test_qwen3_vl_moe_serves_its_mixture_of_experts(tmp_path: Path, hub_layout: bool) -> None:
+    """Qwen3-VL-MoE's language model is Qwen3-MoE's, its router always normalizing (its
+    config has no norm_topk_prob): as transformers saves it, and with each expert stack
+    transposed as the hub's checkpoints hold them ([E, hidden, 2I] and [E, I, hidden]),
+    told apart by shape; within test_moe's bound of transformers' forward on ids."""
+    from test_moe import matches
+
+    from reprise.daemon.model.safetensors_io import load_safetensors, save_safetensors
+
+    torch.manual_seed(93)
+    text = {**TEXT, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+            "head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                "mrope_section": [2, 3, 3], "mrope_interleaved": True}}  # fmt: skip
+    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=VISION["Qwen3VL"])
+    from test_model_reference import save_widened
+
+    model = transformers.Qwen3VLMoeForConditionalGeneration(config)
+    with torch.no_grad():  # its routers start at zero: every expert tied
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.05)
+    ref = save_widened(model, tmp_path, TINY["vocab_size"])
+    if hub_layout:
+        path = tmp_path / "model.safetensors"
+        tensors = load_safetensors(path)
+        stacks = [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        assert stacks and tensors[stacks[0]].shape[1] != tensors[stacks[0]].shape[2]
+        # copies: the file is memory-mapped, and rewritten below
+        flipped = {k: np.array(np.swapaxes(v, 1, 2) if k in stacks else v, copy=True)
+                   for k, v in tensors.items()}  # fmt: skip
+        del tensors
+        path.unlink()
+        save_safetensors(path, flipped, {"format": "pt"})
+    ours = ModelConfig.from_dir(tmp_path)
+    assert ours.architecture == "Qwen3MoeForCausalLM" and ours.experts.normalize
+    assert ours.experts.num_experts == 6 and ours.experts.intermediate_size == 40
+    matches(tmp_path, ref)

@@ -427,11 +427,30 @@ QWEN3_VL_TEXT_DEFAULTS: dict[str, Any] = {
     "rope_theta": 500_000.0,
     "tie_word_embeddings": False,
 }
+# Qwen3-VL-MoE's text model is Qwen3-MoE's (Qwen3VLMoeTextConfig), its router always
+# normalizing the chosen experts' weights (no norm_topk_prob field: one set here)
+QWEN3_VL_MOE_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151_936,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 128_000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 500_000.0,
+    "tie_word_embeddings": True,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1408,
+    "norm_topk_prob": True,
+}
 MULTIMODAL = {
     "Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS),
     "Qwen2VLForConditionalGeneration": ("Qwen2ForCausalLM", QWEN2_VL_TEXT_DEFAULTS),
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2ForCausalLM", QWEN2_VL_TEXT_DEFAULTS),
     "Qwen3VLForConditionalGeneration": ("Qwen3ForCausalLM", QWEN3_VL_TEXT_DEFAULTS),
+    "Qwen3VLMoeForConditionalGeneration": ("Qwen3MoeForCausalLM", QWEN3_VL_MOE_TEXT_DEFAULTS),
 }
 # the multimodal configs whose text fields may sit at the top level (no text_config)
 _FLAT_TEXT = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -451,10 +470,16 @@ def text_part(raw: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(text, Mapping):
         raise ModelConfigError(f"{archs[0]}'s config.json lacks its text_config")
     outer = {k: raw[k] for k in _OUTER_FIELDS if k in raw}
+    if "num_local_experts" in text and "num_experts" not in text:  # transformers 5's alias
+        text = {**text, "num_experts": text["num_local_experts"]}
     tied = [m["tie_word_embeddings"] for m in (raw, text) if "tie_word_embeddings" in m]
     text = {**defaults, **outer, **text, "architectures": [family]}
-    if tied:  # tied if either says so, as transformers 5 reads a pre-v5 save
-        text["tie_word_embeddings"] = any(bool(t) for t in tied)
+    if "norm_topk_prob" in defaults:  # a router that always normalizes (Qwen3-VL-MoE's)
+        text["norm_topk_prob"] = defaults["norm_topk_prob"]
+    if tied:  # the outer config's, as transformers 5 reads it; Qwen2 VL's tied if either
+        # says so (transformers 5's reading of a pre-v5 save, which put it in text_config)
+        flat = archs[0] in _FLAT_TEXT
+        text["tie_word_embeddings"] = any(bool(t) for t in tied) if flat else bool(tied[0])
     if _is_mrope(text.get("rope_scaling")) or _is_mrope(text.get("rope_parameters")):
         scaling = "rope_scaling" if _is_mrope(text.get("rope_scaling")) else "rope_parameters"
         params = {k: v for k, v in text[scaling].items()

@@ -120,7 +120,11 @@ def _read(
     tensors = open_checkpoint(path)
     h, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
 
-    def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def take(name: str, shape: tuple[int, ...], transposed: bool = False) -> np.ndarray:
+        # transposed: a stack [E, N, K] may be stored [E, K, N] (Qwen3-VL-MoE's experts,
+        # as the hub holds them), told apart by its shape; where N == K it is taken as
+        # [E, N, K] (transformers 5's and our GGUF converter's; every released
+        # Qwen3-VL-MoE has N != K)
         # saved from the bare model (registry.BARE_MODELS), or a multimodal model's language
         # model (registry.MULTIMODAL), as transformers writes it or as it holds it
         bare = name.removeprefix("model.")
@@ -130,6 +134,8 @@ def _read(
         if name not in tensors:
             raise WeightsError(f"checkpoint in {path} lacks tensor {name!r}")
         t = tensors[name]
+        if transposed and shape[1] != shape[2] and t.shape == (shape[0], shape[2], shape[1]):
+            t = np.swapaxes(t, 1, 2)
         if t.shape != shape:
             raise WeightsError(f"tensor {name!r} has shape {t.shape}; the config implies {shape}")
         if t.dtype not in (BF16, np.float16, np.float32):
@@ -193,7 +199,7 @@ def _gate_up(take: Callable[[str, tuple[int, ...]], np.ndarray], p: str, inter: 
 
 
 def _experts(
-    take: Callable[[str, tuple[int, ...]], np.ndarray],
+    take: Callable[..., np.ndarray],
     tensors: dict[str, np.ndarray],
     p: str,
     config: ModelConfig,
@@ -201,7 +207,7 @@ def _experts(
     """Layer `p`'s experts: one tensor per expert and projection, as the released
     checkpoints hold them (and transformers saves them), or the experts stacked
     (`experts.gate_up_proj` [E, 2I, hidden] and `experts.down_proj`, as transformers 5
-    holds them in memory)."""
+    holds them in memory, or each transposed, as Qwen3-VL-MoE's checkpoints hold them)."""
     assert config.experts is not None
     h, cfg = config.hidden_size, config.experts
     num, inter = cfg.num_experts, cfg.intermediate_size
@@ -214,9 +220,16 @@ def _experts(
         down = take(mlp + "output_linear.weight", (num, h, inter))
         return ExpertWeights(router=take(mlp + "router.layer.weight", (num, h)), gate_up=gate_up,
                              down=down)  # fmt: skip
-    if stacked in tensors or stacked.removeprefix("model.") in tensors:
-        gate_up = take(stacked, (num, 2 * inter, h))
-        down = take(mlp + "experts.down_proj", (num, h, inter))
+    bare = stacked.removeprefix("model.")
+    # under take's names: as written, bare, or a multimodal model's language model's
+    if {
+        stacked,
+        bare,
+        "language_model." + stacked,
+        "model.language_model." + bare,
+    } & tensors.keys():
+        gate_up = take(stacked, (num, 2 * inter, h), True)
+        down = take(mlp + "experts.down_proj", (num, h, inter), True)
     else:
         gate_up = np.stack([_gate_up(take, f"{mlp}experts.{e}.", inter, h, names[:2])
                             for e in range(num)])  # fmt: skip
