@@ -1,9 +1,10 @@
 """Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2,
-Gemma 3, Mixtral, Qwen2-MoE or Qwen3-MoE model into a Hugging Face model folder.
+Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE or Granite MoE model, or of Qwen3-VL's or
+Qwen3-VL-MoE's text model, into a Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama` (Mixtral: `llama` with
 `llama.expert_count` > 0), `qwen2`, `qwen3`, `phi3`, `granite`, `smollm3`, `gemma2`,
-`gemma3`, `qwen2moe` or `qwen3moe` and writes `config.json`, `generation_config.json`,
+`gemma3`, `qwen2moe`, `qwen3moe`, `granitemoe`, `qwen3vl` or `qwen3vlmoe` and writes `config.json`, `generation_config.json`,
 `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` and `README.md`. It
 guarantees:
 
@@ -16,11 +17,13 @@ guarantees:
   expert at a time);
 - a mixture of experts' tensors and config.json are gguf_experts.py's: each layer's experts
   stacked as weights.py reads them (gate and up joined), the routing as llama.cpp runs it;
-- llama.cpp's row permutation of a Llama's (and a Mixtral's, a Granite's and SmolLM3's) Q
-  and K projections is undone, so the weights use Hugging Face's half-split rotary layout
-  (llama.cpp permutes no other family's); a Granite file's four scales become its config's
-  multipliers; a
-  Gemma file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
+- a qwen3vl or qwen3vlmoe file becomes a Qwen3ForCausalLM or Qwen3MoeForCausalLM (its text
+  model; config.json as plain Qwen3's and Qwen3-MoE's, the M-RoPE the plain rotation it
+  is on text, the router normalizing: the NOTE at `_FAMILIES`);
+- llama.cpp's row permutation of a Llama's (and a Mixtral's, a Granite's, a Granite MoE's
+  and SmolLM3's) Q and K projections is undone, so the weights use Hugging Face's
+  half-split rotary layout (llama.cpp permutes no other family's); a Granite or Granite MoE
+  file's four scales become its config's multipliers; a Gemma file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
   what llama.cpp sets in its code (the sliding pattern, the local rope base, the score
   scale) is written into config.json;
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
@@ -29,8 +32,10 @@ guarantees:
   tokenizes, every token id kept);
 - anything it cannot convert faithfully (another architecture, tokenizer model or
   pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE, a
-  layer without experts or per-expert tensors in a file with experts) raises `ValueError`
-  naming the offending value, before anything is written.
+  Granite file without RoPE, a layer without experts or per-expert tensors in a file with
+  experts, Granite MoE's shared expert, a tensor the family lacks, as a Qwen3-VL
+  reranker's `cls_out`) raises `ValueError` naming the offending value, before anything
+  is written.
 """
 
 from __future__ import annotations
@@ -169,7 +174,40 @@ _FAMILIES = {
         model_type="qwen3_moe",
         experts="qwen3_moe",
     ),
+    # Qwen3-VL's and Qwen3-VL-MoE's text models, as llama.cpp writes them (the vision tower
+    # goes to a separate mmproj file): Qwen3's and Qwen3-MoE's tensors, written as those
+    # families (see the NOTE below)
+    "qwen3vl": _Family(
+        "Qwen3ForCausalLM",
+        {**_LAYER_NAMES, **_QWEN3_LAYER_NAMES},
+        permuted_qk=False,
+        model_type="qwen3",
+    ),
+    "qwen3vlmoe": _Family(
+        "Qwen3MoeForCausalLM",
+        {**_QWEN3_LAYER_NAMES, **expert_layer_names("qwen3_moe")},
+        permuted_qk=False,
+        model_type="qwen3_moe",
+        experts="qwen3_moe",
+    ),
+    # Granite MoE: Granite's attention (Q and K permuted: llama.cpp's GraniteMoeModel is a
+    # LlamaModel) and scalars, every layer's experts (gguf_experts.py)
+    "granitemoe": _Family(
+        "GraniteMoeForCausalLM",
+        {**_ATTENTION_NAMES, **expert_layer_names("granitemoe")},
+        permuted_qk=True,
+        experts="granitemoe",
+    ),
 }
+# NOTE: a qwen3vl or qwen3vlmoe file is converted to the text model alone. llama.cpp's
+# M-RoPE (IMROPE, `rope.dimension_sections`) gives a text token its position on the
+# first three axes, so it is the plain rotation transformers' Qwen3-VL runs on text, but
+# for the pairs the interleaved sections leave to the fourth axis (position 0 on text):
+# with Qwen3-VL's [24, 20, 20, 0], pairs 61 and 62 of 64, the two lowest frequencies,
+# which transformers rotates by the position and llama.cpp does not. This converter
+# follows transformers (the checkpoint's own forward). `n_deepstack_layers` adds visual
+# features to the first layers' outputs, zero on text: nothing of it is written.
+
 # Mixtral, as llama.cpp's converter writes it: a `llama` file with `llama.expert_count` > 0,
 # Q and K permuted as a Llama's
 _MIXTRAL = _Family(
@@ -332,9 +370,8 @@ def hf_config(
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "hidden_act": "silu",
     }
-    if arch == "granite":
-        config |= {field: _float32(require_number(meta, key(name)))
-                   for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
+    if arch in ("granite", "granitemoe"):
+        config |= _granite_scales(meta, key)
     if arch == "smollm3":
         config |= {"no_rope_layer_interval": SMOLLM3_NO_ROPE_STEP, "use_sliding_window": False}
     if family.experts is not None:
@@ -343,6 +380,8 @@ def hf_config(
         config |= _gemma_config(meta, key, config, arch)
     elif arch in ("llama", "granite", "smollm3"):  # MixtralConfig has no bias flags
         config |= {"attention_bias": False, "mlp_bias": False} if family.experts is None else {}
+    elif arch == "granitemoe":
+        config |= {"attention_bias": False}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
         config |= {"sliding_window": None if window is None else int(window)}
@@ -350,8 +389,21 @@ def hf_config(
     else:  # Qwen: every layer attends to the whole prefix
         config |= {"use_sliding_window": False, "sliding_window": None,
                    "max_window_layers": num_layers}  # fmt: skip
-        config |= {"attention_bias": False} if arch in ("qwen3", "qwen3moe") else {}
+        config |= {"attention_bias": False} if family.architecture.startswith("Qwen3") else {}
     return config | {"torch_dtype": "bfloat16"}
+
+
+def _granite_scales(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str, Any]:
+    """A granite or granitemoe file's scalars as config.json's multipliers (those it has).
+    Raises ValueError for a file llama.cpp runs without RoPE (`rope.scaling.finetuned`
+    false: its switch for Granite's layers without position embeddings)."""
+    if meta.get(key("rope.scaling.finetuned"), True) is False:
+        raise ValueError(
+            f"{key('rope.scaling.finetuned')} is false: llama.cpp runs this file's attention "
+            "without RoPE, which the forward lacks"
+        )
+    return {field: _float32(require_number(meta, key(name)))
+            for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
 
 
 def _gemma_config(

@@ -1,26 +1,36 @@
 """The experts of llama.cpp's mixture-of-experts GGUF files: Mixtral (its `llama`
-architecture with `llama.expert_count` > 0), `qwen2moe` and `qwen3moe`.
+architecture with `llama.expert_count` > 0), `qwen2moe`, `qwen3moe`, `qwen3vlmoe` (Qwen3-VL-MoE's
+text model: Qwen3-MoE's experts) and `granitemoe` (Granite MoE).
 
 llama.cpp's converter stacks each layer's experts, one tensor per projection:
 `ffn_gate_exps` and `ffn_up_exps` [E, I, H] and `ffn_down_exps` [E, H, I] (NumPy order),
 beside the router `ffn_gate_inp` [E, H]; Qwen2-MoE adds its shared expert
 (`ffn_{gate,up,down}_shexp`) and that expert's gate `ffn_gate_inp_shexp` ([H], or [1, H]
-unsqueezed). gguf_convert.py writes them as weights.py reads them, and guarantees:
+unsqueezed). Granite MoE's checkpoint fuses gate and up (`input_linear`), which llama.cpp's
+converter splits into the two stacks. gguf_convert.py writes them as weights.py reads them,
+and guarantees:
 
 - each layer's experts stacked: `experts.gate_up_proj` [E, 2I, H] (an expert's gate rows,
   then its up rows, as transformers holds them) and `experts.down_proj` [E, H, I], under
-  `block_sparse_moe.` (Mixtral) or `mlp.` (Qwen); made one expert at a time (`join_experts`:
-  one expert's projection in float32 beside the BF16 output), rounded as every tensor is;
+  `block_sparse_moe.` (Mixtral) or `mlp.` (Qwen); Granite MoE's as its checkpoint names
+  them: `block_sparse_moe.input_linear.weight` (gate rows, then up rows),
+  `output_linear.weight` and the router `router.layer.weight`; made one expert at a time
+  (`join_experts`: one expert's projection in float32 beside the BF16 output), rounded as
+  every tensor is;
 - config.json runs the model as llama.cpp does (`experts_config`): the top k of the
-  router's softmax, their weights renormalized for Mixtral and Qwen3-MoE and not for
-  Qwen2-MoE, as llama.cpp's code fixes it for these architectures (it reads no
-  `expert_weights_norm`, `expert_weights_scale` or `expert_gating_func` for them); the
-  experts' sizes from `expert_feed_forward_length` and `expert_shared_feed_forward_length`,
-  else llama.cpp's defaults (feed_forward_length / expert_used_count, and
-  feed_forward_length), Mixtral's experts of feed_forward_length;
-- what llama.cpp would not run is refused (`check_expert_tensors`), in a ValueError naming
-  the tensor: a layer without experts (a dense MLP: transformers' mlp_only_layers), experts
-  one tensor each (llama.cpp's files before it stacked them), a missing expert tensor.
+  router's softmax, their weights renormalized for Mixtral, Qwen3-MoE, Qwen3-VL-MoE and
+  Granite MoE and not for Qwen2-MoE, as llama.cpp's code fixes it for these architectures
+  (it reads no `expert_weights_norm`, `expert_weights_scale` or `expert_gating_func` for
+  them); the experts' sizes from `expert_feed_forward_length` and
+  `expert_shared_feed_forward_length`, else llama.cpp's defaults (feed_forward_length /
+  expert_used_count, and feed_forward_length), Mixtral's and Granite MoE's experts of
+  feed_forward_length;
+- what llama.cpp would not run, or this converter cannot, is refused (`experts_config`,
+  `check_expert_tensors`), in a ValueError naming the key or tensor: a layer without
+  experts (a dense MLP: transformers' mlp_only_layers), experts one tensor each (llama.cpp's
+  files before it stacked them), a missing expert tensor, and Granite MoE's shared expert
+  (GraniteMoeShared: `expert_shared_feed_forward_length`, `ffn_*_shexp`), which no family
+  here runs.
 """
 
 from __future__ import annotations
@@ -40,6 +50,13 @@ _ROUTED = {
     "ffn_up_exps.weight": "experts.gate_up_proj",
     "ffn_down_exps.weight": "experts.down_proj",
 }
+# Granite MoE's checkpoint names (transformers 5 renames them in memory): gate and up one tensor
+_GRANITE = {
+    "ffn_gate_inp.weight": "router.layer.weight",
+    "ffn_gate_exps.weight": "input_linear.weight",
+    "ffn_up_exps.weight": "input_linear.weight",
+    "ffn_down_exps.weight": "output_linear.weight",
+}
 _SHARED = {
     "ffn_gate_inp_shexp.weight": "shared_expert_gate.weight",
     "ffn_gate_shexp.weight": "shared_expert.gate_proj.weight",
@@ -53,13 +70,16 @@ ROW_VECTORS = ("shared_expert_gate.weight",)
 # a block's dense MLP, and the per-expert tensors of llama.cpp's older Mixtral files
 _DENSE = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 _PER_EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight")
+# GraniteMoeShared's shared expert, as llama.cpp's converter writes it into a granitemoe file
+_GRANITE_SHARED = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_shexp\.weight")
 
 
 def expert_layer_names(layout: str) -> dict[str, str]:
     """GGUF name within a block -> Hugging Face name within a layer, for a layout's experts
-    ("mixtral", "qwen2_moe", "qwen3_moe": registry.ModelFamily.experts)."""
-    prefix = "block_sparse_moe." if layout == "mixtral" else "mlp."
-    names = _ROUTED | (_SHARED if layout == "qwen2_moe" else {})
+    ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe": registry.ModelFamily.experts)."""
+    prefix = "block_sparse_moe." if layout in ("mixtral", "granitemoe") else "mlp."
+    names = _GRANITE if layout == "granitemoe" else _ROUTED
+    names = names | (_SHARED if layout == "qwen2_moe" else {})
     return {gguf_name: prefix + hf_name for gguf_name, hf_name in names.items()}
 
 
@@ -79,16 +99,21 @@ def experts_config(
             f"{key('expert_count')} is {num_experts} and {key('expert_used_count')} {top_k}; "
             "a file with experts needs both above 0"
         )
-    if layout == "mixtral":  # llama.cpp's llama: experts of n_ff, no sliding window
+    # llama.cpp's granite loader: a shared expert where this key is above 0
+    if layout == "granitemoe" and optional_int(meta, key("expert_shared_feed_forward_length"), 0):
+        raise _granite_shared(arch, key("expert_shared_feed_forward_length"))
+    if layout in ("mixtral", "granitemoe"):  # llama.cpp's llama and granite: experts of n_ff
         size = require_int(meta, key("feed_forward_length"))
-        return {"num_local_experts": num_experts, "num_experts_per_tok": top_k,
-                "intermediate_size": size, "sliding_window": None}  # fmt: skip
+        fields = {"num_local_experts": num_experts, "num_experts_per_tok": top_k,
+                  "intermediate_size": size}  # fmt: skip
+        return fields | ({"sliding_window": None} if layout == "mixtral" else {})
     size = optional_int(meta, key("expert_feed_forward_length"), (feed_forward or 0) // top_k)
     fields = {
         "num_experts": num_experts,
         "num_experts_per_tok": top_k,
         "moe_intermediate_size": size,
-        # llama.cpp's build_moe_ffn: norm_w true for qwen3moe, false for qwen2moe
+        # llama.cpp's build_moe_ffn: norm_w true for qwen3moe and qwen3vlmoe, false for
+        # qwen2moe
         "norm_topk_prob": layout == "qwen3_moe",
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
@@ -110,6 +135,8 @@ def check_expert_tensors(names: set[str], arch: str, layout: str, num_layers: in
     """Raise ValueError, naming the tensor, unless every block of the file holds its
     layout's experts and nothing of a dense MLP, as llama.cpp loads the architecture."""
     for name in sorted(names):
+        if layout == "granitemoe" and _GRANITE_SHARED.fullmatch(name):
+            raise _granite_shared(arch, f"tensor {name!r}")
         if _PER_EXPERT.fullmatch(name):
             raise ValueError(
                 f"GGUF tensor {name!r}: experts one tensor each, as llama.cpp's older "
@@ -127,6 +154,13 @@ def check_expert_tensors(names: set[str], arch: str, layout: str, num_layers: in
         for part in expert_layer_names(layout):
             if f"blk.{block}.{part}" not in names:
                 raise ValueError(f"a {arch} file with experts lacks tensor 'blk.{block}.{part}'")
+
+
+def _granite_shared(arch: str, what: str) -> ValueError:
+    return ValueError(
+        f"a {arch} file with {what}: a shared expert, as llama.cpp writes GraniteMoeShared's; "
+        "GraniteMoeSharedForCausalLM is not supported (Granite MoE without one is)"
+    )
 
 
 def join_experts(parts: Sequence[Any], shape: tuple[int, ...]) -> np.ndarray:
