@@ -200,18 +200,7 @@ def test_weights_equal_transformers_reading(converted: Any) -> None:
         theirs.pop("lm_head.weight")
     if arch == "llama":
         theirs = {name.replace(".mlp.", ".block_sparse_moe."): t for name, t in theirs.items()}
-    assert sorted(ours) == sorted(theirs)
-    stacks = 0
-    for name, weight in ours.items():
-        expected = theirs[name].astype(ml_dtypes.bfloat16)
-        assert weight.shape == expected.shape, name
-        if weight.ndim == 3:
-            stacks += 1
-            for e in range(weight.shape[0]):
-                assert np.array_equal(_bits(weight[e]), _bits(expected[e])), f"{name} expert {e}"
-        else:
-            assert np.array_equal(_bits(weight), _bits(expected)), name
-    assert stacks == 2 * 2  # each layer's gate_up_proj and down_proj
+    assert same_bits_by_expert(ours, theirs) == 2 * 2  # each layer's gate_up and down
 
 
 def test_the_config_runs_the_experts_as_llama_cpp_does(converted: Any) -> None:
@@ -347,3 +336,20 @@ def test_what_llama_cpp_would_not_run_is_refused(
     with pytest.raises(ValueError, match=re.escape(message)):
         convert_gguf(source, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def same_bits_by_expert(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> int:
+    """Every tensor of `ours` is `theirs` rounded to BF16, bit for bit, a stack of experts
+    expert by expert (so a failure names the expert); the same names. Returns the stacks."""
+    assert sorted(ours) == sorted(theirs)
+    stacks = 0
+    for name, weight in ours.items():
+        expected = theirs[name].astype(ml_dtypes.bfloat16)
+        assert weight.shape == expected.shape, name
+        if weight.ndim == 3:
+            stacks += 1
+            for e in range(weight.shape[0]):
+                assert np.array_equal(_bits(weight[e]), _bits(expected[e])), f"{name} expert {e}"
+        else:
+            assert np.array_equal(_bits(weight), _bits(expected)), name
+    return stacks

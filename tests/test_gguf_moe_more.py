@@ -22,12 +22,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
 from gguf_support import llama_cpp_permute, write_gguf
 from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
-from test_gguf_moe import _bits, llama_cpp_tensors
+from test_gguf_moe import llama_cpp_tensors, same_bits_by_expert
 from test_model_reference import hf_logits, rel_l2_rows, run_ours
 from test_moe import matches
 
@@ -202,18 +201,7 @@ def test_weights_equal_the_source_models(converted: Any) -> None:
     arch, out, model = converted
     ours = load_safetensors(out / "model.safetensors")
     theirs = text_state(model)
-    assert sorted(ours) == sorted(theirs)
-    stacks = 0
-    for name, weight in ours.items():
-        expected = theirs[name].astype(ml_dtypes.bfloat16)
-        assert weight.shape == expected.shape, name
-        if weight.ndim == 3:
-            stacks += 1
-            for e in range(weight.shape[0]):
-                assert np.array_equal(_bits(weight[e]), _bits(expected[e])), f"{name} expert {e}"
-        else:
-            assert np.array_equal(_bits(weight), _bits(expected)), name
-    assert stacks == (0 if arch == "qwen3vl" else 2 * 2)
+    assert same_bits_by_expert(ours, theirs) == (0 if arch == "qwen3vl" else 2 * 2)
 
 
 def test_the_config_is_the_text_models(converted: Any) -> None:
