@@ -54,7 +54,7 @@ $sets
 from reprise.bench.bench_gpu_e2e import main
 sys.exit(main([$args]))"
 }
-part check 240 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
+part check 330 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_gemm_sm90_gpu.py \
   tests/test_disk_staging.py tests/test_qwen3.py tests/test_embeddings.py tests/test_granite.py \
   tests/test_smollm3.py tests/test_sliding_window_models.py tests/test_rope_scaling.py \
   tests/test_seed_oss_helium.py tests/test_padded_heads.py tests/test_gemma3.py \
