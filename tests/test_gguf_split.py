@@ -227,3 +227,30 @@ def test_the_command_line_takes_any_shard_and_refuses_in_one_line(
     for args in (["model", "convert", str(shards[0])], ["run", "hi", "--model", str(shards[1])]):
         done = reprise(*args)
         assert done.returncode == 1 and done.stderr.strip().splitlines() == [missing], args
+
+
+def test_a_safetensors_model_loads_and_runs_without_the_gguf_package(tmp_path: Path) -> None:
+    """Only a GGUF file needs gguf-py: with the package unimportable (as on the lent GPU
+    machines, whose image lacks it), a safetensors folder loads through
+    Engine.from_pretrained and generates, and the model modules import (gguf_files reads
+    the package inside its functions; a 2026-11-30 H200 run caught a top-level import that
+    failed every engine test there)."""
+    from reprise.daemon.model.synth import synth_model
+
+    folder = synth_model("tiny", tmp_path / "m", seed=3)
+    script = f"""
+import sys
+sys.modules["gguf"] = None  # `import gguf` raises ImportError
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.model import gguf_convert, gguf_experts, gguf_files, prepare
+engine = Engine.from_pretrained({str(folder)!r}, backend="numpy")
+out = engine.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+print(len(out.token_ids))
+try:
+    gguf_files.open_gguf({str(folder / "config.json")!r})
+except ImportError:
+    print("needs gguf")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2", "needs", "gguf"]

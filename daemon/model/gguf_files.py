@@ -22,10 +22,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gguf
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf
 
 # llama.cpp's `llama_split_path`: "%s-%05d-of-%05d.gguf" (prefix, shard number from 1, count)
 _SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
@@ -46,6 +48,8 @@ class GGUFShards:
 
 def open_gguf(path: Path) -> gguf.GGUFReader:
     """The file's reader (memory-mapped), or ValueError naming a file that is not one GGUF."""
+    import gguf  # NOTE: here, not at the top: a safetensors model loads without the package
+
     try:
         return gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OSError) as e:
@@ -54,7 +58,7 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
 
 def read_metadata(source: Path | gguf.GGUFReader) -> dict[str, Any]:
     """Every metadata field of a GGUF file as a Python str, bool, number or list of them."""
-    reader = source if isinstance(source, gguf.GGUFReader) else open_gguf(source)
+    reader = open_gguf(source) if isinstance(source, (str, Path)) else source
     return {name: _field_value(field) for name, field in reader.fields.items()}
 
 
@@ -79,6 +83,8 @@ def optional_int(meta: dict[str, Any], key: str, default: int) -> int:
 def dequantized(tensor: gguf.ReaderTensor, index: int | None = None) -> np.ndarray:
     """The tensor's values (its `index`-th along the outermost dimension, if given: one
     expert of stacked experts) dequantized by `gguf.quants` to float32, in NumPy order."""
+    import gguf
+
     data = tensor.data if index is None else tensor.data[index]
     return np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float32)
 
@@ -172,6 +178,8 @@ def _int_key(reader: gguf.GGUFReader, key: str) -> int | None:
 
 
 def _field_value(field: Any) -> Any:
+    import gguf
+
     def scalar(part: Any, kind: gguf.GGUFValueType) -> Any:
         if kind == gguf.GGUFValueType.STRING:
             return bytes(part).decode("utf-8", errors="replace")
