@@ -287,12 +287,63 @@ def moe_d64(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return synth_like(tmp_path_factory, request.param, seed=6, moe_intermediate_size=128)
 
 
+class RouteLog:
+    """Each moe_route call's BF16 router logits and chosen experts on the GPU and NumPy
+    backends, read back (gpu_forward_matches_numpy's `watch`: eager forwards only)."""
+
+    TIE_ULPS = 4  # a near tie: the kth and (k+1)th logits this close, in ulps of the largest
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"gpu": [], "numpy": []}
+
+    def install(self, gpu, cpu) -> None:
+        for name, backend in (("gpu", gpu), ("numpy", cpu)):
+            backend.moe_route = self._recording(name, type(backend).moe_route)
+
+    def uninstall(self, gpu, cpu) -> None:
+        del gpu.moe_route, cpu.moe_route
+
+    def _recording(self, name: str, route):
+        def recorded(logits, top_k: int, normalize: bool):
+            got = route(logits, top_k, normalize)
+            host = [
+                np.asarray(x.get() if hasattr(x, "get") else x) for x in (logits, got.expert_ids)
+            ]
+            self.calls[name].append((host[0].view(BF16), host[1]))
+            return got
+
+        return recorded
+
+    def alike_rows(self, num_tokens: int) -> int:
+        """The prompt rows before the first token the backends routed apart (all of them
+        where none was). Each GPU routing is the twin's on its own logits; the first token
+        routed apart, at the first layer it was, sat on a near tie of NumPy's logits: its
+        hidden state there is within a few ulps of NumPy's, and so are its router logits,
+        so a kth and (k+1)th expert nearer than that may swap (a 2026-11-30 H200 run:
+        0.5 ulps apart at tiny-qwen3-moe's layer 1, token 10)."""
+        gpu, cpu = self.calls["gpu"], self.calls["numpy"]
+        assert len(gpu) == len(cpu) > 0
+        first, tie = num_tokens, None
+        for (g_logits, g_ids), (c_logits, c_ids) in zip(gpu, cpu, strict=True):
+            k = g_ids.shape[1]
+            assert np.array_equal(g_ids, moe_route_ref(g_logits, k, False).expert_ids)
+            apart = np.flatnonzero((np.sort(g_ids, axis=1) != np.sort(c_ids, axis=1)).any(axis=1))
+            if apart.size and apart[0] < first:
+                first, tie = int(apart[0]), (c_logits[apart[0]].astype(np.float64), k)
+        if tie is not None:
+            row, k = tie
+            kth, next_ = np.sort(row)[::-1][[k - 1, k]]
+            ulp = 2.0 ** (np.floor(np.log2(np.abs(row).max())) - 7)
+            assert kth - next_ <= self.TIE_ULPS * ulp, (first, (kth - next_) / ulp)
+        return first
+
+
 def test_the_gpu_backend_runs_moe(cupy_kind: str, moe_d64: Path) -> None:  # noqa: F811
     """CupyBackend (emulated, or a device): the routing, the grouped GEMMs and the sum
-    through their kernels give logits within 4 BF16 ulps of NumPy's, the same tokens,
-    and decode from CUDA graphs bit-identical to eager (the routing read on the device
-    only: captured)."""
-    gpu_forward_matches_numpy(cupy_kind, moe_d64)
+    through their kernels give logits within 4 BF16 ulps of NumPy's up to the first token
+    routed apart at a near tie (RouteLog), the same tokens, and decode from CUDA graphs
+    bit-identical to eager (the routing read on the device only: captured)."""
+    gpu_forward_matches_numpy(cupy_kind, moe_d64, watch=RouteLog())
 
 
 def test_granite_moe_folds_its_residual_multiplier_into_every_expert(tmp_path: Path) -> None:
@@ -308,3 +359,39 @@ def test_granite_moe_folds_its_residual_multiplier_into_every_expert(tmp_path: P
     raw = load_safetensors(tmp_path / "model.safetensors")
     stack = raw["model.layers.1.block_sparse_moe.output_linear.weight"].astype(np.float32)
     assert np.array_equal(folded, (stack * np.float32(0.22)).astype(BF16))
+
+
+def test_route_log_compares_rows_up_to_a_swap_at_a_near_tie() -> None:
+    """RouteLog (the GPU test's comparison, whose swap branch runs only where a device's
+    GEMMs round a router logit apart from NumPy's): with routes alike, every row; with
+    token 3 swapped at a tie half an ulp wide, rows 0-2; a swap at a wide gap, or a GPU
+    routing that is not the twin's on its own logits, fails."""
+    rng = np.random.default_rng(8)
+    logits = rng.standard_normal((6, 8)).astype(BF16)
+    logits[3, :3] = np.array([4.0, 3.0, 3.015625], dtype=BF16)  # 3.0 and the next BF16 up
+    ids = moe_route_ref(logits, 2, False).expert_ids
+    swapped = ids.copy()
+    swapped[3] = [0, 1]  # the near-tied third expert in place of the second
+
+    def log(gpu_ids: np.ndarray, gpu_logits: np.ndarray = logits) -> RouteLog:
+        routes = RouteLog()
+        routes.calls = {"gpu": [(gpu_logits, gpu_ids)], "numpy": [(logits, ids)]}
+        return routes
+
+    assert log(ids).alike_rows(6) == 6
+    nudged = logits.copy()
+    nudged[3, 1] = np.array(3.03125, dtype=BF16)  # the GPU's logit a step further up
+    assert log(swapped, nudged).alike_rows(6) == 3
+    with pytest.raises(AssertionError):
+        log(swapped).alike_rows(6)  # not the twin's choice on the GPU's own logits
+    far = logits.copy()
+    far[3, :3] = np.array([4.0, 3.0, 1.0], dtype=BF16)
+    far_gpu = far.copy()
+    far_gpu[3, 2] = np.array(5.0, dtype=BF16)  # expert 2 a long way up on the GPU alone
+    wide = RouteLog()
+    wide.calls = {
+        "gpu": [(far_gpu, moe_route_ref(far_gpu, 2, False).expert_ids)],
+        "numpy": [(far, moe_route_ref(far, 2, False).expert_ids)],
+    }
+    with pytest.raises(AssertionError):
+        wide.alike_rows(6)  # a swap where NumPy's kth and (k+1)th are many ulps apart
