@@ -214,13 +214,20 @@ class BlockPool(DiskSide):
         """
         now = self._clock()
         freed: list[KVBlock] = []  # at zero references, in the order they join the queue
+        blocks, num_blocks, device = self.blocks, self.num_blocks, self._index.device
         for block_id in reversed(block_ids):
-            if block_id >= self.num_blocks:  # a disk partial's handle (find_partial)
+            if block_id >= num_blocks:  # a disk partial's handle (find_partial)
                 del self._disk_partials[block_id]
                 continue
-            block = self.blocks[block_id]
-            if self._unref(block):
-                freed.append(block)
+            block = blocks[block_id]
+            # `_unref` inlined (a 4k prompt's 128 blocks: bench_host_step's cached prompt)
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count:
+                continue
+            if block.block_hash is not None and device.get(block.block_hash) is not block:
+                block.clear_entry()  # a duplicate: its entry lives in another block
+            freed.append(block)
         self._queue.append_all(freed, now)
 
     def touch(self, block_ids: Sequence[BlockId]) -> None:
