@@ -87,6 +87,12 @@ class NullBackend(NumpyBackend):
         return residual, np.zeros(residual.shape, dtype=BF16)
 
     @staticmethod
+    def norm_add(
+        residual: np.ndarray, delta: Any, delta_weight: Any, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return residual, np.zeros(residual.shape, dtype=BF16)
+
+    @staticmethod
     def norm_add_rmsnorm(
         residual: np.ndarray, x: np.ndarray, x_weight: np.ndarray, weight: np.ndarray, eps: float
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -192,6 +192,8 @@ def model_remove(folders: tuple[Path, ...], stale: bool) -> None:
             "qwen3-30b-a3b",
             "mixtral-8x7b",
             "tiny-qwen3-moe",
+            "tiny-olmo2",
+            "tiny-olmoe",
             "tiny-qwen2-moe",
         ]
     ),

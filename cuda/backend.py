@@ -24,7 +24,13 @@ from .kvcache import kv_write_ref, rope_kv_write_ref
 from .moe import MoeRoute, moe_combine_ref, moe_gather_ref, moe_gemm_ref, moe_route_ref
 from .penalties import Penalties, penalize_ref
 from .protocol import Backend, CopyDone, Landed, check_tier_copies, layer_by_layer
-from .rmsnorm import add_rmsnorm_ref, head_rmsnorm_ref, norm_add_rmsnorm_ref, rmsnorm_ref
+from .rmsnorm import (
+    add_rmsnorm_ref,
+    head_rmsnorm_ref,
+    norm_add_ref,
+    norm_add_rmsnorm_ref,
+    rmsnorm_ref,
+)
 from .rope import rope_ref
 from .sampling import Draws, sample_ref
 
@@ -249,6 +255,7 @@ class NumpyBackend:
     rmsnorm = staticmethod(rmsnorm_ref)
     add_rmsnorm = staticmethod(add_rmsnorm_ref)
     norm_add_rmsnorm = staticmethod(norm_add_rmsnorm_ref)
+    norm_add = staticmethod(norm_add_ref)
     gemm = staticmethod(gemm_ref)
     add_bias = staticmethod(add_bias_ref)
     head_rmsnorm = staticmethod(head_rmsnorm_ref)

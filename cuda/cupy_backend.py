@@ -502,6 +502,7 @@ class CupyBackend:
     rmsnorm = staticmethod(launchers.rmsnorm)
     add_rmsnorm = staticmethod(launchers.add_rmsnorm)
     norm_add_rmsnorm = staticmethod(launchers.norm_add_rmsnorm)
+    norm_add = staticmethod(launchers.norm_add)
     rope = staticmethod(launchers.rope)
     kv_write = staticmethod(launchers.kv_write)
     rope_kv_write = staticmethod(launchers.rope_kv_write)

@@ -66,8 +66,20 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "rmsnorm",
-        ("launchers:rmsnorm", "launchers:add_rmsnorm", "launchers:norm_add_rmsnorm"),
-        ("rmsnorm:rmsnorm_ref", "rmsnorm:add_rmsnorm_ref", "rmsnorm:norm_add_rmsnorm_ref"),
+        (
+            "launchers:rmsnorm",
+            "launchers:add_rmsnorm",
+            "launchers:norm_add_rmsnorm",
+            "launchers:norm_add",
+            "launchers:head_rmsnorm",
+        ),
+        (
+            "rmsnorm:rmsnorm_ref",
+            "rmsnorm:add_rmsnorm_ref",
+            "rmsnorm:norm_add_rmsnorm_ref",
+            "rmsnorm:norm_add_ref",
+            "rmsnorm:head_rmsnorm_ref",
+        ),
     ),
     Family(
         "penalties",

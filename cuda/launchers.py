@@ -20,6 +20,10 @@ from .embedding import bf16_scale
 from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 
 RMSNORM_THREADS = 256  # as in rmsnorm.cu
+QK_RMSNORM_MAX_WIDTH = 12288  # as in rmsnorm.cu: qk_rmsnorm's fp32 row in shared memory
+RMSNORM_STATIC_SMEM_BYTES = 4 * RMSNORM_THREADS // 32  # rmsnorm.cu's block_sum scratch
+# what a kernel may take in shared memory without its opt-in (static and dynamic together)
+DEFAULT_SMEM_BYTES = 48 * 1024
 ARGMAX_THREADS = 1024  # as in sampling.cu
 ARGMAX_SPLIT_THREADS = 256  # as in sampling.cu
 # argmax_split: launches of at most this many rows spread each row over CTAs of
@@ -147,6 +151,35 @@ def norm_add_rmsnorm(
         launch_kernel(
             kernel("rmsnorm", "norm_add_rmsnorm"), (residual.shape[0],), (RMSNORM_THREADS,), args
         )
+    return summed, out
+
+
+def norm_add(
+    residual: Any, delta: Any | None, delta_weight: Any | None, eps: float
+) -> tuple[Any, Any]:
+    """Twin: norm_add_ref. Returns (residual + rmsnorm(delta, delta_weight) in fp32, that
+    sum in BF16); delta and delta_weight None: (a copy of residual, residual in BF16)."""
+    import cupy
+
+    check("residual", residual, np.float32, 2)
+    summed = cupy.empty_like(residual)
+    out = cupy.empty(residual.shape, dtype=BF16_BITS)
+    if (delta is None) != (delta_weight is None):
+        raise ValueError("delta and delta_weight must be given together or both be None")
+    if delta is None:
+        delta = delta_weight = out  # never read: with_delta 0
+    else:
+        check("delta", delta, BF16_BITS, 2)
+        check("delta_weight", delta_weight, BF16_BITS, 1)
+        if delta.shape != residual.shape:
+            raise ValueError(
+                f"delta must have residual's shape {residual.shape}; got {delta.shape}"
+            )
+        _same_hidden(residual, delta_weight)
+    if residual.shape[0]:
+        args = (residual, delta, delta_weight, summed, out, np.int32(residual.shape[1]),
+                np.float32(eps), np.int32(delta is not out))  # fmt: skip
+        launch_kernel(kernel("rmsnorm", "norm_add"), (residual.shape[0],), (RMSNORM_THREADS,), args)
     return summed, out
 
 
@@ -314,7 +347,9 @@ def add_bias(y: Any, bias: Any, *, out: Any = None) -> Any:
 
 def head_rmsnorm(qkv: Any, q_weight: Any, k_weight: Any, num_heads: int, eps: float) -> Any:
     """Twin: head_rmsnorm_ref. qkv [T, num_heads + 2 * kv_heads, head_dim] BF16, normalized
-    in place (each query and key head; Qwen3's q_norm and k_norm) and returned."""
+    in place and returned: each query and key head with [head_dim] weights (Qwen3's q_norm
+    and k_norm), or each token's queries and its keys as one row each with weights as long
+    as all the query heads and all the key heads (OLMo 2's; at most QK_RMSNORM_MAX_WIDTH)."""
     check("qkv", qkv, BF16_BITS, 3)
     check("q_weight", q_weight, BF16_BITS, 1)
     check("k_weight", k_weight, BF16_BITS, 1)
@@ -322,20 +357,45 @@ def head_rmsnorm(qkv: Any, q_weight: Any, k_weight: Any, num_heads: int, eps: fl
     kv_heads = (heads - num_heads) // 2
     if heads != num_heads + 2 * kv_heads or kv_heads < 1:
         raise ValueError(f"qkv must have num_heads ({num_heads}) + 2 * kv_heads heads; got {heads}")
-    if (
-        not 0 < head_dim <= RMSNORM_THREADS
-        or head_dim != q_weight.shape[0]
-        or (head_dim != k_weight.shape[0])
-    ):
+    widths = (q_weight.shape[0], k_weight.shape[0])
+    if widths == (num_heads * head_dim, kv_heads * head_dim) and widths != (head_dim, head_dim):
+        return _qk_rmsnorm(qkv, q_weight, k_weight, num_heads, kv_heads, eps)
+    if widths != (head_dim, head_dim):
         raise ValueError(
-            f"head_dim must be in [1, {RMSNORM_THREADS}] and both weights' length; got "
-            f"{head_dim}, {q_weight.shape[0]} and {k_weight.shape[0]}"
+            f"q_weight and k_weight must have {head_dim} elements each (head_dim), or "
+            f"{num_heads * head_dim} and {kv_heads * head_dim} (all the query heads, all the "
+            f"key heads); got {widths[0]} and {widths[1]}"
         )
+    if not 0 < head_dim <= RMSNORM_THREADS:
+        raise ValueError(f"head_dim must be in [1, {RMSNORM_THREADS}]; got {head_dim}")
     if tokens:
         args = (qkv, q_weight, k_weight, np.int32(num_heads), np.int32(kv_heads),
                 np.int32(head_dim), np.float32(eps))  # fmt: skip
         grid = (tokens * (num_heads + kv_heads),)
         launch_kernel(kernel("rmsnorm", "head_rmsnorm"), grid, (RMSNORM_THREADS,), args)
+    return qkv
+
+
+def _qk_rmsnorm(
+    qkv: Any, q_weight: Any, k_weight: Any, num_heads: int, kv_heads: int, eps: float
+) -> Any:
+    """head_rmsnorm's full-width form: qk_rmsnorm, a CTA per token's queries and per its
+    keys, the (longer) query row staged in fp32 in dynamic shared memory."""
+    tokens, _, head_dim = qkv.shape
+    width = num_heads * head_dim
+    if width > QK_RMSNORM_MAX_WIDTH:
+        raise ValueError(
+            f"num_heads * head_dim must be at most {QK_RMSNORM_MAX_WIDTH}; got {width}"
+        )
+    if tokens:
+        smem = 4 * width
+        fn = kernel("rmsnorm", "qk_rmsnorm")
+        over = smem + RMSNORM_STATIC_SMEM_BYTES > DEFAULT_SMEM_BYTES
+        if over and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        args = (qkv, q_weight, k_weight, np.int32(num_heads), np.int32(kv_heads),
+                np.int32(head_dim), np.float32(eps))  # fmt: skip
+        launch_kernel(fn, (tokens * 2,), (RMSNORM_THREADS,), args, shared_mem=smem)
     return qkv
 
 

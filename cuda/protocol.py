@@ -79,6 +79,7 @@ class Backend(Protocol):
     rmsnorm: Callable[..., Any]
     add_rmsnorm: Callable[..., Any]
     norm_add_rmsnorm: Callable[..., Any]  # Gemma's: add_rmsnorm(residual, rmsnorm(delta))
+    norm_add: Callable[..., Any]  # OLMo 2's: residual + rmsnorm(delta), and it in BF16
     gemm: Callable[..., Any]
     gemm_add_rmsnorm: Callable[..., Any]  # add_rmsnorm(residual, gemm(x, w)), maybe one kernel
     add_bias: Callable[..., Any]

@@ -50,13 +50,32 @@ def head_rmsnorm_ref(
 ) -> np.ndarray:
     """qkv: [T, num_heads + 2 * kv_heads, head_dim] BF16 -> the same with each query head
     RMS-normalized over head_dim with `q_weight` and each key head with `k_weight`
-    ([head_dim] BF16; Qwen3's q_norm and k_norm, before RoPE); the values as they were."""
+    ([head_dim] BF16; Qwen3's q_norm and k_norm, before RoPE); the values as they were.
+    Weights as long as all the query heads ([num_heads * head_dim]) and all the key heads
+    ([kv_heads * head_dim]) normalize each token's queries as one row and its keys as one
+    (OLMo 2's and OLMoE's q_norm and k_norm, over the whole projection)."""
     tokens, heads, head_dim = qkv.shape
     kv_heads = (heads - num_heads) // 2
     out = qkv.copy()
     for start, count, weight in ((0, num_heads, q_weight), (num_heads, kv_heads, k_weight)):
-        rows = qkv[:, start : start + count].reshape(-1, head_dim)
+        width = head_dim if weight.shape[0] == head_dim else count * head_dim
+        rows = qkv[:, start : start + count].reshape(-1, width)
         out[:, start : start + count] = rmsnorm_ref(rows, weight, eps).reshape(
             tokens, count, head_dim
         )
     return out
+
+
+def norm_add_ref(
+    residual: np.ndarray, delta: np.ndarray | None, delta_weight: np.ndarray | None, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """OLMo 2's post-norm: the residual plus rmsnorm(delta, delta_weight) (the layer's
+    output normalized and rounded to BF16 before the add), and that sum rounded to BF16
+    (the next layer's input: OLMo 2 normalizes no layer input). residual: [T, hidden] fp32;
+    delta: [T, hidden] BF16, or None for the residual alone (the first layer's input)
+    -> (summed fp32, summed BF16)."""
+    summed = to_f32(residual)
+    if delta is not None:
+        assert delta_weight is not None
+        summed = summed + to_f32(rmsnorm_ref(delta, delta_weight, eps))
+    return summed, to_bf16(summed)

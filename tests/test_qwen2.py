@@ -58,10 +58,12 @@ def test_families_by_architecture_or_model_type() -> None:
         "InternLM2ForCausalLM",
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
+        "Olmo2ForCausalLM",
         "MixtralForCausalLM",
         "Qwen2MoeForCausalLM",
         "GraniteMoeForCausalLM",
         "Qwen3MoeForCausalLM",
+        "OlmoeForCausalLM",
         "Gemma3ForConditionalGeneration",
         "Qwen2VLForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
@@ -103,8 +105,9 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
-        "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-        "GraniteMoeForCausalLM, Qwen3MoeForCausalLM, Gemma3ForConditionalGeneration, "
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, MixtralForCausalLM, "
+        "Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+        "Gemma3ForConditionalGeneration, "
         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
         "Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, LlamaModel, "
         "MistralModel, Qwen2Model, Qwen3Model"
@@ -119,9 +122,9 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Error: unsupported architecture 'Phi3X'; supported: LlamaForCausalLM, "
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
-        "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+        "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, "
         "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
-        "Gemma3ForConditionalGeneration, Qwen2VLForConditionalGeneration, "
+        "OlmoeForCausalLM, Gemma3ForConditionalGeneration, Qwen2VLForConditionalGeneration, "
         "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, "
         "Qwen3VLMoeForConditionalGeneration, LlamaModel, MistralModel, "
         "Qwen2Model, Qwen3Model"

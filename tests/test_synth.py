@@ -33,6 +33,16 @@ def test_shapes_have_the_real_models_parameter_counts(like: str, parameters: int
     assert sum(int(np.prod(dims)) for _, dims in tensor_shapes(SHAPES[like])) == parameters
 
 
+@pytest.mark.parametrize("like", list(SHAPES))
+def test_every_shapes_tensors_are_its_configs_parameters(like: str) -> None:
+    """The tensors a synthetic folder holds add up to its config's parameter count (a
+    sparse layer's experts alone: the count once caught a stray dense down_proj there)."""
+    from reprise.daemon.model.synth import synth_config
+
+    written = sum(int(np.prod(dims)) for _, dims in tensor_shapes(SHAPES[like]))
+    assert written == synth_config(like).num_parameters()
+
+
 def _metadata(path: Path) -> dict[str, str]:
     raw = path.read_bytes()
     return json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]

@@ -218,6 +218,14 @@ class ModelConfig:
         return self.family.qk_norm
 
     @property
+    def qk_norm_sizes(self) -> tuple[int, int]:
+        """The q_norm and k_norm weights' lengths: head_dim, or all the query heads' and
+        all the key heads' dimensions (OLMo's, `family.qk_norm_whole`)."""
+        if self.family.qk_norm_whole:
+            return self.q_size, self.kv_size
+        return self.head_dim, self.head_dim
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -235,7 +243,7 @@ class ModelConfig:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qkv = self.q_size + 2 * self.kv_size
         per_layer = h * qkv + self.q_size * h + 2 * h + qkv * self.qkv_bias
-        per_layer += 2 * self.head_dim * self.qk_norm
+        per_layer += sum(self.qk_norm_sizes) * self.qk_norm
         per_layer += 2 * h * self.family.gemma  # the sandwich norms
         sparse = self.experts.sparse_layers if self.experts else (False,) * self.num_layers
         mlps = sum(3 * h * i for is_sparse in sparse if not is_sparse)

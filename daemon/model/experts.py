@@ -23,9 +23,10 @@ _KEYS = {
     "qwen2_moe": ("num_experts", "moe_intermediate_size", "norm_topk_prob"),
     "qwen3_moe": ("num_experts", "moe_intermediate_size", "norm_topk_prob"),
     "granitemoe": ("num_local_experts", "intermediate_size", None),  # softmax of the top k
+    "olmoe": ("num_experts", "intermediate_size", "norm_topk_prob"),  # Qwen3-MoE's tensors
 }
 # transformers' defaults where a config omits a field (MixtralConfig, Qwen2MoeConfig,
-# Qwen3MoeConfig)
+# Qwen3MoeConfig, GraniteMoeConfig, OlmoeConfig)
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "qwen2_moe": {
@@ -36,6 +37,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8},
 }
 MAX_EXPERTS = 256  # what the routing kernels take (cuda/moe.cu's kMaxExperts)
 MAX_TOP_K = 32

@@ -10,6 +10,10 @@ add (norm_add_rmsnorm), its MLP is gelu_tanh*mul, its embedding is scaled; Gemma
 sliding layers rotate by their own base, Gemma 2's scores and logits are soft-capped:
 its layers run op by op.
 
+OLMo 2 (`post_norms`) normalizes no layer input: a layer takes the residual stream in
+BF16, and its attention's and MLP's outputs are normalized before each add (norm_add);
+its layers run op by op.
+
 A mixture of experts (`experts`: Mixtral, Qwen2-MoE, Qwen3-MoE) replaces a sparse
 layer's MLP by its router, the grouped GEMMs of the k experts each token picks and
 their weighted sum (cuda/moe.py; Qwen2-MoE's gated shared expert joins the sum): its
@@ -18,7 +22,8 @@ layers run op by op.
 With `qkv_bias` (Qwen2) the QKV GEMM returns fp32 and `add_bias` adds the bias and
 rounds to BF16 once, as transformers' BF16 linear layer does. With `qk_norm` (Qwen3)
 each query and key head of the QKV output is RMS-normalized over head_dim
-(`head_rmsnorm`) before RoPE. A layer with either has its head (qkv, rope, kv write)
+(`head_rmsnorm`) before RoPE; OLMo's (`qk_norm_whole`) normalize all the query heads of
+a token as one row and all its key heads as one. A layer with either has its head (qkv, rope, kv write)
 run op by op; the others' may run inside the projection's launch or the layer kernels.
 
 The residual stream is fp32; every GEMM input is BF16. K and V are written
@@ -57,16 +62,16 @@ class ForwardBatch:
 
 @dataclass(slots=True)
 class _Layer:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None  # None: OLMo 2 normalizes no layer input
     qkv_proj: np.ndarray
     o_proj: np.ndarray
-    mlp_norm: np.ndarray
+    mlp_norm: np.ndarray | None
     gate_up_proj: np.ndarray | None  # None: a sparse layer's MLP is its experts
     down_proj: np.ndarray | None
     qkv_bias: np.ndarray | None  # [q_size + 2 * kv_size] BF16; None: the family has none
-    q_norm: np.ndarray | None = None  # [head_dim] BF16; None: the family has no qk_norm
+    q_norm: np.ndarray | None = None  # BF16 (ModelConfig.qk_norm_sizes); None: no qk_norm
     k_norm: np.ndarray | None = None
-    post_attn_norm: np.ndarray | None = None  # [hidden] BF16: Gemma's sandwich norms
+    post_attn_norm: np.ndarray | None = None  # [hidden] BF16: Gemma's and OLMo 2's
     post_mlp_norm: np.ndarray | None = None
     experts: ExpertWeights | None = None  # the backend's arrays
 
@@ -103,10 +108,10 @@ class LlamaModel:
         self.embed_tokens = backend.from_host(weights.embed_tokens)
         self.layers = [
             _Layer(
-                attn_norm=backend.from_host(w.attn_norm),
+                attn_norm=held(w.attn_norm),
                 qkv_proj=linear(w.qkv_proj),
                 o_proj=linear(w.o_proj),
-                mlp_norm=backend.from_host(w.mlp_norm),
+                mlp_norm=held(w.mlp_norm),
                 gate_up_proj=held(w.gate_up_proj, gate_up),
                 down_proj=held(w.down_proj, linear),
                 qkv_bias=held(w.qkv_bias),
@@ -218,7 +223,10 @@ class LlamaModel:
         # [T, hidden] fp32; fake ids read the step's prompt-table rows (never scaled)
         residual = ops.embed(self.embed_tokens, batch.token_ids, batch.prompt_rows,
                              cfg.embed_scale)  # fmt: skip
-        x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
+        if cfg.family.post_norms:  # OLMo 2's first layer takes the embeddings in BF16
+            residual, x = ops.norm_add(residual, None, None, eps)
+        else:
+            x = ops.rmsnorm(residual, self.layers[0].attn_norm, eps)  # [T, hidden] BF16
 
         def rope_args(idx: int) -> tuple:
             return (positions, *rope_tables[idx], kv_cache, idx, slots, num_heads)
@@ -252,6 +260,21 @@ class LlamaModel:
                 else:
                     residual, x = ops.add_rmsnorm(residual, self._experts(x, layer.experts),
                                                   self._next_norm[idx], eps)  # fmt: skip
+            return x if batch.logit_rows is None else x[batch.logit_rows]
+        if cfg.family.post_norms:  # OLMo 2's outputs normalized before each add: op by op
+            for idx, layer in enumerate(self.layers):
+                attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,
+                             windows[idx])  # fmt: skip
+                out = ops.gemm(ops.paged_attention(*attention).reshape(num_tokens, -1),
+                               layer.o_proj)  # fmt: skip
+                residual, x = ops.norm_add(residual, out, layer.post_attn_norm, eps)
+                out = ops.gemm(ops.swiglu(x, layer.gate_up_proj), layer.down_proj)
+                if idx + 1 < len(self.layers):  # the next layer's input: the sum in BF16
+                    residual, x = ops.norm_add(residual, out, layer.post_mlp_norm, eps)
+                else:  # the final norm's
+                    residual, x = ops.norm_add_rmsnorm(
+                        residual, out, layer.post_mlp_norm, self.final_norm, eps
+                    )
             return x if batch.logit_rows is None else x[batch.logit_rows]
         if self.gemma:  # sandwich norms and a GeGLU: op by op
             for idx, layer in enumerate(self.layers):

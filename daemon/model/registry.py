@@ -59,11 +59,18 @@ class ModelFamily:
     # rotate by their own unscaled rope base (ModelConfig.local_rope_theta), Gemma 2's
     # scores and logits are tanh soft-capped (ModelConfig.attn_softcap, final_softcap)
     gemma: bool = False
+    # OLMo's q_norm and k_norm (with qk_norm): one RMSNorm over all the query heads'
+    # dimensions and one over all the key heads', not one a head
+    qk_norm_whole: bool = False
+    # OLMo 2's layer: no input norms (a layer's input is the residual stream in BF16), the
+    # attention's and the MLP's outputs each normalized before the residual add
+    post_norms: bool = False
     # a mixture-of-experts MLP (experts.py), by its checkpoint layout: "mixtral"
     # (block_sparse_moe, experts' w1, w2, w3), "qwen2_moe" (mlp.gate, mlp.experts.N's
     # gate, up and down projections, and a gated shared expert), "qwen3_moe" (the
-    # same without the shared expert) or "granitemoe" (block_sparse_moe's experts
-    # stacked: input_linear, output_linear, router.layer); None: a dense MLP
+    # same without the shared expert), "olmoe" (Qwen3-MoE's tensors) or "granitemoe"
+    # (block_sparse_moe's experts stacked: input_linear, output_linear, router.layer);
+    # None: a dense MLP
     experts: str | None = None
 
 
@@ -148,6 +155,14 @@ def _check_qwen3(raw: Mapping[str, Any]) -> None:
     """Qwen3's attention_bias puts a bias on o_proj too (the forward has none there)."""
     if raw.get("attention_bias"):
         raise ModelConfigError("attention_bias=true is not supported")
+
+
+def _check_olmo(raw: Mapping[str, Any]) -> None:
+    """OLMo 2 and OLMoE: Llama's attention with q and k normalized whole; OLMoE's
+    clip_qkv (a clamp of q, k and v) is not in the forward."""
+    _check_qwen3(raw)
+    if raw.get("clip_qkv") is not None:
+        raise ModelConfigError(f"clip_qkv={raw['clip_qkv']} is not supported (only null)")
 
 
 def _check_granite(raw: Mapping[str, Any]) -> None:
@@ -329,6 +344,15 @@ FAMILIES: dict[str, ModelFamily] = {
             gemma=True,
         ),
         ModelFamily(
+            "Olmo2ForCausalLM",
+            "olmo2",
+            qkv_bias=False,
+            check=_check_olmo,
+            qk_norm=True,
+            qk_norm_whole=True,
+            post_norms=True,
+        ),
+        ModelFamily(
             "MixtralForCausalLM",
             "mixtral",
             qkv_bias=False,
@@ -360,6 +384,15 @@ FAMILIES: dict[str, ModelFamily] = {
             qk_norm=True,
             windows=_use_sliding_windows,
             experts="qwen3_moe",
+        ),
+        ModelFamily(
+            "OlmoeForCausalLM",
+            "olmoe",
+            qkv_bias=False,
+            check=_check_olmo,
+            qk_norm=True,
+            qk_norm_whole=True,
+            experts="olmoe",  # Qwen3-MoE's tensors, its experts' size as intermediate_size
         ),
     )
 }

@@ -418,6 +418,41 @@ SHAPES: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    "tiny-olmo2": {  # for tests: OLMo 2's post-norms and whole q and k norms in kilobytes
+        "architectures": ["Olmo2ForCausalLM"],
+        "model_type": "olmo2",
+        "rms_norm_eps": 1e-6,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+    },
+    "tiny-olmoe": {  # for tests: OLMoE's experts (8 of 16, not renormalized), whole q and k norms
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "rms_norm_eps": 1e-5,
+        "hidden_size": 128,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "num_experts": 16,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": False,
+        "clip_qkv": None,
+    },
     "tiny-qwen2-moe": {  # for tests: Qwen2-MoE's shared expert, biases and a dense layer
         "architectures": ["Qwen2MoeForCausalLM"],
         "model_type": "qwen2_moe",
@@ -533,18 +568,20 @@ def synth_in_memory(
             shared_down=rand(h, shared) if shared else None,
             shared_gate=rand(1, h) if shared else None,
         )
+    post_norms = config.family.post_norms  # OLMo 2's: no input norms
+    q_norm_size, k_norm_size = config.qk_norm_sizes
     dense = LayerWeights(
-        attn_norm=ones,
+        attn_norm=None if post_norms else ones,
         qkv_proj=rand(config.q_size + 2 * config.kv_size, h),
         o_proj=rand(h, config.q_size),
-        mlp_norm=ones,
+        mlp_norm=None if post_norms else ones,
         gate_up_proj=rand(2 * inter, h),
         down_proj=rand(h, inter),
         qkv_bias=rand(config.q_size + 2 * config.kv_size) if config.qkv_bias else None,
-        q_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
-        k_norm=np.ones(config.head_dim, dtype=BF16) if config.qk_norm else None,
-        post_attn_norm=ones if config.family.gemma else None,
-        post_mlp_norm=ones if config.family.gemma else None,
+        q_norm=np.ones(q_norm_size, dtype=BF16) if config.qk_norm else None,
+        k_norm=np.ones(k_norm_size, dtype=BF16) if config.qk_norm else None,
+        post_attn_norm=ones if config.family.gemma or post_norms else None,
+        post_mlp_norm=ones if config.family.gemma or post_norms else None,
     )
     sparse = dataclasses.replace(dense, gate_up_proj=None, down_proj=None, experts=experts)
     layers = [sparse if is_sparse else dense for is_sparse in _sparse_layers(config)]
@@ -568,7 +605,8 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
     sparse = _sparse_layers(ModelConfig.from_dict(_config_json(shape, "")))
     for idx in range(shape["num_hidden_layers"]):
         prefix = f"model.layers.{idx}."
-        yield prefix + "input_layernorm.weight", (hidden,)
+        if not family.post_norms:  # OLMo 2 normalizes no layer input
+            yield prefix + "input_layernorm.weight", (hidden,)
         if family.fused:  # Phi-3's checkpoints: q, k, v in one; gate and up in one
             yield prefix + "self_attn.qkv_proj.weight", (q_size + 2 * kv_size, hidden)
         else:
@@ -579,17 +617,20 @@ def tensor_shapes(shape: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]
             yield prefix + "self_attn.q_proj.bias", (q_size,)
             yield prefix + "self_attn.k_proj.bias", (kv_size,)
             yield prefix + "self_attn.v_proj.bias", (kv_size,)
-        if family.qk_norm:
-            yield prefix + "self_attn.q_norm.weight", (shape["head_dim"],)
-            yield prefix + "self_attn.k_norm.weight", (shape["head_dim"],)
+        if family.qk_norm:  # over each head, or over all of them (OLMo's)
+            whole = family.qk_norm_whole
+            yield prefix + "self_attn.q_norm.weight", (q_size if whole else shape["head_dim"],)
+            yield prefix + "self_attn.k_norm.weight", (kv_size if whole else shape["head_dim"],)
         yield prefix + "self_attn.o_proj.weight", (hidden, q_size)
         yield prefix + "post_attention_layernorm.weight", (hidden,)
         if family.gemma:  # sandwich norms: post_attention_layernorm is the attention's output's
             yield prefix + "pre_feedforward_layernorm.weight", (hidden,)
+        if family.gemma or family.post_norms:
             yield prefix + "post_feedforward_layernorm.weight", (hidden,)
-        if sparse[idx]:
+        if sparse[idx]:  # its experts alone (no dense down_proj)
             yield from _expert_shapes(prefix, family.experts, shape)
-        elif family.fused:
+            continue
+        if family.fused:
             yield prefix + "mlp.gate_up_proj.weight", (2 * inter, hidden)
         else:
             yield prefix + "mlp.gate_proj.weight", (inter, hidden)
@@ -607,7 +648,9 @@ def _expert_shapes(
     assert layout is not None
     experts = read_experts(shape, layout)
     hidden, inter = shape["hidden_size"], experts.intermediate_size
-    mlp = prefix + ("mlp." if layout in ("qwen2_moe", "qwen3_moe") else "block_sparse_moe.")
+    mlp = prefix + (
+        "mlp." if layout in ("qwen2_moe", "qwen3_moe", "olmoe") else "block_sparse_moe."
+    )
     if layout == "granitemoe":  # stacked
         yield mlp + "router.layer.weight", (experts.num_experts, hidden)
         yield mlp + "input_linear.weight", (experts.num_experts, 2 * inter, hidden)

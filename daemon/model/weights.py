@@ -34,14 +34,14 @@ class WeightsError(ValueError):
 
 @dataclass(slots=True)
 class LayerWeights:
-    attn_norm: np.ndarray  # [hidden]
+    attn_norm: np.ndarray | None  # [hidden]; None: OLMo 2's (family.post_norms)
     qkv_proj: np.ndarray  # [q_size + 2 * kv_size, hidden]
     o_proj: np.ndarray  # [hidden, q_size]
-    mlp_norm: np.ndarray  # [hidden]
+    mlp_norm: np.ndarray | None  # [hidden]; likewise
     gate_up_proj: np.ndarray | None  # [2 * intermediate, hidden]; None: a sparse layer's
     down_proj: np.ndarray | None  # [hidden, intermediate]
     qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]; families with config.qkv_bias
-    q_norm: np.ndarray | None = None  # [head_dim]; families with config.qk_norm
+    q_norm: np.ndarray | None = None  # config.qk_norm_sizes; families with config.qk_norm
     k_norm: np.ndarray | None = None  # [head_dim]
     # Gemma's sandwich norms: of the attention's output and of the MLP's, each before
     # its residual add ([hidden]); None for the other families
@@ -148,6 +148,10 @@ def _read(
     fused, gemma = config.family.fused, config.family.gemma
     # the MLP's input norm; Gemma's post_attention_layernorm is its attention's output's
     mlp_norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
+    # OLMo 2 normalizes outputs alone: its post_attention_layernorm is the attention's
+    # output's, as Gemma's, and it has no input norms
+    post_norms = config.family.post_norms
+    q_norm_size, k_norm_size = config.qk_norm_sizes
     embed = take("model.embed_tokens.weight", (vocab, h))
     sparse = config.experts.sparse_layers if config.experts else (False,) * config.num_layers
     layers = []
@@ -157,14 +161,14 @@ def _read(
         dense = not sparse[i]
         layers.append(
             LayerWeights(
-                attn_norm=take(p + "input_layernorm.weight", (h,)),
+                attn_norm=None if post_norms else take(p + "input_layernorm.weight", (h,)),
                 qkv_proj=take(attn + "qkv_proj.weight", (sum(q_kv_sizes.values()), h))
                 if fused  # Phi-3's: q, k and v rows in that order, as we pack them
                 else np.concatenate(
                     [take(f"{attn}{x}_proj.weight", (n, h)) for x, n in q_kv_sizes.items()]
                 ),
                 o_proj=take(attn + "o_proj.weight", (h, config.q_size)),
-                mlp_norm=take(p + mlp_norm + ".weight", (h,)),
+                mlp_norm=None if post_norms else take(p + mlp_norm + ".weight", (h,)),
                 gate_up_proj=None
                 if not dense
                 else take(p + "mlp.gate_up_proj.weight", (2 * inter, h))
@@ -177,11 +181,13 @@ def _read(
                 )
                 if config.qkv_bias
                 else None,
-                q_norm=take(attn + "q_norm.weight", (config.head_dim,)) if config.qk_norm else None,
-                k_norm=take(attn + "k_norm.weight", (config.head_dim,)) if config.qk_norm else None,
-                post_attn_norm=take(p + "post_attention_layernorm.weight", (h,)) if gemma else None,
+                q_norm=take(attn + "q_norm.weight", (q_norm_size,)) if config.qk_norm else None,
+                k_norm=take(attn + "k_norm.weight", (k_norm_size,)) if config.qk_norm else None,
+                post_attn_norm=take(p + "post_attention_layernorm.weight", (h,))
+                if gemma or post_norms
+                else None,
                 post_mlp_norm=take(p + "post_feedforward_layernorm.weight", (h,))
-                if gemma
+                if gemma or post_norms
                 else None,
             )
         )
@@ -212,7 +218,7 @@ def _experts(
     h, cfg = config.hidden_size, config.experts
     num, inter = cfg.num_experts, cfg.intermediate_size
     layout = config.family.experts
-    mlp = p + ("mlp." if layout in ("qwen2_moe", "qwen3_moe") else "block_sparse_moe.")
+    mlp = p + ("mlp." if layout in ("qwen2_moe", "qwen3_moe", "olmoe") else "block_sparse_moe.")
     names = ("w1", "w3", "w2") if layout == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     stacked = mlp + "experts.gate_up_proj"
     if layout == "granitemoe":  # stacked in the checkpoint, gate rows before up rows
@@ -334,8 +340,10 @@ def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
         order = rotary_permutation(d, config.rotary_dim)
     for layer in weights.layers:
         _reorder_heads(layer, config, order)
-        if layer.q_norm is not None:
-            layer.q_norm, layer.k_norm = layer.q_norm[order], layer.k_norm[order]
+        if layer.q_norm is not None:  # a norm over each head, or over all of them (OLMo)
+            layer.q_norm, layer.k_norm = (
+                w.reshape(-1, d)[:, order].reshape(-1) for w in (layer.q_norm, layer.k_norm)
+            )
 
 
 def _unit_offset_norms(weights: LlamaWeights) -> None:

@@ -6,7 +6,16 @@
 #define REPRISE_EMULATE_PTX 1
 #include "ptx_emu.h"
 #include "../../cuda/common.cuh"
+// rmsnorm.cu's qk_rmsnorm stages its row in the launch's dynamic shared memory: the
+// window with_dynamic_smem sets (rmsnorm_smem below).
+namespace {
+inline float* staged_row() { return reinterpret_cast<float*>(g_ptx_smem); }
+}  // namespace
 #include "../../cuda/rmsnorm.cu"
+constexpr unsigned RMSNORM_SMEM_CAPACITY = QK_RMSNORM_MAX_WIDTH * 4;  // 48 KiB
+namespace {
+alignas(16) unsigned short rmsnorm_smem[RMSNORM_SMEM_CAPACITY / 2];
+}  // namespace
 #include "../../cuda/rope.cu"
 #include "../../cuda/activation.cu"
 #include "../../cuda/bias.cu"
@@ -446,12 +455,15 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
                       error_len};
   const std::string_view n = name;
 #define PLAIN(fn) if (n == #fn) return launch_checked(fn, name, l);
-  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(logit_softcap) PLAIN(add_bias)
+  PLAIN(rmsnorm) PLAIN(add_rmsnorm) PLAIN(norm_add_rmsnorm) PLAIN(norm_add) PLAIN(head_rmsnorm) PLAIN(rope) PLAIN(silu_mul) PLAIN(gelu_tanh_mul) PLAIN(logit_softcap) PLAIN(add_bias)
   PLAIN(embed) PLAIN(kv_write)
   PLAIN(rope_kv_write)
   PLAIN(argmax) PLAIN(argmax_split) PLAIN(sample_sorted) PLAIN(philox_uniform) PLAIN(apply_penalties)
   PLAIN(add_logit_bias) PLAIN(apply_token_mask)
 #undef PLAIN
+  if (n == "qk_rmsnorm")
+    return with_dynamic_smem(rmsnorm_smem, RMSNORM_SMEM_CAPACITY, smem_bytes,
+                             [&](auto*) { return launch_checked(qk_rmsnorm, name, l); });
 #define ATTENTION(fn) if (n == #fn) return launch_checked(attention_emu::fn, name, l);
   ATTENTION(paged_attention_d64_b16) ATTENTION(paged_attention_d64_b32) ATTENTION(paged_attention_d64_b64)
   ATTENTION(paged_attention_d128_b16) ATTENTION(paged_attention_d128_b32) ATTENTION(paged_attention_d128_b64)
