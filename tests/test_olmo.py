@@ -1,10 +1,12 @@
-"""OLMo 2 and OLMoE against transformers' own classes on the same weights.
+"""OLMo 2, OLMo 3 and OLMoE against transformers' own classes on the same weights.
 
 OLMo 2's layer normalizes no input: the attention and the MLP read the residual stream
 in BF16, and each one's output is RMS-normalized before the residual add (`norm_add`);
 its q_norm and k_norm are one RMSNorm over all of a token's query heads and one over all
 its key heads (`head_rmsnorm` with weights that long). OLMoE is Llama's layer with those
-whole q and k norms and a mixture of experts whose weights are not renormalized.
+whole q and k norms and a mixture of experts whose weights are not renormalized. OLMo 3
+is OLMo 2's layer with sliding windows on some layers, which rotate by their own
+unscaled rope (as Gemma 3's do).
 Checked: the logits within the bound of transformers' own BF16 forward, in one chunk
 and in four; each part mattering (the whole norms read per head, the post-norms left
 out, the router renormalized); bits kept under chunking and reuse; the GPU backend's
@@ -42,6 +44,17 @@ pytestmark = pytest.mark.reference
 
 FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),  # ids below: OLMo's defaults are past TINY's
+    # OLMo 3: windows on layers 0-2 of 4 (transformers' default types), a linear scaling on
+    # the full layer alone (the sliding ones rotate by the unscaled rope)
+    "olmo3": (
+        "Olmo3Config",
+        "Olmo3ForCausalLM",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 24,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+    ),
     "olmoe": (
         "OlmoeConfig",
         "OlmoeForCausalLM",
@@ -74,7 +87,13 @@ def test_olmo_models_match_transformers(tmp_path: Path, family: str) -> None:
     ref = make(tmp_path, family, seed=41)
     config = ModelConfig.from_dir(tmp_path)
     assert config.architecture == FAMILIES[family][1]
-    assert config.family.qk_norm_whole and config.family.post_norms == (family == "olmo2")
+    assert config.family.qk_norm_whole and config.family.post_norms == (family != "olmoe")
+    if family == "olmo3":
+        assert config.layer_windows == (24, 24, 24, 0)
+        assert config.local_rope_layers == (True, True, True, False)
+        saved = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
+        assert config.rope_scaling is not None and config.rope_theta == 10_000.0
+        assert config.local_rope_theta == saved["sliding_attention"]["rope_theta"]
     assert config.qk_norm_sizes == (config.q_size, config.kv_size)
     matches(tmp_path, ref)
     reuse_keeps_bits(tmp_path, TINY["vocab_size"])

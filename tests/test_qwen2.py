@@ -59,6 +59,7 @@ def test_families_by_architecture_or_model_type() -> None:
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Olmo2ForCausalLM",
+        "Olmo3ForCausalLM",
         "MixtralForCausalLM",
         "Qwen2MoeForCausalLM",
         "GraniteMoeForCausalLM",
@@ -105,8 +106,9 @@ def test_an_unknown_architecture_is_refused_in_one_line(fields: dict, name: str)
         f"unsupported architecture {name}; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
         "MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
         "SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, InternLM2ForCausalLM, "
-        "Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, MixtralForCausalLM, "
-        "Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
+        "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
+        "OlmoeForCausalLM, "
         "Gemma3ForConditionalGeneration, "
         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
         "Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, LlamaModel, "
@@ -123,7 +125,7 @@ def test_the_cli_refuses_an_unknown_architecture_before_loading(tmp_path: Path) 
         "Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
         "GraniteForCausalLM, SmolLM3ForCausalLM, SeedOssForCausalLM, HeliumForCausalLM, "
         "InternLM2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, "
-        "MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
+        "Olmo3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteMoeForCausalLM, Qwen3MoeForCausalLM, "
         "OlmoeForCausalLM, Gemma3ForConditionalGeneration, Qwen2VLForConditionalGeneration, "
         "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, "
         "Qwen3VLMoeForConditionalGeneration, LlamaModel, MistralModel, "

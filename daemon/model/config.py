@@ -24,6 +24,7 @@ from .registry import (
     family_of,
     gemma_layer_types,
     is_bare,
+    olmo3_layer_types,
     text_part,
 )
 
@@ -267,7 +268,10 @@ class ModelConfig:
         gemma: dict[str, Any] = {}
         if family.gemma:  # its activation was checked; its rope read apart
             raw, gemma = _gemma(raw, family.architecture == "Gemma3ForCausalLM")
-        else:
+        if family.architecture == "Olmo3ForCausalLM":  # its rope by layer type
+            theta = _rope_params(raw).get("rope_theta", 500_000.0)  # Olmo3Config's default
+            raw, gemma = _rope_by_layer_type(raw, olmo3_layer_types(raw), theta, theta)
+        if not family.gemma:
             act = raw.get("hidden_act", "silu")
             if act != "silu":
                 raise ModelConfigError(f"hidden_act {act!r} is not supported; only 'silu'")
@@ -378,6 +382,22 @@ def _gemma(raw: dict[str, Any], gemma3: bool) -> tuple[dict[str, Any], dict[str,
         own |= {k: None if v is None else float(v) for k, v in caps.items()}
         flat = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-6)}
         return flat | {"tie_word_embeddings": raw.get("tie_word_embeddings", True)}, own
+    theta = raw.get("rope_theta", 1_000_000.0)
+    local_theta = raw.get("rope_local_base_freq", 10_000.0)
+    flat, local = _rope_by_layer_type(raw, gemma_layer_types(raw), theta, local_theta)
+    flat.setdefault("rms_norm_eps", 1e-6)
+    flat.setdefault("tie_word_embeddings", True)
+    return flat, own | local
+
+
+def _rope_by_layer_type(
+    raw: dict[str, Any], layer_types: list[str], theta: float, local_theta: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rope settings by layer type (Gemma 3's and OLMo 3's): the full layers' (maybe
+    scaled; `theta` where none is given) read as one model's `rope_parameters`, and the
+    sliding layers', default rope alone (`local_theta` where none is given), as
+    ModelConfig.local_rope_layers and local_rope_theta. Either `rope_parameters` by layer
+    type (transformers 5) or `rope_theta` and `rope_scaling` for the full layers."""
     params = raw.get("rope_parameters") or {}
     by_type = isinstance(params, dict) and bool(
         {"full_attention", "sliding_attention"} & set(params)
@@ -386,18 +406,16 @@ def _gemma(raw: dict[str, Any], gemma3: bool) -> tuple[dict[str, Any], dict[str,
     sliding = dict(params.get("sliding_attention") or {}) if by_type else {}
     if raw.get("rope_scaling"):
         full.update(raw["rope_scaling"])
-    full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+    full.setdefault("rope_theta", theta)
     if sliding.get("rope_type", "default") != "default":
         raise ModelConfigError(
             f"rope type {sliding['rope_type']!r} on the sliding layers is not supported"
         )
-    local_theta = float(sliding.get("rope_theta", raw.get("rope_local_base_freq", 10_000.0)))
+    local_theta = float(sliding.get("rope_theta", local_theta))
     flat = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_theta")}
     flat["rope_parameters"] = full
-    flat.setdefault("rms_norm_eps", 1e-6)
-    flat.setdefault("tie_word_embeddings", True)
-    local = tuple(kind == "sliding_attention" for kind in gemma_layer_types(raw))
-    return flat, own | {
+    local = tuple(kind == "sliding_attention" for kind in layer_types)
+    return flat, {
         "local_rope_layers": local if any(local) else None,
         "local_rope_theta": local_theta if any(local) else None,
     }

@@ -226,6 +226,26 @@ def gemma_layer_types(raw: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def olmo3_layer_types(raw: Mapping[str, Any]) -> list[str]:
+    """OLMo 3's layer types: `layer_types`, or transformers' default (Olmo3Config: every
+    fourth layer full, the others sliding)."""
+    given = raw.get("layer_types")
+    if given is not None:
+        return list(given)
+    return [
+        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(_num_layers(raw))
+    ]
+
+
+def _olmo3_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """OLMo 3's windows: `sliding_window` (4,096 where absent, Olmo3Config's) on its
+    sliding layers."""
+    window = raw.get("sliding_window", 4096)
+    if window is None:
+        return ()
+    return _typed_windows({**raw, "sliding_window": window, "layer_types": olmo3_layer_types(raw)})
+
+
 def _gemma_windows(raw: Mapping[str, Any]) -> tuple[int, ...]:
     """Gemma's windows: `sliding_window` on its sliding layers."""
     if raw.get("sliding_window") is None:
@@ -349,6 +369,16 @@ FAMILIES: dict[str, ModelFamily] = {
             qkv_bias=False,
             check=_check_olmo,
             qk_norm=True,
+            qk_norm_whole=True,
+            post_norms=True,
+        ),
+        ModelFamily(  # OLMo 2's layer, windows on its sliding layers, their own rope
+            "Olmo3ForCausalLM",
+            "olmo3",
+            qkv_bias=False,
+            check=_check_olmo,
+            qk_norm=True,
+            windows=_olmo3_windows,
             qk_norm_whole=True,
             post_norms=True,
         ),
