@@ -286,6 +286,8 @@ def test_the_pre_tokenizers_split_differently() -> None:
            for pre in ("llama-bpe", "qwen2", "gpt-2")}  # fmt: skip
     assert ids["llama-bpe"] != ids["qwen2"] and ids["llama-bpe"] != ids["gpt-2"]
     assert ids["qwen2"] != ids["gpt-2"]
+    for alias in ("mpt", "olmo"):  # llama.cpp's names for GPT-2's split (OLMoE's files: olmo)
+        assert [build_tokenizer(_tokenizer_kv(alias)).encode(t).ids for t in TEXTS] == ids["gpt-2"]
 
 
 # Tiktoken's pattern as Mistral NeMo's tokenizer.json spells it (tekken), and llama.cpp's

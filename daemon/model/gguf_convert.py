@@ -1,10 +1,11 @@
 """Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2,
-Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE or Granite MoE model, or of Qwen3-VL's or
-Qwen3-VL-MoE's text model, into a Hugging Face model folder.
+Gemma 3, OLMo 2, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE or OLMoE model, or of Qwen3-VL's
+or Qwen3-VL-MoE's text model, into a Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama` (Mixtral: `llama` with
 `llama.expert_count` > 0), `qwen2`, `qwen3`, `phi3`, `granite`, `smollm3`, `gemma2`,
-`gemma3`, `qwen2moe`, `qwen3moe`, `granitemoe`, `qwen3vl` or `qwen3vlmoe` and writes `config.json`, `generation_config.json`,
+`gemma3`, `olmo2`, `qwen2moe`, `qwen3moe`, `granitemoe`, `olmoe`, `qwen3vl` or `qwen3vlmoe`
+and writes `config.json`, `generation_config.json`,
 `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` and `README.md`. It
 guarantees:
 
@@ -33,7 +34,8 @@ guarantees:
 - anything it cannot convert faithfully (another architecture, tokenizer model or
   pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE, a
   Granite file without RoPE, a layer without experts or per-expert tensors in a file with
-  experts, Granite MoE's shared expert, a tensor the family lacks, as a Qwen3-VL
+  experts, Granite MoE's shared expert, OLMo 3's sliding windows in an olmo2 file, a
+  clamp of q, k and v in an olmo2 or olmoe file, a tensor the family lacks, as a Qwen3-VL
   reranker's `cls_out`) raises `ValueError` naming the offending value, before anything
   is written.
 """
@@ -116,6 +118,18 @@ _QWEN3_LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# OLMo 2's block (llama.cpp's olmo2 loader): no input norms; q and k norms one RMSNorm over
+# all the heads (weights of heads x head_dim, as stored); the attention's and the MLP's
+# outputs normalized before each residual add (olmo2.cpp's attn_post_norm and
+# ffn_post_norm, llama-arch.cpp's post_attention_norm and post_ffw_norm)
+_PRE_NORMS = ("attn_norm.weight", "ffn_norm.weight")
+_OLMO2_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k not in _PRE_NORMS},
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +211,20 @@ _FAMILIES = {
         {**_ATTENTION_NAMES, **expert_layer_names("granitemoe")},
         permuted_qk=True,
         experts="granitemoe",
+    ),
+    # OLMo 2 and OLMoE: Q and K as the checkpoint holds them. convert_hf_to_gguf.py's
+    # Olmo2Model and OlmoeModel keep TextModel's tensors (only OlmoModel, OLMo 1's,
+    # permutes as LlamaModel does), and llama_model_rope_type (llama-model.cpp) gives
+    # LLM_ARCH_OLMO2 and LLM_ARCH_OLMOE LLAMA_ROPE_TYPE_NEOX: pairs half a head apart,
+    # Hugging Face's layout. OLMoE's block is Qwen3-MoE's (input_layernorm, the MLP's
+    # input norm as ffn_norm, whole q and k norms), its experts stacked as Qwen2MoeModel
+    # stacks them (gguf_experts.py)
+    "olmo2": _Family("Olmo2ForCausalLM", _OLMO2_LAYER_NAMES, permuted_qk=False),
+    "olmoe": _Family(
+        "OlmoeForCausalLM",
+        {**_QWEN3_LAYER_NAMES, **expert_layer_names("olmoe")},
+        permuted_qk=False,
+        experts="olmoe",
     ),
 }
 # NOTE: a qwen3vl or qwen3vlmoe file is converted to the text model alone. llama.cpp's
@@ -382,6 +410,8 @@ def hf_config(
         config |= {"attention_bias": False, "mlp_bias": False} if family.experts is None else {}
     elif arch == "granitemoe":
         config |= {"attention_bias": False}
+    elif arch in ("olmo2", "olmoe"):
+        config |= _olmo_config(meta, key, arch)
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
         config |= {"sliding_window": None if window is None else int(window)}
@@ -404,6 +434,27 @@ def _granite_scales(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str
         )
     return {field: _float32(require_number(meta, key(name)))
             for name, field in _GRANITE_SCALES.items() if key(name) in meta}  # fmt: skip
+
+
+def _olmo_config(meta: dict[str, Any], key: Callable[[str], str], arch: str) -> dict[str, Any]:
+    """An olmo2 or olmoe file's own fields. Raises ValueError for what an Olmo2 or OLMoE
+    config cannot say: OLMo 3's sliding windows (llama.cpp's converter writes
+    Olmo3ForCausalLM as olmo2 with `attention.sliding_window` and its pattern; its olmo2
+    loader windows the layers where the window is above 0) and a clamp of q, k and v
+    (`attention.clamp_kqv`: OLMo 1's clip_qkv, which llama.cpp writes for its olmo
+    architecture alone; neither olmo2.cpp's graph nor olmoe.cpp's clamps)."""
+    window = optional_int(meta, key("attention.sliding_window"), 0)
+    if arch == "olmo2" and window > 0:
+        raise ValueError(
+            f"{key('attention.sliding_window')} is {window}: an OLMo 3 file (sliding windows), "
+            "which this converter does not read yet; its safetensors checkpoint runs"
+        )
+    if key("attention.clamp_kqv") in meta:
+        raise ValueError(
+            f"{key('attention.clamp_kqv')} is {meta[key('attention.clamp_kqv')]}: a clamp of "
+            "q, k and v (clip_qkv), which the forward lacks"
+        )
+    return {"attention_bias": False} | ({"clip_qkv": None} if arch == "olmoe" else {})
 
 
 def _gemma_config(

@@ -1,6 +1,7 @@
 """The experts of llama.cpp's mixture-of-experts GGUF files: Mixtral (its `llama`
 architecture with `llama.expert_count` > 0), `qwen2moe`, `qwen3moe`, `qwen3vlmoe` (Qwen3-VL-MoE's
-text model: Qwen3-MoE's experts) and `granitemoe` (Granite MoE).
+text model: Qwen3-MoE's experts), `granitemoe` (Granite MoE) and `olmoe` (OLMoE: Qwen3-MoE's
+tensors).
 
 llama.cpp's converter stacks each layer's experts, one tensor per projection:
 `ffn_gate_exps` and `ffn_up_exps` [E, I, H] and `ffn_down_exps` [E, H, I] (NumPy order),
@@ -12,19 +13,19 @@ and guarantees:
 
 - each layer's experts stacked: `experts.gate_up_proj` [E, 2I, H] (an expert's gate rows,
   then its up rows, as transformers holds them) and `experts.down_proj` [E, H, I], under
-  `block_sparse_moe.` (Mixtral) or `mlp.` (Qwen); Granite MoE's as its checkpoint names
+  `block_sparse_moe.` (Mixtral) or `mlp.` (Qwen, OLMoE); Granite MoE's as its checkpoint names
   them: `block_sparse_moe.input_linear.weight` (gate rows, then up rows),
   `output_linear.weight` and the router `router.layer.weight`; made one expert at a time
   (`join_experts`: one expert's projection in float32 beside the BF16 output), rounded as
   every tensor is;
 - config.json runs the model as llama.cpp does (`experts_config`): the top k of the
   router's softmax, their weights renormalized for Mixtral, Qwen3-MoE, Qwen3-VL-MoE and
-  Granite MoE and not for Qwen2-MoE, as llama.cpp's code fixes it for these architectures
-  (it reads no `expert_weights_norm`, `expert_weights_scale` or `expert_gating_func` for
-  them); the experts' sizes from `expert_feed_forward_length` and
+  Granite MoE and not for Qwen2-MoE or OLMoE, as llama.cpp's code fixes it for these
+  architectures (it reads no `expert_weights_norm`, `expert_weights_scale` or
+  `expert_gating_func` for them); the experts' sizes from `expert_feed_forward_length` and
   `expert_shared_feed_forward_length`, else llama.cpp's defaults (feed_forward_length /
-  expert_used_count, and feed_forward_length), Mixtral's and Granite MoE's experts of
-  feed_forward_length;
+  expert_used_count, and feed_forward_length), Mixtral's, Granite MoE's and OLMoE's experts
+  of feed_forward_length;
 - what llama.cpp would not run, or this converter cannot, is refused (`experts_config`,
   `check_expert_tensors`), in a ValueError naming the key or tensor: a layer without
   experts (a dense MLP: transformers' mlp_only_layers), experts one tensor each (llama.cpp's
@@ -76,7 +77,7 @@ _GRANITE_SHARED = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_shexp\.weight")
 
 def expert_layer_names(layout: str) -> dict[str, str]:
     """GGUF name within a block -> Hugging Face name within a layer, for a layout's experts
-    ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe": registry.ModelFamily.experts)."""
+    ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "olmoe": registry.ModelFamily.experts)."""
     prefix = "block_sparse_moe." if layout in ("mixtral", "granitemoe") else "mlp."
     names = _GRANITE if layout == "granitemoe" else _ROUTED
     names = names | (_SHARED if layout == "qwen2_moe" else {})
@@ -102,8 +103,14 @@ def experts_config(
     # llama.cpp's granite loader: a shared expert where this key is above 0
     if layout == "granitemoe" and optional_int(meta, key("expert_shared_feed_forward_length"), 0):
         raise _granite_shared(arch, key("expert_shared_feed_forward_length"))
-    if layout in ("mixtral", "granitemoe"):  # llama.cpp's llama and granite: experts of n_ff
+    if layout in ("mixtral", "granitemoe", "olmoe"):  # llama.cpp's llama, granite, olmoe: n_ff
         size = require_int(meta, key("feed_forward_length"))
+        if layout == "olmoe":
+            # OlmoeConfig's intermediate_size is an expert's: llama.cpp's converter writes it
+            # as feed_forward_length, its olmoe loader sizes the experts by it, and its graph
+            # calls build_moe_ffn with norm_w false (the top k's softmax weights as they are)
+            return {"num_experts": num_experts, "num_experts_per_tok": top_k,
+                    "intermediate_size": size, "norm_topk_prob": False}  # fmt: skip
         fields = {"num_local_experts": num_experts, "num_experts_per_tok": top_k,
                   "intermediate_size": size}  # fmt: skip
         return fields | ({"sliding_window": None} if layout == "mixtral" else {})

@@ -77,10 +77,12 @@ _SPLITS: dict[str, tuple[str, ...]] = {
 
 # llama.cpp's names for the SmolLM split (digits alone, then GPT-2's regex): code models'
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell")
+# llama.cpp's names for GPT-2's regex alone (llama-vocab.cpp: GPT2, MPT and OLMO, OLMoE's)
+_GPT2 = ("gpt-2", "mpt", "olmo")
 
 
 def supported_pre_tokenizers() -> tuple[str, ...]:
-    return (*_DIGITS_THEN_GPT2, "gpt-2", *_SPLITS)
+    return (*_DIGITS_THEN_GPT2, *_GPT2, *_SPLITS)
 
 
 def supported_tokenizer_models() -> tuple[str, ...]:
@@ -209,7 +211,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
-    if pre == "gpt-2":
+    if pre in _GPT2:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _SPLITS:
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _SPLITS[pre]]
