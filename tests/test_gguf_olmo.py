@@ -1,17 +1,21 @@
-"""GGUF files of OLMo 2 (`olmo2`) and OLMoE (`olmoe`), converted by gguf_convert.py and
-gguf_experts.py.
+"""GGUF files of OLMo 2 and OLMo 3 (`olmo2`) and OLMoE (`olmoe`), converted by
+gguf_convert.py and gguf_experts.py.
 
 Each tiny file is written here as llama.cpp's converter (convert_hf_to_gguf.py's
 Olmo2Model and OlmoeModel) writes one from a random transformers model: TextModel's keys
-(no key length: neither config has a head_dim), Q and K as the checkpoint holds them (no
-Llama permutation: llama.cpp rotates both architectures NeoX-style), OLMo 2's output norms
-as `post_attention_norm` and `post_ffw_norm`, OLMoE's experts stacked with the router
-`ffn_gate_inp` in F32, its norm epsilon the 1e-5 OlmoeModel writes whatever the config says.
-transformers' GGUF reader has neither architecture, so the references are the source model
-(a file in F32: every weight its own once rounded to BF16, expert by expert) and, for a Q8_0
-file, the source's class holding the file's tensors as gguf-py dequantizes them (what
+(no key length: no config has a head_dim; the full layers' rope, the sliding layers' base
+as `rope.freq_base_swa`), Q and K as the checkpoint holds them (no Llama permutation:
+llama.cpp rotates both architectures NeoX-style), OLMo 2's and 3's output norms as
+`post_attention_norm` and `post_ffw_norm`, OLMo 3's window and one bool a layer for its
+sliding pattern, OLMoE's experts stacked with the router `ffn_gate_inp` in F32, its norm
+epsilon the 1e-5 OlmoeModel writes whatever the config says. transformers' GGUF reader
+has none of the architectures, so the references are the source model (a file in F32:
+every weight its own once rounded to BF16, expert by expert) and, for a Q8_0 file, the
+source's class holding the file's tensors as gguf-py dequantizes them (what
 transformers' reader would hold); our logits within test_moe.matches' bound of either, in
-one chunk and in four. Then the refusals, one line each.
+one chunk and in four. OLMo 3's sliding pattern and base are the checkpoint's where the
+file gives them (its list, `rope.freq_base_swa`), llama.cpp's olmo2 loader's where not.
+Then the refusals, one line each.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import pytest
 from gguf_support import write_gguf
 from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
 from test_gguf_moe import same_bits_by_expert
-from test_moe import matches
+from test_model_reference import run_ours
+from test_moe import far_off, matches
 
-from reprise.daemon.model.config import ModelConfig
+from reprise.daemon.model.config import ModelConfig, YarnScaling
 from reprise.daemon.model.gguf_convert import convert_gguf
 from reprise.daemon.model.safetensors_io import load_safetensors
 
@@ -41,15 +46,21 @@ pytestmark = pytest.mark.reference
 _SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=256, rms_norm_eps=1e-5, vocab_size=len(TOKENS),
               rope_theta=5e5, eos_token_id=2, pad_token_id=1, bos_token_id=None)  # fmt: skip
-# llama.cpp's architecture -> transformers' class prefix and the source's own settings:
-# OLMo 2 with grouped keys (its k_norm as long as the keys), OLMoE with as many key heads
-# as query heads (llama.cpp's olmoe loader sizes k_norm by the hidden size), 6 experts of
-# 32, 3 a token
+# the family -> transformers' class prefix and the source's own settings: OLMo 2 with
+# grouped keys (its k_norm as long as the keys); OLMo 3 the same over 4 layers, windows of
+# 24 on the first 3 (Olmo3Config's default types), its full layer's rope YaRN-scaled (as the
+# released models') and the sliding ones' the same base unscaled; OLMoE with as many key
+# heads as query heads (llama.cpp's olmoe loader sizes k_norm by the hidden size), 6 experts
+# of 32, 3 a token
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 FAMILIES = {
     "olmo2": ("Olmo2", {"num_key_value_heads": 2}),
+    "olmo3": ("Olmo3", {"num_key_value_heads": 2, "num_hidden_layers": 4, "sliding_window": 24,
+                        "rope_scaling": _YARN}),
     "olmoe": ("Olmoe", {"num_key_value_heads": 4, "intermediate_size": 32, "num_experts": 6,
                         "num_experts_per_tok": 3}),
 }  # fmt: skip
+ARCH = {"olmo2": "olmo2", "olmo3": "olmo2", "olmoe": "olmoe"}  # llama.cpp's, each family's
 # transformers' names within a layer -> llama.cpp's (llama-arch.cpp's LLM_ARCH_OLMO2 and
 # LLM_ARCH_OLMOE), past a Llama's (_LAYER); an OLMo 2's post_attention_layernorm is its
 # attention's output's, an OLMoE's its MLP's input's (a Llama's ffn_norm)
@@ -67,11 +78,11 @@ _NAMES = {
 _JOINED = ("mlp.experts.gate_up_proj", ("ffn_gate_exps.weight", "ffn_up_exps.weight"))
 
 
-def source(arch: str, seed: int, **overrides: Any) -> Any:
-    """A random model of `arch`'s transformers class, widened as test_gguf_moe's moe_source
-    (its router random: transformers may start it at zero, every logit tied), BF16-exact,
-    fp32."""
-    prefix, own = FAMILIES[arch]
+def source(family: str, seed: int, **overrides: Any) -> Any:
+    """A random model of `family`'s transformers class, widened as test_gguf_moe's
+    moe_source (its router random: transformers may start it at zero, every logit tied),
+    BF16-exact, fp32."""
+    prefix, own = FAMILIES[family]
     torch.manual_seed(seed)
     config = getattr(transformers, f"{prefix}Config")(**{**_SHAPE, **own, **overrides})
     model = getattr(transformers, f"{prefix}ForCausalLM")(config)
@@ -109,12 +120,29 @@ def llama_cpp_tensors(arch: str, model: Any) -> dict[str, np.ndarray]:
     return tensors
 
 
+def rope_kv(params: dict[str, Any]) -> dict[str, Any]:
+    """TextModel's rope keys for a transformers 5 `rope_parameters`: the full layers' base
+    and scaling (linear, or YaRN with whatever of its settings the config gives), the
+    sliding layers' base where the layers have types."""
+    full = params.get("full_attention", params)
+    kv: dict[str, Any] = {"rope.freq_base": float(full["rope_theta"])}
+    if "sliding_attention" in params:
+        kv["rope.freq_base_swa"] = float(params["sliding_attention"]["rope_theta"])
+    if full["rope_type"] in ("linear", "yarn"):
+        kv |= {"rope.scaling.type": full["rope_type"], "rope.scaling.factor": float(full["factor"])}
+    if full["rope_type"] == "yarn":
+        kv["rope.scaling.original_context_length"] = full["original_max_position_embeddings"]
+        kv |= {f"rope.scaling.yarn_{k}": float(full[k])
+               for k in ("beta_fast", "beta_slow") if k in full}  # fmt: skip
+    return kv
+
+
 def llama_cpp_file(
-    path: Path, arch: str, model: Any, quantized: bool = False, **changes: Any
+    path: Path, family: str, model: Any, quantized: bool = False, **changes: Any
 ) -> Path:
-    """`model` as llama.cpp's converter writes `arch`, but the keys and tensors in `changes`
-    (a value of None drops one)."""
-    config = model.config
+    """`model` as llama.cpp's converter writes `family`, but the keys and tensors in
+    `changes` (a value of None drops one)."""
+    arch, config = ARCH[family], model.config
     kv = {
         "block_count": config.num_hidden_layers,
         "context_length": config.max_position_embeddings,
@@ -122,9 +150,13 @@ def llama_cpp_file(
         "feed_forward_length": config.intermediate_size,
         "attention.head_count": config.num_attention_heads,
         "attention.head_count_kv": config.num_key_value_heads,
-        "rope.freq_base": float(config.rope_parameters["rope_theta"]),
         "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        **rope_kv(config.rope_parameters),
     }
+    if family == "olmo3":  # Olmo2Model's: the window, one bool a layer (True: sliding)
+        kv |= {"attention.sliding_window": config.sliding_window,
+               "attention.sliding_window_pattern": [t == "sliding_attention"
+                                                    for t in config.layer_types]}  # fmt: skip
     if arch == "olmoe":  # TextModel's expert keys; OlmoeModel's epsilon over the config's
         kv |= {"expert_count": config.num_experts, "expert_used_count": config.num_experts_per_tok,
                "attention.layer_norm_rms_epsilon": 1e-5}  # fmt: skip
@@ -159,8 +191,12 @@ def file_reading(path: Path, model: Any) -> Any:
     return reading.eval()
 
 
-@pytest.fixture(scope="module", params=[(a, q) for a in FAMILIES for q in (False, True)],
-                ids=["olmo2-f32", "olmo2-q8_0", "olmoe-f32", "olmoe-q8_0"])  # fmt: skip
+_CASES = {"olmo2-f32": ("olmo2", False), "olmo2-q8_0": ("olmo2", True),
+          "olmo3-f32": ("olmo3", False), "olmoe-f32": ("olmoe", False),
+          "olmoe-q8_0": ("olmoe", True)}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(_CASES.values()), ids=list(_CASES))
 def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """(arch, the folder, the reference): the source model for an F32 file, the file's
     dequantized reading for a Q8_0 one (its matrices and experts quantized, as checked)."""
@@ -188,19 +224,29 @@ def test_weights_are_the_references(converted: Any) -> None:
 
 
 def test_the_config_is_the_families(converted: Any) -> None:
-    """config.json names the family and runs it as llama.cpp does: OLMo 2's post-norms,
-    both families' whole q and k norms, OLMoE's 6 experts of 32, 3 a token, not
-    renormalized (olmoe.cpp's norm_w false; OlmoeConfig's default), no clamp."""
-    arch, out, reference = converted
+    """config.json names the family and runs it as llama.cpp does: OLMo 2's and 3's
+    post-norms, every family's whole q and k norms, OLMo 3's windows on its sliding layers
+    and their unscaled rope (transformers reads the source's settings back), OLMoE's 6
+    experts of 32, 3 a token, not renormalized (olmoe.cpp's norm_w false; OlmoeConfig's
+    default), no clamp."""
+    family, out, reference = converted
     raw = json.loads((out / "config.json").read_text())
-    prefix = FAMILIES[arch][0]
-    assert raw["architectures"] == [f"{prefix}ForCausalLM"] and raw["model_type"] == arch
-    assert raw["rms_norm_eps"] == 1e-05 and raw["rope_theta"] == 5e5 and raw["rope_scaling"] is None
+    prefix = FAMILIES[family][0]
+    assert raw["architectures"] == [f"{prefix}ForCausalLM"] and raw["model_type"] == family
+    assert raw["rms_norm_eps"] == 1e-05 and raw["rope_theta"] == 5e5
+    assert raw["rope_scaling"] == (_YARN if family == "olmo3" else None)
     config = ModelConfig.from_dir(out)
-    assert config.family.qk_norm_whole and config.family.post_norms == (arch == "olmo2")
+    assert config.family.qk_norm_whole and config.family.post_norms == (family != "olmoe")
     assert config.qk_norm_sizes == (config.q_size, config.kv_size)
     assert (config.head_dim, config.num_kv_heads) == (16, reference.config.num_key_value_heads)
-    if arch == "olmo2":
+    if family == "olmo3":
+        theirs, source_config = transformers.AutoConfig.from_pretrained(out), reference.config
+        for field in ("layer_types", "sliding_window", "rope_parameters"):
+            assert getattr(theirs, field) == getattr(source_config, field), field
+        assert config.layer_windows == (24, 24, 24, 0)
+        assert config.local_rope_layers == (True, True, True, False)
+        assert config.local_rope_theta == 5e5 and isinstance(config.rope_scaling, YarnScaling)
+    if family != "olmoe":
         assert config.experts is None
         return
     experts = config.experts
@@ -220,12 +266,11 @@ def test_logits_match_the_reference(converted: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "changes", "message"),
+    ("family", "changes", "message"),
     [
-        ("olmo2", {"olmo2.attention.sliding_window": 16,
-                   "olmo2.attention.sliding_window_pattern": [True, False]},
-         "olmo2.attention.sliding_window is 16: an OLMo 3 file (sliding windows), which "
-         "this converter does not read yet"),
+        ("olmo3", {"olmo2.attention.sliding_window_pattern": [True, False]},
+         "olmo2.attention.sliding_window_pattern is [True, False]; expected a bool for each "
+         "of the 4 layers"),
         ("olmoe", {"olmoe.attention.clamp_kqv": 8.0},
          "olmoe.attention.clamp_kqv is 8.0: a clamp of q, k and v (clip_qkv), which the "
          "forward lacks"),
@@ -237,13 +282,13 @@ def test_logits_match_the_reference(converted: Any) -> None:
         ("olmoe", {"blk.0.ffn_down.weight": np.ones((64, 32), np.float32)},
          "GGUF tensor 'blk.0.ffn_down.weight': a dense MLP in a olmoe file with experts"),
     ],
-    ids=["olmo3-windows", "olmoe-clamp", "olmo2-clamp", "olmo2-input-norm", "no-router",
+    ids=["olmo3-pattern", "olmoe-clamp", "olmo2-clamp", "olmo2-input-norm", "no-router",
          "dense-layer"],
 )  # fmt: skip
 def test_what_cannot_be_converted_is_refused(
-    tmp_path: Path, arch: str, changes: dict[str, Any], message: str
+    tmp_path: Path, family: str, changes: dict[str, Any], message: str
 ) -> None:
-    path = llama_cpp_file(tmp_path / "x.gguf", arch, source(arch, seed=7), **changes)
+    path = llama_cpp_file(tmp_path / "x.gguf", family, source(family, seed=7), **changes)
     with pytest.raises(ValueError, match=re.escape(message)):
         convert_gguf(path, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
@@ -255,3 +300,45 @@ def test_a_file_without_a_window_is_olmo2(tmp_path: Path) -> None:
                           **{"olmo2.attention.sliding_window": 0})  # fmt: skip
     convert_gguf(path, tmp_path / "out", progress=False)
     assert ModelConfig.from_dir(tmp_path / "out").layer_windows is None
+
+
+def test_olmo3_keeps_the_checkpoints_pattern_and_sliding_base(tmp_path: Path) -> None:
+    """A file whose pattern list (layers 0 and 3 sliding) and `rope.freq_base_swa` (1e6,
+    the full layers' 1e4 linearly scaled) are not what llama.cpp's olmo2 runs (every 4th
+    layer full, all rotated by `rope.freq_base`) converts to the checkpoint's own: its
+    logits are the source's, and far off with the sliding layers at the full base."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e6}}  # fmt: skip
+    types = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+    model = source("olmo3", seed=9, layer_types=types, rope_parameters=rope, rope_scaling=None)
+    path = llama_cpp_file(tmp_path / "x.gguf", "olmo3", model)
+    assert gguf.GGUFReader(path).fields["olmo2.rope.freq_base_swa"].contents() == 1e6
+    out = tmp_path / "out"
+    convert_gguf(path, out, progress=False)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["layer_types"] == types and raw["rope_parameters"] == rope
+    config = ModelConfig.from_dir(out)
+    assert config.layer_windows == (24, 0, 0, 24) and config.local_rope_theta == 1e6
+    _, prompt, err = matches(out, model)
+    raw["rope_parameters"]["sliding_attention"]["rope_theta"] = 1e4
+    (out / "config.json").write_text(json.dumps(raw))
+    assert far_off(run_ours(out, prompt, [150]), model, prompt, err)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kinds"),
+    [(None, "SSSF"), (2, "SFSF"), (0, "SSSS"), (1, "FFFF")],
+    ids=["none-every-4th-full", "period-2", "period-0-all-sliding", "period-1-all-full"],
+)
+def test_an_olmo3_pattern_as_one_number_is_llama_cpps(
+    tmp_path: Path, pattern: int | None, kinds: str
+) -> None:
+    """A pattern given as one number n, or none, is read as llama.cpp's olmo2 loader reads
+    it (set_swa_pattern(n), n 4 where absent): layer i slides where n is 0 or
+    i % n < n - 1."""
+    change = {"olmo2.attention.sliding_window_pattern": pattern}
+    path = llama_cpp_file(tmp_path / "x.gguf", "olmo3", source("olmo3", seed=10), **change)
+    convert_gguf(path, tmp_path / "out", progress=False)
+    raw = json.loads((tmp_path / "out" / "config.json").read_text())
+    names = {"S": "sliding_attention", "F": "full_attention"}
+    assert raw["layer_types"] == [names[k] for k in kinds]

@@ -1,13 +1,13 @@
 """Convert a GGUF file of a Llama, Qwen2, Qwen3, Phi-3, Granite, SmolLM3, Gemma 2,
-Gemma 3, OLMo 2, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE or OLMoE model, or of Qwen3-VL's
-or Qwen3-VL-MoE's text model, into a Hugging Face model folder.
+Gemma 3, OLMo 2, OLMo 3, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE or OLMoE model, or of
+Qwen3-VL's or Qwen3-VL-MoE's text model, into a Hugging Face model folder.
 
 `convert_gguf` reads a GGUF whose `general.architecture` is `llama` (Mixtral: `llama` with
 `llama.expert_count` > 0), `qwen2`, `qwen3`, `phi3`, `granite`, `smollm3`, `gemma2`,
-`gemma3`, `olmo2`, `qwen2moe`, `qwen3moe`, `granitemoe`, `olmoe`, `qwen3vl` or `qwen3vlmoe`
-and writes `config.json`, `generation_config.json`,
-`model.safetensors`, `tokenizer.json`, `tokenizer_config.json` and `README.md`. It
-guarantees:
+`gemma3`, `olmo2` (OLMo 3: `olmo2` with `olmo2.attention.sliding_window` > 0), `qwen2moe`,
+`qwen3moe`, `granitemoe`, `olmoe`, `qwen3vl` or `qwen3vlmoe` and writes `config.json`,
+`generation_config.json`, `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`
+and `README.md`. It guarantees:
 
 - a model llama.cpp's gguf-split cut into shards, given by any of them, converts as one
   (gguf_files.open_shards checks the set): every file but README.md (which names the
@@ -27,6 +27,8 @@ guarantees:
   file's four scales become its config's multipliers; a Gemma file's norm weights lose the 1 llama.cpp added (in float32, then rounded), and
   what llama.cpp sets in its code (the sliding pattern, the local rope base, the score
   scale) is written into config.json;
+- an olmo2 file with a sliding window becomes an Olmo3ForCausalLM: its layer types, window
+  and rope by layer type in config.json (`_olmo3_config`; the NOTE above it);
 - a Llama 3 file's `rope_freqs.weight` (its per-frequency rope scaling) becomes the
   `llama3` rope_scaling that gives the same factors, checked against every one;
 - the tokenizer is gguf_tokenizer's (byte-level or SentencePiece BPE as llama.cpp
@@ -34,9 +36,9 @@ guarantees:
 - anything it cannot convert faithfully (another architecture, tokenizer model or
   pre-tokenizer, partial rotary, a rope scaling the forward lacks, Phi-3's LongRoPE, a
   Granite file without RoPE, a layer without experts or per-expert tensors in a file with
-  experts, Granite MoE's shared expert, OLMo 3's sliding windows in an olmo2 file, a
-  clamp of q, k and v in an olmo2 or olmoe file, a tensor the family lacks, as a Qwen3-VL
-  reranker's `cls_out`) raises `ValueError` naming the offending value, before anything
+  experts, Granite MoE's shared expert, an olmo2 sliding pattern that does not fit its
+  layers, a clamp of q, k and v in an olmo2 or olmoe file, a tensor the family lacks, as a
+  Qwen3-VL reranker's `cls_out`) raises `ValueError` naming the offending value, before anything
   is written.
 """
 
@@ -245,6 +247,13 @@ _MIXTRAL = _Family(
     model_type="mixtral",
     experts="mixtral",
 )
+# OLMo 3, as llama.cpp's converter writes it: an `olmo2` file with
+# `olmo2.attention.sliding_window` > 0 (Olmo2Model registers Olmo3ForCausalLM too), OLMo 2's
+# tensors
+_OLMO3 = _Family("Olmo3ForCausalLM", _OLMO2_LAYER_NAMES, permuted_qk=False, model_type="olmo3")
+# llama.cpp's olmo2 loader's sliding period where the file gives none as one number: every
+# 4th layer full, the others sliding (Olmo3Config's default layer types too)
+OLMO3_SLIDING_PERIOD = 4
 # llama.cpp's constants for gemma3, set in its code, not read from the file: every 6th
 # layer full, the others sliding and rotated by base 10,000 (gemma2: every other layer
 # sliding, transformers' default too)
@@ -412,6 +421,7 @@ def hf_config(
         config |= {"attention_bias": False}
     elif arch in ("olmo2", "olmoe"):
         config |= _olmo_config(meta, key, arch)
+        config |= _olmo3_config(meta, key, config) if family is _OLMO3 else {}
     elif arch == "phi3":  # every layer's window, if the file has one
         window = meta.get(key("attention.sliding_window"))
         config |= {"sliding_window": None if window is None else int(window)}
@@ -437,24 +447,62 @@ def _granite_scales(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str
 
 
 def _olmo_config(meta: dict[str, Any], key: Callable[[str], str], arch: str) -> dict[str, Any]:
-    """An olmo2 or olmoe file's own fields. Raises ValueError for what an Olmo2 or OLMoE
-    config cannot say: OLMo 3's sliding windows (llama.cpp's converter writes
-    Olmo3ForCausalLM as olmo2 with `attention.sliding_window` and its pattern; its olmo2
-    loader windows the layers where the window is above 0) and a clamp of q, k and v
-    (`attention.clamp_kqv`: OLMo 1's clip_qkv, which llama.cpp writes for its olmo
-    architecture alone; neither olmo2.cpp's graph nor olmoe.cpp's clamps)."""
-    window = optional_int(meta, key("attention.sliding_window"), 0)
-    if arch == "olmo2" and window > 0:
-        raise ValueError(
-            f"{key('attention.sliding_window')} is {window}: an OLMo 3 file (sliding windows), "
-            "which this converter does not read yet; its safetensors checkpoint runs"
-        )
+    """An olmo2 or olmoe file's own fields (an OLMo 3 file's too). Raises ValueError for a
+    clamp of q, k and v, which none of their configs can say (`attention.clamp_kqv`: OLMo
+    1's clip_qkv, which llama.cpp writes for its olmo architecture alone; neither
+    olmo2.cpp's graph nor olmoe.cpp's clamps)."""
     if key("attention.clamp_kqv") in meta:
         raise ValueError(
             f"{key('attention.clamp_kqv')} is {meta[key('attention.clamp_kqv')]}: a clamp of "
             "q, k and v (clip_qkv), which the forward lacks"
         )
     return {"attention_bias": False} | ({"clip_qkv": None} if arch == "olmoe" else {})
+
+
+# NOTE: OLMo 3 as llama.cpp writes and runs it. convert_hf_to_gguf.py's Olmo2Model writes
+# `attention.sliding_window` (transformers' sliding_window as it is) and
+# `attention.sliding_window_pattern`, one bool a layer from `layer_types` (True: sliding);
+# TextModel writes the full layers' rope (`rope.freq_base`, any scaling) and the sliding
+# layers' base as `rope.freq_base_swa`. llama.cpp's olmo2 loader windows layers only for a
+# window above 0, and takes the pattern only as one number n (llama_hparams::set_swa_pattern:
+# layer i slides where n is 0 or i % n < n - 1), else every 4th layer full: it skips the
+# per-layer list. Its windows keep a key fewer than `window` positions back
+# (is_masked_swa), as transformers' sliding_window does: the number is the same. olmo2.cpp
+# rotates a sliding layer unscaled (freq_scale 1, no YaRN: Olmo3Config's default rope
+# there), but by `rope.freq_base`, not `rope.freq_base_swa`. Where the file states the
+# checkpoint's own choice (the list, the sliding base) this converter follows it, as
+# transformers runs the checkpoint; where it is silent, llama.cpp's.
+def _olmo3_config(
+    meta: dict[str, Any], key: Callable[[str], str], config: dict[str, Any]
+) -> dict[str, Any]:
+    """An OLMo 3 file's layer types, window and rope by layer type (Olmo3Config's
+    `rope_parameters`): the full layers' base and scaling, the sliding layers' default rope
+    by `rope.freq_base_swa`, else the full layers' base. `rope_theta` and `rope_scaling`
+    stay, the full layers' (transformers 4's Olmo3Config reads them). Raises ValueError
+    for a pattern that does not fit the layers."""
+    name = key("attention.sliding_window_pattern")
+    pattern = meta.get(name, OLMO3_SLIDING_PERIOD)
+    num_layers = config["num_hidden_layers"]
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers or not all(isinstance(p, int) for p in pattern):
+            raise ValueError(
+                f"{name} is {pattern!r}; expected a bool for each of the {num_layers} layers"
+            )
+        sliding = [bool(p) for p in pattern]
+    else:
+        period = optional_int(meta, name, OLMO3_SLIDING_PERIOD)
+        sliding = [period == 0 or i % period < period - 1 for i in range(num_layers)]
+    theta, swa = config["rope_theta"], key("rope.freq_base_swa")
+    local_theta = _float32(require_number(meta, swa)) if swa in meta else theta
+    full = {"rope_type": "default", **(config["rope_scaling"] or {}), "rope_theta": theta}
+    return {
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "sliding_window": require_int(meta, key("attention.sliding_window")),
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_theta},
+        },
+    }
 
 
 def _gemma_config(
@@ -583,6 +631,8 @@ def _family_of(meta: dict[str, Any]) -> _Family:
     arch = meta["general.architecture"]
     if arch == "llama" and optional_int(meta, "llama.expert_count", 0) > 0:
         return _MIXTRAL
+    if arch == "olmo2" and optional_int(meta, "olmo2.attention.sliding_window", 0) > 0:
+        return _OLMO3
     return _FAMILIES[arch]
 
 
