@@ -132,6 +132,12 @@ def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsCo
     return WS
 
 
+def csplit_fits(n: int, k: int) -> bool:
+    """Whether an [N, K] BF16 weight is small enough for the cluster split by default
+    (CSPLIT_MAX_WEIGHT_BYTES)."""
+    return CSPLIT_MAX_WEIGHT_BYTES is None or 2 * n * k <= CSPLIT_MAX_WEIGHT_BYTES
+
+
 def m64_tile(num_rows: int) -> bool:
     """Whether a product of M <= 64 rows the decode tile does not take runs on WS_M64
     (WHOLE or PARTIAL), with M64_TILE_BY_DEFAULT on."""
@@ -233,6 +239,12 @@ CLUSTER_BY_DEFAULT = False
 # tests/test_gemm_sm90.py). Off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
 # gpu_followup's `csplit` parts).
 CSPLIT_BY_DEFAULT = False
+# With CSPLIT_BY_DEFAULT, the cluster split only for weights of at most this many bytes (N x
+# K x 2; None: every split weight). On the H200 on 2026-11-30 (bench/results/2026-11-30-h200)
+# the cluster split took the default model's decode from 778 to 924 tokens/s (its weights
+# 0.7-3.5 MB) and the 8B decode step from 4.93 to 5.60 ms (its 33-235 MB): a split's
+# PARTIAL tail weighs on a launch of a few µs, not on one of tens.
+CSPLIT_MAX_WEIGHT_BYTES: int | None = 16 << 20
 # Whether CupyBackend's gemm_add_rmsnorm (a decode's o and down projections, each then
 # add_rmsnorm) takes the norm epilogue (`epilogue_launch`, "norm"): the product's own
 # launch, once its last tile is written, runs the add_rmsnorm kernel's row function on its
@@ -338,7 +350,7 @@ def launch_plan(
                 else "m64_split" if m64_tile(m)
                 else "ws_split"
             )  # fmt: skip
-            if CSPLIT_BY_DEFAULT and splits <= MAX_CLUSTER:
+            if CSPLIT_BY_DEFAULT and splits <= MAX_CLUSTER and csplit_fits(n, k):
                 route = route.replace("_split", "_csplit")
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
@@ -354,7 +366,9 @@ def launch_plan(
             f"route wide_fold takes at most {WIDE_FOLD_MAX_SPLITS} splits; got {splits}"
         )
     if kind == "csplit" and splits > MAX_CLUSTER:
-        raise ValueError(f"route {route} takes at most {MAX_CLUSTER} splits (a cluster); got {splits}")
+        raise ValueError(
+            f"route {route} takes at most {MAX_CLUSTER} splits (a cluster); got {splits}"
+        )
     length = split_length(k, splits)
     tiles = grid(config, m, n)
     base = config.kernel_name(out_f32, gated) if gated else config.kernel_name(out_f32)

@@ -1736,6 +1736,7 @@ def test_launch_plan_takes_the_cluster_split_where_partial_ran(monkeypatch: pyte
     before = {(m, n, k): launch_plan(m, n, k, out_f32=False, packed=True)
               for n, k in shapes for m in (1, 7, 64, 100, 128, 129, 2048)}  # fmt: skip
     monkeypatch.setattr(geometry, "CSPLIT_BY_DEFAULT", True)
+    monkeypatch.setattr(geometry, "CSPLIT_MAX_WEIGHT_BYTES", None)  # every split weight
     taken = 0
     for (m, n, k), plain in before.items():
         plan = launch_plan(m, n, k, out_f32=False, packed=True)
@@ -1754,6 +1755,27 @@ def test_launch_plan_takes_the_cluster_split_where_partial_ran(monkeypatch: pyte
     assert many.splits > geometry.MAX_CLUSTER and many.workspace and many.cluster == 1
     with pytest.raises(ValueError, match="at most 8 splits"):
         launch_plan(1, 64, wide, out_f32=False, packed=True, route="decode_csplit")
+
+
+def test_the_cluster_split_by_default_keeps_to_small_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CSPLIT_BY_DEFAULT and the default CSPLIT_MAX_WEIGHT_BYTES (16 MiB), the default
+    model's split projections take the cluster split and every 8B one keeps PARTIAL (the
+    2026-11-30 H200 figures: faster on the one, slower on the other)."""
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    monkeypatch.setattr(geometry, "CSPLIT_BY_DEFAULT", True)
+    assert geometry.CSPLIT_MAX_WEIGHT_BYTES == 16 << 20
+    small = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M's
+    shapes = [(nk, True) for nk in small] + [(nk, False) for nk in LLAMA_8B.values()]
+    taken = 0
+    for (n, k), fits in shapes:
+        plan = launch_plan(1, n, k, out_f32=False, packed=True)
+        if plan.splits == 1:
+            continue  # unsplit: nothing to cluster
+        assert plan.kernel.endswith("_csplit") == fits, (n, k, plan.kernel)
+        taken += fits
+    assert taken >= 3
+    assert geometry.csplit_fits(4096, 2048) and not geometry.csplit_fits(4096, 2049)
 
 
 def test_gemm_sm90_launches_the_cluster_split_in_clusters_of_its_splits(
