@@ -166,7 +166,8 @@ def norm_add(
     out = cupy.empty(residual.shape, dtype=BF16_BITS)
     if (delta is None) != (delta_weight is None):
         raise ValueError("delta and delta_weight must be given together or both be None")
-    if delta is None:
+    with_delta = delta is not None
+    if not with_delta:
         delta = delta_weight = out  # never read: with_delta 0
     else:
         check("delta", delta, BF16_BITS, 2)
@@ -178,7 +179,7 @@ def norm_add(
         _same_hidden(residual, delta_weight)
     if residual.shape[0]:
         args = (residual, delta, delta_weight, summed, out, np.int32(residual.shape[1]),
-                np.float32(eps), np.int32(delta is not out))  # fmt: skip
+                np.float32(eps), np.int32(with_delta))  # fmt: skip
         launch_kernel(kernel("rmsnorm", "norm_add"), (residual.shape[0],), (RMSNORM_THREADS,), args)
     return summed, out
 

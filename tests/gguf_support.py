@@ -41,6 +41,21 @@ def write_gguf(
     return path
 
 
+def text_model_kv(config: Any) -> dict[str, Any]:
+    """The keys llama.cpp's converter writes for any text model (TextModel's
+    set_gguf_parameters), from a transformers config, without the architecture prefix; a
+    family's own keys (rope, experts) go beside them."""
+    return {
+        "block_count": config.num_hidden_layers,
+        "context_length": config.max_position_embeddings,
+        "embedding_length": config.hidden_size,
+        "feed_forward_length": config.intermediate_size,
+        "attention.head_count": config.num_attention_heads,
+        "attention.head_count_kv": config.num_key_value_heads,
+        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+    }
+
+
 def _quantizable(name: str, array: np.ndarray) -> bool:
     """What llama.cpp's converter quantizes: matrices and stacked experts whose rows are
     whole Q8_0 blocks, but a router (`ffn_gate_inp`), which it keeps in F32."""

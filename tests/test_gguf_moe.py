@@ -25,7 +25,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 import pytest
-from gguf_support import llama_cpp_permute, split_gguf, write_gguf
+from gguf_support import llama_cpp_permute, split_gguf, text_model_kv, write_gguf
 from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
 from test_moe import matches
 
@@ -114,15 +114,8 @@ def llama_cpp_metadata(arch: str, model: Any) -> dict[str, Any]:
     and Qwen2MoeModel's own)."""
     config, (_, own) = model.config, FAMILIES[arch]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = {
-        "block_count": config.num_hidden_layers,
-        "context_length": config.max_position_embeddings,
-        "embedding_length": config.hidden_size,
-        "feed_forward_length": config.intermediate_size,
-        "attention.head_count": config.num_attention_heads,
-        "attention.head_count_kv": config.num_key_value_heads,
+    kv = text_model_kv(config) | {
         "rope.freq_base": float(config.rope_parameters["rope_theta"]),
-        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
         "expert_count": own.get("num_local_experts", own.get("num_experts")),
         "expert_used_count": config.num_experts_per_tok,
     }

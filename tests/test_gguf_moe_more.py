@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_support import llama_cpp_permute, write_gguf
+from gguf_support import llama_cpp_permute, text_model_kv, write_gguf
 from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
 from test_gguf_moe import llama_cpp_tensors, same_bits_by_expert
 from test_model_reference import hf_logits, rel_l2_rows, run_ours
@@ -149,15 +149,8 @@ def llama_cpp_file(path: Path, arch: str, model: Any, **changes: Any) -> Path:
     tensors in `changes` (a value of None drops one)."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = {
-        "block_count": config.num_hidden_layers,
-        "context_length": config.max_position_embeddings,
-        "embedding_length": config.hidden_size,
-        "feed_forward_length": config.intermediate_size,
-        "attention.head_count": config.num_attention_heads,
-        "attention.head_count_kv": config.num_key_value_heads,
+    kv = text_model_kv(config) | {
         "rope.freq_base": float(config.rope_parameters["rope_theta"]),
-        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
     }
     if arch == "granitemoe":  # LlamaModel's keys, GraniteModel's scales (no head_dim)
         tensors = granite_tensors(model)

@@ -28,7 +28,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from gguf_support import write_gguf
+from gguf_support import text_model_kv, write_gguf
 from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
 from test_gguf_moe import same_bits_by_expert
 from test_model_reference import run_ours
@@ -143,14 +143,7 @@ def llama_cpp_file(
     """`model` as llama.cpp's converter writes `family`, but the keys and tensors in
     `changes` (a value of None drops one)."""
     arch, config = ARCH[family], model.config
-    kv = {
-        "block_count": config.num_hidden_layers,
-        "context_length": config.max_position_embeddings,
-        "embedding_length": config.hidden_size,
-        "feed_forward_length": config.intermediate_size,
-        "attention.head_count": config.num_attention_heads,
-        "attention.head_count_kv": config.num_key_value_heads,
-        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+    kv = text_model_kv(config) | {
         **rope_kv(config.rope_parameters),
     }
     if family == "olmo3":  # Olmo2Model's: the window, one bool a layer (True: sliding)

@@ -108,7 +108,6 @@ def test_each_part_matters(tmp_path: Path) -> None:
     path = tmp_path / "olmo2"
     ref = make(path, "olmo2", seed=42)
     _, prompt, err = matches(path, ref)
-    heads = TINY["num_attention_heads"]
 
     def per_head(qkv, q_weight, k_weight, num_heads, eps):
         d = qkv.shape[-1]
@@ -122,7 +121,6 @@ def test_each_part_matters(tmp_path: Path) -> None:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(NumpyBackend, name, staticmethod(op))
             assert far_off(run_ours(path, prompt, [len(prompt)]), ref, prompt, err), name
-    assert heads > 1  # so per-head norms differ from whole ones
 
     path = tmp_path / "olmoe"
     ref = make(path, "olmoe", seed=43)
