@@ -218,8 +218,12 @@ class Bench:
         """An engine whose `batch` sequences of `context` prompt tokens are prefilled, each
         with tokens left for `steps` more steps in which all of them decode."""
         total = context + steps + 64
+        # a context past the engines' usual 8,192 tokens: a longer window, where the
+        # model's positions allow (past them, add_request says so)
+        longest = max(total, min(8192, self.config.max_position_embeddings))
         engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
-                             cuda_graphs=graphs, enable_reuse=False)  # fmt: skip
+                             cuda_graphs=graphs, enable_reuse=False,
+                             max_model_len=min(longest, self.config.max_position_embeddings))  # fmt: skip
         # sequences prefilled in an early step decode during the later prefill steps:
         # enough tokens that none finishes before the timed steps are over
         params = SamplingParams(max_tokens=steps + 64, temperature=0, ignore_eos=True)

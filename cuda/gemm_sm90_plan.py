@@ -212,9 +212,10 @@ M64_TILE_BY_DEFAULT = True
 # it takes the Hopper kernel, so the MLP's silu_mul runs inside the gate/up GEMM (one
 # kernel a layer fewer, and no [M, 2I] product in memory: at an 8B prefill of 2,048 tokens
 # 235 MB less traffic a layer). Bit-identical to the two kernels in the emulation (tests/
-# test_gemm_sm90.py); off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
-# gpu_followup's `gated_e2e`).
-GATED_BY_DEFAULT = False
+# test_gemm_sm90.py) and on the H200 (2026-12-01, tests/test_gemm_sm90_pending_gpu.py);
+# on since that run: 8B decode b=1 4.90 ms against 5.02, prefill 2,048 74.3 ms against
+# 77.0, the default model 733 tokens/s against 672 (bench/results/2026-12-01-h200).
+GATED_BY_DEFAULT = True
 # Whether launch_plan takes the cluster entry points (`_c2`: two CTAs along M, m tiles 2c
 # and 2c + 1 of one n tile, each bringing half of every weight tile and multicasting it to
 # both; gemm_sm90.cu's CLUSTER = 2) for WHOLE on WS and the wide tile and for FOLD on WS,
@@ -236,9 +237,10 @@ CLUSTER_BY_DEFAULT = False
 # on the H200 (2026-11-28, ncu_decode.txt) the split launches of a decode step stalled
 # on barriers and memory fences ahead of their loads, and 96 of them a step (120 on the
 # default model, ~9 µs each) spend that tail serially. The same bits (emulated:
-# tests/test_gemm_sm90.py). Off until a GPU has run it (tests/test_gemm_sm90_pending_gpu.py,
-# gpu_followup's `csplit` parts).
-CSPLIT_BY_DEFAULT = False
+# tests/test_gemm_sm90.py; on the H200 on 2026-12-01, tests/test_gemm_sm90_pending_gpu.py).
+# On since that run, for weights up to CSPLIT_MAX_WEIGHT_BYTES: the default model 899
+# tokens/s against 672 in the same run (bench/results/2026-12-01-h200).
+CSPLIT_BY_DEFAULT = True
 # With CSPLIT_BY_DEFAULT, the cluster split only for weights of at most this many bytes (N x
 # K x 2; None: every split weight). On the H200 on 2026-11-30 (bench/results/2026-11-30-h200)
 # the cluster split took the default model's decode from 778 to 924 tokens/s (its weights

@@ -203,17 +203,21 @@ def test_layers_a_launch_caps_the_persistent_layers_for_the_run_only(
 
 
 def test_every_flag_the_gpu_followup_sets_exists() -> None:
-    """Each flag a `flag_part` of scripts/gpu_followup.sh sets True (gemm_sm90_plan's by
-    name, another reprise.cuda module's as MODULE.NAME) is a boolean that module has: a
-    misspelt one would set a new attribute and time the default under the part's name,
-    which only a lent GPU's output would show."""
+    """Each flag a `flag_part` of scripts/gpu_followup.sh sets (gemm_sm90_plan's by name,
+    another reprise.cuda module's as MODULE.NAME) is a boolean that module has, and is not
+    already what the part sets it to: True for a path not yet a default, False ("!NAME")
+    for a default taken away. A misspelt flag, or one whose default has since changed,
+    would time the default under the part's name, which only a lent GPU's output would
+    show."""
     import importlib
 
     script = (Path(__file__).parents[1] / "scripts" / "gpu_followup.sh").read_text()
-    groups = re.findall(r"^flag_part \S+ \d+ (\S+)", script, re.MULTILINE)
-    assert len(groups) > 5
+    groups = re.findall(r"^flag_part \S+ \d+ '?([^\s']+)'?", script, re.MULTILINE)
+    assert len(groups) > 5 and any("!" in g for g in groups)
     for group in groups:
         for flag in group.split(","):
-            module, _, name = flag.rpartition(".")
+            module, _, name = flag.removeprefix("!").rpartition(".")
             found = importlib.import_module(f"reprise.cuda.{module or 'gemm_sm90_plan'}")
-            assert isinstance(getattr(found, name, None), bool), flag
+            default = getattr(found, name, None)
+            assert isinstance(default, bool), flag
+            assert default == flag.startswith("!"), f"{flag}: already the default"

@@ -342,3 +342,31 @@ def test_the_emulation_offers_only_what_cupy_has() -> None:
             continue
         problems += signature_mismatches(fake, real, full_name)
     assert problems == [], "\n".join(problems)
+
+
+def test_a_block_size_the_gpu_kernels_lack_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CuPy backend a block size the attention kernels have no entry point for
+    (they stage pages of 16, 32 or 64 tokens) is a SettingError naming block_size, raised
+    before the model's folder is read (here: there is none); the NumPy backend takes it."""
+    from reprise.daemon import Engine
+    from reprise.daemon.engine import engine as engine_module
+    from reprise.daemon.engine.config import SettingError
+    from reprise.daemon.model.config import ModelConfigError
+
+    class FakeCupy:
+        name = "cupy"
+
+    monkeypatch.setattr(engine_module, "get_backend", lambda name: FakeCupy())
+    missing = tmp_path / "no-model-here"
+    for bs in (1, 4, 8, 128):
+        with pytest.raises(
+            SettingError,
+            match=rf"block_size must be one of \(16, 32, 64\) on the CuPy backend.*got {bs}$",
+        ) as e:
+            Engine.from_pretrained(missing, backend="cupy", block_size=bs)
+        assert e.value.name == "block_size"
+    # a size the kernels take goes on, to the missing folder
+    with pytest.raises(ModelConfigError, match=r"config\.json not found"):
+        Engine.from_pretrained(missing, backend="cupy", block_size=16)

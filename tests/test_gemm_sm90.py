@@ -555,6 +555,8 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "stream_counters", lambda launches, size, device_id: COUNTERS)
     monkeypatch.setitem(sys.modules, "cupy", _NumpyAsCupy)
     monkeypatch.setattr(pdl, "active", lambda: "0")  # CuPy's launch (the fake kernel's call)
+    # the cluster split launches through the driver (its own test below): PARTIAL here
+    monkeypatch.setattr(launcher.gemm_sm90_plan, "CSPLIT_BY_DEFAULT", False)
     for m, sms in ((1, 132), (70, 132), (130, 132), (130, 2)):  # 2 SMs: the wide ws tile
         monkeypatch.setattr(launcher, "_num_sms", lambda sms=sms: sms)
         x, w = operands(rng, m, 200, 128)
@@ -1374,11 +1376,14 @@ def test_the_rope_epilogue_gives_rope_kv_write_of_the_plain_product(
             assert not np.array_equal(bits(cache), bits(case.cache))  # the slots were written
 
 
-def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
+def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The row epilogues extend the BF16 WHOLE and PARTIAL launches of the decode tile and
     the 64 x 128 tile up to EPILOGUE_MAX_ROWS rows, the same geometry (a cluster split of
     those tiles: its tile's PARTIAL launch); nothing else (WS's 384 threads, fp32 or gated
     output, more rows) has one."""
+    from reprise.cuda import gemm_sm90_plan
     from reprise.cuda.gemm_sm90_plan import EPILOGUE_MAX_ROWS
 
     for n, k in ((576, 576), (576, 1536), (960, 576), (4096, 4096), (6144, 4096)):
@@ -1392,8 +1397,10 @@ def test_epilogue_launch_takes_the_256_thread_tiles_up_to_its_rows() -> None:
                 # a cluster split's tile takes its epilogue on PARTIAL (the same grid and bits)
                 partial = plain
                 if plain.kernel.endswith("_csplit"):
-                    partial = launch_plan(m, n, k, out_f32=False, packed=True,
-                                          route=route.replace("_csplit", "_split"))  # fmt: skip
+                    with monkeypatch.context() as unclustered:
+                        unclustered.setattr(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", False)
+                        partial = launch_plan(m, n, k, out_f32=False, packed=True,
+                                              route=route and route.replace("_csplit", "_split"))  # fmt: skip
                 for epilogue in ("norm", "rope"):
                     got = epilogue_launch(plain, m, epilogue)
                     if not takes:
@@ -1489,6 +1496,9 @@ def test_gemm_sm90_add_rmsnorm_launches_the_norm_epilogue_where_asked_and_planne
         return summed, normed
 
     emulate_the_launcher(monkeypatch, lib, launches)
+    # the unfused product on PARTIAL (the cluster split launches through the driver; with
+    # it on, below, the epilogue runs on its tile's PARTIAL route all the same)
+    monkeypatch.setattr(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", False)
     monkeypatch.setattr(launchers, "add_rmsnorm", fake_add_rmsnorm)
     n, k = 576, 576  # the default model's o: S = 3
     x_all, w = operands(rng, 5, n, k)
@@ -1547,6 +1557,7 @@ def test_gemm_sm90_rope_kv_write_launches_the_rope_epilogue_where_asked_and_plan
         return q
 
     emulate_the_launcher(monkeypatch, lib, launches)
+    monkeypatch.setattr(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", False)  # as the norm's test
     monkeypatch.setattr(launchers, "rope_kv_write", fake_rope_kv_write)
     heads, kv_heads, head_dim, k = 9, 3, 64, 576  # the default model's qkv: S = 3
     n = (heads + 2 * kv_heads) * head_dim
@@ -1726,13 +1737,14 @@ def test_the_source_and_the_driver_declare_every_cluster_entry_point() -> None:
 
 
 def test_launch_plan_takes_the_cluster_split_where_partial_ran(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off by default (CSPLIT_BY_DEFAULT): PARTIAL. With the flag on, every launch that took
+    """With CSPLIT_BY_DEFAULT off: PARTIAL. With the flag on, every launch that took
     a PARTIAL route takes the same tile's cluster split (S <= 8 CTAs a cluster: a weight
     split more ways keeps PARTIAL): PARTIAL's grid, blockIdx.x = m tile * S + split, no
     workspace, `cluster` = S; FOLD and WHOLE launches are unchanged."""
     from reprise.cuda import gemm_sm90_plan as geometry
 
     shapes = [*LLAMA_8B.values(), (960, 576), (576, 576), (3072, 576), (576, 1536), (272, 1024)]
+    monkeypatch.setattr(geometry, "CSPLIT_BY_DEFAULT", False)
     before = {(m, n, k): launch_plan(m, n, k, out_f32=False, packed=True)
               for n, k in shapes for m in (1, 7, 64, 100, 128, 129, 2048)}  # fmt: skip
     monkeypatch.setattr(geometry, "CSPLIT_BY_DEFAULT", True)

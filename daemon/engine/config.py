@@ -61,7 +61,9 @@ class EngineConfig:
         "auto", "--backend", "Where the model runs: auto picks cupy when a GPU is present.",
         choices=BACKENDS,
     )  # fmt: skip
-    block_size: int = _setting(32, "--block-size", "Tokens per KV block (a power of two).")
+    block_size: int = _setting(
+        32, "--block-size", "Tokens per KV block (a power of two; 16, 32 or 64 on the GPU)."
+    )
     num_device_blocks: int | None = _setting(
         None, "--num-device-blocks", "KV blocks on the device [default: 1 GiB worth]."
     )

@@ -200,6 +200,15 @@ class Engine:
             if is_gguf_file(folder):  # llama.cpp's format: converted once into the cache
                 folder = prepare_gguf(folder, progress=progress is not None).path
         ops = get_backend(settings.backend)
+        if ops.name == "cupy":  # the GPU's attention kernels stage pages of these sizes
+            from ...cuda.attention_kernel import BLOCK_SIZES
+
+            if settings.block_size not in BLOCK_SIZES:
+                raise SettingError(
+                    "block_size",
+                    f"block_size must be one of {BLOCK_SIZES} on the CuPy backend (the GPU's "
+                    f"attention kernels); got {settings.block_size}",
+                )
         overrides = settings.config_overrides()
         config = ModelConfig.from_dir(folder, settings.max_model_len, overrides)
         if ops.name == "cupy":  # a head the kernels lack runs padded with zeros, or not at all
