@@ -89,7 +89,7 @@ from .kernels import BF16_BITS, check, kernel, launch_kernel, stream_counters
 ROWS_PER_CTA = 32  # kRowsPerCta in attention.cu: (query, group member) rows of one CTA
 THREADS_PER_CTA = 128  # kNumThreads in attention.cu
 # head_dim 256 (Gemma's) stages a page in two 128-dim parts (attention.cu); the
-# tensor-core kernel takes only 64 and 128 (attention_tc_kernel.TC_HEAD_DIMS)
+# tensor-core kernel takes it in 16- and 32-key pages (attention_tc_kernel.TC_BLOCK_SIZES)
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64)
 _ALIGN = 16  # bytes: the kernel moves q, the cache pages and out in 16-byte vectors

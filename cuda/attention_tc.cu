@@ -292,6 +292,21 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_tc_d128_b64
   paged_attention_tc<128, 64, ring_stages(64), false>(PAGED_ATTENTION_PASS);
 }
 
+// head_dim 256 (Gemma's; attention_tc_kernel.D256_BY_DEFAULT, off until a GPU has run it):
+// the normal ring only, at one CTA an SM. A warp's acc (16 rows x 256, 128 registers a
+// thread) and Q fragments (64) leave the page loop no room for a second CTA's share:
+// 255 registers on sm_80 and sm_90 with no spills; its deep ring spilled 8 B on sm_90
+// (so split launches take the normal ring, which has the split's code too). Shared
+// memory 135,168 B (two 32-key or four 16-key stages of K and V rows of 264 halves, then
+// 132 floats a thread of merged state): under sm_80's opt-in. No 64-key pages (202,752 B,
+// over sm_80's): the CUDA-core kernel runs those.
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d256_b16(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<256, 16, ring_stages(16), false>(PAGED_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) paged_attention_tc_d256_b32(PAGED_ATTENTION_ARGS) {
+  paged_attention_tc<256, 32, ring_stages(32), false>(PAGED_ATTENTION_PASS);
+}
+
 // The deep ring: split launches only (they trap on one lane), with the normal kernels'
 // launch bounds, so that the split grid's CTAs (about SPLIT_CTAS_PER_SM = 2 an SM,
 // rounded up) fit in one round.

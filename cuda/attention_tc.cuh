@@ -89,7 +89,7 @@ constexpr int deep_ring_stages(int block_size) { return 128 / block_size > 3 ? 1
 // depth shares.
 template <int HEAD_DIM, int BLOCK_SIZE>
 struct Config {
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim must be 64, 128 or 256");
   static_assert(BLOCK_SIZE == 16 || BLOCK_SIZE == 32 || BLOCK_SIZE == 64,
                 "block_size must be 16, 32 or 64");
   // Shared rows are head_dim + 8 halves: the eight 16-byte rows an ldmatrix phase

@@ -51,9 +51,26 @@ from .kernels import kernel
 
 ROWS_PER_CTA = 64  # kRowsPerCta in attention_tc.cu: four m16 tiles of (query, group member) rows
 THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
-# The head sizes attention_tc.cu has entry points for: not head_dim 256, which only the
-# CUDA-core kernel takes (attention_kernel.HEAD_DIMS)
-TC_HEAD_DIMS = (64, 128)
+# The head sizes attention_tc.cu has entry points for, and the page sizes of each: head_dim
+# 256 (Gemma's) with 16- and 32-key pages on the normal ring alone (its 64-key pages are
+# over sm_80's shared memory, and its deep ring spills), at one CTA an SM
+TC_HEAD_DIMS = (64, 128, 256)
+TC_BLOCK_SIZES = {64: (16, 32, 64), 128: (16, 32, 64), 256: (16, 32)}
+DEEP_HEAD_DIMS = (64, 128)
+# Whether CupyBackend's "tensor-cores" attention takes this kernel for head_dim 256 too
+# (attention_tc.cu's d256 entry points; else the CUDA-core kernel runs those heads, as
+# before). The same invariance argument and emulated tests as 64 and 128; off until a GPU
+# has run its tests and gpu_followup's `gemma_tc` part has timed it against `gemma`.
+# NOTE: its bits are not the CUDA-core kernel's, so turning it on must change what
+# CupyBackend.kernel_choice says for a head of 256 (the disk tier keys files by it).
+D256_BY_DEFAULT = False
+
+
+def takes(head_dim: int, block_size: int) -> bool:
+    """Whether attention_tc.cu has an entry point for these heads and pages."""
+    return block_size in TC_BLOCK_SIZES.get(head_dim, ())
+
+
 # The build the launcher compiles: attention_tc.cu's defines ("NAME=VALUE"), none by
 # default. bench_gpu_kernels builds its same-run baselines with them:
 # REPRISE_ATTN_EXPF=1, the page step before base 2 (the accurate expf of natural-unit
@@ -92,8 +109,9 @@ def launch_variant(head_dim: int, block_size: int, grid: SplitGrid) -> tuple[str
     ring exactly when the launch splits (kv_lanes > 1, the (query tile, head slot) CTAs
     under a wave), where a CTA walks its few pages one after another with little to hide
     their loads' latency; else the normal ring, which fits more CTAs an SM. The ring depth
-    reaches no bits (attention_tc.cu, "The deep ring")."""
-    deep = grid.splits
+    reaches no bits (attention_tc.cu, "The deep ring"). Head_dim 256 has the normal ring
+    alone."""
+    deep = grid.splits and head_dim in DEEP_HEAD_DIMS
     return kernel_name(head_dim, block_size, deep=deep), smem_bytes(head_dim, block_size, deep=deep)
 
 
@@ -118,6 +136,11 @@ def paged_attention_tc(
     import cupy
 
     head_dim, block_size = q.shape[2], cache.shape[4]
+    if not takes(head_dim, block_size):
+        raise ValueError(
+            f"block_size must be one of {TC_BLOCK_SIZES[head_dim]} for head_dim {head_dim} on the "
+            f"tensor-core kernel; got {block_size}"
+        )
     device_id = int(cupy.cuda.runtime.getDevice())
 
     def kernel_for(grid: SplitGrid) -> tuple[Any, int]:

@@ -581,11 +581,14 @@ class CupyBackend:
         window: int = 0,
         softcap: float = 0.0,
     ) -> Any:
-        from .attention_tc_kernel import TC_HEAD_DIMS
+        from . import attention_tc_kernel as tc
 
-        # a head the tensor-core kernel lacks (Gemma's 256) runs on the CUDA cores: the
-        # choice is the model's, so every step of an engine takes the same kernel
-        if self.attention == "tensor-cores" and q.shape[2] in TC_HEAD_DIMS:
+        # a head the tensor-core kernel lacks, or Gemma's 256 where D256_BY_DEFAULT is off,
+        # runs on the CUDA cores: the choice is the model's and the settings', so every
+        # step of an engine takes the same kernel
+        head_dim, block_size = q.shape[2], cache.shape[4]
+        on_tc = tc.takes(head_dim, block_size) and (head_dim != 256 or tc.D256_BY_DEFAULT)
+        if self.attention == "tensor-cores" and on_tc:
             from .attention_tc_kernel import paged_attention_tc as kernel
         else:
             from .attention_kernel import paged_attention as kernel

@@ -33,18 +33,20 @@ source scripts/gpu_parts.sh
 source scripts/gpu_env.sh  # reprise importable for the benchmarks; the device in $OUT
 py=$python
 # part NAME LIMIT with FLAGS (one, or several joined by commas: gemm_sm90_plan's by name,
-# another reprise.cuda module's as MODULE.NAME) set True in the process, running
-# bench_gpu_e2e with the arguments that follow (a path not yet a default, beside the
-# default's rows)
+# another reprise.cuda module's as MODULE.NAME) set True in the process (False where the
+# name starts with "!"), running bench_gpu_e2e with the arguments that follow (a path not
+# yet a default, or a default taken away, beside the default's rows)
 flag_part() {
   local name=$1 limit=$2 flags=$3
   shift 3
   local args sets="" flag
   args=$(printf "'%s', " "$@")
   for flag in ${flags//,/ }; do
+    local value=True
+    [[ $flag == '!'* ]] && value=False && flag=${flag#!}
     case $flag in
-      *.*) sets+="import reprise.cuda.${flag%%.*} as m; m.${flag#*.} = True; " ;;
-      *) sets+="plan.$flag = True; " ;;
+      *.*) sets+="import reprise.cuda.${flag%%.*} as m; m.${flag#*.} = $value; " ;;
+      *) sets+="plan.$flag = $value; " ;;
     esac
   done
   part "$name" "$limit" env PYTHONUNBUFFERED=1 "$py" -c "
@@ -60,25 +62,25 @@ part check 330 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
   tests/test_seed_oss_helium.py tests/test_padded_heads.py tests/test_gemma3.py \
   tests/test_gemma2.py tests/test_gemma_ops.py tests/test_moe.py tests/test_moe_kernels.py \
   tests/test_olmo.py tests/test_olmo_ops.py
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
+grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --cluster --csplit --out "$OUT/gemm_sm90.json"
 cut -c1-190 "$OUT/sm90.out" | tail -26
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
-grep -E "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
-grep -E "^kernels" "$OUT/e2e.out" | cut -c1-160
+grep -sE "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
+grep -sE "^kernels" "$OUT/e2e.out" | cut -c1-160
 part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
   --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
-grep -E "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
-grep -E "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
+grep -sE "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
+grep -sE "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
 # the same with PDL off (REPRISE_PDL=0), beside the default above (`graphs`: the kernels
 # captured in the decode graphs launched as programmatic dependents): a 135M model's step
 # is ~270 small kernels, where launch gaps weigh most
 part e2e_default_nopdl 30 env PYTHONUNBUFFERED=1 REPRISE_PDL=0 "$py" bench/bench_gpu_e2e.py \
   --like smollm2-135m --sections decode,ttft,kernels --batches 1 \
   --out "$OUT/gpu_e2e_default_nopdl.json"
-grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_nopdl.out" \
+grep -sE "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_default_nopdl.out" \
   | cut -c1-160
 # the default model's projections unsplit (--max-splits 1), beside e2e_default (same call):
 # its K of 576 splits 3 ways and 1,536 six, and each of its 120 GEMMs a step took ~9 us at
@@ -86,7 +88,7 @@ grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/e2e_de
 # partials round trip; a rule to compare (other split counts are other bits), not to serve
 part e2e_default_s1 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
   --sections decode,kernels --batches 1 --max-splits 1 --out "$OUT/gpu_e2e_default_s1.json"
-grep -E "^(decode|split)|^kernels .*(span|idle|gemm)|failed|Error" "$OUT/e2e_default_s1.out" \
+grep -sE "^(decode|split)|^kernels .*(span|idle|gemm)|failed|Error" "$OUT/e2e_default_s1.out" \
   | cut -c1-160
 # the attention part also compiles attention_tc.cu twice more: its page step before base 2
 # (`paged attn tc expf`: natural-unit expf, a rescale and the masks on every page), and
@@ -95,7 +97,7 @@ grep -E "^(decode|split)|^kernels .*(span|idle|gemm)|failed|Error" "$OUT/e2e_def
 # issue time of each, the hosttier section)
 part attention 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,gemm,attention,hosttier --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
-grep -E "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|hosttier|^llama-3.1-8b +(offload|onboard|overlap)|Error" \
+grep -sE "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|hosttier|^llama-3.1-8b +(offload|onboard|overlap)|Error" \
   "$OUT/attention.out" | cut -c1-170
 # Nsight Compute over one batch-1 decode step's first 12 kernels (the embedding and the
 # first layer: every kernel a layer runs, the RMSNorm in registers among them), each alone:
@@ -110,12 +112,14 @@ if [ -n "$ncu_bin" ]; then
   part ncu_decode 90 env PYTHONUNBUFFERED=1 "$ncu_bin" --profile-from-start off \
     --clock-control none --launch-count 12 --csv --log-file "$OUT/ncu_decode.csv" \
     "${ncu_sections[@]}" "$py" bench/bench_ncu_step.py run --case decode
-  "$py" bench/bench_ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
-  cut -c1-190 "$OUT/ncu_decode.txt"
+  if [ -f "$OUT/ncu_decode.csv" ]; then
+    "$py" bench/bench_ncu_step.py summary "$OUT/ncu_decode.csv" >"$OUT/ncu_decode.txt" 2>&1
+    cut -c1-190 "$OUT/ncu_decode.txt"
+  fi
 fi
 part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
   --shape 8b --blocks 128 --repeat 3 --read-threads 16
-grep -E "blocks of|^(read|ahead|into) " "$OUT/disk_read_16.out"
+grep -sE "blocks of|^(read|ahead|into|ring) " "$OUT/disk_read_16.out"
 # last, since the wide FOLD's first version hung: the forced-tile tests (the wide FOLD; the
 # decode and 64 x 128 tiles against WS) and the gated (SwiGLU) epilogue's, kernel and engine
 # (the engine test's model: the synthetic stand-in gpu_check.sh makes where the default
@@ -125,57 +129,52 @@ model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
 synth_model('smollm2-135m', '$model')"
 part pending_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_gemm_sm90_pending_gpu.py
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
-# the engine with its MLPs in the gate/up GEMM's gated epilogue (GATED_BY_DEFAULT on in the
-# process), beside the e2e part's default rows: 8B decode and prefill, and against the
-# cuBLAS engine (issue 18's invariant / cuBLAS prefill, 1.28 on 2026-11-28); then the
-# default model's decode beside e2e_default
-flag_part gated_e2e 90 GATED_BY_DEFAULT --sections floors,decode,prefill,kernels,cublas --batches 1,64 --out "$OUT/gpu_e2e_gated.json"
-grep -E "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|Error" \
-  "$OUT/gated_e2e.out" | cut -c1-150 | head -24
+grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
+# the engine with its MLPs' silu_mul as a kernel of its own (GATED_BY_DEFAULT off in the
+# process; the gated epilogue is the default since 2026-12-01), beside the e2e part's
+# default rows: 8B decode and prefill, and against the cuBLAS engine
+flag_part ungated_e2e 90 '!GATED_BY_DEFAULT' --sections floors,decode,prefill,kernels,cublas --batches 1,64 --out "$OUT/gpu_e2e_ungated.json"
+grep -sE "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|Error" \
+  "$OUT/ungated_e2e.out" | cut -c1-150 | head -24
 # the engine with the cluster entry points on (CLUSTER_BY_DEFAULT in the process: two CTAs
 # along M multicasting each weight tile, for every prefill product of an even count of m
 # tiles), beside the e2e part's rows: 8B prefill and against the cuBLAS engine (issue 18's
 # invariant / cuBLAS prefill, and the sm90 part's c2 column for the GEMMs alone)
 flag_part cluster_e2e 60 CLUSTER_BY_DEFAULT --sections floors,prefill,cublas --batches 1 --out "$OUT/gpu_e2e_cluster.json"
-grep -E "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
+grep -sE "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
   "$OUT/cluster_e2e.out" | cut -c1-150 | head -24
-# the engine with the cluster split on (CSPLIT_BY_DEFAULT in the process: each split
-# projection of a decode step one cluster of its splits, folded through their shared
-# memory, not a workspace, a fence and a counter), beside the e2e and e2e_default parts'
-# rows: 8B decode b=1 (issue 18's 1.3x the weights-read floor) and the default model's
-# decode b=1 (issue 18's 1,500 tokens/s), each with where its step's time goes
-flag_part csplit_e2e 60 CSPLIT_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_csplit.json"
-grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
-  "$OUT/csplit_e2e.out" | cut -c1-150 | head -24
-flag_part csplit_default 30 CSPLIT_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_csplit_default.json"
-grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/csplit_default.out" | cut -c1-150
-flag_part gated_default 30 GATED_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_gated_default.json"
-grep -E "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/gated_default.out" | cut -c1-150
+# the default model with each of 2026-12-01's two new defaults taken away (the cluster
+# split: CSPLIT_BY_DEFAULT off, each split projection of a decode step PARTIAL's workspace,
+# fence and counter again; the gated epilogue: GATED_BY_DEFAULT off), beside e2e_default,
+# which has both: the two were measured alone (+34 % and +9 % over neither), not together
+flag_part nocsplit_default 30 '!CSPLIT_BY_DEFAULT' --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_nocsplit_default.json"
+grep -sE "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/nocsplit_default.out" | cut -c1-150
+flag_part ungated_default 30 '!GATED_BY_DEFAULT' --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_ungated_default.json"
+grep -sE "^decode|^kernels .*(span|idle)|failed|Error" "$OUT/ungated_default.out" | cut -c1-150
 # the default model with the row epilogues on (NORM_EPILOGUE_BY_DEFAULT and
 # ROPE_EPILOGUE_BY_DEFAULT: each layer's o and down launches run the add_rmsnorm after them
-# and its qkv launch the rope_kv_write, 90 launches a decode step fewer), then with every
-# default-model fusion not yet a default on together (the gated MLP, the cluster split, the
-# row epilogues), beside e2e_default: issue 18's 1,500 tokens/s
+# and its qkv launch the rope_kv_write, 90 launches a decode step fewer; they take those
+# launches off the cluster split, onto their tile's PARTIAL), beside e2e_default: issue
+# 18's 1,500 tokens/s (fused_default: the same with the cached first token)
 flag_part epilogues_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_epilogues_default.json"
-grep -E "^decode|^kernels .*(span|idle|_norm_|_rope_)|failed|Error" "$OUT/epilogues_default.out" | cut -c1-150
-flag_part fused_default 30 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
-grep -E "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150
-# every decode fusion not yet a default on together at 8B shapes (the gated MLP, the
-# cluster split, the row epilogues), beside the e2e part's rows: issue 18's decode b=1 at
-# 1.3x the weights-read floor, which no one of them reaches alone
-flag_part fused_e2e 60 GATED_BY_DEFAULT,CSPLIT_BY_DEFAULT,NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
-grep -E "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
+grep -sE "^decode|^kernels .*(span|idle|_norm_|_rope_)|failed|Error" "$OUT/epilogues_default.out" | cut -c1-150
+flag_part fused_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_fused_default.json"
+grep -sE "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150
+# the row epilogues on at 8B shapes (with the defaults: the gated MLP; the cluster split
+# keeps to small weights), beside the e2e part's rows: issue 18's decode b=1 at 1.3x the
+# weights-read floor
+flag_part fused_e2e 60 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
+grep -sE "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
   "$OUT/fused_e2e.out" | cut -c1-150 | head -24
 # the engine with the shared page on (attention_tc_kernel.COOP: a decode's split attention
 # CTA runs each page on all four warps, not warp 0 alone; the same bits), beside the e2e and
 # e2e_default parts' rows: 8B decode b=1 and the cached 4,096-token first token (issue 18's
 # 1.3x the floor and 1.1 decode steps), then the default model's decode b=1
 flag_part coop_e2e 60 attention_tc_kernel.COOP --sections floors,decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_coop.json"
-grep -E "^(decode|ttft|target)|^kernels (decode b=1 ctx=512 graphs|ttft 4096 cached).*(span|attention)|failed|Error" \
+grep -sE "^(decode|ttft|target)|^kernels (decode b=1 ctx=512 graphs|ttft 4096 cached).*(span|attention)|failed|Error" \
   "$OUT/coop_e2e.out" | cut -c1-150 | head -24
 flag_part coop_default 30 attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_coop_default.json"
-grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_default.out" | cut -c1-150
+grep -sE "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_default.out" | cut -c1-150
 # last of all, the persistent layer tail (decode_block_kernel.BY_DEFAULT: a decode's o_proj,
 # add_rmsnorm, gate_up, silu * up, down_proj and add_rmsnorm as one launch whose CTAs meet
 # at grid barriers; the same bits): its GPU tests first (a grid barrier whose CTAs are not
@@ -184,27 +183,38 @@ grep -E "^decode|^kernels .*(span|idle|attention)|failed|Error" "$OUT/coop_defau
 # other default-model fusions and the shared page, then 8B's decode beside e2e
 part tail_test 240 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_decode_block_gpu.py
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tail_test.out" | tail -5
+grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/tail_test.out" | tail -5
 flag_part tail_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,ttft,kernels --batches 1,4 --out "$OUT/gpu_e2e_tail_default.json"
-grep -E "^(decode|ttft)|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_default.out" | cut -c1-150 | head -24
+grep -sE "^(decode|ttft)|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_default.out" | cut -c1-150 | head -24
 # the same with one layer a launch (decode_layer's launches, not one decode_layers a step)
 flag_part tail_layer_default 30 decode_block_kernel.BY_DEFAULT --like smollm2-135m --sections decode,kernels --batches 1 --layers-a-launch 1 --out "$OUT/gpu_e2e_tail_layer_default.json"
-grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_layer_default.out" | cut -c1-150 | head -20
+grep -sE "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_layer_default.out" | cut -c1-150 | head -20
 flag_part tail_fused_default 30 decode_block_kernel.BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT,attention_tc_kernel.COOP --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_fused_default.json"
-grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
+grep -sE "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_fused_default.out" | cut -c1-150 | head -20
 flag_part tail_e2e 60 decode_block_kernel.BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail.json"
-grep -E "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|decode_layer)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20
+grep -sE "^(decode|target)|^kernels decode b=1 ctx=512 graphs.*(span|decode_tail|decode_layer)|failed|Error" "$OUT/tail_e2e.out" | cut -c1-150 | head -20
 # the same as tail_default with the weights read under L2's normal policy (decode_block.cu
 # built with REPRISE_WEIGHTS_EVICT_FIRST=0, a compile of its own: about 30-60 s): does
 # evict-first keep the KV pages in L2?
 flag_part tail_l2normal_default 120 decode_block_kernel.BY_DEFAULT,decode_block_kernel.WEIGHTS_EVICT_NORMAL --like smollm2-135m --sections decode,kernels --batches 1 --out "$OUT/gpu_e2e_tail_l2normal_default.json"
-grep -E "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_l2normal_default.out" | cut -c1-150 | head -20
+grep -sE "^decode|^kernels decode b=1 ctx=512 graphs|failed|Error" "$OUT/tail_l2normal_default.out" | cut -c1-150 | head -20
+# Gemma-3-1B's shapes (head_dim 256 on the CUDA-core attention kernel, 26 layers, a
+# window on 5 of 6): 7.8x the weights-read floor at decode b=1 on 2026-12-01, unexplained;
+# here with where each step's time goes
+part gemma 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like gemma-3-1b \
+  --sections floors,decode,prefill,kernels --batches 1,64 --out "$OUT/gpu_e2e_gemma.json"
+grep -sE "^(decode|prefill|kernels (decode b=1 ctx=512 graphs|prefill))|failed|Error" "$OUT/gemma.out" | cut -c1-150 | head -40
+# the same with head_dim 256 on the tensor-core kernel (attention_tc_kernel.D256_BY_DEFAULT:
+# its normal ring at one CTA an SM, 255 registers), beside `gemma`'s CUDA-core rows
+flag_part gemma_tc 90 attention_tc_kernel.D256_BY_DEFAULT --like gemma-3-1b \
+  --sections floors,decode,prefill,kernels --batches 1,64 --out "$OUT/gpu_e2e_gemma_tc.json"
+grep -sE "^(decode|prefill|kernels (decode b=1 ctx=512 graphs|prefill))|failed|Error" "$OUT/gemma_tc.out" | cut -c1-150 | head -40
 # a mixture of experts (2026-11-30, session 38): Qwen3-30B-A3B's shapes (random weights,
 # 61 GB), the grouped GEMMs on gemm.cu's unsplit tile, decode against the active
 # parameters' read floor (run by hand: PARTS=moe_e2e)
 part moe_e2e 240 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like qwen3-30b-a3b \
   --sections floors,decode,prefill,kernels --batches 1,64 --out "$OUT/gpu_e2e_moe.json"
-grep -E "^(decode|prefill|kernels decode b=1)|failed|Error" "$OUT/moe_e2e.out" | cut -c1-150 | head -40
+grep -sE "^(decode|prefill|kernels decode b=1)|failed|Error" "$OUT/moe_e2e.out" | cut -c1-150 | head -40
 # prompt lookup speculation on the GPU (2026-11-29, session 31; drafted steps in graphs
 # of their own since session 32): a drafted step (1 + 4 rows a request, the drafted
 # bucket's graph) against plain decode (graphs), drafts planted all right (the most
@@ -213,7 +223,7 @@ grep -E "^(decode|prefill|kernels decode b=1)|failed|Error" "$OUT/moe_e2e.out" |
 # answers bit-identical
 part spec_right_default 120 env PYTHONUNBUFFERED=1 "$py" bench/bench_speculative.py \
   --backend cupy --model "$model" --planted right --out "$OUT/speculative_right_default.json"
-grep -E "tok/s|differs|Error" "$OUT/spec_right_default.out" | cut -c1-150
+grep -sE "tok/s|differs|Error" "$OUT/spec_right_default.out" | cut -c1-150
 part spec_wrong_default 120 env PYTHONUNBUFFERED=1 "$py" bench/bench_speculative.py \
   --backend cupy --model "$model" --planted wrong --out "$OUT/speculative_wrong_default.json"
-grep -E "tok/s|differs|Error" "$OUT/spec_wrong_default.out" | cut -c1-150
+grep -sE "tok/s|differs|Error" "$OUT/spec_wrong_default.out" | cut -c1-150

@@ -307,3 +307,8 @@ def _tc_registers_do_not_hold_occupancy(resources: dict[str, nvrtc.Resources], a
                     assert by_registers >= by_shared, (kernel, used, shared)
     d128_b32 = resources[attention_tc_kernel_name(128, 32)]
     assert d128_b32.registers <= 168, d128_b32  # 3 CTAs: 65,536 / (3 * 128), in 8s
+    for block_size in (16, 32):  # head_dim 256: the normal ring, one CTA an SM, by both
+        used = resources[attention_tc_kernel_name(256, block_size)]
+        shared = tc_smem_bytes(256, block_size) + used.shared_bytes - RESERVED_IN_CUBIN[arch]
+        assert ctas_by_shared_memory(shared, arch) == 1 <= ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
+        assert attention_tc_kernel_name(256, block_size, deep=True) not in resources

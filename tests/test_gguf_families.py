@@ -538,6 +538,11 @@ def _plain(tensor: Any) -> np.ndarray:
         ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0},
          "qwen2.rope.scaling.type is 'yarn' (factor 4.0); the forward implements linear, yarn "
          "(with rope.scaling.original_context_length)"),
+        ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
+                   "qwen2.rope.scaling.original_context_length": 64,
+                   "qwen2.rope.scaling.attn_factor": 0.75},
+         "qwen2.rope.scaling.attn_factor is 0.75; a yarn attention factor other than 1 is not "
+         "read"),
         ("qwen2", {"qwen2.attention.key_length": 32, "qwen2.attention.value_length": 32},
          "is not the hidden size 64"),
         ("qwen3", {"qwen3.rope.dimension_count": 8}, "rope dimension 8"),

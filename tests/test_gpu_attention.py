@@ -27,7 +27,7 @@ SHAPES = {
     "llama-3.1-8b": (32, 8, 128),
     "group-1": (8, 8, 64),
     "group-8": (16, 2, 128),
-    "gemma-3-1b": (4, 1, 256),  # head_dim 256: the CUDA-core kernel's alone
+    "gemma-3-1b": (4, 1, 256),  # head_dim 256: the tensor-core kernel's in 16- and 32-key pages
 }
 MODEL_SHAPES = ["smollm2-135m", "llama-3.1-8b"]
 BLOCK_SIZES = [16, 32, 64]
@@ -180,10 +180,10 @@ def test_attention_matches_its_twin(cp, rng, kernel: str, shape: str, block_size
     spans = mixed_spans(rng, seq_lens)
     num_tokens = sum(last - first for _, first, last in spans)
     out = poisoned((num_tokens, seqs.num_heads, seqs.head_dim), np.uint16)
-    if kernel == "tensor-cores" and seqs.head_dim not in attention_tc_kernel.TC_HEAD_DIMS:
-        # a head the tensor-core kernel lacks (Gemma 3's 256) is refused in one line; the
-        # engine runs it on the CUDA cores (a 2026-11-30 H200 run caught this test calling it)
-        with pytest.raises(ValueError, match="head_dim must be one of"):
+    if kernel == "tensor-cores" and not attention_tc_kernel.takes(seqs.head_dim, block_size):
+        # pages the tensor-core kernel lacks (Gemma 3's head of 256 in 64-key pages) are
+        # refused in one line; the engine runs them on the CUDA cores
+        with pytest.raises(ValueError, match="block_size must be one of"):
             seqs.gpu(spans, out=out)
         return
     assert seqs.gpu(spans, out=out) is out
@@ -445,8 +445,6 @@ def test_softcapped_attention_matches_its_twin_and_keeps_its_bits(
     KV chunks) within BF16 rounding of the capped twin; each span alone and each prefill's
     last row as a decode step, the same bits; the cap binds; a cap of 0 gives the bits of a
     launch without the argument."""
-    if kernel == "tensor-cores" and shape == "gemma-3-1b":
-        pytest.skip("head_dim 256: the CUDA-core kernel's alone")
     seq_lens = [int(n) for n in rng.integers(1, 4 * KV_CHUNK, size=9)]
     seq_lens[0], seq_lens[2] = 3 * KV_CHUNK + 7, 1
     seqs = PagedSequences(rng, SHAPES[shape], 16, seq_lens, kernel)
@@ -467,13 +465,16 @@ def test_softcapped_attention_matches_its_twin_and_keeps_its_bits(
 
 @pytest.mark.parametrize("window", [0, 512])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_head_dim_256_on_the_cuda_cores(cp, rng, block_size: int, window: int) -> None:
-    """Gemma 3's head (256, staged a 128-dim part at a time): decodes, whole and partial
-    prefills within BF16 rounding of the twin, its 512 window or none; each span alone and
-    each prefill's last row as a decode step, the same bits."""
+def test_head_dim_256(cp, rng, kernel: str, block_size: int, window: int) -> None:
+    """Gemma 3's head (256; the CUDA-core kernel stages a 128-dim part at a time, the
+    tensor-core one takes 16- and 32-key pages on its normal ring): decodes, whole and
+    partial prefills within BF16 rounding of the twin, its 512 window or none; each span
+    alone and each prefill's last row as a decode step, the same bits."""
+    if not attention_tc_kernel.takes(256, block_size) and kernel == "tensor-cores":
+        pytest.skip("64-key pages of 256: the CUDA-core kernel's alone")
     seq_lens = [int(n) for n in rng.integers(1, 4 * KV_CHUNK, size=7)]
     seq_lens[0], seq_lens[2] = 3 * KV_CHUNK + 7, 1
-    seqs = PagedSequences(rng, SHAPES["gemma-3-1b"], block_size, seq_lens, "cuda-cores")
+    seqs = PagedSequences(rng, SHAPES["gemma-3-1b"], block_size, seq_lens, kernel)
     seqs.window = window
     spans = mixed_spans(rng, seq_lens)
     got = seqs.run(spans)

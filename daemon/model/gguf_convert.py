@@ -730,6 +730,14 @@ def _rope_scaling(meta: dict[str, Any], key: Callable[[str], str]) -> dict[str, 
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(factor)}
     original = meta.get(key("rope.scaling.original_context_length"))
+    attn = meta.get(key("rope.scaling.attn_factor"))
+    if kind == "yarn" and attn is not None and float(attn) != 1.0:
+        # llama.cpp scales yarn's own attention factor by it, where transformers' config
+        # replaces that factor: neither reading has a reference here, so no guess
+        raise ValueError(
+            f"{key('rope.scaling.attn_factor')} is {float(attn):g}; a yarn attention factor "
+            "other than 1 is not read, so this file is refused rather than run with other logits"
+        )
     if kind == "yarn" and original is not None:
         betas = {name: float(meta[key(f"rope.scaling.yarn_{name}")])
                  for name in ("beta_fast", "beta_slow") if key(f"rope.scaling.yarn_{name}") in meta}  # fmt: skip

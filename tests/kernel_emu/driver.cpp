@@ -52,11 +52,11 @@ alignas(16) unsigned short gemm_smem[GEMM_SMEM_CAPACITY / 2];
 }  // namespace gemm_emu
 
 // The tensor-core attention, the same way: its `extern __shared__` buffer is
-// attention_tc_smem below, sized for its largest configs (head_dim 128 with 64-key
-// pages, rows of 136 halves: two stages of a K and a V page, then the merged state, 68
-// floats a thread; or the deep ring's three stages alone).
-constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 3 * 2 * 64 * (128 + 8) * 2;  // 104,448 B
-static_assert(ATTENTION_TC_SMEM_CAPACITY == 2 * 2 * 64 * (128 + 8) * 2 + 128 * 68 * 4, "both");
+// attention_tc_smem below, sized for its largest config: head_dim 256 with 32-key pages,
+// rows of 264 halves: two stages of a K and a V page, then the merged state, 132 floats
+// a thread (135,168 B; head_dim 128's largest, 64-key pages or the deep ring, 104,448).
+constexpr unsigned ATTENTION_TC_SMEM_CAPACITY = 2 * 2 * 32 * (256 + 8) * 2 + 128 * 132 * 4;
+static_assert(ATTENTION_TC_SMEM_CAPACITY >= 3 * 2 * 64 * (128 + 8) * 2, "head_dim 128's deep b64");
 namespace attention_tc_emu {
 namespace {
 alignas(16) unsigned short attention_tc_smem[ATTENTION_TC_SMEM_CAPACITY / 2];
@@ -289,6 +289,8 @@ int run_paged_attention_tc(int head_dim, int block_size, int deep, int grid_x, i
     fn = deep ? attention_tc_emu::paged_attention_tc_d##d##_b##b##_deep : attention_tc_emu::paged_attention_tc_d##d##_b##b;
   TC(64, 16) TC(64, 32) TC(64, 64) TC(128, 16) TC(128, 32) TC(128, 64)
 #undef TC
+  if (head_dim == 256 && !deep && block_size == 16) fn = attention_tc_emu::paged_attention_tc_d256_b16;
+  if (head_dim == 256 && !deep && block_size == 32) fn = attention_tc_emu::paged_attention_tc_d256_b32;
   if (fn == nullptr) return 1;
   if (smem_bytes < 0 || static_cast<unsigned>(smem_bytes) > ATTENTION_TC_SMEM_CAPACITY) return 2;
   std::memset(attention_tc_emu::attention_tc_smem, 0xFF, sizeof attention_tc_emu::attention_tc_smem);
@@ -485,6 +487,7 @@ int emu_launch(const char* name, unsigned grid_x, unsigned grid_y, unsigned grid
   TC(paged_attention_tc_d128_b16) TC(paged_attention_tc_d128_b32) TC(paged_attention_tc_d128_b64)
   TC(paged_attention_tc_d64_b16_deep) TC(paged_attention_tc_d64_b32_deep) TC(paged_attention_tc_d64_b64_deep)
   TC(paged_attention_tc_d128_b16_deep) TC(paged_attention_tc_d128_b32_deep) TC(paged_attention_tc_d128_b64_deep)
+  TC(paged_attention_tc_d256_b16) TC(paged_attention_tc_d256_b32)
 #undef TC
 #define PERSISTENT(fn) if (n == #fn) return run_persistent(decode_block_emu::fn, name, l, smem_bytes);
   PERSISTENT(decode_tail_plain) PERSISTENT(decode_tail_packed)
