@@ -61,8 +61,8 @@ DEEP_HEAD_DIMS = (64, 128)
 # (attention_tc.cu's d256 entry points; else the CUDA-core kernel runs those heads, as
 # before). The same invariance argument and emulated tests as 64 and 128; off until a GPU
 # has run its tests and gpu_followup's `gemma_tc` part has timed it against `gemma`.
-# NOTE: its bits are not the CUDA-core kernel's, so turning it on must change what
-# CupyBackend.kernel_choice says for a head of 256 (the disk tier keys files by it).
+# NOTE: its bits are not the CUDA-core kernel's, so CupyBackend.kernel_choice (which keys
+# the disk tier's files) says "tensor-cores+d256" while it is on.
 D256_BY_DEFAULT = False
 
 

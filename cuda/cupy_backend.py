@@ -271,12 +271,17 @@ class CupyBackend:
     def kernel_choice(self) -> str:
         """The kernels whose bits this backend's results carry: attention and the GEMM
         family its weights take on this device (the one gemm_family gives a shape the
-        Hopper kernel supports), e.g. "tensor-cores/wgmma"."""
+        Hopper kernel supports), e.g. "tensor-cores/wgmma"; "tensor-cores+d256/..." where
+        D256_BY_DEFAULT sends heads of 256 to the tensor-core kernel too."""
+        from . import attention_tc_kernel
         from .gemm_sm90_kernel import device_arch, gemm_family
         from .gemm_sm90_plan import BLOCK_K
 
         gemm = gemm_family(device_arch(), 128, BLOCK_K, requested=self.gemm_family)
-        return f"{self.attention}/{gemm}"
+        attention = self.attention
+        if attention == "tensor-cores" and attention_tc_kernel.D256_BY_DEFAULT:
+            attention += "+d256"  # a head of 256 on this kernel too: other bits than before
+        return f"{attention}/{gemm}"
 
     def device_memory_bytes(self) -> int:
         _, total = self._cupy.cuda.runtime.memGetInfo()

@@ -127,7 +127,7 @@ def test_the_backend_takes_the_tensor_cores_for_head_dim_256_only_when_asked(
 ) -> None:
     """CupyBackend.paged_attention: head_dim 256 runs on the CUDA cores unless
     D256_BY_DEFAULT is on, then on the tensor cores where they have its pages; 128 on the
-    tensor cores either way."""
+    tensor cores either way; and kernel_choice says which."""
     pytest.importorskip("cupy")
     from reprise.cuda import cupy_backend
 
@@ -147,7 +147,15 @@ def test_the_backend_takes_the_tensor_cores_for_head_dim_256_only_when_asked(
         calls.clear()
         backend.paged_attention(q, cache, 0, None, None, None, 0.1)
         assert calls == [want], (flag, head_dim, block_size)
+    from reprise.cuda import gemm_sm90_kernel
+
+    monkeypatch.setattr(gemm_sm90_kernel, "device_arch", lambda: "90")
+    backend.gemm_family = None
+    for flag, choice in ((False, "tensor-cores/wgmma"), (True, "tensor-cores+d256/wgmma")):
+        monkeypatch.setattr(attention_tc_kernel, "D256_BY_DEFAULT", flag)
+        assert backend.kernel_choice == choice  # the disk tier's files are keyed by it
     backend.attention = "cuda-cores"
+    assert backend.kernel_choice == "cuda-cores/wgmma"
     calls.clear()
     backend.paged_attention(np.zeros((1, 4, 256), np.uint16), cache, 0, None, None, None, 0.1)
     assert calls == ["cuda-cores"]
