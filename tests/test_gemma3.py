@@ -70,11 +70,22 @@ def save_gemma(model: torch.nn.Module, out: Path) -> torch.nn.Module:
     return model.float().eval()
 
 
-def matches(path: Path, ref: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+PROMPT_SEED, PROMPT_LEN = 7, 150
+
+
+def matches(
+    path: Path, ref: torch.nn.Module, near_ties: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """test_model_reference.matches_transformers, its bound the larger of 2e-2 and 1.5 times
     the error of transformers' own BF16 forward (Gemma's (1 + w), rounded to BF16 here,
-    and its scaled embedding leave this tiny model's own BF16 error near 2e-2)."""
-    prompt = np.random.default_rng(7).integers(0, TINY["vocab_size"], size=150)
+    and its scaled embedding leave this tiny model's own BF16 error near 2e-2). Rows in
+    `near_ties` (a mixture of experts' rows whose router logits sit on a near tie, where
+    BF16 rounding picks the expert in either implementation) are left out of the largest
+    error, not of the mean or the argmax."""
+    prompt = np.random.default_rng(PROMPT_SEED).integers(0, TINY["vocab_size"], size=PROMPT_LEN)
+    kept = np.ones(len(prompt), bool)
+    if near_ties is not None:
+        kept[near_ties] = False
     want = hf_logits(ref, prompt)
     with torch.no_grad():
         own = ref.to(torch.bfloat16)(torch.tensor(prompt[None])).logits[0].float().numpy()
@@ -83,7 +94,7 @@ def matches(path: Path, ref: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, n
     for chunks in ([150], [1, 40, 64, 45]):
         ours = run_ours(path, prompt, chunks)
         err = rel_l2_rows(ours, want)
-        assert err.max() < max(2e-2, 1.5 * own_err.max()), (err.max(), own_err.max())
+        assert err[kept].max() < max(2e-2, 1.5 * own_err.max()), (err.max(), own_err.max())
         assert err.mean() < 1.5 * own_err.mean(), (err.mean(), own_err.mean())
         assert (ours.argmax(-1) == want.argmax(-1)).mean() > 0.95
     return ours, prompt, err
