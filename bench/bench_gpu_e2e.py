@@ -220,10 +220,9 @@ class Bench:
         total = context + steps + 64
         # a context past the engines' usual 8,192 tokens: a longer window, where the
         # model's positions allow (past them, add_request says so)
-        longest = max(total, min(8192, self.config.max_position_embeddings))
+        longest = min(max(total, 8192), self.config.max_position_embeddings)
         engine = self.engine(model, num_device_blocks=batch * self.blocks(total) + 4,
-                             cuda_graphs=graphs, enable_reuse=False,
-                             max_model_len=min(longest, self.config.max_position_embeddings))  # fmt: skip
+                             cuda_graphs=graphs, enable_reuse=False, max_model_len=longest)  # fmt: skip
         # sequences prefilled in an early step decode during the later prefill steps:
         # enough tokens that none finishes before the timed steps are over
         params = SamplingParams(max_tokens=steps + 64, temperature=0, ignore_eos=True)

@@ -54,8 +54,8 @@ THREADS_PER_CTA = 128  # kNumThreads in attention_tc.cu
 # The head sizes attention_tc.cu has entry points for, and the page sizes of each: head_dim
 # 256 (Gemma's) with 16- and 32-key pages on the normal ring alone (its 64-key pages are
 # over sm_80's shared memory, and its deep ring spills), at one CTA an SM
-TC_HEAD_DIMS = (64, 128, 256)
 TC_BLOCK_SIZES = {64: (16, 32, 64), 128: (16, 32, 64), 256: (16, 32)}
+TC_HEAD_DIMS = tuple(TC_BLOCK_SIZES)
 DEEP_HEAD_DIMS = (64, 128)
 # Whether CupyBackend's "tensor-cores" attention takes this kernel for head_dim 256 too
 # (attention_tc.cu's d256 entry points; else the CUDA-core kernel runs those heads, as

@@ -103,6 +103,15 @@ def read_with(config_change: dict, path: Path, prompt: np.ndarray) -> np.ndarray
         return run_ours(path, prompt, [len(prompt)])
 
 
+def tie_gaps(logits: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k-th largest router logit less its (k+1)-th, in BF16 ulps of the row's
+    largest magnitude: a gap of a few is a near tie, where rounding picks the expert."""
+    rows = np.asarray(logits, np.float64)
+    top = -np.sort(-rows, axis=1)
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(rows).max(axis=1))) - 7)
+    return (top[:, k - 1] - top[:, k]) / ulp
+
+
 def near_tie_rows(path: Path, ulps: int = 1) -> np.ndarray:
     """The prompt rows (test_gemma3.matches' prompt) whose router logits, at some layer of
     a NumPy forward, put the k-th and (k+1)-th largest within `ulps` BF16 ulps of the
@@ -116,9 +125,8 @@ def near_tie_rows(path: Path, ulps: int = 1) -> np.ndarray:
     route = NumpyBackend.moe_route
 
     def recorded(logits, k: int, normalize: bool):  # type: ignore[no-untyped-def]
-        top = -np.sort(-np.asarray(logits).view(BF16).astype(np.float64), axis=1)
-        gap = top[:, k - 1] - top[:, k]
-        rows.update(np.flatnonzero(gap <= ulps * np.abs(top[:, 0]) * 2.0**-7).tolist())
+        gaps = tie_gaps(np.asarray(logits).view(BF16), k)
+        rows.update(np.flatnonzero(gaps <= ulps).tolist())
         return route(logits, k, normalize)  # moe_route_ref, a static method
 
     with pytest.MonkeyPatch.context() as mp:
@@ -358,9 +366,8 @@ class RouteLog:
                 first, tie = int(apart[0]), (c_logits[apart[0]].astype(np.float64), k)
         if tie is not None:
             row, k = tie
-            kth, next_ = np.sort(row)[::-1][[k - 1, k]]
-            ulp = 2.0 ** (np.floor(np.log2(np.abs(row).max())) - 7)
-            assert kth - next_ <= self.TIE_ULPS * ulp, (first, (kth - next_) / ulp)
+            gap = tie_gaps(row[None], k)[0]
+            assert gap <= self.TIE_ULPS, (first, gap)
         return first
 
 
