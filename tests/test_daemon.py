@@ -342,7 +342,11 @@ def _bad_inputs() -> list[tuple[bytes, str]]:
     ]
 
 
-@pytest.mark.parametrize(("data", "code"), _bad_inputs())
+# ids by index, not by the bytes: the first input is fresh random bytes each run, and test
+# workers (pytest-xdist) must collect the same ids
+@pytest.mark.parametrize(
+    ("data", "code"), _bad_inputs(), ids=[f"{i}-{code}" for i, (_, code) in enumerate(_bad_inputs())]
+)
 def test_bad_input_gets_an_error_and_the_daemon_serves_on(
     daemon: Daemon, raw: Raw, data: bytes, code: str
 ) -> None:

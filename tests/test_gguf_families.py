@@ -1,5 +1,5 @@
-"""GGUF files of the Llama, Qwen2 and Qwen3 families (gguf_convert.py, gguf_tokenizer.py),
-against transformers reading the same files with its own code.
+"""GGUF files of the Llama, Qwen2 and Qwen3 families (gguf_convert.py, gguf_config.py,
+gguf_tokenizer.py), against transformers reading the same files with its own code.
 
 Each tiny file is written here as llama.cpp's converter writes one (its tensor names, Q and
 K permuted for a Llama, the large matrices quantized to Q8_0, a vocabulary trained here
@@ -27,7 +27,8 @@ from gguf_support import llama_cpp_permute, write_gguf
 from test_model_reference import hf_logits, rel_l2_rows, run_ours
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-from reprise.daemon.model.gguf_convert import convert_gguf, llama3_rope_scaling
+from reprise.daemon.model.gguf_config import llama3_rope_scaling
+from reprise.daemon.model.gguf_convert import convert_gguf
 from reprise.daemon.model.gguf_tokenizer import build_tokenizer
 from reprise.daemon.model.prepare import PrepareError, gguf_model_dir, prepare_gguf
 from reprise.daemon.model.safetensors_io import load_safetensors
@@ -517,7 +518,7 @@ def test_a_llama3_file_converts_to_its_scaled_model(tmp_path: Path) -> None:
 
 
 def _metadata(reader: Any) -> dict[str, Any]:
-    from reprise.daemon.model.gguf_convert import read_metadata
+    from reprise.daemon.model.gguf_files import read_metadata
 
     return read_metadata(reader)
 

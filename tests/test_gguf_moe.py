@@ -1,5 +1,5 @@
-"""GGUF files of mixture-of-experts models (gguf_convert.py, gguf_experts.py): Mixtral as
-llama.cpp's `llama` architecture with experts, `qwen2moe` and `qwen3moe`.
+"""GGUF files of mixture-of-experts models (gguf_convert.py, gguf_config.py, gguf_experts.py):
+Mixtral as llama.cpp's `llama` architecture with experts, `qwen2moe` and `qwen3moe`.
 
 Each tiny file is written here as llama.cpp's converter writes one: each layer's experts
 stacked (`ffn_gate_exps`, `ffn_up_exps` [E, I, H], `ffn_down_exps` [E, H, I]), the router
@@ -30,7 +30,8 @@ from test_gguf_families import _GLOBAL, _LAYER, TOKENS, _tokenizer_kv
 from test_moe import matches
 
 from reprise.daemon.model.config import ModelConfig
-from reprise.daemon.model.gguf_convert import convert_gguf, hf_config
+from reprise.daemon.model.gguf_config import hf_config
+from reprise.daemon.model.gguf_convert import convert_gguf
 from reprise.daemon.model.gguf_files import read_metadata
 from reprise.daemon.model.safetensors_io import load_safetensors
 

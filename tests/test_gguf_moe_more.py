@@ -1,5 +1,6 @@
 """GGUF files of Granite MoE (`granitemoe`) and of Qwen3-VL's and Qwen3-VL-MoE's text
-models (`qwen3vl`, `qwen3vlmoe`), converted by gguf_convert.py and gguf_experts.py.
+models (`qwen3vl`, `qwen3vlmoe`), converted by gguf_convert.py, gguf_config.py and
+gguf_experts.py.
 
 Each tiny file is written here as llama.cpp's converter writes one from a random
 transformers model: Granite MoE's Q and K permuted (its GraniteMoeModel is a LlamaModel),

@@ -1,5 +1,5 @@
 """GGUF files of OLMo 2 and OLMo 3 (`olmo2`) and OLMoE (`olmoe`), converted by
-gguf_convert.py and gguf_experts.py.
+gguf_convert.py, gguf_config.py and gguf_experts.py.
 
 Each tiny file is written here as llama.cpp's converter (convert_hf_to_gguf.py's
 Olmo2Model and OlmoeModel) writes one from a random transformers model: TextModel's keys

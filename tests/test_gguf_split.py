@@ -26,7 +26,8 @@ from gguf_support import set_gguf_value, split_gguf, write_gguf
 from test_gguf_families import gguf_of, hf_source
 
 from reprise.daemon.model import gguf_files
-from reprise.daemon.model.gguf_convert import convert_gguf, read_metadata
+from reprise.daemon.model.gguf_convert import convert_gguf
+from reprise.daemon.model.gguf_files import read_metadata
 from reprise.daemon.model.prepare import (
     MARKER_NAME,
     cached_models,
@@ -242,7 +243,7 @@ def test_a_safetensors_model_loads_and_runs_without_the_gguf_package(tmp_path: P
 import sys
 sys.modules["gguf"] = None  # `import gguf` raises ImportError
 from reprise.daemon import Engine, SamplingParams
-from reprise.daemon.model import gguf_convert, gguf_experts, gguf_files, prepare
+from reprise.daemon.model import gguf_config, gguf_convert, gguf_experts, gguf_families, gguf_files, prepare
 engine = Engine.from_pretrained({str(folder)!r}, backend="numpy")
 out = engine.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
 print(len(out.token_ids))

@@ -21,7 +21,8 @@ from gguf_support import llama_cpp_permute, write_gguf
 from tokenizers import Tokenizer, pre_tokenizers
 
 from reprise.daemon.model import prepare as prepare_module
-from reprise.daemon.model.gguf_convert import convert_gguf, read_metadata
+from reprise.daemon.model.gguf_convert import convert_gguf
+from reprise.daemon.model.gguf_files import read_metadata
 from reprise.daemon.model.gguf_tokenizer import build_tokenizer
 from reprise.daemon.model.prepare import (
     DEFAULT_WHEEL_SHA256,

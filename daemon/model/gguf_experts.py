@@ -8,8 +8,8 @@ llama.cpp's converter stacks each layer's experts, one tensor per projection:
 beside the router `ffn_gate_inp` [E, H]; Qwen2-MoE adds its shared expert
 (`ffn_{gate,up,down}_shexp`) and that expert's gate `ffn_gate_inp_shexp` ([H], or [1, H]
 unsqueezed). Granite MoE's checkpoint fuses gate and up (`input_linear`), which llama.cpp's
-converter splits into the two stacks. gguf_convert.py writes them as weights.py reads them,
-and guarantees:
+converter splits into the two stacks. gguf_convert.py writes them as weights.py reads them
+(gguf_config.py their config.json), and guarantees:
 
 - each layer's experts stacked: `experts.gate_up_proj` [E, 2I, H] (an expert's gate rows,
   then its up rows, as transformers holds them) and `experts.down_proj` [E, H, I], under
