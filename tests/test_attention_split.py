@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pytest
 from test_invariance_ops import PagedSequences, bits
-from test_kernels_compile import nvrtc_or_skip
+from test_kernels_compile import compiled, nvrtc_or_skip
 from test_ops import _dense_attention, _fill_sequences, rel_l2
 
 from reprise.cuda import attention, nvrtc
@@ -252,7 +252,7 @@ def test_attention_kernels_do_not_spill(name: str, defines: str, arch: str) -> N
     nvrtc_or_skip(arch)
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)  # common.cuh pasted in
     source = (f"#define {defines}\n" if defines else "") + source
-    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin)
+    resources = nvrtc.kernel_resources(compiled(source, name, arch).cubin)
     assert set(resources) == set(nvrtc.kernel_names(source))
     for kernel, used in sorted(resources.items()):
         print(f"{arch} {kernel}: {used.registers} registers, {used.local_bytes} B local")
@@ -310,5 +310,9 @@ def _tc_registers_do_not_hold_occupancy(resources: dict[str, nvrtc.Resources], a
     for block_size in (16, 32):  # head_dim 256: the normal ring, one CTA an SM, by both
         used = resources[attention_tc_kernel_name(256, block_size)]
         shared = tc_smem_bytes(256, block_size) + used.shared_bytes - RESERVED_IN_CUBIN[arch]
-        assert ctas_by_shared_memory(shared, arch) == 1 <= ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
+        assert (
+            ctas_by_shared_memory(shared, arch)
+            == 1
+            <= ctas_by_registers(used.registers, TC_THREADS_PER_CTA)
+        )
         assert attention_tc_kernel_name(256, block_size, deep=True) not in resources

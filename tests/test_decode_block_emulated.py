@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from kernel_emu import emucupy
 from test_cupy_emulated import PARAMS, Engines, assert_identical, emulated, model_dir, random_prompt
-from test_kernels_compile import nvrtc_or_skip
+from test_kernels_compile import compiled, nvrtc_or_skip
 
 from reprise.cuda import decode_block_kernel, gemm_kernel, pdl
 from reprise.cuda.decode_block import decode_tail_ref
@@ -299,9 +299,7 @@ def test_the_persistent_kernels_do_not_spill_and_fit_an_sm() -> None:
 
     nvrtc_or_skip("sm_90")
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "decode_block.cu")
-    resources = nvrtc.kernel_resources(
-        nvrtc.compile_source(source, "decode_block.cu", "sm_90").cubin
-    )
+    resources = nvrtc.kernel_resources(compiled(source, "decode_block.cu", "sm_90").cubin)
     layers = {f"decode_layer_{layout}_d{d}_b{b}" for layout in ("plain", "packed")
               for d, b in decode_block_kernel.LAYER_SHAPES}  # fmt: skip
     assert set(resources) == {"decode_tail_plain", "decode_tail_packed"} | layers

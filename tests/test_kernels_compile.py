@@ -3,6 +3,7 @@ without a GPU (DESIGN §5), and declares the entry points its launcher uses."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from pathlib import Path
@@ -13,6 +14,12 @@ from test_cupy_api import real_cupy
 from reprise.cuda import nvrtc
 
 pytestmark = pytest.mark.kernels
+
+# NVRTC's cubin of each (source, name, arch), compiled once a run: several tests read the
+# same one (the entry points here; registers and spills in test_attention_split,
+# test_decode_block_emulated and test_moe_kernels), and decode_block.cu alone takes
+# about a minute an architecture. A compile that fails is not kept.
+compiled = functools.cache(nvrtc.compile_source)
 
 
 def nvrtc_or_skip(arch: str = "sm_90") -> None:
@@ -38,11 +45,11 @@ def test_kernel_compiles(path: Path, arch: str) -> None:
     source = nvrtc.kernel_source(path)
     entry_points = nvrtc.kernel_names(source)
     assert entry_points, f'{path.name} declares no extern "C" __global__ kernel'
-    compiled = nvrtc.compile_source(source, path.name, arch)
-    assert compiled.cubin[:4] == b"\x7fELF"
+    result = compiled(source, path.name, arch)
+    assert result.cubin[:4] == b"\x7fELF"
     for name in entry_points:  # the cubin's symbol table names every entry point
-        assert name.encode() + b"\x00" in compiled.cubin, name
-    assert "warning" not in compiled.log.lower(), compiled.log
+        assert name.encode() + b"\x00" in result.cubin, name
+    assert "warning" not in result.log.lower(), result.log
 
 
 @pytest.mark.parametrize("arch", nvrtc.ARCHS)
@@ -114,7 +121,7 @@ def test_gemm_resources(arch: str) -> None:
     )
 
     source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / "gemm.cu")
-    resources = nvrtc.kernel_resources(nvrtc.compile_source(source, "gemm.cu", arch).cubin)
+    resources = nvrtc.kernel_resources(compiled(source, "gemm.cu", arch).cubin)
     assert set(resources) == set(nvrtc.kernel_names(source))
     configs = {config.name: config for config in CONFIGS}
     for name, used in sorted(resources.items()):

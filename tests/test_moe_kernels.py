@@ -481,13 +481,13 @@ def test_bad_inputs_are_refused_with_the_reason(emulated: None) -> None:
 def test_no_moe_kernel_spills_and_the_grouped_gemm_keeps_its_occupancy(arch: str) -> None:
     """moe.cu's kernels and the grouped GEMM's take no local memory, and each grouped tile
     fits as many CTAs an SM as gemm.cu's plain kernel of its tile."""
-    from test_kernels_compile import nvrtc_or_skip
+    from test_kernels_compile import compiled, nvrtc_or_skip
 
     nvrtc_or_skip(arch)
     found = {}
     for name in ("moe.cu", "gemm.cu"):
         source = nvrtc.kernel_source(nvrtc.KERNEL_DIR / name)
-        found.update(nvrtc.kernel_resources(nvrtc.compile_source(source, name, arch).cubin))
+        found.update(nvrtc.kernel_resources(compiled(source, name, arch).cubin))
     for name in nvrtc.kernel_names(nvrtc.kernel_source(nvrtc.KERNEL_DIR / "moe.cu")):
         assert found[name].local_bytes == 0, (name, found[name])
     for config in gemm_kernel.CONFIGS:
