@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 .venv/bin/ruff check .
-.venv/bin/python -m pytest "$@"
+# the slowest tests, printed at the end: the suite must stay well inside CI's 90 minutes
+.venv/bin/python -m pytest --durations=20 "$@"
