@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from .model_cmds import check_model
 from .options import ENGINE_OPTIONS, engine_options, engine_settings
 from .progress import tqdm_progress
 
@@ -71,6 +72,7 @@ def bench_cmd(scenario_names: tuple[str, ...], socket: str | None, **options: An
             if options[name] is not None
         }
     )
+    check_model(settings.model)
     sizes = Sizes(
         prompt_tokens=options["prompt_tokens"],
         prefix_lengths=_ints(options["prefix_lengths"]),

@@ -17,6 +17,8 @@ from .connect import connect, request_failed
 from .display import done_json, print_choices, print_logprobs, stats_table, stream_to, turn_summary
 from .options import (
     client_options,
+    finite,
+    in_a_folder,
     prompt_table_from,
     prompt_table_options,
     request_from,
@@ -73,6 +75,7 @@ def generate_request(
 @click.option(
     "--logits-out",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=in_a_folder,
     default=None,
     help="Save float32 logits [num_generated, vocab] as .npy.",
 )
@@ -167,6 +170,7 @@ def generate_cmd(
 @click.option(
     "--watch",
     type=click.FloatRange(min=0.1),
+    callback=finite,
     default=None,
     metavar="SECONDS",
     help="Refresh every SECONDS (at least 0.1) until Ctrl-C.",

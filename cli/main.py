@@ -183,7 +183,12 @@ def embed_cmd(
     from ..daemon import Engine
     from ..daemon.serve.openai_embeddings import EmbeddingFormat, shaped
 
-    inputs = list(texts) + ([line.rstrip("\n") for line in text_file] if text_file else [])
+    try:
+        inputs = list(texts) + ([line.rstrip("\n") for line in text_file] if text_file else [])
+    except UnicodeDecodeError as e:
+        raise click.BadParameter(
+            f"{text_file.name} is not UTF-8 text: {e}", param_hint="'--file'"
+        ) from None
     if not inputs:
         raise click.UsageError("give TEXTS or --file")
     if any(not text for text in inputs):

@@ -39,6 +39,14 @@ def model_source(ctx: click.Context, param: click.Parameter, value: Path | None)
     return model_folder(ctx, param, value)
 
 
+def check_model(model: str | None) -> None:
+    """serve's and bench's --model (an EngineConfig field, so text): checked as run's is."""
+    if model is not None:
+        ctx = click.get_current_context()
+        param = next(p for p in ctx.command.params if p.name == "model")
+        model_source(ctx, param, Path(model))
+
+
 # `--model` of the commands that load a model in this process (run, embed)
 model_option = click.option(
     "--model",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,23 @@ def _stop(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
     return value
 
 
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A FloatRange's value, refused when it is nan or inf (which FloatRange lets through)."""
+    if value is not None and not math.isfinite(value):
+        low = getattr(param.type, "min", None)
+        allowed = "a finite number" + ("" if low is None else f" >= {low:g}")
+        raise click.BadParameter(f"{value!r} is not {allowed}", ctx, param)
+    return value
+
+
+def in_a_folder(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A file to write: its folder must exist now, not only when the answer is done."""
+    folder = os.path.dirname(os.path.abspath(value)) if value is not None else None
+    if folder is not None and not os.path.isdir(folder):
+        raise click.BadParameter(f"cannot write {str(value)!r}: no folder {folder!r}", ctx, param)
+    return value
+
+
 def _bad_words(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> list[str] | None:
@@ -159,7 +177,7 @@ STRUCTURED_OPTIONS = {"json_schema": "json", "json_object": "json_object", "rege
 def structured_from(kw: dict[str, Any]) -> StructuredOutput | None:
     """The structured output the options ask for (at most one of them), checked by
     llguidance before anything loads or connects; None for none."""
-    given = [name for name in STRUCTURED_OPTIONS if kw.get(name)]
+    given = [name for name in STRUCTURED_OPTIONS if kw.get(name) not in (None, False, ())]
     flags = ", ".join("--" + name.replace("_", "-") for name in given)
     if len(given) > 1:
         raise click.UsageError(f"give at most one of --json-schema, --json-object, --regex, "

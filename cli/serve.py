@@ -12,6 +12,7 @@ import click
 from ..daemon.engine.config import setting_fields
 from ..daemon.serve.reasoning_parsers import PARSERS as REASONING_PARSERS
 from ..daemon.serve.tool_parsers import PARSERS as TOOL_PARSERS
+from .model_cmds import check_model
 from .options import (
     ENGINE_OPTIONS,
     engine_option,
@@ -64,6 +65,7 @@ def load_config(path: Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise click.ClickException(f"cannot read config {path}: {e}") from None
     raw = raw.get("serve", raw)  # the options may sit under a [serve] table
+    params = {p.name: p for p in serve_cmd.params}
     config: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
@@ -77,6 +79,10 @@ def load_config(path: Path) -> dict[str, Any]:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
             raise click.ClickException(f"{path}: {key} must be a {kind.__name__}; got {value!r}")
+        try:  # the flag's own check (its choices, its range), as on the command line
+            params[name].type.convert(value, params[name], None)
+        except click.BadParameter as e:
+            raise click.ClickException(f"{path}: {key}: {e.message}") from None
         config[name] = value
     return config
 
@@ -316,6 +322,7 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
             default_chat_template_kwargs=template_kwargs,
         )
         prepare_endpoints(config)  # a bad or busy socket is refused before the model loads
+        check_model(settings.model)
         http = None
         if http_config is not None:  # up while loading, so /health answers 503 meanwhile
             from ..daemon.serve.http import HttpThread
@@ -403,9 +410,10 @@ def _http_config(options: dict[str, Any], api_key: str | None) -> Any:
             raise click.UsageError("--tool-call-parser reads HTTP tool calls: it needs --http")
         if options["reasoning_parser"] is not None:
             raise click.UsageError("--reasoning-parser reads HTTP chat answers: it needs --http")
-        for name in ("override_generation_config", "allowed_origins", "ssl_keyfile",
+        for name in ("served_model_name", "responses_store_mb", "generation_config",
+                     "override_generation_config", "allowed_origins", "ssl_keyfile",
                      "ssl_certfile"):  # fmt: skip
-            if options[name] is not None:
+            if options[name] != SERVE_OPTIONS[name][0]:
                 flag = "--" + name.replace("_", "-")
                 raise click.UsageError(f"{flag} is an HTTP setting: it needs --http")
         return None

@@ -3,12 +3,13 @@ sockets that run before any model loads (`prepare_endpoints`)."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 from ...ipc.kv_events import KVEventLayout, check_layout
 from ...ipc.messages import ProtocolError, check_chat_options
-from ...ipc.sockets import check_address, ipc_path, prepare_ipc_path
+from ...ipc.sockets import check_address, ipc_path, prepare_ipc_path, socket_target
 from ..model.tokenizer import check_chat_template
 
 
@@ -49,6 +50,16 @@ class ServerConfig:
                 ) from None
         if self.events_address is not None:
             check_address(self.events_address)
+        for address in (self.address, self.events_address):
+            port = address.rsplit(":", 1)[1] if address and address.startswith("tcp://") else "1"
+            if not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise ValueError(
+                    f"{address!r} has no port in 1-65535; expected tcp://127.0.0.1:PORT"
+                )
+        if self.events_address == self.address:
+            raise ValueError(
+                f"KV events need an address of their own; {self.address} is the daemon's socket"
+            )
         check_layout(self.kv_events_layout)
         numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
                    "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
@@ -64,8 +75,19 @@ class ServerConfig:
 
 def prepare_endpoints(config: ServerConfig) -> None:
     """Check what binding will need before any model loads: each ipc:// socket's folder is
-    ours and private, and no live daemon listens there (raises RuntimeError saying why)."""
-    for address in (config.address, config.events_address):
+    ours and private, and no live daemon listens there; each tcp:// port is free (raises
+    RuntimeError saying why)."""
+    for address, flag in ((config.address, "--socket"), (config.events_address, "--events")):
         path = ipc_path(address) if address else None
         if path is not None:
             prepare_ipc_path(path)
+        elif address is not None:
+            family, target = socket_target(address)
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
+                try:
+                    probe.bind(target)
+                except OSError as e:
+                    raise RuntimeError(
+                        f"cannot serve on {address}: {e.strerror} (choose another {flag})"
+                    ) from None

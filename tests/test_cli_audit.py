@@ -1,0 +1,181 @@
+"""Bad input the CLI used to accept, or refused only after the model had loaded (or the
+answer was done), or with a line that did not name the option: each is now refused up
+front, in one line naming the option and the value. No daemon or model is needed."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli_errors import error_lines, run
+
+
+class Loaded(Exception):
+    """Raised in place of loading a model: the settings got past every check."""
+
+
+@pytest.fixture
+def no_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """serve and bench without a model load, signal handlers, log setup or fd limits."""
+    from reprise.daemon.engine.engine import Engine
+    from reprise.daemon.serve import service
+
+    def load(*_: object, **__: object) -> None:
+        raise Loaded("the model load was reached")
+
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    monkeypatch.setattr(service.StopFlag, "install", lambda self: None)
+    monkeypatch.setattr(service, "raise_fd_limit", lambda: 1024)
+    monkeypatch.setattr("reprise.daemon.serve.logs.configure", lambda *_: None)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback TCP port another program listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        yield listener.getsockname()[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def one_error(args: list[str], code: int, words: list[str]) -> None:
+    result = run(*args)
+    assert result.exit_code == code, result.output
+    assert "Loaded" not in result.output, "refused only after the model loaded"
+    assert isinstance(result.exception, SystemExit)
+    [line] = error_lines(result)
+    for word in words:
+        assert word in line, (word, line)
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--socket", "tcp://127.0.0.1:99999"], ["'tcp://127.0.0.1:99999'", "1-65535"]),
+        (["--socket", "tcp://127.0.0.1:abc"], ["'tcp://127.0.0.1:abc'", "1-65535"]),
+        (["--events", "tcp://127.0.0.1:0"], ["'tcp://127.0.0.1:0'", "1-65535"]),
+        (["--socket", "tcp://127.0.0.1:45671", "--events", "tcp://127.0.0.1:45671"],
+         ["KV events", "of their own", "tcp://127.0.0.1:45671"]),
+    ],
+)  # fmt: skip
+def test_serve_refuses_a_bad_tcp_address_before_the_model_loads(
+    args: list[str], words: list[str]
+) -> None:
+    one_error(["serve", *args], 1, words)
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("option", ["--socket", "--events"])
+def test_serve_refuses_a_busy_tcp_port_before_the_model_loads(option: str, busy_port: int) -> None:
+    address = f"tcp://127.0.0.1:{busy_port}"
+    one_error(["serve", option, address], 1, [address, "Address already in use", option])
+
+
+@pytest.mark.usefixtures("no_load")
+def test_serve_same_ipc_path_for_socket_and_events_is_refused(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/d.sock"
+    one_error(["serve", "--socket", address, "--events", address], 1, ["of their own", address])
+
+
+@pytest.mark.usefixtures("no_load")
+def test_serve_on_a_free_tcp_port_gets_as_far_as_loading() -> None:
+    """The port probe must not refuse a port nobody listens on."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    result = run("serve", "--socket", address, "--events", f"tcp://127.0.0.1:{free_port()}")
+    assert "Loaded: the model load was reached" in result.stderr, result.output
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_serve_and_bench_name_a_model_that_is_not_one(command: str, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    one_error([command, "--model", str(empty)], 2, ["'--model'", str(empty), "no config.json"])
+    one_error([command, "--model", str(text)], 2, ["'--model'", str(text), "not a GGUF file"])
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--served-model-name", "smol"],
+        ["--responses-store-mb", "8"],
+        ["--generation-config", "vllm"],
+    ],
+)
+def test_serve_http_settings_without_http_are_refused(args: list[str]) -> None:
+    one_error(["serve", *args], 2, [args[0], "needs --http"])
+
+
+@pytest.mark.usefixtures("no_load")
+def test_serve_http_settings_with_http_still_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoHttp:
+        def __init__(self, *_: object) -> None: ...
+        def start(self) -> None: ...
+
+    monkeypatch.setattr("reprise.daemon.serve.http.HttpThread", NoHttp)
+    result = run("serve", "--http", "127.0.0.1:0", "--served-model-name", "smol",
+                 "--responses-store-mb", "8", "--generation-config", "vllm")  # fmt: skip
+    assert "Loaded: the model load was reached" in result.stderr, result.output
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_stats_watch_must_be_finite(value: str) -> None:
+    one_error(["stats", "--watch", value], 2, ["--watch", value, "finite", ">= 0.1"])
+
+
+@pytest.mark.parametrize("option", ["--regex", "--grammar", "--json-schema"])
+def test_an_empty_structured_output_is_refused_not_dropped(option: str) -> None:
+    one_error(["generate", "x", option, ""], 2, [option, "empty"])
+
+
+def test_logits_out_into_a_missing_folder_is_refused_before_generating(tmp_path: Path) -> None:
+    target = tmp_path / "nowhere" / "l.npy"
+    one_error(["generate", "x", "--logits-out", str(target)], 2,
+              ["--logits-out", str(target), "no folder"])  # fmt: skip
+
+
+def test_embed_names_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    binary = tmp_path / "texts.bin"
+    binary.write_bytes(b"\xff\xfe\n")
+    one_error(["embed", "--file", str(binary)], 2, ["'--file'", str(binary), "not UTF-8"])
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('log-format = "xml"', ["log-format", "'xml'", "'text', 'json'"]),
+        ('log-level = "verbose"', ["log-level", "'verbose'", "'debug'"]),
+        ("max-queue = 0", ["max-queue", "0", "x>=1"]),
+    ],
+)
+def test_a_config_file_value_gets_its_flag_s_check(
+    line: str, words: list[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "reprise.toml"
+    config.write_text(line + "\n")
+    one_error(["serve", "--config", str(config)], 1, [str(config), *words])
+    assert "ValueError" not in run("serve", "--config", str(config)).output
+
+
+@pytest.mark.usefixtures("no_load")
+def test_a_good_config_file_gets_as_far_as_loading(tmp_path: Path) -> None:
+    config = tmp_path / "reprise.toml"
+    config.write_text('log-format = "json"\nmax-queue = 3\nblock-size = 16\nreuse = false\n'
+                      "disk-cache-gb = 2\n")  # fmt: skip
+    result = run("serve", "--config", str(config))
+    assert "Loaded: the model load was reached" in result.stderr, result.output
