@@ -103,10 +103,12 @@ def check_address(address: str) -> None:
             raise ValueError(f"{address!r} names no socket file; expected ipc://PATH")
         return
     if address.startswith("tcp://"):
-        host = address[len("tcp://") :].rsplit(":", 1)[0]
-        if host in ("127.0.0.1", "localhost", "[::1]"):
-            return
-        raise ValueError(f"tcp addresses must be on loopback (127.0.0.1); got {address}")
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        if host not in ("127.0.0.1", "localhost", "[::1]"):
+            raise ValueError(f"tcp addresses must be on loopback (127.0.0.1); got {address}")
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{address!r} has no port in 1-65535; expected tcp://127.0.0.1:PORT")
+        return
     raise ValueError(f"socket address must be ipc://PATH or tcp://127.0.0.1:PORT; got {address!r}")
 
 
