@@ -329,10 +329,10 @@ def serve_cmd(config_file: Path | None, api_key: str | None, **flags: Any) -> No
 
             http = HttpThread(http_config, config.address)
             http.start()
-        with tqdm_progress("loading model", unit="layer") as progress:
-            engine = Engine.from_pretrained(settings=settings, progress=progress)
-        server = Server(engine, config, notifier=Notifier(), stop=stop)
-        try:
+        try:  # the HTTP thread stops however this ends, a failed load too
+            with tqdm_progress("loading model", unit="layer") as progress:
+                engine = Engine.from_pretrained(settings=settings, progress=progress)
+            server = Server(engine, config, notifier=Notifier(), stop=stop)
             if not stop.is_set:
                 with tqdm_progress("warming up", unit="stage") as progress:
                     server.run(progress)

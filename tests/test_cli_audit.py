@@ -122,14 +122,27 @@ def test_serve_http_settings_without_http_are_refused(args: list[str]) -> None:
 
 @pytest.mark.usefixtures("no_load")
 def test_serve_http_settings_with_http_still_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    class NoHttp:
-        def __init__(self, *_: object) -> None: ...
-        def start(self) -> None: ...
-
-    monkeypatch.setattr("reprise.daemon.serve.http.HttpThread", NoHttp)
+    calls = recorded_http(monkeypatch)
     result = run("serve", "--http", "127.0.0.1:0", "--served-model-name", "smol",
                  "--responses-store-mb", "8", "--generation-config", "vllm")  # fmt: skip
     assert "Loaded: the model load was reached" in result.stderr, result.output
+    assert calls == ["start", "stop"], "a failed load stops the HTTP thread it started"
+
+
+def recorded_http(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """serve's HTTP thread replaced by one that records its start and stop calls."""
+    calls: list[str] = []
+
+    class Recorded:
+        def __init__(self, *_: object) -> None: ...
+        def start(self) -> None:
+            calls.append("start")
+
+        def stop(self) -> None:
+            calls.append("stop")
+
+    monkeypatch.setattr("reprise.daemon.serve.http.HttpThread", Recorded)
+    return calls
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
