@@ -68,7 +68,11 @@ def create_app(config: HttpConfig, daemon_address: str) -> Starlette:
                     raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)",
                                    code="invalid_api_key")  # fmt: skip
             return await route(frontend, request)
-        except ApiError as e:
+        except Exception as exc:  # a bug in a route: OpenAI's JSON 500, the traceback logged
+            e = exc if isinstance(exc, ApiError) else None
+            if e is None:
+                log.exception("internal error answering %s", request.url.path)
+                e = ApiError(500, f"internal error: {type(exc).__name__}", code="internal")
             frontend.metrics.errors.labels(str(e.status)).inc()
             return JSONResponse(e.body(), status_code=e.status)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...ipc.messages import ProtocolError, check_chat_options
-from .openai_errors import bad
+from .openai_errors import bad, check_wire_json
 from .openai_errors import is_a as _is
 from .openai_structured import tool_calls
 
@@ -39,6 +39,7 @@ def parse_chat_options(
         if messages[-1]["role"] != "assistant":
             raise bad("continue_final_message", "needs the last message to be the assistant's")
     if "chat_template_kwargs" in body:
+        check_wire_json("chat_template_kwargs", body["chat_template_kwargs"])
         options["kwargs"] = body["chat_template_kwargs"]
     if "documents" in body:  # vLLM's: the template's documents (retrieval-augmented chats)
         documents = body["documents"]
@@ -48,6 +49,7 @@ def parse_chat_options(
             for d in documents
         ):
             raise bad("documents", "must be a list of objects of strings (e.g. title, text)")
+        check_wire_json("documents", documents)
         if isinstance(options.get("kwargs"), dict):
             options["kwargs"] = {**options["kwargs"], "documents": documents}
         else:
@@ -71,17 +73,21 @@ def parse_messages(messages: object) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not _is(m.get("role"), str):
             raise bad(f"messages[{i}]", "must be an object with a role and a content")
+        # null counts as not given (an answer's model_dump() has refusal, audio, ... null)
+        m = {k: v for k, v in m.items() if v is not None}
         extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise bad(f"messages[{i}]", f"unsupported field(s) {sorted(extra)}")
-        m = {k: v for k, v in m.items() if v is not None}
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
             for part in content:
                 if not isinstance(part, dict) or part.get("type") != "text":
                     raise bad(f"messages[{i}].content", "only text parts are supported")
-                texts.append(part.get("text", ""))
+                if not isinstance(part.get("text"), str):
+                    raise bad(f"messages[{i}].content", "a text part's text must be a string; "
+                              f"got {part.get('text')!r:.60}")  # fmt: skip
+                texts.append(part["text"])
             content = "".join(texts)
         message: dict[str, Any] = {"role": m["role"], "content": content}
         if "tool_calls" in m:
