@@ -148,3 +148,20 @@ def test_a_bug_in_a_route_is_openais_json_500_and_logged(
     assert "RuntimeError" in answer.json()["error"]["message"]
     assert any(r.exc_info and "a bug" in str(r.exc_info[1]) for r in caplog.records)
     assert client.get("/health").status_code == 503  # the app answers on (no daemon behind it)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_stream_options_without_stream_is_a_400(api, endpoint: str) -> None:
+    """stream_options only means something for a stream: OpenAI and vLLM refuse it on a
+    request that does not stream (an empty one passes, as in vLLM)."""
+    with pytest.raises(openai.BadRequestError) as info:
+        if endpoint == "chat":
+            chat(api, [{"role": "user", "content": "x"}], stream_options={"include_usage": True})
+        else:
+            api.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1,
+                                   stream_options={"include_usage": True})  # fmt: skip
+    assert info.value.body["param"] == "stream_options", info.value.body
+    assert "stream" in info.value.body["message"]
+    answer = api.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1,
+                                    extra_body={"stream_options": {}})  # fmt: skip
+    assert answer.choices[0].finish_reason == "length"

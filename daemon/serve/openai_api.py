@@ -245,6 +245,8 @@ def parse_request(
         raise bad("stream", f"must be a boolean; got {stream!r}")
     parsed.stream = stream
     stream_options = body.get("stream_options") or {}
+    if stream_options and not stream:  # OpenAI's and vLLM's rule
+        raise bad("stream_options", "is only allowed with stream: true")
     known = {"include_usage", "continuous_usage_stats"}
     if not isinstance(stream_options, dict) or set(stream_options) - known:
         raise bad(
