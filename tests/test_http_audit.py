@@ -165,3 +165,13 @@ def test_stream_options_without_stream_is_a_400(api, endpoint: str) -> None:
     answer = api.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1,
                                     extra_body={"stream_options": {}})  # fmt: skip
     assert answer.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("model", [5, ["smol"], {"name": "smol"}])
+def test_a_model_that_is_not_a_string_is_a_400(daemon: HttpDaemon, model: object) -> None:
+    """A `model` of the wrong type is a bad request (400 naming it), not an unknown model
+    (404): no name could have matched."""
+    answer = httpx.post(f"{daemon.url}/v1/completions", timeout=30,
+                        json={"model": model, "prompt": "x", "max_tokens": 1})  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "model"

@@ -23,7 +23,7 @@ from .http_config import HttpConfig
 from .http_streams import ClientPool, Timing, merged
 from .metrics import Metrics
 from .openai_api import ParsedRequest
-from .openai_errors import ApiError, api_error, too_large
+from .openai_errors import ApiError, api_error, bad, too_large
 from .responses_store import ResponseStore
 
 T = TypeVar("T")
@@ -86,7 +86,9 @@ class Frontend:
 
     # -- what the routes share ---------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: object) -> None:
+        if model is not None and not isinstance(model, str):
+            raise bad("model", f"must be a string (the served model's name); got {model!r:.60}")
         if model is not None and model != self.config.model_name:
             raise ApiError(404, f"the model {model!r} does not exist; this daemon "
                            f"serves {self.config.model_name!r}", param="model",
