@@ -64,6 +64,22 @@ def check_type(name: str, value: object, *types: type) -> None:
             ) from None
 
 
+def check_wire_json(name: str, value: object) -> None:
+    """Free-form JSON (template variables, a tool's parameters, documents): every integer
+    and string in it, map keys too, one the wire carries (check_type's rule), else
+    bad_request naming `name`. Walked without recursion: the nesting is the sender's."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int | str) and not isinstance(item, bool):
+            check_type(name, item, type(item))
+
+
 def check_id(name: str, value: object) -> None:
     check_type(name, value, str)
     assert isinstance(value, str)
@@ -148,6 +164,7 @@ def check_chat_options(options: object) -> None:
             )
         if key in RESERVED_TEMPLATE_NAMES:
             raise bad(f"chat_options.kwargs cannot set {key} (the renderer sets it)")
+    check_wire_json("chat_options.kwargs", kwargs)
 
 
 def _bounded_list(name: str, value: object, what: str) -> list[Any]:
@@ -194,6 +211,7 @@ def check_tools(tools: object) -> None:
             check_type(f"tools[{i}].function.description", function["description"], str)
         if "parameters" in function:
             check_type(f"tools[{i}].function.parameters", function["parameters"], dict)
+            check_wire_json(f"tools[{i}].function.parameters", function["parameters"])
         if "strict" in function:
             check_type(f"tools[{i}].function.strict", function["strict"], bool)
 

@@ -36,6 +36,7 @@ from .checks import (
 )
 from .checks import check_chat_options as check_chat_options
 from .checks import check_tools as check_tools
+from .checks import check_wire_json as check_wire_json
 from .checks import logit_bias_from_wire as logit_bias_from_wire
 from .checks import logit_bias_to_wire as logit_bias_to_wire
 from .replies import (

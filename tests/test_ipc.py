@@ -322,3 +322,21 @@ def test_serve_config_file(tmp_path: Path) -> None:
     unknown.write_text("colour = 1\n")
     with pytest.raises(click.ClickException, match="unknown option"):
         load_config(unknown)
+
+
+def test_free_form_json_is_checked_to_its_leaves() -> None:
+    """Template variables and a tool's parameters are free-form JSON: an integer past 64
+    bits or a lone surrogate anywhere in them (map keys too) is bad_request naming the field,
+    as a top-level field's would be; nested values the wire carries pass."""
+    from reprise.ipc.messages import ProtocolError, check_chat_options, check_tools
+
+    check_chat_options({"kwargs": {"x": [1, {"y": -(2**63), "z": "ok"}], "b": True}})
+    with pytest.raises(ProtocolError, match=r"chat_options\.kwargs must fit in 64 bits"):
+        check_chat_options({"kwargs": {"x": [1, {"y": 2**70}]}})
+    with pytest.raises(ProtocolError, match=r"chat_options\.kwargs is not valid Unicode"):
+        check_chat_options({"kwargs": {"x": {"\ud800": 1}}})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    check_tools([tool])
+    tool["function"]["parameters"] = {"properties": {"a": {"maxItems": 2**64}}}
+    with pytest.raises(ProtocolError, match=r"tools\[0\]\.function\.parameters must fit"):
+        check_tools([tool])

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ipc.messages import ProtocolError, check_chat_options
-from .openai_errors import bad, check_wire_json
+from ...ipc.messages import ProtocolError, check_chat_options, check_wire_json
+from .openai_errors import bad
 from .openai_errors import is_a as _is
 from .openai_structured import tool_calls
 
@@ -39,7 +39,6 @@ def parse_chat_options(
         if messages[-1]["role"] != "assistant":
             raise bad("continue_final_message", "needs the last message to be the assistant's")
     if "chat_template_kwargs" in body:
-        check_wire_json("chat_template_kwargs", body["chat_template_kwargs"])
         options["kwargs"] = body["chat_template_kwargs"]
     if "documents" in body:  # vLLM's: the template's documents (retrieval-augmented chats)
         documents = body["documents"]
@@ -49,7 +48,10 @@ def parse_chat_options(
             for d in documents
         ):
             raise bad("documents", "must be a list of objects of strings (e.g. title, text)")
-        check_wire_json("documents", documents)
+        try:
+            check_wire_json("documents", documents)
+        except ProtocolError as e:
+            raise bad("documents", e.message.removeprefix("documents ")) from None
         if isinstance(options.get("kwargs"), dict):
             options["kwargs"] = {**options["kwargs"], "documents": documents}
         else:

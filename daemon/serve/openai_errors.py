@@ -11,7 +11,7 @@ import logging
 from typing import Any, ClassVar
 
 from ...ipc.client import DaemonUnavailable, RequestError
-from ...ipc.messages import SAMPLING_FIELDS, WIRE_INT_MAX, WIRE_INT_MIN, Generate, ProtocolError
+from ...ipc.messages import SAMPLING_FIELDS, Generate, ProtocolError
 
 log = logging.getLogger("reprise.http")
 
@@ -59,31 +59,6 @@ def bad(param: str, message: str) -> ApiError:
 def is_a(value: object, *types: type) -> bool:
     """`value` is one of `types`, a bool counting as one only when bool is among them."""
     return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-
-
-def check_wire_json(param: str, value: object) -> None:
-    """Free-form JSON (template variables, a tool's parameters) that the daemon's msgpack
-    message can carry: integers in 64 bits, strings (keys too) valid Unicode; else a 400
-    naming `param`. Walked without recursion: read_json already bounds the nesting."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif is_a(item, int) and not WIRE_INT_MIN <= item <= WIRE_INT_MAX:  # type: ignore[operator]
-            raise bad(
-                param, f"integers must fit in 64 bits (-2**63 to 2**64 - 1); got {item!r:.40}"
-            )
-        elif isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:  # JSON's "\ud800" makes one
-                raise bad(
-                    param, f"is not valid Unicode: a lone surrogate in {item!r:.40}"
-                ) from None
 
 
 # The daemon's error codes whose HTTP code is OpenAI's own name for them.

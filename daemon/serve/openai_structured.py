@@ -13,7 +13,7 @@ from typing import Any
 
 from ...ipc.messages import ProtocolError, check_tools
 from ..engine.sampling.structured import StructuredOutput
-from .openai_errors import bad, check_wire_json
+from .openai_errors import bad
 
 # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older
 # guided_* fields (at most one of them in a request).
@@ -71,7 +71,6 @@ def tools(body: dict[str, Any], parser: str | None) -> ToolUse | None:
         check_tools(tools)
     except ProtocolError as e:
         raise bad("tools", e.message) from None
-    check_wire_json("tools", tools)
     choice = "auto" if choice is None else choice
     if choice == "none":
         return None
