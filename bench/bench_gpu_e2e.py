@@ -171,6 +171,8 @@ class Bench:
         self.tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
         self.model = LlamaModel(self.config, self.weights, self.backend)
         self.block_size = block_size
+        self.async_scheduling = args.async_scheduling
+        self.last_async_steps = 0  # steps the last decode_step_s's engine launched ahead
         self.load_s = time.perf_counter() - start
         self.rng = np.random.default_rng(0)
 
@@ -178,6 +180,8 @@ class Bench:
         kwargs.setdefault("block_size", self.block_size)
         kwargs.setdefault("max_model_len", min(8192, self.config.max_position_embeddings))
         kwargs.setdefault("max_num_batched_tokens", 8192)
+        if kwargs.get("cuda_graphs") is not False:  # (it needs the decode graphs)
+            kwargs.setdefault("async_scheduling", self.async_scheduling)
         return Engine(self.config, self.tokenizer, model or self.model, **kwargs)
 
     def prompt(self, n: int) -> list[int]:
@@ -207,6 +211,7 @@ class Bench:
                 if i >= warm:
                     times.append(time.perf_counter() - start)
                 assert len(outs) == batch, "every sequence decodes in every timed step"
+        self.last_async_steps = engine.num_async_steps  # (the tests read it)
         del engine
         _free(self.backend.name == "cupy")
         return statistics.median(times), _median_elapsed_s(events[warm:])
@@ -782,6 +787,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(decode_block_kernel.BY_DEFAULT), at most this many layers a launch "
                         "(MAX_LAYERS_A_LAUNCH; default: a step's all); the same bits either "
                         "way")  # fmt: skip
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="the engines with decode graphs launch each decode step before "
+                        "the tokens of the one before it are read back (EngineConfig's "
+                        "async_scheduling); the same bits either way")  # fmt: skip
     args = parser.parse_args(argv)
     if args.max_splits is not None and args.max_splits < 1:
         parser.error(f"--max-splits must be >= 1; got {args.max_splits}")

@@ -185,6 +185,12 @@ class BlockPool(DiskSide):
         """Copies planned and not yet taken (e.g. disk writes planned by `register`)."""
         return len(self._copies)
 
+    @property
+    def num_planned_pins(self) -> int:
+        """Copies planned and not yet taken that pin their ends (tier copies, disk
+        onboards): `complete_copies` must wait until they are taken and have run."""
+        return sum(copy.kind in PINNED_KINDS for copy in self._copies)
+
     def eviction_order(self) -> list[BlockId]:
         """The free blocks, the next to be taken first."""
         self._queue.refresh(self._clock())

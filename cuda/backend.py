@@ -219,6 +219,17 @@ class NumpyBackend:
         """Copy a host array into a backend array (or view) of its shape."""
         dst[...] = src
 
+    def download(self, dst: np.ndarray, src: np.ndarray) -> CopyDone:
+        """Copy a backend array into a host array of its shape (a staging buffer), after
+        the work queued; done when this returns, as the GPU's is once waited for."""
+        dst[...] = src
+        return Landed()
+
+    def copy_rows(self, dst: np.ndarray, src: np.ndarray, rows: np.ndarray | None) -> None:
+        """`dst[i] = src[rows[i]]` for every row of `dst` (`src[i]` with None), in order
+        with the work queued before and after."""
+        dst[...] = src[: dst.shape[0]] if rows is None else src[rows]
+
     def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """What the GPU backend records as a CUDA graph, this backend just reruns."""
         return fn

@@ -441,6 +441,32 @@ class CupyBackend:
         runtime.memcpy2DAsync(dst.data.ptr, dst.strides[0], src.ctypes.data, src.strides[0],
                               cols * itemsize, rows, kind, stream)  # fmt: skip
 
+    def download(self, dst: np.ndarray, src: Any) -> Any:
+        """Copy a contiguous device array into a pinned host array of its size, on the
+        current stream after the work queued there (asynchronous: one memcpyAsync).
+        Returns the event recorded after it: `dst` holds the bytes once `synchronize()`
+        returns, while later work on the stream runs on."""
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous and src.nbytes == dst.nbytes):
+            raise ValueError("download copies a contiguous array into a host buffer of its size")
+        runtime = self._cupy.cuda.runtime
+        stream = self._cupy.cuda.get_current_stream()
+        runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)  # fmt: skip
+        return stream.record()
+
+    def copy_rows(self, dst: Any, src: Any, rows: Any) -> None:
+        """`dst[i] = src[rows[i]]` for every row of `dst`, on the current stream: with
+        `rows` None (`src[i]`), one device-to-device memcpy; else a gather by the device
+        array `rows`."""
+        if rows is not None:
+            dst[...] = src[rows]
+            return
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype):
+            raise ValueError("copy_rows copies between contiguous arrays of one dtype")
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, runtime.memcpyDeviceToDevice,
+                            self._cupy.cuda.get_current_stream().ptr)  # fmt: skip
+
     def capture(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """Record `fn`'s kernels once as a CUDA graph; the callable returned replays them
         on the current stream and returns what `fn` returned at capture, the same device

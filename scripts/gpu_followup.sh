@@ -162,6 +162,16 @@ flag_part fused_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --l
 grep -sE "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150
 # the row epilogues on at 8B shapes (with the defaults: the gated MLP; the cluster split
 # keeps to small weights), beside the e2e part's rows: issue 18's decode b=1 at 1.3x the
+# asynchronous scheduling (EngineConfig.async_scheduling: the next decode step launched
+# before this one's tokens are read back, so the host's part of a step runs while the
+# device works), beside e2e_default and e2e: the default model's decode b=1 (issue 18's
+# 1,500 tok/s; the host was 13 % of its step) and 8B's decode b=1 and b=64 (1.3x the floor)
+part async_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
+  --sections decode --batches 1,64 --async-scheduling --out "$OUT/gpu_e2e_async_default.json"
+grep -sE "^(decode|target)|failed|Error" "$OUT/async_default.out" | cut -c1-150
+part async_e2e 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
+  --sections floors,decode --async-scheduling --out "$OUT/gpu_e2e_async.json"
+grep -sE "^(decode|target: decode)|failed|Error" "$OUT/async_e2e.out" | cut -c1-150
 # weights-read floor
 flag_part fused_e2e 60 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
 grep -sE "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \

@@ -121,7 +121,8 @@ def test_the_host_tier_trace_traces_one_call_from_the_host_tier(monkeypatch) -> 
     monkeypatch.setattr(e2e, "profile_calls", profile_calls)
     monkeypatch.setattr(e2e, "_free", lambda on_device: None)
     args = argparse.Namespace(like="tiny", block_size=32, backend="numpy", context=40,
-                              batches=(1,), prefill_tokens=64, ttft_tokens=200, disk_dir=None)  # fmt: skip
+                              batches=(1,), prefill_tokens=64, ttft_tokens=200, disk_dir=None,
+                              async_scheduling=False)  # fmt: skip
     bench = e2e.Bench(args)
     seen: list[int] = []
     real = e2e._host_tier_ttft
@@ -221,3 +222,28 @@ def test_every_flag_the_gpu_followup_sets_exists() -> None:
             default = getattr(found, name, None)
             assert isinstance(default, bool), flag
             assert default == flag.startswith("!"), f"{flag}: already the default"
+
+
+def test_async_scheduling_runs_the_decode_rows(tmp_path: Path) -> None:
+    """`--async-scheduling` (gpu_followup's async parts): the graphs' decode rows run with
+    steps launched ahead, and every timed step still returns each sequence's token (the
+    benchmark asserts it); the eager rows run as before."""
+    from reprise.bench import bench_gpu_e2e
+
+    out = tmp_path / "e2e.json"
+    seen: list[int] = []
+    real = bench_gpu_e2e.Bench.decode_step_s
+
+    def spy(self, batch, context, *, graphs, **kwargs):  # type: ignore[no-untyped-def]
+        result = real(self, batch, context, graphs=graphs, **kwargs)
+        seen.append(self.last_async_steps)
+        return result
+
+    args = ["--like", "tiny", "--backend", "numpy", "--sections", "decode", "--context", "40",
+            "--batches", "1,3", "--async-scheduling", "--out", str(out)]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_gpu_e2e.Bench, "decode_step_s", spy)
+        assert main(args) == 0
+    assert json.loads(out.read_text())["errors"] == []
+    # eager b=1, graphs b=1, eager b=3, graphs b=3: only the graphs' steps are launched ahead
+    assert [n > 0 for n in seen] == [False, True, False, True]

@@ -321,6 +321,25 @@ def run_both_with(engine: Engine, params: list[SamplingParams]) -> list[Completi
     return outs
 
 
+def test_async_scheduling_keeps_every_token(engines: Engines) -> None:
+    """Asynchronous scheduling on the GPU backend (engine.py's `step`): each step after the
+    first is replayed before the one before it has its tokens on the host, fed them on the
+    device (a device-to-device copy, or a gather once a request has ended), its tokens
+    brought back by an asynchronous copy into pinned memory. The same tokens as the
+    synchronous graphs, for a batch that shrinks as requests end on stop ids; no block held."""
+    params = [
+        SamplingParams(**{**_fields(p), "return_logits": False, "max_tokens": n})
+        for p, n in ((GREEDY, 5), (SEEDED, NUM_TOKENS))  # the first ends: row 1 is gathered
+    ]
+    want = run_both_with(engines(cuda_graphs=True), params)
+    engine = engines(cuda_graphs=True, async_scheduling=True)
+    got = run_both_with(engine, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [len(c.token_ids) for c in got] == [5, NUM_TOKENS]
+    assert engine.num_async_steps >= NUM_TOKENS - 3
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
 def test_graphs_captured_ahead_of_time(engines: Engines, reference) -> None:
     """Captured before any request (the daemon's warm-up), on padding rows alone: no pool
     block changes, no step captures again, and the steps that replay them keep their bits."""

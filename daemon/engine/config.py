@@ -113,6 +113,14 @@ class EngineConfig:
         "Replay decode steps as CUDA graphs, one per batch-size bucket, captured at start-up "
         "[default: on with the GPU backend; --cuda-graphs on NumPy runs the same padded steps].",
     )  # fmt: skip
+    async_scheduling: bool = _setting(
+        False, "--async-scheduling/--no-async-scheduling",
+        "Launch the next decode step before this one's tokens are read back (vLLM's "
+        "async scheduling), so the device runs it while the host records them; the tokens "
+        "it is fed come from the device, and the output is bit-identical. Steps of decodes "
+        "alone with no penalties, grammar, bad word sequences, logprobs or drafts run so. "
+        "Needs decode graphs [default: off].",
+    )  # fmt: skip
     kv_events: bool = _setting(
         False, "--kv-events/--no-kv-events",
         "Keep KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) for "
@@ -223,6 +231,23 @@ class EngineConfig:
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise SettingError(
                 "cuda_graphs", f"cuda_graphs must be a bool or None; got {self.cuda_graphs!r}"
+            )
+        if not isinstance(self.async_scheduling, bool):
+            raise SettingError(
+                "async_scheduling",
+                f"async_scheduling must be a bool; got {self.async_scheduling!r}",
+            )
+        if self.async_scheduling and self.cuda_graphs is False:
+            raise SettingError(
+                "async_scheduling",
+                "async_scheduling needs decode graphs, which --eager turns off: the device "
+                "feeds a launched step's tokens into the graph's inputs",
+            )
+        if self.async_scheduling and self.speculative_tokens:
+            raise SettingError(
+                "async_scheduling",
+                f"async_scheduling does not combine with speculative_tokens "
+                f"({self.speculative_tokens}): a draft is made from the tokens on the host",
             )
         spec = self.speculative_tokens
         if not _is_int(spec) or not 0 <= spec <= MAX_SPECULATIVE_TOKENS:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ...blockpool.copies import PINNED_KINDS, BlockCopy
 from ...blockpool.events import EventQueue, KVEvent
 from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, encode_ids
 from ...blockpool.host import HostTier
@@ -50,16 +51,16 @@ from .config import EngineConfig, SettingError
 from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
 from .logits_cache import LogitsCache, embedding_key
-from .outputs import completion, new_detokenizer, record_token, step_output
+from .outputs import completion, new_detokenizer, record_token, room_left, step_output
 from .params import Completion, Retention, SamplingParams, StepOutput
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
 from .prompts import PreparedPrompt, Prompt, prompt_ids, split_batch
-from .runner import ModelRunner, RunOutput
+from .runner import Launched, ModelRunner, RunOutput
 from .sampling import Grammars
 from .sampling.bad_words import tokenize_bad_words
-from .scheduler import Scheduler, StepPlan
-from .sequence import RequestId, Sequence
+from .scheduler import ScheduledSeq, Scheduler, StepPlan
+from .sequence import RequestId, SeqStatus, Sequence
 from .speculative import Speculator
 
 MAX_KEPT_BAD_WORDS = 256  # requests' bad_words lists whose token sequences are kept
@@ -168,6 +169,9 @@ class Engine:
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
         self._live: dict[RequestId, Sequence] = {}
         self._finished: dict[RequestId, Sequence] = {}
+        # asynchronous scheduling: the step launched ahead, its tokens not yet recorded
+        self._ahead: tuple[StepPlan, Launched] | None = None
+        self.num_async_steps = 0  # steps launched so, before the tokens before them were read
 
     @classmethod
     def from_pretrained(
@@ -401,12 +405,84 @@ class Engine:
         return [self.add_request(prompt, params.choice(i), **options) for i in range(params.n)]
 
     def step(self) -> list[StepOutput]:
-        """Run one engine step; returns what each request that sampled a token got."""
-        plan = self.scheduler.schedule()
-        if not plan and not self.pool.num_pending_copies:  # copies started in a match
-            return []  # are waited for and their pins released, even with nothing to run
-        out = self.runner.execute(plan)
-        return self.postprocess(plan, out)
+        """Run one engine step; returns what each request that sampled a token got.
+
+        With `async_scheduling`, a step of decodes alone is launched and the next one is
+        planned and launched behind it before its tokens are read back (`_plan_ahead`),
+        so the device runs that next step while the host records these tokens and
+        returns; the next call starts from it. Each call still returns one step's tokens."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            plan, launched = ahead
+        else:
+            plan = self.scheduler.schedule()
+            if not plan and not self.pool.num_pending_copies:  # copies started in a match
+                return []  # are waited for and their pins released, even with nothing to run
+            launched = self.runner.launch(plan) if self._launches(plan) else None
+            if launched is None:
+                return self.postprocess(plan, self.runner.execute(plan))
+        nxt = self._plan_ahead(plan)
+        if nxt is not None:
+            nxt_launched = self.runner.launch(nxt, after=launched)
+            if nxt_launched is not None:
+                self._ahead = (nxt, nxt_launched)
+                self.num_async_steps += 1
+            else:  # its bucket's capture failed: its blocks stay its sequences', and the
+                self.runner.run_copies(nxt.copies)  # offloads its growth planned run now
+        # pins taken since `plan` was launched (a plan ahead's, or planned by a growth that
+        # fell short, taken by the next step) are released after their copies, not now
+        release = not self.pool.num_planned_pins and (
+            self._ahead is None or not _pins(self._ahead[0].copies)
+        )
+        return self.postprocess(plan, launched.result(), release_copies=release)
+
+    def _launches(self, plan: StepPlan) -> bool:
+        """Whether `plan` is a step asynchronous scheduling launches: one decode token for
+        each running request (those of `plan` that ended since it was planned left out),
+        each of whose next token depends on its logits row and its position alone
+        (SamplingState.stateless) and needs no row on the host."""
+        if not self.settings.async_scheduling or self.speculator is not None:
+            return False
+        alive = [item for item in plan.scheduled if item.seq.status is SeqStatus.RUNNING]
+        if not alive or len(alive) != len(self.scheduler.running):
+            return False
+        for item in alive:
+            seq = item.seq
+            if (
+                item.num_tokens != 1
+                or item.draft
+                or item.stored_logits is not None
+                or not seq.output_token_ids  # a prompt's last token: its first sample
+                or seq.num_pending_tokens != 1
+                or not seq.sampling.stateless
+                or seq.sampling.reads_row
+                or seq.params.embed
+            ):
+                return False
+        return True
+
+    def _plan_ahead(self, plan: StepPlan) -> StepPlan | None:
+        """The step after `plan` (launched, its tokens not yet recorded), for the requests
+        in it that are still running and that its token does not end by length, each one
+        token further; None when asynchronous scheduling does not take it: requests are
+        waiting (they are admitted by the next step `schedule` plans), or `plan` had copies
+        that pin blocks (their pins are released after it, before a plan ahead takes
+        more), or a request no longer launches so, or the blocks ran short (the blocks and
+        copies planned stay planned, for the next step)."""
+        if not self._launches(plan) or _pins(plan.copies) or self.scheduler.waiting:
+            return None
+        seqs = [
+            item.seq
+            for item in plan.scheduled
+            if item.seq.status is SeqStatus.RUNNING and room_left(item.seq, self.max_model_len) > 1
+        ]
+        if not seqs or any(not self.kv.grow(seq, 2) for seq in seqs):
+            return None
+        bs = self.kv.block_size
+        scheduled = [ScheduledSeq(seq, 1) for seq in seqs]
+        # a block fills when its last slot is written: position num_computed_tokens + 1 here
+        fills = [item for item in scheduled if (item.seq.num_computed_tokens + 2) % bs == 0]
+        return StepPlan(scheduled, self.pool.take_copies(), fills)
 
     def _start_copies(self) -> None:
         """Run the copies the pool planned so far, ahead of the step that would run them
@@ -414,14 +490,22 @@ class Engine:
         are released with the step's, by `postprocess`: the step's forward waits for them."""
         self.runner.run_copies(self.pool.take_copies(), wait=False)
 
-    def postprocess(self, plan: StepPlan, out: RunOutput) -> list[StepOutput]:
+    def postprocess(
+        self, plan: StepPlan, out: RunOutput, *, release_copies: bool = True
+    ) -> list[StepOutput]:
         """After the runner executed `plan`: release the copies' pins, advance each
         sequence past the tokens it computed, register the blocks that became full
         (and keep their prompt entries), and record the sampled tokens (finishing the
         requests that are done). A request no token can follow (the runner found its
         mask keeping only banned tokens) ends after the tokens before it, finish reason
-        "error", its `error` saying why; its blocks are freed as any finished request's."""
-        self.pool.complete_copies()
+        "error", its `error` saying why; its blocks are freed as any finished request's.
+        A request that ended while `plan` ran (asynchronous scheduling launched it before
+        the step that ended it was recorded, or it was cancelled) is left out: its row
+        computed a token past its end, into a slot of a block no request sees."""
+        if release_copies:
+            self.pool.complete_copies()
+        if any(item.seq.status is not SeqStatus.RUNNING for item in plan.scheduled):
+            plan, out = _without_ended(plan, out)
         drafted: set[int] = set()  # ids of the sequences with a draft in this step
         for item in plan.scheduled:
             seq, num_prompt = item.seq, len(item.seq.prompt_token_ids)
@@ -504,17 +588,24 @@ class Engine:
         return decode.capture(limit if max_seqs is None else min(limit, max_seqs))
 
     def has_work(self) -> bool:
-        """Requests to run, block copies planned and not yet run (disk writes), or copies
-        started and not yet known to be done (their pins to release)."""
+        """Requests to run, a step launched ahead and not yet recorded, block copies planned
+        and not yet run (disk writes), or copies started and not yet known to be done
+        (their pins to release)."""
         return (
-            self.scheduler.has_work()
+            self._ahead is not None
+            or self.scheduler.has_work()
             or self.pool.num_planned_copies > 0
             or self.pool.num_pending_copies > 0
         )
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Run the block copies still planned (disk writes of the last blocks), then
-        finish the disk tier's queued writes within `timeout_s` and let go of its folder."""
+        finish the disk tier's queued writes within `timeout_s` and let go of its folder.
+        A step launched ahead is recorded first."""
+        if self._ahead is not None:
+            plan, launched = self._ahead
+            self._ahead = None
+            self.postprocess(plan, launched.result())
         copies = self.pool.take_copies()
         if copies:
             self.runner.run_copies(copies)
@@ -534,6 +625,7 @@ class Engine:
             "prefill_tokens_computed": self.prefill_tokens_computed,
             "prefill_tokens_skipped": self.scheduler.prefill_tokens_skipped,
             "preemptions": self.scheduler.num_preemptions,
+            "async_steps": self.num_async_steps,
             "prefix_waits": self.scheduler.num_prefix_waits,
             "exact_repeats": self.scheduler.num_exact_repeats,
             **(LogitsCache(0) if self.logits_cache is None else self.logits_cache).stats(),
@@ -649,6 +741,32 @@ class Engine:
             max_model_len=self.max_model_len,
             keep_last=keep_last,
         )
+
+
+def _pins(copies: list[BlockCopy]) -> bool:
+    """Whether any of `copies` pins its ends until `BlockPool.complete_copies`."""
+    return any(copy.kind in PINNED_KINDS for copy in copies)
+
+
+def _without_ended(plan: StepPlan, out: RunOutput) -> tuple[StepPlan, RunOutput]:
+    """`plan` and `out` without the requests that are no longer running."""
+
+    def running(seq: Sequence) -> bool:
+        return seq.status is SeqStatus.RUNNING
+
+    return (
+        replace(
+            plan,
+            scheduled=[item for item in plan.scheduled if running(item.seq)],
+            to_register=[item for item in plan.to_register if running(item.seq)],
+        ),
+        replace(
+            out,
+            sampled=[sampled for sampled in out.sampled if running(sampled[0])],
+            prompt_entries=[entry for entry in out.prompt_entries if running(entry[0])],
+            embeddings=[pair for pair in out.embeddings if running(pair[0])],
+        ),
+    )
 
 
 def _namespace(cache_salt: str | bytes | None) -> Namespace:

@@ -56,7 +56,12 @@ MIN_PAD_CAP = 16
 
 class _Bucket:
     """The static buffers and the replay of one bucket's step: `num_seqs` sequences
-    of `num_rows` rows in all (a decode bucket's: one row each)."""
+    of `num_rows` rows in all (a decode bucket's: one row each).
+
+    Its host buffers come in two sets, used by turns (`turn`): with asynchronous
+    scheduling a step is filled while the one before it may not have uploaded yet, and
+    a set is filled again only two steps after its last use, whose upload the engine
+    has waited for by then (it read that step's tokens)."""
 
     def __init__(
         self, model: LlamaModel, kv_cache: Any, num_seqs: int, num_rows: int, width: int
@@ -65,16 +70,25 @@ class _Bucket:
         self.num_seqs, self.num_rows = num_seqs, num_rows
         # one vector for the per-row inputs, so a step uploads them in one copy:
         # slot_mapping (int64, first so it is aligned) | token_ids | positions | seq_lens |
-        # query_start_loc (num_seqs + 1; constant in a decode bucket: one row a sequence)
-        length = 4 * num_rows + 2 * num_seqs + 1
-        self.host = ops.staging_buffer((length,), np.int32)
-        self.host_tables = ops.staging_buffer((num_seqs, width), np.int32)
+        # query_start_loc (num_seqs + 1; constant in a decode bucket: one row a sequence) |
+        # feed rows (num_rows: the earlier step's row each row's token comes from, when
+        # it comes from the device: `StaticDecode.run`'s `feed`)
+        length = 5 * num_rows + 2 * num_seqs + 1
+        self.hosts = [ops.staging_buffer((length,), np.int32) for _ in range(2)]
+        self.hosts_tables = [ops.staging_buffer((num_seqs, width), np.int32) for _ in range(2)]
         self.device = ops.zeros((length,), np.int32)
         self.device_tables = ops.zeros((num_seqs, width), np.int32)
-        self.host_fields = _split(self.host, self.host_tables, num_seqs, num_rows)
+        self.hosts_fields = [
+            _split(host, tables, num_seqs, num_rows)
+            for host, tables in zip(self.hosts, self.hosts_tables, strict=True)
+        ]
         if num_rows == num_seqs:
-            self.host_fields.query_start_loc[:] = np.arange(num_seqs + 1, dtype=np.int32)
+            for fields in self.hosts_fields:
+                fields.query_start_loc[:] = np.arange(num_seqs + 1, dtype=np.int32)
+        self.turn = 0
         static = _split(self.device, self.device_tables, num_seqs, num_rows)
+        self.static_token_ids = static.token_ids
+        self.static_feed_rows = _feed_rows(self.device, num_seqs, num_rows)
 
         def step() -> tuple[Any, Any]:
             logits = model.forward_device(static, kv_cache)
@@ -82,6 +96,18 @@ class _Bucket:
 
         self.step: Callable[[], tuple[Any, Any]] = step
         self.replay: Callable[[], tuple[Any, Any]] | None = None
+
+    @property
+    def host(self) -> Any:
+        return self.hosts[self.turn]
+
+    @property
+    def host_tables(self) -> Any:
+        return self.hosts_tables[self.turn]
+
+    @property
+    def host_fields(self) -> ForwardBatch:
+        return self.hosts_fields[self.turn]
 
 
 def _split(vector: Any, tables: Any, num_seqs: int, num_rows: int) -> ForwardBatch:
@@ -94,9 +120,14 @@ def _split(vector: Any, tables: Any, num_seqs: int, num_rows: int) -> ForwardBat
         slot_mapping=vector[: 2 * num_rows].view(np.int64),
         block_tables=tables,
         seq_lens=seq_lens,
-        query_start_loc=vector[4 * num_rows + num_seqs :],
+        query_start_loc=vector[4 * num_rows + num_seqs : 4 * num_rows + 2 * num_seqs + 1],
         logit_rows=None,
     )
+
+
+def _feed_rows(vector: Any, num_seqs: int, num_rows: int) -> Any:
+    """The feed rows' view of a _Bucket vector (its last `num_rows` entries)."""
+    return vector[4 * num_rows + 2 * num_seqs + 1 :]
 
 
 class StaticDecode:
@@ -182,26 +213,44 @@ class StaticDecode:
             and num_rows - num_seqs <= num_seqs * self.draft_tokens
         )
 
-    def run(self, batch: ForwardBatch) -> tuple[Any, Any] | None:
+    def ready(self, batch: ForwardBatch) -> bool:
+        """Whether `run` will replay a graph for `batch` (its bucket is captured now if it
+        was not): False once a capture has failed."""
+        return self._bucket_of(batch) is not None
+
+    def run(
+        self, batch: ForwardBatch, feed: tuple[Any, list[int]] | None = None
+    ) -> tuple[Any, Any] | None:
         """Replay the step of `batch`'s bucket on its tokens. Returns the bucket's logits
         [rows, vocab] fp32 and greedy tokens [rows] int32, device arrays of which the first
         `len(batch.token_ids)` rows are the batch's, in its order. They are overwritten by
         the next step of the same bucket. None if the bucket could not be captured (the
-        reason is logged once and kept in `failed`): the caller runs the step eagerly."""
+        reason is logged once and kept in `failed`): the caller runs the step eagerly.
+
+        `feed` (asynchronous scheduling, a decode batch): (tokens, rows), the device array
+        an earlier step's tokens are drawn into, and for each row of `batch` the entry its
+        token id is (the batch's own token ids are placeholders). Its entries are copied
+        into the step's inputs on the device, after the upload and before the replay."""
         assert self.fits(batch)
-        num_seqs = batch.seq_lens.shape[0]
-        drafted = batch.token_ids.shape[0] > num_seqs
-        sizes = self.drafted_buckets if drafted else self.buckets
-        bucket = self._bucket(sizes[bisect.bisect_left(sizes, num_seqs)], drafted)
+        bucket = self._bucket_of(batch)
         if bucket is None:
             return None
+        bucket.turn ^= 1
         width = self._fill(bucket, batch)
         ops = self.model.ops
+        identity = feed is not None and feed[1] == list(range(len(feed[1])))
+        if feed is not None and not identity:
+            _feed_rows(bucket.host, bucket.num_seqs, bucket.num_rows)[: len(feed[1])] = feed[1]
         ops.upload(bucket.device, bucket.host)
         ops.upload(bucket.device_tables[:, :width], bucket.host_tables[:, :width])
+        if feed is not None:
+            num = len(feed[1])
+            assert num == batch.token_ids.shape[0] == batch.seq_lens.shape[0], "a decode batch"
+            rows = None if identity else bucket.static_feed_rows[:num]
+            ops.copy_rows(bucket.static_token_ids[:num], feed[0], rows)
         assert bucket.replay is not None
         self.steps += 1
-        self.drafted_steps += drafted
+        self.drafted_steps += bucket.num_rows > bucket.num_seqs
         return bucket.replay()
 
     def capture(self, max_seqs: int | None = None) -> list[int]:
@@ -225,6 +274,14 @@ class StaticDecode:
             if self._bucket(size, drafted) is None and not drafted:
                 break
         return self.built_buckets()
+
+    def _bucket_of(self, batch: ForwardBatch) -> _Bucket | None:
+        """The bucket `batch` runs in (captured now if it was not); None once a capture
+        has failed."""
+        num_seqs = batch.seq_lens.shape[0]
+        drafted = batch.token_ids.shape[0] > num_seqs
+        sizes = self.drafted_buckets if drafted else self.buckets
+        return self._bucket(sizes[bisect.bisect_left(sizes, num_seqs)], drafted)
 
     def _bucket(self, size: int, drafted: bool = False) -> _Bucket | None:
         """The bucket of `size`, captured on first use; None once a capture has failed."""

@@ -74,7 +74,7 @@ def record_token(
         seq.ended_on_stop_token = True
     elif grammar is not None and grammar.ended:  # its structured output admits nothing more
         by_ids = "stop"
-    elif num_out >= params.max_tokens or seq.num_tokens >= max_model_len:
+    elif room_left(seq, max_model_len) <= 0:
         by_ids = "length"
     else:
         by_ids = None
@@ -86,6 +86,12 @@ def record_token(
     if text.stop_string is not None:
         seq.stop_reason = text.stop_string
     return text.finish_reason is not None
+
+
+def room_left(seq: Sequence, max_model_len: int) -> int:
+    """The tokens `seq` may still generate before it ends by length: its max_tokens, or
+    the context's end."""
+    return min(seq.params.max_tokens - len(seq.output_token_ids), max_model_len - seq.num_tokens)
 
 
 def active_stops(stop: list[str], num_tokens: int, min_tokens: int) -> list[str]:
@@ -153,7 +159,9 @@ def step_output(seq: Sequence, tokens: list[int], logits: np.ndarray | None) -> 
         delta,
         seq.finish_reason,
         np.array(logits, dtype=np.float32) if seq.params.return_logits and tokens else None,
-        seq.logprobs[len(seq.logprobs) - len(tokens) :] if seq.params.logprobs is not None else None,
+        seq.logprobs[len(seq.logprobs) - len(tokens) :]
+        if seq.params.logprobs is not None
+        else None,
         seq.ended_on_stop_token,
         seq.error,
     )

@@ -21,6 +21,7 @@ from ...blockpool.copies import BlockCopy
 from ...blockpool.disk import DiskTier
 from ...blockpool.disk_config import ReadBlock
 from ...cuda.kvcache import kv_cache_shape
+from ...cuda.protocol import CopyDone
 from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
@@ -47,6 +48,27 @@ class RunOutput:
     prompt_entries: list[tuple[Sequence, int, EntryRows]] = field(default_factory=list)
     # (sequence, its prompt's last-token embedding fp32 [hidden]): params.embed's
     embeddings: list[tuple[Sequence, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Launched:
+    """A decode step queued on the device (asynchronous scheduling): its forward and
+    sampling are launched and its tokens are on their way into a pinned host buffer;
+    `result` waits for them alone, while later work on the device runs on."""
+
+    seqs: list[Sequence]  # row i's sequence
+    tokens: Any  # backend int32 array: row i's token at entry i (what a later step is fed)
+    host: np.ndarray  # pinned int32 [len(seqs)]: the tokens, once `landed`
+    landed: CopyDone
+    dead: tuple[int, ...]  # rows no token can be drawn from (SamplingBatch.dead_rows)
+
+    def result(self) -> RunOutput:
+        self.landed.synchronize()
+        tokens = self.host.tolist()
+        return RunOutput([
+            (seq, [], None, True) if i in self.dead else (seq, [tokens[i]], None, False)
+            for i, seq in enumerate(self.seqs)
+        ])  # fmt: skip
 
 
 class ModelRunner:
@@ -85,6 +107,9 @@ class ModelRunner:
         self.host_cache = model.ops.host_kv_cache((num_host_blocks, *shape[1:]))
         self.disk_tier = disk_tier
         self._tier_copies_in_flight = False  # issued, and the compute not yet after them
+        # pinned [max bucket] int32 pairs the launched steps' tokens land in (`launch`)
+        self._token_buffers: list[np.ndarray] | None = None
+        self._token_turn = 0
         self.decode: StaticDecode | None = None
         if decode_graphs:
             max_len = max_model_len or cfg.max_position_embeddings
@@ -108,6 +133,49 @@ class ModelRunner:
         # next is never written (a disk read into it) while a copy still reads it.
         self.model.ops.copies_done().synchronize()
         return RunOutput()
+
+    def launch(self, plan: StepPlan, after: Launched | None = None) -> Launched | None:
+        """Queue `plan` on the device without waiting for its tokens (asynchronous
+        scheduling): its copies, then its decode graph's replay and the sampling, then the
+        tokens' copy to the host. None, with nothing queued, when the plan cannot run so
+        (no decode graphs, or a step that is not one token per sequence, sampling on the
+        device alone: `Engine` asks only for those, so None means a failed capture).
+
+        `after`: the step queued before this one, whose tokens this one's sequences have
+        not recorded yet: the plan is then a step ahead of them (`Engine._plan_ahead`).
+        Each sequence's position is one past its recorded tokens, and its input token is
+        fed on the device from `after`'s tokens (its row there)."""
+        if self.decode is None:
+            return None
+        scheduled, ahead = plan.scheduled, after is not None
+        batch = self.build_batch(scheduled, ahead=ahead)
+        if not self.decode.fits(batch) or not self.decode.ready(batch):
+            return None
+        self.run_copies(plan.copies)
+        seqs = [item.seq for item in scheduled]
+        feed = None
+        if after is not None:
+            row_of = {id(seq): i for i, seq in enumerate(after.seqs)}
+            feed = (after.tokens, [row_of[id(seq)] for seq in seqs])
+        static = self.decode.run(batch, feed)
+        assert static is not None, "the bucket was captured by `ready`"
+        logits, greedy = static
+        ops = self.model.ops
+        states = [seq.sampling for seq in seqs]
+        positions = [seq.num_tokens + ahead for seq in seqs]
+        tokens, dead = next_tokens(ops, logits, greedy, states, positions)
+        num = len(seqs)
+        buffers = self._token_buffers
+        if buffers is None or buffers[0].shape[0] < num:
+            size = max(num, self.decode.buckets[-1])
+            buffers = self._token_buffers = [
+                ops.staging_buffer((size,), np.int32) for _ in range(2)
+            ]
+        # the two buffers by turns: one is read by `result` while the next step lands in the other
+        self._token_turn ^= 1
+        host = buffers[self._token_turn][:num]
+        landed = ops.download(host, tokens[:num])
+        return Launched(seqs, tokens, host, landed, dead)
 
     def run_copies(self, copies: list[BlockCopy], *, wait: bool = True) -> None:
         """Execute block copies in list order and, with `wait`, order the compute to come
@@ -196,11 +264,17 @@ class ModelRunner:
         )
 
     def build_batch(
-        self, scheduled: list[ScheduledSeq], prompt_spans: list[PromptSpan] | None = None
+        self,
+        scheduled: list[ScheduledSeq],
+        prompt_spans: list[PromptSpan] | None = None,
+        *,
+        ahead: bool = False,
     ) -> ForwardBatch:
         """The step's flat arrays. Per sequence this is a few Python list operations (a
         decode step of 64 sequences must cost the CPU far less than the GPU's step).
-        Logits rows: the sampling ones, then those of `prompt_spans` in order."""
+        Logits rows: the sampling ones, then those of `prompt_spans` in order.
+        `ahead` (`launch`'s): decode tokens one past each sequence's computed ones, whose
+        ids are not on the host yet (0 stands in for each: the device feeds them)."""
         bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -210,13 +284,13 @@ class ModelRunner:
         tables: list[int] = []
         tabled: list[tuple[int, Sequence]] = []  # (first row, seq) of chunks that may hold fake ids
         for item in scheduled:
-            seq, start = item.seq, item.seq.num_computed_tokens
+            seq, start = item.seq, item.seq.num_computed_tokens + ahead
             end = start + item.num_tokens
             table = seq.block_ids
             if seq.prompt_table is not None and start < len(seq.prompt_token_ids):
                 tabled.append((len(token_ids), seq))
             if end == start + 1:  # a decode token: the common case, kept cheap
-                token_ids.append(seq.token_at(start))
+                token_ids.append(0 if ahead else seq.token_at(start))
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:

@@ -97,6 +97,8 @@ _STAT_COUNTERS = [
     ("reprise_spec_decode_num_accepted_tokens", "Draft tokens equal to the token sampled "
      "in their place, so kept", "spec_accepted_tokens"),
     ("reprise_preemptions", "Requests preempted", "preemptions"),
+    ("reprise_async_steps", "Decode steps launched before the tokens of the step before "
+     "them were read back (--async-scheduling)", "async_steps"),
     ("reprise_disk_tier_corrupt_files", "Damaged, truncated or foreign disk-tier block files "
      "found and removed (never served)", "disk_corrupt_removed"),
 ]  # fmt: skip

@@ -1,0 +1,250 @@
+"""Asynchronous scheduling (EngineConfig.async_scheduling, Engine.step): a decode step is
+launched ahead, before the tokens of the step before it are on the host, and fed them on
+the device. Every request's tokens, finish and text, and every KV block written, must be
+bit-identical to the synchronous engine's, whatever ends, is cancelled or arrives while a
+step is in flight, and no block may leak. On NumPy the decode graphs' padded steps run
+eagerly (graphs.py), so the launches, the feeding and the dropped rows run as on the GPU;
+the GPU backend's copies are checked in tests/test_cupy_emulated.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprise.daemon import Engine, SamplingParams
+from reprise.daemon.engine.config import EngineConfig, SettingError
+from reprise.daemon.model.synth import SHAPES, synth_model
+
+# "tiny" with head dim 64, as tests/test_graphs.py
+SHAPE = {**SHAPES["tiny"], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
+STOPS = [5, 7, 9, 11, 13, 17, 19]  # ids that end a request that does not ignore eos
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SHAPES, "tiny-d64", SHAPE)
+        yield synth_model("tiny-d64", tmp_path_factory.mktemp("async") / "tiny")
+
+
+def engine(path: Path, asynchronous: bool, **kwargs) -> Engine:
+    kwargs.setdefault("num_device_blocks", 128)
+    kwargs.setdefault("block_size", 16)
+    return Engine.from_pretrained(
+        path, backend="numpy", cuda_graphs=True, async_scheduling=asynchronous, **kwargs
+    )
+
+
+def traffic(rng: np.random.Generator, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """n requests of random lengths, greedy and seeded, some ending on stop ids at steps
+    no one knows ahead, the rest at their max_tokens."""
+    prompts = [rng.integers(20, 1000, size=int(rng.integers(1, 70))).tolist() for _ in range(n)]
+    params = [
+        SamplingParams(
+            max_tokens=int(rng.integers(1, 40)),
+            temperature=0.0 if i % 3 else 0.9,
+            top_k=50,
+            seed=100 + i,
+            ignore_eos=i % 2 == 0,
+            stop_token_ids=STOPS,
+        )
+        for i in range(n)
+    ]
+    return prompts, params
+
+
+def run(eng: Engine, prompts, params, *, arrivals: dict[int, list[int]] | None = None) -> dict:
+    """Step `eng` to the end; request i of `arrivals[k]` is added before step k (all of
+    them before step 0 without). Returns each request's (tokens, finish reason, text)."""
+    arrivals = arrivals or {0: list(range(len(prompts)))}
+    ids: dict[int, int] = {}
+    step = 0
+    while step <= max(arrivals) or eng.has_work():
+        for i in arrivals.get(step, []):
+            ids[i] = eng.add_request(prompts[i], params[i])
+        eng.step()
+        step += 1
+    done = {i: eng.take_completion(rid) for i, rid in ids.items()}
+    return {i: (c.token_ids, c.finish_reason, c.text) for i, c in done.items()}
+
+
+def assert_same_blocks(sync: Engine, asynchronous: Engine) -> None:
+    """The same blocks cached, each with the same KV bytes, and none held."""
+    for eng in (sync, asynchronous):
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks, "a block leaked"
+        eng.pool.check_integrity()
+    where = {b.block_hash: b.block_id for b in asynchronous.pool.blocks if b.block_hash}
+    cached = [(b.block_hash, b.block_id) for b in sync.pool.blocks if b.block_hash]
+    assert cached and sorted(h for h, _ in cached) == sorted(where)
+    kv_sync, kv_async = sync.runner.kv_cache, asynchronous.runner.kv_cache
+    for block_hash, block_id in cached:
+        assert (
+            kv_sync[block_id].view(np.uint16) == kv_async[where[block_hash]].view(np.uint16)
+        ).all()
+
+
+@pytest.mark.parametrize("num_requests", [1, 4, 9])
+def test_tokens_and_blocks_are_bit_identical_to_synchronous(
+    tiny: Path, rng: np.random.Generator, num_requests: int
+) -> None:
+    prompts, params = traffic(rng, num_requests)
+    sync, asynchronous = engine(tiny, False), engine(tiny, True)
+    want, got = run(sync, prompts, params), run(asynchronous, prompts, params)
+    assert got == want
+    assert sync.num_async_steps == 0
+    assert asynchronous.num_async_steps > 0, "no step was launched ahead"
+    assert asynchronous.stats()["async_steps"] == asynchronous.num_async_steps
+    assert_same_blocks(sync, asynchronous)
+
+
+def test_arrivals_while_a_step_is_in_flight(tiny: Path, rng: np.random.Generator) -> None:
+    """Requests added between steps, while a step launched ahead is in flight, wait for
+    it and are then admitted; a batch that shrinks and grows feeds each row its own token."""
+    prompts, params = traffic(rng, 8)
+    arrivals = {0: [0, 1], 3: [2], 4: [3, 4], 9: [5], 15: [6, 7]}
+    sync, asynchronous = engine(tiny, False), engine(tiny, True)
+    want = run(sync, prompts, params, arrivals=arrivals)
+    got = run(asynchronous, prompts, params, arrivals=arrivals)
+    assert got == want
+    assert asynchronous.num_async_steps > 0
+    assert_same_blocks(sync, asynchronous)
+
+
+def test_cancel_while_its_step_is_in_flight(tiny: Path, rng: np.random.Generator) -> None:
+    """A request cancelled while a step that computes its next token is in flight: the
+    others' tokens are unchanged, its row is dropped, and its blocks come back."""
+    prompts = [rng.integers(20, 1000, size=30).tolist() for _ in range(3)]
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True) for _ in range(3)]
+    results = []
+    for asynchronous in (False, True):
+        eng = engine(tiny, asynchronous)
+        ids = [eng.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
+        for _ in range(6):
+            eng.step()
+        assert eng._ahead is not None if asynchronous else eng._ahead is None
+        assert eng.cancel(ids[1])
+        while eng.has_work():
+            eng.step()
+        outs = [eng.take_completion(rid) for rid in ids]
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks
+        eng.pool.check_integrity()
+        results.append([(c.token_ids, c.finish_reason) for c in outs])
+    assert results[1] == results[0]
+    assert results[0][1][1] == "cancelled" and len(results[0][1][0]) == 6  # a token a step
+
+
+@pytest.mark.parametrize(
+    "special",
+    [
+        SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.3),
+        SamplingParams(max_tokens=12, temperature=0, logprobs=2),
+        SamplingParams(max_tokens=12, temperature=0, return_logits=True),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=5, min_tokens=8),
+    ],
+    ids=["penalty", "logprobs", "logits", "min_tokens"],
+)
+def test_steps_that_need_the_host_run_synchronously(
+    tiny: Path, rng: np.random.Generator, special: SamplingParams
+) -> None:
+    """While a request whose next token needs the token before it on the host runs
+    (penalties, min_tokens' hold) or whose row comes back (logprobs, logits), no step is
+    launched ahead; the others' output is the same either way."""
+    prompts = [rng.integers(20, 1000, size=20).tolist() for _ in range(2)]
+    plain = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    sync, asynchronous = engine(tiny, False), engine(tiny, True)
+    want = sync.generate(prompts, [special, plain])
+    got = asynchronous.generate(prompts, [special, plain])
+    for a, b in zip(got, want, strict=True):
+        assert (a.token_ids, a.finish_reason, a.text) == (b.token_ids, b.finish_reason, b.text)
+        assert [x.logprob for x in a.logprobs or []] == [x.logprob for x in b.logprobs or []]
+    if special.min_tokens:  # stateless once the hold is lifted: launched ahead after it
+        assert asynchronous.num_async_steps > 0
+    else:
+        assert asynchronous.num_async_steps == 0
+
+
+def test_close_records_the_step_in_flight(tiny: Path, rng: np.random.Generator) -> None:
+    eng = engine(tiny, True)
+    rid = eng.add_request(rng.integers(20, 1000, size=10).tolist(),
+                          SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))  # fmt: skip
+    for _ in range(4):
+        eng.step()
+    assert eng._ahead is not None and eng.has_work()
+    seq = eng._live[rid]
+    computed = seq.num_computed_tokens
+    eng.close()
+    assert eng._ahead is None
+    assert seq.num_computed_tokens == computed + 1 and len(seq.output_token_ids) == 5
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"async_scheduling": True, "cuda_graphs": False}, "needs decode graphs"),
+        ({"async_scheduling": True, "speculative_tokens": 3}, "speculative_tokens"),
+        ({"async_scheduling": 1}, "must be a bool"),
+    ],
+)
+def test_settings_refused(settings: dict, words: str) -> None:
+    with pytest.raises(SettingError, match=words) as info:
+        EngineConfig(**settings)
+    assert info.value.flag == "--async-scheduling"
+
+
+def test_a_plan_ahead_that_cannot_launch_runs_next_call(
+    tiny: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan ahead whose graph cannot run (its bucket's capture failed) is dropped: its
+    blocks stay its requests', the next call schedules the step itself, and the tokens
+    are the same; no block leaks."""
+    prompts, params = traffic(rng, 5)
+    want = run(engine(tiny, False), prompts, params)
+    eng = engine(tiny, True, num_host_blocks=32, num_device_blocks=24)
+    real = eng.runner.launch
+    refused = []
+
+    def launch(plan, after=None):  # type: ignore[no-untyped-def]
+        if after is not None and len(refused) < 3:
+            refused.append(len(plan.copies))
+            return None
+        return real(plan, after)
+
+    monkeypatch.setattr(eng.runner, "launch", launch)
+    assert run(eng, prompts, params) == want
+    assert len(refused) == 3 and eng.num_async_steps > 0
+    assert eng.pool.num_free_blocks == eng.pool.num_blocks
+    eng.pool.check_integrity()
+
+
+def test_a_tight_pool_with_a_host_tier(tiny: Path) -> None:
+    """Twice the traffic through 20 device blocks and a host tier: steps launched ahead
+    grow into blocks whose eviction offloads them (their pins held until that step is
+    recorded), a plan ahead falls short of blocks after its growth planned offloads
+    (taken by the next step), requests are preempted and resumed; the same tokens, and no
+    pin or block is left held."""
+    copies: list[int] = []
+    preempted = 0
+    for seed in (0, 1, 3, 5):
+        prompts, params = traffic(np.random.default_rng(seed), 6)
+        prompts, params = prompts * 2, params * 2
+        settings = {"num_host_blocks": 32, "num_device_blocks": 20}
+        sync, eng = engine(tiny, False, **settings), engine(tiny, True, **settings)
+        want = run(sync, prompts, params)
+        real = eng.runner.launch
+
+        def launch(plan, after=None, real=real):  # type: ignore[no-untyped-def]
+            if after is not None:
+                copies.append(len(plan.copies))
+            return real(plan, after)
+
+        eng.runner.launch = launch  # type: ignore[method-assign]
+        assert run(eng, prompts, params) == want
+        assert eng.stats()["host_offloads"] > 0
+        assert eng.pool.num_free_blocks == eng.pool.num_blocks and not eng.pool.num_pending_copies
+        eng.pool.check_integrity()
+        preempted += eng.stats()["preemptions"]
+    assert any(copies), "no plan ahead took a copy"
+    assert preempted > 0
