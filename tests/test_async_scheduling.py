@@ -248,3 +248,30 @@ def test_a_tight_pool_with_a_host_tier(tiny: Path) -> None:
         preempted += eng.stats()["preemptions"]
     assert any(copies), "no plan ahead took a copy"
     assert preempted > 0
+
+
+def test_a_full_batch_goes_ahead_while_requests_wait(tiny: Path, rng: np.random.Generator) -> None:
+    """At max_num_seqs, waiting requests cannot be admitted before one ends, so steps go
+    ahead while they wait; once one ends, the next step admits the first of them. Requests
+    waiting with room to spare stop steps going ahead (`test_arrivals...`)."""
+    prompts, params = traffic(rng, 7)
+    params = [
+        SamplingParams(**{**_fields(p), "max_tokens": 12 + 3 * i}) for i, p in enumerate(params)
+    ]
+    sync, eng = engine(tiny, False, max_num_seqs=2), engine(tiny, True, max_num_seqs=2)
+    want = run(sync, prompts, params)
+    waiting_ahead = []
+    real = eng.runner.launch
+
+    def launch(plan, after=None):  # type: ignore[no-untyped-def]
+        if after is not None:
+            waiting_ahead.append(len(eng.scheduler.waiting))
+        return real(plan, after)
+
+    eng.runner.launch = launch  # type: ignore[method-assign]
+    assert run(eng, prompts, params) == want
+    assert max(waiting_ahead) > 0, "no step went ahead while requests waited"
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__slots__}

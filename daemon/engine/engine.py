@@ -465,11 +465,17 @@ class Engine:
         """The step after `plan` (launched, its tokens not yet recorded), for the requests
         in it that are still running and that its token does not end by length, each one
         token further; None when asynchronous scheduling does not take it: requests are
-        waiting (they are admitted by the next step `schedule` plans), or `plan` had copies
-        that pin blocks (their pins are released after it, before a plan ahead takes
-        more), or a request no longer launches so, or the blocks ran short (the blocks and
-        copies planned stay planned, for the next step)."""
-        if not self._launches(plan) or _pins(plan.copies) or self.scheduler.waiting:
+        waiting while there is room to admit one (the next step `schedule` plans admits
+        them; at max_num_seqs, they wait for a request to end either way), or `plan` had
+        copies that pin blocks (their pins are released after it, before a plan ahead
+        takes more), or a request no longer launches so, or the blocks ran short (the
+        blocks and copies planned stay planned, for the next step)."""
+        sched = self.scheduler
+        if not self._launches(plan) or _pins(plan.copies):
+            return None
+        if sched.waiting and (
+            sched.max_num_seqs is None or len(sched.running) < sched.max_num_seqs
+        ):
             return None
         seqs = [
             item.seq
