@@ -1,5 +1,6 @@
-"""A real `reprise serve --http 127.0.0.1:0` (NumPy backend) for the HTTP tests, and a
-/metrics scraper (test_http.py, test_router.py)."""
+"""A real `reprise serve --http 127.0.0.1:0` (NumPy backend) for the HTTP tests, a test
+module's daemon (`served`, for its fixture), and a /metrics scraper (test_http.py,
+test_router.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -79,6 +81,18 @@ class HttpDaemon:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
         self.log.close()
+
+
+@contextlib.contextmanager
+def served(tmp: Path, model_dir: Path, *extra: str) -> Iterator[HttpDaemon]:
+    """An HttpDaemon (`extra`: more `serve` options) for a test module's fixture: stopped
+    after, and then checked to have exited cleanly (its log's tail if not)."""
+    d = HttpDaemon(tmp, model_dir, *extra)
+    try:
+        yield d
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0, d.read_log()[-2000:]
 
 
 def scrape(url: str) -> Samples:

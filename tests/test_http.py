@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-from http_support import HttpDaemon, scrape  # noqa: E402
+from http_support import HttpDaemon, scrape, served  # noqa: E402
 
 from reprise.daemon import StructuredOutput  # noqa: E402
 from reprise.ipc import Client  # noqa: E402
@@ -37,11 +37,9 @@ LONG_PROMPT = (
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 ) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("http"), default_model_dir,
-                   "--served-model-name", MODEL_NAME, "--max-queue", "4")  # fmt: skip
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("http"), default_model_dir,
+                "--served-model-name", MODEL_NAME, "--max-queue", "4") as d:  # fmt: skip
+        yield d
 
 
 @pytest.fixture(scope="module")

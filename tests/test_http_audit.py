@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-from http_support import HttpDaemon  # noqa: E402
+from http_support import HttpDaemon, served  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -22,11 +22,9 @@ MODEL_NAME = "smol"
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 ) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("http-audit"), default_model_dir,
-                   "--served-model-name", MODEL_NAME, "--max-queue", "4")  # fmt: skip
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("http-audit"), default_model_dir,
+                "--served-model-name", MODEL_NAME, "--max-queue", "4") as d:  # fmt: skip
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +173,77 @@ def test_a_model_that_is_not_a_string_is_a_400(daemon: HttpDaemon, model: object
                         json={"model": model, "prompt": "x", "max_tokens": 1})  # fmt: skip
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "8", 10**6])
+def test_a_bad_max_completion_tokens_is_named_as_sent(daemon: HttpDaemon, api, bad) -> None:
+    """A chat's token limit comes from max_completion_tokens or its deprecated alias
+    max_tokens: a bad value's 400 names the field the client sent (the daemon checks the
+    value, so too large is past --max-tokens-cap), streamed or not."""
+    hi = [{"role": "user", "content": "Hi"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            api.chat.completions.create(model=MODEL_NAME, messages=hi, stream=stream,
+                                        max_completion_tokens=bad)  # fmt: skip
+        error = info.value.body
+        named = error["message"].removeprefix("sampling.")
+        assert error["param"] == "max_completion_tokens" and named.startswith(error["param"]), error
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(api, hi, max_tokens=bad)
+    assert info.value.body["param"] == "max_tokens", info.value.body
+    # both given: max_completion_tokens wins (as vLLM's), so it is the one a 400 names
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(api, hi, max_tokens=2, max_completion_tokens=bad)
+    assert info.value.body["param"] == "max_completion_tokens", info.value.body
+    answer = chat(api, hi, max_tokens=bad, max_completion_tokens=1)
+    assert answer.usage.completion_tokens == 1
+    # the Responses API's limit runs as max_completion_tokens: its errors name its own
+    with pytest.raises(openai.BadRequestError) as info:
+        api.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=bad)
+    error = info.value.body
+    named = error["message"].removeprefix("sampling.")
+    assert error["param"] == "max_output_tokens" and named.startswith(error["param"]), error
+
+
+@pytest.mark.parametrize("role", ["user", "assistant", "system"])
+def test_an_empty_list_of_content_parts_is_a_400(daemon: HttpDaemon, api, role: str) -> None:
+    """`content: []` is no message (OpenAI refuses it): a 400 naming the message's content
+    and what it may be, in chat and in the Responses API's input; `content: ""` is an
+    empty text, accepted."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": role, "content": []},
+                {"role": "user", "content": "Go on"}]  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(api, messages)
+    error = info.value.body
+    assert error["param"] == "messages[1].content", error
+    assert "non-empty list" in error["message"] and "string" in error["message"], error
+    with pytest.raises(openai.BadRequestError) as info:
+        api.responses.create(model=MODEL_NAME, input=messages, max_output_tokens=2)
+    error = info.value.body
+    assert error["param"] == "input[1].content", error
+    assert "non-empty list" in error["message"] and "string" in error["message"], error
+    messages[1]["content"] = ""
+    assert chat(api, messages).choices[0].finish_reason == "length"
+    assert api.responses.create(model=MODEL_NAME, input=messages, max_output_tokens=2).output_text
+    assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200
+
+
+def test_logprobs_0_lists_the_chosen_token_as_its_top(api) -> None:
+    """Completions' logprobs 0 asks for no alternatives: each position's top_logprobs holds
+    the chosen token alone, as vLLM's (not an empty object), whole, streamed and echoed (the
+    prompt's first token's null aside); tokens and token_logprobs are logprobs 1's."""
+    kw = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 4,
+          "temperature": 0}  # fmt: skip
+    zero = api.completions.create(**kw, logprobs=0).choices[0].logprobs
+    one = api.completions.create(**kw, logprobs=1).choices[0].logprobs
+    assert (zero.tokens, zero.token_logprobs) == (one.tokens, one.token_logprobs)
+    pairs = zip(zero.tokens, zero.token_logprobs, strict=True)
+    assert zero.top_logprobs == [{token: logprob} for token, logprob in pairs]
+    streamed = [c.logprobs.top_logprobs for e in api.completions.create(**kw, logprobs=0,
+                stream=True) for c in e.choices if c.logprobs]  # fmt: skip
+    assert [top for tops in streamed for top in tops] == zero.top_logprobs
+    echoed = api.completions.create(**kw, logprobs=0, echo=True).choices[0].logprobs
+    assert echoed.top_logprobs[0] is None and echoed.token_logprobs[0] is None
+    pairs = zip(echoed.tokens[1:], echoed.token_logprobs[1:], strict=True)
+    assert echoed.top_logprobs[1:] == [{token: logprob} for token, logprob in pairs]
+    assert echoed.top_logprobs[-4:] == zero.top_logprobs

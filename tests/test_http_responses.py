@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-from http_support import HttpDaemon  # noqa: E402
+from http_support import HttpDaemon, served  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -33,11 +33,9 @@ WEATHER = {
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 ) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("responses"), default_model_dir,
-                   "--served-model-name", MODEL)  # fmt: skip
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("responses"), default_model_dir,
+                "--served-model-name", MODEL) as d:  # fmt: skip
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -264,12 +262,10 @@ CALL = (
 
 @pytest.fixture(scope="module")
 def parsing(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator:
-    d = HttpDaemon(tmp_path_factory.mktemp("responses-parsing"), default_model_dir,
-                   "--served-model-name", MODEL, "--reasoning-parser", "qwen3",
-                   "--tool-call-parser", "hermes")  # fmt: skip
-    yield d.openai()
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("responses-parsing"), default_model_dir,
+                "--served-model-name", MODEL, "--reasoning-parser", "qwen3",
+                "--tool-call-parser", "hermes") as d:  # fmt: skip
+        yield d.openai()
 
 
 def streamed(api: openai.OpenAI, **kw) -> list:

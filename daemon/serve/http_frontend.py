@@ -23,7 +23,7 @@ from .http_config import HttpConfig
 from .http_streams import ClientPool, Timing, merged
 from .metrics import Metrics
 from .openai_api import ParsedRequest
-from .openai_errors import ApiError, api_error, bad, too_large
+from .openai_errors import ApiError, api_error, bad, renamed, too_large
 from .responses_store import ResponseStore
 
 T = TypeVar("T")
@@ -80,7 +80,8 @@ class Frontend:
         # ProtocolError: the request message refused before it is sent (a value of the
         # wrong type, or an integer msgpack cannot carry), as the daemon would refuse it
         except (RequestError, ProtocolError, DaemonUnavailable) as e:
-            raise api_error(e, embeds="prompt_table" in parsed.options) from None
+            error = api_error(e, embeds="prompt_table" in parsed.options)
+            raise renamed(error, parsed.param_names) from None
         finally:
             await stream.aclose()
 

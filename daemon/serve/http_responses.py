@@ -4,7 +4,7 @@ of a stored response.
 A Responses body is parsed as the chat it amounts to (responses_api.py), run as
 one (`Frontend.run`) and answered whole or as the Responses API's events
 (responses_answer.py), without `[DONE]`; errors carry the Responses API's parameter
-names (`renamed`). A response that asks to be stored is kept once finished, when the
+names (`RENAMED`). A response that asks to be stored is kept once finished, when the
 server keeps any (responses_store.py).
 """
 
@@ -21,10 +21,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ...ipc.messages import Done
 from .http_frontend import Frontend
 from .http_streams import Timing, after, unless_disconnected
-from .openai_errors import ApiError
+from .openai_errors import ApiError, renamed
 from .responses_answer import EventStream, new_response_id
 from .responses_answer import answer as responses_answer
-from .responses_api import ResponsesRequest, parse_responses, renamed
+from .responses_api import RENAMED, ResponsesRequest, parse_responses
 
 log = logging.getLogger("reprise.http")
 
@@ -49,7 +49,7 @@ async def responses(frontend: Frontend, request: Request) -> Response:
         try:
             dones = await unless_disconnected(request, frontend.collect(items, timing, 1))
         except ApiError as e:
-            raise renamed(e) from None
+            raise renamed(e, RENAMED) from None
         finally:
             await items.aclose()
         answer = responses_answer(asked, response_id, model, dones[0])
@@ -60,7 +60,7 @@ async def responses(frontend: Frontend, request: Request) -> Response:
     except BaseException as e:
         await items.aclose()
         if isinstance(e, ApiError):
-            raise renamed(e) from None
+            raise renamed(e, RENAMED) from None
         raise
     stream = EventStream(asked, response_id, model)
     return StreamingResponse(_response_events(frontend, first, items, stream, timing),
@@ -106,6 +106,6 @@ async def _response_events(
         _keep(frontend, stream.request, stream.final)
     except ApiError as e:  # a daemon error after the first token: one error event
         frontend.metrics.errors.labels(str(e.status)).inc()
-        yield stream.error(renamed(e))
+        yield stream.error(renamed(e, RENAMED))
     finally:
         await items.aclose()  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ bodies by openai_tokenize.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.fim import FimTokens, infill_prompt
@@ -110,6 +110,9 @@ class ParsedRequest:
     # OpenAI's `suffix` (completions): the text after the one asked for, each prompt its
     # prefix (fill in the middle: `fill_in`, with the model's tokens, fim.py)
     suffix: str | None = None
+    # the daemon's parameter -> the body's name for it, where they differ (chat's
+    # max_completion_tokens): the daemon's errors name what the client sent
+    param_names: dict[str, str] = field(default_factory=dict)
 
     def fill_in(self, fim: FimTokens | None) -> None:
         """Each prompt laid out as the prefix of a fill-in-the-middle prompt before
@@ -175,9 +178,14 @@ def parse_request(
     if options.get("top_k") in (-1, 0):  # vLLM's spelling of "no limit"
         del options["top_k"]
     batch: list[str | list[int]] | None = None  # /v1/completions' list of prompts
+    max_tokens_param = "max_tokens"  # the body's field the token limit came from
     if kind == "chat":
         prompt: Any = parse_messages(body.get("messages"))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        # OpenAI's max_completion_tokens wins over its deprecated max_tokens (as vLLM's)
+        max_tokens_param = (
+            "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        )
+        max_tokens = body.get(max_tokens_param)
         if (chat_options := parse_chat_options(body, prompt)) is not None:
             options["chat_options"] = chat_options
     elif "prompt_embeds" in body:
@@ -223,6 +231,8 @@ def parse_request(
     if "priority" in options:
         options["queue_priority"] = options.pop("priority")
     parsed = ParsedRequest(kind, body.get("model"), prompt, options, user=body.get("user"))
+    if max_tokens_param != "max_tokens":
+        parsed.param_names["max_tokens"] = max_tokens_param
     if tools is not None:
         parsed.tool_mode, parsed.tool_name = tools.mode, tools.name
         parsed.tool_call_parser = tool_call_parser

@@ -16,6 +16,8 @@ from .openai_errors import bad
 from .openai_errors import is_a as _is
 from .openai_structured import tool_calls
 
+# A message's content, as OpenAI takes it: "" is an empty text, [] is refused (no part)
+CONTENT_RULE = "must be a string or a non-empty list of text parts"
 # vLLM's chat options: how the chat template renders the messages (Generate.chat_options)
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
                 "documents")  # fmt: skip
@@ -82,6 +84,8 @@ def parse_messages(messages: object) -> list[dict[str, Any]]:
             raise bad(f"messages[{i}]", f"unsupported field(s) {sorted(extra)}")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
+            if not content:
+                raise bad(f"messages[{i}].content", f"{CONTENT_RULE}; got []")
             texts = []
             for part in content:
                 if not isinstance(part, dict) or part.get("type") != "text":
@@ -95,7 +99,7 @@ def parse_messages(messages: object) -> list[dict[str, Any]]:
         if "tool_calls" in m:
             message["tool_calls"] = tool_calls(f"messages[{i}].tool_calls", m["tool_calls"])
         elif not isinstance(content, str):
-            raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
+            raise bad(f"messages[{i}].content", f"{CONTENT_RULE}; got {content!r:.60}")
         message.update({k: m[k] for k in ("name", "tool_call_id") if k in m})
         out.append(message)
     return out

@@ -8,6 +8,7 @@ the request body's parameter at fault; anything else is a 500 that is logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ...ipc.client import DaemonUnavailable, RequestError
@@ -54,6 +55,17 @@ STATUS_OF_CODE = {
 
 def bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param, code="invalid_parameter")
+
+
+def renamed(e: ApiError, names: Mapping[str, str]) -> ApiError:
+    """`e`, naming the body's own parameter where it names another (`names`: the name in
+    `e` -> the body's), in its param and the first mention in its message."""
+    if e.param is not None:
+        head, bracket, rest = e.param.partition("[")
+        if head in names:
+            e.message = e.message.replace(head, names[head], 1)
+            e.param = names[head] + bracket + rest
+    return e
 
 
 def is_a(value: object, *types: type) -> bool:

@@ -61,12 +61,18 @@ class LogprobsBuilder:
         return {
             "tokens": [lp["token"] for lp in wire],
             "token_logprobs": [lp["logprob"] for lp in wire],
-            # an echoed prompt's first token has no logprob: null, as OpenAI's
-            "top_logprobs": [
-                None if lp["logprob"] is None else {t: v for _, t, v in lp["top"]} for lp in wire
-            ],
+            "top_logprobs": [self._top(lp) for lp in wire],
             "text_offset": offsets,
         }
+
+    @staticmethod
+    def _top(lp: dict[str, Any]) -> dict[str, float] | None:
+        """A completion position's top_logprobs: its alternatives, or with none asked for
+        (logprobs 0) the token itself, as vLLM's; an echoed prompt's first token has no
+        logprob: null, as OpenAI's."""
+        if lp["logprob"] is None:
+            return None
+        return {t: v for _, t, v in lp["top"]} or {lp["token"]: lp["logprob"]}
 
     @staticmethod
     def _chat_entry(lp: dict[str, Any]) -> dict[str, Any]:

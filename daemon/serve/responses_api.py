@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .openai_api import PASSED, ParsedRequest, parse_request
-from .openai_errors import ApiError, bad
+from .openai_chat import CONTENT_RULE
+from .openai_errors import ApiError, bad, renamed
 from .openai_errors import is_a as _is
 from .openai_structured import STRUCTURED
 from .responses_store import ResponseStore
@@ -117,7 +118,7 @@ def parse_responses(
         parsed = parse_request("chat", chat, max_tokens_default=max_tokens_default,
                                tool_call_parser=tool_call_parser, defaults=defaults)  # fmt: skip
     except ApiError as e:
-        raise renamed(e) from None
+        raise renamed(e, RENAMED) from None
     text_format = body.get("text", {}).get("format", {"type": "text"})
     echoed = {
         "instructions": body.get("instructions"),
@@ -137,17 +138,6 @@ def parse_responses(
     conversation = chat["messages"][1:] if "instructions" in body else chat["messages"]
     keep = store is not None and body.get("store", True)
     return ResponsesRequest(parsed, echoed, conversation, keep)
-
-
-def renamed(e: ApiError) -> ApiError:
-    """`e`, naming the Responses parameter where it names the chat's (RENAMED)."""
-    if e.param is not None:
-        head, bracket, rest = e.param.partition("[")
-        if head in RENAMED:
-            new = RENAMED[head] + bracket + rest
-            e.message = e.message.replace(head, RENAMED[head], 1)
-            e.param = new
-    return e
 
 
 def as_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -234,7 +224,7 @@ def _text(param: str, content: object) -> str:
     """A message's content: a string, or text parts (input_text, output_text) joined."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
+    if isinstance(content, list) and content:
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
@@ -244,7 +234,7 @@ def _text(param: str, content: object) -> str:
                 )
             texts.append(part["text"])
         return "".join(texts)
-    raise bad(param, "must be a string or a list of text parts")
+    raise bad(param, f"{CONTENT_RULE}; got {content!r:.60}")
 
 
 def _string(where: str, item: dict[str, Any], key: str) -> str:
