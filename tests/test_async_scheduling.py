@@ -8,15 +8,20 @@ the GPU backend's copies are checked in tests/test_cupy_emulated.py."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from http_support import scrape, served
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.engine.config import EngineConfig, SettingError
 from reprise.daemon.model.synth import SHAPES, synth_model
+from reprise.ipc import Client
+from reprise.ipc.messages import Done, TokenChunk
 
 # "tiny" with head dim 64, as tests/test_graphs.py
 SHAPE = {**SHAPES["tiny"], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
@@ -275,3 +280,51 @@ def test_a_full_batch_goes_ahead_while_requests_wait(tiny: Path, rng: np.random.
 
 def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in params.__slots__}
+
+
+def test_a_daemon_serves_concurrent_clients_with_it(
+    tiny: Path, tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """`reprise serve --cuda-graphs --async-scheduling`: clients streaming at once on the
+    socket, one of them closing its stream early (a cancel while a step computing its
+    next token may be in flight), get the in-process synchronous engine's tokens; the
+    metrics count steps launched ahead, and every block comes back."""
+    prompts = [rng.integers(20, 250, size=int(rng.integers(5, 60))).tolist() for _ in range(4)]
+    params = [SamplingParams(max_tokens=24 + 5 * i, temperature=0.7 * (i % 2), seed=i,
+                             ignore_eos=True) for i in range(4)]  # fmt: skip
+    want = Engine.from_pretrained(
+        tiny, backend="numpy", block_size=16, num_device_blocks=96, max_model_len=256
+    ).generate(prompts, params)
+    got: dict[int, list[int]] = {}
+
+    def client(i: int) -> None:
+        with Client(daemon.address) as c:
+            stream = c.stream(prompts[i], max_tokens=params[i].max_tokens, seed=i,
+                              temperature=params[i].temperature, ignore_eos=True)  # fmt: skip
+            tokens = []
+            for reply in stream:
+                if isinstance(reply, TokenChunk):
+                    tokens.extend(reply.token_ids)
+                    if i == 3 and len(tokens) >= 10:
+                        stream.close()  # type: ignore[attr-defined]  # cancels it
+                        break
+                else:
+                    assert isinstance(reply, Done)
+            got[i] = tokens
+
+    with served(tmp_path, tiny, "--cuda-graphs", "--async-scheduling") as daemon:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        with Client(daemon.address) as c:
+            deadline = time.monotonic() + 30
+            while (stats := c.stats())["num_running"] and time.monotonic() < deadline:
+                time.sleep(0.05)  # the cancelled one's end reaches the loop
+        metrics = scrape(daemon.url)
+    for i in range(3):
+        assert got[i] == want[i].token_ids
+    assert got[3] == want[3].token_ids[: len(got[3])] and len(got[3]) >= 10
+    assert stats["used_blocks"] == 0 and stats["num_running"] == 0
+    assert metrics[("reprise_async_steps_total", ())] > 0
