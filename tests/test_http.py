@@ -227,7 +227,14 @@ def test_logprobs_identical_on_a_repeat(api: openai.OpenAI) -> None:
     a, b = first.choices[0].logprobs, again.choices[0].logprobs
     assert a.tokens == b.tokens and len(a.tokens) == 4
     assert a.token_logprobs == b.token_logprobs and a.top_logprobs == b.top_logprobs
-    assert all(len(top) == 3 for top in a.top_logprobs)
+    assert all(len(top) == 3 for top in a.top_logprobs)  # greedy: its token is the first
+    drawn = complete(api, LONG_PROMPT, logprobs=1, temperature=2.0, seed=3, max_tokens=16)
+    lp = drawn.choices[0].logprobs
+    # OpenAI's rule: the sampled token is listed too, so up to logprobs + 1 entries
+    for token, top in zip(lp.tokens, lp.top_logprobs, strict=True):
+        # (an alternative of the same text, a byte token's U+FFFD, keeps its own value)
+        assert token in top and 1 <= len(top) <= 2
+    assert any(len(top) == 2 for top in lp.top_logprobs), "no token drawn outside the top 1"
     assert a.text_offset[0] == 0
     content = chat(api, logprobs=True, top_logprobs=2).choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)

@@ -122,9 +122,11 @@ def test_echo_with_logprobs_on_completions(daemon: HttpDaemon, want: list) -> No
         assert len(lp.tokens) == num + 2 and lp.token_logprobs[0] is None
         assert lp.top_logprobs[0] is None
         assert lp.token_logprobs[1:num] == [e.logprob for e in want[1:]]
-        # as OpenAI's dict by token text (two ids of one text, such as U+FFFD, are one key)
+        # as OpenAI's dict by token text (two ids of one text, such as U+FFFD, are one key),
+        # the prompt token itself listed too where it is outside the top (OpenAI's rule)
         assert lp.top_logprobs[1:num] == [
-            {t: v for _, t, v in x["top"]} for x in done.prompt_logprobs[1:]
+            {x["token"]: x["logprob"], **{t: v for _, t, v in x["top"]}}
+            for x in done.prompt_logprobs[1:]
         ]
         assert lp.token_logprobs[num:] == [x["logprob"] for x in done.logprobs]
         assert lp.tokens[:num] == [x["token"] for x in done.prompt_logprobs]
@@ -177,10 +179,15 @@ def test_vllms_prompt_logprobs_parameter(daemon: HttpDaemon, want: list) -> None
                 ]
                 assert others == alternatives
     assert any(e.rank > TOP for e in want[1:])  # a prompt token past the top: its own rank
-    # echo + logprobs 1 beside prompt_logprobs TOP: the echo keeps one alternative
+    # echo + logprobs 1 beside prompt_logprobs TOP: the echo keeps one alternative, and
+    # the prompt token where it is another
     both = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0,
                                   echo=True, logprobs=1, extra_body={"prompt_logprobs": TOP})  # fmt: skip
-    assert all(len(top) == 1 for top in both.choices[0].logprobs.top_logprobs[1:])
+    echoed = both.choices[0].logprobs
+    for token, top in zip(echoed.tokens[1:], echoed.top_logprobs[1:], strict=True):
+        # (an alternative of the same text, a byte token's U+FFFD, keeps its own value)
+        assert token in top and 1 <= len(top) <= 2
+    assert any(len(top) == 2 for top in echoed.top_logprobs[1:])
     assert both.choices[0].model_extra["prompt_logprobs"] == got
     chat = api.chat.completions.create(model="tiny", max_tokens=1, temperature=0,
                                        messages=[{"role": "user", "content": "hi"}],

@@ -67,12 +67,15 @@ class LogprobsBuilder:
 
     @staticmethod
     def _top(lp: dict[str, Any]) -> dict[str, float] | None:
-        """A completion position's top_logprobs: its alternatives, or with none asked for
-        (logprobs 0) the token itself, as vLLM's; an echoed prompt's first token has no
-        logprob: null, as OpenAI's."""
+        """A completion position's top_logprobs: its alternatives and the token itself,
+        so up to logprobs + 1 entries (OpenAI's and vLLM's rule: a sampled or prompt token
+        outside the top is listed too; with logprobs 0 it is alone); an echoed prompt's
+        first token has no logprob: null, as OpenAI's."""
         if lp["logprob"] is None:
             return None
-        return {t: v for _, t, v in lp["top"]} or {lp["token"]: lp["logprob"]}
+        top = {t: v for _, t, v in lp["top"]}
+        top.setdefault(lp["token"], lp["logprob"])
+        return top
 
     @staticmethod
     def _chat_entry(lp: dict[str, Any]) -> dict[str, Any]:
