@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from ..ipc.client import Client, DaemonUnavailable, RequestError
+from .client_cmds import system_message
 from .connect import connect, request_failed
 from .display import separator, stats_table, stream_to, turn_summary
 from .options import client_options, request_from, request_options, sampling_options
@@ -52,8 +53,10 @@ class Conversation:
         return 1 + sum(m["role"] == "user" for m in self.messages)
 
     def request(self, user_text: str) -> list[dict[str, str]]:
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, *self.messages, {"role": "user", "content": user_text}]
+        """The turns so far and this one, after the system message: an empty one is sent
+        (the chat template then writes no default of its own), None sends none."""
+        user = {"role": "user", "content": user_text}
+        return [*system_message(self.system), *self.messages, user]
 
     def to_json(self) -> dict[str, Any]:
         return {"system": self.system, "messages": self.messages}
@@ -80,7 +83,7 @@ class Conversation:
                     f'messages[{i}] must be {{"role": "user" or "assistant", '
                     f'"content": TEXT}}; got {json.dumps(m)[:80]}'
                 )
-        return cls(system or None, list(messages))
+        return cls(system, list(messages))
 
     @classmethod
     def load(cls, path: Path) -> Conversation:
@@ -205,7 +208,7 @@ class Repl:
             self.conversation.messages.clear()
             self.note(
                 "conversation cleared"
-                + (" (system message kept)" if self.conversation.system else "")
+                + (" (system message kept)" if self.conversation.system is not None else "")
             )
         elif name == "/system":
             self.system(arg)
@@ -220,7 +223,8 @@ class Repl:
     def system(self, arg: str) -> None:
         if not arg:
             current = self.conversation.system
-            self.note(f"system: {current}" if current else "no system message")
+            shown = "no system message" if current is None else f"system: {current or '(empty)'}"
+            self.note(shown)
         elif arg == "-":
             self.conversation.system = None
             self.note("system message removed")
@@ -250,7 +254,7 @@ class Repl:
                 self.conversation = Conversation.load(path)
                 self.note(
                     f"loaded {len(self.conversation.messages)} messages from {path}"
-                    + (" with a system message" if self.conversation.system else "")
+                    + (" with a system message" if self.conversation.system is not None else "")
                 )
         except ValueError as e:
             self.note(str(e), style="red")
@@ -298,7 +302,12 @@ def _load_option(ctx: click.Context, param: click.Parameter, value: Path | None)
 
 
 @click.command("chat")
-@click.option("--system", default=None, help="System message.")
+@click.option(
+    "--system",
+    default=None,
+    help='System message (--system "" sends an empty one, in place of the chat '
+    "template's default).",
+)
 @click.option(
     "--load",
     "loaded",
@@ -320,8 +329,8 @@ def chat_cmd(
     """Talk with the model. Each turn resends the conversation, whose earlier turns are
     reused from the KV cache. /help lists the commands; Ctrl-D quits."""
     conversation = loaded or Conversation()
-    if system is not None:
-        conversation.system = system or None
+    if system is not None:  # `--system ""`: an empty system message, not none
+        conversation.system = system
     interactive = sys.stdin.isatty()
     options = request_from(kw)  # a bad option is refused before connecting
     with connect(socket, timeout) as client, line_editing(interactive):

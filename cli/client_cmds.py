@@ -28,13 +28,20 @@ from .options import (
 
 
 def chat_request(prompt: str, chat: bool, system: str | None) -> str | list[dict[str, str]]:
+    """PROMPT as a user message, after the --system message if one is given: `--system ""`
+    sends an empty system message (as llama-cli and the OpenAI API take it), so a chat
+    template does not put its default one in its place; None sends none."""
     if not chat:
         if system is not None:
             raise click.UsageError("--system needs the chat template; drop --raw")
         return prompt
-    return ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
+    return [*system_message(system), {"role": "user", "content": prompt}]
+
+
+def system_message(system: str | None) -> list[dict[str, str]]:
+    """The messages a system message given as `system` opens a chat with: none for None,
+    one (even an empty one) for a string."""
+    return [] if system is None else [{"role": "system", "content": system}]
 
 
 # -- generate --------------------------------------------------------------------------------
@@ -65,7 +72,12 @@ def generate_request(
     show_default=True,
     help="Wrap PROMPT as a user message in the chat template, or send it as is.",
 )
-@click.option("--system", default=None, help="System message (with --chat).")
+@click.option(
+    "--system",
+    default=None,
+    help='System message (with --chat; --system "" sends an empty one, in place of the '
+    "chat template's default).",
+)
 @sampling_options
 @request_options
 @prompt_table_options

@@ -17,7 +17,7 @@ from .bench_cmd import bench_cmd
 from .chat import chat_cmd
 from .client_cmds import chat_request, generate_cmd, stats_cmd
 from .display import terminal_safe
-from .model_cmds import model, model_option
+from .model_cmds import hidden_size, model, model_option
 from .options import engine_settings, sampling_from, sampling_options
 from .progress import complete_with_progress, tqdm_progress
 from .serve import serve_cmd
@@ -77,7 +77,12 @@ def main(debug: bool) -> None:
     show_default=True,
     help="Wrap PROMPT as a user message in the chat template, or send it as is.",
 )
-@click.option("--system", default=None, help="System message (with --chat).")
+@click.option(
+    "--system",
+    default=None,
+    help='System message (with --chat; --system "" sends an empty one, in place of the '
+    "chat template's default).",
+)
 @sampling_options
 @click.option(
     "--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True
@@ -193,20 +198,29 @@ def embed_cmd(
         raise click.UsageError("give TEXTS or --file")
     if any(not text for text in inputs):
         raise click.UsageError("a text is empty: each needs at least one token")
+    if dimensions is not None:  # refused before the load where the size can be read so
+        _check_dimensions(dimensions, hidden_size(model_dir))
     try:
         settings = engine_settings(backend=backend)
         with tqdm_progress("loading model", unit="layer") as progress:
             engine = Engine.from_pretrained(model_dir, settings, progress=progress)
-        if dimensions is not None and dimensions > engine.config.hidden_size:
-            raise click.UsageError(
-                f"--dimensions must be at most {engine.config.hidden_size} (the hidden size)"
-            )
+        if dimensions is not None:
+            _check_dimensions(dimensions, engine.config.hidden_size)
         rows = engine.embed([engine.tokenizer.encode(text) for text in inputs])
     except ValueError as e:
         raise click.ClickException(" ".join(str(e).split())) from e
     fmt = EmbeddingFormat(base64=False, dimensions=dimensions, normalize=not raw)
     for index, row in enumerate(rows):
         click.echo(json.dumps({"index": index, "embedding": shaped(row, fmt).tolist()}))
+
+
+def _check_dimensions(dimensions: int, hidden: int | None) -> None:
+    """embed's --dimensions keeps at most the model's whole row (None: not known yet)."""
+    if hidden is not None and dimensions > hidden:
+        raise click.UsageError(
+            f"--dimensions must be at most {hidden}, the model's hidden size (allowed: 1 to "
+            f"{hidden}); got {dimensions}"
+        )
 
 
 main.add_command(model)

@@ -47,6 +47,39 @@ def check_model(model: str | None) -> None:
         model_source(ctx, param, Path(model))
 
 
+def hidden_size(model: Path | None) -> int | None:
+    """The hidden size of `--model` (None: the default model), read without loading it:
+    from the folder's config.json, a GGUF file's converted folder's, or else the GGUF
+    file's header (seconds for a large vocabulary, but less than the conversion that
+    follows). None when it cannot be read so (the default model not prepared yet, a
+    config the load will refuse with its own error): the load's check then decides."""
+    from ..daemon.model.config import ModelConfig
+    from ..daemon.model.prepare import default_model_dir, gguf_model_dir, is_gguf_file
+
+    folder = default_model_dir() if model is None else model
+    if model is not None and is_gguf_file(model):
+        folder = gguf_model_dir(model)
+        if not (folder / "config.json").is_file():
+            return _gguf_hidden_size(model)
+    try:
+        return ModelConfig.from_dir(folder).hidden_size
+    except (OSError, ValueError, KeyError, TypeError):  # the load says what is wrong
+        return None
+
+
+def _gguf_hidden_size(path: Path) -> int | None:
+    """The `<arch>.embedding_length` of a GGUF file's header (the first shard holds it)."""
+    from ..daemon.model.gguf_files import open_gguf
+
+    try:
+        fields = open_gguf(path).fields
+        arch = fields["general.architecture"].contents()
+        size = fields[f"{arch}.embedding_length"].contents()
+    except (OSError, KeyError, ValueError, TypeError):  # the conversion says what is wrong
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
 # `--model` of the commands that load a model in this process (run, embed)
 model_option = click.option(
     "--model",

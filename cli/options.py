@@ -34,21 +34,28 @@ DEFAULT_TEMPERATURE = 0.0
 
 class FiniteFloat(click.ParamType):
     """A float that must be finite (nan and inf are refused, unlike click.FloatRange)
-    and within [low, high]; `low_open` excludes `low` itself."""
+    and within [low, high]; `low_open` excludes `low` itself; `unit` (e.g. "seconds")
+    is named in the refusal."""
 
     name = "float"
 
     def __init__(
-        self, low: float | None = None, high: float | None = None, *, low_open: bool = False
+        self,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        unit: str = "",
     ) -> None:
-        self.low, self.high, self.low_open = low, high, low_open
+        self.low, self.high, self.low_open, self.unit = low, high, low_open, unit
 
     def allowed(self) -> str:
+        what = f"number of {self.unit}" if self.unit else "number"
         if self.low is not None and self.high is not None:
-            return f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+            return f"a {what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
         if self.low is not None:
-            return f"a number {'>' if self.low_open else '>='} {self.low:g}"
-        return "a finite number"
+            return f"a finite {what} {'>' if self.low_open else '>='} {self.low:g}"
+        return f"a finite {what}"
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None

@@ -15,6 +15,7 @@ from ..daemon.serve.tool_parsers import PARSERS as TOOL_PARSERS
 from .model_cmds import check_model
 from .options import (
     ENGINE_OPTIONS,
+    FiniteFloat,
     engine_option,
     engine_options,
     engine_settings,
@@ -148,7 +149,7 @@ def load_config(path: Path) -> dict[str, Any]:
 )
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(low=0.0, unit="seconds"),
     default=None,
     help="Seconds running requests get on SIGTERM before they are cancelled with a "
     "final error reply [default: 5].",

@@ -3,7 +3,9 @@
 Default address: `ipc://$RUNTIME_DIRECTORY/reprise.sock` under systemd, else
 `ipc://$XDG_RUNTIME_DIR/reprise/reprise.sock`, else a per-user folder in /tmp.
 Clients also try `/run/reprise/reprise.sock` (the systemd unit's place).
-`REPRISE_SOCKET` overrides both sides.
+`REPRISE_SOCKET` overrides both sides. The daemon makes a missing socket folder: for a
+chosen path only that folder (a typo above it is refused), for the default the runtime
+folders above it too.
 
 The daemon's socket is a plain stream socket (Unix or loopback TCP) carrying
 length-prefixed msgpack frames (`framing`); only the KV events socket is ZeroMQ.
@@ -26,16 +28,21 @@ def user_socket_path() -> Path:
     return base / SOCKET_NAME
 
 
+def default_socket_path() -> Path:
+    """Where `reprise serve` listens when neither --socket nor REPRISE_SOCKET chooses."""
+    systemd_dir = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if systemd_dir:
+        return Path(systemd_dir) / SOCKET_NAME
+    return user_socket_path()
+
+
 def server_address(explicit: str | None = None) -> str:
     """The address `reprise serve` binds."""
     if explicit:
         return explicit
     if os.environ.get(SOCKET_ENV):
         return os.environ[SOCKET_ENV]
-    systemd_dir = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    if systemd_dir:
-        return f"ipc://{Path(systemd_dir) / SOCKET_NAME}"
-    return f"ipc://{user_socket_path()}"
+    return f"ipc://{default_socket_path()}"
 
 
 def client_address(explicit: str | None = None) -> str:
@@ -112,21 +119,21 @@ def check_address(address: str) -> None:
     raise ValueError(f"socket address must be ipc://PATH or tcp://127.0.0.1:PORT; got {address!r}")
 
 
-def prepare_ipc_path(path: Path) -> None:
-    """Make the socket's folder (0700 when we create it), refuse a folder that another
-    user owns or that others may enter (anyone who can create files there could put
-    their own socket in our place and read the prompts sent to it, as ssh-agent and
-    tmux refuse), and refuse to take over a socket another live daemon is listening
-    on (ZeroMQ would silently unlink it)."""
+def prepare_ipc_path(path: Path, flag: str = "--socket") -> None:
+    """Make the socket's folder (make_socket_folder), refuse a folder that another user
+    owns or that others may enter (anyone who can create files there could put their own
+    socket in our place and read the prompts sent to it, as ssh-agent and tmux refuse),
+    and refuse to take over a socket another live daemon is listening on (ZeroMQ would
+    silently unlink it). Raises RuntimeError, one line naming `flag`."""
     folder = path.parent
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_socket_folder(path, flag)
     info = folder.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o027:  # group may read (a named group)
         owner = "you" if info.st_uid == os.getuid() else f"uid {info.st_uid}"
         raise RuntimeError(
             f"socket folder {folder} is owned by {owner} with mode {info.st_mode & 0o777:o}; "
             f"it must be yours, with mode 700 or 750 (fix: chmod 700 {folder}, or remove it, or "
-            f"choose another --socket)"
+            f"choose another {flag})"
         )
     if not path.exists():
         return
@@ -139,3 +146,27 @@ def prepare_ipc_path(path: Path) -> None:
     finally:
         probe.close()
     raise RuntimeError(f"another daemon is already listening on ipc://{path}")
+
+
+def make_socket_folder(path: Path, flag: str = "--socket") -> None:
+    """Make the folder of the socket file `path` (mode 700) if it is missing. A chosen
+    path gets only its own folder: a typo in a folder above it is refused (RuntimeError
+    naming `flag` and the missing folder) rather than made into a tree. The default path
+    gets the folders above it too: its runtime folder may not exist yet on a fresh
+    machine."""
+    folder = path.parent
+    if folder.is_dir():
+        return
+    is_default = path == default_socket_path()
+    if not is_default and not folder.parent.is_dir():
+        raise RuntimeError(
+            f"{flag} ipc://{path}: no folder {folder.parent}; reprise makes only the socket's "
+            f"own folder ({folder}), not the folders above it (create {folder.parent}, or "
+            f"choose another {flag})"
+        )
+    try:  # NOTE: parents are made with the umask's mode; the socket's folder is 700
+        folder.mkdir(mode=0o700, parents=is_default, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(
+            f"{flag} ipc://{path}: cannot make the socket folder {folder}: {e.strerror or e}"
+        ) from None

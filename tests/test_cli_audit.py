@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli_errors import error_lines, run
@@ -192,3 +193,175 @@ def test_a_good_config_file_gets_as_far_as_loading(tmp_path: Path) -> None:
                       "disk-cache-gb = 2\n")  # fmt: skip
     result = run("serve", "--config", str(config))
     assert "Loaded: the model load was reached" in result.stderr, result.output
+
+
+# -- the socket's folder -------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("option", ["--socket", "--events"])
+def test_serve_refuses_a_socket_whose_folder_s_parent_is_missing(
+    option: str, tmp_path: Path
+) -> None:
+    """A typo in a folder above the socket is refused, not made into a tree of folders."""
+    address = f"ipc://{tmp_path}/typo/dir/x.sock"
+    one_error(["serve", option, address], 1, [option, address, f"no folder {tmp_path}/typo"])
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.usefixtures("no_load")
+def test_serve_makes_the_socket_s_own_folder(tmp_path: Path) -> None:
+    result = run("serve", "--socket", f"ipc://{tmp_path}/run/d.sock")
+    assert "Loaded: the model load was reached" in result.stderr, result.output
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.usefixtures("no_load")
+def test_serve_makes_the_default_socket_s_runtime_folders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a fresh machine the default socket's runtime folder may not exist yet."""
+    runtime = tmp_path / "run" / "user" / "1000"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    result = run("serve")
+    assert "Loaded: the model load was reached" in result.stderr, result.output
+    assert (runtime / "reprise").stat().st_mode & 0o777 == 0o700
+
+
+# -- serve --drain-timeout ------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_drain_timeout_must_be_a_finite_number_of_seconds(value: str) -> None:
+    one_error(["serve", "--drain-timeout", value], 2,
+              ["'--drain-timeout'", f"'{value}'", "a finite number of seconds >= 0"])  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("line", ["drain-timeout = nan", "drain_timeout = inf"])
+def test_a_config_file_s_drain_timeout_must_be_finite(line: str, tmp_path: Path) -> None:
+    config = tmp_path / "reprise.toml"
+    config.write_text(line + "\n")
+    key = line.split(" ")[0]
+    one_error(["serve", "--config", str(config)], 1,
+              [str(config), key, "a finite number of seconds >= 0"])  # fmt: skip
+    assert "drain_timeout_s" not in run("serve", "--config", str(config)).output
+
+
+# -- embed --dimensions ----------------------------------------------------------------------
+
+
+def tiny_folder(tmp_path: Path) -> Path:
+    """A model folder of only a config.json (hidden size 128): enough to be refused by."""
+    import json
+
+    from reprise.daemon.model.synth import SHAPES
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "rms_norm_eps": 1e-5, **SHAPES["tiny"]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def tiny_gguf(tmp_path: Path) -> Path:
+    """A GGUF file of only a header that says hidden size 128 (no converted folder)."""
+    from gguf_support import write_gguf
+
+    return write_gguf(tmp_path / "tiny.gguf", "llama", {"llama.embedding_length": 128}, {})
+
+
+@pytest.mark.usefixtures("no_load")
+@pytest.mark.parametrize("make", [tiny_folder, tiny_gguf])
+def test_embed_dimensions_past_the_hidden_size_are_refused_before_loading(
+    make: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REPRISE_CACHE_DIR", str(tmp_path / "cache"))
+    model = make(tmp_path)
+    one_error(["embed", "x", "--model", str(model), "--dimensions", "129"], 2,
+              ["--dimensions", "got 129", "hidden size", "1 to 128"])  # fmt: skip
+    result = run("embed", "x", "--model", str(model), "--dimensions", "128")
+    assert "Loaded: the model load was reached" in result.stderr, result.output
+
+
+# -- --system "" -----------------------------------------------------------------------------
+
+DEFAULT_SYSTEM = "You are a helpful AI assistant."
+# as SmolLM2's and Qwen2's templates: their own system message when the chat opens without one
+TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\n" + DEFAULT_SYSTEM
+    + "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+)  # fmt: skip
+
+
+class Sent(Exception):
+    """Raised in place of sending a request: what the CLI built is recorded."""
+
+
+def sent_request(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> Any:
+    """What `args` would send: to the daemon (generate, chat), or to the chat template of
+    the model loaded in process (run)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from reprise.cli.main import main
+    from reprise.daemon.engine.engine import Engine
+
+    sent: list[Any] = []
+
+    def record(request: Any, **_: object) -> None:
+        sent.append(request)
+        raise Sent
+
+    @contextmanager
+    def connect(*_: object) -> Iterator[Any]:
+        yield SimpleNamespace(stream=record, generate=record)
+
+    monkeypatch.setattr("reprise.cli.client_cmds.connect", connect)
+    monkeypatch.setattr("reprise.cli.chat.connect", connect)
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(apply_chat_template=record))
+    monkeypatch.setattr(Engine, "from_pretrained", lambda *_, **__: engine)
+    CliRunner().invoke(main, args, input="Hi\n", env={"REPRISE_SOCKET": None})
+    [request] = sent
+    return request
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Any:
+    """A tokenizer whose chat template writes a default system message of its own."""
+    from reprise.daemon.model.synth import write_tokenizer
+    from reprise.daemon.model.tokenizer import Tokenizer
+
+    write_tokenizer(tmp_path, 512)
+    tokenizer = Tokenizer.from_dir(tmp_path)
+    tokenizer.use_chat_template(TEMPLATE)
+    return tokenizer
+
+
+@pytest.mark.parametrize("command", [["generate", "Hi"], ["run", "Hi"], ["chat"]])
+@pytest.mark.parametrize("system", [None, "", "Be brief."])
+def test_an_empty_system_flag_sends_an_empty_system_message(
+    command: list[str], system: str | None, template: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--system ""` is an empty system message (llama-cli's, the OpenAI API's), so the
+    template's default one does not appear; no --system leaves the template's default."""
+    flags = [] if system is None else ["--system", system]
+    request = sent_request(monkeypatch, [*command, *flags])
+    opening = [] if system is None else [{"role": "system", "content": system}]
+    assert request == [*opening, {"role": "user", "content": "Hi"}]
+    assert (DEFAULT_SYSTEM in template.apply_chat_template(request)) == (system is None)
+
+
+def test_a_saved_chat_s_empty_system_message_stays_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "chat.json"
+    saved.write_text('{"system": "", "messages": []}')
+    request = sent_request(monkeypatch, ["chat", "--load", str(saved)])
+    assert request == [{"role": "system", "content": ""}, {"role": "user", "content": "Hi"}]

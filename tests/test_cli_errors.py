@@ -94,7 +94,7 @@ SETTING_ERRORS = [
     (["serve", "--max-logits-bytes", "0"], ["--max-logits-bytes", "0", "x>=1"]),
     (["serve", "--max-stop-strings", "0"], ["--max-stop-strings", "0", "x>=1"]),
     (["serve", "--max-stop-chars", "0"], ["--max-stop-chars", "0", "x>=1"]),
-    (["serve", "--drain-timeout", "-1"], ["--drain-timeout", "-1", "x>=0"]),
+    (["serve", "--drain-timeout", "-1"], ["--drain-timeout", "'-1'", "a finite number of seconds >= 0"]),
     (["serve", "--no-reuse", "--logits-cache-mb", "8"], ["--logits-cache-mb", "needs reuse"]),
     (["serve", "--chat-template", "{% for %}"], ["--chat-template", "does not compile"]),
     (["serve", "--chat-template", "/nonexistent/t.jinja"], ["--chat-template", "no file"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from reprise.ipc.messages import (
     Tokenize,
     TokenizeReply,
 )
-from reprise.ipc.sockets import check_address, client_address, server_address
+from reprise.ipc.sockets import check_address, client_address, prepare_ipc_path, server_address
 
 
 def pack(**body: object) -> bytes:
@@ -244,6 +245,29 @@ def test_addresses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         check_address("http://x")
 
 
+def test_a_socket_folder_is_made_but_not_the_folders_above_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A chosen path gets only its own folder (700); a missing folder above it is refused
+    with the flag and that folder named. The default path's folders are all made: its
+    runtime folder may not exist yet (here systemd's RUNTIME_DIRECTORY)."""
+    monkeypatch.delenv("REPRISE_SOCKET", raising=False)
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run" / "reprise"))
+    prepare_ipc_path(tmp_path / "own" / "d.sock")
+    assert (tmp_path / "own").stat().st_mode & 0o777 == 0o700
+    line = f"--events ipc://{tmp_path}/a/b/e.sock: no folder {tmp_path}/a; reprise makes only"
+    with pytest.raises(RuntimeError, match=re.escape(line)):
+        prepare_ipc_path(tmp_path / "a" / "b" / "e.sock", "--events")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RuntimeError, match="cannot make the socket folder"):
+        prepare_ipc_path(tmp_path / "file" / "d.sock")
+    default = Path(server_address().removeprefix("ipc://"))
+    assert default == tmp_path / "run" / "reprise" / "reprise.sock"
+    prepare_ipc_path(default)
+    assert default.parent.stat().st_mode & 0o777 == 0o700
+
+
 def test_clients_refuse_a_user_socket_folder_others_control(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -322,6 +346,14 @@ def test_serve_config_file(tmp_path: Path) -> None:
     unknown.write_text("colour = 1\n")
     with pytest.raises(click.ClickException, match="unknown option"):
         load_config(unknown)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0])
+def test_server_config_refuses_a_drain_timeout_that_is_not_finite_seconds(seconds: float) -> None:
+    from reprise.daemon.serve.settings import ServerConfig
+
+    with pytest.raises(ValueError, match="drain_timeout_s must be a finite number of seconds"):
+        ServerConfig(address="ipc:///x/y.sock", drain_timeout_s=seconds)
 
 
 def test_free_form_json_is_checked_to_its_leaves() -> None:

@@ -3,6 +3,7 @@ sockets that run before any model loads (`prepare_endpoints`)."""
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +64,11 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if not self.drain_timeout_s >= 0:
-            raise ValueError(f"drain_timeout_s must be >= 0; got {self.drain_timeout_s!r}")
+        drain = self.drain_timeout_s
+        if not (isinstance(drain, int | float) and math.isfinite(drain) and drain >= 0):
+            raise ValueError(
+                f"drain_timeout_s must be a finite number of seconds >= 0; got {drain!r}"
+            )
 
 
 def prepare_endpoints(config: ServerConfig) -> None:
@@ -74,7 +78,7 @@ def prepare_endpoints(config: ServerConfig) -> None:
     for address, flag in ((config.address, "--socket"), (config.events_address, "--events")):
         path = ipc_path(address) if address else None
         if path is not None:
-            prepare_ipc_path(path)
+            prepare_ipc_path(path, flag)
         elif address is not None:
             family, target = socket_target(address)
             with socket.socket(family, socket.SOCK_STREAM) as probe:
