@@ -9,7 +9,7 @@ of outputs.py, which also builds what a step and a finished request hand back).
 
 A request is checked at `add_request` (checks.py, with prompts.py and
 prompt_table.py) before anything is queued; disk_tier.py opens the disk tier the
-settings name.
+settings name; pipeline.py plans the steps asynchronous scheduling launches ahead.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ...blockpool.copies import PINNED_KINDS, BlockCopy
 from ...blockpool.events import EventQueue, KVEvent
 from ...blockpool.hashing import DEFAULT_NAMESPACE, BlockHash, Namespace, encode_ids
 from ...blockpool.host import HostTier
@@ -51,15 +50,16 @@ from .config import EngineConfig, SettingError
 from .disk_tier import open_disk_tier
 from .kvmanager import KVCacheManager
 from .logits_cache import LogitsCache, embedding_key
-from .outputs import completion, new_detokenizer, record_token, room_left, step_output
+from .outputs import completion, new_detokenizer, record_token, step_output
 from .params import Completion, Retention, SamplingParams, StepOutput
+from .pipeline import goes_ahead, pins, plan_ahead, without_ended
 from .prompt_logprobs import PromptLogprobs, PromptLogprobStore
 from .prompt_table import check_prompt_table
 from .prompts import PreparedPrompt, Prompt, prompt_ids, split_batch
 from .runner import Launched, ModelRunner, RunOutput
 from .sampling import Grammars
 from .sampling.bad_words import tokenize_bad_words
-from .scheduler import ScheduledSeq, Scheduler, StepPlan
+from .scheduler import Scheduler, StepPlan
 from .sequence import RequestId, SeqStatus, Sequence
 from .speculative import Speculator
 
@@ -432,63 +432,23 @@ class Engine:
         # pins taken since `plan` was launched (a plan ahead's, or planned by a growth that
         # fell short, taken by the next step) are released after their copies, not now
         release = not self.pool.num_planned_pins and (
-            self._ahead is None or not _pins(self._ahead[0].copies)
+            self._ahead is None or not pins(self._ahead[0].copies)
         )
         return self.postprocess(plan, launched.result(), release_copies=release)
 
     def _launches(self, plan: StepPlan) -> bool:
-        """Whether `plan` is a step asynchronous scheduling launches: one decode token for
-        each running request (those of `plan` that ended since it was planned left out),
-        each of whose next token depends on its logits row and its position alone
-        (SamplingState.stateless) and needs no row on the host."""
-        if not self.settings.async_scheduling or self.speculator is not None:
-            return False
-        alive = [item for item in plan.scheduled if item.seq.status is SeqStatus.RUNNING]
-        if not alive or len(alive) != len(self.scheduler.running):
-            return False
-        for item in alive:
-            seq = item.seq
-            if (
-                item.num_tokens != 1
-                or item.draft
-                or item.stored_logits is not None
-                or not seq.output_token_ids  # a prompt's last token: its first sample
-                or seq.num_pending_tokens != 1
-                or not seq.sampling.stateless
-                or seq.sampling.reads_row
-                or seq.params.embed
-            ):
-                return False
-        return True
+        """Whether asynchronous scheduling launches `plan` (pipeline.goes_ahead)."""
+        return (
+            self.settings.async_scheduling
+            and self.speculator is None
+            and goes_ahead(plan, self.scheduler.running)
+        )
 
     def _plan_ahead(self, plan: StepPlan) -> StepPlan | None:
-        """The step after `plan` (launched, its tokens not yet recorded), for the requests
-        in it that are still running and that its token does not end by length, each one
-        token further; None when asynchronous scheduling does not take it: requests are
-        waiting while there is room to admit one (the next step `schedule` plans admits
-        them; at max_num_seqs, they wait for a request to end either way), or `plan` had
-        copies that pin blocks (their pins are released after it, before a plan ahead
-        takes more), or a request no longer launches so, or the blocks ran short (the
-        blocks and copies planned stay planned, for the next step)."""
-        sched = self.scheduler
-        if not self._launches(plan) or _pins(plan.copies):
+        """The step after `plan`, launched behind it (pipeline.plan_ahead), or None."""
+        if not self._launches(plan):
             return None
-        if sched.waiting and (
-            sched.max_num_seqs is None or len(sched.running) < sched.max_num_seqs
-        ):
-            return None
-        seqs = [
-            item.seq
-            for item in plan.scheduled
-            if item.seq.status is SeqStatus.RUNNING and room_left(item.seq, self.max_model_len) > 1
-        ]
-        if not seqs or any(not self.kv.grow(seq, 2) for seq in seqs):
-            return None
-        bs = self.kv.block_size
-        scheduled = [ScheduledSeq(seq, 1) for seq in seqs]
-        # a block fills when its last slot is written: position num_computed_tokens + 1 here
-        fills = [item for item in scheduled if (item.seq.num_computed_tokens + 2) % bs == 0]
-        return StepPlan(scheduled, self.pool.take_copies(), fills)
+        return plan_ahead(plan, self.scheduler, self.kv, self.pool, self.max_model_len)
 
     def _start_copies(self) -> None:
         """Run the copies the pool planned so far, ahead of the step that would run them
@@ -511,7 +471,7 @@ class Engine:
         if release_copies:
             self.pool.complete_copies()
         if any(item.seq.status is not SeqStatus.RUNNING for item in plan.scheduled):
-            plan, out = _without_ended(plan, out)
+            plan, out = without_ended(plan, out)
         drafted: set[int] = set()  # ids of the sequences with a draft in this step
         for item in plan.scheduled:
             seq, num_prompt = item.seq, len(item.seq.prompt_token_ids)
@@ -747,32 +707,6 @@ class Engine:
             max_model_len=self.max_model_len,
             keep_last=keep_last,
         )
-
-
-def _pins(copies: list[BlockCopy]) -> bool:
-    """Whether any of `copies` pins its ends until `BlockPool.complete_copies`."""
-    return any(copy.kind in PINNED_KINDS for copy in copies)
-
-
-def _without_ended(plan: StepPlan, out: RunOutput) -> tuple[StepPlan, RunOutput]:
-    """`plan` and `out` without the requests that are no longer running."""
-
-    def running(seq: Sequence) -> bool:
-        return seq.status is SeqStatus.RUNNING
-
-    return (
-        replace(
-            plan,
-            scheduled=[item for item in plan.scheduled if running(item.seq)],
-            to_register=[item for item in plan.to_register if running(item.seq)],
-        ),
-        replace(
-            out,
-            sampled=[sampled for sampled in out.sampled if running(sampled[0])],
-            prompt_entries=[entry for entry in out.prompt_entries if running(entry[0])],
-            embeddings=[pair for pair in out.embeddings if running(pair[0])],
-        ),
-    )
 
 
 def _namespace(cache_salt: str | bytes | None) -> Namespace:

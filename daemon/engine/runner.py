@@ -142,7 +142,7 @@ class ModelRunner:
         device alone: `Engine` asks only for those, so None means a failed capture).
 
         `after`: the step queued before this one, whose tokens this one's sequences have
-        not recorded yet: the plan is then a step ahead of them (`Engine._plan_ahead`).
+        not recorded yet: the plan is then a step ahead of them (`pipeline.plan_ahead`).
         Each sequence's position is one past its recorded tokens, and its input token is
         fed on the device from `after`'s tokens (its row there)."""
         if self.decode is None:
