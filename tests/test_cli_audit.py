@@ -48,8 +48,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def one_error(args: list[str], code: int, words: list[str]) -> None:
-    result = run(*args)
+def one_error(
+    args: list[str], code: int, words: list[str], env: dict[str, str | None] | None = None
+) -> None:
+    result = run(*args, env=env)
     assert result.exit_code == code, result.output
     assert "Loaded" not in result.output, "refused only after the model loaded"
     assert isinstance(result.exception, SystemExit)
@@ -207,6 +209,14 @@ def test_serve_refuses_a_socket_whose_folder_s_parent_is_missing(
     address = f"ipc://{tmp_path}/typo/dir/x.sock"
     one_error(["serve", option, address], 1, [option, address, f"no folder {tmp_path}/typo"])
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.usefixtures("no_load")
+def test_a_socket_from_reprise_socket_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    """The address came from the environment, not a flag: the line names where it came from."""
+    address = f"ipc://{tmp_path}/typo/dir/x.sock"
+    words = ["REPRISE_SOCKET", address, f"no folder {tmp_path}/typo"]
+    one_error(["serve"], 1, words, env={"REPRISE_SOCKET": address})
 
 
 @pytest.mark.usefixtures("no_load")

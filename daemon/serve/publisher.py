@@ -41,7 +41,7 @@ class EventPublisher:
         self._pub.setsockopt(zmq.IPV6, int(is_ipv6(self.address)))
         path = ipc_path(self.address)
         if path is not None:
-            prepare_ipc_path(path)
+            prepare_ipc_path(path, "--events")
         self._pub.bind(self.address)
         if path is not None:
             path.chmod(0o600)

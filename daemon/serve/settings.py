@@ -4,13 +4,14 @@ sockets that run before any model loads (`prepare_endpoints`)."""
 from __future__ import annotations
 
 import math
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
 
 from ...ipc.kv_events import KVEventLayout, check_layout
 from ...ipc.messages import ProtocolError, check_chat_options
-from ...ipc.sockets import check_address, ipc_path, prepare_ipc_path, socket_target
+from ...ipc.sockets import SOCKET_ENV, check_address, ipc_path, prepare_ipc_path, socket_target
 from ..model.tokenizer import check_chat_template
 
 
@@ -74,8 +75,11 @@ class ServerConfig:
 def prepare_endpoints(config: ServerConfig) -> None:
     """Check what binding will need before any model loads: each ipc:// socket's folder is
     ours and private, and no live daemon listens there; each tcp:// port is free (raises
-    RuntimeError saying why)."""
-    for address, flag in ((config.address, "--socket"), (config.events_address, "--events")):
+    RuntimeError saying why, naming the flag, or REPRISE_SOCKET when the address is its)."""
+    socket_flag = "--socket"
+    if config.address is not None and os.environ.get(SOCKET_ENV) == config.address:
+        socket_flag = f"{SOCKET_ENV} (--socket)"
+    for address, flag in ((config.address, socket_flag), (config.events_address, "--events")):
         path = ipc_path(address) if address else None
         if path is not None:
             prepare_ipc_path(path, flag)
