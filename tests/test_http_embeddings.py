@@ -17,7 +17,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from http_support import HttpDaemon  # noqa: E402
+from http_support import HttpDaemon, served  # noqa: E402
 
 from reprise.daemon import Engine  # noqa: E402
 from reprise.ipc import Client  # noqa: E402
@@ -33,10 +33,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("embeddings"), tiny, "--served-model-name", "tiny")
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("embeddings"), tiny, "--served-model-name", "tiny") as d:
+        yield d
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from http_support import HttpDaemon
+from http_support import HttpDaemon, served
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.synth import CHAT_TEMPLATE, synth_model
@@ -40,10 +40,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("llama_cpp"), tiny, "--served-model-name", "tiny")
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("llama_cpp"), tiny, "--served-model-name", "tiny") as d:
+        yield d
 
 
 def post(daemon: HttpDaemon, path: str, body: Any) -> Any:

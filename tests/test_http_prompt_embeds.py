@@ -17,7 +17,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from test_http import HttpDaemon  # noqa: E402
+from http_support import HttpDaemon, served  # noqa: E402
 
 from reprise.cuda.dtypes import BF16  # noqa: E402
 from reprise.daemon.model.config import ModelConfig  # noqa: E402
@@ -36,10 +36,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("embeds"), tiny)
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("embeds"), tiny) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 openai = pytest.importorskip("openai")
-from http_support import HttpDaemon  # noqa: E402
+from http_support import served  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -21,11 +21,9 @@ THINKING = {"structured_outputs": {"regex": "<think>[a-z ]{8,40}</think>[A-Za-z 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Iterator:
-    d = HttpDaemon(tmp_path_factory.mktemp("reasoning"), default_model_dir,
-                   "--served-model-name", MODEL, "--reasoning-parser", "qwen3")  # fmt: skip
-    yield d.openai()
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("reasoning"), default_model_dir,
+                "--served-model-name", MODEL, "--reasoning-parser", "qwen3") as d:  # fmt: skip
+        yield d.openai()
 
 
 def ask(api, **kw):

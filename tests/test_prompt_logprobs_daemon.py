@@ -16,7 +16,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from test_http import HttpDaemon  # noqa: E402
+from http_support import HttpDaemon, served  # noqa: E402
 
 from reprise.daemon import Engine, SamplingParams  # noqa: E402
 from reprise.ipc import Client, RequestError  # noqa: E402
@@ -34,10 +34,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[HttpDaemon]:
-    d = HttpDaemon(tmp_path_factory.mktemp("plp"), tiny, "--max-prompt-logprobs", "5")
-    yield d
-    d.stop()
-    assert d.proc.returncode == 0, d.read_log()[-2000:]
+    with served(tmp_path_factory.mktemp("plp"), tiny, "--max-prompt-logprobs", "5") as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
