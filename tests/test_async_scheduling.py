@@ -4,7 +4,9 @@ the device. Every request's tokens, finish and text, and every KV block written,
 bit-identical to the synchronous engine's, whatever ends, is cancelled or arrives while a
 step is in flight, and no block may leak. On NumPy the decode graphs' padded steps run
 eagerly (graphs.py), so the launches, the feeding and the dropped rows run as on the GPU;
-the GPU backend's copies are checked in tests/test_cupy_emulated.py."""
+the GPU backend's copies are checked in tests/test_cupy_emulated.py, and with a CUDA
+device the engine tests here run on it too (`backend`: the CuPy backend, its graphs
+replayed, tokens fed by a device copy and read back through pinned buffers and events)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import needs_gpu
 from http_support import scrape, served
 
 from reprise.daemon import Engine, SamplingParams
@@ -26,6 +29,7 @@ from reprise.ipc.messages import Done, TokenChunk
 # "tiny" with head dim 64, as tests/test_graphs.py
 SHAPE = {**SHAPES["tiny"], "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
 STOPS = [5, 7, 9, 11, 13, 17, 19]  # ids that end a request that does not ignore eos
+BACKENDS = ["numpy", pytest.param("cupy", marks=[pytest.mark.gpu, needs_gpu])]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +39,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield synth_model("tiny-d64", tmp_path_factory.mktemp("async") / "tiny")
 
 
-def engine(path: Path, asynchronous: bool, **kwargs) -> Engine:
+def engine(path: Path, asynchronous: bool, backend: str = "numpy", **kwargs) -> Engine:
     kwargs.setdefault("num_device_blocks", 128)
     kwargs.setdefault("block_size", 16)
     return Engine.from_pretrained(
-        path, backend="numpy", cuda_graphs=True, async_scheduling=asynchronous, **kwargs
+        path, backend=backend, cuda_graphs=True, async_scheduling=asynchronous, **kwargs
     )
 
 
@@ -84,19 +88,23 @@ def assert_same_blocks(sync: Engine, asynchronous: Engine) -> None:
     where = {b.block_hash: b.block_id for b in asynchronous.pool.blocks if b.block_hash}
     cached = [(b.block_hash, b.block_id) for b in sync.pool.blocks if b.block_hash]
     assert cached and sorted(h for h, _ in cached) == sorted(where)
-    kv_sync, kv_async = sync.runner.kv_cache, asynchronous.runner.kv_cache
     for block_hash, block_id in cached:
-        assert (
-            kv_sync[block_id].view(np.uint16) == kv_async[where[block_hash]].view(np.uint16)
-        ).all()
+        assert np.array_equal(bits(sync, block_id), bits(asynchronous, where[block_hash]))
 
 
+def bits(eng: Engine, block_id: int) -> np.ndarray:
+    """A device block's KV bytes on the host, as uint16 (BF16 bits)."""
+    block = eng.runner.kv_cache[block_id]
+    return (block.get() if hasattr(block, "get") else block).view(np.uint16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("num_requests", [1, 4, 9])
 def test_tokens_and_blocks_are_bit_identical_to_synchronous(
-    tiny: Path, rng: np.random.Generator, num_requests: int
+    tiny: Path, rng: np.random.Generator, num_requests: int, backend: str
 ) -> None:
     prompts, params = traffic(rng, num_requests)
-    sync, asynchronous = engine(tiny, False), engine(tiny, True)
+    sync, asynchronous = engine(tiny, False, backend), engine(tiny, True, backend)
     want, got = run(sync, prompts, params), run(asynchronous, prompts, params)
     assert got == want
     assert sync.num_async_steps == 0
@@ -105,12 +113,15 @@ def test_tokens_and_blocks_are_bit_identical_to_synchronous(
     assert_same_blocks(sync, asynchronous)
 
 
-def test_arrivals_while_a_step_is_in_flight(tiny: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arrivals_while_a_step_is_in_flight(
+    tiny: Path, rng: np.random.Generator, backend: str
+) -> None:
     """Requests added between steps, while a step launched ahead is in flight, wait for
     it and are then admitted; a batch that shrinks and grows feeds each row its own token."""
     prompts, params = traffic(rng, 8)
     arrivals = {0: [0, 1], 3: [2], 4: [3, 4], 9: [5], 15: [6, 7]}
-    sync, asynchronous = engine(tiny, False), engine(tiny, True)
+    sync, asynchronous = engine(tiny, False, backend), engine(tiny, True, backend)
     want = run(sync, prompts, params, arrivals=arrivals)
     got = run(asynchronous, prompts, params, arrivals=arrivals)
     assert got == want
@@ -118,14 +129,17 @@ def test_arrivals_while_a_step_is_in_flight(tiny: Path, rng: np.random.Generator
     assert_same_blocks(sync, asynchronous)
 
 
-def test_cancel_while_its_step_is_in_flight(tiny: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cancel_while_its_step_is_in_flight(
+    tiny: Path, rng: np.random.Generator, backend: str
+) -> None:
     """A request cancelled while a step that computes its next token is in flight: the
     others' tokens are unchanged, its row is dropped, and its blocks come back."""
     prompts = [rng.integers(20, 1000, size=30).tolist() for _ in range(3)]
     params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True) for _ in range(3)]
     results = []
     for asynchronous in (False, True):
-        eng = engine(tiny, asynchronous)
+        eng = engine(tiny, asynchronous, backend)
         ids = [eng.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
         for _ in range(6):
             eng.step()
@@ -224,7 +238,8 @@ def test_a_plan_ahead_that_cannot_launch_runs_next_call(
     eng.pool.check_integrity()
 
 
-def test_a_tight_pool_with_a_host_tier(tiny: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tight_pool_with_a_host_tier(tiny: Path, backend: str) -> None:
     """Twice the traffic through 20 device blocks and a host tier: steps launched ahead
     grow into blocks whose eviction offloads them (their pins held until that step is
     recorded), a plan ahead falls short of blocks after its growth planned offloads
@@ -236,7 +251,7 @@ def test_a_tight_pool_with_a_host_tier(tiny: Path) -> None:
         prompts, params = traffic(np.random.default_rng(seed), 6)
         prompts, params = prompts * 2, params * 2
         settings = {"num_host_blocks": 32, "num_device_blocks": 20}
-        sync, eng = engine(tiny, False, **settings), engine(tiny, True, **settings)
+        sync, eng = engine(tiny, False, backend, **settings), engine(tiny, True, backend, **settings)
         want = run(sync, prompts, params)
         real = eng.runner.launch
 
