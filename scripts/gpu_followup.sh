@@ -61,7 +61,7 @@ part check 330 bash scripts/gpu_check.sh -m gpu "${pytest_extra[@]}" tests/test_
   tests/test_smollm3.py tests/test_sliding_window_models.py tests/test_rope_scaling.py \
   tests/test_seed_oss_helium.py tests/test_padded_heads.py tests/test_gemma3.py \
   tests/test_gemma2.py tests/test_gemma_ops.py tests/test_moe.py tests/test_moe_kernels.py \
-  tests/test_olmo.py tests/test_olmo_ops.py
+  tests/test_olmo.py tests/test_olmo_ops.py tests/test_async_scheduling.py
 grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/check.out" | tail -25
 part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --cluster --csplit --out "$OUT/gemm_sm90.json"
