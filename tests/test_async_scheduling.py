@@ -20,6 +20,7 @@ import pytest
 from gpu_support import needs_gpu
 from http_support import scrape, served
 
+from reprise.blockpool.copies import PINNED_KINDS
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.engine.config import EngineConfig, SettingError
 from reprise.daemon.model.synth import SHAPES, synth_model
@@ -75,6 +76,9 @@ def run(eng: Engine, prompts, params, *, arrivals: dict[int, list[int]] | None =
         for i in arrivals.get(step, []):
             ids[i] = eng.add_request(prompts[i], params[i])
         eng.step()
+        if eng._ahead is not None and any(c.kind in PINNED_KINDS for c in eng._ahead[0].copies):
+            # a step in flight whose copies pin blocks: their pins held until it is recorded
+            assert eng.pool.num_pending_copies > 0, "the pins of a step in flight were released"
         step += 1
     done = {i: eng.take_completion(rid) for i, rid in ids.items()}
     return {i: (c.token_ids, c.finish_reason, c.text) for i, c in done.items()}
@@ -268,6 +272,32 @@ def test_a_tight_pool_with_a_host_tier(tiny: Path, backend: str) -> None:
         preempted += eng.stats()["preemptions"]
     assert any(copies), "no plan ahead took a copy"
     assert preempted > 0
+
+
+@pytest.mark.parametrize("num_host_blocks", [0, 6], ids=["device-to-disk", "host-to-disk"])
+def test_a_tight_pool_with_a_disk_tier(tiny: Path, tmp_path: Path, num_host_blocks: int) -> None:
+    """Blocks evicted while steps go ahead are written to a disk tier (straight from the
+    device without a host tier, or on from a small one) and found there again by the
+    repeated traffic; the same tokens as the synchronous engine, no block held."""
+    hits = 0
+    for seed in (3, 10):
+        prompts, params = traffic(np.random.default_rng(seed), 7)
+        prompts, params = prompts * 2, params * 2
+        results = []
+        for asynchronous in (False, True):
+            folder = tmp_path / f"{seed}-{asynchronous}"
+            folder.mkdir()
+            eng = engine(tiny, asynchronous, num_device_blocks=18, num_host_blocks=num_host_blocks,
+                         disk_cache=str(folder), disk_cache_gb=0.01)  # fmt: skip
+            results.append(run(eng, prompts, params))
+            assert eng.pool.num_free_blocks == eng.pool.num_blocks
+            eng.pool.check_integrity()
+            stats = eng.stats()
+            eng.close()
+        assert results[1] == results[0]
+        assert stats["async_steps"] > 0 and stats["disk_writes"] > 0
+        hits += stats["disk_hits"]
+    assert hits > 0, "no block came back from the disk tier"
 
 
 def test_a_full_batch_goes_ahead_while_requests_wait(tiny: Path, rng: np.random.Generator) -> None:
