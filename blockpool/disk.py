@@ -537,7 +537,7 @@ class DiskTier(Writer):
         raise OSError(f"could not hold {self.folder / LOCK_NAME} in {LOCK_TRIES} tries")
 
     def _scan(self) -> None:
-        found: list[tuple[int, str, BlockHash, int]] = []
+        found: list[tuple[int, str, BlockHash, int, fmt.BlockHeader]] = []
         sidecars: list[str] = []
         limit = fmt.header_nbytes_max(self.config.block_size)
         with os.scandir(self.folder) as entries:

@@ -116,7 +116,7 @@ class CacheIndex:
         parent_hash: BlockHash | None = None
         device_get = self.device.get
         for idx, block_hash in enumerate(block_hashes):
-            entry = device_get(block_hash)
+            entry: CachedBlock | None = device_get(block_hash)
             if entry is None and self._host_tier is not None:
                 entry = self._host_tier.lookup(block_hash)
             if entry is None:
