@@ -17,9 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 from .hashing import BlockHash, Namespace
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11
 
 BlockId = NewType("BlockId", int)
 HostSlot = NewType("HostSlot", int)
@@ -104,9 +107,10 @@ class CachedBlock:
     priority: int = DEFAULT_PRIORITY
     priority_duration_s: float | None = None
     priority_expiry: float | None = None
-    # Eviction-queue links (see free_queue.py); None while out of the queue.
-    prev: CachedBlock | None = field(default=None, repr=False)
-    next: CachedBlock | None = field(default=None, repr=False)
+    # Eviction-queue links (see free_queue.py); None while out of the queue. A queue
+    # holds blocks of one tier, so the links are blocks of this block's own class.
+    prev: Self | None = field(default=None, repr=False)
+    next: Self | None = field(default=None, repr=False)
     queue_level: int | None = field(default=None, repr=False)
     queue_token: int = field(default=0, repr=False)
 

@@ -102,4 +102,4 @@ class DiskTierConfig:
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and int(value) >= 1

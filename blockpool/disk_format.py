@@ -206,14 +206,18 @@ def encode_header(
     return body + xxhash.xxh3_64_digest(body)
 
 
-def file_checksum(header: bytes, payload: bytes | memoryview) -> bytes:
+def file_checksum(
+    header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview
+) -> bytes:
     h = xxhash.xxh3_128()
     h.update(header)
     h.update(payload)
     return h.digest()
 
 
-def read_header(data: bytes | memoryview, layout: bytes, file_nbytes: int) -> BlockHeader:
+def read_header(
+    data: bytes | bytearray | memoryview, layout: bytes, file_nbytes: int
+) -> BlockHeader:
     """Parse and check the header at the start of `data`; BlockFileError if it must not be used."""
     if len(data) < _FIXED.size:
         raise BlockFileError(TRUNCATED if file_nbytes < _FIXED.size else BAD_HEADER, "short header")
@@ -266,7 +270,7 @@ def read_header(data: bytes | memoryview, layout: bytes, file_nbytes: int) -> Bl
     return header
 
 
-def decode_block(data: bytes | bytearray, layout: bytes) -> BlockHeader:
+def decode_block(data: bytes | bytearray | memoryview, layout: bytes) -> BlockHeader:
     """Check a whole block file's bytes; BlockFileError unless every check passes."""
     view = memoryview(data)
     header = read_header(view, layout, len(data))
@@ -308,7 +312,7 @@ def read_file(path: str | Path, limit: int = -1) -> bytes:
 def read_file_into(path: str | Path, buf: np.ndarray) -> memoryview:
     """Read the file into `buf` (uint8; one byte longer than the file is meant to be,
     so a file that grew shows as too long); its bytes, a view of `buf`."""
-    view = memoryview(buf).cast("B")
+    view = buf.data.cast("B")  # buf.data is memoryview(buf), typed for mypy
     total = 0
     with open(path, "rb", buffering=0) as f:
         while total < len(view):

@@ -116,7 +116,7 @@ class BlockReader:
                 )
             flat = into.reshape(-1)
             header = fmt.read_block_into(
-                path, memoryview(flat.view(np.uint8)), self.layout, self.config.block_size
+                path, flat.view(np.uint8).data, self.layout, self.config.block_size
             )
             self._confirm(header, block_hash, parent_hash, token_ids, extra_ids, namespace)
             _confirm_lineage(header, parent_lineage)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -127,8 +127,8 @@ class Writer:
             item.lineage,
             item.parent_lineage,
         )
-        payload = memoryview(item.buffer)
-        parts = [header, payload, fmt.file_checksum(header, payload)]
+        payload = item.buffer.data
+        parts: list[bytes | memoryview] = [header, payload, fmt.file_checksum(header, payload)]
         name = fmt.file_name(item.block_hash)
         self._num_tmp += 1
         tmp = self.folder / f"{name}.{os.getpid()}.{self._num_tmp}{TMP_SUFFIX}"
@@ -184,7 +184,7 @@ class Writer:
                 self._num_sidecars_queued -= 1
                 self._finish_one()
 
-    def _write_file(self, tmp: Path, final: Path, parts: list[bytes | memoryview]) -> None:
+    def _write_file(self, tmp: Path, final: Path, parts: Sequence[bytes | memoryview]) -> None:
         """Write `parts` to `tmp`, then rename it to `final` (a test seam for I/O errors)."""
         fmt.write_atomically(tmp, final, parts, fsync=self.config.fsync)
 

@@ -72,7 +72,7 @@ class EvictionQueue(Generic[B]):
             block = self._heads[level]
             while block is not None:
                 yield block
-                block = block.next  # type: ignore[assignment]
+                block = block.next
 
     def append(self, block: B, now: float) -> None:
         """Queue a freed block at the most-recently-used end of its level."""
@@ -194,7 +194,7 @@ class EvictionQueue(Generic[B]):
                 assert block.queue_level == level == level_of(block), (block, level)
                 assert block.prev is prev and block.ref_count == 0, block
                 live += block.priority_expiry is not None
-                prev, block, count = block, block.next, count + 1  # type: ignore[assignment]
+                prev, block, count = block, block.next, count + 1
             assert self._tails[level] is prev, f"tail of level {level}"
         assert count == self._len, (count, self._len)
         assert live == self._num_expiring == sum(map(self._is_live, self._expiring))
@@ -219,11 +219,11 @@ class EvictionQueue(Generic[B]):
         assert level is not None
         prev, nxt = block.prev, block.next
         if prev is None:
-            self._heads[level] = nxt  # type: ignore[assignment]
+            self._heads[level] = nxt
         else:
             prev.next = nxt
         if nxt is None:
-            self._tails[level] = prev  # type: ignore[assignment]
+            self._tails[level] = prev
         else:
             nxt.prev = prev
         if self._heads[level] is None:

@@ -273,8 +273,8 @@ class CacheIndex:
                 num_children += 1
         assert num_children == len(entries), (num_children, len(entries))
         for content, block_hash in self._by_content.items():
-            entry = self.lookup(block_hash)
-            assert entry is not None and content_key(entry) == content, block_hash
+            holder = self.lookup(block_hash)
+            assert holder is not None and content_key(holder) == content, block_hash
         # every mapping names an entry holding it; an entry no mapping names shares its
         # content with another's made-up digest (tests), as insert's note says
         assert len(self._by_content) <= sum(content_key(e) is not None for e in entries)

@@ -306,17 +306,18 @@ class BlockPool(DiskSide):
             priority = validate_priority(priority)
         duration_s = validate_duration(priority_duration_s)
         hits: list[CachedBlock] = []
-        if self.enable_reuse and isinstance(token_ids_per_block, bytes):
-            hits = self._index.find_prefix_by_ids(
-                block_hashes, token_ids_per_block, namespace or DEFAULT_NAMESPACE
-            )
-        elif self.enable_reuse:
-            hits = self._index.find_prefix(
-                block_hashes,
-                token_ids_per_block,
-                extra_ids_per_block,
-                namespace or DEFAULT_NAMESPACE,
-            )
+        if self.enable_reuse:
+            if isinstance(token_ids_per_block, bytes):
+                hits = self._index.find_prefix_by_ids(
+                    block_hashes, token_ids_per_block, namespace or DEFAULT_NAMESPACE
+                )
+            else:
+                hits = self._index.find_prefix(
+                    block_hashes,
+                    token_ids_per_block,
+                    extra_ids_per_block,
+                    namespace or DEFAULT_NAMESPACE,
+                )
         # the hits' keys, read before any moves to the device tier
         keys: list[BlockHash] = [entry.block_hash for entry in hits]  # type: ignore[misc]
         device_hits = [entry for entry in hits if type(entry) is KVBlock]

@@ -97,7 +97,9 @@ class DiskSide:
             key = BlockKey.of(token_ids_per_block[idx], extra_ids)
             keys.append((block_hashes[idx], block_hashes[idx - 1] if idx else None, key))
         slots = self._take_read_slots(len(keys), now)
-        into = [self._host_memory(slot.slot) for slot in slots] if self._host_memory else []
+        into: list[np.ndarray | None] = (
+            [self._host_memory(slot.slot) for slot in slots] if self._host_memory else []
+        )
         into += [None] * (len(keys) - len(into))
         reads = (
             disk.read_ahead(

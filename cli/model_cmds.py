@@ -292,7 +292,9 @@ def model_info_cmd(path: Path | None, as_json: bool) -> None:
         return
     for key, value in info.items():
         if key == "parameters":
+            assert isinstance(value, int), value  # ModelConfig.num_parameters()
             value = f"{value:,} ({value / 1e6:.1f} M)"
         elif key == "kv_cache_bytes_per_token":
+            assert isinstance(value, int), value  # ModelConfig.kv_bytes_per_token()
             value = f"{value:,} B ({value / 1024:.1f} KiB)"
         click.echo(f"{key.replace('_', ' '):<26} {value}")

@@ -553,6 +553,7 @@ def engine_options(command: Any) -> Any:
     """One click option per EngineConfig field: its flag, help text and default come
     from the field, so `reprise serve --help` and `reprise bench --help` say what the
     Python API does. Each option is None unless given (the field's default then)."""
+    kind: type | click.ParamType  # a field's Python type, or the choices it allows
     for f in reversed(setting_fields()):
         name, flag, kind, default = engine_option(f)
         help_text = str(f.metadata["help"])

@@ -277,7 +277,8 @@ class _Pages:
         kv = pages.astype(F32)
         to_grid(kv, CACHE_GRID_BITS, exponent, out=kv)
         shape = (num_kv_heads, t1 - t0, block_size, head_dim)
-        keys, values = np.empty(shape, dtype=F64), np.empty(shape, dtype=F64)
+        keys: np.ndarray = np.empty(shape, dtype=F64)
+        values: np.ndarray = np.empty(shape, dtype=F64)
         keys.transpose(1, 0, 2, 3)[...] = kv[:, 0]
         values.transpose(1, 0, 2, 3)[...] = kv[:, 1]
         # v^ = v / 2^e_j, exact; p_j takes the 2^e_j instead

@@ -49,6 +49,13 @@ def kernel_head_dim(head_dim: int) -> int:
 GEMM_FAMILIES = ("mma", "wgmma")
 
 
+def _tail_weights(tail: tuple, w_qkv: Any = None) -> decode_block_kernel.LayerWeights:
+    """decode_tail's arguments after attn (w_o, w_gate_up, w_down, residual, mlp_norm,
+    next_norm, eps) as the layer launch's table holds a layer's weights."""
+    w_o, w_gate_up, w_down, _residual, mlp_norm, next_norm, _eps = tail
+    return decode_block_kernel.LayerWeights(w_o, w_gate_up, w_down, mlp_norm, next_norm, w_qkv)
+
+
 class CupyBackend:
     """Runs every op as a CUDA kernel on the current device.
 
@@ -101,7 +108,8 @@ class CupyBackend:
         if self.gemm_family != "mma":
             from .gemm_sm90_kernel import device_arch, gemm_family, prepare_weight
 
-            if gemm_family(device_arch(), *w.shape, requested=self.gemm_family) == "wgmma":
+            n, k = w.shape
+            if gemm_family(device_arch(), n, k, requested=self.gemm_family) == "wgmma":
                 return prepare_weight(weight)
         return weight
 
@@ -114,7 +122,8 @@ class CupyBackend:
         if gemm_sm90_plan.GATED_BY_DEFAULT and w.shape[0] % 2 == 0 and self.gemm_family != "mma":
             from .gemm_sm90_kernel import device_arch, gemm_family, prepare_weight
 
-            if gemm_family(device_arch(), *w.shape, requested=self.gemm_family) == "wgmma":
+            n, k = w.shape
+            if gemm_family(device_arch(), n, k, requested=self.gemm_family) == "wgmma":
                 assert w.dtype == BF16, w.dtype
                 return prepare_weight(to_device(w), gated=True)
         return self.linear_weight(w)
@@ -184,7 +193,7 @@ class CupyBackend:
         the two ops (always with a soft cap, attention[8]: layer_plan refuses one). The same
         bits either way."""
         if plan := self._layer_plan(attention, tail):
-            weights = decode_block_kernel.LayerWeights(*tail[:3], *tail[4:6])
+            weights = _tail_weights(tail)
             return decode_block_kernel.decode_layer(
                 decode_block_kernel.Attention(*attention), *tail, plan=plan,
                 table=self._table([weights]),
@@ -195,7 +204,7 @@ class CupyBackend:
     def attention_tail_qkv(self, attention: tuple, tail: tuple, head: tuple) -> tuple[Any, Any]:
         """attention_tail with the next layer's head (decode_tail_qkv's), likewise."""
         if plan := self._layer_plan(attention, tail, head[0]):
-            weights = decode_block_kernel.LayerWeights(*tail[:3], *tail[4:6], head[0])
+            weights = _tail_weights(tail, head[0])
             return decode_block_kernel.decode_layer(
                 decode_block_kernel.Attention(*attention), *tail,
                 head=decode_block_kernel.NextHead(head[0], decode_block_kernel.Rope(*head[1:])),
@@ -243,10 +252,11 @@ class CupyBackend:
     def _layer_plan(self, attention: tuple, tail: tuple, w_qkv: Any = None) -> Any:
         """The attention's split plan where the layer launch takes this call, else None."""
         rows = attention[0].shape[0]
+        w_o, w_gate_up, w_down = tail[:3]
         if not (
             decode_block_kernel.BY_DEFAULT
             and self.attention == "tensor-cores"
-            and decode_block_kernel.takes(rows, *tail[:3], w_qkv)
+            and decode_block_kernel.takes(rows, w_o, w_gate_up, w_down, w_qkv)
         ):
             return None
         return decode_block_kernel.layer_plan(decode_block_kernel.Attention(*attention), rows)

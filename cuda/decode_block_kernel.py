@@ -224,7 +224,7 @@ def decode_tail(
         head_args: tuple[Any, ...] = (i32(0), normed, normed, i32(1), summed, summed, summed, normed,
                                       unused_slots, normed, *(i32(0),) * 6)  # fmt: skip
     else:
-        rope = head.rope
+        rope, w_qkv = head.rope, head.w_qkv
         head_dim = rope.cache.shape[-1]
         num_layers, kv_heads, block_size = check_rope_kv_write(
             (rows, qkv_cols // head_dim, head_dim), *rope

@@ -271,7 +271,7 @@ def gemm(
         counters = stream_counters("gemm tiles", MAX_GRID_Y + 1, device)
         assert plan.grid[0] // splits * plan.grid[1] <= counters.size, "a counter a tile"
         workspace = cupy.empty((splits, num_rows, num_cols), dtype=np.float32)
-        args = (x, w, workspace, out, counters)
+        args: tuple = (x, w, workspace, out, counters)
     else:
         args = (x, w, out)
     launch_kernel(fn, plan.grid, (plan.threads,), (*args, *dims), shared_mem=plan.smem_bytes)

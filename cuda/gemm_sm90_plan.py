@@ -373,7 +373,10 @@ def launch_plan(
         )
     length = split_length(k, splits)
     tiles = grid(config, m, n)
-    base = config.kernel_name(out_f32, gated) if gated else config.kernel_name(out_f32)
+    base = (
+        config.kernel_name(out_f32, gated) if isinstance(config, Sm90WsConfig)
+        else config.kernel_name(out_f32)
+    )  # fmt: skip
     name = f"{base}_{kind}"
     if kind == "fold":
         wide = config is WS_WIDE

@@ -167,7 +167,7 @@ def norm_add(
     if (delta is None) != (delta_weight is None):
         raise ValueError("delta and delta_weight must be given together or both be None")
     with_delta = delta is not None
-    if not with_delta:
+    if delta is None:
         delta = delta_weight = out  # never read: with_delta 0
     else:
         check("delta", delta, BF16_BITS, 2)
@@ -417,8 +417,8 @@ def argmax(logits: Any, *, out: Any = None) -> Any:
         part_i = cupy.empty(rows * slices, dtype=np.int32)
         device = cupy.cuda.runtime.getDevice()
         counters = stream_counters("argmax rows", ARGMAX_SPLIT_MAX_ROWS, device)
-        args = (logits, np.int64(vocab), np.int32(vocab), np.int32(ARGMAX_SLICE), part_v, part_i,
-                counters, out)  # fmt: skip
+        args: tuple = (logits, np.int64(vocab), np.int32(vocab), np.int32(ARGMAX_SLICE), part_v,
+                       part_i, counters, out)  # fmt: skip
         launch_kernel(kernel("sampling", "argmax_split"), (rows, slices), (ARGMAX_SPLIT_THREADS,),
                       args)  # fmt: skip
     elif rows:

@@ -153,6 +153,6 @@ def moe_combine_ref(
         for j in range(top_k):
             term = route.weights[:, j : j + 1] * to_f32(ys[rows[:, j]])
             acc = (acc + term).astype(F32)
-        if shared is not None:
+        if shared is not None and shared_gate is not None:
             acc = (acc + shared_gate_ref(shared_gate) * to_f32(shared)).astype(F32)
     return to_bf16(acc)

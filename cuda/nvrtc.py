@@ -195,7 +195,9 @@ def include_dir() -> Path | None:
         if (Path(root) / "include" / "cuda_bf16.h").is_file():
             return Path(root) / "include"
     try:
-        from cuda.pathfinder import find_nvidia_header_directory  # type: ignore[import-not-found]
+        from cuda.pathfinder import (  # type: ignore[import-not-found, unused-ignore]
+            find_nvidia_header_directory,
+        )
 
         found = find_nvidia_header_directory("cudart")
     except Exception:  # not installed, or an older API: no more places to look
@@ -217,7 +219,9 @@ def _library() -> ctypes.CDLL:
                 break
     if path is None:
         try:
-            from cuda.pathfinder import load_nvidia_dynamic_lib  # type: ignore[import-not-found]
+            from cuda.pathfinder import (  # type: ignore[import-not-found, unused-ignore]
+                load_nvidia_dynamic_lib,
+            )
 
             path = Path(load_nvidia_dynamic_lib("nvrtc").abs_path)
         except Exception:  # not installed, or nothing found

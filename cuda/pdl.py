@@ -145,7 +145,7 @@ def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list[Any]]:
     pointers = (ctypes.c_void_p * max(len(args), 1))()
     keep: list[Any] = []
     for i, arg in enumerate(args):
-        data = getattr(arg, "data", None)
+        data: Any = getattr(arg, "data", None)
         if hasattr(data, "ptr"):  # a CuPy array
             value: Any = ctypes.c_void_p(int(data.ptr))
             pointers[i] = ctypes.addressof(value)

@@ -18,7 +18,7 @@ import contextlib
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -93,16 +93,18 @@ def generate_message(
         else:
             del sampling["logit_bias"]
     structured = sampling.get("structured")
-    if hasattr(structured, "to_wire"):  # a StructuredOutput, as SamplingParams takes it
+    # a StructuredOutput, as SamplingParams takes it
+    if structured is not None and hasattr(structured, "to_wire"):
         sampling["structured"] = structured.to_wire()
     kind = "prompt"
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         kind = "messages"
     elif isinstance(prompt, list):
         kind = "token_ids"
+    prompt_field: dict[str, Any] = {kind: prompt}  # the field is chosen at run time
     return Generate(
         id=request_id or uuid.uuid4().hex,
-        **{kind: prompt},
+        **prompt_field,
         sampling=sampling,
         cache_salt=cache_salt,
         priority=priority,
@@ -128,7 +130,8 @@ def tokenize_message(
     """The Tokenize message of a text prompt or chat messages (and their tools, chat
     options and add_special_tokens)."""
     kind = "messages" if isinstance(prompt, list) else "prompt"
-    return Tokenize(uuid.uuid4().hex, **{kind: prompt}, tools=tools, chat_options=chat_options,
+    prompt_field: dict[str, Any] = {kind: prompt}  # the field is chosen at run time
+    return Tokenize(uuid.uuid4().hex, **prompt_field, tools=tools, chat_options=chat_options,
                     add_special_tokens=add_special_tokens)  # fmt: skip
 
 
@@ -217,7 +220,7 @@ class Client:
 
     def stream(
         self, prompt: str | list[int] | list[dict[str, str]], **options: Any
-    ) -> Iterator[TokenChunk | Done]:
+    ) -> Generator[TokenChunk | Done, None, None]:
         """Yield TokenChunks as tokens arrive, then the Done (with `n` > 1, each choice's
         chunks and Done, told apart by `index`, until the n-th Done). Closing the
         iterator early cancels the request."""

@@ -124,7 +124,7 @@ def decode_reply(data: bytes) -> Reply:
     body = _unpack_map(data)
     tag = body.pop("type", None)
     body.pop("v", None)
-    cls = REPLY_TYPES.get(tag)  # type: ignore[arg-type]
+    cls = REPLY_TYPES.get(tag)
     if cls is None:
         raise ProtocolError("bad_message", f"unknown reply type {tag!r}")
     known = {f.name for f in dataclasses.fields(cls)}

@@ -9,6 +9,7 @@ setting raises SettingError naming `disk_cache_gb`.
 from __future__ import annotations
 
 import importlib.metadata
+from typing import cast
 
 from ...blockpool.disk import DiskTier
 from ...blockpool.disk_config import DiskTierConfig
@@ -31,9 +32,10 @@ def open_disk_tier(
     ops = model.ops
     device = "cpu"
     if ops.name == "cupy":
+        from ...cuda.cupy_backend import CupyBackend
         from ...cuda.gemm_sm90_kernel import device_arch
 
-        device = f"sm_{device_arch()}/{ops.kernel_choice}"
+        device = f"sm_{device_arch()}/{cast(CupyBackend, ops).kernel_choice}"
     try:
         version = importlib.metadata.version("reprise")
     except importlib.metadata.PackageNotFoundError:

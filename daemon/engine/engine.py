@@ -213,8 +213,8 @@ class Engine:
                     f"block_size must be one of {BLOCK_SIZES} on the CuPy backend (the GPU's "
                     f"attention kernels); got {settings.block_size}",
                 )
-        overrides = settings.config_overrides()
-        config = ModelConfig.from_dir(folder, settings.max_model_len, overrides)
+        hf_fields = settings.config_overrides()
+        config = ModelConfig.from_dir(folder, settings.max_model_len, hf_fields)
         if ops.name == "cupy":  # a head the kernels lack runs padded with zeros, or not at all
             from ...cuda.cupy_backend import kernel_head_dim
 
@@ -226,7 +226,7 @@ class Engine:
                 raise SettingError("backend", str(e)) from None
         tokenizer = Tokenizer.from_dir(folder)
         model = LlamaModel(config, load_weights(folder, config, progress), ops)
-        fingerprint = model_fingerprint(folder, config, overrides)
+        fingerprint = model_fingerprint(folder, config, hf_fields)
         return cls(config, tokenizer, model, settings, model_fingerprint=fingerprint)
 
     # -- requests ---------------------------------------------------------------------------
@@ -328,12 +328,13 @@ class Engine:
         checks and keys computed before."""
         params = params or SamplingParams()
         check_request(params, priority)
-        prepared = prompt.checked_by(self) if isinstance(prompt, PreparedPrompt) else None
         keep = params.truncate_prompt_tokens
-        if prepared is None:
+        prepared = None
+        if not isinstance(prompt, PreparedPrompt):
             prompt_ids, prompt_array = self._prompt_ids(prompt, keep)
             id_bytes = encode_ids(prompt_array)  # as block keys encode them
         else:
+            prepared = prompt.checked_by(self)
             if keep is not None and len(prepared.ids) > keep:
                 raise ValueError(
                     f"the prepared prompt has {len(prepared.ids)} tokens, more than "
@@ -412,6 +413,7 @@ class Engine:
         so the device runs that next step while the host records these tokens and
         returns; the next call starts from it. Each call still returns one step's tokens."""
         ahead, self._ahead = self._ahead, None
+        launched: Launched | None
         if ahead is not None:
             plan, launched = ahead
         else:

@@ -24,6 +24,7 @@ import array as pyarray
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -45,10 +46,11 @@ def prompt_ids(
 ) -> tuple[list[int], np.ndarray]:
     """The prompt's ids, as a list of plain ints and as an int64 array; with `keep_last`
     (vLLM's truncate_prompt_tokens), its last `keep_last` only, before the length check."""
+    array: np.ndarray | None
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
         array = np.asarray(ids, dtype=np.int64)
-    elif (array := _id_array(prompt)) is not None:  # type: ignore[arg-type]
+    elif (array := _id_array(prompt)) is not None:
         # ids >= vocab are prompt-table ids, checked by check_prompt_table
         if ((array < 0) | (array >= MAX_TOKEN_ID)).any():
             bad = [int(t) for t in prompt if not 0 <= t < MAX_TOKEN_ID]
@@ -138,7 +140,7 @@ def split_batch(
         and bool(prompt)
         and isinstance(prompt[0], str | list | tuple | PreparedPrompt)
     )
-    prompts: list[Prompt] = list(prompt) if is_batch else [prompt]  # type: ignore[arg-type]
+    prompts = cast("list[Prompt]", list(prompt) if is_batch else [prompt])  # as is_batch says
     if params is None or isinstance(params, SamplingParams):
         param_list = [params or SamplingParams()] * len(prompts)
     else:

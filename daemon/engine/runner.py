@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ..model.config import ModelConfig
 from ..model.llama import ForwardBatch, LlamaModel
 from .graphs import DEFAULT_BUCKETS, StaticDecode
 from .prompt_logprobs import EntryRows
-from .sampling import next_tokens
+from .sampling import SamplingState, next_tokens
 from .scheduler import ScheduledSeq, StepPlan
 from .sequence import Sequence
 
@@ -204,6 +204,7 @@ class ModelRunner:
             else:
                 self._wait_tier_copies()
                 if copy.kind == "device":
+                    assert copy.src is not None and copy.dst is not None, copy
                     ops.copy_block(self.kv_cache, copy.src, copy.dst)
                 else:
                     self._disk_copy(copy)
@@ -279,7 +280,9 @@ class ModelRunner:
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        seq_lens, starts, logit_rows = [], [0], []
+        seq_lens: list[int] = []
+        starts = [0]
+        logit_rows: list[int] = []
         max_blocks = max(len(s.seq.block_ids) for s in scheduled)
         tables: list[int] = []
         tabled: list[tuple[int, Sequence]] = []  # (first row, seq) of chunks that may hold fake ids
@@ -352,7 +355,7 @@ class ModelRunner:
         """Exact repeats' first tokens, drawn from their stored rows as `_forward`
         draws from the forward's: the same sampler, and the same row bits."""
         ops = self.model.ops
-        rows = [item.stored_logits for item in repeats]
+        rows = [cast(np.ndarray, item.stored_logits) for item in repeats]  # a repeat has its row
         logits = ops.from_host(np.stack(rows))  # [R, vocab] fp32
         seqs = [item.seq for item in repeats]
         states, positions = [seq.sampling for seq in seqs], [seq.num_tokens for seq in seqs]
@@ -399,8 +402,10 @@ class ModelRunner:
         tokens, dead = next_tokens(ops, logits, greedy, states, positions)
         tokens = ops.to_host(tokens).tolist()
         wanted = [i for i, seq in enumerate(seqs) if self._reads_rows(seq) and i not in dead]
-        rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))]) if wanted else []
-        row_of = {i: rows[j : j + 1] for j, i in enumerate(wanted)}
+        row_of: dict[int, np.ndarray] = {}
+        if wanted:
+            rows = ops.to_host(logits[ops.from_host(np.asarray(wanted))])
+            row_of = {i: rows[j : j + 1] for j, i in enumerate(wanted)}
         return [
             (seq, [], None, True) if i in dead else (seq, [tokens[i]], row_of.get(i), False)
             for i, seq in enumerate(seqs)
@@ -415,7 +420,10 @@ class ModelRunner:
         grammar's masks along the draft); it keeps the samples while they equal its
         draft (`_num_kept`). Also the rows used."""
         ops = self.model.ops
-        states, positions, firsts = [], [], []  # per logits row; each item's first row
+        # per logits row; each item's first row
+        states: list[SamplingState] = []
+        positions: list[int] = []
+        firsts: list[int] = []
         masks: dict[int, np.ndarray] = {}  # a drafted grammar's rows' masks
         for item in sampling:
             seq, draft = item.seq, item.draft

@@ -95,7 +95,7 @@ def hf_config(
     # a Qwen MoE file may leave out feed_forward_length (no dense MLP to size)
     ffn_key = key("feed_forward_length")
     optional = family.experts in ("qwen2_moe", "qwen3_moe") and ffn_key not in meta
-    config = {
+    config: dict[str, Any] = {
         "architectures": [family.architecture],
         "model_type": family.model_type or arch,
         "hidden_size": hidden_size,

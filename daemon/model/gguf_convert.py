@@ -85,8 +85,9 @@ def convert_gguf(
         )
     rope_freqs = tensors.pop(ROPE_FREQS, None)
     config = hf_config(meta, set(tensors), None if rope_freqs is None else dequantized(rope_freqs))
-    if longrope[0] is not None:
-        config["rope_scaling"] = longrope_scaling(meta, *map(dequantized, longrope))
+    long, short = longrope
+    if long is not None and short is not None:  # both or neither by now
+        config["rope_scaling"] = longrope_scaling(meta, dequantized(long), dequantized(short))
     if family.experts is not None:
         check_expert_tensors(set(tensors), arch, family.experts, config["num_hidden_layers"])
     tokenizer = build_tokenizer(meta)

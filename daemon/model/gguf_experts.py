@@ -111,7 +111,7 @@ def experts_config(
             # calls build_moe_ffn with norm_w false (the top k's softmax weights as they are)
             return {"num_experts": num_experts, "num_experts_per_tok": top_k,
                     "intermediate_size": size, "norm_topk_prob": False}  # fmt: skip
-        fields = {"num_local_experts": num_experts, "num_experts_per_tok": top_k,
+        fields: dict[str, Any] = {"num_local_experts": num_experts, "num_experts_per_tok": top_k,
                   "intermediate_size": size}  # fmt: skip
         return fields | ({"sliding_window": None} if layout == "mixtral" else {})
     size = optional_int(meta, key("expert_feed_forward_length"), (feed_forward or 0) // top_k)

@@ -232,7 +232,9 @@ def _post_processor(meta: dict[str, Any], byte_level: bool) -> processors.PostPr
         token_id = meta.get(f"tokenizer.ggml.{what}_token_id")
         if meta.get(f"tokenizer.ggml.add_{what}_token") and token_id is not None:
             added[what] = (meta["tokenizer.ggml.tokens"][token_id], token_id)
-    steps = [processors.ByteLevel(trim_offsets=False)] if byte_level else []
+    steps: list[processors.PostProcessor] = (
+        [processors.ByteLevel(trim_offsets=False)] if byte_level else []
+    )
     if added:
         bos = [added["bos"][0]] if "bos" in added else []
         eos = [added["eos"][0]] if "eos" in added else []

@@ -138,13 +138,15 @@ class LlamaModel:
         # each layer's (cos, sin): a layer without RoPE (SmolLM3's) rotates by angle 0, by
         # tables of ones and zeros, exactly the identity (x * 1 - y * 0 == x)
         rotating = config.rope_layers or (True,) * config.num_layers
-        identity = None
+        self.rope_tables = [(self.rope_cos, self.rope_sin)] * len(rotating)
         if not all(rotating):
             identity = backend.from_host(np.ones_like(cos)), backend.from_host(np.zeros_like(sin))
-        self.rope_tables = [
-            (self.rope_cos, self.rope_sin) if rotates else identity for rotates in rotating
-        ]
+            self.rope_tables = [
+                tables if rotates else identity
+                for rotates, tables in zip(rotating, self.rope_tables, strict=True)
+            ]
         if config.local_rope_layers is not None:  # Gemma 3's sliding layers: their own base
+            assert config.local_rope_theta is not None, "ModelConfig checks both come together"
             local = rope_table(config.head_dim, config.max_position_embeddings,
                                config.local_rope_theta, None, config.rotary_dim)  # fmt: skip
             local = backend.from_host(local[0]), backend.from_host(local[1])
@@ -180,8 +182,10 @@ class LlamaModel:
 
     def _to_device(self, batch: ForwardBatch) -> ForwardBatch:
         # the step's indices go to the device once (no copy on the NumPy backend)
-        fields = (getattr(batch, f) for f in ForwardBatch.__slots__)
-        return ForwardBatch(*(None if x is None else self.ops.from_host(x) for x in fields))
+        def to_device(x: np.ndarray | None) -> Any:
+            return None if x is None else self.ops.from_host(x)
+
+        return ForwardBatch(*(to_device(getattr(batch, f)) for f in ForwardBatch.__slots__))
 
     def forward_device(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """`forward` on a batch whose arrays are already the backend's. It launches the
@@ -249,8 +253,8 @@ class LlamaModel:
         windows = cfg.layer_windows or (0,) * cfg.num_layers  # each layer's sliding window
         if cfg.experts is not None:  # a mixture of experts: op by op
             for idx, layer in enumerate(self.layers):
-                attention = (head(x, idx), kv_cache, idx, tables, seq_lens, starts, scale,
-                             windows[idx])  # fmt: skip
+                attention: tuple = (head(x, idx), kv_cache, idx, tables, seq_lens, starts,
+                                    scale, windows[idx])  # fmt: skip
                 attn = ops.paged_attention(*attention).reshape(num_tokens, -1)
                 residual, x = ops.gemm_add_rmsnorm(attn, layer.o_proj, residual, layer.mlp_norm,
                                                    eps)  # fmt: skip

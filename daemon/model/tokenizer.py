@@ -131,7 +131,8 @@ class Tokenizer:
             eos = special_tokens.get("eos_token") if config.get("add_eos_token") else None
             backend.post_processor = _bos_eos_processor(backend, bos, eos)
 
-        eos_ids = [token_ids["eos_token"]] if "eos_token" in token_ids else []
+        eos_id = token_ids.get("eos_token")  # every named token is in the vocabulary by now
+        eos_ids = [eos_id] if eos_id is not None else []
         eos_ids += _generation_eos_ids(generation, path, backend.get_vocab_size())
         chat_templates = _chat_templates(config.get("chat_template"), path)
         jinja_file = path / "chat_template.jinja"

@@ -337,10 +337,12 @@ def _rotary_ordered(weights: LlamaWeights, config: ModelConfig) -> None:
         assert config.rotary_dim is None, "interleaved and partial rotary pairs at once"
         order = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
     else:
+        assert config.rotary_dim is not None, "called for a partial or interleaved rotary only"
         order = rotary_permutation(d, config.rotary_dim)
     for layer in weights.layers:
         _reorder_heads(layer, config, order)
-        if layer.q_norm is not None:  # a norm over each head, or over all of them (OLMo)
+        # a norm over each head, or over all of them (OLMo); q's and k's come together
+        if layer.q_norm is not None and layer.k_norm is not None:
             layer.q_norm, layer.k_norm = (
                 w.reshape(-1, d)[:, order].reshape(-1) for w in (layer.q_norm, layer.k_norm)
             )

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
+import sys
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...ipc.client import (
@@ -93,20 +93,31 @@ class _Connection(asyncio.Protocol):
 
     async def next_reply(self, request_id: str | None, timeout_s: float) -> Any:
         """The next reply for `request_id` (None: the next reply without an id); replies
-        left from an earlier request on this connection are skipped."""
-        async with asyncio.timeout(timeout_s):
-            while True:
-                while not self._frames:
-                    if self.failure is not None:
-                        raise DaemonUnavailable(self.failure)
-                    self._waiter = asyncio.get_running_loop().create_future()
-                    await self._waiter
-                reply = decode_reply(self._frames.popleft())
-                reply_id = getattr(reply, "id", None)
-                if isinstance(reply, ErrorReply) and reply_id in (None, request_id):
-                    raise RequestError(reply.code, reply.message)
-                if reply_id == request_id:
-                    return reply
+        left from an earlier request on this connection are skipped. Raises TimeoutError
+        when none comes within `timeout_s`."""
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(timeout_s):
+                return await self._next_reply(request_id)
+        # Python 3.10 has no asyncio.timeout; its wait_for raises asyncio.TimeoutError,
+        # which is not yet the builtin TimeoutError the callers catch
+        try:
+            return await asyncio.wait_for(self._next_reply(request_id), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply within {timeout_s} s") from None
+
+    async def _next_reply(self, request_id: str | None) -> Any:
+        while True:
+            while not self._frames:
+                if self.failure is not None:
+                    raise DaemonUnavailable(self.failure)
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+            reply = decode_reply(self._frames.popleft())
+            reply_id = getattr(reply, "id", None)
+            if isinstance(reply, ErrorReply) and reply_id in (None, request_id):
+                raise RequestError(reply.code, reply.message)
+            if reply_id == request_id:
+                return reply
 
     def close(self) -> None:
         self._fail("closed")
@@ -126,12 +137,12 @@ class AsyncClient:
             if conn.failure is None:
                 return conn
         loop = asyncio.get_running_loop()
-        family, target = socket_target(self.address)
+        _, target = socket_target(self.address)
         try:
-            if family == socket.AF_UNIX:
-                _, conn = await loop.create_unix_connection(_Connection, target)  # type: ignore[arg-type]
+            if isinstance(target, str):  # ipc://: the socket file's path
+                _, conn = await loop.create_unix_connection(_Connection, target)
             else:
-                host, port = target  # type: ignore[misc]
+                host, port = target
                 _, conn = await loop.create_connection(_Connection, host, port)
         except OSError as e:
             raise DaemonUnavailable(f"no reprise daemon answered at {self.address} "
@@ -209,7 +220,7 @@ class AsyncClient:
 
     async def stream(
         self, prompt: str | list[int] | list[dict[str, str]], **options: Any
-    ) -> AsyncIterator[TokenChunk | Done]:
+    ) -> AsyncGenerator[TokenChunk | Done, None]:
         """TokenChunks as tokens arrive, then the Done (with `n` > 1, each choice's chunks
         and Done, told apart by `index`, until the n-th Done); closing the iterator
         early (or cancelling its task) cancels the request."""

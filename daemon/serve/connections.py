@@ -273,6 +273,7 @@ class Connections:
         return not pending or time.monotonic() >= self._stop_at
 
     def _unwatch_listener(self) -> None:
+        assert self._listener is not None
         with contextlib.suppress(KeyError):  # paused after EMFILE: not watched now
             self._selector.unregister(self._listener)
 

@@ -146,7 +146,10 @@ class Detokenizing:
         self._submit(close)
 
     def discard(self, request_id: RequestId) -> None:
-        self._submit(lambda: self._texts.pop(request_id, None) and None)
+        def discard() -> None:
+            self._texts.pop(request_id, None)
+
+        self._submit(discard)
 
     def then(self, fn: Callable[[], None]) -> None:
         """Run `fn` after everything submitted so far (a reply that must follow them)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -64,7 +64,7 @@ async def _generate(frontend: Frontend, request: Request, kind: str) -> Response
                              headers={"Cache-Control": "no-cache"})  # fmt: skip
 
 
-async def _events(frontend: Frontend, first: Any, items: AsyncIterator, builder: StreamBuilder,
+async def _events(frontend: Frontend, first: Any, items: AsyncGenerator, builder: StreamBuilder,
                   timing: Timing, n: int) -> AsyncIterator[str]:  # fmt: skip
     dones: list[Done | None] = [None] * n
     try:
@@ -82,5 +82,5 @@ async def _events(frontend: Frontend, first: Any, items: AsyncIterator, builder:
         frontend.metrics.errors.labels(str(e.status)).inc()
         yield f"data: {json.dumps(e.body())}\n\n"
     finally:
-        await items.aclose()  # type: ignore[attr-defined]
+        await items.aclose()
     yield "data: [DONE]\n\n"

@@ -10,7 +10,7 @@ them all when left early; a daemon's error comes out as an ApiError.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -45,7 +45,9 @@ class Frontend:
 
     # -- the streams of one request ------------------------------------------------------
 
-    async def run(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
+    async def run(
+        self, parsed: ParsedRequest
+    ) -> AsyncGenerator[tuple[int, TokenChunk | Done], None]:
         """(choice index, item) as the daemon sends them, for every choice together (a
         batch's prompts run as requests of their own, side by side); raises ApiError for
         a daemon error, which ends them all. Leaving early cancels every choice."""
@@ -62,13 +64,13 @@ class Frontend:
                 async for item in items:
                     yield item
             finally:  # now, not when collected: closing them cancels the daemon requests
-                await items.aclose()  # type: ignore[attr-defined]
+                await items.aclose()
         finally:
             self.num_in_flight -= total
 
     async def _choices(
         self, prompt: Any, parsed: ParsedRequest, first: int
-    ) -> AsyncIterator[tuple[int, TokenChunk | Done]]:
+    ) -> AsyncGenerator[tuple[int, TokenChunk | Done], None]:
         """One prompt's n choices, indexed from `first`."""
         options = parsed.options
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], dict):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -101,7 +101,7 @@ async def _complete(frontend: Frontend, request: Request, body: object, t_start:
                              headers={"Cache-Control": "no-cache"})  # fmt: skip
 
 
-async def _events(frontend: Frontend, first: Any, items: AsyncIterator, answers: CompletionAnswers,
+async def _events(frontend: Frontend, first: Any, items: AsyncGenerator, answers: CompletionAnswers,
                   options: LlamaOptions, timing: Timing, t_start: float) -> AsyncIterator[str]:  # fmt: skip
     try:
         async for index, item in after(first, items):
@@ -117,7 +117,7 @@ async def _events(frontend: Frontend, first: Any, items: AsyncIterator, answers:
         frontend.metrics.errors.labels(str(e.status)).inc()
         yield f"data: {json.dumps(options.rename(e).body())}\n\n"
     finally:
-        await items.aclose()  # type: ignore[attr-defined]
+        await items.aclose()
 
 
 async def apply_template(frontend: Frontend, request: Request) -> Response:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -91,7 +91,7 @@ async def stored_response(frontend: Frontend, request: Request) -> Response:
 
 
 async def _response_events(
-    frontend: Frontend, first: Any, items: AsyncIterator, stream: EventStream, timing: Timing
+    frontend: Frontend, first: Any, items: AsyncGenerator, stream: EventStream, timing: Timing
 ) -> AsyncIterator[str]:
     """The Responses API's events: the response's start, its items as they come, its
     end (or an error event); no `[DONE]` (OpenAI's stream ends with the response)."""
@@ -108,4 +108,4 @@ async def _response_events(
         frontend.metrics.errors.labels(str(e.status)).inc()
         yield stream.error(renamed(e, RENAMED))
     finally:
-        await items.aclose()  # type: ignore[attr-defined]
+        await items.aclose()

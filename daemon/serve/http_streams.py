@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import queue
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -91,22 +91,22 @@ async def after(first: Any, items: AsyncIterator) -> AsyncIterator[Any]:
         yield item
 
 
-async def gathered(request: Request, items: AsyncIterator, gather: Awaitable[T]) -> T:
+async def gathered(request: Request, items: AsyncGenerator, gather: Awaitable[T]) -> T:
     """What `gather` makes of `items` (a request's whole answer); `items` is closed after,
     whatever happens, and a client hanging up first cancels it (ApiError 499)."""
     try:
         return await unless_disconnected(request, gather)
     finally:
-        await items.aclose()  # type: ignore[attr-defined]
+        await items.aclose()
 
 
-async def first_of(request: Request, items: AsyncIterator) -> Any:
+async def first_of(request: Request, items: AsyncGenerator) -> Any:
     """A stream's first item (None if it has none), read before its response starts, so
     that an error before any token is a plain JSON error; `items` is closed if it fails."""
     try:
         return await unless_disconnected(request, anext(items, None))
     except BaseException:
-        await items.aclose()  # type: ignore[attr-defined]
+        await items.aclose()
         raise
 
 
@@ -128,7 +128,7 @@ async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     return work.result()
 
 
-async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[T]:
+async def merged(streams: Sequence[AsyncIterator[T]]) -> AsyncGenerator[T, None]:
     """The items of several async iterators as they come. The first error is raised here
     and ends the others; leaving early ends them all (each iterator's own cleanup runs)."""
     queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()  # (ended, item or error)

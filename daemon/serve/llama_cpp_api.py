@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..engine.sampling.params import MAX_ABS_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS
 from ..model.fim import FimTokens, infill_prompt
@@ -282,7 +282,7 @@ async def _prompts(prompt: object, texts: _Texts) -> list[Any]:
               f"{MAX_BATCH} of those")  # fmt: skip
 
 
-def _mixed(prompt: object) -> bool:
+def _mixed(prompt: object) -> TypeGuard[list[Any]]:
     """A list of token ids, with or without strings: one prompt."""
     return isinstance(prompt, list) and any(_is(p, int) for p in prompt)
 
@@ -297,10 +297,10 @@ async def _one(prompt: object, texts: _Texts) -> str | list[int]:
         prompt = prompt["prompt_string"]
     if isinstance(prompt, str):
         return prompt
-    if not _mixed(prompt) or not all(_is(p, int) or isinstance(p, str) for p in prompt):  # type: ignore[union-attr]
+    if not _mixed(prompt) or not all(_is(p, int) or isinstance(p, str) for p in prompt):
         raise bad("prompt", "each prompt must be a string, token ids, or a list mixing both")
     ids: list[int] = []
-    for i, piece in enumerate(prompt):  # type: ignore[arg-type]
+    for i, piece in enumerate(prompt):
         if isinstance(piece, str):
             ids += await texts.ids(piece, i == 0, "prompt")
         else:

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Literal
 
 LogFormat = Literal["text", "json"]
@@ -32,7 +33,7 @@ class JsonFormatter(logging.Formatter):
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
 
-    converter = time.gmtime
+    converter: Callable[[float | None], time.struct_time] = time.gmtime
 
 
 class JournalFormatter(logging.Formatter):

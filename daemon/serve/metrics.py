@@ -11,7 +11,7 @@ listed in the README.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -131,7 +131,7 @@ class VllmNames:
     them: vllm:prefix_cache_hits (every tier's hits: what the cache served) and
     vllm:kv_cache_usage_perc (the device blocks in use, 0 to 1)."""
 
-    def __init__(self, http: list[Collector], model_name: str) -> None:
+    def __init__(self, http: Sequence[Collector], model_name: str) -> None:
         self.http = http
         self.model_name = model_name
 

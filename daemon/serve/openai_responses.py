@@ -95,7 +95,8 @@ def response(parsed: ParsedRequest, request_id: str, model: str, dones: list[Don
         if parsed.echo:
             text, logprobs = _echoed(parsed, parsed.prompts[index // parsed.n], done)
         if parsed.kind == "chat":
-            reasoning, content = None, done.text
+            reasoning: str | None = None
+            content: str | None = done.text
             if parsed.reasoning_parser is not None:
                 reasoning, content = reasoning_parsers.split(parsed.reasoning_parser, done.text)
             message = {"role": "assistant", "content": _joined(parsed.chat_echo, content)}
@@ -156,6 +157,7 @@ def tool_answer(parsed: ParsedRequest, text: str) -> dict[str, Any]:
     text) comes back as `content`, with no tool call."""
     content: str | None = ""
     if parsed.tool_mode == "named":
+        assert parsed.tool_name is not None  # a named choice names its function
         calls = [(parsed.tool_name, text)]
     elif parsed.tool_mode == "required":
         try:
@@ -326,7 +328,8 @@ class StreamBuilder:
             done.prompt_tokens,
             len(done.token_ids),
         )
-        delta, reason = None, finish_reason(done)
+        delta: dict[str, Any] | None = None
+        reason = finish_reason(done)
         stream, thought, text = self.reasoning[index], "", done.text
         if stream is not None:  # what was held back, and the whole answer's content
             thought, rest = stream.push("", final=True)

@@ -100,22 +100,25 @@ def tools(body: dict[str, Any], parser: str | None) -> ToolUse | None:
 
 def _response_format(value: object) -> StructuredOutput | None:
     """OpenAI's response_format: text, json_object, or json_schema with its `schema`."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text" and len(value) == 1:  # type: ignore[arg-type]
-        return None
-    if kind == "json_object" and len(value) == 1:  # type: ignore[arg-type]
-        return StructuredOutput("json_object")
-    if kind == "json_schema":
-        inner = value.get("json_schema")  # type: ignore[union-attr]
-        if set(value) - {"type", "json_schema"} or not isinstance(inner, dict):  # type: ignore[arg-type]
-            raise bad("response_format", 'json_schema needs {"json_schema": {"name", "schema"}}')
-        if set(inner) - {"name", "schema", "strict", "description"}:
-            raise bad(
-                "response_format",
-                f"json_schema takes name, schema, strict and description; got {sorted(inner)}",
-            )
-        schema = inner.get("schema", {})  # OpenAI's default: any JSON value
-        return _spec("response_format", "json", schema, whitespace=True)
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind == "text" and len(value) == 1:
+            return None
+        if kind == "json_object" and len(value) == 1:
+            return StructuredOutput("json_object")
+        if kind == "json_schema":
+            inner = value.get("json_schema")
+            if set(value) - {"type", "json_schema"} or not isinstance(inner, dict):
+                raise bad(
+                    "response_format", 'json_schema needs {"json_schema": {"name", "schema"}}'
+                )
+            if set(inner) - {"name", "schema", "strict", "description"}:
+                raise bad(
+                    "response_format",
+                    f"json_schema takes name, schema, strict and description; got {sorted(inner)}",
+                )
+            schema = inner.get("schema", {})  # OpenAI's default: any JSON value
+            return _spec("response_format", "json", schema, whitespace=True)
     raise bad(
         "response_format",
         f'must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", '

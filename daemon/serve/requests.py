@@ -29,8 +29,8 @@ from ...ipc.codec import encode, error_bytes
 from ...ipc.messages import (
     Detokenize,
     DetokenizeReply,
+    Generate,
     ProtocolError,
-    Request,
     TokenChunk,
     Tokenize,
     TokenizeReply,
@@ -171,7 +171,7 @@ class Requests:
     def _send_text(self, route: Route, future: Future[bytes]) -> None:
         self.outbox.send(route, future.result())  # a ProtocolError raised there comes here
 
-    def _prepare(self, request: Request, params: SamplingParams) -> PreparedRequest:
+    def _prepare(self, request: Generate, params: SamplingParams) -> PreparedRequest:
         """On a tokenizing thread: the prompt's ids (ProtocolError for a bad one), then
         what of its admission depends on them alone (Engine.prepare_prompt: the checks,
         the blocks' keys) and its text tokens, so the loop does none of it. A prompt the

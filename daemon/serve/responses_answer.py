@@ -90,8 +90,8 @@ def output_items(request: ResponsesRequest, done: Done) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     text = done.text
     if parsed.reasoning_parser is not None:  # the thinking as a reasoning item first
-        thought, text = reasoning_parsers.split(parsed.reasoning_parser, done.text)
-        text = text or ""
+        thought, content = reasoning_parsers.split(parsed.reasoning_parser, done.text)
+        text = content or ""
         if thought:
             items.append(_reasoning_item(_new_id("rs"), thought, "completed" if text else status))
     if parsed.tool_mode is None:

@@ -91,9 +91,11 @@ def parse_responses(
         if store is None:
             raise bad("previous_response_id", "this server stores no responses "
                       "(--responses-store-mb 0); send the whole conversation as input")  # fmt: skip
-        if not isinstance(previous, str) or (history := store.conversation(previous)) is None:
+        stored = store.conversation(previous) if isinstance(previous, str) else None
+        if stored is None:
             raise bad("previous_response_id", f"no stored response {previous!r:.80} (never "
                       "stored, deleted, or evicted)")  # fmt: skip
+        history = stored
     if not _is(body.get("store", True), bool):
         raise bad("store", "must be a boolean")
     if body.get("background"):

@@ -37,6 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 from ...ipc.codec import encode, error_bytes
 from ...ipc.framing import Oversize
@@ -59,7 +60,7 @@ from .publisher import EventPublisher
 from .replies import Outbox, Route
 from .requests import Requests
 from .service import Notifier, StopFlag, default_max_connections
-from .settings import ServerConfig, prepare_endpoints
+from .settings import ServerConfig, prepare_endpoints, socket_flag
 from .status import Snapshot, Status
 from .warmup import warm_up
 
@@ -131,8 +132,8 @@ class Server:
             max_unread_bytes=cfg.max_unread_bytes,
         )
         path = ipc_path(cfg.address)
-        if path is not None:
-            prepare_ipc_path(path)
+        if path is not None:  # again: prepare_endpoints checked it before the model loaded
+            prepare_ipc_path(path, socket_flag(cfg.address))
         self._publish_snapshot(step_started=None)
         self.conns = Connections(cfg.address, limits, intake=self._intake)
         self.outbox.conns = self.conns
@@ -188,6 +189,7 @@ class Server:
             self._serving = False
 
     def _serve(self) -> None:
+        assert self.conns is not None  # bound before serving
         while True:
             if self.stop.is_set and not self.draining:
                 self._start_drain()
@@ -294,8 +296,9 @@ class Server:
                 assert self.conns is not None
                 self.conns.close(route)
                 self.requests.drop_client(route)
-            else:
-                handle = functools.partial(self._handle, route, payload)
+            else:  # what `_intake` gave the loop (Connections types it `object`)
+                request = cast("Ready | Request", payload)
+                handle = functools.partial(self._handle, route, request)
                 self.outbox.answering(route, "handling a message", handle)
 
     def _handle(self, route: Route, request: Ready | Request) -> None:
@@ -320,7 +323,7 @@ class Server:
         else:
             raise AssertionError(f"{type(request).__name__} reached the loop")
 
-    def _intake(self, frame: bytes | Oversize) -> object:
+    def _intake(self, frame: bytes | Oversize) -> Answer | Ready | Request:
         """On the I/O thread, each frame: decoded and checked (intake.py), a bad one
         answered with its error; a health message, or a stats message while a step runs,
         answered from the last snapshot. What else the loop gets: `Ready` generates,

@@ -57,8 +57,9 @@ class ServerConfig:
                 f"KV events need an address of their own; {self.address} is the daemon's socket"
             )
         check_layout(self.kv_events_layout)
-        numbers = ("max_queue", "max_tokens_cap", "max_message_bytes", "max_logits_bytes",
-                   "max_stop_strings", "max_stop_chars", "idle_poll_ms", "max_unread_bytes")  # fmt: skip
+        numbers: tuple[str, ...] = ("max_queue", "max_tokens_cap", "max_message_bytes",
+                                    "max_logits_bytes", "max_stop_strings", "max_stop_chars",
+                                    "idle_poll_ms", "max_unread_bytes")  # fmt: skip
         if self.max_connections is not None:
             numbers += ("max_connections",)
         for name in numbers:
@@ -72,14 +73,20 @@ class ServerConfig:
             )
 
 
+def socket_flag(address: str | None) -> str:
+    """What set the daemon's own address, for an error to name: REPRISE_SOCKET when the
+    address is its, else --socket."""
+    if address is not None and os.environ.get(SOCKET_ENV) == address:
+        return f"{SOCKET_ENV} (--socket)"
+    return "--socket"
+
+
 def prepare_endpoints(config: ServerConfig) -> None:
     """Check what binding will need before any model loads: each ipc:// socket's folder is
     ours and private, and no live daemon listens there; each tcp:// port is free (raises
     RuntimeError saying why, naming the flag, or REPRISE_SOCKET when the address is its)."""
-    socket_flag = "--socket"
-    if config.address is not None and os.environ.get(SOCKET_ENV) == config.address:
-        socket_flag = f"{SOCKET_ENV} (--socket)"
-    for address, flag in ((config.address, socket_flag), (config.events_address, "--events")):
+    endpoints = ((config.address, socket_flag(config.address)), (config.events_address, "--events"))
+    for address, flag in endpoints:
         path = ipc_path(address) if address else None
         if path is not None:
             prepare_ipc_path(path, flag)

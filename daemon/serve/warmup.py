@@ -27,20 +27,20 @@ def warm_up(
     start = time.perf_counter()
     report = progress or (lambda done, total: None)
     _ = checks.max_token_bytes  # the prompt-size bound, read once from the vocabulary
-    graphs = engine.runner.decode is not None
-    total = 2 if graphs else 1
+    decode = engine.runner.decode  # None: no decode graphs (set when the runner is made)
+    total = 2 if decode is not None else 1
     report(0, total)
-    if graphs:
+    if decode is not None:
         log.info("warm-up: capturing the decode graphs (CUDA graphs) of every batch size")
         sizes = engine.capture_decode_graphs(max_seqs)
         if sizes:
-            drafted = engine.runner.decode.built_buckets(drafted=True)
+            drafted = decode.built_buckets(drafted=True)
             log.info("decode graphs captured for batch sizes %s%s in %.1f s",
                      ",".join(map(str, sizes)),
                      f" (drafted steps: {','.join(map(str, drafted))})" if drafted else "",
                      time.perf_counter() - start)  # fmt: skip
         else:
-            log.warning("decode graphs off: %s", engine.runner.decode.failed)
+            log.warning("decode graphs off: %s", decode.failed)
         report(1, total)
     else:
         log.info("warm-up: no decode graphs on the %s backend; one tiny request runs "
