@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv and install reprise into it.
 #   scripts/setup.sh            the runtime only
-#   scripts/setup.sh test       plus pytest, hypothesis, ruff, the reference stack
+#   scripts/setup.sh test       plus pytest, hypothesis, ruff, mypy, the reference stack
 #                               (CPU PyTorch, transformers) the tests compare against,
 #                               NVRTC with the CUDA headers, to compile the kernels (no GPU),
 #                               and CuPy, whose API the tests check without a device
