@@ -182,10 +182,9 @@ class LlamaModel:
 
     def _to_device(self, batch: ForwardBatch) -> ForwardBatch:
         # the step's indices go to the device once (no copy on the NumPy backend)
-        def to_device(x: np.ndarray | None) -> Any:
-            return None if x is None else self.ops.from_host(x)
-
-        return ForwardBatch(*(to_device(getattr(batch, f)) for f in ForwardBatch.__slots__))
+        fields = (getattr(batch, f) for f in ForwardBatch.__slots__)
+        moved: list[Any] = [None if x is None else self.ops.from_host(x) for x in fields]
+        return ForwardBatch(*moved)
 
     def forward_device(self, batch: ForwardBatch, kv_cache: np.ndarray) -> np.ndarray:
         """`forward` on a batch whose arrays are already the backend's. It launches the
