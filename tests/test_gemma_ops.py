@@ -300,9 +300,10 @@ def test_norm_add_rmsnorm_is_rmsnorm_then_add_rmsnorm(emulated: None, rng, hidde
 
 
 def test_softcap_twin_is_torchs_fp32_steps(rng: np.random.Generator) -> None:
-    """cap * tanh(logits / cap) as transformers runs it in fp32: within an fp32 ulp of
-    torch's (whose tanhf may differ by one), bounded by the cap, odd, near identity for
-    small logits."""
+    """cap * tanh(logits / cap) as transformers runs it in fp32: torch's tanhf may differ
+    from the rounded tanh by one ulp (its AVX-512 build does on 0.7 % of inputs), which the
+    product by the cap carries (up to two of the result's ulps: 30 ulp(0.26) > ulp(7.6)),
+    so within that plus the product's rounding; bounded by the cap, odd."""
     import torch
 
     from reprise.cuda.activation import softcap_ref
@@ -311,8 +312,10 @@ def test_softcap_twin_is_torchs_fp32_steps(rng: np.random.Generator) -> None:
     logits[0, :4] = [0.0, -0.0, 1e30, -1e30]
     got = softcap_ref(logits, 30.0)
     t = torch.from_numpy(logits)
-    want = ((t / 30.0).tanh() * 30.0).numpy()
-    assert np.all(np.abs(got - want) <= np.spacing(np.abs(want).astype(F32)))
+    tanh = (t / 30.0).tanh()
+    want = (tanh * 30.0).numpy()
+    carried = 30.0 * np.spacing(np.abs(tanh.numpy()))
+    assert np.all(np.abs(got - want) <= carried + np.spacing(np.abs(want).astype(F32)))
     assert np.all(np.abs(got) <= 30.0) and got[0, 2] == 30.0 and got[0, 3] == -30.0
     assert np.array_equal(softcap_ref(-logits, 30.0), -got)
 
