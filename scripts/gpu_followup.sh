@@ -127,6 +127,13 @@ grep -sE "blocks of|^(read|ahead|into|ring) " "$OUT/disk_read_16.out"
 model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
 [ -f "$model/config.json" ] || "$py" -c "from reprise.daemon.model.synth import synth_model
 synth_model('smollm2-135m', '$model')"
+# the engine's own host time per step on this machine's CPU, with a backend that does no
+# math (the cached 4k prompt's step was 0.35 ms of host time on the CPU machines here;
+# the GPU's cached first token spends 1.2 ms beside its graph): how much of that gap is
+# the engine's Python on a slower host and how much the CuPy side
+part host_step 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_host_step.py --model "$model" \
+  --out "$OUT/host_step.json"
+grep -sE "ms of host time|on the engine loop" "$OUT/host_step.out"
 part pending_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_gemm_sm90_pending_gpu.py
 grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
