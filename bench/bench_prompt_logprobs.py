@@ -9,7 +9,11 @@ alternate, and the best of each is kept. "first token" runs from add_request to 
 step that returns the first token; "completion" also takes the Completion, whose
 prompt_logprobs list (one TokenLogprobs per prompt token) is built then. The fresh
 prefill with and without them is timed too. Target (issue 23): a fully cached 2k
-prompt with prompt logprobs takes <= 1.1x the time without them.
+prompt with prompt logprobs takes <= 1.1x the time without them, its completion
+included. With the engine's logits cache (on by default) both are exact repeats (no
+forward step: "cached" is every prompt token), so the request without them takes
+about 0.2 ms and what is measured is the entries' own cost: taking each stored
+block's, and handing them over (Completion.prompt_logprobs makes each entry when read).
 
 Prints the times and ratios, and writes them as JSON (default:
 bench/results/prompt_logprobs.json).
@@ -28,6 +32,8 @@ import numpy as np
 
 from reprise.daemon import Engine, SamplingParams
 from reprise.daemon.model.prepare import prepare_default_model
+
+TARGET = 1.1  # issue 23: with them over without, a fully cached 2k prompt
 
 
 def params(num_top: int | None) -> SamplingParams:
@@ -91,21 +97,26 @@ def main() -> None:
           f"{'cached':>8}")  # fmt: skip
     for name in kinds:
         f, d = best_first[name], best_done[name]
-        print(f"  {name:20}{f * 1e3:10.1f}{f / base_first:10.3f}{d * 1e3:10.1f}"
+        print(f"  {name:20}{f * 1e3:10.3f}{f / base_first:10.3f}{d * 1e3:10.3f}"
               f"{d / base_done:10.3f}{cached_tokens[name]:8d}")  # fmt: skip
     print(f"fresh (one run each): without {fresh_plain * 1e3:.0f} ms, with top 5 "
           f"{fresh_plp * 1e3:.0f} ms ({fresh_plp / fresh_plain:.3f}x)")  # fmt: skip
+    worst = max(best_done[name] / base_done for name in kinds)
+    print(f"target: a fully cached prompt with prompt logprobs <= {TARGET}x without them, "
+          f"completion included: {worst:.3f}x at worst, {'met' if worst <= TARGET else 'NOT met'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "command": f"python bench/bench_prompt_logprobs.py --backend {args.backend} "
         f"--prompt-tokens {n} --block-size {bs} --repeats {args.repeats}",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "date": time.strftime("%Y-%m-%d"),
-        "cached_first_token_ms": {k: round(v * 1e3, 2) for k, v in best_first.items()},
+        "cached_first_token_ms": {k: round(v * 1e3, 4) for k, v in best_first.items()},
         "cached_first_token_ratio": {k: round(v / base_first, 4) for k, v in best_first.items()},
-        "cached_completion_ms": {k: round(v * 1e3, 2) for k, v in best_done.items()},
+        "cached_completion_ms": {k: round(v * 1e3, 4) for k, v in best_done.items()},
         "cached_completion_ratio": {k: round(v / base_done, 4) for k, v in best_done.items()},
         "cached_tokens": cached_tokens,
+        "target": f"<= {TARGET}x, completion included",
+        "worst_completion_ratio": round(worst, 4),
         "fresh_ms": {"without": round(fresh_plain * 1e3, 1), "top 5": round(fresh_plp * 1e3, 1)},
     }
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -263,3 +263,50 @@ def test_the_engine_bounds_them_by_its_setting(tiny: Path) -> None:
     for bad in (-1, 1001, True, "20"):
         with pytest.raises(SettingError, match=r"^max_prompt_logprobs must be an integer in"):
             EngineConfig(max_prompt_logprobs=bad)  # type: ignore[arg-type]
+
+
+def test_the_entries_read_as_their_list(tiny: Path) -> None:
+    """Completion.prompt_logprobs makes each TokenLogprobs when it is read (a 2k prompt's
+    list took 3 ms to make, 15x an exact repeat's whole request), and reads as the list
+    of them would: by index (negative too), slice, iteration and equality."""
+    eng = engine(tiny)
+    got = eng.generate(A50, asking()).prompt_logprobs
+    assert got is not None and not isinstance(got, list)
+    want = list(got)
+    assert len(got) == len(want) == len(A50) and want[0] is None and None not in want[1:]
+    assert [got[i] for i in range(len(got))] == want
+    assert got[-1] == want[-1] and got[-len(A50)] is None
+    assert got[3:17] == want[3:17] and got[::7] == want[::7] and got[:] == want
+    assert got == want and want == got and got == tuple(want)
+    for idx in (len(A50), -len(A50) - 1):
+        with pytest.raises(IndexError):
+            got[idx]
+    other = list(want)
+    other[9] = type(want[9])(want[9].token_id, want[9].logprob, want[9].top, want[9].rank + 1)
+    assert got != other and got != want[:-1] and got != "not entries"
+    assert eng.generate(A50[:1], asking()).prompt_logprobs == [None]  # one token: no row
+
+
+def test_an_exact_repeat_with_entries_hashes_no_block(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repeat's prompt key takes the keys of the blocks the pool holds from the
+    pool (found by their ids), so neither its logits row's lookup nor its entries'
+    hash a block, and it is still the exact repeat with the same entries."""
+    from reprise.daemon.engine import kvmanager
+
+    eng = engine(tiny, logits_cache_mb=64)
+    first = eng.generate(A48, asking())  # ends on a block boundary: repeats exactly
+    hashed: list[int] = []
+    real = kvmanager.hash_encoded_blocks
+
+    def counting(parent, id_bytes, block_size, **kwargs):
+        hashed.append(len(id_bytes) // (8 * block_size))
+        return real(parent, id_bytes, block_size, **kwargs)
+
+    monkeypatch.setattr(kvmanager, "hash_encoded_blocks", counting)
+    again = eng.generate(A48, asking())
+    assert eng.scheduler.num_exact_repeats == 1 and sum(hashed) == 0, hashed
+    assert again.prompt_logprobs == first.prompt_logprobs and again.token_ids == first.token_ids
+    eng.generate(prompt(48, 9), asking())  # a new prompt's blocks are hashed as before
+    assert sum(hashed) >= 48 // BS

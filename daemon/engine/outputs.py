@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
-from .params import Completion, FinishReason, StepOutput, TokenLogprobs
+from .params import Completion, FinishReason, StepOutput
+from .prompt_logprobs import PromptEntries
 from .sequence import Sequence
 
 
@@ -208,7 +209,7 @@ def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None
     return index, stops[k]
 
 
-def _prompt_entries(seq: Sequence) -> list[TokenLogprobs | None] | None:
+def _prompt_entries(seq: Sequence) -> PromptEntries | None:
     """A finished request's prompt entries; None unless it asked and got them all (a
     request cancelled during its prefill has not)."""
     wanted = seq.prompt_logprobs

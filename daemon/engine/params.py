@@ -3,6 +3,7 @@ and what it gets back (StepOutput, Completion)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -77,8 +78,9 @@ class Completion:
     disk_cached_tokens: int = 0  # the part of them onboarded from the disk tier
     logits: np.ndarray | None = None  # [num_generated, vocab] fp32, when return_logits
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when logprobs is set
-    # one per prompt token (the first None), when prompt_logprobs is set
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # one per prompt token (the first None), when prompt_logprobs is set: a sequence whose
+    # entries are made when read (prompt_logprobs.PromptEntries), equal to their list
+    prompt_logprobs: Sequence[TokenLogprobs | None] | None = None
     # what ended it with "stop", as vLLM's: the stop string, or the token id of
     # `stop_token_ids` (None for eos, a grammar's end and every other finish reason)
     stop_reason: int | str | None = None

@@ -524,7 +524,7 @@ def _prompt_entries(
         assert wanted is not None
         num = len(positions)
         token_ids = seq.prompt_token_ids[positions.start + 1 : positions.stop + 1]
-        max_top = wanted.rows.top_ids.shape[1]
+        max_top = wanted.max_top
         entries = EntryRows.of_rows(rows[offset : offset + num], token_ids, max_top)
         out.append((seq, positions.start + 1, entries))
         offset += num

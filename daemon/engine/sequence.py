@@ -53,6 +53,7 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its registered full blocks
     num_released_blocks: int = 0  # its first blocks, given back: no later query sees them
     hash_chain: list[BlockHash] = field(default_factory=list)  # keys of its first full blocks, memo
+    tail_digest: BlockHash | None = None  # KVCacheManager.tail_hash's, memo (the prompt is fixed)
     # the prompt's ids as block keys encode them (encode_ids), memo: converted once, not per block
     prompt_id_bytes: bytes | None = field(default=None, repr=False)
     num_computed_tokens: int = 0
