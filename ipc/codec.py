@@ -9,7 +9,7 @@ error to its request).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import ml_dtypes
@@ -145,15 +145,34 @@ def logprobs_to_wire(
     logprobs: Sequence[TokenLogprobsLike], token_text: Callable[[int], str]
 ) -> list[dict[str, Any]]:
     """Per-token logprobs as plain maps, each token id with its text (`token_text`)."""
+    return logprob_columns_to_wire(
+        [lp.token_id for lp in logprobs],
+        [lp.logprob for lp in logprobs],
+        [lp.rank for lp in logprobs],
+        [lp.top for lp in logprobs],
+        token_text,
+    )
+
+
+def logprob_columns_to_wire(
+    token_ids: Iterable[int],
+    logprobs: Iterable[float],
+    ranks: Iterable[int],
+    tops: Iterable[Iterable[tuple[int, float]]],
+    token_text: Callable[[int], str],
+) -> list[dict[str, Any]]:
+    """`logprobs_to_wire` of entries given as columns (an entry's top list as its (token id,
+    logprob) pairs): what a long prompt's entries, held as arrays, go out as without an
+    object made for each."""
     return [
         {
-            "id": lp.token_id,
-            "token": token_text(lp.token_id),
-            "logprob": lp.logprob,
-            "rank": lp.rank,
-            "top": [[t, token_text(t), v] for t, v in lp.top],
+            "id": token_id,
+            "token": token_text(token_id),
+            "logprob": logprob,
+            "rank": rank,
+            "top": [[t, token_text(t), v] for t, v in top],
         }
-        for lp in logprobs
+        for token_id, logprob, rank, top in zip(token_ids, logprobs, ranks, tops, strict=True)
     ]
 
 
