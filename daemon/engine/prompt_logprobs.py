@@ -413,6 +413,7 @@ class PromptEntries(Sequence[TokenLogprobs | None]):
         unused): what a reader of many entries takes at once."""
         if self._arrays is None:
             joined = EntryRows.joined(self._pieces, self._num_top)
+            assert len(joined) == len(self._token_ids), (len(joined), len(self._token_ids))
             self._arrays, self._pieces = joined, (joined,)
         return self._arrays
 
