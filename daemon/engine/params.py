@@ -3,12 +3,12 @@ and what it gets back (StepOutput, Completion)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from .prompt_logprobs import PromptEntries
 from .sampling.logprobs import TokenLogprobs
 from .sampling.params import MAX_SEED, SamplingParams, check_int
 from .sampling.structured import StructuredOutput
@@ -79,8 +79,8 @@ class Completion:
     logits: np.ndarray | None = None  # [num_generated, vocab] fp32, when return_logits
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when logprobs is set
     # one per prompt token (the first None), when prompt_logprobs is set: a sequence whose
-    # entries are made when read (prompt_logprobs.PromptEntries), equal to their list
-    prompt_logprobs: Sequence[TokenLogprobs | None] | None = None
+    # entries are made when read, equal to their list
+    prompt_logprobs: PromptEntries | None = None
     # what ended it with "stop", as vLLM's: the stop string, or the token id of
     # `stop_token_ids` (None for eos, a grammar's end and every other finish reason)
     stop_reason: int | str | None = None

@@ -22,7 +22,6 @@ from ...ipc.codec import (
 )
 from ...ipc.messages import Done, ProtocolError
 from ..engine.params import Completion
-from ..engine.prompt_logprobs import PromptEntries
 from ..engine.sampling.logprobs import TokenLogprobs
 from .connections import Connections, ConnId
 from .detokenize import TextEnd
@@ -157,19 +156,15 @@ def prompt_logprobs_wire(completion: Completion, token_text: TokenText) -> list[
 
     first_id = completion.prompt_token_ids[0]
     first = {"id": first_id, "token": text(first_id), "logprob": None, "rank": None, "top": []}
-    if isinstance(entries, PromptEntries):  # the engine's: its arrays, no entry object made
-        rows = entries.rows()
-        rest = logprob_columns_to_wire(
-            completion.prompt_token_ids[1:],
-            rows.logprobs[1:].tolist(),
-            rows.ranks[1:].tolist(),
-            map(zip, rows.top_ids[1:].tolist(), rows.top_logprobs[1:].tolist()),
-            text,
-        )
-        return [first, *rest]
-    entries_after = entries[1:]
-    assert None not in entries_after, "only the first prompt token has no entry"
-    return [first, *logprobs_to_wire(entries_after, text)]  # type: ignore[arg-type]
+    rows = entries.rows()  # from the arrays: no entry object made
+    rest = logprob_columns_to_wire(
+        completion.prompt_token_ids[1:],
+        rows.logprobs[1:].tolist(),
+        rows.ranks[1:].tolist(),
+        map(zip, rows.top_ids[1:].tolist(), rows.top_logprobs[1:].tolist()),
+        text,
+    )
+    return [first, *rest]
 
 
 def cut(completion: Completion, end: TextEnd) -> Completion:

@@ -111,8 +111,9 @@ class Requests:
             max_workers=TOKENIZING_THREADS, thread_name_prefix="tokenize"
         )
         self.text = Detokenizing(engine.tokenizer)  # every request's text and stop strings
-        # each vocabulary token's own text, decoded once (a 2k prompt's logprobs with top 5
-        # name about 6,000 tokens: 12 ms of decoding a Done when each was decoded anew)
+        # each vocabulary token's own text, decoded once a daemon (a 2k prompt's logprobs
+        # with top 5 name thousands of tokens: decoding them for each Done was about a
+        # third of the 12 ms its prompt entries took to go out)
         self._token_texts: dict[int, str] = {}
 
     @property
