@@ -28,7 +28,9 @@ else the same as `ws`); with `--cluster`, `c2` what `ws` runs on its cluster ent
 not yet a default; NaN where launch_plan pairs no m tiles) and `c2/cuBLAS` its ratio;
 with `--csplit`, `csplit` what `ws` runs with CSPLIT_BY_DEFAULT on (the cluster split: a
 tile's splits one cluster, folded through its shared memory; NaN where `ws` runs no
-PARTIAL route).
+PARTIAL route); with `--tall`, `tall` the tall FOLD forced (route "tall_fold": three
+consumers of 64 x 128 folding in registers, gemm_sm90_plan.TALL_FOLD_BY_DEFAULT, not yet
+a default; NaN where `ws` runs no FOLD) and `tall/cuBLAS` its ratio.
 The decode and 64 x 128 tile flags are on by default since 2026-11-28, so at M <= 64 `ws`
 is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
 times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
@@ -121,6 +123,11 @@ def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     return gemm_sm90(x, packed, out_f32=out_f32, out=out, route=route)
 
 
+def ws_tall_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
+    """The tall FOLD forced where `ws` runs a FOLD (a split weight past one m tile)."""
+    return gemm_sm90(x, packed, out_f32=out_f32, out=out, route="tall_fold")
+
+
 def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]) -> Any:
     """call() with `module.setting` = value meanwhile: a tile not yet a default forced on
     (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT, M64_TILE_BY_DEFAULT), or the kernels built
@@ -134,7 +141,7 @@ def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
     decode_tile: bool = False, m64_tile: bool = False, cluster: bool = False,
-    csplit: bool = False,
+    csplit: bool = False, tall: bool = False,
 ) -> tuple[dict[str, float], float]:  # fmt: skip
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -169,6 +176,7 @@ def timings(
         "ws_m64_tile": forced(gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_cluster": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, cluster=True),
         "ws_csplit": forced(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True, gemm_sm90, 2),
+        "ws_tall_fold": lambda p: ws_tall_fold(p[0], p[2], out, out_f32),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
@@ -185,6 +193,8 @@ def timings(
         del fns["ws_cluster"]
     if not csplit or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
         del fns["ws_csplit"]
+    if not tall or not launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel.endswith("_fold"):
+        del fns["ws_tall_fold"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
     for key in [key for key in fns if key != "cublas"]:
@@ -210,19 +220,20 @@ def main() -> None:
     parser.add_argument("--m64-tile", action="store_true", help="time the 64 x 128 tile too")
     parser.add_argument("--cluster", action="store_true", help="time the cluster entry points too")
     parser.add_argument("--csplit", action="store_true", help="time the cluster split too")
+    parser.add_argument("--tall", action="store_true", help="time the tall FOLD too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
-          f"{'c2/cuBLAS':>9} {'S gain':>7} {'err':>7}")  # fmt: skip
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'tall':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'c2/cuBLAS':>9} {'tall/cuBLAS':>11} {'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
         n, k, out_f32 = SHAPES[name]
         flip = True
         for m in rows:
             t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile,
-                             args.m64_tile, args.cluster, args.csplit)  # fmt: skip
+                             args.m64_tile, args.cluster, args.csplit, args.tall)  # fmt: skip
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -236,8 +247,10 @@ def main() -> None:
                   f"{t.get('ws_m64_tile', float('nan')):8.1f} "
                   f"{t.get('ws_cluster', float('nan')):8.1f} "
                   f"{t.get('ws_csplit', float('nan')):8.1f} "
+                  f"{t.get('ws_tall_fold', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
-                  f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
+                  f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} "
+                  f"{t.get('ws_tall_fold', float('nan')) / t['cublas']:11.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
             results.append({"shape": name, "m": m, "n": n, "k": k, "splits": split_k(n, k),
                             "ws_route": route, "us": t, "ws_over_mma": ws_mma,
                             "ws_over_cublas": ws_cublas, "split_gain": gain,

@@ -558,11 +558,22 @@ struct Sm90WsTile {
   // over that pool never returns (so it hung every wide launch on an H200, 2026-11-27,
   // at 48 / 232: 65,536 > 64,512). 56 / 224 is the pool exactly. Other modes and tiles
   // keep the entry cap (the wide WHOLE fits it in 154 registers, measured on the H200).
+  // The tall tile (three consumers, 512 threads) enters at 128 registers, which its FOLD's
+  // 64 accumulators and 64 running totals a consumer thread fill on their own (WS's FOLD
+  // takes 144 at its 168 cap), so every mode of it moves registers the same way: 56 / 152,
+  // again the pool exactly (128 x 56 + 384 x 152 = 65,536).
   static constexpr int ENTRY_REGS = 65536 / THREADS / 8 * 8;
-  static constexpr int PRODUCER_REGS = N_SUB == 2 ? 56 : 0, CONSUMER_REGS = N_SUB == 2 ? 224 : 0;
+  static constexpr int PRODUCER_REGS = N_SUB == 2 || CONSUMERS == 3 ? 56 : 0;
+  static constexpr int CONSUMER_REGS = N_SUB == 2 ? 224 : CONSUMERS == 3 ? 152 : 0;
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= ENTRY_REGS * THREADS,
                 "setmaxnreg within the CTA's pool, or .inc waits forever");
+  static_assert(CONSUMERS <= 3, "four consumers would enter at 102 registers: no FOLD fits");
 };
+
+// Whether a launch of tile T in MODE moves registers from its producer to its consumers
+// (setmaxnreg; PRODUCER_REGS above): the wide tile's FOLD_WS, and every mode of the tall tile.
+template <class T, Split MODE>
+constexpr bool kMovesRegisters = T::PRODUCER_REGS > 0 && (MODE == Split::FOLD_WS || T::CONSUMERS == 3);
 
 // The stage layout of the warp-specialized kernel (REPRISE_WS_SWIZZLE, set by the
 // launcher to match the packed weight's layout, gemm_sm90_kernel.prepare_weight):
@@ -910,7 +921,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
 
   // Local tile t (k-tile kt_begin + t) sits in stage t % STAGES.
   if (warpgroup == 0) {  // ---- producer ----
-    if constexpr (MODE == Split::FOLD_WS && T::PRODUCER_REGS > 0) setmaxnreg_dec<T::PRODUCER_REGS>();
+    if constexpr (kMovesRegisters<T, MODE>) setmaxnreg_dec<T::PRODUCER_REGS>();
     const bool vec = (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
     for (int t = 0; t < num_k_tiles; ++t) {
       const int s = t % T::STAGES, kt = kt_begin + t;
@@ -957,7 +968,7 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
     // (A consumer whose 64 rows all lie past M, at M <= 64 on a two-consumer tile, takes
     // neither branch: it waits for no stage and releases none, empty[s] counting the
     // active consumers' threads only, and goes on to PARTIAL's fold.)
-    if constexpr (MODE == Split::FOLD_WS && T::CONSUMER_REGS > 0) setmaxnreg_inc<T::CONSUMER_REGS>();
+    if constexpr (kMovesRegisters<T, MODE>) setmaxnreg_inc<T::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int row0 = m0 + consumer * 64 + warp * 16;  // this warp's first row
@@ -1091,6 +1102,13 @@ static_assert(WsDecode::THREADS == 256 && 2 * (WsDecode::SMEM_BYTES + 1024) <= 2
 using WsM64 = Sm90WsTile<64, 128, 4>;
 static_assert(WsM64::THREADS == 256 && 2 * (WsM64::SMEM_BYTES + 1024) <= 232448, "2 CTAs an SM");
 static_assert(Ws::THREADS == 384 && WsWide::THREADS == 384, "launch bounds below");
+// Past one m tile on split weights (FOLD), with TALL_FOLD_BY_DEFAULT (gemm_sm90_plan): three
+// consumers of 64 x 128, each with FOLD's running totals in registers (kMovesRegisters), so
+// a k-tile's 40 KB of x and w feed 192 x 128 outputs, where WS's 32 KB feed 128 x 128 (a
+// fifth fewer tile bytes read from L2 a product) and the wide tile, which has no register
+// FOLD, would need 48 KB for 128 x 256. 204,880 B shared.
+using WsTall = Sm90WsTile<192, 128, 5>;
+static_assert(WsTall::THREADS == 512 && WsTall::SMEM_BYTES + 1024 <= 232448, "launch bounds below; one CTA an SM");
 
 // Tile shapes; gemm_sm90_plan.py's CONFIGS repeat these numbers (BM, BN, stages).
 using Wg1 = Sm90Tile<64, 128, 8>;    // M <= 64 (decode): 1 warpgroup, 196,608 B shared
@@ -1320,6 +1338,19 @@ gemm_sm90_ws_f32_wide_fold(const unsigned short* __restrict__ x, const unsigned 
   GEMM_SM90_WS_BODY(WsWide, Split::FOLD_WS, ws, y, split_len);  // pdl_enter() inside, after the weight prologue
 }
 
+// The tall tile (WsTall) on S > 1 weights past one m tile: FOLD, three consumers.
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_sm90_ws_bf16_tall_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                            unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(WsTall, Split::FOLD, y, y, split_len);  // pdl_enter() inside, after the weight prologue
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_sm90_ws_f32_tall_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                           float* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(WsTall, Split::FOLD, y, y, split_len);  // pdl_enter() inside, after the weight prologue
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_bf16_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                        unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
@@ -1403,6 +1434,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_sm90_ws_gated_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
                         unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
   GEMM_SM90_WS_BODY(Ws, Split::FOLD, gated(y), gated(y), split_len);  // pdl_enter() inside
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_sm90_ws_gated_tall_fold(const unsigned short* __restrict__ x, const unsigned char* __restrict__ w_packed,
+                             unsigned short* __restrict__ y, int M, int N, int K, int split_len) {
+  GEMM_SM90_WS_BODY(WsTall, Split::FOLD, gated(y), gated(y), split_len);  // pdl_enter() inside
 }
 
 // The norm epilogue's entry points (gemm_sm90_ws_norm_*; gemm_sm90_plan's

@@ -94,6 +94,11 @@ WS_DECODE = Sm90WsConfig("ws_decode", 64, 64, num_stages=4)
 # CTAs, one round on 132 SMs instead of two), without WS's 128-row x tile and second
 # consumer, idle at M <= 64.
 WS_M64 = Sm90WsConfig("ws_m64", 64, 128, num_stages=4)
+# Past one m tile on split weights (FOLD, with TALL_FOLD_BY_DEFAULT where `tall_fold` says):
+# three consumers of 64 x 128, FOLD's running totals in registers (the producer's given
+# to them), 192 x 128 outputs from a k-tile's 40 KB of x and w where WS's take 32 KB for
+# 128 x 128: a fifth fewer tile bytes read from L2 a product. 512 threads, one CTA an SM.
+WS_TALL = Sm90WsConfig("ws_tall", 192, 128, num_stages=5)
 
 
 def grid(config: Sm90Config | Sm90WsConfig, num_rows: int, num_cols: int) -> tuple[int, int]:
@@ -130,6 +135,25 @@ def ws_config(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> Sm90WsCo
     if m64_tile(num_rows):
         return WS_M64
     return WS
+
+
+def l2_cost(config: Sm90WsConfig, num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> int:
+    """A launch's time in the model that picks the tall FOLD over WS's: its rounds of one
+    CTA an SM times the tile bytes a CTA reads from L2 a k-tile ((BM + BN) rows of 64
+    BF16s), as if the tiles' L2 reads bound a large-M product (2026-11-28's H200 figures
+    imply 6.1-6.9 TB/s of them whatever the tile; CLUSTER_BY_DEFAULT's note)."""
+    gx, gy = grid(config, num_rows, num_cols)
+    return -(-gx * gy // num_sms) * (config.block_m + max(config.block_n, 128))
+
+
+def tall_fold(num_rows: int, num_cols: int, num_sms: int = H100_SMS) -> bool:
+    """Whether a FOLD of M > WS's rows takes the tall tile (route "tall_fold") instead of
+    WS's: with TALL_FOLD_BY_DEFAULT on, where `l2_cost` says it reads less (8B's qkv, o and
+    down at M = 2,048: 4 rounds of the tall tile against 6 of WS for qkv, 3 against 4 for
+    o and down; at M = 512 both take 2 rounds or 1, and WS's CTA reads less)."""
+    if not TALL_FOLD_BY_DEFAULT or num_rows <= WS.block_m:
+        return False
+    return l2_cost(WS_TALL, num_rows, num_cols, num_sms) < l2_cost(WS, num_rows, num_cols, num_sms)
 
 
 def csplit_fits(n: int, k: int) -> bool:
@@ -180,6 +204,7 @@ SPLIT_ROUTES: dict[str, tuple[Sm90Config | Sm90WsConfig, str]] = {
     "ws_split": (WS, "split"),
     "ws_fold": (WS, "fold"),
     "wide_fold": (WS_WIDE, "fold"),  # FOLD_WS: the running totals in an [M, N] fp32 workspace
+    "tall_fold": (WS_TALL, "fold"),  # three consumers, the running totals in registers
     "decode_split": (WS_DECODE, "split"),  # M <= 64
     "m64_split": (WS_M64, "split"),  # M <= 64
     # the cluster split: PARTIAL's CTAs, each tile's S splits a cluster, the partials folded
@@ -196,6 +221,15 @@ WIDE_FOLD_MAX_SPLITS = 4  # gemm_sm90.cu's FOLD_WS_MAX_SPLITS: its split loop is
 # Sm90WsTile) and held by a static_assert, but not yet run. `route="wide_fold"` forces it
 # (tests/test_gemm_sm90_pending_gpu.py, bench_gemm_sm90 --wide-fold).
 WIDE_FOLD_BY_DEFAULT = False
+# Whether launch_plan takes the tall tile (WS_TALL, route "tall_fold") for split weights past
+# one m tile where `tall_fold` says it reads less from L2 than WS. Why: the 8B prefill's
+# split projections (qkv, o, down at M = 2,048) run WS's 128 x 128 FOLD at 1.85-1.92x
+# cuBLAS (H200, 2026-11-30), where the wide tile, which cannot fold in registers, runs
+# their unsplit products 25-30 % faster; the tall tile folds in registers on 25 % more
+# outputs a k-tile's bytes than WS. The same wgmma per element in the same order, so the
+# same bits (emulated: tests/test_gemm_sm90.py). Off until a GPU has timed it
+# (bench_gemm_sm90's `tall` column, gpu_followup's `tall_e2e` part).
+TALL_FOLD_BY_DEFAULT = False
 # Whether launch_plan takes the decode tile (WS_DECODE, routes "decode_split" and WHOLE)
 # at M <= 64 where WS's grid is under a wave (`decode_tile`). On since the H200 run of
 # 2026-11-28 (bench/results/2026-11-28-h200): its rows bit-equal WS's on the GPU
@@ -357,6 +391,8 @@ def launch_plan(
         else:
             wide = ws_config(m, n, num_sms) is WS_WIDE and splits <= WIDE_FOLD_MAX_SPLITS
             route = "wide_fold" if wide and WIDE_FOLD_BY_DEFAULT and not gated else "ws_fold"
+            if route == "ws_fold" and tall_fold(m, n, num_sms):
+                route = "tall_fold"
     if route not in SPLIT_ROUTES:
         raise ValueError(f"route must be one of {', '.join(SPLIT_ROUTES)}; got {route!r}")
     config, kind = SPLIT_ROUTES[route]

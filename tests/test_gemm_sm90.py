@@ -40,6 +40,7 @@ from reprise.cuda.gemm_sm90_plan import (
     WS,
     WS_DECODE,
     WS_M64,
+    WS_TALL,
     WS_WIDE,
     Sm90Config,
     Sm90Launch,
@@ -47,6 +48,7 @@ from reprise.cuda.gemm_sm90_plan import (
     decode_waves,
     epilogue_launch,
     grid,
+    l2_cost,
     launch_plan,
     tile_config,
     waves,
@@ -334,7 +336,8 @@ def test_rows_past_m_padded_once_or_every_tile_give_the_same_bits(
     x, w = operands(rng, 130, 272, 768)
     for m in (1, 7, 64, 65, 130):
         xs = np.ascontiguousarray(x[:m])
-        for route in (None, "ws_split", "ws_fold", "decode_split", "m64_split", "wide_fold"):
+        for route in (None, "ws_split", "ws_fold", "decode_split", "m64_split", "wide_fold",
+                      "tall_fold"):  # fmt: skip
             if route in ("decode_split", "m64_split") and m > 64:
                 continue
             plan = launch_plan(m, 272, 768, out_f32=True, packed=True, route=route)
@@ -463,14 +466,16 @@ def test_configs_mirror_the_source() -> None:
         assert config.smem_bytes <= 227 * 1024  # an H100's per-block opt-in limit
         for out_f32 in (False, True):
             assert f"\n{config.kernel_name(out_f32)}(" in source
-    for config, tile in ((WS, "Ws"), (WS_WIDE, "WsWide"), (WS_DECODE, "WsDecode")):
+    for config, tile in ((WS, "Ws"), (WS_WIDE, "WsWide"), (WS_DECODE, "WsDecode"),
+                         (WS_TALL, "WsTall")):  # fmt: skip
         numbers = f"{config.block_m}, {config.block_n}, {config.num_stages}"
         assert f"using {tile} = Sm90WsTile<{numbers}>;" in source, tile
         assert config.smem_bytes <= 227 * 1024 and config.num_threads == 128 * (
             1 + config.block_m // 64
         )
+        suffix = "_fold" if config is WS_TALL else ""  # the tall tile only folds
         for out_f32 in (False, True):
-            assert f"\n{config.kernel_name(out_f32)}(" in source
+            assert f"\n{config.kernel_name(out_f32)}{suffix}(" in source
     assert 2 * (WS_DECODE.smem_bytes + 1024) <= 227 * 1024  # 2 CTAs an SM
 
 
@@ -926,6 +931,40 @@ def test_launch_plan_routes_by_weight_shape_then_m() -> None:
         launch_plan(1, 4096, 4096, out_f32=False, packed=False, splits=0)
     forced = launch_plan(1, 4096, 4096, out_f32=False, packed=True, splits=1)
     assert (forced.kernel, forced.splits, forced.workspace) == ("gemm_sm90_ws_bf16", 1, False)
+
+
+@pytest.mark.usefixtures("ws_decodes")
+def test_the_tall_fold_takes_large_folds_where_it_reads_less(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TALL_FOLD_BY_DEFAULT off: WS's FOLD past one m tile at every M. On: the tall tile
+    where `l2_cost` is lower (Llama-3.1-8B's split projections at M = 2,048 and 4,096,
+    not at 512 or 1,024, where both take as many rounds), never at M <= 128 (PARTIAL) nor
+    on an unsplit weight; its launch has 512 threads, its tile's grid and shared memory."""
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "down": (4096, 14336)}
+    for n, k in shapes.values():
+        assert launch_plan(4096, n, k, out_f32=False, packed=True).kernel == "gemm_sm90_ws_bf16_fold"
+    from reprise.cuda import gemm_sm90_plan as geometry
+
+    monkeypatch.setattr(geometry, "TALL_FOLD_BY_DEFAULT", True)
+    for name, (n, k) in shapes.items():
+        s = split_k(n, k)
+        assert s > 1, name
+        for m, tall in ((1, False), (128, False), (129, False), (512, False), (1024, False),
+                        (2048, True), (4096, True)):  # fmt: skip
+            plan = launch_plan(m, n, k, out_f32=False, packed=True, num_sms=132)
+            assert ("_tall_fold" in plan.kernel) == tall, (name, m, plan.kernel)
+            assert tall == (m > WS.block_m and l2_cost(WS_TALL, m, n, 132) < l2_cost(WS, m, n, 132))
+            if tall:
+                assert plan.kernel == "gemm_sm90_ws_bf16_tall_fold"
+                assert (plan.threads, plan.smem_bytes) == (512, WS_TALL.smem_bytes)
+                assert plan.grid == grid(WS_TALL, m, n) and plan.split_len == split_length(k, s)
+                assert not plan.workspace and not plan.totals and plan.cluster == 1
+        gated = launch_plan(2048, n, k, out_f32=False, packed=True, gated=True, num_sms=132)
+        assert gated.kernel == "gemm_sm90_ws_gated_tall_fold"
+    assert split_k(28672, 4096) == 1  # unsplit: WHOLE on the wide tile, whatever the flag
+    assert launch_plan(2048, 28672, 4096, out_f32=False, packed=True).kernel == "gemm_sm90_ws_bf16_wide"
+    assert WS_TALL.num_threads == 512 and WS_TALL.smem_bytes + 1024 <= 227 * 1024
 
 
 @pytest.mark.usefixtures("ws_decodes")
@@ -1616,8 +1655,9 @@ def test_the_source_declares_every_gated_entry_point() -> None:
     driver = (EMU / "driver_sm90.cpp").read_text()
     names = {whole_plan(c, 1, 256, gated=True).kernel for c in (WS, WS_WIDE, WS_DECODE, WS_M64)}
     names |= {launch_plan(m, 272, 1024, out_f32=False, packed=True, route=r, gated=True).kernel
-              for m, r in ((1, "ws_split"), (1, "decode_split"), (1, "m64_split"), (300, "ws_fold"))}  # fmt: skip
-    assert len(names) == 8
+              for m, r in ((1, "ws_split"), (1, "decode_split"), (1, "m64_split"), (300, "ws_fold"),
+                           (300, "tall_fold"))}  # fmt: skip
+    assert len(names) == 9
     for name in names:
         assert f"\n{name}(" in source and f'"{name}"' in driver, name
 

@@ -12,7 +12,9 @@ along M multicasting each weight tile to both): their rows against the single-CT
 and an engine with them against one without. And the cluster split (CSPLIT_BY_DEFAULT,
 built 2026-11-28, not yet run on a GPU: a tile's S splits one cluster launched with a
 cluster attribute, their partials folded through its shared memory): its rows against
-PARTIAL's, and an engine with it against one without. And the row epilogues
+PARTIAL's, and an engine with it against one without. And the tall FOLD
+(TALL_FOLD_BY_DEFAULT, built 2026-12-02, not yet run on a GPU: three consumers folding in
+registers, 512 threads): its rows against WS's FOLD. And the row epilogues
 (NORM_EPILOGUE_BY_DEFAULT and ROPE_EPILOGUE_BY_DEFAULT, built 2026-11-28, not yet run on a
 GPU: a decode's o and down projection launches running the add_rmsnorm after them, its qkv
 launches the rope_kv_write): their outputs against the two kernels', and an engine with
@@ -57,6 +59,35 @@ def test_wide_fold_is_the_fold_of_its_partials(rng, k: int, n: int) -> None:
     for i in range(0, m, 211):
         alone = host(gemm_sm90(x[i : i + 1], packed, out_f32=True))
         assert np.array_equal(alone.view(np.uint32), got[i : i + 1].view(np.uint32)), i
+
+
+@pytest.mark.usefixtures("hopper")
+@pytest.mark.parametrize("k, n", [(4096, 6144), (4096, 4096), (14336, 4096)])
+def test_tall_fold_gives_the_ws_fold_rows(rng, k: int, n: int) -> None:
+    """The tall FOLD (route "tall_fold": three consumers of 64 x 128, setmaxnreg 56 / 152;
+    gemm_sm90_plan.TALL_FOLD_BY_DEFAULT, off until this runs) on Llama-3.1-8B's split
+    weights at M = 2,048 (10 whole m tiles and one of 128 rows: its third consumer idle) and
+    M = 300: fp32 and BF16 rows bit-equal to WS's FOLD (the default there), every element
+    written (into a poisoned output), and the gated output on the first shape."""
+    from reprise.cuda.gemm_sm90_kernel import gemm_sm90, prepare_weight
+    from reprise.cuda.gemm_sm90_plan import launch_plan
+
+    assert split_k(n, k) > 1
+    w, pool = weights(rng, n, k), activations(rng, 2048, k)
+    packed, x = prepare_weight(dev(w)), dev(pool)
+    for m in (2048, 300):
+        assert launch_plan(m, n, k, out_f32=False, packed=True, route="tall_fold").threads == 512
+        for out_f32, dtype in ((False, np.uint16), (True, np.float32)):
+            want = host(gemm_sm90(x[:m], packed, out_f32=out_f32, route="ws_fold"))
+            got = host(gemm_sm90(x[:m], packed, out_f32=out_f32, route="tall_fold",
+                                 out=poisoned((m, n), dtype)))  # fmt: skip
+            assert np.array_equal(got.view(dtype), want.view(dtype)), (k, n, m, out_f32)
+    if n == 6144:
+        gated = prepare_weight(dev(w), gated=True)
+        want = host(gemm_sm90(x, gated, gated=True, route="ws_fold"))
+        got = host(gemm_sm90(x, gated, gated=True, route="tall_fold",
+                             out=poisoned((2048, n // 2), np.uint16)))  # fmt: skip
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.usefixtures("hopper")

@@ -20,7 +20,7 @@
 // Its `extern __shared__` buffer is gemm_sm90_smem below, sized for the largest tile
 // config; __shared__ expands to nothing while the file is read (as driver.cpp does for
 // gemm.cu).
-constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 196704;  // Ws: 6 stages and 12 mbarriers
+constexpr unsigned GEMM_SM90_SMEM_CAPACITY = 204880;  // WsTall: 5 stages of 40 KB and 10 mbarriers
 namespace gemm_sm90_emu {
 namespace {
 alignas(1024) unsigned char gemm_sm90_smem[GEMM_SM90_SMEM_CAPACITY];  // the swizzle atoms
@@ -111,7 +111,8 @@ int run_gemm_sm90_ws(int out_f32, int tile, int grid_x, int grid_y, int threads,
 // gemm_sm90_{bf16,f32}_wg1_split and gemm_sm90_ws_{bf16,f32}_split (partials through the
 // fp32 workspace ws [S, M, N], folded by each tile's last CTA, which counts in
 // `counters`), gemm_sm90_{bf16,f32}_wg2_fold and gemm_sm90_ws_{bf16,f32}_fold (each CTA
-// walks all of K; ws and counters unused), gemm_sm90_ws_{bf16,f32}_wide_fold (the same,
+// walks all of K; ws and counters unused; gemm_sm90_ws_{bf16,f32}_tall_fold too, on the
+// three-consumer tile), gemm_sm90_ws_{bf16,f32}_wide_fold (the same,
 // its running totals in ws [M, N]), gemm_sm90_ws_{bf16,f32}_decode_split (PARTIAL on the
 // decode tile), gemm_sm90_ws_{bf16,f32}_m64_split (PARTIAL on the 64 x 128 tile). w is the
 // packed weight for gemm_sm90_ws_*.
@@ -142,6 +143,10 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_f32_fold(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_bf16_split")
     body = [&] { e::gemm_sm90_ws_bf16_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_bf16_tall_fold")
+    body = [&] { e::gemm_sm90_ws_bf16_tall_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_f32_tall_fold")
+    body = [&] { e::gemm_sm90_ws_f32_tall_fold(x, static_cast<Packed>(w), y32, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_bf16_wide_fold")  // ws holds the [M, N] running totals
     body = [&] { e::gemm_sm90_ws_bf16_wide_fold(x, static_cast<Packed>(w), ws, y16, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_f32_wide_fold")
@@ -174,6 +179,8 @@ int run_gemm_sm90_split(const char* name, int grid_x, int grid_y, int threads, i
     body = [&] { e::gemm_sm90_ws_gated_m64_split(x, static_cast<Packed>(w), ws, y16, counters, M, N, K, split_len); };
   if (n == "gemm_sm90_ws_gated_fold")
     body = [&] { e::gemm_sm90_ws_gated_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
+  if (n == "gemm_sm90_ws_gated_tall_fold")
+    body = [&] { e::gemm_sm90_ws_gated_tall_fold(x, static_cast<Packed>(w), y16, M, N, K, split_len); };
   // Clusters of two CTAs along M (WHOLE ones ignoring ws, counters and split_len).
   if (n == "gemm_sm90_ws_bf16_c2") body = [&] { e::gemm_sm90_ws_bf16_c2(x, static_cast<Packed>(w), y16, M, N, K); };
   if (n == "gemm_sm90_ws_f32_c2") body = [&] { e::gemm_sm90_ws_f32_c2(x, static_cast<Packed>(w), y32, M, N, K); };
