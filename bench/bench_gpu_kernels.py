@@ -33,7 +33,8 @@ the JSON, with the rows measured so far, and the run goes on with the next):
   expf, a rescale and the masks on every page); `tc sel`, that with the select around
   each key's expf it had before 2026-11-27; `tc coop`, the shared page (a decode CTA's
   pages on all four warps; BUILDS), and `tc coop plan4k` / `plan8k` with the head split
-  below; `tc plan4k` / `tc plan8k`, the head
+  below; `tc notail` and `tc nomath`, ablations timed only (wrong output: the split's
+  tail, the page step's math left out); `tc plan4k` / `tc plan8k`, the head
   split planned for a 4,096- or 8,192-token context instead of 2,048 (fewer pages a CTA
   at long contexts); and `tc chunk64` / `tc chunk128`, built with KV chunks of 64 or 128
   keys instead of 256 (CHUNKS: fewer pages a CTA walks in a row; other bits).
@@ -668,10 +669,18 @@ def paged_attention_tc_normal_ring(**inputs: Any) -> Any:
 # a branch and the copies' addressing, which both builds share with the default); `tc
 # coop` the shared page, not yet the default (attention_tc_kernel.COOP: a split launch's
 # CTA of one m16 tile of rows runs each page on all four warps; the same bits).
+# And two ablations, timing only (their output is wrong: attention_tc.cu's
+# REPRISE_ATTN_ABLATE): `tc notail` a split CTA returning once its chunks' states are
+# stored (no fence, count or merge: the default's time less this is the split's tail), `tc
+# nomath` no page's math (the pages still loaded: the default's time less this is the page
+# step). Which of the two a batch-1 decode's 14-17 µs is, at 2 and 16 chunks, says which
+# change comes next: a tail through a cluster's shared memory, or two pages in flight.
 BUILDS = {
     "expf": ("REPRISE_ATTN_EXPF=1",),
     "sel": ("REPRISE_ATTN_EXPF=1", "REPRISE_ATTN_EXP_SELECT=1"),
     "coop": ("REPRISE_ATTN_COOP=1",),
+    "notail": ("REPRISE_ATTN_ABLATE=1",),
+    "nomath": ("REPRISE_ATTN_ABLATE=2",),
 }
 
 

@@ -35,6 +35,15 @@
 #ifndef REPRISE_ATTN_COOP
 #define REPRISE_ATTN_COOP 0
 #endif
+// Ablations, built for bench_gpu_kernels' timing rows alone (`tc notail`, `tc nomath`,
+// through attention_tc_kernel.BUILD; nothing else builds them): WRONG OUTPUT, a measure
+// of what a part of a launch costs by its absence. 0, the default: none. 1: a split CTA
+// returns once its chunks' states are stored (no fence, count or merge, and no output
+// written: the split's tail). 2: no page's math (the pages still come through the ring,
+// the states stay fresh: the page step beside its loads).
+#ifndef REPRISE_ATTN_ABLATE
+#define REPRISE_ATTN_ABLATE 0
+#endif
 
 namespace {
 
@@ -889,7 +898,8 @@ __device__ __forceinline__ void paged_attention_tc(
     if (next < num_pages) issue(next, SPLIT_ONLY ? next_block : table[page_of(next)]);
     cp_async_commit();
     if (SPLIT_ONLY && next + 1 < num_pages) next_block = table[page_of(next + 1)];
-    if (warp_sees<BLOCK_SIZE>(pos, lo, t)) {  // a page none of the warp's rows sees is skipped
+    // a page none of the warp's rows sees is skipped (and every page in the ablation 2 build)
+    if (REPRISE_ATTN_ABLATE != 2 && warp_sees<BLOCK_SIZE>(pos, lo, t)) {
       const unsigned short* stage = ring + (k % C::kStages) * C::kStageHalves;
       if (softcap > 0.0f) {  // the grid's branch: a soft cap
         const SoftCap cap{scale, softcap, 1.0f / softcap};
@@ -961,6 +971,7 @@ __device__ __forceinline__ void paged_attention_tc(
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
   if (split) {
+    if (REPRISE_ATTN_ABLATE == 1) return;  // the tail's ablation: states stored, nothing merged
     // --- the last lane of the (work item, head slot) to finish merges every chunk ---
     // NOTE: gemm.cu's last-block handoff: every thread's stores, __threadfence, one
     // atomicAdd per CTA; the CTA that counts last fences again and reads through L2.

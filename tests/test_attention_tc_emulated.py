@@ -554,6 +554,33 @@ def test_the_shared_page_gives_the_bits_of_one_warp(
     assert max_row_ulps(paged.run(lib_coop, decode).view(BF16), paged.twin(decode)) <= 2
 
 
+@pytest.mark.parametrize("ablate", [1, 2], ids=["notail", "nomath"])
+def test_the_ablation_builds_leave_out_what_their_rows_say(
+    tmp_path_factory: pytest.TempPathFactory, lib: ctypes.CDLL, rng: np.random.Generator,
+    ablate: int,
+) -> None:  # fmt: skip
+    """bench_gpu_kernels' timing-only builds (REPRISE_ATTN_ABLATE): on split decode steps at
+    1, S - 1, S, S + 1 and 3S + 7 keys (the deep ring, 3 lanes), `tc notail` (1) writes no
+    output at all (every element still poisoned: no fence, count or merge ran) and `tc
+    nomath` (2) writes every element but none the default build writes (no page's math ran,
+    the merge did); the default build writes every element, within 2 ulps of the twin."""
+    built = emulation_or_skip(tmp_path_factory.mktemp(f"emu_ablate{ablate}"),
+                              f"-DREPRISE_ATTN_ABLATE={ablate}")  # fmt: skip
+    group, kv_heads = 4, 2
+    paged = PagedTc(rng, shape(128, group, kv_heads), 32, SPLIT_CONTEXTS)
+    decode = [(b, n - 1, n) for b, n in enumerate(SPLIT_CONTEXTS)]
+    grid = forced_grid(len(decode), len(decode), kv_heads, group, 1, 3, ROWS_PER_CTA)
+    want = paged.run(lib, decode, grid=grid, deep=True)
+    assert max_row_ulps(want.view(BF16), paged.twin(decode)) <= 2
+    poison = poisoned(want.shape)
+    assert not (want == poison).any()
+    got = paged.run(built, decode, grid=grid, deep=True)
+    if ablate == 1:
+        assert np.array_equal(got, poison)
+    else:
+        assert not (got == poison).any() and not (got == want).any()
+
+
 def test_attention_tc_deep_ring_traps_on_one_lane(lib: ctypes.CDLL) -> None:
     """A deep-ring kernel has no shared memory for merging chunks itself, so a one-lane
     launch (which would) traps instead of writing past its buffer; in a child process,

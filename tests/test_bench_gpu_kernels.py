@@ -146,8 +146,10 @@ def test_the_longer_plans_walk_fewer_pages_a_cta_at_4k_keys() -> None:
 
 
 def test_the_baseline_builds_name_the_kernels_defines_and_are_put_back(monkeypatch) -> None:
-    """`paged attn tc expf` and `tc sel` (BUILDS) compile attention_tc.cu with defines it
-    declares (an unknown name would build the default silently), each a different build;
+    """`paged attn tc expf`, `tc sel`, `tc coop` and the ablations `tc notail` and `tc
+    nomath` (BUILDS) compile attention_tc.cu with defines it declares (an unknown name
+    would build the default silently; the ablation's values 1 and 2, the others' 1), each a
+    different build;
     the launcher's BUILD is theirs during the call and () again after it, even when the
     call raises."""
     from reprise.cuda import attention_tc_kernel as tc
@@ -156,7 +158,8 @@ def test_the_baseline_builds_name_the_kernels_defines_and_are_put_back(monkeypat
     for build in bench.BUILDS.values():
         for define in build:
             name, _, value = define.partition("=")
-            assert f"#ifndef {name}\n#define {name} 0\n" in source and value == "1", define
+            values = ("1", "2") if name == "REPRISE_ATTN_ABLATE" else ("1",)
+            assert f"#ifndef {name}\n#define {name} 0\n" in source and value in values, define
     assert len(set(bench.BUILDS.values())) == len(bench.BUILDS) and () not in bench.BUILDS.values()
     seen = []
 
