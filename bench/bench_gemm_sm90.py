@@ -30,7 +30,8 @@ with `--csplit`, `csplit` what `ws` runs with CSPLIT_BY_DEFAULT on (the cluster 
 tile's splits one cluster, folded through its shared memory; NaN where `ws` runs no
 PARTIAL route); with `--tall`, `tall` the tall FOLD forced (route "tall_fold": three
 consumers of 64 x 128 folding in registers, gemm_sm90_plan.TALL_FOLD_BY_DEFAULT, not yet
-a default; NaN where `ws` runs no FOLD) and `tall/cuBLAS` its ratio.
+a default; NaN where `ws` runs no FOLD) and `tall/cuBLAS` its ratio, and `128 S=1` the
+128 x 128 tile unsplit where `ws` folds (other bits: the fold's cost against the tile's).
 The decode and 64 x 128 tile flags are on by default since 2026-11-28, so at M <= 64 `ws`
 is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
 times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
@@ -105,6 +106,14 @@ def ws_narrow(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
         return gemm_sm90(x, packed, out_f32=out_f32, out=out)
     if plan.splits > 1:  # the narrow FOLD is a route of its own
         return gemm_sm90(x, packed, out_f32=out_f32, out=out, route="ws_fold")
+    return ws_whole_128(x, packed, out, out_f32)
+
+
+def ws_whole_128(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
+    """The 128 x 128 WS tile unsplit (WHOLE) at any M, a split weight too (other bits than
+    its FOLD's): beside `ws` (WS's FOLD) and `ws S=1` (the wide WHOLE) it tells whether a
+    split weight's large-M cost is the fold or the tile (`--tall`'s `128 S=1` column)."""
+    m, n, k = x.shape[0], packed.num_cols, packed.k
     # WHOLE on WS: no route names it past one m tile, so launched here
     args = (x, packed.data, out, np.int32(m), np.int32(n), np.int32(k))
     grid = gemm_sm90_plan.grid(WS, m, n)
@@ -177,6 +186,7 @@ def timings(
         "ws_cluster": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, cluster=True),
         "ws_csplit": forced(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_tall_fold": lambda p: ws_tall_fold(p[0], p[2], out, out_f32),
+        "ws_128_unsplit": lambda p: ws_whole_128(p[0], p[2], out, out_f32),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
@@ -194,7 +204,7 @@ def timings(
     if not csplit or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
         del fns["ws_csplit"]
     if not tall or not launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel.endswith("_fold"):
-        del fns["ws_tall_fold"]
+        del fns["ws_tall_fold"], fns["ws_128_unsplit"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
     for key in [key for key in fns if key != "cublas"]:
@@ -225,7 +235,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'tall':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'tall':>8} {'128 S=1':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'c2/cuBLAS':>9} {'tall/cuBLAS':>11} {'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
@@ -248,6 +258,7 @@ def main() -> None:
                   f"{t.get('ws_cluster', float('nan')):8.1f} "
                   f"{t.get('ws_csplit', float('nan')):8.1f} "
                   f"{t.get('ws_tall_fold', float('nan')):8.1f} "
+                  f"{t.get('ws_128_unsplit', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} "
                   f"{t.get('ws_tall_fold', float('nan')) / t['cublas']:11.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip
