@@ -213,7 +213,7 @@ def test_every_flag_the_gpu_followup_sets_exists() -> None:
     import importlib
 
     script = (Path(__file__).parents[1] / "scripts" / "gpu_followup.sh").read_text()
-    groups = re.findall(r"^flag_part \S+ \d+ '?([^\s']+)'?", script, re.MULTILINE)
+    groups = re.findall(r"^\s*flag_part \S+ \d+ '?([^\s']+)'?", script, re.MULTILINE)
     assert len(groups) > 5 and any("!" in g for g in groups)
     for group in groups:
         for flag in group.split(","):
