@@ -24,6 +24,7 @@ from reprise.cuda.gemm_sm90_plan import (
     WS,
     WS_DECODE,
     WS_M64,
+    WS_TALL,
     WS_WIDE,
     Sm90WsConfig,
 )
@@ -121,6 +122,24 @@ def test_every_entry_point_fits_one_cta_an_sm_without_spills(cubin: bytes) -> No
         shared = used.shared_bytes + config.smem_bytes
         least = 2 if config in (WS_DECODE, WS_M64) else 1  # the decode tiles' point: 2 an SM
         assert ctas_per_sm(config.num_threads, used.registers, shared) >= least, (name, used)
+
+
+def test_the_register_movers_are_allocated_their_whole_entry_cap(cubin: bytes) -> None:
+    """The entry points whose producer gives registers to its consumers (setmaxnreg: the
+    wide FOLD, every tall-tile one) are allocated exactly their launch bounds' cap (65,536
+    over the threads, to a multiple of 8): setmaxnreg.inc waits until the CTA's pool, the
+    registers it was launched with, holds the consumers' budget, which the kernel sizes
+    from that cap (gemm_sm90.cu's Sm90WsTile); fewer would hang every launch."""
+    resources = nvrtc.kernel_resources(cubin)
+    movers = {name: c for name, c in (
+        *((f"{WS_WIDE.kernel_name(f32)}_fold", WS_WIDE) for f32 in (False, True)),
+        *((f"{WS_TALL.kernel_name(f32)}_fold", WS_TALL) for f32 in (False, True)),
+        (f"{WS_TALL.kernel_name(False, gated=True)}_fold", WS_TALL),
+    )}  # fmt: skip
+    assert len(movers) == 5
+    for name, config in movers.items():
+        cap = 65536 // config.num_threads // 8 * 8
+        assert resources[name].registers == cap, (name, resources[name].registers, cap)
 
 
 def cuda_tool(name: str) -> Path | None:
