@@ -31,7 +31,11 @@ tile's splits one cluster, folded through its shared memory; NaN where `ws` runs
 PARTIAL route); with `--tall`, `tall` the tall FOLD forced (route "tall_fold": three
 consumers of 64 x 128 folding in registers, gemm_sm90_plan.TALL_FOLD_BY_DEFAULT, not yet
 a default; NaN where `ws` runs no FOLD) and `tall/cuBLAS` its ratio, and `128 S=1` the
-128 x 128 tile unsplit where `ws` folds (other bits: the fold's cost against the tile's).
+128 x 128 tile unsplit where `ws` folds (other bits: the fold's cost against the tile's);
+with `--ablate`, two timings of `ws`'s launch with a part left out (gemm_sm90_kernel.ABLATE:
+wrong output, so not in the error check): `notail` PARTIAL's fence, count and fold (NaN
+where `ws` runs no PARTIAL), `nomma` every MMA (the weight stream alone: against the copy
+floor, what the ring delivers).
 The decode and 64 x 128 tile flags are on by default since 2026-11-28, so at M <= 64 `ws`
 is already one of these two and the columns repeat it; `bash scripts/gpu_followup.sh`
 times WS alone end to end (`ws_only_e2e`); `mma` gemm.cu (the default off sm_90) and `mma pad` (M <= 256)
@@ -75,6 +79,7 @@ SHAPES = {
     "lm_head": (128256, 4096, True),
 }
 L2_BYTES = 50 * 2**20
+ABLATIONS = ("ws_notail", "ws_nomma")  # timed only: their output is wrong by construction
 CUBLAS_TARGET = 1.25  # issue 18: ws / cuBLAS at M >= 512
 
 
@@ -150,7 +155,7 @@ def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]
 def timings(
     m: int, n: int, k: int, out_f32: bool, iters: int, wide_fold: bool = False,
     decode_tile: bool = False, m64_tile: bool = False, cluster: bool = False,
-    csplit: bool = False, tall: bool = False,
+    csplit: bool = False, tall: bool = False, ablate: bool = False,
 ) -> tuple[dict[str, float], float]:  # fmt: skip
     """Each path's time (us) for one shape, and the largest relative error among them."""
     import cupy
@@ -166,7 +171,7 @@ def timings(
     out = cupy.empty((m, n), np.float32 if out_f32 else np.uint16)
     torch_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
-    def forced(module: Any, setting: str, value: bool, fn: Callable[..., Any], weight: int):
+    def forced(module: Any, setting: str, value: Any, fn: Callable[..., Any], weight: int):
         """fn on the pair's x and weight (index 1 plain, 2 packed) with module.setting =
         value meanwhile (with_setting)."""
         return lambda p: with_setting(
@@ -187,6 +192,8 @@ def timings(
         "ws_csplit": forced(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_tall_fold": lambda p: ws_tall_fold(p[0], p[2], out, out_f32),
         "ws_128_unsplit": lambda p: ws_whole_128(p[0], p[2], out, out_f32),
+        "ws_notail": forced(gemm_sm90_kernel, "ABLATE", 1, gemm_sm90, 2),
+        "ws_nomma": forced(gemm_sm90_kernel, "ABLATE", 2, gemm_sm90, 2),
         "mma": lambda p: gemm(p[0], p[1], out_f32=out_f32, out=out),
         "mma_pad": forced(gemm_kernel, "PAD_ONCE", False, gemm, 1),
         "cublas": lambda p: torch.mm(as_torch(p[0]), as_torch(p[1]).t(), out=torch_out),
@@ -205,9 +212,13 @@ def timings(
         del fns["ws_csplit"]
     if not tall or not launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel.endswith("_fold"):
         del fns["ws_tall_fold"], fns["ws_128_unsplit"]
+    if not ablate or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
+        del fns["ws_notail"]  # the tail's ablation: PARTIAL's alone
+    if not ablate:
+        del fns["ws_nomma"]
     ref = fns["cublas"](pairs[0]).float()
     errs = []
-    for key in [key for key in fns if key != "cublas"]:
+    for key in [key for key in fns if key != "cublas" and key not in ABLATIONS]:
         got = fns[key](pairs[0])
         got = torch.as_tensor(got, device="cuda") if out_f32 else as_torch(got)
         errs.append(float((got.float() - ref).abs().max() / ref.abs().max()))
@@ -231,11 +242,13 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true", help="time the cluster entry points too")
     parser.add_argument("--csplit", action="store_true", help="time the cluster split too")
     parser.add_argument("--tall", action="store_true", help="time the tall FOLD too")
+    parser.add_argument("--ablate", action="store_true",
+                        help="time the ws kernel without its split tail and without its MMAs too")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"{'shape':8} {'M':>5} {'S':>2} {'ws route':16} {'sm90':>8} {'ws':>8} {'ws S=1':>8} "
-          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'tall':>8} {'128 S=1':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
+          f"{'ws nosw':>8} {'ws 128':>8} {'ws pad':>8} {'wfold':>8} {'dec':>8} {'m64':>8} {'c2':>8} {'csplit':>8} {'tall':>8} {'128 S=1':>8} {'notail':>8} {'nomma':>8} {'mma':>8} {'mma pad':>8} {'cuBLAS':>8} {'ws/mma':>7} {'ws/cuBLAS':>9} "
           f"{'c2/cuBLAS':>9} {'tall/cuBLAS':>11} {'S gain':>7} {'err':>7}")  # fmt: skip
     verdict: dict[str, bool] = {}
     for name in args.shapes.split(","):
@@ -243,7 +256,8 @@ def main() -> None:
         flip = True
         for m in rows:
             t, err = timings(m, n, k, out_f32, args.iters, args.wide_fold, args.decode_tile,
-                             args.m64_tile, args.cluster, args.csplit, args.tall)  # fmt: skip
+                             args.m64_tile, args.cluster, args.csplit, args.tall,
+                             args.ablate)  # fmt: skip
             route = launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel
             route = route.removeprefix("gemm_sm90_")
             ws_mma, ws_cublas = t["ws"] / t["mma"], t["ws"] / t["cublas"]
@@ -259,6 +273,8 @@ def main() -> None:
                   f"{t.get('ws_csplit', float('nan')):8.1f} "
                   f"{t.get('ws_tall_fold', float('nan')):8.1f} "
                   f"{t.get('ws_128_unsplit', float('nan')):8.1f} "
+                  f"{t.get('ws_notail', float('nan')):8.1f} "
+                  f"{t.get('ws_nomma', float('nan')):8.1f} "
                   f"{t['mma']:8.1f} {t.get('mma_pad', float('nan')):8.1f} {t['cublas']:8.1f} {ws_mma:7.2f} {ws_cublas:9.2f} "
                   f"{t.get('ws_cluster', float('nan')) / t['cublas']:9.2f} "
                   f"{t.get('ws_tall_fold', float('nan')) / t['cublas']:11.2f} {gain:7.2f} {err:7.1e}")  # fmt: skip

@@ -598,6 +598,15 @@ constexpr bool kMovesRegisters = T::PRODUCER_REGS > 0 && (MODE == Split::FOLD_WS
 #ifndef REPRISE_WS_PAD_ONCE
 #define REPRISE_WS_PAD_ONCE 1
 #endif
+// Ablations of the warp-specialized kernel, built for bench_gemm_sm90's timing columns
+// alone (`--ablate`: gemm_sm90_kernel.ABLATE; nothing else builds them): WRONG OUTPUT, a
+// measure of what a part of a launch costs by its absence. 0, the default: none. 1: a
+// PARTIAL CTA returns once its partial is stored (no fence, count or fold, no output: the
+// split's tail). 2: the consumers issue no MMA (the stages still come and go through the
+// ring, the output is zeros: the weight stream alone).
+#ifndef REPRISE_GEMM_ABLATE
+#define REPRISE_GEMM_ABLATE 0
+#endif
 
 // Byte offset, within a tile, of row r's 16-byte chunk j.
 __device__ __forceinline__ unsigned ws_chunk_offset(int r, int j) {
@@ -1007,7 +1016,8 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
         for (int ks = 0; ks < T::BK / 16; ++ks) {
 #pragma unroll
           for (int j = 0; j < T::N_SUB; ++j)
-            wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
+            if (REPRISE_GEMM_ABLATE != 2)  // the weight stream's ablation: no MMA
+              wgmma_m64n128k16(acc[j], ws_desc(a_base, ks), ws_desc(b_base + j * 128 * T::ROW_BYTES, ks));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the MMAs of tile t - 1 are retired: release its stage
@@ -1039,9 +1049,11 @@ __device__ __forceinline__ void gemm_sm90_ws_tile(const unsigned short* __restri
   }
   // PARTIAL: all 3 warpgroups count the CTA in and, in the last, fold. The flag word is
   // the first stage's, which no copy or MMA touches any more.
-  if constexpr (MODE == Split::PARTIAL)
+  if constexpr (MODE == Split::PARTIAL) {
+    if (REPRISE_GEMM_ABLATE == 1) return;  // the tail's ablation: the partial stored, nothing folded
     fold_split_partials<T::BM, T::BN, T::THREADS>(y, out, counters, M, N, K, split_len, range.m_tile,
-                     static_cast<int>(blockIdx.y), reinterpret_cast<unsigned*>(smem));
+                                                  static_cast<int>(blockIdx.y), reinterpret_cast<unsigned*>(smem));
+  }
   // A row epilogue: every CTA that wrote a tile of the output (WHOLE: each; PARTIAL: the
   // tile's folding CTA, whose flag word is still set) counts in; the last runs it.
   if constexpr (EPI != RowEpi::NONE) {

@@ -194,6 +194,10 @@ WGMMA_BY_DEFAULT = True
 # same-run baseline, zero-filled every k-tile by the producer and computed by every
 # consumer (False). The same bits either way (tests/test_gemm_sm90.py).
 PAD_ONCE = True
+# The warp-specialized kernel's ablation build (gemm_sm90.cu's REPRISE_GEMM_ABLATE), set by
+# bench_gemm_sm90's `--ablate` columns alone: 0, the kernel as it is; 1 PARTIAL's tail left
+# out, 2 the MMAs left out. WRONG OUTPUT but for 0: a measure of a part by its absence.
+ABLATE = 0
 
 
 def gemm_family(device_arch: str | int, n: int, k: int, requested: str | None = None) -> str:
@@ -270,7 +274,7 @@ def gemm_sm90(
     else:
         args = (x, weight, out, *dims)
     swizzled = w.swizzled if packed else True
-    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), swizzled, PAD_ONCE)
+    fn = _kernel(plan.kernel, plan.smem_bytes, _device_id(), swizzled, PAD_ONCE, ABLATE)
     # the cluster split's clusters are a launch attribute; the _c2 entry points declare
     # theirs themselves (__cluster_dims__), so they launch as any kernel
     attribute = plan.cluster if plan.kernel.endswith("_csplit") else 1
@@ -445,32 +449,36 @@ def _num_sms() -> int:
 
 
 @functools.cache
-def _cubin_path(swizzle: bool = True, pad_once: bool = True) -> Path:
+def _cubin_path(swizzle: bool = True, pad_once: bool = True, ablate: int = 0) -> Path:
     """gemm_sm90.cu compiled for sm_90a, once per layout (REPRISE_WS_SWIZZLE, which the
-    packed weight's layout must match) and padding (REPRISE_WS_PAD_ONCE), in a file CuPy
-    can load: nvrtc.cubin_file's, kept on disk for later processes."""
+    packed weight's layout must match), padding (REPRISE_WS_PAD_ONCE) and ablation
+    (REPRISE_GEMM_ABLATE, ABLATE: the benchmark's alone), in a file CuPy can load:
+    nvrtc.cubin_file's, kept on disk for later processes."""
     source = (
         f"#define REPRISE_WS_SWIZZLE {int(swizzle)}\n#define REPRISE_WS_PAD_ONCE {int(pad_once)}\n"
+        + (f"#define REPRISE_GEMM_ABLATE {int(ablate)}\n" if ablate else "")
         + nvrtc.kernel_source(SOURCE)
     )
     return nvrtc.cubin_file(source, SOURCE.name, ARCH)
 
 
 @functools.cache
-def _module(device_id: int, swizzle: bool = True, pad_once: bool = True) -> Any:
+def _module(device_id: int, swizzle: bool = True, pad_once: bool = True, ablate: int = 0) -> Any:
     import cupy
 
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(path=str(_cubin_path(swizzle, pad_once)))
+        return cupy.RawModule(path=str(_cubin_path(swizzle, pad_once, ablate)))
 
 
 @functools.cache
 def _kernel(
-    name: str, smem_bytes: int, device_id: int, swizzle: bool = True, pad_once: bool = True
-) -> Any:
+    name: str, smem_bytes: int, device_id: int, swizzle: bool = True, pad_once: bool = True,
+    ablate: int = 0,
+) -> Any:  # fmt: skip
     """The entry point, with its shared-memory opt-in set on this device (all configs
     need more than the default 48 KB); `swizzle` the ws kernels' stage layout (that of
-    the packed weight they take), `pad_once` their rows past M (PAD_ONCE)."""
-    fn = _module(device_id, swizzle, pad_once).get_function(name)
+    the packed weight they take), `pad_once` their rows past M (PAD_ONCE), `ablate` the
+    benchmark's ablation build (ABLATE; 0 for every other launch)."""
+    fn = _module(device_id, swizzle, pad_once, ablate).get_function(name)
     fn.max_dynamic_shared_size_bytes = smem_bytes
     return fn

@@ -82,6 +82,13 @@ tall_ok && tall=(--tall)
 part sm90 120 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
   --csplit "${tall[@]}" --out "$OUT/gemm_sm90.json"
 cut -c1-215 "$OUT/sm90.out" | tail -26
+# the decode GEMMs (M = 1 and 64) with a part of the launch left out (timing only, wrong
+# output: gemm_sm90_kernel.ABLATE, two more builds of gemm_sm90.cu, ~30 s each to compile):
+# PARTIAL's tail, and every MMA (the weight stream alone): where qkv, o and down lose the
+# 8B decode step's ~0.65 ms over their copy floors
+part sm90_ablate 150 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64 \
+  --shapes qkv,o,down,gate_up --ablate --out "$OUT/gemm_sm90_ablate.json"
+cut -c1-215 "$OUT/sm90_ablate.out" | tail -10
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -sE "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120

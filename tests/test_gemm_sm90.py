@@ -505,8 +505,9 @@ def test_the_launcher_launches_what_the_kernels_take(
     launches: list[str] = []
 
     def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
-                    pad_once: bool) -> Any:  # fmt: skip
+                    pad_once: bool, ablate: int = 0) -> Any:  # fmt: skip
         assert swizzle, "prepare_weight's default layout, which the emulation is built for"
+        assert ablate == 0, "the kernel as it is: an ablation build is the benchmark's alone"
         assert pad_once, "the default build (PAD_ONCE), which the emulation is built for"
 
         def launch(
@@ -846,6 +847,34 @@ def test_split_routes_fold_the_partials_of_fixed_k_ranges(
             assert np.array_equal(bits(got16), bits(to_bf16(want[rows]))), (route, m, start)
         check_twin(got, xs, w, out_f32=True)
         check_twin(got16, xs, w, out_f32=False)
+
+
+@pytest.mark.parametrize("ablate", [1, 2], ids=["notail", "nomma"])
+def test_the_ablation_builds_leave_out_what_their_columns_say(
+    tmp_path_factory: pytest.TempPathFactory, lib: ctypes.CDLL, rng: np.random.Generator,
+    ablate: int,
+) -> None:  # fmt: skip
+    """bench_gemm_sm90's timing-only builds (REPRISE_GEMM_ABLATE, gemm_sm90_kernel.ABLATE):
+    1 leaves a split weight's output at M = 7 unwritten on the PARTIAL routes (the
+    partials stored, no fold: every element still poisoned), 2 writes zeros everywhere on
+    the PARTIAL and FOLD routes (no MMA ran, every stage still went through the ring: the
+    launch ends, nothing left in flight); the default build writes the fold reference."""
+    built = build_driver(tmp_path_factory, f"-DREPRISE_GEMM_ABLATE={ablate}")
+    x, w = operands(rng, 300, 272, 1024)
+    want = fold_reference(lib, x, w)
+    cases = [(7, "ws_split"), (7, "decode_split"), (7, "m64_split")]
+    if ablate == 2:
+        cases += [(300, "ws_fold"), (300, "tall_fold")]
+    for m, route in cases:
+        xs = np.ascontiguousarray(x[:m])
+        plan = launch_plan(m, 272, 1024, out_f32=True, packed=True, route=route)
+        got = emulated_plan(built, plan, xs, w, out_f32=True)
+        if ablate == 1:
+            assert np.array_equal(bits(got), bits(poisoned((m, 272), F32))), route
+        else:
+            assert np.array_equal(bits(got), bits(np.zeros((m, 272), F32))), route
+        default = emulated_plan(lib, plan, xs, w, out_f32=True)
+        assert np.array_equal(bits(default), bits(want[:m])), route
 
 
 def test_split_rows_do_not_depend_on_the_order_ctas_finish(
@@ -1463,7 +1492,9 @@ def emulation_kernels(lib: ctypes.CDLL, launches: list[str]) -> Any:
     ws tiles' WHOLE, PARTIAL and row-epilogue entry points), each name recorded."""
 
     def fake_kernel(name: str, smem_bytes: int, device_id: int, swizzle: bool,
-                    pad_once: bool) -> Any:  # fmt: skip
+                    pad_once: bool, ablate: int = 0) -> Any:  # fmt: skip
+        assert ablate == 0, "the kernel as it is: an ablation build is the benchmark's alone"
+
         def launch(grid_xy: tuple[int, int], block: tuple[int], args: tuple, *,
                    shared_mem: int) -> None:  # fmt: skip
             launches.append(name)
