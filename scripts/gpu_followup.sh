@@ -24,6 +24,9 @@
 # (issue 18's 1.3x the weights-read floor); last, the engine with the shared page in
 # attention (8B and the default model). (2026-11-28's end-to-end comparison of the
 # decode tiles with WS is left out.)
+# Since 2026-12-02 also: the tall FOLD's bit test, its column in the sm90 part and the 8B
+# prefill with it on (tall_test, tall_e2e), and the decode GEMMs with a part of the launch
+# left out (sm90_ablate; attention's two ablations are rows of the attention part).
 # Everything lands in ${OUT:-gpu-results}/results-followup.tgz.
 #   bash scripts/gpu_followup.sh
 set -uo pipefail
