@@ -582,9 +582,10 @@ def test_the_launcher_launches_what_the_kernels_take(
     monkeypatch.setattr(launcher, "_num_sms", lambda: 132)
     # a weight that splits (S = 4): the PARTIAL routes at M <= BM, FOLD past it
     routes_run = [(WG1, "split"), (WG2, "fold"), (WS, "split"), (WS, "fold"), (WS_WIDE, "fold"),
-                  (WS_DECODE, "split")]  # fmt: skip
+                  (WS_DECODE, "split"), (WS_TALL, "fold")]  # fmt: skip
     launches.clear()
-    for m, route in ((1, None), (70, None), (130, None), (130, "wide_fold"), (7, "decode_split")):
+    for m, route in ((1, None), (70, None), (130, None), (130, "wide_fold"), (7, "decode_split"),
+                     (200, "tall_fold")):  # fmt: skip
         x, w = operands(rng, m, 272, 1024)
         assert split_k(272, 1024) == 4
         x_bits, w_bits = x.view(np.uint16), w.view(np.uint16)
