@@ -80,18 +80,28 @@ tall_ok() {
 }
 tall=()
 tall_ok && tall=(--tall)
-# (the cluster column, `--cluster`, is left out since 2026-11-30 settled it: it took 97 s of
-# this part's 100 with it)
-part sm90 120 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64,512,2048 \
-  --csplit "${tall[@]}" --out "$OUT/gemm_sm90.json"
-cut -c1-215 "$OUT/sm90.out" | tail -26
-# the decode GEMMs (M = 1 and 64) with a part of the launch left out (timing only, wrong
-# output: gemm_sm90_kernel.ABLATE, two more builds of gemm_sm90.cu, ~30 s each to compile):
-# PARTIAL's tail, and every MMA (the weight stream alone): where qkv, o and down lose the
-# 8B decode step's ~0.65 ms over their copy floors
-part sm90_ablate 150 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64 \
-  --shapes qkv,o,down,gate_up --ablate --out "$OUT/gemm_sm90_ablate.json"
-cut -c1-215 "$OUT/sm90_ablate.out" | tail -10
+# (M = 512 and 2,048, issue 18's rows against cuBLAS; M = 1 and 64 are sm90_ablate's. The
+# cluster and cluster-split columns are left out: 2026-11-30 and 2026-12-01 settled them, and
+# the part took 97 s of its 100 with them and the small rows)
+part sm90 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 512,2048 \
+  "${tall[@]}" --out "$OUT/gemm_sm90.json"
+cut -c1-215 "$OUT/sm90.out" | tail -16
+# the engine with the tall FOLD on (TALL_FOLD_BY_DEFAULT in the process: three consumers of
+# 64 x 128 folding in registers, for the split projections of M = 2,048: qkv, o and down),
+# beside the e2e part's rows: 8B prefill and against the cuBLAS engine (issue 18's
+# invariant / cuBLAS prefill <= 1.25; the sm90 part's `tall` column for the GEMMs alone)
+if tall_ok; then
+  flag_part tall_e2e 60 TALL_FOLD_BY_DEFAULT --sections floors,prefill,cublas --batches 1 --out "$OUT/gpu_e2e_tall.json"
+else
+  echo "== tall_e2e: skipped (tall_test did not pass)"
+fi
+grep -sE "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
+  "$OUT/tall_e2e.out" | cut -c1-150 | head -24
+# 8B decode b=1 and b=64 with asynchronous scheduling (async_default below: the default
+# model's), beside the e2e part's rows (issue 18's 1.3x the floor)
+part async_e2e 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
+  --sections floors,decode --async-scheduling --out "$OUT/gpu_e2e_async.json"
+grep -sE "^(decode|target: decode)|failed|Error" "$OUT/async_e2e.out" | cut -c1-150
 part e2e 90 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
   --sections floors,decode,prefill,ttft,kernels,disk,cublas --out "$OUT/gpu_e2e.json"
 grep -sE "^(decode|prefill|ttft|invariant|target|profile)|failed|Error" "$OUT/e2e.out" | cut -c1-120
@@ -100,6 +110,13 @@ part e2e_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like s
   --sections decode,ttft,kernels --batches 1 --out "$OUT/gpu_e2e_default.json"
 grep -sE "^(decode|ttft|target|profile)|failed|Error" "$OUT/e2e_default.out" | cut -c1-120
 grep -sE "^kernels .*(span|idle)" "$OUT/e2e_default.out" | cut -c1-160
+# asynchronous scheduling (EngineConfig.async_scheduling: the next decode step launched
+# before this one's tokens are read back, so the host's part of a step runs while the
+# device works), beside e2e_default: the default model's decode b=1 (issue 18's 1,500
+# tok/s; the host was 13 % of its step) and b=64
+part async_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
+  --sections decode --batches 1,64 --async-scheduling --out "$OUT/gpu_e2e_async_default.json"
+grep -sE "^(decode|target)|failed|Error" "$OUT/async_default.out" | cut -c1-150
 # the same with PDL off (REPRISE_PDL=0), beside the default above (`graphs`: the kernels
 # captured in the decode graphs launched as programmatic dependents): a 135M model's step
 # is ~270 small kernels, where launch gaps weigh most
@@ -125,6 +142,30 @@ part attention 100 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_kernels.py \
   --sections floors,gemm,attention,hosttier --models llama-3.1-8b --out "$OUT/gpu_kernels.json"
 grep -sE "^llama-3.1-8b (qkv|o|gate_up|down|lm_head) +M=1 |paged attn|hosttier|^llama-3.1-8b +(offload|onboard|overlap)|Error" \
   "$OUT/attention.out" | cut -c1-170
+part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
+  --shape 8b --blocks 128 --repeat 3 --read-threads 16
+grep -sE "blocks of|^(read|ahead|into|ring) " "$OUT/disk_read_16.out"
+# last, since the wide FOLD's first version hung: the forced-tile tests (the wide FOLD; the
+# decode and 64 x 128 tiles against WS) and the gated (SwiGLU) epilogue's, kernel and engine
+# (the engine test's model: the synthetic stand-in gpu_check.sh makes where the default
+# model cannot be fetched; that script's export does not reach this one)
+model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
+[ -f "$model/config.json" ] || "$py" -c "from reprise.daemon.model.synth import synth_model
+synth_model('smollm2-135m', '$model')"
+# the engine's own host time per step on this machine's CPU, with a backend that does no
+# math (the cached 4k prompt's step was 0.35 ms of host time on the CPU machines here;
+# the GPU's cached first token spends 1.2 ms beside its graph): how much of that gap is
+# the engine's Python on a slower host and how much the CuPy side
+part host_step 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_host_step.py --model "$model" \
+  --out "$OUT/host_step.json"
+grep -sE "ms of host time|on the engine loop" "$OUT/host_step.out"
+# the decode GEMMs (M = 1 and 64) with a part of the launch left out (timing only, wrong
+# output: gemm_sm90_kernel.ABLATE, two more builds of gemm_sm90.cu, ~30 s each to compile):
+# PARTIAL's tail, and every MMA (the weight stream alone): where qkv, o and down lose the
+# 8B decode step's ~0.65 ms over their copy floors
+part sm90_ablate 150 env PYTHONUNBUFFERED=1 "$py" bench/bench_gemm_sm90.py --rows 1,64 \
+  --shapes qkv,o,down,gate_up --ablate --out "$OUT/gemm_sm90_ablate.json"
+cut -c1-215 "$OUT/sm90_ablate.out" | tail -10
 # Nsight Compute over one batch-1 decode step's first 12 kernels (the embedding and the
 # first layer: every kernel a layer runs, the RMSNorm in registers among them), each alone:
 # DRAM and SM throughput, waves, occupancy, why warps stall (bench/bench_ncu_step.py; where
@@ -143,23 +184,6 @@ if [ -n "$ncu_bin" ]; then
     cut -c1-190 "$OUT/ncu_decode.txt"
   fi
 fi
-part disk_read_16 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_disk_tier.py \
-  --shape 8b --blocks 128 --repeat 3 --read-threads 16
-grep -sE "blocks of|^(read|ahead|into|ring) " "$OUT/disk_read_16.out"
-# last, since the wide FOLD's first version hung: the forced-tile tests (the wide FOLD; the
-# decode and 64 x 128 tiles against WS) and the gated (SwiGLU) epilogue's, kernel and engine
-# (the engine test's model: the synthetic stand-in gpu_check.sh makes where the default
-# model cannot be fetched; that script's export does not reach this one)
-model=${REPRISE_TEST_MODEL_DIR:-/tmp/reprise-smollm2-135m-synth}
-[ -f "$model/config.json" ] || "$py" -c "from reprise.daemon.model.synth import synth_model
-synth_model('smollm2-135m', '$model')"
-# the engine's own host time per step on this machine's CPU, with a backend that does no
-# math (the cached 4k prompt's step was 0.35 ms of host time on the CPU machines here;
-# the GPU's cached first token spends 1.2 ms beside its graph): how much of that gap is
-# the engine's Python on a slower host and how much the CuPy side
-part host_step 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_host_step.py --model "$model" \
-  --out "$OUT/host_step.json"
-grep -sE "ms of host time|on the engine loop" "$OUT/host_step.out"
 part pending_test 150 env PYTHONUNBUFFERED=1 REPRISE_TEST_MODEL_DIR="$model" "$py" -m pytest \
   -m gpu -p no:cacheprovider -ra tests/test_gemm_sm90_pending_gpu.py
 grep -sE "^(FAILED|ERROR)|passed|failed" "$OUT/pending_test.out" | tail -5
@@ -176,17 +200,6 @@ grep -sE "^(decode|prefill|invariant|target: (decode|prefill|invariant))|failed|
 flag_part cluster_e2e 60 CLUSTER_BY_DEFAULT --sections floors,prefill,cublas --batches 1 --out "$OUT/gpu_e2e_cluster.json"
 grep -sE "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
   "$OUT/cluster_e2e.out" | cut -c1-150 | head -24
-# the engine with the tall FOLD on (TALL_FOLD_BY_DEFAULT in the process: three consumers of
-# 64 x 128 folding in registers, for the split projections of M = 2,048: qkv, o and down),
-# beside the e2e part's rows: 8B prefill and against the cuBLAS engine (issue 18's
-# invariant / cuBLAS prefill <= 1.25; the sm90 part's `tall` column for the GEMMs alone)
-if tall_ok; then
-  flag_part tall_e2e 60 TALL_FOLD_BY_DEFAULT --sections floors,prefill,cublas --batches 1 --out "$OUT/gpu_e2e_tall.json"
-else
-  echo "== tall_e2e: skipped (tall_test did not pass)"
-fi
-grep -sE "^(prefill|invariant|target: (prefill|invariant))|failed|Error" \
-  "$OUT/tall_e2e.out" | cut -c1-150 | head -24
 # the default model with each of 2026-12-01's two new defaults taken away (the cluster
 # split: CSPLIT_BY_DEFAULT off, each split projection of a decode step PARTIAL's workspace,
 # fence and counter again; the gated epilogue: GATED_BY_DEFAULT off), beside e2e_default,
@@ -206,16 +219,6 @@ flag_part fused_default 30 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --l
 grep -sE "^(decode|ttft|target)|^kernels .*(span|idle)|failed|Error" "$OUT/fused_default.out" | cut -c1-150
 # the row epilogues on at 8B shapes (with the defaults: the gated MLP; the cluster split
 # keeps to small weights), beside the e2e part's rows: issue 18's decode b=1 at 1.3x the
-# asynchronous scheduling (EngineConfig.async_scheduling: the next decode step launched
-# before this one's tokens are read back, so the host's part of a step runs while the
-# device works), beside e2e_default and e2e: the default model's decode b=1 (issue 18's
-# 1,500 tok/s; the host was 13 % of its step) and 8B's decode b=1 and b=64 (1.3x the floor)
-part async_default 30 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py --like smollm2-135m \
-  --sections decode --batches 1,64 --async-scheduling --out "$OUT/gpu_e2e_async_default.json"
-grep -sE "^(decode|target)|failed|Error" "$OUT/async_default.out" | cut -c1-150
-part async_e2e 60 env PYTHONUNBUFFERED=1 "$py" bench/bench_gpu_e2e.py \
-  --sections floors,decode --async-scheduling --out "$OUT/gpu_e2e_async.json"
-grep -sE "^(decode|target: decode)|failed|Error" "$OUT/async_e2e.out" | cut -c1-150
 # weights-read floor
 flag_part fused_e2e 60 NORM_EPILOGUE_BY_DEFAULT,ROPE_EPILOGUE_BY_DEFAULT --sections floors,decode,kernels --batches 1 --out "$OUT/gpu_e2e_fused.json"
 grep -sE "^(decode|target: decode)|^kernels decode b=1 ctx=512 graphs|failed|Error" \
