@@ -225,7 +225,7 @@ WIDE_FOLD_BY_DEFAULT = False
 # one m tile where `tall_fold` says it reads less from L2 than WS. Why: the 8B prefill's
 # split projections (qkv, o, down at M = 2,048) run WS's 128 x 128 FOLD at 1.85-1.92x
 # cuBLAS (H200, 2026-11-30), where the wide tile, which cannot fold in registers, runs
-# their unsplit products 25-30 % faster; the tall tile folds in registers on 25 % more
+# their unsplit products 25-30 % faster; the tall tile folds in registers on a fifth more
 # outputs a k-tile's bytes than WS. The same wgmma per element in the same order, so the
 # same bits (emulated: tests/test_gemm_sm90.py). Off until a GPU has timed it
 # (bench_gemm_sm90's `tall` column, gpu_followup's `tall_e2e` part).
