@@ -902,6 +902,32 @@ def test_split_rows_do_not_depend_on_the_order_ctas_finish(
             assert np.array_equal(bits(got), bits(first)), (route, schedule)
 
 
+def test_the_tall_fold_keeps_its_bits_however_its_warps_take_turns(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """The tall FOLD's ring (one producer, three consumers counted on each stage's empty
+    barrier; the third idle in the last m tile at M = 300) under a warp at a time, first
+    to last and last to first (a warp running ahead of the others as a GPU may), and its
+    CTAs in reverse: the fold reference's bits every time, BF16 and fp32."""
+    m, n, k = 300, 272, 1024
+    x, w = operands(rng, m, n, k)
+    want = fold_reference(lib, x, w)
+    for out_f32 in (True, False):
+        plan = launch_plan(m, n, k, out_f32=out_f32, packed=True, route="tall_fold")
+        expected = want if out_f32 else to_bf16(want)
+        count = plan.grid[0] * plan.grid[1]
+        for schedule in (0, 1, 2):
+            lib.set_warp_major(schedule)
+            try:
+                got = emulated_plan(lib, plan, x, w, out_f32=out_f32)
+                backwards = emulated_plan(lib, plan, x, w, out_f32=out_f32,
+                                          order=np.arange(count)[::-1])  # fmt: skip
+            finally:
+                lib.set_warp_major(0)
+            assert np.array_equal(bits(got), bits(expected)), (out_f32, schedule)
+            assert np.array_equal(bits(backwards), bits(expected)), (out_f32, schedule)
+
+
 def test_split_routes_take_unaligned_operands_and_odd_slabs(
     lib: ctypes.CDLL, rng: np.random.Generator
 ) -> None:
