@@ -137,11 +137,6 @@ def ws_wide_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
     return gemm_sm90(x, packed, out_f32=out_f32, out=out, route=route)
 
 
-def ws_tall_fold(x: Any, packed: Any, out: Any, out_f32: bool) -> Any:
-    """The tall FOLD forced where `ws` runs a FOLD (a split weight past one m tile)."""
-    return gemm_sm90(x, packed, out_f32=out_f32, out=out, route="tall_fold")
-
-
 def with_setting(module: Any, setting: str, value: bool, call: Callable[[], Any]) -> Any:
     """call() with `module.setting` = value meanwhile: a tile not yet a default forced on
     (gemm_sm90_plan's DECODE_TILE_BY_DEFAULT, M64_TILE_BY_DEFAULT), or the kernels built
@@ -190,7 +185,7 @@ def timings(
         "ws_m64_tile": forced(gemm_sm90_plan, "M64_TILE_BY_DEFAULT", True, gemm_sm90, 2),
         "ws_cluster": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, cluster=True),
         "ws_csplit": forced(gemm_sm90_plan, "CSPLIT_BY_DEFAULT", True, gemm_sm90, 2),
-        "ws_tall_fold": lambda p: ws_tall_fold(p[0], p[2], out, out_f32),
+        "ws_tall_fold": lambda p: gemm_sm90(p[0], p[2], out_f32=out_f32, out=out, route="tall_fold"),
         "ws_128_unsplit": lambda p: ws_whole_128(p[0], p[2], out, out_f32),
         "ws_notail": forced(gemm_sm90_kernel, "ABLATE", 1, gemm_sm90, 2),
         "ws_nomma": forced(gemm_sm90_kernel, "ABLATE", 2, gemm_sm90, 2),
@@ -208,11 +203,12 @@ def timings(
         del fns["ws_m64_tile"]
     if not cluster or launch_plan(m, n, k, out_f32=out_f32, packed=True, cluster=True).cluster == 1:
         del fns["ws_cluster"]
-    if not csplit or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
+    plan = launch_plan(m, n, k, out_f32=out_f32, packed=True)  # what `ws` runs
+    if not csplit or not plan.workspace:
         del fns["ws_csplit"]
-    if not tall or not launch_plan(m, n, k, out_f32=out_f32, packed=True).kernel.endswith("_fold"):
+    if not tall or not plan.kernel.endswith("_fold"):
         del fns["ws_tall_fold"], fns["ws_128_unsplit"]
-    if not ablate or not launch_plan(m, n, k, out_f32=out_f32, packed=True).workspace:
+    if not ablate or not plan.workspace:
         del fns["ws_notail"]  # the tail's ablation: PARTIAL's alone
     if not ablate:
         del fns["ws_nomma"]
